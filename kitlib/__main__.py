@@ -1,0 +1,3 @@
+from kitlib.cli import main
+
+raise SystemExit(main())

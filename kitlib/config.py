@@ -1,0 +1,131 @@
+"""The one frozen, typed run configuration: preset -> widget -> trainer -> saved beside every artifact.
+
+Change it with ``dataclasses.replace(cfg, lr=...)``; invalid values fail here, at construction, with the fix named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Requested = Literal["auto", "fp32", "fp16", "bf16"]
+Schedule = Literal["cosine", "linear", "constant"]
+Freeze = Literal["none", "embeddings", "encoder"]
+Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
+Mode = Literal["min", "max"]
+BackgroundEval = Literal["off", "thread", "process"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    # --- optimisation ---
+    epochs: int = 3
+    micro_batch_size: int = 32  # rows per forward pass; memory-bound
+    grad_accum_steps: int = 1  # effective batch = micro_batch_size * grad_accum_steps * world_size
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    schedule: Schedule = "cosine"
+    warmup_ratio: float = 0.06  # fraction of optimizer steps spent warming up linearly from 0
+    min_lr_ratio: float = 0.0  # cosine/linear decay floor, as a fraction of lr
+    grad_clip: float | None = 1.0  # max global grad norm; None disables clipping (the norm is still checked for inf/nan)
+    seed: int = 42
+
+    # --- speed ---
+    precision: Requested = "auto"  # auto: bf16 on sm80+/AMX CPUs, fp16 + GradScaler on sm70/75, else fp32
+    tf32: bool | None = None  # None: on for sm80+ (free ~3-8x for fp32 matmuls left outside autocast)
+    cudnn_benchmark: bool | None = None  # None: on only when input shapes are fixed
+    compile: bool = False  # torch.compile: first epoch pays the compile (~30-90 s); worth it for long runs
+    gradient_checkpointing: bool = False  # ~30% more compute for ~60% less activation memory
+    freeze: Freeze = "none"
+
+    # --- data ---
+    max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)
+    batching: Batching = "bucket"
+    num_workers: int | None = None  # None: derived from the CPU count and platform
+    eval_batch_factor: int = 4  # no autograd state at eval, so batches can be ~4x larger
+
+    # --- evaluation ---
+    full_eval_every: int = 0  # epochs between expensive evals (generation, metrics); 0: only at the end
+    full_eval_at_end: bool = True
+    eval_max_batches: int | None = None  # cap for the cheap loss-only eval
+    background_eval: BackgroundEval = "thread"  # where the CPU-bound part of a full eval runs
+
+    # --- stopping and checkpoints ---
+    monitor: str = "eval_loss"
+    mode: Mode = "min"
+    patience: int | None = None  # evals without improvement before stopping; None: never stop early
+    min_delta: float = 0.0
+    save_best: bool = True  # weights only, when `monitor` improves
+    save_last: bool = False  # full resume state at epoch end (and every `save_every_steps`)
+    save_every_steps: int | None = None  # optimizer steps between 'last' checkpoints (exact resume points)
+    time_budget_s: float | None = None  # wall clock for fit(), e.g. a Kaggle session minus inference time
+    max_nonfinite_steps: int = 25  # consecutive skipped (inf/nan) steps before the run stops
+
+    # --- logging ---
+    log_every_steps: int = 10  # optimizer steps between progress/loss syncs (.item() is a CPU-GPU sync)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(f"TrainConfig: {message}")
+
+        need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        need(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        need(self.grad_accum_steps >= 1, f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
+        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(0.0 <= self.warmup_ratio < 1.0, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        need(self.grad_clip is None or self.grad_clip > 0, f"grad_clip must be > 0 or None, got {self.grad_clip}")
+        need(self.full_eval_every >= 0, f"full_eval_every must be >= 0 (0 = only at the end), got {self.full_eval_every}")
+        need(self.eval_max_batches is None or self.eval_max_batches >= 1, "eval_max_batches must be >= 1 or None")
+        need(self.patience is None or self.patience >= 1, f"patience must be >= 1 or None, got {self.patience}")
+        need(self.save_every_steps is None or self.save_every_steps >= 1, "save_every_steps must be >= 1 or None")
+        need(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s must be > 0 or None")
+        need(self.max_length is None or self.max_length >= 1, "max_length must be >= 1 or None")
+        need(self.num_workers is None or self.num_workers >= 0, "num_workers must be >= 0 or None")
+        need(self.eval_batch_factor >= 1, "eval_batch_factor must be >= 1")
+        need(self.log_every_steps >= 1, "log_every_steps must be >= 1")
+        need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps must be >= 1")
+        for name, allowed in (
+            ("precision", ("auto", "fp32", "fp16", "bf16")),
+            ("schedule", ("cosine", "linear", "constant")),
+            ("freeze", ("none", "embeddings", "encoder")),
+            ("batching", ("bucket", "dynamic", "fixed", "token_budget")),
+            ("mode", ("min", "max")),
+            ("background_eval", ("off", "thread", "process")),
+        ):
+            value = getattr(self, name)
+            need(value in allowed, f"{name}={value!r} is not one of {allowed}")
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Rows per optimizer step on one process (multiply by the world size under DDP)."""
+        return self.micro_batch_size * self.grad_accum_steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        values = dict(data)
+        if "betas" in values:
+            values["betas"] = tuple(values["betas"])
+        return cls(**values)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> TrainConfig:
+        if not path.is_file():
+            raise FileNotFoundError(f"no config at {path}: run the setup notebook (00_setup) first, or pass a TrainConfig")
+        return cls.from_dict(json.loads(path.read_text()))
