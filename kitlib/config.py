@@ -31,7 +31,9 @@ class TrainConfig:
     schedule: Schedule = "cosine"
     warmup_ratio: float = 0.06  # fraction of optimizer steps spent warming up linearly from 0
     min_lr_ratio: float = 0.0  # cosine/linear decay floor, as a fraction of lr
-    grad_clip: float | None = 1.0  # max global grad norm; None disables clipping (the norm is still checked for inf/nan)
+    grad_clip: float | None = (
+        1.0  # max global grad norm; None disables clipping (the norm is still checked for inf/nan)
+    )
     seed: int = 42
 
     # --- speed ---
@@ -61,7 +63,9 @@ class TrainConfig:
     min_delta: float = 0.0
     save_best: bool = True  # weights only, when `monitor` improves
     save_last: bool = False  # full resume state at epoch end (and every `save_every_steps`)
-    save_every_steps: int | None = None  # optimizer steps between 'last' checkpoints (exact resume points)
+    save_every_steps: int | None = (
+        None  # optimizer steps between "last" checkpoints (exact resume points; implies last)
+    )
     time_budget_s: float | None = None  # wall clock for fit(), e.g. a Kaggle session minus inference time
     max_nonfinite_steps: int = 25  # consecutive skipped (inf/nan) steps before the run stops
 
@@ -80,7 +84,9 @@ class TrainConfig:
         need(0.0 <= self.warmup_ratio < 1.0, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         need(self.grad_clip is None or self.grad_clip > 0, f"grad_clip must be > 0 or None, got {self.grad_clip}")
-        need(self.full_eval_every >= 0, f"full_eval_every must be >= 0 (0 = only at the end), got {self.full_eval_every}")
+        need(
+            self.full_eval_every >= 0, f"full_eval_every must be >= 0 (0 = only at the end), got {self.full_eval_every}"
+        )
         need(self.eval_max_batches is None or self.eval_max_batches >= 1, "eval_max_batches must be >= 1 or None")
         need(self.patience is None or self.patience >= 1, f"patience must be >= 1 or None, got {self.patience}")
         need(self.save_every_steps is None or self.save_every_steps >= 1, "save_every_steps must be >= 1 or None")
@@ -127,5 +133,7 @@ class TrainConfig:
     @classmethod
     def load(cls, path: Path) -> TrainConfig:
         if not path.is_file():
-            raise FileNotFoundError(f"no config at {path}: run the setup notebook (00_setup) first, or pass a TrainConfig")
+            raise FileNotFoundError(
+                f"no config at {path}: run the setup notebook (00_setup) first, or pass a TrainConfig"
+            )
         return cls.from_dict(json.loads(path.read_text()))

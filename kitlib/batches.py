@@ -1,0 +1,103 @@
+"""Views of a DataLoader's batch order: skip the first k batches (mid-epoch resume) and shard batches across
+DDP ranks. Both rebuild the loader around a wrapped batch sampler, so skipped or foreign batches are never loaded
+(fast-forwarding by iterating would read, decode and collate every skipped batch). The views share the original
+loader's samplers, so seeding the original's epoch order (``set_epoch``) orders every view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+from typing import Any
+
+from torch.utils.data import DataLoader, Sampler
+
+# DataLoader arguments that carry over unchanged when only the batch order changes.
+_LOADER_ARGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def rebuild_loader(loader: DataLoader[Any], batch_sampler: Sampler[list[int]]) -> DataLoader[Any]:
+    """A loader like ``loader`` (same dataset, collate, workers, pinning) that draws batches from ``batch_sampler``."""
+    kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(loader.dataset, batch_sampler=batch_sampler, **kwargs)
+
+
+def _batch_sampler(loader: DataLoader[Any]) -> Sampler[list[int]]:
+    if loader.batch_sampler is None:
+        raise TypeError(
+            "this DataLoader has no batch_sampler (batch_size=None or an IterableDataset), so kitlib cannot skip or "
+            "shard its batches without loading them; build it with batch_size=... over a map-style Dataset"
+        )
+    return loader.batch_sampler  # type: ignore[return-value]
+
+
+class SkipBatches(Sampler[list[int]]):
+    """The batches of ``inner`` after the first ``skip`` (index lists only: nothing is loaded for skipped ones)."""
+
+    def __init__(self, inner: Sampler[list[int]], skip: int) -> None:
+        self.inner, self.skip = inner, skip
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for i, batch in enumerate(self.inner):
+            if i >= self.skip:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(0, len(self.inner) - self.skip) if isinstance(self.inner, Sized) else 0
+
+
+class ShardBatches(Sampler[list[int]]):
+    """Rank ``rank`` of ``world_size`` takes batches rank, rank+W, rank+2W, ...
+
+    Interleaving (not contiguous blocks) means the W micro-batches that DDP averages in one synchronised step are
+    consecutive batches of the single-process order: a run on W ranks with accumulation A equals a single-process
+    run with accumulation A*W. The batch count is cut to a multiple of W so every rank takes the same number of
+    steps (an extra step on one rank would hang the others in all-reduce).
+    """
+
+    def __init__(self, inner: Sampler[list[int]], rank: int, world_size: int) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+        self.inner, self.rank, self.world_size = inner, rank, world_size
+
+    def __iter__(self) -> Iterator[list[int]]:
+        usable = len(self) * self.world_size
+        for i, batch in enumerate(self.inner):
+            if i >= usable:
+                return
+            if i % self.world_size == self.rank:
+                yield batch
+
+    def __len__(self) -> int:
+        return len(self.inner) // self.world_size  # type: ignore[arg-type]
+
+
+def skip_batches(loader: DataLoader[Any], skip: int) -> DataLoader[Any]:
+    """The rest of the current epoch after ``skip`` batches; the loader itself when ``skip`` is 0."""
+    return loader if skip <= 0 else rebuild_loader(loader, SkipBatches(_batch_sampler(loader), skip))
+
+
+def is_sharded(loader: DataLoader[Any]) -> bool:
+    """True when the loader already splits data across ranks (DistributedSampler, kitlib's rank-aware samplers)."""
+    for sampler in (loader.batch_sampler, loader.sampler):
+        if getattr(sampler, "num_replicas", 1) > 1 or getattr(sampler, "world_size", 1) > 1:
+            return True
+    return False
+
+
+def shard_batches(loader: DataLoader[Any], rank: int, world_size: int) -> DataLoader[Any]:
+    if world_size <= 1 or is_sharded(loader):
+        return loader
+    return rebuild_loader(loader, ShardBatches(_batch_sampler(loader), rank, world_size))

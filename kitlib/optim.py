@@ -1,0 +1,87 @@
+"""Optimizer, learning-rate schedule and parameter freezing for fit()."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from kitlib.config import TrainConfig
+
+
+def freeze(model: nn.Module, what: str) -> int:
+    """Freeze part of a model in place; returns the number of frozen parameters.
+
+    "embeddings": the input embeddings (Hugging Face ``get_input_embeddings()``, or a module attribute
+    ``embedding``/``embeddings``). "encoder": everything but the task head (``model.base_model`` for Hugging Face
+    models, ``model.encoder`` for plain modules): the cheap "train a head on a frozen encoder" regime.
+    """
+    if what == "none":
+        return 0
+    if what == "embeddings":
+        get = getattr(model, "get_input_embeddings", None)
+        target = get() if callable(get) else getattr(model, "embeddings", None) or getattr(model, "embedding", None)
+    elif what == "encoder":
+        base = getattr(model, "base_model", None)
+        target = base if isinstance(base, nn.Module) and base is not model else getattr(model, "encoder", None)
+    else:
+        raise ValueError(f"freeze={what!r}: use 'none', 'embeddings' or 'encoder'")
+    if not isinstance(target, nn.Module):
+        raise ValueError(
+            f"freeze={what!r}: {type(model).__name__} has no recognisable {what} "
+            "(expected a Hugging Face model, or an attribute named 'embedding(s)'/'encoder'); freeze by hand instead"
+        )
+    frozen = 0
+    for param in target.parameters():
+        if param.requires_grad:
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW without weight decay on biases and norm weights (1-d params), fused where the params allow it.
+
+    Fused AdamW does the whole update in one kernel per device instead of ~a dozen per parameter tensor: on a GPU
+    that is 5-20% of step time for small models (launch-bound). It needs every parameter on one supported device.
+    """
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
+    for param in model.parameters():
+        if param.requires_grad:
+            (decay if param.dim() >= 2 else no_decay).append(param)
+    if not decay and not no_decay:
+        raise ValueError("no trainable parameters: everything is frozen (check TrainConfig.freeze)")
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    devices = {p.device.type for p in decay + no_decay}
+    floating = all(p.is_floating_point() for p in decay + no_decay)
+    fused = len(devices) == 1 and devices <= {"cuda", "cpu", "mps"} and floating
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused)
+
+
+def lr_lambda(cfg: TrainConfig, total_steps: int) -> LrMultiplier:
+    return LrMultiplier(cfg.schedule, total_steps, round(cfg.warmup_ratio * total_steps), cfg.min_lr_ratio)
+
+
+class LrMultiplier:
+    """Linear warmup from 0, then cosine/linear decay to ``min_ratio`` (or constant); a picklable LambdaLR rule."""
+
+    def __init__(self, schedule: str, total_steps: int, warmup_steps: int, min_ratio: float) -> None:
+        self.schedule, self.total, self.warmup, self.min_ratio = schedule, max(1, total_steps), warmup_steps, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / (self.warmup + 1)
+        if self.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        shape = 0.5 * (1 + math.cos(math.pi * progress)) if self.schedule == "cosine" else 1.0 - progress
+        return self.min_ratio + (1.0 - self.min_ratio) * shape
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Stepped once per *optimizer* step (not per micro-batch), so accumulation does not stretch the warmup."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg, total_steps))

@@ -1,0 +1,105 @@
+"""Training jobs the tests run in separate processes (kill -9 and resume, DDP). Not a test module."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from kitlib import TrainConfig, fit
+from kitlib.hardware import fake_profile
+
+
+def data(n: int = 160) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 6, generator=g)
+    y = x @ torch.randn(6, 1, generator=g) + 0.1 * torch.randn(n, 1, generator=g)
+    return TensorDataset(x, y)
+
+
+def model() -> nn.Module:
+    torch.manual_seed(1)
+    # Dropout consumes the global RNG every step: resume must restore it to replay the run exactly.
+    return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 1))
+
+
+def mse(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.mse_loss(m(batch[0]), batch[1])
+
+
+class KillAt:
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_log(self, metrics: dict[str, float]) -> None:
+        if metrics["step"] == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def resume_job(run_dir: str, kill_at: int, resume: bool) -> None:
+    cfg = TrainConfig(
+        epochs=3,
+        micro_batch_size=8,
+        grad_accum_steps=2,
+        lr=1e-2,
+        precision="fp32",
+        save_best=False,
+        save_every_steps=3,
+        log_every_steps=1,
+        seed=7,
+    )
+    loader = DataLoader(data(), batch_size=8, shuffle=True)  # fit seeds each epoch's shuffle
+    callbacks = [KillAt(kill_at)] if kill_at > 0 else []
+    result = fit(
+        model(),
+        loader,
+        config=cfg,
+        loss_fn=mse,
+        run_dir=run_dir,
+        resume=resume,
+        hw=fake_profile("CPU", platform="local", interactive=False),
+        callbacks=callbacks,
+    )
+    torch.save(result.model.state_dict(), Path(run_dir) / "final.pt")
+
+
+def _ddp_fit(micro: int, accum: int) -> dict[str, torch.Tensor]:
+    cfg = TrainConfig(
+        epochs=2,
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+        lr=1e-2,
+        precision="fp32",
+        save_best=False,
+        seed=3,
+        grad_clip=1.0,
+    )
+    loader = DataLoader(data(128), batch_size=micro, shuffle=True)
+    m = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1))
+    torch.manual_seed(1)
+    for p in m.parameters():
+        nn.init.normal_(p, std=0.3)
+    result = fit(m, loader, config=cfg, loss_fn=mse, hw=fake_profile("CPU", platform="local", interactive=False))
+    return {k: v.detach().clone() for k, v in result.model.state_dict().items()}
+
+
+def ddp_job(out: str) -> None:
+    from kitlib.distributed import launch
+
+    torch.set_num_threads(1)
+    two = launch(_ddp_fit, 8, 2, nprocs=2)  # global batch 8 x 2 accum x 2 ranks = 32
+    one = _ddp_fit(8, 4)  # single process, same global batch
+    torch.save({"ddp": two, "single": one}, out)
+
+
+if __name__ == "__main__":
+    job = sys.argv[1]
+    if job == "resume":
+        resume_job(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
+    elif job == "ddp":
+        ddp_job(sys.argv[2])

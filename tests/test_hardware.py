@@ -1,0 +1,190 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kitlib.hardware import (
+    ARCH_LIST_WITH_SM60,
+    KAGGLE_ARCH_LIST,
+    PrecisionError,
+    UnsupportedGPUError,
+    check_torch_supports,
+    detect,
+    detect_platform,
+    fake_profile,
+    is_interactive,
+    torch_supports,
+)
+
+PROFILES = ["T4", "2xT4", "P100", "V100", "A100", "L4", "H100", "MPS", "CPU-AMX", "CPU"]
+# Kaggle's image is built FROM the Colab runtime, so a Kaggle session carries COLAB_* too.
+KAGGLE_ENV = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "KAGGLE_URL_BASE": "https://www.kaggle.com"}
+COLAB_VARS = {"COLAB_RELEASE_TAG": "release-colab_20260901-060000_RC00", "COLAB_GPU": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _no_colab_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({**KAGGLE_ENV, **COLAB_VARS}, "kaggle"),
+        ({"KAGGLE_KERNEL_RUN_TYPE": "Batch", **COLAB_VARS}, "kaggle"),
+        ({"KAGGLE_URL_BASE": "https://www.kaggle.com"}, "kaggle"),
+        (COLAB_VARS, "colab"),
+        ({"COLAB_BACKEND_VERSION": "1"}, "colab"),
+        ({}, "local"),
+        ({"HOME": "/root", "CI": "true"}, "local"),
+    ],
+)
+def test_detect_platform(environ: dict[str, str], expected: str) -> None:
+    assert detect_platform(environ) == expected
+
+
+def test_detect_platform_colab_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "google.colab", object())
+    assert detect_platform({}) == "colab"
+    assert detect_platform(KAGGLE_ENV) == "kaggle"  # Kaggle still wins
+
+
+NBCONVERT = ("/usr/bin/python3", "/usr/local/bin/jupyter-nbconvert", "--to", "notebook", "--execute", "02.ipynb")
+PAPERMILL = ("/usr/bin/python3", "/usr/local/bin/papermill", "in.ipynb", "out.ipynb", "-p", "PRESET", "fast")
+JUPYTER_LAB = ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "--no-browser")
+
+
+@pytest.mark.parametrize(
+    ("environ", "parent", "expected"),
+    [
+        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, JUPYTER_LAB, True),
+        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, PAPERMILL, False),
+        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, (), False),  # the env alone decides
+        ({**KAGGLE_ENV, "KAGGLE_IS_COMPETITION_RERUN": "1"}, (), False),
+        ({**KAGGLE_ENV}, NBCONVERT, False),  # `!jupyter nbconvert --execute` inside an interactive session
+        (COLAB_VARS, JUPYTER_LAB, True),
+        (COLAB_VARS, NBCONVERT, False),
+        ({}, PAPERMILL, False),
+        ({}, ("jupyter-execute", "nb.ipynb"), False),
+        ({}, JUPYTER_LAB, True),
+        ({"CI": "true"}, (), False),
+        ({"GITHUB_ACTIONS": "true"}, (), False),
+        ({"KIT_HEADLESS": "1"}, JUPYTER_LAB, False),
+        ({"KIT_HEADLESS": "0", "CI": "true"}, NBCONVERT, True),  # explicit override wins both ways
+    ],
+)
+def test_is_interactive(environ: dict[str, str], parent: tuple[str, ...], expected: bool) -> None:
+    assert is_interactive(environ, parent_argv=parent) is expected
+
+
+def _proc_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def test_detect_this_machine() -> None:
+    hw = detect({})
+    assert hw.platform == "local"
+    assert hw.input_dir == Path.cwd() / "input"
+    assert 1 <= hw.cpu_count <= (os.cpu_count() or 1)
+    assert hw.ram_bytes > 2**28
+    assert hw.torch_version == torch.__version__
+    assert hw.cuda_version == torch.version.cuda
+    assert hw.torch_cuda_arch_list == tuple(torch.cuda.get_arch_list())
+    assert ("numpy", __import__("numpy").__version__) in hw.library_versions
+    assert hw.shm_bytes is None or hw.shm_bytes > 0
+    if not torch.cuda.is_available() and not torch.backends.mps.is_available():
+        assert hw.accelerators == () and hw.device_type == "cpu" and hw.primary is None and hw.num_gpus == 0
+    assert "platform:" in hw.summary() and "torch:" in hw.summary()
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="needs /proc/cpuinfo")
+def test_detect_cpu_isa_agrees_with_proc_cpuinfo() -> None:
+    # Not asserting False: the CI machine may have AMX. It must match what the kernel reports.
+    hw, flags = detect({}), _proc_flags()
+    assert hw.cpu_amx == ("amx_bf16" in flags)
+    assert hw.cpu_avx512_bf16 == ("avx512_bf16" in flags)
+    assert hw.cpu_avx512_fp16 == ("avx512_fp16" in flags)
+
+
+def test_detect_kaggle_paths_and_batch() -> None:
+    hw = detect({"KAGGLE_KERNEL_RUN_TYPE": "Batch", **COLAB_VARS})
+    assert hw.platform == "kaggle" and hw.interactive is False
+    assert (hw.input_dir, hw.working_dir, hw.scratch_dir) == (
+        Path("/kaggle/input"),
+        Path("/kaggle/working"),
+        Path("/kaggle/temp"),
+    )
+    assert detect(COLAB_VARS).working_dir == Path("/content")
+
+
+def test_import_does_no_work() -> None:
+    code = "import sys, kitlib.hardware; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_fake_profiles_are_realistic(name: str) -> None:
+    hw = fake_profile(name)
+    assert hw.platform == "kaggle" and hw.interactive
+    assert hw.cpu_count >= 2 and hw.ram_bytes > 8 * 2**30
+    if name in ("CPU", "CPU-AMX"):
+        assert hw.device_type == "cpu" and hw.accelerators == () and hw.torch_cuda_arch_list == ()
+    elif name == "MPS":
+        assert hw.device_type == "mps" and hw.primary is not None and hw.primary.capability == (0, 0)
+        assert hw.cuda_version is None and hw.num_gpus == 0
+    else:
+        assert hw.device_type == "cuda" and hw.cuda_version and hw.torch_cuda_arch_list == KAGGLE_ARCH_LIST
+        assert hw.primary is not None and hw.primary.capability >= (6, 0) and hw.primary.memory_bytes >= 15 * 2**30
+        assert hw.num_gpus == (2 if name == "2xT4" else 1)
+    assert hw.cpu_amx is (name == "CPU-AMX")
+
+
+def test_fake_profile_details() -> None:
+    t4 = fake_profile("2XT4", platform="colab", interactive=False)  # case-insensitive
+    assert [a.index for a in t4.accelerators] == [0, 1]
+    assert t4.primary is not None and (t4.primary.name, t4.primary.capability) == ("Tesla T4", (7, 5))
+    assert t4.working_dir == Path("/content") and not t4.interactive
+    assert "Tesla T4 (sm_75" in t4.summary() and "cuda:1" in t4.summary()
+    assert fake_profile("cpu-amx").cpu_amx
+    with pytest.raises(ValueError, match="unknown profile"):
+        fake_profile("K80")
+
+
+def test_p100_on_kaggle_image_is_unsupported() -> None:
+    p100 = fake_profile("P100")
+    assert "sm_60" not in p100.torch_cuda_arch_list
+    with pytest.raises(UnsupportedGPUError, match=r"no kernels for sm_60.*T4") as err:
+        check_torch_supports(p100)
+    assert isinstance(err.value, PrecisionError)
+    check_torch_supports(fake_profile("P100", torch_cuda_arch_list=ARCH_LIST_WITH_SM60))
+    for name in ("2xT4", "V100", "A100", "L4", "H100", "CPU", "MPS"):
+        check_torch_supports(fake_profile(name))
+
+
+@pytest.mark.parametrize(
+    ("capability", "arch", "ok"),
+    [
+        ((7, 5), ("sm_70",), True),  # same major, newer minor: cubin is binary compatible
+        ((8, 6), ("sm_80",), True),
+        ((8, 9), ("sm_80", "sm_86"), True),
+        ((8, 0), ("sm_86",), False),  # older minor cannot run newer cubins
+        ((9, 0), ("sm_90a",), True),
+        ((10, 0), ("sm_90a",), False),  # arch-specific cubins do not carry forward
+        ((12, 0), ("sm_90", "compute_90"), True),  # PTX JIT
+        ((6, 0), KAGGLE_ARCH_LIST, False),
+        ((6, 0), ARCH_LIST_WITH_SM60, True),
+        ((12, 0), KAGGLE_ARCH_LIST, True),
+    ],
+)
+def test_torch_supports(capability: tuple[int, int], arch: tuple[str, ...], ok: bool) -> None:
+    assert torch_supports(capability, arch) is ok
