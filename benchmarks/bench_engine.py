@@ -1,0 +1,178 @@
+"""Engine benchmark (not a test): kitlib's fit() against a bare PyTorch loop, side by side in one run.
+
+1. Throughput: a small transformer classifier trained on identical pre-built batches, same precision and optimizer,
+   by fit() and by the loop a careful user writes by hand. Goal: kitlib >= 0.97 of the bare loop.
+2. Checkpoint stall: step time with no checkpoint, with kitlib's background checkpoint, and with a synchronous save.
+3. Precision on this CPU: bf16 autocast vs fp32, speed ratio and final loss (bf16 only pays on AMX CPUs).
+
+Runs are interleaved (A, B, A, B, ...) and the median is reported, so drift on a shared machine hits both sides.
+Usage: python benchmarks/bench_engine.py [--steps 60] [--repeats 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from kitlib import TrainConfig, fit
+from kitlib.hardware import detect, fake_profile
+from kitlib.precision import decide_precision
+
+
+def make_model(hidden: int, layers: int) -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=8000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                        intermediate_size=4 * hidden, max_position_embeddings=128, num_labels=2)
+    return BertForSequenceClassification(config)
+
+
+def make_batches(n: int, batch: int, length: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        {"input_ids": torch.randint(5, 8000, (batch, length), generator=g),
+         "attention_mask": torch.ones(batch, length, dtype=torch.long),
+         "labels": torch.randint(0, 2, (batch,), generator=g)}
+        for _ in range(n)
+    ]
+
+
+def loader_of(batches: list[dict[str, torch.Tensor]]) -> DataLoader[Any]:
+    return DataLoader(batches, batch_size=None, shuffle=False)  # pre-built batches, yielded as they are
+
+
+def bare_loop(model: nn.Module, batches: list[dict[str, torch.Tensor]], lr: float) -> float:
+    """What a careful user writes: same optimizer (fused AdamW), clipping and schedule-free constant lr."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, fused=True)
+    model.train()
+    loss = torch.zeros(())
+    for batch in loader_of(batches):
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return float(loss)
+
+
+def kitlib_fit(
+    model: nn.Module, batches: list[dict[str, torch.Tensor]], lr: float, hw: Any, run_dir: Path | None = None, **cfg: Any
+) -> Any:
+    config = TrainConfig(epochs=1, lr=lr, schedule="constant", warmup_ratio=0.0, precision=cfg.pop("precision", "fp32"),
+                         log_every_steps=10_000, save_best=False, **cfg)
+    return fit(model, loader_of(batches), config=config, hw=hw, run_dir=run_dir)
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def throughput(args: argparse.Namespace, hw: Any) -> dict[str, float]:
+    batches = make_batches(args.steps, args.batch, args.length)
+    samples = args.steps * args.batch
+    bare_times, kit_times = [], []
+    timed(lambda: bare_loop(make_model(args.hidden, args.layers), batches[:5], 1e-4))  # warm-up (allocator, kernels)
+    for _ in range(args.repeats):
+        bare_times.append(timed(lambda: bare_loop(make_model(args.hidden, args.layers), batches, 1e-4)))
+        kit_times.append(timed(lambda: kitlib_fit(make_model(args.hidden, args.layers), batches, 1e-4, hw)))
+    bare, kit = statistics.median(bare_times), statistics.median(kit_times)
+    print(f"\n[1] throughput, {args.steps} steps x batch {args.batch} x {args.length} tokens, fp32, median of "
+          f"{args.repeats} interleaved runs (model build excluded from neither side)")
+    print(f"    bare PyTorch loop : {samples / bare:8.1f} samples/s  ({bare:.2f} s)")
+    print(f"    kitlib fit()      : {samples / kit:8.1f} samples/s  ({kit:.2f} s)")
+    print(f"    ratio kitlib/bare : {bare / kit:.3f}   (goal >= 0.97)")
+    return {"bare_samples_per_s": samples / bare, "kitlib_samples_per_s": samples / kit, "throughput_ratio": bare / kit}
+
+
+class SyncSave:
+    """A callback that saves synchronously every N steps: what a loop without a background writer does."""
+
+    def __init__(self, model: nn.Module, every: int, directory: Path) -> None:
+        self.model, self.every, self.directory = model, every, directory
+
+    def on_log(self, metrics: dict[str, float]) -> None:
+        from kitlib import checkpoint
+
+        if metrics["step"] % self.every == 0:
+            checkpoint.write(checkpoint.snapshot(self.model), self.directory)
+
+
+def checkpoint_stall(args: argparse.Namespace, hw: Any) -> dict[str, float]:
+    batches = make_batches(args.steps, args.batch, args.length)
+    every = 5
+    per_step: dict[str, list[float]] = {"none": [], "background": [], "synchronous": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            per_step["none"].append(timed(lambda: kitlib_fit(make_model(args.hidden, args.layers), batches, 1e-4, hw)))
+            run = Path(tmp) / f"bg{r}"
+            per_step["background"].append(timed(lambda: kitlib_fit(
+                make_model(args.hidden, args.layers), batches, 1e-4, hw, save_every_steps=every, run_dir=run)))
+            model = make_model(args.hidden, args.layers)
+            config = TrainConfig(epochs=1, lr=1e-4, schedule="constant", warmup_ratio=0.0, precision="fp32",
+                                 log_every_steps=1, save_best=False)
+            cb = SyncSave(model, every, Path(tmp) / f"sync{r}")
+            per_step["synchronous"].append(timed(lambda: fit(model, loader_of(batches), config=config, hw=hw,
+                                                             callbacks=[cb])))
+    ms = {k: 1000 * statistics.median(v) / args.steps for k, v in per_step.items()}
+    size_mb = sum(p.numel() * 4 for p in make_model(args.hidden, args.layers).parameters()) / 1e6
+    print(f"\n[2] checkpoint every {every} steps (weights {size_mb:.1f} MB + AdamW state for 'last'), ms per step")
+    print(f"    no checkpoint     : {ms['none']:7.2f} ms")
+    print(f"    kitlib background : {ms['background']:7.2f} ms  (x{ms['background'] / ms['none']:.3f}; full resume state)")
+    print(f"    synchronous save  : {ms['synchronous']:7.2f} ms  (x{ms['synchronous'] / ms['none']:.3f}; weights only)")
+    return {f"step_ms_{k}": v for k, v in ms.items()}
+
+
+def precision_on_cpu(args: argparse.Namespace) -> dict[str, float]:
+    real = detect()
+    auto = decide_precision(real, "auto")
+    steps = max(4, args.steps // 6)  # bf16 without AMX is emulated and can be ~50x slower: keep this part short
+    batches = make_batches(steps, args.batch, args.length)
+    result: dict[str, float] = {}
+    for name, hw, precision in (("fp32", fake_profile("CPU", platform="local", interactive=False), "fp32"),
+                                ("bf16", fake_profile("CPU-AMX", platform="local", interactive=False), "bf16")):
+        start = time.perf_counter()
+        out = kitlib_fit(make_model(args.hidden, args.layers), batches, 3e-4, hw, precision=precision)
+        result[f"{name}_s"] = time.perf_counter() - start
+        result[f"{name}_final_loss"] = float(out.history["train_loss"].iloc[-1])
+    print(f"\n[3] precision on this CPU ({'AMX' if real.cpu_amx else 'no AMX'}; kitlib auto -> {auto.dtype}: "
+          f"{auto.reason})")
+    print(f"    {steps} steps: fp32 {result['fp32_s']:.2f} s, loss {result['fp32_final_loss']:.4f} | bf16 autocast "
+          f"{result['bf16_s']:.2f} s, loss {result['bf16_final_loss']:.4f}")
+    print(f"    bf16 speed-up over fp32: x{result['fp32_s'] / result['bf16_s']:.3f}")
+    result["bf16_speedup"] = result["fp32_s"] / result["bf16_s"]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="a few steps only: checks that the script runs")
+    args = parser.parse_args()
+    if args.quick:
+        args.steps, args.repeats = 6, 1
+    hw = fake_profile("CPU", platform="local", interactive=False)  # fp32 on both sides of the comparison
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {detect().summary().splitlines()[0]}")
+    results = {**throughput(args, hw), **checkpoint_stall(args, hw), **precision_on_cpu(args)}
+    print("\n" + json.dumps({k: round(v, 4) for k, v in results.items()}))
+
+
+if __name__ == "__main__":
+    main()
