@@ -16,7 +16,7 @@ import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +33,26 @@ def make_model(hidden: int, layers: int) -> nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=8000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
-                        intermediate_size=4 * hidden, max_position_embeddings=128, num_labels=2)
+    config = BertConfig(
+        vocab_size=8000,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=128,
+        num_labels=2,
+    )
     return BertForSequenceClassification(config)
 
 
 def make_batches(n: int, batch: int, length: int) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     return [
-        {"input_ids": torch.randint(5, 8000, (batch, length), generator=g),
-         "attention_mask": torch.ones(batch, length, dtype=torch.long),
-         "labels": torch.randint(0, 2, (batch,), generator=g)}
+        {
+            "input_ids": torch.randint(5, 8000, (batch, length), generator=g),
+            "attention_mask": torch.ones(batch, length, dtype=torch.long),
+            "labels": torch.randint(0, 2, (batch,), generator=g),
+        }
         for _ in range(n)
     ]
 
@@ -67,16 +76,22 @@ def bare_loop(model: nn.Module, batches: list[dict[str, torch.Tensor]], lr: floa
 
 
 def kitlib_fit(
-    model: nn.Module, batches: list[dict[str, torch.Tensor]], lr: float, hw: Any, run_dir: Path | None = None, **cfg: Any
+    model: nn.Module,
+    batches: list[dict[str, torch.Tensor]],
+    lr: float,
+    hw: Any,
+    run_dir: Path | None = None,
+    callbacks: Sequence[object] = (),
+    **overrides: Any,
 ) -> Any:
-    config = TrainConfig(epochs=1, lr=lr, schedule="constant", warmup_ratio=0.0, precision=cfg.pop("precision", "fp32"),
-                         log_every_steps=10_000, save_best=False, **cfg)
-    return fit(model, loader_of(batches), config=config, hw=hw, run_dir=run_dir)
+    settings: dict[str, Any] = {"precision": "fp32", "log_every_steps": 10_000, "save_best": False, **overrides}
+    config = TrainConfig(epochs=1, lr=lr, schedule="constant", warmup_ratio=0.0, **settings)
+    return fit(model, loader_of(batches), config=config, hw=hw, run_dir=run_dir, callbacks=callbacks)
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
     start = time.perf_counter()
-    fn()
+    fn(*args, **kwargs)
     return time.perf_counter() - start
 
 
@@ -84,13 +99,15 @@ def throughput(args: argparse.Namespace, hw: Any) -> dict[str, float]:
     batches = make_batches(args.steps, args.batch, args.length)
     samples = args.steps * args.batch
     bare_times, kit_times = [], []
-    timed(lambda: bare_loop(make_model(args.hidden, args.layers), batches[:5], 1e-4))  # warm-up (allocator, kernels)
+    timed(bare_loop, make_model(args.hidden, args.layers), batches[:5], 1e-4)  # warm-up (allocator, kernels)
     for _ in range(args.repeats):
-        bare_times.append(timed(lambda: bare_loop(make_model(args.hidden, args.layers), batches, 1e-4)))
-        kit_times.append(timed(lambda: kitlib_fit(make_model(args.hidden, args.layers), batches, 1e-4, hw)))
+        bare_times.append(timed(bare_loop, make_model(args.hidden, args.layers), batches, 1e-4))
+        kit_times.append(timed(kitlib_fit, make_model(args.hidden, args.layers), batches, 1e-4, hw))
     bare, kit = statistics.median(bare_times), statistics.median(kit_times)
-    print(f"\n[1] throughput, {args.steps} steps x batch {args.batch} x {args.length} tokens, fp32, median of "
-          f"{args.repeats} interleaved runs (model build excluded from neither side)")
+    print(
+        f"\n[1] throughput, {args.steps} steps x batch {args.batch} x {args.length} tokens, fp32, median of "
+        f"{args.repeats} interleaved runs (model build excluded from neither side)"
+    )
     print(f"    bare PyTorch loop : {samples / bare:8.1f} samples/s  ({bare:.2f} s)")
     print(f"    kitlib fit()      : {samples / kit:8.1f} samples/s  ({kit:.2f} s)")
     print(f"    ratio kitlib/bare : {bare / kit:.3f}   (goal >= 0.97)")
@@ -116,21 +133,33 @@ def checkpoint_stall(args: argparse.Namespace, hw: Any) -> dict[str, float]:
     per_step: dict[str, list[float]] = {"none": [], "background": [], "synchronous": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
-            per_step["none"].append(timed(lambda: kitlib_fit(make_model(args.hidden, args.layers), batches, 1e-4, hw)))
-            run = Path(tmp) / f"bg{r}"
-            per_step["background"].append(timed(lambda: kitlib_fit(
-                make_model(args.hidden, args.layers), batches, 1e-4, hw, save_every_steps=every, run_dir=run)))
+            # log_every_steps=every everywhere: the synchronous variant saves from the logging hook.
+            common = {"log_every_steps": every}
+            per_step["none"].append(
+                timed(kitlib_fit, make_model(args.hidden, args.layers), batches, 1e-4, hw, **common)
+            )
+            per_step["background"].append(
+                timed(
+                    kitlib_fit,
+                    make_model(args.hidden, args.layers),
+                    batches,
+                    1e-4,
+                    hw,
+                    run_dir=Path(tmp) / f"bg{r}",
+                    save_every_steps=every,
+                    **common,
+                )
+            )
             model = make_model(args.hidden, args.layers)
-            config = TrainConfig(epochs=1, lr=1e-4, schedule="constant", warmup_ratio=0.0, precision="fp32",
-                                 log_every_steps=1, save_best=False)
-            cb = SyncSave(model, every, Path(tmp) / f"sync{r}")
-            per_step["synchronous"].append(timed(lambda: fit(model, loader_of(batches), config=config, hw=hw,
-                                                             callbacks=[cb])))
+            sync = SyncSave(model, every, Path(tmp) / f"sync{r}")
+            per_step["synchronous"].append(timed(kitlib_fit, model, batches, 1e-4, hw, callbacks=[sync], **common))
     ms = {k: 1000 * statistics.median(v) / args.steps for k, v in per_step.items()}
     size_mb = sum(p.numel() * 4 for p in make_model(args.hidden, args.layers).parameters()) / 1e6
     print(f"\n[2] checkpoint every {every} steps (weights {size_mb:.1f} MB + AdamW state for 'last'), ms per step")
     print(f"    no checkpoint     : {ms['none']:7.2f} ms")
-    print(f"    kitlib background : {ms['background']:7.2f} ms  (x{ms['background'] / ms['none']:.3f}; full resume state)")
+    print(
+        f"    kitlib background : {ms['background']:7.2f} ms  (x{ms['background'] / ms['none']:.3f}; full resume state)"
+    )
     print(f"    synchronous save  : {ms['synchronous']:7.2f} ms  (x{ms['synchronous'] / ms['none']:.3f}; weights only)")
     return {f"step_ms_{k}": v for k, v in ms.items()}
 
@@ -141,16 +170,22 @@ def precision_on_cpu(args: argparse.Namespace) -> dict[str, float]:
     steps = max(4, args.steps // 6)  # bf16 without AMX is emulated and can be ~50x slower: keep this part short
     batches = make_batches(steps, args.batch, args.length)
     result: dict[str, float] = {}
-    for name, hw, precision in (("fp32", fake_profile("CPU", platform="local", interactive=False), "fp32"),
-                                ("bf16", fake_profile("CPU-AMX", platform="local", interactive=False), "bf16")):
+    for name, hw, precision in (
+        ("fp32", fake_profile("CPU", platform="local", interactive=False), "fp32"),
+        ("bf16", fake_profile("CPU-AMX", platform="local", interactive=False), "bf16"),
+    ):
         start = time.perf_counter()
         out = kitlib_fit(make_model(args.hidden, args.layers), batches, 3e-4, hw, precision=precision)
         result[f"{name}_s"] = time.perf_counter() - start
         result[f"{name}_final_loss"] = float(out.history["train_loss"].iloc[-1])
-    print(f"\n[3] precision on this CPU ({'AMX' if real.cpu_amx else 'no AMX'}; kitlib auto -> {auto.dtype}: "
-          f"{auto.reason})")
-    print(f"    {steps} steps: fp32 {result['fp32_s']:.2f} s, loss {result['fp32_final_loss']:.4f} | bf16 autocast "
-          f"{result['bf16_s']:.2f} s, loss {result['bf16_final_loss']:.4f}")
+    print(
+        f"\n[3] precision on this CPU ({'AMX' if real.cpu_amx else 'no AMX'}; kitlib auto -> {auto.dtype}: "
+        f"{auto.reason})"
+    )
+    print(
+        f"    {steps} steps: fp32 {result['fp32_s']:.2f} s, loss {result['fp32_final_loss']:.4f} | bf16 autocast "
+        f"{result['bf16_s']:.2f} s, loss {result['bf16_final_loss']:.4f}"
+    )
     print(f"    bf16 speed-up over fp32: x{result['fp32_s'] / result['bf16_s']:.3f}")
     result["bf16_speedup"] = result["fp32_s"] / result["bf16_s"]
     return result

@@ -31,7 +31,9 @@ def rebuild_loader(loader: DataLoader[Any], batch_sampler: Sampler[list[int]]) -
     kwargs = {name: getattr(loader, name) for name in _LOADER_ARGS if hasattr(loader, name)}
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
-    return DataLoader(loader.dataset, batch_sampler=batch_sampler, **kwargs)
+    # Keep DataLoader subclasses that add behaviour but no constructor arguments (kitlib's worker-crash fallback).
+    cls = type(loader) if type(loader).__init__ is DataLoader.__init__ else DataLoader
+    return cls(loader.dataset, batch_sampler=batch_sampler, **kwargs)
 
 
 def _batch_sampler(loader: DataLoader[Any]) -> Sampler[list[int]]:
@@ -44,9 +46,15 @@ def _batch_sampler(loader: DataLoader[Any]) -> Sampler[list[int]]:
 
 
 class SkipBatches(Sampler[list[int]]):
-    """The batches of ``inner`` after the first ``skip`` (index lists only: nothing is loaded for skipped ones)."""
+    """The batches of ``inner`` after the first ``skip`` (index lists only: nothing is loaded for skipped ones).
+
+    Iterating ``inner`` from its start (rather than slicing) keeps any RNG it draws from (a RandomSampler's
+    generator) advancing exactly as in an uninterrupted epoch.
+    """
 
     def __init__(self, inner: Sampler[list[int]], skip: int) -> None:
+        if skip < 0:
+            raise ValueError(f"skip must be >= 0, got {skip}")
         self.inner, self.skip = inner, skip
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -56,6 +64,16 @@ class SkipBatches(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return max(0, len(self.inner) - self.skip) if isinstance(self.inner, Sized) else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.inner, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:  # world_size, rank, lengths, order... of the wrapped sampler
+        if name == "inner":  # not yet set (e.g. during unpickling): avoid infinite recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
 
 class ShardBatches(Sampler[list[int]]):

@@ -1,0 +1,248 @@
+"""Batch samplers that decide which rows share a batch: random, length-bucketed, and token-budget batching.
+
+All three yield lists of row indices (a DataLoader ``batch_sampler``) and share one contract with fit():
+
+- deterministic for ``(seed, epoch)``: the order is a pure function of the two, so a resumed run (same seed,
+  ``set_epoch(e)``, then ``skip_batches(loader, k)``) replays exactly the remaining batches of epoch ``e``;
+- ``set_epoch(e)`` reshuffles; ``len()`` is this epoch's number of batches on this rank;
+- DDP-aware: rank ``r`` of ``W`` takes global batches ``r, r+W, r+2W, ...`` of the single-process order, cut to a
+  multiple of ``W`` so every rank takes the same number of steps (one extra step on one rank hangs the all-reduce).
+
+Numpy only (no torch import), so the length report can replay the exact batches without loading torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+Batches = list[list[int]]
+
+
+def round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def as_lengths(lengths: Sequence[int] | np.ndarray) -> np.ndarray:
+    """A 1-D int64 array of token counts (validated: no negatives)."""
+    arr = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if arr.size and int(arr.min()) < 0:
+        raise ValueError(f"lengths must be >= 0, got a minimum of {int(arr.min())}")
+    return arr
+
+
+class _EpochBatchSampler:
+    """Shared machinery: per-epoch caching, the longest batch first, drop_last and DDP sharding."""
+
+    def __init__(
+        self,
+        num_rows: int,
+        *,
+        seed: int,
+        shuffle: bool,
+        drop_last: bool,
+        rank: int,
+        world_size: int,
+        lengths: np.ndarray | None,
+    ) -> None:
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+        self.num_rows, self.seed, self.shuffle, self.drop_last = num_rows, seed, shuffle, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.lengths = lengths
+        self.epoch = 0
+        self._cached: tuple[int, Batches] | None = None  # (epoch, this rank's batches): len() and iter() agree
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _global_batches(self, rng: np.random.Generator) -> Batches:
+        raise NotImplementedError
+
+    def global_batches(self, epoch: int | None = None) -> Batches:
+        """All ranks' batches of an epoch in single-process order (what ``world_size=1`` would yield)."""
+        epoch = self.epoch if epoch is None else epoch
+        # One stream per (seed, epoch): independent of call order, so a fresh process reproduces any epoch.
+        rng = np.random.default_rng([self.seed, epoch])
+        batches = [b for b in self._global_batches(rng) if b]
+        lengths = self.lengths
+        if lengths is not None and self.shuffle and len(batches) > 1:
+            # The longest batch goes first, so an out-of-memory error shows up at step 0, not hours in.
+            longest = max(range(len(batches)), key=lambda i: int(lengths[batches[i]].max()))
+            batches[0], batches[longest] = batches[longest], batches[0]
+        return batches
+
+    def batches(self) -> Batches:
+        """This rank's batches for the current epoch."""
+        if self._cached is None or self._cached[0] != self.epoch:
+            batches = self.global_batches()
+            usable = len(batches) // self.world_size * self.world_size
+            self._cached = (self.epoch, batches[self.rank : usable : self.world_size])
+        return self._cached[1]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+    def _cut(self, order: np.ndarray, batch_size: int) -> Batches:
+        batches = [order[i : i + batch_size].tolist() for i in range(0, len(order), batch_size)]
+        if self.drop_last and batches and len(batches[-1]) < batch_size:
+            batches.pop()
+        return batches
+
+
+class RandomBatchSampler(_EpochBatchSampler):
+    """Plain batches of ``batch_size`` rows in random (or, with ``shuffle=False``, original) order."""
+
+    def __init__(
+        self,
+        num_rows: int,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        super().__init__(
+            num_rows, seed=seed, shuffle=shuffle, drop_last=drop_last, rank=rank, world_size=world_size, lengths=None
+        )
+        self.batch_size = batch_size
+
+    def _global_batches(self, rng: np.random.Generator) -> Batches:
+        order = rng.permutation(self.num_rows) if self.shuffle else np.arange(self.num_rows)
+        return self._cut(order, self.batch_size)
+
+
+class BucketSampler(_EpochBatchSampler):
+    """Length-grouped batches: rows of similar length share a batch, so dynamic padding computes few pad tokens.
+
+    Shuffle all rows, cut them into mega-batches of ``mega_batch_factor * batch_size`` rows, sort each mega-batch by
+    length, cut it into batches, then shuffle the batch order. Batches stay random in content across epochs, and
+    the loss does not see a short-to-long curriculum. Cost: an argsort per epoch (~1 ms per 10k rows).
+
+    A larger ``mega_batch_factor`` packs tighter but makes each batch's rows more alike in length (HF's default is
+    50); 50-100 keeps padding efficiency above ~0.95 on typical text.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        mega_batch_factor: int = 50,
+        drop_last: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if batch_size < 1 or mega_batch_factor < 1:
+            raise ValueError(f"batch_size and mega_batch_factor must be >= 1, got {batch_size}, {mega_batch_factor}")
+        arr = as_lengths(lengths)
+        super().__init__(
+            len(arr), seed=seed, shuffle=True, drop_last=drop_last, rank=rank, world_size=world_size, lengths=arr
+        )
+        self.batch_size, self.mega_batch_factor = batch_size, mega_batch_factor
+
+    def _global_batches(self, rng: np.random.Generator) -> Batches:
+        assert self.lengths is not None
+        order = rng.permutation(self.num_rows)
+        mega = self.batch_size * self.mega_batch_factor
+        # Only the final mega-batch can end in a partial batch, because ``mega`` is a multiple of ``batch_size``.
+        chunks = [order[i : i + mega] for i in range(0, len(order), mega)]
+        # Stable descending sort: ties keep the shuffled order, so it stays deterministic and random.
+        sorted_chunks = [c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks]
+        batches = self._cut(np.concatenate(sorted_chunks) if sorted_chunks else order, self.batch_size)
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+
+class TokenBudgetSampler(_EpochBatchSampler):
+    """Batches of roughly constant *tokens* (rows x padded length <= ``max_tokens``) rather than constant rows.
+
+    For very skewed lengths: short rows travel in large batches and long rows in small ones, so every step costs
+    about the same memory and time, and none of it is padding. Mega-batches of ``mega_batch_rows`` shuffled rows
+    are sorted by length and packed greedily. A single row longer than ``max_tokens`` gets a batch of its own
+    (truncate at tokenisation to avoid that). The batch count varies a little from epoch to epoch.
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        max_tokens: int,
+        *,
+        seed: int = 0,
+        max_batch_size: int | None = None,
+        pad_to_multiple_of: int = 1,
+        mega_batch_rows: int | None = None,
+        drop_last: bool = False,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        arr = as_lengths(lengths)
+        super().__init__(
+            len(arr), seed=seed, shuffle=True, drop_last=drop_last, rank=rank, world_size=world_size, lengths=arr
+        )
+        self.max_tokens, self.max_batch_size, self.pad_to_multiple_of = max_tokens, max_batch_size, pad_to_multiple_of
+        if mega_batch_rows is None:
+            # ~50 average batches per mega-batch, as in BucketSampler.
+            mean_len = max(float(arr.mean()) if arr.size else 1.0, 1.0)
+            mega_batch_rows = max(1, int(50 * max_tokens / mean_len))
+        self.mega_batch_rows = mega_batch_rows
+
+    def _global_batches(self, rng: np.random.Generator) -> Batches:
+        assert self.lengths is not None
+        order = rng.permutation(self.num_rows)
+        batches: Batches = []
+        for start in range(0, len(order), self.mega_batch_rows):
+            chunk = order[start : start + self.mega_batch_rows]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]  # ascending: the newest row is the longest
+            batches.extend(self._pack(chunk))
+        if self.drop_last and batches:
+            batches.pop()  # the final batch of the final mega-batch is the only one that may be short of the budget
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def _pack(self, ascending: np.ndarray) -> Batches:
+        assert self.lengths is not None
+        batches: Batches = []
+        current: list[int] = []
+        for idx in ascending.tolist():
+            padded = round_up(max(int(self.lengths[idx]), 1), self.pad_to_multiple_of)
+            full = (len(current) + 1) * padded > self.max_tokens
+            if current and (full or (self.max_batch_size is not None and len(current) >= self.max_batch_size)):
+                batches.append(current)
+                current = []
+            current.append(idx)
+        if current:
+            batches.append(current)
+        return batches
+
+
+class SortedBatchSampler:
+    """Eval/predict batches in length order (no shuffle): little padding, and ``order`` maps outputs back to rows.
+
+    ``order`` is the row index of each output in yield order: ``out[order] = outputs`` restores the original rows.
+    """
+
+    def __init__(self, lengths: Sequence[int] | np.ndarray, batch_size: int, *, descending: bool = True) -> None:
+        arr = as_lengths(lengths)
+        self.batch_size = batch_size
+        # Longest first: the peak-memory batch runs first, and the tail of small batches finishes quickly.
+        self.order = np.argsort(-arr if descending else arr, kind="stable")
+        self._batches = [self.order[i : i + batch_size].tolist() for i in range(0, len(arr), batch_size)]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def set_epoch(self, epoch: int) -> None:  # fit() may call it on any loader; the order never changes
+        del epoch

