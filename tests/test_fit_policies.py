@@ -1,0 +1,217 @@
+"""fit()'s safety nets and policies: non-finite steps, the wall-clock budget, early stopping, restored flags,
+run artifacts, freezing."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from kitlib import TrainConfig, checkpoint, fit
+from kitlib.train import NonFiniteLossError
+
+
+def _data(n: int = 64, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def _mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def _cfg(**kw: object) -> TrainConfig:
+    base: dict[str, object] = {
+        "epochs": 3,
+        "micro_batch_size": 8,
+        "lr": 1e-2,
+        "precision": "fp32",
+        "log_every_steps": 1,
+    }
+    return TrainConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+class PoisonAfter(nn.Module):
+    """A linear model whose output becomes NaN once ``after`` forward passes have run (a diverging run)."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.calls, self.after = 0, after
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        out = self.linear(x)
+        return out * math.nan if self.calls > self.after else out
+
+
+def test_nonfinite_steps_are_skipped_counted_and_a_diverged_run_stops_with_best_intact(cpu_hw, tmp_path: Path) -> None:
+    model = PoisonAfter(after=8 * 2)  # epoch 1 is clean (8 steps), then every step is NaN
+    loader = DataLoader(_data(), batch_size=8)
+    cfg = _cfg(epochs=5, max_nonfinite_steps=6, save_best=True)
+    with pytest.raises(NonFiniteLossError, match="inf/nan gradients") as err:
+        fit(
+            model,
+            loader,
+            eval_loader=DataLoader(_data(16, 1), batch_size=8),
+            config=cfg,
+            loss_fn=_mse,
+            hw=cpu_hw,
+            run_dir=tmp_path,
+        )
+    assert "best checkpoint" in str(err.value) and "Lower lr" in str(err.value)
+    best = checkpoint.load(tmp_path / "best")  # written before the run diverged, still loadable and finite
+    assert all(torch.isfinite(t).all() for t in best.weights.values())
+
+
+def test_isolated_nonfinite_step_is_skipped_and_reported(cpu_hw) -> None:
+    class OneBadBatch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 1)
+            self.calls = 0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            return self.linear(x) * (math.inf if self.calls == 3 else 1.0)
+
+    model = OneBadBatch()
+    result = fit(model, DataLoader(_data(), batch_size=8), config=_cfg(epochs=1), loss_fn=_mse, hw=cpu_hw)
+    assert result.skipped_steps == 1 and result.steps == 7
+    assert result.history["skipped_steps"].iloc[-1] == 1
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_time_budget_stops_in_time_and_leaves_a_resumable_checkpoint(cpu_hw, tmp_path: Path) -> None:
+    class Slow(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            import time
+
+            time.sleep(0.05)  # 50 ms per micro-batch: 8 steps per epoch, 0.4 s per epoch
+            return self.linear(x)
+
+    cfg = _cfg(epochs=50, time_budget_s=6.0)  # 50 epochs would need ~20 s
+    result = fit(Slow(), DataLoader(_data(), batch_size=8), config=cfg, loss_fn=_mse, hw=cpu_hw, run_dir=tmp_path)
+    assert result.stop_reason == "time_budget"
+    assert result.timing["wall_seconds"] <= 6.0
+    last = checkpoint.load(tmp_path / "last")
+    assert last.state is not None and last.state["run"]["step"] == result.steps
+
+
+def test_early_stopping_with_patience(cpu_hw) -> None:
+    # lr=0: eval loss never improves after the first epoch, so patience 2 stops after epoch 3 of 10.
+    cfg = _cfg(epochs=10, lr=1e-12, patience=2, min_delta=1e-3)
+    result = fit(
+        nn.Linear(4, 1),
+        DataLoader(_data(), batch_size=8),
+        eval_loader=DataLoader(_data(16, 1), batch_size=8),
+        config=cfg,
+        loss_fn=_mse,
+        hw=cpu_hw,
+    )
+    assert result.stop_reason == "early_stopping"
+    assert len(result.history) == 3 and result.best_epoch == 0
+
+
+def _flags() -> tuple[object, ...]:
+    return (
+        torch.backends.cuda.matmul.fp32_precision,
+        torch.backends.cudnn.conv.fp32_precision,
+        torch.backends.cudnn.benchmark,
+        torch.get_float32_matmul_precision(),
+    )
+
+
+def test_backend_flags_are_restored_after_fit_even_on_error(tmp_path: Path) -> None:
+    from kitlib.hardware import fake_profile
+
+    before = _flags()
+    hw = fake_profile("CPU", platform="local", interactive=False)  # fit sets explicit (non-TF32) flags, then restores
+    fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=1), loss_fn=_mse, hw=hw)
+    assert _flags() == before
+
+    def boom(model: nn.Module, batch: object) -> torch.Tensor:
+        raise RuntimeError("user loss failed")
+
+    with pytest.raises(RuntimeError, match="user loss failed"):
+        fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=1), loss_fn=boom, hw=hw)
+    assert _flags() == before
+
+
+def test_run_dir_holds_resolved_config_history_and_timing(cpu_hw, tmp_path: Path) -> None:
+    cfg = _cfg(epochs=2, save_last=True)
+    fit(
+        nn.Linear(4, 1),
+        DataLoader(_data(), batch_size=8),
+        eval_loader=DataLoader(_data(16, 1), batch_size=8),
+        config=cfg,
+        loss_fn=_mse,
+        hw=cpu_hw,
+        run_dir=tmp_path,
+    )
+    resolved = json.loads((tmp_path / "config.json").read_text())
+    assert TrainConfig.from_dict(resolved["config"]) == cfg
+    assert resolved["precision"]["dtype"] == "fp32" and resolved["precision"]["reason"]
+    timing = json.loads((tmp_path / "timing.json").read_text())
+    for phase in ("data_wait", "compute", "optimizer", "eval", "checkpoint"):
+        assert timing["phases"][phase]["seconds"] >= 0
+    assert sum(p["seconds"] for p in timing["phases"].values()) <= timing["wall_seconds"] * 1.5
+    history = (tmp_path / "history.csv").read_text().splitlines()
+    assert history[0].startswith("epoch,") and len(history) == 3
+    assert (tmp_path / "best" / "model.safetensors").exists() and (tmp_path / "last" / "state.pt").exists()
+
+
+def test_freeze_encoder_trains_only_the_head(cpu_hw) -> None:
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Linear(4, 8)
+            self.head = nn.Linear(8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.relu(self.encoder(x)))
+
+    net = Net()
+    encoder_before = net.encoder.weight.detach().clone()
+    head_before = net.head.weight.detach().clone()
+    fit(net, DataLoader(_data(), batch_size=8), config=_cfg(epochs=1, freeze="encoder"), loss_fn=_mse, hw=cpu_hw)
+    assert torch.equal(net.encoder.weight, encoder_before)
+    assert not torch.equal(net.head.weight, head_before)
+
+
+def test_impossible_precision_fails_before_any_work() -> None:
+    from kitlib.hardware import fake_profile
+    from kitlib.precision import PrecisionError
+
+    model = nn.Linear(4, 1)
+    before = model.weight.detach().clone()
+    with pytest.raises(PrecisionError, match="fp16"):
+        fit(
+            model, DataLoader(_data(), batch_size=8), config=_cfg(precision="bf16"), loss_fn=_mse, hw=fake_profile("T4")
+        )
+    assert torch.equal(model.weight, before)
+
+
+@pytest.mark.slow
+def test_torch_compile_trains(cpu_hw) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
+    result = fit(
+        model,
+        DataLoader(_data(), batch_size=8, drop_last=True),
+        config=_cfg(epochs=3, compile=True),
+        loss_fn=_mse,
+        hw=cpu_hw,
+    )
+    assert result.history["train_loss"].iloc[-1] < result.history["train_loss"].iloc[0]
+    assert not hasattr(result.model, "_orig_mod")  # the plain module comes back, ready to save
