@@ -86,6 +86,12 @@ def default_count_fn(model: nn.Module) -> CountFn:
     return count
 
 
+def computed_tokens(batch: Batch) -> int:
+    """Token positions the model computes, padding included (0 when the batch has no ``input_ids``)."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    return ids.numel() if isinstance(ids, torch.Tensor) else 0
+
+
 def real_tokens(batch: Batch) -> int | torch.Tensor:
     """Non-padding input tokens of a batch (0 when the batch has no attention mask): for honest tokens/s."""
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None

@@ -1,8 +1,10 @@
 """Wall-clock accounting per phase of a run: where did the time go?
 
-Cost: two ``perf_counter`` calls per phase per step (~0.1 us each), negligible next to any real step. On CUDA,
-kernels run asynchronously, so host-side phase times shift work into whichever phase syncs next; the totals and
-the wall-clock are still true.
+Cost: two ``perf_counter`` calls per phase (~0.1 us each), negligible next to any real step. On CUDA, kernels run
+asynchronously: a host-side timer charges a kernel's time to whichever phase next waits for the GPU. So on CUDA one
+step in ``sample_every`` is *sampled*: the timer synchronises at each of its phase boundaries, making that step's
+breakdown true, at the cost of a few syncs per sampled step rather than per step. On CPU every step is true and
+sampled for free.
 """
 
 from __future__ import annotations
@@ -10,18 +12,39 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-PHASES = ("data_wait", "h2d", "compute", "optimizer", "eval", "full_eval", "checkpoint", "logging")
+PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer", "eval", "full_eval", "checkpoint", "logging")
+STEP_PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer")
 
 
 class PhaseTimer:
-    def __init__(self) -> None:
+    def __init__(self, sync: Callable[[], None] | None = None, sample_every: int = 25) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
+        self.sampled: dict[str, float] = defaultdict(float)  # step phases of sampled steps only
+        self.sampled_steps = 0
+        self.sync, self.sample_every = sync, sample_every if sync is not None else 1
+        self._sampling = sync is None
         self.start = time.perf_counter()
+        self.extra: dict[str, Any] = {}  # run facts recorded beside the phases (tokens, memory, workers, ...)
+
+    def begin_step(self, index: int) -> None:
+        """Mark the start of optimizer step ``index``; decides whether this step is a (synchronised) sample."""
+        self._sampling = index % self.sample_every == 0
+        if self._sampling:
+            self.sampled_steps += 1
+            if self.sync is not None:
+                self.sync()
+
+    def discard_step(self) -> None:
+        """The step begun last had no batch (the epoch's end): do not count it as a sample."""
+        if self._sampling:
+            self.sampled_steps -= 1
+            self._sampling = False
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -29,7 +52,12 @@ class PhaseTimer:
         try:
             yield
         finally:
-            self.add(name, time.perf_counter() - begin)
+            if self._sampling and self.sync is not None:
+                self.sync()
+            seconds = time.perf_counter() - begin
+            self.add(name, seconds)
+            if self._sampling and name in STEP_PHASES:
+                self.sampled[name] += seconds
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] += seconds
@@ -39,19 +67,31 @@ class PhaseTimer:
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def record(self) -> dict[str, object]:
-        """JSON-able summary: seconds and share of wall time per phase, plus what no phase covered."""
+    def record(self) -> dict[str, Any]:
+        """JSON-able summary: seconds and share of wall time per phase, what no phase covered, the per-step
+        breakdown of sampled steps, and the run facts in ``extra``."""
         wall = self.elapsed
-        covered = sum(self.seconds.values())
+        covered = sum(v for k, v in self.seconds.items() if k in PHASES)
+        order = {name: i for i, name in enumerate(PHASES)}
         phases = {
             name: {
                 "seconds": round(self.seconds[name], 4),
                 "count": self.counts[name],
                 "share": round(self.seconds[name] / wall, 4) if wall else 0.0,
             }
-            for name in sorted(self.seconds, key=lambda n: PHASES.index(n) if n in PHASES else len(PHASES))
+            for name in sorted(self.seconds, key=lambda n: order.get(n, len(order)))
         }
-        return {"wall_seconds": round(wall, 4), "other_seconds": round(max(0.0, wall - covered), 4), "phases": phases}
+        per_step = {
+            name: round(self.sampled[name] / self.sampled_steps, 6) for name in STEP_PHASES if self.sampled_steps
+        }
+        return {
+            "wall_seconds": round(wall, 4),
+            "other_seconds": round(max(0.0, wall - covered), 4),
+            "phases": phases,
+            "per_step_seconds": per_step,
+            "sampled_steps": self.sampled_steps,
+            "run": self.extra,
+        }
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.record(), indent=2) + "\n")
+        path.write_text(json.dumps(self.record(), indent=2, default=str) + "\n")

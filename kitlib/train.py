@@ -25,7 +25,7 @@ from kitlib import __version__, checkpoint, distributed
 from kitlib.batches import shard_batches, skip_batches
 from kitlib.config import TrainConfig
 from kitlib.evaluation import DeferredEvals, FullEval, Metrics, evaluate_loss, run_full_eval
-from kitlib.objective import Batch, CountFn, LossFn, default_count_fn, hf_loss, real_tokens, rows
+from kitlib.objective import Batch, CountFn, LossFn, computed_tokens, default_count_fn, hf_loss, real_tokens, rows
 from kitlib.optim import build_optimizer, build_scheduler, freeze
 from kitlib.progress import progress_bar
 from kitlib.timing import PhaseTimer
@@ -127,13 +127,13 @@ def _train_window(
         # gradients over ranks, hence the world_size factor.
         total = distributed.all_reduce_sum(torch.stack(counts).sum(), env)
     loss_sum = torch.zeros((), device=params[0].device)
-    with timer.phase("compute"):
-        for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
-            with distributed.sync_context(model, sync=i == len(window) - 1):
-                with precision.autocast():
-                    loss = loss_fn(model, batch)
+    for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
+        with distributed.sync_context(model, sync=i == len(window) - 1):
+            with timer.phase("forward"), precision.autocast():
+                loss = loss_fn(model, batch)
+            with timer.phase("backward"):
                 precision.backward(loss * (count * env.world_size / total))
-            loss_sum += loss.detach().float() * count
+        loss_sum += loss.detach().float() * count
     with timer.phase("optimizer"):
         precision.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True)
@@ -179,6 +179,54 @@ def _seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:
         # The user's plain DataLoader(shuffle=True): give its sampler a seeded generator (torch would otherwise
         # draw a fresh seed from the global RNG at every iterator, which a resumed run cannot replay).
         loader.sampler.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+
+
+def _run_facts(
+    cfg: TrainConfig,
+    plan: PrecisionPlan,
+    hw: HardwareInfo,
+    env: distributed.DistEnv,
+    device: torch.device,
+    loader: DataLoader[Any],
+    *,
+    epochs_done: int,
+    steps: int,
+) -> dict[str, Any]:
+    """What the speed doctor needs to know about this run besides the phase times."""
+    if device.type == "cuda":
+        peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+    else:
+        import resource
+
+        peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, hw.ram_bytes  # Linux: KiB
+    return {
+        "steps": steps,
+        "epochs_planned": cfg.epochs,
+        "epochs_done": epochs_done,
+        "world_size": env.world_size,
+        "micro_batch_size": getattr(loader, "batch_size", None) or cfg.micro_batch_size,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "num_workers": loader.num_workers,
+        "persistent_workers": loader.persistent_workers,
+        "pin_memory": loader.pin_memory,
+        "precision": plan.dtype,
+        "tf32": plan.tf32,
+        "device_type": device.type,
+        "device_name": _device_name(hw),
+        "peak_memory_bytes": peak,
+        "memory_total_bytes": total,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "time_budget_s": cfg.time_budget_s,
+        "full_eval_every": cfg.full_eval_every,
+        "save_best": cfg.save_best,
+        "save_last": cfg.save_last,
+        "save_every_steps": cfg.save_every_steps,
+        "batching": cfg.batching,
+    }
+
+
+def _device_name(hw: HardwareInfo) -> str:
+    return hw.primary.name if hw.primary is not None else "CPU"
 
 
 def fit(
@@ -265,7 +313,7 @@ def fit(
     else:
         resume_rng = None
 
-    timer = PhaseTimer()
+    timer = PhaseTimer(sync=torch.cuda.synchronize if device.type == "cuda" else None)
     writer = checkpoint.BackgroundWriter()
     deferred = DeferredEvals(kind=cfg.background_eval if cfg.background_eval != "off" else "thread")
     to_device = _to_device(device)
@@ -377,6 +425,12 @@ def fit(
         initial=state.epoch * windows_per_epoch + math.ceil(state.batch_in_epoch / cfg.grad_accum_steps),
     )
     step_seconds = 0.0  # moving average of one optimizer step, for the time budget
+    # Run facts for timing.json (what `kitlib doctor` reads): counted host-side from shapes, no device syncs.
+    gap_start: float | None = None
+    epoch_gaps: list[float] = []
+    epoch_train_s: list[float] = []
+    shapes: set[tuple[int, ...]] = set()
+    total_samples, total_real_tokens, all_tokens = 0, 0, 0
     try:
         with speed_flags(**flags):  # restored on exit, also on error: the notebook kernel lives on
             model.train()
@@ -399,13 +453,22 @@ def fit(
                 )
                 while True:
                     t0 = time.perf_counter()
+                    if gap_start is not None:  # eval, checkpoint and loader restart between two epochs' steps
+                        epoch_gaps.append(t0 - gap_start)
+                        gap_start = None
+                    timer.begin_step(state.step + state.skipped)
                     with timer.phase("data_wait"):
                         window = [b for _, b in zip(range(cfg.grad_accum_steps), batches, strict=False)]
                     if not window:
+                        timer.discard_step()
                         break
                     n_rows = sum(rows(b) for b in window)
                     samples, log_samples = samples + n_rows, log_samples + n_rows
                     tokens = tokens + sum(real_tokens(b) for b in window)
+                    all_tokens += sum(computed_tokens(b) for b in window)
+                    shapes.update(
+                        tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b
+                    )
                     applied, loss_sum, items = _train_window(
                         window,
                         model=model,
@@ -470,7 +533,11 @@ def fit(
                             stop_reason = "time_budget"
                             save_last()  # resumable from this exact position in the next session
                             break
-                end_epoch(epoch, time.perf_counter() - epoch_start, samples, tokens)
+                gap_start = time.perf_counter()
+                epoch_train_s.append(gap_start - epoch_start)
+                total_samples += samples
+                total_real_tokens += int(tokens)
+                end_epoch(epoch, gap_start - epoch_start, samples, tokens)
                 join_deferred(wait=False)
                 if stop_reason == "completed":
                     state.epoch, state.batch_in_epoch, state.epoch_loss_sum, state.epoch_items = epoch + 1, 0, 0.0, 0.0
@@ -491,6 +558,18 @@ def fit(
         timer.add("checkpoint_write_background", writer.busy_seconds)
     import pandas as pd
 
+    timer.extra.update(
+        _run_facts(cfg, plan, hw, env, device, base_loader, epochs_done=len(state.history), steps=state.step)
+        | {
+            "samples": total_samples,
+            "real_tokens": total_real_tokens,
+            "computed_tokens": all_tokens,
+            "distinct_input_shapes": len(shapes),
+            "epoch_gaps_s": [round(g, 4) for g in epoch_gaps],
+            "epoch_train_s": [round(t, 4) for t in epoch_train_s],
+            "stop_reason": stop_reason,
+        }
+    )
     history = pd.DataFrame(state.history)
     if out is not None and main:
         history.to_csv(out / "history.csv", index=False)
