@@ -45,6 +45,13 @@ _EXPORTS: dict[str, str] = {
     "numeric_features": "kitlib.features",
     "categorical_codes": "kitlib.features",
     "TokenizedTexts": "kitlib.features",
+    "PRESETS": "kitlib.presets",
+    "Preset": "kitlib.presets",
+    "ResolvedRun": "kitlib.presets",
+    "resolve": "kitlib.presets",
+    "estimate_epoch_seconds": "kitlib.presets",
+    "preset_picker": "kitlib.widgets",
+    "PresetPicker": "kitlib.widgets",
     "make_demo": "kitlib.demo",
     "score": "kitlib.demo",
 }

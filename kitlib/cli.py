@@ -62,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- further commands register below this line (one block per command) ---
 
+    def _cmd_doctor(args: argparse.Namespace) -> int:
+        from kitlib.doctor import doctor_command
+
+        return doctor_command(args.run_dir, profile=args.profile, as_json=args.json)
+
+    p = sub.add_parser("doctor", help="where a run's time went, and ranked changes that would save the most")
+    p.add_argument("run_dir", help="the run_dir given to fit() (holds timing.json and config.json)")
+    p.add_argument("--profile", default=None, help="advise for this hardware: T4, 2xT4, P100, V100, A100, L4, H100, CPU")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON line")
+    p.set_defaults(func=_cmd_doctor)
+
     def _cmd_cache(args: argparse.Namespace) -> int:
         from kitlib.cache import cache_command
 
@@ -87,6 +98,85 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("solution")
     p.add_argument("submission")
     p.set_defaults(func=_cmd_score)
+
+    def _cmd_presets(args: argparse.Namespace) -> int:
+        from kitlib.presets import presets_command
+
+        return presets_command(profile=args.profile, rows=args.rows)
+
+    p = sub.add_parser("presets", help="show each preset resolved for this (or a named) machine, with the reasons")
+    p.add_argument("--profile", default=None, help="a fake hardware profile, e.g. T4, 2xT4, A100, CPU")
+    p.add_argument("--rows", type=int, default=None, help="training rows, for a rough time-per-epoch estimate")
+    p.set_defaults(func=_cmd_presets)
+
+    def _cmd_kaggle(args: argparse.Namespace) -> int:
+        from kitlib.kaggle import kaggle_command
+
+        return kaggle_command(args)
+
+    p = sub.add_parser("kaggle", help="Kaggle kernels: build folders, offline wheels, push, status, output")
+    kaggle_sub = p.add_subparsers(dest="kaggle_action", metavar="ACTION", required=True)
+    k = kaggle_sub.add_parser("build", help="write kaggle/<nn_name>/ kernel folders for notebooks/NN_*.ipynb")
+    k.add_argument("--username", required=True, help="your Kaggle user name (the kernel ids' owner)")
+    k.add_argument("--slug-prefix", default="kitlib", help="kernel slugs become <prefix>-<nn>-<name>")
+    k.add_argument("--dataset", action="append", default=[], help="owner/slug of a data dataset (repeatable)")
+    k.add_argument("--wheels-dataset", default=None, help="owner/slug of the dataset made by `kaggle wheels`")
+    k.add_argument("--competition", default=None, help="competition slug to attach (accept its rules first)")
+    k.add_argument("--gpu", default="all", help="'all', 'none', or notebooks that get T4 x2, e.g. 02_train,03_infer")
+    k.add_argument("--internet", action="store_true", help="enable internet (code competitions require it off)")
+    k.add_argument("--public", action="store_true", help="make the kernels public (default: private)")
+    k.add_argument("--notebooks-dir", default="notebooks")
+    k.add_argument("--out", default="kaggle", help="where the kernel folders go")
+    k.add_argument("--chain", default="previous", choices=["previous", "all"], help="which earlier outputs to mount")
+    k = kaggle_sub.add_parser("wheels", help="build an offline wheels folder (kitlib + what Kaggle lacks; no torch)")
+    k.add_argument("--out", default="wheels")
+    k.add_argument("--project", default=".", help="kitlib's source tree")
+    k.add_argument("--extra", action="append", default=[], help="another requirement to download (repeatable)")
+    k.add_argument("--dataset-id", default=None, help="owner/slug: also write dataset-metadata.json for upload")
+    k.add_argument("--dry-run", action="store_true", help="print the pip commands without running them")
+    k = kaggle_sub.add_parser("push", help="validate a kernel folder, then `kaggle kernels push` it (runs it)")
+    k.add_argument("folder")
+    k.add_argument("--timeout", type=int, default=None, help="run-time limit in seconds (kaggle -t)")
+    k.add_argument("--accelerator", default=None, help="override machine_shape, e.g. NvidiaTeslaT4")
+    k = kaggle_sub.add_parser("status", help="a kernel's status; --wait polls until it is done")
+    k.add_argument("kernel_id", help="owner/slug")
+    k.add_argument("--wait", type=float, default=0.0, help="seconds to keep polling (0: ask once)")
+    k.add_argument("--poll", type=float, default=30.0, help="seconds between polls")
+    k = kaggle_sub.add_parser("output", help="download a kernel's output files")
+    k.add_argument("kernel_id", help="owner/slug")
+    k.add_argument("--dest", default="kaggle_output")
+    k.add_argument("--pattern", default=None, help="only files whose names match this regex")
+    p.set_defaults(func=_cmd_kaggle)
+
+    def _cmd_notebooks(args: argparse.Namespace) -> int:
+        from pathlib import Path
+
+        from kitlib.runbook import NOTEBOOKS, notebooks_dir, run_notebooks, strip_outputs
+
+        source = Path(args.notebooks) if args.notebooks else notebooks_dir()
+        if args.action == "strip":
+            print(f"cleared {strip_outputs([source / n for n in NOTEBOOKS])} cell(s) in {source}")
+            return 0
+        if not args.data or not args.work:
+            print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
+            return 2
+        values = {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
+        values |= {k: v for k, v in (("text", args.text), ("target", args.target), ("id", args.id)) if v}
+        for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
+            print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
+        return 0
+
+    p = sub.add_parser("notebooks", help="run the four notebooks headless in order, or strip their outputs")
+    p.add_argument("action", choices=["run", "strip"])
+    p.add_argument("--data", help="data dir (train.csv, test.csv, sample_submission.csv)")
+    p.add_argument("--work", help="working dir (run.json, cache, run/, submission.csv, executed/)")
+    p.add_argument("--preset", default="balanced", choices=["smoke", "fast", "balanced", "best"])
+    p.add_argument("--model", default="auto", help="auto | tiny | a model folder")
+    p.add_argument("--text", help="text column (default: text)")
+    p.add_argument("--target", help="target column (default: label)")
+    p.add_argument("--id", help="id column (default: id)")
+    p.add_argument("--notebooks", help="folder of the notebooks (default: the repo's notebooks/)")
+    p.set_defaults(func=_cmd_notebooks)
 
     return parser
 

@@ -6,8 +6,8 @@
 - :func:`embed_texts`: mean-pooled frozen-encoder embeddings, length-sorted batches. The expensive one: MiniLM-L6 on
   a 2-core CPU does ~100-200 texts/s, a T4 ~3k/s, so a cached re-run saves minutes per session.
 
-Inputs are validated before any hashing or writing: a bad column raises one error naming it, and the cache is left
-untouched.
+Inputs are validated before any hashing or writing: a bad column raises one :class:`FeatureInputError` (a
+:class:`kitlib.frames.DataError`) naming it, and the cache is left untouched.
 
 >>> cache = Cache()
 >>> tokens = tokenize_texts(train["text"], tokenizer, max_length=256, cache=cache)  # doctest: +SKIP
@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kitlib.cache import Cache
+from kitlib.frames import DataError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,8 +37,8 @@ CacheArg = Cache | None | Literal[False]  # None: a default Cache(); False: comp
 MISSING = "<missing>"  # the category that NaN/None become in categorical_codes
 
 
-class FeatureInputError(ValueError):
-    pass
+class FeatureInputError(DataError):
+    """A featuriser's input is unusable; like every :class:`kitlib.frames.DataError` it names the column and the fix."""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

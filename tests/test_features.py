@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from kitlib.features import (
     numeric_features,
     tokenize_texts,
 )
+from kitlib.frames import DataError, infer_task, read_table
 
 WORDS = (
     "the",
@@ -149,6 +151,56 @@ def test_bad_text_column_names_column_and_row_and_leaves_the_cache(
     with pytest.raises(FeatureInputError, match="one string"):
         tokenize_texts("just one", tokenizer, cache=cache)
     assert snapshot(cache.dir) == before
+
+
+def file_state(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` with its size and mtime (ns): any write, rename or delete changes it."""
+    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+def test_every_bad_input_is_one_data_error_naming_it_and_the_cache_is_untouched(
+    tokenizer: Any, tmp_path: Path, cache: Cache
+) -> None:
+    good = pd.DataFrame({"text": corpus(6), "price": [1.0, 2.0, 3.0, np.nan, 5.0, 6.0], "label": [0, 1] * 3})
+    tokenize_texts(good["text"], tokenizer, max_length=16, cache=cache)
+    numeric_features(good, ["price"], cache=cache)
+    before, stats = file_state(cache.dir), dataclasses.replace(cache.stats)
+    assert any(name.endswith("manifest.json") for name in before) and stats.misses == 2
+
+    def csv(name: str, content: str) -> Path:
+        path = tmp_path / name
+        path.write_text(content)
+        return path
+
+    def featurise(path: Path, **columns: str) -> None:  # the notebook path: read, check, then featurise (cached)
+        df = read_table(path, **columns)
+        tokenize_texts(df[columns.get("text", "text")], tokenizer, max_length=16, cache=cache)
+
+    cases: dict[str, tuple[Any, str]] = {
+        "missing column (features)": (lambda: numeric_features(good, ["price", "area"], cache=cache), "'area'"),
+        "missing column (file)": (lambda: featurise(csv("a.csv", "id,body\n1,x\n"), text="review"), "'review'"),
+        "empty file": (lambda: featurise(csv("empty.csv", "")), "empty.csv"),
+        "NaN target (file)": (lambda: featurise(csv("b.csv", "text,label\na,1\nb,\n"), target="label"), "'label'"),
+        "NaN target (series)": (lambda: infer_task(pd.Series([1.0, np.nan], name="label")), "'label'"),
+        "non-numeric target": (lambda: featurise(csv("c.csv", "text,y\na,1\nb,2\nc,x\n"), target="y"), "'y'"),
+        "non-numeric feature": (
+            lambda: numeric_features(good.assign(price=["1", "2", "cheap", "4", "5", "6"]), ["price"], cache=cache),
+            "'price'",
+        ),
+        "non-string text (series)": (
+            lambda: tokenize_texts(pd.Series(["ok", 3.5], name="review"), tokenizer, cache=cache),
+            "'review'",
+        ),
+        "non-string text (file)": (lambda: featurise(csv("d.csv", "id,text\n1,5\n2,6\n")), "'text'"),
+        "unknown path": (lambda: featurise(tmp_path / "no-such-train.csv"), "no-such-train.csv"),
+    }
+    for case, (call, named) in cases.items():
+        with pytest.raises(DataError) as info:
+            call()
+        assert named in str(info.value), f"{case}: {info.value}"
+        assert file_state(cache.dir) == before, f"{case} changed the cache"
+    assert cache.stats == stats  # no lookup, build or store was even attempted
+    assert issubclass(FeatureInputError, DataError)
 
 
 # ------------------------------------------------------------------------------------------------------- embeddings

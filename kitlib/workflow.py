@@ -1,0 +1,419 @@
+"""The four notebook stages as functions: setup -> features -> train -> infer.
+
+The notebooks are thin run-books (a ``parameters`` cell, calls into this module, displays); everything here runs
+the same from a script, a test or ``jupyter nbconvert --execute``. Each stage reads what the previous one saved in
+the working dir and says which notebook to run first when it is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+    from torch import nn
+
+    from kitlib.cache import Cache
+    from kitlib.frames import TaskSpec
+    from kitlib.hardware import HardwareInfo
+    from kitlib.presets import ResolvedRun
+    from kitlib.train import FitResult
+
+FEATURES_FILE = "features.json"
+RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
+VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
+
+
+@dataclass(frozen=True)
+class Params:
+    """What a notebook's ``parameters`` cell holds. Environment variables win (for headless runs)."""
+
+    data_dir: Path
+    work_dir: Path
+    preset: str = "balanced"
+    model: str = "auto"  # "auto": all-MiniLM-L6-v2 if installed, else a tiny transformer; "tiny"; or a model dir
+    text: str = "text"
+    target: str = "label"
+    id: str = "id"
+    seed: int = 42
+    train_file: str = "train.csv"
+    test_file: str = "test.csv"
+    sample_submission: str = "sample_submission.csv"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.work_dir / "kitlib-cache"  # under the working dir: on Kaggle it becomes the kernel's output
+
+    @property
+    def run_dir(self) -> Path:
+        return self.work_dir / RUN_NAME
+
+
+def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
+    """Build Params from the parameters cell's values; KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET and KIT_MODEL override."""
+    env = os.environ if environ is None else environ
+    for var, name in (
+        ("KIT_DATA_DIR", "data_dir"),
+        ("KIT_WORK_DIR", "work_dir"),
+        ("KIT_PRESET", "preset"),
+        ("KIT_MODEL", "model"),
+    ):
+        if env.get(var):
+            values[name] = env[var]
+    values["data_dir"], values["work_dir"] = Path(values["data_dir"]), Path(values["work_dir"])
+    p = Params(**values)
+    if not p.data_dir.is_dir():
+        raise FileNotFoundError(
+            f"data_dir {p.data_dir} does not exist: set it in the parameters cell or KIT_DATA_DIR "
+            "(for the offline demo: python -m kitlib demo DIR)"
+        )
+    return p
+
+
+# ------------------------------------------------------------------------------------------------------ 00 setup
+def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | None = None) -> ResolvedRun:
+    """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
+    from kitlib import presets
+    from kitlib.hardware import check_torch_supports, detect
+
+    hw = hw or detect()
+    check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
+    run = resolved or presets.resolve(p.preset, hw)
+    p.work_dir.mkdir(parents=True, exist_ok=True)
+    run.save(p.work_dir)
+    (p.work_dir / "params.json").write_text(json.dumps(_jsonable(dataclasses.asdict(p)), indent=2) + "\n")
+    return run
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
+
+
+def load_run(p: Params) -> ResolvedRun:
+    from kitlib import presets
+
+    return presets.load(p.work_dir)  # raises MissingRunError naming 00_setup
+
+
+# --------------------------------------------------------------------------------------------------- 01 features
+@dataclass(frozen=True)
+class Features:
+    train: pd.DataFrame
+    test: pd.DataFrame
+    task: TaskSpec
+    tokenizer: Any
+    train_tokens: Any  # kitlib.features.TokenizedTexts
+    test_tokens: Any
+    max_length: int
+    report: Any  # kitlib.lengths.LengthReport
+    embeddings: tuple[np.ndarray, np.ndarray] | None  # (train, test) for the "head" regime
+    model_identity: str
+    model: Any  # fresh from pretrained (the classifier to fine-tune, or the frozen encoder of the head regime)
+
+
+def _model_choice(p: Params) -> dict[str, Any]:
+    if p.model == "auto":
+        return {}
+    if p.model == "tiny":
+        return {"tiny": True}
+    return {"model_dir": p.model}
+
+
+def features(p: Params, run: ResolvedRun | None = None, *, cache: Cache | None = None, quiet: bool = False) -> Features:
+    """Read and validate the data, report lengths, tokenize (and embed, for the head regime) through the cache."""
+    from kitlib.cache import Cache
+    from kitlib.features import embed_texts, tokenize_texts
+    from kitlib.frames import infer_task, read_table
+    from kitlib.lengths import length_report, suggest_max_length
+    from kitlib.models import load_text_classifier, load_text_encoder
+
+    run = run or load_run(p)
+    cache = cache or Cache(p.cache_dir, log=(lambda _msg: None) if quiet else print)
+    train = read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id)
+    if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
+        train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
+    test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
+    task = infer_task(train[p.target])
+    texts = train[p.text].tolist()
+    load = load_text_encoder if run.regime == "head" else load_text_classifier
+    args = () if run.regime == "head" else (task.num_labels,)
+    tokenizer, model, identity = load(*args, train_texts=texts, seed=p.seed, **_model_choice(p))
+    cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
+    full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
+    max_length = run.config.max_length or min(
+        run.preset.max_length_cap, suggest_max_length(full.lengths, run.preset.length_coverage)
+    )
+    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
+    train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
+    test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
+    embeddings = None
+    if run.regime == "head":
+        from kitlib.hardware import detect
+        from kitlib.precision import Precision, decide_precision
+
+        precision = Precision(decide_precision(detect(), run.config.precision))
+        embed = dict(tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, cache=cache)
+        embeddings = (embed_texts(texts, **embed), embed_texts(test[p.text].tolist(), **embed))  # type: ignore[arg-type]
+    summary = {
+        "task": task.to_dict(),
+        "max_length": max_length,
+        "n_train": len(train),
+        "n_test": len(test),
+        "model": identity,
+        "regime": run.regime,
+    }
+    p.work_dir.mkdir(parents=True, exist_ok=True)
+    (p.work_dir / FEATURES_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    return Features(
+        train, test, task, tokenizer, train_tokens, test_tokens, max_length, report, embeddings, identity, model
+    )
+
+
+def load_features(p: Params, run: ResolvedRun | None = None) -> Features:
+    """The features 01_features built: every piece is a cache hit (fractions of a second)."""
+    if not (p.work_dir / FEATURES_FILE).is_file():
+        raise FileNotFoundError(f"no {FEATURES_FILE} in {p.work_dir}: run notebooks/01_features.ipynb first")
+    return features(p, run, quiet=True)
+
+
+# ------------------------------------------------------------------------------------------------------ 02 train
+def _head(dim: int, num_labels: int) -> nn.Module:
+    """What the "head" regime trains on cached frozen embeddings: dropout + one linear layer (a probe)."""
+    from torch import nn
+
+    return nn.Sequential(nn.Dropout(0.1), nn.Linear(dim, num_labels))
+
+
+def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    n_valid = max(1, round(VALID_FRACTION * n))
+    return np.sort(order[n_valid:]), np.sort(order[:n_valid])
+
+
+def logits(model: nn.Module, batch: Any) -> torch.Tensor:
+    """Model outputs for a batch of either regime: a Hugging Face dict batch, or (embeddings[, labels])."""
+    if isinstance(batch, Mapping):
+        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    return model(batch[0])
+
+
+def _labels(batch: Any) -> torch.Tensor:
+    return batch["labels"] if isinstance(batch, Mapping) else batch[1]
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, Mapping):
+        return {k: v.to(device) for k, v in batch.items()}
+    return [v.to(device) for v in batch]
+
+
+def _head_loss(task: TaskSpec) -> Any:
+    import torch.nn.functional as F
+
+    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
+        out = logits(model, batch)
+        if task.kind == "regression":
+            return F.mse_loss(out.squeeze(-1), batch[1].float())
+        return F.cross_entropy(out, batch[1])
+
+    return loss
+
+
+def metric_name(task: TaskSpec) -> str:
+    return "rmse" if task.kind == "regression" else "accuracy"
+
+
+def _metric(task: TaskSpec, loader: Any, device: torch.device) -> Any:
+    """The full evaluation: the task metric over every validation row (fit runs it under no_grad + autocast)."""
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        total, hits, squared = 0, 0, 0.0
+        for batch in loader:
+            batch = _to(batch, device)
+            out, labels = logits(model, batch).float(), _labels(batch)
+            if task.kind == "regression":
+                squared += float(((out.squeeze(-1) - labels.float()) ** 2).sum())
+            else:
+                hits += int((out.argmax(-1) == labels).sum())
+            total += len(labels)
+        return {"rmse": (squared / total) ** 0.5} if task.kind == "regression" else {"accuracy": hits / total}
+
+    return evaluate
+
+
+@dataclass(frozen=True)
+class Prepared:
+    train: Any  # DataLoader
+    valid: Any
+    test: Any
+    model: nn.Module
+    loss_fn: Any  # None: the Hugging Face model's own loss
+
+
+def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo, *, fresh_model: bool = False) -> Prepared:
+    """Loaders and the model to train for the run's regime (the same split every time: seeded)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib.data import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
+
+    cfg = run.config
+    y = feats.task.encode(feats.train[p.target])
+    train_idx, valid_idx = _split(len(y), p.seed)
+    if run.regime == "head":
+        assert feats.embeddings is not None, "head regime without embeddings: rerun 01_features"
+        x, target = torch.from_numpy(feats.embeddings[0]), torch.from_numpy(y)
+        big = cfg.micro_batch_size * cfg.eval_batch_factor
+        train = DataLoader(
+            TensorDataset(x[train_idx], target[train_idx]), batch_size=cfg.micro_batch_size, shuffle=True
+        )
+        valid = DataLoader(TensorDataset(x[valid_idx], target[valid_idx]), batch_size=big)
+        test = DataLoader(TensorDataset(torch.from_numpy(feats.embeddings[1])), batch_size=big)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(p.seed)
+            head = _head(x.shape[1], feats.task.num_labels)
+        return Prepared(train, valid, test, head, _head_loss(feats.task))
+    pad = getattr(feats.tokenizer, "pad_token_id", None) or 0
+    tokens = feats.train_tokens
+
+    def subset(idx: np.ndarray) -> TokenDataset:
+        return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=pad)
+
+    train = make_train_loader(subset(train_idx), cfg, hw, seed=p.seed)
+    valid = make_eval_loader(subset(valid_idx), cfg, hw)
+    test = make_predict_loader(TokenDataset(feats.test_tokens, pad_id=pad), cfg, hw)
+    model = feats.model
+    if fresh_model:
+        from kitlib.models import load_text_classifier
+
+        _, model, _ = load_text_classifier(
+            feats.task.num_labels, train_texts=feats.train[p.text].tolist(), seed=p.seed, **_model_choice(p)
+        )
+    return Prepared(train, valid, test, model, None)
+
+
+def train(
+    p: Params,
+    run: ResolvedRun | None = None,
+    feats: Features | None = None,
+    *,
+    hw: HardwareInfo | None = None,
+    callbacks: tuple[object, ...] = (),
+) -> FitResult:
+    """fit() the run's model with the resolved config; artifacts land in ``p.run_dir``."""
+    from kitlib.hardware import detect
+    from kitlib.train import fit
+
+    hw = hw or detect()
+    run = run or load_run(p)
+    feats = feats or load_features(p, run)
+    prepared = prepare(p, feats, run, hw)
+    import torch
+
+    device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
+    cfg = dataclasses.replace(run.config, seed=p.seed)
+    return fit(
+        prepared.model,
+        prepared.train,
+        config=cfg,
+        eval_loader=prepared.valid,
+        loss_fn=prepared.loss_fn,
+        full_eval=_metric(feats.task, prepared.valid, device),
+        run_dir=p.run_dir,
+        hw=hw,
+        callbacks=callbacks,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ 03 infer
+def predict(model: nn.Module, loader: Any, *, precision: Any, device: torch.device, task: TaskSpec) -> np.ndarray:
+    """Class probabilities (or regression values) for every row, in the dataset's row order.
+
+    The predict loader is length-sorted (little padding); ``restore_order`` puts rows back where they were.
+    """
+    import torch
+
+    from kitlib.data import restore_order
+
+    model.to(device).eval()
+    outputs = []
+    with torch.inference_mode(), precision.autocast():
+        for batch in loader:
+            out = logits(model, _to(batch, device)).float()
+            outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
+    return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
+
+
+def validate_submission(submission: pd.DataFrame, sample_path: Path) -> None:
+    """The checks Kaggle's scorer makes, before anything is written: columns, row count, ids, no missing values."""
+    import pandas as pd
+
+    from kitlib.frames import DataError
+
+    if not sample_path.is_file():
+        raise DataError(f"no sample submission at {sample_path}: set sample_submission in the parameters cell")
+    sample = pd.read_csv(sample_path)
+    if list(submission.columns) != list(sample.columns):
+        raise DataError(f"submission columns {list(submission.columns)} != {list(sample.columns)} in {sample_path}")
+    if len(submission) != len(sample):
+        raise DataError(f"submission has {len(submission)} rows, {sample_path.name} has {len(sample)}")
+    id_col = sample.columns[0]
+    missing = set(sample[id_col].astype(str)) - set(submission[id_col].astype(str))
+    if missing:
+        raise DataError(
+            f"{len(missing)} ids of {sample_path.name} are missing from the submission, e.g. {sorted(missing)[:3]}"
+        )
+    if submission.isna().any().any():
+        bad = submission.columns[submission.isna().any()].tolist()
+        raise DataError(f"submission has missing values in {bad}: every row needs a prediction")
+
+
+def infer(
+    p: Params,
+    run: ResolvedRun | None = None,
+    feats: Features | None = None,
+    *,
+    run_dirs: list[Path] | None = None,
+    hw: HardwareInfo | None = None,
+) -> pd.DataFrame:
+    """Predict the test set with the best checkpoint of each run dir (mean of their predictions), validate the
+    submission against sample_submission.csv, and write ``work_dir/submission.csv``."""
+    import pandas as pd
+
+    from kitlib import checkpoint
+    from kitlib.hardware import detect
+    from kitlib.precision import Precision, decide_precision
+
+    hw = hw or detect()
+    run = run or load_run(p)
+    feats = feats or load_features(p, run)
+    precision = Precision(decide_precision(hw, run.config.precision))
+    import torch
+
+    device = torch.device(precision.plan.device_type)
+    predictions = []
+    for run_dir in run_dirs or [p.run_dir]:
+        best = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
+        if best is None:
+            raise FileNotFoundError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
+        prepared = prepare(p, feats, run, hw, fresh_model=True)
+        checkpoint.restore_model(prepared.model, checkpoint.load(best))
+        predictions.append(predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task))
+    mean = np.mean(predictions, axis=0)
+    values = mean if feats.task.kind == "regression" else feats.task.decode(mean.argmax(-1))
+    submission = pd.DataFrame({p.id: feats.test[p.id].to_numpy(), p.target: values})
+    validate_submission(submission, p.data_dir / p.sample_submission)
+    out = p.work_dir / "submission.csv"
+    tmp = out.with_name(out.name + ".tmp")
+    submission.to_csv(tmp, index=False)
+    tmp.replace(out)  # never a half-written submission
+    return submission

@@ -1,0 +1,368 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kitlib import kaggle as kg
+
+NOTEBOOKS = ("00_setup", "01_features", "02_train", "03_infer")
+SECRET = "s3cr3t0123456789abcdef0123456789"
+
+
+def _notebook() -> dict[str, Any]:
+    return {
+        "cells": [
+            {"cell_type": "code", "source": ["print(1)\n"], "metadata": {}, "execution_count": 4,
+             "outputs": [{"output_type": "stream", "name": "stdout", "text": ["1\n"]}]},
+            {"cell_type": "markdown", "source": ["# title"], "metadata": {}},
+        ],
+        "metadata": {"kaggle": {"accelerator": "gpu", "isInternetEnabled": True}, "widgets": {"state": {}}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }  # fmt: skip
+
+
+@pytest.fixture
+def notebooks(tmp_path: Path) -> Path:
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    for name in NOTEBOOKS:
+        (folder / f"{name}.ipynb").write_text(json.dumps(_notebook()))
+    (folder / "scratch.ipynb").write_text(json.dumps(_notebook()))  # not numbered: not a kernel
+    return folder
+
+
+def _build(notebooks: Path, out: Path, **kwargs: Any) -> list[Path]:
+    options: dict[str, Any] = {
+        "username": "someuser",
+        "slug_prefix": "kit",
+        "dataset_sources": ["someuser/demo-data"],
+        "wheels_dataset": "someuser/kitlib-wheels",
+        "notebooks_dir": notebooks,
+    }
+    return kg.build_kernels(out, **{**options, **kwargs})
+
+
+def _meta(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / kg.METADATA_FILE).read_text())
+
+
+class FakeRunner:
+    """Records every command; answers from a queue of (returncode, stdout, stderr)."""
+
+    def __init__(self, *answers: tuple[int, str, str], effect: Callable[[Sequence[str]], None] | None = None) -> None:
+        self.answers = list(answers)
+        self.commands: list[list[str]] = []
+        self.effect = effect
+
+    def __call__(self, command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        self.commands.append(list(command))
+        if self.effect is not None:
+            self.effect(command)
+        code, out, err = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return subprocess.CompletedProcess(list(command), code, out, err)
+
+
+# ----------------------------------------------------------------------------------------------------- build/validate
+
+
+def test_build_writes_valid_chained_kernels(notebooks: Path, tmp_path: Path) -> None:
+    folders = _build(notebooks, tmp_path / "kaggle", competition="some-comp")
+    assert [f.name for f in folders] == list(NOTEBOOKS)
+    ids = []
+    for folder in folders:
+        meta = _meta(folder)
+        kg.validate_metadata(meta, folder=folder)
+        assert meta["id"] == f"someuser/kit-{folder.name.replace('_', '-')}"
+        assert kg.slugify(meta["title"]) == meta["id"].split("/")[1]
+        assert meta["code_file"] == f"{folder.name}.ipynb" and (folder / meta["code_file"]).is_file()
+        assert (meta["language"], meta["kernel_type"], meta["is_private"]) == ("python", "notebook", True)
+        assert meta["enable_internet"] is False  # explicit, not left to the client's default (true)
+        assert meta["enable_gpu"] is True and meta["machine_shape"] == "NvidiaTeslaT4"  # T4 x2, not the P100 default
+        assert meta["dataset_sources"] == ["someuser/demo-data", "someuser/kitlib-wheels"]
+        assert meta["competition_sources"] == ["some-comp"]
+        ids.append(meta["id"])
+        nb = json.loads((folder / meta["code_file"]).read_text())
+        assert "kaggle" not in nb["metadata"] and "widgets" not in nb["metadata"]
+        assert all(c.get("outputs", []) == [] for c in nb["cells"])
+        assert sorted(p.name for p in folder.iterdir()) == sorted([kg.METADATA_FILE, meta["code_file"]])
+    # each kernel reads the previous one's output: 00 -> 01 -> 02 -> 03
+    assert [_meta(f)["kernel_sources"] for f in folders] == [[], [ids[0]], [ids[1]], [ids[2]]]
+
+
+def test_build_options(notebooks: Path, tmp_path: Path) -> None:
+    folders = _build(notebooks, tmp_path / "k", gpu={"02", "03_infer"}, internet=True, private=False,
+                     wheels_dataset=None)  # fmt: skip
+    metas = {f.name: _meta(f) for f in folders}
+    assert [n for n, m in metas.items() if m["enable_gpu"]] == ["02_train", "03_infer"]
+    assert "machine_shape" not in metas["00_setup"] and metas["02_train"]["machine_shape"] == "NvidiaTeslaT4"
+    assert all(m["enable_internet"] is True and m["is_private"] is False for m in metas.values())
+    assert metas["00_setup"]["dataset_sources"] == ["someuser/demo-data"]
+    chained = [_meta(f)["kernel_sources"] for f in _build(notebooks, tmp_path / "a", chain="all")]
+    assert [len(sources) for sources in chained] == [0, 1, 2, 3] and chained[3][:2] == chained[2]
+    cpu_only = _build(notebooks, tmp_path / "c", gpu=False)
+    assert not any(_meta(f)["enable_gpu"] for f in cpu_only)
+
+
+def test_build_refuses_bad_input(notebooks: Path, tmp_path: Path) -> None:
+    with pytest.raises(kg.KernelMetadataError, match="owner/slug"):
+        _build(notebooks, tmp_path / "bad", username="Some User")
+    assert not (tmp_path / "bad").exists()  # validated before anything is written
+    with pytest.raises(FileNotFoundError, match="numbered notebooks"):
+        _build(tmp_path, tmp_path / "none")
+
+
+GOOD = {
+    "id": "someuser/kit-02-train",
+    "title": "kit 02 train",
+    "code_file": "02_train.ipynb",
+    "language": "python",
+    "kernel_type": "notebook",
+    "is_private": True,
+    "enable_gpu": True,
+    "enable_internet": False,
+    "machine_shape": "NvidiaTeslaT4",
+    "dataset_sources": ["someuser/kitlib-wheels"],
+    "kernel_sources": ["someuser/kit-01-features"],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"id": "someuser/kit-02-train/3"}, "no version"),
+        ({"id": "kit-02-train"}, "owner/slug"),
+        ({"id": "someuser/kit", "title": "kit kit"}, "at least 5"),
+        ({"title": "Kit 02 training"}, "make them agree"),
+        ({"title": "kit"}, "at least 5 characters"),
+        ({"enable_internet": None}, "enable_internet' explicitly"),
+        ({"machine_shape": None}, "machine_shape 'NvidiaTeslaT4'"),
+        ({"machine_shape": "NvidiaTeslaT5"}, "not a documented accelerator"),
+        ({"is_private": "yes"}, "must be true/false"),
+        ({"language": "julia"}, "python, r or rmarkdown"),
+        ({"code_file": "02_train.py"}, "needs an .ipynb"),
+        ({"dataset_sources": ["kitlib-wheels"]}, "dataset_sources"),
+        ({"model_sources": ["owner/model/pytorch"]}, "model_sources"),
+        ({"kernel_sources": ["someuser/kit-02-train"]}, "itself"),
+        ({"enable_internets": True}, "unknown field"),
+        ({"docker_image_pinning_type": "newest"}, "original or latest"),
+    ],
+)
+def test_validate_rejects(change: dict[str, Any], message: str) -> None:
+    meta = {k: v for k, v in {**GOOD, **change}.items() if v is not None}
+    with pytest.raises(kg.KernelMetadataError, match=message):
+        kg.validate_metadata(meta)
+
+
+def test_validate_checks_the_code_file(tmp_path: Path) -> None:
+    kg.validate_metadata(GOOD)  # no folder: the metadata alone
+    with pytest.raises(kg.KernelMetadataError, match="not found"):
+        kg.validate_metadata(GOOD, folder=tmp_path)
+    (tmp_path / "02_train.ipynb").write_text("not json")
+    with pytest.raises(kg.KernelMetadataError, match="not notebook JSON"):
+        kg.validate_metadata(GOOD, folder=tmp_path)
+
+
+def test_kaggle_package_loader_accepts_generated(
+    notebooks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("kaggle.api.kaggle_api_extended")
+    folder = _build(notebooks, tmp_path / "k")[2]
+    assert kg._kaggle_package_problems(_meta(folder), folder) == []
+    # its own rules are applied too: hide ours and the package still rejects a too-short slug
+    monkeypatch.setattr(kg, "_problems", lambda meta, folder: [])
+    with pytest.raises(kg.KernelMetadataError, match="kaggle package"):
+        kg.validate_metadata({**GOOD, "id": "someuser/kit", "title": "kit kit"})
+
+
+def test_kaggle_package_absent_skips(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kaggle", None)
+    monkeypatch.setitem(sys.modules, "kaggle.api", None)
+    monkeypatch.setitem(sys.modules, "kaggle.api.kaggle_api_extended", None)
+    assert kg._kaggle_package_problems(GOOD, None) == []
+    kg.validate_metadata(GOOD)
+
+
+# ----------------------------------------------------------------------------------------------------- CLI wrappers
+
+
+def test_push_command_line(notebooks: Path, tmp_path: Path) -> None:
+    folder = _build(notebooks, tmp_path / "k")[2]
+    runner = FakeRunner((0, "Kernel version 1 successfully pushed.  Please check progress at https://...\n", ""))
+    text = kg.push(folder, timeout_s=3600, accelerator="NvidiaTeslaT4", runner=runner)
+    assert "successfully pushed" in text
+    assert runner.commands == [
+        ["kaggle", "kernels", "push", "-p", str(folder), "-t", "3600", "--accelerator", "NvidiaTeslaT4"]
+    ]
+    kg.push(folder, runner=runner)
+    assert runner.commands[-1] == ["kaggle", "kernels", "push", "-p", str(folder)]
+
+
+def test_push_failures(notebooks: Path, tmp_path: Path) -> None:
+    folder = _build(notebooks, tmp_path / "k")[1]
+    with pytest.raises(kg.KaggleCLIError, match="push error"):  # exit 0, but the CLI says it failed
+        kg.push(folder, runner=FakeRunner((0, "Kernel push error: Notebook not found\n", "")))
+    with pytest.raises(kg.KaggleCLIError, match="exit 1"):
+        kg.push(folder, runner=FakeRunner((1, "", "401 Unauthorized")))
+    meta = _meta(folder)
+    (folder / kg.METADATA_FILE).write_text(json.dumps({**meta, "enable_gpu": True, "machine_shape": ""}))
+    runner = FakeRunner((0, "", ""))
+    with pytest.raises(kg.KernelMetadataError):
+        kg.push(folder, runner=runner)
+    assert runner.commands == []  # never reaches the network with bad metadata
+    with pytest.raises(FileNotFoundError, match="kaggle build"):
+        kg.push(tmp_path, runner=runner)
+
+
+@pytest.mark.parametrize(
+    ("text", "state"),
+    [
+        ('someuser/kit-02-train has status "KernelWorkerStatus.COMPLETE"', "complete"),
+        ('someuser/kit-02-train has status "complete"', "complete"),
+        ('someuser/kit-02-train has status "KernelWorkerStatus.ERROR"\nFailure message: "oom"', "error"),
+        ("Error", "error"),
+        ("cancelAcknowledged", "cancel_acknowledged"),
+        ('x/y has status "KernelWorkerStatus.CANCEL_ACKNOWLEDGED"', "cancel_acknowledged"),
+        ('x/y has status "cancelRequested"', "cancel_requested"),
+        ("RUNNING", "running"),
+        ('x/y has status "queued"', "queued"),
+        ("something else", "unknown"),
+    ],
+)
+def test_parse_status_any_case(text: str, state: str) -> None:
+    parsed = kg.parse_status("x/y", text)
+    assert parsed.state == state
+    assert parsed.done == (state in ("complete", "error", "cancel_acknowledged"))
+    if "Failure" in text:
+        assert parsed.failure_message == "oom"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_status_polls_until_done() -> None:
+    clock = FakeClock()
+    runner = FakeRunner(
+        (0, 'u/kit-02-train has status "KernelWorkerStatus.QUEUED"', ""),
+        (0, 'u/kit-02-train has status "KernelWorkerStatus.RUNNING"', ""),
+        (0, 'u/kit-02-train has status "KernelWorkerStatus.COMPLETE"', ""),
+    )
+    result = kg.status("u/kit-02-train", timeout_s=600, poll_s=30, runner=runner, sleep=clock.sleep, clock=clock)
+    assert result.ok and result.state == "complete"
+    assert runner.commands == [["kaggle", "kernels", "status", "u/kit-02-train"]] * 3
+    assert clock.sleeps == [30, 30]
+
+
+def test_status_timeout_and_single_check() -> None:
+    clock = FakeClock()
+    running = FakeRunner((0, 'u/kit-02-train has status "running"', ""))
+    with pytest.raises(TimeoutError, match="still running after 100 s"):
+        kg.status("u/kit-02-train", timeout_s=100, poll_s=30, runner=running, sleep=clock.sleep, clock=clock)
+    assert clock.sleeps == [30, 30, 30, 10]  # the last poll lands on the deadline, not past it
+    once = kg.status("u/kit-02-train", runner=running, sleep=clock.sleep, clock=clock)  # timeout 0: ask once
+    assert once.state == "running" and not once.done
+
+
+def test_output_command_line(tmp_path: Path) -> None:
+    dest = tmp_path / "out"
+
+    def download(command: Sequence[str]) -> None:
+        (Path(command[command.index("-p") + 1]) / "submission.csv").write_text("id,label\n")
+
+    runner = FakeRunner((0, "Output file downloaded to out/submission.csv", ""), effect=download)
+    files = kg.output("u/kit-03-infer", dest, file_pattern=r".*\.csv$", runner=runner)
+    assert files == [dest / "submission.csv"]
+    assert runner.commands == [
+        ["kaggle", "kernels", "output", "u/kit-03-infer", "-p", str(dest), "-o", "--file-pattern", r".*\.csv$"]
+    ]
+
+
+def test_wheels_commands_never_fetch_torch(tmp_path: Path) -> None:
+    runner = FakeRunner((0, "", ""))
+    commands = kg.wheels(tmp_path / "w", project_dir=".", extra=["polars==1.0", "torch==2.5"],
+                         dataset_id="someuser/kitlib-wheels", runner=runner)  # fmt: skip
+    assert runner.commands == commands
+    assert commands[0][1:] == ["-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path / "w"), "."]
+    download = commands[1]
+    assert download[1:5] == ["-m", "pip", "download", "--no-deps"] and download[-1] == "polars==1.0"
+    assert "--python-version" in download and "--only-binary=:all:" in download
+    assert not any("torch" in part for command in commands for part in command)
+    meta = json.loads((tmp_path / "w" / "dataset-metadata.json").read_text())
+    assert meta["id"] == "someuser/kitlib-wheels" and len(meta["licenses"]) == 1
+    # kitlib's own requirements are all in Kaggle's image: only kitlib's wheel is built
+    assert len(kg.wheels_commands(tmp_path / "w", project_dir=".")) == 1
+    with pytest.raises(ValueError, match="6-50"):
+        kg.wheels(tmp_path / "w", dataset_id="someuser/whl", runner=runner)
+
+
+def test_credentials_never_leak(
+    notebooks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KAGGLE_USERNAME", "someuser")
+    monkeypatch.setenv("KAGGLE_KEY", SECRET)
+    home = tmp_path / "home"
+    (home / ".kaggle").mkdir(parents=True)
+    (home / ".kaggle" / "kaggle.json").write_text(json.dumps({"username": "someuser", "key": SECRET}))
+    monkeypatch.setenv("HOME", str(home))
+    (notebooks / "kaggle.json").write_text(json.dumps({"username": "someuser", "key": SECRET}))
+
+    folders = _build(notebooks, tmp_path / "k")
+    written = [p for p in (tmp_path / "k").rglob("*") if p.is_file()]
+    assert not any(p.name == "kaggle.json" for p in written)
+    assert not any(SECRET in p.read_text() for p in written)
+
+    leaky = FakeRunner((0, f"pushed with key {SECRET}\n", f'{{"username": "someuser", "key": "{SECRET}"}}'))
+    text = kg.push(folders[0], runner=leaky)
+    assert SECRET not in text and "***" in text
+    with pytest.raises(kg.KaggleCLIError) as err:
+        kg.push(folders[0], runner=FakeRunner((1, "", f"bad key {SECRET}")))
+    assert SECRET not in str(err.value)
+    with pytest.raises(kg.KaggleCLIError) as err:
+        kg.status("u/kit-02-train", runner=FakeRunner((2, f"{SECRET}", "")))
+    assert SECRET not in str(err.value)
+    assert not any(SECRET in part for command in leaky.commands for part in command)
+    captured = capsys.readouterr()
+    assert SECRET not in captured.out + captured.err
+
+
+def test_cli_kaggle(
+    notebooks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib.cli import main
+
+    out = tmp_path / "kaggle"
+    args = ["kaggle", "build", "--username", "someuser", "--slug-prefix", "kit", "--dataset", "someuser/demo-data",
+            "--wheels-dataset", "someuser/kitlib-wheels", "--gpu", "02_train,03_infer",
+            "--notebooks-dir", str(notebooks), "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    assert _meta(out / "02_train")["machine_shape"] == "NvidiaTeslaT4" and not _meta(out / "01_features")["enable_gpu"]
+
+    runner = FakeRunner((0, 'u/kit-02-train has status "KernelWorkerStatus.ERROR"\nFailure message: "oom"', ""))
+    monkeypatch.setattr(kg, "_run", runner)  # no kaggle CLI, no network
+    capsys.readouterr()
+    assert main(["kaggle", "status", "u/kit-02-train"]) == 1
+    assert "error (oom)" in capsys.readouterr().out
+    runner.answers = [(0, "Kernel version 1 successfully pushed.", "")]
+    assert main(["kaggle", "push", str(out / "00_setup"), "--timeout", "600"]) == 0
+    assert runner.commands[-1] == ["kaggle", "kernels", "push", "-p", str(out / "00_setup"), "-t", "600"]
+    runner.answers = [(1, "", "boom")]
+    assert main(["kaggle", "output", "u/kit-02-train", "--dest", str(tmp_path / "o")]) == 2
+    assert "boom" in capsys.readouterr().err
+    assert main(["kaggle", "wheels", "--dry-run", "--out", str(tmp_path / "w")]) == 0
+    assert "pip wheel --no-deps" in capsys.readouterr().out

@@ -1,0 +1,123 @@
+"""The four notebooks, executed headless as CI and `jupyter nbconvert --execute` run them (smoke preset, tiny model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+
+from kitlib.runbook import NOTEBOOKS, notebooks_dir, run_notebooks
+
+pytestmark = pytest.mark.slow
+
+
+def _stream_text(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_committed_notebooks_are_thin_runbooks_without_outputs() -> None:
+    for name in NOTEBOOKS:
+        nb = nbformat.read(notebooks_dir() / name, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert all(not c.outputs and c.execution_count is None for c in code), f"{name} has outputs: strip them"
+        assert "parameters" in code[0].metadata.get("tags", []), f"{name}: first code cell must be tagged parameters"
+        assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines()), (
+            f"{name} defines functions: logic belongs in kitlib"
+        )
+
+
+def test_demo_end_to_end_headless(tmp_path: Path) -> None:
+    from kitlib.demo import make_demo, score
+
+    demo = make_demo(tmp_path / "demo")
+    work = tmp_path / "work"
+    params = {"data_dir": str(demo.root), "work_dir": str(work), "preset": "smoke", "model": "tiny"}
+    executed = run_notebooks(work / "executed", parameters=params)
+    assert [e.path.name for e in executed] == list(NOTEBOOKS)
+    run = json.loads((work / "run.json").read_text())
+    assert run["preset"]["name"] == "smoke"
+    assert (work / "run" / "best" / "model.safetensors").exists()
+    history = pd.read_csv(work / "run" / "history.csv")
+    assert {"train_loss", "eval_loss", "accuracy"} <= set(history.columns)
+    accuracy = score(demo.solution, work / "submission.csv")
+    assert 0.0 <= accuracy <= 1.0
+    # Headless progress is throttled: a handful of bar lines per notebook, not one per step.
+    train_output = _stream_text(work / "executed" / "02_train.ipynb")
+    assert train_output.count("train:") <= 4, train_output
+    assert all(e.size_bytes < 200_000 for e in executed), [(e.path.name, e.size_bytes) for e in executed]
+
+
+def test_notebooks_run_unchanged_on_another_csv_with_other_column_names(tmp_path: Path) -> None:
+    words = {
+        "good": ["great", "lovely", "superb", "fine"],
+        "bad": ["awful", "dull", "boring", "poor"],
+        "meh": ["okay", "average", "plain", "so-so"],
+    }
+    rows = []
+    for i in range(360):
+        label = list(words)[i % 3]
+        rows.append({"review_id": f"r{i:04d}", "body": f"a {words[label][i % 4]} film number {i}", "verdict": label})
+    data = tmp_path / "data"
+    data.mkdir()
+    frame = pd.DataFrame(rows)
+    frame.iloc[:300].to_csv(data / "train.csv", index=False)
+    frame.iloc[300:][["review_id", "body"]].to_csv(data / "test.csv", index=False)
+    frame.iloc[300:][["review_id"]].assign(verdict="good").to_csv(data / "sample_submission.csv", index=False)
+    work = tmp_path / "work"
+    params = {
+        "data_dir": str(data),
+        "work_dir": str(work),
+        "preset": "smoke",
+        "model": "tiny",
+        "text": "body",
+        "target": "verdict",
+        "id": "review_id",
+    }
+    run_notebooks(work / "executed", parameters=params)
+    submission = pd.read_csv(work / "submission.csv")
+    assert list(submission.columns) == ["review_id", "verdict"]
+    assert submission["review_id"].tolist() == frame.iloc[300:]["review_id"].tolist()  # original row order
+    assert set(submission["verdict"]) <= set(words)
+
+
+def test_plain_nbconvert_with_environment_variables(tmp_path: Path) -> None:
+    """What a user types: jupyter nbconvert --execute, parameters through KIT_* variables."""
+    from kitlib.demo import make_demo
+
+    demo = make_demo(tmp_path / "demo")
+    env = {
+        **os.environ,
+        "KIT_DATA_DIR": str(demo.root),
+        "KIT_WORK_DIR": str(tmp_path / "work"),
+        "KIT_PRESET": "fast",
+        "KIT_HEADLESS": "1",
+    }
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            "--output-dir",
+            str(out),
+            str(notebooks_dir() / "00_setup.ipynb"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((tmp_path / "work" / "run.json").read_text())
+    assert run["preset"]["name"] == "fast"  # the variable beat the parameters cell's default
