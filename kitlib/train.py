@@ -453,6 +453,7 @@ def fit(
                     epoch_items.item(),
                     0,
                 )
+                log_tokens: int | torch.Tensor = 0
                 while True:
                     t0 = time.perf_counter()
                     if gap_start is not None:  # eval, checkpoint and loader restart between two epochs' steps
@@ -466,7 +467,8 @@ def fit(
                         break
                     n_rows = sum(rows(b) for b in window)
                     samples, log_samples = samples + n_rows, log_samples + n_rows
-                    tokens = tokens + sum(real_tokens(b) for b in window)
+                    window_tokens = sum(real_tokens(b) for b in window)
+                    tokens, log_tokens = tokens + window_tokens, log_tokens + window_tokens
                     all_tokens += sum(computed_tokens(b) for b in window)
                     shapes.update(
                         tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b
@@ -510,21 +512,25 @@ def fit(
                     if state.step % cfg.log_every_steps == 0:
                         with timer.phase("logging"):
                             loss_now, items_now = epoch_loss.item(), epoch_items.item()  # host sync: log steps only
+                            dt = time.perf_counter() - log_start
                             logs = {
                                 "step": state.step,
                                 "loss": (loss_now - log_loss) / max(items_now - log_items, 1e-12),
                                 "lr": scheduler.get_last_lr()[0],
-                                "samples_per_s": log_samples * env.world_size / (time.perf_counter() - log_start),
+                                "samples_per_s": log_samples * env.world_size / dt,
+                                "tokens_per_s": float(log_tokens) * env.world_size / dt,  # real tokens, no padding
                             }
                             bar.set_postfix(
                                 loss=f"{logs['loss']:.4f}",
                                 lr=f"{logs['lr']:.2e}",
                                 sps=f"{logs['samples_per_s']:.1f}",
+                                tok_s=f"{logs['tokens_per_s']:.0f}",
                                 refresh=False,
                             )
                             for cb in callbacks:
                                 getattr(cb, "on_log", lambda m: None)(logs)
                             log_start, log_loss, log_items, log_samples = time.perf_counter(), loss_now, items_now, 0
+                            log_tokens = 0
                     if cfg.save_every_steps and state.step % cfg.save_every_steps == 0:
                         save_last()
                     if cfg.time_budget_s is not None:
