@@ -72,7 +72,7 @@ def bare_loop(model: nn.Module, batches: list[dict[str, torch.Tensor]], lr: floa
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return float(loss)
+    return loss.item()
 
 
 def kitlib_fit(
@@ -106,7 +106,7 @@ def throughput(args: argparse.Namespace, hw: Any) -> dict[str, float]:
     bare, kit = statistics.median(bare_times), statistics.median(kit_times)
     print(
         f"\n[1] throughput, {args.steps} steps x batch {args.batch} x {args.length} tokens, fp32, median of "
-        f"{args.repeats} interleaved runs (model build excluded from neither side)"
+        f"{args.repeats} interleaved runs (whole calls: model build and set-up count on both sides)"
     )
     print(f"    bare PyTorch loop : {samples / bare:8.1f} samples/s  ({bare:.2f} s)")
     print(f"    kitlib fit()      : {samples / kit:8.1f} samples/s  ({kit:.2f} s)")
@@ -183,8 +183,8 @@ def precision_on_cpu(args: argparse.Namespace) -> dict[str, float]:
         f"{auto.reason})"
     )
     print(
-        f"    {steps} steps: fp32 {result['fp32_s']:.2f} s, loss {result['fp32_final_loss']:.4f} | bf16 autocast "
-        f"{result['bf16_s']:.2f} s, loss {result['bf16_final_loss']:.4f}"
+        f"    {steps} steps: fp32 {result['fp32_s']:.2f} s, loss {result['fp32_final_loss']:.6f} | bf16 autocast "
+        f"{result['bf16_s']:.2f} s, loss {result['bf16_final_loss']:.6f}"
     )
     print(f"    bf16 speed-up over fp32: x{result['fp32_s'] / result['bf16_s']:.3f}")
     result["bf16_speedup"] = result["fp32_s"] / result["bf16_s"]
