@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "estimate_epoch_seconds": "kitlib.presets",
     "preset_picker": "kitlib.widgets",
     "PresetPicker": "kitlib.widgets",
+    "diagnose": "kitlib.doctor",
     "make_demo": "kitlib.demo",
     "score": "kitlib.demo",
 }

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="where a run's time went, and ranked changes that would save the most")
     p.add_argument("run_dir", help="the run_dir given to fit() (holds timing.json and config.json)")
-    p.add_argument("--profile", default=None, help="advise for this hardware: T4, 2xT4, P100, V100, A100, L4, H100, CPU")
+    p.add_argument("--profile", default=None, help="hardware to advise for: T4, 2xT4, P100, V100, A100, L4, H100, CPU")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.set_defaults(func=_cmd_doctor)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-import traceback
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -103,9 +102,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _worker(
-    local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, port: int, results: Any
-) -> None:
+def _worker(local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, port: int, out: str) -> None:
     os.environ.update(
         {
             "RANK": str(local_rank),
@@ -119,13 +116,10 @@ def _worker(
     try:
         value = fn(*args)
         if local_rank == 0:
-            # Plain pickle bytes: torch's queue pickler would pass tensors as shared-memory handles that die with
-            # this process before the parent reads them.
-            results.put(("ok", pickle.dumps(value)))
-    except BaseException:
-        if local_rank == 0:
-            results.put(("error", traceback.format_exc()))
-        raise
+            # A file, not a pipe: a result larger than the pipe buffer (a model) would block this worker until the
+            # parent reads, while the parent waits in join() for this worker to exit.
+            with open(out, "wb") as f:
+                pickle.dump(value, f)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -136,8 +130,11 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any
 
     For notebooks (Kaggle's 2xT4): workers are *forked*, so ``fn`` may be defined in the notebook itself. A forked
     child cannot use CUDA once the parent has initialised it, so call this before any CUDA work in the kernel
-    (restart the kernel if needed); kitlib refuses early instead of failing inside the workers.
+    (restart the kernel if needed); kitlib refuses early instead of failing inside the workers. A worker's error
+    is re-raised here with its traceback (torch.multiprocessing.ProcessRaisedException).
     """
+    import tempfile
+
     import torch.multiprocessing as mp
 
     if nprocs is None:
@@ -147,12 +144,10 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any
             "CUDA is already initialised in this kernel, and forked workers cannot use it: restart the kernel and "
             "call kitlib.distributed.launch(...) before anything touches the GPU (no .cuda()/.to('cuda') earlier)"
         )
-    ctx = mp.get_context("fork")
-    results = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(fn, args, nprocs, free_port(), results), nprocs=nprocs, start_method="fork")
-    if results.empty():
-        raise RuntimeError("rank 0 ended without a result")
-    status, value = results.get()
-    if status != "ok":
-        raise RuntimeError(f"rank 0 failed:\n{value}")
-    return pickle.loads(value)  # our own child's bytes, not foreign data
+    with tempfile.TemporaryDirectory(prefix="kitlib-launch-") as tmp:
+        out = os.path.join(tmp, "rank0.pkl")
+        mp.start_processes(_worker, args=(fn, args, nprocs, free_port(), out), nprocs=nprocs, start_method="fork")
+        if not os.path.exists(out):
+            raise RuntimeError("rank 0 ended without a result")
+        with open(out, "rb") as f:
+            return pickle.load(f)  # written by our own child process a moment ago, not foreign data

@@ -25,6 +25,7 @@ from kitlib import __version__, checkpoint, distributed
 from kitlib.batches import shard_batches, skip_batches
 from kitlib.config import TrainConfig
 from kitlib.evaluation import DeferredEvals, FullEval, Metrics, evaluate_loss, run_full_eval
+from kitlib.flops import model_facts
 from kitlib.objective import Batch, CountFn, LossFn, computed_tokens, default_count_fn, hf_loss, real_tokens, rows
 from kitlib.optim import build_optimizer, build_scheduler, freeze
 from kitlib.progress import progress_bar
@@ -215,7 +216,6 @@ def _run_facts(
         "device_name": _device_name(hw),
         "peak_memory_bytes": peak,
         "memory_total_bytes": total,
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "time_budget_s": cfg.time_budget_s,
         "full_eval_every": cfg.full_eval_every,
         "save_best": cfg.save_best,
@@ -334,24 +334,25 @@ def fit(
     epoch_loss = torch.zeros((), dtype=torch.float64, device=device)
     epoch_items = torch.zeros((), dtype=torch.float64, device=device)
 
-    def save(name: str, snap: checkpoint.Snapshot) -> None:
+    def save(name: str, take: Callable[[], checkpoint.Snapshot]) -> None:
         if out is not None and main:
-            with timer.phase("checkpoint"):  # the snapshot copy; the disk write happens in the writer's thread
-                writer.submit(snap, out / name)
+            with timer.phase("checkpoint"):  # the snapshot copy is on the critical path; the disk write is not
+                writer.submit(take(), out / name)
 
     def save_last() -> None:
-        if out is None or not main:
-            return
-        state.epoch_loss_sum, state.epoch_items = float(epoch_loss), float(epoch_items)
-        resume_state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "precision": precision.state_dict(),
-            "rng": checkpoint.rng_state(),
-            "run": dataclasses.asdict(state),
-        }
-        meta = {"epoch": state.epoch, "step": state.step, "config": cfg.to_dict(), "kitlib": __version__}
-        save("last", checkpoint.snapshot(raw_model, state=resume_state, meta=meta))
+        def take() -> checkpoint.Snapshot:
+            state.epoch_loss_sum, state.epoch_items = float(epoch_loss), float(epoch_items)
+            resume_state = {
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "precision": precision.state_dict(),
+                "rng": checkpoint.rng_state(),
+                "run": dataclasses.asdict(state),
+            }
+            meta = {"epoch": state.epoch, "step": state.step, "config": cfg.to_dict(), "kitlib": __version__}
+            return checkpoint.snapshot(raw_model, state=resume_state, meta=meta)
+
+        save("last", take)
 
     def consider_best(epoch: int, metrics: Metrics, weights: checkpoint.Snapshot | None) -> None:
         value = metrics.get(monitor)
@@ -361,7 +362,7 @@ def fit(
             state.best, state.best_epoch, state.evals_since_best = value, epoch, 0
             if cfg.save_best:
                 meta = {"epoch": epoch, "metrics": metrics, "config": cfg.to_dict(), "kitlib": __version__}
-                save("best", weights or checkpoint.snapshot(raw_model, meta=meta))
+                save("best", lambda: weights or checkpoint.snapshot(raw_model, meta=meta))
         else:
             state.evals_since_best += 1
 
@@ -398,7 +399,8 @@ def fit(
                 result = run_full_eval(raw_model, full_eval, precision.autocast)
             if callable(result) and cfg.background_eval != "off":
                 if cfg.save_best and out is not None and monitor not in record:
-                    weights = checkpoint.snapshot(raw_model, meta={"epoch": epoch})  # kept until the verdict arrives
+                    with timer.phase("checkpoint"):  # kept until the verdict arrives
+                        weights = checkpoint.snapshot(raw_model, meta={"epoch": epoch})
                 deferred.submit(epoch, result, weights)
             elif callable(result):  # background_eval="off": score it here, on the critical path
                 with timer.phase("full_eval"):
@@ -431,10 +433,12 @@ def fit(
     gap_start: float | None = None
     epoch_gaps: list[float] = []
     epoch_train_s: list[float] = []
+    first_waits: list[float] = []
     shapes: set[tuple[int, ...]] = set()
     total_samples, total_real_tokens, all_tokens = 0, 0, 0
     try:
-        with speed_flags(**flags):  # restored on exit, also on error: the notebook kernel lives on
+        with speed_flags(**flags) as effective_flags:  # restored on exit, also on error: the kernel lives on
+            timer.extra["cudnn_benchmark"] = bool(effective_flags.get("cudnn_benchmark"))
             model.train()
             while state.epoch < cfg.epochs and stop_reason == "completed":
                 epoch = state.epoch
@@ -462,6 +466,8 @@ def fit(
                     timer.begin_step(state.step + state.skipped)
                     with timer.phase("data_wait"):
                         window = [b for _, b in zip(range(cfg.grad_accum_steps), batches, strict=False)]
+                    if samples == 0:
+                        first_waits.append(time.perf_counter() - t0)
                     if not window:
                         timer.discard_step()
                         break
@@ -575,8 +581,13 @@ def fit(
             "distinct_input_shapes": len(shapes),
             "epoch_gaps_s": [round(g, 4) for g in epoch_gaps],
             "epoch_train_s": [round(t, 4) for t in epoch_train_s],
+            "first_batch_wait_s": [round(t, 4) for t in first_waits],  # worker start-up lands here
+            "eval_batches_per_eval": min(len(eval_batches), cfg.eval_max_batches or len(eval_batches))
+            if eval_batches is not None
+            else 0,
             "stop_reason": stop_reason,
         }
+        | model_facts(raw_model)
     )
     history = pd.DataFrame(state.history)
     if out is not None and main:

@@ -128,12 +128,22 @@ def _model_choice(p: Params) -> dict[str, Any]:
     return {"model_dir": p.model}
 
 
-def features(p: Params, run: ResolvedRun | None = None, *, cache: Cache | None = None, quiet: bool = False) -> Features:
-    """Read and validate the data, report lengths, tokenize (and embed, for the head regime) through the cache."""
+def features(
+    p: Params,
+    run: ResolvedRun | None = None,
+    *,
+    cache: Cache | None = None,
+    quiet: bool = False,
+    hw: HardwareInfo | None = None,
+) -> Features:
+    """Read and validate the data, report lengths, fit max_length to them, tokenize (and embed, for the head
+    regime) through the cache."""
+    from kitlib import presets
     from kitlib.cache import Cache
     from kitlib.features import embed_texts, tokenize_texts
     from kitlib.frames import infer_task, read_table
-    from kitlib.lengths import length_report, suggest_max_length
+    from kitlib.hardware import detect
+    from kitlib.lengths import length_report
     from kitlib.models import load_text_classifier, load_text_encoder
 
     run = run or load_run(p)
@@ -149,18 +159,21 @@ def features(p: Params, run: ResolvedRun | None = None, *, cache: Cache | None =
     tokenizer, model, identity = load(*args, train_texts=texts, seed=p.seed, **_model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
-    max_length = run.config.max_length or min(
-        run.preset.max_length_cap, suggest_max_length(full.lengths, run.preset.length_coverage)
-    )
+    if "max_length" not in run.overrides:
+        # 00_setup had no lengths: now the data decides (the preset's coverage, capped), and run.json is updated.
+        run = presets.resolve(
+            run.preset, hw or detect(), lengths=full.lengths, overrides=run.overrides, world_size=run.world_size
+        )
+        run.save(p.work_dir)
+    max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     embeddings = None
     if run.regime == "head":
-        from kitlib.hardware import detect
         from kitlib.precision import Precision, decide_precision
 
-        precision = Precision(decide_precision(detect(), run.config.precision))
+        precision = Precision(decide_precision(hw or detect(), run.config.precision))
         embed = dict(tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, cache=cache)
         embeddings = (embed_texts(texts, **embed), embed_texts(test[p.text].tolist(), **embed))  # type: ignore[arg-type]
     summary = {
@@ -178,11 +191,11 @@ def features(p: Params, run: ResolvedRun | None = None, *, cache: Cache | None =
     )
 
 
-def load_features(p: Params, run: ResolvedRun | None = None) -> Features:
+def load_features(p: Params, run: ResolvedRun | None = None, hw: HardwareInfo | None = None) -> Features:
     """The features 01_features built: every piece is a cache hit (fractions of a second)."""
     if not (p.work_dir / FEATURES_FILE).is_file():
         raise FileNotFoundError(f"no {FEATURES_FILE} in {p.work_dir}: run notebooks/01_features.ipynb first")
-    return features(p, run, quiet=True)
+    return features(p, run, quiet=True, hw=hw)
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
@@ -309,16 +322,36 @@ def train(
     hw: HardwareInfo | None = None,
     callbacks: tuple[object, ...] = (),
 ) -> FitResult:
-    """fit() the run's model with the resolved config; artifacts land in ``p.run_dir``."""
+    """fit() the run's model with the resolved config; artifacts land in ``p.run_dir``.
+
+    A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers; this process must not
+    have touched CUDA before (kitlib.distributed.launch says so clearly if it has).
+    """
+    run = run or load_run(p)
+    if run.world_size > 1:
+        from kitlib.distributed import launch
+
+        result: FitResult = launch(_train_worker, p, run, callbacks, nprocs=run.world_size)
+        return result
+    return _train(p, run, feats, hw=hw, callbacks=callbacks)
+
+
+def _train_worker(p: Params, run: ResolvedRun, callbacks: tuple[object, ...]) -> FitResult:
+    result = _train(p, run, None, hw=None, callbacks=callbacks)
+    return dataclasses.replace(result, model=result.model.cpu())  # rank 0's result crosses to the parent on CPU
+
+
+def _train(
+    p: Params, run: ResolvedRun, feats: Features | None, *, hw: HardwareInfo | None, callbacks: tuple[object, ...]
+) -> FitResult:
+    import torch
+
     from kitlib.hardware import detect
     from kitlib.train import fit
 
     hw = hw or detect()
-    run = run or load_run(p)
-    feats = feats or load_features(p, run)
+    feats = feats or load_features(p, run, hw)
     prepared = prepare(p, feats, run, hw)
-    import torch
-
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     cfg = dataclasses.replace(run.config, seed=p.seed)
     return fit(
@@ -395,7 +428,7 @@ def infer(
 
     hw = hw or detect()
     run = run or load_run(p)
-    feats = feats or load_features(p, run)
+    feats = feats or load_features(p, run, hw)
     precision = Precision(decide_precision(hw, run.config.precision))
     import torch
 

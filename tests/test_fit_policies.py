@@ -168,7 +168,9 @@ def test_run_dir_holds_resolved_config_history_and_timing(cpu_hw, tmp_path: Path
     assert (
         timing["run"]["steps"] == 16 and timing["run"]["samples"] == 2 * 64 and len(timing["run"]["epoch_gaps_s"]) == 1
     )
-    assert sum(p["seconds"] for p in timing["phases"].values()) <= timing["wall_seconds"] * 1.5
+    # Phases on the critical path never add up to more than the wall clock (the writer thread runs beside them).
+    critical = sum(v["seconds"] for k, v in timing["phases"].items() if k != "checkpoint_write_background")
+    assert critical <= timing["wall_seconds"] * 1.01
     history = (tmp_path / "history.csv").read_text().splitlines()
     assert history[0].startswith("epoch,") and len(history) == 3
     assert (tmp_path / "best" / "model.safetensors").exists() and (tmp_path / "last" / "state.pt").exists()

@@ -1,0 +1,55 @@
+"""The notebook stages as functions: data-fitted max_length, DDP workers for multi-GPU runs (gloo on CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kitlib import presets, workflow
+
+
+def _csvs(folder: Path, n_train: int = 240, n_test: int = 40) -> Path:
+    words = {"pos": ["great", "lovely", "superb"], "neg": ["awful", "dull", "boring"]}
+    rows = [
+        {"id": i, "text": f"a {words[('pos', 'neg')[i % 2]][i % 3]} film " + "long " * (i % 7), "label": i % 2}
+        for i in range(n_train + n_test)
+    ]
+    frame = pd.DataFrame(rows)
+    folder.mkdir()
+    frame.iloc[:n_train].to_csv(folder / "train.csv", index=False)
+    frame.iloc[n_train:][["id", "text"]].to_csv(folder / "test.csv", index=False)
+    frame.iloc[n_train:][["id"]].assign(label=0).to_csv(folder / "sample_submission.csv", index=False)
+    return folder
+
+
+def test_features_fit_max_length_to_the_data_and_update_the_run(tmp_path: Path, cpu_hw) -> None:
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    run = workflow.setup(p, cpu_hw)
+    assert run.config.max_length == run.preset.max_length_cap  # no lengths known yet
+    feats = workflow.features(p, hw=cpu_hw, quiet=True)
+    saved = presets.load(p.work_dir)
+    assert saved.config.max_length == feats.max_length < run.preset.max_length_cap
+    assert feats.max_length >= int(feats.train_tokens.lengths.max()) or feats.report is not None
+
+
+def test_missing_earlier_stage_names_the_notebook_to_run(tmp_path: Path, cpu_hw) -> None:
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    with pytest.raises(FileNotFoundError, match="00_setup"):
+        workflow.features(p, hw=cpu_hw)
+    workflow.setup(p, cpu_hw)
+    with pytest.raises(FileNotFoundError, match="01_features"):
+        workflow.train(p, hw=cpu_hw)
+
+
+@pytest.mark.slow
+def test_a_run_resolved_for_two_devices_trains_in_two_ddp_workers(tmp_path: Path, cpu_hw) -> None:
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw, resolved=presets.resolve("smoke", cpu_hw, world_size=2))
+    workflow.features(p, hw=cpu_hw, quiet=True)
+    result = workflow.train(p)  # forks 2 gloo workers; rank 0's result comes back
+    assert result.timing["run"]["world_size"] == 2
+    assert (p.run_dir / "best" / "model.safetensors").exists()
+    submission = workflow.infer(p, hw=cpu_hw)
+    assert len(submission) == 40
