@@ -199,11 +199,17 @@ def load_features(p: Params, run: ResolvedRun | None = None, hw: HardwareInfo | 
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
-def _head(dim: int, num_labels: int) -> nn.Module:
-    """What the "head" regime trains on cached frozen embeddings: dropout + one linear layer (a probe)."""
+def _head(dim: int, num_labels: int, hidden: int = 256) -> nn.Module:
+    """What the "head" regime trains on cached frozen embeddings: a one-hidden-layer MLP.
+
+    On the demo a linear probe plateaus at 0.766 validation accuracy with train loss = eval loss (too little
+    capacity); this MLP reaches ~0.78-0.79 for ~0.1 M parameters, still seconds per epoch on a CPU.
+    """
     from torch import nn
 
-    return nn.Sequential(nn.Dropout(0.1), nn.Linear(dim, num_labels))
+    return nn.Sequential(
+        nn.Dropout(0.1), nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.1), nn.Linear(hidden, num_labels)
+    )
 
 
 def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
