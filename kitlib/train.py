@@ -379,7 +379,15 @@ def fit(
             "samples_per_s": samples * env.world_size / seconds,
             "tokens_per_s": float(tokens) * env.world_size / seconds,
         }
-        if eval_batches is not None:
+        due = cfg.full_eval_every > 0 and (epoch + 1) % cfg.full_eval_every == 0
+        at_end = cfg.full_eval_at_end and epoch == cfg.epochs - 1
+        result: Metrics | Callable[[], Metrics] | None = None
+        if full_eval is not None and (due or at_end) and stop_reason != "time_budget" and main:
+            with timer.phase("full_eval"):
+                result = run_full_eval(raw_model, full_eval, precision.autocast)
+        # A full eval that reports eval_loss itself already made the pass over the eval set: no second pass
+        # (single process only: under DDP the cheap eval is a collective every rank must join).
+        if eval_batches is not None and not (isinstance(result, Mapping) and "eval_loss" in result and not env.enabled):
             with timer.phase("eval"):
                 record["eval_loss"] = evaluate_loss(
                     model,
@@ -391,22 +399,17 @@ def fit(
                     env=env,
                     max_batches=cfg.eval_max_batches,
                 )
-        due = cfg.full_eval_every > 0 and (epoch + 1) % cfg.full_eval_every == 0
-        at_end = cfg.full_eval_at_end and epoch == cfg.epochs - 1
-        weights = None
-        if full_eval is not None and (due or at_end) and stop_reason != "time_budget" and main:
+        if callable(result) and cfg.background_eval != "off":
+            weights = None
+            if cfg.save_best and out is not None and monitor not in record:
+                with timer.phase("checkpoint"):  # kept until the verdict arrives
+                    weights = checkpoint.snapshot(raw_model, meta={"epoch": epoch})
+            deferred.submit(epoch, result, weights)
+        elif callable(result):  # background_eval="off": score it here, on the critical path
             with timer.phase("full_eval"):
-                result = run_full_eval(raw_model, full_eval, precision.autocast)
-            if callable(result) and cfg.background_eval != "off":
-                if cfg.save_best and out is not None and monitor not in record:
-                    with timer.phase("checkpoint"):  # kept until the verdict arrives
-                        weights = checkpoint.snapshot(raw_model, meta={"epoch": epoch})
-                deferred.submit(epoch, result, weights)
-            elif callable(result):  # background_eval="off": score it here, on the critical path
-                with timer.phase("full_eval"):
-                    record.update(result())
-            else:
-                record.update(result)
+                record.update(result())
+        elif result is not None:
+            record.update(result)
         state.history.append(record)
         consider_best(epoch, {k: v for k, v in record.items() if isinstance(v, float)}, None)
         for cb in callbacks:

@@ -251,20 +251,28 @@ def metric_name(task: TaskSpec) -> str:
     return "rmse" if task.kind == "regression" else "accuracy"
 
 
-def _metric(task: TaskSpec, loader: Any, device: torch.device) -> Any:
-    """The full evaluation: the task metric over every validation row (fit runs it under no_grad + autocast)."""
+def _metric(task: TaskSpec, loader: Any, device: torch.device, loss_fn: Any) -> Any:
+    """The full evaluation: the task metric and the loss over every validation row, in one pass (fit then skips
+    its separate loss-only pass; it runs this under no_grad + autocast)."""
 
     def evaluate(model: nn.Module) -> dict[str, float]:
-        total, hits, squared = 0, 0, 0.0
+        total, hits, squared, loss_sum = 0, 0, 0.0, 0.0
         for batch in loader:
             batch = _to(batch, device)
-            out, labels = logits(model, batch).float(), _labels(batch)
+            if isinstance(batch, Mapping):
+                output = model(**batch)
+                out, loss = output.logits.float(), output.loss
+            else:
+                out, loss = logits(model, batch).float(), loss_fn(model, batch)
+            labels = _labels(batch)
             if task.kind == "regression":
                 squared += float(((out.squeeze(-1) - labels.float()) ** 2).sum())
             else:
                 hits += int((out.argmax(-1) == labels).sum())
+            loss_sum += float(loss) * len(labels)  # mean over rows -> weighted like fit's loss-only eval
             total += len(labels)
-        return {"rmse": (squared / total) ** 0.5} if task.kind == "regression" else {"accuracy": hits / total}
+        metric = {"rmse": (squared / total) ** 0.5} if task.kind == "regression" else {"accuracy": hits / total}
+        return {**metric, "eval_loss": loss_sum / total}
 
     return evaluate
 
@@ -366,7 +374,7 @@ def _train(
         config=cfg,
         eval_loader=prepared.valid,
         loss_fn=prepared.loss_fn,
-        full_eval=_metric(feats.task, prepared.valid, device),
+        full_eval=_metric(feats.task, prepared.valid, device, prepared.loss_fn),
         run_dir=p.run_dir,
         hw=hw,
         callbacks=callbacks,

@@ -220,3 +220,25 @@ def test_torch_compile_trains(cpu_hw) -> None:
     )
     assert result.history["train_loss"].iloc[-1] < result.history["train_loss"].iloc[0]
     assert not hasattr(result.model, "_orig_mod")  # the plain module comes back, ready to save
+
+
+def test_a_full_eval_that_reports_eval_loss_replaces_the_loss_only_pass(cpu_hw) -> None:
+    passes: list[int] = []
+
+    def full_eval(model: nn.Module) -> dict[str, float]:
+        passes.append(1)
+        x, y = _data(16, 1).tensors
+        return {"eval_loss": float(nn.functional.mse_loss(model(x), y)), "r2": 0.0}
+
+    result = fit(
+        nn.Linear(4, 1),
+        DataLoader(_data(), batch_size=8),
+        eval_loader=DataLoader(_data(16, 1), batch_size=8),
+        config=_cfg(epochs=3, full_eval_every=2),
+        loss_fn=_mse,
+        full_eval=full_eval,
+        hw=cpu_hw,
+    )
+    assert len(passes) == 2  # epochs 2 and 3 (due, then at the end)
+    assert result.timing["phases"]["eval"]["count"] == 1  # the loss-only pass ran only in epoch 1
+    assert result.history["eval_loss"].notna().all()
