@@ -67,7 +67,7 @@ class Snapshot:
 # --------------------------------------------------------------------------------------------------- snapshot
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """Strip torch.compile (``_orig_mod``) and DDP/DataParallel (``module``) wrappers, in any nesting order."""
     while True:
         inner = getattr(model, "_orig_mod", None)
@@ -152,7 +152,7 @@ def snapshot(
     by_view: dict[tuple[Any, ...], torch.Tensor] = {}
     weights: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, t in _unwrap(model).state_dict().items():
+        for name, t in unwrap_model(model).state_dict().items():
             if not isinstance(t, torch.Tensor):  # get_extra_state() payloads
                 raise CheckpointError(f"model state_dict entry {name!r} is a {type(t).__name__}, not a tensor")
             key = _view_key(t) if t.numel() else ("empty", name)
@@ -483,7 +483,7 @@ def _strip_prefix(weights: dict[str, torch.Tensor], expected: set[str]) -> dict[
 
 def restore_model(model: torch.nn.Module, snap: Snapshot, *, strict: bool = True) -> None:
     """Load ``snap.weights`` into ``model`` (wrapped or not), in place; tied parameters stay tied."""
-    target = _unwrap(model)
+    target = unwrap_model(model)
     live = target.state_dict()
     weights = _strip_prefix(dict(snap.weights), set(live))
     # A file that stored only one name of a tied pair (e.g. HF drops lm_head.weight): fill the other from it.

@@ -40,19 +40,13 @@ def hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     return loss
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)  # DDP / torch.compile
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
-
-
 def is_causal_lm(model: nn.Module) -> bool:
     """Causal LMs shift labels by one inside their loss, so the first label of each row is never scored."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return type(_unwrap(model)).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    from kitlib.checkpoint import unwrap_model
+
+    return type(unwrap_model(model)).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
 def rows(batch: Batch) -> int:

@@ -96,14 +96,6 @@ def _to_device(device: torch.device) -> Callable[[Batch], Batch]:
     return move
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
-    while isinstance(getattr(model, "module", None), nn.Module) or isinstance(
-        getattr(model, "_orig_mod", None), nn.Module
-    ):
-        model = getattr(model, "module", None) or model._orig_mod  # type: ignore[assignment]
-    return model
-
-
 def _train_window(
     window: list[Batch],
     *,

@@ -384,9 +384,10 @@ def test_background_errors_are_raised(tmp_path: Path, monkeypatch: pytest.Monkey
         w.wait()
     assert isinstance(err.value.__cause__, OSError)
     w.wait()  # reported once
+    busy_before = w.busy_seconds  # the first failed write already counted
     w.submit(_snap(-2), tmp_path / "last")
     deadline = time.monotonic() + 10
-    while w.busy_seconds == 0 and time.monotonic() < deadline:  # let the failing write finish without wait()
+    while w.busy_seconds == busy_before and time.monotonic() < deadline:  # the failing write ends, no wait()
         time.sleep(0.01)
     with pytest.raises(CheckpointError, match="No space left"):
         w.submit(_snap(1), tmp_path / "last")
