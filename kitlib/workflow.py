@@ -286,7 +286,7 @@ class Prepared:
     loss_fn: Any  # None: the Hugging Face model's own loss
 
 
-def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo, *, fresh_model: bool = False) -> Prepared:
+def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the run's regime (the same split every time: seeded)."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -318,14 +318,7 @@ def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo, *, f
     train = make_train_loader(subset(train_idx), cfg, hw, seed=p.seed)
     valid = make_eval_loader(subset(valid_idx), cfg, hw)
     test = make_predict_loader(TokenDataset(feats.test_tokens, pad_id=pad), cfg, hw)
-    model = feats.model
-    if fresh_model:
-        from kitlib.models import load_text_classifier
-
-        _, model, _ = load_text_classifier(
-            feats.task.num_labels, train_texts=feats.train[p.text].tolist(), seed=p.seed, **_model_choice(p)
-        )
-    return Prepared(train, valid, test, model, None)
+    return Prepared(train, valid, test, feats.model, None)
 
 
 def train(
@@ -447,12 +440,12 @@ def infer(
     import torch
 
     device = torch.device(precision.plan.device_type)
+    prepared = prepare(p, feats, run, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
     for run_dir in run_dirs or [p.run_dir]:
         best = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
         if best is None:
             raise FileNotFoundError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
-        prepared = prepare(p, feats, run, hw, fresh_model=True)
         checkpoint.restore_model(prepared.model, checkpoint.load(best))
         predictions.append(predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task))
     mean = np.mean(predictions, axis=0)
