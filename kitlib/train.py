@@ -270,7 +270,7 @@ def fit(
         monitor = "train_loss"  # nothing else to judge "best" by
 
     torch.manual_seed(cfg.seed)
-    freeze(model, cfg.freeze)
+    freeze(model, cfg.freeze, cfg.freeze_layers)
     if cfg.gradient_checkpointing:
         _enable_activation_checkpointing(model)
     model.to(device)

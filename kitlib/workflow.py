@@ -25,12 +25,14 @@ if TYPE_CHECKING:
     from kitlib.cache import Cache
     from kitlib.frames import TaskSpec
     from kitlib.hardware import HardwareInfo
+    from kitlib.ngrams import NgramBags
     from kitlib.presets import ResolvedRun
     from kitlib.train import FitResult
 
 FEATURES_FILE = "features.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
+HEAD_LAYERS = 3  # "head" regime: mean-pool MiniLM's last 3 layers (1152 floats per row; see features.embed_texts)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class Features:
     max_length: int
     report: Any  # kitlib.lengths.LengthReport
     embeddings: tuple[np.ndarray, np.ndarray] | None  # (train, test) for the "head" regime
+    ngrams: tuple[NgramBags, NgramBags] | None  # (train, test) tf-idf n-gram bags for the "head" regime
     model_identity: str
     model: Any  # fresh from pretrained (the classifier to fine-tune, or the frozen encoder of the head regime)
 
@@ -169,13 +172,19 @@ def features(
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
-    embeddings = None
+    embeddings = ngrams = None
     if run.regime == "head":
+        from kitlib.ngrams import NgramVectorizer
         from kitlib.precision import Precision, decide_precision
 
         precision = Precision(decide_precision(hw or detect(), run.config.precision))
-        embed = dict(tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, cache=cache)
+        layers = min(HEAD_LAYERS, int(getattr(model.config, "num_hidden_layers", 1)))
+        embed = dict(
+            tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, layers=layers, cache=cache
+        )
         embeddings = (embed_texts(texts, **embed), embed_texts(test[p.text].tolist(), **embed))  # type: ignore[arg-type]
+        vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
+        ngrams = (vectorizer.transform(texts), vectorizer.transform(test[p.text].tolist()))
     summary = {
         "task": task.to_dict(),
         "max_length": max_length,
@@ -187,7 +196,7 @@ def features(
     p.work_dir.mkdir(parents=True, exist_ok=True)
     (p.work_dir / FEATURES_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return Features(
-        train, test, task, tokenizer, train_tokens, test_tokens, max_length, report, embeddings, identity, model
+        train, test, task, tokenizer, train_tokens, test_tokens, max_length, report, embeddings, ngrams, identity, model
     )
 
 
@@ -199,59 +208,21 @@ def load_features(p: Params, run: ResolvedRun | None = None, hw: HardwareInfo | 
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
-def _head(dim: int, num_labels: int, hidden: int = 256) -> nn.Module:
-    """What the "head" regime trains on cached frozen embeddings: a one-hidden-layer MLP.
-
-    On the demo a linear probe plateaus at 0.766 validation accuracy with train loss = eval loss (too little
-    capacity); this MLP reaches ~0.78-0.79 for ~0.1 M parameters, still seconds per epoch on a CPU.
-    """
-    from torch import nn
-
-    return nn.Sequential(
-        nn.Dropout(0.1), nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.1), nn.Linear(hidden, num_labels)
-    )
-
-
 def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.random.default_rng(seed).permutation(n)
     n_valid = max(1, round(VALID_FRACTION * n))
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
-def logits(model: nn.Module, batch: Any) -> torch.Tensor:
-    """Model outputs for a batch of either regime: a Hugging Face dict batch, or (embeddings[, labels])."""
-    if isinstance(batch, Mapping):
-        return model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-    return model(batch[0])
-
-
-def _labels(batch: Any) -> torch.Tensor:
-    return batch["labels"] if isinstance(batch, Mapping) else batch[1]
-
-
-def _to(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, Mapping):
-        return {k: v.to(device) for k, v in batch.items()}
-    return [v.to(device) for v in batch]
-
-
-def _head_loss(task: TaskSpec) -> Any:
-    import torch.nn.functional as F
-
-    def loss(model: nn.Module, batch: Any) -> torch.Tensor:
-        out = logits(model, batch)
-        if task.kind == "regression":
-            return F.mse_loss(out.squeeze(-1), batch[1].float())
-        return F.cross_entropy(out, batch[1])
-
-    return loss
+def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def metric_name(task: TaskSpec) -> str:
     return "rmse" if task.kind == "regression" else "accuracy"
 
 
-def _metric(task: TaskSpec, loader: Any, device: torch.device, loss_fn: Any) -> Any:
+def _metric(task: TaskSpec, loader: Any, device: torch.device) -> Any:
     """The full evaluation: the task metric and the loss over every validation row, in one pass (fit then skips
     its separate loss-only pass; it runs this under no_grad + autocast)."""
 
@@ -259,12 +230,8 @@ def _metric(task: TaskSpec, loader: Any, device: torch.device, loss_fn: Any) -> 
         total, hits, squared, loss_sum = 0, 0, 0.0, 0.0
         for batch in loader:
             batch = _to(batch, device)
-            if isinstance(batch, Mapping):
-                output = model(**batch)
-                out, loss = output.logits.float(), output.loss
-            else:
-                out, loss = logits(model, batch).float(), loss_fn(model, batch)
-            labels = _labels(batch)
+            output = model(**batch)
+            out, loss, labels = output.logits.float(), output.loss, batch["labels"]
             if task.kind == "regression":
                 squared += float(((out.squeeze(-1) - labels.float()) ** 2).sum())
             else:
@@ -282,14 +249,13 @@ class Prepared:
     train: Any  # DataLoader
     valid: Any
     test: Any
-    model: nn.Module
-    loss_fn: Any  # None: the Hugging Face model's own loss
+    model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
 
 
 def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the run's regime (the same split every time: seeded)."""
     import torch
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     from kitlib.data import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
 
@@ -297,18 +263,35 @@ def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo) -> P
     y = feats.task.encode(feats.train[p.target])
     train_idx, valid_idx = _split(len(y), p.seed)
     if run.regime == "head":
-        assert feats.embeddings is not None, "head regime without embeddings: rerun 01_features"
-        x, target = torch.from_numpy(feats.embeddings[0]), torch.from_numpy(y)
+        from kitlib.heads import RowDataset, TextHead
+
+        if feats.embeddings is None or feats.ngrams is None:
+            raise ValueError("head regime without embeddings: rerun 01_features with this run's preset")
+        (x, x_test), (bags, bags_test) = (torch.from_numpy(e) for e in feats.embeddings), feats.ngrams
+        target = torch.from_numpy(y)
+
+        def columns(x: torch.Tensor, bags: NgramBags) -> dict[str, torch.Tensor]:
+            ids, weights = torch.from_numpy(bags.ids), torch.from_numpy(bags.weights)
+            return {"embeddings": x, "ngram_ids": ids, "ngram_weights": weights}
+
+        def rows(idx: np.ndarray) -> RowDataset:
+            return RowDataset(**{k: v[idx] for k, v in columns(x, bags).items()}, labels=target[idx])
+
         big = cfg.micro_batch_size * cfg.eval_batch_factor
-        train = DataLoader(
-            TensorDataset(x[train_idx], target[train_idx]), batch_size=cfg.micro_batch_size, shuffle=True
-        )
-        valid = DataLoader(TensorDataset(x[valid_idx], target[valid_idx]), batch_size=big)
-        test = DataLoader(TensorDataset(torch.from_numpy(feats.embeddings[1])), batch_size=big)
+        train = DataLoader(rows(train_idx), batch_size=cfg.micro_batch_size, shuffle=True)
+        valid = DataLoader(rows(valid_idx), batch_size=big)
+        test = DataLoader(RowDataset(**columns(x_test, bags_test)), batch_size=big)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(p.seed)
-            head = _head(x.shape[1], feats.task.num_labels)
-        return Prepared(train, valid, test, head, _head_loss(feats.task))
+            head = TextHead(
+                x.shape[1],
+                feats.task.num_labels,
+                n_buckets=bags.n_buckets,
+                regression=feats.task.kind == "regression",
+                mean=x[train_idx].mean(0),
+                std=x[train_idx].std(0),
+            )
+        return Prepared(train, valid, test, head)
     pad = getattr(feats.tokenizer, "pad_token_id", None) or 0
     tokens = feats.train_tokens
 
@@ -318,7 +301,7 @@ def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo) -> P
     train = make_train_loader(subset(train_idx), cfg, hw, seed=p.seed)
     valid = make_eval_loader(subset(valid_idx), cfg, hw)
     test = make_predict_loader(TokenDataset(feats.test_tokens, pad_id=pad), cfg, hw)
-    return Prepared(train, valid, test, feats.model, None)
+    return Prepared(train, valid, test, feats.model)
 
 
 def train(
@@ -366,8 +349,7 @@ def _train(
         prepared.train,
         config=cfg,
         eval_loader=prepared.valid,
-        loss_fn=prepared.loss_fn,
-        full_eval=_metric(feats.task, prepared.valid, device, prepared.loss_fn),
+        full_eval=_metric(feats.task, prepared.valid, device),
         run_dir=p.run_dir,
         hw=hw,
         callbacks=callbacks,
@@ -388,7 +370,7 @@ def predict(model: nn.Module, loader: Any, *, precision: Any, device: torch.devi
     outputs = []
     with torch.inference_mode(), precision.autocast():
         for batch in loader:
-            out = logits(model, _to(batch, device)).float()
+            out = model(**_to(batch, device)).logits.float()
             outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
     return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
 

@@ -224,6 +224,21 @@ def test_length_sorted_batches_equal_one_at_a_time_in_input_order(tokenizer: Any
     assert model.training is False
 
 
+def test_layers_concatenate_the_top_hidden_states_last_first(tokenizer: Any, model: BertModel, cache: Cache) -> None:
+    texts = corpus(9, seed=2)
+    two = embed_texts(texts, tokenizer, model, batch_size=4, max_length=24, layers=2, cache=cache)
+    enc = tokenizer(texts[0:1], truncation=True, max_length=24, return_tensors="pt")
+    with torch.inference_mode():
+        states = model(**enc, output_hidden_states=True).hidden_states
+    np.testing.assert_allclose(two[0], torch.cat([states[-1][0].mean(0), states[-2][0].mean(0)]).numpy(), atol=1e-5)
+    one = embed_texts(texts, tokenizer, model, batch_size=4, max_length=24, cache=cache)
+    np.testing.assert_allclose(two[:, : one.shape[1]], one, atol=1e-5)
+    assert cache.stats.misses == 2  # layers is part of the key
+    layers = model.config.num_hidden_layers
+    with pytest.raises(FeatureInputError, match=f"layers <= {layers}"):
+        embed_texts(texts, tokenizer, model, layers=layers + 1, cache=False)
+
+
 def test_embed_texts_is_cached_and_keyed_on_model_and_precision(tokenizer: Any, model: BertModel, cache: Cache) -> None:
     texts = corpus(30)
     first = embed_texts(texts, tokenizer, model, batch_size=16, cache=cache)

@@ -194,6 +194,40 @@ def test_freeze_encoder_trains_only_the_head(cpu_hw) -> None:
     assert not torch.equal(net.head.weight, head_before)
 
 
+def test_freeze_layers_trains_only_the_blocks_above_and_records_no_backward_below(cpu_hw) -> None:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from kitlib.optim import freeze
+
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32)
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(cfg)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ids = torch.randint(1, 50, (16, 6))
+    rows = [
+        {"input_ids": i, "attention_mask": torch.ones(6, dtype=torch.long), "labels": torch.tensor(k % 2)}
+        for k, i in enumerate(ids)
+    ]
+    fit(model, DataLoader(rows, batch_size=8), config=_cfg(epochs=1, lr=1e-2, freeze_layers=2), hw=cpu_hw)
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    frozen = {
+        name
+        for name in before
+        if name.startswith(("bert.embeddings.", "bert.encoder.layer.0.", "bert.encoder.layer.1."))
+    }
+    assert frozen and not (changed & frozen)
+    assert any(n.startswith("bert.encoder.layer.2.") for n in changed) and "classifier.weight" in changed
+    # Nothing below block 2 requires grad, so the hidden state entering block 2 has no autograd history.
+    seen = []
+    model.bert.encoder.layer[2].register_forward_pre_hook(lambda _m, args: seen.append(args[0].requires_grad))
+    model(input_ids=ids[:2])
+    assert seen == [False]
+    with pytest.raises(ValueError, match="freeze_layers=9"):
+        freeze(BertForSequenceClassification(cfg), "none", 9)
+    with pytest.raises(ValueError, match="freeze_layers must be >= 0"):
+        _cfg(freeze_layers=-1)
+
+
 def test_impossible_precision_fails_before_any_work() -> None:
     from kitlib.hardware import fake_profile
     from kitlib.precision import PrecisionError

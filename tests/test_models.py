@@ -63,6 +63,9 @@ def test_minilm_from_the_installed_package(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("KITLIB_TINY_MODEL", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tok, model, identity = load_text_classifier(2)
-    assert identity.startswith("sentence-transformers/all-MiniLM-L6-v2@") and identity.endswith("+head2")
+    assert identity.startswith("sentence-transformers/all-MiniLM-L6-v2@") and identity.endswith("+meanhead2")
+    assert type(model).__name__ == "MeanPoolClassifier"  # the package's 1_Pooling/config.json says mean pooling
     assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6
     assert model(**tok(["a fine film"], return_tensors="pt")).logits.shape == (1, 2)
+    _, cls_model, cls_identity = load_text_classifier(2, pooling="cls")
+    assert cls_identity.endswith("+head2") and type(cls_model).__name__ == "BertForSequenceClassification"

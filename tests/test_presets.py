@@ -52,7 +52,9 @@ def test_every_preset_resolves_on_every_profile(name: str, preset: str) -> None:
         run = resolve(preset, hw, lengths=lengths)
         assert isinstance(run.config, TrainConfig)
         TrainConfig.from_dict(run.config.to_dict())  # valid: __post_init__ accepts it again
-        assert run.effective_batch_size == PRESETS[preset].target_effective_batch
+        target = PRESETS[preset].target_effective_batch
+        short = lengths is not None and len(lengths) * PRESETS[preset].epochs < target * PRESETS[preset].min_steps
+        assert run.effective_batch_size == target or (short and run.effective_batch_size < target)
         assert run.config.precision == EXPECTED_DTYPE[name]
         assert run.precision_reason
         assert {r.split()[0] for r in run.reasons} >= {"precision", "batch", "max_length"}
@@ -126,6 +128,26 @@ def test_effective_batch_rebalanced_for_odd_targets() -> None:
         cfg = run.config
         assert target <= run.effective_batch_size < target + cfg.grad_accum_steps  # at most one row per micro-step
         assert cfg.grad_accum_steps == -(-target // cfg.micro_batch_size) or cfg.micro_batch_size < 16
+
+
+def test_short_runs_take_smaller_steps_until_they_have_min_steps() -> None:
+    hw = fake_profile("CPU")
+    preset = dataclasses.replace(get_preset("best"), name="steps", epochs=1, target_effective_batch=32, min_steps=150)
+    steps = {}
+    for rows in (100, 1500, 3000, 4800, 20000):
+        run = resolve(preset, hw, lengths=[30] * rows)
+        steps[rows] = run.effective_batch_size
+        # Never below 8; otherwise the largest halving of 32 that gives >= 150 steps, or 32 itself.
+        assert (
+            run.effective_batch_size == 32 or rows // run.effective_batch_size >= 150 or run.effective_batch_size == 8
+        )
+        assert run.effective_batch_size == 32 or any("optimizer steps" in r for r in run.reasons)
+    assert steps == {100: 8, 1500: 8, 3000: 16, 4800: 32, 20000: 32}
+    assert resolve(preset, hw).effective_batch_size == 32  # no lengths yet (00_setup): the preset's target
+    two_epochs = resolve(dataclasses.replace(preset, epochs=2), hw, lengths=[30] * 3000)
+    assert two_epochs.effective_batch_size == 32  # 6,000 rows seen: 187 steps of 32
+    with pytest.raises(ValueError, match="min_steps"):
+        dataclasses.replace(preset, min_steps=-1)
 
 
 def test_preset_validation_and_lookup() -> None:
