@@ -217,6 +217,7 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, 
         overrides["epochs"] = epochs
     run = workflow.setup(p, hw, resolved=presets.resolve("balanced", hw, overrides=overrides))
     feats = workflow.features(p, run)
+    run = feats.run  # re-fitted to the data: max_length by coverage, smaller steps for a short run
     result = workflow.train(p, run, feats, hw=hw)
     workflow.infer(p, run, feats, hw=hw)
     facts = result.timing["run"]

@@ -44,8 +44,8 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # ~30% more compute for ~60% less activation memory
     freeze: Freeze = "none"
     # Also freeze the first N transformer blocks (and the embeddings): autograd then records nothing below block N,
-    # which saves their backward pass and AdamW state. Measured on the demo (MiniLM, CPU, 3k rows x 1 epoch): 2 of 6
-    # blocks saved 6% of the training time and cost 1 point of accuracy, so no preset uses it; memory-bound runs may.
+    # which saves their backward pass and AdamW state. Measured on the demo (MiniLM, CPU): 2 of 6 blocks saved 6-22%
+    # of the training time and cost ~1 point of accuracy, so no preset uses it; memory-bound runs may.
     freeze_layers: int = 0
 
     # --- data ---

@@ -121,6 +121,7 @@ class Features:
     ngrams: tuple[NgramBags, NgramBags] | None  # (train, test) tf-idf n-gram bags for the "head" regime
     model_identity: str
     model: Any  # fresh from pretrained (the classifier to fine-tune, or the frozen encoder of the head regime)
+    run: ResolvedRun  # the run these features were built for, re-fitted to the data (what run.json now holds)
 
 
 def _model_choice(p: Params) -> dict[str, Any]:
@@ -196,7 +197,19 @@ def features(
     p.work_dir.mkdir(parents=True, exist_ok=True)
     (p.work_dir / FEATURES_FILE).write_text(json.dumps(summary, indent=2, default=str) + "\n")
     return Features(
-        train, test, task, tokenizer, train_tokens, test_tokens, max_length, report, embeddings, ngrams, identity, model
+        train,
+        test,
+        task,
+        tokenizer,
+        train_tokens,
+        test_tokens,
+        max_length,
+        report,
+        embeddings,
+        ngrams,
+        identity,
+        model,
+        run,
     )
 
 
@@ -341,6 +354,7 @@ def _train(
 
     hw = hw or detect()
     feats = feats or load_features(p, run, hw)
+    run = feats.run  # features re-fit max_length and the batch to the data: a run resolved before that is stale
     prepared = prepare(p, feats, run, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     cfg = dataclasses.replace(run.config, seed=p.seed)
@@ -418,6 +432,7 @@ def infer(
     hw = hw or detect()
     run = run or load_run(p)
     feats = feats or load_features(p, run, hw)
+    run = feats.run
     precision = Precision(decide_precision(hw, run.config.precision))
     import torch
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -33,11 +34,18 @@ def mse(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
 
 
 class KillAt:
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, run_dir: str | None = None) -> None:
+        self.step, self.run_dir = step, run_dir
 
     def on_log(self, metrics: dict[str, float]) -> None:
         if metrics["step"] == self.step:
+            # On a loaded machine the background writer can lag several steps behind; the resume test needs some
+            # checkpoint to have landed (bounded wait), and later ones may still be in flight when the kill comes.
+            deadline = time.monotonic() + 30
+            while self.run_dir and not (Path(self.run_dir) / "last" / "meta.json").exists():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -54,7 +62,7 @@ def resume_job(run_dir: str, kill_at: int, resume: bool) -> None:
         seed=7,
     )
     loader = DataLoader(data(), batch_size=8, shuffle=True)  # fit seeds each epoch's shuffle
-    callbacks = [KillAt(kill_at)] if kill_at > 0 else []
+    callbacks = [KillAt(kill_at, run_dir)] if kill_at > 0 else []
     result = fit(
         model(),
         loader,

@@ -34,6 +34,24 @@ def test_features_fit_max_length_to_the_data_and_update_the_run(tmp_path: Path, 
     assert feats.max_length >= int(feats.train_tokens.lengths.max()) or feats.report is not None
 
 
+def test_in_process_stages_train_with_the_data_fitted_run_not_the_stale_one(tmp_path: Path, cpu_hw) -> None:
+    """setup() knows no lengths; features() re-fits max_length and the batch (min_steps) and saves run.json. A caller
+    that keeps setup()'s object and passes it on must still train with the re-fitted run."""
+    import json
+
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    steps_preset = presets.resolve("smoke", cpu_hw, overrides={"target_effective_batch": 32, "min_steps": 60})
+    stale = workflow.setup(p, cpu_hw, resolved=steps_preset)
+    feats = workflow.features(p, stale, hw=cpu_hw, quiet=True)
+    assert feats.run.effective_batch_size < stale.effective_batch_size  # 240 rows / 60 steps: 32 -> 8
+    assert feats.run.config.max_length != stale.config.max_length
+    workflow.train(p, stale, feats, hw=cpu_hw)
+    used = json.loads((p.run_dir / "config.json").read_text())
+    trained = used.get("config", used)
+    assert trained["micro_batch_size"] * trained["grad_accum_steps"] == feats.run.effective_batch_size
+    assert trained["max_length"] == feats.run.config.max_length
+
+
 def test_missing_earlier_stage_names_the_notebook_to_run(tmp_path: Path, cpu_hw) -> None:
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
     with pytest.raises(FileNotFoundError, match="00_setup"):
