@@ -491,7 +491,7 @@ def _top_layers(output: Any, layers: int) -> list[Any]:
 def _mean_pool(hidden: Any, mask: Any, normalize: bool) -> Any:
     import torch
 
-    hidden = hidden.float()  # pool in fp32 even under autocast
-    weights = mask.unsqueeze(-1).to(hidden.dtype)
-    pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+    from kitlib.heads import masked_mean
+
+    pooled = masked_mean(hidden.float(), mask)  # pool in fp32 even under autocast
     return torch.nn.functional.normalize(pooled, dim=-1) if normalize else pooled

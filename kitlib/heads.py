@@ -28,6 +28,19 @@ class HeadOutput:
     loss: torch.Tensor | None = None
 
 
+def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[batch, tokens, dim] -> [batch, dim]: the mean over the tokens the mask keeps (padding contributes nothing)."""
+    weights = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, *, regression: bool) -> torch.Tensor:
+    """MSE on one output for regression, else cross-entropy; in fp32 whatever autocast computed the logits in."""
+    if regression:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    return F.cross_entropy(logits.float(), labels)
+
+
 class TextHead(nn.Module):
     """``embeddings`` [batch, dim] -> standardise -> MLP; ``ngram_ids``/``ngram_weights`` [batch, width] -> linear.
 
@@ -76,11 +89,7 @@ class TextHead(nn.Module):
                 raise ValueError("this head was built with n-grams: pass ngram_ids and ngram_weights")
             bag = self.ngrams(ngram_ids, per_sample_weights=ngram_weights.to(self.ngrams.weight.dtype))
             logits = logits + NGRAM_LR_MULTIPLIER * bag
-        if labels is None:
-            return HeadOutput(logits)
-        if self.regression:
-            return HeadOutput(logits, F.mse_loss(logits.squeeze(-1).float(), labels.float()))
-        return HeadOutput(logits, F.cross_entropy(logits.float(), labels))
+        return HeadOutput(logits, None if labels is None else task_loss(logits, labels, regression=self.regression))
 
 
 class RowDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -135,10 +144,6 @@ class MeanPoolClassifier(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **encoder_kwargs)[0]
-        weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        logits = self.classifier(self.dropout((hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)))
-        if labels is None:
-            return HeadOutput(logits)
-        if self.num_labels == 1:
-            return HeadOutput(logits, F.mse_loss(logits.squeeze(-1).float(), labels.float()))
-        return HeadOutput(logits, F.cross_entropy(logits.float(), labels))
+        logits = self.classifier(self.dropout(masked_mean(hidden, attention_mask)))
+        regression = self.num_labels == 1
+        return HeadOutput(logits, None if labels is None else task_loss(logits, labels, regression=regression))

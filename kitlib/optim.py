@@ -13,11 +13,11 @@ from kitlib.config import TrainConfig
 def freeze(model: nn.Module, what: str, layers: int = 0) -> int:
     """Freeze part of a model in place; returns the number of frozen parameters.
 
-    "embeddings": the input embeddings (Hugging Face ``get_input_embeddings()``, or a module attribute
-    ``embedding``/``embeddings``). "encoder": everything but the task head (``model.base_model`` for Hugging Face
-    models, ``model.encoder`` for plain modules): the cheap "train a head on a frozen encoder" regime.
-    ``layers``: also the first N transformer blocks, with the whole embedding module (position and type embeddings
-    included), so that nothing below block N needs a backward pass.
+    "embeddings": the input embedding module: for BERT-style models ``base_model.embeddings`` (word, position and
+    type embeddings and their norm), else ``get_input_embeddings()`` or a module attribute ``embedding``/
+    ``embeddings``. "encoder": everything but the task head (``model.base_model`` for Hugging Face models,
+    ``model.encoder`` for plain modules): the cheap "train a head on a frozen encoder" regime.
+    ``layers``: also the embeddings and the first N transformer blocks, so nothing below block N needs a backward.
     """
     if what not in ("none", "embeddings", "encoder"):
         raise ValueError(f"freeze={what!r}: use 'none', 'embeddings' or 'encoder'")
