@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.cache import Cache
+    from kitlib.config import TrainConfig
     from kitlib.frames import TaskSpec
     from kitlib.hardware import HardwareInfo
     from kitlib.ngrams import NgramBags
@@ -344,6 +345,18 @@ def _train_worker(p: Params, run: ResolvedRun, callbacks: tuple[object, ...]) ->
     return dataclasses.replace(result, model=result.model.cpu())  # rank 0's result crosses to the parent on CPU
 
 
+def _monitor_task_metric(cfg: TrainConfig, task: TaskSpec) -> TrainConfig:
+    """Keep the checkpoint the competition would score best: the task metric when every epoch computes it.
+
+    Loss and accuracy part ways as a classifier grows confident: on the demo, ``best`` (4 epochs) had its lowest
+    validation loss after epoch 2 (accuracy 0.827) and its highest accuracy after epoch 4 (0.839).
+    """
+    if cfg.full_eval_every != 1 or cfg.monitor != "eval_loss":  # no metric every epoch, or chosen by hand
+        return cfg
+    name = metric_name(task)
+    return dataclasses.replace(cfg, monitor=name, mode="min" if name == "rmse" else "max")
+
+
 def _train(
     p: Params, run: ResolvedRun, feats: Features | None, *, hw: HardwareInfo | None, callbacks: tuple[object, ...]
 ) -> FitResult:
@@ -357,7 +370,7 @@ def _train(
     run = feats.run  # features re-fit max_length and the batch to the data: a run resolved before that is stale
     prepared = prepare(p, feats, run, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
-    cfg = dataclasses.replace(run.config, seed=p.seed)
+    cfg = _monitor_task_metric(dataclasses.replace(run.config, seed=p.seed), feats.task)
     return fit(
         prepared.model,
         prepared.train,

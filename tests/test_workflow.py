@@ -71,3 +71,19 @@ def test_a_run_resolved_for_two_devices_trains_in_two_ddp_workers(tmp_path: Path
     assert (p.run_dir / "best" / "model.safetensors").exists()
     submission = workflow.infer(p, hw=cpu_hw)
     assert len(submission) == 40
+
+
+def test_best_checkpoint_follows_the_task_metric_when_every_epoch_computes_it() -> None:
+    from kitlib.config import TrainConfig
+    from kitlib.frames import infer_task
+
+    labels, numbers = infer_task(pd.Series([0, 1, 0, 1])), infer_task(pd.Series([0.5, 1.5, 2.25, 3.0]))
+    every_epoch = TrainConfig(full_eval_every=1)
+    chosen = workflow._monitor_task_metric(every_epoch, labels)
+    assert (chosen.monitor, chosen.mode) == ("accuracy", "max")
+    chosen = workflow._monitor_task_metric(every_epoch, numbers)
+    assert (chosen.monitor, chosen.mode) == ("rmse", "min")
+    at_end_only = TrainConfig(full_eval_every=0)  # epochs without the metric: the loss decides
+    assert workflow._monitor_task_metric(at_end_only, labels) == at_end_only
+    by_hand = TrainConfig(full_eval_every=1, monitor="train_loss")
+    assert workflow._monitor_task_metric(by_hand, labels) == by_hand
