@@ -436,12 +436,14 @@ def _target_batch(p: Preset, rows: int | None, reasons: list[str]) -> int:
     batch 32 (84 steps) reached 0.755 test accuracy and batch 16 (168 steps) 0.773, at the same rows/s.
     """
     target = p.target_effective_batch
-    if rows is None or not p.min_steps or rows * p.epochs >= target * p.min_steps:
+    if rows is None or not p.min_steps:
         return target
     smaller = target
     while smaller > _MIN_EFFECTIVE_BATCH and rows * p.epochs < smaller * p.min_steps:
         smaller //= 2
     smaller = max(smaller, min(target, _MIN_EFFECTIVE_BATCH))
+    if smaller == target:
+        return target
     reasons.append(
         f"effective batch {smaller} instead of {target}: {rows} rows x {p.epochs} epoch(s) would be only "
         f"{rows * p.epochs // target} optimizer steps (the preset wants >= {p.min_steps})"

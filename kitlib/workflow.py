@@ -266,13 +266,14 @@ class Prepared:
     model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
 
 
-def prepare(p: Params, feats: Features, run: ResolvedRun, hw: HardwareInfo) -> Prepared:
-    """Loaders and the model to train for the run's regime (the same split every time: seeded)."""
+def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
+    """Loaders and the model to train for the features' run (the same split every time: seeded)."""
     import torch
     from torch.utils.data import DataLoader
 
     from kitlib.data import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
 
+    run = feats.run
     cfg = run.config
     y = feats.task.encode(feats.train[p.target])
     train_idx, valid_idx = _split(len(y), p.seed)
@@ -368,7 +369,7 @@ def _train(
     hw = hw or detect()
     feats = feats or load_features(p, run, hw)
     run = feats.run  # features re-fit max_length and the batch to the data: a run resolved before that is stale
-    prepared = prepare(p, feats, run, hw)
+    prepared = prepare(p, feats, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     cfg = _monitor_task_metric(dataclasses.replace(run.config, seed=p.seed), feats.task)
     return fit(
@@ -450,7 +451,7 @@ def infer(
     import torch
 
     device = torch.device(precision.plan.device_type)
-    prepared = prepare(p, feats, run, hw)  # one architecture: each strict restore overwrites every weight
+    prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
     for run_dir in run_dirs or [p.run_dir]:
         best = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
