@@ -13,8 +13,6 @@ Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``ker
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import re
@@ -26,7 +24,6 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Literal
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
@@ -238,34 +235,61 @@ def _problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
     return out
 
 
-class _CaptureClient:
-    """Stands in for kagglesdk's client: ``kernels_push`` builds its request and hands it here, not to the network."""
+# The kaggle package's own loader, run in a child process: `import kaggle` authenticates at import, prints a help
+# text without credentials, and a broken install (kaggle 2.x without `six`, say) fails part-way and leaves a
+# half-imported module behind. None of that may reach the caller's process. Relies on KaggleApi.build_kaggle_client
+# and kernels_push (kaggle >= 1.7, the kagglesdk client; the `kaggle` extra pins that range); anything else that goes
+# wrong in the child means "the package's check is unavailable", and our own rules have already run.
+_LOADER_CHECK = r"""
+import contextlib, io, json, sys, types
+out = {"status": "absent"}
+try:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from kaggle.api.kaggle_api_extended import KaggleApi
+        api = KaggleApi()
+        captured = []
+        class Client:  # stands in for kagglesdk's client: kernels_push hands its request here, not to the network
+            def __init__(self):
+                self.kernels = types.SimpleNamespace(kernels_api_client=self)
+            def __enter__(self):
+                return self
+            def __exit__(self, *exc):
+                return None
+            def save_kernel(self, request):
+                captured.append(request)
+                return request
+        api.build_kaggle_client = Client
+        try:
+            api.kernels_push(sys.argv[1])
+            out = {"status": "ok" if captured else "no-request"}
+        except ValueError as err:
+            out = {"status": "rejected", "message": str(err)}
+except BaseException as err:  # not installed, or a broken install: the check is unavailable
+    out = {"status": "absent", "message": f"{type(err).__name__}: {err}"}
+print(json.dumps(out))
+"""
 
-    def __init__(self) -> None:
-        self.request: Any = None
-        self.kernels = SimpleNamespace(kernels_api_client=self)
 
-    def __enter__(self) -> _CaptureClient:
-        return self
+def kaggle_loader_check(folder: Path, *, timeout_s: float = 120.0) -> dict[str, str]:
+    """Run the kaggle package's ``kernels_push`` loader on ``folder`` in a child process; never contacts Kaggle.
 
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def save_kernel(self, request: Any) -> Any:
-        self.request = request
-        return request
+    Returns ``{"status": "ok" | "rejected" | "no-request" | "absent", "message": ...}``; "absent" covers a missing
+    or broken kaggle install (its message says why).
+    """
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _LOADER_CHECK, str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        answer: dict[str, str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as err:
+        return {"status": "absent", "message": f"the check did not answer: {err}"}
+    return answer
 
 
 def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
-    # `import kaggle` authenticates at import and prints a help text when there are no credentials: swallow it.
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        try:
-            from kaggle.api.kaggle_api_extended import KaggleApi
-        except ImportError:
-            return []  # not installed (pip install "kitlib[kaggle]"); our own rules already ran
-    api: Any = KaggleApi()
-    client = _CaptureClient()
-    api.build_kaggle_client = lambda: client
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)
         (staged / METADATA_FILE).write_text(json.dumps(dict(meta)))
@@ -274,12 +298,10 @@ def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None) -> li
             shutil.copy(folder / code, staged / code)
         elif code:  # no folder: a minimal stand-in so the loader reaches the metadata checks
             (staged / code).write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                api.kernels_push(str(staged))
-        except ValueError as err:
-            return [f"the kaggle package's loader rejects it: {err}"]
-    if client.request is None:
+        answer = kaggle_loader_check(staged)
+    if answer["status"] == "rejected":
+        return [f"the kaggle package's loader rejects it: {answer['message']}"]
+    if answer["status"] == "no-request":
         return ["the kaggle package's loader did not build a push request"]
     return []
 

@@ -18,6 +18,38 @@ from typing import Any
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
+# Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
+# to the executed notebook's folder, so a relative path must be made absolute before the kernel sees it.
+PATH_PARAMETERS = {"data_dir": "KIT_DATA_DIR", "work_dir": "KIT_WORK_DIR", "model": "KIT_MODEL"}
+MODEL_NAMES = ("auto", "tiny")  # model values that are not folders
+
+
+def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
+    """``value`` of the path parameter ``name`` made absolute against ``base`` (default: this process's cwd).
+
+    ``model`` is a path only when it is not auto/tiny and names something that exists (else it may be a hub id,
+    which ``models`` reports on); ``data_dir``/``work_dir`` are always paths (work_dir may not exist yet).
+    """
+    text = os.fspath(value)
+    if not text or (name == "model" and text in MODEL_NAMES):
+        return text
+    path = Path(text).expanduser()
+    if path.is_absolute():
+        return str(path)
+    candidate = Path(base or os.getcwd()) / path
+    if name == "model" and not candidate.exists():
+        return text
+    return str(candidate.resolve())
+
+
+def absolute_parameters(values: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """A copy of ``values`` whose path parameters are absolute (relative ones are taken against ``base``/cwd)."""
+    return {k: absolute_path(k, v, base) if k in PATH_PARAMETERS and v is not None else v for k, v in values.items()}
+
+
+def absolute_environment(environ: Mapping[str, str], base: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The KIT_* path variables of ``environ`` made absolute (the others are left out)."""
+    return {var: absolute_path(name, environ[var], base) for name, var in PATH_PARAMETERS.items() if environ.get(var)}
 
 
 def notebooks_dir() -> Path:
@@ -56,15 +88,23 @@ def run_notebooks(
     timeout_s: int = 3600,
 ) -> list[Executed]:
     """Execute the notebooks in order; each executed copy is saved to ``out_dir``. Stops at the first failure
-    (nbclient's CellExecutionError names the cell and the error)."""
+    (nbclient's CellExecutionError names the cell and the error).
+
+    Relative paths (``out_dir``, ``source_dir``, the path parameters and KIT_* path variables) are taken against
+    this process's working directory, as a user typing them expects, not against the kernels' working directory.
+    """
     import nbformat
     from nbclient import NotebookClient
 
-    source_dir = source_dir or notebooks_dir()
+    out_dir = Path(out_dir).resolve()
+    source_dir = Path(source_dir or notebooks_dir()).resolve()
+    parameters = absolute_parameters(parameters or {})
+    kernel_env = {"KIT_HEADLESS": "1", **(env or {})}
+    kernel_env |= absolute_environment({**os.environ, **kernel_env})
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     saved = dict(os.environ)
-    os.environ.update({"KIT_HEADLESS": "1", **(env or {})})  # the kernel inherits this process's environment
+    os.environ.update(kernel_env)  # the kernel inherits this process's environment
     try:
         for name in names:
             nb = nbformat.read(source_dir / name, as_version=4)

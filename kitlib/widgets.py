@@ -105,7 +105,8 @@ class PresetPicker:
         self._error_html = w.HTML()
         self._table_html = w.HTML()
         advanced = w.VBox([self.controls[k] for k in _ADVANCED])
-        accordion = w.Accordion(children=[advanced], titles=("advanced",))
+        accordion = w.Accordion(children=[advanced])
+        accordion.set_title(0, "advanced")  # works on ipywidgets 7 (Colab ships 7.7.1) and 8; titles= is 8-only
         self.widget = w.VBox([self.controls["preset"], accordion, self._error_html, self._table_html])
         self._sync()
         self.controls["preset"].observe(self._on_preset, names="value")

@@ -63,15 +63,16 @@ class Params:
 
 def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     """Build Params from the parameters cell's values; KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET and KIT_MODEL override."""
+    from kitlib.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
+
     env = os.environ if environ is None else environ
-    for var, name in (
-        ("KIT_DATA_DIR", "data_dir"),
-        ("KIT_WORK_DIR", "work_dir"),
-        ("KIT_PRESET", "preset"),
-        ("KIT_MODEL", "model"),
-    ):
-        if env.get(var):
-            values[name] = env[var]
+    if env.get("KIT_PRESET"):
+        values["preset"] = env["KIT_PRESET"]
+    # A KIT_* path typed in a shell is relative to where the command ran: the kernel's cwd is the notebook's folder,
+    # but it inherits the shell's PWD. Values from the parameters cell are relative to the kernel's cwd, as in Python.
+    shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
+    values = absolute_parameters(values)
+    values |= {name: absolute_path(name, env[var], shell_dir) for name, var in PATH_PARAMETERS.items() if env.get(var)}
     values["data_dir"], values["work_dir"] = Path(values["data_dir"]), Path(values["work_dir"])
     p = Params(**values)
     if not p.data_dir.is_dir():

@@ -33,14 +33,26 @@ def test_committed_notebooks_are_thin_runbooks_without_outputs() -> None:
         )
 
 
-def test_demo_end_to_end_headless(tmp_path: Path) -> None:
+def test_demo_end_to_end_headless_with_relative_paths_from_another_cwd(tmp_path: Path) -> None:
+    """What README's main job does, from a folder that is neither the repo nor the notebooks' folder: relative
+    --data/--work mean relative to where the command ran, not to the kernels' working directory."""
     from kitlib.demo import make_demo, score
 
-    demo = make_demo(tmp_path / "demo")
-    work = tmp_path / "work"
-    params = {"data_dir": str(demo.root), "work_dir": str(work), "preset": "smoke", "model": "tiny"}
-    executed = run_notebooks(work / "executed", parameters=params)
-    assert [e.path.name for e in executed] == list(NOTEBOOKS)
+    demo = make_demo(tmp_path / "competition" / "demo")
+    work = tmp_path / "competition" / "work"
+    command = [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", "demo", "--work", "work"]
+    proc = subprocess.run(
+        [*command, "--preset", "smoke", "--model", "tiny"],
+        cwd=tmp_path / "competition",
+        env={k: v for k, v in os.environ.items() if not k.startswith("KIT_")},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    executed = sorted((work / "executed").glob("*.ipynb"))
+    assert [e.name for e in executed] == list(NOTEBOOKS)
+    assert json.loads((work / "params.json").read_text())["data_dir"] == str(demo.root.resolve())
     run = json.loads((work / "run.json").read_text())
     assert run["preset"]["name"] == "smoke"
     assert (work / "run" / "best" / "model.safetensors").exists()
@@ -51,7 +63,8 @@ def test_demo_end_to_end_headless(tmp_path: Path) -> None:
     # Headless progress is throttled: a handful of bar lines per notebook, not one per step.
     train_output = _stream_text(work / "executed" / "02_train.ipynb")
     assert train_output.count("train:") <= 4, train_output
-    assert all(e.size_bytes < 200_000 for e in executed), [(e.path.name, e.size_bytes) for e in executed]
+    sizes = {e.name: e.stat().st_size for e in executed}
+    assert all(size < 200_000 for size in sizes.values()), sizes
 
 
 def test_notebooks_run_unchanged_on_another_csv_with_other_column_names(tmp_path: Path) -> None:
@@ -91,13 +104,14 @@ def test_plain_nbconvert_with_environment_variables(tmp_path: Path) -> None:
     """What a user types: jupyter nbconvert --execute, parameters through KIT_* variables."""
     from kitlib.demo import make_demo
 
-    demo = make_demo(tmp_path / "demo")
+    make_demo(tmp_path / "demo")
     env = {
         **os.environ,
-        "KIT_DATA_DIR": str(demo.root),
-        "KIT_WORK_DIR": str(tmp_path / "work"),
+        "KIT_DATA_DIR": "demo",  # relative to where the user typed the command (the shell's PWD), as a shell user means
+        "KIT_WORK_DIR": "work",
         "KIT_PRESET": "fast",
         "KIT_HEADLESS": "1",
+        "PWD": str(tmp_path),  # what a shell exports; the kernel's own cwd is the notebook's folder
     }
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -114,6 +128,7 @@ def test_plain_nbconvert_with_environment_variables(tmp_path: Path) -> None:
             str(notebooks_dir() / "00_setup.ipynb"),
         ],
         env=env,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=600,

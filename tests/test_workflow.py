@@ -87,3 +87,20 @@ def test_best_checkpoint_follows_the_task_metric_when_every_epoch_computes_it() 
     assert workflow._monitor_task_metric(at_end_only, labels) == at_end_only
     by_hand = TrainConfig(full_eval_every=1, monitor="train_loss")
     assert workflow._monitor_task_metric(by_hand, labels) == by_hand
+
+
+def test_paths_become_absolute_relative_to_where_the_user_ran_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shell_dir, kernel_dir = tmp_path / "shell", tmp_path / "kernel"
+    for folder in (shell_dir / "data", shell_dir / "my-model", kernel_dir / "data"):
+        folder.mkdir(parents=True)
+    monkeypatch.chdir(kernel_dir)  # the kernel's cwd: the notebook's folder
+    # KIT_* variables come from the shell, so they are relative to its PWD ...
+    env = {"KIT_DATA_DIR": "data", "KIT_WORK_DIR": "out", "KIT_MODEL": "my-model", "PWD": str(shell_dir)}
+    p = workflow.params(environ=env, data_dir="ignored", work_dir="ignored")
+    assert (p.data_dir, p.work_dir, p.model) == (shell_dir / "data", shell_dir / "out", str(shell_dir / "my-model"))
+    # ... the parameters cell's values are relative to the kernel's cwd, as in any Python code
+    p = workflow.params(environ={}, data_dir="data", work_dir="out", model="org/hub-model")
+    assert (p.data_dir, p.work_dir, p.model) == (kernel_dir / "data", kernel_dir / "out", "org/hub-model")
+    assert workflow.params(environ={}, data_dir="data", work_dir="out", model="tiny").model == "tiny"
