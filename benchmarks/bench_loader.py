@@ -33,14 +33,14 @@ from typing import Any
 import torch
 
 from kitlib.config import TrainConfig
-from kitlib.data import TokenDataset, default_num_workers, make_train_loader
-from kitlib.demo import make_demo
-from kitlib.features import tokenize_texts
-from kitlib.frames import read_table
-from kitlib.hardware import detect
-from kitlib.models import load_text_classifier
-from kitlib.optim import build_optimizer
-from kitlib.precision import Precision, decide_precision
+from kitlib.data.featurize import tokenize_texts
+from kitlib.data.loaders import TokenDataset, default_num_workers, make_train_loader
+from kitlib.data.tables import read_table
+from kitlib.engine.optim import build_optimizer
+from kitlib.machine.hardware import detect
+from kitlib.machine.precision import Precision, decide_precision
+from kitlib.models.loading import load_text_classifier
+from kitlib.tools.demo import make_demo
 
 GOAL = 10.0  # loader samples/s over model samples/s
 WARMUP_STEPS = 2

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kitlib.frames import read_table
-from kitlib.lengths import length_report
-from kitlib.models import load_text_classifier
+from kitlib.data.lengths import length_report
+from kitlib.data.tables import read_table
+from kitlib.models.loading import load_text_classifier
 
 
 def main() -> int:

@@ -5,8 +5,8 @@
 
 Same data (the demo competition, optionally subsampled), model (all-MiniLM-L6-v2, or the tiny fallback with --tiny;
 the contenders put Hugging Face's [CLS] classifier on it, kitlib the checkpoint's own mean pooling),
-train/validation split (kitlib.workflow._split), epochs, 128-token cap and scoring (kitlib.demo.score on the held-out
-test) for every contender. Each contender runs in its own subprocess, one after another, so threads, allocator
+train/validation split (kitlib.notebook.stages._split), epochs, 128-token cap and scoring
+(kitlib.tools.demo.score on the held-out test) for every contender. Each contender runs in its own subprocess, one after another, so threads, allocator
 caches and imports do not leak between them. Wall time is end to end inside the worker (tokenize, train, eval, save,
 predict, write submission.csv), after the heavy imports. Goals (issue 5): kitlib >= 2x faster than Trainer defaults,
 >= 1.3x faster than tuned Trainer, accuracy within 0.5 points of both. The last line printed is one JSON object.
@@ -38,7 +38,7 @@ TUNED_BATCH = 16
 # ------------------------------------------------------------------------------------------------- orchestrator
 def prepare_data(demo: Path, dest: Path, rows: int | None, test_rows: int | None) -> Path:
     """One copy of the (subsampled) competition that every contender reads: identical inputs by construction."""
-    from kitlib.demo import make_demo
+    from kitlib.tools.demo import make_demo
 
     if not (demo / "train.csv").is_file():
         make_demo(demo)
@@ -140,8 +140,8 @@ def machine(hw: Any) -> str:
 
 
 def orchestrate(args: argparse.Namespace) -> int:
-    from kitlib.hardware import detect
-    from kitlib.models import tiny_requested
+    from kitlib.machine.hardware import detect
+    from kitlib.models.loading import tiny_requested
 
     args.tiny = args.tiny or tiny_requested() or os.environ.get("KIT_MODEL") == "tiny"
     out = args.out.resolve()
@@ -183,7 +183,7 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------------------------ workers
 def split_frame(data: Path) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray, np.ndarray]:
-    from kitlib.workflow import _split
+    from kitlib.notebook.stages import _split
 
     train, test = pd.read_csv(data / "train.csv"), pd.read_csv(data / "test.csv")
     train_idx, valid_idx = _split(len(train), SEED)  # kitlib's own split: the same validation rows for everyone
@@ -192,8 +192,8 @@ def split_frame(data: Path) -> tuple[pd.DataFrame, pd.DataFrame, np.ndarray, np.
 
 def load_model(train: pd.DataFrame, tiny: bool) -> tuple[Any, Any]:
     """What users write: AutoModelForSequenceClassification ([CLS] through the pooler). kitlib's own run follows the
-    checkpoint's pooling instead (mean, for all-MiniLM-L6-v2: kitlib.heads.MeanPoolClassifier)."""
-    from kitlib.models import load_text_classifier
+    checkpoint's pooling instead (mean, for all-MiniLM-L6-v2: kitlib.models.heads.MeanPoolClassifier)."""
+    from kitlib.models.loading import load_text_classifier
 
     texts = train["text"].tolist()
     tokenizer, model, _ = load_text_classifier(2, train_texts=texts, tiny=tiny, seed=SEED, pooling="cls")
@@ -207,8 +207,9 @@ def write_submission(test: pd.DataFrame, labels: np.ndarray, work: Path) -> Path
 
 
 def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, Any]:
-    from kitlib import presets, workflow
-    from kitlib.hardware import detect
+    from kitlib.machine.hardware import detect
+    from kitlib.notebook import presets
+    from kitlib.notebook import stages as workflow
 
     p = workflow.params(data_dir=data, work_dir=work / "work", preset="balanced", model="tiny" if tiny else "auto")
     hw = detect()
@@ -333,8 +334,8 @@ def worker_trainer(data: Path, work: Path, epochs: int, tiny: bool, tuned: bool)
     ]
     train_ds, valid_ds = [rows[i] for i in train_idx], [rows[i] for i in valid_idx]
     if tuned:
-        from kitlib.hardware import detect
-        from kitlib.precision import decide_precision
+        from kitlib.machine.hardware import detect
+        from kitlib.machine.precision import decide_precision
 
         plan = decide_precision(detect())
         print(f"tuned Trainer precision: {plan.dtype} ({plan.reason})", flush=True)
@@ -393,8 +394,8 @@ def worker(args: argparse.Namespace) -> int:
     import torch  # noqa: F401  -- heavy imports before the clock starts: not what is being compared
     import transformers  # noqa: F401
 
-    import kitlib.train  # noqa: F401
-    from kitlib.demo import score
+    import kitlib.engine.loop  # noqa: F401
+    from kitlib.tools.demo import score
 
     if args.contender.startswith("trainer"):
         from transformers import Trainer  # noqa: F401  -- pulls in accelerate

@@ -9,62 +9,67 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from kitlib._version import __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "detect": "kitlib.hardware",
-    "HardwareInfo": "kitlib.hardware",
-    "fake_profile": "kitlib.hardware",
-    "decide_precision": "kitlib.precision",
-    "Precision": "kitlib.precision",
-    "PrecisionPlan": "kitlib.precision",
-    "speed_flags": "kitlib.backends",
+    "detect": "kitlib.machine.hardware",
+    "HardwareInfo": "kitlib.machine.hardware",
+    "fake_profile": "kitlib.machine.hardware",
+    "decide_precision": "kitlib.machine.precision",
+    "Precision": "kitlib.machine.precision",
+    "PrecisionPlan": "kitlib.machine.precision",
+    "speed_flags": "kitlib.machine.backends",
     "TrainConfig": "kitlib.config",
-    "fit": "kitlib.train",
-    "FitResult": "kitlib.train",
-    "make_train_loader": "kitlib.data",
-    "make_eval_loader": "kitlib.data",
-    "make_predict_loader": "kitlib.data",
-    "restore_order": "kitlib.data",
-    "TokenDataset": "kitlib.data",
-    "PaddingCollator": "kitlib.data",
-    "skip_batches": "kitlib.batches",
-    "suggest_max_length": "kitlib.lengths",
-    "length_report": "kitlib.lengths",
-    "read_table": "kitlib.frames",
-    "infer_task": "kitlib.frames",
-    "DataError": "kitlib.frames",
-    "load_text_classifier": "kitlib.models",
-    "load_text_encoder": "kitlib.models",
-    "Cache": "kitlib.cache",
-    "cached": "kitlib.cache",
-    "cached_feature": "kitlib.cache",
-    "tokenize_texts": "kitlib.features",
-    "embed_texts": "kitlib.features",
-    "numeric_features": "kitlib.features",
-    "categorical_codes": "kitlib.features",
-    "TokenizedTexts": "kitlib.features",
-    "PRESETS": "kitlib.presets",
-    "Preset": "kitlib.presets",
-    "ResolvedRun": "kitlib.presets",
-    "resolve": "kitlib.presets",
-    "estimate_epoch_seconds": "kitlib.presets",
-    "preset_picker": "kitlib.widgets",
-    "PresetPicker": "kitlib.widgets",
-    "diagnose": "kitlib.doctor",
-    "make_demo": "kitlib.demo",
-    "score": "kitlib.demo",
+    "fit": "kitlib.engine.loop",
+    "FitResult": "kitlib.engine.loop",
+    "make_train_loader": "kitlib.data.loaders",
+    "make_eval_loader": "kitlib.data.loaders",
+    "make_predict_loader": "kitlib.data.loaders",
+    "restore_order": "kitlib.data.loaders",
+    "TokenDataset": "kitlib.data.loaders",
+    "PaddingCollator": "kitlib.data.loaders",
+    "skip_batches": "kitlib.engine.batches",
+    "suggest_max_length": "kitlib.data.lengths",
+    "length_report": "kitlib.data.lengths",
+    "read_table": "kitlib.data.tables",
+    "infer_task": "kitlib.data.tables",
+    "DataError": "kitlib.data.tables",
+    "load_text_classifier": "kitlib.models.loading",
+    "load_text_encoder": "kitlib.models.loading",
+    "Cache": "kitlib.data.cache",
+    "cached": "kitlib.data.cache",
+    "cached_feature": "kitlib.data.cache",
+    "tokenize_texts": "kitlib.data.featurize",
+    "embed_texts": "kitlib.data.featurize",
+    "numeric_features": "kitlib.data.featurize",
+    "categorical_codes": "kitlib.data.featurize",
+    "TokenizedTexts": "kitlib.data.featurize",
+    "PRESETS": "kitlib.notebook.presets",
+    "Preset": "kitlib.notebook.presets",
+    "ResolvedRun": "kitlib.notebook.presets",
+    "resolve": "kitlib.notebook.presets",
+    "estimate_epoch_seconds": "kitlib.notebook.presets",
+    "preset_picker": "kitlib.notebook.widgets",
+    "PresetPicker": "kitlib.notebook.widgets",
+    "diagnose": "kitlib.doctor.report",
+    "make_demo": "kitlib.tools.demo",
+    "score": "kitlib.tools.demo",
 }
+
+# Old module names that users' notebooks import (`from kitlib import workflow`) -> the module that is now that role.
+_MODULES: dict[str, str] = {"workflow": "kitlib.notebook.stages"}
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
         raise AttributeError(f"module 'kitlib' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # cache: later lookups skip __getattr__
     return value
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
-    from kitlib.hardware import detect
-    from kitlib.precision import PrecisionError, decide_precision
+    from kitlib.machine.hardware import detect
+    from kitlib.machine.precision import PrecisionError, decide_precision
 
     hw = detect()
     print(hw.summary())
@@ -24,7 +24,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from kitlib.demo import DemoDataMissing, make_demo
+    from kitlib.tools.demo import DemoDataMissing, make_demo
 
     try:
         paths = make_demo(args.dir, seed=args.seed, test_fraction=args.test_fraction)
@@ -37,8 +37,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from kitlib.demo import score
-    from kitlib.frames import DataError
+    from kitlib.data.tables import DataError
+    from kitlib.tools.demo import score
 
     try:
         accuracy = score(args.solution, args.submission)
@@ -50,7 +50,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kitlib import __version__
+    from kitlib._version import __version__
 
     parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     # --- further commands register below this line (one block per command) ---
 
     def _cmd_doctor(args: argparse.Namespace) -> int:
-        from kitlib.doctor import doctor_command
+        from kitlib.doctor.report import doctor_command
 
         return doctor_command(args.run_dir, profile=args.profile, as_json=args.json)
 
@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_doctor)
 
     def _cmd_cache(args: argparse.Namespace) -> int:
-        from kitlib.cache import cache_command
+        from kitlib.data.cache import cache_command
 
         return cache_command(
             args.action, directory=args.dir, name=args.name, older_than_days=args.older_than_days, yes=args.yes
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_score)
 
     def _cmd_presets(args: argparse.Namespace) -> int:
-        from kitlib.presets import presets_command
+        from kitlib.notebook.presets import presets_command
 
         return presets_command(profile=args.profile, rows=args.rows)
 
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_presets)
 
     def _cmd_kaggle(args: argparse.Namespace) -> int:
-        from kitlib.kaggle import kaggle_command
+        from kitlib.tools.kaggle import kaggle_command
 
         return kaggle_command(args)
 
@@ -151,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     def _cmd_notebooks(args: argparse.Namespace) -> int:
         from pathlib import Path
 
-        from kitlib.runbook import NOTEBOOKS, notebooks_dir, run_notebooks, strip_outputs
+        from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks, strip_outputs
 
         source = Path(args.notebooks) if args.notebooks else notebooks_dir()
         if args.action == "strip":

@@ -9,9 +9,13 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-Requested = Literal["auto", "fp32", "fp16", "bf16"]
+from kitlib._files import write_atomic
+
+# The vocabularies, each defined once: validation below, the picker, the CLI and precision read them from here.
+Dtype = Literal["fp32", "fp16", "bf16"]
+Requested = Literal["auto", Dtype]  # what a user may ask for; "auto" lets decide_precision pick with a reason
 Schedule = Literal["cosine", "linear", "constant"]
 Freeze = Literal["none", "embeddings", "encoder"]
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
@@ -101,14 +105,15 @@ class TrainConfig:
         need(self.freeze_layers >= 0, f"freeze_layers must be >= 0, got {self.freeze_layers}")
         need(self.log_every_steps >= 1, "log_every_steps must be >= 1")
         need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps must be >= 1")
-        for name, allowed in (
-            ("precision", ("auto", "fp32", "fp16", "bf16")),
-            ("schedule", ("cosine", "linear", "constant")),
-            ("freeze", ("none", "embeddings", "encoder")),
-            ("batching", ("bucket", "dynamic", "fixed", "token_budget")),
-            ("mode", ("min", "max")),
-            ("background_eval", ("off", "thread", "process")),
+        for name, vocabulary in (
+            ("precision", Requested),
+            ("schedule", Schedule),
+            ("freeze", Freeze),
+            ("batching", Batching),
+            ("mode", Mode),
+            ("background_eval", BackgroundEval),
         ):
+            allowed = get_args(vocabulary)
             value = getattr(self, name)
             need(value in allowed, f"{name}={value!r} is not one of {allowed}")
 
@@ -132,8 +137,7 @@ class TrainConfig:
         return cls(**values)
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> TrainConfig:

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from kitlib import TrainConfig, fit
-from kitlib.hardware import fake_profile
+from kitlib.machine.hardware import fake_profile
 
 
 def data(n: int = 160) -> TensorDataset:
@@ -97,7 +97,7 @@ def _ddp_fit(micro: int, accum: int) -> dict[str, torch.Tensor]:
 
 
 def ddp_job(out: str) -> None:
-    from kitlib.distributed import launch
+    from kitlib.machine.distributed import launch
 
     torch.set_num_threads(1)
     two = launch(_ddp_fit, 8, 2, nprocs=2)  # global batch 8 x 2 accum x 2 ranks = 32

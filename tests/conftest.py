@@ -13,6 +13,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture
 def cpu_hw():
     """A plain fp32 CPU profile, so engine tests behave the same on AMX and non-AMX machines."""
-    from kitlib.hardware import fake_profile
+    from kitlib.machine.hardware import fake_profile
 
     return fake_profile("CPU", platform="local", interactive=False)

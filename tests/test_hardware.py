@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kitlib.hardware import (
+from kitlib.errors import PrecisionError, UnsupportedGPUError
+from kitlib.machine.hardware import (
     ARCH_LIST_WITH_SM60,
     KAGGLE_ARCH_LIST,
-    PrecisionError,
-    UnsupportedGPUError,
     check_torch_supports,
     detect,
     detect_platform,
@@ -127,7 +126,7 @@ def test_detect_kaggle_paths_and_batch() -> None:
 
 
 def test_import_does_no_work() -> None:
-    code = "import sys, kitlib.hardware; print('torch' in sys.modules)"
+    code = "import sys, kitlib.machine.hardware; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "False"
 

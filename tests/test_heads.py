@@ -11,12 +11,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from kitlib.config import TrainConfig
-from kitlib.hardware import fake_profile
-from kitlib.heads import MeanPoolClassifier, RowDataset, TextHead
-from kitlib.models import load_text_classifier, pooling_mode
-from kitlib.ngrams import NgramVectorizer, hashed_grams
-from kitlib.optim import freeze
-from kitlib.train import fit
+from kitlib.data.ngrams import NgramVectorizer, hashed_grams
+from kitlib.engine.loop import fit
+from kitlib.engine.optim import freeze
+from kitlib.machine.hardware import fake_profile
+from kitlib.models.heads import MeanPoolClassifier, RowDataset, TextHead
+from kitlib.models.loading import load_text_classifier, pooling_mode
 
 
 def test_idf_ranks_rare_grams_above_common_ones_and_rows_have_unit_norm() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kitlib import kaggle as kg
+from kitlib.tools import kaggle as kg
 
 NOTEBOOKS = ("00_setup", "01_features", "02_train", "03_infer")
 SECRET = "s3cr3t0123456789abcdef0123456789"

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kitlib.lengths import batch_efficiency, length_report, suggest_max_length
+from kitlib.data.lengths import batch_efficiency, length_report, suggest_max_length
 
 
 def skewed_lengths(n: int = 4000, seed: int = 0) -> np.ndarray:

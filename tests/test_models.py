@@ -5,8 +5,8 @@ import warnings
 import pytest
 import torch
 
-from kitlib import models
-from kitlib.models import FALLBACK_NOTICE, load_text_classifier, load_text_encoder, minilm_dir, tiny_requested
+from kitlib.models import loading as models
+from kitlib.models.loading import FALLBACK_NOTICE, load_text_classifier, load_text_encoder, minilm_dir, tiny_requested
 
 TEXTS = ["a warm, funny and moving film", "dull, long and badly acted", "the best movie of the year"] * 20
 

@@ -12,7 +12,7 @@ import nbformat
 import pandas as pd
 import pytest
 
-from kitlib.runbook import NOTEBOOKS, notebooks_dir, run_notebooks
+from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def test_committed_notebooks_are_thin_runbooks_without_outputs() -> None:
 def test_demo_end_to_end_headless_with_relative_paths_from_another_cwd(tmp_path: Path) -> None:
     """What README's main job does, from a folder that is neither the repo nor the notebooks' folder: relative
     --data/--work mean relative to where the command ran, not to the kernels' working directory."""
-    from kitlib.demo import make_demo, score
+    from kitlib.tools.demo import make_demo, score
 
     demo = make_demo(tmp_path / "competition" / "demo")
     work = tmp_path / "competition" / "work"
@@ -102,7 +102,7 @@ def test_notebooks_run_unchanged_on_another_csv_with_other_column_names(tmp_path
 
 def test_plain_nbconvert_with_environment_variables(tmp_path: Path) -> None:
     """What a user types: jupyter nbconvert --execute, parameters through KIT_* variables."""
-    from kitlib.demo import make_demo
+    from kitlib.tools.demo import make_demo
 
     make_demo(tmp_path / "demo")
     env = {

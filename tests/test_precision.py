@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from kitlib.hardware import ARCH_LIST_WITH_SM60, fake_profile
-from kitlib.precision import (
+from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
+from kitlib.machine.precision import (
     Precision,
     PrecisionError,
     PrecisionPlan,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kitlib.config import TrainConfig
-from kitlib.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, fake_profile
-from kitlib.precision import PrecisionError, UnsupportedGPUError
-from kitlib.presets import (
+from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, fake_profile
+from kitlib.machine.precision import PrecisionError, UnsupportedGPUError
+from kitlib.notebook.presets import (
     PRESETS,
     RUN_FILE,
     MissingRunError,
@@ -78,7 +78,7 @@ def test_world_size_and_regime() -> None:
 
 
 def test_max_length_from_coverage_and_cap() -> None:
-    from kitlib.lengths import suggest_max_length
+    from kitlib.data.lengths import suggest_max_length
 
     hw = fake_profile("CPU")
     run = resolve("balanced", hw, lengths=LENGTHS)
@@ -212,7 +212,8 @@ def test_cli_presets(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_import_is_cheap() -> None:
     heavy = "{'torch', 'ipywidgets', 'kaggle'}"
-    code = f"import kitlib.presets, kitlib.widgets, kitlib.kaggle, sys; print(sorted({heavy} & set(sys.modules)))"
+    modules = "kitlib.notebook.presets, kitlib.notebook.widgets, kitlib.tools.kaggle"
+    code = f"import {modules}, sys; print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from kitlib.hardware import fake_profile
-from kitlib.presets import resolve
-from kitlib.widgets import PresetPicker, preset_picker
+from kitlib.machine.hardware import fake_profile
+from kitlib.notebook.presets import resolve
+from kitlib.notebook.widgets import PresetPicker, preset_picker
 
 LENGTHS = [20] * 90 + [60] * 10
 
@@ -24,12 +24,12 @@ def displayed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 @pytest.fixture
 def no_training(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kitlib.train
+    import kitlib.engine.loop
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the picker must never start training")
 
-    monkeypatch.setattr(kitlib.train, "fit", refuse)
+    monkeypatch.setattr(kitlib.engine.loop, "fit", refuse)
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_without_ipywidgets(
 def test_custom_preset_default(picker: PresetPicker) -> None:
     import dataclasses
 
-    from kitlib.presets import get_preset
+    from kitlib.notebook.presets import get_preset
 
     custom = dataclasses.replace(get_preset("balanced"), name="mine", epochs=9)
     p = preset_picker(fake_profile("T4"), default=custom, show=False)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kitlib import presets, workflow
+from kitlib.notebook import presets
+from kitlib.notebook import stages as workflow
 
 
 def _csvs(folder: Path, n_train: int = 240, n_test: int = 40) -> Path:
@@ -75,7 +76,7 @@ def test_a_run_resolved_for_two_devices_trains_in_two_ddp_workers(tmp_path: Path
 
 def test_best_checkpoint_follows_the_task_metric_when_every_epoch_computes_it() -> None:
     from kitlib.config import TrainConfig
-    from kitlib.frames import infer_task
+    from kitlib.data.tables import infer_task
 
     labels, numbers = infer_task(pd.Series([0, 1, 0, 1])), infer_task(pd.Series([0.5, 1.5, 2.25, 3.0]))
     every_epoch = TrainConfig(full_eval_every=1)

@@ -1,0 +1,673 @@
+"""Content-addressed feature cache: compute a featurisation once, reload it in a fraction of a second.
+
+The key hashes everything the result depends on (see :mod:`kitlib.data.fingerprint`): the inputs' content (a file's
+bytes, a DataFrame's values, an array's bytes), the function (module, qualname, source), tokenizer/model identity,
+``kitlib.__version__`` and FORMAT_VERSION. An entry is a directory ``<name>-<key>/`` holding ``data.pkl`` (pickle
+protocol 5), ``buffers.bin`` (the arrays' raw bytes, out-of-band) and ``manifest.json`` (checksums, build seconds).
+It appears by one atomic directory rename, so readers never see half an entry, and a bad checksum means "rebuild",
+never "load".
+
+Unpickling runs code: only the cache's own directory is trusted. A cache published as a Kaggle input dataset is read
+through ``Cache(seed_dirs=[...], trust=True)``.
+
+>>> cache = Cache("/tmp/feats")
+>>> tokens = cached(tokenize, Path("train.csv"), tokenizer, cache=cache)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+import numpy as np
+
+from kitlib._files import FileMismatch, read_checked, write_recorded
+from kitlib.data.fingerprint import KEY_CHARS as KEY_CHARS
+from kitlib.data.fingerprint import _Hasher
+from kitlib.data.fingerprint import fingerprint as fingerprint
+from kitlib.errors import CacheError, UntrustedCacheError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+FORMAT_VERSION = 2  # 2: manifest file records are {"bytes", "sha256"}, as in checkpoints (kitlib._files)
+_ALIGN = 64  # out-of-band buffers start on 64-byte boundaries, so arrays load aligned for SIMD
+_RAGGED_MIN = 64  # lists of >= this many 1-D arrays are stored as flat + offsets (~100 B pickle overhead per array)
+_KILL_ENV = "KITLIB_CACHE_TEST_KILL_MIDWRITE"  # test hook: the writer SIGKILLs itself halfway through the data
+_READ_ONLY_ROOTS = (Path("/kaggle/input"),)  # attached datasets: read-only, published by someone else
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class CacheWarning(UserWarning):
+    pass
+
+
+class _Corrupt(Exception):
+    pass
+
+
+@dataclasses.dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0  # entries found damaged, reported and rebuilt
+    time_saved_s: float = 0.0  # sum of build seconds of the entries that were hits
+    load_s: float = 0.0
+    build_s: float = 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"cache: {self.hits} hits, {self.misses} misses ({self.corrupt} corrupt, rebuilt), "
+            f"{self.time_saved_s:.1f} s saved, {self.load_s:.2f} s loading, {self.build_s:.1f} s building"
+        )
+
+
+def default_cache_dir(environ: Mapping[str, str] | None = None, cwd: Path | None = None) -> Path:
+    """``$KITLIB_CACHE_DIR``; on Kaggle /kaggle/working/kitlib-cache (saved as the notebook's output, attachable to
+    the next session as input); elsewhere ``./.kitlib-cache``."""
+    from kitlib.machine.hardware import (
+        detect_platform,  # deferred: keeps `import kitlib.data.cache` free of side imports
+    )
+
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    override = env.get("KITLIB_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    if detect_platform(env) == "kaggle":
+        return Path("/kaggle/working/kitlib-cache")
+    return (cwd or Path.cwd()) / ".kitlib-cache"
+
+
+# ------------------------------------------------------------------------------------------------------- call arguments
+
+
+def _bind(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature
+        return {"*args": tuple(args), **kwargs}
+    bound = sig.bind(*args, **kwargs)  # a wrong call fails here, as calling fn would
+    bound.apply_defaults()  # f(x) and f(x, n=3) with default n=3 are the same entry
+    return dict(bound.arguments)
+
+
+def _summary(value: Any) -> Any:
+    """A short, JSON-able description of one argument for the manifest."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= 80 else value[:77] + "..."
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{type(value).__name__}{tuple(shape)}"
+    if isinstance(value, list | tuple | dict | set):
+        return f"{type(value).__name__}[{len(value)}]"
+    name = getattr(value, "name_or_path", None)
+    return f"{type(value).__name__}({name})" if name else type(value).__name__
+
+
+# --------------------------------------------------------------------------------------------------------- storage
+
+
+class _Ragged:
+    """A list of same-dtype 1-D arrays pickled as one flat array + offsets (two buffers instead of 10k objects)."""
+
+    def __init__(self, parts: list[Any] | tuple[Any, ...]) -> None:
+        self.offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(p) for p in parts], out=self.offsets[1:])
+        self.flat = np.concatenate(parts)
+        self.as_tuple = isinstance(parts, tuple)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_unragged, (self.flat, self.offsets, self.as_tuple))
+
+
+def _unragged(flat: np.ndarray, offsets: np.ndarray, as_tuple: bool) -> list[Any] | tuple[Any, ...]:
+    parts = np.split(flat, offsets[1:-1])
+    return tuple(parts) if as_tuple else parts
+
+
+def _pack(obj: Any, depth: int = 0) -> Any:
+    kind = type(obj)
+    if kind in (list, tuple) and len(obj) >= _RAGGED_MIN:
+        first = obj[0]
+        if (
+            type(first) is np.ndarray
+            and first.ndim == 1
+            and not first.dtype.hasobject
+            and all(type(a) is np.ndarray and a.ndim == 1 and a.dtype == first.dtype for a in obj)
+        ):
+            return _Ragged(obj)
+        return obj
+    if depth < 3 and kind is dict:
+        return {k: _pack(v, depth + 1) for k, v in obj.items()}
+    if depth < 3 and kind in (list, tuple):
+        return kind(_pack(v, depth + 1) for v in obj)
+    return obj
+
+
+def _tensor_from_bytes(raw: np.ndarray, dtype: str, shape: tuple[int, ...]) -> Any:
+    import torch
+
+    return torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        # torch's own tensor pickling copies the data in-band through torch.save; a uint8 numpy view instead goes
+        # out-of-band like any array (and covers bf16, which numpy lacks). Loads on CPU, without requires_grad.
+        if torch is not None and isinstance(obj, torch.Tensor) and obj.layout == torch.strided and not obj.is_quantized:
+            t = obj.detach().to("cpu").contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy()
+            return (_tensor_from_bytes, (raw, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+        return NotImplemented
+
+
+def _killed_halfway(chunks: list[bytes | memoryview], kill_at: int | None) -> Iterator[bytes | memoryview]:
+    """Test hook (KITLIB_CACHE_TEST_KILL): SIGKILL this process once ``kill_at`` bytes are written (unbuffered)."""
+    size = 0
+    for chunk in chunks:
+        if kill_at is not None and size + len(chunk) >= kill_at:
+            yield memoryview(chunk)[: max(0, kill_at - size)]
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield chunk
+        size += len(chunk)
+
+
+def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:
+    buffers: list[pickle.PickleBuffer] = []
+    out = io.BytesIO()
+    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(_pack(result))
+    raws = [b.raw() for b in buffers]
+    layout: list[list[int]] = []
+    chunks: list[bytes | memoryview] = []
+    offset = 0
+    for raw in raws:
+        pad = -offset % _ALIGN
+        chunks += [b"\0" * pad, raw]
+        layout.append([offset + pad, raw.nbytes])
+        offset += pad + raw.nbytes
+    kill_at = None
+    if os.environ.get(_KILL_ENV):
+        kill_at = offset // 2 if offset else out.tell() // 2
+    first = _killed_halfway([out.getbuffer()], None if offset else kill_at)
+    files = {"data.pkl": write_recorded(tmp / "data.pkl", first)}
+    if raws:
+        files["buffers.bin"] = write_recorded(tmp / "buffers.bin", _killed_halfway(chunks, kill_at))
+    manifest.update(files=files, buffers=layout, size_bytes=sum(f["bytes"] for f in files.values()))
+    write_recorded(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
+
+
+def _read_manifest(entry: Path) -> dict[str, Any]:
+    try:
+        manifest: dict[str, Any] = json.loads((entry / "manifest.json").read_bytes())
+    except FileNotFoundError:
+        raise _Corrupt("manifest.json is missing") from None
+    except (ValueError, OSError) as err:
+        raise _Corrupt(f"manifest.json is unreadable ({err})") from err
+    return manifest
+
+
+def _read_entry(entry: Path, key: str) -> tuple[Any, dict[str, Any]]:
+    manifest = _read_manifest(entry)
+    if manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
+        raise _Corrupt(f"manifest is for key {manifest.get('key')!r}, format {manifest.get('format')!r}")
+    blobs: dict[str, bytearray] = {}
+    for name, record in manifest.get("files", {}).items():
+        try:  # read once into memory the arrays then view directly (no extra copy), checked on the way
+            blobs[name] = read_checked(entry / name, record)
+        except FileMismatch as err:
+            raise _Corrupt(str(err)) from None
+    if "data.pkl" not in blobs:
+        raise _Corrupt("manifest lists no data.pkl")
+    view = memoryview(blobs.get("buffers.bin", bytearray()))
+    try:
+        result = pickle.loads(blobs["data.pkl"], buffers=[view[o : o + n] for o, n in manifest["buffers"]])
+    except Exception as err:  # e.g. a class from a notebook that no longer exists
+        raise _Corrupt(f"unpickling failed ({type(err).__name__}: {err})") from err
+    return result, manifest
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())  # no '-': temp dir names split on it
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_read_only(path: Path) -> bool:
+    resolved = path.expanduser().resolve()
+    if any(resolved.is_relative_to(root) for root in _READ_ONLY_ROOTS):
+        return True
+    return resolved.exists() and not os.access(resolved, os.W_OK)
+
+
+# ----------------------------------------------------------------------------------------------------------- Cache
+
+
+class Cache:
+    """A feature cache in ``dir`` (default: :func:`default_cache_dir`). One per notebook; ``.stats`` adds up.
+
+    ``seed_dirs``: read-only caches (e.g. /kaggle/input/my-cache, a previous session's output) looked up after
+    ``dir``; they need ``trust=True`` because loading them unpickles someone else's bytes. Hits from seeds are copied
+    into ``dir`` (``copy_seed_hits``) so this session's output is a complete cache again.
+    """
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str] | None = None,
+        *,
+        seed_dirs: Iterable[str | os.PathLike[str]] = (),
+        trust: bool = False,
+        copy_seed_hits: bool = True,
+        log: Callable[[str], None] | None = print,
+    ) -> None:
+        self.dir = Path(dir).expanduser() if dir is not None else default_cache_dir()
+        self.seed_dirs = tuple(Path(d).expanduser() for d in seed_dirs)
+        if _is_read_only(self.dir):
+            raise UntrustedCacheError(
+                f"cache dir {str(self.dir)!r} is read-only (an attached dataset?) so it is not kitlib's own cache. "
+                f"To read it: Cache(seed_dirs=[{str(self.dir)!r}], trust=True) -- only if you trust its publisher, "
+                "loading it unpickles (runs) their code."
+            )
+        if self.seed_dirs and not trust:
+            raise UntrustedCacheError(
+                f"refusing to load pickles from seed_dirs {[str(d) for d in self.seed_dirs]}: unpickling runs code "
+                "written by whoever published them. Pass trust=True if you trust them."
+            )
+        self.copy_seed_hits = copy_seed_hits
+        self.log = log
+        self.stats = CacheStats()
+
+    def __repr__(self) -> str:
+        return f"Cache({str(self.dir)!r}, seeds={len(self.seed_dirs)}, {self.stats})"
+
+    def kitlib_identity(self) -> str:
+        return "kitlib.Cache"  # where a result is stored is no input to it (and .stats change every call)
+
+    # ---- keys and lookups
+
+    def key(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        identity: Any = None,
+        ignore: Iterable[str] = (),
+    ) -> str:
+        """The entry key for ``fn(*args, **kwargs)``; arguments named in ``ignore`` do not count."""
+        from kitlib._version import __version__
+
+        skip = set(ignore)
+        h = _Hasher()
+        h.add(["kitlib-cache", FORMAT_VERSION, __version__])
+        h.add(fn)
+        for name, value in _bind(fn, args, kwargs or {}).items():
+            if name in skip:
+                continue
+            h.tag("arg", name.encode())
+            h.add(value)
+            if isinstance(value, str) and len(value) < 4096 and os.path.isfile(value):
+                h.file(Path(value))  # a path given as str: its bytes count too (pass a Path to hash bytes only)
+        h.tag("identity")
+        h.add(identity)
+        return h.hexdigest()
+
+    def get_or_build(
+        self,
+        fn: Callable[..., R],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        name: str | None = None,
+        identity: Any = None,
+        ignore: Iterable[str] = (),
+    ) -> R:
+        """``fn(*args, **kwargs)``, from the cache when an entry with the same key exists; else built and stored."""
+        start = time.perf_counter()  # a hit costs hashing the inputs + loading: both count
+        kwargs = dict(kwargs or {})
+        ignore = tuple(ignore)
+        key = self.key(fn, args, kwargs, identity=identity, ignore=ignore)
+        label = re.sub(r"[^A-Za-z0-9_.]+", "_", str(name or getattr(fn, "__name__", "feature")))[:60] or "feature"
+        entry = f"{label}-{key}"
+        found, stale = self._lookup(entry, key)
+        if found is not None:
+            result, manifest = found
+            load_s = time.perf_counter() - start
+            self.stats.hits += 1
+            self.stats.load_s += load_s
+            self.stats.time_saved_s += float(manifest.get("build_s", 0.0))
+            self._say(f"cache hit {label}[{key[:8]}] {load_s:.2f} s (built in {manifest.get('build_s', 0.0):.1f} s)")
+            return result
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        build_s = time.perf_counter() - start
+        self.stats.misses += 1
+        self.stats.build_s += build_s
+        params = {k: _summary(v) for k, v in _bind(fn, args, kwargs).items() if k not in ignore}
+        size = self._store(
+            entry,
+            key,
+            result,
+            {
+                "format": FORMAT_VERSION,
+                "key": key,
+                "name": label,
+                "function": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
+                "params": params,
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "created_ts": time.time(),
+                "build_s": round(build_s, 3),
+                "kitlib_version": _version(),
+                "writer": uuid.uuid4().hex,
+            },
+            stale,
+        )
+        stored = f"stored {size / 1e6:.1f} MB" if size is not None else "not stored"
+        self._say(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
+        return result
+
+    @overload
+    def memoize(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+    @overload
+    def memoize(
+        self, fn: None = None, /, *, name: str | None = None, identity: Any = None, ignore: Iterable[str] = ()
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
+
+    def memoize(
+        self,
+        fn: Callable[P, R] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        identity: Any = None,
+        ignore: Iterable[str] = (),
+    ) -> Any:
+        """Decorator form: ``@cache.memoize`` or ``@cache.memoize(name="tfidf", ignore=["n_jobs"])``."""
+
+        def decorate(func: Callable[P, R]) -> Callable[P, R]:
+            @functools.wraps(func)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+                return self.get_or_build(func, args, kwargs, name=name, identity=identity, ignore=ignore)
+
+            return wrapper
+
+        return decorate(fn) if fn is not None else decorate
+
+    def _lookup(self, entry: str, key: str) -> tuple[tuple[Any, dict[str, Any]] | None, str | None]:
+        """((result, manifest) or None, writer id of a damaged own entry that a store may replace)."""
+        stale: str | None = None
+        for root in (self.dir, *self.seed_dirs):
+            path = root / entry
+            if not path.is_dir():
+                continue
+            try:
+                found = _read_entry(path, key)
+            except _Corrupt as err:
+                self.stats.corrupt += 1
+                warnings.warn(
+                    f"cache entry {entry} in {root} is damaged: {err}; rebuilding it", CacheWarning, stacklevel=3
+                )
+                if root == self.dir:
+                    with contextlib.suppress(_Corrupt):
+                        stale = str(_read_manifest(path).get("writer"))
+                    stale = stale or "unreadable"
+                continue
+            except FileNotFoundError:  # cleared by someone else while we read: a plain miss
+                continue
+            if root != self.dir and self.copy_seed_hits:
+                self._copy_in(path, entry, stale)
+            return found, None
+        return None, stale
+
+    # ---- writes
+
+    def _tmp(self, entry: str) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._sweep()
+        tmp = self.dir / f".tmp-{entry}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        return tmp
+
+    def _store(self, entry: str, key: str, result: Any, manifest: dict[str, Any], stale: str | None) -> int | None:
+        tmp: Path | None = None
+        try:
+            tmp = self._tmp(entry)
+            _write_entry(tmp, result, manifest)
+            self._install(tmp, self.dir / entry, stale)
+        except Exception as err:  # never lose the computed result over a cache problem (disk full, unpicklable)
+            warnings.warn(f"cache: could not store {entry}: {type(err).__name__}: {err}", CacheWarning, stacklevel=3)
+            return None
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return int(manifest["size_bytes"])
+
+    def _install(self, tmp: Path, final: Path, stale: str | None) -> None:
+        """Publish ``tmp`` as ``final`` with one rename. If another writer got there first with a complete entry,
+        theirs stays (same key, same content); a damaged entry (writer ``stale``) is moved aside and replaced."""
+        for _ in range(5):
+            try:
+                os.rename(tmp, final)  # atomic; fails on an existing non-empty directory instead of merging
+                return
+            except OSError:
+                if not final.exists():
+                    continue
+            try:
+                writer: str | None = str(_read_manifest(final).get("writer"))
+            except _Corrupt:
+                writer = None
+            if writer is not None and writer != stale:
+                return  # a concurrent writer installed a complete entry
+            trash = self.dir / f".trash-{uuid.uuid4().hex[:8]}"
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(final, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        raise CacheError(f"could not install {final.name}: it keeps changing under concurrent writers")
+
+    def _copy_in(self, seed_entry: Path, entry: str, stale: str | None) -> None:
+        tmp = self._tmp(entry)
+        try:
+            shutil.copytree(seed_entry, tmp, dirs_exist_ok=True)
+            self._install(tmp, self.dir / entry, stale)
+        except (OSError, CacheError) as err:
+            warnings.warn(f"cache: could not copy {entry} from {seed_entry.parent}: {err}", CacheWarning, stacklevel=4)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _sweep(self) -> None:
+        """Remove temp dirs of writers that died (SIGKILL, OOM, session end); live writers' temp dirs stay."""
+        host = _host()
+        for path in self.dir.glob(".t*-*"):
+            if path.name.startswith(".trash-"):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            match = re.fullmatch(r"\.tmp-.+-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]{8}", path.name)
+            if match is None:
+                continue
+            mine = match["host"] == host
+            with contextlib.suppress(OSError):
+                old = time.time() - path.stat().st_mtime > 86400  # another machine's writer: give it a day
+                if (mine and not _pid_alive(int(match["pid"]))) or (not mine and old):
+                    shutil.rmtree(path, ignore_errors=True)
+
+    # ---- housekeeping
+
+    def _entries(self) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+        if not self.dir.is_dir():
+            return
+        for path in sorted(self.dir.iterdir()):
+            if path.name.startswith(".") or not path.is_dir() or path.is_symlink():
+                continue
+            try:
+                yield path, _read_manifest(path)
+            except _Corrupt:
+                yield path, None
+
+    def list(self) -> pd.DataFrame:
+        """One row per entry: key, name, size (bytes), created (UTC), build_s, function, path."""
+        import pandas as pd
+
+        rows = [
+            {
+                "key": (m or {}).get("key", path.name.rsplit("-", 1)[-1]),
+                "name": (m or {}).get("name", "?"),
+                "size": sum(f.stat().st_size for f in path.iterdir() if f.is_file()),
+                "created": (m or {}).get("created_ts", path.stat().st_mtime),
+                "build_s": (m or {}).get("build_s", float("nan")),
+                "function": (m or {}).get("function", "(damaged)"),
+                "path": str(path),
+            }
+            for path, m in self._entries()
+        ]
+        columns = ["key", "name", "size", "created", "build_s", "function", "path"]
+        table = pd.DataFrame(rows, columns=columns)
+        table["created"] = pd.to_datetime(table["created"].astype(float), unit="s", utc=True).dt.floor("s")
+        return table.sort_values("created", ignore_index=True)
+
+    def size_bytes(self) -> int:
+        """Bytes on disk under ``dir``, including leftovers of interrupted writes."""
+        if not self.dir.is_dir():
+            return 0
+        return sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file() and not f.is_symlink())
+
+    def clear(self, older_than: float | timedelta | None = None, name: str | None = None) -> int:
+        """Delete entries (all, those older than ``older_than`` seconds, or of one ``name``); returns how many.
+
+        Only directories directly inside ``dir`` that look like entries are removed; never ``dir`` itself, never a
+        symlink's target."""
+        max_age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        now, removed = time.time(), 0
+        for path, manifest in list(self._entries()):
+            if name is not None and (manifest or {}).get("name") != name:
+                continue
+            created = (manifest or {}).get("created_ts", path.stat().st_mtime)
+            if max_age is not None and now - float(created) < max_age:
+                continue
+            if path.parent.resolve() != self.dir.resolve():
+                continue
+            shutil.rmtree(path)
+            removed += 1
+        if older_than is None and name is None and self.dir.is_dir():
+            self._sweep()
+        return removed
+
+    def _say(self, message: str) -> None:
+        if self.log is not None:
+            self.log(message)
+
+
+def _version() -> str:
+    from kitlib._version import __version__
+
+    return __version__
+
+
+# ------------------------------------------------------------------------------------------------- call and decorator
+
+
+def cached(
+    fn: Callable[..., R],
+    /,
+    *args: Any,
+    cache: Cache | None = None,
+    name: str | None = None,
+    identity: Any = None,
+    ignore: Iterable[str] = (),
+    **kwargs: Any,
+) -> R:
+    """``fn(*args, **kwargs)`` through the cache (a default :class:`Cache` when ``cache`` is None).
+
+    >>> tokens = cached(tokenize, Path("train.csv"), tok, max_length=256, cache=cache)  # doctest: +SKIP
+    """
+    return (cache or Cache()).get_or_build(fn, args, kwargs, name=name, identity=identity, ignore=ignore)
+
+
+def cached_feature(
+    *, cache: Cache | None = None, name: str | None = None, identity: Any = None, ignore: Iterable[str] = ()
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorator: ``@cached_feature(name="tfidf")``. The call may pass ``cache=`` unless the function has its own
+    ``cache`` parameter; without one a default :class:`Cache` is used."""
+
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
+        takes_cache = "cache" in inspect.signature(fn).parameters
+
+        @functools.wraps(fn)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            chosen = cache if takes_cache else kwargs.pop("cache", cache)
+            store = chosen if isinstance(chosen, Cache) else Cache()
+            return store.get_or_build(fn, args, kwargs, name=name, identity=identity, ignore=ignore)
+
+        return wrapper
+
+    return decorate
+
+
+def cache_command(
+    action: str,
+    *,
+    directory: str | None = None,
+    name: str | None = None,
+    older_than_days: float | None = None,
+    yes: bool = False,
+) -> int:
+    """``python -m kitlib cache list|size|clear``; returns the exit code."""
+    cache = Cache(directory, log=None)
+    if action == "list":
+        table = cache.list()
+        if name is not None:
+            table = table[table["name"] == name]
+        print(table.drop(columns=["path"]).to_string(index=False) if len(table) else f"(no entries in {cache.dir})")
+        return 0
+    if action == "size":
+        print(f"{len(cache.list())} entries, {cache.size_bytes() / 1e6:.1f} MB in {cache.dir}")
+        return 0
+    older = older_than_days * 86400 if older_than_days is not None else None
+    table = cache.list()
+    if name is not None:
+        table = table[table["name"] == name]
+    if older is not None:
+        table = table[table["created"] < datetime.now(timezone.utc) - timedelta(seconds=older)]
+    if not len(table):
+        print(f"nothing to clear in {cache.dir}")
+        return 0
+    what = f"{len(table)} entries ({table['size'].sum() / 1e6:.1f} MB) from {cache.dir}"
+    if not yes:
+        if not sys.stdin.isatty():
+            print(f"refusing to delete {what} without --yes", file=sys.stderr)
+            return 2
+        if input(f"delete {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+            return 1
+    print(f"deleted {cache.clear(older_than=older, name=name)} entries from {cache.dir}")
+    return 0

@@ -1,0 +1,153 @@
+"""How long are the rows, where to truncate them, and how much of each batching strategy's compute is padding.
+
+    report = length_report(tokens.lengths, batch_size=32)
+    print(report)            # percentiles, truncation, and padding efficiency per strategy
+    report.table()           # the same as a DataFrame
+
+Padding efficiency = real tokens / tokens computed (rows x padded width, summed over batches). The strategies are
+replayed with kitlib's own samplers, so the numbers are the ones training will see. Numpy only; pandas is imported
+by ``table()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kitlib.data.samplers import BucketSampler, RandomBatchSampler, TokenBudgetSampler, as_lengths, round_up
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def suggest_max_length(lengths: Sequence[int] | np.ndarray, coverage: float = 0.99, multiple_of: int = 8) -> int:
+    """The smallest multiple of ``multiple_of`` that holds ``coverage`` of the rows untruncated.
+
+    >>> suggest_max_length([10, 12, 30, 200], coverage=0.75)
+    32
+    """
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+    arr = as_lengths(lengths)
+    if arr.size == 0:
+        raise ValueError("no lengths: cannot suggest a max_length for an empty dataset")
+    # The k-th smallest length with k = ceil(coverage * n): at least `coverage` of the rows fit (the epsilon keeps
+    # 0.99 * 100 = 99.00000000000001 from rounding up to 100).
+    k = max(math.ceil(coverage * arr.size - 1e-9), 1)
+    length = int(np.partition(arr, k - 1)[k - 1])
+    return round_up(max(length, 1), multiple_of)
+
+
+@dataclass(frozen=True)
+class StrategyStats:
+    name: str
+    efficiency: float  # real tokens / tokens computed when each batch is padded to its longest row
+    efficiency_padded: float  # the same with the width rounded up to pad_to_multiple_of (what a GPU run computes)
+    batches: int
+    mean_rows: float  # rows per batch
+
+
+@dataclass(frozen=True)
+class LengthReport:
+    rows: int
+    batch_size: int
+    percentiles: dict[int, int]  # percentile -> tokens
+    max: int
+    mean: float
+    max_length: int  # truncation point used for every strategy
+    truncated_fraction: float  # rows longer than max_length
+    pad_to_multiple_of: int
+    strategies: tuple[StrategyStats, ...]
+
+    def efficiency(self, name: str) -> float:
+        return next(s.efficiency for s in self.strategies if s.name == name)
+
+    def table(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame([vars(s) for s in self.strategies]).set_index("name")
+
+    def __str__(self) -> str:
+        pct = ", ".join(f"p{p} {v}" for p, v in self.percentiles.items())
+        lines = [
+            f"{self.rows} rows; tokens: mean {self.mean:.1f}, {pct}, max {self.max}",
+            f"max_length {self.max_length}: {self.truncated_fraction:.2%} of rows truncated",
+            f"padding efficiency at batch {self.batch_size} (real tokens / tokens computed; "
+            f"'x{self.pad_to_multiple_of}' = width rounded up to a multiple of {self.pad_to_multiple_of}):",
+        ]
+        for s in self.strategies:
+            lines.append(
+                f"  {s.name:<13} {s.efficiency:6.3f}   x{self.pad_to_multiple_of}: {s.efficiency_padded:6.3f}   "
+                f"{s.batches:6d} batches of {s.mean_rows:6.1f} rows"
+            )
+        return "\n".join(lines)
+
+
+def batch_efficiency(lengths: np.ndarray, batches: Sequence[Sequence[int]], multiple_of: int = 1) -> float:
+    """Real tokens / tokens computed for these batches, each padded to its longest row (rounded up)."""
+    real = computed = 0
+    for batch in batches:
+        lens = lengths[np.asarray(batch, dtype=np.int64)]
+        real += int(lens.sum())
+        computed += len(lens) * round_up(max(int(lens.max()), 1), multiple_of)
+    return real / computed if computed else 1.0
+
+
+def length_report(
+    lengths: Sequence[int] | np.ndarray,
+    batch_size: int,
+    *,
+    max_length: int | None = None,
+    coverage: float = 0.99,
+    max_tokens: int | None = None,
+    pad_to_multiple_of: int = 8,
+    mega_batch_factor: int = 50,
+    seed: int = 0,
+) -> LengthReport:
+    """Length percentiles, truncation at ``max_length`` (default: ``suggest_max_length(coverage)``), and padding
+    efficiency of fixed / dynamic / bucket / token-budget batching on epoch 0, every row counted (no drop_last).
+
+    ``max_tokens`` defaults to ``batch_size * max_length``: the same peak tokens as a fixed-padded batch.
+    """
+    raw = as_lengths(lengths)
+    if raw.size == 0:
+        raise ValueError("no lengths: the dataset is empty")
+    max_length = suggest_max_length(raw, coverage) if max_length is None else max_length
+    lens = np.minimum(raw, max_length)  # truncated rows cost max_length, whatever the strategy
+    budget = batch_size * max_length if max_tokens is None else max_tokens
+    samplers = {
+        "dynamic": RandomBatchSampler(len(lens), batch_size, seed=seed),
+        "bucket": BucketSampler(lens, batch_size, seed=seed, mega_batch_factor=mega_batch_factor, drop_last=False),
+        "token_budget": TokenBudgetSampler(lens, budget, seed=seed, pad_to_multiple_of=pad_to_multiple_of),
+    }
+    n_fixed = -(-len(lens) // batch_size)
+    fixed_eff = float(lens.sum()) / (len(lens) * max_length)
+    stats = [StrategyStats("fixed", fixed_eff, fixed_eff, n_fixed, len(lens) / n_fixed)]
+    for name, sampler in samplers.items():
+        batches = sampler.batches()
+        stats.append(
+            StrategyStats(
+                name,
+                batch_efficiency(lens, batches),
+                batch_efficiency(lens, batches, pad_to_multiple_of),
+                len(batches),
+                len(lens) / len(batches),
+            )
+        )
+    return LengthReport(
+        rows=len(raw),
+        batch_size=batch_size,
+        percentiles={p: int(np.percentile(raw, p, method="higher")) for p in PERCENTILES},
+        max=int(raw.max()),
+        mean=float(raw.mean()),
+        max_length=max_length,
+        truncated_fraction=float((raw > max_length).mean()),
+        pad_to_multiple_of=pad_to_multiple_of,
+        strategies=tuple(stats),
+    )

@@ -1,0 +1,420 @@
+"""DataLoader factories with hardware-aware defaults, a dynamic-padding collate, and a pre-tokenised dataset.
+
+    train_dl = make_train_loader(TokenDataset(tokens, labels), cfg, hw)   # bucketed, padded to the batch's longest
+    test_dl = make_predict_loader(TokenDataset(test_tokens), cfg, hw)      # length-sorted; restore_order() undoes it
+
+The samplers live in ``kitlib.data.samplers``; this module only decides which one, how many workers, and how to pad.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from kitlib.data.samplers import (
+    BucketSampler,
+    RandomBatchSampler,
+    SortedBatchSampler,
+    TokenBudgetSampler,
+    as_lengths,
+    round_up,
+)
+
+if TYPE_CHECKING:
+    from kitlib.config import TrainConfig
+    from kitlib.machine.hardware import HardwareInfo
+
+MAX_WORKERS = 4  # collating 32 pre-tokenised rows costs ~0.3 ms: 4 workers keep any single GPU fed
+SHM_HEADROOM = 4  # /dev/shm must hold 4x the batches in flight (torch keeps one segment per tensor, plus fragments)
+
+
+# ------------------------------------------------------------------------------------------------ dataset + collate
+class TokenDataset(Dataset[Any]):
+    """Rows of token ids stored flat (one ids array + offsets), with optional labels.
+
+    Takes a ``TokenizedTexts``-like object (``.ids``, ``.offsets``) or a sequence of id sequences. Two flat numpy
+    arrays instead of 10^5 Python lists also matter for workers: forked workers touching Python ints copy their
+    pages (refcounts), numpy buffers stay shared. Items are ``(ids, label)``, or ``ids`` alone without labels.
+    """
+
+    def __init__(self, tokens: Any, labels: Sequence[Any] | np.ndarray | None = None, *, pad_id: int = 0) -> None:
+        ids, offsets = getattr(tokens, "ids", None), getattr(tokens, "offsets", None)
+        if ids is None or offsets is None:
+            seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in tokens]
+            offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+            offsets[1:] = np.cumsum([len(s) for s in seqs])
+            ids = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int64)
+        self.ids, self.offsets = np.asarray(ids), np.asarray(offsets, dtype=np.int64)
+        self.labels = None if labels is None else np.asarray(labels)
+        self.pad_id = pad_id
+        if self.labels is not None and len(self.labels) != len(self):
+            raise ValueError(f"{len(self.labels)} labels for {len(self)} token rows: they must match one to one")
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int) -> Any:
+        row = self.ids[self.offsets[index] : self.offsets[index + 1]]
+        return row if self.labels is None else (row, self.labels[index])
+
+
+class PaddingCollator:
+    """Pad a batch to its longest row (rounded up to ``pad_to_multiple_of``) -> input_ids, attention_mask, labels.
+
+    Items: ``(ids, label)``, ``ids`` alone, or a mapping with ``input_ids`` and ``labels``/``label``. Rows longer
+    than ``max_length`` keep their first ``max_length - 1`` tokens and their last one (the closing [SEP]/</s>).
+    ``fixed_length`` pads every batch to the same width (static shapes for torch.compile/XLA, at a padding cost).
+    A class, not a closure, so spawned workers can pickle it.
+    """
+
+    def __init__(
+        self,
+        pad_id: int = 0,
+        pad_to_multiple_of: int = 8,
+        *,
+        max_length: int | None = None,
+        fixed_length: int | None = None,
+    ) -> None:
+        self.pad_id, self.pad_to_multiple_of = pad_id, max(1, pad_to_multiple_of)
+        self.max_length, self.fixed_length = max_length, fixed_length
+
+    def __call__(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
+        rows: list[np.ndarray] = []
+        labels: list[Any] = []
+        for item in items:
+            ids, label = _split_item(item)
+            row = np.asarray(ids).reshape(-1)
+            if self.max_length is not None and len(row) > self.max_length:
+                row = np.concatenate([row[: self.max_length - 1], row[-1:]])
+            rows.append(row)
+            labels.append(label)
+        longest = max((len(r) for r in rows), default=0)
+        width = self.fixed_length or round_up(max(longest, 1), self.pad_to_multiple_of)
+        if self.max_length is not None:
+            width = min(width, max(self.max_length, longest))  # never pad past the model's position limit
+        input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            input_ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
+        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        if any(label is not None for label in labels):
+            arr = np.asarray(labels)
+            batch["labels"] = torch.from_numpy(arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64))
+        return batch
+
+
+def _split_item(item: Any) -> tuple[Any, Any]:
+    if isinstance(item, Mapping):
+        return item["input_ids"], item.get("labels", item.get("label"))
+    if isinstance(item, tuple):
+        return item[0], item[1] if len(item) > 1 else None
+    return item, None
+
+
+def count_tokens(batch: Mapping[str, torch.Tensor]) -> tuple[int, int]:
+    """(real tokens, computed tokens) of a padded batch, for throughput and padding efficiency.
+
+    Call it on the CPU batch before ``.to(device)``: on a GPU tensor ``.sum()`` + ``int()`` is a host sync.
+    """
+    mask = batch["attention_mask"]
+    return int(mask.sum()), mask.numel()
+
+
+# ------------------------------------------------------------------------------------------------------- workers
+def seed_worker(worker_id: int) -> None:
+    """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (base seed + worker id).
+
+    torch seeds only its own RNG in each worker; forked workers would otherwise share numpy's state and draw
+    identical "random" augmentations.
+    """
+    del worker_id  # already folded into torch.initial_seed()
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def default_num_workers(cfg: TrainConfig, hw: HardwareInfo) -> tuple[int, str]:
+    """Worker processes for this machine, and why."""
+    if cfg.num_workers is not None:
+        return cfg.num_workers, "set in TrainConfig.num_workers"
+    if hw.device_type == "cpu":
+        # The model's matmuls already use every core (intra-op threads); a worker would steal one to collate
+        # pre-tokenised batches that take ~0.3 ms each, and restart every epoch (forked: ~0.1 s, spawned: seconds).
+        return 0, "training on the CPU: workers would compete with the model for cores"
+    method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    if hw.interactive and method != "fork":
+        # spawn/forkserver pickle the dataset; classes defined in a notebook cell can't be re-imported by a worker.
+        return 0, f"notebook with the {method!r} start method: notebook-defined datasets can't reach workers"
+    # Leave one CPU for the training process itself (Python loop, kernel launches): Kaggle's 4 vCPUs -> 3,
+    # Colab's 2 -> 1. Colab warns above its CPU count (colabtools#3415).
+    workers = max(0, min(hw.cpu_count - 1, MAX_WORKERS))
+    return workers, f"{hw.cpu_count} CPUs on {hw.platform}: one left for the training process"
+
+
+def _nbytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, Mapping):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+def _shm_limit_workers(
+    workers: int, prefetch: int, hw: HardwareInfo, dataset: Any, collate: Any, first_batch: list[int] | None
+) -> tuple[int, str | None]:
+    """0 workers when the batches in flight would not fit /dev/shm (Docker's default is 64 MB)."""
+    if workers == 0 or hw.shm_bytes is None or hw.shm_bytes >= 2**30 or not first_batch:
+        return workers, None
+    # Measure one real batch (for length-ordered samplers the first is the longest): text batches are ~0.3 MB and
+    # fit a 64 MB /dev/shm easily, image batches often do not.
+    batch_bytes = _nbytes(collate([dataset[i] for i in first_batch]))
+    need = workers * prefetch * batch_bytes * SHM_HEADROOM
+    if need <= hw.shm_bytes:
+        return workers, None
+    return 0, (
+        f"/dev/shm is {hw.shm_bytes / 2**20:.0f} MiB but {workers} workers x {prefetch} prefetched batches of "
+        f"{batch_bytes / 2**20:.1f} MiB need ~{need / 2**20:.0f} MiB (with headroom): using num_workers=0 to avoid "
+        "'Bus error ... out of shared memory' crashes. Fix: run Docker with --shm-size=2g, or pass "
+        "TrainConfig(num_workers=N) to override."
+    )
+
+
+_CRASH_MARKERS = ("exited unexpectedly", "killed by signal", "shared memory", "No space left on device", "Bus error")
+
+
+def _is_worker_crash(err: BaseException) -> bool:
+    return any(marker in str(err) for marker in _CRASH_MARKERS)
+
+
+class KitDataLoader(DataLoader[Any]):
+    """A DataLoader that falls back to ``num_workers=0`` (once, with a warning) when its workers crash on the
+    first batch of an iteration: typically a too-small /dev/shm. Errors raised by the dataset's own code propagate.
+    """
+
+    workers_reason: str = ""  # why this many workers; shown by describe_loader()
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return super().__iter__() if self.num_workers == 0 else self._iter_with_fallback()
+
+    def _iter_with_fallback(self) -> Iterator[Any]:
+        it = super().__iter__()
+        try:
+            first = next(it)
+        except StopIteration:
+            return
+        except RuntimeError as err:
+            if not _is_worker_crash(err):
+                raise
+            warnings.warn(
+                f"kitlib: DataLoader workers crashed on the first batch ({str(err).splitlines()[0]}); continuing "
+                "with num_workers=0 (same batches, loaded in the training process). Usual cause: a small /dev/shm "
+                "(Docker's default is 64 MB). Pass TrainConfig(num_workers=0) to skip the attempt.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
+            self._iterator = None  # a persistent-workers iterator holding the dead workers
+            self.num_workers = 0
+            yield from super().__iter__()
+            return
+        yield first
+        yield from it
+
+
+# ----------------------------------------------------------------------------------------------------- factories
+def _lengths_of(dataset: Any, lengths: Sequence[int] | np.ndarray | None, cfg: TrainConfig) -> np.ndarray | None:
+    raw = lengths if lengths is not None else getattr(dataset, "lengths", None)
+    if raw is None:
+        return None
+    arr = as_lengths(raw)
+    if len(arr) != len(dataset):
+        raise ValueError(f"{len(arr)} lengths for a dataset of {len(dataset)} rows: they must match one to one")
+    # Rows are truncated to max_length by the collate, so they cost at most that.
+    return np.minimum(arr, cfg.max_length) if cfg.max_length is not None else arr
+
+
+def _rank_world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def _width(cfg: TrainConfig, lengths: np.ndarray | None) -> int:
+    """The padded width of a 'fixed' batch, and the row budget behind 'token_budget'."""
+    if cfg.max_length is not None:
+        return cfg.max_length
+    if lengths is None:
+        raise ValueError(f"batching={cfg.batching!r} needs TrainConfig(max_length=...) or the rows' lengths")
+    from kitlib.data.lengths import suggest_max_length
+
+    return suggest_max_length(lengths)
+
+
+def _pad_multiple(cfg: TrainConfig, hw: HardwareInfo) -> int:
+    # Tensor cores want fp16/bf16 matrix dims in multiples of 8, and fewer distinct shapes mean fewer torch.compile
+    # recompiles. On a CPU without compile the rounding is pure waste (~10% more tokens for 30-token reviews).
+    return 8 if hw.device_type == "cuda" or cfg.compile else 1
+
+
+def _build(
+    dataset: Any, batch_sampler: Any, collate: Any, cfg: TrainConfig, hw: HardwareInfo, seed: int
+) -> KitDataLoader:
+    workers, reason = default_num_workers(cfg, hw)
+    cuda = hw.device_type == "cuda"
+    prefetch = 4 if cuda else 2  # batches per worker in flight; text batches are small, so be generous on GPU
+    first = next(iter(batch_sampler), None)
+    workers, shm_warning = _shm_limit_workers(workers, prefetch, hw, dataset, collate, first)
+    if shm_warning is not None:
+        warnings.warn(f"kitlib: {shm_warning}", RuntimeWarning, stacklevel=3)
+    kwargs: dict[str, Any] = {}
+    if workers > 0:
+        kwargs.update(prefetch_factor=prefetch, persistent_workers=cuda)  # keep workers across epochs on GPU
+        # The tokenizers library disables its threads after a fork and warns (transformers#5486); the workers only
+        # slice pre-tokenised arrays, so say so up front.
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    loader = KitDataLoader(
+        dataset,
+        batch_sampler=batch_sampler,
+        collate_fn=collate,
+        num_workers=workers,
+        pin_memory=cuda,
+        worker_init_fn=seed_worker,
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )
+    loader.workers_reason = reason
+    return loader
+
+
+def make_train_loader(
+    dataset: Any,
+    cfg: TrainConfig,
+    hw: HardwareInfo,
+    *,
+    collate: Any = None,
+    lengths: Sequence[int] | np.ndarray | None = None,
+    seed: int | None = None,
+) -> KitDataLoader:
+    """Shuffled training batches of ``cfg.micro_batch_size`` rows, grouped as ``cfg.batching`` says, drop_last.
+
+    Lengths come from ``lengths`` or ``dataset.lengths`` (``TokenDataset`` has them). Under DDP each rank gets
+    its own equal share of the batches. fit() calls ``loader.batch_sampler.set_epoch(epoch)`` every epoch.
+    """
+    seed = cfg.seed if seed is None else seed
+    lens = _lengths_of(dataset, lengths, cfg)
+    rank, world = _rank_world()
+    bs = cfg.micro_batch_size
+    mode = cfg.batching
+    if mode in ("bucket", "token_budget") and lens is None:
+        if collate is None:
+            warnings.warn(
+                f"kitlib: batching={mode!r} needs row lengths (pass lengths= or a dataset with .lengths); using "
+                "random batches with dynamic padding instead",
+                stacklevel=2,
+            )
+        mode = "dynamic"
+    multiple = _pad_multiple(cfg, hw)
+    fixed = _width(cfg, lens) if mode == "fixed" else None
+    sampler: Any
+    if mode == "bucket":
+        assert lens is not None
+        sampler = BucketSampler(lens, bs, seed=seed, drop_last=True, rank=rank, world_size=world)
+    elif mode == "token_budget":
+        assert lens is not None
+        # Same peak tokens as a fixed-padded batch, so a micro-batch size that fits with fixed padding fits here.
+        budget = bs * round_up(_width(cfg, lens), multiple)
+        sampler = TokenBudgetSampler(
+            lens, budget, seed=seed, pad_to_multiple_of=multiple, drop_last=True, rank=rank, world_size=world
+        )
+    else:
+        sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
+    if collate is None:
+        collate = PaddingCollator(
+            getattr(dataset, "pad_id", 0), multiple, max_length=cfg.max_length, fixed_length=fixed
+        )
+    return _build(dataset, sampler, collate, cfg, hw, seed)
+
+
+def make_eval_loader(
+    dataset: Any,
+    cfg: TrainConfig,
+    hw: HardwareInfo,
+    *,
+    collate: Any = None,
+    lengths: Sequence[int] | np.ndarray | None = None,
+) -> KitDataLoader:
+    """Every row once, in batches of ``micro_batch_size * eval_batch_factor`` (no autograd state to keep).
+
+    Longest rows first when lengths are known (less padding, the peak-memory batch first); labels travel with their
+    rows, so losses and metrics are unaffected. ``restore_order(loader, outputs)`` maps outputs back to row order.
+    """
+    lens = _lengths_of(dataset, lengths, cfg)
+    bs = cfg.micro_batch_size * cfg.eval_batch_factor
+    sampler: Any = (
+        SortedBatchSampler(lens, bs) if lens is not None else RandomBatchSampler(len(dataset), bs, shuffle=False)
+    )
+    if collate is None:
+        fixed = _width(cfg, lens) if cfg.batching == "fixed" else None
+        collate = PaddingCollator(
+            getattr(dataset, "pad_id", 0), _pad_multiple(cfg, hw), max_length=cfg.max_length, fixed_length=fixed
+        )
+    return _build(dataset, sampler, collate, cfg, hw, cfg.seed)
+
+
+def make_predict_loader(
+    dataset: Any,
+    cfg: TrainConfig,
+    hw: HardwareInfo,
+    *,
+    collate: Any = None,
+    lengths: Sequence[int] | np.ndarray | None = None,
+) -> KitDataLoader:
+    """Inference batches, length-sorted; ``restore_order(loader, predictions)`` returns them in the rows' order."""
+    return make_eval_loader(dataset, cfg, hw, collate=collate, lengths=lengths)
+
+
+def restore_order(loader: DataLoader[Any], outputs: Any) -> Any:
+    """Outputs concatenated in the loader's yield order -> the same outputs in the dataset's row order."""
+    order = getattr(loader.batch_sampler, "order", None)
+    if order is None:
+        return outputs  # sequential loader: already in row order
+    if len(outputs) != len(order):
+        raise ValueError(f"{len(outputs)} outputs for a loader of {len(order)} rows: concatenate every batch first")
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    if isinstance(outputs, torch.Tensor):
+        return outputs[torch.from_numpy(inverse)]
+    return np.asarray(outputs)[inverse]
+
+
+def describe_loader(loader: DataLoader[Any]) -> str:
+    """One line: batching, batches, workers and why; printed by the notebooks."""
+    sampler = loader.batch_sampler
+    reason = getattr(loader, "workers_reason", "")
+    return (
+        f"{type(sampler).__name__}: {len(loader)} batches, num_workers={loader.num_workers}"
+        + (f" ({reason})" if reason else "")
+        + f", pin_memory={loader.pin_memory}"
+    )
+
+
+# -------------------------------------------------------------------------------------------------------- resume

@@ -1,0 +1,211 @@
+"""Read a competition table and check it before any work is spent on it; infer the task from the target column.
+
+    df = read_table("train.csv", text="text", target="label", id="id")
+    task = infer_task(df["label"])          # TaskSpec(kind='binary', num_labels=2, classes=(0, 1))
+    y = task.encode(df["label"])            # int64 codes (classification) or float32 values (regression)
+
+Every problem raises one ``DataError`` (a ValueError) that names the file, the column, the first bad row and the
+fix; nothing is cached or trained on a table that failed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from kitlib.errors import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TaskKind = Literal["binary", "multiclass", "regression"]
+TaskHint = Literal["auto", "classification", "regression"]
+
+MAX_INT_CLASSES = 20  # integer targets with at most this many distinct values are classes (ratings 1-5, ids 0-9)
+
+
+def _row(index: Any) -> str:
+    """Human position of a data row: its label, and its line in a CSV with a header (1-based)."""
+    if isinstance(index, (int, np.integer)):
+        return f"row {index} (line {int(index) + 2} of the file)"
+    return f"row {index!r}"
+
+
+def _py(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _value(value: Any) -> str:
+    return repr(_py(value))
+
+
+def _rows(count: int) -> str:
+    return f"{count} such row{'' if count == 1 else 's'} in all"
+
+
+def _read(path: Path) -> pd.DataFrame:
+    import pandas as pd  # deferred: `import kitlib.data.tables` stays light
+
+    suffixes = "".join(path.suffixes[-2:]).lower()
+    if ".parquet" in suffixes:
+        return pd.read_parquet(path)
+    if ".jsonl" in suffixes:
+        return pd.read_json(path, lines=True)
+    sep = "\t" if ".tsv" in suffixes else ","
+    return pd.read_csv(path, sep=sep)  # compression (.gz, .bz2, .zip, .xz) is inferred from the suffix
+
+
+def read_table(
+    path: str | Path,
+    *,
+    text: str | Sequence[str] = "text",
+    target: str | None = None,
+    id: str | None = None,
+    task: TaskHint = "auto",
+) -> pd.DataFrame:
+    """Read a CSV/TSV/Parquet/JSONL table and validate the columns kitlib will use.
+
+    Checks: the file exists and has rows; ``text``, ``target`` and ``id`` columns exist; text cells are strings;
+    ids are unique; the target has no missing values and, unless it holds class names, is numeric throughout.
+    """
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        parent = path.parent if path.parent.is_dir() else None
+        nearby = sorted(p.name for p in parent.iterdir())[:10] if parent is not None else []
+        hint = f"; files in {parent}: {nearby}" if parent is not None else f"; {path.parent} does not exist either"
+        raise DataError(f"no file at {path}{hint}. On Kaggle, inputs are under /kaggle/input/<slug>/")
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty (0 bytes): re-download or re-export it")
+    try:
+        df = _read(path)
+    except pd.errors.EmptyDataError as err:
+        raise DataError(f"{path} has no columns or rows ({err}): re-download or re-export it") from err
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
+        raise DataError(f"{path} could not be parsed ({err}): check the delimiter and encoding (UTF-8)") from err
+    if len(df) == 0:
+        raise DataError(f"{path} has a header ({list(df.columns)}) but no data rows")
+
+    texts = [text] if isinstance(text, str) else list(text)
+    wanted = [*texts, *([target] if target else []), *([id] if id else [])]
+    missing = [c for c in wanted if c not in df.columns]
+    if missing:
+        role = "text" if missing[0] in texts else "target" if missing[0] == target else "id"
+        raise DataError(
+            f"{path}: no column {missing[0]!r} (the {role} column); available columns: {list(df.columns)}. "
+            f"Pass {role}=<one of those> to read_table."
+        )
+    for col in texts:
+        df[col] = _check_text(df[col], path, col)
+    if id is not None:
+        dup = df[id].duplicated()
+        if dup.any():
+            first = dup.idxmax()
+            raise DataError(
+                f"{path}: id column {id!r} repeats {_value(df[id][first])} at {_row(first)}; ids must be unique"
+            )
+    if target is not None:
+        _check_target(df[target], path, target, task)
+    return df
+
+
+def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
+    missing = col.isna()
+    if missing.any():
+        first = missing.idxmax()
+        raise DataError(
+            f"{path}: text column {name!r} is empty at {_row(first)} ({_rows(int(missing.sum()))}). "
+            f"Fix: df[{name!r}] = df[{name!r}].fillna('') to keep them, or drop those rows."
+        )
+    not_str = ~col.map(lambda v: isinstance(v, str)).astype(bool)
+    if not_str.any():
+        first = not_str.idxmax()
+        raise DataError(
+            f"{path}: text column {name!r} holds {type(_py(col[first])).__name__} {_value(col[first])} at "
+            f"{_row(first)}, not text (column dtype {col.dtype}). Is {name!r} the right column? "
+            f"To use numbers as text: df[{name!r}] = df[{name!r}].astype(str)."
+        )
+    return col.astype(str)
+
+
+def _check_target(col: pd.Series, path: Path | str, name: str, task: TaskHint) -> None:
+    import pandas as pd
+
+    missing = col.isna()
+    if missing.any():
+        first = missing.idxmax()
+        raise DataError(
+            f"{path}: target column {name!r} is missing at {_row(first)} ({_rows(int(missing.sum()))}). "
+            f"Fix: drop them (df = df.dropna(subset=[{name!r}])) or fill them."
+        )
+    if col.dtype.kind in "biuf" or task == "classification":
+        return
+    numeric = pd.to_numeric(col, errors="coerce")
+    bad = numeric.isna()
+    # All class names ('fresh'/'rotten') is classification; some numbers and some not is a dirty numeric column.
+    if task == "regression" or not bad.all():
+        first = bad.idxmax()
+        raise DataError(
+            f"{path}: target column {name!r} is not numeric at {_row(first)}: {_value(col[first])}. Fix the value, "
+            "or pass task='classification' if the column holds class names."
+        )
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    kind: TaskKind
+    num_labels: int  # model outputs: classes, or 1 for regression
+    classes: tuple[Any, ...] = ()  # original label of each code 0..k-1; empty for regression
+
+    def encode(self, values: pd.Series | Sequence[Any]) -> np.ndarray:
+        """Labels -> int64 codes (classification) or float32 targets (regression)."""
+        import pandas as pd
+
+        series = pd.Series(values)
+        if self.kind == "regression":
+            return series.to_numpy(dtype=np.float32)
+        mapping = {c: i for i, c in enumerate(self.classes)}
+        codes = series.map(mapping)
+        if codes.isna().any():
+            first = codes.isna().idxmax()
+            raise DataError(
+                f"label {_value(series[first])} at {_row(first)} is not one of the classes {list(self.classes)}"
+            )
+        return codes.to_numpy(dtype=np.int64)
+
+    def decode(self, codes: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Codes -> original labels (identity for regression)."""
+        if self.kind == "regression":
+            return np.asarray(codes)
+        return np.asarray(self.classes, dtype=object)[np.asarray(codes, dtype=np.int64)]
+
+    def to_dict(self) -> dict[str, Any]:
+        classes = [c.item() if isinstance(c, np.generic) else c for c in self.classes]  # JSON-safe
+        return {"kind": self.kind, "num_labels": self.num_labels, "classes": classes}
+
+
+def infer_task(series: pd.Series, task: TaskHint = "auto") -> TaskSpec:
+    """Binary / multi-class / regression from a target column; class names or sparse ids get codes 0..k-1."""
+    import pandas as pd
+
+    name = series.name if series.name is not None else "target"
+    _check_target(series, "target", str(name), task)
+    is_int_valued = series.dtype.kind in "biu" or (
+        series.dtype.kind == "f" and bool(np.all(np.mod(series.to_numpy(dtype=np.float64), 1) == 0))
+    )
+    uniques = pd.unique(series)
+    if task == "regression" or (
+        task == "auto" and series.dtype.kind in "iuf" and not (is_int_valued and len(uniques) <= MAX_INT_CLASSES)
+    ):
+        return TaskSpec("regression", 1)
+    classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
+    if len(classes) < 2:
+        raise DataError(
+            f"target column {name!r} has a single value ({classes[0]!r}): there is nothing to learn. Check the file."
+        )
+    return TaskSpec("binary" if len(classes) == 2 else "multiclass", len(classes), classes)

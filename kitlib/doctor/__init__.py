@@ -1,0 +1,1 @@
+"""The speed doctor: FLOPs and MFU, rules that turn a run's record into findings, the report."""

@@ -1,0 +1,226 @@
+"""The speed doctor: a run's timing record -> where the time went, and ranked changes that would save the most.
+
+    report = diagnose("runs/a")          # or diagnose(fit_result), diagnose(records, hw=fake_profile("T4"))
+    print(report)                        # time breakdown + findings, each with evidence, saving and the exact fix
+    report.table()                       # findings as a DataFrame;  report.plot()  # bar chart (needs matplotlib)
+
+Every saving is estimated from the recorded seconds with a small, stated model (``Finding.basis``), so it can be
+checked by applying the fix and timing the run again (tests/test_doctor.py does this for each planted bottleneck).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kitlib.doctor.rules import RULES, Finding, RunRecord
+from kitlib.engine.timing import PHASES
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from kitlib.machine.hardware import HardwareInfo
+
+__all__ = ["Finding", "Report", "diagnose", "doctor_command"]
+
+MIN_SHARE = 0.02  # findings saving less than 2% of the wall time are noise, not advice
+
+
+@dataclass(frozen=True)
+class Report:
+    wall_seconds: float
+    breakdown: dict[str, float]  # phase -> seconds, plus "other" (untimed); sums to the wall time
+    epoch_gaps_s: list[float]  # between one epoch's last step and the next one's first (overlaps eval, checkpoint)
+    summary: dict[str, Any]  # steps, epochs, throughput, padding efficiency, device, precision
+    findings: list[Finding]  # largest estimated saving first
+    hardware: str
+
+    def table(self) -> pd.DataFrame:
+        """The findings, ranked: rank, rule, title, saving_s, saving_share, evidence, fix."""
+        import pandas as pd
+
+        rows = [
+            {"rank": i, "rule": f.rule, "title": f.title, "saving_s": round(f.estimated_saving_s, 3)}
+            | {"saving_share": round(f.saving_share, 3), "evidence": f.evidence, "fix": f.fix}
+            for i, f in enumerate(self.findings, 1)
+        ]
+        return pd.DataFrame(rows, columns=["rank", "rule", "title", "saving_s", "saving_share", "evidence", "fix"])
+
+    def times(self) -> pd.DataFrame:
+        """Where the time went: seconds and share of the wall per phase (and the epoch gaps, which overlap them)."""
+        import pandas as pd
+
+        rows = [(name, s, s / self.wall_seconds if self.wall_seconds else 0.0) for name, s in self.breakdown.items()]
+        gaps = sum(self.epoch_gaps_s)
+        rows.append(("between epochs", gaps, gaps / self.wall_seconds if self.wall_seconds else 0.0))
+        return pd.DataFrame(rows, columns=["phase", "seconds", "share"])
+
+    def __str__(self) -> str:
+        s = self.summary
+        lines = [
+            f"kitlib doctor: wall {self.wall_seconds:.2f} s, {s.get('epochs_done')} epochs, {s.get('steps')} steps, "
+            f"{s.get('device_name')} {s.get('precision')}; advice for {self.hardware}",
+            "where the time went:",
+        ]
+        for name, seconds in self.breakdown.items():
+            share = seconds / self.wall_seconds if self.wall_seconds else 0.0
+            lines.append(f"  {name:<12} {seconds:9.3f} s {share:6.1%}  {'#' * round(40 * share)}")
+        if self.epoch_gaps_s:
+            lines.append(f"  between epochs (eval, checkpoint, loader restart): {sum(self.epoch_gaps_s):.3f} s")
+        facts = [f"{s['samples_per_s']:.1f} samples/s"] if s.get("samples_per_s") else []
+        if s.get("real_tokens_per_s"):
+            facts.append(f"{s['real_tokens_per_s']:.0f} real tokens/s")
+        if s.get("padding_efficiency") is not None:
+            facts.append(f"padding efficiency {s['padding_efficiency']:.2f}")
+        if s.get("mfu") is not None:
+            facts.append(f"MFU {s['mfu']:.1%}")
+        if facts:
+            lines.append("throughput: " + ", ".join(facts))
+        if not self.findings:
+            lines.append("no finding: nothing here would save more than 2% of the wall time")
+        for i, f in enumerate(self.findings, 1):
+            lines += [
+                f"{i}. {f.title} -- saves ~{f.estimated_saving_s:.2f} s ({f.saving_share:.0%} of the wall)",
+                f"   evidence: {f.evidence}",
+                f"   fix:      {f.fix}",
+                f"   estimate: {f.basis}",
+            ]
+        return "\n".join(lines)
+
+    def plot(self, ax: Any = None) -> Any:
+        """Horizontal bars of where the time went (phases, untimed, epoch gaps); returns the matplotlib Axes."""
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as err:
+            raise ImportError(
+                "Report.plot() needs matplotlib: pip install matplotlib (print(report) needs none)"
+            ) from err
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 0.35 * len(self.breakdown) + 1.2))
+        names = [*self.breakdown, "between epochs"]
+        seconds = [*self.breakdown.values(), sum(self.epoch_gaps_s)]
+        colors = ["tab:blue"] * len(self.breakdown) + ["tab:gray"]
+        ax.barh(names[::-1], seconds[::-1], color=colors[::-1])
+        ax.set_xlabel("seconds")
+        ax.set_title(f"where {self.wall_seconds:.1f} s went (gray: gaps between epochs, overlapping eval/checkpoint)")
+        return ax
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), default=str)
+
+
+# ---------------------------------------------------------------------------------------------------- the run record
+def _load(run: Any) -> RunRecord:
+    if isinstance(run, (str, Path)):
+        folder = Path(run)
+        if not (folder / "timing.json").is_file():
+            raise FileNotFoundError(f"{folder}/timing.json not found: pass the run_dir given to fit(run_dir=...)")
+        config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+        return RunRecord(json.loads((folder / "timing.json").read_text()), config.get("config") or {})
+    if isinstance(run, Mapping):
+        if "phases" in run:  # a bare timing record (FitResult.timing or timing.json)
+            return RunRecord(run, {})
+        config = run.get("config") or {}
+        return RunRecord(run["timing"], config.get("config", config))
+    timing = getattr(run, "timing", None)  # a FitResult
+    if isinstance(timing, Mapping):
+        run_dir = getattr(run, "run_dir", None)
+        if run_dir is not None and (Path(run_dir) / "config.json").is_file():
+            return _load(run_dir)
+        return RunRecord(timing, {})
+    raise TypeError(f"diagnose() takes a run_dir, a FitResult or a records dict, not {type(run).__name__}")
+
+
+def _hardware_for(run: RunRecord) -> HardwareInfo:
+    """The hardware the run was on: its GPU's profile when known (a Kaggle run read on a laptop), else this machine."""
+    from kitlib.doctor.flops import gpu_key
+    from kitlib.machine.hardware import detect, fake_profile
+
+    if run.facts.get("device_type") == "cuda":
+        key = gpu_key(str(run.facts.get("device_name") or ""))
+        family = (key or "").split("-")[0]
+        if family in ("T4", "P100", "V100", "A100", "L4", "H100"):
+            return fake_profile(family, interactive=False)
+    return detect()
+
+
+def _mfu(run: RunRecord, tokens_per_s: float | None, peak: float | None) -> float | None:
+    """Model FLOPs utilisation when the run recorded its model's shape (kitlib.models.facts.model_facts) and a peak
+    is known: the GPU's datasheet peak for the run's precision, or ``peak_flops`` (measure_cpu_peak() for a CPU run)."""
+    from kitlib.doctor.flops import PeakDtype, flops_per_token, peak_flops
+
+    facts = run.facts
+    params, samples = facts.get("model_non_embedding_params"), facts.get("samples") or 0
+    if not params or not tokens_per_s or not samples:
+        return None
+    if peak is None and facts.get("device_type") == "cuda":
+        dtype: PeakDtype = facts.get("precision") or "fp32"
+        mode: PeakDtype = "tf32" if dtype == "fp32" and facts.get("tf32") else dtype  # fp32 matmuls on TF32 cores
+        peak = peak_flops(str(facts.get("device_name") or ""), mode)
+    if not peak:
+        return None
+    width = round((facts.get("computed_tokens") or 0) / samples)  # mean padded row length: the attention context
+    per_token = flops_per_token(
+        int(params), int(facts.get("model_layers") or 0), width, int(facts.get("model_width") or 0)
+    )
+    return tokens_per_s * per_token / peak
+
+
+def _summary(run: RunRecord, peak: float | None) -> dict[str, Any]:
+    facts = run.facts
+    train_s = sum(facts.get("epoch_train_s") or []) or run.wall
+    real, computed = facts.get("real_tokens") or 0, facts.get("computed_tokens") or 0
+    keys = ("steps", "epochs_done", "epochs_planned", "device_name", "precision", "micro_batch_size", "stop_reason")
+    tokens_per_s = real / train_s if train_s and real else None
+    return {k: facts.get(k) for k in keys} | {
+        "samples_per_s": (facts.get("samples") or 0) / train_s if train_s else None,
+        "real_tokens_per_s": tokens_per_s,
+        "padding_efficiency": real / computed if computed else None,
+        "mfu": _mfu(run, tokens_per_s, peak),
+    }
+
+
+def diagnose(run: Any, hw: HardwareInfo | None = None, *, peak_flops: float | None = None) -> Report:
+    """A run's time breakdown and ranked findings; ``run`` is a run_dir, a FitResult or ``{"timing", "config"}``.
+
+    ``hw`` is the hardware the advice is for (default: the run's GPU profile when recorded, else ``detect()``).
+    ``peak_flops`` overrides the datasheet peak for MFU (pass ``kitlib.doctor.flops.measure_cpu_peak()`` for a CPU run).
+
+    >>> print(diagnose("runs/a"))  # doctest: +SKIP
+    """
+    record = _load(run)
+    hw = hw or _hardware_for(record)
+    breakdown = {name: round(record.seconds(name), 4) for name in PHASES if record.seconds(name) > 0}
+    breakdown["other"] = round(max(0.0, record.wall - sum(breakdown.values())), 4)
+    findings = [f for rule in RULES if (f := rule(record, hw)) is not None]
+    findings = [f for f in findings if f.saving_share >= MIN_SHARE or f.rule == "time_budget"]
+    findings.sort(key=lambda f: f.estimated_saving_s, reverse=True)
+    summary = _summary(record, peak_flops)
+    return Report(
+        wall_seconds=record.wall,
+        breakdown=breakdown,
+        epoch_gaps_s=[float(g) for g in record.facts.get("epoch_gaps_s") or []],
+        summary=summary,
+        findings=findings,
+        hardware=hw.device_name if hw.primary is not None else f"CPU ({hw.cpu_count} cores)",
+    )
+
+
+def doctor_command(run_dir: str, *, profile: str | None = None, as_json: bool = False) -> int:
+    """``python -m kitlib doctor RUN_DIR [--profile T4] [--json]``; returns the exit code."""
+    import sys
+
+    from kitlib.machine.hardware import fake_profile
+
+    try:
+        hw = fake_profile(profile, interactive=False) if profile else None
+        report = diagnose(run_dir, hw)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"doctor: {err}", file=sys.stderr)
+        return 2
+    print(report.to_json() if as_json else report)
+    return 0

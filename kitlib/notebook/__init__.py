@@ -1,0 +1,1 @@
+"""The notebooks' layer: parameters, presets, the picker, the four stages, running notebooks headless."""

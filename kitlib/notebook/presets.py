@@ -1,0 +1,574 @@
+"""Speed/accuracy presets, resolved against the hardware into one frozen, explained run configuration.
+
+A ``Preset`` holds intents (target effective batch, epochs, length coverage, eval cadence, regime); ``resolve`` turns
+it into a ``ResolvedRun`` for one machine: the TrainConfig plus the reason for every choice. 00_setup saves it as
+JSON in the working dir; the later notebooks ``load`` it.
+
+>>> run = resolve("balanced", fake_profile("2xT4"), lengths=[12, 40, 33, 87])
+>>> run.config.precision, run.effective_batch_size
+('fp16', 32)
+>>> print(run.summary())
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from kitlib._files import write_atomic
+from kitlib.config import Freeze, Requested, TrainConfig
+from kitlib.errors import MissingRunError
+from kitlib.machine.peaks import compute_peak_flops
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from kitlib.machine.hardware import HardwareInfo
+
+Regime = Literal["head", "finetune"]  # head: train a small head on cached frozen embeddings; finetune: the whole model
+Checkpoints = Literal["best", "best_and_last", "none"]
+
+RUN_FILE = "run.json"  # what 00_setup writes into the working dir
+_FORMAT = 1  # bump when ResolvedRun's JSON layout changes incompatibly
+
+_GIB = 2**30
+_REFERENCE_LENGTH = 128  # tokens; the micro-batch table below is for rows this long
+_PAD_MULTIPLE = 8  # tensor cores want sequence lengths in multiples of 8
+_MIN_EFFECTIVE_BATCH = 8  # below this, per-step overhead and gradient noise cost more than extra steps gain
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    description: str
+    regime: Regime
+    epochs: int
+    target_effective_batch: int  # rows per optimizer step summed over all devices; micro x accum x world keeps it
+    lr: float
+    length_coverage: float  # fraction of rows that fit untruncated; max_length follows from the data
+    max_length_cap: int  # tokens; upper bound whatever coverage says (attention costs ~length^2); used without lengths
+    full_eval_every: int  # epochs between full evals (metrics on all of eval); 0: only at the end
+    eval_max_batches: int | None  # cap for the cheap loss-only eval between full evals
+    checkpoints: Checkpoints
+    patience: int | None = None  # evals without improvement before stopping; None: never
+    freeze: Freeze = "none"
+    freeze_layers: int = 0  # also the first N transformer blocks (TrainConfig.freeze_layers)
+    min_steps: int = 0  # short runs: halve the effective batch (down to 8) until the run takes this many steps
+    precision: Requested = "auto"
+    row_limit: int | None = None  # use at most this many training rows (smoke runs); None: all
+
+    def __post_init__(self) -> None:
+        checks = (
+            (self.regime in get_args(Regime), f"regime={self.regime!r} is not one of {get_args(Regime)}"),
+            (self.checkpoints in get_args(Checkpoints), f"checkpoints={self.checkpoints!r} is unknown"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.target_effective_batch >= 1, "target_effective_batch must be >= 1"),
+            (0.0 < self.length_coverage <= 1.0, f"length_coverage must be in (0, 1], got {self.length_coverage}"),
+            (self.max_length_cap >= _PAD_MULTIPLE, f"max_length_cap must be >= {_PAD_MULTIPLE}"),
+            (self.row_limit is None or self.row_limit >= 1, f"row_limit must be >= 1 or None, got {self.row_limit}"),
+            (self.freeze_layers >= 0 and self.min_steps >= 0, "freeze_layers and min_steps must be >= 0"),
+        )
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ValueError(f"Preset {self.name!r}: " + "; ".join(problems))
+
+
+# Immutable registry. Numbers are for a MiniLM/base-sized encoder on short-to-medium texts (the demo's reviews are
+# ~30 tokens); `fast` trades accuracy for a single forward pass over the data, `best` fine-tunes everything.
+PRESETS: Mapping[str, Preset] = MappingProxyType(
+    {
+        p.name: p
+        for p in (
+            Preset(
+                "smoke",
+                "CI plumbing check in seconds: 1 epoch on 256 rows, short texts; accuracy is meaningless",
+                regime="finetune",
+                epochs=1,
+                target_effective_batch=8,
+                lr=5e-4,
+                length_coverage=0.9,
+                max_length_cap=64,
+                full_eval_every=0,
+                eval_max_batches=2,
+                checkpoints="best",
+                row_limit=256,
+            ),
+            Preset(
+                "fast",
+                "one forward pass caches frozen embeddings (top 3 layers) and tf-idf n-grams; a head trains in seconds",
+                regime="head",
+                epochs=20,  # a head epoch over cached vectors and n-gram bags takes ~1 s on a CPU
+                target_effective_batch=64,
+                lr=1e-3,  # a fresh linear/MLP head tolerates a far larger lr than pretrained weights
+                length_coverage=0.95,
+                max_length_cap=128,  # the embedding pass dominates and costs ~linearly in length
+                full_eval_every=1,  # eval is as cheap as training here
+                eval_max_batches=None,
+                checkpoints="best",
+                patience=3,
+            ),
+            Preset(
+                "balanced",
+                "fine-tune with frozen input embeddings (half of MiniLM's weights, no optimizer state for them)",
+                regime="finetune",
+                epochs=2,
+                target_effective_batch=32,
+                min_steps=150,  # 3k rows x 1 epoch: batch 16 (168 steps) scored 0.773 vs 0.755 for 32 (84 steps)
+                lr=1e-4,  # MiniLM-sized encoders take ~1e-4; 5e-5 left the demo at 0.826 after 2 epochs (0.830 here)
+                length_coverage=0.99,  # 0.95 truncated 5% of the demo's reviews at 48 tokens
+                max_length_cap=256,
+                full_eval_every=1,
+                eval_max_batches=None,
+                checkpoints="best",
+                freeze="embeddings",
+            ),
+            Preset(
+                "best",
+                "full fine-tune, more epochs, longer texts, resumable checkpoints",
+                regime="finetune",
+                epochs=4,
+                target_effective_batch=32,
+                lr=3e-5,
+                length_coverage=0.99,
+                max_length_cap=512,
+                full_eval_every=1,
+                eval_max_batches=None,
+                checkpoints="best_and_last",
+                patience=2,
+            ),
+        )
+    }
+)
+
+
+def get_preset(name: str) -> Preset:
+    """A preset by (case-insensitive) name; the error lists the choices."""
+    preset = PRESETS.get(name.strip().lower())
+    if preset is None:
+        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+    return preset
+
+
+# --------------------------------------------------------------------------------------------------------- resolve
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    preset: Preset  # after preset-level overrides
+    config: TrainConfig
+    world_size: int  # processes (GPUs) sharing each optimizer step
+    precision_reason: str
+    hardware: str  # one line: what it was resolved for
+    reasons: tuple[str, ...]  # one per choice, printed by 00_setup
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # what the user changed (read-only by convention)
+    mean_tokens: float | None = None  # mean row length after truncation, when lengths were given
+    kitlib_version: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.preset.name
+
+    @property
+    def regime(self) -> Regime:
+        return self.preset.regime
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Rows per optimizer step over all processes."""
+        return self.config.effective_batch_size * self.world_size
+
+    def table_rows(self) -> list[tuple[str, str]]:
+        """(setting, value) pairs for a table: what the picker and 00_setup show."""
+        cfg = self.config
+        ckpt = {"best": "best weights", "best_and_last": "best weights + resumable last", "none": "none"}
+        full_eval = f"every {cfg.full_eval_every} epoch(s)" if cfg.full_eval_every else "at the end only"
+        return [
+            ("preset", f"{self.name} ({self.regime})"),
+            ("hardware", self.hardware),
+            ("precision", f"{cfg.precision} (tf32 {'on' if cfg.tf32 else 'off'})"),
+            (
+                "batch",
+                f"{cfg.micro_batch_size} x {cfg.grad_accum_steps} accum x {self.world_size} process(es)"
+                f" = {self.effective_batch_size} rows/step",
+            ),
+            ("epochs", str(cfg.epochs)),
+            ("lr", f"{cfg.lr:g}"),
+            ("max_length", "loader decides" if cfg.max_length is None else f"{cfg.max_length} tokens"),
+            ("freeze", cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")),
+            ("eval", f"full {full_eval}; cheap loss eval otherwise"),
+            ("checkpoints", ckpt[self.preset.checkpoints]),
+        ]
+
+    def summary(self) -> str:
+        width = max(len(k) for k, _ in self.table_rows())
+        lines = [f"{k:<{width}}  {v}" for k, v in self.table_rows()]
+        return "\n".join([*lines, "why:", *(f"  - {r}" for r in self.reasons)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT,
+            "kitlib_version": self.kitlib_version,
+            "preset": dataclasses.asdict(self.preset),
+            "config": self.config.to_dict(),
+            "world_size": self.world_size,
+            "precision_reason": self.precision_reason,
+            "hardware": self.hardware,
+            "reasons": list(self.reasons),
+            "overrides": dict(self.overrides),
+            "mean_tokens": self.mean_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
+        if data.get("format") != _FORMAT:
+            found = data.get("format")
+            raise ValueError(f"saved run has format {found!r}, this kitlib reads {_FORMAT}: rerun 00_setup")
+        return cls(
+            preset=Preset(**data["preset"]),
+            config=TrainConfig.from_dict(data["config"]),
+            world_size=int(data["world_size"]),
+            precision_reason=str(data["precision_reason"]),
+            hardware=str(data["hardware"]),
+            reasons=tuple(data["reasons"]),
+            overrides=dict(data.get("overrides") or {}),
+            mean_tokens=data.get("mean_tokens"),
+            kitlib_version=str(data.get("kitlib_version", "")),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """Write JSON to ``path`` (a file, or a directory that gets ``run.json``); atomic, returns the file."""
+        target = Path(path)
+        if target.is_dir() or not target.suffix:
+            target = target / RUN_FILE
+        return write_atomic(target, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> ResolvedRun:
+        """``load(path)``: the run 00_setup saved; MissingRunError (naming 00_setup) when there is none."""
+        return load(path)
+
+
+def load(path: str | Path) -> ResolvedRun:
+    """Read a run saved by ``ResolvedRun.save`` (a file, or a directory holding ``run.json``)."""
+    target = Path(path)
+    if target.is_dir() or not target.suffix:
+        target = target / RUN_FILE
+    if not target.is_file():
+        raise MissingRunError(
+            f"no saved run at {target}: run notebooks/00_setup.ipynb first (it picks a preset and writes {RUN_FILE} "
+            f"to the working dir), or pass the working dir it used"
+        )
+    return ResolvedRun.from_dict(json.loads(target.read_text()))
+
+
+def resolve(
+    preset: str | Preset,
+    hw: HardwareInfo,
+    *,
+    lengths: Sequence[int] | np.ndarray | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    world_size: int | None = None,
+) -> ResolvedRun:
+    """Turn a preset into a TrainConfig for ``hw``, with a reason for every choice.
+
+    ``lengths``: token counts per training row (max_length then covers ``preset.length_coverage`` of them).
+    ``overrides``: Preset fields (``epochs``, ``precision``, ``target_effective_batch``...) re-run the derivation;
+    TrainConfig fields are applied last via ``dataclasses.replace``. Setting ``micro_batch_size`` alone re-derives the
+    accumulation so the effective batch is kept. Raises ValueError/PrecisionError naming the fix.
+    ``world_size``: processes per step; None = every GPU (DDP via kitlib.machine.distributed.launch) for fine-tuning,
+    else 1.
+    """
+    from kitlib._version import __version__
+    from kitlib.machine.precision import decide_precision
+
+    base = get_preset(preset) if isinstance(preset, str) else preset
+    overrides = dict(overrides or {})
+    preset_fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
+    config_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(overrides) - preset_fields - config_fields)
+    if unknown:
+        raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(preset_fields | config_fields)}")
+    p = dataclasses.replace(base, **{k: v for k, v in overrides.items() if k in preset_fields})
+    late = {k: v for k, v in overrides.items() if k not in preset_fields}
+
+    reasons = [f"preset {p.name}: {p.description}"]
+    plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
+    reasons.append(f"precision {plan.dtype}: {plan.reason}")
+
+    world = _world_size(hw, p, world_size, reasons)
+    max_length, mean_tokens = _max_length(p, lengths, late.pop("max_length", None), reasons)
+    target = _target_batch(p, None if lengths is None else len(lengths), reasons)
+    micro, accum = _batch(hw, p, target, world, max_length, late.pop("micro_batch_size", None), late, reasons)
+
+    cfg = TrainConfig(
+        epochs=p.epochs,
+        micro_batch_size=micro,
+        grad_accum_steps=accum,
+        lr=p.lr,
+        precision=plan.dtype,
+        tf32=plan.tf32,
+        freeze=p.freeze,
+        freeze_layers=p.freeze_layers,
+        max_length=max_length,
+        full_eval_every=p.full_eval_every,
+        eval_max_batches=p.eval_max_batches,
+        patience=p.patience,
+        save_best=p.checkpoints != "none",
+        save_last=p.checkpoints == "best_and_last",
+    )
+    if p.freeze != "none":
+        reasons.append(f"freeze {p.freeze}: fewer trainable weights, no gradients or AdamW state for them")
+    if p.freeze_layers:
+        reasons.append(
+            f"freeze the embeddings and the first {p.freeze_layers} blocks: no backward pass or AdamW state for them"
+        )
+    if p.regime == "head":
+        reasons.append(
+            "regime head: the encoder runs once (no grad) to cache embeddings; a head trains on them and tf-idf n-grams"
+        )
+    cfg = dataclasses.replace(cfg, **late)  # remaining TrainConfig overrides; __post_init__ validates
+    if overrides:
+        reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())))
+    return ResolvedRun(
+        preset=p,
+        config=cfg,
+        world_size=world,
+        precision_reason=plan.reason,
+        hardware=_describe(hw),
+        reasons=tuple(reasons),
+        overrides=overrides,
+        mean_tokens=mean_tokens,
+        kitlib_version=__version__,
+    )
+
+
+def _describe(hw: HardwareInfo) -> str:
+    device = hw.primary
+    if device is None:
+        return f"{hw.platform}: CPU only ({hw.cpu_count} CPUs)"
+    count = sum(a.device_type == device.device_type for a in hw.accelerators)
+    return f"{hw.platform}: {count}x {device.name} ({device.memory_bytes / _GIB:.0f} GiB each)"
+
+
+def _world_size(hw: HardwareInfo, p: Preset, requested: int | None, reasons: list[str]) -> int:
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"world_size must be >= 1, got {requested}")
+        reasons.append(f"world size {requested}: as requested")
+        return requested
+    if hw.num_gpus > 1 and p.regime == "finetune":
+        reasons.append(
+            f"world size {hw.num_gpus}: DDP over all {hw.num_gpus} GPUs (kitlib.machine.distributed.launch), each a "
+            "micro-batch"
+        )
+        return hw.num_gpus
+    if hw.num_gpus > 1:
+        reasons.append("world size 1: a head on cached embeddings is too small to gain from DDP's per-step all-reduce")
+    return 1
+
+
+def _max_length(
+    p: Preset, lengths: Sequence[int] | np.ndarray | None, forced: int | None, reasons: list[str]
+) -> tuple[int, float | None]:
+    import numpy as np  # deferred: a dependency anyway, but keeps `import kitlib.notebook.presets` instant
+
+    arr = None if lengths is None else np.asarray(lengths, dtype=np.int64).reshape(-1)
+    if forced is not None:
+        length = int(forced)
+        reasons.append(f"max_length {length}: set by hand")
+    elif arr is None or arr.size == 0:
+        length = p.max_length_cap
+        reasons.append(f"max_length {length}: the preset's cap (no row lengths given; pass lengths= to fit the data)")
+    else:
+        covered = _suggest_max_length(arr, p.length_coverage)
+        length = min(covered, p.max_length_cap)
+        capped = f", capped at {p.max_length_cap}" if covered > p.max_length_cap else ""
+        kept = float(np.mean(arr <= length))
+        reasons.append(
+            f"max_length {length}: covers {p.length_coverage:.0%} of {arr.size} rows{capped} "
+            f"({kept:.1%} fit untruncated; longest {int(arr.max())} tokens)"
+        )
+    if length < 1:
+        raise ValueError(f"max_length must be >= 1, got {length}")
+    mean = None if arr is None or arr.size == 0 else float(np.minimum(arr, length).mean())
+    return length, mean
+
+
+def _suggest_max_length(arr: np.ndarray, coverage: float) -> int:
+    try:
+        from kitlib.data.lengths import suggest_max_length
+    except ImportError:  # kitlib.data.lengths pulls in the samplers; the same rule in three lines if it is unavailable
+        k = max(math.ceil(coverage * arr.size - 1e-9), 1)
+        return -(-max(int(sorted(arr.tolist())[k - 1]), 1) // _PAD_MULTIPLE) * _PAD_MULTIPLE
+    return suggest_max_length(arr, coverage=coverage, multiple_of=_PAD_MULTIPLE)
+
+
+def _base_micro_batch(hw: HardwareInfo) -> tuple[int, str]:
+    """Rows per forward pass at 128 tokens for a MiniLM/BERT-base-sized encoder, by device memory class."""
+    device = hw.primary
+    if device is None:
+        # CPU training is compute-bound: beyond ~16 rows throughput barely improves, while padding per batch grows.
+        return 16, "CPU (compute-bound: bigger batches add padding, not speed)"
+    if device.device_type == "mps":
+        return 32, "Apple MPS (unified memory; conservative)"
+    gib = device.memory_bytes / _GIB
+    # Activation memory of a BERT-base layer stack at 128 tokens in fp16 is ~0.15 GiB per row with AdamW state for
+    # 110M params on top (~1.3 GiB); these leave headroom for longer outliers and a cached eval batch.
+    for limit, micro in ((12, 16), (20, 32), (32, 64), (64, 128)):
+        if gib < limit:
+            return micro, f"{gib:.0f} GiB GPU (< {limit} GiB class)"
+    return 256, f"{gib:.0f} GiB GPU (>= 64 GiB class)"
+
+
+def _target_batch(p: Preset, rows: int | None, reasons: list[str]) -> int:
+    """The preset's effective batch, halved for short runs until they take ``p.min_steps`` optimizer steps.
+
+    A pretrained encoder needs a number of updates, not only of rows, to adapt: on 3,000 demo rows x 1 epoch,
+    batch 32 (84 steps) reached 0.755 test accuracy and batch 16 (168 steps) 0.773, at the same rows/s.
+    """
+    target = p.target_effective_batch
+    if rows is None or not p.min_steps:
+        return target
+    smaller = target
+    while smaller > _MIN_EFFECTIVE_BATCH and rows * p.epochs < smaller * p.min_steps:
+        smaller //= 2
+    smaller = max(smaller, min(target, _MIN_EFFECTIVE_BATCH))
+    if smaller == target:
+        return target
+    reasons.append(
+        f"effective batch {smaller} instead of {target}: {rows} rows x {p.epochs} epoch(s) would be only "
+        f"{rows * p.epochs // target} optimizer steps (the preset wants >= {p.min_steps})"
+    )
+    return smaller
+
+
+def _batch(
+    hw: HardwareInfo,
+    p: Preset,
+    target: int,
+    world: int,
+    max_length: int,
+    forced_micro: int | None,
+    late: dict[str, Any],
+    reasons: list[str],
+) -> tuple[int, int]:
+    per_process = -(-target // world)
+    forced_accum = late.pop("grad_accum_steps", None)
+    if forced_micro is not None:
+        micro, why = int(forced_micro), "set by hand"
+    elif p.regime == "head":
+        micro, why = per_process, "the head's inputs are cached vectors: a whole step fits in one pass"
+    else:
+        micro, why = _base_micro_batch(hw)
+        # Activations grow ~linearly with length (attention ~quadratically): halve the rows per doubling past 128.
+        # Only accelerator memory is that tight; CPU RAM (~30 GiB on Kaggle) holds these batches at any length.
+        scale = max(1, -(-max_length // _REFERENCE_LENGTH)) if hw.primary is not None else 1
+        micro = max(1, micro // (1 << (scale - 1).bit_length()))
+        if scale > 1:
+            why += f", scaled down for {max_length}-token rows"
+        micro = min(micro, per_process)
+    if micro < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro}")
+    if forced_accum is not None:
+        accum = int(forced_accum)
+        effective = micro * accum * world
+        note = "" if effective == target else f" (the preset's target is {target}; both micro and accum set by hand)"
+        reasons.append(f"batch {micro} x {accum} accum x {world} = {effective} rows/step: set by hand{note}")
+        return micro, accum
+    accum = -(-target // (micro * world))
+    if forced_micro is None:
+        micro = -(-target // (accum * world))  # rebalance: 48 = 24 x 2, not 32 x 2 = 64
+    reasons.append(
+        f"batch {micro} x {accum} accum x {world} = {micro * accum * world} rows/step for the target {target}: "
+        f"micro-batch from {why}"
+    )
+    return micro, accum
+
+
+# --------------------------------------------------------------------------------------------------------- estimate
+
+# Non-embedding weights of all-MiniLM-L6-v2: 6 layers x (4 x 384^2 attention + 2 x 384 x 1536 FFN) = 10.6M.
+# Embedding lookups cost no matmul FLOPs, so they are left out.
+MINILM_MATMUL_PARAMS = 10.6e6
+# Measured on this project's 2-core AVX2 CI box: MiniLM-L6 fp32 fwd+bwd ~1,000-1,300 tokens/s and forward ~3,300
+# tokens/s on 2 threads, i.e. ~35 GFLOP/s per core by the 6N/2N rule; 30 leaves room for a busy machine.
+_CPU_FLOPS_PER_CORE = {"fp32": 30e9, "bf16": 120e9, "fp16": 60e9}  # bf16/fp16 only on AMX/AVX512 CPUs (assumed 4x/2x)
+_GPU_UTILISATION = 0.3  # small encoders at 64-256 tokens are launch/memory-bound: ~20-40% of tensor peak (assumed)
+_UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
+_MPS_FLOPS = 1.5e12  # Apple M-series GPU, fp32, achieved (assumed)
+_DDP_EFFICIENCY = 0.9  # gradient all-reduce per step over PCIe (Kaggle's 2xT4 have no NVLink)
+_PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths reports the real figure)
+
+
+def _device_flops(hw: HardwareInfo, dtype: str) -> float:
+    device = hw.primary
+    if device is None:
+        return _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count
+    if device.device_type == "mps":
+        return _MPS_FLOPS
+    peak = compute_peak_flops(device.name, dtype)  # the one datasheet table (kitlib.machine.peaks)
+    return _UNKNOWN_GPU_FLOPS if peak is None else peak * _GPU_UTILISATION
+
+
+def estimate_epoch_seconds(
+    resolved: ResolvedRun,
+    n_rows: int,
+    hw: HardwareInfo,
+    *,
+    samples_per_s: float | None = None,
+    model_params: float = MINILM_MATMUL_PARAMS,
+) -> float:
+    """Rough seconds per epoch (expect +-2x): a planning number for the picker, not a promise.
+
+    Rows are capped at the preset's ``row_limit``. With ``samples_per_s`` (measured, e.g. from ``fit``'s history, over
+    all processes) it is ``n_rows / samples_per_s``.
+    Otherwise: tokens per epoch = rows x mean tokens (truncated; half of max_length when unknown) x 1.1 padding;
+    FLOPs = 6 x matmul params per token for fine-tuning (2 forward + 4 backward, Kaplan et al. 2020), 2 x for the head
+    regime, whose cost is the one-time forward pass that caches embeddings (the head's own epochs take well under a
+    second); throughput = an assumed achieved FLOP/s for the device class and dtype, x world size x 0.9 for DDP.
+    """
+    if n_rows < 0:
+        raise ValueError(f"n_rows must be >= 0, got {n_rows}")
+    if samples_per_s is not None:
+        if samples_per_s <= 0:
+            raise ValueError(f"samples_per_s must be > 0, got {samples_per_s}")
+        return n_rows / samples_per_s
+    if resolved.preset.row_limit is not None:
+        n_rows = min(n_rows, resolved.preset.row_limit)
+    cfg = resolved.config
+    max_length = cfg.max_length or resolved.preset.max_length_cap
+    tokens_per_row = resolved.mean_tokens if resolved.mean_tokens is not None else max_length / 2
+    tokens = n_rows * tokens_per_row * _PADDING_OVERHEAD
+    flops_per_token = (2 if resolved.regime == "head" else 6) * model_params
+    world = resolved.world_size
+    throughput = _device_flops(hw, cfg.precision) * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
+    return tokens * flops_per_token / throughput
+
+
+def presets_command(*, profile: str | None = None, rows: int | None = None) -> int:
+    """``python -m kitlib presets``: every preset resolved for this machine (or a fake profile), with reasons."""
+    from kitlib.machine.hardware import detect, fake_profile
+    from kitlib.machine.precision import PrecisionError
+
+    hw = fake_profile(profile) if profile else detect()
+    print(hw.summary() if profile is None else f"profile {profile} (fake)")
+    resolved, errors = 0, set()
+    for name in PRESETS:
+        print(f"\n=== {name}")
+        try:
+            run = resolve(name, hw)
+        except PrecisionError as err:
+            print("unusable here: same as above" if str(err) in errors else f"unusable here: {err}")
+            errors.add(str(err))
+            continue
+        resolved += 1
+        print(run.summary())
+        if rows is not None:
+            print(f"estimate: ~{estimate_epoch_seconds(run, rows, hw):.0f} s per epoch for {rows} rows (rough, +-2x)")
+    return 0 if resolved else 2

@@ -1,0 +1,143 @@
+"""Run the numbered notebooks headless, in order, the way ``jupyter nbconvert --execute`` does.
+
+Parameters go in papermill's way: a cell tagged ``injected-parameters`` is inserted after the cell tagged
+``parameters``, so the notebook's own defaults stay visible and the injected values win. The kernel also gets
+KIT_HEADLESS=1 (no widgets, throttled plain-text progress) and the KIT_* variables, so a notebook run by plain
+``jupyter nbconvert --execute`` with those variables set behaves the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
+MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
+# Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
+# to the executed notebook's folder, so a relative path must be made absolute before the kernel sees it.
+PATH_PARAMETERS = {"data_dir": "KIT_DATA_DIR", "work_dir": "KIT_WORK_DIR", "model": "KIT_MODEL"}
+MODEL_NAMES = ("auto", "tiny")  # model values that are not folders
+
+
+def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
+    """``value`` of the path parameter ``name`` made absolute against ``base`` (default: this process's cwd).
+
+    ``model`` is a path only when it is not auto/tiny and names something that exists (else it may be a hub id,
+    which ``models`` reports on); ``data_dir``/``work_dir`` are always paths (work_dir may not exist yet).
+    """
+    text = os.fspath(value)
+    if not text or (name == "model" and text in MODEL_NAMES):
+        return text
+    path = Path(text).expanduser()
+    if path.is_absolute():
+        return str(path)
+    candidate = Path(base or os.getcwd()) / path
+    if name == "model" and not candidate.exists():
+        return text
+    return str(candidate.resolve())
+
+
+def absolute_parameters(values: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """A copy of ``values`` whose path parameters are absolute (relative ones are taken against ``base``/cwd)."""
+    return {k: absolute_path(k, v, base) if k in PATH_PARAMETERS and v is not None else v for k, v in values.items()}
+
+
+def absolute_environment(environ: Mapping[str, str], base: str | os.PathLike[str] | None = None) -> dict[str, str]:
+    """The KIT_* path variables of ``environ`` made absolute (the others are left out)."""
+    return {var: absolute_path(name, environ[var], base) for name, var in PATH_PARAMETERS.items() if environ.get(var)}
+
+
+def notebooks_dir() -> Path:
+    """The repo's notebooks/ folder (kitlib is installed editable from the repo; the notebooks ship beside it)."""
+    return Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def inject_parameters(nb: Any, values: Mapping[str, Any]) -> Any:
+    """A copy of ``nb`` with an ``injected-parameters`` cell after the ``parameters`` cell (papermill's convention)."""
+    import nbformat
+
+    nb = copy.deepcopy(nb)
+    index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if index is None:
+        raise ValueError("notebook has no cell tagged 'parameters': tag the cell holding its defaults")
+    source = "# Parameters injected by kitlib.notebook.runbook\n" + "".join(f"{k} = {v!r}\n" for k, v in values.items())
+    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
+    nb.cells.insert(index + 1, cell)
+    return nb
+
+
+@dataclass(frozen=True)
+class Executed:
+    path: Path  # the executed copy
+    seconds: float
+    size_bytes: int
+
+
+def run_notebooks(
+    out_dir: Path,
+    *,
+    parameters: Mapping[str, Any] | None = None,
+    names: Sequence[str] = NOTEBOOKS,
+    source_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout_s: int = 3600,
+) -> list[Executed]:
+    """Execute the notebooks in order; each executed copy is saved to ``out_dir``. Stops at the first failure
+    (nbclient's CellExecutionError names the cell and the error).
+
+    Relative paths (``out_dir``, ``source_dir``, the path parameters and KIT_* path variables) are taken against
+    this process's working directory, as a user typing them expects, not against the kernels' working directory.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+
+    out_dir = Path(out_dir).resolve()
+    source_dir = Path(source_dir or notebooks_dir()).resolve()
+    parameters = absolute_parameters(parameters or {})
+    kernel_env = {"KIT_HEADLESS": "1", **(env or {})}
+    kernel_env |= absolute_environment({**os.environ, **kernel_env})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    saved = dict(os.environ)
+    os.environ.update(kernel_env)  # the kernel inherits this process's environment
+    try:
+        for name in names:
+            nb = nbformat.read(source_dir / name, as_version=4)
+            if parameters:
+                nb = inject_parameters(nb, parameters)
+            start = time.perf_counter()
+            target = out_dir / name
+            try:
+                NotebookClient(
+                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}}
+                ).execute()
+            finally:
+                nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
+            size = target.stat().st_size
+            if size > MAX_EXECUTED_BYTES:
+                raise RuntimeError(f"{target} is {size / 1e6:.1f} MB: some output is not throttled for headless runs")
+            results.append(Executed(target, time.perf_counter() - start, size))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return results
+
+
+def strip_outputs(paths: Sequence[Path]) -> int:
+    """Clear outputs and execution counts in place (notebooks are committed without outputs); returns cells cleared."""
+    import nbformat
+
+    cleared = 0
+    for path in paths:
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code" and (cell.outputs or cell.execution_count):
+                cell.outputs, cell.execution_count = [], None
+                cleared += 1
+        nbformat.write(nb, path)
+    return cleared

@@ -1,0 +1,469 @@
+"""The four notebook stages as functions: setup -> features -> train -> infer.
+
+The notebooks are thin run-books (a ``parameters`` cell, calls into this module, displays); everything here runs
+the same from a script, a test or ``jupyter nbconvert --execute``. Each stage reads what the previous one saved in
+the working dir and says which notebook to run first when it is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kitlib._files import write_atomic
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+    from torch import nn
+
+    from kitlib.config import TrainConfig
+    from kitlib.data.cache import Cache
+    from kitlib.data.ngrams import NgramBags
+    from kitlib.data.tables import TaskSpec
+    from kitlib.engine.loop import FitResult
+    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.notebook.presets import ResolvedRun
+
+FEATURES_FILE = "features.json"
+RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
+VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
+HEAD_LAYERS = 3  # "head" regime: mean-pool MiniLM's last 3 layers (1152 floats per row; see features.embed_texts)
+
+
+@dataclass(frozen=True)
+class Params:
+    """What a notebook's ``parameters`` cell holds. Environment variables win (for headless runs)."""
+
+    data_dir: Path
+    work_dir: Path
+    preset: str = "balanced"
+    model: str = "auto"  # "auto": all-MiniLM-L6-v2 if installed, else a tiny transformer; "tiny"; or a model dir
+    text: str = "text"
+    target: str = "label"
+    id: str = "id"
+    seed: int = 42
+    train_file: str = "train.csv"
+    test_file: str = "test.csv"
+    sample_submission: str = "sample_submission.csv"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.work_dir / "kitlib-cache"  # under the working dir: on Kaggle it becomes the kernel's output
+
+    @property
+    def run_dir(self) -> Path:
+        return self.work_dir / RUN_NAME
+
+
+def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
+    """Build Params from the parameters cell's values; KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET and KIT_MODEL override."""
+    from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
+
+    env = os.environ if environ is None else environ
+    if env.get("KIT_PRESET"):
+        values["preset"] = env["KIT_PRESET"]
+    # A KIT_* path typed in a shell is relative to where the command ran: the kernel's cwd is the notebook's folder,
+    # but it inherits the shell's PWD. Values from the parameters cell are relative to the kernel's cwd, as in Python.
+    shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
+    values = absolute_parameters(values)
+    values |= {name: absolute_path(name, env[var], shell_dir) for name, var in PATH_PARAMETERS.items() if env.get(var)}
+    values["data_dir"], values["work_dir"] = Path(values["data_dir"]), Path(values["work_dir"])
+    p = Params(**values)
+    if not p.data_dir.is_dir():
+        raise FileNotFoundError(
+            f"data_dir {p.data_dir} does not exist: set it in the parameters cell or KIT_DATA_DIR "
+            "(for the offline demo: python -m kitlib demo DIR)"
+        )
+    return p
+
+
+# ------------------------------------------------------------------------------------------------------ 00 setup
+def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | None = None) -> ResolvedRun:
+    """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
+    from kitlib.machine.hardware import check_torch_supports, detect
+    from kitlib.notebook import presets
+
+    hw = hw or detect()
+    check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
+    run = resolved or presets.resolve(p.preset, hw)
+    p.work_dir.mkdir(parents=True, exist_ok=True)
+    run.save(p.work_dir)
+    write_atomic(p.work_dir / "params.json", json.dumps(_jsonable(dataclasses.asdict(p)), indent=2) + "\n")
+    return run
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
+
+
+def load_run(p: Params) -> ResolvedRun:
+    from kitlib.notebook import presets
+
+    return presets.load(p.work_dir)  # raises MissingRunError naming 00_setup
+
+
+# --------------------------------------------------------------------------------------------------- 01 features
+@dataclass(frozen=True)
+class Features:
+    train: pd.DataFrame
+    test: pd.DataFrame
+    task: TaskSpec
+    tokenizer: Any
+    train_tokens: Any  # kitlib.data.featurize.TokenizedTexts
+    test_tokens: Any
+    max_length: int
+    report: Any  # kitlib.data.lengths.LengthReport
+    embeddings: tuple[np.ndarray, np.ndarray] | None  # (train, test) for the "head" regime
+    ngrams: tuple[NgramBags, NgramBags] | None  # (train, test) tf-idf n-gram bags for the "head" regime
+    model_identity: str
+    model: Any  # fresh from pretrained (the classifier to fine-tune, or the frozen encoder of the head regime)
+    run: ResolvedRun  # the run these features were built for, re-fitted to the data (what run.json now holds)
+
+
+def _model_choice(p: Params) -> dict[str, Any]:
+    if p.model == "auto":
+        return {}
+    if p.model == "tiny":
+        return {"tiny": True}
+    return {"model_dir": p.model}
+
+
+def features(
+    p: Params,
+    run: ResolvedRun | None = None,
+    *,
+    cache: Cache | None = None,
+    quiet: bool = False,
+    hw: HardwareInfo | None = None,
+) -> Features:
+    """Read and validate the data, report lengths, fit max_length to them, tokenize (and embed, for the head
+    regime) through the cache."""
+    from kitlib.data.cache import Cache
+    from kitlib.data.featurize import embed_texts, tokenize_texts
+    from kitlib.data.lengths import length_report
+    from kitlib.data.tables import infer_task, read_table
+    from kitlib.machine.hardware import detect
+    from kitlib.models.loading import load_text_classifier, load_text_encoder
+    from kitlib.notebook import presets
+
+    run = run or load_run(p)
+    cache = cache or Cache(p.cache_dir, log=(lambda _msg: None) if quiet else print)
+    train = read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id)
+    if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
+        train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
+    test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
+    task = infer_task(train[p.target])
+    texts = train[p.text].tolist()
+    load = load_text_encoder if run.regime == "head" else load_text_classifier
+    args = () if run.regime == "head" else (task.num_labels,)
+    tokenizer, model, identity = load(*args, train_texts=texts, seed=p.seed, **_model_choice(p))
+    cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
+    full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
+    if "max_length" not in run.overrides:
+        # 00_setup had no lengths: now the data decides (the preset's coverage, capped), and run.json is updated.
+        run = presets.resolve(
+            run.preset, hw or detect(), lengths=full.lengths, overrides=run.overrides, world_size=run.world_size
+        )
+        run.save(p.work_dir)
+    max_length = run.config.max_length or min(cap, 512)
+    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
+    train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
+    test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
+    embeddings = ngrams = None
+    if run.regime == "head":
+        from kitlib.data.ngrams import NgramVectorizer
+        from kitlib.machine.precision import Precision, decide_precision
+
+        precision = Precision(decide_precision(hw or detect(), run.config.precision))
+        layers = min(HEAD_LAYERS, int(getattr(model.config, "num_hidden_layers", 1)))
+        embed = dict(
+            tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, layers=layers, cache=cache
+        )
+        embeddings = (embed_texts(texts, **embed), embed_texts(test[p.text].tolist(), **embed))  # type: ignore[arg-type]
+        vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
+        ngrams = (vectorizer.transform(texts), vectorizer.transform(test[p.text].tolist()))
+    summary = {
+        "task": task.to_dict(),
+        "max_length": max_length,
+        "n_train": len(train),
+        "n_test": len(test),
+        "model": identity,
+        "regime": run.regime,
+    }
+    write_atomic(p.work_dir / FEATURES_FILE, json.dumps(summary, indent=2, default=str) + "\n")
+    return Features(
+        train,
+        test,
+        task,
+        tokenizer,
+        train_tokens,
+        test_tokens,
+        max_length,
+        report,
+        embeddings,
+        ngrams,
+        identity,
+        model,
+        run,
+    )
+
+
+def load_features(p: Params, run: ResolvedRun | None = None, hw: HardwareInfo | None = None) -> Features:
+    """The features 01_features built: every piece is a cache hit (fractions of a second)."""
+    if not (p.work_dir / FEATURES_FILE).is_file():
+        raise FileNotFoundError(f"no {FEATURES_FILE} in {p.work_dir}: run notebooks/01_features.ipynb first")
+    return features(p, run, quiet=True, hw=hw)
+
+
+# ------------------------------------------------------------------------------------------------------ 02 train
+def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.random.default_rng(seed).permutation(n)
+    n_valid = max(1, round(VALID_FRACTION * n))
+    return np.sort(order[n_valid:]), np.sort(order[:n_valid])
+
+
+def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def metric_name(task: TaskSpec) -> str:
+    return "rmse" if task.kind == "regression" else "accuracy"
+
+
+def _metric(task: TaskSpec, loader: Any, device: torch.device) -> Any:
+    """The full evaluation: the task metric and the loss over every validation row, in one pass (fit then skips
+    its separate loss-only pass; it runs this under no_grad + autocast)."""
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        total, hits, squared, loss_sum = 0, 0, 0.0, 0.0
+        for batch in loader:
+            batch = _to(batch, device)
+            output = model(**batch)
+            out, loss, labels = output.logits.float(), output.loss, batch["labels"]
+            if task.kind == "regression":
+                squared += float(((out.squeeze(-1) - labels.float()) ** 2).sum())
+            else:
+                hits += int((out.argmax(-1) == labels).sum())
+            loss_sum += float(loss) * len(labels)  # mean over rows -> weighted like fit's loss-only eval
+            total += len(labels)
+        metric = {"rmse": (squared / total) ** 0.5} if task.kind == "regression" else {"accuracy": hits / total}
+        return {**metric, "eval_loss": loss_sum / total}
+
+    return evaluate
+
+
+@dataclass(frozen=True)
+class Prepared:
+    train: Any  # DataLoader
+    valid: Any
+    test: Any
+    model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
+
+
+def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
+    """Loaders and the model to train for the features' run (the same split every time: seeded)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
+
+    run = feats.run
+    cfg = run.config
+    y = feats.task.encode(feats.train[p.target])
+    train_idx, valid_idx = _split(len(y), p.seed)
+    if run.regime == "head":
+        from kitlib.models.heads import RowDataset, TextHead
+
+        if feats.embeddings is None or feats.ngrams is None:
+            raise ValueError("head regime without embeddings: rerun 01_features with this run's preset")
+        (x, x_test), (bags, bags_test) = (torch.from_numpy(e) for e in feats.embeddings), feats.ngrams
+        target = torch.from_numpy(y)
+
+        def columns(x: torch.Tensor, bags: NgramBags) -> dict[str, torch.Tensor]:
+            ids, weights = torch.from_numpy(bags.ids), torch.from_numpy(bags.weights)
+            return {"embeddings": x, "ngram_ids": ids, "ngram_weights": weights}
+
+        def rows(idx: np.ndarray) -> RowDataset:
+            return RowDataset(**{k: v[idx] for k, v in columns(x, bags).items()}, labels=target[idx])
+
+        big = cfg.micro_batch_size * cfg.eval_batch_factor
+        train = DataLoader(rows(train_idx), batch_size=cfg.micro_batch_size, shuffle=True)
+        valid = DataLoader(rows(valid_idx), batch_size=big)
+        test = DataLoader(RowDataset(**columns(x_test, bags_test)), batch_size=big)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(p.seed)
+            head = TextHead(
+                x.shape[1],
+                feats.task.num_labels,
+                n_buckets=bags.n_buckets,
+                regression=feats.task.kind == "regression",
+                mean=x[train_idx].mean(0),
+                std=x[train_idx].std(0),
+            )
+        return Prepared(train, valid, test, head)
+    pad = getattr(feats.tokenizer, "pad_token_id", None) or 0
+    tokens = feats.train_tokens
+
+    def subset(idx: np.ndarray) -> TokenDataset:
+        return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=pad)
+
+    train = make_train_loader(subset(train_idx), cfg, hw, seed=p.seed)
+    valid = make_eval_loader(subset(valid_idx), cfg, hw)
+    test = make_predict_loader(TokenDataset(feats.test_tokens, pad_id=pad), cfg, hw)
+    return Prepared(train, valid, test, feats.model)
+
+
+def train(
+    p: Params,
+    run: ResolvedRun | None = None,
+    feats: Features | None = None,
+    *,
+    hw: HardwareInfo | None = None,
+    callbacks: tuple[object, ...] = (),
+) -> FitResult:
+    """fit() the run's model with the resolved config; artifacts land in ``p.run_dir``.
+
+    A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers; this process must not
+    have touched CUDA before (kitlib.machine.distributed.launch says so clearly if it has).
+    """
+    run = run or load_run(p)
+    if run.world_size > 1:
+        from kitlib.machine.distributed import launch
+
+        result: FitResult = launch(_train_worker, p, run, callbacks, nprocs=run.world_size)
+        return result
+    return _train(p, run, feats, hw=hw, callbacks=callbacks)
+
+
+def _train_worker(p: Params, run: ResolvedRun, callbacks: tuple[object, ...]) -> FitResult:
+    result = _train(p, run, None, hw=None, callbacks=callbacks)
+    return dataclasses.replace(result, model=result.model.cpu())  # rank 0's result crosses to the parent on CPU
+
+
+def _monitor_task_metric(cfg: TrainConfig, task: TaskSpec) -> TrainConfig:
+    """Keep the checkpoint the competition would score best: the task metric when every epoch computes it.
+
+    Loss and accuracy part ways as a classifier grows confident: on the demo, ``best`` (4 epochs) had its lowest
+    validation loss after epoch 2 (accuracy 0.827) and its highest accuracy after epoch 4 (0.839).
+    """
+    if cfg.full_eval_every != 1 or cfg.monitor != "eval_loss":  # no metric every epoch, or chosen by hand
+        return cfg
+    name = metric_name(task)
+    return dataclasses.replace(cfg, monitor=name, mode="min" if name == "rmse" else "max")
+
+
+def _train(
+    p: Params, run: ResolvedRun, feats: Features | None, *, hw: HardwareInfo | None, callbacks: tuple[object, ...]
+) -> FitResult:
+    import torch
+
+    from kitlib.engine.loop import fit
+    from kitlib.machine.hardware import detect
+
+    hw = hw or detect()
+    feats = feats or load_features(p, run, hw)
+    run = feats.run  # features re-fit max_length and the batch to the data: a run resolved before that is stale
+    prepared = prepare(p, feats, hw)
+    device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
+    cfg = _monitor_task_metric(dataclasses.replace(run.config, seed=p.seed), feats.task)
+    return fit(
+        prepared.model,
+        prepared.train,
+        config=cfg,
+        eval_loader=prepared.valid,
+        full_eval=_metric(feats.task, prepared.valid, device),
+        run_dir=p.run_dir,
+        hw=hw,
+        callbacks=callbacks,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------ 03 infer
+def predict(model: nn.Module, loader: Any, *, precision: Any, device: torch.device, task: TaskSpec) -> np.ndarray:
+    """Class probabilities (or regression values) for every row, in the dataset's row order.
+
+    The predict loader is length-sorted (little padding); ``restore_order`` puts rows back where they were.
+    """
+    import torch
+
+    from kitlib.data.loaders import restore_order
+
+    model.to(device).eval()
+    outputs = []
+    with torch.inference_mode(), precision.autocast():
+        for batch in loader:
+            out = model(**_to(batch, device)).logits.float()
+            outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
+    return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
+
+
+def validate_submission(submission: pd.DataFrame, sample_path: Path) -> None:
+    """The checks Kaggle's scorer makes, before anything is written: columns, row count, ids, no missing values."""
+    import pandas as pd
+
+    from kitlib.data.tables import DataError
+
+    if not sample_path.is_file():
+        raise DataError(f"no sample submission at {sample_path}: set sample_submission in the parameters cell")
+    sample = pd.read_csv(sample_path)
+    if list(submission.columns) != list(sample.columns):
+        raise DataError(f"submission columns {list(submission.columns)} != {list(sample.columns)} in {sample_path}")
+    if len(submission) != len(sample):
+        raise DataError(f"submission has {len(submission)} rows, {sample_path.name} has {len(sample)}")
+    id_col = sample.columns[0]
+    missing = set(sample[id_col].astype(str)) - set(submission[id_col].astype(str))
+    if missing:
+        raise DataError(
+            f"{len(missing)} ids of {sample_path.name} are missing from the submission, e.g. {sorted(missing)[:3]}"
+        )
+    if submission.isna().any().any():
+        bad = submission.columns[submission.isna().any()].tolist()
+        raise DataError(f"submission has missing values in {bad}: every row needs a prediction")
+
+
+def infer(
+    p: Params,
+    run: ResolvedRun | None = None,
+    feats: Features | None = None,
+    *,
+    run_dirs: list[Path] | None = None,
+    hw: HardwareInfo | None = None,
+) -> pd.DataFrame:
+    """Predict the test set with the best checkpoint of each run dir (mean of their predictions), validate the
+    submission against sample_submission.csv, and write ``work_dir/submission.csv``."""
+    import pandas as pd
+
+    from kitlib.engine import checkpoint
+    from kitlib.machine.hardware import detect
+    from kitlib.machine.precision import Precision, decide_precision
+
+    hw = hw or detect()
+    run = run or load_run(p)
+    feats = feats or load_features(p, run, hw)
+    run = feats.run
+    precision = Precision(decide_precision(hw, run.config.precision))
+    import torch
+
+    device = torch.device(precision.plan.device_type)
+    prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
+    predictions = []
+    for run_dir in run_dirs or [p.run_dir]:
+        best = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
+        if best is None:
+            raise FileNotFoundError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
+        checkpoint.restore_model(prepared.model, checkpoint.load(best))
+        predictions.append(predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task))
+    mean = np.mean(predictions, axis=0)
+    values = mean if feats.task.kind == "regression" else feats.task.decode(mean.argmax(-1))
+    submission = pd.DataFrame({p.id: feats.test[p.id].to_numpy(), p.target: values})
+    validate_submission(submission, p.data_dir / p.sample_submission)
+    write_atomic(p.work_dir / "submission.csv", submission.to_csv(index=False))  # never a half-written submission
+    return submission

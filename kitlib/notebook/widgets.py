@@ -1,0 +1,225 @@
+"""The preset picker: ipywidgets buttons and an "advanced" section that only ever produce a ResolvedRun.
+
+It never trains: the next cell reads ``picker.resolved`` (or ``picker.config``). Headless (Kaggle batch runs,
+nbconvert/papermill, CI) or without ipywidgets, nothing is displayed and nothing blocks: the picker holds the default
+preset (the notebook's ``PRESET`` parameter) and prints its summary so the log shows what ran.
+
+>>> picker = preset_picker(hw, default=PRESET, lengths=tokens.lengths, n_rows=len(train))
+>>> # next cell
+>>> run = picker.resolved; run.save(WORK_DIR)
+
+This is the only kitlib module that imports ipywidgets, and only inside ``preset_picker``.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kitlib.notebook.presets import PRESETS, Preset, ResolvedRun, estimate_epoch_seconds, resolve
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from kitlib.config import TrainConfig
+    from kitlib.machine.hardware import HardwareInfo
+
+# Advanced controls: TrainConfig/Preset field -> label. Plain IntText (not Bounded*) so an impossible value reaches
+# the config's own validation and its message (which names the fix) instead of being silently clamped.
+_ADVANCED = {
+    "epochs": "epochs",
+    "micro_batch_size": "micro-batch",
+    "grad_accum_steps": "accumulation",
+    "precision": "precision",
+    "max_length": "max length",
+    "full_eval_every": "full eval every (epochs, 0 = end)",
+}
+_PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+
+
+class PresetPicker:
+    """Holds the current choice; ``.resolved``/``.config`` always reflect the widgets. Build with ``preset_picker``."""
+
+    def __init__(
+        self,
+        hw: HardwareInfo,
+        *,
+        default: str | Preset = "balanced",
+        lengths: Sequence[int] | np.ndarray | None = None,
+        n_rows: int | None = None,
+    ) -> None:
+        self._hw = hw
+        self._lengths = lengths
+        self._n_rows = n_rows
+        self._preset: str | Preset = default
+        self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
+        self._overrides: dict[str, Any] = {}
+        self._resolved = resolve(default, hw, lengths=lengths)  # the parameter decides; errors surface here, loudly
+        self._syncing = False  # True while the picker writes derived values back into its own controls
+        self.error: str | None = None  # the last rejected change, shown in the widget
+        self.widget: Any = None  # the ipywidgets.VBox when interactive, else None
+        self.controls: dict[str, Any] = {}  # "preset" and the _ADVANCED keys -> their ipywidgets control
+        self._error_html: Any = None
+        self._table_html: Any = None
+
+    @property
+    def resolved(self) -> ResolvedRun:
+        return self._resolved
+
+    @property
+    def config(self) -> TrainConfig:
+        return self._resolved.config
+
+    def estimate_text(self) -> str:
+        if self._n_rows is None:
+            return "pass n_rows= for a time estimate"
+        seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw)
+        what = "embedding pass" if self._resolved.regime == "head" else "per epoch"
+        return f"~{_duration(seconds)} {what} for {self._n_rows} rows (rough, +-2x)"
+
+    def __repr__(self) -> str:
+        return f"PresetPicker({self._resolved.name!r})\n{self._resolved.summary()}\nestimate: {self.estimate_text()}"
+
+    # ----------------------------------------------------------------------------------------------------- widgets
+
+    def build(self) -> Any:
+        """Create the ipywidgets tree (raises ImportError without ipywidgets)."""
+        import ipywidgets as w
+
+        names = list(PRESETS)
+        current = self._resolved.name
+        if current not in names:  # a custom Preset object
+            names.append(current)
+        self.controls["preset"] = w.ToggleButtons(
+            options=names,
+            value=current,
+            tooltips=[PRESETS[n].description if n in PRESETS else "custom preset" for n in names],
+        )
+        for key, label in _ADVANCED.items():
+            style = {"description_width": "initial"}
+            if key == "precision":
+                self.controls[key] = w.Dropdown(options=_PRECISIONS, description=label, style=style)
+            else:
+                self.controls[key] = w.IntText(description=label, style=style)
+        self._error_html = w.HTML()
+        self._table_html = w.HTML()
+        advanced = w.VBox([self.controls[k] for k in _ADVANCED])
+        accordion = w.Accordion(children=[advanced])
+        accordion.set_title(0, "advanced")  # works on ipywidgets 7 (Colab ships 7.7.1) and 8; titles= is 8-only
+        self.widget = w.VBox([self.controls["preset"], accordion, self._error_html, self._table_html])
+        self._sync()
+        self.controls["preset"].observe(self._on_preset, names="value")
+        for key in _ADVANCED:
+            self.controls[key].observe(self._on_advanced, names="value")
+        return self.widget
+
+    def _on_preset(self, change: Mapping[str, Any]) -> None:
+        if self._syncing:
+            return
+        name = str(change["new"])
+        preset: str | Preset = self._custom if self._custom is not None and name == self._custom.name else name
+        self._apply(preset, {}, revert=None)
+
+    def _on_advanced(self, change: Mapping[str, Any]) -> None:
+        if self._syncing:
+            return
+        key = next(k for k, c in self.controls.items() if c is change["owner"])
+        overrides = dict(self._overrides)
+        if key == "max_length" and change["new"] in (0, None):
+            overrides.pop(key, None)  # 0 = back to "from the data's coverage"
+        else:
+            overrides[key] = change["new"]
+        self._apply(self._preset, overrides, revert=(key, change["old"]))
+
+    def _apply(self, preset: str | Preset, overrides: dict[str, Any], revert: tuple[str, Any] | None) -> None:
+        from kitlib.machine.precision import PrecisionError
+
+        try:
+            resolved = resolve(preset, self._hw, lengths=self._lengths, overrides=overrides)
+        except (ValueError, PrecisionError) as err:  # keep the last valid run; say why this one was refused
+            self.error = f"{err} (kept the previous value)"
+            if revert is not None:
+                self._set(revert[0], revert[1])
+            self._render()
+            return
+        self._preset, self._overrides, self._resolved, self.error = preset, overrides, resolved, None
+        self._sync()
+
+    def _set(self, key: str, value: Any) -> None:
+        self._syncing = True
+        try:
+            self.controls[key].value = value
+        finally:
+            self._syncing = False
+
+    def _sync(self) -> None:
+        """Write the resolved values back into the controls (derived ones such as accumulation change too)."""
+        run = self._resolved
+        values = {
+            "preset": run.name,
+            "epochs": run.config.epochs,
+            "micro_batch_size": run.config.micro_batch_size,
+            "grad_accum_steps": run.config.grad_accum_steps,
+            "precision": run.preset.precision,
+            "max_length": run.config.max_length or 0,
+            "full_eval_every": run.config.full_eval_every,
+        }
+        for key, value in values.items():
+            if key in self.controls and self.controls[key].value != value:
+                self._set(key, value)
+        self._render()
+
+    def _render(self) -> None:
+        if self._table_html is None:
+            return
+        self._error_html.value = (
+            f'<div style="color:#b00020"><b>not applied:</b> {html.escape(self.error)}</div>' if self.error else ""
+        )
+        rows = [*self._resolved.table_rows(), ("time", self.estimate_text())]
+        cells = "".join(
+            f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+            for k, v in rows
+        )
+        why = "".join(f"<li>{html.escape(r)}</li>" for r in self._resolved.reasons)
+        self._table_html.value = f"<table>{cells}</table><details><summary>why</summary><ul>{why}</ul></details>"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def preset_picker(
+    hw: HardwareInfo,
+    *,
+    default: str | Preset = "balanced",
+    lengths: Sequence[int] | np.ndarray | None = None,
+    n_rows: int | None = None,
+    show: bool = True,
+) -> PresetPicker:
+    """A picker for ``hw``: displayed when interactive and ipywidgets imports; otherwise prints the default's summary.
+
+    ``show=False`` builds the widgets (when interactive) without displaying or printing anything (tests, custom
+    layouts: display ``picker.widget`` yourself). It never blocks and never starts training.
+    """
+    picker = PresetPicker(hw, default=default, lengths=lengths, n_rows=n_rows)
+    widget = None
+    if hw.interactive:
+        try:
+            widget = picker.build()
+        except ImportError:
+            if show:
+                print("ipywidgets is not installed: using the default preset (pip install ipywidgets for the picker)")
+    if not show:
+        return picker
+    if widget is not None:
+        from IPython.display import display
+
+        display(widget)
+    else:
+        print(repr(picker))
+    return picker

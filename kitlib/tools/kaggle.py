@@ -1,0 +1,521 @@
+"""Kaggle kernels from the command line: generate per-notebook kernel folders, an offline wheels folder, and wrap
+``kaggle kernels push|status|output``.
+
+One folder = one kernel-metadata.json = one kernel, so ``build_kernels`` writes ``kaggle/<nn_name>/`` per notebook,
+each reading the previous kernel's output (``kernel_sources``). Every call to the kaggle CLI goes through an
+injectable ``runner`` (subprocess by default), so the command lines are testable offline. Credentials stay with the
+kaggle CLI: nothing here reads them, passes them on a command line, copies them, or prints them (CLI output is
+redacted of the KAGGLE_* secrets in the environment before it is returned or raised).
+
+Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``kernels_push``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from kitlib.errors import KaggleCLIError, KernelMetadataError
+
+Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
+
+METADATA_FILE = "kernel-metadata.json"
+NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
+T4X2 = "NvidiaTeslaT4"  # "GPU T4 x2", Kaggle's default GPU (kaggle-cli PR #1198); a single T4 is not offered
+# Documented accelerators (kaggle-cli docs/kernels.md, Feb 2026); some are competition- or admin-only.
+# fmt: off
+MACHINE_SHAPES = frozenset({
+    "NvidiaTeslaP100", "TpuV38", "NvidiaTeslaT4", "NvidiaTeslaT4Highmem", "Tpu1VmV38", "NvidiaTeslaA100", "NvidiaL4",
+    "TpuV5E8", "NvidiaL4X1", "TpuV6E8", "NvidiaH100", "NvidiaRtxPro6000",
+})
+# kitlib's requirements that Kaggle's image already has; pip-installing them offline would fight the image's pins.
+KAGGLE_PREINSTALLED = frozenset({"torch", "transformers", "safetensors", "tqdm", "pandas", "numpy", "ipywidgets"})
+_FIELDS = frozenset({
+    "id", "id_no", "title", "code_file", "language", "kernel_type", "is_private", "enable_gpu", "enable_tpu",
+    "enable_internet", "dataset_sources", "competition_sources", "kernel_sources", "model_sources", "keywords",
+    "docker_image_pinning_type", "docker_image", "machine_shape",
+})
+# fmt: on
+_BOOLS = ("is_private", "enable_gpu", "enable_tpu", "enable_internet")
+_OWNER = re.compile(r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$")  # kaggle's _validate_slug_syntax(allow_underscore=True)
+_SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_SECRET_VARS = ("KAGGLE_KEY", "KAGGLE_API_TOKEN", "KAGGLE_API_V1_TOKEN")
+_TERMINAL = frozenset({"complete", "error", "cancel_acknowledged"})
+
+
+def slugify(text: str) -> str:
+    """Kaggle's URL slug of a title: lower case, runs of other characters -> '-' ("kit 02 train" -> "kit-02-train")."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+# --------------------------------------------------------------------------------------------------------- build
+
+
+def build_kernels(
+    out_dir: str | Path,
+    *,
+    username: str,
+    slug_prefix: str,
+    dataset_sources: Sequence[str],
+    wheels_dataset: str | None,
+    competition: str | None = None,
+    gpu: bool | Collection[str] = True,
+    internet: bool = False,
+    private: bool = True,
+    notebooks_dir: str | Path = "notebooks",
+    chain: Literal["previous", "all"] = "previous",
+) -> list[Path]:
+    """Write ``out_dir/<nn_name>/{kernel-metadata.json, <nn_name>.ipynb}`` per numbered notebook; returns the folders.
+
+    ``gpu``: True/False for all, or the notebooks (``"02_train"`` or ``"02"``) that get T4 x2; GPU hours are quota.
+    ``chain``: each kernel mounts the previous kernel's output ("previous": 00 -> 01 -> 02 -> 03), or every earlier
+    one ("all": 03 also sees 00's run.json and 01's feature cache without copying them forward).
+    """
+    notebooks = sorted(Path(notebooks_dir).glob(NOTEBOOK_GLOB))
+    if not notebooks:
+        raise FileNotFoundError(f"no numbered notebooks ({NOTEBOOK_GLOB}) in {notebooks_dir}")
+    if chain not in ("previous", "all"):
+        raise ValueError(f"chain={chain!r}: use 'previous' or 'all'")
+    sources = [*dataset_sources, *([wheels_dataset] if wheels_dataset else [])]
+    metas: list[dict[str, Any]] = []
+    for notebook in notebooks:
+        use_gpu = gpu if isinstance(gpu, bool) else notebook.stem in gpu or notebook.stem[:2] in gpu
+        slug = slugify(f"{slug_prefix}-{notebook.stem}")
+        earlier = [m["id"] for m in metas]
+        meta: dict[str, Any] = {
+            "id": f"{username}/{slug}",
+            "title": slug.replace("-", " "),  # slugify(title) == slug, or Kaggle warns and may pick another URL
+            "code_file": notebook.name,
+            "language": "python",
+            "kernel_type": "notebook",
+            "is_private": private,
+            "enable_gpu": use_gpu,  # deprecated by machine_shape but still read by older servers
+            "enable_tpu": False,
+            "enable_internet": internet,  # explicit: the client defaults to true, its docs say false
+            "dataset_sources": sources,
+            "competition_sources": [competition] if competition else [],
+            # mounted read-only under /kaggle/input/notebooks/<owner>/<slug>/ (or /kaggle/input/<slug>/ on old images)
+            "kernel_sources": earlier if chain == "all" else earlier[-1:],
+            "model_sources": [],
+            "keywords": [],
+        }
+        if use_gpu:
+            meta["machine_shape"] = T4X2  # without it Kaggle picks its default GPU (historically a P100)
+        validate_metadata(meta)  # all of them before writing anything: no half-built set of folders
+        metas.append(meta)
+    folders = []
+    for notebook, meta in zip(notebooks, metas, strict=True):
+        folder = Path(out_dir) / notebook.stem
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_clean_notebook(notebook, folder / notebook.name)
+        (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        folders.append(folder)
+    return folders
+
+
+def _write_clean_notebook(src: Path, dst: Path) -> None:
+    """Copy without outputs (push clears them anyway), stored widget state, or a pulled ``metadata.kaggle`` block
+    (its accelerator/docker pins would fight the metadata file: kaggle-cli #821, #1197)."""
+    nb = json.loads(src.read_text())
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    for key in ("kaggle", "widgets"):
+        nb.get("metadata", {}).pop(key, None)
+    dst.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------------------------------------- validate
+
+
+def validate_metadata(meta: Mapping[str, Any], *, folder: str | Path | None = None) -> None:
+    """Raise KernelMetadataError listing every problem; with ``folder``, also check the code file it names.
+
+    Our rules (stricter than Kaggle's where Kaggle only warns or silently defaults), then, where the kaggle package is
+    installed, its own loader: ``KaggleApi.kernels_push`` run against a capturing client instead of the network.
+    """
+    problems = _problems(meta, None if folder is None else Path(folder))
+    if not problems:
+        problems = _kaggle_package_problems(meta, None if folder is None else Path(folder))
+    if problems:
+        raise KernelMetadataError(f"{METADATA_FILE} is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
+    out = [f"unknown field {k!r} (typo? Kaggle ignores it silently)" for k in sorted(set(meta) - _FIELDS)]
+    out += [f"missing {k!r}" for k in ("title", "code_file", "language", "kernel_type") if k not in meta]
+    if "enable_internet" not in meta:
+        out.append("set 'enable_internet' explicitly: the kaggle client defaults to true, its docs say false")
+    kid = meta.get("id")
+    slug = None
+    if kid is None and "id_no" not in meta:
+        out.append("missing 'id' ('owner/slug')")
+    elif kid is not None:
+        owner, _, slug = str(kid).partition("/")
+        if not (_OWNER.match(owner) and _SLUG.match(slug)):
+            out.append(f"id {kid!r} must be 'owner/slug' (lower case, digits, hyphens; no version)")
+        elif len(slug) < 5:
+            out.append(f"id {kid!r}: Kaggle needs a kernel slug of at least 5 characters")
+    title = meta.get("title")
+    if title is not None and (not isinstance(title, str) or len(title) < 5):
+        out.append(f"title {title!r} must be a string of at least 5 characters")
+    elif isinstance(title, str) and slug is not None and slugify(title) != slug:
+        out.append(f"title {title!r} gives the URL slug {slugify(title)!r}, not the id's {slug!r}: make them agree")
+    if meta.get("language", "python") not in ("python", "r", "rmarkdown"):
+        out.append(f"language {meta.get('language')!r} must be python, r or rmarkdown")
+    kind = meta.get("kernel_type", "notebook")
+    if kind not in ("script", "notebook"):
+        out.append(f"kernel_type {kind!r} must be script or notebook")
+    code = str(meta.get("code_file", ""))
+    if kind == "notebook" and code and not code.endswith(".ipynb"):
+        out.append(f"a notebook kernel needs an .ipynb code_file, got {code!r}")
+    for key in _BOOLS:
+        value = meta.get(key, False)
+        if not isinstance(value, bool) and str(value).lower() not in ("true", "false"):
+            out.append(f"{key}={value!r} must be true/false (Kaggle raises 'Invalid boolean value')")
+    gpu = str(meta.get("enable_gpu", False)).lower() == "true"
+    shape = meta.get("machine_shape")
+    if gpu and not shape:
+        out.append(
+            "enable_gpu without machine_shape gets Kaggle's default GPU (historically a P100, which the current "
+            f"image cannot run): set machine_shape {T4X2!r} (T4 x2)"
+        )
+    if shape and shape not in MACHINE_SHAPES:
+        out.append(f"machine_shape {shape!r} is not a documented accelerator: {sorted(MACHINE_SHAPES)}")
+    parts = {
+        "dataset_sources": (2, 3),
+        "kernel_sources": (2, 3),
+        "competition_sources": (1, 1),
+        "model_sources": (5, 5),
+    }
+    for key, (low, high) in parts.items():
+        values = meta.get(key, [])
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            out.append(f"{key} must be a list of strings")
+            continue
+        for v in values:
+            pieces = v.split("/")
+            if not low <= len(pieces) <= high or not all(pieces):
+                out.append(f"{key}: {v!r} must have {low}{'' if low == high else f'-{high}'} '/'-separated parts")
+    sources = meta.get("kernel_sources", [])
+    if isinstance(sources, list) and any(len(str(v).partition("/")[2].split("/")[0]) < 5 for v in sources):
+        out.append("kernel_sources: Kaggle needs kernel slugs of at least 5 characters")
+    if kid is not None and kid in sources:
+        out.append("kernel_sources lists the kernel itself")
+    pin = meta.get("docker_image_pinning_type")
+    if pin is not None and pin not in ("original", "latest"):
+        out.append(f"docker_image_pinning_type {pin!r} must be original or latest")
+    if folder is not None and code:
+        path = folder / code
+        if not path.is_file():
+            out.append(f"code_file {code!r} not found in {folder}")
+        elif kind == "notebook":
+            try:
+                if not isinstance(json.loads(path.read_text()).get("cells"), list):
+                    out.append(f"{code} has no cells list: not a notebook")
+            except (json.JSONDecodeError, AttributeError) as err:
+                out.append(f"{code} is not notebook JSON: {err}")
+    return out
+
+
+# The kaggle package's own loader, run in a child process: `import kaggle` authenticates at import, prints a help
+# text without credentials, and a broken install (kaggle 2.x without `six`, say) fails part-way and leaves a
+# half-imported module behind. None of that may reach the caller's process. Relies on KaggleApi.build_kaggle_client
+# and kernels_push (kaggle >= 1.7, the kagglesdk client; the `kaggle` extra pins that range); anything else that goes
+# wrong in the child means "the package's check is unavailable", and our own rules have already run.
+_LOADER_CHECK = r"""
+import contextlib, io, json, sys, types
+out = {"status": "absent"}
+try:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        from kaggle.api.kaggle_api_extended import KaggleApi
+        api = KaggleApi()
+        captured = []
+        class Client:  # stands in for kagglesdk's client: kernels_push hands its request here, not to the network
+            def __init__(self):
+                self.kernels = types.SimpleNamespace(kernels_api_client=self)
+            def __enter__(self):
+                return self
+            def __exit__(self, *exc):
+                return None
+            def save_kernel(self, request):
+                captured.append(request)
+                return request
+        api.build_kaggle_client = Client
+        try:
+            api.kernels_push(sys.argv[1])
+            out = {"status": "ok" if captured else "no-request"}
+        except ValueError as err:
+            out = {"status": "rejected", "message": str(err)}
+except BaseException as err:  # not installed, or a broken install: the check is unavailable
+    out = {"status": "absent", "message": f"{type(err).__name__}: {err}"}
+print(json.dumps(out))
+"""
+
+
+def kaggle_loader_check(folder: Path, *, timeout_s: float = 120.0) -> dict[str, str]:
+    """Run the kaggle package's ``kernels_push`` loader on ``folder`` in a child process; never contacts Kaggle.
+
+    Returns ``{"status": "ok" | "rejected" | "no-request" | "absent", "message": ...}``; "absent" covers a missing
+    or broken kaggle install (its message says why).
+    """
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _LOADER_CHECK, str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+        answer: dict[str, str] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as err:
+        return {"status": "absent", "message": f"the check did not answer: {err}"}
+    return answer
+
+
+def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp)
+        (staged / METADATA_FILE).write_text(json.dumps(dict(meta)))
+        code = str(meta.get("code_file", ""))
+        if folder is not None and (folder / code).is_file():
+            shutil.copy(folder / code, staged / code)
+        elif code:  # no folder: a minimal stand-in so the loader reaches the metadata checks
+            (staged / code).write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+        answer = kaggle_loader_check(staged)
+    if answer["status"] == "rejected":
+        return [f"the kaggle package's loader rejects it: {answer['message']}"]
+    if answer["status"] == "no-request":
+        return ["the kaggle package's loader did not build a push request"]
+    return []
+
+
+# --------------------------------------------------------------------------------------------------------- wheels
+
+
+def _requirement_names(project_dir: Path) -> list[str]:
+    """kitlib's runtime requirements (bare names) from pyproject.toml, else from the installed distribution."""
+    try:
+        import tomllib
+
+        deps = tomllib.loads((project_dir / "pyproject.toml").read_text())["project"]["dependencies"]
+    except (ImportError, OSError, KeyError, ValueError):
+        import importlib.metadata
+
+        deps = [r for r in importlib.metadata.requires("kitlib") or [] if "extra ==" not in r]
+    return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in deps]
+
+
+def wheels_commands(
+    out_dir: str | Path,
+    *,
+    project_dir: str | Path = ".",
+    extra: Sequence[str] = (),
+    python: str = sys.executable,
+    python_version: str = "3.12",
+    platform: str = "manylinux2014_x86_64",
+) -> list[list[str]]:
+    """The pip commands for an offline wheels folder: kitlib's own wheel, then its requirements that Kaggle's image
+    lacks (plus ``extra``), as binary wheels for Kaggle's Python (3.12, manylinux). torch is never downloaded.
+
+    ``--no-deps`` throughout: a transitive requirement such as torch would pull a multi-GB CUDA wheel the image already
+    has. List any further pure additions in ``extra``.
+    """
+    out = str(out_dir)
+    commands = [[python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", out, str(project_dir)]]
+    wanted = [n for n in _requirement_names(Path(project_dir)) if n.lower() not in KAGGLE_PREINSTALLED]
+    wanted += [e for e in extra if re.split(r"[<>=!~\[]", e)[0].lower() not in {"torch", "kitlib"}]
+    if wanted:
+        pinned = ["--only-binary=:all:", "--python-version", python_version, "--platform", platform]
+        commands.append([python, "-m", "pip", "download", "--no-deps", "--dest", out, *pinned, *wanted])
+    return commands
+
+
+def wheels(
+    out_dir: str | Path,
+    *,
+    project_dir: str | Path = ".",
+    extra: Sequence[str] = (),
+    dataset_id: str | None = None,
+    runner: Runner | None = None,
+) -> list[list[str]]:
+    """Run ``wheels_commands`` and, with ``dataset_id`` ("owner/slug"), write dataset-metadata.json so the folder
+    uploads with ``kaggle datasets create -p out_dir``. Returns the commands it ran."""
+    run = runner or _run
+    dataset_slug = (dataset_id or "").partition("/")[2]
+    if dataset_id and not (_SLUG.match(dataset_slug) and 6 <= len(dataset_slug) <= 50):
+        raise ValueError(f"dataset_id {dataset_id!r} must be 'owner/slug' with a 6-50 character slug (Kaggle's rule)")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    commands = wheels_commands(out_dir, project_dir=project_dir, extra=extra)
+    for command in commands:
+        _check(run(command), command)
+    if dataset_id:
+        meta = {"title": dataset_id.split("/")[-1].replace("-", " "), "id": dataset_id, "licenses": [{"name": "MIT"}]}
+        (Path(out_dir) / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return commands
+
+
+# --------------------------------------------------------------------------------------------------------- CLI wraps
+
+
+def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(list(command), capture_output=True, text=True, check=False)
+    except FileNotFoundError as err:
+        raise KaggleCLIError(f"{command[0]!r} not found: pip install kaggle (or 'kitlib[kaggle]')") from err
+
+
+def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """``text`` with the KAGGLE_* secrets of ``environ`` (default os.environ) and any '"key": "..."' masked."""
+    env = os.environ if environ is None else environ
+    for name in _SECRET_VARS:
+        secret = env.get(name, "")
+        if len(secret) >= 8:  # shorter values are not real keys and would mask ordinary words
+            text = text.replace(secret, "***")
+    return re.sub(r'("key"\s*:\s*")[^"]+(")', r"\1***\2", text)
+
+
+def _check(result: subprocess.CompletedProcess[str], command: Sequence[str]) -> str:
+    text = redact((result.stdout or "") + (result.stderr or ""))
+    # The CLI exits 0 on "Kernel push error: ..." (it only prints it), so the text is checked too.
+    if result.returncode != 0 or re.search(r"push error", text, re.IGNORECASE):
+        raise KaggleCLIError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{text.strip()}")
+    return text
+
+
+def push(
+    folder: str | Path,
+    *,
+    timeout_s: int | None = None,
+    accelerator: str | None = None,
+    runner: Runner | None = None,
+) -> str:
+    """``kaggle kernels push -p folder`` after validating its metadata; creates a new version and runs it.
+
+    ``timeout_s`` caps the run (``-t``); ``accelerator`` overrides machine_shape. Returns the CLI's redacted output.
+    """
+    folder = Path(folder)
+    meta_path = folder / METADATA_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"no {METADATA_FILE} in {folder}: run `python -m kitlib kaggle build` first")
+    validate_metadata(json.loads(meta_path.read_text()), folder=folder)
+    command = ["kaggle", "kernels", "push", "-p", str(folder)]
+    if timeout_s is not None:
+        command += ["-t", str(int(timeout_s))]
+    if accelerator:
+        command += ["--accelerator", accelerator]
+    return _check((runner or _run)(command), command)
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    kernel_id: str
+    state: str  # queued|running|complete|error|cancel_requested|cancel_acknowledged|new_script|unknown
+    failure_message: str | None
+    raw: str  # the CLI's redacted output
+
+    @property
+    def done(self) -> bool:
+        return self.state in _TERMINAL
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "complete"
+
+
+def parse_status(kernel_id: str, text: str) -> KernelStatus:
+    """Parse ``kaggle kernels status`` output, case-insensitively, from any CLI version.
+
+    'x has status "KernelWorkerStatus.COMPLETE"' (2.x), '"complete"' (1.x), "cancelAcknowledged" -> cancel_acknowledged.
+    """
+    found = re.search(r'status\s+"?([\w.]+)"?', text, re.IGNORECASE)
+    word = (found.group(1) if found else text).strip().rsplit(".", 1)[-1]
+    word = re.sub(r"(?<=[a-z])(?=[A-Z])", "_", word).lower().replace("-", "_")  # camelCase -> snake
+    states = ("queued", "running", "complete", "error", "cancel_requested", "cancel_acknowledged", "new_script")
+    state = next((s for s in states if word == s), "unknown")
+    failure = re.search(r'Failure message:\s*"(.*)"', text, re.IGNORECASE | re.DOTALL)
+    return KernelStatus(kernel_id, state, failure.group(1) if failure else None, text)
+
+
+def status(
+    kernel_id: str,
+    *,
+    timeout_s: float = 0.0,
+    poll_s: float = 30.0,
+    runner: Runner | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> KernelStatus:
+    """The kernel's status; with ``timeout_s`` > 0, poll every ``poll_s`` until it is done (complete, error,
+    cancelled) and raise TimeoutError if it is still going after ``timeout_s``."""
+    run = runner or _run
+    command = ["kaggle", "kernels", "status", kernel_id]
+    deadline = clock() + timeout_s
+    while True:
+        current = parse_status(kernel_id, _check(run(command), command))
+        if current.done or timeout_s <= 0:
+            return current
+        left = deadline - clock()
+        if left <= 0:
+            raise TimeoutError(
+                f"{kernel_id} is still {current.state} after {timeout_s:.0f} s; poll again with "
+                f"`python -m kitlib kaggle status {kernel_id} --wait SECONDS`"
+            )
+        sleep(min(poll_s, left))  # a status call is one HTTPS request; 30 s keeps a 9 h run to ~1,000 of them
+
+
+def output(
+    kernel_id: str, dest: str | Path, *, file_pattern: str | None = None, runner: Runner | None = None
+) -> list[Path]:
+    """Download the kernel's /kaggle/working output into ``dest`` (overwriting); returns the files now in ``dest``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    command = ["kaggle", "kernels", "output", kernel_id, "-p", str(dest), "-o"]
+    if file_pattern:
+        command += ["--file-pattern", file_pattern]
+    _check((runner or _run)(command), command)
+    return sorted(p for p in dest.rglob("*") if p.is_file())
+
+
+def kaggle_command(args: argparse.Namespace) -> int:
+    """``python -m kitlib kaggle ACTION``: argparse glue (see kitlib.cli); errors print one message, exit 2."""
+    try:
+        if args.kaggle_action == "build":
+            gpu: bool | set[str] = {"all": True, "none": False}.get(args.gpu, set(args.gpu.split(",")))
+            folders = build_kernels(
+                args.out, username=args.username, slug_prefix=args.slug_prefix, dataset_sources=args.dataset,
+                wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
+                private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain,
+            )  # fmt: skip
+            print("\n".join(str(f) for f in folders))
+        elif args.kaggle_action == "wheels":
+            if args.dry_run:
+                commands = wheels_commands(args.out, project_dir=args.project, extra=args.extra)
+            else:
+                commands = wheels(args.out, project_dir=args.project, extra=args.extra, dataset_id=args.dataset_id)
+            print("\n".join(" ".join(c) for c in commands))
+            print("offline install: pip install --no-index --find-links=/kaggle/input/<wheels dataset> kitlib")
+        elif args.kaggle_action == "push":
+            print(push(args.folder, timeout_s=args.timeout, accelerator=args.accelerator).strip())
+        elif args.kaggle_action == "status":
+            current = status(args.kernel_id, timeout_s=args.wait, poll_s=args.poll)
+            failure = f" ({current.failure_message})" if current.failure_message else ""
+            print(f"{current.kernel_id}: {current.state}{failure}")
+            return 1 if current.state == "error" else 0
+        elif args.kaggle_action == "output":
+            for path in output(args.kernel_id, args.dest, file_pattern=args.pattern):
+                print(path)
+    except (KernelMetadataError, KaggleCLIError, TimeoutError, FileNotFoundError, ValueError) as err:
+        print(f"kaggle {args.kaggle_action}: {err}", file=sys.stderr)
+        return 2
+    return 0

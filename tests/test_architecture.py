@@ -1,0 +1,137 @@
+"""The layers are a rule, not a drawing: every import inside kitlib (deferred and TYPE_CHECKING ones too) is read
+from the source and checked. A module may import its own layer or a lower one; data/ and engine/ never import each
+other; no import cycle exists between modules; and ``import kitlib.<anything>`` never needs the public face."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "kitlib"
+
+# Lowest first. A module's layer is its subpackage, or its own name for top-level modules.
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"_version", "_files", "errors", "config", "progress"}),
+    frozenset({"machine"}),
+    frozenset({"models"}),
+    frozenset({"data", "engine"}),  # siblings: neither may import the other
+    frozenset({"doctor"}),
+    frozenset({"notebook"}),
+    frozenset({"tools"}),
+    frozenset({"cli", "__main__", "__init__"}),
+)
+SIBLINGS_APART = ("data", "engine")
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _level(room: str) -> int:
+    for level, rooms in enumerate(LAYERS):
+        if room in rooms:
+            return level
+    raise AssertionError(f"kitlib.{room} is in no layer: add it to LAYERS in {Path(__file__).name}")
+
+
+def _imports(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
+    """(line, imported kitlib module) for every import statement, wherever it sits in the file."""
+    name = _module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "kitlib")
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            if base.split(".")[0] != "kitlib":
+                continue
+            for alias in node.names:  # `from kitlib.engine import checkpoint` imports a module, not a name
+                candidate = f"{base}.{alias.name}"
+                yield node.lineno, candidate if _exists(candidate, root) else base
+
+
+def _exists(module: str, root: Path) -> bool:
+    path = root.parent.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+EDGES = {name: sorted({m for _, m in _imports(path) if m != name}) for name, path in MODULES.items()}
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for name in MODULES:
+        _level(_room(name))
+
+
+def _problems(name: str, path: Path, root: Path = ROOT) -> list[str]:
+    room = _room(name)
+    problems = []
+    for line, target in _imports(path, root):
+        other = _room(target)
+        if other == room:
+            continue
+        if _level(other) > _level(room):
+            problems.append(f"line {line}: {target} is in a higher layer than {name}")
+        elif {room, other} == set(SIBLINGS_APART):
+            problems.append(f"line {line}: {name} imports {target}; data/ and engine/ stay independent")
+        elif target == "kitlib" and room != "__init__":
+            problems.append(f"line {line}: {name} imports the public face; import the module that defines the name")
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_imports_go_down_or_sideways_never_up(name: str) -> None:
+    problems = _problems(name, MODULES[name])
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycles() -> None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in EDGES.get(module, []):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if state.get(target) is None and target in MODULES:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(MODULES):
+        if module not in state:
+            visit(module)
+
+
+def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
+    """The rule can fail: an upward import, a data -> engine import and a face import are each reported."""
+    fake = tmp_path / "kitlib"
+    for folder in ("data", "engine", "notebook"):
+        (fake / folder).mkdir(parents=True)
+        (fake / folder / "__init__.py").write_text("")
+        (fake / folder / "mod.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    bad = fake / "data" / "bad.py"
+    bad.write_text(
+        "from kitlib import fit\n"
+        "def f():\n    from kitlib.notebook import mod\n    from .. engine.mod import x\n    from . import mod\n"
+    )
+    problems = _problems("kitlib.data.bad", bad, fake)
+    assert [p.split(":")[0] for p in problems] == ["line 1", "line 3", "line 4"], problems
