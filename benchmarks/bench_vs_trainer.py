@@ -4,13 +4,12 @@
     python benchmarks/bench_vs_trainer.py --rows 300 --test-rows 100 --tiny --epochs 1   # plumbing check
 
 Same data (the demo competition, optionally subsampled), model (all-MiniLM-L6-v2, or the tiny fallback with --tiny;
-the contenders put Hugging Face's [CLS] classifier on it, kitlib the checkpoint's own mean pooling),
-train/validation split (kitlib.notebook.stages._split), epochs, 128-token cap and scoring
-(kitlib.tools.demo.score on the held-out test) for every contender. Each contender runs in its own subprocess, one after another, so threads, allocator
-caches and imports do not leak between them. Wall time is end to end inside the worker (tokenize, train, eval, save,
-predict, write submission.csv), after the heavy imports. Goals (issue 5): kitlib >= 2x faster than Trainer defaults,
->= 1.3x faster than tuned Trainer, accuracy within 0.5 points of both. The last line printed is one JSON object.
-"""
+the contenders put Hugging Face's [CLS] classifier on it, kitlib the checkpoint's own mean pooling), train/validation
+split (kitlib.notebook.stages._split), epochs, 128-token cap and scoring (kitlib.tools.demo.score on the held-out
+test) for every contender. Each contender runs in its own subprocess, one after another, so threads, allocator caches
+and imports do not leak between them. Wall time is end to end inside the worker (tokenize, train, eval, save, predict,
+write submission.csv), after the heavy imports. Goals (issue 5): kitlib >= 2x faster than Trainer defaults, >= 1.3x
+faster than tuned Trainer, accuracy within 0.5 points of both. The last line printed is one JSON object. """
 
 from __future__ import annotations
 
@@ -219,8 +218,8 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, 
     run = workflow.setup(p, hw, resolved=presets.resolve("balanced", hw, overrides=overrides))
     feats = workflow.features(p, run)
     run = feats.run  # re-fitted to the data: max_length by coverage, smaller steps for a short run
-    result = workflow.train(p, run, feats, hw=hw)
-    workflow.infer(p, run, feats, hw=hw)
+    result = workflow.train(p, feats, hw=hw)
+    workflow.infer(p, feats, hw=hw)
     facts = result.timing["run"]
     cfg = run.config
     return {

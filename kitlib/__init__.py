@@ -49,7 +49,7 @@ _EXPORTS: dict[str, str] = {
     "Preset": "kitlib.notebook.presets",
     "ResolvedRun": "kitlib.notebook.presets",
     "resolve": "kitlib.notebook.presets",
-    "estimate_epoch_seconds": "kitlib.notebook.presets",
+    "estimate_epoch_seconds": "kitlib.notebook.estimate",
     "preset_picker": "kitlib.notebook.widgets",
     "PresetPicker": "kitlib.notebook.widgets",
     "diagnose": "kitlib.doctor.report",

@@ -93,6 +93,10 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def record_bytes(data: bytes | memoryview) -> FileRecord:
+    return {"bytes": memoryview(data).nbytes, "sha256": hashlib.sha256(data).hexdigest()}
+
+
 def record_file(path: Path) -> FileRecord:
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 

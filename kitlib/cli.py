@@ -1,11 +1,16 @@
-"""``python -m kitlib``: one argparse front door. Each command imports its module only when it runs, so
-``--help`` is instant (no torch import)."""
+"""``python -m kitlib``: the one command-line front door. Every argparse definition and every line a command prints
+lives here; the modules below return data. Each command imports what it needs only when it runs, so ``--help`` is
+instant (no torch import). A kitlib error (``kitlib.errors.KitError``) prints as one line and exits 2.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import get_args
+
+from kitlib.config import Requested
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -49,36 +54,151 @@ def _cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from kitlib.doctor.report import diagnose
+    from kitlib.machine.hardware import fake_profile
+
+    hw = fake_profile(args.profile, interactive=False) if args.profile else None
+    try:
+        report = diagnose(args.run_dir, hw)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"doctor: {err}", file=sys.stderr)
+        return 2
+    print(report.to_json() if args.json else report)
+    return 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from datetime import datetime, timedelta, timezone
+
+    from kitlib.data.cache import Cache
+
+    cache = Cache(args.dir, log=None)
+    if args.action == "size":
+        print(f"{len(cache.list())} entries, {cache.size_bytes() / 1e6:.1f} MB in {cache.dir}")
+        return 0
+    table = cache.list()
+    if args.name is not None:
+        table = table[table["name"] == args.name]
+    if args.action == "list":
+        print(table.drop(columns=["path"]).to_string(index=False) if len(table) else f"(no entries in {cache.dir})")
+        return 0
+    older = args.older_than_days * 86400 if args.older_than_days is not None else None
+    if older is not None:
+        table = table[table["created"] < datetime.now(timezone.utc) - timedelta(seconds=older)]
+    if not len(table):
+        print(f"nothing to clear in {cache.dir}")
+        return 0
+    what = f"{len(table)} entries ({table['size'].sum() / 1e6:.1f} MB) from {cache.dir}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            print(f"refusing to delete {what} without --yes", file=sys.stderr)
+            return 2
+        if input(f"delete {what}? [y/N] ").strip().lower() not in ("y", "yes"):
+            return 1
+    print(f"deleted {cache.clear(older_than=older, name=args.name)} entries from {cache.dir}")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
+    from kitlib.errors import PrecisionError
+    from kitlib.machine.hardware import detect, fake_profile
+    from kitlib.notebook.estimate import estimate_epoch_seconds
+    from kitlib.notebook.presets import PRESETS, resolve
+
+    hw = fake_profile(args.profile) if args.profile else detect()
+    print(hw.summary() if args.profile is None else f"profile {args.profile} (fake)")
+    resolved, errors = 0, set()
+    for name in PRESETS:
+        print(f"\n=== {name}")
+        try:
+            run = resolve(name, hw)
+        except PrecisionError as err:
+            print("unusable here: same as above" if str(err) in errors else f"unusable here: {err}")
+            errors.add(str(err))
+            continue
+        resolved += 1
+        print(run.summary())
+        if args.rows is not None:
+            seconds = estimate_epoch_seconds(run, args.rows, hw)
+            print(f"estimate: ~{seconds:.0f} s per epoch for {args.rows} rows (rough, +-2x)")
+    return 0 if resolved else 2
+
+
+def _cmd_kaggle(args: argparse.Namespace) -> int:
+    from kitlib.tools import kaggle
+
+    try:
+        if args.kaggle_action == "build":
+            gpu: bool | set[str] = {"all": True, "none": False}.get(args.gpu, set(args.gpu.split(",")))
+            folders = kaggle.build_kernels(
+                args.out, username=args.username, slug_prefix=args.slug_prefix, dataset_sources=args.dataset,
+                wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
+                private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain,
+            )  # fmt: skip
+            print("\n".join(str(f) for f in folders))
+        elif args.kaggle_action == "wheels":
+            if args.dry_run:
+                commands = kaggle.wheels_commands(args.out, project_dir=args.project, extra=args.extra)
+            else:
+                commands = kaggle.wheels(
+                    args.out, project_dir=args.project, extra=args.extra, dataset_id=args.dataset_id
+                )
+            print("\n".join(" ".join(c) for c in commands))
+            print("offline install: pip install --no-index --find-links=/kaggle/input/<wheels dataset> kitlib")
+        elif args.kaggle_action == "push":
+            print(kaggle.push(args.folder, timeout_s=args.timeout, accelerator=args.accelerator).strip())
+        elif args.kaggle_action == "status":
+            current = kaggle.status(args.kernel_id, timeout_s=args.wait, poll_s=args.poll)
+            failure = f" ({current.failure_message})" if current.failure_message else ""
+            print(f"{current.kernel_id}: {current.state}{failure}")
+            return 1 if current.state == "error" else 0
+        elif args.kaggle_action == "output":
+            for path in kaggle.output(args.kernel_id, args.dest, file_pattern=args.pattern):
+                print(path)
+    except (TimeoutError, FileNotFoundError, ValueError) as err:
+        print(f"kaggle {args.kaggle_action}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _cmd_notebooks(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks, strip_outputs
+
+    source = Path(args.notebooks) if args.notebooks else notebooks_dir()
+    if args.action == "strip":
+        print(f"cleared {strip_outputs([source / n for n in NOTEBOOKS])} cell(s) in {source}")
+        return 0
+    if not args.data or not args.work:
+        print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
+        return 2
+    values = {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
+    values |= {k: v for k, v in (("text", args.text), ("target", args.target), ("id", args.id)) if v}
+    for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
+        print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kitlib._version import __version__
+    from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS
 
     parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("detect", help="show the platform, hardware and the precision kitlib would use, and why")
-    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "fp16", "bf16"])
+    p.add_argument("--precision", default="auto", choices=get_args(Requested))
     p.set_defaults(func=_cmd_detect)
-
-    # --- further commands register below this line (one block per command) ---
-
-    def _cmd_doctor(args: argparse.Namespace) -> int:
-        from kitlib.doctor.report import doctor_command
-
-        return doctor_command(args.run_dir, profile=args.profile, as_json=args.json)
 
     p = sub.add_parser("doctor", help="where a run's time went, and ranked changes that would save the most")
     p.add_argument("run_dir", help="the run_dir given to fit() (holds timing.json and config.json)")
     p.add_argument("--profile", default=None, help="hardware to advise for: T4, 2xT4, P100, V100, A100, L4, H100, CPU")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.set_defaults(func=_cmd_doctor)
-
-    def _cmd_cache(args: argparse.Namespace) -> int:
-        from kitlib.data.cache import cache_command
-
-        return cache_command(
-            args.action, directory=args.dir, name=args.name, older_than_days=args.older_than_days, yes=args.yes
-        )
 
     p = sub.add_parser("cache", help="list, size or clear the feature cache")
     p.add_argument("action", choices=["list", "size", "clear"])
@@ -99,20 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("submission")
     p.set_defaults(func=_cmd_score)
 
-    def _cmd_presets(args: argparse.Namespace) -> int:
-        from kitlib.notebook.presets import presets_command
-
-        return presets_command(profile=args.profile, rows=args.rows)
-
     p = sub.add_parser("presets", help="show each preset resolved for this (or a named) machine, with the reasons")
     p.add_argument("--profile", default=None, help="a fake hardware profile, e.g. T4, 2xT4, A100, CPU")
     p.add_argument("--rows", type=int, default=None, help="training rows, for a rough time-per-epoch estimate")
     p.set_defaults(func=_cmd_presets)
-
-    def _cmd_kaggle(args: argparse.Namespace) -> int:
-        from kitlib.tools.kaggle import kaggle_command
-
-        return kaggle_command(args)
 
     p = sub.add_parser("kaggle", help="Kaggle kernels: build folders, offline wheels, push, status, output")
     kaggle_sub = p.add_subparsers(dest="kaggle_action", metavar="ACTION", required=True)
@@ -148,29 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--pattern", default=None, help="only files whose names match this regex")
     p.set_defaults(func=_cmd_kaggle)
 
-    def _cmd_notebooks(args: argparse.Namespace) -> int:
-        from pathlib import Path
-
-        from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks, strip_outputs
-
-        source = Path(args.notebooks) if args.notebooks else notebooks_dir()
-        if args.action == "strip":
-            print(f"cleared {strip_outputs([source / n for n in NOTEBOOKS])} cell(s) in {source}")
-            return 0
-        if not args.data or not args.work:
-            print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
-            return 2
-        values = {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
-        values |= {k: v for k, v in (("text", args.text), ("target", args.target), ("id", args.id)) if v}
-        for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
-            print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
-        return 0
-
     p = sub.add_parser("notebooks", help="run the four notebooks headless in order, or strip their outputs")
     p.add_argument("action", choices=["run", "strip"])
     p.add_argument("--data", help="data dir (train.csv, test.csv, sample_submission.csv)")
     p.add_argument("--work", help="working dir (run.json, cache, run/, submission.csv, executed/)")
-    p.add_argument("--preset", default="balanced", choices=["smoke", "fast", "balanced", "best"])
+    p.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS))
     p.add_argument("--model", default="auto", help="auto | tiny | a model folder")
     p.add_argument("--text", help="text column (default: text)")
     p.add_argument("--target", help="target column (default: label)")
@@ -187,5 +279,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help()
         return 0
-    result: int = args.func(args)
+    from kitlib.errors import KitError
+
+    try:
+        result: int = args.func(args)
+    except KitError as err:  # names the problem and the fix: a traceback would only bury it
+        print(f"{args.command}: {err}", file=sys.stderr)
+        return 2
     return result

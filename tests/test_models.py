@@ -69,3 +69,17 @@ def test_minilm_from_the_installed_package(monkeypatch: pytest.MonkeyPatch) -> N
     assert model(**tok(["a fine film"], return_tensors="pt")).logits.shape == (1, 2)
     _, cls_model, cls_identity = load_text_classifier(2, pooling="cls")
     assert cls_identity.endswith("+head2") and type(cls_model).__name__ == "BertForSequenceClassification"
+
+
+@pytest.mark.parametrize("tiny", [True, False])
+def test_load_classifier_rebuilds_the_same_model_without_a_tokenizer(tiny: bool) -> None:
+    """A later stage rebuilds the classifier from saved tokenizer facts: the same weights, no tokenizer loaded."""
+    from kitlib.models.loading import load_classifier
+
+    if not tiny and minilm_dir() is None:
+        pytest.skip("all-MiniLM-L6-v2 not installed")
+    tok, model, _ = load_text_classifier(3, train_texts=TEXTS, tiny=tiny, seed=7)
+    again = load_classifier(3, vocab_size=len(tok), pad_token_id=tok.pad_token_id, tiny=tiny, seed=7)
+    theirs = again.state_dict()
+    assert model.state_dict().keys() == theirs.keys()
+    assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items())

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from kitlib.cli import main
 from kitlib.config import TrainConfig
 from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, fake_profile
 from kitlib.machine.precision import PrecisionError, UnsupportedGPUError
+from kitlib.notebook.estimate import estimate_epoch_seconds
 from kitlib.notebook.presets import (
     PRESETS,
     RUN_FILE,
     MissingRunError,
     Preset,
     ResolvedRun,
-    estimate_epoch_seconds,
     get_preset,
     load,
-    presets_command,
     resolve,
 )
 
@@ -194,12 +194,12 @@ def test_estimate_epoch_seconds() -> None:
 
 
 def test_presets_command(capsys: pytest.CaptureFixture[str]) -> None:
-    assert presets_command(profile="T4", rows=1000) == 0
+    assert main(["presets", "--profile", "T4", "--rows", "1000"]) == 0
     out = capsys.readouterr().out
     for name in PRESETS:
         assert f"=== {name}" in out
     assert "fp16" in out and "why:" in out and "estimate:" in out
-    assert presets_command(profile="P100") == 2  # no preset is usable on Kaggle's P100
+    assert main(["presets", "--profile", "P100"]) == 2  # no preset is usable on Kaggle's P100
     assert "T4 x2" in capsys.readouterr().out
 
 

@@ -25,13 +25,17 @@ def _csvs(folder: Path, n_train: int = 240, n_test: int = 40) -> Path:
     return folder
 
 
-def test_features_fit_max_length_to_the_data_and_update_the_run(tmp_path: Path, cpu_hw) -> None:
+def test_features_fit_max_length_to_the_data_and_hand_the_fitted_run_on(tmp_path: Path, cpu_hw) -> None:
+    """One writer per file: 00 writes run.json, 01 writes features.json (with the data-fitted run); 01 leaves
+    run.json as 00 wrote it."""
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
     run = workflow.setup(p, cpu_hw)
     assert run.config.max_length == run.preset.max_length_cap  # no lengths known yet
+    written = (p.work_dir / "run.json").read_bytes()
     feats = workflow.features(p, hw=cpu_hw, quiet=True)
-    saved = presets.load(p.work_dir)
-    assert saved.config.max_length == feats.max_length < run.preset.max_length_cap
+    assert (p.work_dir / "run.json").read_bytes() == written
+    saved = workflow.load_features(p)
+    assert saved.run.config.max_length == feats.max_length < run.preset.max_length_cap
     assert feats.max_length >= int(feats.train_tokens.lengths.max()) or feats.report is not None
 
 
@@ -46,7 +50,7 @@ def test_in_process_stages_train_with_the_data_fitted_run_not_the_stale_one(tmp_
     feats = workflow.features(p, stale, hw=cpu_hw, quiet=True)
     assert feats.run.effective_batch_size < stale.effective_batch_size  # 240 rows / 60 steps: 32 -> 8
     assert feats.run.config.max_length != stale.config.max_length
-    workflow.train(p, stale, feats, hw=cpu_hw)
+    workflow.train(p, feats, hw=cpu_hw)
     used = json.loads((p.run_dir / "config.json").read_text())
     trained = used.get("config", used)
     assert trained["micro_batch_size"] * trained["grad_accum_steps"] == feats.run.effective_batch_size
@@ -105,3 +109,83 @@ def test_paths_become_absolute_relative_to_where_the_user_ran_the_command(
     p = workflow.params(environ={}, data_dir="data", work_dir="out", model="org/hub-model")
     assert (p.data_dir, p.work_dir, p.model) == (kernel_dir / "data", kernel_dir / "out", "org/hub-model")
     assert workflow.params(environ={}, data_dir="data", work_dir="out", model="tiny").model == "tiny"
+
+
+def test_train_and_infer_load_what_features_saved_without_csvs_or_tokenizers(
+    tmp_path: Path, cpu_hw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """02 and 03 read 01's hand-off only: no CSV read, no tokenizer loaded or trained, no text tokenized again."""
+    import pandas as pd
+    import transformers
+
+    from kitlib.data import featurize, tables
+    from kitlib.models import loading
+
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw)
+    workflow.features(p, hw=cpu_hw, quiet=True)
+    calls: list[str] = []
+
+    def forbidden(name: str):  # type: ignore[no-untyped-def]
+        def call(*args: object, **kwargs: object) -> None:
+            calls.append(name)
+            raise AssertionError(f"a later stage called {name}")
+
+        return call
+
+    for owner, name in [
+        (pd, "read_csv"),
+        (tables, "read_table"),
+        (transformers.AutoTokenizer, "from_pretrained"),
+        (loading, "train_wordpiece_tokenizer"),
+        (featurize, "tokenize_texts"),
+    ]:
+        monkeypatch.setattr(owner, name, forbidden(name))
+    workflow.train(p, hw=cpu_hw)
+    submission = workflow.infer(p, hw=cpu_hw)
+    assert calls == []
+    assert len(submission) == 40 and list(submission.columns) == ["id", "label"]
+    assert submission["id"].tolist() == list(range(240, 280))  # ints stay ints, in test.csv's order
+
+
+def test_features_built_for_another_run_or_parameters_are_refused(tmp_path: Path, cpu_hw) -> None:
+    from kitlib.errors import MissingRunError
+
+    data = _csvs(tmp_path / "data")
+    p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw)
+    workflow.features(p, hw=cpu_hw, quiet=True)
+    workflow.setup(workflow.params(data_dir=data, work_dir=p.work_dir, preset="fast", model="tiny"), cpu_hw)
+    with pytest.raises(MissingRunError, match=r"run.json changed .* re-run notebooks/01_features"):
+        workflow.train(p, hw=cpu_hw)
+    workflow.setup(p, cpu_hw)
+    other = workflow.params(data_dir=data, work_dir=p.work_dir, preset="smoke", model="tiny", seed=7)
+    with pytest.raises(MissingRunError, match=r"other parameters \(seed: 42 -> 7\)"):
+        workflow.load_features(other)
+
+
+def test_a_damaged_hand_off_array_names_the_file_and_the_notebook(tmp_path: Path, cpu_hw) -> None:
+    from kitlib.errors import DataError
+
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw)
+    workflow.features(p, hw=cpu_hw, quiet=True)
+    labels = p.work_dir / "features" / "labels.npy"
+    labels.write_bytes(labels.read_bytes()[:-8])
+    with pytest.raises(DataError, match=r"labels.npy is damaged .*truncated.* re-run notebooks/01_features"):
+        workflow.load_features(p)
+
+
+def test_sample_submission_problems_stop_features_before_any_training(tmp_path: Path, cpu_hw) -> None:
+    from kitlib.errors import DataError
+
+    data = _csvs(tmp_path / "data")
+    p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw)
+    sample = pd.read_csv(data / "sample_submission.csv")
+    sample.iloc[:-1].to_csv(data / "sample_submission.csv", index=False)
+    with pytest.raises(DataError, match=r"1 ids of test.csv are missing from sample_submission.csv"):
+        workflow.features(p, hw=cpu_hw, quiet=True)
+    sample.rename(columns={"label": "sentiment"}).to_csv(data / "sample_submission.csv", index=False)
+    with pytest.raises(DataError, match=r"columns \['id', 'sentiment'\].*target='label'"):
+        workflow.features(p, hw=cpu_hw, quiet=True)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from kitlib.machine.hardware import HardwareInfo
 
-__all__ = ["Finding", "Report", "diagnose", "doctor_command"]
+__all__ = ["Finding", "Report", "diagnose"]
 
 MIN_SHARE = 0.02  # findings saving less than 2% of the wall time are noise, not advice
 
@@ -208,19 +208,3 @@ def diagnose(run: Any, hw: HardwareInfo | None = None, *, peak_flops: float | No
         findings=findings,
         hardware=hw.device_name if hw.primary is not None else f"CPU ({hw.cpu_count} cores)",
     )
-
-
-def doctor_command(run_dir: str, *, profile: str | None = None, as_json: bool = False) -> int:
-    """``python -m kitlib doctor RUN_DIR [--profile T4] [--json]``; returns the exit code."""
-    import sys
-
-    from kitlib.machine.hardware import fake_profile
-
-    try:
-        hw = fake_profile(profile, interactive=False) if profile else None
-        report = diagnose(run_dir, hw)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"doctor: {err}", file=sys.stderr)
-        return 2
-    print(report.to_json() if as_json else report)
-    return 0

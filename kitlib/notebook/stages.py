@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib._files import write_atomic
+from kitlib.notebook.handoff import BUILT_FROM, Features
+from kitlib.notebook.presets import DEFAULT_PRESET
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import ResolvedRun
 
-FEATURES_FILE = "features.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
 HEAD_LAYERS = 3  # "head" regime: mean-pool MiniLM's last 3 layers (1152 floats per row; see features.embed_texts)
@@ -44,7 +45,7 @@ class Params:
 
     data_dir: Path
     work_dir: Path
-    preset: str = "balanced"
+    preset: str = DEFAULT_PRESET
     model: str = "auto"  # "auto": all-MiniLM-L6-v2 if installed, else a tiny transformer; "tiny"; or a model dir
     text: str = "text"
     target: str = "label"
@@ -111,29 +112,17 @@ def load_run(p: Params) -> ResolvedRun:
 
 
 # --------------------------------------------------------------------------------------------------- 01 features
-@dataclass(frozen=True)
-class Features:
-    train: pd.DataFrame
-    test: pd.DataFrame
-    task: TaskSpec
-    tokenizer: Any
-    train_tokens: Any  # kitlib.data.featurize.TokenizedTexts
-    test_tokens: Any
-    max_length: int
-    report: Any  # kitlib.data.lengths.LengthReport
-    embeddings: tuple[np.ndarray, np.ndarray] | None  # (train, test) for the "head" regime
-    ngrams: tuple[NgramBags, NgramBags] | None  # (train, test) tf-idf n-gram bags for the "head" regime
-    model_identity: str
-    model: Any  # fresh from pretrained (the classifier to fine-tune, or the frozen encoder of the head regime)
-    run: ResolvedRun  # the run these features were built for, re-fitted to the data (what run.json now holds)
-
-
 def _model_choice(p: Params) -> dict[str, Any]:
     if p.model == "auto":
         return {}
     if p.model == "tiny":
         return {"tiny": True}
     return {"model_dir": p.model}
+
+
+def built_from(p: Params) -> dict[str, Any]:
+    """The parameters the saved features depend on (a later stage compares them with its own)."""
+    return {name: getattr(p, name) for name in BUILT_FROM}
 
 
 def features(
@@ -144,15 +133,16 @@ def features(
     quiet: bool = False,
     hw: HardwareInfo | None = None,
 ) -> Features:
-    """Read and validate the data, report lengths, fit max_length to them, tokenize (and embed, for the head
-    regime) through the cache."""
+    """Read and validate the data (sample submission included), fit max_length to it, tokenize (and embed, for the
+    head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
     from kitlib.data.cache import Cache
     from kitlib.data.featurize import embed_texts, tokenize_texts
     from kitlib.data.lengths import length_report
     from kitlib.data.tables import infer_task, read_table
     from kitlib.machine.hardware import detect
     from kitlib.models.loading import load_text_classifier, load_text_encoder
-    from kitlib.notebook import presets
+    from kitlib.notebook import handoff, presets
+    from kitlib.notebook.submission import check_sample_submission
 
     run = run or load_run(p)
     cache = cache or Cache(p.cache_dir, log=(lambda _msg: None) if quiet else print)
@@ -160,6 +150,8 @@ def features(
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
+    test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
+    columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
     task = infer_task(train[p.target])
     texts = train[p.text].tolist()
     load = load_text_encoder if run.regime == "head" else load_text_classifier
@@ -167,12 +159,10 @@ def features(
     tokenizer, model, identity = load(*args, train_texts=texts, seed=p.seed, **_model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
-    if "max_length" not in run.overrides:
-        # 00_setup had no lengths: now the data decides (the preset's coverage, capped), and run.json is updated.
+    if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
         run = presets.resolve(
             run.preset, hw or detect(), lengths=full.lengths, overrides=run.overrides, world_size=run.world_size
         )
-        run.save(p.work_dir)
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
@@ -190,37 +180,31 @@ def features(
         embeddings = (embed_texts(texts, **embed), embed_texts(test[p.text].tolist(), **embed))  # type: ignore[arg-type]
         vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
         ngrams = (vectorizer.transform(texts), vectorizer.transform(test[p.text].tolist()))
-    summary = {
-        "task": task.to_dict(),
-        "max_length": max_length,
-        "n_train": len(train),
-        "n_test": len(test),
-        "model": identity,
-        "regime": run.regime,
-    }
-    write_atomic(p.work_dir / FEATURES_FILE, json.dumps(summary, indent=2, default=str) + "\n")
-    return Features(
-        train,
-        test,
-        task,
-        tokenizer,
-        train_tokens,
-        test_tokens,
-        max_length,
-        report,
-        embeddings,
-        ngrams,
-        identity,
-        model,
-        run,
+    feats = Features(
+        task=task,
+        run=run,
+        model_identity=identity,
+        max_length=max_length,
+        vocab_size=len(tokenizer),
+        pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
+        labels=task.encode(train[p.target]),
+        train_tokens=train_tokens,
+        test_tokens=test_tokens,
+        test_ids=test_ids,
+        submission_columns=columns,
+        embeddings=embeddings,
+        ngrams=ngrams,
+        report=report,
     )
+    handoff.save(feats, p.work_dir, built_from(p))
+    return feats
 
 
-def load_features(p: Params, run: ResolvedRun | None = None, hw: HardwareInfo | None = None) -> Features:
-    """The features 01_features built: every piece is a cache hit (fractions of a second)."""
-    if not (p.work_dir / FEATURES_FILE).is_file():
-        raise FileNotFoundError(f"no {FEATURES_FILE} in {p.work_dir}: run notebooks/01_features.ipynb first")
-    return features(p, run, quiet=True, hw=hw)
+def load_features(p: Params) -> Features:
+    """What 01_features saved: no CSV read, no tokenizer or model loaded (a fraction of a second)."""
+    from kitlib.notebook import handoff
+
+    return handoff.load(p.work_dir, built_from(p))
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
@@ -277,7 +261,7 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
 
     run = feats.run
     cfg = run.config
-    y = feats.task.encode(feats.train[p.target])
+    y = feats.labels
     train_idx, valid_idx = _split(len(y), p.seed)
     if run.regime == "head":
         from kitlib.models.heads import RowDataset, TextHead
@@ -309,42 +293,45 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
                 std=x[train_idx].std(0),
             )
         return Prepared(train, valid, test, head)
-    pad = getattr(feats.tokenizer, "pad_token_id", None) or 0
+    from kitlib.models.loading import load_classifier
+
     tokens = feats.train_tokens
 
     def subset(idx: np.ndarray) -> TokenDataset:
-        return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=pad)
+        return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id)
 
     train = make_train_loader(subset(train_idx), cfg, hw, seed=p.seed)
     valid = make_eval_loader(subset(valid_idx), cfg, hw)
-    test = make_predict_loader(TokenDataset(feats.test_tokens, pad_id=pad), cfg, hw)
-    return Prepared(train, valid, test, feats.model)
+    test = make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id), cfg, hw)
+    model = load_classifier(
+        feats.task.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=p.seed, **_model_choice(p)
+    )
+    return Prepared(train, valid, test, model)
 
 
 def train(
     p: Params,
-    run: ResolvedRun | None = None,
     feats: Features | None = None,
     *,
     hw: HardwareInfo | None = None,
     callbacks: tuple[object, ...] = (),
 ) -> FitResult:
-    """fit() the run's model with the resolved config; artifacts land in ``p.run_dir``.
+    """fit() the model of the features' run (the one fitted to the data); artifacts land in ``p.run_dir``.
 
-    A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers; this process must not
-    have touched CUDA before (kitlib.machine.distributed.launch says so clearly if it has).
+    A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers, each loading the saved
+    features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
     """
-    run = run or load_run(p)
-    if run.world_size > 1:
+    feats = feats or load_features(p)
+    if feats.run.world_size > 1:
         from kitlib.machine.distributed import launch
 
-        result: FitResult = launch(_train_worker, p, run, callbacks, nprocs=run.world_size)
+        result: FitResult = launch(_train_worker, p, callbacks, nprocs=feats.run.world_size)
         return result
-    return _train(p, run, feats, hw=hw, callbacks=callbacks)
+    return _train(p, feats, hw=hw, callbacks=callbacks)
 
 
-def _train_worker(p: Params, run: ResolvedRun, callbacks: tuple[object, ...]) -> FitResult:
-    result = _train(p, run, None, hw=None, callbacks=callbacks)
+def _train_worker(p: Params, callbacks: tuple[object, ...]) -> FitResult:
+    result = _train(p, load_features(p), hw=None, callbacks=callbacks)
     return dataclasses.replace(result, model=result.model.cpu())  # rank 0's result crosses to the parent on CPU
 
 
@@ -360,20 +347,16 @@ def _monitor_task_metric(cfg: TrainConfig, task: TaskSpec) -> TrainConfig:
     return dataclasses.replace(cfg, monitor=name, mode="min" if name == "rmse" else "max")
 
 
-def _train(
-    p: Params, run: ResolvedRun, feats: Features | None, *, hw: HardwareInfo | None, callbacks: tuple[object, ...]
-) -> FitResult:
+def _train(p: Params, feats: Features, *, hw: HardwareInfo | None, callbacks: tuple[object, ...]) -> FitResult:
     import torch
 
     from kitlib.engine.loop import fit
     from kitlib.machine.hardware import detect
 
     hw = hw or detect()
-    feats = feats or load_features(p, run, hw)
-    run = feats.run  # features re-fit max_length and the batch to the data: a run resolved before that is stale
     prepared = prepare(p, feats, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
-    cfg = _monitor_task_metric(dataclasses.replace(run.config, seed=p.seed), feats.task)
+    cfg = _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), feats.task)
     return fit(
         prepared.model,
         prepared.train,
@@ -405,53 +388,26 @@ def predict(model: nn.Module, loader: Any, *, precision: Any, device: torch.devi
     return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
 
 
-def validate_submission(submission: pd.DataFrame, sample_path: Path) -> None:
-    """The checks Kaggle's scorer makes, before anything is written: columns, row count, ids, no missing values."""
-    import pandas as pd
-
-    from kitlib.data.tables import DataError
-
-    if not sample_path.is_file():
-        raise DataError(f"no sample submission at {sample_path}: set sample_submission in the parameters cell")
-    sample = pd.read_csv(sample_path)
-    if list(submission.columns) != list(sample.columns):
-        raise DataError(f"submission columns {list(submission.columns)} != {list(sample.columns)} in {sample_path}")
-    if len(submission) != len(sample):
-        raise DataError(f"submission has {len(submission)} rows, {sample_path.name} has {len(sample)}")
-    id_col = sample.columns[0]
-    missing = set(sample[id_col].astype(str)) - set(submission[id_col].astype(str))
-    if missing:
-        raise DataError(
-            f"{len(missing)} ids of {sample_path.name} are missing from the submission, e.g. {sorted(missing)[:3]}"
-        )
-    if submission.isna().any().any():
-        bad = submission.columns[submission.isna().any()].tolist()
-        raise DataError(f"submission has missing values in {bad}: every row needs a prediction")
-
-
 def infer(
     p: Params,
-    run: ResolvedRun | None = None,
     feats: Features | None = None,
     *,
     run_dirs: list[Path] | None = None,
     hw: HardwareInfo | None = None,
 ) -> pd.DataFrame:
-    """Predict the test set with the best checkpoint of each run dir (mean of their predictions), validate the
-    submission against sample_submission.csv, and write ``work_dir/submission.csv``."""
+    """Predict the test set with the best checkpoint of each run dir (mean of their predictions), check the
+    submission against what 01 saw in sample_submission.csv, and write ``work_dir/submission.csv``."""
     import pandas as pd
+    import torch
 
     from kitlib.engine import checkpoint
     from kitlib.machine.hardware import detect
     from kitlib.machine.precision import Precision, decide_precision
+    from kitlib.notebook.submission import write_submission
 
     hw = hw or detect()
-    run = run or load_run(p)
-    feats = feats or load_features(p, run, hw)
-    run = feats.run
-    precision = Precision(decide_precision(hw, run.config.precision))
-    import torch
-
+    feats = feats or load_features(p)
+    precision = Precision(decide_precision(hw, feats.run.config.precision))
     device = torch.device(precision.plan.device_type)
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
@@ -463,7 +419,5 @@ def infer(
         predictions.append(predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task))
     mean = np.mean(predictions, axis=0)
     values = mean if feats.task.kind == "regression" else feats.task.decode(mean.argmax(-1))
-    submission = pd.DataFrame({p.id: feats.test[p.id].to_numpy(), p.target: values})
-    validate_submission(submission, p.data_dir / p.sample_submission)
-    write_atomic(p.work_dir / "submission.csv", submission.to_csv(index=False))  # never a half-written submission
-    return submission
+    submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
+    return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")

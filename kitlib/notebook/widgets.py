@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from kitlib.notebook.presets import PRESETS, Preset, ResolvedRun, estimate_epoch_seconds, resolve
+from kitlib.config import Requested
+from kitlib.notebook.estimate import estimate_epoch_seconds
+from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun, resolve
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,7 +37,7 @@ _ADVANCED = {
     "max_length": "max length",
     "full_eval_every": "full eval every (epochs, 0 = end)",
 }
-_PRECISIONS = ("auto", "fp32", "fp16", "bf16")
+_PRECISIONS = get_args(Requested)
 
 
 class PresetPicker:
@@ -45,7 +47,7 @@ class PresetPicker:
         self,
         hw: HardwareInfo,
         *,
-        default: str | Preset = "balanced",
+        default: str | Preset = DEFAULT_PRESET,
         lengths: Sequence[int] | np.ndarray | None = None,
         n_rows: int | None = None,
     ) -> None:
@@ -196,7 +198,7 @@ def _duration(seconds: float) -> str:
 def preset_picker(
     hw: HardwareInfo,
     *,
-    default: str | Preset = "balanced",
+    default: str | Preset = DEFAULT_PRESET,
     lengths: Sequence[int] | np.ndarray | None = None,
     n_rows: int | None = None,
     show: bool = True,

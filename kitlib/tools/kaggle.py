@@ -12,7 +12,6 @@ Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``ker
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -485,37 +484,3 @@ def output(
         command += ["--file-pattern", file_pattern]
     _check((runner or _run)(command), command)
     return sorted(p for p in dest.rglob("*") if p.is_file())
-
-
-def kaggle_command(args: argparse.Namespace) -> int:
-    """``python -m kitlib kaggle ACTION``: argparse glue (see kitlib.cli); errors print one message, exit 2."""
-    try:
-        if args.kaggle_action == "build":
-            gpu: bool | set[str] = {"all": True, "none": False}.get(args.gpu, set(args.gpu.split(",")))
-            folders = build_kernels(
-                args.out, username=args.username, slug_prefix=args.slug_prefix, dataset_sources=args.dataset,
-                wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
-                private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain,
-            )  # fmt: skip
-            print("\n".join(str(f) for f in folders))
-        elif args.kaggle_action == "wheels":
-            if args.dry_run:
-                commands = wheels_commands(args.out, project_dir=args.project, extra=args.extra)
-            else:
-                commands = wheels(args.out, project_dir=args.project, extra=args.extra, dataset_id=args.dataset_id)
-            print("\n".join(" ".join(c) for c in commands))
-            print("offline install: pip install --no-index --find-links=/kaggle/input/<wheels dataset> kitlib")
-        elif args.kaggle_action == "push":
-            print(push(args.folder, timeout_s=args.timeout, accelerator=args.accelerator).strip())
-        elif args.kaggle_action == "status":
-            current = status(args.kernel_id, timeout_s=args.wait, poll_s=args.poll)
-            failure = f" ({current.failure_message})" if current.failure_message else ""
-            print(f"{current.kernel_id}: {current.state}{failure}")
-            return 1 if current.state == "error" else 0
-        elif args.kaggle_action == "output":
-            for path in output(args.kernel_id, args.dest, file_pattern=args.pattern):
-                print(path)
-    except (KernelMetadataError, KaggleCLIError, TimeoutError, FileNotFoundError, ValueError) as err:
-        print(f"kaggle {args.kaggle_action}: {err}", file=sys.stderr)
-        return 2
-    return 0

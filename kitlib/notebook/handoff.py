@@ -1,0 +1,177 @@
+"""What 01_features hands to 02_train and 03_infer, saved once and loaded as is.
+
+    work_dir/features/*.npy    token ids + offsets, labels, embeddings/n-gram bags: plain arrays, no pickle
+    work_dir/features.json     the task, the data-fitted run, the model and tokenizer facts, the test ids, and a
+                               {"bytes", "sha256"} record per array (kitlib._files); written last = complete
+
+Loading reads no CSV and loads no tokenizer or model, and runs no code from the files (``np.load`` with
+``allow_pickle=False``): what a Kaggle kernel reads from the previous kernel's output is data only. The file also
+records which run.json and which parameters it was built from, so a later stage refuses features built for another
+preset, model or column, and names the notebook to re-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kitlib._files import FileMismatch, read_checked, record_bytes, write_atomic
+from kitlib.data.featurize import TokenizedTexts
+from kitlib.data.ngrams import NgramBags
+from kitlib.data.tables import TaskSpec
+from kitlib.errors import DataError, MissingRunError
+
+if TYPE_CHECKING:
+    from kitlib.data.lengths import LengthReport
+    from kitlib.notebook.presets import ResolvedRun
+
+FEATURES_FILE = "features.json"
+FEATURES_DIR = "features"
+FORMAT = 1
+# The parameters the saved features depend on: a later stage with other values would train on the wrong thing.
+BUILT_FROM = ("model", "text", "target", "id", "seed", "train_file", "test_file", "sample_submission")
+
+
+@dataclass(frozen=True, eq=False)
+class Features:
+    """The features of one competition for one run: everything 02 and 03 need, nothing they must recompute."""
+
+    task: TaskSpec
+    run: ResolvedRun  # the run fitted to the data (max_length by coverage, the batch by row count)
+    model_identity: str
+    max_length: int
+    vocab_size: int  # the tokenizer's, to rebuild the model without loading the tokenizer
+    pad_id: int
+    labels: np.ndarray  # encoded targets of the training rows (int64 codes, or float32 for regression)
+    train_tokens: TokenizedTexts
+    test_tokens: TokenizedTexts
+    test_ids: list[Any]  # the id column of test.csv, in file order (ints stay ints in the submission)
+    submission_columns: tuple[str, ...]  # sample_submission.csv's header, checked when 01 ran
+    embeddings: tuple[np.ndarray, np.ndarray] | None = None  # (train, test): the "head" regime's frozen features
+    ngrams: tuple[NgramBags, NgramBags] | None = None
+    report: LengthReport | None = None  # the length report, in the process that built the features (01's display)
+
+    @property
+    def n_train(self) -> int:
+        return len(self.labels)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.test_ids)
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        arrays = {"labels": self.labels}
+        for split, tokens in (("train", self.train_tokens), ("test", self.test_tokens)):
+            arrays |= {f"{split}_token_ids": tokens.ids, f"{split}_token_offsets": tokens.offsets}
+        if self.embeddings is not None:
+            arrays |= {"train_embeddings": self.embeddings[0], "test_embeddings": self.embeddings[1]}
+        if self.ngrams is not None:
+            for split, bags in zip(("train", "test"), self.ngrams, strict=True):
+                arrays |= {f"{split}_ngram_ids": bags.ids, f"{split}_ngram_weights": bags.weights}
+        return arrays
+
+
+def run_fingerprint(work_dir: Path) -> str:
+    """sha256 of run.json as 00_setup wrote it: features record it, later stages compare."""
+    from kitlib.notebook.presets import RUN_FILE
+
+    path = work_dir / RUN_FILE
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+
+
+def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> Path:
+    """Write the arrays, then features.json (last: its presence means the hand-off is complete)."""
+    folder = work_dir / FEATURES_DIR
+    records = {}
+    for name, array in features._arrays().items():
+        buffer = io.BytesIO()
+        np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
+        write_atomic(folder / f"{name}.npy", buffer.getbuffer())
+        records[f"{name}.npy"] = record_bytes(buffer.getbuffer())
+    summary = {
+        "format": FORMAT,
+        "task": features.task.to_dict(),
+        "run": features.run.to_dict(),
+        "model": features.model_identity,
+        "regime": features.run.regime,
+        "max_length": features.max_length,
+        "n_train": features.n_train,
+        "n_test": features.n_test,
+        "tokenizer": {"vocab_size": features.vocab_size, "pad_id": features.pad_id},
+        "n_buckets": features.ngrams[0].n_buckets if features.ngrams is not None else None,
+        "test_ids": features.test_ids,
+        "submission_columns": list(features.submission_columns),
+        "built_from": {"run_json_sha256": run_fingerprint(work_dir), **dict(built_from)},
+        "files": records,
+    }
+    return write_atomic(work_dir / FEATURES_FILE, json.dumps(summary, indent=1, default=str) + "\n")
+
+
+def load(work_dir: Path, built_from: Mapping[str, Any]) -> Features:
+    """The features 01_features saved in ``work_dir``; a clear error naming the notebook to run when they are
+    missing, damaged, or were built for another run.json or other parameters."""
+    from kitlib.notebook.presets import ResolvedRun
+
+    path = work_dir / FEATURES_FILE
+    if not path.is_file():
+        raise MissingRunError(f"no {FEATURES_FILE} in {work_dir}: run notebooks/01_features.ipynb first")
+    summary = json.loads(path.read_text())
+    if summary.get("format") != FORMAT:
+        raise MissingRunError(f"{path} was written by another kitlib version: re-run notebooks/01_features.ipynb")
+    _check_built_from(summary["built_from"], {"run_json_sha256": run_fingerprint(work_dir), **dict(built_from)}, path)
+    arrays = {
+        name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / name, record, path)
+        for name, record in summary["files"].items()
+    }
+    task = summary["task"]
+    embeddings = ngrams = None
+    if "train_embeddings" in arrays:
+        embeddings = (arrays["train_embeddings"], arrays["test_embeddings"])
+    if "train_ngram_ids" in arrays:
+        ngrams = tuple(
+            NgramBags(arrays[f"{split}_ngram_ids"], arrays[f"{split}_ngram_weights"], summary["n_buckets"])
+            for split in ("train", "test")
+        )
+    return Features(
+        task=TaskSpec(task["kind"], task["num_labels"], tuple(task["classes"])),
+        run=ResolvedRun.from_dict(summary["run"]),
+        model_identity=summary["model"],
+        max_length=int(summary["max_length"]),
+        vocab_size=int(summary["tokenizer"]["vocab_size"]),
+        pad_id=int(summary["tokenizer"]["pad_id"]),
+        labels=arrays["labels"],
+        train_tokens=TokenizedTexts(arrays["train_token_ids"], arrays["train_token_offsets"], summary["max_length"]),
+        test_tokens=TokenizedTexts(arrays["test_token_ids"], arrays["test_token_offsets"], summary["max_length"]),
+        test_ids=list(summary["test_ids"]),
+        submission_columns=tuple(summary["submission_columns"]),
+        embeddings=embeddings,
+        ngrams=ngrams,  # type: ignore[arg-type]
+    )
+
+
+def _check_built_from(saved: Mapping[str, Any], now: Mapping[str, Any], path: Path) -> None:
+    changed = [k for k in now if str(saved.get(k)) != str(now[k])]
+    if not changed:
+        return
+    if "run_json_sha256" in changed:
+        raise MissingRunError(
+            f"run.json changed after {path.name} was built (00_setup ran again, e.g. with another preset): "
+            "re-run notebooks/01_features.ipynb, then train"
+        )
+    what = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in changed)
+    raise MissingRunError(f"{path.name} was built with other parameters ({what}): re-run notebooks/01_features.ipynb")
+
+
+def _load_array(path: Path, record: Mapping[str, Any], manifest: Path) -> np.ndarray:
+    try:
+        blob = read_checked(path, record)
+    except FileMismatch as err:
+        raise DataError(f"{path} is damaged ({err}): re-run notebooks/01_features.ipynb") from None
+    return np.load(io.BytesIO(blob), allow_pickle=False)

@@ -1,0 +1,56 @@
+"""The submission file: its shape checked against sample_submission.csv in 01 (before any training), the written
+file checked again in 03 against what 01 saw, and written atomically."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kitlib._files import write_atomic
+from kitlib.errors import DataError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: str, target: str) -> tuple[str, ...]:
+    """sample_submission.csv's columns, after checking what 03 would otherwise find after training: it exists, its
+    columns are the id and target parameters, and its ids are exactly test.csv's."""
+    import pandas as pd
+
+    if not sample_path.is_file():
+        raise DataError(f"no sample submission at {sample_path}: set sample_submission in the parameters cell")
+    sample = pd.read_csv(sample_path)
+    columns = tuple(str(c) for c in sample.columns)
+    if set(columns) != {id, target}:
+        raise DataError(
+            f"{sample_path.name} has columns {list(columns)}, but the parameters say id={id!r}, target={target!r}: "
+            "set id and target to the submission's column names"
+        )
+    sample_ids, ids = set(sample[id].astype(str)), {str(i) for i in test_ids}
+    for missing, where, other in (
+        (ids - sample_ids, sample_path.name, "test.csv"),
+        (sample_ids - ids, "test.csv", sample_path.name),
+    ):
+        if missing:
+            raise DataError(
+                f"{len(missing)} ids of {other} are missing from {where}, e.g. {sorted(missing)[:3]}: the two files "
+                "must list the same rows"
+            )
+    return columns
+
+
+def write_submission(submission: pd.DataFrame, columns: Sequence[str], n_rows: int, path: Path) -> pd.DataFrame:
+    """Check the predictions as Kaggle's scorer would (columns, one row per test row, no missing values) and write
+    them atomically, never a half-written submission. Returns the frame in the sample's column order."""
+    if set(submission.columns) != set(columns):
+        raise DataError(f"submission columns {list(submission.columns)} != {list(columns)} of the sample submission")
+    if len(submission) != n_rows:
+        raise DataError(f"submission has {len(submission)} rows, the test set {n_rows}")
+    if submission.isna().any().any():
+        bad = submission.columns[submission.isna().any()].tolist()
+        raise DataError(f"submission has missing values in {bad}: every row needs a prediction")
+    ordered = submission[list(columns)]
+    write_atomic(path, ordered.to_csv(index=False))
+    return ordered
