@@ -43,7 +43,7 @@ def fsync_dir(path: Path) -> None:
         fsync_file(path)
 
 
-def write_atomic(path: str | os.PathLike[str], content: str | bytes | Callable[[BinaryIO], None]) -> Path:
+def write_atomic(path: str | os.PathLike[str], content: str | bytes | memoryview | Callable[[BinaryIO], None]) -> Path:
     """Write ``content`` (text as UTF-8, bytes, or a function that writes to a binary file) to ``path`` atomically.
 
     Cost: one fsync of the file (a few ms on a local disk), one of its folder. Returns the path written.

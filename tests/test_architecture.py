@@ -43,11 +43,26 @@ def _level(room: str) -> int:
     raise AssertionError(f"kitlib.{room} is in no layer: add it to LAYERS in {Path(__file__).name}")
 
 
-def _imports(path: Path, root: Path = ROOT) -> Iterator[tuple[int, str]]:
-    """(line, imported kitlib module) for every import statement, wherever it sits in the file."""
+def _type_checking_lines(tree: ast.Module) -> set[int]:
+    """Lines inside ``if TYPE_CHECKING:`` blocks: imports there never run."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def _imports(path: Path, root: Path = ROOT, *, runtime_only: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, imported kitlib module) for every import statement, wherever it sits in the file (deferred ones too;
+    ``runtime_only`` leaves out the TYPE_CHECKING ones)."""
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = _type_checking_lines(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
         if isinstance(node, ast.Import):
             yield from ((node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "kitlib")
         elif isinstance(node, ast.ImportFrom):
@@ -69,7 +84,8 @@ def _exists(module: str, root: Path) -> bool:
 
 
 MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
-EDGES = {name: sorted({m for _, m in _imports(path) if m != name}) for name, path in MODULES.items()}
+# Cycles are about what runs: a TYPE_CHECKING import only names a type (its layer is still checked above).
+EDGES = {name: sorted({m for _, m in _imports(path, runtime_only=True) if m != name}) for name, path in MODULES.items()}
 
 
 def test_every_module_is_in_a_layer() -> None:
@@ -99,25 +115,34 @@ def test_imports_go_down_or_sideways_never_up(name: str) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_no_import_cycles() -> None:
+def _cycle(edges: dict[str, list[str]]) -> list[str] | None:
+    """One import cycle in ``edges`` (module -> modules it imports at run time), or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
 
-    def visit(module: str) -> None:
+    def visit(module: str) -> list[str] | None:
         state[module] = 1
         path.append(module)
-        for target in EDGES.get(module, []):
+        for target in edges.get(module, []):
             if state.get(target) == 1:
-                cycle = [*path[path.index(target) :], target]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if state.get(target) is None and target in MODULES:
-                visit(target)
+                return [*path[path.index(target) :], target]
+            if state.get(target) is None and target in edges and (found := visit(target)):
+                return found
         path.pop()
         state[module] = 2
+        return None
 
-    for module in sorted(MODULES):
-        if module not in state:
-            visit(module)
+    return next((c for m in sorted(edges) if m not in state and (c := visit(m))), None)
+
+
+def test_no_import_cycles() -> None:
+    cycle = _cycle(EDGES)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert _cycle({"a": ["b"], "b": ["c"], "c": ["a"], "d": []}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": ["b"], "b": [], "c": ["a"]}) is None
 
 
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:

@@ -70,8 +70,8 @@ def test_world_size_and_regime() -> None:
     hw = fake_profile("2xT4")
     assert resolve("balanced", hw).world_size == 2
     assert resolve("fast", hw).world_size == 1  # a head gains nothing from DDP
-    assert resolve("fast", hw).regime == "head"
-    assert resolve("best", hw).regime == "finetune"
+    assert resolve("fast", hw).regime.name == "head"
+    assert resolve("best", hw).regime.name == "finetune"
     run = resolve("balanced", hw, world_size=1)
     assert run.world_size == 1 and run.effective_batch_size == 32
     assert resolve("best", fake_profile("CPU")).world_size == 1

@@ -54,7 +54,7 @@ def test_untouched_picker_is_the_preset(picker: PresetPicker) -> None:
 def test_click_preset_then_change_advanced(picker: PresetPicker) -> None:
     c = picker.controls
     c["preset"].value = "fast"  # what a click on the "fast" button does
-    assert picker.resolved.name == "fast" and picker.resolved.regime == "head"
+    assert picker.resolved.name == "fast" and picker.resolved.regime.name == "head"
     assert c["epochs"].value == picker.config.epochs == 20
     c["epochs"].value = 5
     assert picker.config.epochs == 5 and picker.resolved.overrides == {"epochs": 5}

@@ -62,7 +62,7 @@ def estimate_epoch_seconds(
     max_length = cfg.max_length or resolved.preset.max_length_cap
     tokens_per_row = resolved.mean_tokens if resolved.mean_tokens is not None else max_length / 2
     tokens = n_rows * tokens_per_row * _PADDING_OVERHEAD
-    flops_per_token = (2 if resolved.regime == "head" else 6) * model_params
+    flops_per_token = resolved.regime.matmuls_per_param * model_params
     world = resolved.world_size
     throughput = _device_flops(hw, cfg.precision) * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
     return tokens * flops_per_token / throughput

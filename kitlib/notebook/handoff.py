@@ -100,7 +100,7 @@ def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> P
         "task": features.task.to_dict(),
         "run": features.run.to_dict(),
         "model": features.model_identity,
-        "regime": features.run.regime,
+        "regime": features.run.regime.name,
         "max_length": features.max_length,
         "n_train": features.n_train,
         "n_test": features.n_test,

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from kitlib._files import write_atomic
 from kitlib.config import Freeze, Requested, TrainConfig
 from kitlib.errors import MissingRunError
+from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
 
 if TYPE_CHECKING:
     import numpy as np
 
     from kitlib.machine.hardware import HardwareInfo
 
-Regime = Literal["head", "finetune"]  # head: train a small head on cached frozen embeddings; finetune: the whole model
 Checkpoints = Literal["best", "best_and_last", "none"]
 
 RUN_FILE = "run.json"  # what 00_setup writes into the working dir
@@ -46,7 +46,7 @@ _MIN_EFFECTIVE_BATCH = 8  # below this, per-step overhead and gradient noise cos
 class Preset:
     name: str
     description: str
-    regime: Regime
+    regime: RegimeName  # kitlib.notebook.regimes: "head" (cached embeddings + a head) or "finetune" (all weights)
     epochs: int
     target_effective_batch: int  # rows per optimizer step summed over all devices; micro x accum x world keeps it
     lr: float
@@ -64,7 +64,7 @@ class Preset:
 
     def __post_init__(self) -> None:
         checks = (
-            (self.regime in get_args(Regime), f"regime={self.regime!r} is not one of {get_args(Regime)}"),
+            (self.regime in REGIMES, f"regime={self.regime!r} is not one of {tuple(REGIMES)}"),
             (self.checkpoints in get_args(Checkpoints), f"checkpoints={self.checkpoints!r} is unknown"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.target_effective_batch >= 1, "target_effective_batch must be >= 1"),
@@ -176,7 +176,7 @@ class ResolvedRun:
 
     @property
     def regime(self) -> Regime:
-        return self.preset.regime
+        return REGIMES[self.preset.regime]
 
     @property
     def effective_batch_size(self) -> int:
@@ -189,7 +189,7 @@ class ResolvedRun:
         ckpt = {"best": "best weights", "best_and_last": "best weights + resumable last", "none": "none"}
         full_eval = f"every {cfg.full_eval_every} epoch(s)" if cfg.full_eval_every else "at the end only"
         return [
-            ("preset", f"{self.name} ({self.regime})"),
+            ("preset", f"{self.name} ({self.regime.name})"),
             ("hardware", self.hardware),
             ("precision", f"{cfg.precision} (tf32 {'on' if cfg.tf32 else 'off'})"),
             (
@@ -328,10 +328,8 @@ def resolve(
         reasons.append(
             f"freeze the embeddings and the first {p.freeze_layers} blocks: no backward pass or AdamW state for them"
         )
-    if p.regime == "head":
-        reasons.append(
-            "regime head: the encoder runs once (no grad) to cache embeddings; a head trains on them and tf-idf n-grams"
-        )
+    if (regime_reason := REGIMES[p.regime].reason) is not None:
+        reasons.append(regime_reason)
     cfg = dataclasses.replace(cfg, **late)  # remaining TrainConfig overrides; __post_init__ validates
     if overrides:
         reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())))
@@ -362,7 +360,7 @@ def _world_size(hw: HardwareInfo, p: Preset, requested: int | None, reasons: lis
             raise ValueError(f"world_size must be >= 1, got {requested}")
         reasons.append(f"world size {requested}: as requested")
         return requested
-    if hw.num_gpus > 1 and p.regime == "finetune":
+    if hw.num_gpus > 1 and REGIMES[p.regime].gains_from_ddp:
         reasons.append(
             f"world size {hw.num_gpus}: DDP over all {hw.num_gpus} GPUs (kitlib.machine.distributed.launch), each a "
             "micro-batch"
@@ -462,8 +460,8 @@ def _batch(
     forced_accum = late.pop("grad_accum_steps", None)
     if forced_micro is not None:
         micro, why = int(forced_micro), "set by hand"
-    elif p.regime == "head":
-        micro, why = per_process, "the head's inputs are cached vectors: a whole step fits in one pass"
+    elif (decided := REGIMES[p.regime].micro_batch(per_process)) is not None:
+        micro, why = decided
     else:
         micro, why = _base_micro_batch(hw)
         # Activations grow ~linearly with length (attention ~quadratically): halve the rows per doubling past 128.

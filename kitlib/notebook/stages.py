@@ -20,6 +20,7 @@ import numpy as np
 from kitlib._files import write_atomic
 from kitlib.notebook.handoff import BUILT_FROM, Features
 from kitlib.notebook.presets import DEFAULT_PRESET
+from kitlib.notebook.regimes import Prepared
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
     from kitlib.config import TrainConfig
     from kitlib.data.cache import Cache
-    from kitlib.data.ngrams import NgramBags
     from kitlib.data.tables import TaskSpec
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
-HEAD_LAYERS = 3  # "head" regime: mean-pool MiniLM's last 3 layers (1152 floats per row; see features.embed_texts)
 
 
 @dataclass(frozen=True)
@@ -136,11 +135,10 @@ def features(
     """Read and validate the data (sample submission included), fit max_length to it, tokenize (and embed, for the
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
     from kitlib.data.cache import Cache
-    from kitlib.data.featurize import embed_texts, tokenize_texts
+    from kitlib.data.featurize import tokenize_texts
     from kitlib.data.lengths import length_report
     from kitlib.data.tables import infer_task, read_table
     from kitlib.machine.hardware import detect
-    from kitlib.models.loading import load_text_classifier, load_text_encoder
     from kitlib.notebook import handoff, presets
     from kitlib.notebook.submission import check_sample_submission
 
@@ -154,9 +152,7 @@ def features(
     columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
     task = infer_task(train[p.target])
     texts = train[p.text].tolist()
-    load = load_text_encoder if run.regime == "head" else load_text_classifier
-    args = () if run.regime == "head" else (task.num_labels,)
-    tokenizer, model, identity = load(*args, train_texts=texts, seed=p.seed, **_model_choice(p))
+    tokenizer, model, identity = run.regime.load(task, texts, p.seed, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
     if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
@@ -167,19 +163,16 @@ def features(
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
-    embeddings = ngrams = None
-    if run.regime == "head":
-        from kitlib.data.ngrams import NgramVectorizer
-        from kitlib.machine.precision import Precision, decide_precision
-
-        precision = Precision(decide_precision(hw or detect(), run.config.precision))
-        layers = min(HEAD_LAYERS, int(getattr(model.config, "num_hidden_layers", 1)))
-        embed = dict(
-            tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, layers=layers, cache=cache
-        )
-        embeddings = (embed_texts(texts, **embed), embed_texts(test[p.text].tolist(), **embed))  # type: ignore[arg-type]
-        vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
-        ngrams = (vectorizer.transform(texts), vectorizer.transform(test[p.text].tolist()))
+    extra = run.regime.extra(
+        texts,
+        test[p.text].tolist(),
+        tokenizer=tokenizer,
+        model=model,
+        max_length=max_length,
+        run=run,
+        hw=hw or detect(),
+        cache=cache,
+    )
     feats = Features(
         task=task,
         run=run,
@@ -192,8 +185,8 @@ def features(
         test_tokens=test_tokens,
         test_ids=test_ids,
         submission_columns=columns,
-        embeddings=embeddings,
-        ngrams=ngrams,
+        embeddings=extra.embeddings,
+        ngrams=extra.ngrams,
         report=report,
     )
     handoff.save(feats, p.work_dir, built_from(p))
@@ -244,69 +237,9 @@ def _metric(task: TaskSpec, loader: Any, device: torch.device) -> Any:
     return evaluate
 
 
-@dataclass(frozen=True)
-class Prepared:
-    train: Any  # DataLoader
-    valid: Any
-    test: Any
-    model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
-
-
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded)."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
-
-    run = feats.run
-    cfg = run.config
-    y = feats.labels
-    train_idx, valid_idx = _split(len(y), p.seed)
-    if run.regime == "head":
-        from kitlib.models.heads import RowDataset, TextHead
-
-        if feats.embeddings is None or feats.ngrams is None:
-            raise ValueError("head regime without embeddings: rerun 01_features with this run's preset")
-        (x, x_test), (bags, bags_test) = (torch.from_numpy(e) for e in feats.embeddings), feats.ngrams
-        target = torch.from_numpy(y)
-
-        def columns(x: torch.Tensor, bags: NgramBags) -> dict[str, torch.Tensor]:
-            ids, weights = torch.from_numpy(bags.ids), torch.from_numpy(bags.weights)
-            return {"embeddings": x, "ngram_ids": ids, "ngram_weights": weights}
-
-        def rows(idx: np.ndarray) -> RowDataset:
-            return RowDataset(**{k: v[idx] for k, v in columns(x, bags).items()}, labels=target[idx])
-
-        big = cfg.micro_batch_size * cfg.eval_batch_factor
-        train = DataLoader(rows(train_idx), batch_size=cfg.micro_batch_size, shuffle=True)
-        valid = DataLoader(rows(valid_idx), batch_size=big)
-        test = DataLoader(RowDataset(**columns(x_test, bags_test)), batch_size=big)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(p.seed)
-            head = TextHead(
-                x.shape[1],
-                feats.task.num_labels,
-                n_buckets=bags.n_buckets,
-                regression=feats.task.kind == "regression",
-                mean=x[train_idx].mean(0),
-                std=x[train_idx].std(0),
-            )
-        return Prepared(train, valid, test, head)
-    from kitlib.models.loading import load_classifier
-
-    tokens = feats.train_tokens
-
-    def subset(idx: np.ndarray) -> TokenDataset:
-        return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id)
-
-    train = make_train_loader(subset(train_idx), cfg, hw, seed=p.seed)
-    valid = make_eval_loader(subset(valid_idx), cfg, hw)
-    test = make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id), cfg, hw)
-    model = load_classifier(
-        feats.task.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=p.seed, **_model_choice(p)
-    )
-    return Prepared(train, valid, test, model)
+    return feats.run.regime.prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
 
 
 def train(

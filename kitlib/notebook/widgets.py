@@ -77,7 +77,7 @@ class PresetPicker:
         if self._n_rows is None:
             return "pass n_rows= for a time estimate"
         seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw)
-        what = "embedding pass" if self._resolved.regime == "head" else "per epoch"
+        what = self._resolved.regime.estimate_label
         return f"~{_duration(seconds)} {what} for {self._n_rows} rows (rough, +-2x)"
 
     def __repr__(self) -> str:

@@ -1,0 +1,221 @@
+"""The two ways a preset trains a text model, each decided once as one object.
+
+``head``: the encoder runs once, without gradients, to cache embeddings; a small head trains on them and on tf-idf
+n-grams (seconds per epoch, one forward pass of cost). ``finetune``: the whole model trains on the tokens. Every
+place that differs between them (the preset's reasons, the batch size, DDP, the time estimate, what 01 computes,
+what 02 and 03 build) asks the run's regime instead of testing its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import numpy as np
+    from torch import nn
+
+    from kitlib.data.cache import Cache
+    from kitlib.data.ngrams import NgramBags
+    from kitlib.data.tables import TaskSpec
+    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.notebook.handoff import Features
+    from kitlib.notebook.presets import ResolvedRun
+
+    Split = tuple[np.ndarray, np.ndarray]  # (train rows, validation rows) of the training set
+
+RegimeName = Literal["head", "finetune"]
+HEAD_LAYERS = 3  # head: mean-pool MiniLM's last 3 layers (1152 floats per row; see featurize.embed_texts)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    train: Any  # DataLoader
+    valid: Any
+    test: Any
+    model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
+
+
+@dataclass(frozen=True)
+class Extra:
+    """What a regime computes in 01 besides the tokens (the head's frozen inputs)."""
+
+    embeddings: tuple[np.ndarray, np.ndarray] | None = None
+    ngrams: tuple[NgramBags, NgramBags] | None = None
+
+
+class Regime:
+    name: RegimeName
+    reason: str | None = None  # a line for the preset's reasons, when the regime changes what training means
+    matmuls_per_param: int  # FLOPs per token per weight: 6 to train (2 forward + 4 backward), 2 to embed once
+    estimate_label: str  # what the picker's time estimate measures
+    gains_from_ddp: bool  # worth one process per GPU (a per-step all-reduce of every trainable weight)
+
+    def micro_batch(self, per_process: int) -> tuple[int, str] | None:
+        """Rows per forward pass when the regime decides it (None: size it by accelerator memory)."""
+        return None
+
+    def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        """(tokenizer, model, identity) for 01."""
+        raise NotImplementedError
+
+    def extra(
+        self,
+        texts: list[str],
+        test_texts: list[str],
+        *,
+        tokenizer: Any,
+        model: Any,
+        max_length: int,
+        run: ResolvedRun,
+        hw: HardwareInfo,
+        cache: Cache,
+    ) -> Extra:
+        """What 01 computes besides the tokens, with the tokenizer and model ``load`` gave."""
+        return Extra()
+
+    def prepare(
+        self,
+        feats: Features,
+        hw: HardwareInfo,
+        split: tuple[np.ndarray, np.ndarray],
+        seed: int,
+        choice: Mapping[str, Any],
+    ) -> Prepared:
+        """Loaders and the freshly initialised model for 02 and 03, from the saved features only."""
+        raise NotImplementedError
+
+
+class Finetune(Regime):
+    name: RegimeName = "finetune"
+    matmuls_per_param = 6
+    estimate_label = "per epoch"
+    gains_from_ddp = True
+
+    def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        from kitlib.models.loading import load_text_classifier
+
+        return load_text_classifier(task.num_labels, train_texts=texts, seed=seed, **choice)
+
+    def prepare(
+        self,
+        feats: Features,
+        hw: HardwareInfo,
+        split: tuple[np.ndarray, np.ndarray],
+        seed: int,
+        choice: Mapping[str, Any],
+    ) -> Prepared:
+        from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
+        from kitlib.models.loading import load_classifier
+
+        cfg, tokens, y = feats.run.config, feats.train_tokens, feats.labels
+
+        def subset(idx: np.ndarray) -> TokenDataset:
+            return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id)
+
+        model = load_classifier(
+            feats.task.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
+        )
+        return Prepared(
+            make_train_loader(subset(split[0]), cfg, hw, seed=seed),
+            make_eval_loader(subset(split[1]), cfg, hw),
+            make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id), cfg, hw),
+            model,
+        )
+
+
+class Head(Regime):
+    name: RegimeName = "head"
+    reason = (
+        "regime head: the encoder runs once (no grad) to cache embeddings; a head trains on them and tf-idf n-grams"
+    )
+    matmuls_per_param = 2  # the one-time embedding pass; the head's own epochs take well under a second
+    estimate_label = "embedding pass"
+    gains_from_ddp = False  # a head on cached vectors is too small to gain from DDP's per-step all-reduce
+
+    def micro_batch(self, per_process: int) -> tuple[int, str] | None:
+        return per_process, "the head's inputs are cached vectors: a whole step fits in one pass"
+
+    def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        from kitlib.models.loading import load_text_encoder
+
+        return load_text_encoder(train_texts=texts, seed=seed, **choice)
+
+    def extra(
+        self,
+        texts: list[str],
+        test_texts: list[str],
+        *,
+        tokenizer: Any,
+        model: Any,
+        max_length: int,
+        run: ResolvedRun,
+        hw: HardwareInfo,
+        cache: Cache,
+    ) -> Extra:
+        from kitlib.data.featurize import embed_texts
+        from kitlib.data.ngrams import NgramVectorizer
+        from kitlib.machine.precision import Precision, decide_precision
+
+        precision = Precision(decide_precision(hw, run.config.precision))
+        layers = min(HEAD_LAYERS, int(getattr(model.config, "num_hidden_layers", 1)))
+        embed = dict(
+            tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, layers=layers, cache=cache
+        )
+        vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
+        return Extra(
+            embeddings=(embed_texts(texts, **embed), embed_texts(test_texts, **embed)),
+            ngrams=(vectorizer.transform(texts), vectorizer.transform(test_texts)),
+        )
+
+    def prepare(
+        self,
+        feats: Features,
+        hw: HardwareInfo,
+        split: tuple[np.ndarray, np.ndarray],
+        seed: int,
+        choice: Mapping[str, Any],
+    ) -> Prepared:
+        import torch
+        from torch.utils.data import DataLoader
+
+        from kitlib.models.heads import RowDataset, TextHead
+
+        if feats.embeddings is None or feats.ngrams is None:
+            raise ValueError("head regime without embeddings: rerun 01_features with this run's preset")
+        cfg, (train_idx, valid_idx) = feats.run.config, split
+        (x, x_test), (bags, bags_test) = (torch.from_numpy(e) for e in feats.embeddings), feats.ngrams
+        target = torch.from_numpy(feats.labels)
+
+        def columns(x: torch.Tensor, bags: NgramBags) -> dict[str, torch.Tensor]:
+            return {
+                "embeddings": x,
+                "ngram_ids": torch.from_numpy(bags.ids),
+                "ngram_weights": torch.from_numpy(bags.weights),
+            }
+
+        def rows(idx: np.ndarray) -> RowDataset:
+            return RowDataset(**{k: v[idx] for k, v in columns(x, bags).items()}, labels=target[idx])
+
+        big = cfg.micro_batch_size * cfg.eval_batch_factor
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = TextHead(
+                x.shape[1],
+                feats.task.num_labels,
+                n_buckets=bags.n_buckets,
+                regression=feats.task.kind == "regression",
+                mean=x[train_idx].mean(0),
+                std=x[train_idx].std(0),
+            )
+        return Prepared(
+            DataLoader(rows(train_idx), batch_size=cfg.micro_batch_size, shuffle=True),
+            DataLoader(rows(valid_idx), batch_size=big),
+            DataLoader(RowDataset(**columns(x_test, bags_test)), batch_size=big),
+            head,
+        )
+
+
+REGIMES: Mapping[str, Regime] = MappingProxyType({r.name: r for r in (Head(), Finetune())})
