@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
@@ -140,8 +140,8 @@ def _hardware_for(run: RunRecord) -> HardwareInfo:
     from kitlib.doctor.flops import gpu_key
     from kitlib.machine.hardware import detect, fake_profile
 
-    if run.facts.get("device_type") == "cuda":
-        key = gpu_key(str(run.facts.get("device_name") or ""))
+    if run.facts.device_type == "cuda":
+        key = gpu_key(str(run.facts.device_name or ""))
         family = (key or "").split("-")[0]
         if family in ("T4", "P100", "V100", "A100", "L4", "H100"):
             return fake_profile(family, interactive=False)
@@ -154,30 +154,28 @@ def _mfu(run: RunRecord, tokens_per_s: float | None, peak: float | None) -> floa
     from kitlib.doctor.flops import PeakDtype, flops_per_token, peak_flops
 
     facts = run.facts
-    params, samples = facts.get("model_non_embedding_params"), facts.get("samples") or 0
+    params, samples = facts.model_non_embedding_params, facts.samples or 0
     if not params or not tokens_per_s or not samples:
         return None
-    if peak is None and facts.get("device_type") == "cuda":
-        dtype: PeakDtype = facts.get("precision") or "fp32"
-        mode: PeakDtype = "tf32" if dtype == "fp32" and facts.get("tf32") else dtype  # fp32 matmuls on TF32 cores
-        peak = peak_flops(str(facts.get("device_name") or ""), mode)
+    if peak is None and facts.device_type == "cuda":
+        dtype = cast("PeakDtype", facts.precision or "fp32")
+        mode: PeakDtype = "tf32" if dtype == "fp32" and facts.tf32 else dtype  # fp32 matmuls on TF32 cores
+        peak = peak_flops(str(facts.device_name or ""), mode)
     if not peak:
         return None
-    width = round((facts.get("computed_tokens") or 0) / samples)  # mean padded row length: the attention context
-    per_token = flops_per_token(
-        int(params), int(facts.get("model_layers") or 0), width, int(facts.get("model_width") or 0)
-    )
+    width = round((facts.computed_tokens or 0) / samples)  # mean padded row length: the attention context
+    per_token = flops_per_token(int(params), int(facts.model_layers or 0), width, int(facts.model_width or 0))
     return tokens_per_s * per_token / peak
 
 
 def _summary(run: RunRecord, peak: float | None) -> dict[str, Any]:
     facts = run.facts
-    train_s = sum(facts.get("epoch_train_s") or []) or run.wall
-    real, computed = facts.get("real_tokens") or 0, facts.get("computed_tokens") or 0
+    train_s = sum(facts.epoch_train_s or []) or run.wall
+    real, computed = facts.real_tokens or 0, facts.computed_tokens or 0
     keys = ("steps", "epochs_done", "epochs_planned", "device_name", "precision", "micro_batch_size", "stop_reason")
     tokens_per_s = real / train_s if train_s and real else None
-    return {k: facts.get(k) for k in keys} | {
-        "samples_per_s": (facts.get("samples") or 0) / train_s if train_s else None,
+    return {k: getattr(facts, k) for k in keys} | {
+        "samples_per_s": (facts.samples or 0) / train_s if train_s else None,
         "real_tokens_per_s": tokens_per_s,
         "padding_efficiency": real / computed if computed else None,
         "mfu": _mfu(run, tokens_per_s, peak),
@@ -203,7 +201,7 @@ def diagnose(run: Any, hw: HardwareInfo | None = None, *, peak_flops: float | No
     return Report(
         wall_seconds=record.wall,
         breakdown=breakdown,
-        epoch_gaps_s=[float(g) for g in record.facts.get("epoch_gaps_s") or []],
+        epoch_gaps_s=[float(g) for g in record.facts.epoch_gaps_s or []],
         summary=summary,
         findings=findings,
         hardware=hw.device_name if hw.primary is not None else f"CPU ({hw.cpu_count} cores)",

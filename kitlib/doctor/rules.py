@@ -10,8 +10,10 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from kitlib.engine.record import RunFacts
 from kitlib.engine.timing import STEP_PHASES
 
 if TYPE_CHECKING:
@@ -50,9 +52,9 @@ class RunRecord:
     timing: Mapping[str, Any]
     cfg: Mapping[str, Any]  # the TrainConfig dict from config.json ({} when unknown)
 
-    @property
-    def facts(self) -> Mapping[str, Any]:
-        return self.timing.get("run") or {}
+    @cached_property
+    def facts(self) -> RunFacts:
+        return RunFacts.from_dict(self.timing.get("run"))
 
     @property
     def wall(self) -> float:
@@ -61,7 +63,7 @@ class RunRecord:
     @property
     def steps(self) -> int:
         """Optimizer windows timed (applied and skipped)."""
-        return int((self.timing.get("phases") or {}).get("optimizer", {}).get("count") or self.facts.get("steps") or 0)
+        return int((self.timing.get("phases") or {}).get("optimizer", {}).get("count") or self.facts.steps or 0)
 
     def seconds(self, name: str) -> float:
         # Step phases: per-step means of the sampled steps (true on CUDA, where unsampled phase totals charge async
@@ -73,7 +75,7 @@ class RunRecord:
 
     def setting(self, name: str, default: Any = None) -> Any:
         """A run setting: the recorded fact, else the config field, else ``default``."""
-        value = self.facts.get(name)
+        value = getattr(self.facts, name, None)
         return value if value is not None else self.cfg.get(name, default)
 
 
@@ -114,8 +116,8 @@ def _data_bound(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     # Loading one step's batches takes L seconds in one process; w workers deliver a window every L/w seconds.
     load = d if workers == 0 else workers * (d + c)
     new = min(4, max(2, hw.cpu_count - 1)) if workers == 0 else min(2 * workers, max(hw.cpu_count, workers + 1))
-    epochs = int(run.facts.get("epochs_done") or 1)
-    persistent = bool(run.facts.get("persistent_workers")) and workers > 0
+    epochs = int(run.facts.epochs_done or 1)
+    persistent = bool(run.facts.persistent_workers) and workers > 0
     restart = (1 if persistent else epochs) * (load + new * WORKER_START_S)  # each (re)start: fork, one batch
     saving = n * (d - max(0.0, load / new - c)) - restart
     return _finding(
@@ -136,7 +138,7 @@ def _data_bound(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 
 def _padding(run: RunRecord, hw: HardwareInfo) -> Finding | None:
-    real, computed = int(run.facts.get("real_tokens") or 0), int(run.facts.get("computed_tokens") or 0)
+    real, computed = int(run.facts.real_tokens or 0), int(run.facts.computed_tokens or 0)
     if not real or not computed or real / computed > 0.8:
         return None
     eff = real / computed
@@ -168,7 +170,7 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     seconds = run.seconds("full_eval")
     if seconds < TARGET_SHARE * run.wall:
         return None
-    done = int(run.facts.get("epochs_done") or 1)
+    done = int(run.facts.epochs_done or 1)
     planned = int(run.setting("epochs_planned", run.cfg.get("epochs", done)) or done)
     every, at_end = int(run.setting("full_eval_every", 0) or 0), bool(run.cfg.get("full_eval_at_end", True))
     count = _full_evals(done, planned, every, at_end) or 1
@@ -233,7 +235,7 @@ def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     cost = float(phase.get("seconds") or 0.0) + untimed
     if not saves or cost < TARGET_SHARE * run.wall:
         return None
-    epochs = int(run.facts.get("epochs_done") or 1)
+    epochs = int(run.facts.epochs_done or 1)
     per = cost / saves
     save_last = bool(run.setting("save_last", False))
     if every:
@@ -271,13 +273,13 @@ def _precision(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     from kitlib.doctor.flops import peak_flops
     from kitlib.machine.precision import PrecisionError, decide_precision
 
-    if run.facts.get("precision", run.cfg.get("precision")) != "fp32":
+    if (run.facts.precision or run.cfg.get("precision")) != "fp32":
         return None
     try:
         plan = decide_precision(hw, "auto")
     except PrecisionError:
         return None
-    was = "tf32" if run.facts.get("tf32") else "fp32"
+    was = "tf32" if run.facts.tf32 else "fp32"
     target = plan.dtype if plan.dtype != "fp32" else ("tf32" if plan.tf32 else "fp32")
     if target == was:
         return None
@@ -302,8 +304,8 @@ def _precision(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 
 def _memory(run: RunRecord, hw: HardwareInfo) -> Finding | None:
-    peak, total = run.facts.get("peak_memory_bytes"), run.facts.get("memory_total_bytes")
-    if run.facts.get("device_type") != "cuda" or not peak or not total or peak / total >= 0.4:
+    peak, total = run.facts.peak_memory_bytes, run.facts.memory_total_bytes
+    if run.facts.device_type != "cuda" or not peak or not total or peak / total >= 0.4:
         return None
     factor = 4 if peak / total < 0.2 else 2
     micro, accum = int(run.setting("micro_batch_size", 1)), int(run.setting("grad_accum_steps", 1))
@@ -347,12 +349,12 @@ def _tiny_batches(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 
 def _cudnn_shapes(run: RunRecord, hw: HardwareInfo) -> Finding | None:
-    shapes = int(run.facts.get("distinct_input_shapes") or 0)
+    shapes = int(run.facts.distinct_input_shapes or 0)
     cfg_flag = run.cfg.get("cudnn_benchmark")
     # fit() records the flag after restoring it; fall back to what fit decides (on only for fixed batching).
-    on = bool(run.facts.get("cudnn_benchmark")) or cfg_flag is True
+    on = bool(run.facts.cudnn_benchmark) or cfg_flag is True
     on = on or (cfg_flag is None and run.setting("batching") == "fixed")
-    if run.facts.get("device_type") != "cuda" or not on or shapes <= 8:
+    if run.facts.device_type != "cuda" or not on or shapes <= 8:
         return None
     compute = run.seconds("forward") + run.seconds("backward")
     return _finding(
@@ -368,10 +370,10 @@ def _cudnn_shapes(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 
 def _respawn(run: RunRecord, hw: HardwareInfo) -> Finding | None:
-    workers, gaps = int(run.setting("num_workers", 0) or 0), list(run.facts.get("epoch_gaps_s") or [])
-    if not workers or run.facts.get("persistent_workers") or not gaps:
+    workers, gaps = int(run.setting("num_workers", 0) or 0), list(run.facts.epoch_gaps_s or [])
+    if not workers or run.facts.persistent_workers or not gaps:
         return None
-    epochs = int(run.facts.get("epochs_done") or len(gaps) + 1)
+    epochs = int(run.facts.epochs_done or len(gaps) + 1)
     explained = sum(run.seconds(p) for p in ("eval", "full_eval", "checkpoint")) / epochs
     restart = max(workers * WORKER_START_S, sum(gaps) / len(gaps) - explained)
     return _finding(
@@ -388,13 +390,13 @@ def _respawn(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 def _time_budget(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     budget = run.setting("time_budget_s")
-    train = list(run.facts.get("epoch_train_s") or [])
+    train = list(run.facts.epoch_train_s or [])
     if not budget or not train:
         return None
     planned = int(run.setting("epochs_planned", len(train)) or len(train))
-    stopped = run.facts.get("stop_reason") == "time_budget"
+    stopped = run.facts.stop_reason == "time_budget"
     full = train[:-1] if stopped and len(train) > 1 else train
-    gaps = list(run.facts.get("epoch_gaps_s") or [])
+    gaps = list(run.facts.epoch_gaps_s or [])
     per_epoch = sum(full) / len(full) + (sum(gaps) / len(gaps) if gaps else 0.0)
     need = planned * per_epoch
     if need <= budget and not stopped:

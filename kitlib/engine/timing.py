@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kitlib._files import write_atomic
+
 PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer", "eval", "full_eval", "checkpoint", "logging")
 STEP_PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer")
 
@@ -94,4 +96,4 @@ class PhaseTimer:
         }
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.record(), indent=2, default=str) + "\n")
+        write_atomic(path, json.dumps(self.record(), indent=2, default=str) + "\n")

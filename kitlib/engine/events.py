@@ -1,0 +1,106 @@
+"""fit's named events, and the one protocol for kitlib's own policies and the user's callbacks alike.
+
+Events, in the order they happen::
+
+    on_fit_start(loop)                      once, before the first step (a policy keeps ``loop`` to act on it)
+      on_epoch_start(loop)                  each epoch (also the resumed one)
+        on_step_end(step)                   after every optimizer window (``step.applied`` False: inf/nan, skipped)
+        on_log(metrics)                     every ``log_every_steps`` applied steps, from the progress policy's
+                                            on_step_end (so before later callbacks' on_step_end of that step)
+      on_metrics(epoch, metrics, weights)   an epoch's metrics are known: at its end, or later from a background eval
+      on_epoch_end(record)                  the epoch's history row is complete
+      on_next_epoch(loop)                   the loop moved past the epoch: a clean resume point
+    on_fit_end(loop)                        always, also when training raised: close what you opened
+
+A callback stops training with ``loop.stop("reason")``; the loop finishes the current step (mid-epoch) or epoch and
+reports the reason in ``FitResult.stop_reason``. Callbacks run in list order on every rank; a decision that must
+agree across ranks goes through ``kitlib.machine.distributed.broadcast_object``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from kitlib.engine.checkpoint import Snapshot
+    from kitlib.engine.loop import Loop
+
+EVENTS = (
+    "on_fit_start",
+    "on_epoch_start",
+    "on_step_end",
+    "on_log",
+    "on_metrics",
+    "on_epoch_end",
+    "on_next_epoch",
+    "on_fit_end",
+)
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """One optimizer window, as the loop saw it: counted host-side from shapes, no device sync."""
+
+    applied: bool  # False: the gradients had inf/nan and the optimizer step was skipped
+    micro_batches: int
+    rows: int
+    real_tokens: int | torch.Tensor  # non-pad tokens (a tensor stays lazy on the device)
+    computed_tokens: int  # tokens the model computed, padding included
+    shapes: frozenset[tuple[int, ...]]  # input_ids shapes in the window
+    started: float  # perf_counter() when the loop asked for the window
+    fetch_s: float  # seconds waiting for the DataLoader (worker start-up lands in an epoch's first window)
+    seconds: float  # the whole window: fetch + forward/backward + optimizer
+
+
+class Callback:
+    """Override the events you need; the rest are no-ops. See the module docstring for the order."""
+
+    def on_fit_start(self, loop: Loop) -> None: ...
+    def on_epoch_start(self, loop: Loop) -> None: ...
+    def on_step_end(self, step: StepEnd) -> None: ...
+    def on_log(self, metrics: Mapping[str, float]) -> None: ...
+    def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: Snapshot | None) -> None: ...
+    def on_epoch_end(self, record: Mapping[str, Any]) -> None: ...
+    def on_next_epoch(self, loop: Loop) -> None: ...
+    def on_fit_end(self, loop: Loop) -> None: ...
+
+
+class Events:
+    """Calls one event on every callback that defines it, in list order. Objects that do not subclass Callback work
+    too (the hooks they define are called), so callbacks written for earlier kitlib versions keep working."""
+
+    def __init__(self, callbacks: Sequence[object]) -> None:
+        self.callbacks = tuple(callbacks)
+        self._hooks = {e: [h for cb in self.callbacks if callable(h := getattr(cb, e, None))] for e in EVENTS}
+
+    def _fire(self, event: str, *args: Any) -> None:
+        for hook in self._hooks[event]:
+            hook(*args)
+
+    def on_fit_start(self, loop: Loop) -> None:
+        self._fire("on_fit_start", loop)
+
+    def on_epoch_start(self, loop: Loop) -> None:
+        self._fire("on_epoch_start", loop)
+
+    def on_step_end(self, step: StepEnd) -> None:
+        self._fire("on_step_end", step)
+
+    def on_log(self, metrics: Mapping[str, float]) -> None:
+        self._fire("on_log", metrics)
+
+    def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: Snapshot | None) -> None:
+        self._fire("on_metrics", epoch, metrics, weights)
+
+    def on_epoch_end(self, record: Mapping[str, Any]) -> None:
+        self._fire("on_epoch_end", record)
+
+    def on_next_epoch(self, loop: Loop) -> None:
+        self._fire("on_next_epoch", loop)
+
+    def on_fit_end(self, loop: Loop) -> None:
+        self._fire("on_fit_end", loop)

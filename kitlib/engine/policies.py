@@ -1,0 +1,178 @@
+"""kitlib's training policies, each a callback on fit's named events (kitlib.engine.events), each a screen at most.
+
+``default_policies(cfg)`` is what ``fit`` runs before the user's callbacks; the list is inspectable, and a user's
+callback uses the same protocol.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from kitlib._version import __version__
+from kitlib.engine import checkpoint
+from kitlib.engine.events import Callback, StepEnd
+from kitlib.errors import NonFiniteLossError
+from kitlib.machine import distributed
+from kitlib.progress import progress_bar
+
+if TYPE_CHECKING:
+    import torch
+
+    from kitlib.config import TrainConfig
+    from kitlib.engine.loop import Loop
+
+
+class Policy(Callback):
+    """A callback that acts on the loop it is given at the start of fit."""
+
+    loop: Loop
+
+    def on_fit_start(self, loop: Loop) -> None:
+        self.loop = loop
+
+
+class NonFiniteGuard(Policy):
+    """Counts optimizer steps skipped for inf/nan gradients; too many in a row stop the run with the fixes named."""
+
+    def on_step_end(self, step: StepEnd) -> None:
+        state, cfg = self.loop.state, self.loop.cfg
+        if step.applied:
+            state.nonfinite_streak = 0
+            return
+        state.skipped += 1
+        state.nonfinite_streak += 1
+        if state.nonfinite_streak >= cfg.max_nonfinite_steps:
+            best = f"; the best checkpoint in {self.loop.out / 'best'} is intact" if self.loop.out else ""
+            raise NonFiniteLossError(
+                f"{state.nonfinite_streak} optimizer steps in a row had inf/nan gradients (step {state.step}, "
+                f"epoch {state.epoch}){best}. Lower lr (now {cfg.lr:g}), keep grad_clip on, use precision='bf16' "
+                "or 'fp32' instead of fp16, and check the data for inf/nan."
+            )
+
+
+class ProgressLog(Policy):
+    """The progress bar, and every ``log_every_steps`` applied steps the loss, lr and speed (one host sync)."""
+
+    def on_fit_start(self, loop: Loop) -> None:
+        super().on_fit_start(loop)
+        state, per_epoch = loop.state, loop.windows_per_epoch
+        done = state.epoch * per_epoch + math.ceil(state.batch_in_epoch / loop.cfg.grad_accum_steps)
+        self.bar = progress_bar(
+            per_epoch * loop.cfg.epochs, desc="train", interactive=loop.hw.interactive, disable=not loop.env.is_main,
+            initial=done,
+        )  # fmt: skip
+
+    def on_epoch_start(self, loop: Loop) -> None:
+        self.start, self.loss, self.items = time.perf_counter(), loop.epoch_loss.item(), loop.epoch_items.item()
+        self.samples = 0
+        self.tokens: int | torch.Tensor = 0  # a tensor stays lazy on the device until a log step reads it
+
+    def on_step_end(self, step: StepEnd) -> None:
+        self.bar.update(1)
+        self.samples, self.tokens = self.samples + step.rows, self.tokens + step.real_tokens
+        loop = self.loop
+        if not step.applied or loop.state.step % loop.cfg.log_every_steps:
+            return
+        with loop.timer.phase("logging"):
+            loss, items = loop.epoch_loss.item(), loop.epoch_items.item()  # the host sync: log steps only
+            seconds, world = time.perf_counter() - self.start, loop.env.world_size
+            logs: dict[str, float] = {
+                "step": loop.state.step,
+                "loss": (loss - self.loss) / max(items - self.items, 1e-12),
+                "lr": float(loop.scheduler.get_last_lr()[0]),
+                "samples_per_s": self.samples * world / seconds,
+                "tokens_per_s": float(self.tokens) * world / seconds,  # real tokens, no padding
+            }
+            self.bar.set_postfix(
+                loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}", sps=f"{logs['samples_per_s']:.1f}",
+                tok_s=f"{logs['tokens_per_s']:.0f}", refresh=False,
+            )  # fmt: skip
+            loop.events.on_log(logs)
+            self.start, self.loss, self.items, self.samples, self.tokens = time.perf_counter(), loss, items, 0, 0
+
+    def on_fit_end(self, loop: Loop) -> None:
+        if hasattr(self, "bar"):
+            self.bar.close()
+
+
+class BestCheckpoint(Policy):
+    """Tracks the best value of ``cfg.monitor`` (also verdicts that arrive late from a background eval) and saves
+    those weights to ``best/`` when ``cfg.save_best``."""
+
+    def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: checkpoint.Snapshot | None) -> None:
+        loop, state, cfg = self.loop, self.loop.state, self.loop.cfg
+        value = metrics.get(loop.monitor)
+        if value is None:
+            return
+        if not improved(value, state.best, cfg):
+            state.evals_since_best += 1
+            return
+        state.best, state.best_epoch, state.evals_since_best = value, epoch, 0
+        if cfg.save_best:
+            meta = {"epoch": epoch, "metrics": dict(metrics), "config": cfg.to_dict(), "kitlib": __version__}
+            loop.save("best", lambda: weights or checkpoint.snapshot(loop.raw_model, meta=meta))
+
+
+def improved(value: float, best: float | None, cfg: TrainConfig) -> bool:
+    if math.isnan(value):
+        return False
+    if best is None:
+        return True
+    return value < best - cfg.min_delta if cfg.mode == "min" else value > best + cfg.min_delta
+
+
+class EarlyStopping(Policy):
+    """Stops after ``patience`` evaluations without improvement (all ranks agree)."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+
+    def on_next_epoch(self, loop: Loop) -> None:
+        if distributed.broadcast_object(loop.state.evals_since_best >= self.patience, loop.env):
+            loop.stop("early_stopping")
+
+
+class PeriodicSave(Policy):
+    """``last/``: the full resume state every ``save_every_steps`` optimizer steps and/or at each epoch end."""
+
+    def on_step_end(self, step: StepEnd) -> None:
+        every = self.loop.cfg.save_every_steps
+        if step.applied and every and self.loop.state.step % every == 0:
+            self.loop.save_last()
+
+    def on_next_epoch(self, loop: Loop) -> None:
+        if loop.cfg.save_last:
+            loop.save_last()
+
+
+class TimeBudget(Policy):
+    """Stops while one more step, the epoch-end eval and a checkpoint still fit in ``budget_s``, and saves ``last/``
+    at that exact position, so the next session resumes there."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s, self.step_s = budget_s, 0.0  # step_s: moving average of one optimizer window
+
+    def on_step_end(self, step: StepEnd) -> None:
+        self.step_s = 0.9 * self.step_s + 0.1 * step.seconds if self.step_s else step.seconds
+        timer = self.loop.timer
+        if not step.applied:
+            return
+        reserve = 2 * self.step_s + timer.seconds.get("eval", 0.0) / max(1, timer.counts.get("eval", 0)) + 5.0
+        if distributed.broadcast_object(timer.elapsed + reserve > self.budget_s, self.loop.env):
+            self.loop.stop("time_budget")
+            self.loop.save_last()  # resumable from this exact position in the next session
+
+
+def default_policies(cfg: TrainConfig) -> list[Callback]:
+    """kitlib's policies for ``cfg``, in the order fit calls them (before the user's callbacks)."""
+    return [
+        NonFiniteGuard(),
+        ProgressLog(),
+        BestCheckpoint(),
+        *([EarlyStopping(cfg.patience)] if cfg.patience is not None else []),
+        PeriodicSave(),
+        *([TimeBudget(cfg.time_budget_s)] if cfg.time_budget_s is not None else []),
+    ]

@@ -1,0 +1,151 @@
+"""What the speed doctor reads about a run besides the phase times: one typed record, written into timing.json.
+
+``RunRecorder`` is a callback on fit's events; it counts host-side from shapes and timestamps (no device syncs).
+``RunFacts`` is the record: ``to_dict()`` for timing.json's "run" section (the keys older files have), and
+``from_dict()`` that tolerates files from older kitlib versions (missing facts are None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kitlib.engine.events import Callback, StepEnd
+from kitlib.models.facts import model_facts
+
+if TYPE_CHECKING:
+    import torch
+
+    from kitlib.engine.loop import Loop
+
+
+@dataclass
+class RunFacts:
+    steps: int | None = None
+    epochs_planned: int | None = None
+    epochs_done: int | None = None
+    world_size: int | None = None
+    micro_batch_size: int | None = None
+    grad_accum_steps: int | None = None
+    num_workers: int | None = None
+    persistent_workers: bool | None = None
+    pin_memory: bool | None = None
+    precision: str | None = None
+    tf32: bool | None = None
+    device_type: str | None = None
+    device_name: str | None = None
+    peak_memory_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    time_budget_s: float | None = None
+    full_eval_every: int | None = None
+    save_best: bool | None = None
+    save_last: bool | None = None
+    save_every_steps: int | None = None
+    batching: str | None = None
+    cudnn_benchmark: bool | None = None
+    samples: int | None = None
+    real_tokens: int | None = None
+    computed_tokens: int | None = None
+    distinct_input_shapes: int | None = None
+    epoch_gaps_s: list[float] = field(default_factory=list)  # eval, checkpoint, loader restart between epochs
+    epoch_train_s: list[float] = field(default_factory=list)
+    first_batch_wait_s: list[float] = field(default_factory=list)  # worker start-up lands here
+    eval_batches_per_eval: int | None = None
+    stop_reason: str | None = None
+    model_non_embedding_params: int | None = None
+    model_layers: int | None = None
+    model_width: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> RunFacts:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known and v is not None})
+
+
+class RunRecorder(Callback):
+    """Collects the run's facts for timing.json as fit runs."""
+
+    def __init__(self) -> None:
+        self.gaps: list[float] = []
+        self.train_s: list[float] = []
+        self.first_waits: list[float] = []
+        self.shapes: set[tuple[int, ...]] = set()
+        self.samples, self.real_tokens, self.computed_tokens = 0, 0, 0
+        self.epoch_tokens: int | torch.Tensor = 0  # stays lazy on the device until the epoch ends (one sync)
+        self.gap_start: float | None = None
+        self.epoch_start = 0.0
+        self.first_step = True
+
+    def on_epoch_start(self, loop: Loop) -> None:
+        self.epoch_start, self.first_step = time.perf_counter(), True
+
+    def on_step_end(self, step: StepEnd) -> None:
+        if self.gap_start is not None:  # eval, checkpoint and loader restart between two epochs' steps
+            self.gaps.append(step.started - self.gap_start)
+            self.gap_start = None
+        if self.first_step:
+            self.first_waits.append(step.fetch_s)
+            self.first_step = False
+        self.samples += step.rows
+        self.epoch_tokens = self.epoch_tokens + step.real_tokens
+        self.computed_tokens += step.computed_tokens
+        self.shapes |= step.shapes
+
+    def on_epoch_end(self, record: Mapping[str, Any]) -> None:
+        self.gap_start = self.epoch_start + record["epoch_s"]  # training ended here; eval and saving came after
+        self.train_s.append(record["epoch_s"])
+        self.real_tokens, self.epoch_tokens = self.real_tokens + int(self.epoch_tokens), 0
+
+    def facts(self, loop: Loop) -> RunFacts:
+        cfg, env, loader, device = loop.cfg, loop.env, loop.base_loader, loop.device
+        if device.type == "cuda":
+            import torch
+
+            peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
+        else:
+            import resource
+
+            peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loop.hw.ram_bytes  # Linux: KiB
+        eval_batches = loop.eval_batches
+        return RunFacts(
+            steps=loop.state.step,
+            epochs_planned=cfg.epochs,
+            epochs_done=len(loop.state.history),
+            world_size=env.world_size,
+            micro_batch_size=getattr(loader, "batch_size", None) or cfg.micro_batch_size,
+            grad_accum_steps=cfg.grad_accum_steps,
+            num_workers=loader.num_workers,
+            persistent_workers=loader.persistent_workers,
+            pin_memory=loader.pin_memory,
+            precision=loop.plan.dtype,
+            tf32=loop.plan.tf32,
+            device_type=device.type,
+            device_name=loop.hw.device_name,
+            peak_memory_bytes=peak,
+            memory_total_bytes=total,
+            time_budget_s=cfg.time_budget_s,
+            full_eval_every=cfg.full_eval_every,
+            save_best=cfg.save_best,
+            save_last=cfg.save_last,
+            save_every_steps=cfg.save_every_steps,
+            batching=cfg.batching,
+            cudnn_benchmark=bool(loop.timer.extra.get("cudnn_benchmark")),
+            samples=self.samples,
+            real_tokens=self.real_tokens,
+            computed_tokens=self.computed_tokens,
+            distinct_input_shapes=len(self.shapes),
+            epoch_gaps_s=[round(g, 4) for g in self.gaps],
+            epoch_train_s=[round(t, 4) for t in self.train_s],
+            first_batch_wait_s=[round(t, 4) for t in self.first_waits],
+            eval_batches_per_eval=min(len(eval_batches), cfg.eval_max_batches or len(eval_batches))
+            if eval_batches is not None
+            else 0,
+            stop_reason=loop.stop_reason,
+            **model_facts(loop.raw_model),
+        )

@@ -1,0 +1,109 @@
+"""The optimizer step, read top to bottom, and the small helpers around it.
+
+``train_window``: autocast -> weighted backward (no DDP sync until the window's last micro-batch) -> unscale -> clip
+-> step (skipped on inf/nan) -> schedule -> zero_grad. Precision off means no-op objects, not branches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, RandomSampler
+
+from kitlib.engine.objective import Batch, CountFn, LossFn
+from kitlib.engine.timing import PhaseTimer
+from kitlib.machine import distributed
+
+if TYPE_CHECKING:
+    from kitlib.config import TrainConfig
+    from kitlib.machine.precision import Precision
+
+
+def to_device(device: torch.device) -> Callable[[Batch], Batch]:
+    # Pinned host memory + non_blocking lets the copy overlap the previous step's kernels on CUDA; on CPU it is a no-op.
+    non_blocking = device.type == "cuda"
+
+    def move(batch: Batch) -> Batch:
+        if isinstance(batch, torch.Tensor):
+            return batch.to(device, non_blocking=non_blocking)
+        if isinstance(batch, Mapping):  # dicts and Hugging Face BatchEncoding alike
+            return {k: move(v) for k, v in batch.items()}
+        if isinstance(batch, list | tuple):
+            return type(batch)(move(v) for v in batch)
+        return batch
+
+    return move
+
+
+def train_window(
+    window: list[Batch],
+    *,
+    model: nn.Module,
+    loss_fn: LossFn,
+    count_fn: CountFn,
+    precision: Precision,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    params: list[nn.Parameter],
+    cfg: TrainConfig,
+    env: distributed.DistEnv,
+    timer: PhaseTimer,
+    to_device: Callable[[Batch], Batch],
+) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """One optimizer step over a window of micro-batches. Returns (applied, summed item-weighted loss, items)."""
+    with timer.phase("h2d"):
+        window = [to_device(batch) for batch in window]
+        counts = [torch.as_tensor(count_fn(batch), dtype=torch.float32, device=params[0].device) for batch in window]
+        # Each micro-batch's mean loss is weighted by its share of the window's items across all ranks, so the
+        # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
+        # gradients over ranks, hence the world_size factor.
+        total = distributed.all_reduce_sum(torch.stack(counts).sum(), env)
+    loss_sum = torch.zeros((), device=params[0].device)
+    for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
+        with distributed.sync_context(model, sync=i == len(window) - 1):
+            with timer.phase("forward"), precision.autocast():
+                loss = loss_fn(model, batch)
+            with timer.phase("backward"):
+                precision.backward(loss * (count * env.world_size / total))
+        loss_sum += loss.detach().float() * count
+    with timer.phase("optimizer"):
+        precision.unscale_(optimizer)
+        norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True)
+        # One host sync per optimizer step (the GradScaler needs the same one for found_inf anyway).
+        applied = precision.step(optimizer, grads_finite=bool(torch.isfinite(norm)))
+        if applied:
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return applied, loss_sum, total
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute activations in backward: ~30% more compute for far less activation memory (Hugging Face models)."""
+    # transformers 5.x renamed gradient_checkpointing_enable (deprecated, removed in v6); 4.x has only the old name.
+    # Non-reentrant checkpointing works with DDP, frozen inputs and torch.compile; the reentrant default does not.
+    kwargs = {"use_reentrant": False}
+    if callable(enable := getattr(model, "activation_checkpointing_enable", None)):
+        enable(activation_checkpointing_kwargs=kwargs)
+    elif callable(enable := getattr(model, "gradient_checkpointing_enable", None)):
+        enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError(
+            f"gradient_checkpointing=True needs a Hugging Face model (activation_checkpointing_enable()); for "
+            f"{type(model).__name__} wrap its blocks in torch.utils.checkpoint.checkpoint(..., use_reentrant=False)"
+        )
+
+
+def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:
+    """Make each epoch's batch order a pure function of (seed, epoch), so a resumed run replays it exactly."""
+    for sampler in (loader.batch_sampler, loader.sampler):
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)  # type: ignore[union-attr]
+            return
+    if isinstance(loader.sampler, RandomSampler):
+        # The user's plain DataLoader(shuffle=True): give its sampler a seeded generator (torch would otherwise
+        # draw a fresh seed from the global RNG at every iterator, which a resumed run cannot replay).
+        loader.sampler.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
