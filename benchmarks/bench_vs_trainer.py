@@ -9,7 +9,7 @@ split (kitlib.notebook.stages._split), epochs, 128-token cap and scoring (kitlib
 test) for every contender. Each contender runs in its own subprocess, one after another, so threads, allocator caches
 and imports do not leak between them. Wall time is end to end inside the worker (tokenize, train, eval, save, predict,
 write submission.csv), after the heavy imports. Goals (issue 5): kitlib >= 2x faster than Trainer defaults, >= 1.3x
-faster than tuned Trainer, accuracy within 0.5 points of both. The last line printed is one JSON object. """
+faster than tuned Trainer, accuracy within 0.5 points of both. The last line printed is one JSON object."""
 
 from __future__ import annotations
 
