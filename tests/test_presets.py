@@ -19,7 +19,7 @@ from kitlib.notebook.presets import (
     Preset,
     ResolvedRun,
     get_preset,
-    load,
+    load_run,
     resolve,
 )
 
@@ -163,16 +163,16 @@ def test_json_round_trip(tmp_path: Path) -> None:
         run = resolve("best", fake_profile(name), lengths=LENGTHS, overrides={"epochs": 2})
         path = run.save(tmp_path / name)  # a directory path: gets run.json
         assert path == tmp_path / name / RUN_FILE
-        again = load(tmp_path / name)
+        again = load_run(tmp_path / name)
         assert again == run == ResolvedRun.load(path)
         assert isinstance(again, ResolvedRun) and again.config.betas == run.config.betas
 
 
 def test_missing_run_says_which_notebook(tmp_path: Path) -> None:
     with pytest.raises(MissingRunError, match="00_setup"):
-        load(tmp_path)
+        load_run(tmp_path)
     with pytest.raises(FileNotFoundError):  # MissingRunError is a FileNotFoundError
-        load(tmp_path / "nowhere" / "run.json")
+        load_run(tmp_path / "nowhere" / "run.json")
 
 
 def test_estimate_epoch_seconds() -> None:

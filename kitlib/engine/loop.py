@@ -98,7 +98,7 @@ class Loop:
         self.cfg, self.hw = cfg, hw
         self.plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)  # raises, naming the fix, for impossible asks
         self.precision = Precision(self.plan)
-        self.env = distributed.setup(self.plan.device_type)
+        self.env = distributed.join_process_group(self.plan.device_type)
         self.device = distributed.device_for(self.plan.device_type, self.env)
         self.out = Path(run_dir) if run_dir is not None else None
         self.loss_fn, self.count_fn, self.full_eval = loss_fn or hf_loss, count_fn or default_count_fn(model), full_eval

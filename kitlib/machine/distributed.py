@@ -40,7 +40,7 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
 
 
-def setup(device_type: str, environ: Mapping[str, str] | None = None) -> DistEnv:
+def join_process_group(device_type: str, environ: Mapping[str, str] | None = None) -> DistEnv:
     """Join the process group when launched with WORLD_SIZE > 1 (idempotent)."""
     env = dist_env(environ)
     if env.enabled and not dist.is_initialized():

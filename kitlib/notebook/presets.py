@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -250,11 +249,11 @@ class ResolvedRun:
 
     @classmethod
     def load(cls, path: str | Path) -> ResolvedRun:
-        """``load(path)``: the run 00_setup saved; MissingRunError (naming 00_setup) when there is none."""
-        return load(path)
+        """``load_run(path)``: the run 00_setup saved; MissingRunError (naming 00_setup) when there is none."""
+        return load_run(path)
 
 
-def load(path: str | Path) -> ResolvedRun:
+def load_run(path: str | Path) -> ResolvedRun:
     """Read a run saved by ``ResolvedRun.save`` (a file, or a directory holding ``run.json``)."""
     target = Path(path)
     if target.is_dir() or not target.suffix:
@@ -384,7 +383,9 @@ def _max_length(
         length = p.max_length_cap
         reasons.append(f"max_length {length}: the preset's cap (no row lengths given; pass lengths= to fit the data)")
     else:
-        covered = _suggest_max_length(arr, p.length_coverage)
+        from kitlib.data.lengths import suggest_max_length
+
+        covered = suggest_max_length(arr, coverage=p.length_coverage, multiple_of=_PAD_MULTIPLE)
         length = min(covered, p.max_length_cap)
         capped = f", capped at {p.max_length_cap}" if covered > p.max_length_cap else ""
         kept = float(np.mean(arr <= length))
@@ -396,15 +397,6 @@ def _max_length(
         raise ValueError(f"max_length must be >= 1, got {length}")
     mean = None if arr is None or arr.size == 0 else float(np.minimum(arr, length).mean())
     return length, mean
-
-
-def _suggest_max_length(arr: np.ndarray, coverage: float) -> int:
-    try:
-        from kitlib.data.lengths import suggest_max_length
-    except ImportError:  # kitlib.data.lengths pulls in the samplers; the same rule in three lines if it is unavailable
-        k = max(math.ceil(coverage * arr.size - 1e-9), 1)
-        return -(-max(int(sorted(arr.tolist())[k - 1]), 1) // _PAD_MULTIPLE) * _PAD_MULTIPLE
-    return suggest_max_length(arr, coverage=coverage, multiple_of=_PAD_MULTIPLE)
 
 
 def _base_micro_batch(hw: HardwareInfo) -> tuple[int, str]:

@@ -105,9 +105,10 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_run(p: Params) -> ResolvedRun:
+    """The run 00_setup saved in the working dir (MissingRunError naming 00_setup when there is none)."""
     from kitlib.notebook import presets
 
-    return presets.load(p.work_dir)  # raises MissingRunError naming 00_setup
+    return presets.load_run(p.work_dir)
 
 
 # --------------------------------------------------------------------------------------------------- 01 features
@@ -207,10 +208,6 @@ def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
-def _to(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device) for k, v in batch.items()}
-
-
 def metric_name(task: TaskSpec) -> str:
     return "rmse" if task.kind == "regression" else "accuracy"
 
@@ -219,10 +216,14 @@ def _metric(task: TaskSpec, loader: Any, device: torch.device) -> Any:
     """The full evaluation: the task metric and the loss over every validation row, in one pass (fit then skips
     its separate loss-only pass; it runs this under no_grad + autocast)."""
 
+    from kitlib.engine.step import to_device
+
+    move = to_device(device)
+
     def evaluate(model: nn.Module) -> dict[str, float]:
         total, hits, squared, loss_sum = 0, 0, 0.0, 0.0
         for batch in loader:
-            batch = _to(batch, device)
+            batch = move(batch)
             output = model(**batch)
             out, loss, labels = output.logits.float(), output.loss, batch["labels"]
             if task.kind == "regression":
@@ -311,12 +312,14 @@ def predict(model: nn.Module, loader: Any, *, precision: Any, device: torch.devi
     import torch
 
     from kitlib.data.loaders import restore_order
+    from kitlib.engine.step import to_device
 
+    move = to_device(device)
     model.to(device).eval()
     outputs = []
     with torch.inference_mode(), precision.autocast():
         for batch in loader:
-            out = model(**_to(batch, device)).logits.float()
+            out = model(**move(batch)).logits.float()
             outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
     return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
 
