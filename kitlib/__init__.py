@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "speed_flags": "kitlib.machine.backends",
     "TrainConfig": "kitlib.config",
     "fit": "kitlib.engine.loop",
+    "Callback": "kitlib.engine.events",
     "FitResult": "kitlib.engine.loop",
     "make_train_loader": "kitlib.data.loaders",
     "make_eval_loader": "kitlib.data.loaders",
