@@ -31,7 +31,8 @@ def _cmd_detect(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from kitlib.tools.demo import make_demo
 
-    paths = make_demo(args.dir, seed=args.seed, test_fraction=args.test_fraction)  # DemoDataMissing: one line, exit 2
+    # DemoDataMissing, or files of the user's in the folder: one line, exit 2
+    paths = make_demo(args.dir, seed=args.seed, test_fraction=args.test_fraction, force=args.force)
     for path in (paths.train, paths.test, paths.sample_submission, paths.solution):
         print(path)
     return 0
@@ -203,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="folder for train.csv, test.csv, sample_submission.csv, solution.csv")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-fraction", type=float, default=0.2)
+    p.add_argument("--force", action="store_true", help="overwrite a folder that holds other files")
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("score", help="score a submission against the demo's solution.csv (prints the accuracy)")

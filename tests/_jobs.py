@@ -49,7 +49,18 @@ class KillAt:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def resume_job(run_dir: str, kill_at: int, resume: bool) -> None:
+class TermAt:
+    """Sends this process SIGTERM at a step, as a hosted session does before it ends."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_log(self, metrics: dict[str, float]) -> None:
+        if metrics["step"] == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def resume_job(run_dir: str, kill_at: int, resume: bool, term_at: int = 0) -> None:
     cfg = TrainConfig(
         epochs=3,
         micro_batch_size=8,
@@ -62,7 +73,8 @@ def resume_job(run_dir: str, kill_at: int, resume: bool) -> None:
         seed=7,
     )
     loader = DataLoader(data(), batch_size=8, shuffle=True)  # fit seeds each epoch's shuffle
-    callbacks = [KillAt(kill_at, run_dir)] if kill_at > 0 else []
+    callbacks: list[object] = [KillAt(kill_at, run_dir)] if kill_at > 0 else []
+    callbacks += [TermAt(term_at)] if term_at > 0 else []
     result = fit(
         model(),
         loader,
@@ -73,7 +85,9 @@ def resume_job(run_dir: str, kill_at: int, resume: bool) -> None:
         hw=fake_profile("CPU", platform="local", interactive=False),
         callbacks=callbacks,
     )
-    torch.save(result.model.state_dict(), Path(run_dir) / "final.pt")
+    if result.stop_reason == "completed":
+        torch.save(result.model.state_dict(), Path(run_dir) / "final.pt")
+    print(f"stop {result.stop_reason} at step {result.steps}", flush=True)
 
 
 def _ddp_fit(micro: int, accum: int) -> dict[str, torch.Tensor]:
@@ -108,6 +122,6 @@ def ddp_job(out: str) -> None:
 if __name__ == "__main__":
     job = sys.argv[1]
     if job == "resume":
-        resume_job(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
+        resume_job(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5]) if len(sys.argv) > 5 else 0)
     elif job == "ddp":
         ddp_job(sys.argv[2])

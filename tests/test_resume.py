@@ -34,3 +34,72 @@ def test_kill_at_random_step_then_resume_matches_uninterrupted(tmp_path: Path) -
     got = torch.load(tmp_path / "cut" / "final.pt")
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), f"{name} differs after kill at step {kill_at} and resume"
+
+
+def _epoch_end_job(run_dir: Path, *, crash_after_epoch: int | None, resume: bool | str) -> dict[str, torch.Tensor]:
+    """A user's plain DataLoader(shuffle=True) (no generator: it draws its base seed from the global RNG at every
+    iter) and dropout; ``crash_after_epoch`` raises right after that epoch's end-of-epoch ``last/`` was saved."""
+    from torch.utils.data import DataLoader
+
+    from kitlib import Callback, TrainConfig, fit
+    from kitlib.engine.loop import Loop
+    from kitlib.machine.hardware import fake_profile
+
+    sys.path.insert(0, str(JOBS.parent))
+    import _jobs
+
+    class Crash(Callback):
+        def on_next_epoch(self, loop: Loop) -> None:  # runs after kitlib's epoch-end save (policies come first)
+            if loop.state.epoch == crash_after_epoch:
+                raise KeyboardInterrupt("the session ended")
+
+    cfg = TrainConfig(epochs=3, micro_batch_size=8, lr=1e-2, precision="fp32", save_best=False, save_last=True, seed=3)
+    result = fit(
+        _jobs.model(),
+        DataLoader(_jobs.data(64), batch_size=8, shuffle=True),
+        config=cfg,
+        loss_fn=_jobs.mse,
+        run_dir=run_dir,
+        resume=resume,
+        hw=fake_profile("CPU", platform="local", interactive=False),
+        callbacks=[Crash()],
+    )
+    return result.model.state_dict()
+
+
+def test_resume_from_an_epoch_end_checkpoint_with_a_plain_shuffled_loader_is_exact(tmp_path: Path) -> None:
+    import pytest
+
+    expected = _epoch_end_job(tmp_path / "full", crash_after_epoch=None, resume=False)
+    with pytest.raises(KeyboardInterrupt):
+        _epoch_end_job(tmp_path / "cut", crash_after_epoch=1, resume=False)
+    assert json.loads((tmp_path / "cut" / "last" / "meta.json").read_text())["epoch"] == 1  # an epoch-end point
+    got = _epoch_end_job(tmp_path / "cut", crash_after_epoch=None, resume=True)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), f"{name} differs after resuming from the epoch-end checkpoint"
+
+
+def test_sigterm_finishes_the_step_saves_last_and_resumes_exactly(tmp_path: Path) -> None:
+    full = _run("resume", str(tmp_path / "full"), "0", "0")
+    assert full.returncode == 0, full.stderr
+    term_at = random.Random().randint(5, 25)
+    termed = _run("resume", str(tmp_path / "cut"), "0", "0", str(term_at))
+    assert termed.returncode == 0, termed.stderr  # fit returned: its files complete, the kernel alive
+    # the signal arrives inside step term_at's log (kitlib's progress policy), before the SIGTERM policy's turn
+    assert f"stop sigterm at step {term_at}" in termed.stdout, termed.stdout
+    assert json.loads((tmp_path / "cut" / "last" / "meta.json").read_text())["step"] == term_at
+    resumed = _run("resume", str(tmp_path / "cut"), "0", "1")
+    assert resumed.returncode == 0, resumed.stderr
+    expected, got = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), f"{name} differs after SIGTERM at step {term_at} and resume"
+
+
+def test_resume_auto_starts_fresh_without_a_checkpoint_and_continues_with_one(tmp_path: Path) -> None:
+    import pytest
+
+    expected = _epoch_end_job(tmp_path / "full", crash_after_epoch=None, resume=False)
+    with pytest.raises(KeyboardInterrupt):
+        _epoch_end_job(tmp_path / "cut", crash_after_epoch=1, resume="auto")  # nothing to resume: fresh
+    got = _epoch_end_job(tmp_path / "cut", crash_after_epoch=None, resume="auto")  # last/ exists: continue
+    assert all(torch.equal(t, got[n]) for n, t in expected.items())

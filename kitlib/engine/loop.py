@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -178,8 +178,14 @@ class Loop:
     def begin_epoch(self) -> Any:
         """This epoch's batches (the remaining ones, when resuming mid-epoch) in its seeded order."""
         seed_epoch_order(self.base_loader, self.cfg.seed, self.state.epoch)
+        # A resumed run continues the RNG streams (dropout, ...) exactly where the checkpoint took them. A DataLoader
+        # without a generator draws its base seed from the global RNG at iter(): an epoch-end checkpoint was taken
+        # before this epoch's draw (restore first, the draw then repeats), a mid-epoch one after it (restore after).
+        if self.resume_rng is not None and self.state.batch_in_epoch == 0:
+            checkpoint.set_rng_state(self.resume_rng)
+            self.resume_rng = None
         batches = iter(skip_batches(self.train_loader, self.state.batch_in_epoch))
-        if self.resume_rng is not None:  # after the loader drew its seeds: continue dropout etc. exactly
+        if self.resume_rng is not None:
             checkpoint.set_rng_state(self.resume_rng)
             self.resume_rng = None
         self.epoch_loss.fill_(self.state.epoch_loss_sum)
@@ -281,7 +287,7 @@ def fit(
     count_fn: CountFn | None = None,
     full_eval: FullEval | None = None,
     run_dir: str | Path | None = None,
-    resume: bool = False,
+    resume: bool | Literal["auto"] = False,
     hw: HardwareInfo | None = None,
     callbacks: Sequence[Callback | object] = (),
 ) -> FitResult:
@@ -293,7 +299,8 @@ def fit(
       ``config.full_eval_every`` epochs and/or at the end; return a zero-argument callable instead of a dict to run
       its CPU-bound part in the background while training continues.
     - ``run_dir`` receives config.json, history.csv, timing.json and the best/ and last/ checkpoints;
-      ``resume=True`` continues from ``run_dir/last`` exactly where it stopped.
+      ``resume=True`` continues from ``run_dir/last`` exactly where it stopped; ``resume="auto"`` does when a
+      complete ``last/`` exists and starts fresh otherwise (a restarted session just runs the same cell again).
     - ``callbacks``: :class:`kitlib.engine.events.Callback` objects, called after kitlib's own policies.
 
     Example::
@@ -305,9 +312,11 @@ def fit(
 
     cfg = config or TrainConfig()
     if resume and run_dir is None:
-        raise ValueError("resume=True needs the run_dir of the run to continue")
+        raise ValueError(f"resume={resume!r} needs the run_dir of the run to continue")
     loop = Loop(model, train_loader, cfg, hw=hw or detect(), eval_loader=eval_loader, loss_fn=loss_fn,
                 count_fn=count_fn, full_eval=full_eval, run_dir=run_dir)  # fmt: skip
+    if resume == "auto":
+        resume = run_dir is not None and checkpoint.latest(Path(run_dir), "last") is not None
     if resume:
         loop.resume()
     recorder = RunRecorder()

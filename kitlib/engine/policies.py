@@ -7,9 +7,11 @@ callback uses the same protocol.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kitlib._version import __version__
 from kitlib.engine import checkpoint
@@ -166,6 +168,31 @@ class TimeBudget(Policy):
             self.loop.save_last()  # resumable from this exact position in the next session
 
 
+class SigtermStop(Policy):
+    """SIGTERM (what Kaggle/Colab send before a session ends, or ``kill``): finish the current step, save ``last/``,
+    stop; fit returns with stop_reason "sigterm" and its files complete, so the next session resumes exactly. The
+    previous handler is back when fit returns. Under DDP the ranks agree through one small broadcast per step."""
+
+    def on_fit_start(self, loop: Loop) -> None:
+        super().on_fit_start(loop)
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():  # Python delivers signals to the main thread only
+            self.previous = signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        self.requested = True  # acted on between steps: never in the middle of an optimizer update
+
+    def on_step_end(self, step: StepEnd) -> None:
+        env = self.loop.env
+        if distributed.broadcast_object(self.requested, env) if env.enabled else self.requested:
+            self.loop.stop("sigterm")
+            self.loop.save_last()
+
+    def on_fit_end(self, loop: Loop) -> None:
+        if getattr(self, "previous", None) is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+
+
 def default_policies(cfg: TrainConfig) -> list[Callback]:
     """kitlib's policies for ``cfg``, in the order fit calls them (before the user's callbacks)."""
     return [
@@ -175,4 +202,5 @@ def default_policies(cfg: TrainConfig) -> list[Callback]:
         *([EarlyStopping(cfg.patience)] if cfg.patience is not None else []),
         PeriodicSave(),
         *([TimeBudget(cfg.time_budget_s)] if cfg.time_budget_s is not None else []),
+        SigtermStop(),
     ]

@@ -52,5 +52,7 @@ def write_submission(submission: pd.DataFrame, columns: Sequence[str], n_rows: i
         bad = submission.columns[submission.isna().any()].tolist()
         raise DataError(f"submission has missing values in {bad}: every row needs a prediction")
     ordered = submission[list(columns)]
+    if path.is_file():  # the last good submission stays one step back, never lost to a bad run
+        write_atomic(path.with_name(f"{path.stem}.prev{path.suffix}"), path.read_bytes())
     write_atomic(path, ordered.to_csv(index=False))
     return ordered

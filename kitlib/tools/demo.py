@@ -80,7 +80,22 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
     write_atomic(path, df.to_csv(index=False))  # a reader (or a second `demo` run) never sees half a file
 
 
-def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2) -> DemoPaths:
+DEMO_MARKER = ".kitlib-demo"  # marks a folder make_demo wrote, so a re-run may overwrite it
+
+
+def _refuse_foreign_files(root: Path, force: bool) -> None:
+    """Never overwrite a user's own competition files: a folder with files and no demo marker needs ``force``."""
+    if force or not root.is_dir() or (root / DEMO_MARKER).exists():
+        return
+    theirs = sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
+    if theirs:
+        raise DataError(
+            f"{root} already holds {', '.join(theirs[:4])}{' ...' if len(theirs) > 4 else ''}, not written by "
+            "`kitlib demo`: pick an empty folder for the demo, or pass --force (force=True) to overwrite"
+        )
+
+
+def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, force: bool = False) -> DemoPaths:
     """Write train.csv, test.csv, sample_submission.csv and solution.csv into ``dir`` (~1 s; deterministic for
     ``seed``, so re-running rewrites identical files)."""
     reviews = load_reviews()
@@ -92,7 +107,9 @@ def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2) -> 
     test = reviews[test_mask].sort_values("id")
 
     root = Path(dir)
+    _refuse_foreign_files(root, force)
     root.mkdir(parents=True, exist_ok=True)
+    (root / DEMO_MARKER).write_text("written by `python -m kitlib demo`: safe to overwrite with the demo\n")
     paths = DemoPaths(
         root, root / "train.csv", root / "test.csv", root / "sample_submission.csv", root / "solution.csv"
     )
