@@ -364,3 +364,52 @@ def test_default_cache_dir_follows_the_platform(tmp_path: Path) -> None:
     assert default_cache_dir({}, cwd=tmp_path) == tmp_path / ".kitlib-cache"
     override = {"KITLIB_CACHE_DIR": str(tmp_path / "x"), "KAGGLE_URL_BASE": "y"}
     assert default_cache_dir(override) == tmp_path / "x"
+
+
+def test_a_planted_pickle_with_matching_checksums_is_refused_and_never_runs(cache: Cache, tmp_path: Path) -> None:
+    """Whoever can write into the cache folder can also write checksums; only the signing key (kept outside the
+    folder) makes an entry loadable. The planted pickle would create a file if it were unpickled."""
+    import hashlib
+    import json
+    import pickle
+
+    counter = Counter()
+    expected = cached(big_array, 10, counter, cache=cache)
+    entry = next(p for p in cache.dir.iterdir() if p.name.startswith("big_array-"))
+    proof = tmp_path / "the planted code ran"
+
+    class Plant:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (Path.touch, (proof,))
+
+    payload = pickle.dumps(Plant(), protocol=5)
+    (entry / "data.pkl").write_bytes(payload)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest["files"] = {"data.pkl": {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
+    manifest["buffers"] = []
+    (entry / "manifest.json").write_text(json.dumps(manifest))  # checksums match; the signature does not
+    with pytest.warns(CacheWarning, match=r"not signed by this machine's kitlib key.*trust=True"):
+        again = cached(big_array, 10, counter, cache=cache)
+    assert not proof.exists()
+    np.testing.assert_array_equal(again, expected)  # rebuilt from the inputs instead
+    assert counter.calls == 2
+
+
+def test_a_trusted_seed_cache_from_elsewhere_loads_and_its_copy_is_signed_here(tmp_path: Path) -> None:
+    import os
+
+    from kitlib.data.signing import CONFIG_ENV
+
+    elsewhere = tmp_path / "previous-kernel" / "kitlib-cache"
+    old_key_dir = os.environ[CONFIG_ENV]
+    os.environ[CONFIG_ENV] = str(tmp_path / "their-config")  # another machine's key
+    try:
+        counter = Counter()
+        cached(big_array, 10, counter, cache=Cache(elsewhere, log=None))
+    finally:
+        os.environ[CONFIG_ENV] = old_key_dir
+    mine = Cache(tmp_path / "mine", seed_dirs=[elsewhere], trust=True, log=None)
+    cached(big_array, 10, counter, cache=mine)
+    assert counter.calls == 1  # a hit from the trusted seed
+    cached(big_array, 10, counter, cache=Cache(tmp_path / "mine", log=None))  # the copy now loads without the seed
+    assert counter.calls == 1

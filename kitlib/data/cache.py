@@ -7,8 +7,9 @@ protocol 5), ``buffers.bin`` (the arrays' raw bytes, out-of-band) and ``manifest
 It appears by one atomic directory rename, so readers never see half an entry, and a bad checksum means "rebuild",
 never "load".
 
-Unpickling runs code: only the cache's own directory is trusted. A cache published as a Kaggle input dataset is read
-through ``Cache(seed_dirs=[...], trust=True)``.
+Unpickling runs code: only entries signed with this machine's key (kept outside the cache folder, see
+:mod:`kitlib.data.signing`) are unpickled; a planted or copied-in entry is refused and rebuilt. A cache published as a
+Kaggle input dataset, or a previous kernel's output, is read through ``Cache(seed_dirs=[...], trust=True)``.
 
 >>> cache = Cache("/tmp/feats")
 >>> tokens = cached(tokenize, Path("train.csv"), tokenizer, cache=cache)  # doctest: +SKIP
@@ -43,12 +44,13 @@ from kitlib._files import FileMismatch, read_checked, write_recorded
 from kitlib.data.fingerprint import KEY_CHARS as KEY_CHARS
 from kitlib.data.fingerprint import _Hasher
 from kitlib.data.fingerprint import fingerprint as fingerprint
+from kitlib.data.signing import is_signed, sign
 from kitlib.errors import CacheError, UntrustedCacheError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-FORMAT_VERSION = 2  # 2: manifest file records are {"bytes", "sha256"}, as in checkpoints (kitlib._files)
+FORMAT_VERSION = 3  # 2: {"bytes", "sha256"} file records (kitlib._files); 3: signed (kitlib.data.signing)
 _ALIGN = 64  # out-of-band buffers start on 64-byte boundaries, so arrays load aligned for SIMD
 _RAGGED_MIN = 64  # lists of >= this many 1-D arrays are stored as flat + offsets (~100 B pickle overhead per array)
 _KILL_ENV = "KITLIB_CACHE_TEST_KILL_MIDWRITE"  # test hook: the writer SIGKILLs itself halfway through the data
@@ -218,6 +220,7 @@ def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:
     if raws:
         files["buffers.bin"] = write_recorded(tmp / "buffers.bin", _killed_halfway(chunks, kill_at))
     manifest.update(files=files, buffers=layout, size_bytes=sum(f["bytes"] for f in files.values()))
+    manifest["signature"] = sign(files)  # this machine's key, kept outside the cache: see kitlib.data.signing
     write_recorded(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
 
 
@@ -231,7 +234,8 @@ def _read_manifest(entry: Path) -> dict[str, Any]:
     return manifest
 
 
-def _read_entry(entry: Path, key: str) -> tuple[Any, dict[str, Any]]:
+def _read_entry(entry: Path, key: str, *, trusted: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The entry's result; unpickled only when this machine signed it, or the user trusts where it came from."""
     manifest = _read_manifest(entry)
     if manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
         raise _Corrupt(f"manifest is for key {manifest.get('key')!r}, format {manifest.get('format')!r}")
@@ -243,6 +247,11 @@ def _read_entry(entry: Path, key: str) -> tuple[Any, dict[str, Any]]:
             raise _Corrupt(str(err)) from None
     if "data.pkl" not in blobs:
         raise _Corrupt("manifest lists no data.pkl")
+    if not trusted and not is_signed(manifest["files"], manifest.get("signature")):
+        raise _Corrupt(
+            "it is not signed by this machine's kitlib key, so it was not unpickled (unpickling runs code). A cache "
+            "you trust from elsewhere loads with Cache(seed_dirs=[...], trust=True)"
+        )
     view = memoryview(blobs.get("buffers.bin", bytearray()))
     try:
         result = pickle.loads(blobs["data.pkl"], buffers=[view[o : o + n] for o, n in manifest["buffers"]])
@@ -433,7 +442,7 @@ class Cache:
             if not path.is_dir():
                 continue
             try:
-                found = _read_entry(path, key)
+                found = _read_entry(path, key, trusted=root != self.dir)  # seed dirs need trust=True
             except _Corrupt as err:
                 self.stats.corrupt += 1
                 warnings.warn(
@@ -500,8 +509,11 @@ class Cache:
         tmp = self._tmp(entry)
         try:
             shutil.copytree(seed_entry, tmp, dirs_exist_ok=True)
+            manifest = _read_manifest(tmp)  # the user trusted this seed: its copy becomes this machine's, signed
+            manifest["signature"] = sign(manifest["files"])
+            write_recorded(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
             self._install(tmp, self.dir / entry, stale)
-        except (OSError, CacheError) as err:
+        except (OSError, CacheError, _Corrupt) as err:
             warnings.warn(f"cache: could not copy {entry} from {seed_entry.parent}: {err}", CacheWarning, stacklevel=4)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
