@@ -28,6 +28,11 @@ class UnsupportedGPUError(PrecisionError):
     """The installed torch has no kernels for this GPU: every CUDA op would fail."""
 
 
+# --- set-up
+class SetupError(KitError, ValueError):
+    """A parameter cannot work as given (a working dir that is a file, read-only, or the data dir itself)."""
+
+
 # --- data
 class DataError(KitError, ValueError):
     """The input data cannot be used as given; names the file/column/row and the fix. Catch this one type: the

@@ -136,3 +136,22 @@ def test_plain_nbconvert_with_environment_variables(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((tmp_path / "work" / "run.json").read_text())
     assert run["preset"]["name"] == "fast"  # the variable beat the parameters cell's default
+
+
+def test_a_failing_notebook_is_one_short_message_naming_the_notebook_the_cell_and_the_fix(tmp_path: Path) -> None:
+    from kitlib.tools.demo import make_demo
+
+    make_demo(tmp_path / "demo")
+    done = subprocess.run(
+        [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", "demo", "--work", "work", "--preset", "smoke",
+         "--model", "tiny", "--target", "sentiment"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("notebooks:")) :]  # after kernel noise
+    message = "\n".join(lines)
+    assert len(lines) == 2 and not any(line.startswith("Traceback") for line in lines), message
+    # the 5th cell from the top (markdown included), as a user scrolling the executed notebook counts
+    assert message.startswith("notebooks: 01_features.ipynb stopped in cell 5: DataError:"), message
+    assert "'sentiment'" in message and "work/executed/01_features.ipynb" in message, message

@@ -189,3 +189,33 @@ def test_sample_submission_problems_stop_features_before_any_training(tmp_path: 
     sample.rename(columns={"label": "sentiment"}).to_csv(data / "sample_submission.csv", index=False)
     with pytest.raises(DataError, match=r"columns \['id', 'sentiment'\].*target='label'"):
         workflow.features(p, hw=cpu_hw, quiet=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda data, tmp: data, r"work_dir is the data_dir"),
+        (lambda data, tmp: (tmp / "afile").write_text("x") and tmp / "afile", r"is a file, not a folder"),
+    ],
+)
+def test_an_unusable_work_dir_fails_in_the_first_cell(tmp_path: Path, make, expected: str) -> None:
+    from kitlib.errors import SetupError
+
+    data = _csvs(tmp_path / "data")
+    before = {p: p.read_bytes() for p in data.iterdir()}
+    with pytest.raises(SetupError, match=expected + r".*writable folder of its own"):
+        workflow.params(data_dir=data, work_dir=make(data, tmp_path), preset="smoke", model="tiny")
+    assert {p: p.read_bytes() for p in data.iterdir()} == before
+
+
+def test_a_read_only_work_dir_fails_in_the_first_cell(tmp_path: Path) -> None:
+    import os
+
+    from kitlib.errors import SetupError
+
+    if os.geteuid() == 0:
+        pytest.skip("root can write anywhere: read-only needs another user")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(SetupError, match="not writable"):
+        workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=locked / "work", preset="smoke", model="tiny")

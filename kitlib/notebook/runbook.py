@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kitlib.errors import TRACEBACK_ENV, KitError
+
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
 # Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
@@ -71,6 +73,10 @@ def inject_parameters(nb: Any, values: Mapping[str, Any]) -> Any:
     return nb
 
 
+class NotebookFailed(KitError, RuntimeError):
+    """A notebook stopped at an error; the message names the notebook, the cell and the error."""
+
+
 @dataclass(frozen=True)
 class Executed:
     path: Path  # the executed copy
@@ -95,6 +101,7 @@ def run_notebooks(
     """
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
 
     out_dir = Path(out_dir).resolve()
     source_dir = Path(source_dir or notebooks_dir()).resolve()
@@ -116,6 +123,10 @@ def run_notebooks(
                 NotebookClient(
                     nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}}
                 ).execute()
+            except CellExecutionError as err:
+                if os.environ.get(TRACEBACK_ENV) == "1":
+                    raise
+                raise NotebookFailed(_failure(nb, name, target, err)) from None
             finally:
                 nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
             size = target.stat().st_size
@@ -126,6 +137,18 @@ def run_notebooks(
         os.environ.clear()
         os.environ.update(saved)
     return results
+
+
+def _failure(nb: Any, name: str, target: Path, err: Any) -> str:
+    """One paragraph: which notebook and cell, the error as kitlib (or Python) worded it, where the rest is."""
+    numbers = [
+        i for i, c in enumerate(nb.cells, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    ]
+    cell = f"cell {numbers[0]}" if numbers else "a cell"
+    return (
+        f"{name} stopped in {cell}: {err.ename}: {err.evalue}\n(the executed notebook, with the full traceback: "
+        f"{target}; {TRACEBACK_ENV}=1 shows it here)"
+    )
 
 
 def strip_outputs(paths: Sequence[Path]) -> int:

@@ -82,7 +82,22 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
             f"data_dir {p.data_dir} does not exist: set it in the parameters cell or KIT_DATA_DIR "
             "(for the offline demo: python -m kitlib demo DIR)"
         )
+    _check_work_dir(p.work_dir, p.data_dir)
     return p
+
+
+def _check_work_dir(work: Path, data: Path) -> None:
+    """Fail in the first cell, not after training: kitlib writes run.json, features, checkpoints there."""
+    from kitlib.errors import SetupError
+
+    fix = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
+    if work.resolve() == data.resolve():
+        raise SetupError(f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {fix}")
+    if work.exists() and not work.is_dir():
+        raise SetupError(f"work_dir {work} is a file, not a folder: {fix}")
+    existing = next(d for d in (work, *work.parents) if d.exists())
+    if not os.access(existing, os.W_OK):
+        raise SetupError(f"work_dir {work} is not writable ({existing} is read-only for this user): {fix}")
 
 
 # ------------------------------------------------------------------------------------------------------ 00 setup
