@@ -219,3 +219,20 @@ def test_a_read_only_work_dir_fails_in_the_first_cell(tmp_path: Path) -> None:
     locked.mkdir(mode=0o500)
     with pytest.raises(SetupError, match="not writable"):
         workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=locked / "work", preset="smoke", model="tiny")
+
+
+def test_the_head_regime_runs_all_four_stages_from_the_saved_features(tmp_path: Path, cpu_hw) -> None:
+    """`fast` (frozen encoder, cached embeddings + n-grams, a small head): 02 and 03 build the head from what 01
+    saved, and the head's predictions cover the test set."""
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="fast", model="tiny")
+    run = workflow.setup(p, cpu_hw)
+    assert run.regime.name == "head"
+    feats = workflow.features(p, hw=cpu_hw, quiet=True)
+    assert feats.embeddings is not None and feats.embeddings[0].shape[0] == 240
+    saved = workflow.load_features(p)
+    assert saved.embeddings is not None and saved.ngrams is not None
+    assert (saved.embeddings[1] == feats.embeddings[1]).all()
+    result = workflow.train(p, hw=cpu_hw)
+    assert result.steps > 0 and "accuracy" in result.history
+    submission = workflow.infer(p, hw=cpu_hw)
+    assert len(submission) == 40 and set(submission["label"]) <= {0, 1}

@@ -46,6 +46,18 @@ class Extra:
     ngrams: tuple[NgramBags, NgramBags] | None = None
 
 
+@dataclass(frozen=True)
+class Encoder:
+    """What 01 has at hand when a regime computes its extra features."""
+
+    tokenizer: Any
+    model: Any
+    max_length: int
+    run: ResolvedRun
+    hw: HardwareInfo
+    cache: Cache
+
+
 class Regime:
     name: RegimeName
     reason: str | None = None  # a line for the preset's reasons, when the regime changes what training means
@@ -61,18 +73,7 @@ class Regime:
         """(tokenizer, model, identity) for 01."""
         raise NotImplementedError
 
-    def extra(
-        self,
-        texts: list[str],
-        test_texts: list[str],
-        *,
-        tokenizer: Any,
-        model: Any,
-        max_length: int,
-        run: ResolvedRun,
-        hw: HardwareInfo,
-        cache: Cache,
-    ) -> Extra:
+    def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
         """What 01 computes besides the tokens, with the tokenizer and model ``load`` gave."""
         return Extra()
 
@@ -143,27 +144,18 @@ class Head(Regime):
 
         return load_text_encoder(train_texts=texts, seed=seed, **choice)
 
-    def extra(
-        self,
-        texts: list[str],
-        test_texts: list[str],
-        *,
-        tokenizer: Any,
-        model: Any,
-        max_length: int,
-        run: ResolvedRun,
-        hw: HardwareInfo,
-        cache: Cache,
-    ) -> Extra:
+    def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
         from kitlib.data.featurize import embed_texts
         from kitlib.data.ngrams import NgramVectorizer
         from kitlib.machine.precision import Precision, decide_precision
 
-        precision = Precision(decide_precision(hw, run.config.precision))
-        layers = min(HEAD_LAYERS, int(getattr(model.config, "num_hidden_layers", 1)))
+        e = encoder
+        precision = Precision(decide_precision(e.hw, e.run.config.precision))
+        layers = min(HEAD_LAYERS, int(getattr(e.model.config, "num_hidden_layers", 1)))
         embed = dict(
-            tokenizer=tokenizer, model=model, max_length=max_length, precision=precision, layers=layers, cache=cache
-        )
+            tokenizer=e.tokenizer, model=e.model, max_length=e.max_length, precision=precision, layers=layers,
+            cache=e.cache,
+        )  # fmt: skip
         vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
         return Extra(
             embeddings=(embed_texts(texts, **embed), embed_texts(test_texts, **embed)),

@@ -20,7 +20,7 @@ import numpy as np
 from kitlib._files import write_atomic
 from kitlib.notebook.handoff import BUILT_FROM, Features
 from kitlib.notebook.presets import DEFAULT_PRESET
-from kitlib.notebook.regimes import Prepared
+from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -179,16 +179,8 @@ def features(
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
-    extra = run.regime.extra(
-        texts,
-        test[p.text].tolist(),
-        tokenizer=tokenizer,
-        model=model,
-        max_length=max_length,
-        run=run,
-        hw=hw or detect(),
-        cache=cache,
-    )
+    encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache)
+    extra = run.regime.extra(texts, test[p.text].tolist(), encoder)
     feats = Features(
         task=task,
         run=run,
