@@ -236,3 +236,27 @@ def test_the_head_regime_runs_all_four_stages_from_the_saved_features(tmp_path: 
     assert result.steps > 0 and "accuracy" in result.history
     submission = workflow.infer(p, hw=cpu_hw)
     assert len(submission) == 40 and set(submission["label"]) <= {0, 1}
+
+
+def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, cpu_hw) -> None:
+    from kitlib import Callback
+
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw)
+    workflow.features(p, hw=cpu_hw, quiet=True)
+    first = workflow.train(p, hw=cpu_hw)
+    assert first.run_dir == p.run_dir and (p.run_dir / "best" / "model.safetensors").is_file()
+    good = {f.relative_to(p.run_dir): f.read_bytes() for f in p.run_dir.rglob("*") if f.is_file()}
+
+    class Crash(Callback):
+        def on_step_end(self, step: object) -> None:
+            raise RuntimeError("the session died")
+
+    with pytest.raises(RuntimeError, match="the session died"):
+        workflow.train(p, hw=cpu_hw, callbacks=(Crash(),))
+    assert {f.relative_to(p.run_dir): f.read_bytes() for f in p.run_dir.rglob("*") if f.is_file()} == good
+    workflow.train(p, hw=cpu_hw)  # a finished run replaces run/, the previous one kept one step back
+    assert (p.run_dir.with_name("run.prev") / "best" / "model.safetensors").read_bytes() == good[
+        Path("best/model.safetensors")
+    ]
+    assert not p.run_dir.with_name("run.new").exists()

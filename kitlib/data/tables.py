@@ -98,7 +98,7 @@ def read_table(
         role = "text" if missing[0] in texts else "target" if missing[0] == target else "id"
         raise DataError(
             f"{path}: no column {missing[0]!r} (the {role} column); available columns: {list(df.columns)}. "
-            f"Pass {role}=<one of those> to read_table."
+            f"Set {role}=<one of those> (in a notebook: its parameters cell; in Python: read_table's {role}=)."
         )
     for col in texts:
         df[col] = _check_text(df[col], path, col)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,16 +299,33 @@ def _train(p: Params, feats: Features, *, hw: HardwareInfo | None, callbacks: tu
     prepared = prepare(p, feats, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     cfg = _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), feats.task)
-    return fit(
+    staging = p.run_dir.with_name(p.run_dir.name + ".new")  # this run's files until fit returns
+    shutil.rmtree(staging, ignore_errors=True)  # an attempt that crashed: superseded by this one
+    result = fit(
         prepared.model,
         prepared.train,
         config=cfg,
         eval_loader=prepared.valid,
         full_eval=_metric(feats.task, prepared.valid, device),
-        run_dir=p.run_dir,
+        run_dir=staging,
         hw=hw,
         callbacks=callbacks,
     )
+    from kitlib.machine.distributed import dist_env
+
+    if dist_env().is_main:
+        _publish(staging, p.run_dir)
+    return dataclasses.replace(result, run_dir=p.run_dir)
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """A finished run replaces ``run/``; the one before stays as ``run.prev/``. A run that raised never gets here,
+    so the last good run/ (best/ checkpoint included) is never destroyed by a failed one."""
+    previous = final.with_name(final.name + ".prev")
+    if final.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.rename(final, previous)
+    os.rename(staging, final)
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
