@@ -260,3 +260,27 @@ def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, 
         Path("best/model.safetensors")
     ]
     assert not p.run_dir.with_name("run.new").exists()
+
+
+@pytest.mark.parametrize(
+    ("train", "expected"),
+    [
+        (lambda f: f.iloc[:6], r"train.csv has 6 rows: after holding out 1 for validation, 5 are left, fewer than one"),
+        (
+            lambda f: f.assign(label=[f"c{i}" for i in range(len(f))]).iloc[:24],
+            r"class 'c\d+' has 1 row \(24 class\(es\) with fewer than 2",
+        ),
+    ],
+)
+def test_too_few_rows_or_too_rare_classes_stop_features_before_training(
+    tmp_path: Path, cpu_hw, train, expected: str
+) -> None:
+    from kitlib.errors import DataError
+
+    data = _csvs(tmp_path / "data")
+    train(pd.read_csv(data / "train.csv")).to_csv(data / "train.csv", index=False)
+    p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw)
+    with pytest.raises(DataError, match=expected):
+        workflow.features(p, hw=cpu_hw, quiet=True)
+    assert not (p.work_dir / "features.json").exists()

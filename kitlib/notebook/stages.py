@@ -176,6 +176,7 @@ def features(
         run = presets.resolve(
             run.preset, hw or detect(), lengths=full.lengths, overrides=run.overrides, world_size=run.world_size
         )
+    _check_enough_rows(train[p.target], task, run, p)
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
@@ -210,6 +211,31 @@ def load_features(p: Params) -> Features:
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
+def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: Params) -> None:
+    """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
+    validation hold-out, or a class too rare to be both learned and validated."""
+    from kitlib.data.tables import DataError
+
+    n_train = len(target) - len(_split(len(target), p.seed)[1])
+    batch = run.config.micro_batch_size * run.world_size
+    if n_train < batch:
+        raise DataError(
+            f"{p.train_file} has {len(target)} rows: after holding out {len(target) - n_train} for validation, "
+            f"{n_train} are left, fewer than one training batch of {batch} (batches are full: drop_last). Add rows, "
+            "or lower micro_batch_size in the picker's advanced settings"
+        )
+    if task.kind == "regression":
+        return
+    counts = target.value_counts()
+    rare = counts[counts < 2]
+    if len(rare):
+        raise DataError(
+            f"{p.train_file}: class {rare.index[0]!r} has {int(rare.iloc[0])} row ({len(rare)} class(es) with fewer "
+            f"than 2 rows): a class needs rows to learn from and to validate on. Add rows, or merge or drop those "
+            f"classes; {len(counts)} classes in {len(target)} rows"
+        )
+
+
 def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     order = np.random.default_rng(seed).permutation(n)
     n_valid = max(1, round(VALID_FRACTION * n))
