@@ -291,9 +291,13 @@ def test_two_concurrent_writers_leave_one_valid_entry(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------- trust
 
 
-def test_foreign_dirs_need_the_trust_opt_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(UntrustedCacheError, match="trust=True"):
-        Cache(tmp_path / "mine", seed_dirs=[tmp_path / "published"])
+def a_set(n: int, counter: Counter) -> set[int]:
+    """A result the no-code format cannot describe: stored as a (signed) pickle."""
+    counter.calls += 1
+    return set(range(n))
+
+
+def test_a_read_only_cache_dir_is_named_as_a_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_mod, "_READ_ONLY_ROOTS", (tmp_path / "input",))
     with pytest.raises(UntrustedCacheError, match=r"seed_dirs=.*trust=True"):
         Cache(tmp_path / "input" / "my-cache")
@@ -405,11 +409,81 @@ def test_a_trusted_seed_cache_from_elsewhere_loads_and_its_copy_is_signed_here(t
     os.environ[CONFIG_ENV] = str(tmp_path / "their-config")  # another machine's key
     try:
         counter = Counter()
-        cached(big_array, 10, counter, cache=Cache(elsewhere, log=None))
+        cached(a_set, 10, counter, cache=Cache(elsewhere, log=None))
     finally:
         os.environ[CONFIG_ENV] = old_key_dir
+    assert (next(elsewhere.glob("a_set-*")) / "data.pkl").exists()
     mine = Cache(tmp_path / "mine", seed_dirs=[elsewhere], trust=True, log=None)
-    cached(big_array, 10, counter, cache=mine)
+    assert cached(a_set, 10, counter, cache=mine) == set(range(10))
     assert counter.calls == 1  # a hit from the trusted seed
-    cached(big_array, 10, counter, cache=Cache(tmp_path / "mine", log=None))  # the copy now loads without the seed
+    cached(a_set, 10, counter, cache=Cache(tmp_path / "mine", log=None))  # the copy now loads without the seed
     assert counter.calls == 1
+
+
+def test_an_untrusted_seed_serves_its_arrays_but_not_its_pickles(tmp_path: Path) -> None:
+    import os
+
+    from kitlib.data.signing import CONFIG_ENV
+
+    elsewhere = tmp_path / "previous-kernel" / "kitlib-cache"
+    old_key_dir = os.environ[CONFIG_ENV]
+    os.environ[CONFIG_ENV] = str(tmp_path / "their-config")  # another machine's key
+    try:
+        counter = Counter()
+        cached(big_array, 10, counter, cache=Cache(elsewhere, log=None))
+        cached(a_set, 10, counter, cache=Cache(elsewhere, log=None))
+    finally:
+        os.environ[CONFIG_ENV] = old_key_dir
+    mine = Cache(tmp_path / "mine", seed_dirs=[elsewhere], log=None)  # no trust=True
+    np.testing.assert_array_equal(cached(big_array, 10, counter, cache=mine), np.arange(10, dtype=np.float32))
+    assert counter.calls == 2  # arrays: a hit (reading them runs no code)
+    with pytest.warns(CacheWarning, match=r"pickle not signed by this machine's kitlib key.*trust=True"):
+        assert cached(a_set, 10, counter, cache=mine) == set(range(10))
+    assert counter.calls == 3  # the pickle: rebuilt here, never unpickled
+
+
+def test_featurisation_results_are_stored_without_pickle_and_come_back_equal(cache: Cache) -> None:
+    import torch
+
+    from kitlib.data.featurize import TokenizedTexts
+
+    rows = [np.arange(i % 7 + 1, dtype=np.int32) for i in range(100)]  # ragged: flat + offsets
+
+    def featurise(n: int) -> dict[str, object]:
+        return {
+            "tokens": TokenizedTexts(np.arange(n, dtype=np.int32), np.array([0, 2, n], dtype=np.int64), max_length=8),
+            "embeddings": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+            "rows": rows,
+            "pair": (np.float32(1.5), float("nan"), "text", None, True),
+        }
+
+    first = cache.get_or_build(featurise, (5,))
+    entry = next(p for p in cache.dir.iterdir() if p.name.startswith("featurise-"))
+    assert sorted(p.name for p in entry.iterdir()) == ["buffers.bin", "data.json", "manifest.json"]
+    again = Cache(cache.dir, log=None).get_or_build(featurise, (5,))
+    assert cache.stats.misses == 1
+    tokens = again["tokens"]
+    assert isinstance(tokens, TokenizedTexts) and tokens.max_length == 8
+    np.testing.assert_array_equal(tokens.ids, first["tokens"].ids)
+    assert again["embeddings"].dtype == torch.bfloat16 and torch.equal(again["embeddings"], first["embeddings"])
+    assert type(again["rows"]) is list and all(np.array_equal(a, b) for a, b in zip(again["rows"], rows, strict=True))
+    value, nan, text, none, flag = again["pair"]
+    assert type(value) is np.float32 and value == 1.5 and np.isnan(nan) and (text, none, flag) == ("text", None, True)
+
+
+def test_a_planted_data_json_cannot_name_code_outside_kitlib(cache: Cache, tmp_path: Path) -> None:
+    import hashlib
+    import json
+
+    counter = Counter()
+    cached(big_array, 10, counter, cache=cache)
+    entry = next(p for p in cache.dir.iterdir() if p.name.startswith("big_array-"))
+    proof = tmp_path / "the planted code ran"
+    tree = json.dumps({"dataclass": "pathlib:Path.touch", "fields": {"self": str(proof)}}).encode()
+    (entry / "data.json").write_bytes(tree)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest["files"]["data.json"] = {"bytes": len(tree), "sha256": hashlib.sha256(tree).hexdigest()}
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.warns(CacheWarning, match="only kitlib's own classes"):
+        cached(big_array, 10, counter, cache=cache)
+    assert not proof.exists() and counter.calls == 2

@@ -2,14 +2,16 @@
 
 The key hashes everything the result depends on (see :mod:`kitlib.data.fingerprint`): the inputs' content (a file's
 bytes, a DataFrame's values, an array's bytes), the function (module, qualname, source), tokenizer/model identity,
-``kitlib.__version__`` and FORMAT_VERSION. An entry is a directory ``<name>-<key>/`` holding ``data.pkl`` (pickle
-protocol 5), ``buffers.bin`` (the arrays' raw bytes, out-of-band) and ``manifest.json`` (checksums, build seconds).
-It appears by one atomic directory rename, so readers never see half an entry, and a bad checksum means "rebuild",
-never "load".
+``kitlib.__version__`` and FORMAT_VERSION. An entry is a directory ``<name>-<key>/`` holding ``buffers.bin`` (the
+arrays' raw bytes, 64-byte aligned), ``manifest.json`` (checksums, build seconds, signature) and either
+``data.json`` (arrays, tensors, numbers, strings, lists/dicts and kitlib's dataclasses: :mod:`kitlib.data.arrays`;
+reading it runs no code) or, for anything else, ``data.pkl`` (pickle protocol 5, the arrays out-of-band). It appears by
+one atomic directory rename, so readers never see half an entry, and a bad checksum means "rebuild", never "load".
 
-Unpickling runs code: only entries signed with this machine's key (kept outside the cache folder, see
-:mod:`kitlib.data.signing`) are unpickled; a planted or copied-in entry is refused and rebuilt. A cache published as a
-Kaggle input dataset, or a previous kernel's output, is read through ``Cache(seed_dirs=[...], trust=True)``.
+Unpickling runs code: only pickles signed with this machine's key (kept outside the cache folder, see
+:mod:`kitlib.data.signing`) are unpickled; a planted or copied-in pickle is refused and rebuilt. Seed caches (a
+Kaggle input dataset, a previous kernel's output: ``Cache(seed_dirs=[...])``) serve their array entries as they are,
+and their pickles only with ``trust=True``.
 
 >>> cache = Cache("/tmp/feats")
 >>> tokens = cached(tokenize, Path("train.csv"), tokenizer, cache=cache)  # doctest: +SKIP
@@ -41,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 import numpy as np
 
 from kitlib._files import FileMismatch, read_checked, write_recorded
+from kitlib.data import arrays
 from kitlib.data.fingerprint import KEY_CHARS as KEY_CHARS
 from kitlib.data.fingerprint import _Hasher
 from kitlib.data.fingerprint import fingerprint as fingerprint
@@ -52,7 +55,6 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 3  # 2: {"bytes", "sha256"} file records (kitlib._files); 3: signed (kitlib.data.signing)
 _ALIGN = 64  # out-of-band buffers start on 64-byte boundaries, so arrays load aligned for SIMD
-_RAGGED_MIN = 64  # lists of >= this many 1-D arrays are stored as flat + offsets (~100 B pickle overhead per array)
 _KILL_ENV = "KITLIB_CACHE_TEST_KILL_MIDWRITE"  # test hook: the writer SIGKILLs itself halfway through the data
 _READ_ONLY_ROOTS = (Path("/kaggle/input"),)  # attached datasets: read-only, published by someone else
 
@@ -153,16 +155,8 @@ def _unragged(flat: np.ndarray, offsets: np.ndarray, as_tuple: bool) -> list[Any
 
 def _pack(obj: Any, depth: int = 0) -> Any:
     kind = type(obj)
-    if kind in (list, tuple) and len(obj) >= _RAGGED_MIN:
-        first = obj[0]
-        if (
-            type(first) is np.ndarray
-            and first.ndim == 1
-            and not first.dtype.hasobject
-            and all(type(a) is np.ndarray and a.ndim == 1 and a.dtype == first.dtype for a in obj)
-        ):
-            return _Ragged(obj)
-        return obj
+    if kind in (list, tuple) and len(obj) >= arrays.RAGGED_MIN:
+        return _Ragged(obj) if arrays.is_ragged(obj) else obj
     if depth < 3 and kind is dict:
         return {k: _pack(v, depth + 1) for k, v in obj.items()}
     if depth < 3 and kind in (list, tuple):
@@ -199,11 +193,22 @@ def _killed_halfway(chunks: list[bytes | memoryview], kill_at: int | None) -> It
         size += len(chunk)
 
 
+def _raw_bytes(a: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
 def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:
-    buffers: list[pickle.PickleBuffer] = []
-    out = io.BytesIO()
-    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(_pack(result))
-    raws = [b.raw() for b in buffers]
+    """Arrays and plain data as data.json + buffers.bin (reading runs no code); anything else as a pickle."""
+    encoded = arrays.encode(result)
+    if encoded is not None:
+        tree, values = encoded
+        head_name, head = "data.json", json.dumps(tree, separators=(",", ":")).encode()
+        raws = [_raw_bytes(a) for a in values]
+    else:
+        buffers: list[pickle.PickleBuffer] = []
+        out = io.BytesIO()
+        _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(_pack(result))
+        head_name, head, raws = "data.pkl", out.getvalue(), [b.raw() for b in buffers]
     layout: list[list[int]] = []
     chunks: list[bytes | memoryview] = []
     offset = 0
@@ -214,9 +219,9 @@ def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:
         offset += pad + raw.nbytes
     kill_at = None
     if os.environ.get(_KILL_ENV):
-        kill_at = offset // 2 if offset else out.tell() // 2
-    first = _killed_halfway([out.getbuffer()], None if offset else kill_at)
-    files = {"data.pkl": write_recorded(tmp / "data.pkl", first)}
+        kill_at = offset // 2 if offset else len(head) // 2
+    first = _killed_halfway([head], None if offset else kill_at)
+    files = {head_name: write_recorded(tmp / head_name, first)}
     if raws:
         files["buffers.bin"] = write_recorded(tmp / "buffers.bin", _killed_halfway(chunks, kill_at))
     manifest.update(files=files, buffers=layout, size_bytes=sum(f["bytes"] for f in files.values()))
@@ -235,7 +240,8 @@ def _read_manifest(entry: Path) -> dict[str, Any]:
 
 
 def _read_entry(entry: Path, key: str, *, trusted: bool = False) -> tuple[Any, dict[str, Any]]:
-    """The entry's result; unpickled only when this machine signed it, or the user trusts where it came from."""
+    """The entry's result. data.json entries run no code when read; data.pkl ones are unpickled only when this
+    machine signed them, or the user trusts where they came from."""
     manifest = _read_manifest(entry)
     if manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
         raise _Corrupt(f"manifest is for key {manifest.get('key')!r}, format {manifest.get('format')!r}")
@@ -245,16 +251,23 @@ def _read_entry(entry: Path, key: str, *, trusted: bool = False) -> tuple[Any, d
             blobs[name] = read_checked(entry / name, record)
         except FileMismatch as err:
             raise _Corrupt(str(err)) from None
+    view = memoryview(blobs.get("buffers.bin", bytearray()))
+    buffers = [view[o : o + n] for o, n in manifest.get("buffers", [])]
+    if "data.json" in blobs:
+        try:
+            tree = json.loads(blobs["data.json"])
+            return arrays.decode(tree, [np.frombuffer(b, dtype=np.uint8) for b in buffers]), manifest
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, ImportError) as err:
+            raise _Corrupt(f"data.json does not decode ({type(err).__name__}: {err})") from err
     if "data.pkl" not in blobs:
-        raise _Corrupt("manifest lists no data.pkl")
+        raise _Corrupt("manifest lists no data.json or data.pkl")
     if not trusted and not is_signed(manifest["files"], manifest.get("signature")):
         raise _Corrupt(
-            "it is not signed by this machine's kitlib key, so it was not unpickled (unpickling runs code). A cache "
-            "you trust from elsewhere loads with Cache(seed_dirs=[...], trust=True)"
+            "it is a pickle not signed by this machine's kitlib key, so it was not unpickled (unpickling runs code). "
+            "A cache you trust from elsewhere loads with Cache(seed_dirs=[...], trust=True)"
         )
-    view = memoryview(blobs.get("buffers.bin", bytearray()))
     try:
-        result = pickle.loads(blobs["data.pkl"], buffers=[view[o : o + n] for o, n in manifest["buffers"]])
+        result = pickle.loads(blobs["data.pkl"], buffers=buffers)
     except Exception as err:  # e.g. a class from a notebook that no longer exists
         raise _Corrupt(f"unpickling failed ({type(err).__name__}: {err})") from err
     return result, manifest
@@ -288,8 +301,9 @@ class Cache:
     """A feature cache in ``dir`` (default: :func:`default_cache_dir`). One per notebook; ``.stats`` adds up.
 
     ``seed_dirs``: read-only caches (e.g. /kaggle/input/my-cache, a previous session's output) looked up after
-    ``dir``; they need ``trust=True`` because loading them unpickles someone else's bytes. Hits from seeds are copied
-    into ``dir`` (``copy_seed_hits``) so this session's output is a complete cache again.
+    ``dir``. Their array entries load as they are (no code runs); their pickles need ``trust=True``, because loading
+    them runs someone else's code. Hits from seeds are copied into ``dir`` (``copy_seed_hits``) so this session's
+    output is a complete cache again.
     """
 
     def __init__(
@@ -309,11 +323,7 @@ class Cache:
                 f"To read it: Cache(seed_dirs=[{str(self.dir)!r}], trust=True) -- only if you trust its publisher, "
                 "loading it unpickles (runs) their code."
             )
-        if self.seed_dirs and not trust:
-            raise UntrustedCacheError(
-                f"refusing to load pickles from seed_dirs {[str(d) for d in self.seed_dirs]}: unpickling runs code "
-                "written by whoever published them. Pass trust=True if you trust them."
-            )
+        self.trust = trust
         self.copy_seed_hits = copy_seed_hits
         self.log = log
         self.stats = CacheStats()
@@ -442,11 +452,12 @@ class Cache:
             if not path.is_dir():
                 continue
             try:
-                found = _read_entry(path, key, trusted=root != self.dir)  # seed dirs need trust=True
+                # arrays (data.json) load from anywhere; a seed's pickles only with trust=True
+                found = _read_entry(path, key, trusted=root != self.dir and self.trust)
             except _Corrupt as err:
                 self.stats.corrupt += 1
                 warnings.warn(
-                    f"cache entry {entry} in {root} is damaged: {err}; rebuilding it", CacheWarning, stacklevel=3
+                    f"cache entry {entry} in {root} cannot be used: {err}; rebuilding it", CacheWarning, stacklevel=3
                 )
                 if root == self.dir:
                     with contextlib.suppress(_Corrupt):
