@@ -9,12 +9,16 @@ cache entries) list their files in a manifest of ``FileRecord`` dicts, ``{"bytes
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
+import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO, TypedDict
+
+from kitlib.errors import DiskFullError
 
 _CHUNK = 1 << 20  # 1 MiB reads: hashing runs at ~1-2 GB/s (SHA-NI), so chunking costs nothing measurable
 
@@ -43,6 +47,32 @@ def fsync_dir(path: Path) -> None:
         fsync_file(path)
 
 
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})  # disk full; quota exceeded (shared home dirs, Drive)
+
+
+def free_bytes(path: Path) -> tuple[int, Path]:
+    """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent), and that parent."""
+    existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    return shutil.disk_usage(existing).free, existing
+
+
+@contextlib.contextmanager
+def explain_disk_full(path: Path, what: str) -> Iterator[None]:
+    """Turn "No space left on device" while writing ``what`` to ``path`` into one message naming the file, the free
+    space and the fix. Callers write to a temporary sibling first, so the previous version is still in place."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in NO_SPACE:
+            raise
+        free, where = free_bytes(path)
+        raise DiskFullError(
+            f"no space left writing {what} {path} ({free / 1e9:.2f} GB free on {where}); nothing was replaced, the "
+            "previous version is intact. Fix: free space (delete run.prev/ or old runs; python -m kitlib cache clear "
+            "for the feature cache) or point work_dir at a bigger disk"
+        ) from err
+
+
 def write_atomic(path: str | os.PathLike[str], content: str | bytes | memoryview | Callable[[BinaryIO], None]) -> Path:
     """Write ``content`` (text as UTF-8, bytes, or a function that writes to a binary file) to ``path`` atomically.
 
@@ -52,7 +82,7 @@ def write_atomic(path: str | os.PathLike[str], content: str | bytes | memoryview
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
+        with explain_disk_full(target, "file"), os.fdopen(fd, "wb") as fh:
             if callable(content):
                 content(fh)
             else:

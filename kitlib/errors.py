@@ -28,6 +28,11 @@ class UnsupportedGPUError(PrecisionError):
     """The installed torch has no kernels for this GPU: every CUDA op would fail."""
 
 
+# --- files
+class DiskFullError(KitError, OSError):
+    """A write ran out of space (or quota); names the file, the free space, and says nothing was replaced."""
+
+
 # --- set-up
 class SetupError(KitError, ValueError):
     """A parameter cannot work as given (a working dir that is a file, read-only, or the data dir itself)."""

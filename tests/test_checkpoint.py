@@ -403,3 +403,42 @@ def test_background_errors_are_raised(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.warns(UserWarning, match="No space left"), pytest.raises(KeyError), BackgroundWriter() as w2:
         w2.submit(_snap(-4), tmp_path / "y")
         raise KeyError("training failed")
+
+
+def test_a_full_disk_names_the_checkpoint_and_the_free_space_and_keeps_the_previous(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import safetensors.torch
+
+    from kitlib.errors import DiskFullError
+
+    model = torch.nn.Linear(4, 2)
+    good = ck.write(ck.snapshot(model), tmp_path / "last")
+    before = {p.name: p.read_bytes() for p in good.iterdir()}
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    with pytest.raises(DiskFullError, match=r"no space left writing checkpoint .*last \(\d+\.\d+ GB free on .*Fix"):
+        ck.write(ck.snapshot(torch.nn.Linear(4, 2)), tmp_path / "last")
+    assert {p.name: p.read_bytes() for p in good.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]  # no temp folder left behind
+
+
+def test_a_full_disk_in_an_atomic_write_keeps_the_file(tmp_path: Path) -> None:
+    import errno
+
+    from kitlib._files import write_atomic
+    from kitlib.errors import DiskFullError
+
+    target = write_atomic(tmp_path / "submission.csv", "id,label\n1,a\n")
+
+    def full(fh: object) -> None:
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    with pytest.raises(DiskFullError, match=r"submission.csv .*GB free"):
+        write_atomic(target, full)
+    assert target.read_text() == "id,label\n1,a\n" and [p.name for p in tmp_path.iterdir()] == ["submission.csv"]

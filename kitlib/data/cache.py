@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 import numpy as np
 
-from kitlib._files import FileMismatch, read_checked, write_recorded
+from kitlib._files import FileMismatch, explain_disk_full, read_checked, write_recorded
 from kitlib.data import arrays
 from kitlib.data.fingerprint import KEY_CHARS as KEY_CHARS
 from kitlib.data.fingerprint import _Hasher
@@ -484,7 +484,8 @@ class Cache:
         tmp: Path | None = None
         try:
             tmp = self._tmp(entry)
-            _write_entry(tmp, result, manifest)
+            with explain_disk_full(self.dir / entry, "cache entry"):
+                _write_entry(tmp, result, manifest)
             self._install(tmp, self.dir / entry, stale)
         except Exception as err:  # never lose the computed result over a cache problem (disk full, unpicklable)
             warnings.warn(f"cache: could not store {entry}: {type(err).__name__}: {err}", CacheWarning, stacklevel=3)

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from kitlib._files import FileMismatch, check_file, fsync_dir, fsync_file, record_file, write_recorded
+from kitlib._files import FileMismatch, check_file, explain_disk_full, fsync_dir, fsync_file, record_file, write_recorded
 from kitlib._version import __version__
 from kitlib.errors import CheckpointError
 
@@ -341,14 +341,38 @@ def _check_space(directory: Path, needed: int) -> None:
         )
 
 
+def _write_files(snap: Snapshot, tmp: Path, unique: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
+    from safetensors.torch import save_file
+
+    # metadata format=pt: transformers' from_pretrained refuses safetensors files without it.
+    save_file(unique, tmp / MODEL_FILE, metadata={"format": "pt"})
+    fsync_file(tmp / MODEL_FILE)
+    if snap.state is not None:
+        with open(tmp / STATE_FILE, "wb") as f:
+            torch.save(snap.state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    write_recorded(tmp / META_FILE, [json.dumps(snap.meta, indent=1).encode()])
+    # One sha256 pass per file, read back from the page cache (~1-2 GB/s): the manifest proves completeness.
+    files = {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.name in (MODEL_FILE, STATE_FILE, META_FILE)}
+    manifest = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "kitlib_version": __version__,
+        "created_unix": time.time(),
+        "files": files,
+        "aliases": aliases,
+    }
+    write_recorded(tmp / MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])  # last: marks completeness
+    fsync_dir(tmp)
+
+
 def write(snap: Snapshot, directory: Path) -> Path:
     """Synchronously and atomically write ``snap`` to ``directory``; returns ``directory``.
 
     Cost: serialisation at disk speed + one sha256 pass over the files (from page cache) + fsyncs. Needs free space
     for a second copy while the previous version is still in place.
     """
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     _prepare(directory)
@@ -358,27 +382,8 @@ def write(snap: Snapshot, directory: Path) -> Path:
     tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        # metadata format=pt: transformers' from_pretrained refuses safetensors files without it.
-        save_file(unique, tmp / MODEL_FILE, metadata={"format": "pt"})
-        fsync_file(tmp / MODEL_FILE)
-        if snap.state is not None:
-            with open(tmp / STATE_FILE, "wb") as f:
-                torch.save(snap.state, f)
-                f.flush()
-                os.fsync(f.fileno())
-        write_recorded(tmp / META_FILE, [json.dumps(snap.meta, indent=1).encode()])
-        # One sha256 pass per file, read back from the page cache (~1-2 GB/s): the manifest proves completeness.
-        files = {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.name in (MODEL_FILE, STATE_FILE, META_FILE)}
-        manifest = {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "kitlib_version": __version__,
-            "created_unix": time.time(),
-            "files": files,
-            "aliases": aliases,
-        }
-        write_recorded(tmp / MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])  # last: marks completeness
-        fsync_dir(tmp)
+        with explain_disk_full(directory, "checkpoint"):  # the estimate can be short (e.g. the disk fills meanwhile)
+            _write_files(snap, tmp, unique, aliases)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
