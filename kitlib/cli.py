@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import get_args
 
-from kitlib.config import Requested
+from kitlib.config import Requested, Task
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -169,6 +169,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         return 2
     values = {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
     values |= {k: v for k, v in (("text", args.text), ("target", args.target), ("id", args.id)) if v}
+    values |= {"task": args.task} if args.task != "auto" else {}
     for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
         print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
     return 0
@@ -260,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", help="text column (default: text)")
     p.add_argument("--target", help="target column (default: label)")
     p.add_argument("--id", help="id column (default: id)")
+    p.add_argument("--task", default="auto", choices=get_args(Task), help="what the target is (default: auto)")
     p.add_argument("--notebooks", help="folder of the notebooks (default: the repo's notebooks/)")
     p.set_defaults(func=_cmd_notebooks)
 

@@ -21,6 +21,9 @@ Freeze = Literal["none", "embeddings", "encoder"]
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
 Mode = Literal["min", "max"]
 BackgroundEval = Literal["off", "thread", "process"]
+# What the target column is: "auto" decides from the values (names: classes; fractions: a number; few distinct
+# integers: classes; integers that are neither clearly codes nor clearly quantities: asks for one of the others).
+Task = Literal["auto", "classify", "regress"]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def test_a_good_table_reads_and_keeps_strings(tmp_path: Path) -> None:
         ("id,text,y\n1,a,1\n", {"target": "label"}, r"no column 'label' \(the target column\)"),
         ("id,text,label\n1,a,1\n2,b,\n", {"target": "label"}, r"target column 'label' is missing at row 1 \(line 3"),
         ("id,text,label\n1,a,1.5\n2,b,abc\n", {"target": "label"}, r"column 'label' is not numeric at row 1.*'abc'"),
-        ("id,text,label\n1,a,x\n", {"target": "label", "task": "regression"}, r"'label' is not numeric at row 0"),
+        ("id,text,label\n1,a,x\n", {"target": "label", "task": "regress"}, r"'label' is not numeric at row 0"),
         ("id,text,label\n1,5,1\n2,6,0\n", {}, r"text column 'text' holds int 5 at row 0 .*astype\(str\)"),
         ("id,text,label\n1,a,1\n2,,0\n", {}, r"text column 'text' is empty at row 1 .*fillna"),
         ("id,text\n1,a\n1,b\n", {"id": "id"}, r"id column 'id' repeats 1 at row 1"),
@@ -99,5 +99,15 @@ def test_infer_task(values: list, kind: str, num_labels: int, classes: tuple) ->
 def test_infer_task_rejects_a_single_class_and_honours_hints() -> None:
     with pytest.raises(DataError, match="single value"):
         infer_task(pd.Series([1, 1, 1], name="y"))
-    assert infer_task(pd.Series([0, 1, 2]), task="regression").kind == "regression"
-    assert infer_task(pd.Series(["1", "2", "x"]), task="classification").num_labels == 3
+    assert infer_task(pd.Series([0, 1, 2]), task="regress").kind == "regression"
+    assert infer_task(pd.Series(["1", "2", "x"]), task="classify").num_labels == 3
+
+
+def test_whole_numbers_that_could_be_codes_or_a_quantity_ask_for_task() -> None:
+    codes = pd.Series(np.repeat(np.arange(100, 150), 10), name="category")  # 50 category codes, 10 rows each
+    with pytest.raises(DataError, match=r"'category' holds 50 distinct whole numbers over 500 rows.*task = 'classify'"):
+        infer_task(codes)
+    as_classes = infer_task(codes, task="classify")
+    assert as_classes.kind == "multiclass" and as_classes.num_labels == 50 and as_classes.classes[0] == 100
+    assert infer_task(codes, task="regress").kind == "regression"
+    assert infer_task(pd.Series(np.arange(500) * 3, name="price")).kind == "regression"  # mostly distinct

@@ -20,10 +20,10 @@ import numpy as np
 from kitlib.errors import DataError
 
 if TYPE_CHECKING:
+    from kitlib.config import Task
     import pandas as pd
 
 TaskKind = Literal["binary", "multiclass", "regression"]
-TaskHint = Literal["auto", "classification", "regression"]
 
 MAX_INT_CLASSES = 20  # integer targets with at most this many distinct values are classes (ratings 1-5, ids 0-9)
 
@@ -65,7 +65,7 @@ def read_table(
     text: str | Sequence[str] = "text",
     target: str | None = None,
     id: str | None = None,
-    task: TaskHint = "auto",
+    task: Task = "auto",
 ) -> pd.DataFrame:
     """Read a CSV/TSV/Parquet/JSONL table and validate the columns kitlib will use.
 
@@ -133,7 +133,7 @@ def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
     return col.astype(str)
 
 
-def _check_target(col: pd.Series, path: Path | str, name: str, task: TaskHint) -> None:
+def _check_target(col: pd.Series, path: Path | str, name: str, task: Task) -> None:
     import pandas as pd
 
     missing = col.isna()
@@ -143,16 +143,16 @@ def _check_target(col: pd.Series, path: Path | str, name: str, task: TaskHint) -
             f"{path}: target column {name!r} is missing at {_row(first)} ({_rows(int(missing.sum()))}). "
             f"Fix: drop them (df = df.dropna(subset=[{name!r}])) or fill them."
         )
-    if col.dtype.kind in "biuf" or task == "classification":
+    if col.dtype.kind in "biuf" or task == "classify":
         return
     numeric = pd.to_numeric(col, errors="coerce")
     bad = numeric.isna()
     # All class names ('fresh'/'rotten') is classification; some numbers and some not is a dirty numeric column.
-    if task == "regression" or not bad.all():
+    if task == "regress" or not bad.all():
         first = bad.idxmax()
         raise DataError(
             f"{path}: target column {name!r} is not numeric at {_row(first)}: {_value(col[first])}. Fix the value, "
-            "or pass task='classification' if the column holds class names."
+            "or set task='classify' if the column holds class names."
         )
 
 
@@ -189,7 +189,7 @@ class TaskSpec:
         return {"kind": self.kind, "num_labels": self.num_labels, "classes": classes}
 
 
-def infer_task(series: pd.Series, task: TaskHint = "auto") -> TaskSpec:
+def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
     """Binary / multi-class / regression from a target column; class names or sparse ids get codes 0..k-1."""
     import pandas as pd
 
@@ -199,10 +199,21 @@ def infer_task(series: pd.Series, task: TaskHint = "auto") -> TaskSpec:
         series.dtype.kind == "f" and bool(np.all(np.mod(series.to_numpy(dtype=np.float64), 1) == 0))
     )
     uniques = pd.unique(series)
-    if task == "regression" or (
-        task == "auto" and series.dtype.kind in "iuf" and not (is_int_valued and len(uniques) <= MAX_INT_CLASSES)
-    ):
+    if task == "regress":
         return TaskSpec("regression", 1)
+    if task == "auto" and series.dtype.kind in "iuf":
+        if not is_int_valued:
+            return TaskSpec("regression", 1)  # fractions: a quantity
+        k, n = len(uniques), len(series)
+        if MAX_INT_CLASSES < k and 2 * k > n:
+            return TaskSpec("regression", 1)  # most rows have their own value: a count or price, not class ids
+        if k > MAX_INT_CLASSES:  # e.g. 50 category codes over 500 rows, or a 0-100 score: both are plausible
+            raise DataError(
+                f"target column {name!r} holds {k} distinct whole numbers over {n} rows (~{n / k:.0f} rows each): "
+                "class ids or a quantity? kitlib will not guess. Fix: set task = 'classify' (category codes: the "
+                "submission holds the same integers) or task = 'regress' (a number: predicted as decimals) in "
+                "00_setup's parameters cell (KIT_TASK in headless runs)"
+            )
     classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
     if len(classes) < 2:
         raise DataError(

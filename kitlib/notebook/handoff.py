@@ -36,7 +36,7 @@ FEATURES_FILE = "features.json"
 FEATURES_DIR = "features"
 FORMAT = 1
 # The parameters the saved features depend on: a later stage with other values would train on the wrong thing.
-BUILT_FROM = ("model", "text", "target", "id", "seed", "train_file", "test_file", "sample_submission")
+BUILT_FROM = ("model", "text", "target", "task", "id", "seed", "train_file", "test_file", "sample_submission")
 
 
 @dataclass(frozen=True, eq=False)

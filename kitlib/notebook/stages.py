@@ -14,11 +14,12 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
 from kitlib._files import write_atomic
+from kitlib.config import Task
 from kitlib.notebook.handoff import BUILT_FROM, Features
 from kitlib.notebook.presets import DEFAULT_PRESET
 from kitlib.notebook.regimes import Encoder, Prepared
@@ -49,6 +50,7 @@ class Params:
     model: str = "auto"  # "auto": all-MiniLM-L6-v2 if installed, else a tiny transformer; "tiny"; or a model dir
     text: str = "text"
     target: str = "label"
+    task: Task = "auto"  # what the target is (kitlib.config.Task)
     id: str = "id"
     seed: int = 42
     train_file: str = "train.csv"
@@ -65,12 +67,15 @@ class Params:
 
 
 def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
-    """Build Params from the parameters cell's values; KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET and KIT_MODEL override."""
+    """Build Params from the parameters cell's values (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL and KIT_TASK
+    override."""
     from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 
     env = os.environ if environ is None else environ
     if env.get("KIT_PRESET"):
         values["preset"] = env["KIT_PRESET"]
+    if env.get("KIT_TASK"):
+        values["task"] = env["KIT_TASK"]
     # A KIT_* path typed in a shell is relative to where the command ran: the kernel's cwd is the notebook's folder,
     # but it inherits the shell's PWD. Values from the parameters cell are relative to the kernel's cwd, as in Python.
     shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
@@ -78,6 +83,7 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     values |= {name: absolute_path(name, env[var], shell_dir) for name, var in PATH_PARAMETERS.items() if env.get(var)}
     values["data_dir"], values["work_dir"] = Path(values["data_dir"]), Path(values["work_dir"])
     p = Params(**values)
+    _check_choice("task", p.task, get_args(Task))
     if not p.data_dir.is_dir():
         raise FileNotFoundError(
             f"data_dir {p.data_dir} does not exist: set it in the parameters cell or KIT_DATA_DIR "
@@ -85,6 +91,13 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
         )
     _check_work_dir(p.work_dir, p.data_dir)
     return p
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    from kitlib.errors import SetupError
+
+    if value not in choices:
+        raise SetupError(f"{name} = {value!r} is not one of {list(choices)}: fix it in the parameters cell")
 
 
 def _check_work_dir(work: Path, data: Path) -> None:
@@ -161,13 +174,13 @@ def features(
 
     run = run or load_run(p)
     cache = cache or Cache(p.cache_dir, log=(lambda _msg: None) if quiet else print)
-    train = read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id)
+    train = read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=p.task)
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
     test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
     columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
-    task = infer_task(train[p.target])
+    task = infer_task(train[p.target], p.task)
     texts = train[p.text].tolist()
     tokenizer, model, identity = run.regime.load(task, texts, p.seed, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
