@@ -47,14 +47,30 @@ def job(run_dir: Path, loader_kind: str) -> None:
     y = x @ torch.randn(64, 1, generator=g) + 0.1 * torch.randn(384, 1, generator=g)
     torch.manual_seed(1)
     # ~1.2 M parameters (5 MB of weights + 10 MB of AdamW state): a checkpoint write takes long enough to be hit.
-    model = nn.Sequential(nn.Linear(64, 1024), nn.ReLU(), nn.Dropout(0.2), nn.Linear(1024, 1024), nn.ReLU(),
-                          nn.Linear(1024, 1))
-    cfg = TrainConfig(epochs=3, micro_batch_size=16, grad_accum_steps=2, lr=1e-3, precision="fp32", save_best=False,
-                      save_every_steps=3, log_every_steps=1, seed=7, num_workers=0)
+    model = nn.Sequential(
+        nn.Linear(64, 1024), nn.ReLU(), nn.Dropout(0.2), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1)
+    )
+    cfg = TrainConfig(
+        epochs=3,
+        micro_batch_size=16,
+        grad_accum_steps=2,
+        lr=1e-3,
+        precision="fp32",
+        save_best=False,
+        save_every_steps=3,
+        log_every_steps=1,
+        seed=7,
+        num_workers=0,
+    )
     hw = fake_profile("CPU", platform="local", interactive=False)
     data = TensorDataset(x, y)
-    loader = (DataLoader(data, batch_size=16, shuffle=True) if loader_kind == "plain"
-              else make_train_loader(data, cfg, hw, collate=lambda rows: tuple(torch.stack(t) for t in zip(*rows))))
+    loader = (
+        DataLoader(data, batch_size=16, shuffle=True)
+        if loader_kind == "plain"
+        else make_train_loader(
+            data, cfg, hw, collate=lambda rows: tuple(torch.stack(t) for t in zip(*rows, strict=True))
+        )
+    )
 
     class Started(Callback):
         def on_fit_start(self, loop: object) -> None:
@@ -174,7 +190,7 @@ def main() -> None:
             t0 = time.monotonic()
             _wait_for(proc, "done")  # final.pt saved (the interpreter's exit not counted)
             seconds.append(time.monotonic() - t0)
-            out, err = proc.communicate()
+            _, err = proc.communicate()
             assert proc.returncode == 0, err
             reference[loader] = run_dir / "final.pt"
         run_seconds = max(seconds)
@@ -185,8 +201,10 @@ def main() -> None:
                 trials.append(t)
                 if t.outcome not in ("exact", "finished-before-kill"):
                     print(f"  trial {len(trials) - 1} ({t.loader}): {t.outcome} {t.detail}", flush=True)
-    count = {o: sum(t.outcome == o for t in trials) for o in
-             ("exact", "mismatched", "corrupt", "failed-to-resume", "finished-before-kill")}
+    count = {
+        o: sum(t.outcome == o for t in trials)
+        for o in ("exact", "mismatched", "corrupt", "failed-to-resume", "finished-before-kill")
+    }
     kills = len(trials) - count["finished-before-kill"]
     print(
         f"kills {kills}, exact {count['exact']}, mismatched {count['mismatched']}, corrupt {count['corrupt']}, "

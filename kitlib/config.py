@@ -26,6 +26,32 @@ BackgroundEval = Literal["off", "thread", "process"]
 Task = Literal["auto", "classify", "regress"]
 
 
+# Fields a resumed run may change: none of them alters a weight update.
+_RESUMABLE_CHANGES = frozenset(
+    {
+        "num_workers",
+        "log_every_steps",
+        "save_best",
+        "save_last",
+        "save_every_steps",
+        "time_budget_s",
+        "max_nonfinite_steps",
+        "background_eval",
+        "eval_max_batches",
+        "eval_batch_factor",
+        "full_eval_every",
+        "full_eval_at_end",
+        "patience",
+        "min_delta",
+        "compile",
+    }
+)
+
+
+def _jsonish(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value  # a config read back from JSON has lists
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # --- optimisation ---
@@ -127,6 +153,17 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def resume_differences(self, saved: dict[str, Any]) -> list[str]:
+        """Fields where a checkpoint's config (``saved``, a ``to_dict``) differs from this one in a way that changes
+        the math, so continuing it would not be the run it was: ``["lr: 0.001 -> 0.0005", ...]``. Logging, saving,
+        evaluation cadence, time budget and worker settings may change between sessions."""
+        mine = self.to_dict()
+        return [
+            f"{name}: {saved.get(name)!r} -> {mine[name]!r}"
+            for name in mine
+            if name not in _RESUMABLE_CHANGES and _jsonish(saved.get(name)) != _jsonish(mine[name])
+        ]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

@@ -66,6 +66,10 @@ class NonFiniteLossError(KitError, RuntimeError):
 
 
 # --- notebooks and tools
+class MissingDataError(KitError, FileNotFoundError):
+    """The data dir given in the parameters does not exist."""
+
+
 class MissingRunError(KitError, FileNotFoundError):
     """No saved run: 00_setup has not been run in this working dir."""
 

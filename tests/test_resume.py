@@ -103,3 +103,29 @@ def test_resume_auto_starts_fresh_without_a_checkpoint_and_continues_with_one(tm
         _epoch_end_job(tmp_path / "cut", crash_after_epoch=1, resume="auto")  # nothing to resume: fresh
     got = _epoch_end_job(tmp_path / "cut", crash_after_epoch=None, resume="auto")  # last/ exists: continue
     assert all(torch.equal(t, got[n]) for n, t in expected.items())
+
+
+def test_resume_refuses_a_checkpoint_of_another_config_and_names_the_field(tmp_path: Path) -> None:
+    import dataclasses
+
+    import pytest
+    from torch.utils.data import DataLoader
+
+    from kitlib import TrainConfig, fit
+    from kitlib.errors import CheckpointError
+    from kitlib.machine.hardware import fake_profile
+
+    sys.path.insert(0, str(JOBS.parent))
+    import _jobs
+
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, lr=1e-2, precision="fp32", save_best=False, save_last=True)
+    hw = fake_profile("CPU", platform="local", interactive=False)
+    loader = DataLoader(_jobs.data(32), batch_size=8, shuffle=True)
+    with pytest.raises(CheckpointError, match=r'holds no complete checkpoint.*resume="auto"'):
+        fit(_jobs.model(), loader, config=cfg, loss_fn=_jobs.mse, run_dir=tmp_path, resume=True, hw=hw)
+    fit(_jobs.model(), loader, config=cfg, loss_fn=_jobs.mse, run_dir=tmp_path, hw=hw)
+    before = (tmp_path / "last" / "model.safetensors").read_bytes()
+    other = dataclasses.replace(cfg, lr=2e-2, log_every_steps=1)  # logging may change; the learning rate may not
+    with pytest.raises(CheckpointError, match=r"another config \(lr: 0.01 -> 0.02\)"):
+        fit(_jobs.model(), loader, config=other, loss_fn=_jobs.mse, run_dir=tmp_path, resume="auto", hw=hw)
+    assert (tmp_path / "last" / "model.safetensors").read_bytes() == before

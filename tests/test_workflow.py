@@ -284,3 +284,58 @@ def test_too_few_rows_or_too_rare_classes_stop_features_before_training(
     with pytest.raises(DataError, match=expected):
         workflow.features(p, hw=cpu_hw, quiet=True)
     assert not (p.work_dir / "features.json").exists()
+
+
+def test_a_sigtermed_training_keeps_run_and_the_next_one_continues_it_exactly(tmp_path: Path, cpu_hw) -> None:
+    """What a restarted Kaggle/Colab session sees: 02 stopped by SIGTERM left run/ alone and run.new/last behind;
+    running 02 again continues that attempt (same config, same features) to the weights of an uninterrupted run."""
+    import os
+    import signal
+
+    import torch
+
+    from kitlib import Callback
+
+    data = _csvs(tmp_path / "data")
+
+    def stages_to_features(work: Path) -> workflow.Params:
+        p = workflow.params(data_dir=data, work_dir=work, preset="smoke", model="tiny")
+        workflow.setup(p, cpu_hw)
+        workflow.features(p, hw=cpu_hw, quiet=True)
+        return p
+
+    whole = workflow.train(stages_to_features(tmp_path / "whole"), hw=cpu_hw)
+    assert whole.steps >= 4
+
+    class Term(Callback):
+        def on_step_end(self, step: object) -> None:
+            if self.loop.state.step == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def on_fit_start(self, loop: object) -> None:
+            self.loop = loop
+
+    p = stages_to_features(tmp_path / "cut")
+    stopped = workflow.train(p, hw=cpu_hw, callbacks=(Term(),))
+    # signalled after step 3's policies ran: kitlib finishes the step in flight (4), saves last/, stops
+    assert stopped.stop_reason == "sigterm" and stopped.steps == 4
+    assert not p.run_dir.exists() and (p.run_dir.with_name("run.new") / "last" / "manifest.json").is_file()
+    resumed = workflow.train(p, hw=cpu_hw)
+    assert resumed.run_dir == p.run_dir and (p.run_dir / "best").is_dir()
+    expected, got = whole.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(t, got[n]) for n, t in expected.items())
+
+
+def test_an_interrupted_attempt_with_other_inputs_is_not_continued(tmp_path: Path, cpu_hw) -> None:
+    import json
+
+    p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    workflow.setup(p, cpu_hw)
+    workflow.features(p, hw=cpu_hw, quiet=True)
+    staging = p.run_dir.with_name("run.new")
+    staging.mkdir()
+    inputs = {"config": {"lr": 1.0}, "features": "another"}
+    (staging / "inputs.json").write_text(json.dumps(inputs))
+    (staging / "last").mkdir()
+    workflow.train(p, hw=cpu_hw)  # fresh: the other attempt is superseded, and the run finishes
+    assert (p.run_dir / "best").is_dir() and not staging.exists()

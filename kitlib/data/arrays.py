@@ -60,22 +60,30 @@ def _encode(value: Any, arrays: list[np.ndarray], depth: int) -> Any:
             raise NotEncodable("sparse or quantized tensor")
         t = value.detach().to("cpu").contiguous()
         raw = t.reshape(-1).view(torch.uint8).numpy()  # bytes: also covers bf16, which numpy lacks
-        return {"tensor": _array_node(raw, arrays, "array", "|u1")["array"], "dtype": str(t.dtype).removeprefix(
-            "torch."), "shape": list(t.shape)}
+        return {
+            "tensor": _array_node(raw, arrays, "array", "|u1")["array"],
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+        }
     if kind in (list, tuple):
         if len(value) >= RAGGED_MIN and is_ragged(value):
             offsets = np.zeros(len(value) + 1, dtype=np.int64)
             np.cumsum([len(a) for a in value], out=offsets[1:])
             flat = np.concatenate(value)
-            return {"ragged": _encode(flat, arrays, depth + 1), "offsets": _encode(offsets, arrays, depth + 1),
-                    "tuple": kind is tuple}
+            return {
+                "ragged": _encode(flat, arrays, depth + 1),
+                "offsets": _encode(offsets, arrays, depth + 1),
+                "tuple": kind is tuple,
+            }
         return {kind.__name__: [_encode(v, arrays, depth + 1) for v in value]}
     if kind is dict:
         if not all(type(k) is str for k in value):
             raise NotEncodable("dict keys that are not strings")
         return {"dict": {k: _encode(v, arrays, depth + 1) for k, v in value.items()}}
     if dataclasses.is_dataclass(value) and kind.__module__.split(".")[0] == "kitlib" and "<" not in kind.__qualname__:
-        fields = {f.name: _encode(getattr(value, f.name), arrays, depth + 1) for f in dataclasses.fields(value) if f.init}
+        fields = {
+            f.name: _encode(getattr(value, f.name), arrays, depth + 1) for f in dataclasses.fields(value) if f.init
+        }
         return {"dataclass": f"{kind.__module__}:{kind.__qualname__}", "fields": fields}
     raise NotEncodable(kind.__name__)
 

@@ -194,7 +194,7 @@ def _killed_halfway(chunks: list[bytes | memoryview], kill_at: int | None) -> It
 
 
 def _raw_bytes(a: np.ndarray) -> memoryview:
-    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8).data  # a memoryview over the array's bytes, no copy
 
 
 def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:

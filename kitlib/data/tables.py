@@ -20,8 +20,9 @@ import numpy as np
 from kitlib.errors import DataError
 
 if TYPE_CHECKING:
-    from kitlib.config import Task
     import pandas as pd
+
+    from kitlib.config import Task
 
 TaskKind = Literal["binary", "multiclass", "regression"]
 
@@ -205,7 +206,7 @@ def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
         if not is_int_valued:
             return TaskSpec("regression", 1)  # fractions: a quantity
         k, n = len(uniques), len(series)
-        if MAX_INT_CLASSES < k and 2 * k > n:
+        if k > MAX_INT_CLASSES and 2 * k > n:
             return TaskSpec("regression", 1)  # most rows have their own value: a count or price, not class ids
         if k > MAX_INT_CLASSES:  # e.g. 50 category codes over 500 rows, or a 0-100 score: both are plausible
             raise DataError(

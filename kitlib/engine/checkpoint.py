@@ -32,7 +32,15 @@ from typing import Any
 
 import torch
 
-from kitlib._files import FileMismatch, check_file, explain_disk_full, fsync_dir, fsync_file, record_file, write_recorded
+from kitlib._files import (
+    FileMismatch,
+    check_file,
+    explain_disk_full,
+    fsync_dir,
+    fsync_file,
+    record_file,
+    write_recorded,
+)
 from kitlib._version import __version__
 from kitlib.errors import CheckpointError
 

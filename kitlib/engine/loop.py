@@ -44,7 +44,7 @@ from kitlib.engine.policies import default_policies
 from kitlib.engine.record import RunRecorder
 from kitlib.engine.step import enable_activation_checkpointing, seed_epoch_order, to_device, train_window
 from kitlib.engine.timing import PhaseTimer
-from kitlib.errors import NonFiniteLossError
+from kitlib.errors import CheckpointError, NonFiniteLossError
 from kitlib.machine import distributed
 
 if TYPE_CHECKING:
@@ -143,10 +143,18 @@ class Loop:
             raise ValueError("resume=True needs the run_dir of the run to continue")
         last = checkpoint.latest(self.out, "last")
         if last is None:
-            raise FileNotFoundError(
-                f"resume=True but {self.out}/last holds no complete checkpoint; start with resume=False"
+            raise CheckpointError(
+                f"resume=True but {self.out}/last holds no complete checkpoint (the run stopped before its first "
+                'save). Fix: resume="auto" (continues when there is a checkpoint, else starts fresh) or resume=False'
             )
         snap = checkpoint.load(last)
+        changed = self.cfg.resume_differences(snap.meta.get("config", {}))
+        if changed:
+            raise CheckpointError(
+                f"{last} was saved by a run with another config ({'; '.join(changed)}): continuing it with this one "
+                "would be neither run. Fix: pass the config it was saved with, or a new run_dir (or resume=False "
+                "to start over there)"
+            )
         checkpoint.restore_model(self.raw_model, snap)
         assert snap.state is not None
         self.optimizer.load_state_dict(snap.state["optimizer"])

@@ -150,7 +150,9 @@ def get_preset(name: str) -> Preset:
     """A preset by (case-insensitive) name; the error lists the choices."""
     preset = PRESETS.get(name.strip().lower())
     if preset is None:
-        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+        from kitlib.errors import SetupError
+
+        raise SetupError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)} in the parameters cell")
     return preset
 
 
@@ -227,7 +229,9 @@ class ResolvedRun:
     def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
         if data.get("format") != _FORMAT:
             found = data.get("format")
-            raise ValueError(f"saved run has format {found!r}, this kitlib reads {_FORMAT}: rerun 00_setup")
+            from kitlib.errors import SetupError
+
+            raise SetupError(f"saved run.json has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup")
         return cls(
             preset=Preset(**data["preset"]),
             config=TrainConfig.from_dict(data["config"]),

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
-from kitlib._files import write_atomic
+from kitlib._files import record_file, write_atomic
 from kitlib.config import Task
+from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
 from kitlib.notebook.presets import DEFAULT_PRESET
 from kitlib.notebook.regimes import Encoder, Prepared
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import ResolvedRun
 
+INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
 
@@ -67,8 +69,8 @@ class Params:
 
 
 def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
-    """Build Params from the parameters cell's values (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL and KIT_TASK
-    override."""
+    """Build Params from the parameters cell's values (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL
+    and KIT_TASK override them."""
     from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 
     env = os.environ if environ is None else environ
@@ -85,7 +87,9 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     p = Params(**values)
     _check_choice("task", p.task, get_args(Task))
     if not p.data_dir.is_dir():
-        raise FileNotFoundError(
+        from kitlib.errors import MissingDataError
+
+        raise MissingDataError(
             f"data_dir {p.data_dir} does not exist: set it in the parameters cell or KIT_DATA_DIR "
             "(for the offline demo: python -m kitlib demo DIR)"
         )
@@ -169,7 +173,7 @@ def features(
     from kitlib.data.lengths import length_report
     from kitlib.data.tables import infer_task, read_table
     from kitlib.machine.hardware import detect
-    from kitlib.notebook import handoff, presets
+    from kitlib.notebook import presets
     from kitlib.notebook.submission import check_sample_submission
 
     run = run or load_run(p)
@@ -218,8 +222,6 @@ def features(
 
 def load_features(p: Params) -> Features:
     """What 01_features saved: no CSV read, no tokenizer or model loaded (a fraction of a second)."""
-    from kitlib.notebook import handoff
-
     return handoff.load(p.work_dir, built_from(p))
 
 
@@ -303,16 +305,17 @@ def train(
     features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
     """
     feats = feats or load_features(p)
+    resume = _stage(p, _train_config(p, feats))  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.machine.distributed import launch
 
-        result: FitResult = launch(_train_worker, p, callbacks, nprocs=feats.run.world_size)
+        result: FitResult = launch(_train_worker, p, callbacks, resume, nprocs=feats.run.world_size)
         return result
-    return _train(p, feats, hw=hw, callbacks=callbacks)
+    return _train(p, feats, hw=hw, callbacks=callbacks, resume=resume)
 
 
-def _train_worker(p: Params, callbacks: tuple[object, ...]) -> FitResult:
-    result = _train(p, load_features(p), hw=None, callbacks=callbacks)
+def _train_worker(p: Params, callbacks: tuple[object, ...], resume: bool) -> FitResult:
+    result = _train(p, load_features(p), hw=None, callbacks=callbacks, resume=resume)
     return dataclasses.replace(result, model=result.model.cpu())  # rank 0's result crosses to the parent on CPU
 
 
@@ -328,30 +331,62 @@ def _monitor_task_metric(cfg: TrainConfig, task: TaskSpec) -> TrainConfig:
     return dataclasses.replace(cfg, monitor=name, mode="min" if name == "rmse" else "max")
 
 
-def _train(p: Params, feats: Features, *, hw: HardwareInfo | None, callbacks: tuple[object, ...]) -> FitResult:
+def _train_config(p: Params, feats: Features) -> TrainConfig:
+    return _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), feats.task)
+
+
+def _staging(p: Params) -> Path:
+    return p.run_dir.with_name(p.run_dir.name + ".new")  # this run's files until it finishes
+
+
+def _stage(p: Params, cfg: TrainConfig) -> bool:
+    """Prepare ``run.new/``; True when it holds an interrupted attempt (killed, or stopped by SIGTERM) with the same
+    config and features and a complete ``last/`` checkpoint: 02 continues it, so a restarted session picks up where
+    the last one ended. Anything else there is superseded by this run."""
+    from kitlib.engine import checkpoint
+
+    staging = _staging(p)
+    inputs = {"config": cfg.to_dict(), "features": record_file(p.work_dir / handoff.FEATURES_FILE)["sha256"]}
+    inputs = json.loads(json.dumps(inputs, default=str))  # as it reads back (tuples -> lists)
+    try:
+        saved = json.loads((staging / INPUTS_FILE).read_text())
+    except (OSError, ValueError):
+        saved = None
+    if saved == inputs and checkpoint.latest(staging, "last") is not None:
+        print(f"continuing the interrupted run in {staging} from its last checkpoint (same config, same features)")
+        return True
+    shutil.rmtree(staging, ignore_errors=True)
+    write_atomic(staging / INPUTS_FILE, json.dumps(inputs, indent=1) + "\n")
+    return False
+
+
+def _train(
+    p: Params, feats: Features, *, hw: HardwareInfo | None, callbacks: tuple[object, ...], resume: bool
+) -> FitResult:
     import torch
 
     from kitlib.engine.loop import fit
+    from kitlib.machine.distributed import dist_env
     from kitlib.machine.hardware import detect
 
     hw = hw or detect()
     prepared = prepare(p, feats, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
-    cfg = _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), feats.task)
-    staging = p.run_dir.with_name(p.run_dir.name + ".new")  # this run's files until fit returns
-    shutil.rmtree(staging, ignore_errors=True)  # an attempt that crashed: superseded by this one
+    staging = _staging(p)
     result = fit(
         prepared.model,
         prepared.train,
-        config=cfg,
+        config=_train_config(p, feats),
         eval_loader=prepared.valid,
         full_eval=_metric(feats.task, prepared.valid, device),
         run_dir=staging,
+        resume=resume,
         hw=hw,
         callbacks=callbacks,
     )
-    from kitlib.machine.distributed import dist_env
-
+    if result.stop_reason == "sigterm":  # not a finished run: run/ stays as it was; the next 02 continues this one
+        print(f"stopped by SIGTERM: {staging}/last saved; run 02_train again to continue from there")
+        return dataclasses.replace(result, run_dir=staging)
     if dist_env().is_main:
         _publish(staging, p.run_dir)
     return dataclasses.replace(result, run_dir=p.run_dir)
@@ -412,12 +447,44 @@ def infer(
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
     for run_dir in run_dirs or [p.run_dir]:
-        best = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
-        if best is None:
-            raise FileNotFoundError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
-        checkpoint.restore_model(prepared.model, checkpoint.load(best))
+        checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
         predictions.append(predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task))
     mean = np.mean(predictions, axis=0)
     values = mean if feats.task.kind == "regression" else feats.task.decode(mean.argmax(-1))
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
+
+
+def _trained_checkpoint(run_dir: Path, p: Params) -> Path:
+    """``run_dir``'s best (else last) checkpoint, trained on the features 01 saved; else an error naming the fix."""
+    from kitlib.engine import checkpoint
+    from kitlib.errors import CheckpointError, MissingRunError
+
+    found = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
+    if found is None:
+        for name in ("best", "last"):
+            if (run_dir / name).exists():
+                try:
+                    checkpoint.load(run_dir / name)  # fails, saying what is wrong with it
+                except CheckpointError as err:
+                    raise CheckpointError(
+                        f"{err} In the notebooks: run 02_train again ({run_dir.name}.prev/ holds the run before)"
+                    ) from None
+        interrupted = _staging(p)
+        if run_dir == p.run_dir and checkpoint.latest(interrupted, "last") is not None:
+            raise MissingRunError(
+                f"no finished training run in {run_dir}: the last one was interrupted ({interrupted}/last is saved). "
+                "Fix: run notebooks/02_train.ipynb again; it continues from there"
+            )
+        raise MissingRunError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
+    try:
+        trained_on = json.loads((run_dir / INPUTS_FILE).read_text())["features"]
+    except (OSError, ValueError, KeyError):
+        return found  # a run from an older kitlib, or trained outside the notebooks: nothing to compare
+    if trained_on != record_file(p.work_dir / handoff.FEATURES_FILE)["sha256"]:
+        raise CheckpointError(
+            f"{run_dir} was trained on other features than the ones 01_features saved since (another preset, model, "
+            "data or parameters). Fix: run notebooks/02_train.ipynb again, or re-run 01 with the settings that run "
+            "was trained with"
+        )
+    return found
