@@ -52,7 +52,7 @@ NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})  # disk full; quota exceeded 
 
 def free_bytes(path: Path) -> tuple[int, Path]:
     """Free bytes on the filesystem that holds ``path`` (or its nearest existing parent), and that parent."""
-    existing = next((p for p in (path, *path.parents) if p.exists()), Path("/"))
+    existing = next((p for p in (path, *path.parents) if p.is_dir()), Path("/"))
     return shutil.disk_usage(existing).free, existing
 
 

@@ -70,6 +70,10 @@ class MissingDataError(KitError, FileNotFoundError):
     """The data dir given in the parameters does not exist."""
 
 
+class MissingModelError(KitError, FileNotFoundError):
+    """The model folder given in the parameters holds no saved model."""
+
+
 class MissingRunError(KitError, FileNotFoundError):
     """No saved run: 00_setup has not been run in this working dir."""
 

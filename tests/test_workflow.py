@@ -170,9 +170,9 @@ def test_a_damaged_hand_off_array_names_the_file_and_the_notebook(tmp_path: Path
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
     workflow.setup(p, cpu_hw)
     workflow.features(p, hw=cpu_hw, quiet=True)
-    labels = p.work_dir / "features" / "labels.npy"
+    (labels,) = (p.work_dir / "features").glob("labels-*.npy")
     labels.write_bytes(labels.read_bytes()[:-8])
-    with pytest.raises(DataError, match=r"labels.npy is damaged .*truncated.* re-run notebooks/01_features"):
+    with pytest.raises(DataError, match=r"labels-\w+\.npy is damaged .*truncated.* re-run notebooks/01_features"):
         workflow.load_features(p)
 
 
@@ -272,7 +272,7 @@ def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, 
         ),
     ],
 )
-def test_too_few_rows_or_too_rare_classes_stop_features_before_training(
+def test_too_few_rows_or_too_rare_classes_stop_setup_before_anything_is_written(
     tmp_path: Path, cpu_hw, train, expected: str
 ) -> None:
     from kitlib.errors import DataError
@@ -280,10 +280,9 @@ def test_too_few_rows_or_too_rare_classes_stop_features_before_training(
     data = _csvs(tmp_path / "data")
     train(pd.read_csv(data / "train.csv")).to_csv(data / "train.csv", index=False)
     p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
-    workflow.setup(p, cpu_hw)
     with pytest.raises(DataError, match=expected):
-        workflow.features(p, hw=cpu_hw, quiet=True)
-    assert not (p.work_dir / "features.json").exists()
+        workflow.setup(p, cpu_hw)
+    assert not (p.work_dir / "run.json").exists()
 
 
 def test_a_sigtermed_training_keeps_run_and_the_next_one_continues_it_exactly(tmp_path: Path, cpu_hw) -> None:

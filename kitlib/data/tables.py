@@ -80,7 +80,10 @@ def read_table(
         parent = path.parent if path.parent.is_dir() else None
         nearby = sorted(p.name for p in parent.iterdir())[:10] if parent is not None else []
         hint = f"; files in {parent}: {nearby}" if parent is not None else f"; {path.parent} does not exist either"
-        raise DataError(f"no file at {path}{hint}. On Kaggle, inputs are under /kaggle/input/<slug>/")
+        raise DataError(
+            f"no file at {path}{hint}. Fix: point to the file (in a notebook: data_dir, train_file or test_file in "
+            "the parameters cell); on Kaggle, inputs are under /kaggle/input/<slug>/"
+        )
     if path.stat().st_size == 0:
         raise DataError(f"{path} is empty (0 bytes): re-download or re-export it")
     try:
@@ -90,7 +93,7 @@ def read_table(
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:
         raise DataError(f"{path} could not be parsed ({err}): check the delimiter and encoding (UTF-8)") from err
     if len(df) == 0:
-        raise DataError(f"{path} has a header ({list(df.columns)}) but no data rows")
+        raise DataError(f"{path} has a header ({list(df.columns)}) but no data rows: re-download or re-export it")
 
     texts = [text] if isinstance(text, str) else list(text)
     wanted = [*texts, *([target] if target else []), *([id] if id else [])]
@@ -104,15 +107,20 @@ def read_table(
     for col in texts:
         df[col] = _check_text(df[col], path, col)
     if id is not None:
-        dup = df[id].duplicated()
-        if dup.any():
-            first = dup.idxmax()
-            raise DataError(
-                f"{path}: id column {id!r} repeats {_value(df[id][first])} at {_row(first)}; ids must be unique"
-            )
+        check_unique_ids(df, id, path)
     if target is not None:
         _check_target(df[target], path, target, task)
     return df
+
+
+def check_unique_ids(df: pd.DataFrame, id: str, path: Path) -> None:
+    dup = df[id].duplicated()
+    if dup.any():
+        first = dup.idxmax()
+        raise DataError(
+            f"{path}: id column {id!r} repeats {_value(df[id][first])} at {_row(first)}; ids must be unique: drop or "
+            "renumber the repeated rows"
+        )
 
 
 def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
@@ -218,6 +226,7 @@ def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
     classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
     if len(classes) < 2:
         raise DataError(
-            f"target column {name!r} has a single value ({classes[0]!r}): there is nothing to learn. Check the file."
+            f"target column {name!r} has a single value ({classes[0]!r}) in every row: there is nothing to learn. Fix: "
+            "check that target names the label column and that the file holds all the training rows"
         )
     return TaskSpec("binary" if len(classes) == 2 else "multiclass", len(classes), classes)

@@ -135,13 +135,25 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB
     )
 
 
+def check_model_dir(model_dir: str | Path) -> Path:
+    """``model_dir`` if it holds a saved Hugging Face model (its config.json), else a MissingModelError."""
+    from kitlib.errors import MissingModelError
+
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        where = "does not exist" if not path.exists() else "has no config.json"
+        raise MissingModelError(
+            f"model {path} {where}: it must be a folder saved with save_pretrained (config.json + weights). Fix: "
+            "set model in the parameters cell (KIT_MODEL) to such a folder (on Kaggle: /kaggle/input/<dataset>/...), "
+            "or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
+        )
+    return path
+
+
 def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
     """The pretrained folder to load, or None for the tiny fallback (announced when it was not asked for)."""
     if model_dir is not None:
-        path = Path(model_dir)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"no config.json in {path}: model_dir must be a saved Hugging Face model folder")
-        return path
+        return check_model_dir(model_dir)
     if tiny_requested(tiny):
         return None
     found = minilm_dir()

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kitlib._files import FileMismatch, read_checked, record_bytes, write_atomic
+from kitlib._files import FileMismatch, read_checked, record_bytes, record_file, write_atomic
 from kitlib.data.featurize import TokenizedTexts
 from kitlib.data.ngrams import NgramBags
 from kitlib.data.tables import TaskSpec
-from kitlib.errors import DataError, MissingRunError
+from kitlib.errors import DataError, KitError, MissingRunError
 
 if TYPE_CHECKING:
     from kitlib.data.lengths import LengthReport
@@ -87,14 +87,19 @@ def run_fingerprint(work_dir: Path) -> str:
 
 
 def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> Path:
-    """Write the arrays, then features.json (last: its presence means the hand-off is complete)."""
+    """Write the arrays under names of their own (``labels-<sha256 prefix>.npy``), then features.json, which is the
+    commit: until it is replaced, the previous hand-off's files are untouched, so a run killed or out of disk space
+    mid-save leaves the last good features loadable. Files no features.json names any more are removed after."""
     folder = work_dir / FEATURES_DIR
     records = {}
     for name, array in features._arrays().items():
         buffer = io.BytesIO()
         np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-        write_atomic(folder / f"{name}.npy", buffer.getbuffer())
-        records[f"{name}.npy"] = record_bytes(buffer.getbuffer())
+        record = record_bytes(buffer.getbuffer())
+        file = f"{name}-{record['sha256'][:16]}.npy"
+        if not (folder / file).is_file() or record_file(folder / file) != record:
+            write_atomic(folder / file, buffer.getbuffer())
+        records[f"{name}.npy"] = {**record, "file": file}
     summary = {
         "format": FORMAT,
         "task": features.task.to_dict(),
@@ -111,23 +116,39 @@ def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> P
         "built_from": {"run_json_sha256": run_fingerprint(work_dir), **dict(built_from)},
         "files": records,
     }
-    return write_atomic(work_dir / FEATURES_FILE, json.dumps(summary, indent=1, default=str) + "\n")
+    written = write_atomic(work_dir / FEATURES_FILE, json.dumps(summary, indent=1, default=str) + "\n")
+    named = {r["file"] for r in records.values()}
+    for stale in folder.glob("*.npy"):
+        if stale.name not in named:
+            stale.unlink(missing_ok=True)
+    return written
 
 
 def load(work_dir: Path, built_from: Mapping[str, Any]) -> Features:
     """The features 01_features saved in ``work_dir``; a clear error naming the notebook to run when they are
     missing, damaged, or were built for another run.json or other parameters."""
-    from kitlib.notebook.presets import ResolvedRun
-
     path = work_dir / FEATURES_FILE
     if not path.is_file():
         raise MissingRunError(f"no {FEATURES_FILE} in {work_dir}: run notebooks/01_features.ipynb first")
+    try:
+        return _load(path, work_dir, built_from)
+    except KitError:
+        raise
+    except (ValueError, KeyError, TypeError) as err:  # half-written or edited by hand
+        raise MissingRunError(
+            f"{path} is damaged ({type(err).__name__}: {err}): re-run notebooks/01_features.ipynb to write it again"
+        ) from err
+
+
+def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features:
+    from kitlib.notebook.presets import ResolvedRun
+
     summary = json.loads(path.read_text())
     if summary.get("format") != FORMAT:
         raise MissingRunError(f"{path} was written by another kitlib version: re-run notebooks/01_features.ipynb")
     _check_built_from(summary["built_from"], {"run_json_sha256": run_fingerprint(work_dir), **dict(built_from)}, path)
     arrays = {
-        name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / name, record, path)
+        name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / record.get("file", name), record, path)
         for name, record in summary["files"].items()
     }
     task = summary["task"]

@@ -86,11 +86,14 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     values["data_dir"], values["work_dir"] = Path(values["data_dir"]), Path(values["work_dir"])
     p = Params(**values)
     _check_choice("task", p.task, get_args(Task))
+    _check_types(p)
     if not p.data_dir.is_dir():
         from kitlib.errors import MissingDataError
 
+        problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
         raise MissingDataError(
-            f"data_dir {p.data_dir} does not exist: set it in the parameters cell or KIT_DATA_DIR "
+            f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
+            "folder "
             "(for the offline demo: python -m kitlib demo DIR)"
         )
     _check_work_dir(p.work_dir, p.data_dir)
@@ -102,6 +105,18 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 
     if value not in choices:
         raise SetupError(f"{name} = {value!r} is not one of {list(choices)}: fix it in the parameters cell")
+
+
+def _check_types(p: Params) -> None:
+    from kitlib.errors import SetupError
+
+    for f in dataclasses.fields(p):
+        value, kind = getattr(p, f.name), int if f.name == "seed" else str
+        if f.name in ("data_dir", "work_dir", "task"):
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool) or value == "":
+            wanted = "a whole number" if kind is int else "a non-empty string"
+            raise SetupError(f"{f.name} = {value!r} is not {wanted}: fix it in the parameters cell")
 
 
 def _check_work_dir(work: Path, data: Path) -> None:
@@ -127,6 +142,11 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     run = resolved or presets.resolve(p.preset, hw)
+    _check_model(p)
+    # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
+    # the run.json/params.json of the last good run (01 reads and checks the same files again).
+    data = read_competition(p, run)
+    _check_enough_rows(data.train[p.target], data.task, run, p)
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
     write_atomic(p.work_dir / "params.json", json.dumps(_jsonable(dataclasses.asdict(p)), indent=2) + "\n")
@@ -145,6 +165,41 @@ def load_run(p: Params) -> ResolvedRun:
 
 
 # --------------------------------------------------------------------------------------------------- 01 features
+@dataclass(frozen=True)
+class Competition:
+    """The competition's files as read and checked: what 00 validates and 01 featurises."""
+
+    train: pd.DataFrame  # at most the preset's row_limit rows
+    test: pd.DataFrame
+    test_ids: list[Any]  # Python ints/strs, in test.csv's order
+    columns: tuple[str, ...]  # sample_submission.csv's
+    task: TaskSpec  # decided on every training row, before any row limit
+
+
+def read_competition(p: Params, run: ResolvedRun) -> Competition:
+    """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
+    text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
+    from kitlib.data.tables import infer_task, read_table
+    from kitlib.notebook.submission import check_sample_submission
+
+    train = read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=p.task)
+    task = infer_task(train[p.target], p.task)
+    if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
+        train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
+    test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
+    test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
+    columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
+    return Competition(train, test, test_ids, columns, task)
+
+
+def _check_model(p: Params) -> None:
+    """A model folder named in the parameters must hold a saved model (found in 00, not after 01's reading)."""
+    from kitlib.models.loading import check_model_dir
+
+    if p.model not in ("auto", "tiny") and Path(p.model).is_absolute():
+        check_model_dir(p.model)
+
+
 def _model_choice(p: Params) -> dict[str, Any]:
     if p.model == "auto":
         return {}
@@ -171,20 +226,13 @@ def features(
     from kitlib.data.cache import Cache
     from kitlib.data.featurize import tokenize_texts
     from kitlib.data.lengths import length_report
-    from kitlib.data.tables import infer_task, read_table
     from kitlib.machine.hardware import detect
     from kitlib.notebook import presets
-    from kitlib.notebook.submission import check_sample_submission
 
     run = run or load_run(p)
     cache = cache or Cache(p.cache_dir, log=(lambda _msg: None) if quiet else print)
-    train = read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=p.task)
-    if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
-        train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
-    test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
-    test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
-    columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
-    task = infer_task(train[p.target], p.task)
+    data = read_competition(p, run)
+    train, test, task = data.train, data.test, data.task
     texts = train[p.text].tolist()
     tokenizer, model, identity = run.regime.load(task, texts, p.seed, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
@@ -210,8 +258,8 @@ def features(
         labels=task.encode(train[p.target]),
         train_tokens=train_tokens,
         test_tokens=test_tokens,
-        test_ids=test_ids,
-        submission_columns=columns,
+        test_ids=data.test_ids,
+        submission_columns=data.columns,
         embeddings=extra.embeddings,
         ngrams=extra.ngrams,
         report=report,

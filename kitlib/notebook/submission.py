@@ -17,17 +17,18 @@ if TYPE_CHECKING:
 def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: str, target: str) -> tuple[str, ...]:
     """sample_submission.csv's columns, after checking what 03 would otherwise find after training: it exists, its
     columns are the id and target parameters, and its ids are exactly test.csv's."""
-    import pandas as pd
+    from kitlib.data.tables import check_unique_ids, read_table
 
     if not sample_path.is_file():
         raise DataError(f"no sample submission at {sample_path}: set sample_submission in the parameters cell")
-    sample = pd.read_csv(sample_path)
+    sample = read_table(sample_path, text=())  # empty, header-only and unparsable files: named, with the fix
     columns = tuple(str(c) for c in sample.columns)
     if set(columns) != {id, target}:
         raise DataError(
             f"{sample_path.name} has columns {list(columns)}, but the parameters say id={id!r}, target={target!r}: "
             "set id and target to the submission's column names"
         )
+    check_unique_ids(sample, id, sample_path)
     sample_ids, ids = set(sample[id].astype(str)), {str(i) for i in test_ids}
     for missing, where, other in (
         (ids - sample_ids, sample_path.name, "test.csv"),
@@ -36,7 +37,7 @@ def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: s
         if missing:
             raise DataError(
                 f"{len(missing)} ids of {other} are missing from {where}, e.g. {sorted(missing)[:3]}: the two files "
-                "must list the same rows"
+                "must list the same rows (is sample_submission the file that goes with this test.csv?)"
             )
     return columns
 
