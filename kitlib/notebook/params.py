@@ -1,0 +1,251 @@
+"""The notebooks' parameters: one set, written by 00_setup, read by 01-03.
+
+00's ``parameters`` cell holds them all (``params``) and 00 saves them as ``work_dir/params.json``; 01-03 take only
+``work_dir`` and ``inputs`` (``load_params``). ``inputs`` are read-only folders holding earlier stages' outputs, as a
+pushed Kaggle chain mounts the previous kernel's output: their hand-off files are carried into ``work_dir`` first, so
+each stage reads and writes one folder, and their feature cache seeds this one. KIT_* variables still override 00's
+values; in 01-03 they may restate a saved value but not contradict it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_args
+
+from kitlib._files import write_atomic
+from kitlib.config import Task
+from kitlib.notebook.presets import DEFAULT_PRESET
+
+PARAMS_FILE = "params.json"
+RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
+# What a later stage needs from earlier ones (in the order they are made); a Kaggle kernel carries them forward.
+HANDOFF = ("params.json", "run.json", "features.json", "features", RUN_NAME)
+ENV = {"preset": "KIT_PRESET", "task": "KIT_TASK", "data_dir": "KIT_DATA_DIR", "model": "KIT_MODEL"}
+KAGGLE_INPUT = Path("/kaggle/input")
+_KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
+
+
+@dataclass(frozen=True)
+class Params:
+    """What 00's ``parameters`` cell holds. Environment variables win (for headless runs)."""
+
+    data_dir: Path
+    work_dir: Path
+    preset: str = DEFAULT_PRESET
+    model: str = "auto"  # "auto": all-MiniLM-L6-v2 (an error when it is not installed); "tiny"; or a model dir
+    text: str = "text"
+    target: str = "label"
+    task: Task = "auto"  # what the target is (kitlib.config.Task)
+    id: str = "id"
+    seed: int = 42
+    train_file: str = "train.csv"
+    test_file: str = "test.csv"
+    sample_submission: str = "sample_submission.csv"
+    inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.work_dir / "kitlib-cache"  # under the working dir: on Kaggle it becomes the kernel's output
+
+    @property
+    def seed_caches(self) -> list[Path]:
+        """Earlier kernels' feature caches: read-only, trusted because the user attached them as ``inputs``."""
+        return [folder / "kitlib-cache" for folder in self.inputs if (folder / "kitlib-cache").is_dir()]
+
+    @property
+    def run_dir(self) -> Path:
+        return self.work_dir / RUN_NAME
+
+    def save(self) -> Path:
+        """``work_dir/params.json``: what 01-03 read (paths absolute, ``work_dir`` and ``inputs`` left out)."""
+        values = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
+        for kernel_specific in ("work_dir", "inputs"):
+            values.pop(kernel_specific)
+        return write_atomic(self.work_dir / PARAMS_FILE, json.dumps(values, indent=2) + "\n")
+
+
+def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
+    """Build Params from 00's parameters cell (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL and
+    KIT_TASK override them."""
+    from kitlib.notebook.runbook import absolute_parameters, absolute_path
+
+    env = os.environ if environ is None else environ
+    values = absolute_parameters(values) | _from_environment(env, with_work_dir=True)
+    values["data_dir"] = kaggle_input(Path(values["data_dir"]))
+    values["work_dir"] = Path(values["work_dir"])
+    values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
+    p = Params(**values)
+    _check(p)
+    return p
+
+
+def load_params(
+    work_dir: str | os.PathLike[str],
+    *,
+    inputs: Sequence[str | os.PathLike[str]] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Params:
+    """01-03's parameters: what 00_setup saved in ``work_dir/params.json``, after carrying the earlier stages' files
+    forward from ``inputs``. A KIT_* variable that contradicts a saved value is an error naming both."""
+    from kitlib.errors import MissingRunError, SetupError
+    from kitlib.notebook.runbook import absolute_path
+
+    env = os.environ if environ is None else environ
+    work = Path(_from_environment(env, with_work_dir=True).get("work_dir") or absolute_path("work_dir", work_dir))
+    folders = tuple(kaggle_input(Path(absolute_path("inputs", i))) for i in inputs)
+    carry_forward(folders, work)
+    path = work / PARAMS_FILE
+    if not path.is_file():
+        where = f" or in inputs {[str(f) for f in folders]}" if folders else ""
+        raise MissingRunError(
+            f"no {PARAMS_FILE} in {work}{where}: run notebooks/00_setup.ipynb first with this work_dir (on Kaggle: "
+            "attach the previous kernel's output and list its folder in inputs)"
+        )
+    try:
+        saved = json.loads(path.read_text())
+        known = {f.name for f in dataclasses.fields(Params)} - {"work_dir", "inputs"}
+        values = {k: v for k, v in saved.items() if k in known}
+    except (ValueError, AttributeError) as err:
+        raise MissingRunError(f"{path} is damaged ({err}): re-run notebooks/00_setup.ipynb to write it again") from err
+    clashes = [
+        f"{name}: params.json (00_setup) says {values.get(name)!r}, {ENV[name]} says {value!r}"
+        for name, value in _from_environment(env, with_work_dir=False).items()
+        if str(values.get(name)) != str(value)
+    ]
+    if clashes:
+        raise SetupError(
+            f"{'; '.join(clashes)}. 01-03 use what 00_setup saved. Fix: re-run 00_setup with the new value, or unset "
+            f"{', '.join(ENV[c.split(':')[0]] for c in clashes)}"
+        )
+    return params(environ={}, **values, work_dir=work, inputs=folders)
+
+
+def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[str, Any]:
+    """The KIT_* overrides. A path typed in a shell is relative to where the command ran: the kernel's cwd is the
+    notebook's folder, but it inherits the shell's PWD (parameters-cell values are relative to the kernel's cwd)."""
+    from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_path
+
+    shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
+    found: dict[str, Any] = {
+        name: env[var] for name, var in ENV.items() if env.get(var) and name not in PATH_PARAMETERS
+    }
+    for name, var in PATH_PARAMETERS.items():
+        if env.get(var) and (with_work_dir or name != "work_dir"):
+            found[name] = absolute_path(name, env[var], shell_dir)
+    if "data_dir" in found:
+        found["data_dir"] = str(kaggle_input(Path(found["data_dir"])))
+    return found
+
+
+# -------------------------------------------------------------------------------------------------------- checks
+def _check(p: Params) -> None:
+    from kitlib.errors import MissingDataError, SetupError
+
+    if p.task not in get_args(Task):
+        raise SetupError(f"task = {p.task!r} is not one of {list(get_args(Task))}: fix it in the parameters cell")
+    for f in dataclasses.fields(p):
+        if f.name in ("data_dir", "work_dir", "task", "inputs"):
+            continue
+        value, kind = getattr(p, f.name), int if f.name == "seed" else str
+        if not isinstance(value, kind) or isinstance(value, bool) or value == "":
+            wanted = "a whole number" if kind is int else "a non-empty string"
+            raise SetupError(f"{f.name} = {value!r} is not {wanted}: fix it in the parameters cell")
+    if not p.data_dir.is_dir():
+        problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
+        raise MissingDataError(
+            f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
+            "folder (for the offline demo: python -m kitlib demo DIR)"
+        )
+    _check_work_dir(p.work_dir, p.data_dir)
+
+
+def _check_work_dir(work: Path, data: Path) -> None:
+    """Fail in the first cell, not after training: kitlib writes run.json, features, checkpoints there."""
+    from kitlib.errors import SetupError
+
+    fix = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
+    if work.resolve() == data.resolve():
+        raise SetupError(f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {fix}")
+    if work.exists() and not work.is_dir():
+        raise SetupError(f"work_dir {work} is a file, not a folder: {fix}")
+    existing = next(d for d in (work, *work.parents) if d.exists())
+    if not os.access(existing, os.W_OK):
+        raise SetupError(f"work_dir {work} is not writable ({existing} is read-only for this user): {fix}")
+
+
+# ------------------------------------------------------------------------------------------ Kaggle's read-only inputs
+def kaggle_input(path: Path) -> Path:
+    """``path``, or where Kaggle mounted it: current images mount an attached source at
+    ``/kaggle/input/<kind>/[<owner>/]<slug>``, older ones at ``/kaggle/input/<slug>``; a path of either layout that
+    does not exist is looked up in the other."""
+    if path.exists() or KAGGLE_INPUT not in path.parents:
+        return path
+    parts = path.relative_to(KAGGLE_INPUT).parts
+    if parts[0] in _KAGGLE_KINDS:  # new layout -> old: competitions/<slug>, <kind>/<owner>/<slug>
+        slug_at = 1 if parts[0] == "competitions" else 2
+        candidates = [KAGGLE_INPUT.joinpath(*parts[slug_at:])] if len(parts) > slug_at else []
+    else:  # old layout -> new
+        rest = parts[1:]
+        candidates = [
+            KAGGLE_INPUT / "competitions" / parts[0] / Path(*rest),
+            *(p / Path(*rest) for kind in _KAGGLE_KINDS[1:] for p in sorted(KAGGLE_INPUT.glob(f"{kind}/*/{parts[0]}"))),
+        ]
+    return next((c for c in candidates if c.exists()), path)
+
+
+def carry_forward(inputs: Sequence[Path], work_dir: Path) -> list[str]:
+    """Copy the earlier stages' files (params.json, run.json, the features, run/) from read-only ``inputs`` into
+    ``work_dir``; later inputs win, and a copy already identical is kept. Returns what was copied.
+
+    Cost: one copy per item (the features and a checkpoint: tens to hundreds of MB, seconds). A different local
+    folder is kept as ``<name>.prev/``, never deleted outright.
+    """
+    from kitlib.errors import MissingRunError
+
+    copied = []
+    for folder in inputs:
+        if not folder.is_dir():
+            raise MissingRunError(
+                f"input {folder} does not exist: attach the earlier kernel's output to this one (kernel_sources) or "
+                "fix inputs in the parameters cell"
+            )
+        for name in HANDOFF:
+            source, target = folder / name, work_dir / name
+            if source.exists() and not _same(source, target):
+                _replace_with_copy(source, target)
+                copied.append(name)
+    return copied
+
+
+def _listing(path: Path) -> list[tuple[str, int, int]]:
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return [(str(p.relative_to(path)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def _same(source: Path, target: Path) -> bool:
+    if not target.exists() or source.is_dir() != target.is_dir():
+        return False
+    if source.is_file():
+        return source.read_bytes() == target.read_bytes()
+    return _listing(source) == _listing(target)  # copytree keeps sizes and mtimes
+
+
+def _replace_with_copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if source.is_file():
+        write_atomic(target, source.read_bytes())
+        return
+    incoming = target.with_name(f".{target.name}.incoming")
+    shutil.rmtree(incoming, ignore_errors=True)
+    shutil.copytree(source, incoming)
+    if target.exists():
+        previous = target.with_name(f"{target.name}.prev")
+        shutil.rmtree(previous, ignore_errors=True)
+        target.rename(previous)
+    incoming.rename(target)

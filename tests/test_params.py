@@ -1,0 +1,95 @@
+"""One set of parameters: 00 writes params.json, 01-03 read it (carried forward from read-only inputs on Kaggle)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kitlib.errors import MissingRunError, SetupError
+from kitlib.notebook import params as params_module
+from kitlib.notebook import stages
+
+
+def _competition(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    rows = pd.DataFrame({"id": range(60), "review": [f"a {'good' if i % 2 else 'bad'} film" for i in range(60)]})
+    rows.assign(sentiment=[i % 2 for i in range(60)]).iloc[:50].to_csv(folder / "train.csv", index=False)
+    rows.iloc[50:].to_csv(folder / "test.csv", index=False)
+    rows.iloc[50:][["id"]].assign(sentiment=0).to_csv(folder / "sample_submission.csv", index=False)
+    return folder
+
+
+def test_params_json_drives_the_later_stages(tmp_path: Path, cpu_hw) -> None:
+    data = _competition(tmp_path / "data")
+    p = stages.params(
+        environ={}, data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", text="review",
+        target="sentiment", task="classify", seed=7,
+    )  # fmt: skip
+    stages.setup(p, cpu_hw)
+    saved = json.loads((p.work_dir / "params.json").read_text())
+    assert saved["target"] == "sentiment" and "work_dir" not in saved and "inputs" not in saved
+    later = stages.load_params(tmp_path / "work", environ={})
+    assert later == p  # every value, from 00's cell, with no parameters cell of its own
+    assert stages.load_params(tmp_path / "work", environ={"KIT_PRESET": "smoke"}) == p  # restating is fine
+
+
+def test_a_variable_that_contradicts_the_saved_parameters_names_both_values(tmp_path: Path, cpu_hw) -> None:
+    p = stages.params(environ={}, data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work",
+                      preset="smoke", model="tiny", text="review", target="sentiment")  # fmt: skip
+    stages.setup(p, cpu_hw)
+    with pytest.raises(SetupError, match=r"preset: params.json \(00_setup\) says 'smoke', KIT_PRESET says 'fast'.*"
+                       r"re-run 00_setup with the new value, or unset KIT_PRESET"):  # fmt: skip
+        stages.load_params(p.work_dir, environ={"KIT_PRESET": "fast"})
+    with pytest.raises(SetupError, match=r"data_dir: .* KIT_DATA_DIR says"):
+        stages.load_params(p.work_dir, environ={"KIT_DATA_DIR": str(tmp_path)})
+
+
+def test_later_stages_without_00_name_it(tmp_path: Path) -> None:
+    with pytest.raises(MissingRunError, match=r"no params.json in .*run notebooks/00_setup.ipynb first"):
+        stages.load_params(tmp_path / "work", environ={})
+    with pytest.raises(MissingRunError, match=r"input .*gone does not exist: attach the earlier kernel's output"):
+        stages.load_params(tmp_path / "work", inputs=[tmp_path / "gone"], environ={})
+
+
+def test_inputs_are_carried_forward_and_a_different_local_copy_is_kept(tmp_path: Path) -> None:
+    upstream = tmp_path / "previous-kernel"
+    (upstream / "features").mkdir(parents=True)
+    (upstream / "params.json").write_text("{}")
+    (upstream / "features" / "a.npy").write_bytes(b"new")
+    (upstream / "kitlib-cache").mkdir()  # a cache is a seed, not carried
+    work = tmp_path / "working"
+    (work / "features").mkdir(parents=True)
+    (work / "features" / "a.npy").write_bytes(b"mine")
+    upstream.chmod(0o555)  # as mounted: read-only
+    try:
+        assert params_module.carry_forward([upstream], work) == ["params.json", "features"]
+        assert params_module.carry_forward([upstream], work) == []  # identical copies are kept as they are
+    finally:
+        upstream.chmod(0o755)
+    assert (work / "features" / "a.npy").read_bytes() == b"new"
+    assert (work / "features.prev" / "a.npy").read_bytes() == b"mine"
+    assert not (work / "kitlib-cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("given", "mounted"),
+    [
+        ("competitions/demo", "demo"),  # build writes the current layout; an older image mounts at /kaggle/input/<slug>
+        ("datasets/me/kitlib-wheels", "kitlib-wheels"),
+        ("notebooks/me/kit-00-setup", "kit-00-setup"),
+        ("demo", "competitions/demo"),  # and the other way round
+        ("kitlib-wheels", "datasets/me/kitlib-wheels"),
+    ],
+)
+def test_kaggle_inputs_are_found_in_either_mount_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: str, mounted: str
+) -> None:
+    root = tmp_path / "input"
+    monkeypatch.setattr(params_module, "KAGGLE_INPUT", root)
+    (root / mounted).mkdir(parents=True)
+    assert params_module.kaggle_input(root / given) == root / mounted
+    assert params_module.kaggle_input(root / "nowhere") == root / "nowhere"  # left for the caller's error
+    assert params_module.kaggle_input(tmp_path / "local") == tmp_path / "local"
