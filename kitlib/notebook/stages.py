@@ -95,10 +95,13 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
 
 
 def _check_model(p: Params) -> None:
-    """A model folder named in the parameters must hold a saved model (found in 00, not after 01's reading)."""
-    from kitlib.models.loading import check_model_dir
+    """The model the parameters name must be there (found in 00, not after 01's reading): a saved model folder, or
+    for "auto" the installed all-MiniLM-L6-v2."""
+    from kitlib.models.loading import check_model_dir, pretrained_dir, tiny_requested
 
-    if p.model not in ("auto", "tiny") and Path(p.model).is_absolute():
+    if p.model == "auto" and not tiny_requested():
+        pretrained_dir()
+    elif p.model not in ("auto", "tiny") and Path(p.model).is_absolute():
         check_model_dir(p.model)
 
 

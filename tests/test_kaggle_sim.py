@@ -1,0 +1,110 @@
+"""Pushed kernels, run as Kaggle runs them (tests/kaggle_sim.py): read-only /kaggle/input mounts, a Batch run, no
+network, kitlib not installed until the kernel installs it from the attached wheels dataset. Both ways a user
+builds them with `python -m kitlib kaggle build`: the four-kernel chain, and one kernel running every stage."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kaggle_sim
+import pandas as pd
+import pytest
+
+from kitlib.tools import kaggle as kg
+
+REASON = kaggle_sim.available()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"Kaggle simulation: {REASON}")
+N_TRAIN, N_TEST = 200, 40
+
+
+def _competition(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    words = ("great", "lovely", "superb", "awful", "dull", "boring")
+    frame = pd.DataFrame(
+        {"id": [f"r{i}" for i in range(N_TRAIN + N_TEST)],
+         "text": [f"a {words[i % 6]} film " + "long " * (i % 5) for i in range(N_TRAIN + N_TEST)],
+         "label": [("pos", "neg")[i % 6 // 3] for i in range(N_TRAIN + N_TEST)]}
+    )  # fmt: skip
+    frame.iloc[:N_TRAIN].to_csv(folder / "train.csv", index=False)
+    frame.iloc[N_TRAIN:][["id", "text"]].to_csv(folder / "test.csv", index=False)
+    frame.iloc[N_TRAIN:][["id"]].assign(label="pos").to_csv(folder / "sample_submission.csv", index=False)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def kaggle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("kaggle-sim")
+    project = Path(__file__).resolve().parents[1]
+    image = kaggle_sim.make_image(root)
+    assert not kaggle_sim.imports_kitlib(image)  # the image has torch and the rest, not kitlib
+    return {
+        "root": root,
+        "image": image,
+        "wheels": kaggle_sim.build_wheels(project, root / "wheels"),
+        "data": _competition(root / "competition"),
+    }
+
+
+def _check_submission(working: Path, data: Path) -> None:
+    submission = pd.read_csv(working / "submission.csv")
+    sample = pd.read_csv(data / "sample_submission.csv")
+    assert list(submission.columns) == list(sample.columns)
+    assert submission["id"].tolist() == sample["id"].tolist() and set(submission["label"]) <= {"pos", "neg"}
+
+
+def _build(kaggle: dict[str, Path], out: str, **options: object) -> list[Path]:
+    return kg.build_kernels(
+        kaggle["root"] / out, username="me", slug_prefix="kit", competition="movie-reviews", dataset_sources=[],
+        wheels_dataset="me/kitlib-wheels", parameters={"preset": "smoke", "model": "tiny"}, **options,
+    )  # fmt: skip
+
+
+def test_the_pushed_four_kernel_chain_runs_to_a_submission(kaggle: dict[str, Path]) -> None:
+    folders = _build(kaggle, "chain")
+    outputs = kaggle["root"] / "outputs"
+    sources = {"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]}
+    for folder in folders:
+        run = kaggle_sim.run_kernel(
+            folder, sources=sources, outputs=outputs, image=kaggle["image"], scratch=kaggle["root"] / "scratch"
+        )
+        assert run.returncode == 0, f"{folder.name} failed:\n{run.log[-3000:]}"
+        assert kaggle_sim.imports_kitlib(run.venv)  # the kernel installed it from the wheels dataset
+        executed = json.loads(run.executed.read_text())
+        install = next(c for c in executed["cells"] if "install" in c["metadata"].get("tags", []))
+        assert install["outputs"] == [] and install["execution_count"]  # ran (kitlib was absent), quietly
+    working = {f.name: outputs / f"kit-{f.name.replace('_', '-')}" for f in folders}
+    assert sorted(p.name for p in working["00_setup"].iterdir()) == ["params.json", "run.json"]
+    assert (working["01_features"] / "features.json").is_file() and (working["01_features"] / "kitlib-cache").is_dir()
+    assert (working["02_train"] / "run" / "best" / "model.safetensors").is_file()
+    _check_submission(working["03_infer"], kaggle["data"])
+    # the GPU is asked for where it is used, and only there
+    assert [json.loads((f / kg.METADATA_FILE).read_text())["enable_gpu"] for f in folders] == [0, 0, 1, 1]
+
+
+def test_the_single_kernel_runs_every_stage_in_one_session(kaggle: dict[str, Path]) -> None:
+    (folder,) = _build(kaggle, "single", single=True)
+    run = kaggle_sim.run_kernel(
+        folder,
+        sources={"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]},
+        outputs=kaggle["root"] / "outputs-single",
+        image=kaggle["image"],
+        scratch=kaggle["root"] / "scratch-single",
+        layout="old",  # an older image: /kaggle/input/<slug>; the generated paths are the current layout's
+    )
+    assert run.returncode == 0, run.log[-3000:]
+    _check_submission(run.working, kaggle["data"])
+
+
+def test_a_kernel_without_the_wheels_dataset_says_what_to_attach(kaggle: dict[str, Path]) -> None:
+    (folder,) = _build(kaggle, "no-wheels", single=True)
+    run = kaggle_sim.run_kernel(
+        folder,
+        sources={"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["data"]},  # attached, but no wheels
+        outputs=kaggle["root"] / "outputs-no-wheels",
+        image=kaggle["image"],
+        scratch=kaggle["root"] / "scratch-no-wheels",
+    )
+    assert run.returncode != 0
+    assert "kitlib is not installed, and no kitlib-*.whl is in wheels_dir=" in run.log
+    assert "attach the wheels dataset (python -m kitlib kaggle wheels)" in run.log
