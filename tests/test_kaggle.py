@@ -258,6 +258,23 @@ def test_push_command_line(notebooks: Path, tmp_path: Path) -> None:
     assert runner.commands[-1] == ["kaggle", "kernels", "push", "-p", str(folder)]
 
 
+def test_a_chain_is_pushed_in_order_each_after_the_last_completed(notebooks: Path, tmp_path: Path) -> None:
+    folders = _build(notebooks, tmp_path / "kaggle", competition="some-comp")
+    done = 'someuser/x has status "KernelWorkerStatus.COMPLETE"'
+    runner = FakeRunner(*[(0, "pushed", ""), (0, done, "")] * 4)  # push, status, push, status, ...
+    states = kg.push_chain(folders, runner=runner, sleep=lambda s: None)
+    assert [s.state for s in states] == ["complete"] * 4
+    pushed = [c[-1] for c in runner.commands if c[:3] == ["kaggle", "kernels", "push"]]
+    assert pushed == [str(f) for f in folders]
+    kinds = [c[2] for c in runner.commands]
+    assert kinds == ["push", "status"] * 4  # never two pushes without a finished run between them
+    failed = 'someuser/x has status "KernelWorkerStatus.ERROR"\nFailure message: "CUDA out of memory"'
+    runner = FakeRunner((0, "pushed", ""), (0, done, ""), (0, "pushed", ""), (0, failed, ""), (0, "pushed", ""))
+    with pytest.raises(kg.KaggleCLIError, match=r"kit-01-features ended error: CUDA out of memory; the kernels after"):
+        kg.push_chain(folders, runner=runner, sleep=lambda s: None)
+    assert len([c for c in runner.commands if c[2] == "push"]) == 2
+
+
 def test_push_failures(notebooks: Path, tmp_path: Path) -> None:
     folder = _build(notebooks, tmp_path / "k")[1]
     with pytest.raises(kg.KaggleCLIError, match="push error"):  # exit 0, but the CLI says it failed

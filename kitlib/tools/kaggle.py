@@ -106,7 +106,10 @@ def build_kernels(
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
     notebooks = sorted(folder_in.glob(NOTEBOOK_GLOB))
     if not notebooks:
-        raise FileNotFoundError(f"no numbered notebooks ({NOTEBOOK_GLOB}) in {folder_in.resolve()}")
+        raise FileNotFoundError(
+            f"no numbered notebooks ({NOTEBOOK_GLOB}) in {folder_in.resolve()}: pass notebooks_dir (--notebooks-dir) "
+            "= the notebooks/ folder of a kitlib checkout"
+        )
     if chain not in ("previous", "all"):
         raise ValueError(f"chain={chain!r}: use 'previous' or 'all'")
     sources = [*dataset_sources, *([wheels_dataset] if wheels_dataset else [])]
@@ -556,6 +559,33 @@ def status(
                 f"`python -m kitlib kaggle status {kernel_id} --wait SECONDS`"
             )
         sleep(min(poll_s, left))  # a status call is one HTTPS request; 30 s keeps a 9 h run to ~1,000 of them
+
+
+def push_chain(
+    folders: Sequence[str | Path],
+    *,
+    timeout_s: float = 9 * 3600,
+    poll_s: float = 30.0,
+    runner: Runner | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[KernelStatus]:
+    """Push the kernels in order, each after the previous one completed (a kernel reads the latest version of the
+    kernels it mounts, so 01 must not start before 00's new output exists). Stops at the first kernel that does not
+    complete: a KaggleCLIError naming it, its failure message, and how to read its log."""
+    done = []
+    for folder in folders:
+        kernel_id = json.loads((Path(folder) / METADATA_FILE).read_text())["id"]
+        push(folder, runner=runner)
+        current = status(kernel_id, timeout_s=timeout_s, poll_s=poll_s, runner=runner, sleep=sleep, clock=clock)
+        done.append(current)
+        if not current.ok:
+            reason = f": {current.failure_message}" if current.failure_message else ""
+            raise KaggleCLIError(
+                f"{kernel_id} ended {current.state}{reason}; the kernels after it were not pushed. Its log: "
+                f"python -m kitlib kaggle output {kernel_id} (the .log file), or the kernel's page on kaggle.com"
+            )
+    return done
 
 
 def output(
