@@ -4,6 +4,9 @@ setting) and the fix; catch ``KitError`` to handle them all. Lower layers raise 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 TRACEBACK_ENV = "KITLIB_TRACEBACK"  # =1: show kitlib errors with their full traceback in notebooks
 
 
@@ -76,6 +79,20 @@ class MissingModelError(KitError, FileNotFoundError):
 
 class MissingRunError(KitError, FileNotFoundError):
     """No saved run: 00_setup has not been run in this working dir."""
+
+
+@contextlib.contextmanager
+def damaged_file(path: object, notebook: str) -> Iterator[None]:
+    """A half-written or hand-edited file that does not parse: a MissingRunError naming it and the notebook that
+    writes it again, instead of a JSONDecodeError or KeyError from deep inside the reader."""
+    try:
+        yield
+    except KitError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise MissingRunError(
+            f"{path} is damaged ({type(err).__name__}: {err}): re-run notebooks/{notebook}.ipynb to write it again"
+        ) from err
 
 
 class DemoDataMissing(KitError, FileNotFoundError):

@@ -480,6 +480,13 @@ CATALOGUE = [
         r"re-run notebooks/01_features",
         before=_rerun_00_fast,
     ),
+    Case(
+        "params.json damaged",
+        "features",
+        r"params\.json is damaged",
+        r"re-run notebooks/00_setup",
+        _write("work/params.json", b'{"data_dir": '),
+    ),
     Case("run.json damaged", "features", r"run\.json", RERUN_00, _write("work/run.json", b'{"format": 2, "pres')),
     Case(
         "run.json from another kitlib",

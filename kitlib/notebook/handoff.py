@@ -26,7 +26,7 @@ from kitlib._files import FileMismatch, read_checked, record_bytes, record_file,
 from kitlib.data.featurize import TokenizedTexts
 from kitlib.data.ngrams import NgramBags
 from kitlib.data.tables import TaskSpec
-from kitlib.errors import DataError, KitError, MissingRunError
+from kitlib.errors import DataError, MissingRunError, damaged_file
 
 if TYPE_CHECKING:
     from kitlib.data.lengths import LengthReport
@@ -130,14 +130,8 @@ def load(work_dir: Path, built_from: Mapping[str, Any]) -> Features:
     path = work_dir / FEATURES_FILE
     if not path.is_file():
         raise MissingRunError(f"no {FEATURES_FILE} in {work_dir}: run notebooks/01_features.ipynb first")
-    try:
+    with damaged_file(path, "01_features"):
         return _load(path, work_dir, built_from)
-    except KitError:
-        raise
-    except (ValueError, KeyError, TypeError) as err:  # half-written or edited by hand
-        raise MissingRunError(
-            f"{path} is damaged ({type(err).__name__}: {err}): re-run notebooks/01_features.ipynb to write it again"
-        ) from err
 
 
 def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features:

@@ -93,7 +93,7 @@ def load_params(
 ) -> Params:
     """01-03's parameters: what 00_setup saved in ``work_dir/params.json``, after carrying the earlier stages' files
     forward from ``inputs``. A KIT_* variable that contradicts a saved value is an error naming both."""
-    from kitlib.errors import MissingRunError, SetupError
+    from kitlib.errors import MissingRunError, SetupError, damaged_file
     from kitlib.notebook.runbook import absolute_path
 
     env = os.environ if environ is None else environ
@@ -107,12 +107,9 @@ def load_params(
             f"no {PARAMS_FILE} in {work}{where}: run notebooks/00_setup.ipynb first with this work_dir (on Kaggle: "
             "attach the previous kernel's output and list its folder in inputs)"
         )
-    try:
-        saved = json.loads(path.read_text())
+    with damaged_file(path, "00_setup"):
         known = {f.name for f in dataclasses.fields(Params)} - {"work_dir", "inputs"}
-        values = {k: v for k, v in saved.items() if k in known}
-    except (ValueError, AttributeError) as err:
-        raise MissingRunError(f"{path} is damaged ({err}): re-run notebooks/00_setup.ipynb to write it again") from err
+        values = {k: v for k, v in json.loads(path.read_text()).items() if k in known}
     clashes = [
         f"{name}: params.json (00_setup) says {values.get(name)!r}, {ENV[name]} says {value!r}"
         for name, value in _from_environment(env, with_work_dir=False).items()

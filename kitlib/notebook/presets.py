@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from kitlib._files import write_atomic
 from kitlib.config import Freeze, Requested, TrainConfig
-from kitlib.errors import KitError, MissingRunError
+from kitlib.errors import MissingRunError, damaged_file
 from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
 
 if TYPE_CHECKING:
@@ -267,14 +267,8 @@ def load_run(path: str | Path) -> ResolvedRun:
             f"no saved run at {target}: run notebooks/00_setup.ipynb first (it picks a preset and writes {RUN_FILE} "
             f"to the working dir), or pass the working dir it used"
         )
-    try:
+    with damaged_file(target, "00_setup"):
         return ResolvedRun.from_dict(json.loads(target.read_text()))
-    except KitError:
-        raise
-    except (ValueError, KeyError, TypeError) as err:  # half-written or edited by hand
-        raise MissingRunError(
-            f"{target} is damaged ({type(err).__name__}: {err}): re-run notebooks/00_setup.ipynb to write it again"
-        ) from err
 
 
 def resolve(
