@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 from kitlib._files import write_atomic
@@ -21,6 +23,18 @@ Freeze = Literal["none", "embeddings", "encoder"]
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
 Mode = Literal["min", "max"]
 BackgroundEval = Literal["off", "thread", "process"]
+# The notebooks' controls: TrainConfig field -> its label in the preset picker's "advanced" settings (00_setup). The
+# picker builds its controls from this; the speed doctor names them in its advice.
+PICKER_LABELS: Mapping[str, str] = MappingProxyType(
+    {
+        "epochs": "epochs",
+        "micro_batch_size": "micro-batch",
+        "grad_accum_steps": "accumulation",
+        "precision": "precision",
+        "max_length": "max length",
+        "full_eval_every": "full eval every (epochs, 0 = end)",
+    }
+)
 # What the target column is: "auto" decides from the values (names: classes; fractions: a number; few distinct
 # integers: classes; integers that are neither clearly codes nor clearly quantities: asks for one of the others).
 Task = Literal["auto", "classify", "regress"]
@@ -46,6 +60,12 @@ _RESUMABLE_CHANGES = frozenset(
         "compile",
     }
 )
+
+
+def full_eval_due(epoch: int, every: int, at_end: bool, epochs: int) -> bool:
+    """Whether the full evaluation runs after 1-based ``epoch`` of ``epochs``: every ``every`` epochs (0: never by
+    cadence) and/or after the last. fit() schedules by it; the doctor counts and re-plans with it."""
+    return (every > 0 and epoch % every == 0) or (at_end and epoch == epochs)
 
 
 def _jsonish(value: Any) -> Any:

@@ -43,3 +43,15 @@ def progress_bar(
         mininterval=headless_interval_s,
         maxinterval=headless_interval_s * 4,
     )
+
+
+def close_as_done(bar: tqdm[Any]) -> None:
+    """Close ``bar`` as finished although it stopped short of its total (early stopping, a time budget: normal ends).
+    tqdm's notebook widget turns red when closed with ``n < total``, as for an error; so the total becomes the steps
+    done first, and the widget's own maximum with it, and it closes full and green (the text bar reads n/n)."""
+    if bar.total is not None and bar.n < bar.total:
+        bar.total = bar.n
+        container = getattr(bar, "container", None)  # tqdm.notebook: (label, IntProgress, label) widgets
+        if container is not None:
+            container.children[1].max = bar.n
+    bar.close()  # redraws the final state (the notebook widget: green when n == total)

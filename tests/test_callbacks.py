@@ -76,8 +76,8 @@ def test_a_user_callback_receives_the_named_events_in_order(cpu_hw) -> None:
     epoch = ["step", "log", "step", "step", "log", "step"]
     assert recorder.events == [
         "fit_start",
-        *("epoch_start 0", *epoch, "metrics 0", "epoch_end 0", "next 1"),
-        *("epoch_start 1", *epoch, "metrics 1", "epoch_end 1", "next 2"),
+        *("epoch_start 0", *epoch, "metrics 1", "epoch_end 1", "next 1"),  # state.epoch: epochs completed
+        *("epoch_start 1", *epoch, "metrics 2", "epoch_end 2", "next 2"),  # shown and recorded: 1-based
         "fit_end",
     ]
 

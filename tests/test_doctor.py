@@ -88,6 +88,37 @@ def test_a_healthy_run_has_no_findings() -> None:
     report = diagnose(_record(), CPU)
     assert report.findings == [], str(report)
     assert sum(report.breakdown.values()) == pytest.approx(10.0, abs=1e-3)  # phases + untimed = the wall
+    no_finding = "no finding: nothing here would save more than 2% of the wall time"
+    assert no_finding in str(report)
+    table = report.table()  # what a notebook displays: the one line, not an empty frame
+    assert table.shape == (1, 1) and table.iloc[0, 0] == no_finding
+
+
+def test_advice_names_the_notebook_control_and_the_python_field() -> None:
+    """A notebook has no ``cfg``: each fix names the picker's control (or the preset override for fields it lacks)
+    and the TrainConfig field."""
+    gpu: dict[str, Any] = {"device_type": "cuda", "device_name": "Tesla T4", "peak_memory_bytes": 2 * 2**30}
+    memory = _only(diagnose(_record(**gpu, micro_batch_size=8, grad_accum_steps=4), fake_profile("T4")), "memory")
+    assert memory.fix.startswith(
+        'set "micro-batch" to 32 and "accumulation" to 1 in the picker\'s advanced settings (00_setup'
+    )
+    assert "TrainConfig(micro_batch_size=32, grad_accum_steps=1)" in memory.fix
+    precision = _only(diagnose(_record(**gpu), fake_profile("T4")), "precision")  # tf32 follows precision there
+    assert precision.fix.startswith('set "precision" to auto in the picker') and "TrainConfig(precision='auto'" in (
+        precision.fix
+    )
+    padding = _only(diagnose(_record(real_tokens=30_000, computed_tokens=100_000), CPU), "padding")
+    assert "kitlib.resolve(p.preset, hw, overrides={'batching': 'token_budget'})" in padding.fix
+    assert "TrainConfig(batching='token_budget')" in padding.fix
+    records = [
+        _record(wall=16.0, phases={"data_wait": 6.0}),
+        _record(wall=14.0, phases={"eval": 4.0}),
+        _record(wall=14.0, full_eval_every=1, phases={"full_eval": 4.0}),
+        _record(phases={"forward": 1.0, "backward": 2.0, "optimizer": 5.0}, micro_batch_size=1),
+        _record(**gpu, micro_batch_size=8, grad_accum_steps=4),
+    ]
+    fixes = [f.fix for r in records for f in diagnose(r, fake_profile("T4")).findings]
+    assert len(fixes) >= 5 and all("TrainConfig(" in f and "00_setup" in f and "cfg =" not in f for f in fixes)
 
 
 def test_data_bound() -> None:

@@ -110,7 +110,7 @@ def test_time_budget_stops_in_time_and_leaves_a_resumable_checkpoint(cpu_hw, tmp
 
 
 def test_early_stopping_with_patience(cpu_hw) -> None:
-    # lr=0: eval loss never improves after the first epoch, so patience 2 stops after epoch 3 of 10.
+    # lr=0: eval loss never improves after the first epoch, so patience 2 stops after epoch 3 of 10 (1-based).
     cfg = _cfg(epochs=10, lr=1e-12, patience=2, min_delta=1e-3)
     result = fit(
         nn.Linear(4, 1),
@@ -121,7 +121,85 @@ def test_early_stopping_with_patience(cpu_hw) -> None:
         hw=cpu_hw,
     )
     assert result.stop_reason == "early_stopping"
-    assert len(result.history) == 3 and result.best_epoch == 0
+    assert len(result.history) == 3 and result.best_epoch == 1
+    assert result.history["epoch"].tolist() == [1, 2, 3]
+
+
+class _Bars:
+    """Patches the training progress bar's factory to keep every bar fit makes (headless text bars)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from kitlib.engine import policies
+        from kitlib.progress import progress_bar
+
+        self.made: list[object] = []
+
+        def keep(*args: object, **kw: object):  # type: ignore[no-untyped-def]
+            bar = progress_bar(*args, **kw)  # type: ignore[arg-type]
+            self.made.append(bar)
+            return bar
+
+        monkeypatch.setattr(policies, "progress_bar", keep)
+
+
+def test_an_early_stop_closes_the_progress_bar_full_and_an_error_leaves_it_short(cpu_hw, monkeypatch) -> None:
+    """tqdm's notebook widget turns red when closed with n < total: a normal early stop must end at n == total."""
+    bars = _Bars(monkeypatch)
+    cfg = _cfg(epochs=10, lr=1e-12, patience=2, min_delta=1e-3)
+    eval_loader = DataLoader(_data(16, 1), batch_size=8)
+    result = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), eval_loader=eval_loader, config=cfg,
+                 loss_fn=_mse, hw=cpu_hw)  # fmt: skip
+    assert result.stop_reason == "early_stopping"
+    (bar,) = bars.made
+    assert bar.n == bar.total == result.steps == 3 * 8  # type: ignore[attr-defined]
+
+    with pytest.raises(NonFiniteLossError):
+        fit(PoisonAfter(after=8), DataLoader(_data(), batch_size=8), config=_cfg(epochs=5, max_nonfinite_steps=2),
+            loss_fn=_mse, hw=cpu_hw)  # fmt: skip
+    failed = bars.made[-1]
+    assert failed.n < failed.total == 5 * 8  # type: ignore[attr-defined]
+
+
+def test_the_summary_names_the_stop_the_metric_rounded_and_its_1_based_epoch(cpu_hw) -> None:
+    cfg = _cfg(epochs=10, lr=1e-12, patience=2, min_delta=1e-3)
+    result = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), eval_loader=DataLoader(_data(16, 1), batch_size=8),
+                 config=cfg, loss_fn=_mse, hw=cpu_hw)  # fmt: skip
+    best = result.history["eval_loss"].iloc[0]
+    assert result.summary() == (
+        f"stopped: early stop (patience 2) after 3 of 10 epochs; best eval_loss {best:.4f} at epoch 1; precision fp32"
+    )
+    completed = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=2), loss_fn=_mse,
+                    hw=cpu_hw)  # fmt: skip
+    assert completed.summary().startswith("stopped: completed 2 of 2 epochs; best train_loss ")
+    assert completed.best_epoch in (1, 2)
+
+
+def test_a_run_without_token_inputs_reports_no_tokens_per_s(cpu_hw) -> None:
+    """Tensor batches (a head on cached vectors) have no attention mask: no token count, so no 0.0 tokens/s."""
+    logs: list[dict[str, float]] = []
+
+    class Logs:
+        def on_log(self, metrics: dict[str, float]) -> None:
+            logs.append(dict(metrics))
+
+    result = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=1), loss_fn=_mse, hw=cpu_hw,
+                 callbacks=[Logs()])  # fmt: skip
+    assert "tokens_per_s" not in result.history.columns and logs and not any("tokens_per_s" in m for m in logs)
+    assert result.timing["run"]["real_tokens"] is None
+
+    class Masked(torch.utils.data.Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 16
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            return {"x": torch.ones(4), "attention_mask": torch.ones(3, dtype=torch.long)}
+
+    def loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(batch["x"]).pow(2).mean()
+
+    counted = fit(nn.Linear(4, 1), DataLoader(Masked(), batch_size=8), config=_cfg(epochs=1), loss_fn=loss,
+                  hw=cpu_hw)  # fmt: skip
+    assert counted.history["tokens_per_s"].iloc[0] > 0 and counted.timing["run"]["real_tokens"] == 16 * 3
 
 
 def _flags() -> tuple[object, ...]:

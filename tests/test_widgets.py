@@ -139,3 +139,20 @@ def test_custom_preset_default(picker: PresetPicker) -> None:
     p.controls["preset"].value = "fast"
     p.controls["preset"].value = "mine"
     assert p.resolved.name == "mine" and p.config.epochs == 9
+
+
+def test_a_training_bar_stopped_early_closes_green_and_full(displayed: list[Any]) -> None:
+    """tqdm's notebook widget turns red ("danger") when closed short of its total, as after an error: a normal early
+    stop closes through close_as_done, full and green; a plain close (what an exception leaves) stays red."""
+    from tqdm.notebook import tqdm as notebook_tqdm
+
+    from kitlib.progress import close_as_done
+
+    stopped, crashed = notebook_tqdm(total=80, desc="train"), notebook_tqdm(total=80, desc="train")
+    stopped.update(28)
+    crashed.update(28)
+    close_as_done(stopped)
+    crashed.close()
+    widget = stopped.container.children[1]
+    assert (stopped.n, stopped.total, widget.value, widget.max, widget.bar_style) == (28, 28, 28, 28, "success")
+    assert crashed.container.children[1].bar_style == "danger"

@@ -221,21 +221,74 @@ def test_a_read_only_work_dir_fails_in_the_first_cell(tmp_path: Path) -> None:
         workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=locked / "work", preset="smoke", model="tiny")
 
 
-def test_the_head_regime_runs_all_four_stages_from_the_saved_features(tmp_path: Path, cpu_hw) -> None:
+class _Progress:
+    """Records every bar made through kitlib.progress.progress_bar (the stages import it when they run)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from kitlib import progress
+
+        self.bars: list[tuple[str, bool, object]] = []  # (desc, shown: not disabled when made, bar)
+        make = progress.progress_bar
+
+        def record(total: int | None, **kw: object):  # type: ignore[no-untyped-def]
+            bar = make(total, **kw)  # type: ignore[arg-type]
+            self.bars.append((str(kw["desc"]), not kw.get("disable", False), bar))
+            return bar
+
+        monkeypatch.setattr(progress, "progress_bar", record)
+
+    def named(self, prefix: str) -> list[tuple[int, int, bool]]:
+        """(total, n, shown) of the bars whose description starts with ``prefix``, in the order they were made."""
+        return [(bar.total, bar.n, shown) for desc, shown, bar in self.bars if desc.startswith(prefix)]  # type: ignore[attr-defined]
+
+
+def _writable_only(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Spy on torch.from_numpy: its read-only-array warning shows once per process, so a warning filter alone would
+    pass once any earlier test had triggered it."""
+    import torch
+
+    seen: list[bool] = []
+    from_numpy = torch.from_numpy
+
+    def spy(array):  # type: ignore[no-untyped-def]
+        seen.append(bool(array.flags.writeable))
+        return from_numpy(array)
+
+    monkeypatch.setattr(torch, "from_numpy", spy)
+    return seen
+
+
+def test_the_head_regime_runs_all_four_stages_from_the_saved_features(
+    tmp_path: Path, cpu_hw, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`fast` (frozen encoder, cached embeddings + n-grams, a small head): 02 and 03 build the head from what 01
-    saved, and the head's predictions cover the test set."""
+    saved, and the head's predictions cover the test set. What the notebooks show: a bar over the embedding pass and
+    over prediction, no torch warning about read-only arrays, no tokens/s for a head (it has no token inputs)."""
+    import warnings
+
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="fast", model="tiny")
     run = workflow.setup(p, cpu_hw)
     assert run.regime.name == "head"
-    feats = workflow.features(p, hw=cpu_hw, quiet=True)
+    progress = _Progress(monkeypatch)
+    feats = workflow.features(p, hw=cpu_hw)
+    assert progress.named("embed") == [(240, 240, True), (40, 40, True)]  # train, then test texts
     assert feats.embeddings is not None and feats.embeddings[0].shape[0] == 240
     saved = workflow.load_features(p)
     assert saved.embeddings is not None and saved.ngrams is not None
     assert (saved.embeddings[1] == feats.embeddings[1]).all()
-    result = workflow.train(p, hw=cpu_hw)
+    assert all(a.flags.writeable for a in saved._arrays().values())  # loaded writable: torch shares, no copy
+    writable = _writable_only(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*NumPy array is not writable")
+        result = workflow.train(p, hw=cpu_hw)
+        for array in saved._arrays().values():  # as np.load(mmap_mode="r") or np.frombuffer(bytes) would give them
+            array.setflags(write=False)
+        submission = workflow.infer(p, saved, hw=cpu_hw)
+    assert writable and all(writable)
     assert result.steps > 0 and "accuracy" in result.history
-    submission = workflow.infer(p, hw=cpu_hw)
+    assert "tokens_per_s" not in result.history and result.timing["run"]["real_tokens"] is None
     assert len(submission) == 40 and set(submission["label"]) <= {0, 1}
+    assert progress.named("predict") == [(40, 40, True)]  # rows of the test set
 
 
 def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, cpu_hw) -> None:

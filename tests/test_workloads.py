@@ -93,8 +93,8 @@ def test_t5_seq2seq_with_generating_full_eval_every_2_epochs(cpu_hw, tmp_path) -
     _falls(result.history)
     assert len(calls) == 3  # epochs 2, 4, 6: the expensive eval is not run every epoch
     scored = result.history.dropna(subset=["exact_match"])
-    assert scored["epoch"].tolist() == [1, 3, 5]  # each result joined to its own epoch's record
-    assert result.best_epoch in (1, 3, 5)
+    assert scored["epoch"].tolist() == [2, 4, 6]  # each result joined to its own (1-based) epoch's record
+    assert result.best_epoch in (2, 4, 6)
     assert (tmp_path / "t5" / "best" / "model.safetensors").exists()
 
 

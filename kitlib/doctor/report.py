@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["Finding", "Report", "diagnose"]
 
 MIN_SHARE = 0.02  # findings saving less than 2% of the wall time are noise, not advice
+NO_FINDING = f"no finding: nothing here would save more than {MIN_SHARE:.0%} of the wall time"
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,12 @@ class Report:
     hardware: str
 
     def table(self) -> pd.DataFrame:
-        """The findings, ranked: rank, rule, title, saving_s, saving_share, evidence, fix."""
+        """The findings, ranked: rank, rule, title, saving_s, saving_share, evidence, fix. With none, one cell saying
+        so (column "finding"): a notebook shows that line, not an empty table. ``findings`` is the list to test."""
         import pandas as pd
+
+        if not self.findings:
+            return pd.DataFrame({"finding": [NO_FINDING]}, index=[""])
 
         rows = [
             {"rank": i, "rule": f.rule, "title": f.title, "saving_s": round(f.estimated_saving_s, 3)}
@@ -81,7 +86,7 @@ class Report:
         if facts:
             lines.append("throughput: " + ", ".join(facts))
         if not self.findings:
-            lines.append("no finding: nothing here would save more than 2% of the wall time")
+            lines.append(NO_FINDING)
         for i, f in enumerate(self.findings, 1):
             lines += [
                 f"{i}. {f.title} -- saves ~{f.estimated_saving_s:.2f} s ({f.saving_share:.0%} of the wall)",

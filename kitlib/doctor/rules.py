@@ -36,7 +36,7 @@ class Finding:
     evidence: str  # numbers from the run
     estimated_saving_s: float
     saving_share: float  # of the run's wall time
-    fix: str  # the exact change: a TrainConfig field via dataclasses.replace, or a call
+    fix: str  # the exact change: the notebooks' control (picker or preset override) and the TrainConfig field
     basis: str  # how the saving was estimated
     changes: dict[str, Any] = dataclasses.field(default_factory=dict)  # the TrainConfig fields of the fix, if any
 
@@ -97,10 +97,28 @@ def _finding(
     return Finding(rule, title, evidence, saving, share, fix, basis, dict(changes or {}))
 
 
-def _replace(changes: dict[str, Any], note: str = "") -> str:
-    """The one-line fix: ``cfg = dataclasses.replace(cfg, field=value, ...)  # note``."""
+def _fix(changes: Mapping[str, Any], note: str = "", *, notebook: Mapping[str, Any] | None = None) -> str:
+    """The one-line fix, for both ways of running kitlib: the notebooks' control first, then the TrainConfig field.
+
+    The preset picker's advanced settings (00_setup) hold a few fields (``config.PICKER_LABELS``); any other field
+    reaches a notebook run as a preset override in 00_setup's setup cell. Either way 01 and 02 then run again (the
+    features are fitted to the run). ``notebook``: the picker-side change when it differs (precision alone: tf32
+    follows it there).
+    """
+    from kitlib.config import PICKER_LABELS
+
+    ui = dict(changes if notebook is None else notebook)
+    if all(k in PICKER_LABELS for k in ui):
+        settings = " and ".join(f'"{PICKER_LABELS[k]}" to {v}' for k, v in ui.items())
+        where = f"set {settings} in the picker's advanced settings (00_setup, then re-run 01 and 02)"
+    else:
+        overrides = "{" + ", ".join(f"{k!r}: {v!r}" for k, v in ui.items()) + "}"
+        where = (
+            f"in 00_setup (no picker control): stages.setup(p, hw, resolved=kitlib.resolve(p.preset, hw, "
+            f"overrides={overrides})), then re-run 01 and 02"
+        )
     args = ", ".join(f"{k}={v!r}" for k, v in changes.items())
-    return f"cfg = dataclasses.replace(cfg, {args})" + (f"  # {note}" if note else "")
+    return f"{where}; in Python: TrainConfig({args})" + (f" ({note})" if note else "")
 
 
 def _compute_per_step(run: RunRecord) -> float:
@@ -127,9 +145,9 @@ def _data_bound(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"waiting for batches {wait:.2f} s = {wait / run.wall:.0%} of the wall ({1e3 * d:.1f} ms per step vs "
         f"{1e3 * c:.1f} ms of compute) with num_workers={workers}",
         saving,
-        f"make_train_loader(dataset, dataclasses.replace(cfg, num_workers={new}), hw); for your own loader: "
-        f"DataLoader(..., num_workers={new}, persistent_workers=True, prefetch_factor=4). If __getitem__ does the "
-        "same work every epoch (decode, tokenize), compute it once with kitlib.cached(...) instead",
+        _fix({"num_workers": new}, "kitlib's make_train_loader reads it")
+        + f"; your own DataLoader: DataLoader(..., num_workers={new}, persistent_workers=True, prefetch_factor=4). "
+        "If __getitem__ does the same work every epoch (decode, tokenize), compute it once with kitlib.cached(...)",
         f"{new} workers load in parallel with compute: wait per step max(0, {1e3 * load:.1f} ms/{new} - compute); "
         f"minus, per epoch, {new} worker starts of {WORKER_START_S} s and one batch loaded before the first step "
         "(assumes loading does not compete with compute for cores: true on a GPU, and for I/O waits)",
@@ -152,7 +170,7 @@ def _padding(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"{real:,} real of {computed:,} computed tokens: efficiency {eff:.2f} ({1 - eff:.0%} of forward+backward, "
         f"{compute:.2f} s, is spent on padding; batching={batching!r})",
         compute * (1 - eff / BUCKET_EFFICIENCY),
-        _replace({"batching": to}, "then make_train_loader(TokenDataset(tokens, labels), cfg, hw): needs lengths"),
+        _fix({"batching": to}, "then make_train_loader(TokenDataset(tokens, labels), cfg, hw): needs lengths"),
         f"forward+backward time scales with computed tokens; bucketing reaches ~{BUCKET_EFFICIENCY} efficiency "
         "(the eval pass gains too, not counted)",
         {"batching": to},
@@ -160,10 +178,9 @@ def _padding(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 
 def _full_evals(epochs_done: int, epochs_planned: int, every: int, at_end: bool) -> int:
-    due = {e for e in range(epochs_done) if every > 0 and (e + 1) % every == 0}
-    if at_end and epochs_done == epochs_planned:
-        due.add(epochs_planned - 1)
-    return len(due)
+    from kitlib.config import full_eval_due
+
+    return sum(full_eval_due(e, every, at_end, epochs_planned) for e in range(1, epochs_done + 1))
 
 
 def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
@@ -191,7 +208,7 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"{count} full evals took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall ({per:.2f} s each, "
         f"full_eval_every={every})",
         (count - fewer) * per,
-        _replace(changes, f"{when}; eval_loss still runs every epoch")
+        _fix(changes, f"{when}; eval_loss still runs every epoch")
         + ". If the cost is CPU-bound (scoring generations, SQL), return a callable from full_eval: it then runs in "
         "the background",
         f"{count} -> {fewer} full evals at {per:.2f} s each",
@@ -204,14 +221,16 @@ def _cheap_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     if seconds < 0.15 * run.wall:
         return None
     keep = min(1.0, 0.05 * (run.wall - seconds) / seconds)  # eval at ~5% of the training time
-    current = run.cfg.get("eval_max_batches")
+    current = run.cfg.get("eval_max_batches") or run.facts.eval_batches_per_eval  # the batches each eval made
     evals = (run.timing.get("phases") or {}).get("eval", {}).get("count", 0)
     percent = max(1, round(100 * keep))
     changes = {"eval_max_batches": max(1, int(current * keep))} if current else {}
     fix = (
-        _replace(changes, "a fixed subset ranks epochs as well")
+        _fix(changes, "a fixed subset ranks epochs as well")
         if current
-        else f"cfg = dataclasses.replace(cfg, eval_max_batches=max(1, len(eval_loader) * {percent} // 100))"
+        else "in 00_setup (no picker control): stages.setup(p, hw, resolved=kitlib.resolve(p.preset, hw, "
+        f"overrides={{'eval_max_batches': n}})) with n = len(eval_loader) * {percent} // 100 (at least 1), then re-run "
+        f"01 and 02; in Python: TrainConfig(eval_max_batches=max(1, len(eval_loader) * {percent} // 100))"
     )
     return _finding(
         run,
@@ -263,7 +282,7 @@ def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"{(run.timing.get('phases') or {}).get('checkpoint_write_background', {}).get('seconds', 0.0):.2f} s); "
         f"save_every_steps={every}, save_last={save_last}",
         (saves - new_saves) * per,
-        _replace(changes, note),
+        _fix(changes, note),
         f"{saves} -> {new_saves} saves at {1e3 * per:.0f} ms each (untimed time counted as snapshots)",
         changes,
     )
@@ -296,7 +315,7 @@ def _precision(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"Training in {was} on hardware with fast {target}",
         f"precision {was} on {name}, where auto picks {target} ({plan.reason}); forward+backward+eval {compute:.2f} s",
         compute * (1 - 1 / speedup),
-        _replace({"precision": "auto", "tf32": None}),
+        _fix({"precision": "auto", "tf32": None}, notebook={"precision": "auto"}),
         f"datasheet peak {target}/{was} = {ratio:.1f}x, capped at {PRECISION_SPEEDUP_CAP:g}x end to end, applied to "
         "forward+backward+eval (from the peak table, not measured)",
         {"precision": "auto", "tf32": None},
@@ -321,7 +340,7 @@ def _memory(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"peak {peak / 2**30:.1f} of {total / 2**30:.1f} GiB ({peak / total:.0%}); micro_batch_size={micro}, "
         f"grad_accum_steps={accum}",
         compute * min(0.4, 0.15 * math.log2(factor)),
-        _replace(changes, "same effective batch" if keep else "a larger effective batch: re-tune lr"),
+        _fix(changes, "same effective batch" if keep else "a larger effective batch: re-tune lr"),
         "rough: ~15% less compute time per doubling of a micro-batch that leaves the GPU under-filled",
         changes,
     )
@@ -341,7 +360,7 @@ def _tiny_batches(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"{micro * accum} rows per optimizer step (micro_batch_size={micro}, grad_accum_steps={accum}); the optimizer "
         f"step is {optimizer / step_total:.0%} of step time ({1e3 * optimizer / max(run.steps, 1):.2f} ms per step)",
         optimizer * (1 - 1 / factor),
-        _replace({"grad_accum_steps": accum * factor}, f"or micro_batch_size={micro * factor} if it fits")
+        _fix({"grad_accum_steps": accum * factor}, f"or micro_batch_size={micro * factor} if it fits")
         + " (that also amortises per-forward overhead); fewer, larger updates: re-tune lr",
         f"one optimizer step per {factor}x more rows: optimizer time / {factor}",
         {"grad_accum_steps": accum * factor},
@@ -363,7 +382,7 @@ def _cudnn_shapes(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         "cudnn.benchmark re-tunes for every input shape",
         f"cudnn.benchmark on with {shapes} distinct input shapes",
         min(compute * 0.5, 0.05 * shapes),
-        _replace({"cudnn_benchmark": None}, 'auto: on only for batching="fixed"'),
+        _fix({"cudnn_benchmark": None}, 'auto: on only for batching="fixed"'),
         "rough: ~50 ms of autotuning per new shape (pytorch#2759), at most half the compute time",
         {"cudnn_benchmark": None},
     )
@@ -383,7 +402,8 @@ def _respawn(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"num_workers={workers}, persistent_workers=False: {len(gaps)} restarts; epoch gaps average "
         f"{sum(gaps) / len(gaps):.2f} s of which ~{restart:.2f} s are not eval or checkpoint",
         restart * len(gaps),
-        f"DataLoader(..., num_workers={workers}, persistent_workers=True)  # kitlib's loaders do this on CUDA",
+        f"your own DataLoader: DataLoader(..., num_workers={workers}, persistent_workers=True) (kitlib's loaders, as "
+        "in the notebooks, do this on CUDA)",
         f"per restart: {workers} worker starts of {WORKER_START_S} s, or the unexplained part of the epoch gap",
     )
 
@@ -409,7 +429,7 @@ def _time_budget(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"{planned} epochs x {per_epoch:.1f} s = {need:.0f} s planned vs time_budget_s={budget:g}"
         + (f"; the run stopped early after {len(train)} epochs" if stopped else ""),
         need - budget,
-        _replace({"epochs": fits}, "so the LR schedule completes; or apply the fixes above"),
+        _fix({"epochs": fits}, "so the LR schedule completes; or apply the fixes above"),
         "planned epochs x mean epoch time (training + gap) minus the budget",
         {"epochs": fits},
     )

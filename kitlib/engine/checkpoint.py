@@ -4,7 +4,8 @@ Layout of one checkpoint directory (e.g. ``run_dir/"last"``)::
 
     model.safetensors   weights (tied/shared tensors stored once; aliases listed in the manifest)
     state.pt            resume state (optimizer, scheduler, scaler, RNG, data position...); absent for weights-only
-    meta.json           step, epoch, metrics, config, kitlib version
+    meta.json           step, epoch, metrics, config, kitlib version (epoch: best/'s is the 1-based epoch it
+                        scored; last/'s counts the epochs completed, so at an epoch end it is that epoch's number)
     manifest.json       format version, size + sha256 of every file above; written last = "this directory is complete"
 
 A write goes to a sibling ``.<name>.tmp-<pid>-<token>`` directory, is fsynced, then swapped in with two renames

@@ -8,6 +8,8 @@ Events, in the order they happen::
         on_log(metrics)                     every ``log_every_steps`` applied steps, from the progress policy's
                                             on_step_end (so before later callbacks' on_step_end of that step)
       on_metrics(epoch, metrics, weights)   an epoch's metrics are known: at its end, or later from a background eval
+                                            (``epoch`` 1-based, as in the history; ``loop.state.epoch`` counts the
+                                            epochs completed)
       on_epoch_end(record)                  the epoch's history row is complete
       on_next_epoch(loop)                   the loop moved past the epoch: a clean resume point
     on_fit_end(loop)                        always, also when training raised: close what you opened

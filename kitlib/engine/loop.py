@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from kitlib._files import write_atomic
 from kitlib._version import __version__
-from kitlib.config import TrainConfig
+from kitlib.config import TrainConfig, full_eval_due
 from kitlib.engine import checkpoint
 from kitlib.engine.batches import shard_batches, skip_batches
 from kitlib.engine.evaluation import DeferredEvals, FullEval, Metrics, evaluate_loss, run_full_eval
@@ -58,21 +58,58 @@ __all__ = ["Callback", "FitResult", "Loop", "NonFiniteLossError", "RunState", "f
 
 @dataclass
 class FitResult:
+    """What fit() returns. Epoch numbers count from 1 (epoch 1 is the first), as in the history and history.csv."""
+
     model: nn.Module  # the trained module, unwrapped from DDP/torch.compile
-    history: pd.DataFrame  # one row per epoch
-    stop_reason: str  # "completed" | "early_stopping" | "time_budget" | a user callback's reason
-    best_metric: float | None
-    best_epoch: int | None
+    history: pd.DataFrame  # one row per epoch; "epoch" is 1-based
+    stop_reason: str  # "completed" | "early_stopping" | "time_budget" | "sigterm" | a user callback's reason
+    best_metric: float | None  # the best value of ``monitor``
+    best_epoch: int | None  # 1-based
     steps: int  # optimizer steps applied
     skipped_steps: int  # optimizer steps skipped because of inf/nan gradients
     precision: PrecisionPlan
     timing: dict[str, Any]
     run_dir: Path | None
+    monitor: str  # the metric best_metric and best_epoch are judged by
+    config: TrainConfig  # the config that ran
+
+    def summary(self) -> str:
+        """One line for a notebook: why training stopped, the best metric (named, 4 decimals) and its epoch, the
+        precision. E.g. ``stopped: early stop (patience 2) after 4 of 10 epochs; best accuracy 0.6822 at epoch 2;
+        precision fp32``."""
+        if self.best_metric is None:
+            best = f"no best {self.monitor} (never reported)"
+        else:
+            best = f"best {self.monitor} {_rounded(self.best_metric)} at epoch {self.best_epoch}"
+        return f"stopped: {self._stop_text()}; {best}; precision {self.precision.dtype}"
+
+    def _stop_text(self) -> str:
+        cfg = self.config
+        planned = f"{len(self.history)} of {cfg.epochs} epochs"
+        if self.stop_reason == "completed":
+            return f"completed {planned}"
+        if self.stop_reason == "early_stopping":  # a callback may stop with kitlib's reasons: no patience then
+            return f"early stop{f' (patience {cfg.patience})' if cfg.patience else ''} after {planned}"
+        if self.stop_reason == "time_budget":
+            return f"time budget{f' ({cfg.time_budget_s:g} s)' if cfg.time_budget_s else ''} after {planned}"
+        if self.stop_reason == "sigterm":
+            return f"SIGTERM after {planned} (last/ saved: run again to continue)"
+        return f"{self.stop_reason} after {planned}"
+
+
+def _rounded(value: float) -> str:
+    """A metric for reading: 4 decimals (0.6822), or 4 significant digits when that would hide it (1.235e-05)."""
+    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.4g}"
 
 
 @dataclass
 class RunState:
-    """Everything about the loop's position that a resumed run needs besides weights and optimizer."""
+    """Everything about the loop's position that a resumed run needs besides weights and optimizer.
+
+    ``epoch`` counts the epochs completed (0 while the first runs): the in-progress epoch's 0-based index, for
+    seeding and resuming. Every number shown or recorded (history, best_epoch, on_metrics, logs) is 1-based: epoch
+    ``state.epoch + 1`` is the one running, and after it completes ``state.epoch`` equals its number.
+    """
 
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed (per rank)
@@ -80,7 +117,7 @@ class RunState:
     skipped: int = 0
     nonfinite_streak: int = 0
     best: float | None = None
-    best_epoch: int | None = None
+    best_epoch: int | None = None  # 1-based
     evals_since_best: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     epoch_loss_sum: float = 0.0  # item-weighted loss of the current epoch so far
@@ -131,6 +168,7 @@ class Loop:
         self.epoch_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self.epoch_items = torch.zeros((), dtype=torch.float64, device=self.device)
         self.events = Events(())
+        self.ended_cleanly = False  # True once the loop ran to its end without an exception (read by on_fit_end)
 
     def stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step; the first reason given is the one reported."""
@@ -178,6 +216,7 @@ class Loop:
                 "rng": checkpoint.rng_state(),
                 "run": dataclasses.asdict(state),
             }
+            # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
             meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
             return checkpoint.snapshot(self.raw_model, state=resume_state, meta=meta)
 
@@ -217,9 +256,10 @@ class Loop:
                        time.perf_counter() - started)  # fmt: skip
 
     def epoch_record(self, epoch: int, seconds: float, samples: int, tokens: Any) -> dict[str, Any]:
-        """The epoch's history row: training stats, the cheap eval, and the full eval when due (maybe deferred to
-        the background: its metrics then arrive through ``collect``)."""
-        cfg, env, items = self.cfg, self.env, float(self.epoch_items)
+        """Epoch ``epoch``'s (1-based) history row: training stats, the cheap eval, and the full eval when due (maybe
+        deferred to the background: its metrics then arrive through ``collect``). ``tokens_per_s`` only when the
+        batches had token counts (attention masks): a head on cached vectors has none, and 0.0 would read as stalled."""
+        cfg, env, items, real = self.cfg, self.env, float(self.epoch_items), float(tokens)
         record: dict[str, Any] = {
             "epoch": epoch,
             "step": self.state.step,
@@ -228,12 +268,12 @@ class Loop:
             "skipped_steps": self.state.skipped,
             "epoch_s": seconds,
             "samples_per_s": samples * env.world_size / seconds,
-            "tokens_per_s": float(tokens) * env.world_size / seconds,
         }
-        due = cfg.full_eval_every > 0 and (epoch + 1) % cfg.full_eval_every == 0
-        at_end = cfg.full_eval_at_end and epoch == cfg.epochs - 1
+        if real:
+            record["tokens_per_s"] = real * env.world_size / seconds
+        due = full_eval_due(epoch, cfg.full_eval_every, cfg.full_eval_at_end, cfg.epochs)
         result: Metrics | Callable[[], Metrics] | None = None
-        if self.full_eval is not None and (due or at_end) and self.stop_reason != "time_budget" and env.is_main:
+        if self.full_eval is not None and due and self.stop_reason != "time_budget" and env.is_main:
             with self.timer.phase("full_eval"):
                 result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
         # A full eval that reports eval_loss itself already made the pass over the eval set: no second pass
@@ -354,14 +394,16 @@ def fit(
                     step = loop.step(window, started, time.perf_counter() - started)
                     samples, tokens = samples + step.rows, tokens + step.real_tokens
                     events.on_step_end(step)
-                record = loop.epoch_record(epoch, time.perf_counter() - epoch_start, samples, tokens)
-                events.on_metrics(epoch, {k: v for k, v in record.items() if isinstance(v, float)}, None)
+                number = epoch + 1  # shown and recorded 1-based (RunState's docstring)
+                record = loop.epoch_record(number, time.perf_counter() - epoch_start, samples, tokens)
+                events.on_metrics(number, {k: v for k, v in record.items() if isinstance(v, float)}, None)
                 events.on_epoch_end(record)
                 loop.collect(wait=False)
                 if finished:  # every batch consumed: move on (a clean resume point), even if a callback stopped
                     loop.next_epoch()
                     events.on_next_epoch(loop)
             loop.collect(wait=True)
+        loop.ended_cleanly = True
     finally:
         events.on_fit_end(loop)
         loop.close()
@@ -410,4 +452,6 @@ def _finish(loop: Loop) -> FitResult:
         precision=loop.plan,
         timing=loop.timer.record(),
         run_dir=loop.out,
+        monitor=loop.monitor,
+        config=loop.cfg,
     )

@@ -18,7 +18,7 @@ from kitlib.engine import checkpoint
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.errors import NonFiniteLossError
 from kitlib.machine import distributed
-from kitlib.progress import progress_bar
+from kitlib.progress import close_as_done, progress_bar
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +50,7 @@ class NonFiniteGuard(Policy):
             best = f"; the best checkpoint in {self.loop.out / 'best'} is intact" if self.loop.out else ""
             raise NonFiniteLossError(
                 f"{state.nonfinite_streak} optimizer steps in a row had inf/nan gradients (step {state.step}, "
-                f"epoch {state.epoch}){best}. Lower lr (now {cfg.lr:g}), keep grad_clip on, use precision='bf16' "
+                f"epoch {state.epoch + 1}){best}. Lower lr (now {cfg.lr:g}), keep grad_clip on, use precision='bf16' "
                 "or 'fp32' instead of fp16, and check the data for inf/nan."
             )
 
@@ -86,17 +86,21 @@ class ProgressLog(Policy):
                 "loss": (loss - self.loss) / max(items - self.items, 1e-12),
                 "lr": float(loop.scheduler.get_last_lr()[0]),
                 "samples_per_s": self.samples * world / seconds,
-                "tokens_per_s": float(self.tokens) * world / seconds,  # real tokens, no padding
             }
-            self.bar.set_postfix(
-                loss=f"{logs['loss']:.4f}", lr=f"{logs['lr']:.2e}", sps=f"{logs['samples_per_s']:.1f}",
-                tok_s=f"{logs['tokens_per_s']:.0f}", refresh=False,
-            )  # fmt: skip
+            postfix = {"loss": f"{logs['loss']:.4f}", "lr": f"{logs['lr']:.2e}", "sps": f"{logs['samples_per_s']:.1f}"}
+            if tokens := float(self.tokens):  # real tokens, no padding; none without attention masks (a head)
+                logs["tokens_per_s"] = tokens * world / seconds
+                postfix["tok_s"] = f"{logs['tokens_per_s']:.0f}"
+            self.bar.set_postfix(postfix, refresh=False)
             loop.events.on_log(logs)
             self.start, self.loss, self.items, self.samples, self.tokens = time.perf_counter(), loss, items, 0, 0
 
     def on_fit_end(self, loop: Loop) -> None:
-        if hasattr(self, "bar"):
+        if not hasattr(self, "bar"):
+            return
+        if loop.ended_cleanly:  # an early, time-budget or callback stop is a normal end: a full (green) bar
+            close_as_done(self.bar)
+        else:  # an exception: the bar stays short of its total (red in a notebook)
             self.bar.close()
 
 

@@ -137,8 +137,8 @@ class RunRecorder(Callback):
             batching=cfg.batching,
             cudnn_benchmark=bool(loop.timer.extra.get("cudnn_benchmark")),
             samples=self.samples,
-            real_tokens=self.real_tokens,
-            computed_tokens=self.computed_tokens,
+            real_tokens=self.real_tokens or None,  # None: no token inputs (a head on cached vectors), not 0 tokens/s
+            computed_tokens=self.computed_tokens or None,
             distinct_input_shapes=len(self.shapes),
             epoch_gaps_s=[round(g, 4) for g in self.gaps],
             epoch_train_s=[round(t, 4) for t in self.train_s],

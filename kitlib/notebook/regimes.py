@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
     from torch import nn
 
     from kitlib.data.cache import Cache
@@ -56,6 +57,7 @@ class Encoder:
     run: ResolvedRun
     hw: HardwareInfo
     cache: Cache
+    progress: bool = True  # a bar over long passes (the head's embedding pass: 40-100 s on a 2-core CPU)
 
 
 class Regime:
@@ -154,7 +156,7 @@ class Head(Regime):
         layers = min(HEAD_LAYERS, int(getattr(e.model.config, "num_hidden_layers", 1)))
         embed = dict(
             tokenizer=e.tokenizer, model=e.model, max_length=e.max_length, precision=precision, layers=layers,
-            cache=e.cache,
+            cache=e.cache, progress=e.progress,
         )  # fmt: skip
         vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
         return Extra(
@@ -178,15 +180,11 @@ class Head(Regime):
         if feats.embeddings is None or feats.ngrams is None:
             raise ValueError("head regime without embeddings: rerun 01_features with this run's preset")
         cfg, (train_idx, valid_idx) = feats.run.config, split
-        (x, x_test), (bags, bags_test) = (torch.from_numpy(e) for e in feats.embeddings), feats.ngrams
-        target = torch.from_numpy(feats.labels)
+        (x, x_test), (bags, bags_test) = (_tensor(e) for e in feats.embeddings), feats.ngrams
+        target = _tensor(feats.labels)
 
         def columns(x: torch.Tensor, bags: NgramBags) -> dict[str, torch.Tensor]:
-            return {
-                "embeddings": x,
-                "ngram_ids": torch.from_numpy(bags.ids),
-                "ngram_weights": torch.from_numpy(bags.weights),
-            }
+            return {"embeddings": x, "ngram_ids": _tensor(bags.ids), "ngram_weights": _tensor(bags.weights)}
 
         def rows(idx: np.ndarray) -> RowDataset:
             return RowDataset(**{k: v[idx] for k, v in columns(x, bags).items()}, labels=target[idx])
@@ -208,6 +206,14 @@ class Head(Regime):
             DataLoader(RowDataset(**columns(x_test, bags_test)), batch_size=big),
             head,
         )
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a tensor sharing its memory; a read-only array (np.load(mmap_mode="r"), np.frombuffer of bytes:
+    torch warns, as it could write through the tensor) is copied, only then. The hand-off's arrays are writable."""
+    import torch
+
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
 REGIMES: Mapping[str, Regime] = MappingProxyType({r.name: r for r in (Head(), Finetune())})

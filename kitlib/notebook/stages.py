@@ -152,7 +152,7 @@ def features(
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
-    encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache)
+    encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
     extra = run.regime.extra(texts, test[p.text].tolist(), encoder)
     feats = Features(
         task=task,
@@ -357,23 +357,39 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
-def predict(model: nn.Module, loader: Any, *, precision: Any, device: torch.device, task: TaskSpec) -> np.ndarray:
+def predict(
+    model: nn.Module,
+    loader: Any,
+    *,
+    precision: Any,
+    device: torch.device,
+    task: TaskSpec,
+    interactive: bool = False,
+    desc: str = "predict",
+) -> np.ndarray:
     """Class probabilities (or regression values) for every row, in the dataset's row order.
 
-    The predict loader is length-sorted (little padding); ``restore_order`` puts rows back where they were.
+    The predict loader is length-sorted (little padding); ``restore_order`` puts rows back where they were. Progress
+    in rows: a widget bar when ``interactive``, else a text line every 30 s (kitlib.progress).
     """
     import torch
 
     from kitlib.data.loaders import restore_order
     from kitlib.engine.step import to_device
+    from kitlib.progress import progress_bar
 
     move = to_device(device)
     model.to(device).eval()
     outputs = []
-    with torch.inference_mode(), precision.autocast():
-        for batch in loader:
-            out = model(**move(batch)).logits.float()
-            outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
+    bar = progress_bar(len(loader.dataset), desc=desc, interactive=interactive)
+    try:
+        with torch.inference_mode(), precision.autocast():
+            for batch in loader:
+                out = model(**move(batch)).logits.float()
+                outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
+                bar.update(len(out))
+    finally:
+        bar.close()  # short of its total (red in a notebook) only when predicting raised
     return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
 
 
@@ -402,7 +418,10 @@ def infer(
     predictions = []
     for run_dir in run_dirs or [p.run_dir]:
         checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
-        predictions.append(predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task))
+        predictions.append(
+            predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task,
+                    interactive=hw.interactive, desc=f"predict ({run_dir.name})")
+        )  # fmt: skip
     mean = np.mean(predictions, axis=0)
     values = mean if feats.task.kind == "regression" else feats.task.decode(mean.argmax(-1))
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})

@@ -17,7 +17,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
-from kitlib.config import Requested
+from kitlib.config import PICKER_LABELS, Requested
 from kitlib.notebook.estimate import estimate_epoch_seconds
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun, resolve
 
@@ -29,14 +29,7 @@ if TYPE_CHECKING:
 
 # Advanced controls: TrainConfig/Preset field -> label. Plain IntText (not Bounded*) so an impossible value reaches
 # the config's own validation and its message (which names the fix) instead of being silently clamped.
-_ADVANCED = {
-    "epochs": "epochs",
-    "micro_batch_size": "micro-batch",
-    "grad_accum_steps": "accumulation",
-    "precision": "precision",
-    "max_length": "max length",
-    "full_eval_every": "full eval every (epochs, 0 = end)",
-}
+_ADVANCED = PICKER_LABELS
 _PRECISIONS = get_args(Requested)
 
 
