@@ -16,6 +16,7 @@ Needs root with CAP_SYS_ADMIN (``unshare -m -n``, bind mounts, chroot); ``availa
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -144,5 +145,6 @@ def run_kernel(
 
 
 def imports_kitlib(venv: Path) -> bool:
-    done = subprocess.run([str(venv / "bin" / "python"), "-c", "import kitlib"], capture_output=True, cwd=venv)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the kernels run: env -i, no PYTHONPATH
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", "import kitlib"], capture_output=True, cwd=venv, env=env)
     return done.returncode == 0
