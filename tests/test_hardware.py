@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from kitlib.machine.hardware import (
     detect,
     detect_platform,
     fake_profile,
+    is_headless_runner,
     is_interactive,
     torch_supports,
 )
@@ -81,6 +84,45 @@ def test_is_interactive(environ: dict[str, str], parent: tuple[str, ...], expect
     assert is_interactive(environ, parent_argv=parent) is expected
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("papermill", "nb.ipynb", "out.ipynb"),
+        PAPERMILL,  # the console script, run by its interpreter (what /proc shows for a shebang script)
+        ("/usr/bin/python3", "-m", "papermill", "nb.ipynb", "out.ipynb"),
+        ("python3.11", "-u", "-W", "ignore", "-mpapermill", "nb.ipynb", "out.ipynb"),
+        NBCONVERT,
+        ("/opt/conda/bin/jupyter-nbconvert", "--execute", "--to", "notebook", "nb.ipynb"),
+        ("python", "-m", "nbconvert", "--execute", "--to", "notebook", "nb.ipynb"),
+        ("jupyter", "nbconvert", "--execute", "nb.ipynb"),  # the dispatcher, where it does not exec (Windows)
+        ("/usr/bin/python3", "/usr/local/bin/jupyter", "execute", "nb.ipynb"),
+        ("C:\\Python311\\Scripts\\papermill.exe", "nb.ipynb", "out.ipynb"),
+        ("/usr/bin/python3", "-m", "pytest", "--nbmake", "notebooks/"),
+        ("pytest", "--nbval-lax", "nb.ipynb"),
+    ],
+)
+def test_headless_runners_are_recognised_by_their_program(argv: tuple[str, ...]) -> None:
+    assert is_headless_runner(argv) and not is_interactive({}, parent_argv=argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        # a Jupyter server started in (or pointed at) a folder whose name contains a runner's: still a person's
+        ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "--notebook-dir=/home/me/papermill-experiments"),
+        ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "/home/me/papermill-experiments"),
+        ("/usr/bin/python3", "-m", "jupyter", "notebook", "--ServerApp.root_dir=/data/nbconvert-tests"),
+        ("/home/me/papermill-experiments/.venv/bin/python", "-m", "jupyter_server"),
+        ("/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/tmp/papermill/kernel.json"),
+        ("/usr/bin/python3", "-c", "import papermill"),
+        ("pytest", "tests/test_nbmake_helpers.py"),  # pytest without the notebook plugins' options
+        (),
+    ],
+)
+def test_runner_names_in_other_arguments_are_not_runners(argv: tuple[str, ...]) -> None:
+    assert not is_headless_runner(argv) and is_interactive({}, parent_argv=argv)
+
+
 def _proc_flags() -> set[str]:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         key, _, value = line.partition(":")
@@ -112,6 +154,61 @@ def test_detect_cpu_isa_agrees_with_proc_cpuinfo() -> None:
     assert hw.cpu_amx == ("amx_bf16" in flags)
     assert hw.cpu_avx512_bf16 == ("avx512_bf16" in flags)
     assert hw.cpu_avx512_fp16 == ("avx512_fp16" in flags)
+
+
+@pytest.fixture
+def kernel_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[tuple[str, ...]], None]:
+    """Makes detect() read ``argv`` as its parent's command line (the notebook server, or a headless runner)."""
+    import kitlib.machine.hardware as hardware
+
+    def parent(argv: tuple[str, ...]) -> None:
+        monkeypatch.setattr(hardware, "_parent_argv", lambda: argv)
+
+    return parent
+
+
+def test_detect_in_a_colab_like_session(
+    monkeypatch: pytest.MonkeyPatch, kernel_of: Callable[[tuple[str, ...]], None]
+) -> None:
+    """No real Colab: its env vars, its google.colab module (the kernel imports it at start) and a Jupyter server as
+    the kernel's parent."""
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    kernel_of(("/usr/bin/python3", "/usr/local/bin/jupyter-notebook", "--ip=172.28.0.12", "--port=9000"))
+    environ = {"COLAB_RELEASE_TAG": COLAB_VARS["COLAB_RELEASE_TAG"], "COLAB_BACKEND_VERSION": "next", "HOME": "/root"}
+    hw = detect(environ)
+    assert (hw.platform, hw.interactive, hw.working_dir, hw.input_dir) == (
+        "colab",
+        True,
+        Path("/content"),
+        Path("/content"),
+    )
+    assert "platform:  colab (interactive)" in hw.summary()
+    monkeypatch.delitem(sys.modules, "google.colab")  # `!jupyter nbconvert --execute` in a Colab VM: vars only
+    kernel_of(NBCONVERT)
+    headless = detect({"COLAB_GPU": "1"})
+    assert (headless.platform, headless.interactive, headless.working_dir) == ("colab", False, Path("/content"))
+
+
+@pytest.mark.parametrize(
+    ("run_type", "parent", "interactive"), [("Interactive", JUPYTER_LAB, True), ("Batch", PAPERMILL, False)]
+)
+def test_detect_kaggle_interactive_and_batch(
+    kernel_of: Callable[[tuple[str, ...]], None], run_type: str, parent: tuple[str, ...], interactive: bool
+) -> None:
+    """Kaggle's editor session vs Save & Run All / `kaggle kernels push` (papermill); its image carries COLAB_* too."""
+    kernel_of(parent)
+    hw = detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type, **COLAB_VARS})
+    assert (hw.platform, hw.interactive, hw.working_dir) == ("kaggle", interactive, Path("/kaggle/working"))
+    kernel_of(JUPYTER_LAB)  # Batch is headless by Kaggle's own marker, whatever the parent
+    assert detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type}).interactive is interactive
+
+
+def test_summary_shows_the_callers_paths_not_the_platforms() -> None:
+    hw = fake_profile("2xT4")  # Kaggle: generic /kaggle/input, /kaggle/working
+    assert "paths:" not in hw.summary() and "/kaggle/input" not in hw.summary()
+    text = hw.summary(data_dir=Path("/kaggle/input/my-competition"), work_dir="/kaggle/working/run1")
+    assert "paths:     data /kaggle/input/my-competition, work /kaggle/working/run1" in text
+    assert "scratch" not in text and "/kaggle/temp" not in text
 
 
 def test_detect_kaggle_paths_and_batch() -> None:

@@ -146,6 +146,9 @@ def test_short_runs_take_smaller_steps_until_they_have_min_steps() -> None:
     assert resolve(preset, hw).effective_batch_size == 32  # no lengths yet (00_setup): the preset's target
     two_epochs = resolve(dataclasses.replace(preset, epochs=2), hw, lengths=[30] * 3000)
     assert two_epochs.effective_batch_size == 32  # 6,000 rows seen: 187 steps of 32
+    # 00's picker passes every train.csv row's length: a preset with a row_limit trains on only that many
+    limited = resolve(dataclasses.replace(preset, row_limit=1500), hw, lengths=[30] * 20000)
+    assert limited.effective_batch_size == steps[1500] and "1500 rows x 1 epoch" in " ".join(limited.reasons)
     with pytest.raises(ValueError, match="min_steps"):
         dataclasses.replace(preset, min_steps=-1)
 

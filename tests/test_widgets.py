@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kitlib.machine.hardware import fake_profile
 from kitlib.notebook.presets import resolve
-from kitlib.notebook.widgets import PresetPicker, preset_picker
+from kitlib.notebook.widgets import _ADVANCED, PresetPicker, preset_picker
 
 LENGTHS = [20] * 90 + [60] * 10
 
@@ -103,29 +106,100 @@ def test_table_shows_config_and_estimate(picker: PresetPicker) -> None:
     assert "per epoch" in preset_picker(fake_profile("CPU", interactive=False), n_rows=10, show=False).estimate_text()
 
 
-def test_interactive_displays_the_widget(displayed: list[Any], no_training: None) -> None:
+@pytest.mark.parametrize("name", ["smoke", "fast", "balanced", "best"])
+def test_every_preset_has_a_time_for_the_data_and_lengths_from_it(name: str) -> None:
+    """00 passes data_facts' row count and lengths: no "pass n_rows=/lengths=" left, each preset's own row count."""
+    hw = fake_profile("CPU", interactive=False)
+    picker = preset_picker(hw, default=name, n_rows=8000, lengths=[30] * 8000)
+    text = picker.estimate_text()
+    assert text.startswith("~") and "pass n_rows" not in text
+    rows = "256 of 8000 rows (the preset's row limit)" if name == "smoke" else "for 8000 rows"
+    assert rows in text, text
+    assert not [r for r in picker.resolved.reasons if "pass lengths=" in r]
+    assert any(r.startswith("max_length 32: covers") for r in picker.resolved.reasons)  # fitted to the data
+
+
+class Notebook:
+    """A real IPython shell that runs code as a notebook cell and returns what the cell showed."""
+
+    def __init__(self) -> None:
+        from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
+
+        config = Config()
+        config.HistoryManager.enabled = False
+        self.shell = InteractiveShell.instance(config=config)
+        self.ns = self.shell.user_ns
+
+    def run(self, code: str) -> Any:
+        """The cell's outputs (``.outputs``: display_data and the result, each with ``.data``) and ``.stdout``."""
+        from IPython.utils.capture import capture_output
+
+        with capture_output() as shown:
+            self.shell.run_cell(code).raise_error()
+        return shown
+
+
+@pytest.fixture
+def notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Notebook]:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path))
+    yield Notebook()
+    InteractiveShell.clear_instance()  # later tests must find no shell (display() would publish to it)
+
+
+# 00_setup's picker cell
+PICKER_CELL = "picker = preset_picker(hw, default=default, n_rows=8000)  # never starts training\npicker"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def test_picker_cell_shows_only_the_live_widget(notebook: Notebook, no_training: None) -> None:
     pytest.importorskip("ipywidgets")
-    picker = preset_picker(fake_profile("2xT4"), default="fast")
-    assert displayed == [picker.widget] and picker.widget is not None
-    assert picker.resolved.name == "fast"
+    notebook.ns.update(preset_picker=preset_picker, hw=fake_profile("2xT4"), default="fast")
+    shown = notebook.run(PICKER_CELL)
+    picker = notebook.ns["picker"]
+    assert picker.widget is not None and picker.resolved.name == "fast"
+    # one output: the widget's view, whose model is the picker's (live); no text copy that a click would make stale
+    assert [o.data[WIDGET_VIEW]["model_id"] for o in shown.outputs] == [picker.widget.model_id]
+    assert "PresetPicker(" not in shown.stdout + str(shown.outputs[0].data.get("text/plain"))
+    assert notebook.run("picker").outputs[0].data[WIDGET_VIEW]["model_id"] == picker.widget.model_id  # shown again
 
 
-def test_headless_displays_nothing(displayed: list[Any], capsys: pytest.CaptureFixture[str]) -> None:
-    hw = fake_profile("2xT4", interactive=False)
-    picker = preset_picker(hw, default="smoke", lengths=LENGTHS)
-    assert displayed == [] and picker.widget is None and picker.controls == {}
-    assert picker.resolved == resolve("smoke", hw, lengths=LENGTHS)
-    out = capsys.readouterr().out
-    assert "smoke" in out and "why:" in out  # the log still says what will run
-
-
-def test_without_ipywidgets(
-    displayed: list[Any], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("why", ["headless", "no ipywidgets"])
+def test_picker_cell_without_a_widget_prints_the_summary_once(
+    notebook: Notebook, no_training: None, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets -> ImportError
-    picker = preset_picker(fake_profile("T4"), default="best")
-    assert displayed == [] and picker.widget is None and picker.resolved.name == "best"
-    assert "pip install ipywidgets" in capsys.readouterr().out
+    if why == "no ipywidgets":
+        monkeypatch.setitem(sys.modules, "ipywidgets", None)  # import ipywidgets -> ImportError
+    hw = fake_profile("2xT4", interactive=why != "headless")
+    notebook.ns.update(preset_picker=preset_picker, hw=hw, default="smoke")
+    shown = notebook.run(PICKER_CELL)
+    picker = notebook.ns["picker"]
+    assert shown.outputs == [] and picker.widget is None and picker.controls == {}
+    assert picker.resolved == resolve("smoke", hw)
+    assert shown.stdout.count("PresetPicker('smoke')") == 1 and "why:" in shown.stdout  # the log says what runs
+    assert ("pip install ipywidgets" in shown.stdout) is (why == "no ipywidgets")
+
+
+def test_show_displays_it_at_once(displayed: list[Any], no_training: None) -> None:
+    pytest.importorskip("ipywidgets")
+    picker = preset_picker(fake_profile("T4"), default="fast", show=True)
+    assert displayed == [picker]  # IPython then shows picker.widget (see test_picker_cell_shows_only_the_live_widget)
+    assert preset_picker(fake_profile("T4")) is not None and displayed == [picker]  # show=False: nothing
+
+
+def test_advanced_section_is_titled_on_ipywidgets_7_and_8(no_training: None) -> None:
+    """Colab ships ipywidgets 7.7.1, where Accordion(titles=...) (an 8-only argument) is dropped with a warning and
+    the section shows no title; scripts/test_hosted_pins.sh runs this under 7.7.1."""
+    ipywidgets = pytest.importorskip("ipywidgets")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        picker = preset_picker(fake_profile("T4"), show=False)
+    (accordion,) = [c for c in picker.widget.children if isinstance(c, ipywidgets.Accordion)]
+    assert accordion.get_title(0) == "advanced"
+    assert not [w for w in caught if "unrecognized arguments" in str(w.message)], [str(w.message) for w in caught]
+    assert list(accordion.children[0].children) == [picker.controls[k] for k in _ADVANCED]
 
 
 def test_custom_preset_default(picker: PresetPicker) -> None:

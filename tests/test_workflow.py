@@ -39,6 +39,30 @@ def test_features_fit_max_length_to_the_data_and_hand_the_fitted_run_on(tmp_path
     assert feats.max_length >= int(feats.train_tokens.lengths.max()) or feats.report is not None
 
 
+def test_data_facts_give_the_picker_rows_and_lengths_before_anything_is_written(tmp_path: Path, cpu_hw) -> None:
+    """00's picker cell gets train.csv's row count (each preset applies its row_limit) and rough lengths (words x
+    1.3 + [CLS]/[SEP]) from data_facts: a time for every preset and max_length fitted to the data, not its cap."""
+    import dataclasses
+    import math
+
+    from kitlib.data.tables import DataError
+    from kitlib.notebook.widgets import preset_picker
+
+    data = _csvs(tmp_path / "data", n_train=600)
+    p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    facts = workflow.data_facts(p)
+    words = pd.read_csv(data / "train.csv")["text"].str.split().str.len()
+    assert facts.n_rows == 600 and facts.lengths.tolist() == [math.ceil(w * 1.3) + 2 for w in words]
+    assert not p.work_dir.exists()
+    picker = preset_picker(cpu_hw, default=p.preset, n_rows=facts.n_rows, lengths=facts.lengths, show=False)
+    assert "for 256 of 600 rows" in picker.estimate_text()
+    assert picker.config.max_length < picker.resolved.preset.max_length_cap
+    run = workflow.setup(p, cpu_hw, resolved=picker.resolved)
+    assert run.config.max_length == picker.config.max_length
+    with pytest.raises(DataError, match="no column 'sentiment'"):  # setup's error for the same file, a cell earlier
+        workflow.data_facts(dataclasses.replace(p, target="sentiment"))
+
+
 def test_in_process_stages_train_with_the_data_fitted_run_not_the_stale_one(tmp_path: Path, cpu_hw) -> None:
     """setup() knows no lengths; features() re-fits max_length and the batch (min_steps) and saves run.json. A caller
     that keeps setup()'s object and passes it on must still train with the re-fitted run."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,9 +31,18 @@ _MIB = 2**20
 # Reported with the hardware so a log or bug report says which stack ran; missing ones are omitted.
 _LIBRARIES = ("transformers", "tokenizers", "accelerate", "datasets", "safetensors", "numpy", "pandas", "scikit-learn")
 
-# Parent-process names of headless notebook runners. nbconvert/papermill set no env marker of their own (tested, see
-# shared/notes/kaggle-and-headless.md §4.5), but the kernel is their child process, so its parent's argv names them.
-_HEADLESS_RUNNERS = ("nbconvert", "papermill", "nbclient", "jupyter-execute", "jupytext", "nbmake", "nbval")
+# Headless notebook runners, by the program the kernel's parent process runs. nbconvert/papermill set no env marker of
+# their own (tested, see shared/notes/kaggle-and-headless.md §4.5), but the kernel is their child process, so its
+# parent's argv names them. Only the program counts, never its other arguments: a Jupyter server started in a folder
+# named papermill-experiments is still a person's notebook. `jupyter nbconvert` execs jupyter-nbconvert, which is
+# the parent the kernel sees; `python -m nbconvert` and a console script run by its interpreter count too.
+_HEADLESS_RUNNERS = frozenset(
+    {"jupyter-nbconvert", "nbconvert", "papermill", "nbclient", "jupyter-execute", "jupytext"}
+)
+# nbmake/nbval are pytest plugins: there the kernel's parent is pytest, run with the plugin's option.
+_NOTEBOOK_TEST_OPTIONS = frozenset({"--nbmake", "--nbval", "--nbval-lax"})
+_PYTHON = re.compile(r"pythonw?[0-9.]*")  # python, python3, python3.11, pythonw (Windows)
+_PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X", "--check-hash-based-pycs"})  # interpreter options that take a value
 _TRUTHY = ("1", "true", "yes", "on")
 _FALSY = ("0", "false", "no", "off")
 
@@ -90,8 +100,13 @@ class HardwareInfo:
     def num_gpus(self) -> int:
         return sum(a.device_type == "cuda" for a in self.accelerators)
 
-    def summary(self) -> str:
-        """Multi-line human-readable description, printed by 00_setup."""
+    def summary(self, *, data_dir: str | Path | None = None, work_dir: str | Path | None = None) -> str:
+        """Multi-line human-readable description, printed by 00_setup.
+
+        ``data_dir``/``work_dir``: the folders the caller reads and writes (the notebook's parameters), shown on a
+        ``paths:`` line. The platform's usual folders (``input_dir``...) are not shown: a notebook's data lives in a
+        subfolder of /kaggle/input and its work dir is a parameter, so they would be the wrong paths to look in.
+        """
         mode = "interactive" if self.interactive else "headless"
         lines = [f"platform:  {self.platform} ({mode})"]
         if not self.accelerators:
@@ -106,7 +121,9 @@ class HardwareInfo:
         cuda = f"CUDA {self.cuda_version}" if self.cuda_version else "no CUDA"
         arch = ", kernels " + " ".join(self.torch_cuda_arch_list) if self.torch_cuda_arch_list else ""
         lines.append(f"torch:     {self.torch_version} ({cuda}{arch})")
-        lines.append(f"paths:     input {self.input_dir}, working {self.working_dir}, scratch {self.scratch_dir}")
+        paths = {"data": data_dir, "work": work_dir}
+        if any(path is not None for path in paths.values()):
+            lines.append("paths:     " + ", ".join(f"{k} {v}" for k, v in paths.items() if v is not None))
         if self.library_versions:
             lines.append("libraries: " + ", ".join(f"{n} {v}" for n, v in self.library_versions))
         return "\n".join(lines)
@@ -144,7 +161,55 @@ def is_interactive(environ: Mapping[str, str], *, parent_argv: Sequence[str] | N
     if environ.get("CI", "").strip().lower() in _TRUTHY or environ.get("GITHUB_ACTIONS") == "true":
         return False
     argv = _parent_argv() if parent_argv is None else parent_argv
-    return not any(runner in Path(arg).name for arg in argv for runner in _HEADLESS_RUNNERS)
+    return not is_headless_runner(argv)
+
+
+def is_headless_runner(argv: Sequence[str]) -> bool:
+    """Whether the command line ``argv`` runs a headless notebook runner (papermill, nbconvert, jupyter execute...),
+    judged by its program alone (see ``_HEADLESS_RUNNERS``)."""
+    program, args = _program(argv)
+    if program in _HEADLESS_RUNNERS:
+        return True
+    return program in ("pytest", "py.test") and any(a.split("=")[0] in _NOTEBOOK_TEST_OPTIONS for a in args)
+
+
+def _program(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """(program name, its arguments): argv[0]'s file name, or for a Python interpreter the script or ``-m`` module it
+    runs; ``jupyter <sub>`` as ``jupyter-<sub>``, the program the jupyter dispatcher executes. None for ``-c`` code."""
+    if not argv:
+        return None, []
+    name: str | None = _program_name(argv[0])
+    args = list(argv[1:])
+    if name is not None and _PYTHON.fullmatch(name):
+        name, args = _python_target(args)
+    if name == "jupyter" and args and not args[0].startswith("-"):
+        name, args = f"jupyter-{args[0]}", args[1:]
+    return name, args
+
+
+def _python_target(args: list[str]) -> tuple[str | None, list[str]]:
+    """What ``python <args>`` runs: the ``-m`` module's top-level package or the script's program name."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-m" and i + 1 < len(args):
+            return args[i + 1].split(".")[0], args[i + 2 :]
+        if arg.startswith("-m") and len(arg) > 2:  # -mpapermill
+            return arg[2:].split(".")[0], args[i + 1 :]
+        if arg.startswith("-c"):  # inline code: no program to name
+            return None, []
+        if not arg.startswith("-"):
+            return _program_name(arg), args[i + 1 :]
+        i += 2 if arg in _PYTHON_VALUE_OPTIONS else 1
+    return None, []
+
+
+def _program_name(path: str) -> str:
+    """A program's name as typed: the file name without .exe/.py and the -script suffix of Windows entry points."""
+    name = Path(path.replace("\\", "/")).name.lower()
+    for suffix in (".exe", ".py", "-script"):
+        name = name.removesuffix(suffix)
+    return name
 
 
 def _parent_argv() -> tuple[str, ...]:

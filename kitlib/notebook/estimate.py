@@ -56,8 +56,7 @@ def estimate_epoch_seconds(
         if samples_per_s <= 0:
             raise ValueError(f"samples_per_s must be > 0, got {samples_per_s}")
         return n_rows / samples_per_s
-    if resolved.preset.row_limit is not None:
-        n_rows = min(n_rows, resolved.preset.row_limit)
+    n_rows = resolved.preset.rows_used(n_rows)
     cfg = resolved.config
     max_length = cfg.max_length or resolved.preset.max_length_cap
     tokens_per_row = resolved.mean_tokens if resolved.mean_tokens is not None else max_length / 2

@@ -76,6 +76,10 @@ class Preset:
         if problems:
             raise ValueError(f"Preset {self.name!r}: " + "; ".join(problems))
 
+    def rows_used(self, n_rows: int) -> int:
+        """How many of the data's ``n_rows`` training rows this preset trains on (its ``row_limit``)."""
+        return n_rows if self.row_limit is None else min(n_rows, self.row_limit)
+
 
 # Immutable registry. Numbers are for a MiniLM/base-sized encoder on short-to-medium texts (the demo's reviews are
 # ~30 tokens); `fast` trades accuracy for a single forward pass over the data, `best` fine-tunes everything.
@@ -307,7 +311,8 @@ def resolve(
 
     world = _world_size(hw, p, world_size, reasons)
     max_length, mean_tokens = _max_length(p, lengths, late.pop("max_length", None), reasons)
-    target = _target_batch(p, None if lengths is None else len(lengths), reasons)
+    # lengths may be the whole train.csv's (the picker in 00); the preset trains on at most row_limit of them
+    target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), reasons)
     micro, accum = _batch(hw, p, target, world, max_length, late.pop("micro_batch_size", None), late, reasons)
 
     cfg = TrainConfig(

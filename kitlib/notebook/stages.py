@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
+# Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4). Good enough for
+# the picker's time estimate and a first max_length; 01 measures the real lengths with the model's tokenizer.
+TOKENS_PER_WORD = 1.3
+SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 
 
 # ------------------------------------------------------------------------------------------------------ 00 setup
@@ -57,6 +61,24 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     run.save(p.work_dir)
     p.save()
     return run
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What 00's preset picker needs from the data: its time estimate and a max_length fitted to the texts."""
+
+    n_rows: int  # train.csv's rows; each preset trains on at most its row_limit of them (the estimate applies it)
+    lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
+
+
+def data_facts(p: Params) -> DataFacts:
+    """train.csv's row count and rough token lengths, for the picker before anything is written: read and checked
+    as ``setup`` reads it (its DataError, a cell earlier), in about the time of reading the CSV. No tokenizer or
+    model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
+    train = _read_train(p)
+    words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
+    lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
+    return DataFacts(n_rows=len(train), lengths=lengths)
 
 
 def load_run(p: Params) -> ResolvedRun:
@@ -84,7 +106,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     from kitlib.data.tables import infer_task, read_table
     from kitlib.notebook.submission import check_sample_submission
 
-    train = read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=p.task)
+    train = _read_train(p)
     task = infer_task(train[p.target], p.task)
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
@@ -92,6 +114,13 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
     columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
     return Competition(train, test, test_ids, columns, task)
+
+
+def _read_train(p: Params) -> pd.DataFrame:
+    """train.csv, every row, with its columns checked (kitlib.data.tables.read_table)."""
+    from kitlib.data.tables import read_table
+
+    return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=p.task)
 
 
 def _check_model(p: Params) -> None:

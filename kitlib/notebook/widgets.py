@@ -1,12 +1,15 @@
 """The preset picker: ipywidgets buttons and an "advanced" section that only ever produce a ResolvedRun.
 
-It never trains: the next cell reads ``picker.resolved`` (or ``picker.config``). Headless (Kaggle batch runs,
-nbconvert/papermill, CI) or without ipywidgets, nothing is displayed and nothing blocks: the picker holds the default
-preset (the notebook's ``PRESET`` parameter) and prints its summary so the log shows what ran.
+It never trains: the next cell reads ``picker.resolved`` (or ``picker.config``). A cell ending in ``picker`` shows
+it: the live widget when interactive, and nothing else (a text copy beside it would go stale on the first click).
+Headless (Kaggle batch runs, nbconvert/papermill, CI) or without ipywidgets, nothing blocks: the picker holds the
+default preset (the notebook's ``preset`` parameter) and the cell prints its summary once, so the log shows what ran.
 
->>> picker = preset_picker(hw, default=PRESET, lengths=tokens.lengths, n_rows=len(train))
+>>> data = stages.data_facts(p)
+>>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, lengths=data.lengths)
+>>> picker
 >>> # next cell
->>> run = picker.resolved; run.save(WORK_DIR)
+>>> run = stages.setup(p, hw, resolved=picker.resolved)
 
 This is the only kitlib module that imports ipywidgets, and only inside ``preset_picker``.
 """
@@ -53,6 +56,7 @@ class PresetPicker:
         self._resolved = resolve(default, hw, lengths=lengths)  # the parameter decides; errors surface here, loudly
         self._syncing = False  # True while the picker writes derived values back into its own controls
         self.error: str | None = None  # the last rejected change, shown in the widget
+        self.note: str | None = None  # why there is no widget although the session is interactive
         self.widget: Any = None  # the ipywidgets.VBox when interactive, else None
         self.controls: dict[str, Any] = {}  # "preset" and the _ADVANCED keys -> their ipywidgets control
         self._error_html: Any = None
@@ -68,13 +72,30 @@ class PresetPicker:
 
     def estimate_text(self) -> str:
         if self._n_rows is None:
-            return "pass n_rows= for a time estimate"
+            return "no row count: pass n_rows= (stages.data_facts) for a time estimate"
         seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw)
         what = self._resolved.regime.estimate_label
-        return f"~{_duration(seconds)} {what} for {self._n_rows} rows (rough, +-2x)"
+        used = self._resolved.preset.rows_used(self._n_rows)
+        rows = f"{used} rows" if used == self._n_rows else f"{used} of {self._n_rows} rows (the preset's row limit)"
+        return f"~{_duration(seconds)} {what} for {rows} (rough, +-2x)"
 
     def __repr__(self) -> str:
-        return f"PresetPicker({self._resolved.name!r})\n{self._resolved.summary()}\nestimate: {self.estimate_text()}"
+        note = f"{self.note}\n" if self.note else ""
+        summary = self._resolved.summary()
+        return f"{note}PresetPicker({self._resolved.name!r})\n{summary}\nestimate: {self.estimate_text()}"
+
+    def _ipython_display_(self) -> None:
+        """What a notebook cell ending in ``picker`` shows (IPython calls this instead of using the text repr).
+
+        Only the live widget when there is one: the text repr shown beside it would describe the preset at display
+        time and never follow a click. Without a widget (headless, no ipywidgets) the summary, once.
+        """
+        from IPython.display import display
+
+        if self.widget is not None:
+            display(self.widget)
+        else:
+            print(repr(self))
 
     # ----------------------------------------------------------------------------------------------------- widgets
 
@@ -194,27 +215,26 @@ def preset_picker(
     default: str | Preset = DEFAULT_PRESET,
     lengths: Sequence[int] | np.ndarray | None = None,
     n_rows: int | None = None,
-    show: bool = True,
+    show: bool = False,
 ) -> PresetPicker:
-    """A picker for ``hw``: displayed when interactive and ipywidgets imports; otherwise prints the default's summary.
+    """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
+    never starts training.
 
-    ``show=False`` builds the widgets (when interactive) without displaying or printing anything (tests, custom
-    layouts: display ``picker.widget`` yourself). It never blocks and never starts training.
+    End the cell with it to show it (the live widget, or headless the default's summary); ``show=True`` displays it
+    now instead, for a cell that goes on after it. ``n_rows`` (train.csv's rows; each preset's ``row_limit`` is
+    applied) gives the time estimate; ``lengths`` (tokens per row) fits max_length to the data:
+    ``kitlib.notebook.stages.data_facts`` returns both.
     """
     picker = PresetPicker(hw, default=default, lengths=lengths, n_rows=n_rows)
-    widget = None
     if hw.interactive:
         try:
-            widget = picker.build()
+            picker.build()
         except ImportError:
-            if show:
-                print("ipywidgets is not installed: using the default preset (pip install ipywidgets for the picker)")
-    if not show:
-        return picker
-    if widget is not None:
+            picker.note = (
+                "ipywidgets is not installed: using the default preset (pip install ipywidgets for the picker)"
+            )
+    if show:
         from IPython.display import display
 
-        display(widget)
-    else:
-        print(repr(picker))
+        display(picker)
     return picker
