@@ -152,7 +152,7 @@ def test_a_failing_notebook_is_one_short_message_naming_the_notebook_the_cell_an
     lines = lines[next(i for i, line in enumerate(lines) if line.startswith("notebooks:")) :]  # after kernel noise
     message = "\n".join(lines)
     assert len(lines) == 2 and not any(line.startswith("Traceback") for line in lines), message
-    # 00 reads the data before it writes anything: its 8th cell from the top (markdown included), as a user
+    # 00 reads the data before it writes anything: its 7th cell from the top (markdown included), as a user
     # scrolling the executed notebook counts
-    assert message.startswith("notebooks: 00_setup.ipynb stopped in cell 8: DataError:"), message
+    assert message.startswith("notebooks: 00_setup.ipynb stopped in cell 7: DataError:"), message
     assert "'sentiment'" in message and "work/executed/00_setup.ipynb" in message, message
