@@ -88,7 +88,7 @@ def set_parameters(nb_path: Path, values: dict[str, Any]) -> None:
         pattern = re.compile(rf"^{re.escape(name)} = [^#\n]*?(\s*#.*)?$", re.M)
         if not pattern.search(source):
             raise CheckError(f"{nb_path.name}: no '{name} = ...' line in the parameters cell")
-        source = pattern.sub(lambda m, v=value: f"{name} = {v!r}{m.group(1) or ''}", source, count=1)
+        source = pattern.sub(lambda m, k=name, v=value: f"{k} = {v!r}{m.group(1) or ''}", source, count=1)
     cell["source"] = source.splitlines(keepends=True)
     nb_path.write_text(json.dumps(nb, indent=1))
 
@@ -414,7 +414,7 @@ def stale_text(cell_outputs: list[dict[str, Any]], preset: str, epochs: int | No
         if output.get("output_type") == "error":
             continue
         text = output_text(output)
-        if not text or "widget-view" in json.dumps(output.get("data", {})) and "PresetPicker" not in text:
+        if not text or ("widget-view" in json.dumps(output.get("data", {})) and "PresetPicker" not in text):
             continue
         names = re.findall(r"PresetPicker\('([^']+)'\)", text) + re.findall(r"^preset\s+(\S+)", text, re.M)
         for name in names:
@@ -482,7 +482,7 @@ def drive_setup(nb: Notebook, findings: Findings, preset: str, epochs: int) -> t
             field.fill(str(epochs))
             field.press("Enter")
             field.evaluate("e => e.blur()")  # IntText commits on Enter (8) or on blur (7)
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             findings.add(nb.name, f"could not set the advanced epochs value: {str(err).splitlines()[0]}", shot)
         table = wait_table(cell, "epochs", str(epochs))
         if table.get("epochs") != str(epochs):
@@ -644,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
             small_png(out / shots["picker"], REPO / "docs" / "browser_picker.png")
             small_png(out / shots["train"], REPO / "docs" / "browser_train.png")
             log("copied docs/browser_picker.png and docs/browser_train.png")
-    except Exception as err:  # noqa: BLE001  (the check broke, not a finding: say where, exit 2)
+    except Exception as err:
         if not isinstance(err, CheckError):
             import traceback
 
