@@ -1,0 +1,666 @@
+"""Real-browser check of the four notebooks: JupyterLab + headless Chromium, driven like a person would.
+
+Opt-in and slow (~3-4 minutes with the default smoke preset); not part of scripts/test.sh or CI. Run it through
+scripts/browser_check.sh, which makes a venv with JupyterLab and Playwright (no browser download: Debian's chromium
+is used) and, with IPYWIDGETS=7.7.1, the old ipywidgets that Colab ships:
+
+    bash scripts/browser_check.sh                          # ipywidgets as installed (8.x)
+    IPYWIDGETS=7.7.1 bash scripts/browser_check.sh         # a second venv with ipywidgets 7.7.1
+    bash scripts/browser_check.sh --preset fast --docs     # the early-stopping path; copy the two doc screenshots
+
+What it does: builds the offline demo competition, copies notebooks/00-03 into a temp folder with the parameters
+cell set to it (data_dir, work_dir, preset, model; the repo's notebooks are never edited), starts JupyterLab on a
+free port with a token and a kernel that imports this checkout's kitlib, then in Chromium: opens 00_setup, runs all,
+clicks the preset buttons ("fast", then back to the chosen preset), changes the advanced epochs value, checks the
+picker's summary follows every click, runs the setup cell and checks what it saved; then opens 01, 02, 03 and runs
+all. After each notebook it takes a screenshot and fails on:
+
+- a Python error (an error output) or any red stderr box (warnings included: a user sees a red box either way);
+- a missing or broken widget (the picker in 00, the progress bar in 02; "Error displaying widget", a text repr);
+- a stale summary: text in the picker's cell, the widget's table or the setup cell's output naming another preset
+  or epochs value than the one clicked;
+- a progress bar left red (bar style 'danger') after training stopped normally (completed, early stopping);
+- an unrounded number (7+ decimals) in printed text.
+
+One line per finding (with the screenshot's name), exit status 1 when there is any, 0 when clean, 2 when the check
+itself could not run. ``--docs`` copies the picker and the trained 02 screenshots to docs/browser_picker.png and
+docs/browser_train.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ("00_setup", "01_features", "02_train", "03_infer")
+# Variables that make kitlib (rightly) treat the kernel as headless; a person at JupyterLab has none of them.
+HEADLESS_VARS = ("CI", "GITHUB_ACTIONS", "KIT_HEADLESS", "KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_IS_COMPETITION_RERUN")
+KIT_VARS = ("KIT_DATA_DIR", "KIT_WORK_DIR", "KIT_PRESET", "KIT_MODEL", "KIT_TASK")  # would override the parameters
+NORMAL_STOPS = ("completed", "early_stopping", "budget", "time_budget")
+
+
+class CheckError(RuntimeError):
+    """The check itself could not run (not a finding about the notebooks)."""
+
+
+class Findings:
+    def __init__(self, label: str) -> None:
+        self.label, self.items = label, []  # type: tuple[str, list[str]]
+
+    def add(self, notebook: str, what: str, shot: str) -> None:
+        line = f"FAIL [{self.label}] {notebook}: {what} (screenshot {shot})"
+        if line in self.items:
+            return
+        self.items.append(line)
+        print(line, flush=True)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------------ set-up
+
+
+def set_parameters(nb_path: Path, values: dict[str, Any]) -> None:
+    """Set ``name = value`` lines in the copy's tagged parameters cell (keeps the comments)."""
+    nb = json.loads(nb_path.read_text())
+    cell = next((c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        raise CheckError(f"{nb_path.name}: no cell tagged 'parameters'")
+    source = "".join(cell["source"])
+    for name, value in values.items():
+        pattern = re.compile(rf"^{re.escape(name)} = [^#\n]*?(\s*#.*)?$", re.M)
+        if not pattern.search(source):
+            raise CheckError(f"{nb_path.name}: no '{name} = ...' line in the parameters cell")
+        source = pattern.sub(lambda m, k=name, v=value: f"{k} = {v!r}{m.group(1) or ''}", source, count=1)
+    cell["source"] = source.splitlines(keepends=True)
+    nb_path.write_text(json.dumps(nb, indent=1))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_settings(root: Path) -> Path:
+    """JupyterLab user settings: every cell in the DOM (no windowing), no news/update toasts over the screenshots."""
+    settings = root / "lab-settings"
+    files = {
+        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+        "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+            "fetchNews": "false",
+            "checkForUpdates": False,
+        },
+    }
+    for rel, value in files.items():
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+        (settings / rel).write_text(json.dumps(value))
+    return settings
+
+
+def write_kernelspec(root: Path) -> Path:
+    """A python3 kernelspec for *this* interpreter (the venv's ipywidgets), importing this checkout's kitlib."""
+    data = root / "jupyter-data"
+    spec = data / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (browser check)",
+                "language": "python",
+                "env": {"PYTHONPATH": str(REPO)},
+            }
+        )
+    )
+    return data
+
+
+def widgets_data_dir() -> str | None:
+    """<prefix>/share/jupyter of the installed jupyterlab_widgets (where its labextension is), if any."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution("jupyterlab_widgets")
+    except PackageNotFoundError:
+        return None
+    for f in dist.files or []:
+        if "share/jupyter/labextensions" in str(f):
+            path = Path(dist.locate_file(f)).resolve()
+            parts = path.parts
+            i = max(k for k in range(len(parts)) if parts[k : k + 2] == ("share", "jupyter"))
+            return str(Path(*parts[: i + 2]))
+    return None
+
+
+@contextlib.contextmanager
+def jupyterlab(root: Path, out: Path) -> Iterator[tuple[str, str]]:
+    port, token = free_port(), secrets.token_hex(16)
+    env = {k: v for k, v in os.environ.items() if k not in HEADLESS_VARS + KIT_VARS}
+    # our kernelspec first; then the data folder of the jupyterlab_widgets that this Python imports (the widget
+    # frontend; in a --system-site-packages venv it may sit in the base interpreter's prefix, not the venv's)
+    env["JUPYTER_PATH"] = os.pathsep.join(
+        [str(write_kernelspec(root)), *filter(None, [widgets_data_dir(), env.get("JUPYTER_PATH")])]
+    )
+    env["JUPYTER_RUNTIME_DIR"] = str(root / "runtime")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    cmd = [
+        sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root / 'nb'}",
+        f"--LabApp.user_settings_dir={write_settings(root)}", f"--LabApp.workspaces_dir={root / 'workspaces'}",
+        "--LabApp.expose_app_in_browser=True",
+        *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+    ]  # fmt: skip
+    logf = open(out / "jupyterlab.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, cwd=root / "nb", env=env, stdout=logf, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            if proc.poll() is not None:
+                raise CheckError(f"JupyterLab exited with {proc.returncode}: see {out / 'jupyterlab.log'}")
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise CheckError(f"JupyterLab did not answer on {base} in 90 s: see {out / 'jupyterlab.log'}")
+            time.sleep(0.5)
+        yield base, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logf.close()
+
+
+# ------------------------------------------------------------------------------------------------- the browser
+
+JS_STATE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  if (!w || !w.sessionContext || !w.content) return {ready: false};
+  const k = w.sessionContext.session && w.sessionContext.session.kernel;
+  const prompts = [...w.content.node.querySelectorAll('.jp-Cell.jp-CodeCell .jp-InputPrompt')].map(p => p.textContent);
+  return {ready: !!k, status: k ? k.status : null, busy: prompts.some(t => t.includes('*')), prompts};
+}"""
+
+JS_OUTPUTS = """() => {
+  const nb = window.jupyterapp.shell.currentWidget.content;
+  const cells = [];
+  for (let i = 0; i < nb.model.cells.length; i++) {
+    const c = nb.model.cells.get(i);
+    cells.push({type: c.type, source: c.sharedModel.getSource(),
+                outputs: c.type === 'code' ? c.outputs.toJSON() : []});
+  }
+  return cells;
+}"""
+
+
+class Notebook:
+    def __init__(self, page: Any, name: str, out: Path, timeout_s: float) -> None:
+        self.page, self.name, self.out, self.timeout_s = page, name, out, timeout_s
+
+    def open(self, base: str, token: str) -> None:
+        page = self.page
+        page.goto(f"{base}/lab/tree/{self.name}.ipynb?token={token}&reset")
+        page.wait_for_function("() => !!window.jupyterapp", timeout=90_000)
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
+        self.wait_idle(90, what="kernel start")
+        with contextlib.suppress(Exception):  # more room for the notebook in the screenshots
+            page.evaluate("() => { window.jupyterapp.shell.collapseLeft(); window.jupyterapp.shell.collapseRight(); }")
+        # dismiss any toast or dialog that would sit over the cells
+        for sel in (".jp-Dialog button.jp-mod-reject", ".jp-toast-button"):
+            with contextlib.suppress(Exception):
+                if page.locator(sel).count():
+                    page.locator(sel).first.click(timeout=2000)
+
+    def wait_idle(self, timeout_s: float, *, what: str) -> None:
+        deadline, idle_since = time.time() + timeout_s, None
+        while time.time() < deadline:
+            state = self.page.evaluate(JS_STATE)
+            if state.get("ready") and state["status"] == "idle" and not state["busy"]:
+                idle_since = idle_since or time.time()
+                if time.time() - idle_since > 1.5:  # stays idle (outputs and widget views settle)
+                    return
+            else:
+                idle_since = None
+            time.sleep(0.5)
+        raise CheckError(f"{self.name}: {what} did not finish in {timeout_s:.0f} s")
+
+    def run_all(self) -> float:
+        page, t0 = self.page, time.perf_counter()
+        page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+        page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
+        time.sleep(1.0)
+        self.wait_idle(self.timeout_s, what="run all")
+        return time.perf_counter() - t0
+
+    def run_cell(self, index: int) -> None:
+        cell = self.cell(index)
+        cell.locator(".jp-InputPrompt").first.click()
+        self.page.keyboard.press("Control+Enter")  # run in place (Shift+Enter on the last cell adds one)
+        time.sleep(1.0)
+        self.wait_idle(self.timeout_s, what=f"cell {index}")
+
+    def cell(self, index: int) -> Any:
+        """The cell's DOM node, marked through JupyterLab's own widget list (robust to its layout containers)."""
+        self.page.evaluate(
+            "() => window.jupyterapp.shell.currentWidget.content.widgets"
+            ".forEach((w, i) => w.node.setAttribute('data-bc-index', String(i)))"
+        )
+        return self.page.locator(f'.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell[data-bc-index="{index}"]')
+
+    def cells(self) -> list[dict[str, Any]]:
+        return list(self.page.evaluate(JS_OUTPUTS))
+
+    def index_of(self, needle: str) -> int:
+        for i, c in enumerate(self.cells()):
+            if c["type"] == "code" and needle in c["source"]:
+                return i
+        raise CheckError(f"{self.name}: no code cell contains {needle!r}")
+
+    def tall(self) -> dict[str, int]:
+        """Make the viewport as tall as the notebook's content (so nothing scrolls); returns the old size."""
+        page, size = self.page, self.page.viewport_size
+        js = (
+            "() => { const p = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');"
+            " const v = p.querySelector('.jp-WindowedPanel-viewport') || p.querySelector('.jp-Notebook');"
+            " const o = p.querySelector('.jp-WindowedPanel-outer') || p.querySelector('.jp-Notebook');"
+            " return {content: v.scrollHeight, box: o.clientHeight}; }"
+        )
+        for _ in range(3):  # outputs may reflow at the new size
+            m = page.evaluate(js)
+            extra = m["content"] - m["box"]
+            if extra <= 4:
+                break
+            height = min(page.viewport_size["height"] + extra + 40, 16000)
+            page.set_viewport_size({"width": size["width"], "height": int(height)})
+            time.sleep(0.8)
+        page.evaluate(
+            "() => { const p = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');"
+            " for (const o of p.querySelectorAll('.jp-WindowedPanel-outer, .jp-Notebook')) o.scrollTop = 0; }"
+        )
+        time.sleep(0.3)
+        return size
+
+    def screenshot(self, tag: str = "") -> str:
+        """The whole notebook: the viewport is made as tall as its content for the shot."""
+        page = self.page
+        name = f"{self.name}{'_' + tag if tag else ''}.png"
+        size = self.tall()
+        page.screenshot(path=str(self.out / name))
+        page.set_viewport_size(size)
+        return name
+
+    def shot_cells(self, indices: list[int], name: str) -> str:
+        """A clip around some cells (for the docs)."""
+        page = self.page
+        size = self.tall()
+        boxes = [b for b in (self.cell(i).bounding_box() for i in indices) if b]
+        x0, y0 = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
+        x1, y1 = max(b["x"] + b["width"] for b in boxes), max(b["y"] + b["height"] for b in boxes)
+        page.screenshot(path=str(self.out / name), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
+        page.set_viewport_size(size)
+        return name
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+
+def output_text(output: dict[str, Any]) -> str:
+    if output.get("output_type") == "stream":
+        text = output.get("text", "")
+    elif output.get("output_type") == "error":
+        text = "\n".join(output.get("traceback", [])) or f"{output.get('ename')}: {output.get('evalue')}"
+    else:
+        text = output.get("data", {}).get("text/plain", "")
+    text = "".join(text) if isinstance(text, list) else str(text)
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def first_line(text: str, limit: int = 160) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    line = next((ln for ln in lines if re.search(r"Error|Warning|warn", ln)), lines[0] if lines else "")
+    return line[:limit]
+
+
+def check_common(nb: Notebook, findings: Findings, shot: str, *, stop_reason: str | None = None) -> None:
+    """Errors, red boxes, broken widgets, red bars, unrounded numbers: from the model and from what is drawn."""
+    page = nb.page
+    for i, cell in enumerate(nb.cells()):
+        for output in cell["outputs"]:
+            kind = output.get("output_type")
+            text = output_text(output)
+            if kind == "error":
+                findings.add(nb.name, f"Python error in cell {i}: {output.get('ename')}: {output.get('evalue')}", shot)
+            elif kind == "stream" and output.get("name") == "stderr":
+                findings.add(nb.name, f"red stderr/warning box in cell {i}: {first_line(text)}", shot)
+            if kind == "stream" and output.get("name") == "stdout":
+                for m in re.finditer(r"(?<![\w.])\d+\.\d{7,}(?![\d])", text):
+                    line = next(ln for ln in text.splitlines() if m.group(0) in ln).strip()
+                    findings.add(nb.name, f"unrounded number {m.group(0)} in cell {i}: {line[:120]!r}", shot)
+    # what the browser drew: widgets that failed, red progress bars
+    scope = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
+    drawn = page.evaluate(
+        """(scope) => {
+          const nb = document.querySelector(scope);
+          const txt = e => (e.textContent || '').trim().slice(0, 160);
+          return {
+            errorWidgets: [...nb.querySelectorAll('.jupyter-widgets-error-widget, .jupyter-widgets-loading')]
+                            .map(txt),
+            errorText: [...nb.querySelectorAll('.jp-OutputArea-output')].map(txt)
+                            .filter(t => /Error displaying widget|Failed to load model class|model not found/.test(t)),
+            reprText: [...nb.querySelectorAll('.jp-OutputArea-output[data-mime-type="text/plain"]')].map(txt)
+                            .filter(t => /^(VBox|HBox|FloatProgress|IntProgress|ToggleButtons)\\(/.test(t)),
+            redBars: [...nb.querySelectorAll('.progress-bar-danger, .jupyter-widget-progress-bar-danger')].length,
+            redBoxes: nb.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+                            .length,
+          };
+        }""",
+        scope,
+    )
+    for t in drawn["errorWidgets"] + drawn["errorText"]:
+        findings.add(nb.name, f"widget failed to render: {t!r}", shot)
+    for t in drawn["reprText"]:
+        findings.add(nb.name, f"widget shown as text (no widget frontend): {t[:100]!r}", shot)
+    if drawn["redBars"]:
+        if stop_reason is None or stop_reason in NORMAL_STOPS:
+            findings.add(nb.name, f"progress bar left red (danger) after a normal stop ({stop_reason})", shot)
+        else:
+            log(f"{nb.name}: red bar after stop reason {stop_reason} (not a normal stop: not a finding)")
+    log(f"{nb.name}: {drawn['redBoxes']} red box(es) drawn, {drawn['redBars']} red bar(s)")
+
+
+def table_of(cell: Any) -> dict[str, str]:
+    """The picker widget's summary table (th -> td) as drawn."""
+    rows = cell.locator(".jp-OutputArea-output table tr").all()
+    table = {}
+    for row in rows:
+        with contextlib.suppress(Exception):
+            table[row.locator("th").inner_text(timeout=500).strip()] = row.locator("td").inner_text(timeout=500)
+    return table
+
+
+def stale_text(cell_outputs: list[dict[str, Any]], preset: str, epochs: int | None) -> list[str]:
+    """Plain-text outputs in the picker's cell that name another preset or epochs than the widget shows."""
+    problems = []
+    for output in cell_outputs:
+        if output.get("output_type") == "error":
+            continue
+        text = output_text(output)
+        if not text or ("widget-view" in json.dumps(output.get("data", {})) and "PresetPicker" not in text):
+            continue
+        names = re.findall(r"PresetPicker\('([^']+)'\)", text) + re.findall(r"^preset\s+(\S+)", text, re.M)
+        for name in names:
+            if name != preset:
+                problems.append(f"text under the picker says preset {name!r}, the picker shows {preset!r}")
+        if epochs is not None:
+            for value in re.findall(r"^epochs\s+(\d+)", text, re.M):
+                if int(value) != epochs:
+                    problems.append(f"text under the picker says epochs {value}, the picker shows {epochs}")
+    return problems
+
+
+def wait_table(cell: Any, key: str, want: str, timeout_s: float = 15) -> dict[str, str]:
+    deadline, table = time.time() + timeout_s, {}
+    while time.time() < deadline:
+        table = table_of(cell)
+        if table.get(key, "").split(" ")[0] == want:
+            return table
+        time.sleep(0.3)
+    return table
+
+
+def drive_setup(nb: Notebook, findings: Findings, preset: str, epochs: int) -> tuple[str, str]:
+    page = nb.page
+    nb.run_all()
+    i_picker = nb.index_of("preset_picker(")
+    i_setup = nb.index_of("stages.setup(")
+    cell = nb.cell(i_picker)
+    cell.scroll_into_view_if_needed()
+    shot = f"{nb.name}.png"
+    buttons = cell.locator("button.widget-toggle-button")
+    try:
+        buttons.first.wait_for(timeout=20_000)
+    except Exception:
+        shot = nb.screenshot("no_widget")
+        findings.add(nb.name, "the preset picker widget is missing (no preset buttons drawn)", shot)
+        check_common(nb, findings, shot)
+        return shot, shot
+    labels = [b.strip() for b in buttons.all_inner_texts()]
+    log(f"{nb.name}: picker buttons {labels}")
+    other = next((n for n in ("fast", "balanced", "smoke") if n in labels and n != preset), None)
+    steps = [other, preset] if other else [preset]
+    for name in steps:
+        if name not in labels:
+            findings.add(nb.name, f"no {name!r} button in the picker (buttons: {labels})", shot)
+            continue
+        cell.locator("button.widget-toggle-button", has_text=re.compile(rf"^\s*{re.escape(name)}\s*$")).click()
+        table = wait_table(cell, "preset", name)
+        shown = table.get("preset", "(no table)").split(" ")[0]
+        if shown != name:
+            findings.add(nb.name, f"stale summary: clicked {name!r}, the picker's table shows {shown!r}", shot)
+        for problem in stale_text(nb.cells()[i_picker]["outputs"], name, None):
+            findings.add(nb.name, f"stale summary after clicking {name!r}: {problem}", shot)
+    # the advanced section: open it, change epochs
+    header = cell.locator('[class*="Collapse-header"], .p-Accordion-child .p-Collapse-header', has_text="advanced")
+    if header.count() == 0:
+        findings.add(nb.name, "the picker has no 'advanced' section", shot)
+    else:
+        box = cell.locator(".widget-text", has=page.locator("label", has_text=re.compile(r"^\s*epochs\s*$")))
+        field = box.locator("input").first
+        if not field.is_visible():  # ipywidgets 8 starts with the section closed, 7 with it open
+            header.first.click()
+        try:
+            field.wait_for(state="visible", timeout=10_000)
+            field.fill(str(epochs))
+            field.press("Enter")
+            field.evaluate("e => e.blur()")  # IntText commits on Enter (8) or on blur (7)
+        except Exception as err:
+            findings.add(nb.name, f"could not set the advanced epochs value: {str(err).splitlines()[0]}", shot)
+        table = wait_table(cell, "epochs", str(epochs))
+        if table.get("epochs") != str(epochs):
+            findings.add(
+                nb.name,
+                f"stale summary: epochs set to {epochs}, the picker's table shows {table.get('epochs')!r}",
+                shot,
+            )
+        for problem in stale_text(nb.cells()[i_picker]["outputs"], preset, epochs):
+            findings.add(nb.name, f"stale summary after setting epochs={epochs}: {problem}", shot)
+    time.sleep(0.5)
+    picker_shot = nb.shot_cells([i_picker], f"{nb.name}_picker.png")
+    nb.run_cell(i_setup)
+    text = "\n".join(output_text(o) for o in nb.cells()[i_setup]["outputs"])
+    used = re.search(r"^preset\s+(\S+)", text, re.M)
+    used_epochs = re.search(r"^epochs\s+(\d+)", text, re.M)
+    if not used or used.group(1) != preset or not used_epochs or int(used_epochs.group(1)) != epochs:
+        got = f"preset {used.group(1) if used else '?'}, epochs {used_epochs.group(1) if used_epochs else '?'}"
+        findings.add(nb.name, f"stale summary: the setup cell ran {got}, the picker showed {preset}/{epochs}", shot)
+    shot = nb.screenshot()
+    check_common(nb, findings, shot)
+    return shot, picker_shot
+
+
+def stop_reason_of(nb: Notebook) -> str | None:
+    for cell in nb.cells():
+        for output in cell["outputs"]:
+            m = re.search(r"stopped: (\w+)", output_text(output))
+            if m:
+                return m.group(1)
+    return None
+
+
+def small_png(src: Path, dst: Path, limit: int = 290_000) -> None:
+    """Copy a screenshot, shrinking it (palette, then scale) until it is under ``limit`` bytes."""
+    shutil.copyfile(src, dst)
+    if dst.stat().st_size <= limit:
+        return
+    from PIL import Image
+
+    img = Image.open(src).convert("RGB")
+    scale = 1.0
+    while True:
+        w, h = int(img.width * scale), int(img.height * scale)
+        im = img.resize((w, h), Image.LANCZOS) if scale < 1 else img
+        im.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(dst, optimize=True)
+        if dst.stat().st_size <= limit or scale < 0.4:
+            return
+        scale *= 0.85
+
+
+# ------------------------------------------------------------------------------------------------------- main
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for pkg in ("ipywidgets", "jupyterlab", "jupyterlab_widgets", "widgetsnbextension", "tqdm", "playwright"):
+        try:
+            found[pkg] = version(pkg)
+        except PackageNotFoundError:
+            found[pkg] = "-"
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="screenshots and logs (default: a new temp folder)")
+    ap.add_argument("--data", type=Path, help="a competition folder (default: python -m kitlib demo into the temp)")
+    ap.add_argument("--preset", default="smoke", help="the preset to end on and train with (default smoke)")
+    ap.add_argument("--model", default="tiny", help="the model parameter (default tiny: no download)")
+    ap.add_argument("--epochs", type=int, help="the advanced epochs value to set (default: the preset's + 1)")
+    ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per notebook run (default 900)")
+    ap.add_argument("--docs", action="store_true", help="copy the picker and 02 screenshots into docs/")
+    ap.add_argument("--keep", action="store_true", help="keep the temp folder (notebooks, work_dir)")
+    args = ap.parse_args(argv)
+
+    sys.path.insert(0, str(REPO))
+    from kitlib.notebook.presets import PRESETS
+
+    if args.preset not in PRESETS:
+        ap.error(f"--preset must be one of {list(PRESETS)}")
+    epochs = args.epochs or PRESETS[args.preset].epochs + 1
+    if not args.chromium:
+        print("no chromium found: apt-get install -y chromium, or pass --chromium PATH", file=sys.stderr)
+        return 2
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        print("playwright is not installed: run scripts/browser_check.sh (it makes the venv)", file=sys.stderr)
+        return 2
+
+    vers = versions()
+    label = f"ipywidgets {vers['ipywidgets']}, JupyterLab {vers['jupyterlab']}"
+    root = Path(tempfile.mkdtemp(prefix="kitlib-browser-"))
+    out = (args.out or root / "shots").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"versions: {vers}; chromium {args.chromium}; temp {root}; screenshots {out}")
+    findings = Findings(label)
+    t_start = time.perf_counter()
+    try:
+        data = args.data
+        if data is None:
+            data = root / "demo"
+            subprocess.run(
+                [sys.executable, "-m", "kitlib", "demo", str(data)], check=True, cwd=REPO, stdout=subprocess.DEVNULL
+            )
+        (root / "nb").mkdir()
+        work = root / "work"
+        for name in NOTEBOOKS:
+            dst = root / "nb" / f"{name}.ipynb"
+            shutil.copyfile(REPO / "notebooks" / f"{name}.ipynb", dst)
+            if name == "00_setup":
+                set_parameters(
+                    dst,
+                    {"data_dir": str(data.resolve()), "work_dir": str(work), "preset": args.preset,
+                     "model": args.model},
+                )  # fmt: skip
+            else:
+                set_parameters(dst, {"work_dir": str(work)})
+        shots: dict[str, str] = {}
+        with jupyterlab(root, out) as (base, token), sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=args.chromium, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
+            )
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            console = open(out / "browser-console.log", "w")  # noqa: SIM115
+            page.on("console", lambda m: console.write(f"{m.type}: {m.text}\n"))
+            page.on("pageerror", lambda e: console.write(f"pageerror: {e}\n"))
+            for name in NOTEBOOKS:
+                nb = Notebook(page, name, out, args.timeout)
+                t0 = time.perf_counter()
+                log(f"{name}: open")
+                nb.open(base, token)
+                if name == "00_setup":
+                    shots[name], shots["picker"] = drive_setup(nb, findings, args.preset, epochs)
+                else:
+                    nb.run_all()
+                    reason = stop_reason_of(nb) if name == "02_train" else None
+                    if name == "02_train":
+                        log(f"{name}: stopped: {reason}")
+                    shots[name] = nb.screenshot()
+                    check_common(nb, findings, shots[name], stop_reason=reason)
+                    if name == "02_train":
+                        page.evaluate("() => 0")
+                        bars = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .progress-bar").count()
+                        if bars == 0:
+                            findings.add(name, "no progress-bar widget drawn for training", shots[name])
+                        i_train = nb.index_of("stages.train(")
+                        plot = [i_train + 1] if i_train + 1 < len(nb.cells()) else []
+                        shots["train"] = nb.shot_cells([i_train, *plot], f"{name}_train.png")
+                log(f"{name}: done in {time.perf_counter() - t0:.0f} s (screenshot {shots[name]})")
+                nb.shutdown()
+            console.close()
+            browser.close()
+        if args.docs:
+            small_png(out / shots["picker"], REPO / "docs" / "browser_picker.png")
+            small_png(out / shots["train"], REPO / "docs" / "browser_train.png")
+            log("copied docs/browser_picker.png and docs/browser_train.png")
+    except Exception as err:
+        if not isinstance(err, CheckError):
+            import traceback
+
+            traceback.print_exc()
+        print(f"ERROR [{label}] the check could not run: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    finally:
+        if not args.keep:
+            shutil.rmtree(root / "nb", ignore_errors=True)
+            shutil.rmtree(root / "work", ignore_errors=True)
+            shutil.rmtree(root / "demo", ignore_errors=True)
+    took = time.perf_counter() - t_start
+    print(f"browser check [{label}, preset {args.preset}]: {len(findings.items)} finding(s) in {took:.0f} s; "
+          f"screenshots in {out}")  # fmt: skip
+    return 1 if findings.items else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Opt-in real-browser check of notebooks 00-03 (JupyterLab + Debian's headless chromium, driven by Playwright);
+# ~2-4 minutes, not run by scripts/test.sh or CI. See scripts/browser_check.py for what it checks.
+#
+#   bash scripts/browser_check.sh                              # ipywidgets as the Python has it (8.x)
+#   IPYWIDGETS=7.7.1 bash scripts/browser_check.sh             # ipywidgets 7.7.1 (Colab's) in its own venv
+#   bash scripts/browser_check.sh --preset fast                # the early-stopping path (~4-5 minutes)
+#   bash scripts/browser_check.sh --out shots --docs           # keep screenshots in ./shots, refresh docs/browser_*.png
+#   IPYWIDGETS=7.7.1 JUPYTERLAB=4 bash scripts/browser_check.sh  # 7.7.1 under JupyterLab 4: its widgets cannot draw
+#
+# Makes (once) a venv with --system-site-packages (torch and kitlib's dependencies come from the Python it is made
+# from: run scripts/install.sh first on a fresh machine) holding JupyterLab and Playwright's Python package; no
+# browser is downloaded: Debian's chromium is installed with apt when missing (as root). The venv lives in
+# $BROWSER_VENV (default: ~/.cache/kitlib-browser/venv-lab<3|4>-ipywidgets-<version or "latest">). The kernel imports this
+# checkout's kitlib (PYTHONPATH), never an installed one. Exit status: 0 clean, 1 findings (one "FAIL" line each),
+# 2 the check could not run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+PYTHON=${PYTHON:-python3}
+IPYWIDGETS=${IPYWIDGETS:-}
+
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else
+    echo "browser_check: no chromium; install Debian's (apt-get install chromium) or pass --chromium PATH" >&2
+    exit 2
+  fi
+fi
+
+# ipywidgets 7 kernels need the 7.x widget frontend (jupyterlab_widgets 1.x), which only JupyterLab 3 takes: JupyterLab
+# 4's frontend (jupyterlab_widgets 3) draws "Error displaying widget" for every ipywidgets 7 widget. JUPYTERLAB=4 with
+# IPYWIDGETS=7.x shows exactly that.
+case "$IPYWIDGETS" in
+  7.*) JUPYTERLAB=${JUPYTERLAB:-3} ;;
+  *) JUPYTERLAB=${JUPYTERLAB:-4} ;;
+esac
+if [ "$JUPYTERLAB" = 3 ]; then
+  want=("jupyterlab>=3.6,<4" "jupyterlab_widgets>=1.1,<2" playwright)
+else
+  want=("jupyterlab>=4,<5" "jupyterlab_widgets>=3,<4" playwright)
+fi
+want+=("ipywidgets${IPYWIDGETS:+==$IPYWIDGETS}")
+VENV=${BROWSER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kitlib-browser/venv-lab$JUPYTERLAB-ipywidgets-${IPYWIDGETS:-latest}}
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv --system-site-packages "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q "${want[@]}"
+"$VENV/bin/python" -c "import ipywidgets, jupyterlab; print('browser_check venv:', '$VENV', 'ipywidgets', ipywidgets.__version__, 'jupyterlab', jupyterlab.__version__)"
+
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$VENV/bin/python" scripts/browser_check.py "$@"
