@@ -23,14 +23,20 @@ def _stream_text(path: Path) -> str:
 
 
 def test_committed_notebooks_are_thin_runbooks_without_outputs() -> None:
+    installs = set()
     for name in NOTEBOOKS:
+        raw = json.loads((notebooks_dir() / name).read_text())
+        assert all("id" in c for c in raw["cells"]), f"{name}: a cell without an id (nbformat 4.5 requires one)"
         nb = nbformat.read(notebooks_dir() / name, as_version=4)
+        nbformat.validate(nb)
         code = [c for c in nb.cells if c.cell_type == "code"]
+        installs |= {c.source for c in code if "install" in c.metadata.get("tags", [])}
         assert all(not c.outputs and c.execution_count is None for c in code), f"{name} has outputs: strip them"
         assert "parameters" in code[0].metadata.get("tags", []), f"{name}: first code cell must be tagged parameters"
         assert not any(line.lstrip().startswith(("def ", "class ")) for c in code for line in c.source.splitlines()), (
             f"{name} defines functions: logic belongs in kitlib"
         )
+    assert len(installs) == 1, "every notebook installs kitlib with the same cell (each Kaggle kernel needs it)"
 
 
 def test_demo_end_to_end_headless_with_relative_paths_from_another_cwd(tmp_path: Path) -> None:
