@@ -43,8 +43,8 @@ def test_a_variable_that_contradicts_the_saved_parameters_names_both_values(tmp_
     with pytest.raises(SetupError, match=r"preset: params.json \(00_setup\) says 'smoke', KIT_PRESET says 'fast'.*"
                        r"re-run 00_setup with the new value, or unset KIT_PRESET"):  # fmt: skip
         stages.load_params(p.work_dir, environ={"KIT_PRESET": "fast"})
-    with pytest.raises(SetupError, match=r"data_dir: .* KIT_DATA_DIR says"):
-        stages.load_params(p.work_dir, environ={"KIT_DATA_DIR": str(tmp_path)})
+    moved = _competition(tmp_path / "moved")  # the data moved (a downloaded output, another mount): it may follow
+    assert stages.load_params(p.work_dir, environ={"KIT_DATA_DIR": str(moved)}).data_dir == moved
 
 
 def test_later_stages_without_00_name_it(tmp_path: Path) -> None:
@@ -63,14 +63,18 @@ def test_inputs_are_carried_forward_and_a_different_local_copy_is_kept(tmp_path:
     work = tmp_path / "working"
     (work / "features").mkdir(parents=True)
     (work / "features" / "a.npy").write_bytes(b"mine")
+    (work / "features.prev").mkdir()  # an older one the user kept: never overwritten
+    (work / "params.json").write_text('{"mine": 1}')
     upstream.chmod(0o555)  # as mounted: read-only
     try:
-        assert params_module.carry_forward([upstream], work) == ["params.json", "features"]
+        # folders first: a copy cut short never leaves a manifest naming files that are not there
+        assert params_module.carry_forward([upstream], work) == ["features", "params.json"]
         assert params_module.carry_forward([upstream], work) == []  # identical copies are kept as they are
     finally:
         upstream.chmod(0o755)
     assert (work / "features" / "a.npy").read_bytes() == b"new"
-    assert (work / "features.prev" / "a.npy").read_bytes() == b"mine"
+    assert (work / "features.prev-2" / "a.npy").read_bytes() == b"mine" and (work / "features.prev").is_dir()
+    assert (work / "params.json.prev").read_text() == '{"mine": 1}'
     assert not (work / "kitlib-cache").exists()
 
 

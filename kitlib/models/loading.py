@@ -145,7 +145,8 @@ def check_model_dir(model_dir: str | Path) -> Path:
         where = "does not exist" if not path.exists() else "has no config.json"
         raise MissingModelError(
             f"model {path} {where}: it must be a folder saved with save_pretrained (config.json + weights). Fix: "
-            "set model in the parameters cell (KIT_MODEL) to such a folder (on Kaggle: /kaggle/input/<dataset>/...), "
+            "set model in the parameters cell (KIT_MODEL) to such a folder (on Kaggle: "
+            "/kaggle/input/datasets/<owner>/<slug>/...), "
             "or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
         )
     return path

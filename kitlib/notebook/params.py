@@ -24,8 +24,9 @@ from kitlib.notebook.presets import DEFAULT_PRESET
 
 PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
-# What a later stage needs from earlier ones (in the order they are made); a Kaggle kernel carries them forward.
-HANDOFF = ("params.json", "run.json", "features.json", "features", RUN_NAME)
+# What a later stage needs from earlier ones; a Kaggle kernel carries them forward. Folders before the files that
+# name them (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
+HANDOFF = ("features", RUN_NAME, "params.json", "run.json", "features.json")
 ENV = {"preset": "KIT_PRESET", "task": "KIT_TASK", "data_dir": "KIT_DATA_DIR", "model": "KIT_MODEL"}
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
@@ -78,6 +79,8 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     env = os.environ if environ is None else environ
     values = absolute_parameters(values) | _from_environment(env, with_work_dir=True)
     values["data_dir"] = kaggle_input(Path(values["data_dir"]))
+    if Path(str(values.get("model", ""))).is_absolute():  # a model folder attached as a dataset: either layout
+        values["model"] = str(kaggle_input(Path(values["model"])))
     values["work_dir"] = Path(values["work_dir"])
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
     p = Params(**values)
@@ -92,15 +95,18 @@ def load_params(
     environ: Mapping[str, str] | None = None,
 ) -> Params:
     """01-03's parameters: what 00_setup saved in ``work_dir/params.json``, after carrying the earlier stages' files
-    forward from ``inputs``. A KIT_* variable that contradicts a saved value is an error naming both."""
+    forward from ``inputs``. A KIT_* variable that contradicts a saved value is an error naming both; KIT_DATA_DIR
+    may move the data (02 and 03 do not read it, and 01 checks it again)."""
     from kitlib.errors import MissingRunError, SetupError, damaged_file
     from kitlib.notebook.runbook import absolute_path
 
     env = os.environ if environ is None else environ
     work = Path(_from_environment(env, with_work_dir=True).get("work_dir") or absolute_path("work_dir", work_dir))
     folders = tuple(kaggle_input(Path(absolute_path("inputs", i))) for i in inputs)
-    carry_forward(folders, work)
-    path = work / PARAMS_FILE
+    # Everything that can fail is checked before the inputs are copied over what work_dir holds.
+    _check_writable(work)
+    _check_inputs(folders)
+    path = next((f / PARAMS_FILE for f in reversed(folders) if (f / PARAMS_FILE).is_file()), work / PARAMS_FILE)
     if not path.is_file():
         where = f" or in inputs {[str(f) for f in folders]}" if folders else ""
         raise MissingRunError(
@@ -110,9 +116,12 @@ def load_params(
     with damaged_file(path, "00_setup"):
         known = {f.name for f in dataclasses.fields(Params)} - {"work_dir", "inputs"}
         values = {k: v for k, v in json.loads(path.read_text()).items() if k in known}
+    overrides = _from_environment(env, with_work_dir=False)
+    if "data_dir" in overrides:
+        values["data_dir"] = overrides.pop("data_dir")
     clashes = [
         f"{name}: params.json (00_setup) says {values.get(name)!r}, {ENV[name]} says {value!r}"
-        for name, value in _from_environment(env, with_work_dir=False).items()
+        for name, value in overrides.items()
         if str(values.get(name)) != str(value)
     ]
     if clashes:
@@ -120,6 +129,7 @@ def load_params(
             f"{'; '.join(clashes)}. 01-03 use what 00_setup saved. Fix: re-run 00_setup with the new value, or unset "
             f"{', '.join(ENV[c.split(':')[0]] for c in clashes)}"
         )
+    carry_forward(folders, work)
     return params(environ={}, **values, work_dir=work, inputs=folders)
 
 
@@ -169,11 +179,18 @@ def _check_work_dir(work: Path, data: Path) -> None:
     fix = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
     if work.resolve() == data.resolve():
         raise SetupError(f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {fix}")
+    _check_writable(work)
+
+
+def _check_writable(work: Path) -> None:
+    from kitlib.errors import SetupError
+
+    fix = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
     if work.exists() and not work.is_dir():
         raise SetupError(f"work_dir {work} is a file, not a folder: {fix}")
     existing = next(d for d in (work, *work.parents) if d.exists())
-    if not os.access(existing, os.W_OK):
-        raise SetupError(f"work_dir {work} is not writable ({existing} is read-only for this user): {fix}")
+    if not os.access(existing, os.W_OK) or KAGGLE_INPUT in (work, *work.parents):
+        raise SetupError(f"work_dir {work} is not writable ({existing} is read-only): {fix}")
 
 
 # ------------------------------------------------------------------------------------------ Kaggle's read-only inputs
@@ -201,23 +218,31 @@ def carry_forward(inputs: Sequence[Path], work_dir: Path) -> list[str]:
     ``work_dir``; later inputs win, and a copy already identical is kept. Returns what was copied.
 
     Cost: one copy per item (the features and a checkpoint: tens to hundreds of MB, seconds). A different local
-    folder is kept as ``<name>.prev/``, never deleted outright.
+    file or folder is kept aside (``keep_aside``), never deleted.
     """
+    from kitlib._files import explain_disk_full
+
+    _check_inputs(inputs)
+    copied = []
+    for folder in inputs:
+        for name in HANDOFF:
+            source, target = folder / name, work_dir / name
+            if source.exists() and not _same(source, target):
+                with explain_disk_full(target, "a copy of the earlier stage's"):
+                    _replace_with_copy(source, target)
+                copied.append(name)
+    return copied
+
+
+def _check_inputs(inputs: Sequence[Path]) -> None:
     from kitlib.errors import MissingRunError
 
-    copied = []
     for folder in inputs:
         if not folder.is_dir():
             raise MissingRunError(
                 f"input {folder} does not exist: attach the earlier kernel's output to this one (kernel_sources) or "
                 "fix inputs in the parameters cell"
             )
-        for name in HANDOFF:
-            source, target = folder / name, work_dir / name
-            if source.exists() and not _same(source, target):
-                _replace_with_copy(source, target)
-                copied.append(name)
-    return copied
 
 
 def _listing(path: Path) -> list[tuple[str, int, int]]:
@@ -235,14 +260,21 @@ def _same(source: Path, target: Path) -> bool:
 
 def _replace_with_copy(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    if source.is_file():
-        write_atomic(target, source.read_bytes())
-        return
     incoming = target.with_name(f".{target.name}.incoming")
     shutil.rmtree(incoming, ignore_errors=True)
-    shutil.copytree(source, incoming)
+    if source.is_file():
+        shutil.copy2(source, incoming)
+    else:
+        shutil.copytree(source, incoming)
     if target.exists():
-        previous = target.with_name(f"{target.name}.prev")
-        shutil.rmtree(previous, ignore_errors=True)
-        target.rename(previous)
+        keep_aside(target)
     incoming.rename(target)
+
+
+def keep_aside(path: Path) -> Path:
+    """Rename ``path`` to the first free ``<name>.prev``, ``<name>.prev-2``, ... beside it (nothing is overwritten)."""
+    n = 1
+    while (aside := path.with_name(f"{path.name}.prev" + (f"-{n}" if n > 1 else ""))).exists():
+        n += 1
+    path.rename(aside)
+    return aside

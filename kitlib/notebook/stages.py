@@ -20,7 +20,7 @@ import numpy as np
 from kitlib._files import record_file, write_atomic
 from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
-from kitlib.notebook.params import RUN_NAME, Params, load_params, params  # noqa: F401 (the stages' public face)
+from kitlib.notebook.params import RUN_NAME, Params, keep_aside, load_params, params  # noqa: F401 (public face)
 from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
@@ -338,6 +338,11 @@ def _stage(p: Params, cfg: TrainConfig) -> bool:
     if saved == inputs and checkpoint.latest(staging, "last") is not None:
         print(f"continuing the interrupted run in {staging} from its last checkpoint (same config, same features)")
         return True
+    if saved is not None and checkpoint.latest(staging, "last") is not None:  # resumable, but not this run: kept
+        changed = sorted(k for k in inputs["config"] if inputs["config"][k] != saved.get("config", {}).get(k))
+        why = f"config: {', '.join(changed)}" if changed else "the features changed (01 ran again)"
+        aside = keep_aside(staging)
+        print(f"an interrupted run with other inputs ({why}) was not continued: kept as {aside}; this run starts fresh")
     shutil.rmtree(staging, ignore_errors=True)
     write_atomic(staging / INPUTS_FILE, json.dumps(inputs, indent=1) + "\n")
     return False
@@ -445,7 +450,9 @@ def infer(
     device = torch.device(precision.plan.device_type)
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
-    for run_dir in run_dirs or [p.run_dir]:
+    from kitlib.notebook.params import kaggle_input
+
+    for run_dir in [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]:
         checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
         predictions.append(
             predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task,
@@ -479,6 +486,8 @@ def _trained_checkpoint(run_dir: Path, p: Params) -> Path:
                 "Fix: run notebooks/02_train.ipynb again; it continues from there"
             )
         raise MissingRunError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
+    if run_dir != p.run_dir:  # an extra run to ensemble (another seed or machine): the strict restore checks shapes
+        return found
     try:
         trained_on = json.loads((run_dir / INPUTS_FILE).read_text())["features"]
     except (OSError, ValueError, KeyError):
