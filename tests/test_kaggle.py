@@ -102,6 +102,7 @@ def test_build_writes_valid_chained_kernels(notebooks: Path, tmp_path: Path) -> 
     # ... and its parameters cell says where Kaggle mounts it, the data and the wheels
     cells = [_parameters(f) for f in folders]
     assert cells[0]["data_dir"] == "/kaggle/input/competitions/some-comp"
+    assert cells[0]["hardware"] == "2xT4"  # 00/01 run on CPU: they plan for the T4 x2 that 02 gets
     assert all(c["wheels_dir"] == "/kaggle/input/datasets/someuser/kitlib-wheels" for c in cells)
     assert all(c["work_dir"] == "/kaggle/working" for c in cells)
     assert [c.get("inputs") for c in cells] == [None, *([f"/kaggle/input/notebooks/{i}"] for i in ids[:3])]

@@ -97,3 +97,17 @@ def test_kaggle_inputs_are_found_in_either_mount_layout(
     assert params_module.kaggle_input(root / given) == root / mounted
     assert params_module.kaggle_input(root / "nowhere") == root / "nowhere"  # left for the caller's error
     assert params_module.kaggle_input(tmp_path / "local") == tmp_path / "local"
+
+
+def test_a_chain_plans_for_the_accelerator_02_gets_and_02_checks_it_has_it(tmp_path: Path, cpu_hw) -> None:
+    """A Kaggle chain runs 00/01 on CPU and gives 02/03 the T4 x2: run.json must be planned for the T4 x2."""
+    p = stages.params(environ={}, data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work",
+                      preset="balanced", model="tiny", text="review", target="sentiment", hardware="2xT4")  # fmt: skip
+    run = stages.setup(p, cpu_hw)
+    assert (run.world_size, run.config.precision) == (2, "fp16") and "T4" in run.hardware
+    feats = stages.features(p, hw=cpu_hw, quiet=True)  # 01 re-fits to the data, still for the T4 x2
+    assert (feats.run.world_size, feats.run.config.precision) == (2, "fp16")
+    with pytest.raises(SetupError, match=r"planned for .*T4.*hardware = '2xT4'.*this machine has 0 GPU.*--gpu"):
+        stages.train(stages.load_params(p.work_dir, environ={}), hw=cpu_hw)
+    with pytest.raises(SetupError, match=r"hardware = 'T5'.*unknown profile"):
+        stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, hardware="T5")

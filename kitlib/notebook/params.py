@@ -48,6 +48,9 @@ class Params:
     train_file: str = "train.csv"
     test_file: str = "test.csv"
     sample_submission: str = "sample_submission.csv"
+    # Plan precision, processes and batch for this accelerator (a kitlib.machine.hardware.fake_profile name, e.g.
+    # "2xT4") instead of the machine 00 and 01 run on: a Kaggle chain gives only 02 and 03 the GPU. "" = this one.
+    hardware: str = ""
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
 
     @property
@@ -157,12 +160,20 @@ def _check(p: Params) -> None:
     if p.task not in get_args(Task):
         raise SetupError(f"task = {p.task!r} is not one of {list(get_args(Task))}: fix it in the parameters cell")
     for f in dataclasses.fields(p):
-        if f.name in ("data_dir", "work_dir", "task", "inputs"):
+        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware"):
             continue
         value, kind = getattr(p, f.name), int if f.name == "seed" else str
         if not isinstance(value, kind) or isinstance(value, bool) or value == "":
             wanted = "a whole number" if kind is int else "a non-empty string"
             raise SetupError(f"{f.name} = {value!r} is not {wanted}: fix it in the parameters cell")
+    if p.hardware:
+        from kitlib.machine.hardware import fake_profile
+
+        try:
+            fake_profile(p.hardware)
+        except ValueError as err:
+            fix = "or '' (this machine), in the parameters cell"
+            raise SetupError(f"hardware = {p.hardware!r}: {err}; {fix}") from None
     if not p.data_dir.is_dir():
         problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
         raise MissingDataError(

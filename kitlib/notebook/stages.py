@@ -51,7 +51,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
-    run = resolved or presets.resolve(p.preset, hw)
+    run = resolved or presets.resolve(p.preset, planning_hw(p, hw))
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
@@ -123,6 +123,34 @@ def _read_train(p: Params) -> pd.DataFrame:
     return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=p.task)
 
 
+def planning_hw(p: Params, hw: HardwareInfo) -> HardwareInfo:
+    """The machine 02 will train on: this one, or the accelerator the ``hardware`` parameter names."""
+    from kitlib.machine.hardware import fake_profile
+
+    return fake_profile(p.hardware, platform=hw.platform, interactive=hw.interactive) if p.hardware else hw
+
+
+def _check_planned_hardware(p: Params, feats: Features, hw: HardwareInfo | None) -> None:
+    """02 and 03 on the accelerator run.json was planned for: a chain kernel without it would train (or predict)
+    with settings made for another machine. Without ``hw``, counts GPUs the way that does not initialise CUDA (a
+    DDP launch must follow in a process that has not touched it)."""
+    import torch
+
+    from kitlib.errors import SetupError
+    from kitlib.machine.hardware import fake_profile
+
+    if not p.hardware:
+        return
+    planned = fake_profile(p.hardware)
+    gpus = hw.num_gpus if hw is not None else torch.cuda.device_count()
+    if planned.num_gpus != gpus:
+        raise SetupError(
+            f"run.json was planned for {feats.run.hardware} (hardware = {p.hardware!r} in 00's parameters), but this "
+            f"machine has {gpus} GPU(s). Fix: give this kernel that accelerator (kaggle build --gpu), or set "
+            "hardware = '' in 00 and re-run 00 and 01 on this machine"
+        )
+
+
 def _check_model(p: Params) -> None:
     """The model the parameters name must be there (found in 00, not after 01's reading): a saved model folder, or
     for "auto" the installed all-MiniLM-L6-v2."""
@@ -174,7 +202,11 @@ def features(
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
     if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
         run = presets.resolve(
-            run.preset, hw or detect(), lengths=full.lengths, overrides=run.overrides, world_size=run.world_size
+            run.preset,
+            planning_hw(p, hw or detect()),
+            lengths=full.lengths,
+            overrides=run.overrides,
+            world_size=run.world_size,
         )
     _check_enough_rows(train[p.target], task, run, p)
     max_length = run.config.max_length or min(cap, 512)
@@ -288,6 +320,7 @@ def train(
     features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
     """
     feats = feats or load_features(p)
+    _check_planned_hardware(p, feats, hw)
     resume = _stage(p, _train_config(p, feats))  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.machine.distributed import launch
@@ -446,6 +479,7 @@ def infer(
 
     hw = hw or detect()
     feats = feats or load_features(p)
+    _check_planned_hardware(p, feats, hw)
     precision = Precision(decide_precision(hw, feats.run.config.precision))
     device = torch.device(precision.plan.device_type)
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight

@@ -127,6 +127,8 @@ def build_kernels(
         "wheels_dir": mount_path("datasets", wheels_dataset) if wheels_dataset else "",
     }
     first = {**common, "data_dir": data, **(parameters or {})}
+    if not single and "hardware" not in first and _gpu_only_from_training(notebooks, gpu):
+        first["hardware"] = "2xT4"  # 00/01 on CPU plan precision, processes and batch for 02's T4 x2
 
     def meta_for(name: str, use_gpu: bool, kernel_sources: list[str]) -> dict[str, Any]:
         slug = slugify(f"{slug_prefix}-{name}")
@@ -173,6 +175,14 @@ def build_kernels(
         (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         folders.append(folder)
     return folders
+
+
+def _gpu_only_from_training(notebooks: Sequence[Path], gpu: bool | Collection[str]) -> bool:
+    """True when 02 (training) gets the GPU and 00 does not: 00 must then plan for a machine it is not on."""
+    if isinstance(gpu, bool):
+        return False
+    has = {n.stem[:2]: n.stem in gpu or n.stem[:2] in gpu for n in notebooks}
+    return has.get("02", False) and not has.get("00", False)
 
 
 def _tags(cell: Mapping[str, Any]) -> list[str]:
