@@ -262,15 +262,24 @@ def test_push_command_line(notebooks: Path, tmp_path: Path) -> None:
 def test_a_chain_is_pushed_in_order_each_after_the_last_completed(notebooks: Path, tmp_path: Path) -> None:
     folders = _build(notebooks, tmp_path / "kaggle", competition="some-comp")
     done = 'someuser/x has status "KernelWorkerStatus.COMPLETE"'
-    runner = FakeRunner(*[(0, "pushed", ""), (0, done, "")] * 4)  # push, status, push, status, ...
+    running = 'someuser/x has status "KernelWorkerStatus.RUNNING"'
+    # each push: the previous version's stale "complete", then the new run, then its end
+    runner = FakeRunner(*[(0, "pushed", ""), (0, done, ""), (0, running, ""), (0, done, "")] * 4)
     states = kg.push_chain(folders, runner=runner, sleep=lambda s: None)
     assert [s.state for s in states] == ["complete"] * 4
     pushed = [c[-1] for c in runner.commands if c[:3] == ["kaggle", "kernels", "push"]]
     assert pushed == [str(f) for f in folders]
     kinds = [c[2] for c in runner.commands]
-    assert kinds == ["push", "status"] * 4  # never two pushes without a finished run between them
+    assert kinds == ["push", "status", "status", "status"] * 4  # a stale "complete" never starts the next kernel
+    now = iter(range(0, 10_000, 100))  # a kernel too quick to be seen running: its "complete" counts after grace_s
+    runner = FakeRunner(*[(0, "pushed", ""), (0, done, ""), (0, done, ""), (0, done, "")] * 4)
+    kg.push_chain(folders, runner=runner, sleep=lambda s: None, clock=lambda: next(now), grace_s=150)
+    assert [c[2] for c in runner.commands][:4] == ["push", "status", "status", "push"]
     failed = 'someuser/x has status "KernelWorkerStatus.ERROR"\nFailure message: "CUDA out of memory"'
-    runner = FakeRunner((0, "pushed", ""), (0, done, ""), (0, "pushed", ""), (0, failed, ""), (0, "pushed", ""))
+    runner = FakeRunner(
+        (0, "pushed", ""), (0, running, ""), (0, done, ""), (0, "pushed", ""), (0, running, ""), (0, failed, ""),
+        (0, "pushed", ""),
+    )  # fmt: skip
     with pytest.raises(kg.KaggleCLIError, match=r"kit-01-features ended error: CUDA out of memory; the kernels after"):
         kg.push_chain(folders, runner=runner, sleep=lambda s: None)
     assert len([c for c in runner.commands if c[2] == "push"]) == 2

@@ -576,18 +576,32 @@ def push_chain(
     *,
     timeout_s: float = 9 * 3600,
     poll_s: float = 30.0,
+    grace_s: float = 180.0,
     runner: Runner | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[KernelStatus]:
     """Push the kernels in order, each after the previous one completed (a kernel reads the latest version of the
     kernels it mounts, so 01 must not start before 00's new output exists). Stops at the first kernel that does not
-    complete: a KaggleCLIError naming it, its failure message, and how to read its log."""
+    complete: a KaggleCLIError naming it, its failure message, and how to read its log.
+
+    ``kaggle kernels status`` names no version: right after a push it may still report the previous version's
+    "complete". So a finished state counts only after the new run was seen queued or running, or after ``grace_s``
+    (a kernel takes longer than that to be scheduled, start a container and finish).
+    """
     done = []
     for folder in folders:
         kernel_id = json.loads((Path(folder) / METADATA_FILE).read_text())["id"]
         push(folder, runner=runner)
-        current = status(kernel_id, timeout_s=timeout_s, poll_s=poll_s, runner=runner, sleep=sleep, clock=clock)
+        start, seen_new_run = clock(), False
+        while True:
+            current = status(kernel_id, runner=runner)
+            seen_new_run = seen_new_run or not current.done
+            if current.done and (seen_new_run or clock() - start >= grace_s):
+                break
+            if clock() - start > timeout_s:
+                raise TimeoutError(f"{kernel_id} is still {current.state} after {timeout_s:.0f} s; the chain stopped")
+            sleep(poll_s if seen_new_run else min(poll_s, 10.0))  # a stale answer is re-asked sooner
         done.append(current)
         if not current.ok:
             reason = f": {current.failure_message}" if current.failure_message else ""
