@@ -111,3 +111,16 @@ def test_a_chain_plans_for_the_accelerator_02_gets_and_02_checks_it_has_it(tmp_p
         stages.train(stages.load_params(p.work_dir, environ={}), hw=cpu_hw)
     with pytest.raises(SetupError, match=r"hardware = 'T5'.*unknown profile"):
         stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, hardware="T5")
+
+
+def test_03_refuses_features_of_another_test_set(tmp_path: Path, cpu_hw) -> None:
+    """A code competition reruns the submitted kernel with the hidden test.csv: 03 must not predict the old rows."""
+    p = stages.params(environ={}, data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work",
+                      preset="smoke", model="tiny", text="review", target="sentiment")  # fmt: skip
+    stages.setup(p, cpu_hw)
+    stages.features(p, hw=cpu_hw, quiet=True)
+    stages.load_features(p)  # the same test.csv: fine
+    hidden = pd.read_csv(p.data_dir / "test.csv").assign(id=lambda f: f["id"] + 1000)
+    hidden.to_csv(p.data_dir / "test.csv", index=False)
+    with pytest.raises(MissingRunError, match=r"test.csv changed after features.json was built.*kaggle build --single"):
+        stages.load_features(p)

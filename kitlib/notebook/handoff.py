@@ -174,8 +174,16 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
 
 def _check_built_from(saved: Mapping[str, Any], now: Mapping[str, Any], path: Path) -> None:
     changed = [k for k in now if str(saved.get(k)) != str(now[k])]
+    if now.get("test_sha256") is None or saved.get("test_sha256") is None:  # data not here (02 does not need it)
+        changed = [k for k in changed if k != "test_sha256"]
     if not changed:
         return
+    if "test_sha256" in changed:
+        raise MissingRunError(
+            f"test.csv changed after {path.name} was built: its rows are not the ones 01 tokenized (a code "
+            "competition's rerun swaps in the hidden test set). Fix: re-run notebooks/01_features.ipynb; for a code "
+            "competition, submit the single kernel (python -m kitlib kaggle build --single), which re-reads test.csv"
+        )
     if "run_json_sha256" in changed:
         raise MissingRunError(
             f"run.json changed after {path.name} was built (00_setup ran again, e.g. with another preset): "
