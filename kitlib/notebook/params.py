@@ -30,6 +30,7 @@ HANDOFF = ("features", RUN_NAME, "params.json", "run.json", "features.json")
 ENV = {"preset": "KIT_PRESET", "task": "KIT_TASK", "data_dir": "KIT_DATA_DIR", "model": "KIT_MODEL"}
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
+_WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
 
 
 @dataclass(frozen=True)
@@ -148,9 +149,7 @@ def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[st
     for name, var in PATH_PARAMETERS.items():
         if env.get(var) and (with_work_dir or name != "work_dir"):
             found[name] = absolute_path(name, env[var], shell_dir)
-    if "data_dir" in found:
-        found["data_dir"] = str(kaggle_input(Path(found["data_dir"])))
-    return found
+    return found  # params() finds data_dir in either Kaggle mount layout
 
 
 # -------------------------------------------------------------------------------------------------------- checks
@@ -187,21 +186,21 @@ def _check_work_dir(work: Path, data: Path) -> None:
     """Fail in the first cell, not after training: kitlib writes run.json, features, checkpoints there."""
     from kitlib.errors import SetupError
 
-    fix = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
     if work.resolve() == data.resolve():
-        raise SetupError(f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {fix}")
+        raise SetupError(
+            f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {_WORK_DIR_FIX}"
+        )
     _check_writable(work)
 
 
 def _check_writable(work: Path) -> None:
     from kitlib.errors import SetupError
 
-    fix = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
     if work.exists() and not work.is_dir():
-        raise SetupError(f"work_dir {work} is a file, not a folder: {fix}")
+        raise SetupError(f"work_dir {work} is a file, not a folder: {_WORK_DIR_FIX}")
     existing = next(d for d in (work, *work.parents) if d.exists())
     if not os.access(existing, os.W_OK) or KAGGLE_INPUT in (work, *work.parents):
-        raise SetupError(f"work_dir {work} is not writable ({existing} is read-only): {fix}")
+        raise SetupError(f"work_dir {work} is not writable ({existing} is read-only): {_WORK_DIR_FIX}")
 
 
 # ------------------------------------------------------------------------------------------ Kaggle's read-only inputs

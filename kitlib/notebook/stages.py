@@ -373,10 +373,11 @@ def _stage(p: Params, cfg: TrainConfig) -> bool:
         saved = json.loads((staging / INPUTS_FILE).read_text())
     except (OSError, ValueError):
         saved = None
-    if saved == inputs and checkpoint.latest(staging, "last") is not None:
+    resumable = checkpoint.latest(staging, "last") is not None
+    if saved == inputs and resumable:
         print(f"continuing the interrupted run in {staging} from its last checkpoint (same config, same features)")
         return True
-    if saved is not None and checkpoint.latest(staging, "last") is not None:  # resumable, but not this run: kept
+    if saved is not None and resumable:  # resumable, but not this run: kept
         changed = sorted(k for k in inputs["config"] if inputs["config"][k] != saved.get("config", {}).get(k))
         why = f"config: {', '.join(changed)}" if changed else "the features changed (01 ran again)"
         aside = keep_aside(staging)

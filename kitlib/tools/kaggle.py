@@ -156,11 +156,11 @@ def build_kernels(
 
     if single:
         nb = _single_notebook(notebooks, {**first, "inputs": [], "run_dirs": []})
-        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME.replace("_", "-"), gpu is not False, []))]
+        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME, gpu is not False, []))]  # slug kit-all-stages
     else:
         kernels = []
         for notebook in notebooks:
-            use_gpu = gpu if isinstance(gpu, bool) else notebook.stem in gpu or notebook.stem[:2] in gpu
+            use_gpu = _wants_gpu(notebook.stem, gpu)
             earlier = [m["id"] for _, _, m in kernels]
             mounted = earlier if chain == "all" else earlier[-1:]
             values = first if not kernels else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
@@ -170,18 +170,23 @@ def build_kernels(
     for name, nb, meta in kernels:
         folder = Path(out_dir) / name
         folder.mkdir(parents=True, exist_ok=True)
-        meta["code_file"] = f"{name}.ipynb"
         (folder / meta["code_file"]).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         folders.append(folder)
     return folders
 
 
+def _wants_gpu(stem: str, gpu: bool | Collection[str]) -> bool:
+    """Whether notebook ``stem`` ("02_train") gets T4 x2: ``gpu`` is True/False for all, or names them ("02_train"
+    or "02")."""
+    return gpu if isinstance(gpu, bool) else stem in gpu or stem[:2] in gpu
+
+
 def _gpu_only_from_training(notebooks: Sequence[Path], gpu: bool | Collection[str]) -> bool:
     """True when 02 (training) gets the GPU and 00 does not: 00 must then plan for a machine it is not on."""
     if isinstance(gpu, bool):
         return False
-    has = {n.stem[:2]: n.stem in gpu or n.stem[:2] in gpu for n in notebooks}
+    has = {n.stem[:2]: _wants_gpu(n.stem, gpu) for n in notebooks}
     return has.get("02", False) and not has.get("00", False)
 
 
@@ -549,18 +554,26 @@ def status(
     *,
     timeout_s: float = 0.0,
     poll_s: float = 30.0,
+    stale_s: float = 0.0,
     runner: Runner | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> KernelStatus:
     """The kernel's status; with ``timeout_s`` > 0, poll every ``poll_s`` until it is done (complete, error,
-    cancelled) and raise TimeoutError if it is still going after ``timeout_s``."""
+    cancelled) and raise TimeoutError if it is still going after ``timeout_s``.
+
+    ``stale_s`` (right after a push): the CLI names no version, so it may still report the previous version's end.
+    A finished state then counts only once the new run was seen queued or running, or ``stale_s`` has passed.
+    """
     run = runner or _run
     command = ["kaggle", "kernels", "status", kernel_id]
-    deadline = clock() + timeout_s
+    start = clock()
+    deadline, seen_running = start + timeout_s, False
     while True:
         current = parse_status(kernel_id, _check(run(command), command))
-        if current.done or timeout_s <= 0:
+        seen_running = seen_running or not current.done
+        settled = seen_running or clock() - start >= stale_s
+        if (current.done and settled) or timeout_s <= 0:
             return current
         left = deadline - clock()
         if left <= 0:
@@ -568,7 +581,8 @@ def status(
                 f"{kernel_id} is still {current.state} after {timeout_s:.0f} s; poll again with "
                 f"`python -m kitlib kaggle status {kernel_id} --wait SECONDS`"
             )
-        sleep(min(poll_s, left))  # a status call is one HTTPS request; 30 s keeps a 9 h run to ~1,000 of them
+        # a status call is one HTTPS request; 30 s keeps a 9 h run to ~1,000 of them. A stale answer: ask sooner.
+        sleep(min(poll_s if settled else min(poll_s, 10.0), left))
 
 
 def push_chain(
@@ -593,15 +607,9 @@ def push_chain(
     for folder in folders:
         kernel_id = json.loads((Path(folder) / METADATA_FILE).read_text())["id"]
         push(folder, runner=runner)
-        start, seen_new_run = clock(), False
-        while True:
-            current = status(kernel_id, runner=runner)
-            seen_new_run = seen_new_run or not current.done
-            if current.done and (seen_new_run or clock() - start >= grace_s):
-                break
-            if clock() - start > timeout_s:
-                raise TimeoutError(f"{kernel_id} is still {current.state} after {timeout_s:.0f} s; the chain stopped")
-            sleep(poll_s if seen_new_run else min(poll_s, 10.0))  # a stale answer is re-asked sooner
+        current = status(
+            kernel_id, timeout_s=timeout_s, poll_s=poll_s, stale_s=grace_s, runner=runner, sleep=sleep, clock=clock
+        )
         done.append(current)
         if not current.ok:
             reason = f": {current.failure_message}" if current.failure_message else ""
