@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Iterator
@@ -19,6 +20,11 @@ LENGTHS = [20] * 90 + [60] * 10
 def displayed(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Everything passed to IPython's display()."""
     import IPython.display
+
+    # ipywidgets 7 binds `from IPython.display import display` when first imported: imported for the first time
+    # under this patch (pytest --reverse order), every later widget would "display" into this list, not the shell.
+    with contextlib.suppress(ImportError):
+        import ipywidgets  # noqa: F401
 
     calls: list[Any] = []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: calls.extend(objs))
