@@ -19,6 +19,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"models"}),
     frozenset({"data", "engine"}),  # siblings: neither may import the other
     frozenset({"doctor"}),
+    frozenset({"tasks"}),
     frozenset({"notebook"}),
     frozenset({"tools"}),
     frozenset({"cli", "__main__", "__init__"}),

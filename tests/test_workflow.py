@@ -104,14 +104,20 @@ def test_a_run_resolved_for_two_devices_trains_in_two_ddp_workers(tmp_path: Path
 
 def test_best_checkpoint_follows_the_task_metric_when_every_epoch_computes_it() -> None:
     from kitlib.config import TrainConfig
-    from kitlib.data.tables import infer_task
+    from kitlib.tasks.metrics import get_metric
 
-    labels, numbers = infer_task(pd.Series([0, 1, 0, 1])), infer_task(pd.Series([0.5, 1.5, 2.25, 3.0]))
+    labels, numbers, smape = (
+        get_metric("auto", "binary"),
+        get_metric("auto", "regression"),
+        get_metric("smape", "regression"),
+    )
     every_epoch = TrainConfig(full_eval_every=1)
     chosen = workflow._monitor_task_metric(every_epoch, labels)
     assert (chosen.monitor, chosen.mode) == ("accuracy", "max")
     chosen = workflow._monitor_task_metric(every_epoch, numbers)
     assert (chosen.monitor, chosen.mode) == ("rmse", "min")
+    chosen = workflow._monitor_task_metric(every_epoch, smape)
+    assert (chosen.monitor, chosen.mode) == ("smape", "min")
     at_end_only = TrainConfig(full_eval_every=0)  # epochs without the metric: the loss decides
     assert workflow._monitor_task_metric(at_end_only, labels) == at_end_only
     by_hand = TrainConfig(full_eval_every=1, monitor="train_loss")
@@ -344,8 +350,12 @@ def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, 
     [
         (lambda f: f.iloc[:6], r"train.csv has 6 rows: after holding out 1 for validation, 5 are left, fewer than one"),
         (
-            lambda f: f.assign(label=[f"c{i}" for i in range(len(f))]).iloc[:24],
-            r"class 'c\d+' has 1 row \(24 class\(es\) with fewer than 2",
+            lambda f: f.assign(label=[f"c{i % 20}" for i in range(len(f))]).iloc[:24],
+            r"class 'c\d+' has 1 row \(16 class\(es\) with fewer than 2",
+        ),
+        (  # a text-to-SQL table: nearly every target its own text, never read as 30+ classes of one row
+            lambda f: f.assign(label=[f"SELECT name FROM t WHERE id = {i}" for i in range(len(f))]),
+            r"holds \d+ distinct texts over \d+ rows .*not classes.*task = 'classify' if these really are class names",
         ),
     ],
 )

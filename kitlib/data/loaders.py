@@ -45,7 +45,14 @@ class TokenDataset(Dataset[Any]):
     pages (refcounts), numpy buffers stay shared. Items are ``(ids, label)``, or ``ids`` alone without labels.
     """
 
-    def __init__(self, tokens: Any, labels: Sequence[Any] | np.ndarray | None = None, *, pad_id: int = 0) -> None:
+    def __init__(
+        self,
+        tokens: Any,
+        labels: Sequence[Any] | np.ndarray | None = None,
+        *,
+        pad_id: int = 0,
+        side: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
         ids, offsets = getattr(tokens, "ids", None), getattr(tokens, "offsets", None)
         if ids is None or offsets is None:
             seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in tokens]
@@ -57,6 +64,12 @@ class TokenDataset(Dataset[Any]):
         self.pad_id = pad_id
         if self.labels is not None and len(self.labels) != len(self):
             raise ValueError(f"{len(self.labels)} labels for {len(self)} token rows: they must match one to one")
+        # Per-row inputs besides the tokens (a task's numeric features, category ids): items become mappings and
+        # the collator stacks them under their names, so ``model(**batch)`` receives them.
+        self.side = dict(side or {})
+        for name, array in self.side.items():
+            if len(array) != len(self):
+                raise ValueError(f"side input {name!r} has {len(array)} rows for {len(self)} token rows")
 
     @property
     def lengths(self) -> np.ndarray:
@@ -67,6 +80,9 @@ class TokenDataset(Dataset[Any]):
 
     def __getitem__(self, index: int) -> Any:
         row = self.ids[self.offsets[index] : self.offsets[index + 1]]
+        if self.side:
+            labels = {} if self.labels is None else {"labels": self.labels[index]}
+            return {"input_ids": row, **labels, **{k: v[index] for k, v in self.side.items()}}
         return row if self.labels is None else (row, self.labels[index])
 
 
@@ -93,7 +109,11 @@ class PaddingCollator:
     def __call__(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
         rows: list[np.ndarray] = []
         labels: list[Any] = []
+        side: dict[str, list[Any]] = {}
         for item in items:
+            if isinstance(item, Mapping):  # fixed-size per-row inputs besides the tokens, stacked as they are
+                for name in item.keys() - {"input_ids", "labels", "label"}:
+                    side.setdefault(name, []).append(item[name])
             ids, label = _split_item(item)
             row = np.asarray(ids).reshape(-1)
             if self.max_length is not None and len(row) > self.max_length:
@@ -113,6 +133,7 @@ class PaddingCollator:
         if any(label is not None for label in labels):
             arr = np.asarray(labels)
             batch["labels"] = torch.from_numpy(arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64))
+        batch |= {name: torch.from_numpy(np.stack(values)) for name, values in side.items()}
         return batch
 
 

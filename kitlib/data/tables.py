@@ -10,7 +10,7 @@ fix; nothing is cached or trained on a table that failed here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -170,14 +170,21 @@ class TaskSpec:
     kind: TaskKind
     num_labels: int  # model outputs: classes, or 1 for regression
     classes: tuple[Any, ...] = ()  # original label of each code 0..k-1; empty for regression
+    # Regression only: what the model learns is (log1p(y) if log else y), minus center, over scale; ``decode`` inverts
+    # it. Standardised targets keep MSE's gradients O(1) whatever the units (a price in dollars trained raw gave
+    # constant or negative predictions); the log turns a heavy tail into errors relative to the value.
+    log: bool = False
+    center: float = 0.0
+    scale: float = 1.0
 
     def encode(self, values: pd.Series | Sequence[Any]) -> np.ndarray:
-        """Labels -> int64 codes (classification) or float32 targets (regression)."""
+        """Labels -> int64 codes (classification) or float32 targets (regression, transformed as the spec says)."""
         import pandas as pd
 
         series = pd.Series(values)
         if self.kind == "regression":
-            return series.to_numpy(dtype=np.float32)
+            y = series.to_numpy(dtype=np.float64)
+            return (((np.log1p(y) if self.log else y) - self.center) / self.scale).astype(np.float32)
         mapping = {c: i for i, c in enumerate(self.classes)}
         codes = series.map(mapping)
         if codes.isna().any():
@@ -188,14 +195,21 @@ class TaskSpec:
         return codes.to_numpy(dtype=np.int64)
 
     def decode(self, codes: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Codes -> original labels (identity for regression)."""
+        """Codes -> original labels; model outputs -> values in the target's units (regression)."""
         if self.kind == "regression":
-            return np.asarray(codes)
+            y = np.asarray(codes, dtype=np.float64) * self.scale + self.center
+            return np.expm1(y) if self.log else y
         return np.asarray(self.classes, dtype=object)[np.asarray(codes, dtype=np.int64)]
 
     def to_dict(self) -> dict[str, Any]:
         classes = [c.item() if isinstance(c, np.generic) else c for c in self.classes]  # JSON-safe
-        return {"kind": self.kind, "num_labels": self.num_labels, "classes": classes}
+        transform = {"log": self.log, "center": self.center, "scale": self.scale} if self.kind == "regression" else {}
+        return {"kind": self.kind, "num_labels": self.num_labels, "classes": classes, **transform}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TaskSpec:
+        transform = {k: d[k] for k in ("log", "center", "scale") if k in d}
+        return cls(d["kind"], int(d["num_labels"]), tuple(d["classes"]), **transform)
 
 
 def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
@@ -224,6 +238,16 @@ def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
                 "00_setup's parameters cell (KIT_TASK in headless runs)"
             )
     classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
+    k, n = len(classes), len(series)
+    if task == "auto" and series.dtype.kind not in "biuf" and k > MAX_INT_CLASSES and 2 * k > n:
+        example = max(classes, key=lambda c: len(str(c)))
+        raise DataError(
+            f"target column {name!r} holds {k} distinct texts over {n} rows (e.g. {str(example)[:80]!r}): most rows "
+            "have a label of their own, so these are texts to generate, not classes, and a classifier would only "
+            "repeat training labels. kitlib will not guess. Fix: set task in 00_setup's parameters cell (KIT_TASK "
+            "headless): task = 'classify' if these really are class names; text generation (seq2seq) is not a "
+            "notebook task yet: train it through the Python API (kitlib.fit)"
+        )
     if len(classes) < 2:
         raise DataError(
             f"target column {name!r} has a single value ({classes[0]!r}) in every row: there is nothing to learn. Fix: "

@@ -16,7 +16,7 @@ import hashlib
 import io
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from kitlib.data.featurize import TokenizedTexts
 from kitlib.data.ngrams import NgramBags
 from kitlib.data.tables import TaskSpec
 from kitlib.errors import DataError, MissingRunError, damaged_file
+from kitlib.tasks.base import SideInputs
 
 if TYPE_CHECKING:
     from kitlib.data.lengths import LengthReport
@@ -57,6 +58,9 @@ class Features:
     submission_columns: tuple[str, ...]  # sample_submission.csv's header, checked when 01 ran
     embeddings: tuple[np.ndarray, np.ndarray] | None = None  # (train, test): the "head" regime's frozen features
     ngrams: tuple[NgramBags, NgramBags] | None = None
+    side: SideInputs = field(
+        default_factory=SideInputs
+    )  # the task's per-row inputs besides the tokens (kitlib.tasks.base)
     report: LengthReport | None = None  # the length report, in the process that built the features (01's display)
 
     @property
@@ -76,6 +80,8 @@ class Features:
         if self.ngrams is not None:
             for split, bags in zip(("train", "test"), self.ngrams, strict=True):
                 arrays |= {f"{split}_ngram_ids": bags.ids, f"{split}_ngram_weights": bags.weights}
+        for split, side in (("train", self.side.train), ("test", self.side.test)):
+            arrays |= {f"{split}_side_{name}": array for name, array in side.items()}
         return arrays
 
 
@@ -112,6 +118,7 @@ def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> P
         "n_test": features.n_test,
         "tokenizer": {"vocab_size": features.vocab_size, "pad_id": features.pad_id},
         "n_buckets": features.ngrams[0].n_buckets if features.ngrams is not None else None,
+        "side_state": dict(features.side.state),
         "test_ids": features.test_ids,
         "submission_columns": list(features.submission_columns),
         "built_from": {"run_json_sha256": run_fingerprint(work_dir), **dict(built_from)},
@@ -146,7 +153,6 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / record.get("file", name), record, path)
         for name, record in summary["files"].items()
     }
-    task = summary["task"]
     embeddings = ngrams = None
     if "train_embeddings" in arrays:
         embeddings = (arrays["train_embeddings"], arrays["test_embeddings"])
@@ -156,7 +162,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
             for split in ("train", "test")
         )
     return Features(
-        task=TaskSpec(task["kind"], task["num_labels"], tuple(task["classes"])),
+        task=TaskSpec.from_dict(summary["task"]),
         run=ResolvedRun.from_dict(summary["run"]),
         model_identity=summary["model"],
         max_length=int(summary["max_length"]),
@@ -169,7 +175,13 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         submission_columns=tuple(summary["submission_columns"]),
         embeddings=embeddings,
         ngrams=ngrams,  # type: ignore[arg-type]
+        side=SideInputs(_side(arrays, "train"), _side(arrays, "test"), summary.get("side_state") or {}),
     )
+
+
+def _side(arrays: Mapping[str, np.ndarray], split: str) -> dict[str, np.ndarray]:
+    prefix = f"{split}_side_"
+    return {name.removeprefix(prefix): array for name, array in arrays.items() if name.startswith(prefix)}
 
 
 def _check_built_from(saved: Mapping[str, Any], now: Mapping[str, Any], path: Path) -> None:

@@ -16,10 +16,9 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from kitlib._files import write_atomic
-from kitlib.config import Task
 from kitlib.notebook.presets import DEFAULT_PRESET
 
 PARAMS_FILE = "params.json"
@@ -27,7 +26,13 @@ RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.
 # What a later stage needs from earlier ones; a Kaggle kernel carries them forward. Folders before the files that
 # name them (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
 HANDOFF = ("features", RUN_NAME, "params.json", "run.json", "features.json")
-ENV = {"preset": "KIT_PRESET", "task": "KIT_TASK", "data_dir": "KIT_DATA_DIR", "model": "KIT_MODEL"}
+ENV = {
+    "preset": "KIT_PRESET",
+    "task": "KIT_TASK",
+    "metric": "KIT_METRIC",
+    "data_dir": "KIT_DATA_DIR",
+    "model": "KIT_MODEL",
+}
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
 _WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
@@ -43,7 +48,10 @@ class Params:
     model: str = "auto"  # "auto": all-MiniLM-L6-v2 (an error when it is not installed); "tiny"; or a model dir
     text: str = "text"
     target: str = "label"
-    task: Task = "auto"  # what the target is (kitlib.config.Task)
+    task: str = "auto"  # the workload (kitlib.tasks: auto, classify, regress, tabular-text, or "module:name")
+    metric: str = "auto"  # what best/ and early stopping follow (kitlib.tasks.metrics; auto: accuracy or rmse)
+    numeric: tuple[str, ...] = ()  # numeric columns used beside the text (task tabular-text)
+    categorical: tuple[str, ...] = ()  # categorical columns used beside the text (task tabular-text)
     id: str = "id"
     seed: int = 42
     train_file: str = "train.csv"
@@ -87,6 +95,10 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
         values["model"] = str(kaggle_input(Path(values["model"])))
     values["work_dir"] = Path(values["work_dir"])
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
+    for columns in ("numeric", "categorical"):  # a list, or "a, b" (a KIT_* variable or a CLI value)
+        given = values.get(columns, ())
+        values[columns] = tuple(c.strip() for c in given.split(",") if c.strip()) if isinstance(given, str) else given
+        values[columns] = tuple(values[columns])
     p = Params(**values)
     _check(p)
     return p
@@ -155,11 +167,16 @@ def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[st
 # -------------------------------------------------------------------------------------------------------- checks
 def _check(p: Params) -> None:
     from kitlib.errors import MissingDataError, SetupError
+    from kitlib.tasks import get_task
 
-    if p.task not in get_args(Task):
-        raise SetupError(f"task = {p.task!r} is not one of {list(get_args(Task))}: fix it in the parameters cell")
+    get_task(p.task).check(p)  # an unknown task, a module:name that does not import, or columns it needs
     for f in dataclasses.fields(p):
         if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware"):
+            continue
+        if f.name in ("numeric", "categorical"):
+            bad = [c for c in getattr(p, f.name) if not isinstance(c, str) or not c]
+            if bad:
+                raise SetupError(f"{f.name} = {getattr(p, f.name)!r}: list column names (strings), e.g. ['price']")
             continue
         value, kind = getattr(p, f.name), int if f.name == "seed" else str
         if not isinstance(value, kind) or isinstance(value, bool) or value == "":

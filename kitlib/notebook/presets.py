@@ -174,6 +174,8 @@ class ResolvedRun:
     overrides: Mapping[str, Any] = field(default_factory=dict)  # what the user changed (read-only by convention)
     mean_tokens: float | None = None  # mean row length after truncation, when lengths were given
     kitlib_version: str = ""
+    task: str = "auto"  # the workload (kitlib.tasks), as 00's parameters name it
+    metric: str = "auto"  # what best/ follows, resolved for the target by 00 (kitlib.tasks.metrics)
 
     @property
     def name(self) -> str:
@@ -193,8 +195,10 @@ class ResolvedRun:
         cfg = self.config
         ckpt = {"best": "best weights", "best_and_last": "best weights + resumable last", "none": "none"}
         full_eval = f"every {cfg.full_eval_every} epoch(s)" if cfg.full_eval_every else "at the end only"
+        task = [("task", f"{self.task}, metric {self.metric}")] if self.metric != "auto" else []  # set by 00's setup
         return [
             ("preset", f"{self.name} ({self.regime.name})"),
+            *task,
             ("hardware", self.hardware),
             ("precision", f"{cfg.precision} (tf32 {'on' if cfg.tf32 else 'off'})"),
             (
@@ -227,6 +231,8 @@ class ResolvedRun:
             "reasons": list(self.reasons),
             "overrides": dict(self.overrides),
             "mean_tokens": self.mean_tokens,
+            "task": self.task,
+            "metric": self.metric,
         }
 
     @classmethod
@@ -246,6 +252,8 @@ class ResolvedRun:
             overrides=dict(data.get("overrides") or {}),
             mean_tokens=data.get("mean_tokens"),
             kitlib_version=str(data.get("kitlib_version", "")),
+            task=str(data.get("task", "auto")),
+            metric=str(data.get("metric", "auto")),
         )
 
     def save(self, path: str | Path) -> Path:

@@ -113,10 +113,11 @@ class Finetune(Regime):
         from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
         from kitlib.models.loading import load_classifier
 
-        cfg, tokens, y = feats.run.config, feats.train_tokens, feats.labels
+        cfg, tokens, y, side = feats.run.config, feats.train_tokens, feats.labels, feats.side
 
         def subset(idx: np.ndarray) -> TokenDataset:
-            return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id)
+            rows = {k: v[idx] for k, v in side.train.items()}
+            return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id, side=rows)
 
         model = load_classifier(
             feats.task.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
@@ -124,7 +125,7 @@ class Finetune(Regime):
         return Prepared(
             make_train_loader(subset(split[0]), cfg, hw, seed=seed),
             make_eval_loader(subset(split[1]), cfg, hw),
-            make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id), cfg, hw),
+            make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id, side=side.test), cfg, hw),
             model,
         )
 
@@ -183,11 +184,12 @@ class Head(Regime):
         (x, x_test), (bags, bags_test) = (_tensor(e) for e in feats.embeddings), feats.ngrams
         target = _tensor(feats.labels)
 
-        def columns(x: torch.Tensor, bags: NgramBags) -> dict[str, torch.Tensor]:
-            return {"embeddings": x, "ngram_ids": _tensor(bags.ids), "ngram_weights": _tensor(bags.weights)}
+        def columns(x: torch.Tensor, bags: NgramBags, side: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+            text = {"embeddings": x, "ngram_ids": _tensor(bags.ids), "ngram_weights": _tensor(bags.weights)}
+            return text | {name: _tensor(array) for name, array in side.items()}
 
         def rows(idx: np.ndarray) -> RowDataset:
-            return RowDataset(**{k: v[idx] for k, v in columns(x, bags).items()}, labels=target[idx])
+            return RowDataset(**{k: v[idx] for k, v in columns(x, bags, feats.side.train).items()}, labels=target[idx])
 
         big = cfg.micro_batch_size * cfg.eval_batch_factor
         with torch.random.fork_rng(devices=[]):
@@ -203,7 +205,7 @@ class Head(Regime):
         return Prepared(
             DataLoader(rows(train_idx), batch_size=cfg.micro_batch_size, shuffle=True),
             DataLoader(rows(valid_idx), batch_size=big),
-            DataLoader(RowDataset(**columns(x_test, bags_test)), batch_size=big),
+            DataLoader(RowDataset(**columns(x_test, bags_test, feats.side.test)), batch_size=big),
             head,
         )
 

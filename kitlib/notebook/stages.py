@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import ResolvedRun
+    from kitlib.tasks.base import SideInputs, Task
+    from kitlib.tasks.metrics import Metric
 
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
@@ -57,6 +59,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
     data = read_competition(p, run)
     _check_enough_rows(data.train[p.target], data.task, run, p)
+    run = dataclasses.replace(run, task=p.task, metric=data.metric.name)
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
     p.save()
@@ -98,29 +101,38 @@ class Competition:
     test_ids: list[Any]  # Python ints/strs, in test.csv's order
     columns: tuple[str, ...]  # sample_submission.csv's
     task: TaskSpec  # decided on every training row, before any row limit
+    metric: Metric  # the metric parameter, checked against the target's kind
+    side: SideInputs  # the task's inputs besides the text (numeric and categorical columns), fitted on train
 
 
 def read_competition(p: Params, run: ResolvedRun) -> Competition:
     """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
-    from kitlib.data.tables import infer_task, read_table
+    from kitlib.data.tables import read_table
     from kitlib.notebook.submission import check_sample_submission
+    from kitlib.tasks import get_task
+    from kitlib.tasks.metrics import get_metric
 
+    workload = get_task(p.task)
     train = _read_train(p)
-    task = infer_task(train[p.target], p.task)
+    task = workload.target(train[p.target], p, p.metric)
+    metric = get_metric(p.metric, task.kind)
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
     test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
     columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
-    return Competition(train, test, test_ids, columns, task)
+    side = workload.side_inputs(p, train, test)
+    return Competition(train, test, test_ids, columns, task, metric, side)
 
 
 def _read_train(p: Params) -> pd.DataFrame:
     """train.csv, every row, with its columns checked (kitlib.data.tables.read_table)."""
     from kitlib.data.tables import read_table
+    from kitlib.tasks import get_task
 
-    return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=p.task)
+    rule = get_task(p.task).target_rule
+    return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=rule)
 
 
 def planning_hw(p: Params, hw: HardwareInfo) -> HardwareInfo:
@@ -213,6 +225,7 @@ def features(
             overrides=run.overrides,
             world_size=run.world_size,
         )
+        run = dataclasses.replace(run, task=p.task, metric=data.metric.name)
     _check_enough_rows(train[p.target], task, run, p)
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
@@ -234,6 +247,7 @@ def features(
         submission_columns=data.columns,
         embeddings=extra.embeddings,
         ngrams=extra.ngrams,
+        side=data.side,
         report=report,
     )
     handoff.save(feats, p.work_dir, built_from(p))
@@ -277,39 +291,40 @@ def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
-def metric_name(task: TaskSpec) -> str:
-    return "rmse" if task.kind == "regression" else "accuracy"
-
-
-def _metric(task: TaskSpec, loader: Any, device: torch.device) -> Any:
-    """The full evaluation: the task metric and the loss over every validation row, in one pass (fit then skips
-    its separate loss-only pass; it runs this under no_grad + autocast)."""
+def _metric(task: TaskSpec, metric: Metric, workload: Task, loader: Any, device: torch.device) -> Any:
+    """The full evaluation: the metric, in the target's own units (predictions decoded as the submission is), and the
+    loss over every validation row, in one pass (fit then skips its separate loss-only pass; it runs this under
+    no_grad + autocast)."""
+    import torch
 
     from kitlib.engine.step import to_device
 
     move = to_device(device)
 
     def evaluate(model: nn.Module) -> dict[str, float]:
-        total, hits, squared, loss_sum = 0, 0, 0.0, 0.0
+        outputs, labels, loss_sum = [], [], 0.0
         for batch in loader:
             batch = move(batch)
             output = model(**batch)
-            out, loss, labels = output.logits.float(), output.loss, batch["labels"]
-            if task.kind == "regression":
-                squared += float(((out.squeeze(-1) - labels.float()) ** 2).sum())
-            else:
-                hits += int((out.argmax(-1) == labels).sum())
-            loss_sum += float(loss) * len(labels)  # mean over rows -> weighted like fit's loss-only eval
-            total += len(labels)
-        metric = {"rmse": (squared / total) ** 0.5} if task.kind == "regression" else {"accuracy": hits / total}
-        return {**metric, "eval_loss": loss_sum / total}
+            out = output.logits.float()
+            outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
+            labels.append(batch["labels"])
+            loss_sum += float(output.loss) * len(batch["labels"])  # mean over rows -> weighted like fit's loss eval
+        y_pred = workload.submission(torch.cat(outputs).cpu().numpy(), task)
+        y_true = task.decode(torch.cat(labels).cpu().numpy())
+        return {metric.name: metric(y_true, y_pred), "eval_loss": loss_sum / len(y_true)}
 
     return evaluate
 
 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
-    """Loaders and the model to train for the features' run (the same split every time: seeded)."""
-    return feats.run.regime.prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
+    """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
+    model inside what the task builds around it (kitlib.tasks)."""
+    from kitlib.tasks import get_task
+
+    prepared = feats.run.regime.prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
+    model = get_task(p.task).model(prepared.model, feats.task, feats.side, p.seed)
+    return dataclasses.replace(prepared, model=model)
 
 
 def train(
@@ -340,20 +355,25 @@ def _train_worker(p: Params, callbacks: tuple[object, ...], resume: bool) -> Fit
     return dataclasses.replace(result, model=result.model.cpu())  # rank 0's result crosses to the parent on CPU
 
 
-def _monitor_task_metric(cfg: TrainConfig, task: TaskSpec) -> TrainConfig:
-    """Keep the checkpoint the competition would score best: the task metric when every epoch computes it.
+def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
+    """Keep the checkpoint the competition would score best: the metric when every epoch computes it.
 
     Loss and accuracy part ways as a classifier grows confident: on the demo, ``best`` (4 epochs) had its lowest
     validation loss after epoch 2 (accuracy 0.827) and its highest accuracy after epoch 4 (0.839).
     """
     if cfg.full_eval_every != 1 or cfg.monitor != "eval_loss":  # no metric every epoch, or chosen by hand
         return cfg
-    name = metric_name(task)
-    return dataclasses.replace(cfg, monitor=name, mode="min" if name == "rmse" else "max")
+    return dataclasses.replace(cfg, monitor=metric.name, mode=metric.mode)
+
+
+def _run_metric(feats: Features) -> Metric:
+    from kitlib.tasks.metrics import get_metric
+
+    return get_metric(feats.run.metric, feats.task.kind)
 
 
 def _train_config(p: Params, feats: Features) -> TrainConfig:
-    return _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), feats.task)
+    return _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), _run_metric(feats))
 
 
 def _staging(p: Params) -> Path:
@@ -395,6 +415,7 @@ def _train(
     from kitlib.engine.loop import fit
     from kitlib.machine.distributed import dist_env
     from kitlib.machine.hardware import detect
+    from kitlib.tasks import get_task
 
     hw = hw or detect()
     prepared = prepare(p, feats, hw)
@@ -405,7 +426,7 @@ def _train(
         prepared.train,
         config=_train_config(p, feats),
         eval_loader=prepared.valid,
-        full_eval=_metric(feats.task, prepared.valid, device),
+        full_eval=_metric(feats.task, _run_metric(feats), get_task(p.task), prepared.valid, device),
         run_dir=staging,
         resume=resume,
         hw=hw,
@@ -498,8 +519,9 @@ def infer(
             predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task,
                     interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
-    mean = np.mean(predictions, axis=0)
-    values = mean if feats.task.kind == "regression" else feats.task.decode(mean.argmax(-1))
+    from kitlib.tasks import get_task
+
+    values = get_task(p.task).submission(np.mean(predictions, axis=0), feats.task)
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 

@@ -1,0 +1,83 @@
+"""Numeric and categorical columns beside the text: a small network whose logits are added to the text model's.
+
+    model = WithTabular(text_model, TabularNet(n_numeric=4, cardinalities=(12, 3), num_labels=1), regression=True)
+    model(input_ids=..., attention_mask=..., numeric=..., categorical=..., labels=...)  # .logits, .loss
+
+Late fusion (a sum of logits, as ``TextHead`` adds its n-gram bag): any text model with ``.logits`` takes columns
+without a change to it, in both regimes. It cannot learn interactions between a column and the words (a price that
+depends on the brand only for some product types); a joint MLP on the pooled text would, at the cost of a
+model-specific pooling per architecture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from kitlib.models.heads import HeadOutput, task_loss
+
+# The text model's lr (1e-4 to fine-tune MiniLM, 3e-5 for `best`) under-trains a fresh MLP, which wants ~1e-3. Adam's
+# step does not depend on the gradient's scale, so scaling the net's output by 10 makes it learn ~10x faster without
+# a second optimizer parameter group (as NGRAM_LR_MULTIPLIER does for the head's n-gram bag).
+TABULAR_LR_MULTIPLIER = 10.0
+MAX_CATEGORY_DIM = 16  # embedding width per categorical column: min(16, (categories + 1) // 2 + 1)
+
+
+class TabularNet(nn.Module):
+    """``numeric`` [batch, n_numeric] (standardised, missing as 0 beside a 0/1 flag column) and ``categorical``
+    [batch, len(cardinalities)] ids (0: unseen or rare) -> [batch, num_labels]. Its last layer starts at zero, so an
+    untrained net adds nothing to the text model's logits."""
+
+    def __init__(
+        self, n_numeric: int, cardinalities: Sequence[int], num_labels: int, *, hidden: int = 64, dropout: float = 0.1
+    ) -> None:
+        super().__init__()
+        if n_numeric < 0 or num_labels < 1 or any(c < 1 for c in cardinalities) or n_numeric + len(cardinalities) == 0:
+            raise ValueError(f"TabularNet: need columns and num_labels >= 1; got {n_numeric}, {cardinalities}")
+        dims = [min(MAX_CATEGORY_DIM, (c + 1) // 2 + 1) for c in cardinalities]
+        # id 0 of each table: a category training never saw (or saw once), learned as "other"
+        self.embeddings = nn.ModuleList(nn.Embedding(c + 1, d) for c, d in zip(cardinalities, dims, strict=True))
+        width = n_numeric + sum(dims)
+        last = nn.Linear(hidden, num_labels)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.mlp = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Dropout(dropout), last)
+
+    def forward(self, numeric: torch.Tensor | None, categorical: torch.Tensor | None) -> torch.Tensor:
+        parts = [] if numeric is None else [numeric.float()]
+        if categorical is not None:
+            parts += [embed(categorical[:, i]) for i, embed in enumerate(self.embeddings)]
+        return TABULAR_LR_MULTIPLIER * self.mlp(torch.cat(parts, dim=-1))
+
+
+class WithTabular(nn.Module):
+    """A text model (``model(**text) -> .logits``) plus a ``TabularNet`` on the row's other columns."""
+
+    def __init__(self, text_model: nn.Module, tabular: TabularNet, *, regression: bool) -> None:
+        super().__init__()
+        self.text_model, self.tabular, self.regression = text_model, tabular, regression
+        self.config: Any = getattr(text_model, "config", None)  # FLOPs and freeze_layers read the text model's
+
+    @property
+    def base_model(self) -> nn.Module:  # what freeze="encoder" and freeze_layers look for, as in HF models
+        base: nn.Module = getattr(self.text_model, "base_model", self.text_model)
+        return base
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.text_model.get_input_embeddings()  # type: ignore[operator]
+
+    def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
+        self.text_model.gradient_checkpointing_enable(**kwargs)  # type: ignore[operator]
+
+    def forward(
+        self,
+        numeric: torch.Tensor | None = None,
+        categorical: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **text_inputs: Any,
+    ) -> HeadOutput:
+        logits = self.text_model(**text_inputs).logits.float() + self.tabular(numeric, categorical)
+        return HeadOutput(logits, None if labels is None else task_loss(logits, labels, regression=self.regression))

@@ -1,0 +1,147 @@
+"""Competition metrics by name: what 02 monitors for ``best/`` and early stopping, and what ``score`` prints.
+
+    m = get_metric("smape", kind="regression")   # Metric(name='smape', mode='min', ...)
+    m(y_true, y_pred)                            # in the target's own units (after decoding): 24.0
+
+Every metric takes ``(y_true, y_pred)`` as numpy arrays in the competition's units: class labels for the
+classification metrics, numbers for the regression ones (a log/standardised training target is decoded first). A
+user's metric is named ``"module:function"``; it returns a float, and is minimised when the function carries
+``mode = "min"`` (``my_loss.mode = "min"``), maximised otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, get_args
+
+import numpy as np
+
+from kitlib.errors import SetupError
+
+if TYPE_CHECKING:
+    from kitlib.config import Mode
+
+MetricFn = Callable[[np.ndarray, np.ndarray], float]
+AUTO = {"binary": "accuracy", "multiclass": "accuracy", "regression": "rmse"}  # metric="auto", by target kind
+LOG_TARGET_METRICS = frozenset({"smape", "rmsle"})  # relative errors: a log target trains what they score
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    mode: Mode  # "max": higher is better (accuracy), "min": lower is better (errors)
+    fn: MetricFn
+    kinds: frozenset[str]  # the target kinds it applies to ("binary", "multiclass", "regression")
+
+    def __call__(self, y_true: np.ndarray, y_pred: np.ndarray) -> float:
+        return float(self.fn(np.asarray(y_true), np.asarray(y_pred)))
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.mode == "max" else a < b
+
+
+def accuracy(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    return float(np.mean(y_true == y_pred))
+
+
+def macro_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """The unweighted mean of each class's F1 over the classes in ``y_true`` or ``y_pred`` (sklearn's "macro")."""
+    scores = []
+    for c in np.unique(np.concatenate([y_true, y_pred])):
+        tp = np.sum((y_pred == c) & (y_true == c))
+        predicted, actual = np.sum(y_pred == c), np.sum(y_true == c)
+        scores.append(0.0 if tp == 0 else 2 * tp / (predicted + actual))
+    return float(np.mean(scores))
+
+
+def rmse(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((y_pred.astype(np.float64) - y_true.astype(np.float64)) ** 2)))
+
+
+def mae(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    return float(np.mean(np.abs(y_pred.astype(np.float64) - y_true.astype(np.float64))))
+
+
+def smape(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Symmetric mean absolute percentage error, 0-200 (Kaggle's): mean of 200 |F - A| / (|A| + |F|), 0/0 = 0."""
+    a, f = y_true.astype(np.float64), y_pred.astype(np.float64)
+    denominator = np.abs(a) + np.abs(f)
+    ratio = np.divide(np.abs(f - a), denominator, out=np.zeros_like(a), where=denominator != 0)
+    return float(200 * np.mean(ratio))
+
+
+def rmsle(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Root mean squared log error; negative predictions count as 0 (Kaggle clips them the same way)."""
+    a, f = np.log1p(np.clip(y_true, 0, None).astype(np.float64)), np.log1p(np.clip(y_pred, 0, None).astype(np.float64))
+    return float(np.sqrt(np.mean((f - a) ** 2)))
+
+
+_CLASSES, _NUMBERS = frozenset({"binary", "multiclass"}), frozenset({"regression"})
+METRICS: Mapping[str, Metric] = MappingProxyType(
+    {
+        m.name: m
+        for m in (
+            Metric("accuracy", "max", accuracy, _CLASSES),
+            Metric("macro_f1", "max", macro_f1, _CLASSES),
+            Metric("rmse", "min", rmse, _NUMBERS),
+            Metric("mae", "min", mae, _NUMBERS),
+            Metric("smape", "min", smape, _NUMBERS),
+            Metric("rmsle", "min", rmsle, _NUMBERS),
+        )
+    }
+)
+
+
+def get_metric(name: str, kind: str) -> Metric:
+    """The metric ``name`` ("auto": accuracy for classes, rmse for numbers; or "module:function") for a target of
+    ``kind``; a SetupError naming the fix when it does not exist, does not import, or does not fit the target."""
+    from kitlib.config import Mode
+
+    if name == "auto":
+        name = AUTO[kind]
+    if ":" in name:
+        fn = import_object(name, "metric")
+        if not callable(fn):
+            raise SetupError(f"metric = {name!r} is a {type(fn).__name__}: name a function (y_true, y_pred) -> float")
+        mode = getattr(fn, "mode", "max")
+        if mode not in get_args(Mode):
+            raise SetupError(f"metric {name!r} has mode = {mode!r}: set it to 'min' or 'max' on the function")
+        return Metric(name, "min" if mode == "min" else "max", fn, _CLASSES | _NUMBERS)
+    if name not in METRICS:
+        raise SetupError(
+            f"metric = {name!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own. Fix: "
+            "set metric in 00_setup's parameters cell"
+        )
+    metric = METRICS[name]
+    if kind not in metric.kinds:
+        fits = [m for m, v in METRICS.items() if kind in v.kinds]
+        raise SetupError(
+            f"metric = {name!r} scores {'classes' if metric.kinds == _CLASSES else 'numbers'}, but the target is "
+            f"{kind}: use one of {fits}, or set task (classify/regress) if the target was read as the wrong kind"
+        )
+    return metric
+
+
+def import_object(spec: str, what: str) -> Any:
+    """``"package.module:function"`` -> the function, with a SetupError naming the fix when it does not import."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SetupError(f"{what} = {spec!r}: expected 'module:function', e.g. 'my_metrics:f2_score'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise SetupError(
+            f"{what} = {spec!r}: module {module_name!r} does not import ({err}). Fix: put {module_name}.py beside the "
+            "notebooks (or on sys.path / in an installed package) and check the name"
+        ) from err
+    found = getattr(module, attr, None)
+    if found is None:
+        raise SetupError(f"{what} = {spec!r}: {module_name} has no {attr!r} (it has: {_public(module)})")
+    return found
+
+
+def _public(module: object) -> list[str]:
+    return sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))[:10]

@@ -1,0 +1,58 @@
+"""The text tasks: one text column -> a class or a number; with numeric and categorical columns beside it, the same
+model plus a small network on those columns (``tabular-text``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kitlib.errors import SetupError
+from kitlib.tasks.base import Params, SideInputs, Task
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from torch import nn
+
+    from kitlib.data.tables import TaskSpec
+
+
+class TextTask(Task):
+    """auto / classify / regress: the target read by its values, or as the user says. Numeric and categorical
+    columns, when the parameters name them, are used as inputs too (what ``tabular-text`` requires)."""
+
+    def __init__(self, name: str, target_rule: str, description: str) -> None:
+        self.name, self.target_rule, self.description = name, target_rule, description  # type: ignore[assignment]
+
+    def columns(self, p: Params) -> tuple[str, ...]:
+        return (*p.numeric, *p.categorical)
+
+    def side_inputs(self, p: Params, train: pd.DataFrame, test: pd.DataFrame) -> SideInputs:
+        from kitlib.tasks.tabular import fit_columns
+
+        if not (p.numeric or p.categorical):
+            return SideInputs()
+        train_path, test_path = p.data_dir / p.train_file, p.data_dir / p.test_file
+        cols = fit_columns(train, numeric=p.numeric, categorical=p.categorical, path=train_path)
+        return SideInputs(cols.transform(train, path=train_path), cols.transform(test, path=test_path), cols.to_dict())
+
+    def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
+        import torch
+
+        from kitlib.models.tabular import TabularNet, WithTabular
+        from kitlib.tasks.tabular import Columns
+
+        if not side.state:
+            return text_model
+        cols = Columns.from_dict(side.state)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            net = TabularNet(cols.n_numeric_inputs, [c.cardinality for c in cols.categorical], spec.num_labels)
+        return WithTabular(text_model, net, regression=spec.kind == "regression")
+
+
+class TabularTextTask(TextTask):
+    def check(self, p: Params) -> None:
+        if not (p.numeric or p.categorical):
+            raise SetupError(
+                "task = 'tabular-text' needs the columns beside the text: set numeric = [...] and/or categorical = "
+                "[...] in 00_setup's parameters cell (or use task = 'auto' for the text alone)"
+            )
