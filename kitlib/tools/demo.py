@@ -29,10 +29,10 @@ LABELS = {"fresh": 1, "rotten": 0}  # the corpus's 'plot' rows (movie synopses) 
 @dataclass(frozen=True)
 class DemoPaths:
     root: Path
-    train: Path  # id, text, label
-    test: Path  # id, text
-    sample_submission: Path  # id, label (placeholder 0)
-    solution: Path  # id, label: held-out, for scoring only
+    train: Path  # id, features, target (here: id, text, label)
+    test: Path  # id, features
+    sample_submission: Path  # id, target (a placeholder)
+    solution: Path  # id, target: held-out, for scoring only
 
 
 def corpus_path() -> Path:
@@ -95,6 +95,31 @@ def _refuse_foreign_files(root: Path, force: bool) -> None:
         )
 
 
+def write_competition(
+    dir: str | Path,
+    *,
+    train: pd.DataFrame,
+    test: pd.DataFrame,
+    sample_submission: pd.DataFrame,
+    solution: pd.DataFrame,
+    force: bool,
+) -> DemoPaths:
+    """Write the four files of a demo competition into ``dir`` (created if need be): refuses a folder holding
+    files the demo did not write unless ``force``, marks the folder as the demo's, writes each file atomically."""
+    root = Path(dir)
+    _refuse_foreign_files(root, force)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / DEMO_MARKER).write_text("written by `python -m kitlib demo`: safe to overwrite with the demo\n")
+    paths = DemoPaths(
+        root, root / "train.csv", root / "test.csv", root / "sample_submission.csv", root / "solution.csv"
+    )
+    _write_csv(train, paths.train)
+    _write_csv(test, paths.test)
+    _write_csv(sample_submission, paths.sample_submission)
+    _write_csv(solution, paths.solution)
+    return paths
+
+
 def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, force: bool = False) -> DemoPaths:
     """Write train.csv, test.csv, sample_submission.csv and solution.csv into ``dir`` (~1 s; deterministic for
     ``seed``, so re-running rewrites identical files)."""
@@ -105,53 +130,47 @@ def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, for
     reviews = reviews.assign(id=rng.permutation(len(reviews)))
     train = reviews[train_mask].sort_values("id")
     test = reviews[test_mask].sort_values("id")
-
-    root = Path(dir)
-    _refuse_foreign_files(root, force)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / DEMO_MARKER).write_text("written by `python -m kitlib demo`: safe to overwrite with the demo\n")
-    paths = DemoPaths(
-        root, root / "train.csv", root / "test.csv", root / "sample_submission.csv", root / "solution.csv"
+    return write_competition(
+        dir,
+        train=train[["id", "text", "label"]],
+        test=test[["id", "text"]],
+        sample_submission=test[["id"]].assign(label=0),
+        solution=test[["id", "label"]],
+        force=force,
     )
-    _write_csv(train[["id", "text", "label"]], paths.train)
-    _write_csv(test[["id", "text"]], paths.test)
-    _write_csv(test[["id"]].assign(label=0), paths.sample_submission)
-    _write_csv(test[["id", "label"]], paths.solution)
-    return paths
 
 
-def _read_scored(path: str | Path, role: str) -> pd.DataFrame:
+def read_scored(path: str | Path, role: str, target: str = "label") -> pd.DataFrame:
+    """A solution or submission file: columns id (as str) and ``target``; a missing file or column, a repeated
+    id or an empty target raises a DataError naming the fix."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no {role} file at {path}")
     if path.stat().st_size == 0:
         raise DataError(f"the {role} file {path} is empty")
     df = pd.read_csv(path)
-    missing = [c for c in ("id", "label") if c not in df.columns]
+    missing = [c for c in ("id", target) if c not in df.columns]
     if missing:
         raise DataError(
             f"the {role} file {path} has no {missing[0]!r} column; available columns: {list(df.columns)}. "
-            "A submission needs the columns id,label (see sample_submission.csv)."
+            f"A submission needs the columns id,{target} (see sample_submission.csv)."
         )
     df = df.assign(id=df["id"].astype(str))  # '12' and 12 are the same id
     dup = df["id"].duplicated()
     if dup.any():
         raise DataError(f"the {role} file {path} repeats id {df['id'][dup.idxmax()]!r}; each id must appear once")
-    nan = df["label"].isna()
+    nan = df[target].isna()
     if nan.any():
         first = int(nan.idxmax())
         raise DataError(
-            f"the {role} file {path} has no label for id {df['id'][first]!r} (row {first}, "
+            f"the {role} file {path} has no {target} for id {df['id'][first]!r} (row {first}, "
             f"{int(nan.sum())} missing in all): predict every row"
         )
     return df
 
 
-def score(solution_csv: str | Path, submission_csv: str | Path) -> float:
-    """Accuracy of a submission against the held-out solution; mismatched ids, row counts, missing or
-    non-class labels raise a DataError saying what to fix."""
-    solution = _read_scored(solution_csv, "solution")
-    submission = _read_scored(submission_csv, "submission")
+def check_same_ids(solution: pd.DataFrame, submission: pd.DataFrame) -> None:
+    """The submission predicts every id of the solution, once, and no other id (DataError otherwise)."""
     if len(submission) != len(solution):
         raise DataError(f"the submission has {len(submission)} rows, the solution {len(solution)}: predict every id")
     missing = sorted(set(solution["id"]) - set(submission["id"]))
@@ -161,6 +180,14 @@ def score(solution_csv: str | Path, submission_csv: str | Path) -> float:
             f"the submission's ids do not match the solution's: {len(missing)} missing (e.g. {missing[:3]}), "
             f"{len(extra)} unknown (e.g. {extra[:3]}). Build it from test.csv's id column."
         )
+
+
+def score(solution_csv: str | Path, submission_csv: str | Path) -> float:
+    """Accuracy of a submission against the held-out solution; mismatched ids, row counts, missing or
+    non-class labels raise a DataError saying what to fix."""
+    solution = read_scored(solution_csv, "solution")
+    submission = read_scored(submission_csv, "submission")
+    check_same_ids(solution, submission)
     classes = set(solution["label"].tolist())
     predicted = pd.to_numeric(submission["label"], errors="coerce")
     bad = ~predicted.isin(list(classes))
