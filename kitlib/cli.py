@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import get_args
+from typing import Any, get_args
 
-from kitlib.config import Requested, Task
+from kitlib.config import Requested
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -28,19 +28,41 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _demo_maker(task: str) -> Any:
+    if task == "tabular-text":
+        from kitlib.tools.demo_price import make_price_demo
+
+        return make_price_demo
     from kitlib.tools.demo import make_demo
 
+    return make_demo
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from kitlib.tools.demo import ABOUT_FILE
+
     # DemoDataMissing, or files of the user's in the folder: one line, exit 2
-    paths = make_demo(args.dir, seed=args.seed, test_fraction=args.test_fraction, force=args.force)
-    for path in (paths.train, paths.test, paths.sample_submission, paths.solution):
+    paths = _demo_maker(args.task)(args.dir, seed=args.seed, test_fraction=args.test_fraction, force=args.force)
+    for path in (paths.train, paths.test, paths.sample_submission, paths.solution, paths.root / ABOUT_FILE):
         print(path)
+    if args.task != "auto":
+        print(f"run it: python -m kitlib notebooks run --data {args.dir} --work WORK --params {args.dir}/{ABOUT_FILE}")
     return 0
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    from kitlib.tools.demo import score
+    import json
+    from pathlib import Path
 
+    from kitlib.tools.demo import ABOUT_FILE, score
+
+    about = Path(args.solution).with_name(ABOUT_FILE)
+    metric = json.loads(about.read_text()).get("metric", "accuracy") if about.is_file() else "accuracy"
+    if metric == "smape":
+        from kitlib.tools.demo_price import score_price
+
+        print(f"smape: {score_price(args.solution, args.submission):.2f} (lower is better)")
+        return 0
     accuracy = score(args.solution, args.submission)  # a DataError prints as one line, exit 2
     print(f"accuracy: {accuracy:.4f}")
     return 0
@@ -176,9 +198,15 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
-    values = {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
-    values |= {k: v for k, v in (("text", args.text), ("target", args.target), ("id", args.id)) if v}
-    values |= {"task": args.task} if args.task != "auto" else {}
+    values: dict[str, Any] = {}
+    if args.params:  # a JSON of 00's parameters (a demo's demo.json holds them under "parameters")
+        import json
+
+        given = json.loads(Path(args.params).read_text())
+        values |= given.get("parameters", given)
+    values |= {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
+    named = ("text", "target", "id", "task", "metric", "numeric", "categorical")
+    values |= {k: v for k in named if (v := getattr(args, k))}
     for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
         print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
     return 0
@@ -215,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--force", action="store_true", help="overwrite a folder that holds other files")
+    p.add_argument(
+        "--task", default="auto", choices=["auto", "tabular-text"], help="tabular-text: film box office, SMAPE"
+    )
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("score", help="score a submission against the demo's solution.csv (prints the accuracy)")
@@ -280,7 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", help="text column (default: text)")
     p.add_argument("--target", help="target column (default: label)")
     p.add_argument("--id", help="id column (default: id)")
-    p.add_argument("--task", default="auto", choices=get_args(Task), help="what the target is (default: auto)")
+    p.add_argument("--task", help="auto | classify | regress | tabular-text | module:name (default: auto)")
+    p.add_argument("--metric", help="accuracy | macro_f1 | rmse | mae | smape | rmsle | module:function")
+    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (tabular-text)")
+    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (tabular-text)")
+    p.add_argument("--params", help="a JSON file of 00's parameters (e.g. a demo's demo.json); flags win")
     p.add_argument("--notebooks", help="folder of the notebooks (default: the repo's notebooks/)")
     p.set_defaults(func=_cmd_notebooks)
 

@@ -12,8 +12,11 @@ out of the repository).
 from __future__ import annotations
 
 import importlib.util
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -81,6 +84,7 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
 
 
 DEMO_MARKER = ".kitlib-demo"  # marks a folder make_demo wrote, so a re-run may overwrite it
+ABOUT_FILE = "demo.json"  # the demo's task, metric and the notebooks' parameters for it
 
 
 def _refuse_foreign_files(root: Path, force: bool) -> None:
@@ -103,13 +107,16 @@ def write_competition(
     sample_submission: pd.DataFrame,
     solution: pd.DataFrame,
     force: bool,
+    about: Mapping[str, Any],
 ) -> DemoPaths:
     """Write the four files of a demo competition into ``dir`` (created if need be): refuses a folder holding
-    files the demo did not write unless ``force``, marks the folder as the demo's, writes each file atomically."""
+    files the demo did not write unless ``force``, marks the folder as the demo's, writes each file atomically.
+    ``about`` (demo.json): the task, its metric (what ``score`` computes) and the notebooks' parameters for it."""
     root = Path(dir)
     _refuse_foreign_files(root, force)
     root.mkdir(parents=True, exist_ok=True)
     (root / DEMO_MARKER).write_text("written by `python -m kitlib demo`: safe to overwrite with the demo\n")
+    write_atomic(root / ABOUT_FILE, json.dumps(dict(about), indent=1) + "\n")
     paths = DemoPaths(
         root, root / "train.csv", root / "test.csv", root / "sample_submission.csv", root / "solution.csv"
     )
@@ -137,6 +144,7 @@ def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, for
         sample_submission=test[["id"]].assign(label=0),
         solution=test[["id", "label"]],
         force=force,
+        about={"task": "auto", "metric": "accuracy", "parameters": {}},
     )
 
 

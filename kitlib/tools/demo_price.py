@@ -43,6 +43,13 @@ TARGET = "box_office"
 NUMERIC = ("year", "runtime", "rt_reviews", "rt_meter", "rt_rating", "metacritic")
 CATEGORICAL = ("mpaa", "genre", "language", "country", "studio")
 INSTALL = "pip install --no-deps 'bokeh-sampledata>=2026.1'"
+PARAMETERS = {  # 00_setup's parameters for this competition (demo.json; `notebooks run --params DIR/demo.json`)
+    "task": "tabular-text",
+    "metric": "smape",
+    "target": TARGET,
+    "numeric": list(NUMERIC),
+    "categorical": list(CATEGORICAL),
+}
 
 _QUERY = """
 SELECT o.ID, o.Title, o.Year, o.Runtime, o.Genre, o.Director, o.Writer, o.Cast, o.Metacritic, o.Rating AS mpaa,
@@ -146,21 +153,18 @@ def make_price_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.
         sample_submission=test_rows[["id"]].assign(**{TARGET: median}),
         solution=test_rows[["id", TARGET]],
         force=force,
+        about={"task": "tabular-text", "metric": "smape", "parameters": PARAMETERS},
     )
 
 
 def _smape(y_true: np.ndarray | list[float], y_pred: np.ndarray | list[float]) -> float:
-    """Symmetric mean absolute percentage error in percent (0-200), Kaggle's definition: the mean of
-    2|F - A| / (|A| + |F|), a row with A = F = 0 counting 0."""
-    actual = np.asarray(y_true, dtype=float)
-    forecast = np.asarray(y_pred, dtype=float)
+    """kitlib.tasks.metrics.smape (percent, 0-200, 0/0 counting 0) of two equal, non-empty 1-d arrays."""
+    from kitlib.tasks.metrics import smape
+
+    actual, forecast = np.asarray(y_true, dtype=float), np.asarray(y_pred, dtype=float)
     if actual.shape != forecast.shape or actual.ndim != 1 or actual.size == 0:
         raise ValueError(f"SMAPE needs two equal, non-empty 1-d arrays; got shapes {actual.shape}, {forecast.shape}")
-    denominator = np.abs(actual) + np.abs(forecast)
-    ratio = np.divide(
-        2.0 * np.abs(forecast - actual), denominator, out=np.zeros_like(denominator), where=denominator != 0
-    )
-    return float(100.0 * ratio.mean())
+    return smape(actual, forecast)
 
 
 def score_price(solution_csv: str | Path, submission_csv: str | Path) -> float:
