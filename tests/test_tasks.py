@@ -20,8 +20,8 @@ from kitlib.tasks import get_task
 from kitlib.tasks.base import SideInputs, Task
 from kitlib.tasks.metrics import get_metric, macro_f1, rmsle, smape
 from kitlib.tasks.tabular import fit_columns
-from kitlib.tasks.text import TabularTextTask
 from kitlib.tasks.targets import read_target
+from kitlib.tasks.text import TabularTextTask
 
 
 # ------------------------------------------------------------------------------------------------------ metrics
