@@ -2,8 +2,9 @@
 background while the next epoch trains.
 
 The expensive part of a "full" evaluation is usually not the accelerator's: executing generated SQL, scoring
-generated text. A ``full_eval(model)`` that returns a *callable* instead of a dict hands that part to a worker pool;
-fit() joins its result to the epoch's record when it is ready, so the accelerator never waits for it.
+generated text. A ``full_eval(model)`` that returns a *callable* instead of a dict hands that part to a worker pool
+while the next epoch trains; fit() joins its result to the epoch's record at that next epoch's end (waiting only if
+it is not ready by then), so best/ and early stopping judge the epochs in order, one epoch behind.
 """
 
 from __future__ import annotations
@@ -94,10 +95,22 @@ class DeferredEvals:
             self._pool = make(max_workers=self.workers)
         self.pending.append(Pending(epoch, self._pool.submit(job), payload))
 
-    def collect(self, *, wait: bool = False) -> list[tuple[int, Metrics, Any]]:
-        """Finished results in submission order; a failed job re-raises here with its epoch named."""
+    def add_done(self, epoch: int, metrics: Metrics, payload: Any = None) -> None:
+        """A result already known (scored in the foreground), queued behind the pending ones: it is collected in
+        its epoch's turn like them."""
+        future: cf.Future[Metrics] = cf.Future()
+        future.set_result(metrics)
+        self.pending.append(Pending(epoch, future, payload))
+
+    def collect(self, *, wait: bool = False, through: int | None = None) -> list[tuple[int, Metrics, Any]]:
+        """Finished results in submission order; a failed job re-raises here with its epoch named. ``wait``: also
+        the unfinished ones (blocking until they are done); ``through``: only the epochs up to this one."""
         done: list[tuple[int, Metrics, Any]] = []
-        while self.pending and (wait or self.pending[0].future.done()):
+        while (
+            self.pending
+            and (through is None or self.pending[0].epoch <= through)
+            and (wait or self.pending[0].future.done())
+        ):
             item = self.pending.pop(0)
             try:
                 metrics = item.future.result()

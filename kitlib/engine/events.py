@@ -9,7 +9,9 @@ Events, in the order they happen::
                                             on_step_end (so before later callbacks' on_step_end of that step)
       on_metrics(epoch, metrics, weights)   an epoch's metrics are known: at its end, or later from a background eval
                                             (``epoch`` 1-based, as in the history; ``loop.state.epoch`` counts the
-                                            epochs completed)
+                                            epochs completed). Always in epoch order: a background eval's metrics
+                                            come at the end of the next epoch, before that epoch's own (or earlier
+                                            when a last/ save mid-epoch waits for them, or at fit's end)
       on_epoch_end(record)                  the epoch's history row is complete
       on_next_epoch(loop)                   the loop moved past the epoch: a clean resume point
     on_fit_end(loop)                        always, also when training raised: close what you opened

@@ -199,6 +199,29 @@ class Loop:
         self.scheduler.load_state_dict(snap.state["scheduler"])
         self.precision.load_state_dict(snap.state["precision"])
         self.state, self.resume_rng = RunState(**snap.state["run"]), snap.state["rng"]
+        self._rescore(snap.state.get("unscored_full_evals", []))
+
+    def _rescore(self, unscored: list[dict[str, Any]]) -> None:
+        """Full evals still running in the background when ``last/`` was saved at an epoch end (``save_last``):
+        the weights it holds are that epoch's, so run the eval again on them, with the RNG as it was then (a
+        sampling eval draws the same), and queue the result for its turn: the resumed run judges it when the
+        uninterrupted one did. Cost: one more full eval (its accelerator half in the foreground) per resume."""
+        for item in unscored:
+            epoch = int(item["epoch"])
+            if self.full_eval is None or epoch != self.state.epoch or self.state.batch_in_epoch:
+                why = "no full_eval was passed" if self.full_eval is None else "last/ lacks that epoch's weights"
+                warnings.warn(
+                    f"the full evaluation of epoch {epoch} was still running when {self.out}/last was saved and "
+                    f"cannot run again ({why}): its metrics stay missing from the history",
+                    stacklevel=3,
+                )
+                continue
+            if not self.env.is_main:
+                continue
+            checkpoint.set_rng_state(item["rng"])  # the training streams are set back in begin_epoch
+            with self.timer.phase("full_eval"):
+                result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
+            self._defer(epoch, result, next(r for r in self.state.history if r["epoch"] == epoch), item["rng"])
 
     def save(self, name: str, take: Callable[[], checkpoint.Snapshot]) -> None:
         if self.out is not None and self.env.is_main:
@@ -206,8 +229,22 @@ class Loop:
                 self.writer.submit(take(), self.out / name)
 
     def save_last(self) -> None:
+        if self.out is None or not self.env.is_main:
+            return
+        # Background full evals still pending must not be lost by a resume from this checkpoint. At an epoch end
+        # (save_last), the only one pending is the epoch just finished (the previous one was judged at this epoch's
+        # end): the checkpoint holds that epoch's weights, so it records the eval as unscored and a resume runs it
+        # again (Loop._rescore) instead of waiting for it here, which would put every full eval back on the
+        # critical path. Anywhere else (a save every N steps, SIGTERM, the time budget) the pending eval's weights
+        # are gone from the model, so the save waits for it: at most the rest of one eval, once an epoch (later
+        # saves of the epoch find nothing pending). The run's last save (early stop, SIGTERM, the final epoch)
+        # waits too: a finished run's last/ is complete, and running its cell again evaluates nothing.
+        state = self.state
+        final = self.stop_reason != "completed" or state.epoch >= self.cfg.epochs
+        self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
+        unscored = [{"epoch": p.epoch, "rng": p.payload[1]} for p in self.deferred.pending]
+
         def take() -> checkpoint.Snapshot:
-            state = self.state
             state.epoch_loss_sum, state.epoch_items = float(self.epoch_loss), float(self.epoch_items)
             resume_state = {
                 "optimizer": self.optimizer.state_dict(),
@@ -215,6 +252,7 @@ class Loop:
                 "precision": self.precision.state_dict(),
                 "rng": checkpoint.rng_state(),
                 "run": dataclasses.asdict(state),
+                "unscored_full_evals": unscored,
             }
             # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
             meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
@@ -273,8 +311,10 @@ class Loop:
             record["tokens_per_s"] = real * env.world_size / seconds
         due = full_eval_due(epoch, cfg.full_eval_every, cfg.full_eval_at_end, cfg.epochs)
         result: Metrics | Callable[[], Metrics] | None = None
+        rng: dict[str, Any] = {}
         if self.full_eval is not None and due and self.stop_reason != "time_budget" and env.is_main:
             with self.timer.phase("full_eval"):
+                rng = checkpoint.rng_state()  # what a resume re-runs it with (Loop._rescore)
                 result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
         # A full eval that reports eval_loss itself already made the pass over the eval set: no second pass
         # (single process only: under DDP the cheap eval is a collective every rank must join).
@@ -293,11 +333,7 @@ class Loop:
                     max_batches=cfg.eval_max_batches,
                 )
         if callable(result) and cfg.background_eval != "off":
-            weights = None
-            if cfg.save_best and self.out is not None and self.monitor not in record:
-                with self.timer.phase("checkpoint"):  # kept until the verdict arrives
-                    weights = checkpoint.snapshot(self.raw_model, meta={"epoch": epoch})
-            self.deferred.submit(epoch, result, weights)
+            self._defer(epoch, result, record, rng)
         elif callable(result):  # background_eval="off": score it here, on the critical path
             with self.timer.phase("full_eval"):
                 record.update(result())
@@ -306,9 +342,32 @@ class Loop:
         self.state.history.append(record)
         return record
 
-    def collect(self, wait: bool) -> None:
-        """Background evals that finished: into their epoch's row, then to the callbacks."""
-        for epoch, metrics, weights in self.deferred.collect(wait=wait):
+    def _defer(self, epoch: int, result: Metrics | Callable[[], Metrics], record: Mapping[str, Any],
+               rng: dict[str, Any]) -> None:  # fmt: skip
+        """Queue epoch ``epoch``'s full-eval result for its turn in ``collect``: a callable scored in the background
+        pool (or here, with background_eval="off"), or metrics already known (a resume's re-run)."""
+        weights = None
+        if self.cfg.save_best and self.out is not None and self.monitor not in record:
+            with self.timer.phase("checkpoint"):  # kept until the verdict arrives: best/ gets this epoch's weights
+                weights = checkpoint.snapshot(self.raw_model, meta={"epoch": epoch})
+        if not callable(result):
+            self.deferred.add_done(epoch, result, (weights, rng))
+        elif self.cfg.background_eval != "off":
+            self.deferred.submit(epoch, result, (weights, rng))
+        else:
+            with self.timer.phase("full_eval"):
+                self.deferred.add_done(epoch, result(), (weights, rng))
+
+    def collect(self, through: int | None = None) -> None:
+        """The background evals of the epochs up to ``through`` (all when None), waiting for those still running:
+        into their epoch's row, then to the callbacks, in epoch order. fit() collects epoch k's at the end of epoch
+        k+1, before that epoch's own metrics, so best/ and early stopping judge every epoch in order, one epoch
+        behind when its eval runs in the background, and the same whenever its result happens to land."""
+        begin = time.perf_counter()
+        done = self.deferred.collect(wait=True, through=through)
+        if done:
+            self.timer.add("full_eval", time.perf_counter() - begin)  # waiting for it is the eval's cost
+        for epoch, metrics, (weights, _rng) in done:
             next(r for r in self.state.history if r["epoch"] == epoch).update(metrics)
             self.events.on_metrics(epoch, metrics, weights)
 
@@ -345,7 +404,8 @@ def fit(
       ``count_fn(batch) -> items`` that mean is over (default: scored label tokens, else rows).
     - ``full_eval(model) -> metrics`` is the expensive evaluation (generation, task metrics), run every
       ``config.full_eval_every`` epochs and/or at the end; return a zero-argument callable instead of a dict to run
-      its CPU-bound part in the background while training continues.
+      its CPU-bound part in the background while the next epoch trains (its metrics are judged, in epoch order, at
+      that epoch's end: early stopping then acts one epoch later than with a dict).
     - ``run_dir`` receives config.json, history.csv, timing.json and the best/ and last/ checkpoints;
       ``resume=True`` continues from ``run_dir/last`` exactly where it stopped; ``resume="auto"`` does when a
       complete ``last/`` exists and starts fresh otherwise (a restarted session just runs the same cell again).
@@ -396,13 +456,13 @@ def fit(
                     events.on_step_end(step)
                 number = epoch + 1  # shown and recorded 1-based (RunState's docstring)
                 record = loop.epoch_record(number, time.perf_counter() - epoch_start, samples, tokens)
+                loop.collect(through=number - 1)  # the earlier epochs' background results first: epoch order
                 events.on_metrics(number, {k: v for k, v in record.items() if isinstance(v, float)}, None)
                 events.on_epoch_end(record)
-                loop.collect(wait=False)
                 if finished:  # every batch consumed: move on (a clean resume point), even if a callback stopped
                     loop.next_epoch()
                     events.on_next_epoch(loop)
-            loop.collect(wait=True)
+            loop.collect()
         loop.ended_cleanly = True
     finally:
         events.on_fit_end(loop)

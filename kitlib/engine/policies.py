@@ -131,7 +131,8 @@ def improved(value: float, best: float | None, cfg: TrainConfig) -> bool:
 
 
 class EarlyStopping(Policy):
-    """Stops after ``patience`` evaluations without improvement (all ranks agree)."""
+    """Stops after ``patience`` evaluations without improvement (all ranks agree), decided at an epoch boundary on
+    the verdicts known by then, which arrive in epoch order (a background eval's at the end of the next epoch)."""
 
     def __init__(self, patience: int) -> None:
         self.patience = patience

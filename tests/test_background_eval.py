@@ -1,0 +1,200 @@
+"""Background full evals (their result arrives late): judged in epoch order, and never lost by a resume."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from kitlib import Callback, TrainConfig, fit
+from kitlib.engine import checkpoint
+from kitlib.engine.events import StepEnd
+from kitlib.engine.loop import FitResult, Loop
+
+
+def _data(n: int = 64, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def _mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def _cfg(**kw: Any) -> TrainConfig:
+    base: dict[str, Any] = {
+        "epochs": 4,
+        "micro_batch_size": 8,
+        "lr": 5e-2,
+        "precision": "fp32",
+        "full_eval_every": 1,
+        "monitor": "score",
+        "mode": "max",
+        "background_eval": "thread",
+        "seed": 3,
+    }
+    return TrainConfig(**{**base, **kw})
+
+
+def _weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ------------------------------------------------------------------------------------------ epoch order
+
+
+def test_a_late_background_result_is_judged_before_later_epochs_and_best_holds_its_weights(cpu_hw, tmp_path) -> None:
+    """Epoch 2's score arrives after epoch 3 finished training. Early stopping (patience 1) and best/ must still see
+    the scores in epoch order: epoch 2's (no improvement) ends the run at the next epoch boundary, before a 4th
+    epoch trains, and best/ holds epoch 1's weights, not the weights current when epoch 1's verdict landed."""
+    scores = {1: 0.5, 2: 0.4, 3: 0.45, 4: 0.9, 5: 0.9, 6: 0.9}  # epoch 4 would "rescue" a run that judged late
+    release = threading.Event()
+    calls: list[int] = []
+
+    def full_eval(model: nn.Module) -> Callable[[], dict[str, float]]:
+        calls.append(epoch := len(calls) + 1)
+
+        def score() -> dict[str, float]:
+            if epoch == 2:
+                release.wait(10)  # set during epoch 3's last step
+                time.sleep(0.3)  # ... and the result lands only after epoch 3's end
+            return {"score": scores[epoch]}
+
+        return score
+
+    seen: list[tuple[int, bool]] = []
+    at_end: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Watch(Callback):
+        def on_fit_start(self, loop: Loop) -> None:
+            self.loop = loop
+
+        def on_step_end(self, step: StepEnd) -> None:
+            if self.loop.state.epoch == 2 and self.loop.state.batch_in_epoch == 8:  # epoch 3's last step
+                release.set()
+
+        def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: object) -> None:
+            seen.append((epoch, "score" in metrics))
+
+        def on_epoch_end(self, record: Mapping[str, Any]) -> None:
+            at_end[record["epoch"]] = _weights(self.loop.raw_model)
+
+    torch.manual_seed(0)
+    result = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=6, patience=1),
+                 loss_fn=_mse, full_eval=full_eval, hw=cpu_hw, run_dir=tmp_path, callbacks=[Watch()])  # fmt: skip
+
+    assert [e for e, _ in seen] == sorted(e for e, _ in seen), seen  # every epoch's metrics after earlier epochs'
+    assert result.stop_reason == "early_stopping"
+    # epoch 2's verdict is known at epoch 3's end (one epoch behind: that is what running it in the background buys)
+    assert result.history["epoch"].tolist() == [1, 2, 3]
+    assert result.history["score"].tolist() == [0.5, 0.4, 0.45]
+    assert (result.best_epoch, result.best_metric) == (1, 0.5)
+    best = checkpoint.load(tmp_path / "best")
+    assert best.meta["epoch"] == 1
+    for name, tensor in at_end[1].items():
+        assert torch.equal(best.weights[name], tensor), name
+    assert not torch.equal(best.weights["weight"], result.model.weight.detach())
+
+    # the same decisions as scoring in the foreground: best epoch 1, stopped by epoch 2's verdict (there one epoch
+    # earlier, since nothing is pending)
+    calls.clear()
+    torch.manual_seed(0)
+    sync = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8),
+               config=_cfg(epochs=6, patience=1, background_eval="off"), loss_fn=_mse, full_eval=full_eval,
+               hw=cpu_hw)  # fmt: skip
+    assert (sync.stop_reason, sync.best_epoch, sync.history["epoch"].tolist()) == ("early_stopping", 1, [1, 2])
+
+
+# ------------------------------------------------------------------------------------------ resume
+
+
+def _score(model: nn.Module) -> Callable[[], dict[str, float]]:
+    """A deterministic function of the weights (the accelerator half), scored slowly in the background."""
+    x, y = _data(16, 1).tensors
+    value = -round(float(nn.functional.mse_loss(model(x), y)), 1)  # rounded: equal scores happen
+
+    def slow() -> dict[str, float]:
+        time.sleep(0.2)  # still pending when the next checkpoint is taken
+        return {"score": value}
+
+    return slow
+
+
+class Crash(Callback):
+    """Ends the session right after a last/ save: at an epoch end (``epoch``) or at an optimizer step (``step``)."""
+
+    def __init__(self, epoch: int | None = None, step: int | None = None) -> None:
+        self.epoch, self.step = epoch, step
+
+    def on_fit_start(self, loop: Loop) -> None:
+        self.loop = loop
+
+    def on_step_end(self, step: StepEnd) -> None:  # after kitlib's periodic save (policies run first)
+        if self.loop.state.step == self.step:
+            raise KeyboardInterrupt("the session ended")
+
+    def on_next_epoch(self, loop: Loop) -> None:  # after kitlib's epoch-end save
+        if loop.state.epoch == self.epoch:
+            raise KeyboardInterrupt("the session ended")
+
+
+def _run(run_dir: Path, hw: Any, crash: Crash | None = None, resume: bool = False) -> FitResult:
+    torch.manual_seed(0)
+    return fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8, shuffle=True),
+               config=_cfg(save_last=True, save_every_steps=5), loss_fn=_mse, full_eval=_score, hw=hw,
+               run_dir=run_dir, resume=resume, callbacks=[crash] if crash else [])  # fmt: skip
+
+
+def _same_run(expected: FitResult, got: FitResult, expected_dir: Path, got_dir: Path) -> None:
+    columns = ["epoch", "step", "train_loss", "score"]
+    assert got.history["score"].notna().all(), got.history
+    assert got.history[columns].equals(expected.history[columns]), (expected.history, got.history)
+    assert (got.best_epoch, got.best_metric) == (expected.best_epoch, expected.best_metric)
+    best, want = checkpoint.load(got_dir / "best"), checkpoint.load(expected_dir / "best")
+    assert best.meta["epoch"] == want.meta["epoch"] == expected.best_epoch
+    assert all(torch.equal(t, best.weights[n]) for n, t in want.weights.items())
+    assert all(torch.equal(t, got.model.state_dict()[n]) for n, t in expected.model.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    "crash",
+    [Crash(epoch=2), Crash(step=10)],  # 8 steps an epoch: step 10 is mid-epoch 2, after the save at step 10
+    ids=["epoch_end_save", "mid_epoch_save"],
+)
+def test_a_resume_from_a_last_saved_while_a_background_eval_was_pending_keeps_its_result(
+    cpu_hw, tmp_path: Path, crash: Crash
+) -> None:
+    expected = _run(tmp_path / "full", cpu_hw)
+    assert expected.history["score"].notna().all()
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path / "cut", cpu_hw, crash)
+    got = _run(tmp_path / "cut", cpu_hw, resume=True)
+    _same_run(expected, got, tmp_path / "full", tmp_path / "cut")
+
+
+def test_the_last_checkpoint_of_a_finished_run_holds_every_score(cpu_hw, tmp_path: Path) -> None:
+    """The end-of-run save waits for the pending eval: resuming a finished run (the same cell run again with
+    resume="auto") neither loses the last score nor evaluates again."""
+    result = _run(tmp_path, cpu_hw)
+    last = checkpoint.load(tmp_path / "last")
+    assert last.state is not None
+    scores = [row.get("score") for row in last.state["run"]["history"]]
+    assert scores == result.history["score"].tolist()
+    calls: list[int] = []
+
+    def counted(model: nn.Module) -> Callable[[], dict[str, float]]:
+        calls.append(1)
+        return _score(model)
+
+    again = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8, shuffle=True),
+                config=_cfg(save_last=True, save_every_steps=5), loss_fn=_mse, full_eval=counted, hw=cpu_hw,
+                run_dir=tmp_path, resume=True)  # fmt: skip
+    assert calls == [] and again.history["score"].tolist() == result.history["score"].tolist()
