@@ -76,11 +76,11 @@ def split_by_movie(reviews: pd.DataFrame, *, seed: int, test_fraction: float) ->
     return ~test, test
 
 
-def _write_csv(df: pd.DataFrame, path: Path) -> None:
+def write_csv(df: pd.DataFrame, path: Path) -> None:
     write_atomic(path, df.to_csv(index=False))  # a reader (or a second `demo` run) never sees half a file
 
 
-DEMO_MARKER = ".kitlib-demo"  # marks a folder make_demo wrote, so a re-run may overwrite it
+DEMO_MARKER = ".kitlib-demo"  # marks a folder a kitlib demo wrote, so a re-run (of either demo) may overwrite it
 
 
 def _refuse_foreign_files(root: Path, force: bool) -> None:
@@ -95,6 +95,16 @@ def _refuse_foreign_files(root: Path, force: bool) -> None:
         )
 
 
+def prepare_demo_dir(dir: str | Path, force: bool, *, by: str = "`python -m kitlib demo`") -> Path:
+    """The demo folder, created and marked as the demo's own; a folder holding a user's files raises a DataError
+    unless ``force``. Shared by every kitlib demo (make_demo, make_sql_demo)."""
+    root = Path(dir)
+    _refuse_foreign_files(root, force)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / DEMO_MARKER).write_text(f"written by {by}: safe to overwrite with the demo\n")
+    return root
+
+
 def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, force: bool = False) -> DemoPaths:
     """Write train.csv, test.csv, sample_submission.csv and solution.csv into ``dir`` (~1 s; deterministic for
     ``seed``, so re-running rewrites identical files)."""
@@ -106,52 +116,49 @@ def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, for
     train = reviews[train_mask].sort_values("id")
     test = reviews[test_mask].sort_values("id")
 
-    root = Path(dir)
-    _refuse_foreign_files(root, force)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / DEMO_MARKER).write_text("written by `python -m kitlib demo`: safe to overwrite with the demo\n")
+    root = prepare_demo_dir(dir, force)
     paths = DemoPaths(
         root, root / "train.csv", root / "test.csv", root / "sample_submission.csv", root / "solution.csv"
     )
-    _write_csv(train[["id", "text", "label"]], paths.train)
-    _write_csv(test[["id", "text"]], paths.test)
-    _write_csv(test[["id"]].assign(label=0), paths.sample_submission)
-    _write_csv(test[["id", "label"]], paths.solution)
+    write_csv(train[["id", "text", "label"]], paths.train)
+    write_csv(test[["id", "text"]], paths.test)
+    write_csv(test[["id"]].assign(label=0), paths.sample_submission)
+    write_csv(test[["id", "label"]], paths.solution)
     return paths
 
 
-def _read_scored(path: str | Path, role: str) -> pd.DataFrame:
+def read_scored(path: str | Path, role: str, column: str = "label", *, text: bool = False) -> pd.DataFrame:
+    """A solution or submission file: columns id (as str, unique) and ``column``. Class labels (``text=False``)
+    must all be present; a text column (``text=True``, e.g. an SQL query) is read verbatim, blanks as ''."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no {role} file at {path}")
     if path.stat().st_size == 0:
         raise DataError(f"the {role} file {path} is empty")
-    df = pd.read_csv(path)
-    missing = [c for c in ("id", "label") if c not in df.columns]
+    # text: no 'NA'/'NULL' -> NaN guessing, so every prediction is scored as written
+    df = pd.read_csv(path, dtype={column: str}, keep_default_na=False) if text else pd.read_csv(path)
+    missing = [c for c in ("id", column) if c not in df.columns]
     if missing:
         raise DataError(
             f"the {role} file {path} has no {missing[0]!r} column; available columns: {list(df.columns)}. "
-            "A submission needs the columns id,label (see sample_submission.csv)."
+            f"A submission needs the columns id,{column} (see sample_submission.csv)."
         )
     df = df.assign(id=df["id"].astype(str))  # '12' and 12 are the same id
     dup = df["id"].duplicated()
     if dup.any():
         raise DataError(f"the {role} file {path} repeats id {df['id'][dup.idxmax()]!r}; each id must appear once")
-    nan = df["label"].isna()
+    nan = df[column].isna()
     if nan.any():
         first = int(nan.idxmax())
         raise DataError(
-            f"the {role} file {path} has no label for id {df['id'][first]!r} (row {first}, "
+            f"the {role} file {path} has no {column} for id {df['id'][first]!r} (row {first}, "
             f"{int(nan.sum())} missing in all): predict every row"
         )
     return df
 
 
-def score(solution_csv: str | Path, submission_csv: str | Path) -> float:
-    """Accuracy of a submission against the held-out solution; mismatched ids, row counts, missing or
-    non-class labels raise a DataError saying what to fix."""
-    solution = _read_scored(solution_csv, "solution")
-    submission = _read_scored(submission_csv, "submission")
+def check_ids(solution: pd.DataFrame, submission: pd.DataFrame) -> None:
+    """A DataError unless the submission predicts exactly the solution's ids (both as read by ``read_scored``)."""
     if len(submission) != len(solution):
         raise DataError(f"the submission has {len(submission)} rows, the solution {len(solution)}: predict every id")
     missing = sorted(set(solution["id"]) - set(submission["id"]))
@@ -161,6 +168,14 @@ def score(solution_csv: str | Path, submission_csv: str | Path) -> float:
             f"the submission's ids do not match the solution's: {len(missing)} missing (e.g. {missing[:3]}), "
             f"{len(extra)} unknown (e.g. {extra[:3]}). Build it from test.csv's id column."
         )
+
+
+def score(solution_csv: str | Path, submission_csv: str | Path) -> float:
+    """Accuracy of a submission against the held-out solution; mismatched ids, row counts, missing or
+    non-class labels raise a DataError saying what to fix."""
+    solution = read_scored(solution_csv, "solution")
+    submission = read_scored(submission_csv, "submission")
+    check_ids(solution, submission)
     classes = set(solution["label"].tolist())
     predicted = pd.to_numeric(submission["label"], errors="coerce")
     bad = ~predicted.isin(list(classes))
