@@ -18,6 +18,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"machine"}),
     frozenset({"models"}),
     frozenset({"data", "engine"}),  # siblings: neither may import the other
+    frozenset({"tasks"}),  # task pieces (metrics now; a task's data + model later) above the engine and data
     frozenset({"doctor"}),
     frozenset({"notebook"}),
     frozenset({"tools"}),
