@@ -18,8 +18,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"machine"}),
     frozenset({"models"}),
     frozenset({"data", "engine"}),  # siblings: neither may import the other
+    frozenset({"tasks"}),  # the workloads: their targets, inputs, models and metrics, over data/engine/models
     frozenset({"doctor"}),
-    frozenset({"tasks"}),
     frozenset({"notebook"}),
     frozenset({"tools"}),
     frozenset({"cli", "__main__", "__init__"}),

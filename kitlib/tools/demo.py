@@ -79,12 +79,23 @@ def split_by_movie(reviews: pd.DataFrame, *, seed: int, test_fraction: float) ->
     return ~test, test
 
 
-def _write_csv(df: pd.DataFrame, path: Path) -> None:
+def write_csv(df: pd.DataFrame, path: Path) -> None:
     write_atomic(path, df.to_csv(index=False))  # a reader (or a second `demo` run) never sees half a file
 
 
 DEMO_MARKER = ".kitlib-demo"  # marks a folder make_demo wrote, so a re-run may overwrite it
 ABOUT_FILE = "demo.json"  # the demo's task, metric and the notebooks' parameters for it
+
+
+def prepare_demo_dir(dir: str | Path, force: bool, about: Mapping[str, Any]) -> Path:
+    """The demo folder, created and marked as the demo's own, with ``about`` in demo.json; a folder holding a user's
+    files raises a DataError unless ``force``. Shared by every kitlib demo."""
+    root = Path(dir)
+    _refuse_foreign_files(root, force)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / DEMO_MARKER).write_text("written by `python -m kitlib demo`: safe to overwrite with the demo\n")
+    write_atomic(root / ABOUT_FILE, json.dumps(dict(about), indent=1) + "\n")
+    return root
 
 
 def _refuse_foreign_files(root: Path, force: bool) -> None:
@@ -112,18 +123,14 @@ def write_competition(
     """Write the four files of a demo competition into ``dir`` (created if need be): refuses a folder holding
     files the demo did not write unless ``force``, marks the folder as the demo's, writes each file atomically.
     ``about`` (demo.json): the task, its metric (what ``score`` computes) and the notebooks' parameters for it."""
-    root = Path(dir)
-    _refuse_foreign_files(root, force)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / DEMO_MARKER).write_text("written by `python -m kitlib demo`: safe to overwrite with the demo\n")
-    write_atomic(root / ABOUT_FILE, json.dumps(dict(about), indent=1) + "\n")
+    root = prepare_demo_dir(dir, force, about)
     paths = DemoPaths(
         root, root / "train.csv", root / "test.csv", root / "sample_submission.csv", root / "solution.csv"
     )
-    _write_csv(train, paths.train)
-    _write_csv(test, paths.test)
-    _write_csv(sample_submission, paths.sample_submission)
-    _write_csv(solution, paths.solution)
+    write_csv(train, paths.train)
+    write_csv(test, paths.test)
+    write_csv(sample_submission, paths.sample_submission)
+    write_csv(solution, paths.solution)
     return paths
 
 
@@ -148,15 +155,17 @@ def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, for
     )
 
 
-def read_scored(path: str | Path, role: str, target: str = "label") -> pd.DataFrame:
+def read_scored(path: str | Path, role: str, target: str = "label", *, text: bool = False) -> pd.DataFrame:
     """A solution or submission file: columns id (as str) and ``target``; a missing file or column, a repeated
-    id or an empty target raises a DataError naming the fix."""
+    id or an empty target raises a DataError naming the fix. A text target (``text=True``, e.g. an SQL query) is
+    read verbatim, blanks as ''."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no {role} file at {path}")
     if path.stat().st_size == 0:
         raise DataError(f"the {role} file {path} is empty")
-    df = pd.read_csv(path)
+    # text: no 'NA'/'NULL' -> NaN guessing, so every prediction is scored as written
+    df = pd.read_csv(path, dtype={target: str}, keep_default_na=False) if text else pd.read_csv(path)
     missing = [c for c in ("id", target) if c not in df.columns]
     if missing:
         raise DataError(

@@ -1,0 +1,145 @@
+"""Execution-based scoring for text-to-SQL: run the predicted and the gold query on the database, compare the rows.
+
+    record_f1("SELECT name FROM customers", gold_sql, "shop.sqlite")           # one pair
+    mean_record_f1(predictions, golds, "shop.sqlite")                          # a submission, one connection
+
+How rows are compared (the choices, in one place):
+
+* As multisets, always order-insensitive, also when the gold query has ORDER BY: the rows a query selects are
+  what it is asked for; ORDER BY ... LIMIT n still counts through *which* n rows come back (the demo's gold
+  queries break ties, so that choice is unique). Duplicates count: ``SELECT city`` is not ``SELECT DISTINCT city``.
+* A row is the tuple of its values: column names and aliases are ignored, the column order is not, and an extra or
+  missing column makes every row differ. Floats are rounded to 6 decimals (a sum added in another order still
+  matches) and 3 equals 3.0; ROUND(x, 2) against an unrounded x does not match.
+* F1 = 2PR/(P+R), P = |pred ∩ gold| / |pred|, R = |pred ∩ gold| / |gold| (multiset intersection); both results
+  empty -> 1.0, exactly one empty -> 0.0.
+
+Safety: a database path is opened read-only (``file:...?mode=ro``), and while a query runs an authorizer allows only
+reading (SELECT, column reads, functions, recursive CTEs): no write, DDL, ATTACH, PRAGMA or transaction even on a
+writable connection handed in. A progress handler cuts a query running longer than ``timeout`` seconds (fetching its
+rows included), and more than ``MAX_ROWS`` rows are refused. A prediction that fails in any way (syntax, unknown
+table, several statements, denied, cut, too many rows, not a query) scores 0; a failing gold query raises DataError.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from kitlib.errors import DataError
+
+TIMEOUT_S = 1.0  # per query, fetching included
+MAX_ROWS = 100_000  # a result this large is no answer to a question about the data; refused before it fills memory
+_CHECK_EVERY = 1_000  # SQLite VM instructions between two clock checks (~tens of microseconds)
+_FETCH = 1_000
+_ROUND = 6
+
+Rows = Counter[tuple[object, ...]]
+Database = sqlite3.Connection | str | os.PathLike[str]
+
+# Authorizer action codes a read-only query needs; everything else (INSERT, DROP, ATTACH, PRAGMA, ...) is denied.
+_READ_ONLY = frozenset(
+    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
+)
+
+
+class QueryFailed(Exception):
+    """A query could not give a result (SQLite error, denied, cut by the time limit, too many rows, no columns)."""
+
+
+def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """A read-only connection to an existing SQLite file (``mode=ro``: SQLite itself refuses every write)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no SQLite database at {path}")
+    # as_uri percent-encodes the path, so '?', '#' or '%' in a folder name cannot change the URI's meaning
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+
+
+def _authorize(action: int, *_: object) -> int:
+    return sqlite3.SQLITE_OK if action in _READ_ONLY else sqlite3.SQLITE_DENY
+
+
+def _normalise(row: tuple[object, ...]) -> tuple[object, ...]:
+    return tuple(round(v, _ROUND) if isinstance(v, float) else v for v in row)
+
+
+def run_query(conn: sqlite3.Connection, sql: str, *, timeout: float = TIMEOUT_S, max_rows: int = MAX_ROWS) -> Rows:
+    """The result rows of one read-only statement as a multiset; QueryFailed when it gives none."""
+    if not isinstance(sql, str):
+        raise QueryFailed(f"not a query string: {sql!r}")
+    deadline = time.monotonic() + timeout
+    conn.set_authorizer(_authorize)
+    conn.set_progress_handler(lambda: time.monotonic() > deadline, _CHECK_EVERY)  # True aborts: 'interrupted'
+    try:
+        cursor = conn.execute(sql)  # one statement only: 'SELECT 1; DROP TABLE t' raises
+        if cursor.description is None:  # '', a comment: no result columns, so not a query
+            raise QueryFailed("the statement returns no columns")
+        rows: Rows = Counter()
+        while batch := cursor.fetchmany(_FETCH):
+            rows.update(_normalise(row) for row in batch)
+            if rows.total() > max_rows:
+                raise QueryFailed(f"more than {max_rows} rows")
+        return rows
+    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as err:  # ValueError: a NUL in the text
+        raise QueryFailed(f"{type(err).__name__}: {err}") from err
+    finally:
+        conn.set_progress_handler(None, 0)
+        conn.set_authorizer(None)
+
+
+def rows_f1(predicted: Rows, gold: Rows) -> float:
+    """Multiset F1 between two results; both empty -> 1.0."""
+    if not predicted and not gold:
+        return 1.0
+    common = (predicted & gold).total()
+    if common == 0:
+        return 0.0
+    precision, recall = common / predicted.total(), common / gold.total()
+    return 2 * precision * recall / (precision + recall)
+
+
+def _gold_rows(conn: sqlite3.Connection, gold: str, timeout: float) -> Rows:
+    try:
+        return run_query(conn, gold, timeout=timeout)
+    except QueryFailed as err:
+        raise DataError(f"the gold query fails ({err}); the solution must hold working SQL: {gold!r}") from err
+
+
+def _pair_f1(conn: sqlite3.Connection, predicted: str, gold: str, timeout: float) -> float:
+    gold_rows = _gold_rows(conn, gold, timeout)  # first: a broken solution raises even when the prediction fails
+    try:
+        predicted_rows = run_query(conn, predicted, timeout=timeout)
+    except QueryFailed:
+        return 0.0
+    return rows_f1(predicted_rows, gold_rows)
+
+
+def _scoring(db: Database, predictions: Sequence[str], golds: Sequence[str], timeout: float) -> list[float]:
+    if len(predictions) != len(golds):
+        raise ValueError(f"{len(predictions)} predictions for {len(golds)} gold queries")
+    conn = db if isinstance(db, sqlite3.Connection) else connect_readonly(db)
+    try:
+        return [_pair_f1(conn, p, g, timeout) for p, g in zip(predictions, golds, strict=True)]
+    finally:
+        if conn is not db:
+            conn.close()
+
+
+def record_f1(predicted: str, gold: str, db: Database, *, timeout: float = TIMEOUT_S) -> float:
+    """F1 between the rows ``predicted`` and ``gold`` return on ``db`` (a connection, or a path opened read-only)."""
+    return _scoring(db, [predicted], [gold], timeout)[0]
+
+
+def mean_record_f1(
+    predictions: Sequence[str], golds: Sequence[str], db: Database, *, timeout: float = TIMEOUT_S
+) -> float:
+    """Mean record F1 over aligned predictions and gold queries, on one connection to ``db``."""
+    scores = _scoring(db, predictions, golds, timeout)
+    if not scores:
+        raise ValueError("no queries to score")
+    return sum(scores) / len(scores)
