@@ -16,12 +16,12 @@ from torch import nn
 from kitlib.data.tables import DataError, TaskSpec
 from kitlib.errors import SetupError
 from kitlib.notebook import stages
-from kitlib.tasks import get_task
-from kitlib.tasks.base import SideInputs, Task
+from kitlib.notebook.tasks import get_task
+from kitlib.notebook.tasks.base import SideInputs, Task
+from kitlib.notebook.tasks.text import TabularTextTask
 from kitlib.tasks.metrics import get_metric, macro_f1, rmsle, smape
 from kitlib.tasks.tabular import fit_columns
 from kitlib.tasks.targets import read_target
-from kitlib.tasks.text import TabularTextTask
 
 
 # ------------------------------------------------------------------------------------------------------ metrics

@@ -27,7 +27,7 @@ from kitlib.data.featurize import TokenizedTexts
 from kitlib.data.ngrams import NgramBags
 from kitlib.data.tables import TaskSpec
 from kitlib.errors import DataError, MissingRunError, damaged_file
-from kitlib.tasks.base import SideInputs
+from kitlib.notebook.tasks.base import SideInputs
 
 if TYPE_CHECKING:
     from kitlib.data.lengths import LengthReport
@@ -60,7 +60,7 @@ class Features:
     ngrams: tuple[NgramBags, NgramBags] | None = None
     side: SideInputs = field(
         default_factory=SideInputs
-    )  # the task's per-row inputs besides the tokens (kitlib.tasks.base)
+    )  # the task's per-row inputs besides the tokens (kitlib.notebook.tasks.base)
     report: LengthReport | None = None  # the length report, in the process that built the features (01's display)
 
     @property

@@ -48,7 +48,7 @@ class Params:
     model: str = "auto"  # "auto": all-MiniLM-L6-v2 (an error when it is not installed); "tiny"; or a model dir
     text: str = "text"
     target: str = "label"
-    task: str = "auto"  # the workload (kitlib.tasks: auto, classify, regress, tabular-text, or "module:name")
+    task: str = "auto"  # the workload (kitlib.notebook.tasks: auto, classify, regress, tabular-text, or "module:name")
     metric: str = "auto"  # what best/ and early stopping follow (kitlib.tasks.metrics; auto: accuracy or rmse)
     numeric: tuple[str, ...] = ()  # numeric columns used beside the text (task tabular-text)
     categorical: tuple[str, ...] = ()  # categorical columns used beside the text (task tabular-text)
@@ -167,7 +167,7 @@ def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[st
 # -------------------------------------------------------------------------------------------------------- checks
 def _check(p: Params) -> None:
     from kitlib.errors import MissingDataError, SetupError
-    from kitlib.tasks import get_task
+    from kitlib.notebook.tasks import get_task
 
     get_task(p.task).check(p)  # an unknown task, a module:name that does not import, or columns it needs
     for f in dataclasses.fields(p):

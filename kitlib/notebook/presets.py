@@ -174,7 +174,7 @@ class ResolvedRun:
     overrides: Mapping[str, Any] = field(default_factory=dict)  # what the user changed (read-only by convention)
     mean_tokens: float | None = None  # mean row length after truncation, when lengths were given
     kitlib_version: str = ""
-    task: str = "auto"  # the workload (kitlib.tasks), as 00's parameters name it
+    task: str = "auto"  # the workload (kitlib.notebook.tasks), as 00's parameters name it
     metric: str = "auto"  # what best/ follows, resolved for the target by 00 (kitlib.tasks.metrics)
 
     @property

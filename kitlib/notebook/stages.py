@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import ResolvedRun
-    from kitlib.tasks.base import SideInputs, Task
+    from kitlib.notebook.tasks.base import SideInputs, Task
     from kitlib.tasks.metrics import Metric
 
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
@@ -110,7 +110,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
     from kitlib.data.tables import read_table
     from kitlib.notebook.submission import check_sample_submission
-    from kitlib.tasks import get_task
+    from kitlib.notebook.tasks import get_task
     from kitlib.tasks.metrics import get_metric
 
     workload = get_task(p.task)
@@ -129,7 +129,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
 def _read_train(p: Params) -> pd.DataFrame:
     """train.csv, every row, with its columns checked (kitlib.data.tables.read_table)."""
     from kitlib.data.tables import read_table
-    from kitlib.tasks import get_task
+    from kitlib.notebook.tasks import get_task
 
     rule = get_task(p.task).target_rule
     return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=rule)
@@ -319,8 +319,8 @@ def _metric(task: TaskSpec, metric: Metric, workload: Task, loader: Any, device:
 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
-    model inside what the task builds around it (kitlib.tasks)."""
-    from kitlib.tasks import get_task
+    model inside what the task builds around it (kitlib.notebook.tasks)."""
+    from kitlib.notebook.tasks import get_task
 
     prepared = feats.run.regime.prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
     model = get_task(p.task).model(prepared.model, feats.task, feats.side, p.seed)
@@ -415,7 +415,7 @@ def _train(
     from kitlib.engine.loop import fit
     from kitlib.machine.distributed import dist_env
     from kitlib.machine.hardware import detect
-    from kitlib.tasks import get_task
+    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     prepared = prepare(p, feats, hw)
@@ -519,7 +519,7 @@ def infer(
             predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task,
                     interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
-    from kitlib.tasks import get_task
+    from kitlib.notebook.tasks import get_task
 
     values = get_task(p.task).submission(np.mean(predictions, axis=0), feats.task)
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})

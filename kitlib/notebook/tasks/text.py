@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kitlib.errors import SetupError
-from kitlib.tasks.base import Params, SideInputs, Task
+from kitlib.notebook.tasks.base import Params, SideInputs, Task
 
 if TYPE_CHECKING:
     import pandas as pd
