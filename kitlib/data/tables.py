@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from kitlib.config import Task
 
-TaskKind = Literal["binary", "multiclass", "regression"]
+TaskKind = Literal["binary", "multiclass", "regression", "sequence"]  # sequence: a text to generate (seq2seq)
 
 MAX_INT_CLASSES = 20  # integer targets with at most this many distinct values are classes (ratings 1-5, ids 0-9)
 

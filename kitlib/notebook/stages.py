@@ -25,8 +25,6 @@ from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
     import pandas as pd
-    import torch
-    from torch import nn
 
     from kitlib.config import TrainConfig
     from kitlib.data.cache import Cache
@@ -34,7 +32,7 @@ if TYPE_CHECKING:
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import ResolvedRun
-    from kitlib.notebook.tasks.base import SideInputs, Task
+    from kitlib.notebook.tasks.base import SideInputs
     from kitlib.tasks.metrics import Metric
 
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
@@ -109,14 +107,23 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
     from kitlib.data.tables import read_table
+    from kitlib.notebook import presets
     from kitlib.notebook.submission import check_sample_submission
     from kitlib.notebook.tasks import get_task
     from kitlib.tasks.metrics import get_metric
 
     workload = get_task(p.task)
+    if run.regime.name not in workload.regimes:
+        from kitlib.errors import SetupError
+
+        fits = [name for name, preset in presets.PRESETS.items() if preset.regime in workload.regimes]
+        raise SetupError(
+            f"preset {run.name!r} trains in the {run.regime.name} regime, which task {p.task!r} cannot use (it needs "
+            f"{' or '.join(workload.regimes)}): pick one of {fits} in 00_setup (preset, or KIT_PRESET headless)"
+        )
     train = _read_train(p)
     task = workload.target(train[p.target], p, p.metric)
-    metric = get_metric(p.metric, task.kind)
+    metric = get_metric(p.metric, task.kind, data_dir=p.data_dir)
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
@@ -212,9 +219,12 @@ def features(
     log = (lambda _msg: None) if quiet else print
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, trust=True, log=log)  # seeds: the user's inputs
     data = read_competition(p, run)
+    from kitlib.notebook.tasks import get_task
+
     train, test, task = data.train, data.test, data.task
     texts = train[p.text].tolist()
-    tokenizer, model, identity = run.regime.load(task, texts, p.seed, _model_choice(p))
+    workload = get_task(p.task)
+    tokenizer, model, identity = workload.load(run, task, train, p, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
     if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
@@ -240,7 +250,7 @@ def features(
         max_length=max_length,
         vocab_size=len(tokenizer),
         pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
-        labels=task.encode(train[p.target]),
+        labels=workload.labels(task, train[p.target], tokenizer, run, cache),
         train_tokens=train_tokens,
         test_tokens=test_tokens,
         test_ids=data.test_ids,
@@ -273,7 +283,7 @@ def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: P
             f"{n_train} are left, fewer than one training batch of {batch} (batches are full: drop_last). Add rows, "
             "or lower micro_batch_size in the picker's advanced settings"
         )
-    if task.kind == "regression":
+    if task.kind not in ("binary", "multiclass"):
         return
     counts = target.value_counts()
     rare = counts[counts < 2]
@@ -291,40 +301,12 @@ def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
-def _metric(task: TaskSpec, metric: Metric, workload: Task, loader: Any, device: torch.device) -> Any:
-    """The full evaluation: the metric, in the target's own units (predictions decoded as the submission is), and the
-    loss over every validation row, in one pass (fit then skips its separate loss-only pass; it runs this under
-    no_grad + autocast)."""
-    import torch
-
-    from kitlib.engine.step import to_device
-
-    move = to_device(device)
-
-    def evaluate(model: nn.Module) -> dict[str, float]:
-        outputs, labels, loss_sum = [], [], 0.0
-        for batch in loader:
-            batch = move(batch)
-            output = model(**batch)
-            out = output.logits.float()
-            outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
-            labels.append(batch["labels"])
-            loss_sum += float(output.loss) * len(batch["labels"])  # mean over rows -> weighted like fit's loss eval
-        y_pred = workload.submission(torch.cat(outputs).cpu().numpy(), task)
-        y_true = task.decode(torch.cat(labels).cpu().numpy())
-        return {metric.name: metric(y_true, y_pred), "eval_loss": loss_sum / len(y_true)}
-
-    return evaluate
-
-
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks)."""
     from kitlib.notebook.tasks import get_task
 
-    prepared = feats.run.regime.prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
-    model = get_task(p.task).model(prepared.model, feats.task, feats.side, p.seed)
-    return dataclasses.replace(prepared, model=model)
+    return get_task(p.task).prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
 
 
 def train(
@@ -366,14 +348,14 @@ def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
     return dataclasses.replace(cfg, monitor=metric.name, mode=metric.mode)
 
 
-def _run_metric(feats: Features) -> Metric:
+def _run_metric(p: Params, feats: Features) -> Metric:
     from kitlib.tasks.metrics import get_metric
 
-    return get_metric(feats.run.metric, feats.task.kind)
+    return get_metric(feats.run.metric, feats.task.kind, data_dir=p.data_dir)
 
 
 def _train_config(p: Params, feats: Features) -> TrainConfig:
-    return _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), _run_metric(feats))
+    return _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), _run_metric(p, feats))
 
 
 def _staging(p: Params) -> Path:
@@ -426,7 +408,7 @@ def _train(
         prepared.train,
         config=_train_config(p, feats),
         eval_loader=prepared.valid,
-        full_eval=_metric(feats.task, _run_metric(feats), get_task(p.task), prepared.valid, device),
+        full_eval=get_task(p.task).evaluate(feats.task, _run_metric(p, feats), prepared.valid, device),
         run_dir=staging,
         resume=resume,
         hw=hw,
@@ -451,42 +433,6 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
-def predict(
-    model: nn.Module,
-    loader: Any,
-    *,
-    precision: Any,
-    device: torch.device,
-    task: TaskSpec,
-    interactive: bool = False,
-    desc: str = "predict",
-) -> np.ndarray:
-    """Class probabilities (or regression values) for every row, in the dataset's row order.
-
-    The predict loader is length-sorted (little padding); ``restore_order`` puts rows back where they were. Progress
-    in rows: a widget bar when ``interactive``, else a text line every 30 s (kitlib.progress).
-    """
-    import torch
-
-    from kitlib.data.loaders import restore_order
-    from kitlib.engine.step import to_device
-    from kitlib.progress import progress_bar
-
-    move = to_device(device)
-    model.to(device).eval()
-    outputs = []
-    bar = progress_bar(len(loader.dataset), desc=desc, interactive=interactive)
-    try:
-        with torch.inference_mode(), precision.autocast():
-            for batch in loader:
-                out = model(**move(batch)).logits.float()
-                outputs.append(out.squeeze(-1) if task.kind == "regression" else out.softmax(-1))
-                bar.update(len(out))
-    finally:
-        bar.close()  # short of its total (red in a notebook) only when predicting raised
-    return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
-
-
 def infer(
     p: Params,
     feats: Features | None = None,
@@ -503,6 +449,7 @@ def infer(
     from kitlib.machine.hardware import detect
     from kitlib.machine.precision import Precision, decide_precision
     from kitlib.notebook.submission import write_submission
+    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     feats = feats or load_features(p)
@@ -513,15 +460,14 @@ def infer(
     predictions = []
     from kitlib.notebook.params import kaggle_input
 
+    workload = get_task(p.task)
     for run_dir in [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]:
         checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
         predictions.append(
-            predict(prepared.model, prepared.test, precision=precision, device=device, task=feats.task,
-                    interactive=hw.interactive, desc=f"predict ({run_dir.name})")
+            workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.task,
+                             interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
-    from kitlib.notebook.tasks import get_task
-
-    values = get_task(p.task).submission(np.mean(predictions, axis=0), feats.task)
+    values = workload.submission(workload.combine(predictions), feats.task)
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 

@@ -11,9 +11,11 @@ user's metric is named ``"module:function"``; it returns a float, and is minimis
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from kitlib.config import Mode
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
-AUTO = {"binary": "accuracy", "multiclass": "accuracy", "regression": "rmse"}  # metric="auto", by target kind
+AUTO = {"binary": "accuracy", "multiclass": "accuracy", "regression": "rmse", "sequence": "exact_match"}  # "auto"
 LOG_TARGET_METRICS = frozenset({"smape", "rmsle"})  # relative errors: a log target trains what they score
 
 
@@ -73,13 +75,32 @@ def smape(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(200 * np.mean(ratio))
 
 
+def exact_match(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Share of generated texts equal to the reference, ignoring surrounding whitespace."""
+    return float(np.mean([str(t).strip() == str(p).strip() for t, p in zip(y_true, y_pred, strict=True)]))
+
+
+def record_f1_on(database: Path) -> MetricFn:
+    """Text-to-SQL's executing metric: mean record F1 of the generated queries' result rows against the reference
+    queries', both run read-only on ``database`` (kitlib.tasks.sql_metric; a failing query scores 0)."""
+
+    def record_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+        from kitlib.tasks.sql_metric import mean_record_f1
+
+        return mean_record_f1([str(q) for q in y_pred], [str(q) for q in y_true], database)
+
+    return record_f1
+
+
 def rmsle(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     """Root mean squared log error; negative predictions count as 0 (Kaggle clips them the same way)."""
     a, f = np.log1p(np.clip(y_true, 0, None).astype(np.float64)), np.log1p(np.clip(y_pred, 0, None).astype(np.float64))
     return float(np.sqrt(np.mean((f - a) ** 2)))
 
 
-_CLASSES, _NUMBERS = frozenset({"binary", "multiclass"}), frozenset({"regression"})
+_CLASSES, _NUMBERS, _TEXTS = frozenset({"binary", "multiclass"}), frozenset({"regression"}), frozenset({"sequence"})
+_WHAT = {_CLASSES: "classes", _NUMBERS: "numbers", _TEXTS: "generated texts"}
+DATABASE_SUFFIXES = (".sqlite", ".sqlite3", ".db")  # record_f1's database: the one such file in data_dir
 METRICS: Mapping[str, Metric] = MappingProxyType(
     {
         m.name: m
@@ -90,14 +111,17 @@ METRICS: Mapping[str, Metric] = MappingProxyType(
             Metric("mae", "min", mae, _NUMBERS),
             Metric("smape", "min", smape, _NUMBERS),
             Metric("rmsle", "min", rmsle, _NUMBERS),
+            Metric("exact_match", "max", exact_match, _TEXTS),
+            Metric("record_f1", "max", exact_match, _TEXTS),  # fn bound to the data's database by get_metric
         )
     }
 )
 
 
-def get_metric(name: str, kind: str) -> Metric:
-    """The metric ``name`` ("auto": accuracy for classes, rmse for numbers; or "module:function") for a target of
-    ``kind``; a SetupError naming the fix when it does not exist, does not import, or does not fit the target."""
+def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
+    """The metric ``name`` ("auto": accuracy for classes, rmse for numbers, exact_match for texts; or
+    "module:function") for a target of ``kind``; a SetupError naming the fix when it does not exist, does not
+    import, or does not fit the target. ``record_f1`` executes SQL on the database in ``data_dir``."""
     from kitlib.config import Mode
 
     if name == "auto":
@@ -119,10 +143,23 @@ def get_metric(name: str, kind: str) -> Metric:
     if kind not in metric.kinds:
         fits = [m for m, v in METRICS.items() if kind in v.kinds]
         raise SetupError(
-            f"metric = {name!r} scores {'classes' if metric.kinds == _CLASSES else 'numbers'}, but the target is "
+            f"metric = {name!r} scores {_WHAT[metric.kinds]}, but the target is "
             f"{kind}: use one of {fits}, or set task (classify/regress) if the target was read as the wrong kind"
         )
+    if name == "record_f1":
+        return dataclasses.replace(metric, fn=record_f1_on(_database(data_dir)))
     return metric
+
+
+def _database(data_dir: Path | None) -> Path:
+    found = sorted(f for f in data_dir.iterdir() if f.suffix in DATABASE_SUFFIXES) if data_dir is not None else []
+    if len(found) != 1:
+        where = f"data_dir ({data_dir}) holds {[f.name for f in found]}" if data_dir else "no data_dir was given"
+        raise SetupError(
+            f"metric 'record_f1' executes the generated SQL on the competition's database, but {where}: put exactly "
+            f"one SQLite file ({', '.join(DATABASE_SUFFIXES)}) in data_dir"
+        )
+    return found[0]
 
 
 def import_object(spec: str, what: str) -> Any:

@@ -3,11 +3,16 @@
 The stages (kitlib.notebook.stages) read and check the files, tokenize, cache, train with ``fit`` and write the
 submission the same way for every task; a task says only what is its own:
 
-    columns(p)                  input columns besides text/target/id, checked in 00 before anything is written
-    target(column, p, metric)   how the target column is read and transformed for training (a TaskSpec)
-    side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
-    model(text_model, ...)      the model to train around the regime's text model (its ``.loss`` is the task's loss)
-    submission(outputs, spec)   the model's test outputs -> the submission column
+    00  check(p), columns(p)        parameters and input columns it needs, checked before anything is written
+        target(column, p, metric)   how the target column is read and learned (a TaskSpec: classes, a transform)
+        side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
+    01  load(run, spec, ...)        the tokenizer and model (default: the preset's regime decides)
+        labels(spec, column, ...)   the training targets as an array (class codes, values, target tokens)
+    02  prepare(feats, ...)         loaders and the model to train (default: the regime's, then ``model`` around it)
+        evaluate(...)               the full evaluation fit() runs on its cadence (a callable: in the background)
+    03  predict(model, loader, ...) outputs for every test row; ``combine`` merges runs; ``submission`` -> the column
+
+The defaults are the text tasks' (one text column to a class or a number), so a task overrides only what is its own.
 
 A new task subclasses ``Task`` in a module of its own and is named in 00's parameters as ``task="module:name"``
 (an instance, a class or a factory): nothing in the engine, the stages or the notebooks changes.
@@ -23,11 +28,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
+    import torch
     from torch import nn
 
     from kitlib.config import Task as TargetRule
     from kitlib.data.tables import TaskSpec
+    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.notebook.handoff import Features
+    from kitlib.notebook.presets import ResolvedRun
+    from kitlib.notebook.regimes import Prepared
+    from kitlib.tasks.metrics import Metric
+
+    FullEval = Callable[[nn.Module], Any]  # fit's full_eval: model -> metrics, or a callable scored in the background
 
 
 class Params(Protocol):
@@ -43,6 +58,8 @@ class Params(Protocol):
     def text(self) -> str: ...
     @property
     def target(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
     @property
     def numeric(self) -> tuple[str, ...]: ...
     @property
@@ -66,7 +83,9 @@ class Task:
     name: str = "auto"
     target_rule: TargetRule = "auto"  # how kitlib.data.tables.infer_task reads the target column
     description: str = "one text column -> a class or a number (read from the target's values)"
+    regimes: tuple[str, ...] = ("head", "finetune")  # the preset regimes (kitlib.notebook.regimes) it can train in
 
+    # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
         """Parameters this task needs or refuses, before any file is read (a SetupError naming the fix)."""
 
@@ -81,9 +100,102 @@ class Task:
     def side_inputs(self, p: Params, train: pd.DataFrame, test: pd.DataFrame) -> SideInputs:
         return SideInputs()
 
+    # ------------------------------------------------------------------------------------------------- 01 features
+    def load(
+        self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+    ) -> tuple[Any, Any, str]:
+        """(tokenizer, model, identity) for 01: the preset's regime loads them for the text column."""
+        return run.regime.load(spec, train[p.text].tolist(), p.seed, choice)
+
+    def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
+        """The training targets 02 learns (int64 class codes, or float32 transformed values)."""
+        return spec.encode(column)
+
+    # ---------------------------------------------------------------------------------------------------- 02 train
+    def prepare(
+        self,
+        feats: Features,
+        hw: HardwareInfo,
+        split: tuple[np.ndarray, np.ndarray],
+        seed: int,
+        choice: Mapping[str, Any],
+    ) -> Prepared:
+        """Loaders and the model for 02 and 03 from the saved features: the regime's, with ``model`` around it."""
+        import dataclasses
+
+        prepared = feats.run.regime.prepare(feats, hw, split, seed, choice)
+        return dataclasses.replace(prepared, model=self.model(prepared.model, feats.task, feats.side, seed))
+
     def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
         return text_model
 
+    def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
+        """The full evaluation: the metric, in the target's own units (predictions decoded as the submission is),
+        and the loss over every validation row, in one pass (fit then skips its loss-only pass; it runs this under
+        no_grad + autocast)."""
+        import torch
+
+        from kitlib.engine.step import to_device
+
+        move = to_device(device)
+
+        def evaluate(model: nn.Module) -> dict[str, float]:
+            outputs, labels, loss_sum = [], [], 0.0
+            for batch in loader:
+                batch = move(batch)
+                output = model(**batch)
+                outputs.append(self.outputs(output.logits, spec))
+                labels.append(batch["labels"])
+                loss_sum += float(output.loss) * len(batch["labels"])  # mean over rows -> weighted like fit's
+            y_pred = self.submission(torch.cat(outputs).cpu().numpy(), spec)
+            y_true = spec.decode(torch.cat(labels).cpu().numpy())
+            return {metric.name: metric(y_true, y_pred), "eval_loss": loss_sum / len(y_true)}
+
+        return evaluate
+
+    # ---------------------------------------------------------------------------------------------------- 03 infer
+    def outputs(self, logits: torch.Tensor, spec: TaskSpec) -> torch.Tensor:
+        """One batch's logits -> what ``combine`` averages: class probabilities, or one value per row."""
+        out = logits.float()
+        return out.squeeze(-1) if spec.kind == "regression" else out.softmax(-1)
+
+    def predict(
+        self,
+        model: nn.Module,
+        loader: Any,
+        *,
+        precision: Any,
+        device: torch.device,
+        spec: TaskSpec,
+        interactive: bool = False,
+        desc: str = "predict",
+    ) -> np.ndarray:
+        """Outputs for every row, in the dataset's row order. The predict loader is length-sorted (little padding);
+        ``restore_order`` puts rows back where they were. Progress in rows: a widget bar when ``interactive``, else
+        a text line every 30 s (kitlib.progress)."""
+        import torch
+
+        from kitlib.data.loaders import restore_order
+        from kitlib.engine.step import to_device
+        from kitlib.progress import progress_bar
+
+        move = to_device(device)
+        model.to(device).eval()
+        outputs = []
+        bar = progress_bar(len(loader.dataset), desc=desc, interactive=interactive)
+        try:
+            with torch.inference_mode(), precision.autocast():
+                for batch in loader:
+                    outputs.append(self.outputs(model(**move(batch)).logits, spec))
+                    bar.update(len(outputs[-1]))
+        finally:
+            bar.close()  # short of its total (red in a notebook) only when predicting raised
+        return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
+
+    def combine(self, predictions: list[np.ndarray]) -> np.ndarray:
+        """Several runs' outputs (an ensemble of seeds or machines) -> one: their mean."""
+        return np.mean(predictions, axis=0)
+
     def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
-        """Mean model outputs over runs (class probabilities, or one value per row) -> the submission's values."""
+        """Combined outputs (class probabilities, or one value per row) -> the submission's values."""
         return spec.decode(outputs if spec.kind == "regression" else outputs.argmax(-1))
