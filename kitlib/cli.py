@@ -33,6 +33,10 @@ def _demo_maker(task: str) -> Any:
         from kitlib.tools.demo_price import make_price_demo
 
         return make_price_demo
+    if task == "seq2seq":
+        from kitlib.tools.demo_sql import make_sql_demo
+
+        return lambda dir, *, seed, test_fraction, force: make_sql_demo(dir, seed=seed, force=force)
     from kitlib.tools.demo import make_demo
 
     return make_demo
@@ -62,6 +66,12 @@ def _cmd_score(args: argparse.Namespace) -> int:
         from kitlib.tools.demo_price import score_price
 
         print(f"smape: {score_price(args.solution, args.submission):.2f} (lower is better)")
+        return 0
+    if metric == "record_f1":
+        from kitlib.tools.demo_sql import DB_FILE, score_sql
+
+        f1 = score_sql(args.solution, args.submission, Path(args.solution).with_name(DB_FILE))
+        print(f"record_f1: {f1:.4f} (each query executed on {DB_FILE})")
         return 0
     accuracy = score(args.solution, args.submission)  # a DataError prints as one line, exit 2
     print(f"accuracy: {accuracy:.4f}")
@@ -244,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-fraction", type=float, default=0.2)
     p.add_argument("--force", action="store_true", help="overwrite a folder that holds other files")
     p.add_argument(
-        "--task", default="auto", choices=["auto", "tabular-text"], help="tabular-text: film box office, SMAPE"
+        "--task",
+        default="auto",
+        choices=["auto", "tabular-text", "seq2seq"],
+        help="auto: reviews, accuracy; tabular-text: film box office, SMAPE; seq2seq: text-to-SQL, record F1",
     )
     p.set_defaults(func=_cmd_demo)
 

@@ -38,6 +38,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> SqlDemoPaths:
     return make_sql_demo(tmp_path_factory.mktemp("sqldemo"), seed=0)
 
 
+@pytest.fixture(scope="module")
+def by_values(tmp_path_factory: pytest.TempPathFactory) -> SqlDemoPaths:
+    return make_sql_demo(tmp_path_factory.mktemp("sqldemo-values"), seed=0, split="values")
+
+
 def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -72,7 +77,7 @@ def test_templates_are_consistent() -> None:
         conn.executescript(SCHEMA)  # the schema the templates are written against is valid SQL
 
 
-def test_every_template_is_used_in_both_splits(demo: SqlDemoPaths) -> None:
+def test_every_template_is_used_in_both_splits(by_values: SqlDemoPaths, demo: SqlDemoPaths) -> None:
     patterns = {}
     for template in TEMPLATES:
         pattern = re.escape(template.sql)
@@ -85,10 +90,14 @@ def test_every_template_is_used_in_both_splits(demo: SqlDemoPaths) -> None:
         assert len(names) == 1, (query, names)
         return names[0]
 
-    train = pd.read_csv(demo.train)["query"].map(template_of).value_counts()
-    test = pd.read_csv(demo.solution)["query"].map(template_of).value_counts()
+    train = pd.read_csv(by_values.train)["query"].map(template_of).value_counts()
+    test = pd.read_csv(by_values.solution)["query"].map(template_of).value_counts()
     assert set(train.index) == set(test.index) == {t.name for t in TEMPLATES}
     assert train.min() >= 1500 // len(TEMPLATES) and test.min() >= 300 // len(TEMPLATES)
+    # split="questions": a template whose every question was asked in train (few slot values) sits out of test
+    train = pd.read_csv(demo.train)["query"].map(template_of).value_counts()
+    test = pd.read_csv(demo.solution)["query"].map(template_of).value_counts()
+    assert set(train.index) == {t.name for t in TEMPLATES} and len(test) >= len(TEMPLATES) - 4
 
 
 def test_every_gold_query_executes_and_answers(demo: SqlDemoPaths) -> None:
@@ -102,9 +111,16 @@ def test_every_gold_query_executes_and_answers(demo: SqlDemoPaths) -> None:
         conn.close()
 
 
-def test_split_is_by_slot_value(demo: SqlDemoPaths) -> None:
-    train, solution = pd.read_csv(demo.train), pd.read_csv(demo.solution)
-    test = pd.read_csv(demo.test)
+def test_no_test_question_is_asked_in_train(demo: SqlDemoPaths) -> None:
+    train, test = pd.read_csv(demo.train), pd.read_csv(demo.test)
+    solution = pd.read_csv(demo.solution)
+    assert len(test) == 300 and not set(test["question"]) & set(train["question"])
+    assert not set(solution["query"]) & set(train["query"])  # no answer learned by heart: new combinations
+
+
+def test_split_is_by_slot_value(by_values: SqlDemoPaths) -> None:
+    train, solution = pd.read_csv(by_values.train), pd.read_csv(by_values.solution)
+    test = pd.read_csv(by_values.test)
     assert not set(test["question"]) & set(train["question"])
     assert not set(solution["query"]) & set(train["query"])
     # the text slots' values in the SQL: no city, country, category, product or customer is on both sides

@@ -48,10 +48,14 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
     from kitlib.machine.hardware import check_torch_supports, detect
     from kitlib.notebook import presets
+    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     run = resolved or presets.resolve(p.preset, planning_hw(p, hw))
+    preset = get_task(p.task).preset(run.preset, p)
+    if preset != run.preset:  # the task trains it its way; what the user changed in the picker still wins
+        run = presets.resolve(preset, planning_hw(p, hw), overrides=run.overrides, world_size=run.world_size)
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
@@ -257,7 +261,7 @@ def features(
         submission_columns=data.columns,
         embeddings=extra.embeddings,
         ngrams=extra.ngrams,
-        side=data.side,
+        side=dataclasses.replace(data.side, state={**data.side.state, **workload.saved_state(tokenizer, p)}),
         report=report,
     )
     handoff.save(feats, p.work_dir, built_from(p))
@@ -338,12 +342,13 @@ def _train_worker(p: Params, callbacks: tuple[object, ...], resume: bool) -> Fit
 
 
 def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
-    """Keep the checkpoint the competition would score best: the metric when every epoch computes it.
+    """Keep the checkpoint the competition would score best: the metric, whenever a cadence computes it (every N
+    epochs: best/ and patience judge those epochs only, the ones in between carry the loss alone).
 
     Loss and accuracy part ways as a classifier grows confident: on the demo, ``best`` (4 epochs) had its lowest
     validation loss after epoch 2 (accuracy 0.827) and its highest accuracy after epoch 4 (0.839).
     """
-    if cfg.full_eval_every != 1 or cfg.monitor != "eval_loss":  # no metric every epoch, or chosen by hand
+    if cfg.full_eval_every < 1 or cfg.monitor != "eval_loss":  # the metric only at the end, or chosen by hand
         return cfg
     return dataclasses.replace(cfg, monitor=metric.name, mode=metric.mode)
 

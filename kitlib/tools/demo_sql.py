@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -35,7 +36,8 @@ from kitlib.tools.demo import DemoPaths, check_same_ids, prepare_demo_dir, read_
 DB_FILE = "shop.sqlite"
 PARAMETERS = {"task": "seq2seq", "metric": "record_f1", "text": "question", "target": "query"}  # 00's, demo.json
 PLACEHOLDER_QUERY = "SELECT 1"  # sample_submission.csv: valid SQL, (almost) never the answer
-TEST_SHARE = 0.25  # of each slot's values, held out for test.csv
+TEST_SHARE = 0.25  # of each slot's values, held out for test.csv (split="values")
+Split = Literal["questions", "values"]
 FIRST_YEAR, LAST_YEAR = 2019, 2024
 N_CUSTOMERS, N_ORDERS = 300, 3000
 _TRIES = 40  # slot draws per row before settling for a repeated question
@@ -389,29 +391,45 @@ def _answers(conn: sqlite3.Connection, query: str) -> bool:
 
 
 def _draw_pairs(
-    conn: sqlite3.Connection, pools: dict[str, list[Slot]], n: int, rng: np.random.Generator
+    conn: sqlite3.Connection,
+    pools: dict[str, list[Slot]],
+    n: int,
+    rng: np.random.Generator,
+    exclude: frozenset[str] = frozenset(),
 ) -> list[tuple[str, str]]:
-    """``n`` (question, query) pairs, the templates in turn; each query answers something, and questions repeat
-    only when a template's slot pools run out of new ones."""
+    """``n`` (question, query) pairs, the templates in turn; each query answers something, questions repeat only
+    when a template's slot pools run out of new ones, and no question or query is one of ``exclude``."""
     pairs: list[tuple[str, str]] = []
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     answers: dict[str, bool] = {}
-    for i in range(n):
-        template = TEMPLATES[i % len(TEMPLATES)]
+    exhausted: set[str] = set()  # templates whose every question is excluded (few slot values, all asked in train)
+    turn = 0
+    while len(pairs) < n:
+        template = TEMPLATES[turn % len(TEMPLATES)]
+        turn += 1
+        if template.name in exhausted:
+            if len(exhausted) == len(TEMPLATES):
+                raise RuntimeError("every template's questions are all excluded: fewer test rows, or split='values'")
+            continue
         found: tuple[str, str] | None = None
         for _ in range(_TRIES):
             chosen = {slot: pools[slot][rng.integers(len(pools[slot]))] for slot in template.slots}
             wording = template.questions[rng.integers(len(template.questions))]
             question = wording.format(**{slot: value[0] for slot, value in chosen.items()})
-            if found is not None and question in seen:
+            if (found is not None and question in seen) or question in exclude:
                 continue
             query = template.sql.format(**{slot: value[1] for slot, value in chosen.items()})
+            if query in exclude:
+                continue
             if query not in answers:
                 answers[query] = _answers(conn, query)
             if answers[query]:
                 found = (question, query)
                 if question not in seen:
                     break
+        if exclude and (found is None or found[0] in seen):  # test rows: unique, and never a training pair
+            exhausted.add(template.name)
+            continue
         if found is None:
             raise RuntimeError(f"template {template.name!r}: no slot values with an answer in {_TRIES} draws")
         seen.add(found[0])
@@ -420,12 +438,14 @@ def _draw_pairs(
 
 
 def _build_database(
-    root: Path, seed: int, n_train: int, n_test: int
+    root: Path, seed: int, n_train: int, n_test: int, split: Split
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Write shop.sqlite atomically (built in a temporary sibling, then renamed) and draw the pairs from it."""
     rng = np.random.default_rng([seed, 2])
     tables = _build_tables(rng)
     train_pools, test_pools = split_slot_values(_slot_values(tables), rng)
+    if split == "questions":
+        train_pools = test_pools = _slot_values(tables)
     fd, tmp_name = tempfile.mkstemp(dir=root, prefix=f".{DB_FILE}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(tmp_name)
@@ -437,7 +457,7 @@ def _build_database(
                 conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
             conn.commit()
             train = _draw_pairs(conn, train_pools, n_train, rng)
-            test = _draw_pairs(conn, test_pools, n_test, rng)
+            test = _draw_pairs(conn, test_pools, n_test, rng, exclude=frozenset(x for pair in train for x in pair))
         finally:
             conn.close()
         fsync_file(tmp)
@@ -450,14 +470,27 @@ def _build_database(
 
 
 def make_sql_demo(
-    dir: str | Path, *, seed: int = 0, n_train: int = 1500, n_test: int = 300, force: bool = False
+    dir: str | Path,
+    *,
+    seed: int = 0,
+    n_train: int = 1500,
+    n_test: int = 300,
+    split: Split = "questions",
+    force: bool = False,
 ) -> SqlDemoPaths:
     """Write shop.sqlite, train.csv, test.csv, sample_submission.csv and solution.csv into ``dir`` (~0.3 s;
-    deterministic for ``seed``). A folder holding a user's own files is refused unless ``force``."""
+    deterministic for ``seed``). A folder holding a user's own files is refused unless ``force``.
+
+    ``split``: "questions" (default): no test question or query is in train (each asks for a combination training
+    never did); the shop's cities, products and years all appear in training, as in a competition over one
+    database. "values": a share of every slot's values
+    (TEST_SHARE) only in test, so a model must copy names it never generated: a tiny model trained from scratch,
+    with no copy mechanism, gets the structure right and the names wrong (record F1 0.07 where "questions" gives
+    far more: README)."""
     if n_train < 1 or n_test < 1:
         raise ValueError(f"n_train and n_test must be positive, got {n_train} and {n_test}")
     root = prepare_demo_dir(dir, force, {"task": "seq2seq", "metric": "record_f1", "parameters": PARAMETERS})
-    train_pairs, test_pairs = _build_database(root, seed, n_train, n_test)
+    train_pairs, test_pairs = _build_database(root, seed, n_train, n_test, split)
     # Random ids over all rows, files sorted by id: neither the order nor the ids reveal the template or the split.
     ids = np.random.default_rng([seed, 1]).permutation(n_train + n_test)
     frame = pd.DataFrame(train_pairs + test_pairs, columns=["question", "query"]).assign(id=ids)

@@ -16,6 +16,7 @@ BUILT_IN = {
     "classify": "one text column -> a class (the target's values are class names or ids)",
     "regress": "one text column -> a number",
     "tabular-text": "a text column plus numeric and categorical columns -> a class or a number",
+    "seq2seq": "a source text column -> a target text to generate (e.g. text-to-SQL scored by record F1)",
 }
 
 
@@ -26,6 +27,10 @@ def get_task(name: str) -> Task:
     from kitlib.notebook.tasks.text import TabularTextTask, TextTask
     from kitlib.tasks.metrics import import_object
 
+    if name == "seq2seq":
+        from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
+
+        return Seq2SeqTask()
     if name in BUILT_IN:
         kind = TabularTextTask if name == "tabular-text" else TextTask
         return kind(name, "auto" if name == "tabular-text" else name, BUILT_IN[name])

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TaskSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
-    from kitlib.notebook.presets import ResolvedRun
+    from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.regimes import Prepared
     from kitlib.tasks.metrics import Metric
 
@@ -60,6 +60,8 @@ class Params(Protocol):
     def target(self) -> str: ...
     @property
     def seed(self) -> int: ...
+    @property
+    def model(self) -> str: ...
     @property
     def numeric(self) -> tuple[str, ...]: ...
     @property
@@ -100,6 +102,11 @@ class Task:
     def side_inputs(self, p: Params, train: pd.DataFrame, test: pd.DataFrame) -> SideInputs:
         return SideInputs()
 
+    def preset(self, preset: Preset, p: Params) -> Preset:
+        """The preset as this task trains it (e.g. a from-scratch model's lr and epochs); the picker's own changes
+        are applied on top. Default: as it is."""
+        return preset
+
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
@@ -110,6 +117,11 @@ class Task:
     def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
         """The training targets 02 learns (int64 class codes, or float32 transformed values)."""
         return spec.encode(column)
+
+    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
+        """JSON-able facts 02 and 03 need besides the arrays (e.g. a tokenizer trained in 01), kept with the side
+        inputs' state in features.json."""
+        return {}
 
     # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(

@@ -1,0 +1,254 @@
+"""seq2seq: a source text column -> a target text to generate (text-to-SQL, summaries, translation).
+
+    task = "seq2seq"; text = "question"; target = "query"; metric = "record_f1"   # 00's parameters
+
+- Model: a seq2seq model folder (``model`` = a local t5-small, say; AutoModelForSeq2SeqLM), else a tiny T5 built from
+  a config with a byte-level BPE tokenizer trained on the training rows (kitlib.models.seq2seq: MiniLM's uncased
+  WordPiece would change the SQL it generates). Announced in 01's output.
+- Targets: tokenized with </s>, padded with -100 (ignored by the loss) to the longest (at most MAX_TARGET_TOKENS);
+  the loss is the model's cross-entropy on target tokens; generation stops at that length.
+- Full evaluation: the loss in the foreground, then generation on a CPU copy of the epoch's weights plus the metric
+  (``record_f1`` executes each generated query), returned as a callable: fit scores it in the background while the
+  next epoch trains, and judges it in epoch order. Between full evals (``full_eval_every``): the loss only.
+- 03 generates with beam search (``num_beams``); several runs vote per row.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kitlib.notebook.tasks.base import Params, SideInputs, Task
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+    from torch import nn
+
+    from kitlib.data.tables import TaskSpec
+    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.notebook.handoff import Features
+    from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.regimes import Prepared
+    from kitlib.notebook.tasks.base import FullEval
+    from kitlib.tasks.metrics import Metric
+
+IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
+MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
+FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
+FROM_SCRATCH_EPOCHS = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
+FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
+
+
+class Seq2SeqTask(Task):
+    name = "seq2seq"
+    description = "a source text column -> a target text to generate (e.g. text-to-SQL scored by record F1)"
+    regimes = ("finetune",)  # every weight trains: the head regime's frozen embeddings cannot generate
+    num_beams = 4  # 03's beam search; the full eval decodes greedily (1 beam: ~4x cheaper, ranks runs the same way)
+
+    def __init__(self, name: str = "seq2seq") -> None:
+        self.name = name
+
+    # ---------------------------------------------------------------------------------------------------- 00 setup
+    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+        from kitlib.data.tables import DataError, TaskSpec
+
+        not_text = ~column.map(lambda v: isinstance(v, str) and v.strip() != "").astype(bool)
+        if not_text.any():
+            first = not_text.idxmax()
+            raise DataError(
+                f"target column {column.name!r} holds {column[first]!r} at row {first}: seq2seq generates text, so "
+                "every target must be a non-empty text. Fix: drop or fill those rows, or check target"
+            )
+        return TaskSpec("sequence", 0)
+
+    def preset(self, preset: Preset, p: Params) -> Preset:
+        """From scratch (no seq2seq model folder), a tiny T5 needs a far larger lr and more epochs than the presets'
+        pretrained-encoder numbers; generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
+        if preset.row_limit is not None:  # smoke: the plumbing, in seconds
+            return dataclasses.replace(preset, freeze="none", full_eval_every=0)
+        changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
+        if _model_folder(p) is None:
+            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
+        return dataclasses.replace(preset, **changes)
+
+    # ------------------------------------------------------------------------------------------------- 01 features
+    def load(
+        self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+    ) -> tuple[Any, Any, str]:
+        from kitlib.models.seq2seq import tiny_seq2seq, tokenizer_identity, train_bpe_tokenizer
+
+        folder = _model_folder(p)
+        if folder is not None:
+            from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder), str(folder)
+        tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target]])
+        print(
+            f"seq2seq: a tiny T5 built from a config (random weights, {len(tokenizer)}-token byte-level BPE trained on "
+            "the training rows): no pretrained seq2seq model is installed. For a pretrained one set model to its folder"
+        )
+        return tokenizer, tiny_seq2seq(tokenizer, seed=p.seed), f"tiny-t5-{tokenizer_identity(tokenizer)}"
+
+    def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
+        from kitlib.data.featurize import tokenize_texts
+
+        # Every target whole (up to the cap): a cut target teaches the model never to finish, and a cut reference
+        # would be scored as if it were the answer. Padding to the longest costs decoder work on -100 positions only.
+        tokens = tokenize_texts(column.tolist(), tokenizer, cache=cache)
+        lengths = tokens.lengths
+        width = int(min(MAX_TARGET_TOKENS, lengths.max()))
+        labels = np.full((len(lengths), width), IGNORE, dtype=np.int64)
+        for i in range(len(lengths)):
+            row = tokens[i][:width]
+            labels[i, : len(row)] = row
+        cut = int(np.sum(lengths > width))
+        note = f"; {cut} longer ones are cut at the cap" if cut else ""
+        print(f"targets: {width} tokens (the longest; median {int(np.median(lengths))}){note}")
+        return labels
+
+    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
+        if _model_folder(p) is not None:
+            return {"model_folder": str(_model_folder(p))}
+        return {"tokenizer": tokenizer.backend_tokenizer.to_str()}
+
+    # ---------------------------------------------------------------------------------------------------- 02 train
+    def prepare(
+        self,
+        feats: Features,
+        hw: HardwareInfo,
+        split: tuple[np.ndarray, np.ndarray],
+        seed: int,
+        choice: Mapping[str, Any],
+    ) -> Prepared:
+        from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
+        from kitlib.notebook.regimes import Prepared
+
+        cfg, tokens, y = feats.run.config, feats.train_tokens, feats.labels
+
+        def subset(idx: np.ndarray) -> TokenDataset:
+            return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id)
+
+        return Prepared(
+            make_train_loader(subset(split[0]), cfg, hw, seed=seed),
+            make_eval_loader(subset(split[1]), cfg, hw),
+            make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id), cfg, hw),
+            _build_model(feats.side, seed, max_new_tokens=int(y.shape[1])),
+        )
+
+    def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
+        import torch
+
+        from kitlib.engine.step import to_device
+
+        move = to_device(device)
+
+        def evaluate(model: nn.Module) -> Any:
+            loss_sum, rows, batches = 0.0, 0, []
+            for batch in loader:  # the loss, in the foreground: fit's record of the epoch needs it now
+                output = model(**move(batch))
+                loss_sum += float(output.loss) * len(batch["labels"])
+                rows += len(batch["labels"])
+                batches.append(batch)
+            eval_loss = loss_sum / rows
+            # Generation and the metric on a CPU copy of this epoch's weights: training goes on with the original.
+            frozen = copy.deepcopy(getattr(model, "module", model)).to("cpu").eval()
+            tokenizer = _tokenizer(frozen)
+
+            def score() -> dict[str, float]:
+                with torch.inference_mode():
+                    predicted = [p for b in batches for p in _generate(frozen, tokenizer, b, num_beams=1)]
+                golds = [_decode(tokenizer, row) for b in batches for row in b["labels"]]
+                return {metric.name: metric(np.array(golds, dtype=object), np.array(predicted, dtype=object)),
+                        "eval_loss": eval_loss}  # fmt: skip
+
+            return score
+
+        return evaluate
+
+    # ---------------------------------------------------------------------------------------------------- 03 infer
+    def predict(
+        self,
+        model: nn.Module,
+        loader: Any,
+        *,
+        precision: Any,
+        device: torch.device,
+        spec: TaskSpec,
+        interactive: bool = False,
+        desc: str = "predict",
+    ) -> np.ndarray:
+        import torch
+
+        from kitlib.data.loaders import restore_order
+        from kitlib.engine.step import to_device
+        from kitlib.progress import progress_bar
+
+        move, tokenizer = to_device(device), _tokenizer(model)
+        model.to(device).eval()
+        texts: list[str] = []
+        bar = progress_bar(len(loader.dataset), desc=f"{desc}, {self.num_beams} beams", interactive=interactive)
+        try:
+            with torch.inference_mode(), precision.autocast():
+                for batch in loader:
+                    texts += _generate(model, tokenizer, move(batch), num_beams=self.num_beams)
+                    bar.update(len(batch["input_ids"]))
+        finally:
+            bar.close()
+        return np.asarray(restore_order(loader, np.array(texts, dtype=object)), dtype=object)
+
+    def combine(self, predictions: list[np.ndarray]) -> np.ndarray:
+        """Per row, the text most runs generated (ties: the first run's)."""
+        voted = [collections.Counter(row).most_common(1)[0][0] for row in zip(*predictions, strict=True)]
+        return np.array(voted, dtype=object)
+
+    def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
+        return outputs
+
+
+def _model_folder(p: Params) -> str | None:
+    return None if p.model in ("auto", "tiny") else p.model
+
+
+def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Module:
+    """The freshly initialised model 02 trains and 03 restores: the folder's, or the tiny T5 for the saved tokenizer;
+    it carries its tokenizer (``kitlib_tokenizer``) for decoding."""
+    from kitlib.models.seq2seq import tiny_seq2seq, tokenizer_from_json
+
+    if "model_folder" in side.state:
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        folder = side.state["model_folder"]
+        model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    else:
+        tokenizer = tokenizer_from_json(side.state["tokenizer"])
+        model = tiny_seq2seq(tokenizer, seed=seed)
+    model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
+    model.kitlib_max_new_tokens = max_new_tokens
+    return model
+
+
+def _tokenizer(model: nn.Module) -> Any:
+    return getattr(getattr(model, "module", model), "kitlib_tokenizer")  # noqa: B009
+
+
+def _generate(model: nn.Module, tokenizer: Any, batch: Mapping[str, Any], *, num_beams: int) -> list[str]:
+    """Generated texts for a batch on the model's device, at most the targets' width (01's coverage) long."""
+    model = getattr(model, "module", model)
+    out = model.generate(  # type: ignore[operator]
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        max_new_tokens=int(getattr(model, "kitlib_max_new_tokens", MAX_TARGET_TOKENS)),
+        num_beams=num_beams,
+    )
+    return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
+
+
+def _decode(tokenizer: Any, labels: torch.Tensor) -> str:
+    ids = [int(t) for t in labels if int(t) != IGNORE]
+    return str(tokenizer.decode(ids, skip_special_tokens=True)).strip()
