@@ -33,6 +33,10 @@ def _demo_maker(task: str) -> Any:
         from kitlib.tools.demo_price import make_price_demo
 
         return make_price_demo
+    if task == "custom":
+        from kitlib.tools.demo_custom import make_custom_demo
+
+        return make_custom_demo
     if task == "seq2seq":
         from kitlib.tools.demo_sql import make_sql_demo
 
@@ -256,8 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task",
         default="auto",
-        choices=["auto", "tabular-text", "seq2seq"],
-        help="auto: reviews, accuracy; tabular-text: film box office, SMAPE; seq2seq: text-to-SQL, record F1",
+        choices=["auto", "tabular-text", "seq2seq", "custom"],
+        help="auto: reviews, accuracy; tabular-text: film box office, SMAPE; seq2seq: text-to-SQL, record F1; "
+        "custom: the reviews with your own BiLSTM (bilstm.py)",
     )
     p.set_defaults(func=_cmd_demo)
 

@@ -182,7 +182,11 @@ def test_a_task_of_ones_own_runs_through_the_stages_by_module_and_name(tmp_path:
 @pytest.mark.parametrize(
     ("values", "error", "expected"),
     [
-        ({"task": "seq2sql"}, SetupError, r"task = 'seq2sql' is not one of \['auto', .*'tabular-text'\].*module:name"),
+        (
+            {"task": "seq2sql"},
+            SetupError,
+            r"task = 'seq2sql' is not one of \['auto', .*'seq2seq', 'custom'\].*module:name",
+        ),
         ({"task": "no_such_module_kit:T"}, SetupError, r"module 'no_such_module_kit' does not import"),
         ({"task": "tabular-text"}, SetupError, r"needs the columns beside the text: set numeric"),
         ({"task": "tabular-text", "numeric": ["price"]}, DataError, r"no column 'price' \(listed in numeric\)"),
@@ -282,3 +286,47 @@ def test_seq2seq_refuses_the_head_regime_and_empty_targets(tmp_path: Path, cpu_h
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
     with pytest.raises(DataError, match=r"target column 'query' is (empty|missing) at row 3"):
         stages.setup(p, cpu_hw)
+
+
+# ------------------------------------------------------------------------------------------- custom (your module)
+def test_custom_trains_the_users_module_from_a_file_in_data_dir(tmp_path: Path, cpu_hw) -> None:
+    """task="custom": bilstm.py (in data_dir, named by model_factory) is built under the run's seed, trained by fit
+    with its own loss, checkpointed and used by 03, on kitlib's loaders."""
+    from kitlib.tools.demo_custom import PARAMETERS, make_custom_demo
+
+    paths = make_custom_demo(tmp_path / "custom")
+    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    stages.setup(p, cpu_hw)
+    stages.features(p, hw=cpu_hw, quiet=True)
+    result = stages.train(p, hw=cpu_hw)
+    assert type(result.model).__name__ == "BiLSTMClassifier" and result.model.lstm.bidirectional
+    again = stages.prepare(p, stages.load_features(p), cpu_hw).model
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            again.state_dict().values(),
+            stages.prepare(p, stages.load_features(p), cpu_hw).model.state_dict().values(),
+            strict=True,
+        )
+    )  # seeded: the same build
+    submission = stages.infer(p, hw=cpu_hw)
+    assert set(submission["label"]) <= {0, 1} and len(submission) == len(pd.read_csv(paths.test))
+
+
+@pytest.mark.parametrize(
+    ("factory", "expected"),
+    [
+        ("", r"task = 'custom' needs your model: set model_factory"),
+        ("nope.py:build", r"model_factory = 'nope.py:build': no nope.py in"),
+        ("bilstm.py:make", r"'make' is not a function of bilstm.py"),
+        ("no_such_module_kit:build", r"module 'no_such_module_kit' does not import"),
+    ],
+)
+def test_a_custom_factory_that_does_not_load_is_one_clear_error(
+    tmp_path: Path, cpu_hw, factory: str, expected: str
+) -> None:
+    from kitlib.tools.demo_custom import make_custom_demo
+
+    paths = make_custom_demo(tmp_path / "custom")
+    with pytest.raises(SetupError, match=expected):
+        stages.params(data_dir=paths.root, work_dir=tmp_path / "w", task="custom", model_factory=factory)

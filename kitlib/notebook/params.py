@@ -52,6 +52,7 @@ class Params:
     metric: str = "auto"  # what best/ and early stopping follow (kitlib.tasks.metrics; auto: accuracy or rmse)
     numeric: tuple[str, ...] = ()  # numeric columns used beside the text (task tabular-text)
     categorical: tuple[str, ...] = ()  # categorical columns used beside the text (task tabular-text)
+    model_factory: str = ""  # task custom: "file.py:function" (in data_dir) or "module:function" building your model
     id: str = "id"
     seed: int = 42
     train_file: str = "train.csv"
@@ -171,7 +172,7 @@ def _check(p: Params) -> None:
 
     get_task(p.task).check(p)  # an unknown task, a module:name that does not import, or columns it needs
     for f in dataclasses.fields(p):
-        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware"):
+        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware", "model_factory"):
             continue
         if f.name in ("numeric", "categorical"):
             bad = [c for c in getattr(p, f.name) if not isinstance(c, str) or not c]

@@ -110,8 +110,19 @@ class Finetune(Regime):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
         from kitlib.models.loading import load_classifier
+
+        model = load_classifier(
+            feats.task.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
+        )
+        return Prepared(*self.loaders(feats, hw, split, seed), model)
+
+    def loaders(
+        self, feats: Features, hw: HardwareInfo, split: tuple[np.ndarray, np.ndarray], seed: int
+    ) -> tuple[Any, Any, Any]:
+        """(train, valid, test) loaders of the saved tokens, labels (one per row, or a row of target tokens) and
+        side inputs: what every model that reads tokens trains on (any task's own model too)."""
+        from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
 
         cfg, tokens, y, side = feats.run.config, feats.train_tokens, feats.labels, feats.side
 
@@ -119,14 +130,10 @@ class Finetune(Regime):
             rows = {k: v[idx] for k, v in side.train.items()}
             return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id, side=rows)
 
-        model = load_classifier(
-            feats.task.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
-        )
-        return Prepared(
+        return (
             make_train_loader(subset(split[0]), cfg, hw, seed=seed),
             make_eval_loader(subset(split[1]), cfg, hw),
             make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id, side=side.test), cfg, hw),
-            model,
         )
 
 
@@ -218,4 +225,5 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
-REGIMES: Mapping[str, Regime] = MappingProxyType({r.name: r for r in (Head(), Finetune())})
+FINETUNE = Finetune()
+REGIMES: Mapping[str, Regime] = MappingProxyType({r.name: r for r in (Head(), FINETUNE)})

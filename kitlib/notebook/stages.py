@@ -198,7 +198,8 @@ def built_from(p: Params) -> dict[str, Any]:
     sha256: a code competition's rerun swaps in the hidden test set, and 03 must not predict the old one's rows.
     Cost: one read of test.csv (about 0.2 s per 100 MB), no parsing."""
     test = p.data_dir / p.test_file
-    return {name: getattr(p, name) for name in BUILT_FROM} | {
+    values = {name: list(v) if isinstance(v := getattr(p, name), tuple) else v for name in BUILT_FROM}  # as JSON
+    return values | {
         "test_sha256": record_file(test)["sha256"] if test.is_file() else None
     }
 

@@ -17,6 +17,7 @@ BUILT_IN = {
     "regress": "one text column -> a number",
     "tabular-text": "a text column plus numeric and categorical columns -> a class or a number",
     "seq2seq": "a source text column -> a target text to generate (e.g. text-to-SQL scored by record F1)",
+    "custom": "your own nn.Module (model_factory) on the text's tokens, with kitlib's loaders, fit and inference",
 }
 
 
@@ -27,6 +28,10 @@ def get_task(name: str) -> Task:
     from kitlib.notebook.tasks.text import TabularTextTask, TextTask
     from kitlib.tasks.metrics import import_object
 
+    if name == "custom":
+        from kitlib.notebook.tasks.custom import CustomTask
+
+        return CustomTask()
     if name == "seq2seq":
         from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
 

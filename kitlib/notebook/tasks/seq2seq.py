@@ -126,20 +126,10 @@ class Seq2SeqTask(Task):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
-        from kitlib.notebook.regimes import Prepared
+        from kitlib.notebook.regimes import FINETUNE, Prepared
 
-        cfg, tokens, y = feats.run.config, feats.train_tokens, feats.labels
-
-        def subset(idx: np.ndarray) -> TokenDataset:
-            return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id)
-
-        return Prepared(
-            make_train_loader(subset(split[0]), cfg, hw, seed=seed),
-            make_eval_loader(subset(split[1]), cfg, hw),
-            make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id), cfg, hw),
-            _build_model(feats.side, seed, max_new_tokens=int(y.shape[1])),
-        )
+        width = int(feats.labels.shape[1])
+        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), _build_model(feats.side, seed, max_new_tokens=width))
 
     def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
         import torch
