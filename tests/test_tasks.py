@@ -330,3 +330,21 @@ def test_a_custom_factory_that_does_not_load_is_one_clear_error(
     paths = make_custom_demo(tmp_path / "custom")
     with pytest.raises(SetupError, match=expected):
         stages.params(data_dir=paths.root, work_dir=tmp_path / "w", task="custom", model_factory=factory)
+
+
+def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_hw) -> None:
+    """seq2seq trains a from-scratch model 10x longer at lr 1e-3 and scores generation every 5 epochs: the picker's
+    table says so before setup, and setup keeps exactly what the picker showed (the adjustment is idempotent)."""
+    from kitlib.notebook.widgets import preset_picker
+    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
+
+    paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
+    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "w", preset="balanced", model="tiny", **PARAMETERS)
+    picker = preset_picker(cpu_hw, default="balanced", adjust=stages.task_preset(p))
+    cfg = picker.resolved.config
+    assert (cfg.epochs, cfg.lr, cfg.full_eval_every, cfg.freeze) == (20, 1e-3, 5, "none")
+    assert ("eval", "full every 5 epoch(s); cheap loss eval otherwise") in picker.resolved.table_rows()
+    run = stages.setup(p, cpu_hw, resolved=picker.resolved)
+    assert run.config == cfg
+    plain = stages.setup(p, cpu_hw)  # without the picker: the same run
+    assert plain.config == cfg

@@ -24,6 +24,8 @@ from kitlib.notebook.params import RUN_NAME, Params, keep_aside, load_params, pa
 from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
 
     from kitlib.config import TrainConfig
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TaskSpec
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.presets import ResolvedRun
+    from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import SideInputs
     from kitlib.tasks.metrics import Metric
 
@@ -53,7 +55,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     run = resolved or presets.resolve(p.preset, planning_hw(p, hw))
-    preset = get_task(p.task).preset(run.preset, p)
+    preset = get_task(p.task).preset(run.preset, p)  # idempotent: a picker built with task_preset(p) did it already
     if preset != run.preset:  # the task trains it its way; what the user changed in the picker still wins
         run = presets.resolve(preset, planning_hw(p, hw), overrides=run.overrides, world_size=run.world_size)
     _check_model(p)
@@ -84,6 +86,14 @@ def data_facts(p: Params) -> DataFacts:
     words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
     lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
     return DataFacts(n_rows=len(train), lengths=lengths)
+
+
+def task_preset(p: Params) -> Callable[[Preset], Preset]:
+    """The preset as ``p``'s task trains it (kitlib.notebook.tasks.base.Task.preset): the picker's ``adjust``."""
+    from kitlib.notebook.tasks import get_task
+
+    task = get_task(p.task)
+    return lambda preset: task.preset(preset, p)
 
 
 def load_run(p: Params) -> ResolvedRun:
@@ -199,9 +209,7 @@ def built_from(p: Params) -> dict[str, Any]:
     Cost: one read of test.csv (about 0.2 s per 100 MB), no parsing."""
     test = p.data_dir / p.test_file
     values = {name: list(v) if isinstance(v := getattr(p, name), tuple) else v for name in BUILT_FROM}  # as JSON
-    return values | {
-        "test_sha256": record_file(test)["sha256"] if test.is_file() else None
-    }
+    return values | {"test_sha256": record_file(test)["sha256"] if test.is_file() else None}
 
 
 def features(

@@ -17,7 +17,7 @@ This is the only kitlib module that imports ipywidgets, and only inside ``preset
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
 from kitlib.config import PICKER_LABELS, Requested
@@ -46,14 +46,16 @@ class PresetPicker:
         default: str | Preset = DEFAULT_PRESET,
         lengths: Sequence[int] | np.ndarray | None = None,
         n_rows: int | None = None,
+        adjust: Callable[[Preset], Preset] | None = None,
     ) -> None:
         self._hw = hw
+        self._adjust = adjust or (lambda preset: preset)  # the task's way of training a preset (stages.task_preset)
         self._lengths = lengths
         self._n_rows = n_rows
         self._preset: str | Preset = default
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
         self._overrides: dict[str, Any] = {}
-        self._resolved = resolve(default, hw, lengths=lengths)  # the parameter decides; errors surface here, loudly
+        self._resolved = resolve(self._adjusted(default), hw, lengths=lengths)  # the parameter decides; errors: loud
         self._syncing = False  # True while the picker writes derived values back into its own controls
         self.error: str | None = None  # the last rejected change, shown in the widget
         self.note: str | None = None  # why there is no widget although the session is interactive
@@ -152,7 +154,7 @@ class PresetPicker:
         from kitlib.machine.precision import PrecisionError
 
         try:
-            resolved = resolve(preset, self._hw, lengths=self._lengths, overrides=overrides)
+            resolved = resolve(self._adjusted(preset), self._hw, lengths=self._lengths, overrides=overrides)
         except (ValueError, PrecisionError) as err:  # keep the last valid run; say why this one was refused
             self.error = f"{err} (kept the previous value)"
             if revert is not None:
@@ -161,6 +163,9 @@ class PresetPicker:
             return
         self._preset, self._overrides, self._resolved, self.error = preset, overrides, resolved, None
         self._sync()
+
+    def _adjusted(self, preset: str | Preset) -> Preset:
+        return self._adjust(PRESETS[preset] if isinstance(preset, str) and preset in PRESETS else preset)  # type: ignore[arg-type]
 
     def _set(self, key: str, value: Any) -> None:
         self._syncing = True
@@ -216,6 +221,7 @@ def preset_picker(
     lengths: Sequence[int] | np.ndarray | None = None,
     n_rows: int | None = None,
     show: bool = False,
+    adjust: Callable[[Preset], Preset] | None = None,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
     never starts training.
@@ -223,9 +229,10 @@ def preset_picker(
     End the cell with it to show it (the live widget, or headless the default's summary); ``show=True`` displays it
     now instead, for a cell that goes on after it. ``n_rows`` (train.csv's rows; each preset's ``row_limit`` is
     applied) gives the time estimate; ``lengths`` (tokens per row) fits max_length to the data:
-    ``kitlib.notebook.stages.data_facts`` returns both.
+    ``kitlib.notebook.stages.data_facts`` returns both. ``adjust``: how the task trains a preset
+    (``stages.task_preset(p)``: e.g. seq2seq's from-scratch lr and eval cadence), so the table shows what 02 runs.
     """
-    picker = PresetPicker(hw, default=default, lengths=lengths, n_rows=n_rows)
+    picker = PresetPicker(hw, default=default, lengths=lengths, n_rows=n_rows, adjust=adjust)
     if hw.interactive:
         try:
             picker.build()

@@ -72,9 +72,12 @@ class Seq2SeqTask(Task):
         pretrained-encoder numbers; generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, freeze="none", full_eval_every=0)
+        from kitlib.notebook.presets import PRESETS
+
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
-        if _model_folder(p) is None:
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
+        if _model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
+            epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
+            changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features
