@@ -355,3 +355,32 @@ def test_a_full_eval_that_reports_eval_loss_replaces_the_loss_only_pass(cpu_hw) 
     assert len(passes) == 2  # epochs 2 and 3 (due, then at the end)
     assert result.timing["phases"]["eval"]["count"] == 1  # the loss-only pass ran only in epoch 1
     assert result.history["eval_loss"].notna().all()
+
+
+def test_freeze_encoder_of_an_encoder_decoder_keeps_the_shared_embedding_and_says_what_it_froze(cpu_hw) -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from kitlib.engine.optim import freeze
+
+    cfg = T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2,
+                   decoder_start_token_id=0, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(cfg)
+    assert model.lm_head.weight is model.shared.weight is model.encoder.embed_tokens.weight  # tied, as in t5-small
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ids = torch.randint(1, 64, (16, 6))
+    rows = [{"input_ids": i, "attention_mask": torch.ones(6, dtype=torch.long), "labels": i.flip(0)} for i in ids]
+    with pytest.warns(UserWarning, match=r"freeze='encoder': froze [\d,]+ of [\d,]+ parameters \(encoder ") as seen:
+        fit(model, DataLoader(rows, batch_size=8), config=_cfg(epochs=1, lr=1e-2, freeze="encoder"), hw=cpu_hw)
+    notice = next(str(w.message) for w in seen if "freeze=" in str(w.message))
+    assert "kept trainable, shared with the decoder/lm_head: encoder.embed_tokens.weight" in notice
+    assert "lm_head.weight" in notice and "decoder.embed_tokens.weight" in notice
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    encoder_own = {n for n in before if n.startswith("encoder.") and n != "encoder.embed_tokens.weight"}
+    assert encoder_own and not (changed & encoder_own)  # the encoder stack is frozen ...
+    assert model.shared.weight.requires_grad and "shared.weight" in changed  # ... the shared embedding is not
+    assert any(n.startswith("decoder.") for n in changed)
+    frozen = freeze(T5ForConditionalGeneration(cfg), "encoder")
+    assert frozen.parts == (("encoder", frozen.params),) and frozen.params == sum(
+        p.numel() for n, p in model.named_parameters() if n in encoder_own
+    )

@@ -142,7 +142,9 @@ class Loop:
         # Nothing else to judge "best" by without an eval set.
         self.monitor = "train_loss" if eval_loader is None and cfg.monitor == "eval_loss" else cfg.monitor
         torch.manual_seed(cfg.seed)
-        freeze(model, cfg.freeze, cfg.freeze_layers)
+        self.frozen = freeze(model, cfg.freeze, cfg.freeze_layers)
+        if cfg.freeze != "none" or cfg.freeze_layers:  # say what was frozen (and what was kept because it is shared)
+            warnings.warn(str(self.frozen), stacklevel=3)
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(model)
         self.raw_model = model.to(self.device)
