@@ -384,3 +384,97 @@ def test_freeze_encoder_of_an_encoder_decoder_keeps_the_shared_embedding_and_say
     assert frozen.parts == (("encoder", frozen.params),) and frozen.params == sum(
         p.numel() for n, p in model.named_parameters() if n in encoder_own
     )
+
+
+class Block(nn.Module):
+    """A residual MLP block that counts its forward passes (recomputation runs it again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 4))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + self.mlp(x)
+
+
+class Blocks(nn.Module):
+    """A plain stack of blocks (no Hugging Face switch): its blocks are named by checkpoint_modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class WrappedBert(nn.Module):
+    """A wrapper module holding a Hugging Face model as a submodule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+        self.text = BertModel(cfg, add_pooling_layer=False)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.text(input_ids=x).last_hidden_state.mean(1))
+
+
+def _loss_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.train()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("kind", ["plain", "wrapper"])
+def test_gradient_checkpointing_for_plain_modules_and_wrappers_gives_the_same_loss_and_gradients(kind: str) -> None:
+    import copy
+
+    from kitlib.engine.step import enable_activation_checkpointing
+
+    torch.manual_seed(0)
+    if kind == "plain":
+        model: nn.Module = Blocks()
+        x, names = torch.randn(8, 4), ("blocks",)
+    else:
+        model, x, names = WrappedBert(), torch.randint(1, 40, (8, 5)), ()
+    y = torch.randn(8, 1)
+    twin = copy.deepcopy(model)
+    assert enable_activation_checkpointing(twin, names) == (["blocks.0", "blocks.1", "blocks.2"] if names else ["text"])
+    loss, grads = _loss_and_grads(model, x, y)
+    loss_ckpt, grads_ckpt = _loss_and_grads(twin, x, y)
+    torch.testing.assert_close(loss_ckpt, loss)
+    assert len(grads_ckpt) == len(grads) == len(list(model.parameters()))
+    for g_ckpt, g in zip(grads_ckpt, grads, strict=True):
+        torch.testing.assert_close(g_ckpt, g)
+    if kind == "plain":  # recomputed in backward: block 1 ran twice (once without the checkpoint wrapper)
+        assert (model.blocks[1].calls, twin.blocks[1].calls) == (1, 2)
+        assert set(twin.state_dict()) == set(model.state_dict())  # checkpoints keep their names
+    else:
+        assert twin.text.is_activation_checkpointing
+
+
+def test_gradient_checkpointing_through_fit_and_the_error_naming_the_fix(cpu_hw) -> None:
+    model = Blocks()
+    loader = DataLoader(_data(), batch_size=8)
+    with pytest.raises(ValueError, match=r"checkpoint_modules=\('blocks',\)"):
+        fit(model, loader, config=_cfg(epochs=1, gradient_checkpointing=True), loss_fn=_mse, hw=cpu_hw)
+    with pytest.raises(ValueError, match="no submodule or class named 'block'"):
+        fit(model, loader, config=_cfg(epochs=1, gradient_checkpointing=True, checkpoint_modules=("block",)),
+            loss_fn=_mse, hw=cpu_hw)  # fmt: skip
+    with pytest.raises(ValueError, match="needs gradient_checkpointing=True"):
+        _cfg(checkpoint_modules=("blocks",))
+    by_class = _cfg(epochs=1, gradient_checkpointing=True, checkpoint_modules=("Block",))
+    assert TrainConfig.from_dict(json.loads(json.dumps(by_class.to_dict()))) == by_class  # a saved config reads back
+    result = fit(model, loader, config=by_class, loss_fn=_mse, hw=cpu_hw)
+    assert result.steps == 8 and model.blocks[1].calls == 2 * 8  # every step recomputed block 1 in backward

@@ -146,7 +146,7 @@ class Loop:
         if cfg.freeze != "none" or cfg.freeze_layers:  # say what was frozen (and what was kept because it is shared)
             warnings.warn(str(self.frozen), stacklevel=3)
         if cfg.gradient_checkpointing:
-            enable_activation_checkpointing(model)
+            enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg)
