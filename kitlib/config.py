@@ -45,6 +45,7 @@ _RESUMABLE_CHANGES = frozenset(
     {
         "num_workers",
         "log_every_steps",
+        "eval_every_steps",
         "save_best",
         "save_last",
         "save_every_steps",
@@ -115,6 +116,9 @@ class TrainConfig:
     full_eval_every: int = 0  # epochs between expensive evals (generation, metrics); 0: only at the end
     full_eval_at_end: bool = True
     eval_max_batches: int | None = None  # cap for the cheap loss-only eval
+    # Optimizer steps between extra loss-only evals (FitResult.step_evals, step_evals.csv, on_log); None: epoch ends
+    # only. They leave the training run as it was (the RNG streams are put back); the full eval keeps its epochs.
+    eval_every_steps: int | None = None
     background_eval: BackgroundEval = "thread"  # where the CPU-bound part of a full eval runs
 
     # --- stopping and checkpoints ---
@@ -151,6 +155,7 @@ class TrainConfig:
         need(self.eval_max_batches is None or self.eval_max_batches >= 1, "eval_max_batches must be >= 1 or None")
         need(self.patience is None or self.patience >= 1, f"patience must be >= 1 or None, got {self.patience}")
         need(self.save_every_steps is None or self.save_every_steps >= 1, "save_every_steps must be >= 1 or None")
+        need(self.eval_every_steps is None or self.eval_every_steps >= 1, "eval_every_steps must be >= 1 or None")
         need(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s must be > 0 or None")
         need(self.max_length is None or self.max_length >= 1, "max_length must be >= 1 or None")
         need(self.num_workers is None or self.num_workers >= 0, "num_workers must be >= 0 or None")

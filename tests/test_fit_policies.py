@@ -478,3 +478,41 @@ def test_gradient_checkpointing_through_fit_and_the_error_naming_the_fix(cpu_hw)
     assert TrainConfig.from_dict(json.loads(json.dumps(by_class.to_dict()))) == by_class  # a saved config reads back
     result = fit(model, loader, config=by_class, loss_fn=_mse, hw=cpu_hw)
     assert result.steps == 8 and model.blocks[1].calls == 2 * 8  # every step recomputed block 1 in backward
+
+
+def test_eval_every_steps_records_loss_only_evals_between_epochs_without_changing_the_run(
+    cpu_hw, tmp_path: Path
+) -> None:
+    class Logs:
+        def __init__(self) -> None:
+            self.evals: list[dict[str, float]] = []
+
+        def on_log(self, metrics: dict[str, float]) -> None:
+            if "eval_loss" in metrics:
+                self.evals.append(dict(metrics))
+
+    def run(cfg: TrainConfig, run_dir: Path | None = None, logs: object = ()) -> tuple[nn.Module, object]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 1))  # dropout: draws from the RNG
+        result = fit(model, DataLoader(_data(), batch_size=8, shuffle=True), config=cfg, loss_fn=_mse, hw=cpu_hw,
+                     eval_loader=DataLoader(_data(32, seed=1), batch_size=8), run_dir=run_dir,
+                     callbacks=[logs] if logs else [])  # fmt: skip
+        return model, result
+
+    logs = Logs()
+    model, result = run(_cfg(epochs=2, eval_every_steps=3), tmp_path, logs)
+    assert [(e["epoch"], e["step"]) for e in result.step_evals] == [(1, 3), (1, 6), (2, 9), (2, 12), (2, 15)]
+    assert all(math.isfinite(e["eval_loss"]) for e in result.step_evals)
+    assert logs.evals == [{"step": e["step"], "eval_loss": e["eval_loss"]} for e in result.step_evals]
+    assert len(result.history) == 2 and "eval_loss" in result.history  # the epoch rows are as before
+    assert (tmp_path / "step_evals.csv").read_text().splitlines()[0] == "epoch,step,eval_loss"
+    assert result.timing["phases"]["eval"]["count"] == 5 + 2
+    plain, _ = run(_cfg(epochs=2))
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):  # the same training run
+        assert torch.equal(a, b)
+    assert TrainConfig(eval_every_steps=5).resume_differences(TrainConfig().to_dict()) == []
+    with pytest.raises(ValueError, match="eval_every_steps=3 needs an eval_loader"):
+        fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(eval_every_steps=3), loss_fn=_mse,
+            hw=cpu_hw)  # fmt: skip
+    with pytest.raises(ValueError, match="eval_every_steps must be >= 1"):
+        _cfg(eval_every_steps=0)
