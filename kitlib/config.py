@@ -45,6 +45,7 @@ _RESUMABLE_CHANGES = frozenset(
     {
         "num_workers",
         "log_every_steps",
+        "eval_every_steps",
         "save_best",
         "save_last",
         "save_every_steps",
@@ -95,6 +96,10 @@ class TrainConfig:
     cudnn_benchmark: bool | None = None  # None: on only when input shapes are fixed
     compile: bool = False  # torch.compile: first epoch pays the compile (~30-90 s); worth it for long runs
     gradient_checkpointing: bool = False  # ~30% more compute for ~60% less activation memory
+    # What to recompute in backward when gradient_checkpointing is on: submodule names ("blocks": a ModuleList's blocks
+    # each, "encoder.layers.0") or class names ("TransformerBlock"). Empty: a Hugging Face model's own switch (also
+    # for Hugging Face models inside a wrapper module); any other model must name its blocks.
+    checkpoint_modules: tuple[str, ...] = ()
     freeze: Freeze = "none"
     # Also freeze the first N transformer blocks (and the embeddings): autograd then records nothing below block N,
     # which saves their backward pass and AdamW state. Measured on the demo (MiniLM, CPU): 2 of 6 blocks saved 6-22%
@@ -111,6 +116,9 @@ class TrainConfig:
     full_eval_every: int = 0  # epochs between expensive evals (generation, metrics); 0: only at the end
     full_eval_at_end: bool = True
     eval_max_batches: int | None = None  # cap for the cheap loss-only eval
+    # Optimizer steps between extra loss-only evals (FitResult.step_evals, step_evals.csv, on_log); None: epoch ends
+    # only. They leave the training run as it was (the RNG streams are put back); the full eval keeps its epochs.
+    eval_every_steps: int | None = None
     background_eval: BackgroundEval = "thread"  # where the CPU-bound part of a full eval runs
 
     # --- stopping and checkpoints ---
@@ -147,11 +155,20 @@ class TrainConfig:
         need(self.eval_max_batches is None or self.eval_max_batches >= 1, "eval_max_batches must be >= 1 or None")
         need(self.patience is None or self.patience >= 1, f"patience must be >= 1 or None, got {self.patience}")
         need(self.save_every_steps is None or self.save_every_steps >= 1, "save_every_steps must be >= 1 or None")
+        need(self.eval_every_steps is None or self.eval_every_steps >= 1, "eval_every_steps must be >= 1 or None")
         need(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s must be > 0 or None")
         need(self.max_length is None or self.max_length >= 1, "max_length must be >= 1 or None")
         need(self.num_workers is None or self.num_workers >= 0, "num_workers must be >= 0 or None")
         need(self.eval_batch_factor >= 1, "eval_batch_factor must be >= 1")
         need(self.freeze_layers >= 0, f"freeze_layers must be >= 0, got {self.freeze_layers}")
+        need(
+            not self.checkpoint_modules or self.gradient_checkpointing,
+            f"checkpoint_modules={self.checkpoint_modules!r} needs gradient_checkpointing=True",
+        )
+        need(
+            isinstance(self.checkpoint_modules, tuple) and all(isinstance(n, str) for n in self.checkpoint_modules),
+            f"checkpoint_modules must be a tuple of module or class names, got {self.checkpoint_modules!r}",
+        )
         need(self.log_every_steps >= 1, "log_every_steps must be >= 1")
         need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps must be >= 1")
         for name, vocabulary in (
@@ -194,6 +211,8 @@ class TrainConfig:
         values = dict(data)
         if "betas" in values:
             values["betas"] = tuple(values["betas"])
+        if "checkpoint_modules" in values:
+            values["checkpoint_modules"] = tuple(values["checkpoint_modules"])
         return cls(**values)
 
     def save(self, path: Path) -> None:

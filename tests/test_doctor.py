@@ -17,7 +17,7 @@ from torch import nn
 
 from kitlib import TrainConfig, fit
 from kitlib.cli import main
-from kitlib.data.loaders import TokenDataset, make_train_loader
+from kitlib.data.loaders import PaddingCollator, TokenDataset, make_train_loader
 from kitlib.doctor.report import Report, diagnose
 from kitlib.engine.timing import STEP_PHASES
 from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, fake_profile
@@ -218,6 +218,89 @@ def test_tiny_batches() -> None:
     finding = diagnose(timing, CPU).findings[0]
     assert finding.rule == "tiny_batches" and finding.changes == {"grad_accum_steps": 16}
     assert finding.estimated_saving_s == pytest.approx(5.0 * 15 / 16)
+
+
+def test_small_micro_batches_with_accumulation_keep_the_effective_batch() -> None:
+    from kitlib.doctor.probe import MicroBatchProbe
+
+    timing = _record(micro_batch_size=1, grad_accum_steps=16)  # 1600 passes of 5 ms: forward+backward 80% of a step
+    finding = _only(diagnose(timing, CPU), "micro_batch")
+    assert finding.changes == {"micro_batch_size": 4, "grad_accum_steps": 4}  # 16 rows per step, as before
+    assert finding.estimated_saving_s == pytest.approx(8.0 * 0.3) and "probe_micro_batch" in finding.basis
+    assert "TrainConfig(micro_batch_size=4, grad_accum_steps=4)" in finding.fix
+    measured = _only(diagnose(timing, CPU, probe=MicroBatchProbe(1, 4, 0.015, 0.010)), "micro_batch")
+    assert measured.estimated_saving_s == pytest.approx(8.0 * (1 - 1 / 1.5))
+    assert "measured 1.50x faster at 4 x 4" in measured.evidence and "1.50x" in str(
+        diagnose(timing, CPU, probe=(MicroBatchProbe(1, 4, 0.015, 0.010)))
+    )
+    assert not [
+        f for f in diagnose(timing, CPU, probe=MicroBatchProbe(1, 4, 0.010, 0.010)).findings if f.rule == "micro_batch"
+    ]  # measured: no gain, no advice
+    assert _only(diagnose(_record(micro_batch_size=2, grad_accum_steps=6), CPU), "micro_batch").changes == {
+        "micro_batch_size": 6,
+        "grad_accum_steps": 2,
+    }
+    for quiet in (
+        _record(micro_batch_size=1, grad_accum_steps=1),  # no accumulation to trade
+        _record(micro_batch_size=8, grad_accum_steps=4),  # not small
+        _record(micro_batch_size=1, grad_accum_steps=2, wall=200.0, phases={"forward": 60.0, "backward": 120.0}),
+        _record(micro_batch_size=1, grad_accum_steps=4, wall=16.0, phases={"data_wait": 9.0}),  # data-bound
+    ):
+        assert not [f for f in diagnose(quiet, CPU).findings if f.rule == "micro_batch"], str(diagnose(quiet, CPU))
+
+
+def test_probe_micro_batch_measures_on_the_model_and_leaves_it_as_it_was() -> None:
+    from kitlib.doctor.probe import probe_micro_batch
+
+    torch.manual_seed(0)
+    model = TokenMLP().eval()
+    batch = {"input_ids": torch.randint(1, 1000, (8, 16)), "attention_mask": torch.ones(8, 16, dtype=torch.long),
+             "labels": torch.randint(0, 2, (8,))}  # fmt: skip
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    probe = probe_micro_batch(model, batch, micro_batch_size=2, factor=4, loss_fn=_loss, repeats=2)
+    assert (probe.micro_batch_size, probe.factor) == (2, 4) and probe.small_s > 0 and probe.big_s > 0
+    assert f"{probe.ratio:.2f}x" in str(probe) and "4 forward/backward passes of 2 rows" in str(probe)
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    with pytest.raises(ValueError, match=">= 16 rows"):
+        probe_micro_batch(model, batch, micro_batch_size=4, factor=4, loss_fn=_loss)
+
+
+def test_recompiles_under_torch_compile() -> None:
+    compiled: dict[str, Any] = {"compiles": 14, "compile_s": 4.0, "compile_steps": 12, "compile_step_s": 6.5}
+    timing = _record(wall=16.0, phases={"forward": 9.0}, **compiled)  # 88 steps of 85 ms, 12 of 542 ms
+    finding = diagnose(timing, CPU).findings[0]
+    assert finding.rule == "recompiles" and finding.changes == {"compile": False}
+    # the compiling steps' time beyond a typical step's: more than dynamo's own 4 s (backward graphs compile too)
+    assert finding.estimated_saving_s == pytest.approx(6.5 - 12 * (15.4 - 6.5) / 88)
+    assert diagnose(_record(wall=16.0, phases={"forward": 9.0}, **compiled | {"compile_s": 6.0}), CPU).findings[
+        0
+    ].estimated_saving_s == pytest.approx(6.0)
+    assert "compiled 14 times in 12 of 100 optimizer steps (30 distinct input shapes)" in finding.evidence
+    assert 'batching="fixed"' in finding.fix and "dynamic=True" in finding.fix
+    once = _record(compiles=2, compile_s=6.0, compile_steps=1, compile_step_s=6.2)  # compiled once: the price
+    assert not [f for f in diagnose(once, CPU).findings if f.rule == "recompiles"]
+
+
+def test_compile_facts_are_recorded_and_diagnosed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real fit(compile=True) on batches of varying length. Dynamo's eager backend (no C++ compiles: fast) with
+    static shapes recompiles for each new length, as a model that specialises on shapes does under inductor."""
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager", dynamic=False))
+    torch._dynamo.reset()
+    lengths = np.repeat([6, 9, 12, 15, 18], 16)  # 5 lengths, one per batch of 16 (in order: no shuffling)
+    data = _tokens(80, lengths)
+    cfg = replace(BASE, epochs=1, compile=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=16, collate_fn=PaddingCollator(0, pad_to_multiple_of=1))
+    fit(TokenMLP(), loader, config=cfg, loss_fn=_loss, count_fn=_rows, hw=CPU, run_dir=tmp_path)
+    run = json.loads((tmp_path / "timing.json").read_text())["run"]
+    assert run["compiles"] >= 5 and run["compile_steps"] == 5 and run["compile_s"] > 0, run
+    assert run["compile_step_s"] >= run["compile_s"] * 0.5
+    assert diagnose(tmp_path, CPU).findings[0].rule == "recompiles", str(diagnose(tmp_path, CPU))
+    torch._dynamo.reset()
 
 
 def test_cudnn_benchmark_with_varying_shapes() -> None:

@@ -355,3 +355,164 @@ def test_a_full_eval_that_reports_eval_loss_replaces_the_loss_only_pass(cpu_hw) 
     assert len(passes) == 2  # epochs 2 and 3 (due, then at the end)
     assert result.timing["phases"]["eval"]["count"] == 1  # the loss-only pass ran only in epoch 1
     assert result.history["eval_loss"].notna().all()
+
+
+def test_freeze_encoder_of_an_encoder_decoder_keeps_the_shared_embedding_and_says_what_it_froze(cpu_hw) -> None:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from kitlib.engine.optim import freeze
+
+    cfg = T5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=32, num_layers=2, num_decoder_layers=2, num_heads=2,
+                   decoder_start_token_id=0, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(cfg)
+    assert model.lm_head.weight is model.shared.weight is model.encoder.embed_tokens.weight  # tied, as in t5-small
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    ids = torch.randint(1, 64, (16, 6))
+    rows = [{"input_ids": i, "attention_mask": torch.ones(6, dtype=torch.long), "labels": i.flip(0)} for i in ids]
+    with pytest.warns(UserWarning, match=r"freeze='encoder': froze [\d,]+ of [\d,]+ parameters \(encoder ") as seen:
+        fit(model, DataLoader(rows, batch_size=8), config=_cfg(epochs=1, lr=1e-2, freeze="encoder"), hw=cpu_hw)
+    notice = next(str(w.message) for w in seen if "freeze=" in str(w.message))
+    assert "kept trainable, shared with the decoder/lm_head: encoder.embed_tokens.weight" in notice
+    assert "lm_head.weight" in notice and "decoder.embed_tokens.weight" in notice
+    changed = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    encoder_own = {n for n in before if n.startswith("encoder.") and n != "encoder.embed_tokens.weight"}
+    assert encoder_own and not (changed & encoder_own)  # the encoder stack is frozen ...
+    assert model.shared.weight.requires_grad and "shared.weight" in changed  # ... the shared embedding is not
+    assert any(n.startswith("decoder.") for n in changed)
+    frozen = freeze(T5ForConditionalGeneration(cfg), "encoder")
+    assert frozen.parts == (("encoder", frozen.params),) and frozen.params == sum(
+        p.numel() for n, p in model.named_parameters() if n in encoder_own
+    )
+
+
+class Block(nn.Module):
+    """A residual MLP block that counts its forward passes (recomputation runs it again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(4, 16), nn.GELU(), nn.Linear(16, 4))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x + self.mlp(x)
+
+
+class Blocks(nn.Module):
+    """A plain stack of blocks (no Hugging Face switch): its blocks are named by checkpoint_modules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(3))
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class WrappedBert(nn.Module):
+    """A wrapper module holding a Hugging Face model as a submodule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+        self.text = BertModel(cfg, add_pooling_layer=False)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.text(input_ids=x).last_hidden_state.mean(1))
+
+
+def _loss_and_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.train()
+    loss = nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("kind", ["plain", "wrapper"])
+def test_gradient_checkpointing_for_plain_modules_and_wrappers_gives_the_same_loss_and_gradients(kind: str) -> None:
+    import copy
+
+    from kitlib.engine.step import enable_activation_checkpointing
+
+    torch.manual_seed(0)
+    if kind == "plain":
+        model: nn.Module = Blocks()
+        x, names = torch.randn(8, 4), ("blocks",)
+    else:
+        model, x, names = WrappedBert(), torch.randint(1, 40, (8, 5)), ()
+    y = torch.randn(8, 1)
+    twin = copy.deepcopy(model)
+    assert enable_activation_checkpointing(twin, names) == (["blocks.0", "blocks.1", "blocks.2"] if names else ["text"])
+    loss, grads = _loss_and_grads(model, x, y)
+    loss_ckpt, grads_ckpt = _loss_and_grads(twin, x, y)
+    torch.testing.assert_close(loss_ckpt, loss)
+    assert len(grads_ckpt) == len(grads) == len(list(model.parameters()))
+    for g_ckpt, g in zip(grads_ckpt, grads, strict=True):
+        torch.testing.assert_close(g_ckpt, g)
+    if kind == "plain":  # recomputed in backward: block 1 ran twice (once without the checkpoint wrapper)
+        assert (model.blocks[1].calls, twin.blocks[1].calls) == (1, 2)
+        assert set(twin.state_dict()) == set(model.state_dict())  # checkpoints keep their names
+    else:
+        assert twin.text.is_activation_checkpointing
+
+
+def test_gradient_checkpointing_through_fit_and_the_error_naming_the_fix(cpu_hw) -> None:
+    model = Blocks()
+    loader = DataLoader(_data(), batch_size=8)
+    with pytest.raises(ValueError, match=r"checkpoint_modules=\('blocks',\)"):
+        fit(model, loader, config=_cfg(epochs=1, gradient_checkpointing=True), loss_fn=_mse, hw=cpu_hw)
+    with pytest.raises(ValueError, match="no submodule or class named 'block'"):
+        fit(model, loader, config=_cfg(epochs=1, gradient_checkpointing=True, checkpoint_modules=("block",)),
+            loss_fn=_mse, hw=cpu_hw)  # fmt: skip
+    with pytest.raises(ValueError, match="needs gradient_checkpointing=True"):
+        _cfg(checkpoint_modules=("blocks",))
+    by_class = _cfg(epochs=1, gradient_checkpointing=True, checkpoint_modules=("Block",))
+    assert TrainConfig.from_dict(json.loads(json.dumps(by_class.to_dict()))) == by_class  # a saved config reads back
+    result = fit(model, loader, config=by_class, loss_fn=_mse, hw=cpu_hw)
+    assert result.steps == 8 and model.blocks[1].calls == 2 * 8  # every step recomputed block 1 in backward
+
+
+def test_eval_every_steps_records_loss_only_evals_between_epochs_without_changing_the_run(
+    cpu_hw, tmp_path: Path
+) -> None:
+    class Logs:
+        def __init__(self) -> None:
+            self.evals: list[dict[str, float]] = []
+
+        def on_log(self, metrics: dict[str, float]) -> None:
+            if "eval_loss" in metrics:
+                self.evals.append(dict(metrics))
+
+    def run(cfg: TrainConfig, run_dir: Path | None = None, logs: object = ()) -> tuple[nn.Module, object]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.Linear(16, 1))  # dropout: draws from the RNG
+        result = fit(model, DataLoader(_data(), batch_size=8, shuffle=True), config=cfg, loss_fn=_mse, hw=cpu_hw,
+                     eval_loader=DataLoader(_data(32, seed=1), batch_size=8), run_dir=run_dir,
+                     callbacks=[logs] if logs else [])  # fmt: skip
+        return model, result
+
+    logs = Logs()
+    model, result = run(_cfg(epochs=2, eval_every_steps=3), tmp_path, logs)
+    assert [(e["epoch"], e["step"]) for e in result.step_evals] == [(1, 3), (1, 6), (2, 9), (2, 12), (2, 15)]
+    assert all(math.isfinite(e["eval_loss"]) for e in result.step_evals)
+    assert logs.evals == [{"step": e["step"], "eval_loss": e["eval_loss"]} for e in result.step_evals]
+    assert len(result.history) == 2 and "eval_loss" in result.history  # the epoch rows are as before
+    assert (tmp_path / "step_evals.csv").read_text().splitlines()[0] == "epoch,step,eval_loss"
+    assert result.timing["phases"]["eval"]["count"] == 5 + 2
+    plain, _ = run(_cfg(epochs=2))
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):  # the same training run
+        assert torch.equal(a, b)
+    assert TrainConfig(eval_every_steps=5).resume_differences(TrainConfig().to_dict()) == []
+    with pytest.raises(ValueError, match="eval_every_steps=3 needs an eval_loader"):
+        fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(eval_every_steps=3), loss_fn=_mse,
+            hw=cpu_hw)  # fmt: skip
+    with pytest.raises(ValueError, match="eval_every_steps must be >= 1"):
+        _cfg(eval_every_steps=0)

@@ -124,6 +124,6 @@ def test_mean_pool_classifier_ignores_padding_and_freezes_like_a_hugging_face_mo
     torch.testing.assert_close(model(input_ids=padded_ids, attention_mask=padded_mask).logits, short)
     out = model(input_ids=ids, labels=torch.tensor([2]))
     assert out.loss is not None and torch.isclose(out.loss, torch.nn.functional.cross_entropy(short, torch.tensor([2])))
-    assert freeze(model, "embeddings", layers=1) > 0
+    assert int(freeze(model, "embeddings", layers=1)) > 0
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith(("encoder.encoder.layer.1.", "classifier.")) for n in trainable)

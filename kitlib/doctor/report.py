@@ -23,6 +23,7 @@ from kitlib.engine.timing import PHASES
 if TYPE_CHECKING:
     import pandas as pd
 
+    from kitlib.doctor.probe import MicroBatchProbe
     from kitlib.machine.hardware import HardwareInfo
 
 __all__ = ["Finding", "Report", "diagnose"]
@@ -187,15 +188,21 @@ def _summary(run: RunRecord, peak: float | None) -> dict[str, Any]:
     }
 
 
-def diagnose(run: Any, hw: HardwareInfo | None = None, *, peak_flops: float | None = None) -> Report:
+def diagnose(
+    run: Any, hw: HardwareInfo | None = None, *, peak_flops: float | None = None, probe: MicroBatchProbe | None = None
+) -> Report:
     """A run's time breakdown and ranked findings; ``run`` is a run_dir, a FitResult or ``{"timing", "config"}``.
 
     ``hw`` is the hardware the advice is for (default: the run's GPU profile when recorded, else ``detect()``).
     ``peak_flops`` overrides the datasheet peak for MFU (pass ``kitlib.doctor.flops.measure_cpu_peak()`` for a CPU run).
+    ``probe``: ``kitlib.doctor.probe.probe_micro_batch(model, batch, ...)`` measured on the run's model: the
+    micro-batch advice then uses (and prints) the measured speed-up instead of a rough one.
 
     >>> print(diagnose("runs/a"))  # doctest: +SKIP
     """
     record = _load(run)
+    if probe is not None:
+        record = dataclasses.replace(record, probes={"micro_batch": probe})
     hw = hw or _hardware_for(record)
     breakdown = {name: round(record.seconds(name), 4) for name in PHASES if record.seconds(name) > 0}
     breakdown["other"] = round(max(0.0, record.wall - sum(breakdown.values())), 4)

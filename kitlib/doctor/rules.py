@@ -27,6 +27,11 @@ PRECISION_SPEEDUP_CAP = 3.0  # end-to-end ceiling for a mixed-precision switch; 
 # EPYC (spawn/forkserver re-import torch: seconds). Paid at every epoch start unless persistent_workers=True.
 WORKER_START_S = 0.03
 LOOP_OVERHEAD_S = 5e-4  # untimed bookkeeping per step in fit() (progress bar, counters): measured 0.1-0.5 ms on CPU
+# torch.compile compiles in the first step, and once more when dynamo turns a changed shape dynamic: a run that
+# compiled in more steps than this recompiled for new input shapes.
+COMPILE_STEPS_EXPECTED = 2
+SMALL_MICRO_BATCH = 4  # rows per forward pass at or below which a forward/backward is mostly fixed per-call cost ...
+PER_CALL_OVERHEAD_S = 0.05  # ... when it also takes less than this (Python, op dispatch, launches: ~10-50 us per op)
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class RunRecord:
 
     timing: Mapping[str, Any]
     cfg: Mapping[str, Any]  # the TrainConfig dict from config.json ({} when unknown)
+    probes: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # measurements passed to diagnose()
 
     @cached_property
     def facts(self) -> RunFacts:
@@ -367,6 +373,83 @@ def _tiny_batches(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     )
 
 
+def _recompiles(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    facts = run.facts
+    compiling, compile_s = int(facts.compile_steps or 0), float(facts.compile_s or 0.0)
+    if compiling <= COMPILE_STEPS_EXPECTED or not run.steps:
+        return None
+    step_s = float(facts.compile_step_s or 0.0)
+    others = sum(run.seconds(p) for p in STEP_PHASES) - step_s
+    typical = max(0.0, others) / max(1, run.steps - compiling)  # a step that compiled nothing
+    extra = max(compile_s, step_s - compiling * typical)  # backward graphs may compile outside dynamo's timer
+    shapes = facts.distinct_input_shapes
+    changes = {"compile": False}
+    return _finding(
+        run,
+        "recompiles",
+        "torch.compile recompiles for new input shapes",
+        f"compile=True compiled {facts.compiles} times in {compiling} of {run.steps} optimizer steps"
+        + (f" ({shapes} distinct input shapes)" if shapes else "")
+        + f": {compile_s:.2f} s compiling; those steps took {step_s:.2f} s vs {1e3 * typical:.1f} ms for a step that "
+        f"compiled nothing",
+        extra,
+        _fix(changes, "no compiles")
+        + '. To keep compile, give it few shapes: batching="fixed" with a max_length (one padded length: one graph) '
+        "or batches bucketed to a few lengths, or compile the model yourself with torch.compile(model, dynamic=True) "
+        "and pass compile=False",
+        f"compile off: the {compiling} compiling steps cost what a typical step does ({compiling} x "
+        f"{1e3 * typical:.1f} ms instead of {step_s:.2f} s; at least the {compile_s:.2f} s compiling); the compiled "
+        "kernels' own speed-up is given up",
+        changes,
+    )
+
+
+def _split_accumulation(accum: int) -> int:
+    """k for micro-batch x k, accumulation / k: the largest divisor of ``accum`` up to 4, else ``accum`` (a prime)."""
+    return next((k for k in (4, 3, 2) if accum % k == 0), accum)
+
+
+def _micro_batch(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    micro, accum = int(run.setting("micro_batch_size", 1)), int(run.setting("grad_accum_steps", 1))
+    compute = run.seconds("forward") + run.seconds("backward")
+    step_total = sum(run.seconds(p) for p in STEP_PHASES)
+    if micro > SMALL_MICRO_BATCH or accum < 2 or not run.steps or compute < 0.5 * step_total:
+        return None
+    per_call = compute / (run.steps * accum)  # one micro-batch's forward + backward
+    probe: Any = run.probes.get("micro_batch")  # a MicroBatchProbe measured on this run's model and micro-batch
+    measured = probe is not None and probe.micro_batch_size == micro and accum % probe.factor == 0
+    ratio = float(probe.ratio) if measured else 0.0
+    if measured:
+        k = int(probe.factor)
+        if ratio < 1.05:  # the probe found no gain at the bigger micro-batch
+            return None
+        saving, basis = compute * (1 - 1 / ratio), f"measured on your model: {probe}"
+    else:
+        if per_call > PER_CALL_OVERHEAD_S:  # enough work per call that batching rows gains little
+            return None
+        k = _split_accumulation(accum)
+        share = min(0.4, 0.15 * math.log2(k))
+        saving = compute * share
+        basis = (
+            f"rough: ~15% less forward+backward time per doubling of a micro-batch this small, {share:.0%} for {k}x; "
+            f"measure it: kitlib.doctor.probe.probe_micro_batch(model, batch, micro_batch_size={micro}, factor={k}, "
+            "loss_fn=...) and pass it as diagnose(run, probe=...)"
+        )
+    changes = {"micro_batch_size": micro * k, "grad_accum_steps": accum // k}
+    return _finding(
+        run,
+        "micro_batch",
+        "Tiny micro-batches: per-call overhead dominates forward and backward",
+        f"micro_batch_size={micro} x grad_accum_steps={accum}: {run.steps * accum} forward/backward passes of "
+        f"{1e3 * per_call:.1f} ms each = {compute / step_total:.0%} of step time"
+        + (f"; measured {ratio:.2f}x faster at {micro * k} x {accum // k}" if measured else ""),
+        saving,
+        _fix(changes, "same effective batch, so no lr change; needs the memory for the bigger micro-batch"),
+        basis,
+        changes,
+    )
+
+
 def _cudnn_shapes(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     shapes = int(run.facts.distinct_input_shapes or 0)
     cfg_flag = run.cfg.get("cudnn_benchmark")
@@ -444,6 +527,8 @@ RULES: tuple[Rule, ...] = (
     _precision,
     _memory,
     _tiny_batches,
+    _micro_batch,
+    _recompiles,
     _cudnn_shapes,
     _respawn,
     _time_budget,

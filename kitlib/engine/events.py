@@ -7,6 +7,7 @@ Events, in the order they happen::
         on_step_end(step)                   after every optimizer window (``step.applied`` False: inf/nan, skipped)
         on_log(metrics)                     every ``log_every_steps`` applied steps, from the progress policy's
                                             on_step_end (so before later callbacks' on_step_end of that step)
+                                            and ``{"step", "eval_loss"}`` every ``eval_every_steps`` applied steps
       on_metrics(epoch, metrics, weights)   an epoch's metrics are known: at its end, or later from a background eval
                                             (``epoch`` 1-based, as in the history; ``loop.state.epoch`` counts the
                                             epochs completed). Always in epoch order: a background eval's metrics

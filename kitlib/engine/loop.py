@@ -72,6 +72,7 @@ class FitResult:
     run_dir: Path | None
     monitor: str  # the metric best_metric and best_epoch are judged by
     config: TrainConfig  # the config that ran
+    step_evals: list[dict[str, Any]] = field(default_factory=list)  # eval_every_steps: {"epoch", "step", "eval_loss"}
 
     def summary(self) -> str:
         """One line for a notebook: why training stopped, the best metric (named, 4 decimals) and its epoch, the
@@ -122,6 +123,7 @@ class RunState:
     history: list[dict[str, Any]] = field(default_factory=list)
     epoch_loss_sum: float = 0.0  # item-weighted loss of the current epoch so far
     epoch_items: float = 0.0
+    step_evals: list[dict[str, Any]] = field(default_factory=list)  # eval_every_steps: epoch, step, eval_loss
 
 
 class Loop:
@@ -142,15 +144,19 @@ class Loop:
         # Nothing else to judge "best" by without an eval set.
         self.monitor = "train_loss" if eval_loader is None and cfg.monitor == "eval_loss" else cfg.monitor
         torch.manual_seed(cfg.seed)
-        freeze(model, cfg.freeze, cfg.freeze_layers)
+        self.frozen = freeze(model, cfg.freeze, cfg.freeze_layers)
+        if cfg.freeze != "none" or cfg.freeze_layers:  # say what was frozen (and what was kept because it is shared)
+            warnings.warn(str(self.frozen), stacklevel=3)
         if cfg.gradient_checkpointing:
-            enable_activation_checkpointing(model)
+            enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg)
         self.base_loader = train_loader  # its samplers decide each epoch's order; the views below share them
         self.train_loader = shard_batches(train_loader, self.env.rank, self.env.world_size)
         self.eval_batches = shard_batches(eval_loader, self.env.rank, self.env.world_size) if eval_loader else None
+        if cfg.eval_every_steps and self.eval_batches is None:
+            raise ValueError(f"eval_every_steps={cfg.eval_every_steps} needs an eval_loader: pass fit(eval_loader=...)")
         self.windows_per_epoch = math.ceil(len(self.train_loader) / cfg.grad_accum_steps)
         if self.windows_per_epoch == 0:
             raise ValueError("the training DataLoader is empty (with drop_last=True, fewer rows than one batch?)")
@@ -321,17 +327,7 @@ class Loop:
         if self.eval_batches is not None and not (
             isinstance(result, Mapping) and "eval_loss" in result and not env.enabled
         ):
-            with self.timer.phase("eval"):
-                record["eval_loss"] = evaluate_loss(
-                    self.model,
-                    self.eval_batches,
-                    loss_fn=self.loss_fn,
-                    count_fn=self.count_fn,
-                    autocast=self.precision.autocast,
-                    to_device=self.to_device,
-                    env=env,
-                    max_batches=cfg.eval_max_batches,
-                )
+            record["eval_loss"] = self.eval_loss()
         if callable(result) and cfg.background_eval != "off":
             self._defer(epoch, result, record, rng)
         elif callable(result):  # background_eval="off": score it here, on the critical path
@@ -341,6 +337,21 @@ class Loop:
             record.update(result)
         self.state.history.append(record)
         return record
+
+    def eval_loss(self) -> float:
+        """The cheap loss-only eval on the eval set (at most ``eval_max_batches`` batches), timed as "eval"."""
+        assert self.eval_batches is not None
+        with self.timer.phase("eval"):
+            return evaluate_loss(
+                self.model,
+                self.eval_batches,
+                loss_fn=self.loss_fn,
+                count_fn=self.count_fn,
+                autocast=self.precision.autocast,
+                to_device=self.to_device,
+                env=self.env,
+                max_batches=self.cfg.eval_max_batches,
+            )
 
     def _defer(self, epoch: int, result: Metrics | Callable[[], Metrics], record: Mapping[str, Any],
                rng: dict[str, Any]) -> None:  # fmt: skip
@@ -492,6 +503,8 @@ def _finish(loop: Loop) -> FitResult:
     history = pd.DataFrame(loop.state.history)
     if loop.out is not None and loop.env.is_main:
         write_atomic(loop.out / "history.csv", history.to_csv(index=False))
+        if loop.state.step_evals:
+            write_atomic(loop.out / "step_evals.csv", pd.DataFrame(loop.state.step_evals).to_csv(index=False))
         loop.timer.save(loop.out / "timing.json")
     if loop.monitor not in history.columns and len(history):
         warnings.warn(
@@ -514,4 +527,5 @@ def _finish(loop: Loop) -> FitResult:
         run_dir=loop.out,
         monitor=loop.monitor,
         config=loop.cfg,
+        step_evals=list(state.step_evals),
     )

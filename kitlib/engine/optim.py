@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -10,13 +11,41 @@ from torch import nn
 from kitlib.config import TrainConfig
 
 
-def freeze(model: nn.Module, what: str, layers: int = 0) -> int:
-    """Freeze part of a model in place; returns the number of frozen parameters.
+@dataclass(frozen=True)
+class Frozen:
+    """What ``freeze`` froze: ``str()`` is the one-line notice fit() gives (a warning, as for its other notices)."""
+
+    what: str
+    layers: int
+    params: int  # parameters frozen (each shared tensor counted once)
+    total: int  # parameters in the model (each shared tensor counted once)
+    parts: tuple[tuple[str, int], ...]  # (module path, parameters frozen there)
+    kept_shared: tuple[str, ...] = ()  # left trainable: the decoder/lm_head uses them too (encoder-decoder models)
+    shared_frozen: tuple[str, ...] = ()  # frozen although modules outside the frozen part use them too (tied)
+
+    def __int__(self) -> int:
+        return self.params
+
+    def __str__(self) -> str:
+        asked = f"freeze={self.what!r}" + (f", freeze_layers={self.layers}" if self.layers else "")
+        parts = ", ".join(f"{name or 'the model'} {count:,}" for name, count in self.parts)
+        text = f"{asked}: froze {self.params:,} of {self.total:,} parameters ({parts})"
+        if self.kept_shared:
+            text += f"; kept trainable, shared with the decoder/lm_head: {'; '.join(self.kept_shared)}"
+        if self.shared_frozen:
+            text += f"; also frozen where they are shared (tied): {'; '.join(self.shared_frozen)}"
+        return text
+
+
+def freeze(model: nn.Module, what: str, layers: int = 0) -> Frozen:
+    """Freeze part of a model in place; returns what it froze (``int()`` of it: the number of frozen parameters).
 
     "embeddings": the input embedding module: for BERT-style models ``base_model.embeddings`` (word, position and
     type embeddings and their norm), else ``get_input_embeddings()`` or a module attribute ``embedding``/
     ``embeddings``. "encoder": everything but the task head (``model.base_model`` for Hugging Face models,
-    ``model.encoder`` for plain modules): the cheap "train a head on a frozen encoder" regime.
+    ``model.encoder`` for plain modules): the cheap "train a head on a frozen encoder" regime. For an
+    encoder-decoder model (T5, BART) "encoder" is the encoder stack only (``get_encoder()``), and a weight it shares
+    with the decoder or the lm_head (T5's and BART's tied token embedding; found by identity) stays trainable.
     ``layers``: also the embeddings and the first N transformer blocks, so nothing below block N needs a backward.
     """
     if what not in ("none", "embeddings", "encoder"):
@@ -26,13 +55,36 @@ def freeze(model: nn.Module, what: str, layers: int = 0) -> int:
         targets.append(_part(model, "embeddings"))
         base = getattr(model, "base_model", model)
         targets += list(_blocks(base if isinstance(base, nn.Module) else model, layers))[:layers]
-    frozen = 0
+    module_names = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
+    uses: dict[int, list[str]] = {}  # every name each parameter tensor has in the model
+    for name, param in model.named_parameters(remove_duplicate=False):
+        uses.setdefault(id(param), []).append(name)
+    keep_shared = what == "encoder" and _encoder_decoder(model)
+    frozen, parts, kept, tied = 0, [], [], []
     for target in targets:
-        for param in target.parameters():
+        prefix = module_names.get(id(target), "")
+        inside = f"{prefix}." if prefix else ""
+        count = 0
+        for name, param in target.named_parameters():
+            outside = [n for n in uses.get(id(param), []) if not n.startswith(inside)]
+            shared = f"{inside}{name} (also {', '.join(outside)}; {param.numel():,})"
+            if outside and keep_shared and target is targets[0]:
+                kept.append(shared)
+                continue
             if param.requires_grad:
                 param.requires_grad_(False)
-                frozen += param.numel()
-    return frozen
+                count += param.numel()
+                if outside:
+                    tied.append(shared)
+        frozen += count
+        parts.append((prefix, count))
+    total = sum({id(p): p.numel() for p in model.parameters()}.values())
+    return Frozen(what, layers, frozen, total, tuple(parts), tuple(kept), tuple(tied))
+
+
+def _encoder_decoder(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False)) and callable(getattr(model, "get_encoder", None))
 
 
 def _part(model: nn.Module, what: str) -> nn.Module:
@@ -43,6 +95,8 @@ def _part(model: nn.Module, what: str) -> nn.Module:
         whole = getattr(base, "embeddings", None)  # BERT-style: word + position + type embeddings and their norm
         if isinstance(whole, nn.Module) and isinstance(target, nn.Module) and target in set(whole.modules()):
             target = whole
+    elif _encoder_decoder(model):  # T5, BART: the encoder stack, not the decoder that base_model also holds
+        target = model.get_encoder()  # type: ignore[operator]
     else:
         base = getattr(model, "base_model", None)
         target = base if isinstance(base, nn.Module) and base is not model else getattr(model, "encoder", None)

@@ -155,6 +155,23 @@ class PeriodicSave(Policy):
             loop.save_last()
 
 
+class StepEval(Policy):
+    """The loss-only eval every ``eval_every_steps`` applied optimizer steps (the epoch-end one and the full eval keep
+    their epoch cadence): ``{"epoch", "step", "eval_loss"}`` rows in ``state.step_evals`` (FitResult.step_evals,
+    step_evals.csv) and ``{"step", "eval_loss"}`` to the callbacks' ``on_log``. The RNG streams are put back after it
+    (an eval DataLoader draws its seed from them), so the training run is the one it would be without these evals."""
+
+    def on_step_end(self, step: StepEnd) -> None:
+        loop, every = self.loop, self.loop.cfg.eval_every_steps
+        if not (step.applied and every and loop.state.step % every == 0):
+            return
+        rng = checkpoint.rng_state()
+        value = loop.eval_loss()
+        checkpoint.set_rng_state(rng)
+        loop.state.step_evals.append({"epoch": loop.state.epoch + 1, "step": loop.state.step, "eval_loss": value})
+        loop.events.on_log({"step": loop.state.step, "eval_loss": value})
+
+
 class TimeBudget(Policy):
     """Stops while one more step, the epoch-end eval and a checkpoint still fit in ``budget_s``, and saves ``last/``
     at that exact position, so the next session resumes there."""
@@ -203,6 +220,7 @@ def default_policies(cfg: TrainConfig) -> list[Callback]:
     return [
         NonFiniteGuard(),
         ProgressLog(),
+        *([StepEval()] if cfg.eval_every_steps else []),
         BestCheckpoint(),
         *([EarlyStopping(cfg.patience)] if cfg.patience is not None else []),
         PeriodicSave(),

@@ -58,6 +58,12 @@ class RunFacts:
     model_non_embedding_params: int | None = None
     model_layers: int | None = None
     model_width: int | None = None
+    # torch.compile (compile=True): dynamo compiles during fit (recompiles for new input shapes included), the seconds
+    # they took, and the optimizer steps that compiled something (a first step, then one per recompile) with their time
+    compiles: int | None = None
+    compile_s: float | None = None
+    compile_steps: int | None = None
+    compile_step_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -81,6 +87,12 @@ class RunRecorder(Callback):
         self.gap_start: float | None = None
         self.epoch_start = 0.0
         self.first_step = True
+        self.compile_start: int | None = None  # compile=True: compiles recorded in this process before fit
+        self.compiled, self.compile_steps, self.compile_step_s = 0, 0, 0.0
+
+    def on_fit_start(self, loop: Loop) -> None:
+        self.compile_start = len(_compile_times()) if loop.cfg.compile else None
+        self.compiled, self.compile_steps, self.compile_step_s = self.compile_start or 0, 0, 0.0
 
     def on_epoch_start(self, loop: Loop) -> None:
         self.epoch_start, self.first_step = time.perf_counter(), True
@@ -96,6 +108,9 @@ class RunRecorder(Callback):
         self.epoch_tokens = self.epoch_tokens + step.real_tokens
         self.computed_tokens += step.computed_tokens
         self.shapes |= step.shapes
+        if self.compile_start is not None and (done := len(_compile_times())) > self.compiled:  # a list's length
+            self.compiled, self.compile_steps = done, self.compile_steps + 1
+            self.compile_step_s += step.seconds
 
     def on_epoch_end(self, record: Mapping[str, Any]) -> None:
         self.gap_start = self.epoch_start + record["epoch_s"]  # training ended here; eval and saving came after
@@ -147,5 +162,27 @@ class RunRecorder(Callback):
             if eval_batches is not None
             else 0,
             stop_reason=loop.stop_reason,
+            **self._compile_facts(),
             **model_facts(loop.raw_model),
         )
+
+    def _compile_facts(self) -> dict[str, Any]:
+        if self.compile_start is None:
+            return {}
+        times = _compile_times()[self.compile_start :]
+        return {
+            "compiles": len(times),
+            "compile_s": round(sum(times), 4),
+            "compile_steps": self.compile_steps,
+            "compile_step_s": round(self.compile_step_s, 4),
+        }
+
+
+def _compile_times() -> list[float]:
+    """Seconds of each dynamo compile in this process so far (torch's own record; [] when torch has none)."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return []
+    times: list[float] = compilation_time_metrics.get("_compile.compile_inner", [])
+    return times

@@ -7,10 +7,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
@@ -81,20 +82,83 @@ def train_window(
     return applied, loss_sum, total
 
 
-def enable_activation_checkpointing(model: nn.Module) -> None:
-    """Recompute activations in backward: ~30% more compute for far less activation memory (Hugging Face models)."""
+def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = ()) -> list[str]:
+    """Recompute activations in backward: ~30% more compute for far less activation memory. Returns what it enabled.
+
+    ``modules`` (``TrainConfig.checkpoint_modules``): submodule names (``"blocks"``, ``"encoder.layers.0"``; a
+    ModuleList's blocks each) or class names (``"TransformerBlock"``), each recomputed in backward through
+    ``torch.utils.checkpoint`` (non-reentrant). Without names: a Hugging Face model's own switch, or that of the
+    Hugging Face models inside a wrapper module; anything else raises, naming the fix.
+    """
+    if modules:
+        return _checkpoint_named(model, modules)
+    hf = [model] if _hf_switch(model) else []
+    if not hf:  # a wrapper (a head on a text model): the outermost Hugging Face models inside it
+        inside: list[nn.Module] = []
+        for child in model.modules():
+            if child is not model and _hf_switch(child) and not any(child in set(m.modules()) for m in inside):
+                inside.append(child)
+        hf = inside
+    if not hf:
+        stacks = [name for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name]
+        example = repr(tuple(stacks[:1] or [type(next(iter(model.children()), model)).__name__]))
+        raise ValueError(
+            f"gradient_checkpointing=True: {type(model).__name__} is not a Hugging Face model and holds none; name the "
+            f"blocks to recompute in backward: TrainConfig(gradient_checkpointing=True, checkpoint_modules={example})"
+            " (submodule names, a ModuleList's name for each of its blocks, or class names)"
+        )
+    names = {id(m): name for name, m in model.named_modules()}
     # transformers 5.x renamed gradient_checkpointing_enable (deprecated, removed in v6); 4.x has only the old name.
     # Non-reentrant checkpointing works with DDP, frozen inputs and torch.compile; the reentrant default does not.
     kwargs = {"use_reentrant": False}
-    if callable(enable := getattr(model, "activation_checkpointing_enable", None)):
-        enable(activation_checkpointing_kwargs=kwargs)
-    elif callable(enable := getattr(model, "gradient_checkpointing_enable", None)):
-        enable(gradient_checkpointing_kwargs=kwargs)
-    else:
-        raise ValueError(
-            f"gradient_checkpointing=True needs a Hugging Face model (activation_checkpointing_enable()); for "
-            f"{type(model).__name__} wrap its blocks in torch.utils.checkpoint.checkpoint(..., use_reentrant=False)"
-        )
+    for target in hf:
+        if callable(enable := getattr(target, "activation_checkpointing_enable", None)):
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            target.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    return [names.get(id(m)) or type(m).__name__ for m in hf]
+
+
+def _hf_switch(module: nn.Module) -> bool:
+    """A Hugging Face model that supports gradient checkpointing (either name of its switch)."""
+    has = callable(getattr(module, "activation_checkpointing_enable", None)) or callable(
+        getattr(module, "gradient_checkpointing_enable", None)
+    )
+    return has and getattr(module, "supports_gradient_checkpointing", True) is not False
+
+
+def _checkpoint_named(model: nn.Module, wanted: Sequence[str]) -> list[str]:
+    found: list[str] = []
+    for want in wanted:
+        hits = [(n, m) for n, m in model.named_modules() if n == want or (type(m).__name__ == want and n)]
+        if not hits:
+            names = [n for n, _ in model.named_modules() if n and "." not in n]
+            classes = sorted({type(m).__name__ for m in model.modules()} - {type(model).__name__})
+            raise ValueError(
+                f"checkpoint_modules: {type(model).__name__} has no submodule or class named {want!r} (its top-level "
+                f"submodules: {names}; classes: {classes})"
+            )
+        for name, module in hits:
+            blocks = list(module.named_children()) if isinstance(module, nn.ModuleList) else [("", module)]
+            for child, block in blocks:
+                if not getattr(block, "_kitlib_checkpointed", False):
+                    _recompute_in_backward(block)
+                    found.append(f"{name}.{child}" if child else name)
+    return found
+
+
+def _recompute_in_backward(module: nn.Module) -> None:
+    """Route ``module``'s forward through ``torch.utils.checkpoint`` while training with autograd on (its state_dict
+    and names are unchanged: the wrapper is an instance attribute, not a new parent module)."""
+    forward = module.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if not (module.training and torch.is_grad_enabled()):
+            return forward(*args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = checkpointed
+    module._kitlib_checkpointed = True  # type: ignore[assignment]
 
 
 def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:

@@ -1,0 +1,104 @@
+"""Short measurements on the user's model that back the doctor's advice with numbers (never run on import).
+
+    probe = probe_micro_batch(model, batch, micro_batch_size=1, factor=4, loss_fn=my_loss)
+    print(probe)                                    # 4 passes of 1 row vs 1 pass of 4 rows: 1.52x
+    print(diagnose("runs/a", probe=probe))          # the micro-batch advice quotes the measured ratio
+
+The model is left as it was: its gradients, train/eval mode and the RNG streams are put back afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kitlib.engine.objective import Batch, LossFn, hf_loss, rows
+
+__all__ = ["MicroBatchProbe", "probe_micro_batch"]
+
+
+@dataclass(frozen=True)
+class MicroBatchProbe:
+    """Forward+backward time for the same rows as ``factor`` micro-batches of ``micro_batch_size`` rows (small_s)
+    and as one micro-batch of ``micro_batch_size * factor`` rows (big_s); the best of the repeats."""
+
+    micro_batch_size: int
+    factor: int
+    small_s: float
+    big_s: float
+
+    @property
+    def ratio(self) -> float:
+        """How many times faster the bigger micro-batch gets through the same rows."""
+        return self.small_s / self.big_s if self.big_s > 0 else float("inf")
+
+    def __str__(self) -> str:
+        m, k = self.micro_batch_size, self.factor
+        small = f"{k} forward/backward passes of {m} row{'s' * (m > 1)} took {1e3 * self.small_s:.1f} ms"
+        return f"{small}, 1 pass of {m * k} rows {1e3 * self.big_s:.1f} ms: {self.ratio:.2f}x"
+
+
+def _rows(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows ``start:stop`` of a batch (a tensor, a mapping or a sequence of tensors: their first dimension)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, Mapping):
+        return {k: _rows(v, start, stop) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(_rows(v, start, stop) for v in batch)
+    return batch
+
+
+def probe_micro_batch(
+    model: nn.Module,
+    batch: Batch,
+    *,
+    micro_batch_size: int,
+    factor: int,
+    loss_fn: LossFn | None = None,
+    repeats: int = 3,
+) -> MicroBatchProbe:
+    """Time forward+backward over ``micro_batch_size * factor`` rows of ``batch`` (on the model's device): as
+    ``factor`` micro-batches and as one, after a warm-up pass of each shape, best of ``repeats``. A few seconds at
+    most for a model that trains; gradients, mode and RNG streams are restored, weights never change."""
+    need = micro_batch_size * factor
+    have = rows(batch)
+    if micro_batch_size < 1 or factor < 2 or have < need:
+        raise ValueError(
+            f"probe_micro_batch needs micro_batch_size >= 1, factor >= 2 and a batch of >= {need} rows "
+            f"(micro_batch_size x factor); got {micro_batch_size}, {factor} and {have} rows"
+        )
+    loss_fn = loss_fn or hf_loss
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device if params else torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    small = [_rows(batch, i * micro_batch_size, (i + 1) * micro_batch_size) for i in range(factor)]
+    big = [_rows(batch, 0, need)]
+
+    def passes(batches: list[Batch]) -> float:
+        sync()
+        begin = time.perf_counter()
+        for part in batches:
+            loss_fn(model, part).backward()
+        sync()
+        return time.perf_counter() - begin
+
+    grads = [p.grad for p in params]
+    was_training = model.training
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            model.train()
+            passes(small[:1])  # warm-up: first-call allocations and kernel selection for each shape
+            passes(big)
+            small_s = min(passes(small) for _ in range(repeats))
+            big_s = min(passes(big) for _ in range(repeats))
+    finally:
+        model.train(was_training)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g
+    return MicroBatchProbe(micro_batch_size, factor, small_s, big_s)
