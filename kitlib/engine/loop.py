@@ -145,8 +145,10 @@ class Loop:
         self.monitor = "train_loss" if eval_loader is None and cfg.monitor == "eval_loss" else cfg.monitor
         torch.manual_seed(cfg.seed)
         self.frozen = freeze(model, cfg.freeze, cfg.freeze_layers)
-        if cfg.freeze != "none" or cfg.freeze_layers:  # say what was frozen (and what was kept because it is shared)
-            warnings.warn(str(self.frozen), stacklevel=3)
+        if (cfg.freeze != "none" or cfg.freeze_layers) and self.env.is_main:
+            # Say what was frozen (and what was kept because it is shared): a line of output, not a warning (a
+            # notebook shows warnings as a red box, and this is the run going as configured).
+            print(f"fit: {self.frozen}")
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)
