@@ -3,18 +3,19 @@
 The text-to-SQL demo's full evaluation generates a query for every validation row and executes it against the
 demo's SQLite database (record F1). Three runs of the same tiny T5 on the same features, seed and epochs:
 
-    loss only     full_eval_every=0 (the metric once, after the last epoch)
+    loss only     full_eval_every=0 (the loss every epoch, the metric once after the last)
     foreground    the metric every epoch, generation and execution on the training path (background_eval="off")
     background    the metric every epoch, generation and execution in kitlib's background eval ("thread")
 
 For each: wall time, the mean epoch time, and the epoch gap (wall time outside the training epochs, per epoch: what
-training waited for). Usage: python benchmarks/bench_seq2seq_eval.py [--epochs 4] [--rows 600]
+training waited for). Usage: python benchmarks/bench_seq2seq_eval.py [--epochs 3] [--warmup 15] [--rows 600]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +32,8 @@ from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs per run")
+    parser.add_argument("--warmup", type=int, default=15, help="epochs trained first (generation then has length)")
     parser.add_argument("--rows", type=int, default=600, help="training rows of the demo (10%% validate)")
     args = parser.parse_args()
     hw = fake_profile("CPU", platform="local", interactive=False)
@@ -45,34 +47,45 @@ def main() -> None:
         feats = stages.load_features(p)
         task, metric = get_task(p.task), get_metric("record_f1", "sequence", data_dir=paths.root)
         base = dataclasses.replace(stages._train_config(p, feats), epochs=args.epochs, save_best=False)
+        # Generation costs what the model generates: a fresh model stops at once. Train first, then time each way
+        # from those weights, in the order A B C C B A (drift on a shared machine hits every side alike).
+        warm = stages.prepare(p, feats, hw).model
+        fit(warm, stages.prepare(p, feats, hw).train, config=dataclasses.replace(base, epochs=args.warmup,
+            full_eval_every=0, monitor="train_loss"), hw=hw)  # fmt: skip
+        trained = {k: v.clone() for k, v in warm.state_dict().items()}
         runs = {
             "loss only": dataclasses.replace(base, full_eval_every=0, monitor="eval_loss", mode="min"),
             "foreground": dataclasses.replace(base, full_eval_every=1, background_eval="off"),
             "background": dataclasses.replace(base, full_eval_every=1, background_eval="thread"),
         }
         threads = torch.get_num_threads()
-        print(f"{args.rows} rows ({feats.n_train} in features), {args.epochs} epochs, tiny T5, CPU x{threads}")
-        print(f"{'run':<12} {'wall s':>8} {'epoch s':>8} {'gap s/epoch':>12} {'last record_f1':>15}")
-        results = {}
-        for name, cfg in runs.items():
+        print(f"{feats.n_train} rows, {args.warmup} warm-up epochs, {args.epochs} timed epochs per run; CPU x{threads}")
+        walls: dict[str, list[float]] = {name: [] for name in runs}
+        gaps: dict[str, list[float]] = {name: [] for name in runs}
+        f1s: dict[str, float] = {}
+        for name in [*runs, *reversed(runs)]:
             prepared = stages.prepare(p, feats, hw)
+            prepared.model.load_state_dict(trained)
             started = time.perf_counter()
             result = fit(
-                prepared.model, prepared.train, config=cfg, eval_loader=prepared.valid, hw=hw,
+                prepared.model, prepared.train, config=runs[name], eval_loader=prepared.valid, hw=hw,
                 full_eval=task.evaluate(feats.task, metric, prepared.valid, torch.device("cpu")),
-                run_dir=Path(tmp) / name.replace(" ", "-"),
             )  # fmt: skip
             wall = time.perf_counter() - started
-            epoch_s = float(result.history["epoch_s"].sum())
-            gap = (wall - epoch_s) / args.epochs
-            f1 = result.history["record_f1"].dropna().iloc[-1] if "record_f1" in result.history else float("nan")
-            results[name] = (wall, gap)
-            print(f"{name:<12} {wall:8.1f} {epoch_s / args.epochs:8.1f} {gap:12.2f} {f1:15.3f}")
-        metric_cost_fg = results["foreground"][1] - results["loss only"][1]
-        metric_cost_bg = results["background"][1] - results["loss only"][1]
+            walls[name].append(wall)
+            gaps[name].append((wall - float(result.history["epoch_s"].sum())) / args.epochs)
+            if "record_f1" in result.history:
+                f1s[name] = float(result.history["record_f1"].dropna().iloc[-1])
+        print(f"{'run':<12} {'wall s':>8} {'gap s/epoch':>12} {'last record_f1':>15}")
+        for name in runs:
+            wall, gap = statistics.mean(walls[name]), statistics.mean(gaps[name])
+            print(f"{name:<12} {wall:8.1f} {gap:12.2f} {f1s.get(name, float('nan')):15.3f}")
+        gap = {name: statistics.mean(values) for name, values in gaps.items()}
+        wall = {name: statistics.mean(values) for name, values in walls.items()}
         print(
-            f"epoch gap added by the metric: foreground {metric_cost_fg:.2f} s/epoch, background {metric_cost_bg:.2f} "
-            f"s/epoch; background / foreground wall = {results['background'][0] / results['foreground'][0]:.2f}"
+            f"epoch gap added by the metric: foreground {gap['foreground'] - gap['loss only']:.2f} s/epoch, "
+            f"background {gap['background'] - gap['loss only']:.2f} s/epoch; wall vs loss only: foreground "
+            f"{wall['foreground'] / wall['loss only']:.2f}x, background {wall['background'] / wall['loss only']:.2f}x"
         )
 
 
