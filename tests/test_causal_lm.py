@@ -181,3 +181,31 @@ def test_the_demo_and_its_score(tmp_path: Path, demo) -> None:
     assert main(["score", str(demo.solution), str(perfect)]) == 0
     assert main(["score", str(demo.solution), str(demo.sample_submission)]) == 0  # the placeholder scores 0
     assert score_sft(demo.solution, demo.sample_submission) == 0.0
+
+
+def test_a_causal_lm_folder_is_fine_tuned_with_its_own_tokenizer(tmp_path: Path, cpu_hw, demo) -> None:
+    """``model`` = a folder saved with save_pretrained (here a tiny GPT-2 whose tokenizer has no pad token, like
+    GPT-2's own): AutoModelForCausalLM + AutoTokenizer, padded with </s>, trained with gradient checkpointing on."""
+    from kitlib import TrainConfig, fit
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.models.causal_lm import tiny_causal_lm
+    from kitlib.notebook.tasks.causal_lm import CausalLMTask
+    from kitlib.tools.demo_sft import PARAMETERS
+
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+    tokenizer = train_bpe_tokenizer([*train["prompt"], *train["response"]], vocab_size=500, add_eos=False)
+    folder = tmp_path / "gpt2-folder"
+    tiny_causal_lm(tokenizer, seed=1, n_positions=256).save_pretrained(folder)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(folder)
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model=str(folder), **PARAMETERS)
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    assert feats.side.state == {"model_folder": str(folder)} and feats.pad_id == tokenizer.eos_token_id
+    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, lr=1e-3, precision="fp32", gradient_checkpointing=True,
+                      full_eval_at_end=False, save_best=False)  # fmt: skip
+    result = fit(prepared.model, prepared.train, config=cfg, hw=cpu_hw)
+    assert np.isfinite(result.history["train_loss"]).all()
+    stages.train(p, hw=cpu_hw)
+    assert len(stages.infer(p, hw=cpu_hw)) == 24

@@ -9,9 +9,10 @@
   then </s>. Labels are -100 (ignored by the loss) on the prompt and on padding: the loss is on the response and its
   </s> only. The model shifts labels by one itself, and fit counts the scored tokens the same way
   (kitlib.engine.objective.default_count_fn), so accumulation weights rows by their response tokens.
-- Length: the longest prompt + response + </s> of the training rows, capped at MAX_SEQ_TOKENS (01 prints what it
-  covers). A longer row keeps its whole response (up to half the cap when the prompt is long too) and the end of its
-  prompt: the tokenizer truncates prompts from the left, so the words next to the response survive.
+- Length: the longest prompt + response + </s> of the training rows, capped at MAX_SEQ_TOKENS or the model's
+  positions if fewer (01 prints what it covers). A longer row keeps its whole response (up to half the cap when the
+  prompt is long too) and the end of its prompt: the tokenizer truncates prompts from the left, so the words next to
+  the response survive.
 - Batches: kitlib's bucket sampler groups rows of similar length (make_train_loader, the rows' whole lengths),
   padded on the right to the batch's longest; generation re-pads prompts on the left, as a decoder-only LM needs.
 - Full evaluation: the loss in the foreground, then greedy generation of every validation response on a CPU copy of
@@ -49,8 +50,10 @@ if TYPE_CHECKING:
 IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
-# x the preset's epochs: nothing is pretrained, every pattern comes from the rows. 5, not seq2seq's 10: balanced's 10
-# epochs of the SFT demo's 2,000 rows take ~6 min on a 2-core CPU (20 took ~12); the metric was still rising.
+# x the preset's epochs: nothing is pretrained, every pattern comes from the rows. 5, not seq2seq's 10, to keep
+# balanced within ~8 min on a 2-core CPU: on the SFT demo (1,800 training rows) its 10 epochs took 13 s each on idle
+# cores, 40-110 s with other jobs on them (8.4 min for the four notebooks); exact match 0.355 after 5, 0.435 after 10
+# on validation, still rising (test 0.450 vs 0.185 for the most common response).
 FROM_SCRATCH_EPOCHS = 5
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
@@ -65,6 +68,7 @@ class CausalLMTask(Task):
     def __init__(self, name: str = "causal-lm") -> None:
         self.name = name
         self._prompts: list[str] | None = None  # 01: load() keeps the training prompts for labels()
+        self._cap = MAX_SEQ_TOKENS  # 01: and the model's positions, when fewer
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
@@ -124,6 +128,7 @@ class CausalLMTask(Task):
                 "set model to its folder"
             )
         tokenizer.truncation_side = "left"  # a prompt over the cap keeps its end: the words next to the response
+        self._cap = min(MAX_SEQ_TOKENS, _positions(model) or MAX_SEQ_TOKENS)
         return tokenizer, model, identity
 
     def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
@@ -133,9 +138,9 @@ class CausalLMTask(Task):
 
         if self._prompts is None or len(self._prompts) != len(column):
             raise RuntimeError("CausalLMTask.labels needs the training prompts: call load() first (01 does)")
-        prompts = tokenize_texts(self._prompts, tokenizer, max_length=MAX_SEQ_TOKENS, cache=cache).lengths
+        prompts = tokenize_texts(self._prompts, tokenizer, max_length=self._cap, cache=cache).lengths
         responses = _encode_responses([str(v) for v in column], tokenizer)
-        labels, report = response_labels(prompts, responses, MAX_SEQ_TOKENS)
+        labels, report = response_labels(prompts, responses, self._cap)
         print(report)
         return labels
 
@@ -362,6 +367,13 @@ def _folder_model(folder: str) -> tuple[Any, Any]:
     return tokenizer, AutoModelForCausalLM.from_pretrained(folder)
 
 
+def _positions(model: nn.Module) -> int | None:
+    """The most tokens the model has positions for (None: no limit stated)."""
+    config = getattr(model, "config", None)
+    limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    return int(limit) if limit else None
+
+
 def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's, or the tiny GPT-2 for the saved
     tokenizer; it carries its tokenizer (``kitlib_tokenizer``) for decoding."""
@@ -386,8 +398,8 @@ def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1)
     model = getattr(model, "module", model)
     tokenizer = getattr(model, "kitlib_tokenizer")  # noqa: B009
     max_new = int(getattr(model, "kitlib_max_new_tokens", 32))
-    limit = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
-    room = max(1, int(limit) - max_new) if limit else None
+    limit = _positions(model)
+    room = max(1, limit - max_new) if limit else None
     prompts = [p[-room:] if room and len(p) > room else p for p in prompts]  # keep the end: the words before it
     width = max(1, max(len(p) for p in prompts))
     pad = tokenizer.pad_token_id
