@@ -182,7 +182,7 @@ def test_a_task_of_ones_own_runs_through_the_stages_by_module_and_name(tmp_path:
 @pytest.mark.parametrize(
     ("values", "error", "expected"),
     [
-        ({"task": "seq2sql"}, SetupError, r"task = 'seq2sql' is not one of \['auto', .*'tabular-text'\].*module:name"),
+        ({"task": "seq2sql"}, SetupError, r"task = 'seq2sql' is not one of \['auto', .*'causal-lm'\].*module:name"),
         ({"task": "no_such_module_kit:T"}, SetupError, r"module 'no_such_module_kit' does not import"),
         ({"task": "tabular-text"}, SetupError, r"needs the columns beside the text: set numeric"),
         ({"task": "tabular-text", "numeric": ["price"]}, DataError, r"no column 'price' \(listed in numeric\)"),
@@ -200,8 +200,8 @@ def test_bad_task_input_is_one_clear_error_before_anything_is_written(
 
 
 def test_get_task_names_each_built_in() -> None:
-    assert [get_task(n).name for n in ("auto", "classify", "regress", "tabular-text")] == [
-        "auto", "classify", "regress", "tabular-text",
+    assert [get_task(n).name for n in ("auto", "classify", "regress", "tabular-text", "seq2seq", "causal-lm")] == [
+        "auto", "classify", "regress", "tabular-text", "seq2seq", "causal-lm",
     ]  # fmt: skip
 
 
