@@ -41,6 +41,10 @@ def _demo_maker(task: str) -> Any:
         from kitlib.tools.demo_sql import make_sql_demo
 
         return lambda dir, *, seed, test_fraction, force: make_sql_demo(dir, seed=seed, force=force)
+    if task == "causal-lm":
+        from kitlib.tools.demo_sft import make_sft_demo
+
+        return make_sft_demo
     from kitlib.tools.demo import make_demo
 
     return make_demo
@@ -76,6 +80,11 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
         f1 = score_sql(args.solution, args.submission, Path(args.solution).with_name(DB_FILE))
         print(f"record_f1: {f1:.4f} (each query executed on {DB_FILE})")
+        return 0
+    if metric == "exact_match":
+        from kitlib.tools.demo_sft import score_sft
+
+        print(f"exact_match: {score_sft(args.solution, args.submission):.4f} (responses equal, whitespace aside)")
         return 0
     accuracy = score(args.solution, args.submission)  # a DataError prints as one line, exit 2
     print(f"accuracy: {accuracy:.4f}")
@@ -260,13 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task",
         default="auto",
-        choices=["auto", "tabular-text", "seq2seq", "custom"],
+        choices=["auto", "tabular-text", "seq2seq", "causal-lm", "custom"],
         help="auto: reviews, accuracy; tabular-text: film box office, SMAPE; seq2seq: text-to-SQL, record F1; "
-        "custom: the reviews with your own BiLSTM (bilstm.py)",
+        "causal-lm: questions about reviews (instruction tuning), exact match; custom: the reviews with your own "
+        "BiLSTM (bilstm.py)",
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("score", help="score a submission against the demo's solution.csv (prints the accuracy)")
+    p = sub.add_parser("score", help="score a submission against the demo's solution.csv (its demo.json's metric)")
     p.add_argument("solution")
     p.add_argument("submission")
     p.set_defaults(func=_cmd_score)
@@ -329,7 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", help="text column (default: text)")
     p.add_argument("--target", help="target column (default: label)")
     p.add_argument("--id", help="id column (default: id)")
-    p.add_argument("--task", help="auto | classify | regress | tabular-text | module:name (default: auto)")
+    p.add_argument(
+        "--task", help="auto | classify | regress | tabular-text | seq2seq | causal-lm | module:name (default: auto)"
+    )
     p.add_argument("--metric", help="accuracy | macro_f1 | rmse | mae | smape | rmsle | module:function")
     p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (tabular-text)")
     p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (tabular-text)")

@@ -185,7 +185,7 @@ def test_a_task_of_ones_own_runs_through_the_stages_by_module_and_name(tmp_path:
         (
             {"task": "seq2sql"},
             SetupError,
-            r"task = 'seq2sql' is not one of \['auto', .*'seq2seq', 'custom'\].*module:name",
+            r"task = 'seq2sql' is not one of \['auto', .*'seq2seq', 'causal-lm', 'custom'\].*module:name",
         ),
         ({"task": "no_such_module_kit:T"}, SetupError, r"module 'no_such_module_kit' does not import"),
         ({"task": "tabular-text"}, SetupError, r"needs the columns beside the text: set numeric"),
@@ -204,9 +204,8 @@ def test_bad_task_input_is_one_clear_error_before_anything_is_written(
 
 
 def test_get_task_names_each_built_in() -> None:
-    assert [get_task(n).name for n in ("auto", "classify", "regress", "tabular-text")] == [
-        "auto", "classify", "regress", "tabular-text",
-    ]  # fmt: skip
+    names = ("auto", "classify", "regress", "tabular-text", "seq2seq", "causal-lm", "custom")
+    assert [get_task(n).name for n in names] == list(names)
 
 
 # ----------------------------------------------------------------------------------------- the price demo (SMAPE)

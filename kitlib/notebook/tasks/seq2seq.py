@@ -16,14 +16,13 @@
 from __future__ import annotations
 
 import collections
-import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kitlib.notebook.tasks.base import Params, SideInputs, Task
+from kitlib.notebook.tasks.base import Params, SideInputs, Task, generated_eval
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,7 +134,6 @@ class Seq2SeqTask(Task):
         return Prepared(*FINETUNE.loaders(feats, hw, split, seed), _build_model(feats.side, seed, max_new_tokens=width))
 
     def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
-        import torch
 
         from kitlib.engine.step import to_device
 
@@ -148,19 +146,19 @@ class Seq2SeqTask(Task):
                 loss_sum += float(output.loss) * len(batch["labels"])
                 rows += len(batch["labels"])
                 batches.append(batch)
-            eval_loss = loss_sum / rows
-            # Generation and the metric on a CPU copy of this epoch's weights: training goes on with the original.
-            frozen = copy.deepcopy(getattr(model, "module", model)).to("cpu").eval()
-            tokenizer = _tokenizer(frozen)
+            eval_loss, tokenizer = loss_sum / rows, _tokenizer(model)
 
-            def score() -> dict[str, float]:
-                with torch.inference_mode():
-                    predicted = [p for b in batches for p in _generate(frozen, tokenizer, b, num_beams=1)]
+            def generate(on: nn.Module) -> tuple[list[str], list[str]]:
                 golds = [_decode(tokenizer, row) for b in batches for row in b["labels"]]
-                return {metric.name: metric(np.array(golds, dtype=object), np.array(predicted, dtype=object)),
-                        "eval_loss": eval_loss}  # fmt: skip
+                device_of = next(on.parameters()).device
+                moved = [{k: v.to(device_of) for k, v in b.items()} for b in batches]
+                return golds, [p for b in moved for p in _generate(on, tokenizer, b, num_beams=1)]
 
-            return score
+            def score(golds: list[str], predicted: list[str]) -> dict[str, float]:
+                y_true, y_pred = np.array(golds, dtype=object), np.array(predicted, dtype=object)
+                return {metric.name: metric(y_true, y_pred), "eval_loss": eval_loss}
+
+            return generated_eval(model, device, generate, score)
 
         return evaluate
 

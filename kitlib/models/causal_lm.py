@@ -1,0 +1,37 @@
+"""A decoder-only LM for prompt -> response fine-tuning when no pretrained one is installed: a tiny GPT-2 built from a
+config, for a byte-level BPE tokenizer trained on the rows (kitlib.models.bpe, without </s> appended).
+
+    tok = train_bpe_tokenizer(prompts + responses, add_eos=False)
+    model = tiny_causal_lm(tok, seed=0, n_positions=512)    # GPT2LMHeadModel, ~1.1 M weights (tied embeddings)
+
+Nothing here is pretrained: what the model knows comes from the training rows.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerFast
+
+TINY_GPT2: dict[str, Any] = {"n_embd": 128, "n_layer": 4, "n_head": 4, "n_inner": 512}
+
+
+def tiny_causal_lm(tokenizer: PreTrainedTokenizerFast, *, seed: int, n_positions: int) -> nn.Module:
+    """A freshly initialised tiny GPT-2 (``TINY_GPT2``) for ``tokenizer``'s vocabulary and sequences of at most
+    ``n_positions`` tokens, seeded; the caller's RNG stream is left as it was. </s> ends a response (and is the BOS
+    generation would use); <pad> pads."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=n_positions, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,
+        **TINY_GPT2,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT2LMHeadModel(config)
+    model.generation_config.pad_token_id = pad
+    return model

