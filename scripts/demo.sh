@@ -3,6 +3,8 @@
 #   bash scripts/demo.sh                       Rotten Tomatoes reviews -> fresh/rotten (accuracy)
 #   bash scripts/demo.sh --task tabular-text   film box office from text + numeric + categorical columns (SMAPE)
 #   bash scripts/demo.sh --task seq2seq        text-to-SQL over a SQLite shop (record F1: each query executed)
+#   bash scripts/demo.sh --task causal-lm      questions about the reviews, answered by a decoder-only LM (exact match)
+#   bash scripts/demo.sh --task custom         the reviews, with your own model (bilstm.py in the demo folder)
 # KIT_PRESET=smoke|fast|balanced|best picks the preset (default balanced); KIT_MODEL=tiny forces the tiny model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
