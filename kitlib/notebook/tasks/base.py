@@ -81,38 +81,6 @@ class SideInputs:
     state: Mapping[str, Any] = field(default_factory=dict)
 
 
-def generated_eval(
-    model: nn.Module,
-    device: torch.device,
-    generate: Callable[[nn.Module], tuple[list[str], list[str]]],
-    score: Callable[[list[str], list[str]], dict[str, float]],
-) -> Callable[[], dict[str, float]]:
-    """A generating full evaluation, split where it costs training least; fit runs the callable it returns in the
-    background while the next epoch trains. ``generate(model)`` -> (references, generated texts); ``score`` -> metrics.
-
-    Training on an accelerator: generation on a CPU copy of this epoch's weights, in the background with the metric
-    (the accelerator trains on meanwhile). Training on the CPU: generation here, and only the metric (executing SQL,
-    say) in the background: a generating thread beside training shares the same cores, and on this 2-core machine
-    made the run 1.45x the wall time of a loss-only one, against 1.14x generating in the foreground
-    (benchmarks/bench_seq2seq_eval.py).
-    """
-    import copy
-
-    import torch
-
-    if device.type == "cpu":
-        with torch.inference_mode():
-            references, generated = generate(getattr(model, "module", model))
-        return lambda: score(references, generated)
-    frozen = copy.deepcopy(getattr(model, "module", model)).to("cpu").eval()
-
-    def later() -> dict[str, float]:
-        with torch.inference_mode():
-            return score(*generate(frozen))
-
-    return later
-
-
 class Task:
     """The text-to-label task (today's default): one text column to a class or a number."""
 

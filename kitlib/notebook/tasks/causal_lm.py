@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from kitlib.notebook.tasks.base import Params, SideInputs, Task, generated_eval
+from kitlib.notebook.tasks.base import Params, SideInputs
+from kitlib.notebook.tasks.generation import TextGenerationTask
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.regimes import Prepared
-    from kitlib.notebook.tasks.base import FullEval
-    from kitlib.tasks.metrics import Metric
 
 IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
@@ -57,11 +55,10 @@ FROM_SCRATCH_EPOCHS = 5
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
 
-class CausalLMTask(Task):
+class CausalLMTask(TextGenerationTask):
     name = "causal-lm"
     description = "a prompt column -> a response to generate with a decoder-only LM (e.g. instructions, exact match)"
     target_rule = "classify"  # read_table: the responses as written (a mix of words and numbers is not an error)
-    regimes = ("finetune",)  # every weight trains: the head regime's frozen embeddings cannot generate
     num_beams = 1  # 03's decoding: greedy (short answers gain little from beams, which cost ~num_beams x)
 
     def __init__(self, name: str = "causal-lm") -> None:
@@ -178,78 +175,13 @@ class CausalLMTask(Task):
             _build_model(feats.side, seed, max_new_tokens=longest_response),
         )
 
-    def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
+    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> list[str]:
+        return generate(model, prompts_of(batch), num_beams=num_beams)
 
-        from kitlib.engine.step import to_device
-
-        move = to_device(device)
-
-        def evaluate(model: nn.Module) -> Any:
-            loss_sum, tokens, batches = 0.0, 0, []
-            for batch in loader:  # the loss, in the foreground: fit's record of the epoch needs it now
-                output = model(**move(batch))
-                scored = int((batch["labels"][:, 1:] != IGNORE).sum())  # the model's mean is over these (shifted)
-                loss_sum += float(output.loss) * scored
-                tokens += scored
-                batches.append(batch)
-            eval_loss = loss_sum / max(tokens, 1)
-
-            def generate_all(on: nn.Module) -> tuple[list[str], list[str]]:
-                predicted: list[str] = []
-                golds: list[str] = []
-                for b in batches:
-                    predicted += generate(on, prompts_of(b), num_beams=1)
-                    golds += [_decode(on, row) for row in b["labels"]]
-                return golds, predicted
-
-            def score(golds: list[str], predicted: list[str]) -> dict[str, float]:
-                y_true, y_pred = np.array(golds, dtype=object), np.array(predicted, dtype=object)
-                return {metric.name: metric(y_true, y_pred), "eval_loss": eval_loss}
-
-            return generated_eval(model, device, generate_all, score)
-
-        return evaluate
-
-    # ---------------------------------------------------------------------------------------------------- 03 infer
-    def predict(
-        self,
-        model: nn.Module,
-        loader: Any,
-        *,
-        precision: Any,
-        device: torch.device,
-        spec: TaskSpec,
-        interactive: bool = False,
-        desc: str = "predict",
-    ) -> np.ndarray:
-        import torch
-
-        from kitlib.data.loaders import restore_order
-        from kitlib.progress import progress_bar
-
-        model.to(device).eval()
-        texts: list[str] = []
-        beams = "greedy" if self.num_beams == 1 else f"{self.num_beams} beams"
-        bar = progress_bar(len(loader.dataset), desc=f"{desc}, {beams}", interactive=interactive)
-        try:
-            with torch.inference_mode(), precision.autocast():
-                for batch in loader:
-                    texts += generate(model, prompts_of(batch), num_beams=self.num_beams)
-                    bar.update(len(batch["input_ids"]))
-        finally:
-            bar.close()
-        return np.asarray(restore_order(loader, np.array(texts, dtype=object)), dtype=object)
-
-    def combine(self, predictions: list[np.ndarray]) -> np.ndarray:
-        """Per row, the response most runs generated (ties: the first run's)."""
-        voted = [collections.Counter(row).most_common(1)[0][0] for row in zip(*predictions, strict=True)]
-        return np.array(voted, dtype=object)
-
-    def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
-        return outputs
+    def reference(self, model: nn.Module, labels: torch.Tensor) -> str:
+        return _decode(model, labels)
 
 
-# -------------------------------------------------------------------------------------------------- the sequences
 def response_labels(
     prompt_lengths: Sequence[int] | np.ndarray, responses: Sequence[Sequence[int]], cap: int
 ) -> tuple[np.ndarray, str]:

@@ -15,14 +15,14 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kitlib.notebook.tasks.base import Params, SideInputs, Task, generated_eval
+from kitlib.notebook.tasks.base import Params, SideInputs
+from kitlib.notebook.tasks.generation import TextGenerationTask
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.regimes import Prepared
-    from kitlib.notebook.tasks.base import FullEval
-    from kitlib.tasks.metrics import Metric
 
 IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
@@ -44,11 +42,9 @@ FROM_SCRATCH_EPOCHS = 10  # x the preset's epochs: nothing is pretrained, every 
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
 
 
-class Seq2SeqTask(Task):
+class Seq2SeqTask(TextGenerationTask):
     name = "seq2seq"
     description = "a source text column -> a target text to generate (e.g. text-to-SQL scored by record F1)"
-    regimes = ("finetune",)  # every weight trains: the head regime's frozen embeddings cannot generate
-    num_beams = 4  # 03's beam search; the full eval decodes greedily (1 beam: ~4x cheaper, ranks runs the same way)
 
     def __init__(self, name: str = "seq2seq") -> None:
         self.name = name
@@ -133,73 +129,11 @@ class Seq2SeqTask(Task):
         width = int(feats.labels.shape[1])
         return Prepared(*FINETUNE.loaders(feats, hw, split, seed), _build_model(feats.side, seed, max_new_tokens=width))
 
-    def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
+    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> list[str]:
+        return _generate(model, _tokenizer(model), batch, num_beams=num_beams)
 
-        from kitlib.engine.step import to_device
-
-        move = to_device(device)
-
-        def evaluate(model: nn.Module) -> Any:
-            loss_sum, rows, batches = 0.0, 0, []
-            for batch in loader:  # the loss, in the foreground: fit's record of the epoch needs it now
-                output = model(**move(batch))
-                loss_sum += float(output.loss) * len(batch["labels"])
-                rows += len(batch["labels"])
-                batches.append(batch)
-            eval_loss, tokenizer = loss_sum / rows, _tokenizer(model)
-
-            def generate(on: nn.Module) -> tuple[list[str], list[str]]:
-                golds = [_decode(tokenizer, row) for b in batches for row in b["labels"]]
-                device_of = next(on.parameters()).device
-                moved = [{k: v.to(device_of) for k, v in b.items()} for b in batches]
-                return golds, [p for b in moved for p in _generate(on, tokenizer, b, num_beams=1)]
-
-            def score(golds: list[str], predicted: list[str]) -> dict[str, float]:
-                y_true, y_pred = np.array(golds, dtype=object), np.array(predicted, dtype=object)
-                return {metric.name: metric(y_true, y_pred), "eval_loss": eval_loss}
-
-            return generated_eval(model, device, generate, score)
-
-        return evaluate
-
-    # ---------------------------------------------------------------------------------------------------- 03 infer
-    def predict(
-        self,
-        model: nn.Module,
-        loader: Any,
-        *,
-        precision: Any,
-        device: torch.device,
-        spec: TaskSpec,
-        interactive: bool = False,
-        desc: str = "predict",
-    ) -> np.ndarray:
-        import torch
-
-        from kitlib.data.loaders import restore_order
-        from kitlib.engine.step import to_device
-        from kitlib.progress import progress_bar
-
-        move, tokenizer = to_device(device), _tokenizer(model)
-        model.to(device).eval()
-        texts: list[str] = []
-        bar = progress_bar(len(loader.dataset), desc=f"{desc}, {self.num_beams} beams", interactive=interactive)
-        try:
-            with torch.inference_mode(), precision.autocast():
-                for batch in loader:
-                    texts += _generate(model, tokenizer, move(batch), num_beams=self.num_beams)
-                    bar.update(len(batch["input_ids"]))
-        finally:
-            bar.close()
-        return np.asarray(restore_order(loader, np.array(texts, dtype=object)), dtype=object)
-
-    def combine(self, predictions: list[np.ndarray]) -> np.ndarray:
-        """Per row, the text most runs generated (ties: the first run's)."""
-        voted = [collections.Counter(row).most_common(1)[0][0] for row in zip(*predictions, strict=True)]
-        return np.array(voted, dtype=object)
-
-    def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
-        return outputs
+    def reference(self, model: nn.Module, labels: torch.Tensor) -> str:
+        return _decode(_tokenizer(model), labels)
 
 
 def _model_folder(p: Params) -> str | None:
@@ -231,9 +165,10 @@ def _tokenizer(model: nn.Module) -> Any:
 def _generate(model: nn.Module, tokenizer: Any, batch: Mapping[str, Any], *, num_beams: int) -> list[str]:
     """Generated texts for a batch on the model's device, at most the targets' width (01's coverage) long."""
     model = getattr(model, "module", model)
+    device = next(model.parameters()).device
     out = model.generate(  # type: ignore[operator]
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
+        input_ids=batch["input_ids"].to(device),
+        attention_mask=batch["attention_mask"].to(device),
         max_new_tokens=int(getattr(model, "kitlib_max_new_tokens", MAX_TARGET_TOKENS)),
         num_beams=num_beams,
     )
