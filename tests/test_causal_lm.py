@@ -106,7 +106,7 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
         deferred = full_eval(prepared.model)
     assert callable(deferred)  # generation + the metric: scored off the training path
     scored = deferred()
-    assert set(scored) == {"exact_match", "eval_loss"} and 0.0 <= scored["exact_match"] <= 1.0
+    assert set(scored) == {"exact_match"} and 0.0 <= scored["exact_match"] <= 1.0  # fit makes the loss pass
 
     stages.train(p, hw=cpu_hw)
     submission = stages.infer(p, hw=cpu_hw)

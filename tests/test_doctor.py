@@ -260,6 +260,11 @@ def test_probe_micro_batch_measures_on_the_model_and_leaves_it_as_it_was() -> No
     rng = torch.get_rng_state()
     probe = probe_micro_batch(model, batch, micro_batch_size=2, factor=4, loss_fn=_loss, repeats=2)
     assert (probe.micro_batch_size, probe.factor) == (2, 4) and probe.small_s > 0 and probe.big_s > 0
+    _loss(model, batch).backward()  # mid-accumulation: gradients the next optimizer step will use
+    grads = [p.grad.clone() for p in model.parameters()]
+    probe_micro_batch(model, batch, micro_batch_size=2, factor=4, loss_fn=_loss, repeats=1)
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads, strict=True))
+    model.zero_grad(set_to_none=True)
     assert f"{probe.ratio:.2f}x" in str(probe) and "4 forward/backward passes of 2 rows" in str(probe)
     assert all(p.grad is None for p in model.parameters()) and not model.training
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())

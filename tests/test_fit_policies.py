@@ -519,3 +519,20 @@ def test_eval_every_steps_records_loss_only_evals_between_epochs_without_changin
             hw=cpu_hw)  # fmt: skip
     with pytest.raises(ValueError, match="eval_every_steps must be >= 1"):
         _cfg(eval_every_steps=0)
+
+
+def test_a_deep_copy_of_a_checkpointed_block_runs_its_own_weights() -> None:
+    """A background eval's CPU copy (or an EMA) of a model with checkpoint_modules must not call the original."""
+    import copy
+
+    from kitlib.engine.step import enable_activation_checkpointing
+
+    model = nn.Sequential(Block(), Block()).train()
+    enable_activation_checkpointing(model, ("0",))
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    x = torch.randn(3, 4)
+    assert not torch.allclose(twin(x), model(x))
+    assert list(twin.state_dict()) == list(model.state_dict())  # names unchanged

@@ -245,8 +245,8 @@ def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
             f"target column {name!r} holds {k} distinct texts over {n} rows (e.g. {str(example)[:80]!r}): most rows "
             "have a label of their own, so these are texts to generate, not classes, and a classifier would only "
             "repeat training labels. kitlib will not guess. Fix: set task in 00_setup's parameters cell (KIT_TASK "
-            "headless): task = 'classify' if these really are class names; text generation (seq2seq) is not a "
-            "notebook task yet: train it through the Python API (kitlib.fit)"
+            "headless): task = 'seq2seq' (a text column -> this text) or 'causal-lm' (a prompt -> this response) to "
+            "generate them, or task = 'classify' if these really are class names"
         )
     if len(classes) < 2:
         raise DataError(

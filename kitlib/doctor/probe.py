@@ -87,7 +87,9 @@ def probe_micro_batch(
         sync()
         return time.perf_counter() - begin
 
-    grads = [p.grad for p in params]
+    grads = [p.grad for p in params]  # kept aside, not accumulated into: backward() adds to an existing .grad in place
+    for p in params:
+        p.grad = None
     was_training = model.training
     devices = [device] if device.type == "cuda" else []
     try:

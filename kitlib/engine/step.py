@@ -148,17 +148,18 @@ def _checkpoint_named(model: nn.Module, wanted: Sequence[str]) -> list[str]:
 
 
 def _recompute_in_backward(module: nn.Module) -> None:
-    """Route ``module``'s forward through ``torch.utils.checkpoint`` while training with autograd on (its state_dict
-    and names are unchanged: the wrapper is an instance attribute, not a new parent module)."""
-    forward = module.forward
+    """Route ``module``'s forward through ``torch.utils.checkpoint`` while training with autograd on. The module
+    becomes an instance of a subclass whose forward does it (its state_dict and names are unchanged), not an instance
+    attribute closing over the bound forward: a deep copy (a CPU copy for a background eval, an EMA) then runs its own
+    weights, not the original's."""
+    base = type(module)
 
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        if not (module.training and torch.is_grad_enabled()):
-            return forward(*args, **kwargs)
-        return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not (self.training and torch.is_grad_enabled()):
+            return base.forward(self, *args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(base.forward, self, *args, use_reentrant=False, **kwargs)
 
-    module.forward = checkpointed
-    module._kitlib_checkpointed = True  # type: ignore[assignment]
+    module.__class__ = type(base.__name__, (base,), {"forward": forward, "_kitlib_checkpointed": True})
 
 
 def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:

@@ -35,7 +35,8 @@ class TabularNet(nn.Module):
         self, n_numeric: int, cardinalities: Sequence[int], num_labels: int, *, hidden: int = 64, dropout: float = 0.1
     ) -> None:
         super().__init__()
-        if n_numeric < 0 or num_labels < 1 or any(c < 1 for c in cardinalities) or n_numeric + len(cardinalities) == 0:
+        # A categorical column may have no value seen twice (ids, or a 256-row smoke run): all rows are "other" (0).
+        if n_numeric < 0 or num_labels < 1 or any(c < 0 for c in cardinalities) or n_numeric + len(cardinalities) == 0:
             raise ValueError(f"TabularNet: need columns and num_labels >= 1; got {n_numeric}, {cardinalities}")
         dims = [min(MAX_CATEGORY_DIM, (c + 1) // 2 + 1) for c in cardinalities]
         # id 0 of each table: a category training never saw (or saw once), learned as "other"

@@ -128,8 +128,14 @@ def numeric_values(df: pd.DataFrame, name: str, path: Path | str) -> np.ndarray:
 
 
 def _category_strings(df: pd.DataFrame, name: str, path: Path | str) -> pd.Series:
+    """The column's values as text, the same whatever dtype pandas read: a code column with a blank somewhere is read
+    as floats (2001.0), and must still match the 2001 of a file without blanks."""
     _require(df, name, path, "categorical")
-    return df[name].astype("string").fillna("").astype(str)  # blank and missing: one value, usually "other"
+    col = df[name]
+    if col.dtype.kind == "f":
+        whole = col.notna() & (col % 1 == 0)
+        col = col.astype(object).where(~whole, col[whole].astype("int64").astype(object))
+    return col.astype("string").fillna("").astype(str)  # blank and missing: one value, usually "other"
 
 
 def _require(df: pd.DataFrame, name: str, path: Path | str, role: str) -> None:

@@ -15,9 +15,9 @@
   the response survive.
 - Batches: kitlib's bucket sampler groups rows of similar length (make_train_loader, the rows' whole lengths),
   padded on the right to the batch's longest; generation re-pads prompts on the left, as a decoder-only LM needs.
-- Full evaluation: the loss in the foreground, then greedy generation of every validation response on a CPU copy of
-  the epoch's weights plus the metric (``exact_match`` by default), returned as a callable: fit scores it in the
-  background while the next epoch trains. Between full evals (``full_eval_every``): the loss only.
+- Full evaluation (kitlib.notebook.tasks.generation): greedy generation of every validation response and the
+  metric (``exact_match`` by default), scored by fit in the background where the device allows (generation itself
+  on a CPU copy when training on a GPU; before the callable on a CPU). Between full evals: fit's loss pass only.
 - 03 generates each test prompt's response (``num_beams``: 1 = greedy); several runs vote per row.
 """
 
@@ -93,12 +93,15 @@ class CausalLMTask(TextGenerationTask):
         """Every prompt whole up to the cap (01 fits the sequence length itself), all weights trained; from scratch
         (no model folder) a tiny GPT-2 needs a far larger lr and more epochs than the presets' pretrained numbers;
         generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
+        from kitlib.notebook.presets import PRESETS
+
         changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": MAX_SEQ_TOKENS}
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, **changes, full_eval_every=0)
         changes["full_eval_every"] = FULL_EVAL_EVERY
-        if _model_folder(p) is None:
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
+        if _model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
+            epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
+            changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features

@@ -49,6 +49,11 @@ class CustomTask(TextTask):
                 "'package.module:function' in 00_setup's parameters cell; the function gets (vocab_size, num_labels, "
                 "pad_id) and returns an nn.Module"
             )
+        if p.numeric or p.categorical:
+            raise SetupError(
+                "task = 'custom' feeds your model the tokens only (input_ids, attention_mask, labels): remove numeric "
+                "and categorical from the parameters, or use task = 'tabular-text'"
+            )
         factory(p.model_factory, p.data_dir)  # imports now: a wrong name fails in 00, not after 01's tokenizing
 
     def preset(self, preset: Preset, p: Params) -> Preset:

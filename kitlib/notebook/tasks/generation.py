@@ -37,22 +37,11 @@ class TextGenerationTask(Task):
         raise NotImplementedError
 
     def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
-        """The loss now (fit's record of the epoch needs it), generation and the metric where they cost training
-        least (``generated_eval``)."""
-        from kitlib.engine.objective import default_count_fn
-        from kitlib.engine.step import to_device
-
-        move = to_device(device)
+        """Generation and the metric, placed where they cost training least (``generated_eval``); fit makes its own
+        loss pass beside a full eval that returns a callable, so this one does not."""
 
         def evaluate(model: nn.Module) -> Any:
-            count, loss_sum, items, batches = default_count_fn(model), 0.0, 0, []
-            for batch in loader:
-                batch = move(batch)
-                scored = int(count(batch))  # the target tokens the model's mean loss is over
-                loss_sum += float(model(**batch).loss) * scored
-                items += scored
-                batches.append(batch)
-            eval_loss = loss_sum / max(items, 1)
+            batches = list(loader)  # once: generation may run later, in another thread
 
             def generate(on: nn.Module) -> tuple[list[str], list[str]]:
                 references = [self.reference(on, row) for b in batches for row in b["labels"]]
@@ -60,7 +49,7 @@ class TextGenerationTask(Task):
 
             def score(references: list[str], generated: list[str]) -> dict[str, float]:
                 y_true, y_pred = np.array(references, dtype=object), np.array(generated, dtype=object)
-                return {metric.name: metric(y_true, y_pred), "eval_loss": eval_loss}
+                return {metric.name: metric(y_true, y_pred)}
 
             return generated_eval(model, device, generate, score)
 

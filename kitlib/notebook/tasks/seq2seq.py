@@ -7,9 +7,11 @@
   WordPiece would change the SQL it generates). Announced in 01's output.
 - Targets: tokenized with </s>, padded with -100 (ignored by the loss) to the longest (at most MAX_TARGET_TOKENS);
   the loss is the model's cross-entropy on target tokens; generation stops at that length.
-- Full evaluation: the loss in the foreground, then generation on a CPU copy of the epoch's weights plus the metric
-  (``record_f1`` executes each generated query), returned as a callable: fit scores it in the background while the
-  next epoch trains, and judges it in epoch order. Between full evals (``full_eval_every``): the loss only.
+- Full evaluation (kitlib.notebook.tasks.generation): greedy generation for every validation row, and the metric
+  (``record_f1`` executes each generated query) as a callable fit scores in the background while the next epoch
+  trains, judged in epoch order. Training on a GPU, generation runs there too, on a CPU copy of the epoch's weights;
+  on a CPU it runs before the callable (a generating thread would share training's cores). Between full evals
+  (``full_eval_every``): fit's loss pass only.
 - 03 generates with beam search (``num_beams``); several runs vote per row.
 """
 
@@ -44,6 +46,7 @@ FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in bet
 
 class Seq2SeqTask(TextGenerationTask):
     name = "seq2seq"
+    target_rule = "classify"  # read_table: targets as written (a mix of words and numbers is not a dirty number)
     description = "a source text column -> a target text to generate (e.g. text-to-SQL scored by record F1)"
 
     def __init__(self, name: str = "seq2seq") -> None:
@@ -53,7 +56,7 @@ class Seq2SeqTask(TextGenerationTask):
     def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
         from kitlib.data.tables import DataError, TaskSpec
 
-        not_text = ~column.map(lambda v: isinstance(v, str) and v.strip() != "").astype(bool)
+        not_text = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
         if not_text.any():
             first = not_text.idxmax()
             raise DataError(
@@ -86,7 +89,7 @@ class Seq2SeqTask(TextGenerationTask):
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
             return AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder), str(folder)
-        tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target]])
+        tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
         print(
             f"seq2seq: a tiny T5 built from a config (random weights, {len(tokenizer)}-token byte-level BPE trained on "
             "the training rows): no pretrained seq2seq model is installed. For a pretrained one set model to its folder"
@@ -98,7 +101,7 @@ class Seq2SeqTask(TextGenerationTask):
 
         # Every target whole (up to the cap): a cut target teaches the model never to finish, and a cut reference
         # would be scored as if it were the answer. Padding to the longest costs decoder work on -100 positions only.
-        tokens = tokenize_texts(column.tolist(), tokenizer, cache=cache)
+        tokens = tokenize_texts(column.astype(str).tolist(), tokenizer, cache=cache)
         lengths = tokens.lengths
         width = int(min(MAX_TARGET_TOKENS, lengths.max()))
         labels = np.full((len(lengths), width), IGNORE, dtype=np.int64)
