@@ -81,6 +81,37 @@ class SideInputs:
     state: Mapping[str, Any] = field(default_factory=dict)
 
 
+def each_batch(
+    model: nn.Module,
+    loader: Any,
+    predict: Callable[[Mapping[str, torch.Tensor]], Any],
+    *,
+    precision: Any,
+    device: torch.device,
+    interactive: bool,
+    desc: str,
+) -> list[Any]:
+    """``predict(batch)`` for every batch of ``loader`` on ``device`` (inference mode, the run's autocast), with
+    progress in rows: a widget bar when ``interactive``, else a text line every 30 s (kitlib.progress)."""
+    import torch
+
+    from kitlib.engine.step import to_device
+    from kitlib.progress import progress_bar
+
+    move = to_device(device)
+    model.to(device).eval()
+    results = []
+    bar = progress_bar(len(loader.dataset), desc=desc, interactive=interactive)
+    try:
+        with torch.inference_mode(), precision.autocast():
+            for batch in loader:
+                results.append(predict(move(batch)))
+                bar.update(len(batch["input_ids"]) if "input_ids" in batch else len(next(iter(batch.values()))))
+    finally:
+        bar.close()  # short of its total (red in a notebook) only when predicting raised
+    return results
+
+
 class Task:
     """The text-to-label task (today's default): one text column to a class or a number."""
 
@@ -190,20 +221,12 @@ class Task:
         import torch
 
         from kitlib.data.loaders import restore_order
-        from kitlib.engine.step import to_device
-        from kitlib.progress import progress_bar
 
-        move = to_device(device)
-        model.to(device).eval()
-        outputs = []
-        bar = progress_bar(len(loader.dataset), desc=desc, interactive=interactive)
-        try:
-            with torch.inference_mode(), precision.autocast():
-                for batch in loader:
-                    outputs.append(self.outputs(model(**move(batch)).logits, spec))
-                    bar.update(len(outputs[-1]))
-        finally:
-            bar.close()  # short of its total (red in a notebook) only when predicting raised
+        def batch_outputs(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+            return self.outputs(model(**batch).logits, spec)
+
+        run = {"precision": precision, "device": device, "interactive": interactive, "desc": desc}
+        outputs = each_batch(model, loader, batch_outputs, **run)
         return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
 
     def combine(self, predictions: list[np.ndarray]) -> np.ndarray:

@@ -31,7 +31,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from kitlib.notebook.tasks.base import Params, SideInputs
-from kitlib.notebook.tasks.generation import TextGenerationTask
+from kitlib.notebook.tasks.generation import TextGenerationTask, model_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,7 +99,7 @@ class CausalLMTask(TextGenerationTask):
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, **changes, full_eval_every=0)
         changes["full_eval_every"] = FULL_EVAL_EVERY
-        if _model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
+        if model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
             epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
@@ -112,7 +112,7 @@ class CausalLMTask(TextGenerationTask):
         from kitlib.models.causal_lm import tiny_causal_lm
 
         self._prompts = [str(v) for v in train[p.text]]
-        folder = _model_folder(p)
+        folder = model_folder(p)
         if folder is not None:
             tokenizer, model = _folder_model(folder)
             identity = str(folder)
@@ -142,11 +142,6 @@ class CausalLMTask(TextGenerationTask):
         labels, report = response_labels(prompts, responses, self._cap)
         print(report)
         return labels
-
-    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
-        if _model_folder(p) is not None:
-            return {"model_folder": str(_model_folder(p))}
-        return {"tokenizer": tokenizer.backend_tokenizer.to_str()}
 
     # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(
@@ -288,10 +283,6 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------------------ the model
-def _model_folder(p: Params) -> str | None:
-    return None if p.model in ("auto", "tiny") else p.model
-
-
 def _folder_model(folder: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

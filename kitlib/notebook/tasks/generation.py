@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kitlib.notebook.tasks.base import Task
+from kitlib.notebook.tasks.base import Task, each_batch
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from kitlib.data.tables import TaskSpec
-    from kitlib.notebook.tasks.base import FullEval
+    from kitlib.notebook.tasks.base import FullEval, Params
     from kitlib.tasks.metrics import Metric
 
 
@@ -35,6 +35,11 @@ class TextGenerationTask(Task):
     def reference(self, model: nn.Module, labels: torch.Tensor) -> str:
         """One row of labels as the reference text the metric compares with."""
         raise NotImplementedError
+
+    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
+        """What 02 and 03 rebuild the model from: the model folder, or the tokenizer 01 trained on the rows."""
+        folder = model_folder(p)
+        return {"model_folder": folder} if folder is not None else {"tokenizer": tokenizer.backend_tokenizer.to_str()}
 
     def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
         """Generation and the metric, placed where they cost training least (``generated_eval``); fit makes its own
@@ -67,24 +72,16 @@ class TextGenerationTask(Task):
         desc: str = "predict",
     ) -> np.ndarray:
         """The generated text of every test row, in the dataset's row order (the loader is length-sorted)."""
-        import torch
-
         from kitlib.data.loaders import restore_order
-        from kitlib.engine.step import to_device
-        from kitlib.progress import progress_bar
 
-        move = to_device(device)
-        model.to(device).eval()
-        texts: list[str] = []
         beams = "greedy" if self.num_beams == 1 else f"{self.num_beams} beams"
-        bar = progress_bar(len(loader.dataset), desc=f"{desc}, {beams}", interactive=interactive)
-        try:
-            with torch.inference_mode(), precision.autocast():
-                for batch in loader:
-                    texts += self.generate_batch(model, move(batch), num_beams=self.num_beams)
-                    bar.update(len(batch["input_ids"]))
-        finally:
-            bar.close()
+
+        def batch_texts(batch: Mapping[str, torch.Tensor]) -> list[str]:
+            return self.generate_batch(model, batch, num_beams=self.num_beams)
+
+        run = {"precision": precision, "device": device, "interactive": interactive, "desc": f"{desc}, {beams}"}
+        batches = each_batch(model, loader, batch_texts, **run)
+        texts = [text for batch in batches for text in batch]
         return np.asarray(restore_order(loader, np.array(texts, dtype=object)), dtype=object)
 
     def combine(self, predictions: list[np.ndarray]) -> np.ndarray:
@@ -94,6 +91,11 @@ class TextGenerationTask(Task):
 
     def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
         return outputs
+
+
+def model_folder(p: Params) -> str | None:
+    """The pretrained model folder ``model`` names, or None: "auto" and "tiny" build a tiny model from a config."""
+    return None if p.model in ("auto", "tiny") else p.model
 
 
 def generated_eval(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.notebook.tasks.base import Params, SideInputs
-from kitlib.notebook.tasks.generation import TextGenerationTask
+from kitlib.notebook.tasks.generation import TextGenerationTask, model_folder
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -73,7 +73,7 @@ class Seq2SeqTask(TextGenerationTask):
         from kitlib.notebook.presets import PRESETS
 
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
-        if _model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
+        if model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
             epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
@@ -84,7 +84,7 @@ class Seq2SeqTask(TextGenerationTask):
     ) -> tuple[Any, Any, str]:
         from kitlib.models.seq2seq import tiny_seq2seq, tokenizer_identity, train_bpe_tokenizer
 
-        folder = _model_folder(p)
+        folder = model_folder(p)
         if folder is not None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
@@ -113,11 +113,6 @@ class Seq2SeqTask(TextGenerationTask):
         print(f"targets: {width} tokens (the longest; median {int(np.median(lengths))}){note}")
         return labels
 
-    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
-        if _model_folder(p) is not None:
-            return {"model_folder": str(_model_folder(p))}
-        return {"tokenizer": tokenizer.backend_tokenizer.to_str()}
-
     # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(
         self,
@@ -137,10 +132,6 @@ class Seq2SeqTask(TextGenerationTask):
 
     def reference(self, model: nn.Module, labels: torch.Tensor) -> str:
         return _decode(_tokenizer(model), labels)
-
-
-def _model_folder(p: Params) -> str | None:
-    return None if p.model in ("auto", "tiny") else p.model
 
 
 def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Module:
