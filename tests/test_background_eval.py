@@ -10,23 +10,14 @@ from typing import Any
 
 import pytest
 import torch
+from test_fit_policies import _data, _mse  # the same toy regression
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 from kitlib import Callback, TrainConfig, fit
 from kitlib.engine import checkpoint
 from kitlib.engine.events import StepEnd
 from kitlib.engine.loop import FitResult, Loop
-
-
-def _data(n: int = 64, seed: int = 0) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 4, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True))
-
-
-def _mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    return nn.functional.mse_loss(model(batch[0]), batch[1])
 
 
 def _cfg(**kw: Any) -> TrainConfig:

@@ -223,7 +223,7 @@ class RawTargetTask(TabularTextTask):
     """tabular-text with the target trained as it is in the CSV (no log, no standardising): what users got before."""
 
     def __init__(self) -> None:
-        super().__init__("raw-target", "auto", "tabular-text, raw target")
+        super().__init__("raw-target", "auto")
 
     def target(self, column: pd.Series, p: Any, metric: str) -> TaskSpec:
         return TaskSpec("regression", 1)

@@ -39,11 +39,3 @@ def read_target(column: pd.Series, rule: TargetRule, metric: str) -> TaskSpec:
 
 def heavy_tailed(values: np.ndarray) -> bool:
     return bool(np.percentile(values, 99) > HEAVY_TAIL_RATIO * max(float(np.median(np.abs(values))), 1e-9))
-
-
-def describe(spec: TaskSpec) -> str:
-    """One line for 01's display: what the model learns."""
-    if spec.kind != "regression":
-        return f"{spec.kind}, {spec.num_labels} classes"
-    how = "log1p, then standardised" if spec.log else "standardised"
-    return f"regression: the model learns the target {how} (center {spec.center:.3g}, scale {spec.scale:.3g})"

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kitlib.notebook.tasks.base import Task
 
-BUILT_IN = {
+BUILT_IN = {  # name: what it trains (a task's one description; the error for an unknown task lists the names)
     "auto": "one text column -> a class or a number, read from the target's values",
     "classify": "one text column -> a class (the target's values are class names or ids)",
     "regress": "one text column -> a number",
@@ -43,7 +43,7 @@ def get_task(name: str) -> Task:
         return CausalLMTask()
     if name in BUILT_IN:
         kind = TabularTextTask if name == "tabular-text" else TextTask
-        return kind(name, "auto" if name == "tabular-text" else name, BUILT_IN[name])
+        return kind(name, "auto" if name == "tabular-text" else name)
     if ":" not in name:
         raise SetupError(
             f"task = {name!r} is not one of {list(BUILT_IN)} and not a 'module:name' of your own Task. Fix: task in "

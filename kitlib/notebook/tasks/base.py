@@ -117,7 +117,6 @@ class Task:
 
     name: str = "auto"
     target_rule: TargetRule = "auto"  # how kitlib.data.tables.infer_task reads the target column
-    description: str = "one text column -> a class or a number (read from the target's values)"
     regimes: tuple[str, ...] = ("head", "finetune")  # the preset regimes (kitlib.notebook.regimes) it can train in
 
     # ---------------------------------------------------------------------------------------------------- 00 setup

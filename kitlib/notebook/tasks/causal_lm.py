@@ -57,7 +57,6 @@ FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in bet
 
 class CausalLMTask(TextGenerationTask):
     name = "causal-lm"
-    description = "a prompt column -> a response to generate with a decoder-only LM (e.g. instructions, exact match)"
     target_rule = "classify"  # read_table: the responses as written (a mix of words and numbers is not an error)
     num_beams = 1  # 03's decoding: greedy (short answers gain little from beams, which cost ~num_beams x)
 

@@ -41,7 +41,7 @@ class CustomTask(TextTask):
     regimes = ("finetune",)  # the module reads tokens and trains whole
 
     def __init__(self) -> None:
-        super().__init__("custom", "auto", "your own nn.Module (model_factory) on the text's tokens")
+        super().__init__("custom", "auto")
 
     def check(self, p: Params) -> None:
         if not p.model_factory:

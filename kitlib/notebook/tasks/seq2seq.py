@@ -47,7 +47,6 @@ FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in bet
 class Seq2SeqTask(TextGenerationTask):
     name = "seq2seq"
     target_rule = "classify"  # read_table: targets as written (a mix of words and numbers is not a dirty number)
-    description = "a source text column -> a target text to generate (e.g. text-to-SQL scored by record F1)"
 
     def __init__(self, name: str = "seq2seq") -> None:
         self.name = name

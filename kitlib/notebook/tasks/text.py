@@ -19,8 +19,8 @@ class TextTask(Task):
     """auto / classify / regress: the target read by its values, or as the user says. Numeric and categorical
     columns, when the parameters name them, are used as inputs too (what ``tabular-text`` requires)."""
 
-    def __init__(self, name: str, target_rule: str, description: str) -> None:
-        self.name, self.target_rule, self.description = name, target_rule, description  # type: ignore[assignment]
+    def __init__(self, name: str, target_rule: str) -> None:
+        self.name, self.target_rule = name, target_rule  # type: ignore[assignment]
 
     def columns(self, p: Params) -> tuple[str, ...]:
         return (*p.numeric, *p.categorical)
