@@ -47,7 +47,9 @@ def fsync_dir(path: Path) -> None:
         fsync_file(path)
 
 
-NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})  # disk full; quota exceeded (shared home dirs, Drive)
+# Disk full; quota exceeded (shared home dirs, Drive); a file over the filesystem's or the process's size limit
+# (FAT32's 4 GB, ulimit -f): each means "this write does not fit here", with the same fix.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def free_bytes(path: Path) -> tuple[int, Path]:
@@ -67,9 +69,10 @@ def explain_disk_full(path: Path, what: str) -> Iterator[None]:
             raise
         free, where = free_bytes(path)
         raise DiskFullError(
-            f"no space left writing {what} {path} ({free / 1e9:.2f} GB free on {where}); nothing was replaced, the "
-            "previous version is intact. Fix: free space (delete run.prev/ or old runs; python -m kitlib cache clear "
-            "for the feature cache) or point work_dir at a bigger disk"
+            f"no space left writing {what} {path} ({free / 1e9:.2f} GB free on {where}; {err.strerror}); nothing was "
+            "replaced, the previous version is intact. Fix: free space (delete run.prev/ or old runs; python -m kitlib "
+            "cache clear for the feature cache) or point work_dir at a bigger disk (for 'File too large': one without "
+            "a file-size limit, e.g. not FAT32, or raise ulimit -f)"
         ) from err
 
 

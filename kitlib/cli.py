@@ -221,6 +221,9 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
+    from kitlib.notebook.params import check_work_dir
+
+    check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
     values: dict[str, Any] = {}
     if args.params:  # a JSON of 00's parameters (a demo's demo.json holds them under "parameters")
         import json

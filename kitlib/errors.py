@@ -55,10 +55,6 @@ class CacheError(KitError, RuntimeError):
     """The feature cache cannot be used as configured."""
 
 
-class UntrustedCacheError(CacheError):
-    """A cache entry would unpickle code from a place the user has not trusted."""
-
-
 # --- engine
 class CheckpointError(KitError, RuntimeError):
     """A checkpoint cannot be written or loaded; names the directory, the problem and the fix."""
@@ -75,6 +71,11 @@ class MissingDataError(KitError, FileNotFoundError):
 
 class MissingModelError(KitError, FileNotFoundError):
     """The model folder given in the parameters holds no saved model."""
+
+
+class RefusedModelError(KitError, ValueError):
+    """A model folder kitlib will not load because loading it would run its publisher's code (a pickle that holds
+    more than tensors, or Python files its config.json asks for); names the folder and the fix."""
 
 
 class MissingRunError(KitError, FileNotFoundError):

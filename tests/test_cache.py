@@ -18,7 +18,7 @@ import torch
 
 import kitlib._version
 from kitlib.data import cache as cache_mod
-from kitlib.data.cache import Cache, CacheWarning, UntrustedCacheError, cached, cached_feature, default_cache_dir
+from kitlib.data.cache import Cache, CacheError, CacheWarning, cached, cached_feature, default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -299,15 +299,16 @@ def a_set(n: int, counter: Counter) -> set[int]:
 
 def test_a_read_only_cache_dir_is_named_as_a_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache_mod, "_READ_ONLY_ROOTS", (tmp_path / "input",))
-    with pytest.raises(UntrustedCacheError, match=r"seed_dirs=.*trust=True"):
+    with pytest.raises(CacheError, match=r"writable dir .*seed_dirs=") as caught:
         Cache(tmp_path / "input" / "my-cache")
+    assert "trust" not in str(caught.value)  # the advice is never "turn on unpickling"
 
 
-def test_trusted_seed_with_matching_manifest_is_a_hit(tmp_path: Path) -> None:
+def test_seed_with_matching_manifest_is_a_hit(tmp_path: Path) -> None:
     counter = Counter()
     published = Cache(tmp_path / "published", log=None)
     cached(big_array, 1000, counter, cache=published)
-    session = Cache(tmp_path / "working", seed_dirs=[tmp_path / "published"], trust=True, log=None)
+    session = Cache(tmp_path / "working", seed_dirs=[tmp_path / "published"], log=None)
     result = cached(big_array, 1000, counter, cache=session)
     assert counter.calls == 1 and session.stats.hits == 1
     np.testing.assert_array_equal(result, np.arange(1000, dtype=np.float32))
@@ -320,7 +321,7 @@ def test_seed_with_mismatching_manifest_is_not_loaded(tmp_path: Path) -> None:
     cached(big_array, 1000, counter, cache=published)
     manifest = next((tmp_path / "published").glob("*/manifest.json"))
     manifest.write_text(manifest.read_text().replace('"key": "', '"key": "0'))
-    session = Cache(tmp_path / "working", seed_dirs=[tmp_path / "published"], trust=True, log=None)
+    session = Cache(tmp_path / "working", seed_dirs=[tmp_path / "published"], log=None)
     with pytest.warns(CacheWarning, match="manifest is for key"):
         cached(big_array, 1000, counter, cache=session)
     assert counter.calls == 2
@@ -392,35 +393,16 @@ def test_a_planted_pickle_with_matching_checksums_is_refused_and_never_runs(cach
     manifest["files"] = {"data.pkl": {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
     manifest["buffers"] = []
     (entry / "manifest.json").write_text(json.dumps(manifest))  # checksums match; the signature does not
-    with pytest.warns(CacheWarning, match=r"not signed by this machine's kitlib key.*trust=True"):
+    with pytest.warns(CacheWarning, match=r"not signed by this machine's kitlib key"):
         again = cached(big_array, 10, counter, cache=cache)
     assert not proof.exists()
     np.testing.assert_array_equal(again, expected)  # rebuilt from the inputs instead
     assert counter.calls == 2
 
 
-def test_a_trusted_seed_cache_from_elsewhere_loads_and_its_copy_is_signed_here(tmp_path: Path) -> None:
-    import os
-
-    from kitlib.data.signing import CONFIG_ENV
-
-    elsewhere = tmp_path / "previous-kernel" / "kitlib-cache"
-    old_key_dir = os.environ[CONFIG_ENV]
-    os.environ[CONFIG_ENV] = str(tmp_path / "their-config")  # another machine's key
-    try:
-        counter = Counter()
-        cached(a_set, 10, counter, cache=Cache(elsewhere, log=None))
-    finally:
-        os.environ[CONFIG_ENV] = old_key_dir
-    assert (next(elsewhere.glob("a_set-*")) / "data.pkl").exists()
-    mine = Cache(tmp_path / "mine", seed_dirs=[elsewhere], trust=True, log=None)
-    assert cached(a_set, 10, counter, cache=mine) == set(range(10))
-    assert counter.calls == 1  # a hit from the trusted seed
-    cached(a_set, 10, counter, cache=Cache(tmp_path / "mine", log=None))  # the copy now loads without the seed
-    assert counter.calls == 1
-
-
-def test_an_untrusted_seed_serves_its_arrays_but_not_its_pickles(tmp_path: Path) -> None:
+def test_a_seed_serves_its_arrays_but_never_its_pickles_even_signed_here(tmp_path: Path) -> None:
+    """A seed is someone else's folder (an attached kernel output): even a pickle this machine's key signed (a
+    copied-back cache) is rebuilt, never unpickled."""
     import os
 
     from kitlib.data.signing import CONFIG_ENV
@@ -434,12 +416,15 @@ def test_an_untrusted_seed_serves_its_arrays_but_not_its_pickles(tmp_path: Path)
         cached(a_set, 10, counter, cache=Cache(elsewhere, log=None))
     finally:
         os.environ[CONFIG_ENV] = old_key_dir
-    mine = Cache(tmp_path / "mine", seed_dirs=[elsewhere], log=None)  # no trust=True
+    cached(a_set, 11, counter, cache=Cache(elsewhere, log=None))  # signed with this machine's key
+    assert counter.calls == 3
+    mine = Cache(tmp_path / "mine", seed_dirs=[elsewhere], log=None)
     np.testing.assert_array_equal(cached(big_array, 10, counter, cache=mine), np.arange(10, dtype=np.float32))
-    assert counter.calls == 2  # arrays: a hit (reading them runs no code)
-    with pytest.warns(CacheWarning, match=r"pickle not signed by this machine's kitlib key.*trust=True"):
-        assert cached(a_set, 10, counter, cache=mine) == set(range(10))
-    assert counter.calls == 3  # the pickle: rebuilt here, never unpickled
+    assert counter.calls == 3  # arrays: a hit (reading them runs no code)
+    for n in (10, 11):
+        with pytest.warns(CacheWarning, match=r"pickle in a seed cache .* not unpickled"):
+            assert cached(a_set, n, counter, cache=mine) == set(range(n))
+    assert counter.calls == 5  # the pickles: rebuilt here, never unpickled
 
 
 def test_featurisation_results_are_stored_without_pickle_and_come_back_equal(cache: Cache) -> None:

@@ -298,13 +298,14 @@ def test_seq2seq_refuses_the_head_regime_and_empty_targets(tmp_path: Path, cpu_h
 
 
 # ------------------------------------------------------------------------------------------- custom (your module)
-def test_custom_trains_the_users_module_from_a_file_in_data_dir(tmp_path: Path, cpu_hw) -> None:
-    """task="custom": bilstm.py (in data_dir, named by model_factory) is built under the run's seed, trained by fit
+def test_custom_trains_the_users_module_from_a_file_it_names(tmp_path: Path, cpu_hw) -> None:
+    """task="custom": bilstm.py (named by model_factory, full path) is built under the run's seed, trained by fit
     with its own loss, checkpointed and used by 03, on kitlib's loaders."""
-    from kitlib.tools.demo_custom import PARAMETERS, make_custom_demo
+    from kitlib.tools.demo_custom import make_custom_demo, parameters
 
     paths = make_custom_demo(tmp_path / "custom")
-    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    values = parameters(paths.root)
+    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **values)
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
     result = stages.train(p, hw=cpu_hw)
@@ -326,10 +327,10 @@ def test_custom_trains_the_users_module_from_a_file_in_data_dir(tmp_path: Path, 
     ("factory", "expected"),
     [
         ("", r"task = 'custom' needs your model: set model_factory"),
-        ("nope.py:build", r"model_factory = 'nope.py:build': no nope.py in"),
-        ("bilstm.py:make", r"'make' is not a function of bilstm.py"),
+        ("nope.py:build", r"model_factory = '.*nope.py:build': no file .*nope.py. Fix: put nope.py beside"),
+        ("{root}/bilstm.py:make", r"'make' is not a function of .*bilstm.py"),
         ("no_such_module_kit:build", r"module 'no_such_module_kit' does not import"),
-        ("bilstm.py:build", r"feeds your model the tokens only.*remove numeric"),
+        ("{root}/bilstm.py:build", r"feeds your model the tokens only.*remove numeric"),
     ],
 )
 def test_a_custom_factory_that_does_not_load_is_one_clear_error(
@@ -339,6 +340,7 @@ def test_a_custom_factory_that_does_not_load_is_one_clear_error(
 
     paths = make_custom_demo(tmp_path / "custom")
     columns = {"numeric": ["id"]} if "tokens only" in expected else {}
+    factory = factory.format(root=paths.root)
     with pytest.raises(SetupError, match=expected):
         stages.params(data_dir=paths.root, work_dir=tmp_path / "w", task="custom", model_factory=factory, **columns)
 

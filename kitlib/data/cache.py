@@ -8,10 +8,10 @@ arrays' raw bytes, 64-byte aligned), ``manifest.json`` (checksums, build seconds
 reading it runs no code) or, for anything else, ``data.pkl`` (pickle protocol 5, the arrays out-of-band). It appears by
 one atomic directory rename, so readers never see half an entry, and a bad checksum means "rebuild", never "load".
 
-Unpickling runs code: only pickles signed with this machine's key (kept outside the cache folder, see
+Unpickling runs code: only pickles in ``dir`` signed with this machine's key (kept outside the cache folder, see
 :mod:`kitlib.data.signing`) are unpickled; a planted or copied-in pickle is refused and rebuilt. Seed caches (a
-Kaggle input dataset, a previous kernel's output: ``Cache(seed_dirs=[...])``) serve their array entries as they are,
-and their pickles only with ``trust=True``.
+Kaggle input dataset, a previous kernel's output: ``Cache(seed_dirs=[...])``) are data: their array entries load as
+they are, and their pickles are never unpickled (kitlib's own feature entries are never pickles; others rebuild).
 
 >>> cache = Cache("/tmp/feats")
 >>> tokens = cached(tokenize, Path("train.csv"), tokenizer, cache=cache)  # doctest: +SKIP
@@ -48,7 +48,7 @@ from kitlib.data.fingerprint import KEY_CHARS as KEY_CHARS
 from kitlib.data.fingerprint import _Hasher
 from kitlib.data.fingerprint import fingerprint as fingerprint
 from kitlib.data.signing import is_signed, sign
-from kitlib.errors import CacheError, UntrustedCacheError
+from kitlib.errors import CacheError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -239,9 +239,9 @@ def _read_manifest(entry: Path) -> dict[str, Any]:
     return manifest
 
 
-def _read_entry(entry: Path, key: str, *, trusted: bool = False) -> tuple[Any, dict[str, Any]]:
-    """The entry's result. data.json entries run no code when read; data.pkl ones are unpickled only when this
-    machine signed them, or the user trusts where they came from."""
+def _read_entry(entry: Path, key: str, *, seed: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The entry's result. data.json entries run no code when read; data.pkl ones are unpickled only from the
+    cache's own dir (never a ``seed``) and only when this machine signed them."""
     manifest = _read_manifest(entry)
     if manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
         raise _Corrupt(f"manifest is for key {manifest.get('key')!r}, format {manifest.get('format')!r}")
@@ -261,10 +261,13 @@ def _read_entry(entry: Path, key: str, *, trusted: bool = False) -> tuple[Any, d
             raise _Corrupt(f"data.json does not decode ({type(err).__name__}: {err})") from err
     if "data.pkl" not in blobs:
         raise _Corrupt("manifest lists no data.json or data.pkl")
-    if not trusted and not is_signed(manifest["files"], manifest.get("signature")):
+    if seed:
         raise _Corrupt(
-            "it is a pickle not signed by this machine's kitlib key, so it was not unpickled (unpickling runs code). "
-            "A cache you trust from elsewhere loads with Cache(seed_dirs=[...], trust=True)"
+            "it is a pickle in a seed cache (someone else's files), so it was not unpickled (unpickling runs code)"
+        )
+    if not is_signed(manifest["files"], manifest.get("signature")):
+        raise _Corrupt(
+            "it is a pickle not signed by this machine's kitlib key, so it was not unpickled (unpickling runs code)"
         )
     try:
         result = pickle.loads(blobs["data.pkl"], buffers=buffers)
@@ -301,9 +304,9 @@ class Cache:
     """A feature cache in ``dir`` (default: :func:`default_cache_dir`). One per notebook; ``.stats`` adds up.
 
     ``seed_dirs``: read-only caches (e.g. /kaggle/input/my-cache, a previous session's output) looked up after
-    ``dir``. Their array entries load as they are (no code runs); their pickles need ``trust=True``, because loading
-    them runs someone else's code. Hits from seeds are copied into ``dir`` (``copy_seed_hits``) so this session's
-    output is a complete cache again.
+    ``dir``. Their array entries load as they are (no code runs); their pickles are never unpickled, whoever wrote
+    them: loading one would run its publisher's code. Hits from seeds are copied into ``dir`` (``copy_seed_hits``) so
+    this session's output is a complete cache again.
     """
 
     def __init__(
@@ -311,19 +314,18 @@ class Cache:
         dir: str | os.PathLike[str] | None = None,
         *,
         seed_dirs: Iterable[str | os.PathLike[str]] = (),
-        trust: bool = False,
         copy_seed_hits: bool = True,
         log: Callable[[str], None] | None = print,
     ) -> None:
         self.dir = Path(dir).expanduser() if dir is not None else default_cache_dir()
         self.seed_dirs = tuple(Path(d).expanduser() for d in seed_dirs)
         if _is_read_only(self.dir):
-            raise UntrustedCacheError(
-                f"cache dir {str(self.dir)!r} is read-only (an attached dataset?) so it is not kitlib's own cache. "
-                f"To read it: Cache(seed_dirs=[{str(self.dir)!r}], trust=True) -- only if you trust its publisher, "
-                "loading it unpickles (runs) their code."
+            raise CacheError(
+                f"cache dir {str(self.dir)!r} is read-only (an attached dataset?): the cache writes its entries "
+                "there. Fix: give a writable dir and read this one as a seed: "
+                f"Cache('kitlib-cache', seed_dirs=[{str(self.dir)!r}]) (its array entries load as they are; nothing "
+                "in it is unpickled)"
             )
-        self.trust = trust
         self.copy_seed_hits = copy_seed_hits
         self.log = log
         self.stats = CacheStats()
@@ -452,8 +454,8 @@ class Cache:
             if not path.is_dir():
                 continue
             try:
-                # arrays (data.json) load from anywhere; a seed's pickles only with trust=True
-                found = _read_entry(path, key, trusted=root != self.dir and self.trust)
+                # arrays (data.json) load from anywhere; pickles only from this dir, signed here
+                found = _read_entry(path, key, seed=root != self.dir)
             except _Corrupt as err:
                 self.stats.corrupt += 1
                 warnings.warn(
@@ -521,7 +523,7 @@ class Cache:
         tmp = self._tmp(entry)
         try:
             shutil.copytree(seed_entry, tmp, dirs_exist_ok=True)
-            manifest = _read_manifest(tmp)  # the user trusted this seed: its copy becomes this machine's, signed
+            manifest = _read_manifest(tmp)  # an array entry (a seed's pickles never hit): its copy is signed here
             manifest["signature"] = sign(manifest["files"])
             write_recorded(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
             self._install(tmp, self.dir / entry, stale)

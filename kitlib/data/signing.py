@@ -3,8 +3,8 @@
 A checksum written beside a file by whoever wrote the file authenticates nothing: a planted pickle can carry matching
 checksums. An HMAC with a key kept *outside* the cache folder (``~/.config/kitlib/cache.key``, or
 ``$KITLIB_CONFIG_DIR``) does: a file planted in the cache folder, or a cache copied from elsewhere, fails the check
-and is never unpickled. Caches you choose to trust (a previous Kaggle kernel's output) are read through
-``Cache(seed_dirs=[...], trust=True)``, which is that choice made explicit.
+and is never unpickled. Caches from elsewhere (a previous Kaggle kernel's output: ``Cache(seed_dirs=[...])``) serve
+their array entries only; their pickles are never unpickled.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 TaskKind = Literal["binary", "multiclass", "regression", "sequence"]  # sequence: a text to generate (seq2seq)
 
 MAX_INT_CLASSES = 20  # integer targets with at most this many distinct values are classes (ratings 1-5, ids 0-9)
+# A text cell above this many characters is an export accident (a whole file in one cell): models read at most a
+# few thousand tokens of it, but tokenizing it costs ~100x its size in memory (a 100 MB cell: ~10 GB, in 00 and 01).
+MAX_TEXT_CHARS = 1_000_000
 
 
 def _row(index: Any) -> str:
@@ -139,6 +142,16 @@ def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
             f"{_row(first)}, not text (column dtype {col.dtype}). Is {name!r} the right column? "
             f"To use numbers as text: df[{name!r}] = df[{name!r}].astype(str)."
         )
+    sizes = col.str.len()
+    huge = sizes > MAX_TEXT_CHARS
+    if huge.any():
+        first = sizes.idxmax()
+        raise DataError(
+            f"{path}: text column {name!r} holds {int(sizes[first]):,} characters at {_row(first)} "
+            f"({_rows(int(huge.sum()))} over {MAX_TEXT_CHARS:,}): tokenizing it would take ~100x that in memory, and "
+            f"the model reads only its first few thousand tokens. Fix: cut the cells, e.g. "
+            f"df[{name!r}] = df[{name!r}].str.slice(0, 100_000), or drop those rows"
+        )
     return col.astype(str)
 
 
@@ -152,6 +165,8 @@ def _check_target(col: pd.Series, path: Path | str, name: str, task: Task) -> No
             f"{path}: target column {name!r} is missing at {_row(first)} ({_rows(int(missing.sum()))}). "
             f"Fix: drop them (df = df.dropna(subset=[{name!r}])) or fill them."
         )
+    if col.dtype.kind == "f":
+        check_finite(col, path, name, "target")
     if col.dtype.kind in "biuf" or task == "classify":
         return
     numeric = pd.to_numeric(col, errors="coerce")
@@ -162,6 +177,18 @@ def _check_target(col: pd.Series, path: Path | str, name: str, task: Task) -> No
         raise DataError(
             f"{path}: target column {name!r} is not numeric at {_row(first)}: {_value(col[first])}. Fix the value, "
             "or set task='classify' if the column holds class names."
+        )
+
+
+def check_finite(values: pd.Series, path: Path | str, name: str, role: str) -> None:
+    """inf or -inf in a number column: training would stop on a non-finite loss steps later, naming no row."""
+    bad = np.isinf(values.to_numpy(dtype=np.float64))
+    if bad.any():
+        first = values.index[int(np.argmax(bad))]
+        raise DataError(
+            f"{path}: {role} column {name!r} holds {_value(values[first])} at {_row(first)} ({_rows(int(bad.sum()))}): "
+            f"a number must be finite. Fix: correct those values, or drop them "
+            f"(df = df[np.isfinite(df[{name!r}])]) or blank them (missing)"
         )
 
 

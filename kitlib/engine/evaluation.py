@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from kitlib.engine.objective import Batch, CountFn, LossFn
+from kitlib.errors import KitError
 from kitlib.machine.distributed import DistEnv, all_reduce_sum
 
 Metrics = dict[str, float]
@@ -114,6 +115,8 @@ class DeferredEvals:
             item = self.pending.pop(0)
             try:
                 metrics = item.future.result()
+            except KitError:  # already names the problem and the fix (a user's metric, a failing reference)
+                raise
             except Exception as err:
                 raise RuntimeError(f"the background full evaluation of epoch {item.epoch} failed: {err!r}") from err
             done.append((item.epoch, {k: float(v) for k, v in metrics.items()}, item.payload))

@@ -43,6 +43,11 @@ NO_PRETRAINED = (
     "saved model folder, or ask for model='tiny' (KITLIB_TINY_MODEL=1): a small transformer trained from scratch, "
     "no download, lower accuracy"
 )
+_NO_CODE = (
+    ", which would run on loading; kitlib loads no code from a model folder (trust_remote_code stays off). Fix: set "
+    "model to a folder of an architecture transformers ships (save_pretrained of a built-in model class), or to "
+    "'auto' or 'tiny'"
+)
 _SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] first: pad id 0, like BERT
 
 
@@ -137,8 +142,11 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB
 
 
 def check_model_dir(model_dir: str | Path) -> Path:
-    """``model_dir`` if it holds a saved Hugging Face model (its config.json), else a MissingModelError."""
-    from kitlib.errors import MissingModelError
+    """``model_dir`` if it holds a saved Hugging Face model (its config.json), else a MissingModelError; a
+    RefusedModelError when its config.json asks for code of its own (transformers would otherwise prompt, or run it)."""
+    import json
+
+    from kitlib.errors import MissingModelError, RefusedModelError
 
     path = Path(model_dir)
     if not (path / "config.json").is_file():
@@ -149,7 +157,40 @@ def check_model_dir(model_dir: str | Path) -> Path:
             "/kaggle/input/datasets/<owner>/<slug>/...), "
             "or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
         )
+    try:
+        auto_map = json.loads((path / "config.json").read_text()).get("auto_map")
+    except (ValueError, OSError, AttributeError):  # an unreadable config is transformers' to report, with its name
+        auto_map = None
+    if auto_map:
+        raise RefusedModelError(
+            f"model {path} needs Python code of its own (config.json auto_map: {sorted(auto_map)}){_NO_CODE}"
+        )
     return path
+
+
+@contextlib.contextmanager
+def model_refusals(path: str | Path) -> Iterator[None]:
+    """transformers' refusals while loading ``path``, as kitlib's RefusedModelError naming the folder and the fix:
+    weights_only unpickling refused a pytorch_model.bin (it holds more than tensors), or remote code was asked for."""
+    import pickle
+
+    from kitlib.errors import RefusedModelError
+
+    try:
+        yield
+    except pickle.UnpicklingError as err:
+        raise RefusedModelError(
+            f"model {path}: its pickled weights (pytorch_model.bin) hold more than tensors, and unpickling them would "
+            f"run code, so they were not loaded ({str(err).splitlines()[0]}). Fix: convert the folder to safetensors "
+            "where you trust the file (model.save_pretrained(folder) writes model.safetensors), or set model to "
+            "another folder, 'auto' or 'tiny'"
+        ) from err
+    except ValueError as err:
+        if "trust_remote_code" not in str(err):
+            raise
+        raise RefusedModelError(
+            f"model {path} needs Python code of its own (an auto_map in its configs){_NO_CODE}"
+        ) from err
 
 
 def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
@@ -220,7 +261,7 @@ def load_text_classifier(
     path = _resolve(model_dir, tiny)
     if path is None:
         return _tiny(train_texts, seed, BertForSequenceClassification, num_labels=num_labels)
-    with _quiet_transformers():
+    with _quiet_transformers(), model_refusals(path):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model, head = _pretrained_classifier(path, num_labels, seed, pooling)
     return tokenizer, model, f"{_dir_identity(path)}+{head}"
@@ -240,7 +281,7 @@ def _pretrained_classifier(path: Path, num_labels: int, seed: int, pooling: str)
     from kitlib.models.heads import MeanPoolClassifier
 
     mean = (pooling_mode(path) if pooling == "auto" else pooling) == "mean"
-    with _quiet_transformers(), torch.random.fork_rng(devices=[]):
+    with _quiet_transformers(), torch.random.fork_rng(devices=[]), model_refusals(path):
         torch.manual_seed(seed)  # the new head's init: the same in every stage that rebuilds this model
         if mean:
             model = MeanPoolClassifier(AutoModel.from_pretrained(path, local_files_only=True), num_labels)
@@ -300,7 +341,7 @@ def load_text_encoder(
     path = _resolve(model_dir, tiny)
     if path is None:
         return _tiny(train_texts, seed, BertModel)
-    with _quiet_transformers():
+    with _quiet_transformers(), model_refusals(path):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModel.from_pretrained(path, local_files_only=True)
     return tokenizer, model, _dir_identity(path)

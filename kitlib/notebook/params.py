@@ -52,7 +52,9 @@ class Params:
     metric: str = "auto"  # what best/ and early stopping follow (kitlib.tasks.metrics; auto: accuracy or rmse)
     numeric: tuple[str, ...] = ()  # numeric columns used beside the text (task tabular-text)
     categorical: tuple[str, ...] = ()  # categorical columns used beside the text (task tabular-text)
-    model_factory: str = ""  # task custom: "file.py:function" (in data_dir) or "module:function" building your model
+    model_factory: str = (
+        ""  # task custom: "file.py:function" (beside the notebook, or a full path) or "module:function"
+    )
     id: str = "id"
     seed: int = 42
     train_file: str = "train.csv"
@@ -69,7 +71,7 @@ class Params:
 
     @property
     def seed_caches(self) -> list[Path]:
-        """Earlier kernels' feature caches: read-only, trusted because the user attached them as ``inputs``."""
+        """Earlier kernels' feature caches (read-only; their array entries are reused, nothing in them is unpickled)."""
         return [folder / "kitlib-cache" for folder in self.inputs if (folder / "kitlib-cache").is_dir()]
 
     @property
@@ -95,6 +97,10 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     if Path(str(values.get("model", ""))).is_absolute():  # a model folder attached as a dataset: either layout
         values["model"] = str(kaggle_input(Path(values["model"])))
     values["work_dir"] = Path(values["work_dir"])
+    if values.get("model_factory"):  # a file relative to the notebook's folder: every later stage loads that one
+        from kitlib.notebook.tasks.custom import factory_path
+
+        values["model_factory"] = factory_path(str(values["model_factory"]), Path.cwd())
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
     for columns in ("numeric", "categorical"):  # a list, or "a, b" (a KIT_* variable or a CLI value)
         given = values.get(columns, ())
@@ -147,7 +153,29 @@ def load_params(
             f"{', '.join(ENV[c.split(':')[0]] for c in clashes)}"
         )
     carry_forward(folders, work)
+    _check_same_run(values, work)
     return params(environ={}, **values, work_dir=work, inputs=folders)
+
+
+def _check_same_run(values: Mapping[str, Any], work: Path) -> None:
+    """params.json and run.json (00 writes both) must agree on what they share: 01-03 print the parameters and run
+    the run, so a hand-edited one would show one preset and train another. A damaged run.json is the stage's to name."""
+    from kitlib.errors import SetupError
+    from kitlib.notebook.presets import RUN_FILE
+
+    try:
+        run = json.loads((work / RUN_FILE).read_text())
+        saved = {"preset": run["preset"]["name"], "task": run["task"], "metric": run["metric"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    given = {"preset": str(values.get("preset", "")).strip().lower(), "task": values.get("task", "auto")}
+    given |= {"metric": values["metric"]} if values.get("metric", "auto") != "auto" else {}
+    differ = [f"{k} = {given[k]!r} in {PARAMS_FILE}, {saved[k]!r} in {RUN_FILE}" for k in given if given[k] != saved[k]]
+    if differ:
+        raise SetupError(
+            f"{'; '.join(differ)} ({work}): 01-03 would show one and run the other. Fix: set it in 00_setup's "
+            "parameters cell and re-run notebooks/00_setup.ipynb, which writes both (do not edit them by hand)"
+        )
 
 
 def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[str, Any]:
@@ -197,11 +225,12 @@ def _check(p: Params) -> None:
             f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
             "folder (for the offline demo: python -m kitlib demo DIR)"
         )
-    _check_work_dir(p.work_dir, p.data_dir)
+    check_work_dir(p.work_dir, p.data_dir)
 
 
-def _check_work_dir(work: Path, data: Path) -> None:
-    """Fail in the first cell, not after training: kitlib writes run.json, features, checkpoints there."""
+def check_work_dir(work: Path, data: Path) -> None:
+    """Fail in the first cell (or before ``notebooks run`` creates anything), not after training: kitlib writes
+    run.json, features, checkpoints there."""
     from kitlib.errors import SetupError
 
     if work.resolve() == data.resolve():

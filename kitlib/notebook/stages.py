@@ -66,7 +66,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name)
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
-    p.save()
+    dataclasses.replace(p, preset=run.name).save()  # the picker's choice: params.json and run.json agree
     return run
 
 
@@ -124,7 +124,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     from kitlib.notebook import presets
     from kitlib.notebook.submission import check_sample_submission
     from kitlib.notebook.tasks import get_task
-    from kitlib.tasks.metrics import get_metric
+    from kitlib.tasks.metrics import check_metric, get_metric
 
     workload = get_task(p.task)
     if run.regime.name not in workload.regimes:
@@ -138,6 +138,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     train = _read_train(p)
     task = workload.target(train[p.target], p, p.metric)
     metric = get_metric(p.metric, task.kind, data_dir=p.data_dir)
+    check_metric(metric, train[p.target])
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
@@ -230,7 +231,7 @@ def features(
 
     run = run or load_run(p)
     log = (lambda _msg: None) if quiet else print
-    cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, trust=True, log=log)  # seeds: the user's inputs
+    cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=log)  # seeds: the inputs' caches, as data
     data = read_competition(p, run)
     from kitlib.notebook.tasks import get_task
 

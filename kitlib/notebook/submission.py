@@ -37,7 +37,8 @@ def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: s
         if missing:
             raise DataError(
                 f"{len(missing)} ids of {other} are missing from {where}, e.g. {sorted(missing)[:3]}: the two files "
-                "must list the same rows (is sample_submission the file that goes with this test.csv?)"
+                "must list the same rows. Fix: use the competition's own pair (re-download both from the same "
+                "release), or point test_file and sample_submission in 00's parameters cell at files that match"
             )
     return columns
 

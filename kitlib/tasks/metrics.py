@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -133,7 +133,7 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
         mode = getattr(fn, "mode", "max")
         if mode not in get_args(Mode):
             raise SetupError(f"metric {name!r} has mode = {mode!r}: set it to 'min' or 'max' on the function")
-        return Metric(name, "min" if mode == "min" else "max", fn, _CLASSES | _NUMBERS)
+        return Metric(name, "min" if mode == "min" else "max", _users(name, fn), _CLASSES | _NUMBERS)
     if name not in METRICS:
         raise SetupError(
             f"metric = {name!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own. Fix: "
@@ -147,11 +147,35 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
             f"{kind}: use one of {fits}, or set task (classify/regress) if the target was read as the wrong kind"
         )
     if name == "record_f1":
-        return dataclasses.replace(metric, fn=record_f1_on(_database(data_dir)))
+        return dataclasses.replace(metric, fn=record_f1_on(database_in(data_dir)))
     return metric
 
 
-def _database(data_dir: Path | None) -> Path:
+def _users(spec: str, fn: Callable[..., Any]) -> MetricFn:
+    """The user's metric, with kitlib's error naming the parameter and the fix when it raises or gives no number."""
+
+    def metric(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+        try:
+            return float(fn(y_true, y_pred))
+        except Exception as err:
+            raise SetupError(
+                f"metric = {spec!r} failed on {len(y_true)} rows: {type(err).__name__}: {err}. Fix the function: it "
+                "gets (y_true, y_pred), numpy arrays in the target's units, and must return a number for any "
+                "predictions (a perfect one included); then re-run 00_setup"
+            ) from err
+
+    return metric
+
+
+def check_metric(metric: Metric, target: Sequence[Any]) -> None:
+    """A user's metric called once on the first training targets as a perfect prediction (about a millisecond):
+    one that cannot score fails in 00, not after the first epoch of training."""
+    if ":" in metric.name:
+        y = np.asarray(target)[:64]
+        metric(y, y.copy())
+
+
+def database_in(data_dir: Path | None) -> Path:
     found = sorted(f for f in data_dir.iterdir() if f.suffix in DATABASE_SUFFIXES) if data_dir is not None else []
     if len(found) != 1:
         where = f"data_dir ({data_dir}) holds {[f.name for f in found]}" if data_dir else "no data_dir was given"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kitlib.data.tables import check_finite
 from kitlib.errors import DataError
 from kitlib.tasks.targets import heavy_tailed
 
@@ -124,6 +125,7 @@ def numeric_values(df: pd.DataFrame, name: str, path: Path | str) -> np.ndarray:
             f"{path}: numeric column {name!r} holds text {col[first]!r} at row {first} ({int(bad.sum())} such rows). "
             f"Fix: clean those values (blanks are fine: they count as missing), or list {name!r} under categorical"
         )
+    check_finite(values, path, name, "numeric")
     return values.to_numpy(dtype=np.float64)
 
 

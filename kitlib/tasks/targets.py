@@ -32,6 +32,12 @@ def read_target(column: pd.Series, rule: TargetRule, metric: str) -> TaskSpec:
     if spec.kind != "regression":
         return spec
     y = column.to_numpy(dtype=np.float64)
+    if metric in LOG_TARGET_METRICS and y.min() < 0:
+        print(
+            f"note: metric {metric} scores relative errors, for which kitlib trains on log1p(target), but target "
+            f"{column.name!r} has {int(np.sum(y < 0))} negative value(s) (min {y.min():g}) and that transform needs "
+            "values >= 0: it trains on the standardised values instead. If negatives are errors, drop those rows"
+        )
     log = bool(y.min() >= 0 and (metric in LOG_TARGET_METRICS or heavy_tailed(y)))
     z = np.log1p(y) if log else y
     return dataclasses.replace(spec, log=log, center=float(z.mean()), scale=float(max(z.std(), 1e-6)))

@@ -14,7 +14,7 @@ from kitlib._files import write_atomic
 from kitlib.tools.demo import ABOUT_FILE, DemoPaths, make_demo
 
 FACTORY_FILE = "bilstm.py"
-PARAMETERS = {"task": "custom", "metric": "accuracy", "model_factory": f"{FACTORY_FILE}:build"}
+PARAMETERS = {"task": "custom", "metric": "accuracy"}  # + model_factory: the full path of the demo's bilstm.py
 
 BILSTM = '''"""A model of one's own for kitlib's task = "custom": build(vocab_size, num_labels, pad_id) -> nn.Module."""
 
@@ -53,11 +53,17 @@ def build(vocab_size: int, num_labels: int, pad_id: int) -> nn.Module:
 
 
 def make_custom_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, force: bool = False) -> DemoPaths:
-    """The reviews demo's files, ``bilstm.py`` and a demo.json naming it (~1 s)."""
+    """The reviews demo's files, ``bilstm.py`` and a demo.json naming it by its full path (~1 s)."""
     import json
 
     paths = make_demo(dir, seed=seed, test_fraction=test_fraction, force=force)
     write_atomic(paths.root / FACTORY_FILE, BILSTM)
-    about = {"task": "custom", "metric": "accuracy", "parameters": PARAMETERS}
+    about = {"task": "custom", "metric": "accuracy", "parameters": parameters(paths.root)}
     write_atomic(paths.root / ABOUT_FILE, json.dumps(about, indent=1) + "\n")
     return paths
+
+
+def parameters(root: Path) -> dict[str, str]:
+    """00's parameters for the demo in ``root``: a relative model_factory is looked up beside the notebook, so the
+    demo names its file by full path."""
+    return {**PARAMETERS, "model_factory": f"{(root / FACTORY_FILE).resolve()}:build"}

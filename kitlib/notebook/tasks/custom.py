@@ -1,6 +1,6 @@
 """custom: your own ``nn.Module`` on the text's tokens, with kitlib's loaders, fit, checkpoints and inference.
 
-    task = "custom"; model_factory = "bilstm.py:build"      # 00's parameters (a file in data_dir, or module:function)
+    task = "custom"; model_factory = "bilstm.py:build"      # 00's parameters (a file, or module:function)
 
     def build(vocab_size: int, num_labels: int, pad_id: int) -> nn.Module: ...
         # forward(input_ids, attention_mask, labels=None) -> an object with .logits [batch, num_labels] and, given
@@ -8,13 +8,17 @@
 
 The target is read as for ``auto`` (``num_labels`` is 1 for a number); 03 reads ``.logits`` as for the built-in
 models. Weights are initialised under the run's seed (torch.manual_seed), so two runs build the same model.
-A factory named ``file.py:function`` is loaded from data_dir (a Kaggle dataset can carry it), else from the
-notebook's folder; ``package.module:function`` is imported. Either way it runs your code: name only code you trust.
+A factory named ``file.py:function`` is loaded from where you put it: a relative path is taken from the notebook's
+folder (the kernel's working directory), never from data_dir or an attached dataset (a file there would shadow your
+own); give a full path for one elsewhere (``/kaggle/input/<dataset>/bilstm.py:build``). It is compiled from source
+with nothing written beside it (no ``__pycache__``: a data folder may be read-only, or the user's). An importable
+``package.module:function`` is imported. Either way it runs your code: name only code you trust.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.abc
 import importlib.util
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,7 +50,8 @@ class CustomTask(TextTask):
     def check(self, p: Params) -> None:
         if not p.model_factory:
             raise SetupError(
-                "task = 'custom' needs your model: set model_factory = 'file.py:function' (a file in data_dir) or "
+                "task = 'custom' needs your model: set model_factory = 'file.py:function' (a file beside the notebook, "
+                "or its full path) or "
                 "'package.module:function' in 00_setup's parameters cell; the function gets (vocab_size, num_labels, "
                 "pad_id) and returns an nn.Module"
             )
@@ -55,7 +60,7 @@ class CustomTask(TextTask):
                 "task = 'custom' feeds your model the tokens only (input_ids, attention_mask, labels): remove numeric "
                 "and categorical from the parameters, or use task = 'tabular-text'"
             )
-        factory(p.model_factory, p.data_dir)  # imports now: a wrong name fails in 00, not after 01's tokenizing
+        factory(p.model_factory)  # imports now: a wrong name fails in 00, not after 01's tokenizing
 
     def preset(self, preset: Preset, p: Params) -> Preset:
         """Random weights: a larger lr and more epochs than the presets' pretrained numbers (best/ and patience keep
@@ -82,38 +87,106 @@ class CustomTask(TextTask):
         from kitlib.notebook.regimes import FINETUNE, Prepared
 
         state = feats.side.state
-        build = factory(state["model_factory"], Path(state["data_dir"]))
+        spec = state["model_factory"]
+        build = factory(spec)
+        sizes = {"vocab_size": feats.vocab_size, "num_labels": feats.task.num_labels, "pad_id": feats.pad_id}
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model: nn.Module = build(feats.vocab_size, feats.task.num_labels, feats.pad_id)
-        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
+            try:
+                model = build(*sizes.values())
+            except Exception as err:  # the user's code: kitlib names the parameter, the call and the fix
+                call = ", ".join(f"{k}={v}" for k, v in sizes.items())
+                raise SetupError(
+                    f"model_factory = {spec!r}: calling it with ({call}) raised {type(err).__name__}: {err}. Fix the "
+                    "function (it must return an nn.Module for those sizes), then re-run 02"
+                ) from err
+        if not isinstance(model, torch.nn.Module):
+            raise SetupError(
+                f"model_factory = {spec!r} returned a {type(model).__name__}, not a torch.nn.Module. Fix: return the "
+                "model itself (an nn.Module subclass instance), then re-run 02"
+            )
+        loaders = FINETUNE.loaders(feats, hw, split, seed)
+        _check_output(model, loaders[0], spec)
+        return Prepared(*loaders, model)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
-        return {"model_factory": p.model_factory, "data_dir": str(p.data_dir)}
+        return {"model_factory": p.model_factory}
 
 
-def factory(spec: str, data_dir: Path | None) -> Any:
-    """The function ``spec`` names: ``file.py:function`` from data_dir (else the working folder), or an importable
-    ``module:function``; a SetupError naming the fix otherwise."""
+def _check_output(model: nn.Module, loader: Any, spec: str) -> None:
+    """One forward pass on two training rows (CPU, no grad, RNG untouched): a model whose output lacks ``.logits``
+    or ``.loss`` fails here with the fix, not as an AttributeError inside fit's step. Cost: one 2-row forward."""
+    import torch
+
+    rows = [loader.dataset[i] for i in range(min(2, len(loader.dataset)))]
+    batch = loader.collate_fn(rows)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = model(**batch)
+    except Exception as err:
+        raise SetupError(
+            f"model_factory = {spec!r}: the model's forward(input_ids, attention_mask, labels) raised "
+            f"{type(err).__name__}: {err}. Fix its forward for those keyword arguments, then re-run 02"
+        ) from err
+    finally:
+        model.train(was_training)
+    missing = [name for name in ("logits", "loss") if getattr(out, name, None) is None]
+    if missing:
+        raise SetupError(
+            f"model_factory = {spec!r}: the model's forward returned a {type(out).__name__} without "
+            f"{' or '.join('.' + m for m in missing)} (given labels, kitlib trains on .loss and predicts from "
+            ".logits). Fix: return kitlib.models.heads.HeadOutput(logits, loss) from forward, then re-run 02"
+        )
+
+
+class _SourceOnly(importlib.abc.SourceLoader):
+    """Compiles the file's source on every load: no bytecode is read from or written to a ``__pycache__`` beside it
+    (path_stats is not given, so importlib skips the bytecode cache whatever sys.dont_write_bytecode says)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def get_filename(self, fullname: str) -> str:
+        return str(self.path)
+
+    def get_data(self, path: str) -> bytes:
+        return Path(path).read_bytes()
+
+
+def factory_path(spec: str, base: Path) -> str:
+    """``spec`` with a relative ``file.py`` made absolute against ``base`` (the notebook's folder), so every stage
+    loads the same file; a ``module:function`` as it is."""
+    where, sep, name = spec.rpartition(":")
+    if not where.endswith(".py"):
+        return spec
+    path = Path(where).expanduser()
+    return f"{path if path.is_absolute() else base / path}{sep}{name}"
+
+
+def factory(spec: str) -> Any:
+    """The function ``spec`` names: ``file.py:function`` (a path: relative ones from the working folder), or an
+    importable ``module:function``; a SetupError naming the fix otherwise."""
     from kitlib.tasks.metrics import import_object
 
-    where, _, name = spec.partition(":")
+    where, _, name = spec.rpartition(":")
     if not where.endswith(".py"):
         found = import_object(spec, "model_factory")
     else:
-        candidates = [d / where for d in (data_dir, Path.cwd()) if d is not None]
-        path = next((c for c in candidates if c.is_file()), None)
-        if path is None:
+        path = Path(where).expanduser().absolute()
+        if not path.is_file():
             raise SetupError(
-                f"model_factory = {spec!r}: no {where} in {[str(c.parent) for c in candidates]}. Fix: put the file "
-                "in data_dir (or beside the notebooks), or name an importable module:function"
+                f"model_factory = {spec!r}: no file {path}. Fix: put {path.name} beside the notebook, or give its full "
+                "path (e.g. '/kaggle/input/<dataset>/" + f"{path.name}:{name}'), or name an importable module:function"
             )
-        module_spec = importlib.util.spec_from_file_location(f"kitlib_user_{path.stem}", path)
-        if module_spec is None or module_spec.loader is None:
+        loader = _SourceOnly(path)
+        module_spec = importlib.util.spec_from_file_location(f"kitlib_user_{path.stem}", path, loader=loader)
+        if module_spec is None:
             raise SetupError(f"model_factory = {spec!r}: {path} is not a Python module")
         module = importlib.util.module_from_spec(module_spec)
         try:
-            module_spec.loader.exec_module(module)
+            loader.exec_module(module)
         except Exception as err:
             raise SetupError(f"model_factory = {spec!r}: {path} failed to load: {type(err).__name__}: {err}") from err
         found = getattr(module, name, None)

@@ -62,6 +62,8 @@ class Seq2SeqTask(TextGenerationTask):
                 f"target column {column.name!r} holds {column[first]!r} at row {first}: seq2seq generates text, so "
                 "every target must be a non-empty text. Fix: drop or fill those rows, or check target"
             )
+        if metric == "record_f1":
+            _check_sql(column, p)
         return TaskSpec("sequence", 0)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
@@ -87,7 +89,10 @@ class Seq2SeqTask(TextGenerationTask):
         if folder is not None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder), str(folder)
+            from kitlib.models.loading import model_refusals
+
+            with model_refusals(folder):
+                return AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder), str(folder)
         tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
         print(
             f"seq2seq: a tiny T5 built from a config (random weights, {len(tokenizer)}-token byte-level BPE trained on "
@@ -133,6 +138,23 @@ class Seq2SeqTask(TextGenerationTask):
         return _decode(_tokenizer(model), labels)
 
 
+def _check_sql(column: pd.Series, p: Params) -> None:
+    """record_f1 executes the references during training: each one (train.csv's, and solution.csv's when present)
+    runs once now, on the database opened read-only, so a broken one stops 00 instead of 02's first evaluation."""
+    import pandas as pd
+
+    from kitlib.tasks.metrics import database_in
+    from kitlib.tasks.sql_metric import check_references
+
+    database = database_in(p.data_dir)
+    check_references(column, database, source=f"{p.train_file} column {column.name!r}")
+    solution = p.data_dir / "solution.csv"
+    if solution.is_file():
+        gold = pd.read_csv(solution)
+        if p.target in gold.columns:
+            check_references(gold[p.target], database, source=f"{solution.name} column {p.target!r}")
+
+
 def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's, or the tiny T5 for the saved tokenizer;
     it carries its tokenizer (``kitlib_tokenizer``) for decoding."""
@@ -141,8 +163,11 @@ def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Modu
     if "model_folder" in side.state:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+        from kitlib.models.loading import model_refusals
+
         folder = side.state["model_folder"]
-        model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+        with model_refusals(folder):
+            model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)
