@@ -147,25 +147,25 @@ def _rerun_00_fast(root: Path, hw: object) -> None:
 
 
 @contextlib.contextmanager
-def _disk_full(files_over: int) -> Iterator[None]:
-    """The disk fills up: forcing any file bigger than ``files_over`` bytes to disk fails (ENOSPC), as a delayed
-    allocation does at fsync; smaller files and folders still go through."""
+def _disk_full(files_over: int, code: int = errno.ENOSPC) -> Iterator[None]:
+    """The disk fills up: forcing any file bigger than ``files_over`` bytes to disk fails (ENOSPC, or EFBIG: a file
+    over the filesystem's size limit), as a delayed allocation does at fsync; smaller files and folders go through."""
     real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
         if os.fstat(fd).st_size > files_over:
-            raise OSError(errno.ENOSPC, "No space left on device")
+            raise OSError(code, os.strerror(code))
         real_fsync(fd)
 
     with mock.patch("os.fsync", fsync):
         yield
 
 
-def _full_disk_in(start: str, files_over: int = 0) -> Callable[[Path, object], None]:
+def _full_disk_in(start: str, files_over: int = 0, code: int = errno.ENOSPC) -> Callable[[Path, object], None]:
     def act(root: Path, hw: object) -> None:
         from kitlib.data.cache import CacheWarning
 
-        with _disk_full(files_over), warnings.catch_warnings():
+        with _disk_full(files_over, code), warnings.catch_warnings():
             warnings.simplefilter("ignore", CacheWarning)  # the cache could not store either: it says so, goes on
             _run(_values(root), start, hw)
 
@@ -212,6 +212,145 @@ def _fit_tiny(run_dir: Path, *, resume: bool, hw: object, lr: float = 0.01) -> N
 def _chmod_read_only(root: Path) -> None:
     (root / "ro").mkdir()
     (root / "ro").chmod(0o500)
+
+
+def _edit_params(**changes: Any) -> Callable[[Path], None]:
+    """params.json edited by hand (run.json left as 00 wrote it)."""
+
+    def brk(root: Path) -> None:
+        import json
+
+        path = root / "work" / "params.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+    return brk
+
+
+def _metric_that_fails(root: Path, hw: object) -> None:
+    """A user's metric that divides by its error count: a perfect prediction raises ZeroDivisionError."""
+    import sys
+    import types
+
+    module = types.ModuleType("kit_user_metrics")
+
+    def inverse_error(y_true: Any, y_pred: Any) -> float:
+        return len(y_true) / int((y_true != y_pred).sum())
+
+    module.inverse_error = inverse_error  # type: ignore[attr-defined]
+    with mock.patch.dict(sys.modules, {"kit_user_metrics": module}):
+        _run(_values(root, metric="kit_user_metrics:inverse_error"), "setup", hw)
+
+
+FACTORY_OK = """
+import torch
+from torch import nn
+
+from kitlib.models.heads import HeadOutput
+
+
+class Bag(nn.Module):
+    def __init__(self, vocab_size, num_labels, pad_id):
+        super().__init__()
+        self.embed = nn.EmbeddingBag(vocab_size, 8, padding_idx=pad_id)
+        self.out = nn.Linear(8, num_labels)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.out(self.embed(input_ids))
+        loss = None if labels is None else nn.functional.cross_entropy(logits, labels)
+        return HeadOutput(logits, loss)
+
+
+def build(vocab_size, num_labels, pad_id):
+    return Bag(vocab_size, num_labels, pad_id)
+"""
+FACTORIES_BROKEN = {
+    "raises": FACTORY_OK
+    + "\n\ndef build(vocab_size, num_labels, pad_id):\n    raise ValueError('hidden must be even')\n",
+    "returns a dict": FACTORY_OK + "\n\ndef build(vocab_size, num_labels, pad_id):\n    return {'model': 1}\n",
+    "no .loss": FACTORY_OK.replace("return HeadOutput(logits, loss)", "return logits"),
+}
+
+
+def _custom_values(root: Path) -> dict[str, Any]:
+    return _values(root, task="custom", model_factory=f"{root / 'mine' / 'factory.py'}:build")
+
+
+def _custom_00_01(root: Path, hw: object) -> None:
+    """00 and 01 ran with task custom and a working factory (the user then edits the factory and runs 02)."""
+    (root / "mine").mkdir()
+    (root / "mine" / "factory.py").write_text(FACTORY_OK)
+    p = stages.params(environ={}, **_custom_values(root))
+    stages.setup(p, hw)  # type: ignore[arg-type]
+    stages.features(p, hw=hw, quiet=True)  # type: ignore[arg-type]
+
+
+def _factory_now(kind: str) -> Callable[[Path], None]:
+    return _write("mine/factory.py", FACTORIES_BROKEN[kind].encode())
+
+
+def _tiny_model_folder(folder: Path) -> Path:
+    """A saved 1-layer BERT (safetensors) with its WordPiece tokenizer: a model folder as save_pretrained leaves it."""
+    from transformers import BertConfig, BertModel
+
+    from kitlib.models.loading import train_wordpiece_tokenizer
+
+    tokenizer = train_wordpiece_tokenizer(["a great film", "an awful film"], vocab_size=64)
+    tokenizer.save_pretrained(folder)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32)  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+class _Plant:
+    """Unpickling this creates the file ``proof``: code from someone else's file ran."""
+
+    def __init__(self, proof: Path) -> None:
+        self.proof = proof
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.proof,))
+
+
+def _model_with_code_pickle(root: Path, hw: object) -> None:
+    """00 ran with a model folder whose weights are a pytorch_model.bin pickle that runs code when unpickled."""
+    import torch
+    from safetensors.torch import load_file
+
+    folder = _tiny_model_folder(root / "models" / "pickled")
+    weights: dict[str, Any] = dict(load_file(folder / "model.safetensors"))
+    weights["extra"] = _Plant(root / "the pickle ran")
+    torch.save(weights, folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    stages.setup(stages.params(environ={}, **_values(root, model=str(folder))), hw)  # type: ignore[arg-type]
+
+
+def _model_with_remote_code(root: Path, hw: object) -> None:
+    import json
+
+    folder = _tiny_model_folder(root / "models" / "remote")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoModel": "modeling_mine.MyModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "modeling_mine.py").write_text(f"open({str(root / 'the remote code ran')!r}, 'w')\n")
+    _run(_values(root, model=str(folder)), "setup", hw)
+
+
+def _read_only_cache_dir(root: Path, hw: object) -> None:
+    from kitlib.data import cache
+
+    with mock.patch.object(cache, "_READ_ONLY_ROOTS", (root / "data",)):
+        cache.Cache(root / "data" / "kitlib-cache")
+
+
+def _numeric_column(values: list[float]) -> Callable[[Path], None]:
+    def brk(root: Path) -> None:
+        for name in ("train.csv", "test.csv"):
+            path = root / "data" / name
+            frame = pd.read_csv(path)
+            frame.assign(num=(values * len(frame))[: len(frame)]).to_csv(path, index=False)
+
+    return brk
 
 
 @dataclass(frozen=True)
@@ -390,14 +529,14 @@ CATALOGUE = [
         "test ids missing from the sample",
         "setup",
         r"1 ids of test\.csv are missing from sample_submission\.csv",
-        r"must list the same rows",
+        r"Fix: use the competition's own pair .*test_file and sample_submission",
         _csv("sample_submission.csv", lambda f: f.iloc[:-1]),
     ),
     Case(
         "sample ids missing from test",
         "setup",
         r"ids of sample_submission\.csv are missing from test\.csv",
-        r"must list the same rows",
+        r"Fix: use the competition's own pair .*test_file and sample_submission",
         _csv("test.csv", lambda f: f.iloc[:-2]),
     ),
     Case(
@@ -570,6 +709,93 @@ CATALOGUE = [
         r"pass the config it was saved with",
         act=_resume_with_another_config,
     ),
+    # --- user code, the early checks, and what the user sees (each one was a third-party error or found late)
+    Case(
+        "params.json edited to another preset",
+        "features",
+        r"preset = 'fast' in params\.json, 'smoke' in run\.json",
+        r"re-run notebooks/00_setup",
+        _edit_params(preset="fast"),
+    ),
+    Case(
+        "inf in a numeric target",
+        "setup",
+        r"target column 'label' holds inf at row 3 .*1 such row",
+        r"must be finite\. Fix: correct those values, or drop them",
+        _csv("train.csv", lambda f: f.assign(label=[0.5 * i if i != 3 else float("inf") for i in range(len(f))])),
+        values={"task": "regress"},
+    ),
+    Case(
+        "inf in a numeric column",
+        "setup",
+        r"numeric column 'num' holds -inf at row 1",
+        r"must be finite\. Fix",
+        _numeric_column([1.5, float("-inf"), 3.0]),
+        values={"task": "tabular-text", "numeric": ["num"]},
+    ),
+    Case(
+        "a 1.2 MB text cell",
+        "setup",
+        r"text column 'text' holds 1,200,000 characters at row 7",
+        r"Fix: cut the cells, e\.g\. .*str\.slice",
+        _csv(
+            "train.csv", lambda f: f.assign(text=[t if i != 7 else "word " * 240_000 for i, t in enumerate(f["text"])])
+        ),
+    ),
+    Case(
+        "a metric of one's own that raises",
+        "setup",
+        r"metric = 'kit_user_metrics:inverse_error' failed on \d+ rows: ZeroDivisionError",
+        r"Fix the function: it gets \(y_true, y_pred\)",
+        act=_metric_that_fails,
+    ),
+    *(
+        Case(
+            f"model_factory {kind}",
+            "train",
+            problem,
+            r"Fix.*re-run 02",
+            _factory_now(kind),
+            before=_custom_00_01,
+        )
+        for kind, problem in (
+            (
+                "raises",
+                r"model_factory = '.*factory\.py:build': calling it with \(vocab_size=\d+, num_labels=2, "
+                r"pad_id=0\) raised ValueError: hidden must be even",
+            ),
+            ("returns a dict", r"model_factory = '.*factory\.py:build' returned a dict, not a torch\.nn\.Module"),
+            ("no .loss", r"forward returned a Tensor without \.logits or \.loss"),
+        )
+    ),
+    Case(
+        "model folder with a pickle that runs code",
+        "features",
+        r"model .*pickled: its pickled weights \(pytorch_model\.bin\) hold more than tensors",
+        r"Fix: convert the folder to safetensors",
+        before=_model_with_code_pickle,
+    ),
+    Case(
+        "model folder that needs remote code",
+        "setup",
+        r"model .*remote needs Python code of its own \(config\.json auto_map: \['AutoModel'\]\)",
+        r"trust_remote_code stays off\)\. Fix: set model",
+        act=_model_with_remote_code,
+    ),
+    Case(
+        "read-only cache dir",
+        "features",
+        r"cache dir .*kitlib-cache' is read-only",
+        r"Fix: give a writable dir and read this one as a seed: .*nothing in it is unpickled",
+        act=_read_only_cache_dir,
+    ),
+    Case(
+        "file too large while 02 checkpoints",
+        "train",
+        r"no space left writing checkpoint .*run\.new/(best|last) .*File too large",
+        r"Fix: free space .*file-size limit",
+        act=_full_disk_in("train", files_over=100_000, code=errno.EFBIG),
+    ),
 ]
 
 
@@ -602,3 +828,205 @@ def test_every_bad_input_gets_one_clear_message_and_loses_nothing(
     after = _snapshot(root)
     changed = [str(f) for f, content in before.items() if after.get(f) != content]
     assert not changed, f"{case.name} changed or removed {changed}"
+    assert not list(root.rglob("the * ran")), "code from someone else's file ran"
+
+
+# ------------------------------------------------------------------------ inputs are data; user code runs as named
+def _competition(data: Path) -> Path:
+    data.mkdir(parents=True)
+    train, test, sample = _frames()
+    train.to_csv(data / "train.csv", index=False)
+    test.to_csv(data / "test.csv", index=False)
+    sample.to_csv(data / "sample_submission.csv", index=False)
+    return data
+
+
+def _plant(entry: Path, proof: Path) -> None:
+    """Replace a cache entry's data by a pickle that creates ``proof`` when unpickled, with a manifest whose checksums
+    match and which is even signed with this machine's key: the strongest plant there is."""
+    import hashlib
+    import json
+    import pickle
+
+    from kitlib.data.signing import sign
+
+    payload = pickle.dumps(_Plant(proof), protocol=5)
+    for name in ("data.json", "buffers.bin"):
+        (entry / name).unlink(missing_ok=True)
+    (entry / "data.pkl").write_bytes(payload)
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest["files"] = {"data.pkl": {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
+    manifest["buffers"] = []
+    manifest["signature"] = sign(manifest["files"])
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _arange(n: int) -> Any:
+    import numpy as np
+
+    return np.arange(n)
+
+
+def test_nothing_in_an_attached_kernels_cache_or_a_seed_dir_is_unpickled_and_the_run_goes_on(
+    tmp_path: Path, cpu_hw: object
+) -> None:
+    """A previous kernel's output attached through ``inputs`` (a public notebook's, say) and a seed dir given by hand
+    both hold a code-running pickle in place of every entry: nothing runs, the entries are rebuilt, and 01's features
+    are the ones the clean run built."""
+    import numpy as np
+
+    from kitlib.data.cache import Cache, CacheWarning, cached
+
+    data = _competition(tmp_path / "data")
+    previous = tmp_path / "previous-kernel"
+    p = stages.params(environ={}, data_dir=data, work_dir=previous, **GOOD)
+    stages.setup(p, cpu_hw)  # type: ignore[arg-type]
+    clean = stages.features(p, hw=cpu_hw, quiet=True)  # type: ignore[arg-type]
+    proof = tmp_path / "the planted code ran"
+    entries = [e for e in (previous / "kitlib-cache").iterdir() if e.is_dir() and not e.name.startswith(".")]
+    assert entries
+    for entry in entries:
+        _plant(entry, proof)
+    following = stages.load_params(tmp_path / "this-kernel", inputs=[previous], environ={})
+    with pytest.warns(CacheWarning, match=r"pickle in a seed cache .* not unpickled"):
+        again = stages.features(following, hw=cpu_hw, quiet=True)  # type: ignore[arg-type]
+    assert not proof.exists()
+    for split in ("train_tokens", "test_tokens"):
+        np.testing.assert_array_equal(getattr(again, split).ids, getattr(clean, split).ids)
+    np.testing.assert_array_equal(again.labels, clean.labels)
+
+    seed = tmp_path / "seed"
+    cached(_arange, 5, cache=Cache(seed, log=None))
+    _plant(next(seed.glob("_arange-*")), proof)
+    with pytest.warns(CacheWarning, match=r"pickle in a seed cache"):
+        result = cached(_arange, 5, cache=Cache(tmp_path / "mine", seed_dirs=[seed], log=None))
+    assert not proof.exists()
+    np.testing.assert_array_equal(result, np.arange(5))
+
+
+def test_a_custom_run_leaves_data_dir_byte_identical_with_bytecode_writing_on(
+    tmp_path: Path, cpu_hw: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The factory file lives in data_dir (read-only on Kaggle, the user's folder elsewhere): 00-03 import it with
+    Python's bytecode cache on, and write nothing there (no __pycache__)."""
+    import sys
+
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    data = _competition(tmp_path / "data")
+    (data / "factory.py").write_text(FACTORY_OK)
+    before = _snapshot(data)
+    _run(_values(tmp_path, task="custom", model_factory=f"{data / 'factory.py'}:build"), "setup", cpu_hw)
+    assert (tmp_path / "work" / "submission.csv").is_file()
+    assert _snapshot(data) == before
+
+
+def test_a_relative_model_factory_is_the_file_beside_the_notebook_never_one_in_data_dir(
+    tmp_path: Path, cpu_hw: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proof = tmp_path / "the planted code ran"
+    data = _competition(tmp_path / "data")  # an attached dataset carrying a same-named file
+    (data / "model.py").write_text(f"open({str(proof)!r}, 'w')\n" + FACTORY_OK)
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    (notebooks / "model.py").write_text(FACTORY_OK)
+    monkeypatch.chdir(notebooks)  # a notebook's kernel runs in the notebook's folder
+    p = stages.params(environ={}, **_values(tmp_path, task="custom", model_factory="model.py:build"))
+    assert p.model_factory == f"{notebooks / 'model.py'}:build"  # what params.json saves: 02 loads the same file
+    assert not proof.exists()
+
+
+# --------------------------------------------------------------------------- checks that run before training
+def _sql_row(file: str, row: int, query: str) -> Callable[[Any], None]:
+    def brk(paths: Any) -> None:
+        path = paths.root / file
+        frame = pd.read_csv(path)
+        frame.loc[row, "query"] = query
+        frame.to_csv(path, index=False)
+
+    return brk
+
+
+@pytest.mark.parametrize(
+    ("brk", "problem", "fix"),
+    [
+        (
+            _sql_row("train.csv", 5, "SELECT nme FROM customers"),
+            r"train\.csv column 'query': the reference query at row 5 fails on shop\.sqlite \(OperationalError: "
+            r"no such column: nme\): 'SELECT nme FROM customers'",
+            r"Fix: correct or drop those rows",
+        ),
+        (
+            _sql_row("train.csv", 2, "DELETE FROM orders"),
+            r"reference query at row 2 fails .*not authorized.*'DELETE FROM orders'.*\(no INSERT, UPDATE, DROP",
+            r"Fix: correct or drop those rows",
+        ),
+        (
+            _sql_row("solution.csv", 0, "SELECT * FROM nowhere"),
+            r"solution\.csv column 'query': the reference query at row 0 fails .*no such table: nowhere",
+            r"Fix: correct or drop those rows",
+        ),
+        (
+            lambda paths: (paths.root / "shop.sqlite").write_bytes(b"not a database " * 300),
+            r"the database .*shop\.sqlite cannot be read \(DatabaseError: file is not a database\)",
+            r"Fix: re-download it",
+        ),
+    ],
+    ids=["a gold query that fails", "a write statement as a target", "a solution query that fails", "a corrupt db"],
+)
+def test_a_seq2seq_reference_that_cannot_run_stops_00_with_the_row_the_query_and_the_fix(
+    tmp_path: Path, cpu_hw: object, brk: Callable[[Any], None], problem: str, fix: str
+) -> None:
+    from kitlib.errors import DataError
+    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
+
+    paths = make_sql_demo(tmp_path / "sql", n_train=120, n_test=20)
+    brk(paths)
+    before = _snapshot(paths.root)
+    p = stages.params(environ={}, data_dir=paths.root, work_dir=tmp_path / "work", **GOOD, **PARAMETERS)
+    with pytest.raises(DataError) as caught:
+        stages.setup(p, cpu_hw)  # type: ignore[arg-type]
+    assert re.search(problem, str(caught.value), re.S), str(caught.value)
+    assert re.search(fix, str(caught.value), re.S), str(caught.value)
+    assert _snapshot(paths.root) == before  # the database too: opened read-only
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_target_the_metric_wants_logged_but_that_cannot_be_says_so_and_what_it_does(
+    tmp_path: Path, cpu_hw: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _competition(tmp_path / "data")
+    train = pd.read_csv(data / "train.csv")
+    train.assign(label=[i - 20.5 for i in range(len(train))]).to_csv(data / "train.csv", index=False)
+    p = stages.params(environ={}, **_values(tmp_path, task="regress", metric="smape"))
+    stages.setup(p, cpu_hw)  # type: ignore[arg-type]
+    note = r"metric smape .* target 'label' has 21 negative value\(s\) \(min -20\.5\) .* trains on the standardised"
+    assert re.search(note, capsys.readouterr().out, re.S)
+    assert stages.load_run(p).metric == "smape"
+
+
+@pytest.mark.parametrize(
+    ("work", "problem"),
+    [
+        ("data/train.csv", r"work_dir .*train\.csv is a file, not a folder"),
+        ("data", r"work_dir is the data_dir"),
+        ("read-only/work", r"work_dir .*read-only/work is not writable"),
+    ],
+)
+def test_notebooks_run_checks_the_work_dir_before_it_creates_anything(
+    tmp_path: Path, work: str, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib import cli
+
+    if work.startswith("read-only"):
+        if os.geteuid() == 0:
+            pytest.skip("root can write anywhere: read-only needs another user")
+        (tmp_path / "read-only").mkdir(mode=0o500)
+    _competition(tmp_path / "data")
+    before = sorted(tmp_path.rglob("*"))
+    with mock.patch("kitlib.notebook.runbook.run_notebooks") as run_notebooks:
+        code = cli.main(["notebooks", "run", "--data", str(tmp_path / "data"), "--work", str(tmp_path / work)])
+    err = capsys.readouterr().err
+    assert code == 2 and not run_notebooks.called, err
+    assert re.search(problem, err) and "writable folder of its own" in err, err
+    assert sorted(tmp_path.rglob("*")) == before
