@@ -183,7 +183,7 @@ def test_record_f1_known_cases(db: Path) -> None:
 
 
 def test_a_failing_gold_query_raises(db: Path) -> None:
-    with pytest.raises(DataError, match="the gold query fails"):
+    with pytest.raises(DataError, match=r"a reference query fails .*Fix: correct or drop that row"):
         record_f1("SELECT 1", "SELECT * FROM nope", db)
     with pytest.raises(ValueError, match="2 predictions for 1 gold"):
         mean_record_f1(["SELECT 1", "SELECT 1"], ["SELECT 1"], db)
