@@ -1030,3 +1030,48 @@ def test_notebooks_run_checks_the_work_dir_before_it_creates_anything(
     assert code == 2 and not run_notebooks.called, err
     assert re.search(problem, err) and "writable folder of its own" in err, err
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_preset_picked_in_00_is_the_one_params_json_names(tmp_path: Path, cpu_hw: object) -> None:
+    """The picker's choice (here fast, over the parameters cell's smoke) is what run.json holds, and params.json
+    says the same: 01-03 print the preset they run."""
+    from kitlib.notebook import presets
+
+    _competition(tmp_path / "data")
+    p = stages.params(environ={}, **_values(tmp_path))
+    stages.setup(p, cpu_hw, resolved=presets.resolve("fast", cpu_hw))  # type: ignore[arg-type]
+    assert stages.load_params(tmp_path / "work", environ={}).preset == "fast"
+
+
+def test_a_users_metric_that_fails_mid_training_is_kitlibs_error_not_a_runtime_error(
+    tmp_path: Path, cpu_hw: object
+) -> None:
+    """Scored in the background: the metric's kitlib error comes out of fit as it is, naming the metric and fix."""
+    import sys
+    import types
+
+    import numpy as np
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib import TrainConfig, fit
+    from kitlib.errors import SetupError
+    from kitlib.tasks.metrics import get_metric
+
+    module = types.ModuleType("kit_user_metrics")
+    module.inverse_error = lambda y_true, y_pred: len(y_true) / int((y_true != y_pred).sum())  # type: ignore[attr-defined]
+    with mock.patch.dict(sys.modules, {"kit_user_metrics": module}):
+        metric = get_metric("kit_user_metrics:inverse_error", "regression")
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    cfg = TrainConfig(epochs=1, lr=0.01, precision="fp32", full_eval_every=1, monitor="score", mode="max",
+                      background_eval="thread", micro_batch_size=8)  # fmt: skip
+
+    def full_eval(model: torch.nn.Module) -> Callable[[], dict[str, float]]:
+        return lambda: {"score": metric(np.ones(3), np.ones(3))}
+
+    def loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+
+    with pytest.raises(SetupError, match=r"metric = 'kit_user_metrics:inverse_error' failed on 3 rows"):
+        fit(torch.nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
+            run_dir=tmp_path / "run", hw=cpu_hw, loss_fn=loss, full_eval=full_eval)  # type: ignore[arg-type]  # fmt: skip
