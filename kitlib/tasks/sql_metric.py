@@ -121,7 +121,7 @@ def _gold_rows(conn: sqlite3.Connection, gold: str, timeout: float) -> Rows:
 def check_references(queries: pd.Series, database: Path, *, source: str, timeout: float = TIMEOUT_S) -> None:
     """Open ``database`` read-only and run each distinct query of ``queries`` once: a DataError naming the first
     failing row, its query, the error and the fix, before any training. Cost: one execution per distinct query
-    (the demo's 500 rows: ~0.1 s); each is cut at ``timeout`` seconds."""
+    (the demo's 1,500 rows, 1,238 distinct: 0.4 s on this CPU); each is cut at ``timeout`` seconds."""
     conn = connect_readonly(database)
     try:
         try:
