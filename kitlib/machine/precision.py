@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -28,11 +29,13 @@ __all__ = [
     "PrecisionPlan",
     "Requested",
     "UnsupportedGPUError",
+    "check_master_weights",
     "decide_precision",
 ]
 
 
 _TORCH_DTYPES: dict[Dtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_HALF_DTYPES: dict[torch.dtype, Dtype] = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,23 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
         isa = "AMX-FP16" if hw.cpu_amx_fp16 else "AVX512-FP16"
         return PrecisionPlan("fp16", "cpu", True, False, f"CPU with {isa}: fp16 autocast + GradScaler as requested")
     return PrecisionPlan("fp32", "cpu", False, False, "CPU: fp32 as requested")
+
+
+def check_master_weights(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
+    """A PrecisionError naming the fix when a trainable weight is fp16/bf16: kitlib trains fp32 master weights and
+    lets autocast compute in half precision. Trained as they are, fp16 weights stop the GradScaler ("Attempting to
+    unscale FP16 gradients") and bf16 ones lose every AdamW update below bf16's resolution: no learning, silently."""
+    half = [(name, p.dtype) for name, p in named_params if p.requires_grad and p.dtype in _HALF_DTYPES]
+    if not half:
+        return
+    dtypes = "/".join(sorted({_HALF_DTYPES[dtype] for _, dtype in half}))
+    raise PrecisionError(
+        f"{len(half)} trainable weight(s) are {dtypes} (e.g. {half[0][0]!r}): kitlib trains fp32 master weights "
+        f"under fp16/bf16 autocast, and {dtypes} weights would not learn (updates below their resolution are lost; "
+        "a GradScaler refuses fp16 gradients). Fix: model.float() before fit (autocast still computes in half "
+        "precision; kitlib's loaders do this for a half-precision checkpoint). Pure-bf16 training with a lean "
+        "optimizer is not offered yet"
+    )
 
 
 class Precision:

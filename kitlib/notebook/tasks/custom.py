@@ -83,9 +83,12 @@ class CustomTask(TextTask):
 
         state = feats.side.state
         build = factory(state["model_factory"], Path(state["data_dir"]))
+        from kitlib.models.loading import fp32_master_weights
+
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model: nn.Module = build(feats.vocab_size, feats.task.num_labels, feats.pad_id)
+        model = fp32_master_weights(model, f"model_factory {state['model_factory']}")  # it may load a half checkpoint
         return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
