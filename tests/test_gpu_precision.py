@@ -311,3 +311,68 @@ def test_the_unsupported_gpu_message_names_kaggle_only_on_kaggle() -> None:
             check_torch_supports(fake_profile("P100", platform=platform))  # type: ignore[arg-type]
         assert "Kaggle" not in str(err.value) and "T4 x2" not in str(err.value)
         assert "sm_60" in str(err.value) and "whl/cu126" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- 4: a Kaggle chain plans per stage
+def _competition(folder: Path, n_train: int = 200, n_test: int = 40) -> Path:
+    import pandas as pd
+
+    folder.mkdir(parents=True)
+    words = ("great", "lovely", "superb", "awful", "dull", "boring")
+    n = n_train + n_test
+    frame = pd.DataFrame(
+        {
+            "id": [f"r{i}" for i in range(n)],
+            "text": [f"a {words[i % 6]} film " + "long " * (i % 5) for i in range(n)],
+            "label": [("pos", "neg")[i % 6 // 3] for i in range(n)],
+        }
+    )
+    frame.iloc[:n_train].to_csv(folder / "train.csv", index=False)
+    frame.iloc[n_train:][["id", "text"]].to_csv(folder / "test.csv", index=False)
+    frame.iloc[n_train:][["id"]].assign(label="pos").to_csv(folder / "sample_submission.csv", index=False)
+    return folder
+
+
+@pytest.mark.parametrize("preset", ["smoke", "fast", "balanced"])
+def test_a_cpu_01_featurises_a_run_planned_for_2xt4(preset: str, tmp_path: Path) -> None:
+    # The chain `kaggle build` writes: 00 and 01 on CPU kernels plan for 02's T4 x2 (fp16). On main `fast` failed in
+    # 01 with "PrecisionError: fp16 on this CPU ... is emulated": its embedding pass used 02's precision.
+    from kitlib.notebook import stages
+
+    p = stages.params(data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work", preset=preset,
+                      model="tiny", hardware="2xT4")  # fmt: skip
+    cpu = fake_profile("CPU", interactive=False)
+    run = stages.setup(p, cpu)
+    assert run.config.precision == "fp16" and "Tesla T4" in run.hardware  # the plan is 02's
+    feats = stages.features(p, hw=cpu, quiet=True)
+    assert feats.run.config.precision == "fp16"
+    assert (feats.embeddings is not None) is (preset == "fast")
+
+
+def test_the_stage_precision_is_the_request_where_it_can_run() -> None:
+    from kitlib.machine.precision import decide_stage_precision
+
+    cpu, t4 = fake_profile("CPU"), fake_profile("T4")
+    assert decide_stage_precision(t4, "fp16").dtype == "fp16"
+    assert decide_stage_precision(t4, "fp32").dtype == "fp32"  # a request this machine can run is kept
+    plan = decide_stage_precision(cpu, "fp16")
+    assert plan.dtype == "fp32" and "fp16 is for the machine 00 planned for" in plan.reason
+    with pytest.raises(UnsupportedGPUError):  # no precision helps a GPU torch has no kernels for
+        decide_stage_precision(fake_profile("P100"), "fp16")
+
+
+@pytest.mark.parametrize(("preset", "gpu"), [("fast", [0, 1, 1, 1]), ("balanced", [0, 0, 1, 1]), (None, [0, 0, 1, 1])])
+def test_kaggle_build_asks_for_the_gpu_where_a_stage_computes(
+    preset: str | None, gpu: list[int], tmp_path: Path
+) -> None:
+    # fast's 01 runs MiniLM over every row, its one heavy computation; on main it ran on the CPU kernel.
+    from kitlib.cli import main
+
+    args = ["kaggle", "build", "--username", "me", "--competition", "comp", "--out", str(tmp_path / "k")]
+    assert main([*args, *(["--preset", preset] if preset else [])]) == 0
+    import json
+
+    metas = [json.loads((tmp_path / "k" / n / "kernel-metadata.json").read_text()) for n in sorted(
+        p.name for p in (tmp_path / "k").iterdir())]  # fmt: skip
+    assert [int(m["enable_gpu"]) for m in metas] == gpu
+    assert all(m.get("machine_shape") == ("NvidiaTeslaT4" if m["enable_gpu"] else None) for m in metas)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, get_args
 
 import torch
@@ -31,6 +31,7 @@ __all__ = [
     "UnsupportedGPUError",
     "check_master_weights",
     "decide_precision",
+    "decide_stage_precision",
 ]
 
 
@@ -188,6 +189,19 @@ def check_master_weights(named_params: Iterable[tuple[str, torch.nn.Parameter]])
         "precision; kitlib's loaders do this for a half-precision checkpoint). Pure-bf16 training with a lean "
         "optimizer is not offered yet"
     )
+
+
+def decide_stage_precision(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
+    """The precision for a stage that may run on another machine than the one 00 planned for: a Kaggle chain's 01
+    on a CPU kernel while 02 trains on the T4 x2 (run.json's plan is 02's). The user's request where this machine
+    can run it, else this machine's 'auto'."""
+    try:
+        return decide_precision(hw, requested)
+    except UnsupportedGPUError:
+        raise  # no precision helps: torch cannot run on this GPU at all
+    except PrecisionError:
+        plan = decide_precision(hw)
+        return replace(plan, reason=f"{requested} is for the machine 00 planned for; here: {plan.reason}")
 
 
 class Precision:
