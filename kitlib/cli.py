@@ -168,7 +168,8 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
 
     try:
         if args.kaggle_action == "build":
-            gpu: bool | set[str] = {"all": True, "none": False}.get(args.gpu, set(args.gpu.split(",")))
+            choices: dict[str, bool | None] = {"all": True, "none": False, "auto": None}
+            gpu = choices[args.gpu] if args.gpu in choices else set(args.gpu.split(","))
             folders = kaggle.build_kernels(
                 args.out, username=args.username, slug_prefix=args.slug_prefix, dataset_sources=args.dataset,
                 wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
@@ -297,7 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--dataset", action="append", default=[], help="owner/slug of a data dataset (repeatable)")
     k.add_argument("--wheels-dataset", default=None, help="owner/slug of the dataset made by `kaggle wheels`")
     k.add_argument("--competition", default=None, help="competition slug to attach (accept its rules first)")
-    k.add_argument("--gpu", default="02,03", help="'all', 'none', or the notebooks that get T4 x2 (default: 02,03)")
+    k.add_argument(
+        "--gpu",
+        default="auto",
+        help="'all', 'none', the notebooks that get T4 x2 (e.g. 02,03), or 'auto' (default): 02 and 03, and 01 "
+        "for a preset whose 01 runs the encoder (fast)",
+    )
     k.add_argument("--internet", action="store_true", help="enable internet (code competitions require it off)")
     k.add_argument("--public", action="store_true", help="make the kernels public (default: private)")
     k.add_argument("--notebooks-dir", default=None, help="default: the notebooks beside the installed kitlib")

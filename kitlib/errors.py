@@ -31,6 +31,10 @@ class UnsupportedGPUError(PrecisionError):
     """The installed torch has no kernels for this GPU: every CUDA op would fail."""
 
 
+class CompileError(KitError, ValueError):
+    """torch.compile cannot work on this machine (a GPU too old for Triton); names the fix."""
+
+
 # --- files
 class DiskFullError(KitError, OSError):
     """A write ran out of space (or quota); names the file, the free space, and says nothing was replaced."""

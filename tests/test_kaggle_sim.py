@@ -112,3 +112,55 @@ def test_a_kernel_without_the_wheels_dataset_says_what_to_attach(kaggle: dict[st
     assert run.returncode != 0
     assert "kitlib is not installed, and no kitlib-*.whl is in wheels_dir=" in run.log
     assert "attach the wheels dataset (python -m kitlib kaggle wheels)" in run.log
+
+
+def _cli_build(kaggle: dict[str, Path], out: str, preset: str, *extra: str) -> list[Path]:
+    """Kernel folders as a user builds them: `python -m kitlib kaggle build` (here its main(), in-process)."""
+    from kitlib.cli import main
+
+    folder = kaggle["root"] / out
+    args = ["kaggle", "build", "--username", "me", "--slug-prefix", "kit", "--competition", "movie-reviews"]
+    args += ["--wheels-dataset", "me/kitlib-wheels", "--preset", preset, "--model", "tiny", "--out", str(folder)]
+    assert main([*args, *extra]) == 0
+    return sorted(p for p in folder.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("preset", ["smoke", "fast", "balanced"])
+def test_the_chain_planned_for_2xt4_runs_00_and_01_on_cpu_and_02_asks_for_its_gpus(
+    kaggle: dict[str, Path], preset: str
+) -> None:
+    # As built: 00 (and 01 but for fast) on CPU kernels plan for 02's T4 x2. This simulation has no GPU, so the
+    # CPU stands in for 01's under fast; 02 cannot train a plan for two GPUs on none and must say so.
+    folders = _cli_build(kaggle, f"chain-{preset}", preset)
+    metas = [json.loads((f / kg.METADATA_FILE).read_text()) for f in folders]
+    assert [m["enable_gpu"] for m in metas] == [False, preset == "fast", True, True]
+    outputs, scratch = kaggle["root"] / f"outputs-{preset}", kaggle["root"] / f"scratch-{preset}"
+    sources = {"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]}
+    runs = {}
+    for folder in folders[:3]:
+        runs[folder.name] = kaggle_sim.run_kernel(
+            folder, sources=sources, outputs=outputs, image=kaggle["image"], scratch=scratch
+        )
+    for name in ("00_setup", "01_features"):
+        assert runs[name].returncode == 0, f"{name} failed:\n{runs[name].log[-3000:]}"
+    planned = json.loads((runs["00_setup"].working / "run.json").read_text())
+    assert planned["config"]["precision"] == "fp16" and "Tesla T4" in planned["hardware"]
+    assert (runs["01_features"].working / "features.json").is_file()
+    assert runs["02_train"].returncode != 0
+    assert "this machine has 0 GPU(s)" in runs["02_train"].log and "kaggle build --gpu" in runs["02_train"].log
+
+
+@pytest.mark.parametrize("preset", ["smoke", "fast", "balanced"])
+def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, Path], preset: str) -> None:
+    # One GPU session on Kaggle; here the CPU stands in for the T4 x2 (the kernel plans for the machine it is on).
+    (folder,) = _cli_build(kaggle, f"single-{preset}", preset, "--single")
+    assert json.loads((folder / kg.METADATA_FILE).read_text())["machine_shape"] == "NvidiaTeslaT4"
+    run = kaggle_sim.run_kernel(
+        folder,
+        sources={"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]},
+        outputs=kaggle["root"] / f"outputs-single-{preset}",
+        image=kaggle["image"],
+        scratch=kaggle["root"] / f"scratch-single-{preset}",
+    )
+    assert run.returncode == 0, run.log[-3000:]
+    _check_submission(run.working, kaggle["data"])

@@ -132,10 +132,12 @@ class Loop:
     def __init__(self, model: nn.Module, train_loader: DataLoader[Any], cfg: TrainConfig, *, hw: HardwareInfo,
                  eval_loader: DataLoader[Any] | None, loss_fn: LossFn | None, count_fn: CountFn | None,
                  full_eval: FullEval | None, run_dir: str | Path | None) -> None:  # fmt: skip
-        from kitlib.machine.precision import Precision, decide_precision
+        from kitlib.machine.hardware import check_compile
+        from kitlib.machine.precision import Precision, check_master_weights, decide_precision
 
         self.cfg, self.hw = cfg, hw
         self.plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)  # raises, naming the fix, for impossible asks
+        compile_note = check_compile(hw) if cfg.compile else ""  # raises on GPUs Triton cannot compile for
         self.precision = Precision(self.plan)
         self.env = distributed.join_process_group(self.plan.device_type)
         self.device = distributed.device_for(self.plan.device_type, self.env)
@@ -149,6 +151,7 @@ class Loop:
             # Say what was frozen (and what was kept because it is shared): a line of output, not a warning (a
             # notebook shows warnings as a red box, and this is the run going as configured).
             print(f"fit: {self.frozen}")
+        check_master_weights(model.named_parameters())  # after freezing: a frozen half weight is never updated
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)
@@ -165,6 +168,8 @@ class Loop:
         self.scheduler = build_scheduler(self.optimizer, cfg, self.windows_per_epoch * cfg.epochs)
         self.model = distributed.wrap(model, self.env, self.device)
         if cfg.compile:
+            if compile_note and self.env.is_main:
+                print(f"fit: {compile_note}")
             self.model = torch.compile(self.model)  # type: ignore[assignment]
         self.state, self.stop_reason = RunState(), "completed"
         self.resume_rng: dict[str, Any] | None = None  # set by resume(), applied once after the loader's first iter

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
-from kitlib.errors import UnsupportedGPUError
+from kitlib.errors import CompileError, UnsupportedGPUError
 
 Platform = Literal["kaggle", "colab", "local"]
 DeviceType = Literal["cuda", "mps", "cpu"]
@@ -385,30 +385,103 @@ def torch_supports(capability: tuple[int, int], arch_list: Sequence[str]) -> boo
     return False
 
 
+# The official pip builds' kernels by CUDA flavour: pytorch/pytorch RELEASE.md's support matrix and
+# .ci/manywheel/build_cuda.sh. cu126 keeps Maxwell/Pascal/Volta (sm_50, sm_60, sm_70) through torch 2.14; cu128/cu129
+# have no sm_50/sm_60, and from torch 2.11 no sm_70 either (pytorch/pytorch#172352, PR #175253: cuDNN dropped Volta);
+# cu130 starts at sm_75. Planning for a machine we are not on (hardware="2xT4") has only its torch version to go by.
+_CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+_CU128 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+_BUILD_ARCHS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"12.6": _CU126, "12.8": _CU128, "12.9": (*_CU128, "compute_120"), "13.0": (*_CU128, "compute_120")}
+)
+_VOLTA_DROPPED = (2, 11)  # first torch whose cu128/cu129 builds have no sm_70
+
+
+def build_arch_list(torch_version: str, cuda_version: str | None = None) -> tuple[str, ...]:
+    """The kernels (``torch.cuda.get_arch_list()``) of the official pip build ``torch_version`` ("2.10.0+cu128"),
+    from the table above; () when unknown (a CPU build, a CUDA flavour not in it, a source build).
+
+    ``cuda_version`` ("12.8", torch.version.cuda) is used when the version has no ``+cuXYZ`` suffix.
+    """
+    cuda = _cuda_of(torch_version) or cuda_version
+    archs = _BUILD_ARCHS.get(cuda or "", ())
+    release = tuple(int(n) for n in re.findall(r"\d+", torch_version.split("+")[0])[:2])
+    if cuda in ("12.8", "12.9") and release < _VOLTA_DROPPED:
+        archs = ("sm_70", *archs)
+    return archs
+
+
+def _cuda_of(torch_version: str) -> str | None:
+    """'2.10.0+cu128' -> '12.8'; None without a +cuXYZ suffix."""
+    flavour = re.search(r"\+cu(\d+)(\d)$", torch_version)
+    return f"{flavour.group(1)}.{flavour.group(2)}" if flavour else None
+
+
 def check_torch_supports(hw: HardwareInfo) -> None:
-    """Raise UnsupportedGPUError if the installed torch cannot run on one of the GPUs (an empty arch list = unknown)."""
-    if not hw.torch_cuda_arch_list:
+    """Raise UnsupportedGPUError if the installed torch cannot run on one of the GPUs.
+
+    The arch list is the installed build's (``detect()``), else the table's for ``hw.torch_version`` (a planned
+    machine); when neither is known there is nothing to check.
+    """
+    arch_list = hw.torch_cuda_arch_list or build_arch_list(hw.torch_version, hw.cuda_version)
+    if not arch_list:
         return
     for a in hw.accelerators:
-        if a.device_type != "cuda" or torch_supports(a.capability, hw.torch_cuda_arch_list):
+        if a.device_type != "cuda" or torch_supports(a.capability, arch_list):
             continue
-        built = " ".join(hw.torch_cuda_arch_list)
-        # Kaggle/kaggle-cli#1151: a P100 is allocated, is_available() is True, then the first CUDA op dies with
-        # cudaErrorNoKernelImageForDevice; Kaggle calls it an intentional trade-off and recommends T4/L4.
+        built = " ".join(arch_list)
+        # On Kaggle a P100 is allocated, is_available() is True, then the first CUDA op dies with
+        # cudaErrorNoKernelImageForDevice (Kaggle/kaggle-cli#1151); its image's torch cannot be swapped offline.
+        switch = (
+            "switch the accelerator to 'GPU T4 x2' (machine_shape NvidiaTeslaT4) or L4, or "
+            if hw.platform == "kaggle"
+            else "use a newer GPU, or "
+        )
         raise UnsupportedGPUError(
             f"{a.name} is {a.sm}, but this torch build ({hw.torch_version}) has no kernels for {a.sm} (built for: "
-            f"{built}); every CUDA op would fail with 'no kernel image is available'. This is Kaggle's current image "
-            f"on a P100. Fix: switch the accelerator to 'GPU T4 x2' (machine_shape NvidiaTeslaT4) or L4, or install "
-            f"a torch build whose torch.cuda.get_arch_list() includes {a.sm}."
+            f"{built}); every CUDA op would fail with 'no kernel image is available'. PyTorch's cu128/cu129/cu130 "
+            f"builds have no sm_60 (Pascal), and from torch 2.11 no sm_70 (Volta); the cu126 builds keep both. Fix: "
+            f"{switch}install a build whose torch.cuda.get_arch_list() includes {a.sm} (pip install torch "
+            f"--index-url https://download.pytorch.org/whl/cu126)."
         )
+
+
+def check_compile(hw: HardwareInfo) -> str:
+    """What ``compile=True`` does on ``hw``'s GPUs: a CompileError where it cannot work, else a line to print ("" when
+    there is nothing to say). Reasoned from torch 2.13's and Triton's sources, not measured.
+
+    torch compiles CUDA graphs with Triton and refuses GPUs below capability 7.0: ``CudaInterface.is_triton_capable``
+    (torch/_dynamo/device_interface.py) is ``major >= 7``, and inductor's scheduler raises ``GPUTooOldForTriton``
+    otherwise (torch/_inductor/scheduler.py), which reaches the user as ``BackendCompilerFailed`` mid-step.
+    """
+    gpus = [a for a in hw.accelerators if a.device_type == "cuda"]
+    if not gpus:
+        return ""
+    weakest = min(gpus, key=lambda a: a.capability)
+    if weakest.capability < (7, 0):
+        raise CompileError(
+            f"compile=True on {weakest.name} ({weakest.sm}): torch.compile generates its GPU code with Triton, which "
+            "needs CUDA capability 7.0+ (torch raises GPUTooOldForTriton at the first compiled step). Fix: "
+            "compile=False (eager mode runs on this GPU), or a GPU of sm_70 or newer (T4, L4, A100)"
+        )
+    if weakest.capability < (8, 0):
+        # triton-lang/triton#5066 (Triton 3.3+): dots below sm_80 fall back to FMA (no tensor cores), and Triton's
+        # README lists 8.0+ as supported. Inductor keeps matmuls on cuBLAS unless mode="max-autotune".
+        return (
+            f"compile on {weakest.name} ({weakest.sm}): Triton 3.3+ supports sm_80+ and builds its matmuls without "
+            "tensor cores below it; matmuls stay on cuBLAS (inductor's default), so compile gains only fused "
+            "elementwise ops here, and mode='max-autotune' would be slower (reasoned, not measured)"
+        )
+    return ""
 
 
 # --------------------------------------------------------------------------------------------------------- fakes
 
 # Kaggle's default image: torch 2.10.0+cu128, whose kernels start at sm_70 (no sm_60: Kaggle/kaggle-cli#1151).
-KAGGLE_ARCH_LIST = ("sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
-# An older-style build that still ships Pascal kernels (pass as fake_profile(..., torch_cuda_arch_list=...)).
-ARCH_LIST_WITH_SM60 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
+KAGGLE_TORCH = "2.10.0+cu128"
+KAGGLE_ARCH_LIST = build_arch_list(KAGGLE_TORCH)
+# A cu126 build, which still ships Pascal kernels (pass as fake_profile(..., torch_cuda_arch_list=...)).
+ARCH_LIST_WITH_SM60 = _CU126
 
 
 @dataclass(frozen=True)
@@ -447,12 +520,14 @@ def fake_profile(
     platform: Platform = "kaggle",
     interactive: bool = True,
     torch_cuda_arch_list: Sequence[str] | None = None,
+    torch_version: str = KAGGLE_TORCH,
 ) -> HardwareInfo:
     """A realistic HardwareInfo for a hosted machine, for tests and dry runs on a CPU box.
 
     Names (case-insensitive): T4, 2xT4, P100, V100, A100, L4, H100, MPS, CPU-AMX, CPU. CUDA profiles default to
-    Kaggle's torch (cu128, no sm_60: a P100 there is unusable); pass ``torch_cuda_arch_list=ARCH_LIST_WITH_SM60`` to
-    model a torch that still runs on a P100.
+    Kaggle's torch (2.10.0+cu128, no sm_60: a P100 there is unusable); ``torch_version`` ("2.11.0+cu128") picks
+    another build, whose kernels come from ``build_arch_list``, and ``torch_cuda_arch_list=ARCH_LIST_WITH_SM60``
+    models one that still runs on a P100.
 
     >>> fake_profile("2xT4").num_gpus
     2
@@ -466,7 +541,9 @@ def fake_profile(
         for i, (gpu_name, cap, mib) in enumerate(profile.gpus)
     )
     input_dir, working_dir, scratch_dir = _platform_dirs(platform, Path.cwd())
-    arch = KAGGLE_ARCH_LIST if torch_cuda_arch_list is None and cuda else tuple(torch_cuda_arch_list or ())
+    arch = (
+        build_arch_list(torch_version) if torch_cuda_arch_list is None and cuda else tuple(torch_cuda_arch_list or ())
+    )
     return HardwareInfo(
         platform=platform,
         interactive=interactive,
@@ -478,8 +555,8 @@ def fake_profile(
         accelerators=accelerators,
         cpu_amx="amx_bf16" in profile.cpu_isa,
         cpu_avx512_bf16="avx512_bf16" in profile.cpu_isa,
-        torch_version="2.10.0+cu128" if cuda else "2.10.0+cpu" if profile.device_type == "cpu" else "2.10.0",
-        cuda_version="12.8" if cuda else None,
+        torch_version=torch_version if cuda else torch_version.split("+")[0] + ("+cpu" if not profile.gpus else ""),
+        cuda_version=_cuda_of(torch_version) if cuda else None,
         torch_cuda_arch_list=arch,
         library_versions=(),
         shm_bytes=None,  # not known for the hosted images; detect() measures the real one

@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any, get_args
 
 import torch
@@ -28,11 +29,14 @@ __all__ = [
     "PrecisionPlan",
     "Requested",
     "UnsupportedGPUError",
+    "check_master_weights",
     "decide_precision",
+    "decide_stage_precision",
 ]
 
 
 _TORCH_DTYPES: dict[Dtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_HALF_DTYPES: dict[torch.dtype, Dtype] = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,36 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
         isa = "AMX-FP16" if hw.cpu_amx_fp16 else "AVX512-FP16"
         return PrecisionPlan("fp16", "cpu", True, False, f"CPU with {isa}: fp16 autocast + GradScaler as requested")
     return PrecisionPlan("fp32", "cpu", False, False, "CPU: fp32 as requested")
+
+
+def check_master_weights(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
+    """A PrecisionError naming the fix when a trainable weight is fp16/bf16: kitlib trains fp32 master weights and
+    lets autocast compute in half precision. Trained as they are, fp16 weights stop the GradScaler ("Attempting to
+    unscale FP16 gradients") and bf16 ones lose every AdamW update below bf16's resolution: no learning, silently."""
+    half = [(name, p.dtype) for name, p in named_params if p.requires_grad and p.dtype in _HALF_DTYPES]
+    if not half:
+        return
+    dtypes = "/".join(sorted({_HALF_DTYPES[dtype] for _, dtype in half}))
+    raise PrecisionError(
+        f"{len(half)} trainable weight(s) are {dtypes} (e.g. {half[0][0]!r}): kitlib trains fp32 master weights "
+        f"under fp16/bf16 autocast, and {dtypes} weights would not learn (updates below their resolution are lost; "
+        "a GradScaler refuses fp16 gradients). Fix: model.float() before fit (autocast still computes in half "
+        "precision; kitlib's loaders do this for a half-precision checkpoint). Pure-bf16 training with a lean "
+        "optimizer is not offered yet"
+    )
+
+
+def decide_stage_precision(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
+    """The precision for a stage that may run on another machine than the one 00 planned for: a Kaggle chain's 01
+    on a CPU kernel while 02 trains on the T4 x2 (run.json's plan is 02's). The user's request where this machine
+    can run it, else this machine's 'auto'."""
+    try:
+        return decide_precision(hw, requested)
+    except UnsupportedGPUError:
+        raise  # no precision helps: torch cannot run on this GPU at all
+    except PrecisionError:
+        plan = decide_precision(hw)
+        return replace(plan, reason=f"{requested} is for the machine 00 planned for; here: {plan.reason}")
 
 
 class Precision:

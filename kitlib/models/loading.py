@@ -141,6 +141,54 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB
     )
 
 
+def from_pretrained(auto_class: Any, folder: str | Path, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained(folder, **kwargs)`` with fp32 weights, whatever dtype the folder was saved in.
+
+    transformers 5 loads a checkpoint in its saved dtype (``dtype="auto"``). Trained as saved, fp16 weights fail in
+    the GradScaler ("Attempting to unscale FP16 gradients"), and bf16 ones lose AdamW's updates below bf16's
+    resolution (10 steps at lr 2e-5 changed 0.8% of the weights): no learning, silently. fp32 master weights are
+    what autocast expects (it still computes in fp16/bf16); loading straight into fp32 peaks at the fp32 size once.
+    """
+    import torch
+
+    model = auto_class.from_pretrained(folder, dtype=torch.float32, **kwargs)
+    saved = _saved_dtype(Path(folder))
+    if saved is not None:
+        say_fp32_master(f"model {Path(folder).name}", saved)
+    return model
+
+
+_HALF = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def _saved_dtype(folder: Path) -> str | None:
+    """ "fp16"/"bf16" when config.json says the weights were saved in half precision (what ``dtype="auto"`` reads:
+    ``dtype``, or ``torch_dtype`` before transformers 5), else None."""
+    import json
+
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return _HALF.get(str(config.get("dtype") or config.get("torch_dtype")).removeprefix("torch."))
+
+
+def say_fp32_master(what: str, saved: str) -> None:
+    print(f"{what} saved in {saved}: loaded as fp32 master weights, autocast computes in the run's precision")
+
+
+def fp32_master_weights(model: nn.Module, what: str) -> nn.Module:
+    """``model`` with its fp16/bf16 floating-point weights cast to fp32 (see ``from_pretrained``), saying so once:
+    for a model kitlib did not load itself (a task's ``model_factory``)."""
+    import torch
+
+    half = {p.dtype for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)}
+    if half:
+        model.float()
+        say_fp32_master(what, "/".join(sorted(_HALF[str(d).removeprefix("torch.")] for d in half)))
+    return model
+
+
 def check_model_dir(model_dir: str | Path) -> Path:
     """``model_dir`` if it holds a saved Hugging Face model (its config.json), else a MissingModelError; a
     RefusedModelError when its config.json asks for code of its own (transformers would otherwise prompt, or run it)."""
@@ -284,10 +332,10 @@ def _pretrained_classifier(path: Path, num_labels: int, seed: int, pooling: str)
     with _quiet_transformers(), torch.random.fork_rng(devices=[]), model_refusals(path):
         torch.manual_seed(seed)  # the new head's init: the same in every stage that rebuilds this model
         if mean:
-            model = MeanPoolClassifier(AutoModel.from_pretrained(path, local_files_only=True), num_labels)
+            model = MeanPoolClassifier(from_pretrained(AutoModel, path, local_files_only=True), num_labels)
         else:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=num_labels, local_files_only=True
+            model = from_pretrained(
+                AutoModelForSequenceClassification, path, num_labels=num_labels, local_files_only=True
             )
     return model, f"{'mean' if mean else ''}head{num_labels}"
 
@@ -343,5 +391,5 @@ def load_text_encoder(
         return _tiny(train_texts, seed, BertModel)
     with _quiet_transformers(), model_refusals(path):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, local_files_only=True)
+        model = from_pretrained(AutoModel, path, local_files_only=True)
     return tokenizer, model, _dir_identity(path)

@@ -301,6 +301,7 @@ def resolve(
     else 1.
     """
     from kitlib._version import __version__
+    from kitlib.machine.hardware import check_compile
     from kitlib.machine.precision import decide_precision
 
     base = get_preset(preset) if isinstance(preset, str) else preset
@@ -348,6 +349,8 @@ def resolve(
     if (regime_reason := REGIMES[p.regime].reason) is not None:
         reasons.append(regime_reason)
     cfg = dataclasses.replace(cfg, **late)  # remaining TrainConfig overrides; __post_init__ validates
+    if cfg.compile:  # refused here, in 00, on a GPU Triton cannot compile for (not at 02's first step)
+        reasons.append(f"compile: {check_compile(hw) or 'torch.compile (inductor + Triton)'}")
     if overrides:
         reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())))
     return ResolvedRun(

@@ -66,6 +66,7 @@ class Regime:
     matmuls_per_param: int  # FLOPs per token per weight: 6 to train (2 forward + 4 backward), 2 to embed once
     estimate_label: str  # what the picker's time estimate measures
     gains_from_ddp: bool  # worth one process per GPU (a per-step all-reduce of every trainable weight)
+    features_need_accelerator: bool = False  # 01 runs the encoder over every row (not only the tokenizer)
 
     def micro_batch(self, per_process: int) -> tuple[int, str] | None:
         """Rows per forward pass when the regime decides it (None: size it by accelerator memory)."""
@@ -145,6 +146,7 @@ class Head(Regime):
     matmuls_per_param = 2  # the one-time embedding pass; the head's own epochs take well under a second
     estimate_label = "embedding pass"
     gains_from_ddp = False  # a head on cached vectors is too small to gain from DDP's per-step all-reduce
+    features_need_accelerator = True  # the embedding pass is the regime's one heavy computation, and it is 01's
 
     def micro_batch(self, per_process: int) -> tuple[int, str] | None:
         return per_process, "the head's inputs are cached vectors: a whole step fits in one pass"
@@ -157,10 +159,16 @@ class Head(Regime):
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
         from kitlib.data.featurize import embed_texts
         from kitlib.data.ngrams import NgramVectorizer
-        from kitlib.machine.precision import Precision, decide_precision
+        from kitlib.machine.precision import Precision, decide_stage_precision
 
         e = encoder
-        precision = Precision(decide_precision(e.hw, e.run.config.precision))
+        # Decided here, for the machine 01 runs on: run.json's precision is 02's (a Kaggle chain plans it for the T4
+        # x2 while 01 may run on a CPU kernel, where fp16 is emulated).
+        plan = decide_stage_precision(e.hw, e.run.preset.precision)
+        if plan.dtype != e.run.config.precision:
+            trains = e.run.config.precision
+            print(f"embedding pass: {plan.dtype} on this machine ({plan.reason}); 02 trains in {trains}")
+        precision = Precision(plan)
         layers = min(HEAD_LAYERS, int(getattr(e.model.config, "num_hidden_layers", 1)))
         embed = dict(
             tokenizer=e.tokenizer, model=e.model, max_length=e.max_length, precision=precision, layers=layers,

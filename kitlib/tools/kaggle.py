@@ -81,7 +81,7 @@ def build_kernels(
     dataset_sources: Sequence[str],
     wheels_dataset: str | None,
     competition: str | None = None,
-    gpu: bool | Collection[str] = ("02", "03"),
+    gpu: bool | Collection[str] | None = None,
     internet: bool = False,
     private: bool = True,
     notebooks_dir: str | Path | None = None,
@@ -96,8 +96,8 @@ def build_kernels(
     The notebooks' parameters cells are filled for Kaggle: 00 gets ``data_dir`` (the competition's or first
     dataset's mount), every kernel ``wheels_dir`` and ``work_dir=/kaggle/working``, 01-03 the earlier kernels'
     output mounts as ``inputs``; ``parameters`` sets 00's others (preset, model, target, ...).
-    ``gpu``: True/False for all, or the notebooks (``"02_train"`` or ``"02"``) that get T4 x2 (default 02 and 03:
-    GPU hours are quota, and 00/01 (the single kernel aside) do not need one).
+    ``gpu``: True/False for all, or the notebooks (``"02_train"`` or ``"02"``) that get T4 x2; None (default): the
+    ones whose compute needs it (``gpu_notebooks``: GPU hours are quota).
     ``chain``: each kernel mounts the previous kernel's output ("previous": 00 -> 01 -> 02 -> 03), or every earlier
     one ("all").
     """
@@ -112,6 +112,8 @@ def build_kernels(
         )
     if chain not in ("previous", "all"):
         raise ValueError(f"chain={chain!r}: use 'previous' or 'all'")
+    if gpu is None:
+        gpu = gpu_notebooks((parameters or {}).get("preset"))
     sources = [*dataset_sources, *([wheels_dataset] if wheels_dataset else [])]
     data = data_dir or (
         mount_path("competitions", competition)
@@ -174,6 +176,18 @@ def build_kernels(
         (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
         folders.append(folder)
     return folders
+
+
+def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
+    """The notebooks whose compute needs the accelerator for ``preset`` (default: the notebooks' default): 02
+    trains and 03 predicts; 01 too when the preset's regime runs the encoder over every row there (``fast``'s
+    embedding pass, its only heavy compute: 40-100 s for the demo on a 2-core CPU, seconds on a T4). Elsewhere 01
+    only tokenizes, and 00 reads the data: a GPU there would be quota spent waiting."""
+    from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
+    from kitlib.notebook.regimes import REGIMES
+
+    regime = REGIMES[get_preset(preset or DEFAULT_PRESET).regime]
+    return frozenset({"01", "02", "03"} if regime.features_need_accelerator else {"02", "03"})
 
 
 def _wants_gpu(stem: str, gpu: bool | Collection[str]) -> bool:

@@ -285,10 +285,14 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
 def _folder_model(folder: str) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    from kitlib.models.loading import from_pretrained, model_refusals
+
+    with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = from_pretrained(AutoModelForCausalLM, folder)
     if tokenizer.pad_token is None:  # GPT-2 and Llama ship none: pad with </s> (masked, and -100 in the labels)
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, AutoModelForCausalLM.from_pretrained(folder)
+    return tokenizer, model
 
 
 def _positions(model: nn.Module) -> int | None:

@@ -84,6 +84,7 @@ class CustomTask(TextTask):
     ) -> Prepared:
         import torch
 
+        from kitlib.models.loading import fp32_master_weights
         from kitlib.notebook.regimes import FINETUNE, Prepared
 
         state = feats.side.state
@@ -105,6 +106,7 @@ class CustomTask(TextTask):
                 f"model_factory = {spec!r} returned a {type(model).__name__}, not a torch.nn.Module. Fix: return the "
                 "model itself (an nn.Module subclass instance), then re-run 02"
             )
+        model = fp32_master_weights(model, f"model_factory {spec}")  # it may load a half-precision checkpoint
         loaders = FINETUNE.loaders(feats, hw, split, seed)
         _check_output(model, loaders[0], spec)
         return Prepared(*loaders, model)

@@ -89,10 +89,11 @@ class Seq2SeqTask(TextGenerationTask):
         if folder is not None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-            from kitlib.models.loading import model_refusals
+            from kitlib.models.loading import from_pretrained, model_refusals
 
             with model_refusals(folder):
-                return AutoTokenizer.from_pretrained(folder), AutoModelForSeq2SeqLM.from_pretrained(folder), str(folder)
+                model = from_pretrained(AutoModelForSeq2SeqLM, folder)
+                return AutoTokenizer.from_pretrained(folder), model, str(folder)
         tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
         print(
             f"seq2seq: a tiny T5 built from a config (random weights, {len(tokenizer)}-token byte-level BPE trained on "
@@ -163,11 +164,11 @@ def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Modu
     if "model_folder" in side.state:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-        from kitlib.models.loading import model_refusals
+        from kitlib.models.loading import from_pretrained, model_refusals
 
         folder = side.state["model_folder"]
         with model_refusals(folder):
-            model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+            model, tokenizer = from_pretrained(AutoModelForSeq2SeqLM, folder), AutoTokenizer.from_pretrained(folder)
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)
