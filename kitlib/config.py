@@ -54,6 +54,7 @@ _RESUMABLE_CHANGES = frozenset(
         "background_eval",
         "eval_max_batches",
         "eval_batch_factor",
+        "find_unused_parameters",  # how DDP finds the gradients, not which ones
         "full_eval_every",
         "full_eval_at_end",
         "patience",
@@ -105,6 +106,9 @@ class TrainConfig:
     # which saves their backward pass and AdamW state. Measured on the demo (MiniLM, CPU): 2 of 6 blocks saved 6-22%
     # of the training time and cost ~1 point of accuracy, so no preset uses it; memory-bound runs may.
     freeze_layers: int = 0
+    # DDP only: let parameters go without a gradient in a step (a branch the forward skips). It costs a walk of the
+    # autograd graph every step; without it, fit names the parameters that got none after the first step.
+    find_unused_parameters: bool = False
 
     # --- data ---
     max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)

@@ -68,6 +68,11 @@ class NonFiniteLossError(KitError, RuntimeError):
     """Too many optimizer steps in a row had inf/nan gradients."""
 
 
+class DistributedError(KitError, RuntimeError):
+    """A multi-process (DDP) run cannot work as set up: CUDA already initialised before a fork, parameters no rank
+    computes a gradient for. Names the cause and the fix."""
+
+
 # --- notebooks and tools
 class MissingDataError(KitError, FileNotFoundError):
     """The data dir given in the parameters does not exist."""

@@ -167,8 +167,9 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def default_num_workers(cfg: TrainConfig, hw: HardwareInfo) -> tuple[int, str]:
-    """Worker processes for this machine, and why."""
+def default_num_workers(cfg: TrainConfig, hw: HardwareInfo, *, local_world_size: int | None = None) -> tuple[int, str]:
+    """Worker processes for this machine, and why. ``local_world_size``: training processes on this machine (default:
+    LOCAL_WORLD_SIZE, as torchrun and kitlib's launcher set it), which share its CPUs."""
     if cfg.num_workers is not None:
         return cfg.num_workers, "set in TrainConfig.num_workers"
     if hw.device_type == "cpu":
@@ -179,10 +180,15 @@ def default_num_workers(cfg: TrainConfig, hw: HardwareInfo) -> tuple[int, str]:
     if hw.interactive and method != "fork":
         # spawn/forkserver pickle the dataset; classes defined in a notebook cell can't be re-imported by a worker.
         return 0, f"notebook with the {method!r} start method: notebook-defined datasets can't reach workers"
-    # Leave one CPU for the training process itself (Python loop, kernel launches): Kaggle's 4 vCPUs -> 3,
-    # Colab's 2 -> 1. Colab warns above its CPU count (colabtools#3415).
-    workers = max(0, min(hw.cpu_count - 1, MAX_WORKERS))
-    return workers, f"{hw.cpu_count} CPUs on {hw.platform}: one left for the training process"
+    from kitlib.machine.distributed import dist_env
+
+    ranks = max(1, local_world_size if local_world_size is not None else dist_env().local_world_size)
+    # Leave one CPU for each training process itself (Python loop, kernel launches): Kaggle's 4 vCPUs -> 3, or 1
+    # per rank for 2 DDP ranks (each rank starts its own workers); Colab's 2 -> 1. Colab warns above its CPU count
+    # (colabtools#3415).
+    workers = max(0, min(hw.cpu_count // ranks - 1, MAX_WORKERS))
+    shared = f", shared by {ranks} training processes" if ranks > 1 else ""
+    return workers, f"{hw.cpu_count} CPUs on {hw.platform}{shared}: one left for each training process"
 
 
 def _nbytes(obj: Any) -> int:

@@ -177,7 +177,8 @@ def snapshot(
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, numpy (legacy global) and torch CPU/CUDA generator states, as weights_only-loadable types."""
+    """Python, numpy (legacy global) and torch CPU generator states, and that of this process's own GPU, as
+    weights_only-loadable types. Under DDP each rank has its own (fit saves them all: ``rank_rngs``)."""
     import numpy as np
 
     version, internal, gauss = random.getstate()
@@ -187,16 +188,17 @@ def rng_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
         "numpy": [str(name), keys.tolist(), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
-        "cuda": [],
     }
-    # Only if CUDA is in use: get_rng_state_all() would otherwise initialise CUDA (~1 s, breaks fork-based workers).
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    # Only once CUDA is in use (else reading it initialises CUDA: ~1 s, and forked workers break), and only the
+    # current device: get_rng_state_all() would open a context (~300 MiB) on every other visible GPU, and under DDP
+    # those belong to the other ranks.
+    if torch.cuda.is_initialized():
+        state["cuda_device"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of rng_state(); keys that are absent are left untouched."""
+    """Inverse of rng_state() in the process that resumes; keys that are absent are left untouched."""
     import numpy as np
 
     if "python" in state:
@@ -207,20 +209,16 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     if "torch" in state:
         torch.set_rng_state(state["torch"].cpu())  # .cpu(): load(map_location="cuda") moves it; set_ needs CPU
-    cuda = state.get("cuda") or []
-    if cuda:
+    cuda = state.get("cuda_device")
+    if cuda is None and state.get("cuda"):  # older checkpoints: every visible device's state, in device order
+        cuda = state["cuda"][torch.cuda.current_device() if torch.cuda.is_available() else 0]
+    if cuda is not None:
         if not torch.cuda.is_available():
             warnings.warn(
-                "checkpoint has CUDA RNG states but CUDA is unavailable; GPU randomness will differ", stacklevel=2
+                "checkpoint has a CUDA RNG state but CUDA is unavailable; GPU randomness will differ", stacklevel=2
             )
             return
-        if len(cuda) != torch.cuda.device_count():
-            warnings.warn(
-                f"checkpoint has {len(cuda)} CUDA RNG states, this machine {torch.cuda.device_count()} GPUs",
-                stacklevel=2,
-            )
-        for index, s in enumerate(cuda[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s.cpu(), index)
+        torch.cuda.set_rng_state(cuda.cpu())  # the current device: this process's own
 
 
 # --------------------------------------------------------------------------------------------------- write

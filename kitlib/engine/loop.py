@@ -8,6 +8,7 @@ early stopping, time budget, non-finite guard, periodic saves, progress, the doc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -166,7 +167,7 @@ class Loop:
         if self.windows_per_epoch == 0:
             raise ValueError("the training DataLoader is empty (with drop_last=True, fewer rows than one batch?)")
         self.scheduler = build_scheduler(self.optimizer, cfg, self.windows_per_epoch * cfg.epochs)
-        self.model = distributed.wrap(model, self.env, self.device)
+        self.model = distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
         if cfg.compile:
             if compile_note and self.env.is_main:
                 print(f"fit: {compile_note}")
@@ -181,6 +182,7 @@ class Loop:
         self.epoch_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self.epoch_items = torch.zeros((), dtype=torch.float64, device=self.device)
         self.events = Events(())
+        self.checked_gradients = False  # every_parameter_gets_a_gradient ran (DDP, first step)
         self.ended_cleanly = False  # True once the loop ran to its end without an exception (read by on_fit_end)
 
     def stop(self, reason: str) -> None:
@@ -211,7 +213,11 @@ class Loop:
         self.optimizer.load_state_dict(snap.state["optimizer"])
         self.scheduler.load_state_dict(snap.state["scheduler"])
         self.precision.load_state_dict(snap.state["precision"])
-        self.state, self.resume_rng = RunState(**snap.state["run"]), snap.state["rng"]
+        # Each rank continues its own streams; a checkpoint from another world size (or an older kitlib) has only
+        # rank 0's, and every rank takes those.
+        ranks = snap.state.get("rank_rngs") or []
+        rng = ranks[self.env.rank] if len(ranks) == self.env.world_size else snap.state["rng"]
+        self.state, self.resume_rng = RunState(**snap.state["run"]), rng
         self._rescore(snap.state.get("unscored_full_evals", []))
 
     def _rescore(self, unscored: list[dict[str, Any]]) -> None:
@@ -242,7 +248,10 @@ class Loop:
                 self.writer.submit(take(), self.out / name)
 
     def save_last(self) -> None:
-        if self.out is None or not self.env.is_main:
+        if self.out is None:
+            return
+        if not self.env.is_main:
+            distributed.gather_object(checkpoint.rng_state(), self.env)  # rank 0 saves each rank's own streams
             return
         # Background full evals still pending must not be lost by a resume from this checkpoint. At an epoch end
         # (save_last), the only one pending is the epoch just finished (the previous one was judged at this epoch's
@@ -256,6 +265,7 @@ class Loop:
         final = self.stop_reason != "completed" or state.epoch >= self.cfg.epochs
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
         unscored = [{"epoch": p.epoch, "rng": p.payload[1]} for p in self.deferred.pending]
+        rngs = distributed.gather_object(checkpoint.rng_state(), self.env)  # dropout masks etc. differ per rank
 
         def take() -> checkpoint.Snapshot:
             state.epoch_loss_sum, state.epoch_items = float(self.epoch_loss), float(self.epoch_items)
@@ -263,7 +273,8 @@ class Loop:
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "precision": self.precision.state_dict(),
-                "rng": checkpoint.rng_state(),
+                "rng": rngs[0],
+                "rank_rngs": rngs,
                 "run": dataclasses.asdict(state),
                 "unscored_full_evals": unscored,
             }
@@ -291,11 +302,15 @@ class Loop:
         return batches
 
     def step(self, window: list[Batch], started: float, fetch_s: float) -> StepEnd:
-        applied, loss_sum, items = train_window(
-            window, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
-            optimizer=self.optimizer, scheduler=self.scheduler, params=self.params, cfg=self.cfg, env=self.env,
-            timer=self.timer, to_device=self.to_device,
-        )  # fmt: skip
+        # Under DDP, this process's first step checks that every trainable parameter got a gradient (named error).
+        check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
+        self.checked_gradients = True
+        with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
+            applied, loss_sum, items = train_window(
+                window, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
+                optimizer=self.optimizer, scheduler=self.scheduler, params=self.params, cfg=self.cfg, env=self.env,
+                timer=self.timer, to_device=self.to_device,
+            )  # fmt: skip
         self.state.batch_in_epoch += len(window)
         if applied:
             self.state.step += 1

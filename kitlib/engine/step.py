@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import torch
 import torch.utils.checkpoint
@@ -151,7 +151,8 @@ def _recompute_in_backward(module: nn.Module) -> None:
     """Route ``module``'s forward through ``torch.utils.checkpoint`` while training with autograd on. The module
     becomes an instance of a subclass whose forward does it (its state_dict and names are unchanged), not an instance
     attribute closing over the bound forward: a deep copy (a CPU copy for a background eval, an EMA) then runs its own
-    weights, not the original's."""
+    weights, not the original's. The subclass has no import path, so pickling (``launch`` returning the model) and
+    copying rebuild the instance from its base class and apply this again (``_rebuild_recomputed``)."""
     base = type(module)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -159,7 +160,18 @@ def _recompute_in_backward(module: nn.Module) -> None:
             return base.forward(self, *args, **kwargs)
         return torch.utils.checkpoint.checkpoint(base.forward, self, *args, use_reentrant=False, **kwargs)
 
-    module.__class__ = type(base.__name__, (base,), {"forward": forward, "_kitlib_checkpointed": True})
+    def __reduce_ex__(self: nn.Module, protocol: SupportsIndex) -> tuple[Any, ...]:
+        return _rebuild_recomputed, (base,), self.__getstate__()
+
+    attributes = {"forward": forward, "__reduce_ex__": __reduce_ex__, "_kitlib_checkpointed": True}
+    module.__class__ = type(base.__name__, (base,), attributes)
+
+
+def _rebuild_recomputed(base: type[nn.Module]) -> nn.Module:
+    """An empty ``base`` instance recomputed in backward; pickle/deepcopy then set its state (``__setstate__``)."""
+    module = base.__new__(base)
+    _recompute_in_backward(module)
+    return module
 
 
 def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ class DistEnv:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1  # processes on this machine (they share its CPUs)
 
     @property
     def is_main(self) -> bool:
@@ -37,7 +38,10 @@ class DistEnv:
 def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """The process's place in the job, from the variables torchrun (and kitlib's launcher) set."""
     env = os.environ if environ is None else environ
-    return DistEnv(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("WORLD_SIZE", 1)))
+    world = int(env.get("WORLD_SIZE", 1))
+    # torchrun and kitlib's launcher set LOCAL_WORLD_SIZE; without it, assume one machine (sharing CPUs is the risk)
+    local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+    return DistEnv(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), world, local_world)
 
 
 def join_process_group(device_type: str, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -60,13 +64,40 @@ def device_for(device_type: str, env: DistEnv) -> torch.device:
     return torch.device(f"cuda:{env.local_rank}") if device_type == "cuda" else torch.device(device_type)
 
 
-def wrap(model: nn.Module, env: DistEnv, device: torch.device) -> nn.Module:
+def wrap(model: nn.Module, env: DistEnv, device: torch.device, *, find_unused_parameters: bool = False) -> nn.Module:
     if not env.enabled:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
+
+
+@contextmanager
+def every_parameter_gets_a_gradient(model: nn.Module) -> Iterator[None]:
+    """Raise DistributedError naming the trainable parameters of ``model`` that got no gradient in the block (one
+    optimizer step). DDP waits for every parameter's gradient; one that never comes (a pooler the head skips, an
+    unused branch) fails the *next* step with "Expected to have finished reduction in the prior iteration", which
+    names parameter indices only. Cost: one Python hook call per parameter per backward, for the first step only."""
+    from kitlib.errors import DistributedError
+
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    seen: set[int] = set()
+    handles = [p.register_post_accumulate_grad_hook(lambda p: seen.add(id(p))) for _, p in named]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+    unused = [name for name, p in named if id(p) not in seen]
+    if unused:
+        shown = ", ".join(unused[:8]) + (f" and {len(unused) - 8} more" if len(unused) > 8 else "")
+        raise DistributedError(
+            f"{len(unused)} trainable parameter(s) of {type(model).__name__} got no gradient in the first step: "
+            f"{shown}. DDP needs a gradient for every one (the next step would fail). Fix: remove or freeze them "
+            "(param.requires_grad_(False)) if the model never uses them, or pass "
+            "TrainConfig(find_unused_parameters=True) if some steps skip them (DDP then searches the graph every step)"
+        )
 
 
 def sync_context(model: nn.Module, sync: bool) -> AbstractContextManager[Any]:
@@ -91,6 +122,15 @@ def broadcast_object(value: Any, env: DistEnv) -> Any:
     return box[0]
 
 
+def gather_object(value: Any, env: DistEnv) -> list[Any]:
+    """Every rank's ``value`` on rank 0, in rank order (``[value]`` without DDP, ``[]`` on the other ranks)."""
+    if not env.enabled:
+        return [value]
+    box: list[Any] | None = [None] * env.world_size if env.is_main else None
+    dist.gather_object(value, box, dst=0)
+    return box or []
+
+
 def barrier(env: DistEnv) -> None:
     if env.enabled:
         dist.barrier()
@@ -102,7 +142,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _worker(local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, port: int, out: str) -> None:
+def _worker(
+    local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], nprocs: int, port: int, out: str, threads: int
+) -> None:
     os.environ.update(
         {
             "RANK": str(local_rank),
@@ -111,8 +153,10 @@ def _worker(local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], npro
             "LOCAL_WORLD_SIZE": str(nprocs),
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": str(threads),  # for the worker's own children; this process is set just below
         }
     )
+    torch.set_num_threads(threads)
     try:
         value = fn(*args)
         if local_rank == 0:
@@ -125,29 +169,63 @@ def _worker(local_rank: int, fn: Callable[..., Any], args: tuple[Any, ...], npro
             dist.destroy_process_group()
 
 
+def threads_per_worker(nprocs: int, environ: Mapping[str, str] | None = None) -> int:
+    """Intra-op threads for each of ``nprocs`` workers: OMP_NUM_THREADS when the user set it, else the usable CPUs
+    split between them (at least 1). Each process would otherwise start a thread per core: 2 ranks on Kaggle's 4
+    vCPUs run 8 compute threads, plus their DataLoader workers, and contend for every core (torchrun sets 1)."""
+    from kitlib.machine.hardware import usable_cpus
+
+    env = os.environ if environ is None else environ
+    if env.get("OMP_NUM_THREADS", "").strip().isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
+        return int(env["OMP_NUM_THREADS"])
+    return max(1, usable_cpus() // nprocs)
+
+
+def cuda_driver_initialised() -> bool:
+    """Whether this process has initialised the CUDA driver (cuInit), without initialising it: a plain
+    ``torch.cuda.is_available()`` does so while ``torch.cuda.is_initialized()`` stays False. The driver's
+    cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit ran, and success (0) after (~1 ms)."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no NVIDIA driver (or not Linux): nothing to have initialised
+        return False
+    return int(libcuda.cuDeviceGetCount(ctypes.byref(ctypes.c_int()))) == 0
+
+
 def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any:
     """Run ``fn(*args)`` on ``nprocs`` processes (default: one per GPU) and return rank 0's result.
 
     For notebooks (Kaggle's 2xT4): workers are *forked*, so ``fn`` may be defined in the notebook itself. A forked
     child cannot use CUDA once the parent has initialised it, so call this before any CUDA work in the kernel
-    (restart the kernel if needed); kitlib refuses early instead of failing inside the workers. A worker's error
-    is re-raised here with its traceback (torch.multiprocessing.ProcessRaisedException).
+    (restart the kernel if needed); kitlib refuses early instead of failing inside the workers, and its own
+    detection (``kitlib.detect()``) never initialises CUDA. Each worker gets its share of the CPUs as intra-op
+    threads (``threads_per_worker``). A worker's error is re-raised here with its traceback
+    (torch.multiprocessing.ProcessRaisedException).
     """
     import tempfile
 
     import torch.multiprocessing as mp
 
+    from kitlib.errors import DistributedError
+    from kitlib.machine.hardware import cuda_devices
+
     if nprocs is None:
-        nprocs = max(1, torch.cuda.device_count())
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise RuntimeError(
+        nprocs = max(1, len(cuda_devices()))
+    if torch.cuda.is_initialized() or cuda_driver_initialised():  # neither call initialises CUDA
+        raise DistributedError(
             "CUDA is already initialised in this kernel, and forked workers cannot use it: restart the kernel and "
-            "call kitlib.machine.distributed.launch(...) before anything touches the GPU (no .cuda()/.to('cuda') "
-            "earlier)"
+            "call kitlib.machine.distributed.launch(...) before anything touches the GPU (no .cuda()/.to('cuda'), "
+            "no torch.cuda.is_available() earlier: kitlib.detect() is safe, or set PYTORCH_NVML_BASED_CUDA_CHECK=1 "
+            "for an availability check that leaves CUDA alone)"
         )
+    threads = threads_per_worker(nprocs)
     with tempfile.TemporaryDirectory(prefix="kitlib-launch-") as tmp:
         out = os.path.join(tmp, "rank0.pkl")
-        mp.start_processes(_worker, args=(fn, args, nprocs, free_port(), out), nprocs=nprocs, start_method="fork")
+        mp.start_processes(
+            _worker, args=(fn, args, nprocs, free_port(), out, threads), nprocs=nprocs, start_method="fork"
+        )
         if not os.path.exists(out):
             raise RuntimeError("rank 0 ended without a result")
         with open(out, "rb") as f:

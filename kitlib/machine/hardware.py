@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import math
 import os
 import re
@@ -250,7 +251,7 @@ def detect(environ: Mapping[str, str] | None = None) -> HardwareInfo:
         input_dir=input_dir,
         working_dir=working_dir,
         scratch_dir=scratch_dir,
-        cpu_count=_cpu_count(),
+        cpu_count=usable_cpus(),
         ram_bytes=ram,
         accelerators=_accelerators(ram),
         cpu_amx=_has_amx_bf16(flags),
@@ -269,18 +270,136 @@ def detect(environ: Mapping[str, str] | None = None) -> HardwareInfo:
 def _accelerators(ram_bytes: int) -> tuple[Accelerator, ...]:
     import torch
 
-    if torch.cuda.is_available():
-        result = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            result.append(Accelerator(i, p.name, (p.major, p.minor), p.total_memory, "cuda"))
-        return tuple(result)
+    if cuda := cuda_devices():
+        return cuda
     if torch.backends.mps.is_available():
         # Unified memory: the GPU share is what Metal recommends, else all RAM.
         recommended = getattr(torch.mps, "recommended_max_memory", None)
         memory = int(recommended()) if recommended is not None else ram_bytes
         return (Accelerator(0, "Apple MPS", (0, 0), memory, "mps"),)
     return ()
+
+
+def cuda_devices() -> tuple[Accelerator, ...]:
+    """This machine's visible CUDA GPUs, read without initialising CUDA in this process.
+
+    A process that has run cuInit (``torch.cuda.is_available()`` does, as does ``get_device_properties``) cannot
+    fork workers that use the GPU: 02's DDP launch on Kaggle's 2xT4 forks after 00 ran ``detect()`` in the same
+    kernel. Once CUDA is initialised here, torch answers. Otherwise NVML, the driver's management library, answers
+    (~5 ms; torch counts devices through it for the same reason); where NVML cannot (MIG instances or GPU UUIDs in
+    CUDA_VISIBLE_DEVICES, a container without it) a short child process asks torch (~2 s: it imports torch).
+    """
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return ()
+    found: list[_DeviceFacts] | None
+    if torch.cuda.is_initialized():
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        found = [(p.name, (p.major, p.minor), p.total_memory) for p in props]
+    else:
+        found = _nvml_devices()
+    if found is None:
+        found = _devices_in_child() if _driver_installed() else []
+    return tuple(Accelerator(i, name, cap, memory, "cuda") for i, (name, cap, memory) in enumerate(found))
+
+
+_DeviceFacts = tuple[str, tuple[int, int], int]  # name, compute capability, memory bytes
+
+
+def _nvml_devices() -> list[_DeviceFacts] | None:
+    """The GPUs CUDA_VISIBLE_DEVICES leaves visible, from NVML; None where NVML cannot say (no library, MIG, UUIDs).
+
+    NVML lists GPUs in PCI bus order, CUDA (by default) fastest first: the same on machines with one GPU model
+    (Kaggle's 2xT4). NVML's total memory includes what the driver reserves, a little more than CUDA's total
+    (reasoned, not measured).
+    """
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")  # installed with the driver; loading it initialises nothing
+    except OSError:
+        return None
+    if nvml.nvmlInit_v2() != 0:
+        return None
+    try:
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return None
+        indices = _visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), count.value)
+        if indices is None:
+            return None
+        found = []
+        for index in indices:
+            handle, name = ctypes.c_void_p(), ctypes.create_string_buffer(96)
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            memory = (ctypes.c_ulonglong * 3)()  # nvmlMemory_t: total, free, used
+            calls = (
+                nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)),
+                nvml.nvmlDeviceGetName(handle, name, len(name)),
+                nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)),
+                nvml.nvmlDeviceGetMemoryInfo(handle, memory),
+            )
+            if any(calls):
+                return None
+            found.append((name.value.decode(errors="replace"), (major.value, minor.value), int(memory[0])))
+        return found
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _visible_indices(visible: str | None, count: int) -> list[int] | None:
+    """The NVML indices CUDA_VISIBLE_DEVICES names, read as CUDA does (the list ends at the first invalid entry);
+    None for UUIDs and MIG names, which only CUDA itself maps."""
+    if visible is None:
+        return list(range(count))
+    indices: list[int] = []
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if not entry.lstrip("-").isdigit():
+            return None if entry else indices
+        if not 0 <= int(entry) < count:
+            break
+        indices.append(int(entry))
+    return indices
+
+
+def _driver_installed() -> bool:
+    """Whether the CUDA driver library is here (Linux); loading it initialises nothing. A CUDA build of torch on a
+    machine without an NVIDIA driver (CI, laptops) then skips the child process."""
+    import ctypes
+
+    if sys.platform != "linux":
+        return True  # nvcuda.dll on Windows: the child process decides
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+_CHILD_QUERY = (
+    "import json, torch\n"
+    "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
+    "print(json.dumps([[p.name, p.major, p.minor, p.total_memory] for p in map(torch.cuda.get_device_properties, "
+    "range(n))]))"
+)
+
+
+def _devices_in_child() -> list[_DeviceFacts]:
+    """What torch reports in a child process, so that cuInit runs there and not here."""
+    import subprocess
+    import warnings
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD_QUERY], capture_output=True, text=True, timeout=300, check=True
+        )
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as err:
+        warnings.warn(f"kitlib: could not read the GPUs in a child process ({err}): reporting none", stacklevel=3)
+        return []
+    return [(str(name), (int(major), int(minor)), int(memory)) for name, major, minor, memory in rows]
 
 
 def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -307,7 +426,8 @@ def _has_amx_bf16(flags: frozenset[str]) -> bool:
     return bool(probe()) if probe is not None else False
 
 
-def _cpu_count() -> int:
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # Containers often see every host CPU but get a CFS quota (cgroup v2: "<quota> <period>" or "max <period>").
     try:

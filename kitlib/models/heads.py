@@ -119,6 +119,7 @@ class MeanPoolClassifier(nn.Module):
     def __init__(self, encoder: nn.Module, num_labels: int, dropout: float = 0.1) -> None:
         super().__init__()
         self.encoder, self.num_labels = encoder, num_labels
+        _drop_pooler(encoder)
         # The Hugging Face config (typed Any): layers and width for FLOPs, num_hidden_layers for freeze_layers.
         self.config: Any = getattr(encoder, "config")  # noqa: B009
         self.dropout = nn.Dropout(dropout)
@@ -147,3 +148,19 @@ class MeanPoolClassifier(nn.Module):
         logits = self.classifier(self.dropout(masked_mean(hidden, attention_mask)))
         regression = self.num_labels == 1
         return HeadOutput(logits, None if labels is None else task_loss(logits, labels, regression=regression))
+
+
+def _drop_pooler(encoder: nn.Module) -> None:
+    """Remove the [CLS] pooler a mean-pooled head never reads: its weights would get no gradient, which DDP refuses
+    ("Expected to have finished reduction ..." at the second step), and its matmul costs every batch. Classes built
+    with ``add_pooling_layer`` skip a None pooler; a checkpoint saved with it still loads (torch ignores the keys of
+    a child set to None). Any other class keeps it, frozen: DDP and the optimizer skip parameters without grad."""
+    import inspect
+
+    pooler = getattr(encoder, "pooler", None)
+    if not isinstance(pooler, nn.Module):
+        return
+    if "add_pooling_layer" in inspect.signature(type(encoder).__init__).parameters:
+        encoder.pooler = None  # type: ignore[assignment]  # what add_pooling_layer=False builds
+    else:
+        pooler.requires_grad_(False)

@@ -168,15 +168,13 @@ def _check_planned_hardware(p: Params, feats: Features, hw: HardwareInfo | None)
     """02 and 03 on the accelerator run.json was planned for: a chain kernel without it would train (or predict)
     with settings made for another machine. Without ``hw``, counts GPUs the way that does not initialise CUDA (a
     DDP launch must follow in a process that has not touched it)."""
-    import torch
-
     from kitlib.errors import SetupError
-    from kitlib.machine.hardware import fake_profile
+    from kitlib.machine.hardware import cuda_devices, fake_profile
 
     if not p.hardware:
         return
     planned = fake_profile(p.hardware)
-    gpus = hw.num_gpus if hw is not None else torch.cuda.device_count()
+    gpus = hw.num_gpus if hw is not None else len(cuda_devices())
     if planned.num_gpus != gpus:
         raise SetupError(
             f"run.json was planned for {feats.run.hardware} (hardware = {p.hardware!r} in 00's parameters), but this "
@@ -340,15 +338,23 @@ def train(
     resume = _stage(p, _train_config(p, feats))  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.machine.distributed import launch
+        from kitlib.machine.hardware import detect
 
-        result: FitResult = launch(_train_worker, p, callbacks, resume, nprocs=feats.run.world_size)
-        return result
+        result, weights = launch(_train_worker, p, callbacks, resume, nprocs=feats.run.world_size)
+        model = prepare(p, feats, hw or detect()).model  # on the CPU: this process still has not touched CUDA
+        model.load_state_dict(weights)
+        return dataclasses.replace(result, model=model)
     return _train(p, feats, hw=hw, callbacks=callbacks, resume=resume)
 
 
-def _train_worker(p: Params, callbacks: tuple[object, ...], resume: bool) -> FitResult:
+def _train_worker(p: Params, callbacks: tuple[object, ...], resume: bool) -> tuple[FitResult, dict[str, Any]]:
+    """Rank 0's result and trained weights (on the CPU): the parent rebuilds the model and loads them. The model
+    itself may not cross: a custom task's class comes from a file that only the worker imported."""
+    import torch
+
     result = _train(p, load_features(p), hw=None, callbacks=callbacks, resume=resume)
-    return dataclasses.replace(result, model=result.model.cpu())  # rank 0's result crosses to the parent on CPU
+    weights = {name: t.cpu() for name, t in result.model.state_dict().items()}
+    return dataclasses.replace(result, model=torch.nn.Module()), weights
 
 
 def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
