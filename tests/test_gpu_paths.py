@@ -133,9 +133,10 @@ def _demo(case: str, folder: Path) -> tuple[Path, str, str, dict[str, Any]]:
         from kitlib.tools.demo_sft import PARAMETERS, make_sft_demo
 
         return make_sft_demo(folder, n_train=64, n_test=8).root, "smoke", "tiny", PARAMETERS
-    from kitlib.tools.demo_custom import PARAMETERS, make_custom_demo
+    from kitlib.tools.demo_custom import make_custom_demo, parameters
 
-    return make_custom_demo(folder).root, "smoke", "tiny", PARAMETERS
+    root = make_custom_demo(folder).root
+    return root, "smoke", "tiny", parameters(root)
 
 
 MINILM_SLOW = pytest.mark.slow  # ~10-20 s each on 2 shared cores: loading MiniLM in 3 processes dominates
