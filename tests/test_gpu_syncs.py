@@ -1,0 +1,185 @@
+"""What a GPU run needs of fit beyond correctness, shown on a CPU: no host sync in a training step, bounded pinned
+snapshot memory, fresh memory facts per fit, and generating evals that neither copy the model nor leave a DDP rank
+in a collective. ``aten._local_scalar_dense`` is the op behind ``.item()``/``bool()``/``float()`` of a tensor: on
+CUDA it is the host sync, so counting it (and ``tolist``) on CPU counts the syncs a GPU run would make."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.data import DataLoader, TensorDataset
+
+from kitlib import TrainConfig, fit
+from kitlib.engine.events import Callback, StepEnd
+from kitlib.engine.loop import Loop
+from kitlib.engine.optim import lr_lambda
+
+
+class _Syncs(TorchDispatchMode):
+    """Counts the reads of a tensor's value by the host, i.e. the host syncs a CUDA run would make."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count, self.paused = 0, False  # paused: the test's own reads
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default and not self.paused:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextmanager
+def _counting_syncs(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Syncs]:
+    mode = _Syncs()
+    tolist = torch.Tensor.tolist
+
+    def counted_tolist(self: torch.Tensor) -> Any:  # a whole tensor read at once: one sync, not one per element
+        mode.count += not mode.paused
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    with mode:
+        yield mode
+
+
+class _SyncsPerStep(Callback):
+    """Syncs made during each window (from the end of the previous one), and whether that window logged."""
+
+    def __init__(self, mode: _Syncs) -> None:
+        self.mode, self.seen = mode, 0
+        self.per_step: list[int] = []
+        self.logged: list[bool] = []
+        self.log_due = False  # kitlib's progress policy logs before the user's callbacks see the step's end
+
+    def on_step_end(self, step: StepEnd) -> None:
+        self.per_step.append(self.mode.count - self.seen)
+        self.logged.append(self.log_due)
+        self.seen, self.log_due = self.mode.count, False
+
+    def on_log(self, metrics: Any) -> None:
+        self.log_due = True
+
+
+def _data(n: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def _mse(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return nn.functional.mse_loss(model(batch[0]), batch[1])
+
+
+def _cfg(**kw: Any) -> TrainConfig:
+    base: dict[str, Any] = {"epochs": 1, "micro_batch_size": 8, "lr": 1e-2, "precision": "fp32", "grad_clip": 1.0}
+    return TrainConfig(**{**base, **kw})
+
+
+def _fp16_cpu(cpu_hw: Any) -> Any:
+    """A CPU that runs fp16 autocast + GradScaler (AVX512-FP16), to drive the scaler path on this machine."""
+    return dataclasses.replace(cpu_hw, cpu_avx512_fp16=True)
+
+
+# ------------------------------------------------------------------------------------- finding 5: syncs per step
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_training_steps_make_no_host_sync_between_logs(
+    precision: str, cpu_hw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 windows, a log every 20 steps: the windows that do not log read nothing from the device (main: >= 1 each,
+    bool(isfinite(norm)); fp16: get_scale() twice more)."""
+    hw = _fp16_cpu(cpu_hw) if precision == "fp16" else cpu_hw
+    cfg = _cfg(precision=precision, log_every_steps=20, grad_accum_steps=2)
+    loader = DataLoader(_data(640), batch_size=8)
+    with _counting_syncs(monkeypatch) as mode:
+        probe = _SyncsPerStep(mode)
+        result = fit(nn.Linear(4, 1), loader, config=cfg, loss_fn=_mse, hw=hw, callbacks=[probe])
+    assert result.steps + result.skipped_steps == 40
+    steady = [n for i, (n, logged) in enumerate(zip(probe.per_step, probe.logged, strict=True)) if i and not logged]
+    assert len(steady) >= 30
+    # a skipped step just before a log step costs one read (is the log due yet?): fp16's first steps skip
+    assert sum(steady) <= result.skipped_steps, f"host syncs in steps that do not log: {probe.per_step}"
+    far = [n for i, (n, logged) in enumerate(zip(probe.per_step, probe.logged, strict=True)) if 2 <= i % 20 <= 15]
+    assert sum(far) - sum(probe.per_step[i] for i in range(40) if probe.logged[i] and 2 <= i % 20 <= 15) == 0
+    # a log step reads the counts once, and the loss sums the log shows: a few syncs per log, not per step
+    assert max(n for n, logged in zip(probe.per_step, probe.logged, strict=True) if logged) <= 4
+
+
+class _PoisonAt(nn.Module):
+    """A linear model whose gradients are inf in the given windows (one micro-batch each)."""
+
+    def __init__(self, windows: set[int]) -> None:
+        super().__init__()
+        self.linear, self.windows, self.calls = nn.Linear(4, 1), windows, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        if self.training:
+            self.calls += 1
+            if self.calls - 1 in self.windows:
+                out = out * float("inf")
+        return out
+
+
+class _Recorder(Callback):
+    """Per optimizer.step call: the LR the step ran with, the weights before and after (its reads are not counted)."""
+
+    def __init__(self, mode: _Syncs) -> None:
+        self.mode = mode
+        self.lrs: list[float] = []
+        self.before: list[torch.Tensor] = []
+        self.after: list[torch.Tensor] = []
+
+    def on_fit_start(self, loop: Loop) -> None:
+        def weights() -> torch.Tensor:
+            return torch.cat([p.detach().flatten().clone() for p in loop.params])
+
+        def before(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self.mode.paused = True
+            self.lrs.append(float(optimizer.param_groups[0]["lr"]))
+            self.before.append(weights())
+            self.mode.paused = False
+
+        loop.optimizer.register_step_pre_hook(before)
+        loop.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: self.after.append(weights()))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_an_injected_inf_is_skipped_on_the_device_without_advancing_the_schedule(
+    precision: str, cpu_hw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows 3 and 4 get inf gradients: those steps leave the weights alone, the next applied step runs at the LR
+    the skipped one would have had, the counts are exact, and deciding all of it read nothing from the device
+    (main: a sync per step)."""
+    hw = _fp16_cpu(cpu_hw) if precision == "fp16" else cpu_hw
+    cfg = _cfg(precision=precision, log_every_steps=100, warmup_ratio=0.5, schedule="linear")
+    model = _PoisonAt({3, 4})
+    with _counting_syncs(monkeypatch) as mode:
+        probe, recorder = _SyncsPerStep(mode), _Recorder(mode)
+        result = fit(model, DataLoader(_data(96), batch_size=8), config=cfg, loss_fn=_mse, hw=hw,
+                     callbacks=[recorder, probe])  # fmt: skip
+    windows = 12
+    assert result.steps + result.skipped_steps == windows
+    assert sum(probe.per_step[1:-1]) == 0, f"host syncs per step: {probe.per_step}"
+    assert len(recorder.lrs) == windows  # fused AdamW is called every window and skips on the device
+    for k in (3, 4):
+        assert torch.equal(recorder.before[k], recorder.after[k]), f"the skipped step {k} changed the weights"
+    assert not torch.equal(recorder.before[5], recorder.after[5])
+    # The schedule advances per applied step only: windows 3, 4 and 5 all run at the LR of schedule position 3
+    # (fp32; 2 under fp16 when its first step was skipped too), and the applied steps at consecutive positions.
+    rule = lr_lambda(cfg, windows)
+    applied = [not torch.equal(b, a) for b, a in zip(recorder.before, recorder.after, strict=True)]
+    position = 0
+    for k, (lr, was_applied) in enumerate(zip(recorder.lrs, applied, strict=True)):
+        assert lr == pytest.approx(cfg.lr * rule(position), rel=1e-6), f"window {k}"
+        position += was_applied
+    assert position == result.steps and windows - position == result.skipped_steps >= 2
+    assert recorder.lrs[3] == recorder.lrs[4] == recorder.lrs[5]
