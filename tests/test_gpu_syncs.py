@@ -183,3 +183,39 @@ def test_an_injected_inf_is_skipped_on_the_device_without_advancing_the_schedule
         position += was_applied
     assert position == result.steps and windows - position == result.skipped_steps >= 2
     assert recorder.lrs[3] == recorder.lrs[4] == recorder.lrs[5]
+
+
+# ------------------------------------------------------------------------------ finding 11: memory facts per fit
+
+
+def test_each_fit_reports_its_own_peak_memory(cpu_hw: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fake CUDA allocator whose peak only a reset lowers: the second fit's facts must show its own peak (main:
+    the first fit's)."""
+    from types import SimpleNamespace
+
+    from kitlib.engine.record import RunRecorder
+
+    allocator = {"now": 0, "peak": 0}
+
+    def reset(device: Any = None) -> None:
+        allocator["peak"] = allocator["now"]
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocator["peak"])
+    loop = SimpleNamespace(device=torch.device("cuda", 0), cfg=_cfg())
+    peaks = []
+    for used in (10 << 30, 1 << 30):  # a big first fit, then a small one in the same kernel
+        recorder = RunRecorder()
+        recorder.on_fit_start(loop)  # type: ignore[arg-type]
+        allocator["now"], allocator["peak"] = 0, max(allocator["peak"], used)
+        peaks.append(torch.cuda.max_memory_allocated(loop.device))
+    assert peaks == [10 << 30, 1 << 30]
+
+    # ... and a CPU run leaves CUDA alone (resetting its stats would initialise it)
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a CPU run touched the CUDA allocator")
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", refuse)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", refuse)
+    result = fit(nn.Linear(4, 1), DataLoader(_data(32), batch_size=8), config=_cfg(), loss_fn=_mse, hw=cpu_hw)
+    assert result.steps == 4 and not torch.cuda.is_initialized()
