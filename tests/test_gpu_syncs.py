@@ -263,3 +263,80 @@ def test_snapshots_stream_through_a_bounded_pinned_buffer(monkeypatch: pytest.Mo
         assert all(torch.equal(o, e) for o, e in zip(outs, expected, strict=True)), f"save {save}"
         assert sum(pinned) == 2 * half * (save + 1)  # two fixed halves per save, handed back by the allocator
     assert set(pinned) == {half}
+
+
+# ------------------------------------------------- finding 6: generating evals on the device, DDP waits together
+
+
+def test_generating_eval_runs_on_the_models_device_without_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generating full eval generates with the model it is given (its device, its weights: no deep copy, which
+    on a GPU doubled the weights' memory and generated on the CPU in a thread); only the metric is deferred."""
+    import copy
+
+    from kitlib.notebook.tasks import generation
+
+    def no_copy(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the model was deep-copied for the eval")
+
+    monkeypatch.setattr(copy, "deepcopy", no_copy)
+    model, used, scored = nn.Linear(2, 2), [], []
+
+    def generate(on: nn.Module) -> tuple[list[str], list[str]]:
+        used.append(on)
+        return ["a"], ["a"]
+
+    def score(references: list[str], generated: list[str]) -> dict[str, float]:
+        scored.append(references)
+        return {"exact": float(references == generated)}
+
+    params = __import__("inspect").signature(generation.generated_eval).parameters
+    args = (model, torch.device("cuda", 0)) if "device" in params else (model,)  # main took the device
+    later = generation.generated_eval(*args, generate, score)  # type: ignore[arg-type]
+    assert used == [model] and not scored  # generated now, on the model itself; the metric waits for the callable
+    assert later() == {"exact": 1.0}
+
+
+_DDP_EVAL = r"""
+import os, sys, time, datetime
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from kitlib import TrainConfig, fit
+from kitlib.machine.hardware import fake_profile
+
+def slow_metric(model):
+    # rank 0's background metric outlasts the collective timeout (3 s) the other rank would wait in
+    return lambda: (time.sleep(6.0), {"score": 1.0})[1]
+
+def worker(rank, port, out):
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=3))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    cfg = TrainConfig(epochs=2, micro_batch_size=8, lr=1e-2, precision="fp32", full_eval_every=1,
+                      monitor="score", mode="max")
+    hw = fake_profile("CPU", platform="local", interactive=False)
+    result = fit(nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
+                 loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), full_eval=slow_metric, hw=hw)
+    open(f"{out}.{rank}", "w").write(str(list(result.history.get("score", []))))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    from kitlib.machine.distributed import free_port
+    mp.spawn(worker, args=(free_port(), sys.argv[1]), nprocs=2)
+"""
+
+
+def test_ddp_ranks_wait_together_for_a_long_full_eval(tmp_path: Any) -> None:
+    """Two gloo ranks, a 3 s collective timeout, rank 0's background metric takes 6 s: the other rank must wait for it
+    at a barrier with no timeout risk, not in a collective (main: it waits in one and the job dies of the timeout)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_eval.py"
+    script.write_text(_DDP_EVAL)
+    out = tmp_path / "scores"
+    proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "scores.0").read_text() == "[1.0, 1.0]"

@@ -181,6 +181,8 @@ class Loop:
         self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.writer = checkpoint.BackgroundWriter()
         self.deferred = DeferredEvals(kind=cfg.background_eval if cfg.background_eval != "off" else "thread")
+        # Rank 0 alone runs the full evaluation: the other ranks wait for it here, not inside a NCCL collective.
+        self.patient = distributed.patient_group(self.env)
         self.to_device = to_device(self.device)
         # Per-epoch sums stay on the device between log steps: reading them is a host sync.
         self.epoch_loss = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -272,6 +274,7 @@ class Loop:
             with self.timer.phase("full_eval"):
                 result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
             self._defer(epoch, result, next(r for r in self.state.history if r["epoch"] == epoch), item["rng"])
+        distributed.wait_together(self.patient, self.env)
 
     def save(self, name: str, take: Callable[[], checkpoint.Snapshot]) -> None:
         if self.out is not None and self.env.is_main:
@@ -280,7 +283,7 @@ class Loop:
 
     def save_last(self) -> None:
         self.settle()
-        if self.out is None or not self.env.is_main:
+        if self.out is None:
             return
         # Background full evals still pending must not be lost by a resume from this checkpoint. At an epoch end
         # (save_last), the only one pending is the epoch just finished (the previous one was judged at this epoch's
@@ -293,6 +296,8 @@ class Loop:
         state = self.state
         final = self.stop_reason != "completed" or state.epoch >= self.cfg.epochs
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
+        if not self.env.is_main:
+            return
         unscored = [{"epoch": p.epoch, "rng": p.payload[1]} for p in self.deferred.pending]
 
         def take() -> checkpoint.Snapshot:
@@ -368,6 +373,8 @@ class Loop:
             with self.timer.phase("full_eval"):
                 rng = checkpoint.rng_state()  # what a resume re-runs it with (Loop._rescore)
                 result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
+        if self.full_eval is not None and due and self.stop_reason != "time_budget":
+            distributed.wait_together(self.patient, self.env)  # before the cheap eval's collective
         # A full eval that reports eval_loss itself already made the pass over the eval set: no second pass
         # (single process only: under DDP the cheap eval is a collective every rank must join).
         if self.eval_batches is not None and not (
@@ -422,6 +429,7 @@ class Loop:
         behind when its eval runs in the background, and the same whenever its result happens to land."""
         begin = time.perf_counter()
         done = self.deferred.collect(wait=True, through=through)
+        distributed.wait_together(self.patient, self.env)  # every rank, so none waits in a collective meanwhile
         if done:
             self.timer.add("full_eval", time.perf_counter() - begin)  # waiting for it is the eval's cost
         for epoch, metrics, (weights, _rng) in done:
@@ -436,6 +444,8 @@ class Loop:
 
     def close(self) -> None:
         self.deferred.close()
+        if self.patient is not None:
+            torch.distributed.destroy_process_group(self.patient)
         with self.timer.phase("checkpoint"):
             self.writer.close()  # the run's files are complete when fit() returns
         self.timer.add("checkpoint_write_background", self.writer.busy_seconds)
