@@ -88,11 +88,77 @@ def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
+_STAGING_BYTES = 16 << 20  # each of the two pinned halves a CUDA snapshot streams through
+
+
+class _Staging:
+    """Device -> host copies through one bounded pinned buffer into pageable memory, double-buffered.
+
+    Why not a pinned copy per tensor: the caching host allocator rounds each pinned block up to a power of two and
+    never returns it to the OS, so ``last/`` (weights + AdamW's two moments = 3x the fp32 weights) plus a pending
+    ``best/`` snapshot (1x) kept 4x the weights, up to 8x with the rounding, locked in RAM for the rest of the session:
+    a 300M-parameter model is 1.2 GB of weights, 5-10 GB locked of a Colab T4's 12.7 GB. Here 32 MiB are pinned (the
+    allocator hands the same block back at every save), and the pageable copies are freed once written. Speed: DMA
+    into one half overlaps the memcpy out of the other, so a save runs at about min(PCIe, memcpy) ~ 5-12 GB/s
+    against ~12-25 GB/s into pinned tensors: ~0.1-0.3 s more per GB saved (reasoned, not measured).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.halves = [_pinned_bytes(_STAGING_BYTES) for _ in range(2)]
+        self.copied: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[], []]  # (pageable target, staged bytes)
+        self.done: list[torch.cuda.Event | None] = [None, None]
+        self.half, self.used = 0, 0
+
+    def copy(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        """Queue the copy of ``src`` (on this device) into ``out`` (pageable CPU, same shape and dtype)."""
+        source, target = _bytes(src), _bytes(out)
+        at = 0
+        while at < source.numel():
+            if self.used == _STAGING_BYTES:
+                self._switch()
+            take = min(source.numel() - at, _STAGING_BYTES - self.used)
+            staged = self.halves[self.half][self.used : self.used + take]
+            staged.copy_(source[at : at + take], non_blocking=True)
+            self.copied[self.half].append((target[at : at + take], staged))
+            self.used, at = self.used + take, at + take
+
+    def finish(self) -> None:
+        self._switch()  # drains the older half
+        self._drain(1 - self.half)
+
+    def _switch(self) -> None:
+        """Mark the current half's copies, then move to the other half once its copies are drained."""
+        with torch.cuda.device(self.device):
+            event = torch.cuda.Event()
+            event.record()
+        self.done[self.half] = event
+        self.half, self.used = 1 - self.half, 0
+        self._drain(self.half)
+
+    def _drain(self, half: int) -> None:
+        event = self.done[half]
+        if event is not None:
+            event.synchronize()
+        for target, staged in self.copied[half]:
+            target.copy_(staged)
+        self.copied[half].clear()
+        self.done[half] = None
+
+
+def _pinned_bytes(size: int) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
 class _Copier:
-    """Copies tensors to CPU; CUDA copies are queued non_blocking into pinned memory and awaited once in finish()."""
+    """Copies tensors to CPU memory of their own; CUDA tensors stream through a bounded pinned buffer (``_Staging``)."""
 
     def __init__(self) -> None:
-        self.cuda_devices: set[int] = set()
+        self.staging: dict[torch.device, _Staging] = {}
         self.memo: dict[int, torch.Tensor] = {}  # id(live tensor) -> copy: a tensor referenced twice is copied once
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
@@ -101,11 +167,10 @@ class _Copier:
             return done
         src = t.detach()
         if src.device.type == "cuda":
-            # Pinned host memory lets the D2H copy run as async DMA; PyTorch's caching host allocator reuses the
-            # blocks of freed snapshots, so the (ms-scale) pinned allocation is paid about once per run.
-            out = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-            out.copy_(src, non_blocking=True)
-            self.cuda_devices.add(src.device.index or 0)
+            out = torch.empty(src.shape, dtype=src.dtype)
+            if src.numel():
+                staging = self.staging.get(src.device) or self.staging.setdefault(src.device, _Staging(src.device))
+                staging.copy(src.contiguous(), out)
         elif src.device.type == "cpu":
             out = src.clone(memory_format=torch.contiguous_format)
         else:  # mps/xla/...: a blocking copy (to() always copies across devices)
@@ -114,9 +179,9 @@ class _Copier:
         return out
 
     def finish(self) -> None:
-        # One sync per device: the pinned buffers hold garbage until the queued copies have drained.
-        for index in sorted(self.cuda_devices):
-            torch.cuda.synchronize(index)
+        """Wait for the queued copies: the outputs hold garbage until then."""
+        for staging in self.staging.values():
+            staging.finish()
 
 
 def _copy_state(obj: Any, copier: _Copier, where: str) -> Any:

@@ -50,7 +50,9 @@ EVENTS = (
 class StepEnd:
     """One optimizer window, as the loop saw it: counted host-side from shapes, no device sync."""
 
-    applied: bool  # False: the gradients had inf/nan and the optimizer step was skipped
+    # False: the gradients had inf/nan and the step was skipped. A 0-d bool tensor on the device: `if step.applied`
+    # reads it (a host sync, the CPU then waits for the GPU); kitlib's own policies read loop.state when settled.
+    applied: bool | torch.Tensor
     micro_batches: int
     rows: int
     real_tokens: int | torch.Tensor  # non-pad tokens (a tensor stays lazy on the device)

@@ -43,7 +43,13 @@ from kitlib.engine.objective import (
 from kitlib.engine.optim import build_optimizer, build_scheduler, freeze
 from kitlib.engine.policies import default_policies
 from kitlib.engine.record import RunRecorder
-from kitlib.engine.step import enable_activation_checkpointing, seed_epoch_order, to_device, train_window
+from kitlib.engine.step import (
+    StepLedger,
+    enable_activation_checkpointing,
+    seed_epoch_order,
+    to_device,
+    train_window,
+)
 from kitlib.engine.timing import PhaseTimer
 from kitlib.errors import CheckpointError, NonFiniteLossError
 from kitlib.machine import distributed
@@ -167,6 +173,10 @@ class Loop:
         if self.windows_per_epoch == 0:
             raise ValueError("the training DataLoader is empty (with drop_last=True, fewer rows than one batch?)")
         self.scheduler = build_scheduler(self.optimizer, cfg, self.windows_per_epoch * cfg.epochs)
+        self.ledger = StepLedger(self.scheduler, self.windows_per_epoch * cfg.epochs, self.device)
+        # Windows whose outcome (applied or skipped) the device has not reported yet; state.step counts them as
+        # applied until settle() reads the device. window_applied: the outcome of the window settle() read last.
+        self.unsettled, self.window_applied = 0, True
         self.model = distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
         if cfg.compile:
             if compile_note and self.env.is_main:
@@ -177,6 +187,8 @@ class Loop:
         self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.writer = checkpoint.BackgroundWriter()
         self.deferred = DeferredEvals(kind=cfg.background_eval if cfg.background_eval != "off" else "thread")
+        # Rank 0 alone runs the full evaluation: the other ranks wait for it here, not inside a NCCL collective.
+        self.patient = distributed.patient_group(self.env)
         self.to_device = to_device(self.device)
         # Per-epoch sums stay on the device between log steps: reading them is a host sync.
         self.epoch_loss = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -184,6 +196,37 @@ class Loop:
         self.events = Events(())
         self.checked_gradients = False  # every_parameter_gets_a_gradient ran (DDP, first step)
         self.ended_cleanly = False  # True once the loop ran to its end without an exception (read by on_fit_end)
+
+    def settle(self) -> None:
+        """Make ``state.step``, ``state.skipped``, ``state.nonfinite_streak`` and the scheduler exact: one host sync
+        (``StepLedger.read``), paid only where a decision needs them (``reached``, the non-finite limit, saves, epoch
+        ends); a no-op when nothing ran since the last one."""
+        if not self.unsettled:
+            return
+        applied, skipped, streak, self.window_applied = self.ledger.read()
+        for _ in range(applied - (self.state.step - self.unsettled)):
+            self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
+        self.state.step, self.state.skipped, self.state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
+
+    def reached(self, every: int | None) -> bool:
+        """Whether the window just run was applied and made ``state.step`` a multiple of ``every`` (a log, eval or
+        save step), exactly as if every step were read; it settles only when a multiple is within reach of the
+        windows not yet read, i.e. about once per ``every`` steps (plus once per skipped step near one)."""
+        if not every:
+            return False
+        if self.unsettled and self.state.step // every == (self.state.step - self.unsettled) // every:
+            return False
+        self.settle()
+        return self.window_applied and self.state.step % every == 0
+
+    def agree(self, flag: bool) -> bool:
+        """Rank 0's ``flag`` on every rank, for a stop every rank must take at the same window. Under DDP the ranks
+        exchange it every ``log_every_steps`` windows only (a broadcast is a host sync): acted on that much later."""
+        if not self.env.enabled:
+            return flag
+        if (self.state.step + self.state.skipped) % self.cfg.log_every_steps:
+            return False
+        return bool(distributed.broadcast_object(flag, self.env))
 
     def stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step; the first reason given is the one reported."""
@@ -218,6 +261,7 @@ class Loop:
         ranks = snap.state.get("rank_rngs") or []
         rng = ranks[self.env.rank] if len(ranks) == self.env.world_size else snap.state["rng"]
         self.state, self.resume_rng = RunState(**snap.state["run"]), rng
+        self.ledger.load(self.state.step, self.state.skipped, self.state.nonfinite_streak)
         self._rescore(snap.state.get("unscored_full_evals", []))
 
     def _rescore(self, unscored: list[dict[str, Any]]) -> None:
@@ -241,6 +285,7 @@ class Loop:
             with self.timer.phase("full_eval"):
                 result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
             self._defer(epoch, result, next(r for r in self.state.history if r["epoch"] == epoch), item["rng"])
+        distributed.wait_together(self.patient, self.env)
 
     def save(self, name: str, take: Callable[[], checkpoint.Snapshot]) -> None:
         if self.out is not None and self.env.is_main:
@@ -248,10 +293,8 @@ class Loop:
                 self.writer.submit(take(), self.out / name)
 
     def save_last(self) -> None:
+        self.settle()
         if self.out is None:
-            return
-        if not self.env.is_main:
-            distributed.gather_object(checkpoint.rng_state(), self.env)  # rank 0 saves each rank's own streams
             return
         # Background full evals still pending must not be lost by a resume from this checkpoint. At an epoch end
         # (save_last), the only one pending is the epoch just finished (the previous one was judged at this epoch's
@@ -264,8 +307,11 @@ class Loop:
         state = self.state
         final = self.stop_reason != "completed" or state.epoch >= self.cfg.epochs
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
+        # Every rank joins: rank 0 saves each rank's own streams (dropout masks etc. differ per rank).
+        rngs = distributed.gather_object(checkpoint.rng_state(), self.env)
+        if not self.env.is_main:
+            return
         unscored = [{"epoch": p.epoch, "rng": p.payload[1]} for p in self.deferred.pending]
-        rngs = distributed.gather_object(checkpoint.rng_state(), self.env)  # dropout masks etc. differ per rank
 
         def take() -> checkpoint.Snapshot:
             state.epoch_loss_sum, state.epoch_items = float(self.epoch_loss), float(self.epoch_items)
@@ -308,14 +354,14 @@ class Loop:
         with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
             applied, loss_sum, items = train_window(
                 window, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
-                optimizer=self.optimizer, scheduler=self.scheduler, params=self.params, cfg=self.cfg, env=self.env,
+                optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
                 timer=self.timer, to_device=self.to_device,
             )  # fmt: skip
         self.state.batch_in_epoch += len(window)
-        if applied:
-            self.state.step += 1
-            self.epoch_loss += loss_sum
-            self.epoch_items += items
+        self.state.step += 1  # as applied until settle() reads the outcome: no wait for the GPU here
+        self.unsettled += 1
+        self.epoch_loss += torch.where(applied, loss_sum, 0.0)  # where, not *: a skipped step's loss may be nan
+        self.epoch_items += torch.where(applied, items, 0.0)
         shapes = frozenset(tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b)
         return StepEnd(applied, len(window), sum(rows(b) for b in window), sum(real_tokens(b) for b in window),
                        sum(computed_tokens(b) for b in window), shapes, started, fetch_s,
@@ -325,6 +371,7 @@ class Loop:
         """Epoch ``epoch``'s (1-based) history row: training stats, the cheap eval, and the full eval when due (maybe
         deferred to the background: its metrics then arrive through ``collect``). ``tokens_per_s`` only when the
         batches had token counts (attention masks): a head on cached vectors has none, and 0.0 would read as stalled."""
+        self.settle()
         cfg, env, items, real = self.cfg, self.env, float(self.epoch_items), float(tokens)
         record: dict[str, Any] = {
             "epoch": epoch,
@@ -344,6 +391,8 @@ class Loop:
             with self.timer.phase("full_eval"):
                 rng = checkpoint.rng_state()  # what a resume re-runs it with (Loop._rescore)
                 result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
+        if self.full_eval is not None and due and self.stop_reason != "time_budget":
+            distributed.wait_together(self.patient, self.env)  # before the cheap eval's collective
         # A full eval that reports eval_loss itself already made the pass over the eval set: no second pass
         # (single process only: under DDP the cheap eval is a collective every rank must join).
         if self.eval_batches is not None and not (
@@ -398,6 +447,7 @@ class Loop:
         behind when its eval runs in the background, and the same whenever its result happens to land."""
         begin = time.perf_counter()
         done = self.deferred.collect(wait=True, through=through)
+        distributed.wait_together(self.patient, self.env)  # every rank, so none waits in a collective meanwhile
         if done:
             self.timer.add("full_eval", time.perf_counter() - begin)  # waiting for it is the eval's cost
         for epoch, metrics, (weights, _rng) in done:
@@ -412,6 +462,8 @@ class Loop:
 
     def close(self) -> None:
         self.deferred.close()
+        if self.patient is not None:
+            torch.distributed.destroy_process_group(self.patient)
         with self.timer.phase("checkpoint"):
             self.writer.close()  # the run's files are complete when fit() returns
         self.timer.add("checkpoint_write_background", self.writer.busy_seconds)
@@ -522,6 +574,7 @@ def _write_config(loop: Loop) -> None:
 def _finish(loop: Loop) -> FitResult:
     import pandas as pd
 
+    loop.settle()
     history = pd.DataFrame(loop.state.history)
     if loop.out is not None and loop.env.is_main:
         write_atomic(loop.out / "history.csv", history.to_csv(index=False))

@@ -40,12 +40,10 @@ class NonFiniteGuard(Policy):
     """Counts optimizer steps skipped for inf/nan gradients; too many in a row stop the run with the fixes named."""
 
     def on_step_end(self, step: StepEnd) -> None:
-        state, cfg = self.loop.state, self.loop.cfg
-        if step.applied:
-            state.nonfinite_streak = 0
-            return
-        state.skipped += 1
-        state.nonfinite_streak += 1
+        loop, state, cfg = self.loop, self.loop.state, self.loop.cfg
+        if state.nonfinite_streak + loop.unsettled < cfg.max_nonfinite_steps:
+            return  # the run of skipped steps cannot have reached the limit since the device's counts were read
+        loop.settle()  # the skipped steps are counted on the device (StepLedger); this reads them
         if state.nonfinite_streak >= cfg.max_nonfinite_steps:
             best = f"; the best checkpoint in {self.loop.out / 'best'} is intact" if self.loop.out else ""
             raise NonFiniteLossError(
@@ -76,7 +74,7 @@ class ProgressLog(Policy):
         self.bar.update(1)
         self.samples, self.tokens = self.samples + step.rows, self.tokens + step.real_tokens
         loop = self.loop
-        if not step.applied or loop.state.step % loop.cfg.log_every_steps:
+        if not loop.reached(loop.cfg.log_every_steps):
             return
         with loop.timer.phase("logging"):
             loss, items = loop.epoch_loss.item(), loop.epoch_items.item()  # the host sync: log steps only
@@ -146,8 +144,7 @@ class PeriodicSave(Policy):
     """``last/``: the full resume state every ``save_every_steps`` optimizer steps and/or at each epoch end."""
 
     def on_step_end(self, step: StepEnd) -> None:
-        every = self.loop.cfg.save_every_steps
-        if step.applied and every and self.loop.state.step % every == 0:
+        if self.loop.reached(self.loop.cfg.save_every_steps):
             self.loop.save_last()
 
     def on_next_epoch(self, loop: Loop) -> None:
@@ -162,8 +159,8 @@ class StepEval(Policy):
     (an eval DataLoader draws its seed from them), so the training run is the one it would be without these evals."""
 
     def on_step_end(self, step: StepEnd) -> None:
-        loop, every = self.loop, self.loop.cfg.eval_every_steps
-        if not (step.applied and every and loop.state.step % every == 0):
+        loop = self.loop
+        if not loop.reached(loop.cfg.eval_every_steps):
             return
         rng = checkpoint.rng_state()
         value = loop.eval_loss()
@@ -181,11 +178,10 @@ class TimeBudget(Policy):
 
     def on_step_end(self, step: StepEnd) -> None:
         self.step_s = 0.9 * self.step_s + 0.1 * step.seconds if self.step_s else step.seconds
-        timer = self.loop.timer
-        if not step.applied:
-            return
-        reserve = 2 * self.step_s + timer.seconds.get("eval", 0.0) / max(1, timer.counts.get("eval", 0)) + 5.0
-        if distributed.broadcast_object(timer.elapsed + reserve > self.budget_s, self.loop.env):
+        loop, timer = self.loop, self.loop.timer
+        windows = 1 + (loop.cfg.log_every_steps if loop.env.enabled else 1)  # the ranks agree that often (Loop.agree)
+        reserve = windows * self.step_s + timer.seconds.get("eval", 0.0) / max(1, timer.counts.get("eval", 0)) + 5.0
+        if loop.agree(timer.elapsed + reserve > self.budget_s):
             self.loop.stop("time_budget")
             self.loop.save_last()  # resumable from this exact position in the next session
 
@@ -193,7 +189,8 @@ class TimeBudget(Policy):
 class SigtermStop(Policy):
     """SIGTERM (what Kaggle/Colab send before a session ends, or ``kill``): finish the current step, save ``last/``,
     stop; fit returns with stop_reason "sigterm" and its files complete, so the next session resumes exactly. The
-    previous handler is back when fit returns. Under DDP the ranks agree through one small broadcast per step."""
+    previous handler is back when fit returns. Under DDP the ranks agree through a small broadcast every
+    ``log_every_steps`` windows (``Loop.agree``): a broadcast per step would make every step wait for the GPU."""
 
     def on_fit_start(self, loop: Loop) -> None:
         super().on_fit_start(loop)
@@ -205,8 +202,7 @@ class SigtermStop(Policy):
         self.requested = True  # acted on between steps: never in the middle of an optimizer update
 
     def on_step_end(self, step: StepEnd) -> None:
-        env = self.loop.env
-        if distributed.broadcast_object(self.requested, env) if env.enabled else self.requested:
+        if self.loop.agree(self.requested):
             self.loop.stop("sigterm")
             self.loop.save_last()
 

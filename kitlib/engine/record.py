@@ -91,6 +91,11 @@ class RunRecorder(Callback):
         self.compiled, self.compile_steps, self.compile_step_s = 0, 0, 0.0
 
     def on_fit_start(self, loop: Loop) -> None:
+        if loop.device.type == "cuda":  # a CUDA run only: on a CPU run this would initialise CUDA for nothing
+            import torch
+
+            # The peak is per process: without this a second fit in the kernel reports the first one's peak.
+            torch.cuda.reset_peak_memory_stats(loop.device)
         self.compile_start = len(_compile_times()) if loop.cfg.compile else None
         self.compiled, self.compile_steps, self.compile_step_s = self.compile_start or 0, 0, 0.0
 

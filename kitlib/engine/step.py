@@ -1,13 +1,15 @@
 """The optimizer step, read top to bottom, and the small helpers around it.
 
 ``train_window``: autocast -> weighted backward (no DDP sync until the window's last micro-batch) -> unscale -> clip
--> step (skipped on inf/nan) -> schedule -> zero_grad. Precision off means no-op objects, not branches.
+-> step at the scheduled LR (skipped on the device on inf/nan) -> count -> zero_grad. Precision off means no-op
+objects, not branches; nothing in it waits for the GPU (``StepLedger``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
 
 import torch
@@ -40,6 +42,76 @@ def to_device(device: torch.device) -> Callable[[Batch], Batch]:
     return move
 
 
+class StepLedger:
+    """The optimizer steps' outcome, kept on the device so a training step never waits for the GPU.
+
+    Whether a step was applied (finite gradients) is known only on the device; reading it every step would make the
+    CPU wait for the GPU. So the counters (applied, skipped, the current run of skipped steps, this window's outcome)
+    and the learning rate stay there: the LR of the next step is the schedule's value at the applied count, looked up
+    in a table of the LambdaLR's values (8 bytes x total steps x param groups, built once), so a skipped step does not
+    advance the schedule, exactly as when the host decided. ``read`` is the one host sync; fit calls it only where a
+    decision needs the counts (a log, eval or save step, the non-finite limit within reach, an epoch end).
+    """
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device) -> None:
+        values = [
+            [base * rule(step) for rule, base in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)]
+            for step in range(total_steps + 1)
+        ]
+        # The CPU fused kernel reads a tensor lr as a double (bit-identical to a float lr); the CUDA one reads fp32.
+        dtype = torch.float64 if device.type == "cpu" else torch.float32
+        self.table = torch.tensor(values, dtype=dtype).to(device)
+        self.last = total_steps
+        # applied, skipped, current skipped streak, this window applied (1/0): float64 counts are exact to 2**53
+        self.counts = torch.zeros(4, dtype=torch.float64, device=device)
+
+    def load(self, applied: int, skipped: int, streak: int) -> None:
+        self.counts.copy_(torch.tensor([applied, skipped, streak, 0], dtype=torch.float64))
+
+    @contextlib.contextmanager
+    def scheduled_lr(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """Each param group's LR as a device tensor at the applied count, during ``optimizer.step()`` only: between
+        steps the groups keep the scheduler's floats (state_dict, get_last_lr) as fit settles it."""
+        at = self.counts[:1].long().clamp_(max=self.last)
+        lrs: Any = self.table.index_select(0, at)[0]
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            lrs = lrs.tolist()  # a host sync: only an optimizer that cannot take its LR as a device tensor
+        floats = [group["lr"] for group in optimizer.param_groups]
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        try:
+            yield
+        finally:
+            for group, value in zip(optimizer.param_groups, floats, strict=True):
+                group["lr"] = value
+
+    def record(self, found_inf: torch.Tensor) -> torch.Tensor:
+        """Count one window's outcome on the device; returns its applied flag (a 0-d bool tensor)."""
+        skip = found_inf.double()
+        applied, skipped, streak, window = self.counts.unbind()
+        applied.add_(1 - skip)
+        skipped.add_(skip)
+        streak.add_(1).mul_(skip)
+        window.copy_(1 - skip)
+        return skip == 0
+
+    def read(self) -> tuple[int, int, int, bool]:
+        """(applied, skipped, skipped streak, the last window applied): the host sync."""
+        applied, skipped, streak, window = (int(v) for v in self.counts.tolist())
+        return applied, skipped, streak, bool(window)
+
+
+def window_counts(window: list[Batch], count_fn: CountFn, device: torch.device) -> torch.Tensor:
+    """Each micro-batch's item count on ``device`` without a host sync: counted on the device from the batch, or
+    counted on the host (shapes) and moved in one non_blocking copy from pinned memory (a pageable copy of a Python
+    int, ``torch.as_tensor(n, device=cuda)``, makes the host wait)."""
+    counts = [count_fn(batch) for batch in window]
+    if all(isinstance(c, int | float) for c in counts):
+        host = torch.tensor(counts, dtype=torch.float32)
+        return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
+    return torch.stack([torch.as_tensor(c, dtype=torch.float32, device=device) for c in counts])
+
+
 def train_window(
     window: list[Batch],
     *,
@@ -48,21 +120,22 @@ def train_window(
     count_fn: CountFn,
     precision: Precision,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ledger: StepLedger,
     params: list[nn.Parameter],
     cfg: TrainConfig,
     env: distributed.DistEnv,
     timer: PhaseTimer,
     to_device: Callable[[Batch], Batch],
-) -> tuple[bool, torch.Tensor, torch.Tensor]:
-    """One optimizer step over a window of micro-batches. Returns (applied, summed item-weighted loss, items)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimizer step over a window of micro-batches, with no host sync. Returns (applied: a 0-d bool tensor,
+    summed item-weighted loss, items), all on the device."""
     with timer.phase("h2d"):
         window = [to_device(batch) for batch in window]
-        counts = [torch.as_tensor(count_fn(batch), dtype=torch.float32, device=params[0].device) for batch in window]
+        counts = window_counts(window, count_fn, params[0].device)
         # Each micro-batch's mean loss is weighted by its share of the window's items across all ranks, so the
         # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
         # gradients over ranks, hence the world_size factor.
-        total = distributed.all_reduce_sum(torch.stack(counts).sum(), env)
+        total = distributed.all_reduce_sum(counts.sum(), env)
     loss_sum = torch.zeros((), device=params[0].device)
     for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
         with distributed.sync_context(model, sync=i == len(window) - 1):
@@ -74,10 +147,10 @@ def train_window(
     with timer.phase("optimizer"):
         precision.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True)
-        # One host sync per optimizer step (the GradScaler needs the same one for found_inf anyway).
-        applied = precision.step(optimizer, grads_finite=bool(torch.isfinite(norm)))
-        if applied:
-            scheduler.step()
+        found_inf = precision.found_inf(optimizer, norm)  # skipped on the device, counted there (StepLedger)
+        with ledger.scheduled_lr(optimizer):
+            precision.apply(optimizer, found_inf)
+        applied = ledger.record(found_inf)
         optimizer.zero_grad(set_to_none=True)
     return applied, loss_sum, total
 

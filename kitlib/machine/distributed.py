@@ -136,6 +136,20 @@ def barrier(env: DistEnv) -> None:
         dist.barrier()
 
 
+def patient_group(env: DistEnv) -> Any:
+    """A gloo group (every rank calls this at once) whose barrier lets the other ranks wait out one rank's long
+    work, a full evaluation: a NCCL collective left waiting that long trips its 10-minute watchdog and kills the job."""
+    import datetime
+
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if env.enabled else None
+
+
+def wait_together(group: Any, env: DistEnv) -> None:
+    """Every rank waits here until all arrive, on ``patient_group``'s CPU barrier (no NCCL watchdog)."""
+    if env.enabled:
+        dist.barrier(group=group)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

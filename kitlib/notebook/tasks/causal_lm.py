@@ -16,8 +16,8 @@
 - Batches: kitlib's bucket sampler groups rows of similar length (make_train_loader, the rows' whole lengths),
   padded on the right to the batch's longest; generation re-pads prompts on the left, as a decoder-only LM needs.
 - Full evaluation (kitlib.notebook.tasks.generation): greedy generation of every validation response and the
-  metric (``exact_match`` by default), scored by fit in the background where the device allows (generation itself
-  on a CPU copy when training on a GPU; before the callable on a CPU). Between full evals: fit's loss pass only.
+  metric (``exact_match`` by default), scored by fit in the background (generation itself before the callable, on
+  the training device). Between full evals: fit's loss pass only.
 - 03 generates each test prompt's response (``num_beams``: 1 = greedy); several runs vote per row.
 """
 

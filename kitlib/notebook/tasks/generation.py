@@ -56,7 +56,7 @@ class TextGenerationTask(Task):
                 y_true, y_pred = np.array(references, dtype=object), np.array(generated, dtype=object)
                 return {metric.name: metric(y_true, y_pred)}
 
-            return generated_eval(model, device, generate, score)
+            return generated_eval(model, generate, score)
 
         return evaluate
 
@@ -100,31 +100,21 @@ def model_folder(p: Params) -> str | None:
 
 def generated_eval(
     model: nn.Module,
-    device: torch.device,
     generate: Callable[[nn.Module], tuple[list[str], list[str]]],
     score: Callable[[list[str], list[str]], dict[str, float]],
 ) -> Callable[[], dict[str, float]]:
-    """A generating full evaluation, split where it costs training least; fit runs the callable it returns in the
-    background while the next epoch trains. ``generate(model)`` -> (references, generated texts); ``score`` -> metrics.
+    """A generating full evaluation, split where it costs training least: generation here, on the model's own device
+    and weights, and only the metric (executing SQL, say) in the callable fit runs in the background while the next
+    epoch trains. ``generate(model)`` -> (references, generated texts); ``score`` -> metrics.
 
-    Training on an accelerator: generation on a CPU copy of this epoch's weights, in the background with the metric
-    (the accelerator trains on meanwhile). Training on the CPU: generation here, and only the metric (executing SQL,
-    say) in the background: a generating thread beside training shares the same cores, and on this 2-core machine
-    made the run 1.45x the wall time of a loss-only one, against 1.14x generating in the foreground
-    (benchmarks/bench_seq2seq_eval.py at commit 5b696d8, when generation ran in the thread).
+    On a GPU, generating takes seconds there, against a deep copy of the weights (2x their memory for a moment) and
+    minutes of generating on the CPU in a thread that takes Kaggle's 2-4 vCPUs from the data loader. On the CPU, a
+    generating thread beside training shares the same cores, and on this 2-core machine made the run 1.45x the wall
+    time of a loss-only one, against 1.14x generating in the foreground (benchmarks/bench_seq2seq_eval.py at commit
+    5b696d8, when generation ran in the thread).
     """
-    import copy
-
     import torch
 
-    if device.type == "cpu":
-        with torch.inference_mode():
-            references, generated = generate(getattr(model, "module", model))
-        return lambda: score(references, generated)
-    frozen = copy.deepcopy(getattr(model, "module", model)).to("cpu").eval()
-
-    def later() -> dict[str, float]:
-        with torch.inference_mode():
-            return score(*generate(frozen))
-
-    return later
+    with torch.inference_mode():
+        references, generated = generate(getattr(model, "module", model))
+    return lambda: score(references, generated)

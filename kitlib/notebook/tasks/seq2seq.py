@@ -9,8 +9,8 @@
   the loss is the model's cross-entropy on target tokens; generation stops at that length.
 - Full evaluation (kitlib.notebook.tasks.generation): greedy generation for every validation row, and the metric
   (``record_f1`` executes each generated query) as a callable fit scores in the background while the next epoch
-  trains, judged in epoch order. Training on a GPU, generation runs there too, on a CPU copy of the epoch's weights;
-  on a CPU it runs before the callable (a generating thread would share training's cores). Between full evals
+  trains, judged in epoch order. Generation runs before the callable, on the training device (a GPU finishes it in
+  seconds; a generating thread would share training's cores). Between full evals
   (``full_eval_every``): fit's loss pass only.
 - 03 generates with beam search (``num_beams``); several runs vote per row.
 """
