@@ -52,7 +52,7 @@ def minilm_folder(path: Path, dtype: torch.dtype, quick: bool, *, pooling: str =
     from transformers import BertForSequenceClassification, BertModel
 
     torch.manual_seed(0)
-    build = BertModel if pooling == "mean" else BertForSequenceClassification
+    build: Any = BertModel if pooling == "mean" else BertForSequenceClassification
     build(bert_config(quick)).to(dtype).save_pretrained(path)
     if pooling == "mean":
         (path / "1_Pooling").mkdir(parents=True, exist_ok=True)
@@ -110,7 +110,7 @@ def lm_batches(n: int, rows: int, length: int, *, vocab: int = 8000, seed: int =
 def row_loader(batches: list[dict[str, Any]]) -> DataLoader[Any]:
     """The same rows through a batch_sampler (what DDP shards): one dict per row, batched as given."""
     rows = [{k: v[i] for k, v in b.items()} for b in batches for i in range(len(b["input_ids"]))]
-    return DataLoader(rows, batch_size=len(batches[0]["input_ids"]), shuffle=False)
+    return DataLoader(rows, batch_size=len(batches[0]["input_ids"]), shuffle=False)  # type: ignore[arg-type]
 
 
 def pinned(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -121,7 +121,7 @@ def pinned(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def loader(batches: list[dict[str, Any]]) -> DataLoader[Any]:
-    return DataLoader(batches, batch_size=None, shuffle=False)  # pre-built batches, yielded as they are
+    return DataLoader(batches, batch_size=None, shuffle=False)  # type: ignore[arg-type]  # pre-built batches, yielded as they are
 
 
 def variable_lengths(n: int, *, low: int, high: int, seed: int = 0) -> list[int]:
@@ -150,6 +150,7 @@ class StepClock(Callback):
         self.step_seconds: list[float] = []
         self.real_tokens: Any = 0
         self.computed_tokens = 0
+        self.shapes: set[tuple[int, ...]] = set()
 
     def on_fit_start(self, loop: Any) -> None:
         self.loop = loop
@@ -157,6 +158,7 @@ class StepClock(Callback):
     def on_step_end(self, step: Any) -> None:
         self.steps += 1
         self.step_seconds.append(step.seconds)
+        self.shapes.update(step.shapes)
         if self.steps == self.warm:
             sync()
             self.t0 = time.perf_counter()

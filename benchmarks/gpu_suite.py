@@ -230,6 +230,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--list", action="store_true", help="print the checks, estimates and parts, run nothing")
     ap.add_argument("--quick", action="store_true", default=None, help="small sizes (default on a machine w/o GPU)")
     ap.add_argument("--full", dest="quick", action="store_false", help="full sizes also without a GPU")
+    ap.add_argument("--gpus", type=int, help="plan (--list/--part) as if this machine had N GPUs")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a check failed")
     ap.add_argument("--timeout", type=float, default=0, help="per-check timeout in s (default: from its estimate)")
     ap.add_argument("--deadline", type=float, default=0, help="seconds for the whole run: later checks are skipped")
@@ -263,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown check(s) {unknown}; known: {', '.join(c.name for c in checks)}")
     machine = probe_machine()
+    if args.gpus is not None:
+        machine["gpus"] = args.gpus
     gpu = int(machine.get("gpus", 0)) > 0
     quick = (not gpu) if args.quick is None else bool(args.quick)
     parts = make_parts(checks, machine, quick, args.part_budget)
@@ -311,8 +314,12 @@ def run(checks: Sequence[Any], args: argparse.Namespace, machine: dict[str, Any]
                 try:
                     result = {**base, **run_in_subprocess(check, args.checks, quick, timeout, Path(tmp))}
                 except Exception as e:  # the suite's own fault: reported, and the run goes on
-                    result = {**base, "status": "failed", "error": f"suite error: {e!r}",
-                              "traceback": traceback.format_exc()}  # fmt: skip
+                    result = {
+                        **base,
+                        "status": "failed",
+                        "error": f"suite error: {e!r}",
+                        "traceback": traceback.format_exc(),
+                    }
             results.append(result)
             print(f"  {check.name:<24} {result['status']:<8} {_line(result)}", flush=True)
             write_report(args.out, machine, results, meta)
