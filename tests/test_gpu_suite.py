@@ -1,0 +1,148 @@
+"""benchmarks/gpu_suite.py: every declared check is reported (ran, or skipped with a reason), a check that raises,
+crashes or hangs is reported failed while the suite goes on, and the exit code says only whether the suite broke."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "gpu_suite.py"
+
+FAKE_CHECKS = """
+import os, time
+from gpu_checks_base import Check
+
+
+def passes(ctx):
+    ctx.figure("answer", 42)
+    ctx.claim(True, "it holds")
+
+
+def raises(ctx):
+    raise ValueError("boom in a check")
+
+
+def false_claim(ctx):
+    ctx.claim(False, "this must hold")
+    ctx.figure("still_measured", 1)
+
+
+def crashes(ctx):
+    os._exit(3)
+
+
+def hangs(ctx):
+    time.sleep(600)
+
+
+def skips(ctx):
+    ctx.skip("not on this machine")
+
+
+def sees_env(ctx):
+    ctx.claim(os.environ.get("SUITE_TEST_FLAG") == "on", "the check's env reaches its subprocess")
+
+
+CHECKS = [
+    Check("passes", "passes", passes),
+    Check("raises", "raises", raises),
+    Check("false_claim", "a false claim", false_claim),
+    Check("crashes", "crashes", crashes),
+    Check("hangs", "hangs", hangs),
+    Check("skips", "skips itself", skips),
+    Check("needs_two_gpus", "declared for 2 GPUs", passes, needs="cuda2", why_gpu="NCCL"),
+    Check("sees_env", "env", sees_env, env={"SUITE_TEST_FLAG": "on"}),
+]
+"""
+
+
+def _run(args: list[str], tmp_path: Path, **kw) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    return subprocess.run(
+        [sys.executable, str(SUITE), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600, **kw
+    )
+
+
+def test_a_check_that_raises_crashes_or_hangs_is_reported_failed_and_the_suite_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "fake_checks.py").write_text(FAKE_CHECKS)
+    out = tmp_path / "report"
+    proc = _run(["--checks", "fake_checks", "--out", str(out), "--timeout", "20"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "gpu_suite.json").read_text())
+    status = {c["name"]: c for c in report["checks"]}
+    assert list(status) == [
+        "passes",
+        "raises",
+        "false_claim",
+        "crashes",
+        "hangs",
+        "skips",
+        "needs_two_gpus",
+        "sees_env",
+    ]
+    assert status["passes"]["status"] == "passed" and status["passes"]["figures"] == {"answer": 42}
+    assert status["raises"]["status"] == "failed" and "ValueError: boom in a check" in status["raises"]["error"]
+    assert "Traceback" in status["raises"]["traceback"]
+    assert status["false_claim"]["status"] == "failed" and "this must hold" in status["false_claim"]["error"]
+    assert status["false_claim"]["figures"] == {"still_measured": 1}  # measured anyway
+    assert status["crashes"]["status"] == "failed" and "exit code 3" in status["crashes"]["error"]
+    assert status["hangs"]["status"] == "failed" and "timed out after 20 s" in status["hangs"]["error"]
+    assert status["skips"] == {**status["skips"], "status": "skipped", "reason": "not on this machine"}
+    assert status["needs_two_gpus"]["status"] == "skipped" and "needs 2 CUDA GPUs" in status["needs_two_gpus"]["reason"]
+    assert status["sees_env"]["status"] == "passed"
+    markdown = (out / "gpu_suite.md").read_text()
+    assert "| raises | " in markdown and "boom in a check" in markdown
+    strict = _run(["--checks", "fake_checks", "--out", str(tmp_path / "r2"), "--only", "raises", "--strict"], tmp_path)
+    assert strict.returncode == 1  # --strict: a failed check fails the run
+
+
+def test_parts_cover_every_check_once_within_the_budget(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_checks
+        import gpu_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu = {"gpus": 2, "cpus": 16}
+    parts = gpu_suite.make_parts(gpu_checks.CHECKS, gpu, False, gpu_suite.PART_BUDGET_S)
+    names = [c.name for part in parts for c in part]
+    assert names == [c.name for c in gpu_checks.CHECKS]  # each once, in declared order
+    for part in parts:
+        cost = sum(gpu_suite.estimate(c, True, False) for c in part)
+        assert cost <= gpu_suite.PART_BUDGET_S or len(part) == 1, (cost, [c.name for c in part])
+    assert len({c.name for c in gpu_checks.CHECKS}) == len(gpu_checks.CHECKS)
+    for finding in ("1", "2", "3", "5", "6", "7", "8", "9", "10", "11", "13"):  # the GPU-only findings have a check
+        assert any(finding in c.finding.split(",") for c in gpu_checks.CHECKS), finding
+
+
+@pytest.mark.slow
+def test_the_cpu_run_reports_every_declared_check_with_a_status(tmp_path: Path) -> None:
+    """The real checks on this CPU (a cheap subset runs; the GPU ones must say why they were skipped)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_checks
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    out = tmp_path / "s"
+    cheap = "env,tf32,exact_resume," + ",".join(c.name for c in gpu_checks.CHECKS if c.needs != "any")
+    proc = _run(["--only", cheap, "--out", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "gpu_suite.json").read_text())
+    assert report["machine"]["torch"] and report["machine"]["transformers"] and report["machine"]["cpus"]
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert set(by_name) == set(cheap.split(","))
+    for check in report["checks"]:
+        assert check["status"] in ("passed", "failed", "skipped"), check
+        if check["status"] == "skipped":
+            assert check["reason"], check
+        assert f"| {check['name']} |" in (out / "gpu_suite.md").read_text()
+    for name in cheap.split(",")[3:]:  # every GPU check: skipped here, with its reason
+        assert by_name[name]["status"] == "skipped" and "CUDA" in by_name[name]["reason"], by_name[name]
+    assert by_name["exact_resume"]["status"] == "passed", by_name["exact_resume"]
+    assert by_name["tf32"]["status"] == "passed", by_name["tf32"]  # flags restored, also on CPU
