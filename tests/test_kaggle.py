@@ -222,26 +222,113 @@ def test_kaggle_package_loader_accepts_generated(
 
 
 @pytest.mark.parametrize(
-    "init",
+    ("init", "status"),
     [
-        "raise ImportError('No module named six')",  # kaggle 2.x on a fresh machine: fails part-way through import
-        "raise OSError('Could not find kaggle.json')",  # kaggle 1.x without credentials
-        "import sys; sys.exit(1)",
-        "",  # a package without kaggle.api
+        ("", "absent"),  # no kaggle package in this Python
+        ("raise OSError('Could not find kaggle.json')", "broken"),  # kaggle 1.x without credentials
+        ("import sys; sys.exit(1)", "broken"),
+        ("import kaggle.api", "broken"),  # a package without kaggle.api
     ],
 )
-def test_broken_or_absent_kaggle_package_is_absent_and_never_imported_here(
-    init: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_kaggle_package_that_cannot_check_is_named_never_imported_here(
+    init: str, status: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = tmp_path / "site" / "kaggle"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(init + "\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the child process finds this kaggle first
+    site = tmp_path / "site"
+    if init:
+        (site / "kaggle").mkdir(parents=True)
+        (site / "kaggle" / "__init__.py").write_text(init + "\n")
+    else:  # hide the installed kaggle: a finder that reports it missing, as in a Python without it
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(
+            "import sys\nclass Hide:\n    def find_spec(self, name, path=None, target=None):\n        if name == "
+            "'kaggle':\n            raise ModuleNotFoundError(\"No module named 'kaggle'\", name=name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+        )
+    monkeypatch.setenv("PYTHONPATH", str(site))  # the child process finds this kaggle first
     answer = kg.kaggle_loader_check(tmp_path)
-    assert answer["status"] == "absent", answer
-    assert kg._kaggle_package_problems(GOOD, None) == []
-    kg.validate_metadata(GOOD)
+    assert answer["status"] == status, answer
+    with pytest.warns(UserWarning, match="checked by kitlib's rules only"):  # said, never silently skipped
+        assert kg._kaggle_package_problems(GOOD, None) == []
+    with pytest.warns(UserWarning, match="pip install 'kaggle>=1.7,<3' six"):
+        kg.validate_metadata(GOOD)
     assert not any(m == "kaggle" or m.startswith("kaggle.") for m in sys.modules)  # the check ran in a child
+
+
+def _without_six(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's kaggle package as a fresh `pip install kaggle` leaves it: `six` cannot be imported."""
+    site = tmp_path / "no-six"
+    site.mkdir()
+    (site / "six.py").write_text("raise ModuleNotFoundError(\"No module named 'six'\", name='six')\n")
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{Path(kg.__file__).parents[2]}")
+
+
+def test_a_kaggle_cli_without_six_is_a_kitlib_error_naming_the_fix(
+    notebooks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("kaggle")  # the real package, whose kaggle/models/upload_file.py imports six
+    folder = _build(notebooks, tmp_path / "k")[2]
+    _without_six(tmp_path, monkeypatch)
+    answer = kg.kaggle_loader_check(folder)
+    assert answer["status"] == "broken" and "six" in answer["message"], answer
+    runner = FakeRunner((0, "Kernel version 1 successfully pushed.", ""))
+    with pytest.raises(kg.KaggleCLIError, match=r"kaggle CLI is broken .*No module named 'six'.*Fix: pip install six"):
+        kg.push(folder, runner=runner)
+    assert runner.commands == []  # refused before the CLI was run
+    with pytest.warns(UserWarning, match="pip install six"):  # build time: said, not raised
+        kg.validate_metadata(_meta(folder), folder=folder)
+    # the CLI itself crashing at import (a kaggle on PATH from another Python): the traceback gets the fix too
+    monkeypatch.delenv("PYTHONPATH")
+    trace = 'Traceback (most recent call last):\n  File "kaggle/models/upload_file.py", line 22\n    import six\n'
+    crash = FakeRunner((1, "", trace + "ModuleNotFoundError: No module named 'six'\n"))
+    with pytest.raises(kg.KaggleCLIError, match=r"cannot import itself\. Fix: pip install six"):
+        kg.push(folder, runner=crash)
+    yaml = FakeRunner((1, "", "ModuleNotFoundError: No module named 'yaml'\n"))
+    with pytest.raises(kg.KaggleCLIError, match="Fix: pip install pyyaml"):
+        kg.push(folder, runner=yaml)
+
+
+def _top_level_imports(package: Path) -> set[str]:
+    """Modules imported at module level (what `import kaggle` runs) by every file of ``package``."""
+    import ast
+
+    found: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            for inner in ast.walk(node) if isinstance(node, ast.Try | ast.If) else [node]:
+                if isinstance(inner, ast.Import):
+                    found |= {a.name.split(".")[0] for a in inner.names}
+                elif isinstance(inner, ast.ImportFrom) and inner.level == 0 and inner.module:
+                    found.add(inner.module.split(".")[0])
+    return found
+
+
+def test_the_kaggle_extra_brings_every_module_the_cli_imports() -> None:
+    # A module reached only through another package's dependency (six through python-dateutil < 3) vanishes when
+    # that package drops it: each one the CLI imports must be required by kaggle/kagglesdk or by kitlib's extra.
+    import importlib.metadata as md
+    import re
+
+    import tomllib
+
+    kaggle = pytest.importorskip("kaggle")
+    extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    extra = extra["optional-dependencies"]["kaggle"]
+
+    def names(requirements: list[str]) -> set[str]:
+        plain = [r for r in requirements if "extra ==" not in r]
+        return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in plain}
+
+    owners = md.packages_distributions()
+    missing = {}
+    cli = ("kaggle", "kagglesdk")  # kagglesdk comes only with kaggle: their requirements together
+    declared = {r for dist in cli for r in names(md.requires(dist) or [])} | names(extra) | set(cli)
+    for dist in cli:
+        root = Path(kaggle.__file__).parent.parent / dist
+        for module in sorted(_top_level_imports(root) - set(sys.stdlib_module_names) - {"__future__"}):
+            dists = {d.lower().replace("_", "-") for d in owners.get(module, [module])}
+            if not dists & declared:
+                missing[module] = (dist, sorted(dists))
+    assert missing == {}, f"imported but required by no one (add to pyproject's kaggle extra): {missing}"
 
 
 # ----------------------------------------------------------------------------------------------------- CLI wrappers

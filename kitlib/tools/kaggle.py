@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,15 +235,17 @@ def _clean(nb: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------------- validate
 
 
-def validate_metadata(meta: Mapping[str, Any], *, folder: str | Path | None = None) -> None:
+def validate_metadata(meta: Mapping[str, Any], *, folder: str | Path | None = None, strict: bool = False) -> None:
     """Raise KernelMetadataError listing every problem; with ``folder``, also check the code file it names.
 
     Our rules (stricter than Kaggle's where Kaggle only warns or silently defaults), then, where the kaggle package is
     installed, its own loader: ``KaggleApi.kernels_push`` run against a capturing client instead of the network.
+    Without a usable kaggle package a warning says so and how to install it; ``strict`` (before a push): a broken
+    one is a KaggleCLIError naming the fix.
     """
     problems = _problems(meta, None if folder is None else Path(folder))
     if not problems:
-        problems = _kaggle_package_problems(meta, None if folder is None else Path(folder))
+        problems = _kaggle_package_problems(meta, None if folder is None else Path(folder), strict=strict)
     if problems:
         raise KernelMetadataError(f"{METADATA_FILE} is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
 
@@ -327,8 +330,8 @@ def _problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
 # The kaggle package's own loader, run in a child process: `import kaggle` authenticates at import, prints a help
 # text without credentials, and a broken install (kaggle 2.x without `six`, say) fails part-way and leaves a
 # half-imported module behind. None of that may reach the caller's process. Relies on KaggleApi.build_kaggle_client
-# and kernels_push (kaggle >= 1.7, the kagglesdk client; the `kaggle` extra pins that range); anything else that goes
-# wrong in the child means "the package's check is unavailable", and our own rules have already run.
+# and kernels_push (kaggle >= 1.7, the kagglesdk client; the `kaggle` extra pins that range). "absent": no kaggle
+# package in this Python; "broken": it is there but fails (the CLI would crash the same way).
 _LOADER_CHECK = r"""
 import contextlib, io, json, sys, types
 out = {"status": "absent"}
@@ -353,17 +356,23 @@ try:
             out = {"status": "ok" if captured else "no-request"}
         except ValueError as err:
             out = {"status": "rejected", "message": str(err)}
-except BaseException as err:  # not installed, or a broken install: the check is unavailable
-    out = {"status": "absent", "message": f"{type(err).__name__}: {err}"}
+except ModuleNotFoundError as err:
+    out = {"status": "absent" if err.name == "kaggle" else "broken", "message": f"{type(err).__name__}: {err}"}
+except BaseException as err:  # a broken install: kaggle.json missing (1.x), a SystemExit, an API change
+    out = {"status": "broken", "message": f"{type(err).__name__}: {err}"}
 print(json.dumps(out))
 """
+# Modules the kaggle CLI imports whose distribution has another name (pip install <name>).
+_DISTRIBUTIONS = {"yaml": "pyyaml", "google": "protobuf", "slugify": "python-slugify", "dotenv": "python-dotenv",
+                  "dateutil": "python-dateutil"}  # fmt: skip
+KAGGLE_INSTALL = "pip install 'kaggle>=1.7,<3' six  (what kitlib's `kaggle` extra installs)"
 
 
 def kaggle_loader_check(folder: Path, *, timeout_s: float = 120.0) -> dict[str, str]:
     """Run the kaggle package's ``kernels_push`` loader on ``folder`` in a child process; never contacts Kaggle.
 
-    Returns ``{"status": "ok" | "rejected" | "no-request" | "absent", "message": ...}``; "absent" covers a missing
-    or broken kaggle install (its message says why).
+    Returns ``{"status": "ok" | "rejected" | "no-request" | "absent" | "broken", "message": ...}``: "absent" when
+    this Python has no kaggle package, "broken" when it has one that fails (its message says how).
     """
     try:
         proc = subprocess.run(
@@ -374,11 +383,25 @@ def kaggle_loader_check(folder: Path, *, timeout_s: float = 120.0) -> dict[str, 
         )
         answer: dict[str, str] = json.loads(proc.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as err:
-        return {"status": "absent", "message": f"the check did not answer: {err}"}
+        return {"status": "broken", "message": f"the check did not answer: {err}"}
     return answer
 
 
-def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
+def broken_cli_fix(text: str) -> str | None:
+    """The fix for a kaggle install that cannot import, from its traceback (``No module named 'six'`` ->
+    ``pip install six``); None when ``text`` shows no missing module."""
+    found = re.search(r"No module named '([\w.]+)'", text)
+    if found is None:
+        return None
+    module = found.group(1).split(".")[0]
+    if module in ("kaggle", "kagglesdk"):
+        return f"the kaggle package is incomplete: {KAGGLE_INSTALL}"
+    return f"pip install {_DISTRIBUTIONS.get(module, module)}  (kitlib's `kaggle` extra brings it)"
+
+
+def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None, *, strict: bool = False) -> list[str]:
+    """The kaggle package's own verdict on ``meta``. Unavailable, it says so (a warning; with ``strict``, before a
+    push, a broken install is a KaggleCLIError naming the fix): the check never skips silently."""
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)
         (staged / METADATA_FILE).write_text(json.dumps(dict(meta)))
@@ -392,6 +415,21 @@ def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None) -> li
         return [f"the kaggle package's loader rejects it: {answer['message']}"]
     if answer["status"] == "no-request":
         return ["the kaggle package's loader did not build a push request"]
+    if answer["status"] == "broken":
+        fix = broken_cli_fix(answer["message"]) or KAGGLE_INSTALL
+        if strict:
+            raise KaggleCLIError(f"the kaggle CLI is broken ({answer['message']}): the push would fail. Fix: {fix}")
+        warnings.warn(
+            f"{METADATA_FILE} checked by kitlib's rules only: the kaggle package is broken ({answer['message']}), "
+            f"so `kaggle kernels push` would fail too. Fix: {fix}",
+            stacklevel=3,
+        )
+    elif answer["status"] == "absent":
+        warnings.warn(
+            f"{METADATA_FILE} checked by kitlib's rules only: no kaggle package in {sys.executable}. For its own "
+            f"check (and to push): {KAGGLE_INSTALL}",
+            stacklevel=3,
+        )
     return []
 
 
@@ -474,7 +512,7 @@ def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(list(command), capture_output=True, text=True, check=False)
     except FileNotFoundError as err:
-        raise KaggleCLIError(f"{command[0]!r} not found: pip install kaggle (or 'kitlib[kaggle]')") from err
+        raise KaggleCLIError(f"{command[0]!r} not found: {KAGGLE_INSTALL}") from err
 
 
 def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
@@ -490,6 +528,9 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
 def _check(result: subprocess.CompletedProcess[str], command: Sequence[str]) -> str:
     text = redact((result.stdout or "") + (result.stderr or ""))
     # The CLI exits 0 on "Kernel push error: ..." (it only prints it), so the text is checked too.
+    fix = broken_cli_fix(text) if result.returncode != 0 else None
+    if fix is not None:  # the CLI died importing itself: the traceback alone does not say what to install
+        raise KaggleCLIError(f"`{' '.join(command)}` failed: the kaggle CLI cannot import itself. Fix: {fix}\n{text}")
     if result.returncode != 0 or re.search(r"push error", text, re.IGNORECASE):
         raise KaggleCLIError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{text.strip()}")
     return text
@@ -510,7 +551,7 @@ def push(
     meta_path = folder / METADATA_FILE
     if not meta_path.is_file():
         raise FileNotFoundError(f"no {METADATA_FILE} in {folder}: run `python -m kitlib kaggle build` first")
-    validate_metadata(json.loads(meta_path.read_text()), folder=folder)
+    validate_metadata(json.loads(meta_path.read_text()), folder=folder, strict=True)
     command = ["kaggle", "kernels", "push", "-p", str(folder)]
     if timeout_s is not None:
         command += ["-t", str(int(timeout_s))]
