@@ -12,6 +12,7 @@ Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``ker
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -26,11 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kitlib.errors import KaggleCLIError, KernelMetadataError
+from kitlib.errors import KaggleCLIError, KernelFolderError, KernelMetadataError
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
 METADATA_FILE = "kernel-metadata.json"
+BUILD_FILE = ".kitlib-build.json"  # the digest of each notebook as built: an edit since is never overwritten silently
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 T4X2 = "NvidiaTeslaT4"  # "GPU T4 x2", Kaggle's default GPU (kaggle-cli PR #1198); a single T4 is not offered
 # Documented accelerators (kaggle-cli docs/kernels.md, Feb 2026); some are competition- or admin-only.
@@ -90,6 +92,8 @@ def build_kernels(
     data_dir: str | None = None,
     parameters: Mapping[str, Any] | None = None,
     single: bool = False,
+    force: bool = False,
+    local_data: str | Path | None = None,
 ) -> list[Path]:
     """Write ``out_dir/<nn_name>/{kernel-metadata.json, <nn_name>.ipynb}`` per numbered notebook (``single``: one
     ``out_dir/all_stages/`` kernel running the four stages in one session); returns the folders.
@@ -101,7 +105,14 @@ def build_kernels(
     GPU hours are quota, and 00/01 (the single kernel aside) do not need one).
     ``chain``: each kernel mounts the previous kernel's output ("previous": 00 -> 01 -> 02 -> 03), or every earlier
     one ("all").
+
+    Before anything is written: ``parameters`` are checked as 00 checks them (``check_parameters``; ``local_data``
+    is a local copy of the data for the checks that read a file), and a notebook edited since the last build is
+    refused unless ``force`` (the edited copy is then kept aside as ``<name>.ipynb.prev``). Kernel ids name the
+    competition (or first dataset): ``<prefix>-<competition>-<nn>-<name>``, so two competitions never share one.
+    Without ``wheels_dataset`` a warning says that every kernel's install cell will fail on Kaggle.
     """
+    from kitlib.notebook.params import check_parameters, keep_aside
     from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
 
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
@@ -130,9 +141,21 @@ def build_kernels(
     first = {**common, "data_dir": data, **(parameters or {})}
     if not single and "hardware" not in first and _gpu_only_from_training(notebooks, gpu):
         first["hardware"] = "2xT4"  # 00/01 on CPU plan precision, processes and batch for 02's T4 x2
+    check_parameters(
+        {k: v for k, v in first.items() if k not in ("work_dir", "data_dir", "wheels_dir")},
+        data_dir=None if local_data is None else Path(local_data),
+    )
+    if not wheels_dataset:
+        warnings.warn(
+            "no wheels dataset named (--wheels-dataset): Kaggle's image lacks kitlib, so every kernel's install cell "
+            "fails unless a dataset holding kitlib's wheels is attached. Make one: python -m kitlib kaggle wheels "
+            "--dataset-id OWNER/kitlib-wheels, upload it, then build with --wheels-dataset OWNER/kitlib-wheels",
+            stacklevel=2,
+        )
+    source = competition or (dataset_sources[0].split("/")[-1] if dataset_sources else "")
 
     def meta_for(name: str, use_gpu: bool, kernel_sources: list[str]) -> dict[str, Any]:
-        slug = slugify(f"{slug_prefix}-{name}")
+        slug = slugify(f"{slug_prefix}-{source}-{name}")
         meta: dict[str, Any] = {
             "id": f"{username}/{slug}",
             "title": slug.replace("-", " "),  # slugify(title) == slug, or Kaggle warns and may pick another URL
@@ -157,7 +180,7 @@ def build_kernels(
 
     if single:
         nb = _single_notebook(notebooks, {**first, "inputs": [], "run_dirs": []})
-        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME, gpu is not False, []))]  # slug kit-all-stages
+        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME, gpu is not False, []))]  # slug kit-<comp>-all-stages
     else:
         kernels = []
         for notebook in notebooks:
@@ -167,14 +190,43 @@ def build_kernels(
             values = first if not kernels else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
             nb = set_parameters(_clean(json.loads(notebook.read_text())), values)
             kernels.append((notebook.stem, nb, meta_for(notebook.stem, use_gpu, mounted)))
+    texts = {
+        Path(out_dir) / name / m["code_file"]: json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+        for name, nb, m in kernels
+    }
+    edited = [notebook for notebook, text in texts.items() if _edited(notebook, text)]
+    if edited and not force:
+        raise KernelFolderError(
+            f"{', '.join(map(str, edited))} changed since kitlib built it: building again would overwrite your "
+            "edits. Fix: put the values in the build's options (--params FILE, --text, ...) and rebuild with --force "
+            "(the edited copy is kept as .ipynb.prev), or build into another --out"
+        )
     folders = []
-    for name, nb, meta in kernels:
-        folder = Path(out_dir) / name
+    for (_, _, meta), (notebook, text) in zip(kernels, texts.items(), strict=True):
+        folder = notebook.parent
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / meta["code_file"]).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        if notebook in edited:
+            keep_aside(notebook)  # <name>.ipynb.prev: the user's edits survive a forced build
+        notebook.write_text(text)
         (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (folder / BUILD_FILE).write_text(json.dumps({meta["code_file"]: _digest(text)}) + "\n")
         folders.append(folder)
     return folders
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _edited(notebook: Path, text: str) -> bool:
+    """Whether ``notebook`` exists and differs both from ``text`` and from what the last build wrote there."""
+    if not notebook.is_file() or (current := notebook.read_text()) == text:
+        return False
+    try:
+        built = json.loads((notebook.parent / BUILD_FILE).read_text()).get(notebook.name)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        built = None  # no record of a build here: the notebook is someone's
+    return built != _digest(current)
 
 
 def _wants_gpu(stem: str, gpu: bool | Collection[str]) -> bool:
