@@ -6,11 +6,13 @@ instant (no torch import). A kitlib error (``kitlib.errors.KitError``) prints as
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any, get_args
 
 from kitlib.config import Requested
+from kitlib.errors import SetupError
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -168,16 +170,29 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
 
     try:
         if args.kaggle_action == "build":
+            import warnings
+
             choices: dict[str, bool | None] = {"all": True, "none": False, "auto": None}
             gpu = choices[args.gpu] if args.gpu in choices else set(args.gpu.split(","))
-            folders = kaggle.build_kernels(
-                args.out, username=args.username, slug_prefix=args.slug_prefix, dataset_sources=args.dataset,
-                wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
-                private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain, data_dir=args.data_dir,
-                parameters={k: v for k, v in (("preset", args.preset), ("model", args.model)) if v}, single=args.single,
-            )  # fmt: skip
-            print("\n".join(str(f) for f in folders))
-            print(f"next: python -m kitlib kaggle push {folders[0]}  (then kaggle status --wait, kaggle output)")
+            values, local = _parameters(args)
+            for where in ("data_dir", "work_dir"):  # a user's params.json holds local folders: Kaggle's are set here
+                values.pop(where, None)
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                folders = kaggle.build_kernels(
+                    args.out, username=args.username, slug_prefix=args.slug_prefix, dataset_sources=args.dataset,
+                    wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
+                    private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain,
+                    data_dir=args.data_dir, parameters=values, single=args.single, force=args.force, local_data=local,
+                )  # fmt: skip
+            for message in dict.fromkeys(str(w.message) for w in said):  # each once: the check runs per kernel
+                print(f"warning: {message}", file=sys.stderr)
+            ids = [json.loads((folder / kaggle.METADATA_FILE).read_text())["id"] for folder in folders]
+            print("\n".join(f"{folder}  ({kernel})" for folder, kernel in zip(folders, ids, strict=True)))
+            print(f"\nnext: python -m kitlib kaggle push {' '.join(map(str, folders))}")
+            if len(folders) > 1:
+                print("  (in this order, each after the one before completed: its output is the next one's input)")
+            print(f"then: python -m kitlib kaggle output {ids[-1]} --pattern submission  (submission.csv)")
         elif args.kaggle_action == "wheels":
             target = {"python_version": args.python_version, "with_model": not args.no_model}
             if args.dry_run:
@@ -210,6 +225,30 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
     return 0
 
 
+# 00's parameters a command line may set, beside --params FILE (flags win); `kaggle build` takes them all.
+NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "numeric", "categorical", "model_factory",
+         "seed", "train_file", "test_file", "sample_submission", "hardware")  # fmt: skip
+
+
+def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """00's parameters from ``--params FILE`` (a demo's demo.json holds them under "parameters"; a user's
+    params.json is flat) and the flags, and the folder of the file when it holds the data (for checks reading it)."""
+    from pathlib import Path
+
+    values: dict[str, Any] = {}
+    local = None
+    if args.params:
+        path = Path(args.params)
+        try:
+            given = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise SetupError(f"--params {path}: {err}. Fix: name a JSON file of 00's parameters") from None
+        values |= given.get("parameters", given) if isinstance(given, dict) else {}
+        local = path.parent if (path.parent / values.get("train_file", "train.csv")).is_file() else None
+    values |= {k: v for k in NAMED if (v := getattr(args, k, None)) is not None}
+    return values, local
+
+
 def _cmd_notebooks(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -225,23 +264,42 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     from kitlib.notebook.params import check_work_dir
 
     check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
-    values: dict[str, Any] = {}
-    if args.params:  # a JSON of 00's parameters (a demo's demo.json holds them under "parameters")
-        import json
-
-        given = json.loads(Path(args.params).read_text())
-        values |= given.get("parameters", given)
+    values, _ = _parameters(args)
     values |= {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
-    named = ("text", "target", "id", "task", "metric", "numeric", "categorical")
-    values |= {k: v for k in named if (v := getattr(args, k))}
     for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
         print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
     return 0
 
 
+def _parameter_flags(p: argparse.ArgumentParser, *, defaults: bool = False) -> None:
+    """A flag per 00 parameter (``NAMED``); unset ones stay None so --params FILE's values are kept."""
+    from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS
+
+    # kaggle build checks the preset with the others (check_parameters): a --params file's preset too
+    if defaults:
+        p.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS))
+    else:
+        p.add_argument("--preset", help="smoke | fast | balanced | best")
+    p.add_argument("--model", default="auto" if defaults else None, help="auto | tiny | a model folder")
+    p.add_argument("--text", help="text column (default: text)")
+    p.add_argument("--target", help="target column (default: label)")
+    p.add_argument("--id", help="id column (default: id)")
+    p.add_argument(
+        "--task", help="auto | classify | regress | tabular-text | seq2seq | causal-lm | module:name (default: auto)"
+    )
+    p.add_argument("--metric", help="accuracy | macro_f1 | rmse | mae | smape | rmsle | module:function")
+    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (tabular-text)")
+    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (tabular-text)")
+    p.add_argument("--model-factory", help="task custom: file.py:function (in data_dir) or module:function")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--train-file", help="default: train.csv")
+    p.add_argument("--test-file", help="default: test.csv")
+    p.add_argument("--sample-submission", help="default: sample_submission.csv")
+    p.add_argument("--hardware", help="plan for this accelerator, e.g. 2xT4 (a chain's 00/01 run without it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from kitlib._version import __version__
-    from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS
 
     parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
@@ -311,9 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--data-dir", default=None, help="00's data_dir (default: the competition's or first dataset's mount)"
     )
-    k.add_argument("--preset", default=None, help="00's preset (smoke, fast, balanced, best)")
-    k.add_argument("--model", default=None, help="00's model (auto, tiny, or a folder under /kaggle/input)")
+    k.add_argument("--params", help="a JSON file of 00's parameters (a demo's demo.json, your params.json); flags win")
+    _parameter_flags(k)
     k.add_argument("--out", default="kaggle", help="where the kernel folders go")
+    k.add_argument("--force", action="store_true", help="overwrite notebooks edited since the last build (kept .prev)")
     k.add_argument("--chain", default="previous", choices=["previous", "all"], help="which earlier outputs to mount")
     k = kaggle_sub.add_parser("wheels", help="build an offline wheels folder (kitlib + what Kaggle lacks; no torch)")
     k.add_argument("--out", default="wheels")
@@ -343,17 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["run", "strip"])
     p.add_argument("--data", help="data dir (train.csv, test.csv, sample_submission.csv)")
     p.add_argument("--work", help="working dir (run.json, cache, run/, submission.csv, executed/)")
-    p.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS))
-    p.add_argument("--model", default="auto", help="auto | tiny | a model folder")
-    p.add_argument("--text", help="text column (default: text)")
-    p.add_argument("--target", help="target column (default: label)")
-    p.add_argument("--id", help="id column (default: id)")
-    p.add_argument(
-        "--task", help="auto | classify | regress | tabular-text | seq2seq | causal-lm | module:name (default: auto)"
-    )
-    p.add_argument("--metric", help="accuracy | macro_f1 | rmse | mae | smape | rmsle | module:function")
-    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (tabular-text)")
-    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (tabular-text)")
+    _parameter_flags(p, defaults=True)
     p.add_argument("--params", help="a JSON file of 00's parameters (e.g. a demo's demo.json); flags win")
     p.add_argument("--notebooks", help="folder of the notebooks (default: the repo's notebooks/)")
     p.set_defaults(func=_cmd_notebooks)

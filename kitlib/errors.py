@@ -113,5 +113,9 @@ class KernelMetadataError(KitError, ValueError):
     """kernel-metadata.json would be rejected (or silently misread) by Kaggle; lists every problem."""
 
 
+class KernelFolderError(KitError, FileExistsError):
+    """A kernel folder holds a notebook edited since ``kaggle build`` wrote it; building again would overwrite it."""
+
+
 class KaggleCLIError(KitError, RuntimeError):
     """The kaggle CLI failed; carries its (redacted) output."""

@@ -8,8 +8,10 @@
 #   bash scripts/browser_check.sh --out shots --docs           # keep screenshots in ./shots, refresh docs/browser_*.png
 #   IPYWIDGETS=7.7.1 JUPYTERLAB=4 bash scripts/browser_check.sh  # 7.7.1 under JupyterLab 4: its widgets cannot draw
 #
-# Makes (once) a venv with --system-site-packages (torch and kitlib's dependencies come from the Python it is made
-# from: run scripts/install.sh first on a fresh machine) holding JupyterLab and Playwright's Python package; no
+# Makes (once) a venv holding JupyterLab and Playwright's Python package that also sees the packages of the Python it
+# is started with ($PYTHON, default python3: in an activated venv, that venv's; torch and kitlib's dependencies come
+# from there: run scripts/install.sh first on a fresh machine). --system-site-packages alone would see only the base
+# interpreter's, never a venv's, so a .pth file adds $PYTHON's site-packages (after the browser venv's own); no
 # browser is downloaded: Debian's chromium is installed with apt when missing (as root). The venv lives in
 # $BROWSER_VENV (default: ~/.cache/kitlib-browser/venv-lab<3|4>-ipywidgets-<version or "latest">). The kernel imports this
 # checkout's kitlib (PYTHONPATH), never an installed one. Exit status: 0 clean, 1 findings (one "FAIL" line each),
@@ -46,6 +48,10 @@ VENV=${BROWSER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kitlib-browser/venv-lab$JUP
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv --system-site-packages "$VENV"
 fi
+# $PYTHON's site-packages (a venv's, or the interpreter's own): rewritten every run, the caller may have changed
+CALLER_SITE=$("$PYTHON" -c 'import site, sysconfig; print(repr(sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})))')
+VENV_SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+echo "import site; list(map(site.addsitedir, $CALLER_SITE))" > "$VENV_SITE/kitlib-caller-site.pth"
 "$VENV/bin/python" -m pip install -q "${want[@]}"
 "$VENV/bin/python" -c "import ipywidgets, jupyterlab; print('browser_check venv:', '$VENV', 'ipywidgets', ipywidgets.__version__, 'jupyterlab', jupyterlab.__version__)"
 

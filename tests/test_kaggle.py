@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -83,7 +84,7 @@ def test_build_writes_valid_chained_kernels(notebooks: Path, tmp_path: Path) -> 
     for folder in folders:
         meta = _meta(folder)
         kg.validate_metadata(meta, folder=folder)
-        assert meta["id"] == f"someuser/kit-{folder.name.replace('_', '-')}"
+        assert meta["id"] == f"someuser/kit-some-comp-{folder.name.replace('_', '-')}"  # a competition's own kernels
         assert kg.slugify(meta["title"]) == meta["id"].split("/")[1]
         assert meta["code_file"] == f"{folder.name}.ipynb" and (folder / meta["code_file"]).is_file()
         assert (meta["language"], meta["kernel_type"], meta["is_private"]) == ("python", "notebook", True)
@@ -96,7 +97,7 @@ def test_build_writes_valid_chained_kernels(notebooks: Path, tmp_path: Path) -> 
         nb = json.loads((folder / meta["code_file"]).read_text())
         assert "kaggle" not in nb["metadata"] and "widgets" not in nb["metadata"]
         assert all(c.get("outputs", []) == [] for c in nb["cells"])
-        assert sorted(p.name for p in folder.iterdir()) == sorted([kg.METADATA_FILE, meta["code_file"]])
+        assert sorted(p.name for p in folder.iterdir()) == sorted([kg.METADATA_FILE, meta["code_file"], kg.BUILD_FILE])
     # each kernel reads the previous one's output: 00 -> 01 -> 02 -> 03
     assert [_meta(f)["kernel_sources"] for f in folders] == [[], [ids[0]], [ids[1]], [ids[2]]]
     # ... and its parameters cell says where Kaggle mounts it, the data and the wheels
@@ -120,7 +121,8 @@ def test_build_single_kernel_runs_every_stage_once_with_one_parameters_cell(note
     (folder,) = _build(notebooks, tmp_path / "one", single=True, parameters={"preset": "fast", "model": "tiny"})
     meta = _meta(folder)
     kg.validate_metadata(meta, folder=folder)
-    assert folder.name == "all_stages" and meta["id"] == "someuser/kit-all-stages" and meta["enable_gpu"] is True
+    assert folder.name == "all_stages" and meta["id"] == "someuser/kit-demo-data-all-stages"
+    assert meta["enable_gpu"] is True
     assert meta["kernel_sources"] == [] and meta["dataset_sources"] == ["someuser/demo-data", "someuser/kitlib-wheels"]
     nb = json.loads((folder / meta["code_file"]).read_text())
     tags = [c["metadata"].get("tags", []) for c in nb["cells"]]
@@ -222,26 +224,113 @@ def test_kaggle_package_loader_accepts_generated(
 
 
 @pytest.mark.parametrize(
-    "init",
+    ("init", "status"),
     [
-        "raise ImportError('No module named six')",  # kaggle 2.x on a fresh machine: fails part-way through import
-        "raise OSError('Could not find kaggle.json')",  # kaggle 1.x without credentials
-        "import sys; sys.exit(1)",
-        "",  # a package without kaggle.api
+        ("", "absent"),  # no kaggle package in this Python
+        ("raise OSError('Could not find kaggle.json')", "broken"),  # kaggle 1.x without credentials
+        ("import sys; sys.exit(1)", "broken"),
+        ("import kaggle.api", "broken"),  # a package without kaggle.api
     ],
 )
-def test_broken_or_absent_kaggle_package_is_absent_and_never_imported_here(
-    init: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_kaggle_package_that_cannot_check_is_named_never_imported_here(
+    init: str, status: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = tmp_path / "site" / "kaggle"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text(init + "\n")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))  # the child process finds this kaggle first
+    site = tmp_path / "site"
+    if init:
+        (site / "kaggle").mkdir(parents=True)
+        (site / "kaggle" / "__init__.py").write_text(init + "\n")
+    else:  # hide the installed kaggle: a finder that reports it missing, as in a Python without it
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(
+            "import sys\nclass Hide:\n    def find_spec(self, name, path=None, target=None):\n        if name == "
+            "'kaggle':\n            raise ModuleNotFoundError(\"No module named 'kaggle'\", name=name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+        )
+    monkeypatch.setenv("PYTHONPATH", str(site))  # the child process finds this kaggle first
     answer = kg.kaggle_loader_check(tmp_path)
-    assert answer["status"] == "absent", answer
-    assert kg._kaggle_package_problems(GOOD, None) == []
-    kg.validate_metadata(GOOD)
+    assert answer["status"] == status, answer
+    with pytest.warns(UserWarning, match="checked by kitlib's rules only"):  # said, never silently skipped
+        assert kg._kaggle_package_problems(GOOD, None) == []
+    with pytest.warns(UserWarning, match="pip install 'kaggle>=1.7,<3' six"):
+        kg.validate_metadata(GOOD)
     assert not any(m == "kaggle" or m.startswith("kaggle.") for m in sys.modules)  # the check ran in a child
+
+
+def _without_six(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's kaggle package as a fresh `pip install kaggle` leaves it: `six` cannot be imported."""
+    site = tmp_path / "no-six"
+    site.mkdir()
+    (site / "six.py").write_text("raise ModuleNotFoundError(\"No module named 'six'\", name='six')\n")
+    monkeypatch.setenv("PYTHONPATH", f"{site}:{Path(kg.__file__).parents[2]}")
+
+
+def test_a_kaggle_cli_without_six_is_a_kitlib_error_naming_the_fix(
+    notebooks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("kaggle")  # the real package, whose kaggle/models/upload_file.py imports six
+    folder = _build(notebooks, tmp_path / "k")[2]
+    _without_six(tmp_path, monkeypatch)
+    answer = kg.kaggle_loader_check(folder)
+    assert answer["status"] == "broken" and "six" in answer["message"], answer
+    runner = FakeRunner((0, "Kernel version 1 successfully pushed.", ""))
+    with pytest.raises(kg.KaggleCLIError, match=r"kaggle CLI is broken .*No module named 'six'.*Fix: pip install six"):
+        kg.push(folder, runner=runner)
+    assert runner.commands == []  # refused before the CLI was run
+    with pytest.warns(UserWarning, match="pip install six"):  # build time: said, not raised
+        kg.validate_metadata(_meta(folder), folder=folder)
+    # the CLI itself crashing at import (a kaggle on PATH from another Python): the traceback gets the fix too
+    monkeypatch.delenv("PYTHONPATH")
+    trace = 'Traceback (most recent call last):\n  File "kaggle/models/upload_file.py", line 22\n    import six\n'
+    crash = FakeRunner((1, "", trace + "ModuleNotFoundError: No module named 'six'\n"))
+    with pytest.raises(kg.KaggleCLIError, match=r"cannot import itself\. Fix: pip install six"):
+        kg.push(folder, runner=crash)
+    yaml = FakeRunner((1, "", "ModuleNotFoundError: No module named 'yaml'\n"))
+    with pytest.raises(kg.KaggleCLIError, match="Fix: pip install pyyaml"):
+        kg.push(folder, runner=yaml)
+
+
+def _top_level_imports(package: Path) -> set[str]:
+    """Modules imported at module level (what `import kaggle` runs) by every file of ``package``."""
+    import ast
+
+    found: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            for inner in ast.walk(node) if isinstance(node, ast.Try | ast.If) else [node]:
+                if isinstance(inner, ast.Import):
+                    found |= {a.name.split(".")[0] for a in inner.names}
+                elif isinstance(inner, ast.ImportFrom) and inner.level == 0 and inner.module:
+                    found.add(inner.module.split(".")[0])
+    return found
+
+
+def test_the_kaggle_extra_brings_every_module_the_cli_imports() -> None:
+    # A module reached only through another package's dependency (six through python-dateutil < 3) vanishes when
+    # that package drops it: each one the CLI imports must be required by kaggle/kagglesdk or by kitlib's extra.
+    import importlib.metadata as md
+    import re
+
+    import tomllib
+
+    kaggle = pytest.importorskip("kaggle")
+    extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    extra = extra["optional-dependencies"]["kaggle"]
+
+    def names(requirements: list[str]) -> set[str]:
+        plain = [r for r in requirements if "extra ==" not in r]
+        return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in plain}
+
+    owners = md.packages_distributions()
+    missing = {}
+    cli = ("kaggle", "kagglesdk")  # kagglesdk comes only with kaggle: their requirements together
+    declared = {r for dist in cli for r in names(md.requires(dist) or [])} | names(extra) | set(cli)
+    for dist in cli:
+        root = Path(kaggle.__file__).parent.parent / dist
+        for module in sorted(_top_level_imports(root) - set(sys.stdlib_module_names) - {"__future__"}):
+            dists = {d.lower().replace("_", "-") for d in owners.get(module, [module])}
+            if not dists & declared:
+                missing[module] = (dist, sorted(dists))
+    assert missing == {}, f"imported but required by no one (add to pyproject's kaggle extra): {missing}"
 
 
 # ----------------------------------------------------------------------------------------------------- CLI wrappers
@@ -280,7 +369,7 @@ def test_a_chain_is_pushed_in_order_each_after_the_last_completed(notebooks: Pat
         (0, "pushed", ""), (0, running, ""), (0, done, ""), (0, "pushed", ""), (0, running, ""), (0, failed, ""),
         (0, "pushed", ""),
     )  # fmt: skip
-    with pytest.raises(kg.KaggleCLIError, match=r"kit-01-features ended error: CUDA out of memory; the kernels after"):
+    with pytest.raises(kg.KaggleCLIError, match=r"kit-some-comp-01-features ended error: CUDA out of memory"):
         kg.push_chain(folders, runner=runner, sleep=lambda s: None)
     assert len([c for c in runner.commands if c[2] == "push"]) == 2
 
@@ -451,3 +540,100 @@ def test_cli_kaggle(
     assert "boom" in capsys.readouterr().err
     assert main(["kaggle", "wheels", "--dry-run", "--out", str(tmp_path / "w")]) == 0
     assert "pip wheel --no-deps" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------- build's input
+
+
+def _cli_build(out: Path, *extra: str) -> list[str]:
+    return ["kaggle", "build", "--username", "me", "--competition", "film-box", "--out", str(out), *extra]
+
+
+def test_build_takes_00s_parameters_from_a_file_and_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kitlib.cli import main
+
+    given = {"task": "tabular-text", "target": "box_office", "numeric": ["year"], "metric": "smape", "seed": 7}
+    (tmp_path / "demo.json").write_text(json.dumps({"metric": "smape", "parameters": given}))
+    out = tmp_path / "kaggle"
+    assert main(_cli_build(out, "--params", str(tmp_path / "demo.json"), "--preset", "smoke", "--text", "title")) == 0
+    printed = capsys.readouterr()
+    folders = [out / n for n in NOTEBOOKS]
+    values = _parameters(folders[0])  # the real 00: every parameter where a user looks for it
+    assert {k: values[k] for k in given} == given and (values["preset"], values["text"]) == ("smoke", "title")
+    assert values["categorical"] == [] and values["data_dir"] == "/kaggle/input/competitions/film-box"
+    assert [_meta(f)["id"] for f in folders] == [f"me/kitlib-film-box-{n.replace('_', '-')}" for n in NOTEBOOKS]
+    # the whole push order, in one command, and the missing wheels dataset said before Kaggle fails on it
+    assert f"next: python -m kitlib kaggle push {' '.join(map(str, folders))}" in printed.out
+    assert "warning: no wheels dataset named (--wheels-dataset)" in printed.err
+
+
+@pytest.mark.parametrize(
+    ("parameters", "flags", "message"),
+    [
+        ({}, ["--preset", "turbo"], "unknown preset 'turbo'"),
+        ({"targt": "label"}, [], r"unknown parameter\(s\) \['targt'\]"),
+        ({"task": "tabular-text"}, [], "needs the columns beside the text"),
+        ({"metric": "f2"}, [], "metric = 'f2' is not one of"),
+        ({"seed": "7"}, [], "seed = '7' is not a whole number"),
+        ({"task": "custom"}, [], "needs your model"),
+        ({}, ["--hardware", "9xT4"], "hardware = '9xT4'"),
+    ],
+)
+def test_build_checks_parameters_as_00_would_before_writing(
+    parameters: dict[str, Any], flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib.cli import main
+
+    (tmp_path / "params.json").write_text(json.dumps(parameters))  # a user's params.json: flat
+    out = tmp_path / "kaggle"
+    assert main(_cli_build(out, "--params", str(tmp_path / "params.json"), *flags)) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()  # refused before any folder was written
+
+
+def test_build_never_overwrites_a_notebook_edited_since(notebooks: Path, tmp_path: Path) -> None:
+    out = tmp_path / "kaggle"
+    _build(notebooks, out)
+    _build(notebooks, out, parameters={"seed": 1})  # unedited: a new build replaces it
+    assert _parameters(out / "00_setup")["seed"] == 1
+    edited = out / "01_features" / "01_features.ipynb"
+    mine = edited.read_text().replace("wheels_dir", "my_dir")
+    edited.write_text(mine)
+    before = {p: p.read_text() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(kg.KernelFolderError, match=r"01_features\.ipynb changed since kitlib built it.*--force"):
+        _build(notebooks, out, parameters={"seed": 2})
+    assert {p: p.read_text() for p in out.rglob("*") if p.is_file()} == before  # nothing written, 00 included
+    _build(notebooks, out, parameters={"seed": 2}, force=True)
+    assert edited.with_name("01_features.ipynb.prev").read_text() == mine  # forced: the edits are kept aside
+    assert "my_dir" not in edited.read_text() and _parameters(out / "00_setup")["seed"] == 2
+
+
+def test_install_cells_name_no_package_the_index_lacks() -> None:
+    from kitlib.notebook.runbook import NOTEBOOKS as REAL
+    from kitlib.notebook.runbook import notebooks_dir
+
+    for name in REAL:
+        cells = json.loads((notebooks_dir() / name).read_text())["cells"]
+        (install,) = [c for c in cells if "install" in c["metadata"].get("tags", [])]
+        assert not re.search(r"pip install kitlib\b", "".join(install["source"])), name  # kitlib is not on PyPI
+
+
+def test_the_readmes_colab_cell_mounts_drive_and_sets_every_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from kitlib.notebook.runbook import PATH_PARAMETERS
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("### On Colab", 1)[1]
+    cell = section.split("```python\n", 1)[1].split("```", 1)[0]
+    mounted: list[str] = []
+    drive = types.SimpleNamespace(mount=mounted.append)
+    colab = types.ModuleType("google.colab")
+    colab.drive = drive  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    values: dict[str, Any] = {}
+    exec(cell, values)
+    assert mounted == ["/content/drive"]
+    paths = {name for name in PATH_PARAMETERS if name != "model"} | {"wheels_dir"}  # model: "auto" is no path
+    assert all(str(values[name]).startswith("/content/drive/") for name in paths), paths
+    assert values["inputs"] == []

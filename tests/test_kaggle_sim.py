@@ -77,7 +77,7 @@ def test_the_pushed_four_kernel_chain_runs_to_a_submission(kaggle: dict[str, Pat
         executed = json.loads(run.executed.read_text())
         install = next(c for c in executed["cells"] if "install" in c["metadata"].get("tags", []))
         assert install["outputs"] == [] and install["execution_count"]  # ran (kitlib was absent), quietly
-    working = {f.name: outputs / f"kit-{f.name.replace('_', '-')}" for f in folders}
+    working = {f.name: outputs / f"kit-movie-reviews-{f.name.replace('_', '-')}" for f in folders}
     assert sorted(p.name for p in working["00_setup"].iterdir()) == ["params.json", "run.json"]
     assert (working["01_features"] / "features.json").is_file() and (working["01_features"] / "kitlib-cache").is_dir()
     assert (working["02_train"] / "run" / "best" / "model.safetensors").is_file()
@@ -164,3 +164,35 @@ def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, P
     )
     assert run.returncode == 0, run.log[-3000:]
     _check_submission(run.working, kaggle["data"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["auto", "tabular-text"])
+def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
+    task: str, kaggle: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What a user types: the demo's demo.json names its columns, task and metric; nothing is edited by hand.
+    from kitlib.cli import main
+
+    root = kaggle["root"] / f"demo-{task}"
+    data = root / "data"
+    assert main(["demo", str(data), "--task", task]) == 0
+    slug = f"demo-{task}"
+    build = ["kaggle", "build", "--username", "me", "--competition", slug, "--params", str(data / "demo.json"),
+             "--preset", "smoke", "--gpu", "none", "--wheels-dataset", "me/kitlib-wheels",
+             "--out", str(root / "k")]  # fmt: skip
+    assert main(build) == 0
+    folders = sorted((root / "k").iterdir())
+    sources = {slug: data, "me/kitlib-wheels": kaggle["wheels"]}
+    for folder in folders:
+        run = kaggle_sim.run_kernel(
+            folder, sources=sources, outputs=root / "outputs", image=kaggle["image"], scratch=root / "scratch"
+        )
+        assert run.returncode == 0, f"{folder.name} failed:\n{run.log[-3000:]}"
+    submission = root / "outputs" / f"kitlib-{slug}-03-infer" / "submission.csv"
+    sample = pd.read_csv(data / "sample_submission.csv")
+    written = pd.read_csv(submission)
+    assert list(written.columns) == list(sample.columns) and written["id"].tolist() == sample["id"].tolist()
+    capsys.readouterr()
+    assert main(["score", str(data / "solution.csv"), str(submission)]) == 0  # scored with the demo's metric
+    print(capsys.readouterr().out)

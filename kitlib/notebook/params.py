@@ -65,6 +65,22 @@ class Params:
     hardware: str = ""
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
 
+    def __repr__(self) -> str:
+        """A few lines a notebook shows, not the dataclass's one long line of every field."""
+        columns = f"text {self.text!r} -> target {self.target!r} (id {self.id!r})"
+        beside = [f"{kind} {list(c)}" for kind, c in (("numeric", self.numeric), ("categorical", self.categorical))]
+        run = f"preset {self.preset}, model {self.model}, task {self.task}, metric {self.metric}, seed {self.seed}"
+        lines = [
+            f"Params: {run}",
+            f"  data  {self.data_dir} ({self.train_file}, {self.test_file}, {self.sample_submission})",
+            f"  work  {self.work_dir}",
+            f"  {columns}" + "".join(f"; {b}" for b in beside if b.split(" ", 1)[1] != "[]"),
+        ]
+        lines += [f"  model_factory {self.model_factory}"] if self.model_factory else []
+        lines += [f"  planned for {self.hardware}"] if self.hardware else []
+        lines += [f"  inputs {', '.join(map(str, self.inputs))}"] if self.inputs else []
+        return "\n".join(lines)
+
     @property
     def cache_dir(self) -> Path:
         return self.work_dir / "kitlib-cache"  # under the working dir: on Kaggle it becomes the kernel's output
@@ -102,10 +118,8 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
 
         values["model_factory"] = factory_path(str(values["model_factory"]), Path.cwd())
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
-    for columns in ("numeric", "categorical"):  # a list, or "a, b" (a KIT_* variable or a CLI value)
-        given = values.get(columns, ())
-        values[columns] = tuple(c.strip() for c in given.split(",") if c.strip()) if isinstance(given, str) else given
-        values[columns] = tuple(values[columns])
+    for columns in ("numeric", "categorical"):
+        values[columns] = _columns(values.get(columns, ()))
     p = Params(**values)
     _check(p)
     return p
@@ -194,11 +208,63 @@ def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[st
 
 
 # -------------------------------------------------------------------------------------------------------- checks
+def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None) -> Params:
+    """00's checks of ``values`` that need no data, for parameters set away from it (``kaggle build``, before any
+    file is written): names, types, the preset, the task and what it needs, the metric's name, the hardware.
+
+    ``data_dir``: a local copy of the competition, where a ``model_factory = "file.py:function"`` is looked up;
+    without one, that import (like the metric's fit to the target and the folders) waits for 00.
+    """
+    from kitlib.errors import SetupError
+    from kitlib.notebook.presets import get_preset
+    from kitlib.tasks.metrics import METRICS
+
+    known = {f.name for f in dataclasses.fields(Params)} - {"inputs"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise SetupError(f"unknown parameter(s) {unknown}: 00_setup's parameters are {sorted(known)}")
+    get_preset(str(values.get("preset", DEFAULT_PRESET)))
+    given = {k: v for k, v in values.items() if k not in ("data_dir", "work_dir")}
+    for columns in ("numeric", "categorical"):
+        if isinstance(given.get(columns), str | list):
+            given[columns] = _columns(given[columns])
+    p = Params(data_dir=data_dir or Path("/kaggle/input"), work_dir=Path("/kaggle/working"), **given)
+    metric = p.metric if isinstance(p.metric, str) else ""
+    if metric and metric != "auto" and ":" not in metric and metric not in METRICS:
+        raise SetupError(
+            f"metric = {metric!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own"
+        )
+    factory_file = p.model_factory.partition(":")[0].endswith(".py")
+    _check_values(p, task=data_dir is not None or not factory_file)
+    return p
+
+
+def _columns(given: str | Sequence[str]) -> tuple[str, ...]:
+    """A list of column names, or "a, b" (a KIT_* variable or a CLI value)."""
+    return tuple(c.strip() for c in given.split(",") if c.strip()) if isinstance(given, str) else tuple(given)
+
+
 def _check(p: Params) -> None:
-    from kitlib.errors import MissingDataError, SetupError
+    from kitlib.errors import MissingDataError
+
+    _check_values(p, task=True)
+    if not p.data_dir.is_dir():
+        problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
+        raise MissingDataError(
+            f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
+            "folder (for the offline demo: python -m kitlib demo DIR)"
+        )
+    check_work_dir(p.work_dir, p.data_dir)
+
+
+def _check_values(p: Params, *, task: bool) -> None:
+    """The parameters' own checks, no folder read; ``task``: also the task's (which may import a file of data_dir)."""
+    from kitlib.errors import SetupError
     from kitlib.notebook.tasks import get_task
 
-    get_task(p.task).check(p)  # an unknown task, a module:name that does not import, or columns it needs
+    workload = get_task(p.task)  # an unknown task, or a module:name that does not import
+    if task:
+        workload.check(p)  # columns it needs, a model_factory it imports
     for f in dataclasses.fields(p):
         if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware", "model_factory"):
             continue
@@ -219,13 +285,6 @@ def _check(p: Params) -> None:
         except ValueError as err:
             fix = "or '' (this machine), in the parameters cell"
             raise SetupError(f"hardware = {p.hardware!r}: {err}; {fix}") from None
-    if not p.data_dir.is_dir():
-        problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
-        raise MissingDataError(
-            f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
-            "folder (for the offline demo: python -m kitlib demo DIR)"
-        )
-    check_work_dir(p.work_dir, p.data_dir)
 
 
 def check_work_dir(work: Path, data: Path) -> None:

@@ -12,6 +12,7 @@ Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``ker
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,16 +21,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from kitlib.errors import KaggleCLIError, KernelMetadataError
+from kitlib.errors import KaggleCLIError, KernelFolderError, KernelMetadataError
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
 METADATA_FILE = "kernel-metadata.json"
+BUILD_FILE = ".kitlib-build.json"  # the digest of each notebook as built: an edit since is never overwritten silently
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 T4X2 = "NvidiaTeslaT4"  # "GPU T4 x2", Kaggle's default GPU (kaggle-cli PR #1198); a single T4 is not offered
 # Documented accelerators (kaggle-cli docs/kernels.md, Feb 2026); some are competition- or admin-only.
@@ -89,6 +92,8 @@ def build_kernels(
     data_dir: str | None = None,
     parameters: Mapping[str, Any] | None = None,
     single: bool = False,
+    force: bool = False,
+    local_data: str | Path | None = None,
 ) -> list[Path]:
     """Write ``out_dir/<nn_name>/{kernel-metadata.json, <nn_name>.ipynb}`` per numbered notebook (``single``: one
     ``out_dir/all_stages/`` kernel running the four stages in one session); returns the folders.
@@ -100,7 +105,14 @@ def build_kernels(
     ones whose compute needs it (``gpu_notebooks``: GPU hours are quota).
     ``chain``: each kernel mounts the previous kernel's output ("previous": 00 -> 01 -> 02 -> 03), or every earlier
     one ("all").
+
+    Before anything is written: ``parameters`` are checked as 00 checks them (``check_parameters``; ``local_data``
+    is a local copy of the data for the checks that read a file), and a notebook edited since the last build is
+    refused unless ``force`` (the edited copy is then kept aside as ``<name>.ipynb.prev``). Kernel ids name the
+    competition (or first dataset): ``<prefix>-<competition>-<nn>-<name>``, so two competitions never share one.
+    Without ``wheels_dataset`` a warning says that every kernel's install cell will fail on Kaggle.
     """
+    from kitlib.notebook.params import check_parameters, keep_aside
     from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
 
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
@@ -131,9 +143,21 @@ def build_kernels(
     first = {**common, "data_dir": data, **(parameters or {})}
     if not single and "hardware" not in first and _gpu_only_from_training(notebooks, gpu):
         first["hardware"] = "2xT4"  # 00/01 on CPU plan precision, processes and batch for 02's T4 x2
+    check_parameters(
+        {k: v for k, v in first.items() if k not in ("work_dir", "data_dir", "wheels_dir")},
+        data_dir=None if local_data is None else Path(local_data),
+    )
+    if not wheels_dataset:
+        warnings.warn(
+            "no wheels dataset named (--wheels-dataset): Kaggle's image lacks kitlib, so every kernel's install cell "
+            "fails unless a dataset holding kitlib's wheels is attached. Make one: python -m kitlib kaggle wheels "
+            "--dataset-id OWNER/kitlib-wheels, upload it, then build with --wheels-dataset OWNER/kitlib-wheels",
+            stacklevel=2,
+        )
+    source = competition or (dataset_sources[0].split("/")[-1] if dataset_sources else "")
 
     def meta_for(name: str, use_gpu: bool, kernel_sources: list[str]) -> dict[str, Any]:
-        slug = slugify(f"{slug_prefix}-{name}")
+        slug = slugify(f"{slug_prefix}-{source}-{name}")
         meta: dict[str, Any] = {
             "id": f"{username}/{slug}",
             "title": slug.replace("-", " "),  # slugify(title) == slug, or Kaggle warns and may pick another URL
@@ -158,7 +182,7 @@ def build_kernels(
 
     if single:
         nb = _single_notebook(notebooks, {**first, "inputs": [], "run_dirs": []})
-        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME, gpu is not False, []))]  # slug kit-all-stages
+        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME, gpu is not False, []))]  # slug kit-<comp>-all-stages
     else:
         kernels = []
         for notebook in notebooks:
@@ -168,12 +192,26 @@ def build_kernels(
             values = first if not kernels else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
             nb = set_parameters(_clean(json.loads(notebook.read_text())), values)
             kernels.append((notebook.stem, nb, meta_for(notebook.stem, use_gpu, mounted)))
+    texts = {
+        Path(out_dir) / name / m["code_file"]: json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+        for name, nb, m in kernels
+    }
+    edited = [notebook for notebook, text in texts.items() if _edited(notebook, text)]
+    if edited and not force:
+        raise KernelFolderError(
+            f"{', '.join(map(str, edited))} changed since kitlib built it: building again would overwrite your "
+            "edits. Fix: put the values in the build's options (--params FILE, --text, ...) and rebuild with --force "
+            "(the edited copy is kept as .ipynb.prev), or build into another --out"
+        )
     folders = []
-    for name, nb, meta in kernels:
-        folder = Path(out_dir) / name
+    for (_, _, meta), (notebook, text) in zip(kernels, texts.items(), strict=True):
+        folder = notebook.parent
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / meta["code_file"]).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+        if notebook in edited:
+            keep_aside(notebook)  # <name>.ipynb.prev: the user's edits survive a forced build
+        notebook.write_text(text)
         (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        (folder / BUILD_FILE).write_text(json.dumps({meta["code_file"]: _digest(text)}) + "\n")
         folders.append(folder)
     return folders
 
@@ -188,6 +226,21 @@ def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
 
     regime = REGIMES[get_preset(preset or DEFAULT_PRESET).regime]
     return frozenset({"01", "02", "03"} if regime.features_need_accelerator else {"02", "03"})
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _edited(notebook: Path, text: str) -> bool:
+    """Whether ``notebook`` exists and differs both from ``text`` and from what the last build wrote there."""
+    if not notebook.is_file() or (current := notebook.read_text()) == text:
+        return False
+    try:
+        built = json.loads((notebook.parent / BUILD_FILE).read_text()).get(notebook.name)
+    except (OSError, json.JSONDecodeError, AttributeError):
+        built = None  # no record of a build here: the notebook is someone's
+    return built != _digest(current)
 
 
 def _wants_gpu(stem: str, gpu: bool | Collection[str]) -> bool:
@@ -248,15 +301,17 @@ def _clean(nb: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------------------- validate
 
 
-def validate_metadata(meta: Mapping[str, Any], *, folder: str | Path | None = None) -> None:
+def validate_metadata(meta: Mapping[str, Any], *, folder: str | Path | None = None, strict: bool = False) -> None:
     """Raise KernelMetadataError listing every problem; with ``folder``, also check the code file it names.
 
     Our rules (stricter than Kaggle's where Kaggle only warns or silently defaults), then, where the kaggle package is
     installed, its own loader: ``KaggleApi.kernels_push`` run against a capturing client instead of the network.
+    Without a usable kaggle package a warning says so and how to install it; ``strict`` (before a push): a broken
+    one is a KaggleCLIError naming the fix.
     """
     problems = _problems(meta, None if folder is None else Path(folder))
     if not problems:
-        problems = _kaggle_package_problems(meta, None if folder is None else Path(folder))
+        problems = _kaggle_package_problems(meta, None if folder is None else Path(folder), strict=strict)
     if problems:
         raise KernelMetadataError(f"{METADATA_FILE} is invalid:\n" + "\n".join(f"  - {p}" for p in problems))
 
@@ -341,8 +396,8 @@ def _problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
 # The kaggle package's own loader, run in a child process: `import kaggle` authenticates at import, prints a help
 # text without credentials, and a broken install (kaggle 2.x without `six`, say) fails part-way and leaves a
 # half-imported module behind. None of that may reach the caller's process. Relies on KaggleApi.build_kaggle_client
-# and kernels_push (kaggle >= 1.7, the kagglesdk client; the `kaggle` extra pins that range); anything else that goes
-# wrong in the child means "the package's check is unavailable", and our own rules have already run.
+# and kernels_push (kaggle >= 1.7, the kagglesdk client; the `kaggle` extra pins that range). "absent": no kaggle
+# package in this Python; "broken": it is there but fails (the CLI would crash the same way).
 _LOADER_CHECK = r"""
 import contextlib, io, json, sys, types
 out = {"status": "absent"}
@@ -367,17 +422,23 @@ try:
             out = {"status": "ok" if captured else "no-request"}
         except ValueError as err:
             out = {"status": "rejected", "message": str(err)}
-except BaseException as err:  # not installed, or a broken install: the check is unavailable
-    out = {"status": "absent", "message": f"{type(err).__name__}: {err}"}
+except ModuleNotFoundError as err:
+    out = {"status": "absent" if err.name == "kaggle" else "broken", "message": f"{type(err).__name__}: {err}"}
+except BaseException as err:  # a broken install: kaggle.json missing (1.x), a SystemExit, an API change
+    out = {"status": "broken", "message": f"{type(err).__name__}: {err}"}
 print(json.dumps(out))
 """
+# Modules the kaggle CLI imports whose distribution has another name (pip install <name>).
+_DISTRIBUTIONS = {"yaml": "pyyaml", "google": "protobuf", "slugify": "python-slugify", "dotenv": "python-dotenv",
+                  "dateutil": "python-dateutil"}  # fmt: skip
+KAGGLE_INSTALL = "pip install 'kaggle>=1.7,<3' six  (what kitlib's `kaggle` extra installs)"
 
 
 def kaggle_loader_check(folder: Path, *, timeout_s: float = 120.0) -> dict[str, str]:
     """Run the kaggle package's ``kernels_push`` loader on ``folder`` in a child process; never contacts Kaggle.
 
-    Returns ``{"status": "ok" | "rejected" | "no-request" | "absent", "message": ...}``; "absent" covers a missing
-    or broken kaggle install (its message says why).
+    Returns ``{"status": "ok" | "rejected" | "no-request" | "absent" | "broken", "message": ...}``: "absent" when
+    this Python has no kaggle package, "broken" when it has one that fails (its message says how).
     """
     try:
         proc = subprocess.run(
@@ -388,11 +449,25 @@ def kaggle_loader_check(folder: Path, *, timeout_s: float = 120.0) -> dict[str, 
         )
         answer: dict[str, str] = json.loads(proc.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as err:
-        return {"status": "absent", "message": f"the check did not answer: {err}"}
+        return {"status": "broken", "message": f"the check did not answer: {err}"}
     return answer
 
 
-def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
+def broken_cli_fix(text: str) -> str | None:
+    """The fix for a kaggle install that cannot import, from its traceback (``No module named 'six'`` ->
+    ``pip install six``); None when ``text`` shows no missing module."""
+    found = re.search(r"No module named '([\w.]+)'", text)
+    if found is None:
+        return None
+    module = found.group(1).split(".")[0]
+    if module in ("kaggle", "kagglesdk"):
+        return f"the kaggle package is incomplete: {KAGGLE_INSTALL}"
+    return f"pip install {_DISTRIBUTIONS.get(module, module)}  (kitlib's `kaggle` extra brings it)"
+
+
+def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None, *, strict: bool = False) -> list[str]:
+    """The kaggle package's own verdict on ``meta``. Unavailable, it says so (a warning; with ``strict``, before a
+    push, a broken install is a KaggleCLIError naming the fix): the check never skips silently."""
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp)
         (staged / METADATA_FILE).write_text(json.dumps(dict(meta)))
@@ -406,6 +481,21 @@ def _kaggle_package_problems(meta: Mapping[str, Any], folder: Path | None) -> li
         return [f"the kaggle package's loader rejects it: {answer['message']}"]
     if answer["status"] == "no-request":
         return ["the kaggle package's loader did not build a push request"]
+    if answer["status"] == "broken":
+        fix = broken_cli_fix(answer["message"]) or KAGGLE_INSTALL
+        if strict:
+            raise KaggleCLIError(f"the kaggle CLI is broken ({answer['message']}): the push would fail. Fix: {fix}")
+        warnings.warn(
+            f"{METADATA_FILE} checked by kitlib's rules only: the kaggle package is broken ({answer['message']}), "
+            f"so `kaggle kernels push` would fail too. Fix: {fix}",
+            stacklevel=3,
+        )
+    elif answer["status"] == "absent":
+        warnings.warn(
+            f"{METADATA_FILE} checked by kitlib's rules only: no kaggle package in {sys.executable}. For its own "
+            f"check (and to push): {KAGGLE_INSTALL}",
+            stacklevel=3,
+        )
     return []
 
 
@@ -488,7 +578,7 @@ def _run(command: Sequence[str]) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(list(command), capture_output=True, text=True, check=False)
     except FileNotFoundError as err:
-        raise KaggleCLIError(f"{command[0]!r} not found: pip install kaggle (or 'kitlib[kaggle]')") from err
+        raise KaggleCLIError(f"{command[0]!r} not found: {KAGGLE_INSTALL}") from err
 
 
 def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
@@ -504,6 +594,9 @@ def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
 def _check(result: subprocess.CompletedProcess[str], command: Sequence[str]) -> str:
     text = redact((result.stdout or "") + (result.stderr or ""))
     # The CLI exits 0 on "Kernel push error: ..." (it only prints it), so the text is checked too.
+    fix = broken_cli_fix(text) if result.returncode != 0 else None
+    if fix is not None:  # the CLI died importing itself: the traceback alone does not say what to install
+        raise KaggleCLIError(f"`{' '.join(command)}` failed: the kaggle CLI cannot import itself. Fix: {fix}\n{text}")
     if result.returncode != 0 or re.search(r"push error", text, re.IGNORECASE):
         raise KaggleCLIError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{text.strip()}")
     return text
@@ -524,7 +617,7 @@ def push(
     meta_path = folder / METADATA_FILE
     if not meta_path.is_file():
         raise FileNotFoundError(f"no {METADATA_FILE} in {folder}: run `python -m kitlib kaggle build` first")
-    validate_metadata(json.loads(meta_path.read_text()), folder=folder)
+    validate_metadata(json.loads(meta_path.read_text()), folder=folder, strict=True)
     command = ["kaggle", "kernels", "push", "-p", str(folder)]
     if timeout_s is not None:
         command += ["-t", str(int(timeout_s))]

@@ -1,0 +1,90 @@
+"""What 02 and 03 show (kitlib.notebook.views), the Params summary, and the notebooks' names."""
+
+from __future__ import annotations
+
+import ast
+import json
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kitlib.notebook import views
+from kitlib.notebook.params import Params
+from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir
+
+
+def _history() -> pd.DataFrame:
+    return pd.DataFrame({
+        "epoch": [1, 2, 3], "train_loss": [0.693147, 0.512345678, 0.40000123], "eval_loss": [0.6, 0.55, 0.58],
+        "accuracy": [float("nan"), 0.712345, 0.70111], "lr": [2e-5, 1.23456e-5, 0.0],
+        "samples_per_s": [405.123456, 1423.987654, 21.262387], "never": [float("nan")] * 3,
+    })  # fmt: skip
+
+
+def test_history_table_is_rounded_with_1_based_epochs_and_no_other_index() -> None:
+    table = views.history_table(_history())
+    assert table.index.name == "epoch" and table.index.tolist() == [1, 2, 3]  # the index is the epoch itself
+    assert "epoch" not in table.columns and "never" not in table.columns
+    assert table["train_loss"].tolist() == [0.6931, 0.5123, 0.4]
+    assert table["samples_per_s"].tolist() == [405.1, 1424.0, 21.26]
+    assert table["lr"].tolist() == ["2.0e-05", "1.2e-05", "0.0e+00"]
+
+
+def test_the_plot_puts_both_losses_on_one_axis_and_marks_the_kept_epoch() -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    result = types.SimpleNamespace(history=_history(), monitor="accuracy", best_epoch=2, best_metric=0.712345)
+    ax = views.plot_history(result)  # type: ignore[arg-type]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert {"train loss", "eval loss"} <= set(labels)  # one axis for both
+    kept = [line for line in ax.get_lines() if list(line.get_xdata()) == [2, 2]]
+    assert kept, "the kept epoch is marked"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "kept: epoch 2 (best accuracy 0.7123)" in legend and "accuracy" in legend
+    assert all(float(t).is_integer() for t in ax.get_xticks())  # whole epochs, never 1.2
+
+
+def test_prediction_summary_counts_and_warns_when_every_row_gets_one_answer() -> None:
+    varied = pd.DataFrame({"id": range(6), "label": ["pos", "neg", "pos", "pos", "neg", "pos"]})
+    assert views.prediction_summary(varied, "id") == "label: 'pos' 4 (67%), 'neg' 2 (33%) (6 rows, 2 distinct)"
+    numbers = pd.DataFrame({"id": range(101), "price": [float(i) for i in range(101)]})
+    assert views.prediction_summary(numbers, "id").startswith("price: min 0.0, q1 25.0, median 50.0")
+    constant = pd.DataFrame({"id": range(2581), "label": [1] * 2581})
+    with pytest.warns(UserWarning, match="every one of the 2581 rows predicts label = 1"):
+        views.prediction_summary(constant, "id")
+
+
+def test_params_show_a_short_summary_not_the_dataclass_repr() -> None:
+    p = Params(data_dir=Path("/data/comp"), work_dir=Path("/work"), numeric=("year",), task="tabular-text")
+    text = repr(p)
+    assert "PosixPath(" not in text and len(text.splitlines()) <= 6
+    assert "preset balanced" in text and "/data/comp" in text and "numeric ['year']" in text
+
+
+def _assigned(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def test_notebook_cells_never_reuse_a_parameters_name() -> None:
+    # In one kernel (Kaggle's single kernel, or re-running 00 after 02) a cell that reassigns a parameter changes
+    # what 00's setup cell reads: 02's plot once set metric = [...], and 00 then refused it.
+    cells = {n: json.loads((notebooks_dir() / n).read_text())["cells"] for n in NOTEBOOKS}
+    code = {n: [c for c in cs if c["cell_type"] == "code"] for n, cs in cells.items()}
+    tagged = [c for cs in code.values() for c in cs if "parameters" in c["metadata"].get("tags", [])]
+    parameters = {n for c in tagged for n in _assigned("".join(c["source"]))}
+    assert {"metric", "data_dir", "preset", "work_dir"} <= parameters
+    reused = {
+        (name, sorted(_assigned("".join(c["source"])) & parameters).__repr__())
+        for name, cs in code.items()
+        for c in cs
+        if "parameters" not in c["metadata"].get("tags", []) and _assigned("".join(c["source"])) & parameters
+    }
+    assert reused == set()
