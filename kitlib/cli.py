@@ -226,8 +226,8 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
 
 
 # 00's parameters a command line may set, beside --params FILE (flags win); `kaggle build` takes them all.
-NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "numeric", "categorical", "model_factory",
-         "seed", "train_file", "test_file", "sample_submission", "hardware")  # fmt: skip
+NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "objective", "numeric", "categorical",
+         "model_factory", "seed", "train_file", "test_file", "sample_submission", "hardware")  # fmt: skip
 
 
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -288,6 +288,7 @@ def _parameter_flags(p: argparse.ArgumentParser, *, defaults: bool = False) -> N
         "--task", help="auto | classify | regress | tabular-text | seq2seq | causal-lm | module:name (default: auto)"
     )
     p.add_argument("--metric", help="accuracy | macro_f1 | rmse | mae | smape | rmsle | module:function")
+    p.add_argument("--objective", help="regression loss: auto (the metric's) | mse | mae | log_mse | log_mae")
     p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (tabular-text)")
     p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (tabular-text)")
     p.add_argument("--model-factory", help="task custom: file.py:function (in data_dir) or module:function")

@@ -252,6 +252,10 @@ def features(
         )
         run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=previous.baseline)
     _check_enough_rows(train[p.target], task, run, p)
+    if task.kind == "regression":
+        from kitlib.tasks.targets import describe_objective
+
+        log(describe_objective(task, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
@@ -469,6 +473,7 @@ def _train(
         prepared.model,
         prepared.train,
         config=_train_config(p, feats),
+        loss_fn=get_task(p.task).loss_fn(feats.task),
         eval_loader=prepared.valid,
         full_eval=get_task(p.task).evaluate(feats.task, _run_metric(p, feats), prepared.valid, device),
         run_dir=staging,
