@@ -8,6 +8,7 @@ model and seed, on the price demo and on the Superstore table (benchmarks/outsid
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ def main() -> None:
     parser.add_argument("--preset", default="fast")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--rows", type=int, default=2500, help="Superstore rows")
+    parser.add_argument("--only", choices=("price demo", "superstore"), help="one table (default: both)")
     args = parser.parse_args()
     from kitlib.tools.demo_price import PARAMETERS, make_price_demo
 
@@ -43,9 +45,10 @@ def main() -> None:
     price = make_price_demo(work / "price").root
     (price / "params.json").write_text('{"target": "box_office", "metric": "smape"}')  # what score() reads
     store = superstore(work / "store", args.rows)
-    store_params = {k: v for k, v in __import__("json").loads((store / "params.json").read_text()).items()}
+    store_params = json.loads((store / "params.json").read_text())
+    tables = (("price demo", price, PARAMETERS), ("superstore", store, store_params))
     rows = []
-    for name, data, parameters in (("price demo", price, PARAMETERS), ("superstore", store, store_params)):
+    for name, data, parameters in [t for t in tables if args.only in (None, t[0])]:
         scores = {}
         for objective in ("log_mse", "auto"):
             start = time.perf_counter()
