@@ -76,16 +76,21 @@ class DataFacts:
 
     n_rows: int  # train.csv's rows; each preset trains on at most its row_limit of them (the estimate applies it)
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
+    n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
 
 
 def data_facts(p: Params) -> DataFacts:
-    """train.csv's row count and rough token lengths, for the picker before anything is written: read and checked
-    as ``setup`` reads it (its DataError, a cell earlier), in about the time of reading the CSV. No tokenizer or
+    """train.csv's row count and rough token lengths, and test.csv's row count, for the picker before anything is
+    written: read and checked as ``setup`` reads them (its DataError, a cell earlier), in about the time of reading
+    the CSVs. No tokenizer or
     model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
+    from kitlib.data.tables import read_table
+
     train = _read_train(p)
     words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
     lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
-    return DataFacts(n_rows=len(train), lengths=lengths)
+    test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
+    return DataFacts(n_rows=len(train), lengths=lengths, n_test=len(test))
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
