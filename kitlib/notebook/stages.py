@@ -244,7 +244,8 @@ def features(
     tokenizer, model, identity = workload.load(run, task, train, p, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
-    if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
+    if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
+        shown = run  # what 00 showed and saved
         run = presets.resolve(
             run.preset,
             planning_hw(p, hw or detect()),
@@ -253,6 +254,8 @@ def features(
             world_size=run.world_size,
         )
         run = dataclasses.replace(run, task=p.task, metric=data.metric.name)
+        if run.config.max_length != shown.config.max_length:
+            log(_max_length_changed(shown, run))
     _check_enough_rows(train[p.target], task, run, p)
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
@@ -279,6 +282,20 @@ def features(
     )
     handoff.save(feats, p.work_dir, built_from(p))
     return feats
+
+
+def _max_length_changed(shown: ResolvedRun, fitted: ResolvedRun) -> str:
+    """Why 01 trains at another max_length than 00 showed: 00 had word counts (or no lengths), 01 the tokens."""
+    before = (
+        f"00 estimated lengths from word counts (x{TOKENS_PER_WORD} tokens per word + {SPECIAL_TOKENS})"
+        if shown.mean_tokens is not None
+        else "00 had no lengths (the preset's cap)"
+    )
+    why = next((r.split(": ", 1)[1] for r in fitted.reasons if r.startswith("max_length")), "")
+    return (
+        f"max_length {fitted.config.max_length} tokens, not the {shown.config.max_length} 00 showed: {before}; 01 "
+        f"counted every row with the model's tokenizer ({why})"
+    )
 
 
 def load_features(p: Params) -> Features:
