@@ -142,3 +142,41 @@ def test_one_throughput_figure_under_one_name_in_the_bar_the_history_and_the_doc
     assert "samples/s" in views.history_table(history).columns
     overall = history["samples_per_s"].mul(history["epoch_s"]).sum() / history["epoch_s"].sum()
     assert f"{overall:.1f} samples/s" in str(kitlib.diagnose(result))
+
+
+def test_notebooks_show_each_thing_once() -> None:
+    """00 does not reprint the picker's summary, 01 not the length report as a second table, 02 not the doctor's
+    findings as a table that truncates the text it just printed."""
+    code = {
+        n: "\n".join("".join(c["source"]) for c in json.loads((notebooks_dir() / n).read_text())["cells"])
+        for n in NOTEBOOKS
+    }
+    setup, features, train = (code[n] for n in NOTEBOOKS[:3])
+    assert "run.summary()" not in setup and "picker" in setup
+    assert "print(feats.report)" in features and "\nfeats.report.table()" not in features
+    assert "print(report)" in train and "\nreport.table()" not in train
+
+
+def test_the_two_embedding_bars_say_train_and_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head regime embeds train then test in 01: each bar is named for its rows."""
+    import numpy as np
+
+    from kitlib.data import featurize
+    from kitlib.notebook.regimes import REGIMES, Encoder
+
+    bars: list[object] = []
+
+    def embed(texts: list[str], **kw: object) -> np.ndarray:
+        bars.append(kw["progress"])
+        return np.zeros((len(texts), 4), dtype=np.float32)
+
+    monkeypatch.setattr(featurize, "embed_texts", embed)
+    run = types.SimpleNamespace(
+        preset=types.SimpleNamespace(precision="fp32"), config=types.SimpleNamespace(precision="fp32")
+    )
+    model = types.SimpleNamespace(config=types.SimpleNamespace(num_hidden_layers=6))
+    from kitlib.machine.hardware import fake_profile
+
+    encoder = Encoder(None, model, 16, run, fake_profile("CPU", interactive=False), None, progress=True)  # type: ignore[arg-type]
+    REGIMES["head"].extra(["a good film", "dull"], ["fine"], encoder)
+    assert bars == ["embed train", "embed test"]

@@ -180,11 +180,12 @@ class Head(Regime):
         layers = min(HEAD_LAYERS, int(getattr(e.model.config, "num_hidden_layers", 1)))
         embed = dict(
             tokenizer=e.tokenizer, model=e.model, max_length=e.max_length, precision=precision, layers=layers,
-            cache=e.cache, progress=e.progress,
+            cache=e.cache,
         )  # fmt: skip
         vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
+        train, test = ("embed train", "embed test") if e.progress else (False, False)  # the bars say which
         return Extra(
-            embeddings=(embed_texts(texts, **embed), embed_texts(test_texts, **embed)),
+            embeddings=(embed_texts(texts, progress=train, **embed), embed_texts(test_texts, progress=test, **embed)),
             ngrams=(vectorizer.transform(texts), vectorizer.transform(test_texts)),
         )
 

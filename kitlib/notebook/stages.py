@@ -258,7 +258,7 @@ def features(
             log(_max_length_changed(shown, run))
     _check_enough_rows(train[p.target], task, run, p)
     max_length = run.config.max_length or min(cap, 512)
-    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
+    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
