@@ -78,16 +78,21 @@ class DataFacts:
 
     n_rows: int  # train.csv's rows; each preset trains on at most its row_limit of them (the estimate applies it)
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
+    n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
 
 
 def data_facts(p: Params) -> DataFacts:
-    """train.csv's row count and rough token lengths, for the picker before anything is written: read and checked
-    as ``setup`` reads it (its DataError, a cell earlier), in about the time of reading the CSV. No tokenizer or
+    """train.csv's row count and rough token lengths, and test.csv's row count, for the picker before anything is
+    written: read and checked as ``setup`` reads them (its DataError, a cell earlier), in about the time of reading
+    the CSVs. No tokenizer or
     model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
+    from kitlib.data.tables import read_table
+
     train = _read_train(p)
     words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
     lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
-    return DataFacts(n_rows=len(train), lengths=lengths)
+    test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
+    return DataFacts(n_rows=len(train), lengths=lengths, n_test=len(test))
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
@@ -241,8 +246,8 @@ def features(
     tokenizer, model, identity = workload.load(run, task, train, p, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
-    if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
-        previous = run
+    if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
+        shown = run  # what 00 showed and saved
         run = presets.resolve(
             run.preset,
             planning_hw(p, hw or detect()),
@@ -250,14 +255,16 @@ def features(
             overrides=run.overrides,
             world_size=run.world_size,
         )
-        run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=previous.baseline)
+        run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
+        if run.config.max_length != shown.config.max_length:
+            log(_max_length_changed(shown, run))
     _check_enough_rows(train[p.target], task, run, p)
     if task.kind == "regression":
         from kitlib.tasks.targets import describe_objective
 
         log(describe_objective(task, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
-    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
+    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
@@ -281,6 +288,20 @@ def features(
     )
     handoff.save(feats, p.work_dir, built_from(p))
     return feats
+
+
+def _max_length_changed(shown: ResolvedRun, fitted: ResolvedRun) -> str:
+    """Why 01 trains at another max_length than 00 showed: 00 had word counts (or no lengths), 01 the tokens."""
+    before = (
+        f"00 estimated lengths from word counts (x{TOKENS_PER_WORD} tokens per word + {SPECIAL_TOKENS})"
+        if shown.mean_tokens is not None
+        else "00 had no lengths (the preset's cap)"
+    )
+    why = next((r.split(": ", 1)[1] for r in fitted.reasons if r.startswith("max_length")), "")
+    return (
+        f"max_length {fitted.config.max_length} tokens, not the {shown.config.max_length} 00 showed: {before}; 01 "
+        f"counted every row with the model's tokenizer ({why})"
+    )
 
 
 def load_features(p: Params) -> Features:
