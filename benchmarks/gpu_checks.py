@@ -638,6 +638,24 @@ def make_demo_data(root: Path) -> None:
         print(f"{task}: {root / task}")
 
 
+def demo_inputs(task: str, scratch: Path, rows: int) -> tuple[Path, dict[str, Any], str]:
+    """``task``'s competition folder, 00's parameters for it, and where it came from: the real demo when carried
+    (``--make-data``), else a synthetic one of ``rows`` rows made in ``scratch``."""
+    from kitlib.tools.demo_custom import parameters as custom_parameters
+
+    carried = Path(os.environ.get(DATA_ENV, ROOT / ".gpu_suite_data")) / task
+    if (carried / "suite_parameters.json").is_file():
+        data, params = carried, json.loads((carried / "suite_parameters.json").read_text())
+        source = f"the real demo, carried ({carried})"
+    else:
+        data = scratch / "data"
+        params = synthetic_competition(task, data, rows)
+        source = f"synthetic ({DATA_ENV} names no demo data for {task})"
+    if task == "custom":  # 00 finds the factory file by its full path, which is known only where the data lies now
+        params = {**params, **custom_parameters(data)}
+    return data, params, source
+
+
 def _demo(task: str) -> Any:
     def run(ctx: Ctx) -> None:
         import pandas as pd
@@ -645,14 +663,8 @@ def _demo(task: str) -> Any:
         from kitlib.machine.hardware import detect
         from kitlib.notebook import presets, stages
 
-        carried = Path(os.environ.get(DATA_ENV, ROOT / ".gpu_suite_data")) / task
-        if (carried / "suite_parameters.json").is_file():
-            data, params = carried, json.loads((carried / "suite_parameters.json").read_text())
-            ctx.figure("data", f"the real demo, carried ({carried})")
-        else:
-            data = ctx.scratch / "data"
-            params = synthetic_competition(task, data, ctx.size(80, 2000))
-            ctx.figure("data", f"synthetic ({DATA_ENV} names no demo data for {task})")
+        data, params, source = demo_inputs(task, ctx.scratch, ctx.size(80, 2000))
+        ctx.figure("data", source)
         hw = detect()
         preset = ctx.size("smoke", "balanced")
         p = stages.params(data_dir=data, work_dir=ctx.scratch / "work", preset=preset, model="tiny", **params)

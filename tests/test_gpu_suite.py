@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -146,3 +147,33 @@ def test_the_cpu_run_reports_every_declared_check_with_a_status(tmp_path: Path) 
         assert by_name[name]["status"] == "skipped" and "CUDA" in by_name[name]["reason"], by_name[name]
     assert by_name["exact_resume"]["status"] == "passed", by_name["exact_resume"]
     assert by_name["tf32"]["status"] == "passed", by_name["tf32"]  # flags restored, also on CPU
+
+
+def _checks_module() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_checks
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_checks
+
+
+@pytest.mark.parametrize("carried", [False, True])
+def test_the_custom_demo_names_its_factory_where_its_data_lies(
+    carried: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """00 accepts the custom demo's parameters, synthetic or carried from the machine that made the data (the
+    factory file's full path is only known where the data lies)."""
+    from kitlib.notebook import stages
+    from kitlib.tools.demo_custom import PARAMETERS
+
+    checks = _checks_module()
+    monkeypatch.setenv(checks.DATA_ENV, str(tmp_path / "carried"))
+    if carried:  # made elsewhere (--make-data), then moved: its parameters name no path of this machine
+        checks.synthetic_competition("custom", tmp_path / "made" / "custom", 40)
+        (tmp_path / "made" / "custom" / "suite_parameters.json").write_text(json.dumps(PARAMETERS))
+        (tmp_path / "made").rename(tmp_path / "carried")
+    data, params, source = checks.demo_inputs("custom", tmp_path / "scratch", 40)
+    assert ("carried" in source) is carried
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", **params)
+    assert p.model_factory == f"{(data / 'bilstm.py').resolve()}:build"
