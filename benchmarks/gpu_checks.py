@@ -257,7 +257,7 @@ class _Watch(StepClock):
     def on_step_end(self, step: Any) -> None:
         loop = self.loop
         assert loop is not None
-        self.applied.append(step.applied)
+        self.applied.append(bool(step.applied))  # a device flag (0-d tensor): read here, the check's own sync
         self.scales.append(loop.precision.scale)
         self.params.append([p.detach().clone() for p in loop.params])
         state = loop.optimizer.state.get(loop.params[0], {})

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
@@ -177,3 +178,28 @@ def test_the_custom_demo_names_its_factory_where_its_data_lies(
     assert ("carried" in source) is carried
     p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", **params)
     assert p.model_factory == f"{(data / 'bilstm.py').resolve()}:build"
+
+
+def test_the_grad_scaler_watch_records_each_steps_outcome_as_a_bool() -> None:
+    """fit reports a step's outcome as a device flag; the GPU check's claims (``applied[k] is False``) and its JSON
+    figures need plain bools. Shown with fp32 on the CPU: an inf loss in window 1 is skipped."""
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib import TrainConfig, fit
+
+    checks = _checks_module()
+    calls = [0]
+
+    def loss_fn(model: nn.Module, batch: Any) -> Any:
+        calls[0] += 1
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        return loss * float("inf") if calls[0] == 2 else loss
+
+    x = torch.randn(24, 4)
+    watch = checks._Watch()
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, precision="fp32", save_best=False, log_every_steps=100)
+    fit(nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
+        loss_fn=loss_fn, callbacks=[watch])  # fmt: skip
+    assert watch.applied[1] is False and watch.applied[0] is True and watch.applied[2] is True
+    assert json.loads(json.dumps(watch.applied)) == [True, False, True]
