@@ -147,7 +147,7 @@ def train_window(
     with timer.phase("optimizer"):
         precision.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True)
-        found_inf = precision.found_inf(optimizer, norm)  # skipped on the device, counted there (StepLedger)
+        found_inf = precision.found_inf(norm)  # skipped on the device, counted there (StepLedger)
         with ledger.scheduled_lr(optimizer):
             precision.apply(optimizer, found_inf)
         applied = ledger.record(found_inf)
