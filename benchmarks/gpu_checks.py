@@ -141,6 +141,10 @@ if before == "detect":
     import kitlib
     kitlib.detect()
 elif before == "is_available":
+    torch.cuda.is_available()  # cuInit in this process: launch must refuse before it forks, naming the fix
+elif before == "nvml_is_available":
+    import os
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # the availability check the refusal names: no cuInit
     torch.cuda.is_available()
 initialised = torch.cuda.is_initialized()
 try:
@@ -154,7 +158,7 @@ except Exception as e:
 def check_fork_launch(ctx: Ctx) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}  # kitlib must not need it
     outcomes: dict[str, dict[str, Any]] = {}
-    for before in ("nothing", "detect", "is_available"):
+    for before in ("nothing", "detect", "nvml_is_available", "is_available"):
         try:
             proc = subprocess.run(
                 [sys.executable, "-c", _LAUNCH_SCRIPT, before], capture_output=True, text=True, timeout=150, env=env
@@ -166,7 +170,12 @@ def check_fork_launch(ctx: Ctx) -> None:
     ctx.figure("launch_after", outcomes)
     ctx.claim(outcomes["nothing"]["ok"], "launch in a fresh process runs CUDA in 2 forked workers")
     ctx.claim(outcomes["detect"]["ok"], "launch after kitlib.detect() (00 then 02 in one kernel) works")
-    ctx.claim(outcomes["is_available"]["ok"], "launch after torch.cuda.is_available() works (no cuInit in the parent)")
+    ctx.claim(outcomes["nvml_is_available"]["ok"], "launch after an NVML-based torch.cuda.is_available() works")
+    refused = str(outcomes["is_available"].get("error", ""))
+    ctx.claim(
+        refused.startswith("DistributedError") and "PYTORCH_NVML_BASED_CUDA_CHECK" in refused,
+        "after a plain torch.cuda.is_available() (cuInit here) launch refuses before forking, naming the fix",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- DDP default (2)
@@ -930,12 +939,13 @@ CHECKS: list[Check] = [
     ),
     Check(
         "fork_launch",
-        "launch forks CUDA workers in a fresh kernel, after detect(), after is_available()",
+        "launch forks CUDA workers in a fresh kernel, after detect(), after an NVML availability check; refuses "
+        "after a plain is_available()",
         check_fork_launch,
         "1",
         "cuda",
         "only CUDA breaks in forked children",
-        gpu_s=45,
+        gpu_s=55,
     ),
     Check(
         "ddp_default_model",
