@@ -71,6 +71,16 @@ def _run(args: list[str], tmp_path: Path, **kw) -> subprocess.CompletedProcess[s
     )
 
 
+def _checks_module() -> Any:
+    """benchmarks/gpu_checks.py (imports torch, transformers and kitlib: only where a test needs it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_checks
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_checks
+
+
 def test_a_check_that_raises_crashes_or_hangs_is_reported_failed_and_the_suite_goes_on(tmp_path: Path) -> None:
     (tmp_path / "fake_checks.py").write_text(FAKE_CHECKS)
     out = tmp_path / "report"
@@ -105,9 +115,9 @@ def test_a_check_that_raises_crashes_or_hangs_is_reported_failed_and_the_suite_g
 
 
 def test_parts_cover_every_check_once_within_the_budget(tmp_path: Path) -> None:
+    gpu_checks = _checks_module()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import gpu_checks
         import gpu_suite
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
@@ -126,11 +136,7 @@ def test_parts_cover_every_check_once_within_the_budget(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_cpu_run_reports_every_declared_check_with_a_status(tmp_path: Path) -> None:
     """The real checks on this CPU (a cheap subset runs; the GPU ones must say why they were skipped)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_checks
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu_checks = _checks_module()
     out = tmp_path / "s"
     cheap = "env,tf32,exact_resume," + ",".join(c.name for c in gpu_checks.CHECKS if c.needs != "any")
     proc = _run(["--only", cheap, "--out", str(out)], tmp_path)
@@ -148,15 +154,6 @@ def test_the_cpu_run_reports_every_declared_check_with_a_status(tmp_path: Path) 
         assert by_name[name]["status"] == "skipped" and "CUDA" in by_name[name]["reason"], by_name[name]
     assert by_name["exact_resume"]["status"] == "passed", by_name["exact_resume"]
     assert by_name["tf32"]["status"] == "passed", by_name["tf32"]  # flags restored, also on CPU
-
-
-def _checks_module() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_checks
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return gpu_checks
 
 
 @pytest.mark.parametrize("carried", [False, True])
