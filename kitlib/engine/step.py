@@ -48,9 +48,10 @@ class StepLedger:
     Whether a step was applied (finite gradients) is known only on the device; reading it every step would make the
     CPU wait for the GPU. So the counters (applied, skipped, the current run of skipped steps, this window's outcome)
     and the learning rate stay there: the LR of the next step is the schedule's value at the applied count, looked up
-    in a table of the LambdaLR's values (8 bytes x total steps x param groups, built once), so a skipped step does not
-    advance the schedule, exactly as when the host decided. ``read`` is the one host sync; fit calls it only where a
-    decision needs the counts (a log, eval or save step, the non-finite limit within reach, an epoch end).
+    in a table of the LambdaLR's values (4 bytes on CUDA, 8 on CPU, x total steps x param groups; built once), so a
+    skipped step does not advance the schedule, exactly as when the host decided. ``read`` is the one host sync; fit
+    calls it only where a decision needs the counts (a log, eval or save step, the non-finite limit within reach, an
+    epoch end).
     """
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device) -> None:
