@@ -286,10 +286,16 @@ def test_a_run_dir_on_rank_0_only_is_refused_instead_of_hanging_at_the_first_sav
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
     }
-    proc = subprocess.run([sys.executable, "-c", _RUN_DIR_ON_RANK_0, str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=150, env=env)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_DIR_ON_RANK_0, str(tmp_path / "run")], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the hang: the launcher and its forked ranks, all in this session
+        proc.communicate()
+        pytest.fail("the ranks hung at the first save")
     assert proc.returncode != 0
-    assert "run_dir was given on 1 of 2 ranks" in proc.stderr and "every rank" in proc.stderr, proc.stderr[-2000:]
+    assert "run_dir was given on 1 of 2 ranks" in stderr and "every rank" in stderr, stderr[-2000:]
 
 
 # --------------------------------------------------------------------------------- 10. CPU threads and workers
