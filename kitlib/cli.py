@@ -225,15 +225,20 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
     return 0
 
 
-# 00's parameters a command line may set, beside --params FILE (flags win); `kaggle build` takes them all.
+# 00's parameters a command line may set, beside --params FILE; `kaggle build` and `notebooks run` take them all.
 NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "numeric", "categorical", "model_factory",
-         "seed", "train_file", "test_file", "sample_submission", "hardware")  # fmt: skip
+         "seed", "train_file", "test_file", "sample_submission", "hardware", "epochs", "micro_batch_size",
+         "grad_accum_steps", "lr", "max_length", "full_eval_every")  # fmt: skip
 
 
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """00's parameters from ``--params FILE`` (a demo's demo.json holds them under "parameters"; a user's
-    params.json is flat) and the flags, and the folder of the file when it holds the data (for checks reading it)."""
+    """00's parameters by one rule: an explicit flag > ``--params FILE`` (a demo's demo.json holds them under
+    "parameters"; a user's params.json is flat) > 00's own defaults (not written here: the notebook's cell has them).
+    An unknown name in the file is an error listing the valid ones. Prints what was set, and where, once. Also
+    returns the folder of the file when it holds the data (for checks reading it)."""
     from pathlib import Path
+
+    from kitlib.notebook.params import check_names
 
     values: dict[str, Any] = {}
     local = None
@@ -243,9 +248,21 @@ def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             given = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise SetupError(f"--params {path}: {err}. Fix: name a JSON file of 00's parameters") from None
-        values |= given.get("parameters", given) if isinstance(given, dict) else {}
+        found = given.get("parameters", given) if isinstance(given, dict) else None
+        if not isinstance(found, dict):
+            raise SetupError(f'--params {path}: holds no object of 00\'s parameters, e.g. {{"preset": "fast"}}')
+        try:
+            check_names(found)
+        except SetupError as err:
+            raise SetupError(f"--params {path}: {err}") from None
+        values |= found
         local = path.parent if (path.parent / values.get("train_file", "train.csv")).is_file() else None
-    values |= {k: v for k in NAMED if (v := getattr(args, k, None)) is not None}
+    flags = {k: v for k in NAMED if (v := getattr(args, k, None)) is not None}
+    values |= flags
+    if values:
+        origin = {k: "flag" if k in flags else "file" for k in values}
+        shown = ", ".join(f"{k}={v!r} ({origin[k]})" for k, v in values.items())
+        print(f"parameters: {shown}; the rest: 00_setup's defaults")
     return values, local
 
 
@@ -261,41 +278,53 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
-    from kitlib.notebook.params import check_work_dir
+    from kitlib.notebook.params import check_parameters, check_work_dir
 
-    check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
     values, _ = _parameters(args)
-    values |= {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
+    values |= {"data_dir": args.data, "work_dir": args.work}
+    check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
+    check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel
     for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
         print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
     return 0
 
 
-def _parameter_flags(p: argparse.ArgumentParser, *, defaults: bool = False) -> None:
-    """A flag per 00 parameter (``NAMED``); unset ones stay None so --params FILE's values are kept."""
-    from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS
+PARAMS_HELP = (
+    "a JSON file of 00's parameters (a demo's demo.json, your params.json); an explicit flag > the file > 00's "
+    "defaults; an unknown name is an error"
+)
 
-    # kaggle build checks the preset with the others (check_parameters): a --params file's preset too
-    if defaults:
-        p.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS))
-    else:
-        p.add_argument("--preset", help="smoke | fast | balanced | best")
-    p.add_argument("--model", default="auto" if defaults else None, help="auto | tiny | a model folder")
-    p.add_argument("--text", help="text column (default: text)")
-    p.add_argument("--target", help="target column (default: label)")
+
+def _parameter_flags(p: argparse.ArgumentParser) -> None:
+    """A flag per 00 parameter (``NAMED``); none has a default here, so an unset flag never hides --params FILE's
+    value (00's parameters cell holds the defaults)."""
+    p.add_argument("--preset", help="smoke | fast | balanced | best (default: balanced)")
+    p.add_argument("--model", help="auto | tiny | a model folder (default: auto)")
+    p.add_argument("--text", help="text column (default: text); seq2seq: the source, causal-lm: the prompt")
+    p.add_argument("--target", help="target column (default: label); seq2seq/causal-lm: the text to generate")
     p.add_argument("--id", help="id column (default: id)")
     p.add_argument(
-        "--task", help="auto | classify | regress | tabular-text | seq2seq | causal-lm | module:name (default: auto)"
+        "--task",
+        help="auto | classify | regress | tabular-text | seq2seq | causal-lm | custom | module:name (default: auto)",
     )
-    p.add_argument("--metric", help="accuracy | macro_f1 | rmse | mae | smape | rmsle | module:function")
-    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (tabular-text)")
-    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (tabular-text)")
-    p.add_argument("--model-factory", help="task custom: file.py:function (in data_dir) or module:function")
-    p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--metric",
+        help="auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | exact_match | record_f1 | module:function",
+    )
+    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (any text task)")
+    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (any text task)")
+    p.add_argument("--model-factory", help="task custom: file.py:function (a full path) or module:function")
+    p.add_argument("--seed", type=int, help="default: 42")
     p.add_argument("--train-file", help="default: train.csv")
     p.add_argument("--test-file", help="default: test.csv")
     p.add_argument("--sample-submission", help="default: sample_submission.csv")
     p.add_argument("--hardware", help="plan for this accelerator, e.g. 2xT4 (a chain's 00/01 run without it)")
+    p.add_argument("--epochs", type=int, help="default: the preset's")
+    p.add_argument("--micro-batch-size", type=int, help="rows per forward pass, per GPU (default: the preset's)")
+    p.add_argument("--grad-accum-steps", type=int, help="micro-batches per optimizer step (default: derived)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
+    p.add_argument("--max-length", type=int, help="tokens per row (default: fitted to the data)")
+    p.add_argument("--full-eval-every", type=int, help="epochs between full evaluations, 0: at the end only")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -369,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--data-dir", default=None, help="00's data_dir (default: the competition's or first dataset's mount)"
     )
-    k.add_argument("--params", help="a JSON file of 00's parameters (a demo's demo.json, your params.json); flags win")
+    k.add_argument("--params", help=PARAMS_HELP)
     _parameter_flags(k)
     k.add_argument("--out", default="kaggle", help="where the kernel folders go")
     k.add_argument("--force", action="store_true", help="overwrite notebooks edited since the last build (kept .prev)")
@@ -402,8 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["run", "strip"])
     p.add_argument("--data", help="data dir (train.csv, test.csv, sample_submission.csv)")
     p.add_argument("--work", help="working dir (run.json, cache, run/, submission.csv, executed/)")
-    _parameter_flags(p, defaults=True)
-    p.add_argument("--params", help="a JSON file of 00's parameters (e.g. a demo's demo.json); flags win")
+    _parameter_flags(p)
+    p.add_argument("--params", help=PARAMS_HELP)
     p.add_argument("--notebooks", help="folder of the notebooks (default: the repo's notebooks/)")
     p.set_defaults(func=_cmd_notebooks)
 

@@ -20,7 +20,14 @@ import numpy as np
 from kitlib._files import record_file, write_atomic
 from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
-from kitlib.notebook.params import RUN_NAME, Params, keep_aside, load_params, params  # noqa: F401 (public face)
+from kitlib.notebook.params import (  # noqa: F401 (public face)
+    RUN_NAME,
+    TRAINING,
+    Params,
+    keep_aside,
+    load_params,
+    params,
+)
 from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
@@ -54,10 +61,12 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
-    run = resolved or presets.resolve(p.preset, planning_hw(p, hw))
+    run = resolved or presets.resolve(p.preset, planning_hw(p, hw), overrides=p.training())
+    # The parameters' training settings, under what the picker changed (a picker built without them lacks them)
+    overrides = p.training() | dict(run.overrides)
     preset = get_task(p.task).preset(run.preset, p)  # idempotent: a picker built with task_preset(p) did it already
-    if preset != run.preset:  # the task trains it its way; what the user changed in the picker still wins
-        run = presets.resolve(preset, planning_hw(p, hw), overrides=run.overrides, world_size=run.world_size)
+    if preset != run.preset or overrides != run.overrides:  # the task's way, then the user's settings on top
+        run = presets.resolve(preset, planning_hw(p, hw), overrides=overrides, world_size=run.world_size)
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
@@ -66,7 +75,8 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name)
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
-    dataclasses.replace(p, preset=run.name).save()  # the picker's choice: params.json and run.json agree
+    chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
+    dataclasses.replace(p, preset=run.name, **chosen).save()  # the picker's choice: params.json and run.json agree
     return run
 
 
