@@ -65,31 +65,37 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    import json
+    """Any competition: the target and id columns and the metric from the flags, else from a work dir's params.json
+    and run.json (--work), else from a demo's demo.json beside the solution, else label / id / accuracy."""
     from pathlib import Path
 
+    from kitlib.tasks.metrics import METRICS
     from kitlib.tools.demo import ABOUT_FILE, score
 
+    found: dict[str, Any] = {}
     about = Path(args.solution).with_name(ABOUT_FILE)
-    metric = json.loads(about.read_text()).get("metric", "accuracy") if about.is_file() else "accuracy"
-    if metric == "smape":
-        from kitlib.tools.demo_price import score_price
+    if about.is_file():  # a demo: its metric, and the columns its parameters name
+        demo = json.loads(about.read_text())
+        found |= {k: v for k, v in demo.get("parameters", {}).items() if k in ("target", "id", "metric")}
+        found |= {"metric": demo["metric"]} if "metric" in demo else {}
+    if args.work:  # the run that wrote the submission: its columns and the metric it trained for
+        from kitlib.notebook.params import PARAMS_FILE
+        from kitlib.notebook.presets import RUN_FILE
 
-        print(f"smape: {score_price(args.solution, args.submission):.2f} (lower is better)")
-        return 0
-    if metric == "record_f1":
-        from kitlib.tools.demo_sql import DB_FILE, score_sql
-
-        f1 = score_sql(args.solution, args.submission, Path(args.solution).with_name(DB_FILE))
-        print(f"record_f1: {f1:.4f} (each query executed on {DB_FILE})")
-        return 0
-    if metric == "exact_match":
-        from kitlib.tools.demo_sft import score_sft
-
-        print(f"exact_match: {score_sft(args.solution, args.submission):.4f} (responses equal, whitespace aside)")
-        return 0
-    accuracy = score(args.solution, args.submission)  # a DataError prints as one line, exit 2
-    print(f"accuracy: {accuracy:.4f}")
+        work = Path(args.work)
+        try:
+            saved = json.loads((work / PARAMS_FILE).read_text())
+            metric = json.loads((work / RUN_FILE).read_text())["metric"]
+        except (OSError, ValueError, KeyError) as err:
+            raise SetupError(f"--work {work}: {err}. Fix: the work_dir 00_setup wrote, or --target/--metric") from None
+        found |= {"target": saved.get("target", "label"), "id": saved.get("id", "id"), "metric": metric}
+        found |= {"data_dir": saved["data_dir"]} if saved.get("data_dir") else {}
+    found |= {k: v for k in ("target", "id", "metric") if (v := getattr(args, k)) is not None}
+    metric = found.get("metric", "accuracy")
+    value = score(args.solution, args.submission, target=found.get("target", "label"), id=found.get("id", "id"),
+                  metric=metric, data_dir=found.get("data_dir"))  # fmt: skip
+    better = "lower" if metric in METRICS and METRICS[metric].mode == "min" else "higher"
+    print(f"{metric}: {value:.4f} ({better} is better; column {found.get('target', 'label')!r})")
     return 0
 
 
@@ -367,9 +373,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("score", help="score a submission against the demo's solution.csv (its demo.json's metric)")
-    p.add_argument("solution")
+    p = sub.add_parser("score", help="score a submission against a solution file (any competition, or a demo's)")
+    p.add_argument("solution", help="the held-out answers: the id and target columns")
     p.add_argument("submission")
+    p.add_argument("--target", help="the scored column (default: the --work run's, a demo's, else label)")
+    p.add_argument("--id", help="the id column (default: the --work run's, else id)")
+    p.add_argument(
+        "--metric",
+        help="accuracy | macro_f1 | rmse | mae | smape | rmsle | exact_match | record_f1 | module:function (default: "
+        "the --work run's, a demo's, else accuracy)",
+    )
+    p.add_argument("--work", help="a work_dir of the notebooks: its params.json and run.json give the defaults")
     p.set_defaults(func=_cmd_score)
 
     p = sub.add_parser("presets", help="show each preset resolved for this (or a named) machine, with the reasons")
