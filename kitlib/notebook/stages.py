@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib._files import record_file, write_atomic
+from kitlib.machine.hardware import cpu_threads
 from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
 from kitlib.notebook.params import (  # noqa: F401 (public face)
@@ -223,6 +224,7 @@ def built_from(p: Params) -> dict[str, Any]:
     return values | {"test_sha256": record_file(test)["sha256"] if test.is_file() else None}
 
 
+@cpu_threads()  # tokenizing, and the head regime's encoder pass: this process's share of the CPUs, restored after
 def features(
     p: Params,
     run: ResolvedRun | None = None,
@@ -483,6 +485,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
+@cpu_threads()  # predicting on the CPU: this process's share of the CPUs, restored after
 def infer(
     p: Params,
     feats: Features | None = None,
