@@ -284,9 +284,17 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
-    from kitlib.notebook.params import check_parameters, check_work_dir
+    import os
+
+    from kitlib.notebook.params import ENV, check_parameters, check_work_dir
 
     values, _ = _parameters(args)
+    given = {k: str(values[k]) for k in ENV if k in values}
+    clash = [
+        f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}" for k, v in given.items() if os.environ.get(ENV[k], v) != v
+    ]
+    if clash:  # 00 would take the variable: the flag or file would be silently overridden
+        raise SetupError(f"{'; '.join(clash)}: the kernel inherits the variable, which wins in 00. Fix: unset it")
     values |= {"data_dir": args.data, "work_dir": args.work}
     check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
     check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel

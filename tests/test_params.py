@@ -190,6 +190,18 @@ def test_an_unknown_parameter_is_an_error_listing_the_valid_ones(
         stages.params(environ={}, data_dir=data, work_dir=work, epoch=3)  # 00's cell: the same error
 
 
+def test_a_variable_that_would_override_a_flag_in_00_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib import cli
+
+    monkeypatch.setenv("KIT_PRESET", "smoke")
+    work = tmp_path / "work"
+    args = ["notebooks", "run", "--data", str(_competition(tmp_path / "data")), "--work", str(work), "--preset", "fast"]
+    assert cli.main(args) == 2
+    assert "KIT_PRESET='smoke' vs preset='fast'" in capsys.readouterr().err and not work.exists()
+
+
 def test_training_parameters_reach_run_json_and_start_the_picker(tmp_path: Path, cpu_hw) -> None:
     from kitlib.notebook.widgets import PresetPicker
 
