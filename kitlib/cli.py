@@ -232,9 +232,9 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
 
 
 # 00's parameters a command line may set, beside --params FILE; `kaggle build` and `notebooks run` take them all.
-NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "numeric", "categorical", "model_factory",
-         "seed", "train_file", "test_file", "sample_submission", "hardware", "epochs", "micro_batch_size",
-         "grad_accum_steps", "lr", "max_length", "full_eval_every")  # fmt: skip
+NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "objective", "numeric", "categorical",
+         "model_factory", "seed", "train_file", "test_file", "sample_submission", "hardware", "epochs",
+         "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every")  # fmt: skip
 
 
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -325,6 +325,7 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
         "--metric",
         help="auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | exact_match | record_f1 | module:function",
     )
+    p.add_argument("--objective", help="regression loss: auto (the metric's) | mse | mae | log_mse | log_mae")
     p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (any text task)")
     p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (any text task)")
     p.add_argument("--model-factory", help="task custom: file.py:function (a full path) or module:function")

@@ -65,8 +65,8 @@ def test_a_users_metric_by_module_and_function() -> None:
 # ------------------------------------------------------------------------------------------------------ targets
 def test_a_heavy_tailed_or_smape_scored_target_is_learned_as_standardised_log() -> None:
     prices = pd.Series(np.random.default_rng(0).lognormal(3.8, 1.2, 500))  # median ~45, a long right tail
-    spec = read_target(prices, "auto", "rmse")
-    assert spec.log and spec.kind == "regression"
+    spec = read_target(prices, "auto", "mae")
+    assert spec.log and spec.kind == "regression" and spec.loss == "mae"  # the median: the same in log space
     learned = spec.encode(prices)
     assert abs(learned.mean()) < 1e-4 and abs(learned.std() - 1) < 1e-3  # O(1) for MSE whatever the units
     assert np.allclose(spec.decode(learned), prices, rtol=1e-5)  # the submission is back in dollars
@@ -373,3 +373,22 @@ def test_every_tasks_preset_adjustment_is_idempotent(tmp_path: Path, name: str) 
     for preset in PRESETS.values():
         once = task.preset(preset, p)
         assert task.preset(once, p) == once, (name, preset.name)
+
+
+@pytest.mark.parametrize(
+    ("metric", "objective", "log", "loss"),
+    [
+        ("rmse", "auto", False, "mse"),  # the conditional mean: squared error on the value itself, even heavy-tailed
+        ("mae", "auto", True, "mae"),  # the median, which log1p keeps: absolute error in log space
+        ("smape", "auto", True, "mae"),  # a relative error: absolute error in log space
+        ("rmsle", "auto", True, "mse"),  # exactly squared error in log space
+        ("test_tasks:user_metric", "auto", True, "mse"),  # a metric of one's own: squared error, log when heavy-tailed
+        ("smape", "mse", False, "mse"),  # the user's override wins
+        ("rmse", "log_mae", True, "mae"),
+    ],
+)
+def test_the_loss_follows_the_metric_unless_overridden(metric: str, objective: str, log: bool, loss: str) -> None:
+    prices = pd.Series(np.random.default_rng(0).lognormal(3.8, 1.2, 500))
+    spec = read_target(prices, "auto", metric, objective)
+    assert (spec.log, spec.loss) == (log, loss)
+    assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it

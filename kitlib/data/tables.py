@@ -210,6 +210,7 @@ class TaskSpec:
     log: bool = False
     center: float = 0.0
     scale: float = 1.0
+    loss: str = "mse"  # regression: "mse" (squared error: the mean) or "mae" (absolute error: the median), on the above
 
     def encode(self, values: pd.Series | Sequence[Any]) -> np.ndarray:
         """Labels -> int64 codes (classification) or float32 targets (regression, transformed as the spec says)."""
@@ -237,12 +238,13 @@ class TaskSpec:
 
     def to_dict(self) -> dict[str, Any]:
         classes = [c.item() if isinstance(c, np.generic) else c for c in self.classes]  # JSON-safe
-        transform = {"log": self.log, "center": self.center, "scale": self.scale} if self.kind == "regression" else {}
+        transform = {"log": self.log, "center": self.center, "scale": self.scale, "loss": self.loss}
+        transform = transform if self.kind == "regression" else {}
         return {"kind": self.kind, "num_labels": self.num_labels, "classes": classes, **transform}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TaskSpec:
-        transform = {k: d[k] for k in ("log", "center", "scale") if k in d}
+        transform = {k: d[k] for k in ("log", "center", "scale", "loss") if k in d}
         return cls(d["kind"], int(d["num_labels"]), tuple(d["classes"]), **transform)
 
 

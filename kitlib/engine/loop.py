@@ -80,16 +80,17 @@ class FitResult:
     monitor: str  # the metric best_metric and best_epoch are judged by
     config: TrainConfig  # the config that ran
     step_evals: list[dict[str, Any]] = field(default_factory=list)  # eval_every_steps: {"epoch", "step", "eval_loss"}
+    notes: tuple[str, ...] = ()  # lines the caller adds under the summary (the notebooks: the trivial baseline)
 
     def summary(self) -> str:
         """One line for a notebook: why training stopped, the best metric (named, 4 decimals) and its epoch, the
         precision. E.g. ``stopped: early stop (patience 2) after 4 of 10 epochs; best accuracy 0.6822 at epoch 2;
-        precision fp32``."""
+        precision fp32``. Then the caller's ``notes``, a line each."""
         if self.best_metric is None:
             best = f"no best {self.monitor} (never reported)"
         else:
             best = f"best {self.monitor} {_rounded(self.best_metric)} at epoch {self.best_epoch}"
-        return f"stopped: {self._stop_text()}; {best}; precision {self.precision.dtype}"
+        return "\n".join([f"stopped: {self._stop_text()}; {best}; precision {self.precision.dtype}", *self.notes])
 
     def _stop_text(self) -> str:
         cfg = self.config

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.models.bpe import SPECIALS, tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 
-__all__ = ["SPECIALS", "TINY_T5", "tiny_seq2seq", "tokenizer_from_json", "tokenizer_identity", "train_bpe_tokenizer"]
+__all__ = [
+    "SPECIALS",
+    "TINY_T5",
+    "data_tokenizer",
+    "tiny_seq2seq",
+    "tokenizer_from_json",
+    "tokenizer_identity",
+    "train_bpe_tokenizer",
+]
 
 if TYPE_CHECKING:
     from torch import nn
@@ -30,6 +38,25 @@ TINY_T5: dict[str, Any] = {
     "num_decoder_layers": 2,
     "num_heads": 4,
 }
+
+
+SHORT_TEXT_CHARS = 48  # median characters per source/target at or below which the tokenizer is byte level
+BPE_VOCAB = 2000  # merges for longer texts (queries, sentences): fewer, longer tokens to decode
+
+
+def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:
+    """The tokenizer the rows call for, and how it was chosen (01 says it). Short texts (words, codes, phoneme
+    strings) get bytes alone: BPE merges learnt from a few thousand short rows make most tokens rare (a 2,000-token
+    vocabulary over 4,000 grapheme-to-phoneme pairs), and a model from scratch then sees each one a few times; 259
+    byte tokens are each seen thousands of times. Longer texts get BPE: a byte per step would make decoding (~length^2)
+    and the model's job longer."""
+    import numpy as np
+
+    median = float(np.median([len(t) for t in texts])) if texts else 0.0
+    if median <= SHORT_TEXT_CHARS:
+        why = f"byte level (median text {median:.0f} characters <= {SHORT_TEXT_CHARS}: short texts)"
+        return train_bpe_tokenizer(texts, vocab_size=1), why  # 1: no merges, the byte alphabet and the specials
+    return train_bpe_tokenizer(texts, vocab_size=BPE_VOCAB), f"byte-level BPE (median text {median:.0f} characters)"
 
 
 def tiny_seq2seq(tokenizer: PreTrainedTokenizerFast, *, seed: int) -> nn.Module:

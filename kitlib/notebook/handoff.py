@@ -39,7 +39,7 @@ FORMAT = 1
 NPY_HEADER_MAX = 65_546  # bytes: a format 1.0 .npy header is at most 10 + 65535 (its length is a uint16)
 # The parameters the saved features depend on: a later stage with other values would train on the wrong thing.
 BUILT_FROM = (
-    *("model", "text", "target", "task", "id", "seed", "train_file", "test_file", "sample_submission"),
+    *("model", "text", "target", "task", "objective", "id", "seed", "train_file", "test_file", "sample_submission"),
     *("numeric", "categorical", "model_factory"),  # the side inputs' columns; the factory 02 builds from
 )
 

