@@ -503,7 +503,7 @@ def fit(
         result = fit(model, train_loader, eval_loader=val_loader, config=TrainConfig(epochs=3), run_dir="runs/a")
     """
     from kitlib.machine.backends import flags_for, speed_flags
-    from kitlib.machine.hardware import detect
+    from kitlib.machine.hardware import cpu_threads, detect
 
     cfg = config or TrainConfig()
     if resume and run_dir is None:
@@ -521,8 +521,10 @@ def fit(
     if cfg.cudnn_benchmark is not None:
         flags["cudnn_benchmark"] = cfg.cudnn_benchmark
     try:
-        with speed_flags(**flags) as effective_flags:  # restored on exit, also on error: the kernel lives on
+        # restored on exit, also on error: the kernel lives on. Threads: this process's share of the usable CPUs
+        with speed_flags(**flags) as effective_flags, cpu_threads() as threads:
             loop.timer.extra["cudnn_benchmark"] = bool(effective_flags.get("cudnn_benchmark"))
+            loop.timer.extra["intra_op_threads"] = threads
             events.on_fit_start(loop)
             loop.model.train()
             while loop.state.epoch < cfg.epochs and loop.stop_reason == "completed":

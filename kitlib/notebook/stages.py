@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,9 +19,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib._files import record_file, write_atomic
+from kitlib.machine.hardware import cpu_threads
 from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
-from kitlib.notebook.params import RUN_NAME, Params, keep_aside, load_params, params  # noqa: F401 (public face)
+from kitlib.notebook.params import (  # noqa: F401 (public face)
+    RUN_NAME,
+    TRAINING,
+    Params,
+    keep_aside,
+    load_params,
+    params,
+)
 from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
+MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
 # Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4). Good enough for
 # the picker's time estimate and a first max_length; 01 measures the real lengths with the model's tokenizer.
 TOKENS_PER_WORD = 1.3
@@ -56,10 +66,12 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
-    run = resolved or presets.resolve(p.preset, planning_hw(p, hw))
+    run = resolved or presets.resolve(p.preset, planning_hw(p, hw), overrides=p.training())
+    # The parameters' training settings, under what the picker changed (a picker built without them lacks them)
+    overrides = p.training() | dict(run.overrides)
     preset = get_task(p.task).preset(run.preset, p)  # idempotent: a picker built with task_preset(p) did it already
-    if preset != run.preset:  # the task trains it its way; what the user changed in the picker still wins
-        run = presets.resolve(preset, planning_hw(p, hw), overrides=run.overrides, world_size=run.world_size)
+    if preset != run.preset or overrides != run.overrides:  # the task's way, then the user's settings on top
+        run = presets.resolve(preset, planning_hw(p, hw), overrides=overrides, world_size=run.world_size)
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
@@ -68,7 +80,8 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
-    dataclasses.replace(p, preset=run.name).save()  # the picker's choice: params.json and run.json agree
+    chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
+    dataclasses.replace(p, preset=run.name, **chosen).save()  # the picker's choice: params.json and run.json agree
     return run
 
 
@@ -218,6 +231,7 @@ def built_from(p: Params) -> dict[str, Any]:
     return values | {"test_sha256": record_file(test)["sha256"] if test.is_file() else None}
 
 
+@cpu_threads()  # tokenizing, and the head regime's encoder pass: this process's share of the CPUs, restored after
 def features(
     p: Params,
     run: ResolvedRun | None = None,
@@ -312,7 +326,7 @@ def load_features(p: Params) -> Features:
 # ------------------------------------------------------------------------------------------------------ 02 train
 def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: Params) -> None:
     """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
-    validation hold-out, or a class too rare to be both learned and validated."""
+    validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
     from kitlib.data.tables import DataError
 
     n_train = len(target) - len(_split(len(target), p.seed)[1])
@@ -326,18 +340,33 @@ def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: P
     if task.kind not in ("binary", "multiclass"):
         return
     counts = target.value_counts()
-    rare = counts[counts < 2]
-    if len(rare):
+    rare = counts[counts < MIN_CLASS_ROWS]
+    if len(rare) == len(counts):
         raise DataError(
+            f"{p.train_file}: every one of its {len(counts)} classes has fewer than {MIN_CLASS_ROWS} rows (class "
+            f"{rare.index[0]!r} has {int(rare.iloc[0])} row): none can be validated. Fix: merge classes so that some "
+            "have at least 2 rows, or check that target names the label column (a number or a text to generate: "
+            "task = 'regress', 'seq2seq' or 'causal-lm')"
+        )
+    if len(rare):  # a competition's rows cannot be added: the class is learned, and left out of the metric
+        warnings.warn(
             f"{p.train_file}: class {rare.index[0]!r} has {int(rare.iloc[0])} row ({len(rare)} class(es) with fewer "
-            f"than 2 rows): a class needs rows to learn from and to validate on. Add rows, or merge or drop those "
-            f"classes; {len(counts)} classes in {len(target)} rows"
+            f"than {MIN_CLASS_ROWS} rows, of {len(counts)} classes in {len(target)} rows): their rows all train, "
+            "and the validation metric never sees those classes",
+            stacklevel=2,
         )
 
 
-def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _split(n: int, seed: int, labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) row indices, seeded. ``labels`` (class codes): rows of a class with fewer than
+    MIN_CLASS_ROWS rows stay in training, so every class is learned; without such rows the split is the plain one."""
     order = np.random.default_rng(seed).permutation(n)
     n_valid = max(1, round(VALID_FRACTION * n))
+    if labels is not None:
+        values, counts = np.unique(labels, return_counts=True)
+        rare = np.isin(labels[order], values[counts < MIN_CLASS_ROWS])
+        order = np.concatenate([order[~rare], order[rare]])  # last: never among the first n_valid
+        n_valid = max(1, min(n_valid, int(np.sum(~rare))))
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
@@ -384,7 +413,9 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     model inside what the task builds around it (kitlib.notebook.tasks)."""
     from kitlib.notebook.tasks import get_task
 
-    return get_task(p.task).prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
+    classes = feats.labels if feats.task.kind in ("binary", "multiclass") else None
+    split = _split(feats.n_train, p.seed, classes)
+    return get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
 
 
 def train(
@@ -522,6 +553,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
+@cpu_threads()  # predicting on the CPU: this process's share of the CPUs, restored after
 def infer(
     p: Params,
     feats: Features | None = None,

@@ -48,6 +48,7 @@ class PresetPicker:
         n_rows: int | None = None,
         n_test: int | None = None,
         adjust: Callable[[Preset], Preset] | None = None,
+        overrides: Mapping[str, Any] | None = None,
     ) -> None:
         self._hw = hw
         self._adjust = adjust or (lambda preset: preset)  # the task's way of training a preset (stages.task_preset)
@@ -56,8 +57,11 @@ class PresetPicker:
         self._n_test = n_test
         self._preset: str | Preset = default
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
-        self._overrides: dict[str, Any] = {}
-        self._resolved = resolve(self._adjusted(default), hw, lengths=lengths)  # the parameter decides; errors: loud
+        self._base = dict(overrides or {})  # the parameters' training settings: every preset starts from them
+        self._overrides: dict[str, Any] = dict(self._base)
+        self._resolved = resolve(
+            self._adjusted(default), hw, lengths=lengths, overrides=self._overrides
+        )  # errors: loud
         self._syncing = False  # True while the picker writes derived values back into its own controls
         self.error: str | None = None  # the last rejected change, shown in the widget
         self.note: str | None = None  # why there is no widget although the session is interactive
@@ -141,7 +145,7 @@ class PresetPicker:
             return
         name = str(change["new"])
         preset: str | Preset = self._custom if self._custom is not None and name == self._custom.name else name
-        self._apply(preset, {}, revert=None)
+        self._apply(preset, dict(self._base), revert=None)
 
     def _on_advanced(self, change: Mapping[str, Any]) -> None:
         if self._syncing:
@@ -219,6 +223,7 @@ def preset_picker(
     n_test: int | None = None,
     show: bool = False,
     adjust: Callable[[Preset], Preset] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
     never starts training.
@@ -229,8 +234,11 @@ def preset_picker(
     ``n_test``); ``lengths`` (tokens per row) fits max_length to the data:
     ``kitlib.notebook.stages.data_facts`` returns both. ``adjust``: how the task trains a preset
     (``stages.task_preset(p)``: e.g. seq2seq's from-scratch lr and eval cadence), so the table shows what 02 runs.
+    ``overrides``: the parameters' training settings (``p.training()``), the advanced fields' starting values.
     """
-    picker = PresetPicker(hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust)
+    picker = PresetPicker(
+        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust, overrides=overrides
+    )
     if hw.interactive:
         try:
             picker.build()
