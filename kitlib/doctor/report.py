@@ -179,12 +179,13 @@ def _mfu(run: RunRecord, tokens_per_s: float | None, peak: float | None) -> floa
 def _summary(run: RunRecord, peak: float | None) -> dict[str, Any]:
     facts = run.facts
     train_s = sum(facts.epoch_train_s or []) or run.wall
-    real, computed = facts.real_tokens or 0, facts.computed_tokens or 0
+    real, computed, world = facts.real_tokens or 0, facts.computed_tokens or 0, facts.world_size or 1
     keys = ("steps", "epochs_done", "epochs_planned", "device_name", "precision", "micro_batch_size", "stop_reason")
-    tokens_per_s = real / train_s if train_s and real else None
+    tokens_per_s = real / train_s if train_s and real else None  # this rank's: MFU is per device
     return {k: getattr(facts, k) for k in keys} | {
-        "samples_per_s": (facts.samples or 0) / train_s if train_s else None,
-        "real_tokens_per_s": tokens_per_s,
+        # as the history computes them: every rank's rows and tokens (this rank's x world size) per training second
+        "samples_per_s": (facts.samples or 0) * world / train_s if train_s else None,
+        "real_tokens_per_s": tokens_per_s * world if tokens_per_s else None,
         "padding_efficiency": real / computed if computed else None,
         "mfu": _mfu(run, tokens_per_s, peak),
     }

@@ -161,7 +161,7 @@ class RunRecorder(Callback):
             computed_tokens=self.computed_tokens or None,
             distinct_input_shapes=len(self.shapes),
             epoch_gaps_s=[round(g, 4) for g in self.gaps],
-            epoch_train_s=[round(t, 4) for t in self.train_s],
+            epoch_train_s=list(self.train_s),  # unrounded: the doctor's throughput is the history's to the digit
             first_batch_wait_s=[round(t, 4) for t in self.first_waits],
             eval_batches_per_eval=min(len(eval_batches), cfg.eval_max_batches or len(eval_batches))
             if eval_batches is not None

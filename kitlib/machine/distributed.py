@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from kitlib.machine.hardware import local_processes, threads_per_worker
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -39,9 +41,7 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """The process's place in the job, from the variables torchrun (and kitlib's launcher) set."""
     env = os.environ if environ is None else environ
     world = int(env.get("WORLD_SIZE", 1))
-    # torchrun and kitlib's launcher set LOCAL_WORLD_SIZE; without it, assume one machine (sharing CPUs is the risk)
-    local_world = int(env.get("LOCAL_WORLD_SIZE", world))
-    return DistEnv(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), world, local_world)
+    return DistEnv(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), world, local_processes(env))
 
 
 def join_process_group(device_type: str, environ: Mapping[str, str] | None = None) -> DistEnv:
@@ -181,18 +181,6 @@ def _worker(
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def threads_per_worker(nprocs: int, environ: Mapping[str, str] | None = None) -> int:
-    """Intra-op threads for each of ``nprocs`` workers: OMP_NUM_THREADS when the user set it, else the usable CPUs
-    split between them (at least 1). Each process would otherwise start a thread per core: 2 ranks on Kaggle's 4
-    vCPUs run 8 compute threads, plus their DataLoader workers, and contend for every core (torchrun sets 1)."""
-    from kitlib.machine.hardware import usable_cpus
-
-    env = os.environ if environ is None else environ
-    if env.get("OMP_NUM_THREADS", "").strip().isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
-        return int(env["OMP_NUM_THREADS"])
-    return max(1, usable_cpus() // nprocs)
 
 
 def cuda_driver_initialised() -> bool:

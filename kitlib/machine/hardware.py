@@ -440,6 +440,23 @@ def usable_cpus() -> int:
     return usable
 
 
+def threads_per_worker(nprocs: int, environ: Mapping[str, str] | None = None) -> int:
+    """Intra-op threads for each of ``nprocs`` workers: OMP_NUM_THREADS when the user set it, else the usable CPUs
+    split between them (at least 1). Each process would otherwise start a thread per core: 2 ranks on Kaggle's 4
+    vCPUs run 8 compute threads, plus their DataLoader workers, and contend for every core (torchrun sets 1)."""
+    env = os.environ if environ is None else environ
+    if env.get("OMP_NUM_THREADS", "").strip().isdigit() and int(env["OMP_NUM_THREADS"]) > 0:
+        return int(env["OMP_NUM_THREADS"])
+    return max(1, usable_cpus() // nprocs)
+
+
+def local_processes(environ: Mapping[str, str] | None = None) -> int:
+    """The training processes on this machine, which share its CPUs: LOCAL_WORLD_SIZE (torchrun and kitlib's
+    launcher set it); without it, WORLD_SIZE (one machine assumed: sharing CPUs is the risk), else 1."""
+    env = os.environ if environ is None else environ
+    return int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1)))
+
+
 @contextlib.contextmanager
 def cpu_threads(threads: int | None = None) -> Iterator[int]:
     """Compute threads for the block, restored afterwards (also on error): torch's intra-op pool and the tokenizers'
@@ -453,10 +470,8 @@ def cpu_threads(threads: int | None = None) -> Iterator[int]:
     """
     import torch
 
-    from kitlib.machine.distributed import dist_env, threads_per_worker
-
     before = torch.get_num_threads()
-    n = threads if threads is not None else min(before, threads_per_worker(max(1, dist_env().local_world_size)))
+    n = threads if threads is not None else min(before, threads_per_worker(max(1, local_processes())))
     saved = os.environ.get("RAYON_NUM_THREADS")
     os.environ["RAYON_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)

@@ -382,6 +382,7 @@ def _baseline(p: Params, data: Competition) -> Baseline:
 def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path) -> FitResult:
     """The model's validation score beside the baseline's: in the history (and history.csv), in ``baseline.json``
     (what 03 warns from) and in 02's summary, with one line saying what to try when the model does not beat it."""
+    from kitlib.machine.distributed import dist_env
     from kitlib.tasks.baseline import Baseline
 
     if feats.run.baseline is None:  # a run.json from an older kitlib
@@ -391,10 +392,11 @@ def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path
     score = _model_score(history, baseline.metric, result.best_epoch)
     history[f"baseline_{baseline.metric}"] = baseline.score
     verdict = baseline.verdict(score, feats.task.kind)
-    if (staging / "history.csv").is_file():
-        write_atomic(staging / "history.csv", history.to_csv(index=False))
-    record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.task.kind}
-    write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
+    if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
+        if (staging / "history.csv").is_file():
+            write_atomic(staging / "history.csv", history.to_csv(index=False))
+        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.task.kind}
+        write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
     notes = (*result.notes, baseline.line(), *([f"warning: {verdict}"] if verdict else []))
     return dataclasses.replace(result, history=history, notes=notes)
 
