@@ -557,7 +557,7 @@ def check_train_outputs(nb: Notebook, findings: Findings, shot: str) -> int | No
     ticks = re.findall(r'<g id="xtick_\d+">.*?<!-- (.*?) -->', x_axis, re.S)
     if any(not re.fullmatch(r"\d+", t) for t in ticks):
         findings.add(nb.name, f"02's plot has epoch ticks that are not whole numbers: {ticks}", shot)
-    log(f"{nb.name}: kept {mark.group(0) if mark else '?'}; epoch ticks {ticks}; table head {head}")
+    log(f"{nb.name}: plot legend {mark.group(0) if mark else '?'}; epoch ticks {ticks}; table head {head}")
     return int(kept.group(2)) if kept else None
 
 
