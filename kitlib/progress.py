@@ -18,6 +18,8 @@ from tqdm import tqdm
 # out: the epoch's so far in the bar, each epoch's in the history, all epochs' together in the doctor.
 THROUGHPUT = MappingProxyType({"samples_per_s": "samples/s", "tokens_per_s": "tokens/s"})
 HEADLESS_INTERVAL_S = 30.0  # one saved line per 30 s: a 1-hour run adds ~120 lines (~12 kB) to the notebook
+# tqdm's format without its own rate: a bar counting optimizer steps would read "it/s" beside the samples/s it sets
+NO_RATE = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
 
 def progress_bar(
@@ -27,14 +29,18 @@ def progress_bar(
     interactive: bool,
     disable: bool = False,
     initial: int = 0,
+    counts: str = "samples",
     headless_interval_s: float = HEADLESS_INTERVAL_S,
 ) -> tqdm[Any]:
+    """``counts``: what one update is. "samples" (rows): tqdm's rate reads samples/s, the one throughput name;
+    "steps" (the training bar, which sets samples/s in its postfix): no rate of its own."""
+    style: dict[str, str] = {"unit": " samples"} if counts == "samples" else {"bar_format": NO_RATE}
     if interactive and not disable:
         try:
             import ipywidgets  # noqa: F401  (tqdm.auto silently falls back to text without it)
             from tqdm.auto import tqdm as auto_tqdm
 
-            return auto_tqdm(total=total, desc=desc, initial=initial, dynamic_ncols=True)
+            return auto_tqdm(total=total, desc=desc, initial=initial, dynamic_ncols=True, **style)
         except ImportError:
             pass
     return tqdm(
@@ -47,6 +53,7 @@ def progress_bar(
         ncols=100,
         mininterval=headless_interval_s,
         maxinterval=headless_interval_s * 4,
+        **style,
     )
 
 

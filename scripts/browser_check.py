@@ -20,11 +20,19 @@ all. After each notebook it takes a screenshot and fails on:
 - a stale summary: text in the picker's cell, the widget's table or the setup cell's output naming another preset
   or epochs value than the one clicked;
 - a progress bar left red (bar style 'danger') after training stopped normally (completed, early stopping);
-- an unrounded number (7+ decimals) in printed text.
+- an unrounded number (7+ decimals) in printed text;
+- what the run shows: the picker's time row not an estimate of the whole run (01 features, 02 training, 03 predict;
+  02's share must not fall when epochs go up); a throughput on screen under another name than samples/s or tokens/s
+  (sps=, samples_per_s, tqdm's it/s), or missing from the bar, 02's history table or the doctor; 02's history table
+  with a figure past 4 significant digits, or not indexed by the 1-based epoch alone; 02's loss plot not drawn, without
+  train and eval loss in one legend, without "kept: epoch N (best metric x)" matching the summary line, or with
+  fractional epoch ticks (the kernel sends SVG beside PNG, so the figure's text can be read); 03 without a summary of
+  its predictions (class counts or quantiles), or warning that every row gets one answer exactly when it does not.
+  kitlib's verdicts on a weak model (that warning, "does not beat the trivial baseline") are expected red boxes.
 
 One line per finding (with the screenshot's name), exit status 1 when there is any, 0 when clean, 2 when the check
-itself could not run. ``--docs`` copies the picker and the trained 02 screenshots to docs/browser_picker.png and
-docs/browser_train.png.
+itself could not run. ``--docs`` copies close-ups of 00's picker (with the whole-run estimate) and of 02's history
+table and loss plot to docs/browser_estimate.png and docs/browser_history.png.
 """
 
 from __future__ import annotations
@@ -123,7 +131,16 @@ def write_kernelspec(root: Path) -> Path:
     (spec / "kernel.json").write_text(
         json.dumps(
             {
-                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                # SVG beside PNG: JupyterLab draws the SVG, and its text (legend, ticks) can be read back for checks
+                "argv": [
+                    sys.executable,
+                    "-m",
+                    "ipykernel_launcher",
+                    "-f",
+                    "{connection_file}",
+                    "--InlineBackend.figure_formats=png",
+                    "--InlineBackend.figure_formats=svg",
+                ],
                 "display_name": "Python 3 (browser check)",
                 "language": "python",
                 "env": {"PYTHONPATH": str(REPO)},
@@ -314,11 +331,12 @@ class Notebook:
         page.set_viewport_size(size)
         return name
 
-    def shot_cells(self, indices: list[int], name: str) -> str:
-        """A clip around some cells (for the docs)."""
+    def shot_cells(self, indices: list[int], name: str, part: str = "") -> str:
+        """A clip around some cells, or around a part of each (``part``: a selector, e.g. ".jp-OutputArea")."""
         page = self.page
         size = self.tall()
-        boxes = [b for b in (self.cell(i).bounding_box() for i in indices) if b]
+        nodes = [self.cell(i).locator(part).first if part else self.cell(i) for i in indices]
+        boxes = [b for b in (n.bounding_box() for n in nodes) if b]
         x0, y0 = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
         x1, y1 = max(b["x"] + b["width"] for b in boxes), max(b["y"] + b["height"] for b in boxes)
         page.screenshot(path=str(self.out / name), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
@@ -350,6 +368,12 @@ def first_line(text: str, limit: int = 160) -> str:
     return line[:limit]
 
 
+def advisory_only(stderr: str) -> bool:
+    """Every warning in this red box is one of kitlib's verdicts on a weak model (a smoke run's, rightly shown)."""
+    warned = [ln for ln in stderr.splitlines() if re.search(r"\w+(Warning|Error): ", ln)]
+    return bool(warned) and all(any(a in ln for a in ADVISORY) for ln in warned)
+
+
 def check_common(nb: Notebook, findings: Findings, shot: str, *, stop_reason: str | None = None) -> None:
     """Errors, red boxes, broken widgets, red bars, unrounded numbers: from the model and from what is drawn."""
     page = nb.page
@@ -359,6 +383,8 @@ def check_common(nb: Notebook, findings: Findings, shot: str, *, stop_reason: st
             text = output_text(output)
             if kind == "error":
                 findings.add(nb.name, f"Python error in cell {i}: {output.get('ename')}: {output.get('evalue')}", shot)
+            elif kind == "stream" and output.get("name") == "stderr" and advisory_only(text):
+                log(f"{nb.name}: kitlib's verdict on a weak model in cell {i} (expected): {first_line(text)}")
             elif kind == "stream" and output.get("name") == "stderr":
                 findings.add(nb.name, f"red stderr/warning box in cell {i}: {first_line(text)}", shot)
             if kind == "stream" and output.get("name") == "stdout":
@@ -395,6 +421,168 @@ def check_common(nb: Notebook, findings: Findings, shot: str, *, stop_reason: st
         else:
             log(f"{nb.name}: red bar after stop reason {stop_reason} (not a normal stop: not a finding)")
     log(f"{nb.name}: {drawn['redBoxes']} red box(es) drawn, {drawn['redBars']} red bar(s)")
+
+
+# ------------------------------------------------------------------------- what the run shows: one truth on screen
+
+THROUGHPUT = ("samples/s", "tokens/s")  # kitlib.progress.THROUGHPUT's names: the bar's, the history's, the doctor's
+# other names for a throughput figure (tqdm's own it/s rate included): none may be on screen beside those two
+OTHER_THROUGHPUT = re.compile(r"\bsps=|samples_per_s|tokens_per_s|samples/sec|\d\s?it/s\b")
+DURATION = r"(?:<1 s|\d+(?:\.\d+)? (?:s|min|h))"
+WHOLE_RUN = re.compile(
+    rf"^~(?P<total>{DURATION}) for the whole run: 01 [\w ]+? (?P<features>{DURATION}), "
+    rf"02 training (?P<train>{DURATION})(?: \([^)]*\))?, 03 predict (?P<predict>{DURATION})"
+)
+SAME_ANSWER = "rows predicts"  # views.prediction_summary's warning: every row gets one answer
+ADVISORY = (SAME_ANSWER, "does not beat the trivial baseline")  # kitlib's verdicts on a weak model: expected red boxes
+
+
+def seconds(duration: str) -> float:
+    """estimate.duration's text back in seconds ("<1 s" -> 0.5)."""
+    if duration.startswith("<"):
+        return 0.5
+    value, unit = duration.split()
+    return float(value) * {"s": 1, "min": 60, "h": 3600}[unit]
+
+
+def check_estimate(
+    nb: Notebook, findings: Findings, table: dict[str, str], clicked: str, shot: str
+) -> dict[str, float]:
+    """The picker's time row estimates the whole run (01 features, 02 training, 03 predict), not one epoch or one
+    pass; returns its parts in seconds ({} when it does not)."""
+    text = table.get("time", "")
+    m = WHOLE_RUN.match(text)
+    if not m:
+        findings.add(
+            nb.name, f"no whole-run estimate in the picker's time row after clicking {clicked!r}: {text!r}", shot
+        )
+        return {}
+    return {k: seconds(v) for k, v in m.groupdict().items()}
+
+
+def all_text(nb: Notebook) -> list[tuple[int, str]]:
+    """(cell, text) of every output as kernel sent it (stream, plain, HTML) and as the browser drew it (widgets)."""
+    found = []
+    for i, cell in enumerate(nb.cells()):
+        for output in cell["outputs"]:
+            found.append((i, output_text(output)))
+            found.append((i, str(output.get("data", {}).get("text/html", ""))))
+    drawn = nb.page.evaluate(
+        "() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell')].map("
+        "c => [Number(c.getAttribute('data-bc-index')), c.querySelector('.jp-OutputArea') ? "
+        "c.querySelector('.jp-OutputArea').innerText : ''])"
+    )
+    return found + [(int(i), str(t)) for i, t in drawn]
+
+
+def check_throughput(nb: Notebook, findings: Findings, shot: str) -> None:
+    """One throughput name: no sps=, samples_per_s, tokens_per_s or tqdm's it/s anywhere on screen."""
+    nb.cell(0)  # marks the cells' indices
+    for i, text in all_text(nb):
+        for m in OTHER_THROUGHPUT.finditer(text):
+            line = next((ln for ln in text.splitlines() if m.group(0) in ln), m.group(0)).strip()
+            findings.add(nb.name, f"a throughput not named {' or '.join(THROUGHPUT)} in cell {i}: {line[:120]!r}", shot)
+
+
+def check_train_outputs(nb: Notebook, findings: Findings, shot: str) -> int | None:
+    """02: samples/s named in the bar, the history table and the doctor; the history table rounded, indexed by the
+    1-based epoch with no other index column; the plot drawn with the kept epoch marked and its metric named.
+    Returns the kept epoch the summary line names."""
+    i_train, i_plot, i_doctor = nb.index_of("stages.train("), nb.index_of("plot_history("), nb.index_of("diagnose(")
+    cells = nb.cells()
+    summary = "\n".join(output_text(o) for o in cells[i_train]["outputs"])
+    kept = re.search(r"best (\S+) \S+ at epoch (\d+)", summary)
+    # the bar (drawn widget), the history table, the doctor: each names the throughput
+    bar = nb.cell(i_train).locator(".widget-hprogress, .jupyter-widgets.widget-hbox").first
+    bar_text = bar.inner_text(timeout=5000) if bar.count() else ""
+    doctor = "\n".join(output_text(o) for o in cells[i_doctor]["outputs"])
+    table = nb.cell(i_train).locator(".jp-OutputArea-output table.dataframe").first
+    if not table.count():
+        findings.add(nb.name, "02 shows no history table (a DataFrame) under the training cell", shot)
+        return None
+    head = [t.strip() for t in table.locator("thead tr").first.locator("th").all_inner_texts()]
+    for where, text in (("progress bar", bar_text), ("history table", " ".join(head)), ("doctor", doctor)):
+        if not any(name in text for name in THROUGHPUT):
+            findings.add(nb.name, f"the {where} names no throughput as {' or '.join(THROUGHPUT)}: {text[:120]!r}", shot)
+    # rounded, 1-based epochs, no extra index column
+    index_names = [t.strip() for t in table.locator("thead tr").nth(1).locator("th").all_inner_texts()]
+    rows = table.locator("tbody tr").all()
+    epochs = [r.locator("th").all_inner_texts() for r in rows]
+    if index_names[:1] != ["epoch"] or any(len(e) != 1 for e in epochs):
+        findings.add(
+            nb.name, f"the history table is not indexed by epoch alone (index {index_names}, rows {epochs[:2]})", shot
+        )
+    elif [e[0].strip() for e in epochs] != [str(n) for n in range(1, len(epochs) + 1)]:
+        findings.add(nb.name, f"the history table's epochs are not 1, 2, ...: {[e[0] for e in epochs]}", shot)
+    if "epoch" in head:
+        findings.add(nb.name, "the history table has an epoch column beside its epoch index", shot)
+    for row in rows:
+        for value in row.locator("td").all_inner_texts():
+            if value.strip() in ("NaN", "nan", "None", "<NA>"):
+                findings.add(nb.name, f"a {value.strip()} in the history table (a figure not measured: blank)", shot)
+            if not re.fullmatch(r"-?\d+\.\d+|-?\d+(\.\d+)?e[-+]\d+", value.strip()):
+                continue  # integers (steps) are exact; NaN, text
+            whole, _, fraction = value.strip().lstrip("-").split("e")[0].partition(".")
+            if len((whole + fraction.rstrip("0")).lstrip("0")) > 4:  # pandas pads a column with zeros: not digits
+                findings.add(
+                    nb.name, f"a figure with more than 4 significant digits in the history table: {value!r}", shot
+                )
+    # the plot: drawn, losses on one axis, the kept epoch marked with its metric, whole-number epoch ticks
+    outputs = cells[i_plot]["outputs"]
+    svg = next((str(o["data"]["image/svg+xml"]) for o in outputs if "image/svg+xml" in o.get("data", {})), None)
+    drawn = nb.cell(i_plot).locator(".jp-OutputArea-output img, .jp-OutputArea-output svg").count()
+    if svg is None or not drawn:
+        findings.add(nb.name, f"02's loss plot is not drawn (svg output {svg is not None}, drawn images {drawn})", shot)
+        return int(kept.group(2)) if kept else None
+    texts = re.findall(r"<!-- (.*?) -->", svg)
+    marks = [re.fullmatch(r"kept: epoch (\d+) \(best (\S+)(?: (\S+))?\)", t) for t in texts]
+    mark = next((m for m in marks if m), None)
+    if mark is None:
+        findings.add(
+            nb.name,
+            f"02's plot does not mark the kept epoch ('kept: epoch N (best metric x)'); its text: {texts}",
+            shot,
+        )
+    elif kept and (mark.group(1), mark.group(2)) != (kept.group(2), kept.group(1)):
+        findings.add(
+            nb.name,
+            f"02's plot marks epoch {mark.group(1)} by {mark.group(2)}, the summary kept epoch {kept.group(2)} by "
+            f"{kept.group(1)}",
+            shot,
+        )
+    for label in ("train loss", "eval loss"):
+        if label not in texts:
+            findings.add(nb.name, f"02's plot has no {label!r} line in its legend (losses on one axis)", shot)
+    x_axis = svg.split('id="matplotlib.axis_1"', 1)[-1].split('id="matplotlib.axis_2"', 1)[0]
+    ticks = re.findall(r'<g id="xtick_\d+">.*?<!-- (.*?) -->', x_axis, re.S)
+    if any(not re.fullmatch(r"\d+", t) for t in ticks):
+        findings.add(nb.name, f"02's plot has epoch ticks that are not whole numbers: {ticks}", shot)
+    log(f"{nb.name}: plot legend {mark.group(0) if mark else '?'}; epoch ticks {ticks}; table head {head}")
+    return int(kept.group(2)) if kept else None
+
+
+def check_predictions(nb: Notebook, findings: Findings, shot: str) -> None:
+    """03 prints a summary of its predictions (class counts or quantiles), and warns exactly when every row gets
+    the same answer."""
+    i_infer = nb.index_of("stages.infer(")
+    outputs = nb.cells()[i_infer]["outputs"]
+    stdout = "\n".join(output_text(o) for o in outputs if o.get("name") == "stdout")
+    stderr = "\n".join(output_text(o) for o in outputs if o.get("name") == "stderr")
+    lines = re.findall(r"^\S+: .*\((\d+) rows(?:, (\d+) distinct)?\)$", stdout, re.M)
+    if not lines:
+        findings.add(
+            nb.name, f"03 prints no summary of its predictions (class counts or quantiles): {stdout[-200:]!r}", shot
+        )
+        return
+    constant = any(distinct == "1" for _, distinct in lines)
+    if constant and SAME_ANSWER not in stderr:
+        findings.add(nb.name, "every prediction is the same answer and 03 does not warn", shot)
+    if not constant and SAME_ANSWER in stderr:
+        findings.add(nb.name, "03 warns that every row gets one answer, its summary shows several", shot)
+    log(
+        f"{nb.name}: prediction summary {[ln for ln in stdout.splitlines() if 'rows' in ln]}; same-answer warning "
+        f"{'shown' if SAME_ANSWER in stderr else 'not shown'}"
+    )
 
 
 def table_of(cell: Any) -> dict[str, str]:
@@ -437,7 +625,9 @@ def wait_table(cell: Any, key: str, want: str, timeout_s: float = 15) -> dict[st
     return table
 
 
-def drive_setup(nb: Notebook, findings: Findings, preset: str, epochs: int) -> tuple[str, str]:
+def drive_setup(
+    nb: Notebook, findings: Findings, preset: str, epochs: int, work: Path
+) -> tuple[str, str, dict[str, float]]:
     page = nb.page
     nb.run_all()
     i_picker = nb.index_of("preset_picker(")
@@ -452,11 +642,12 @@ def drive_setup(nb: Notebook, findings: Findings, preset: str, epochs: int) -> t
         shot = nb.screenshot("no_widget")
         findings.add(nb.name, "the preset picker widget is missing (no preset buttons drawn)", shot)
         check_common(nb, findings, shot)
-        return shot, shot
+        return shot, shot, {}
     labels = [b.strip() for b in buttons.all_inner_texts()]
     log(f"{nb.name}: picker buttons {labels}")
     other = next((n for n in ("fast", "balanced", "smoke") if n in labels and n != preset), None)
     steps = [other, preset] if other else [preset]
+    estimate: dict[str, float] = {}
     for name in steps:
         if name not in labels:
             findings.add(nb.name, f"no {name!r} button in the picker (buttons: {labels})", shot)
@@ -468,6 +659,7 @@ def drive_setup(nb: Notebook, findings: Findings, preset: str, epochs: int) -> t
             findings.add(nb.name, f"stale summary: clicked {name!r}, the picker's table shows {shown!r}", shot)
         for problem in stale_text(nb.cells()[i_picker]["outputs"], name, None):
             findings.add(nb.name, f"stale summary after clicking {name!r}: {problem}", shot)
+        estimate = check_estimate(nb, findings, table, name, shot)
     # the advanced section: open it, change epochs
     header = cell.locator('[class*="Collapse-header"], .p-Accordion-child .p-Collapse-header', has_text="advanced")
     if header.count() == 0:
@@ -493,26 +685,45 @@ def drive_setup(nb: Notebook, findings: Findings, preset: str, epochs: int) -> t
             )
         for problem in stale_text(nb.cells()[i_picker]["outputs"], preset, epochs):
             findings.add(nb.name, f"stale summary after setting epochs={epochs}: {problem}", shot)
+        more = check_estimate(nb, findings, table, f"epochs {epochs}", shot)
+        if estimate and more and more["train"] < estimate["train"]:  # one more epoch cannot train in less time
+            findings.add(
+                nb.name,
+                f"stale estimate: epochs raised to {epochs}, 02 training's estimate fell from {estimate['train']:.0f} "
+                f"to {more['train']:.0f} s",
+                shot,
+            )
+        estimate = more or estimate
     time.sleep(0.5)
     picker_shot = nb.shot_cells([i_picker], f"{nb.name}_picker.png")
     nb.run_cell(i_setup)
-    text = "\n".join(output_text(o) for o in nb.cells()[i_setup]["outputs"])
-    used = re.search(r"^preset\s+(\S+)", text, re.M)
-    used_epochs = re.search(r"^epochs\s+(\d+)", text, re.M)
-    if not used or used.group(1) != preset or not used_epochs or int(used_epochs.group(1)) != epochs:
-        got = f"preset {used.group(1) if used else '?'}, epochs {used_epochs.group(1) if used_epochs else '?'}"
-        findings.add(nb.name, f"stale summary: the setup cell ran {got}, the picker showed {preset}/{epochs}", shot)
+    try:  # what the setup cell saved for 01-03 (it prints only the preset's name)
+        saved = json.loads((work / "run.json").read_text())
+        got = (saved["preset"]["name"], saved["config"]["epochs"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        got = ("?", f"? ({type(err).__name__}: {err})")
+    if got != (preset, epochs):
+        findings.add(nb.name, f"stale run: the setup cell saved preset {got[0]}, epochs {got[1]}; the picker showed "
+                     f"{preset}/{epochs}", shot)  # fmt: skip
     shot = nb.screenshot()
     check_common(nb, findings, shot)
-    return shot, picker_shot
+    check_throughput(nb, findings, shot)
+    return shot, picker_shot, estimate
 
 
 def stop_reason_of(nb: Notebook) -> str | None:
+    """FitResult.stop_reason from the summary line 02 prints ("stopped: early stop (patience 2) after ...")."""
+    said = {
+        "completed": "completed",
+        "early stop": "early_stopping",
+        "time budget": "time_budget",
+        "SIGTERM": "sigterm",
+    }
     for cell in nb.cells():
         for output in cell["outputs"]:
-            m = re.search(r"stopped: (\w+)", output_text(output))
+            m = re.search(r"stopped: (\S.*)", output_text(output))
             if m:
-                return m.group(1)
+                return next((v for k, v in said.items() if m.group(1).startswith(k)), m.group(1).split()[0])
     return None
 
 
@@ -558,7 +769,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, help="the advanced epochs value to set (default: the preset's + 1)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
     ap.add_argument("--timeout", type=float, default=900, help="seconds per notebook run (default 900)")
-    ap.add_argument("--docs", action="store_true", help="copy the picker and 02 screenshots into docs/")
+    ap.add_argument("--docs", action="store_true", help="copy the estimate and history close-ups into docs/")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (notebooks, work_dir)")
     args = ap.parse_args(argv)
 
@@ -606,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 set_parameters(dst, {"work_dir": str(work)})
         shots: dict[str, str] = {}
+        estimate: dict[str, float] = {}
+        measured: dict[str, float] = {}
         with jupyterlab(root, out) as (base, token), sync_playwright() as pw:
             browser = pw.chromium.launch(
                 executable_path=args.chromium, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
@@ -620,14 +833,19 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name}: open")
                 nb.open(base, token)
                 if name == "00_setup":
-                    shots[name], shots["picker"] = drive_setup(nb, findings, args.preset, epochs)
+                    shots[name], shots["picker"], estimate = drive_setup(nb, findings, args.preset, epochs, work)
+                    i_picker = nb.index_of("preset_picker(")
+                    shots["estimate"] = nb.shot_cells([i_picker], f"{name}_estimate.png", ".jp-OutputArea")
                 else:
-                    nb.run_all()
+                    measured[name] = nb.run_all()
                     reason = stop_reason_of(nb) if name == "02_train" else None
                     if name == "02_train":
                         log(f"{name}: stopped: {reason}")
                     shots[name] = nb.screenshot()
                     check_common(nb, findings, shots[name], stop_reason=reason)
+                    check_throughput(nb, findings, shots[name])
+                    if name == "03_infer":
+                        check_predictions(nb, findings, shots[name])
                     if name == "02_train":
                         page.evaluate("() => 0")
                         bars = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .progress-bar").count()
@@ -636,14 +854,26 @@ def main(argv: list[str] | None = None) -> int:
                         i_train = nb.index_of("stages.train(")
                         plot = [i_train + 1] if i_train + 1 < len(nb.cells()) else []
                         shots["train"] = nb.shot_cells([i_train, *plot], f"{name}_train.png")
+                        check_train_outputs(nb, findings, shots[name])
+                        shots["history"] = nb.shot_cells(
+                            [i_train, nb.index_of("plot_history(")], f"{name}_history.png", ".jp-OutputArea"
+                        )
                 log(f"{name}: done in {time.perf_counter() - t0:.0f} s (screenshot {shots[name]})")
                 nb.shutdown()
             console.close()
             browser.close()
+        if estimate:  # a log line, not a finding: the browser's own overhead and a shared CPU are in "measured"
+            took_01_03 = sum(measured.values())
+            log(
+                f"whole-run estimate ~{estimate['total']:.0f} s (01 {estimate['features']:.0f}, "
+                f"02 {estimate['train']:.0f}, 03 {estimate['predict']:.0f}); measured: run all of 01-03 "
+                f"{took_01_03:.0f} s "
+                f"({', '.join(f'{k[:2]} {v:.0f}' for k, v in measured.items())}; kernel start and browser included)"
+            )
         if args.docs:
-            small_png(out / shots["picker"], REPO / "docs" / "browser_picker.png")
-            small_png(out / shots["train"], REPO / "docs" / "browser_train.png")
-            log("copied docs/browser_picker.png and docs/browser_train.png")
+            small_png(out / shots["estimate"], REPO / "docs" / "browser_estimate.png")
+            small_png(out / shots["history"], REPO / "docs" / "browser_history.png")
+            log("copied docs/browser_estimate.png and docs/browser_history.png")
     except Exception as err:
         if not isinstance(err, CheckError):
             import traceback

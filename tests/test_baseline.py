@@ -62,9 +62,11 @@ def test_a_target_the_inputs_cannot_predict_is_flagged_in_02_and_03(tmp_path: Pa
     assert (history["baseline_accuracy"] == saved["score"]).all() and "baseline_accuracy" in result.history
     record = json.loads((p.run_dir / "baseline.json").read_text())
     assert record["beaten"] is False and record["model_score"] <= saved["score"]
-    with pytest.warns(UserWarning, match="does not beat the trivial baseline"):
+    with pytest.warns(UserWarning, match="does not beat the trivial baseline") as warned:
         stages.infer(p, hw=cpu_hw)
     assert (p.work_dir / "submission.csv").is_file()
+    # the red box names the caller's line (a notebook cell's), not kitlib's or contextlib's frames
+    assert [Path(w.filename).name for w in warned] == [Path(__file__).name]
 
 
 def test_a_model_that_beats_the_baseline_gets_no_warning(tmp_path: Path, cpu_hw) -> None:

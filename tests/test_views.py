@@ -31,6 +31,7 @@ def test_history_table_is_rounded_with_1_based_epochs_and_no_other_index() -> No
     assert table["train_loss"].tolist() == [0.6931, 0.5123, 0.4]
     assert table["samples/s"].tolist() == [405.1, 1424.0, 21.26]  # the bar's and the doctor's name
     assert table["lr"].tolist() == ["2.0e-05", "1.2e-05", "0.0e+00"]
+    assert table["accuracy"].tolist() == ["", 0.7123, 0.7011]  # not measured in epoch 1: blank, not NaN
 
 
 def test_the_plot_puts_both_losses_on_one_axis_and_marks_the_kept_epoch() -> None:
@@ -180,3 +181,28 @@ def test_the_two_embedding_bars_say_train_and_test(monkeypatch: pytest.MonkeyPat
     encoder = Encoder(None, model, 16, run, fake_profile("CPU", interactive=False), None, progress=True)  # type: ignore[arg-type]
     REGIMES["head"].extra(["a good film", "dull"], ["fine"], encoder)
     assert bars == ["embed train", "embed test"]
+
+
+def test_every_bar_names_its_rate_samples_per_s(cpu_hw, tmp_path, capsys) -> None:
+    """tqdm's own rate reads "it/s": on the training bar (which counts optimizer steps) a second throughput figure
+    beside its samples/s, on the embedding and predict bars (which count rows) the same figure under another name."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib import TrainConfig, fit
+    from kitlib.progress import progress_bar
+
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, lr=1e-2, precision="fp32", log_every_steps=1)
+    fit(
+        nn.Linear(4, 1), loader, config=cfg, loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+        hw=cpu_hw, run_dir=tmp_path / "run",
+    )  # fmt: skip
+    rows = progress_bar(10, desc="predict", interactive=False, headless_interval_s=0)
+    rows.update(10)
+    rows.close()
+    shown = capsys.readouterr().out
+    assert "samples/s=" in shown and " samples/s]" in shown  # the training bar's postfix, the row bar's rate
+    assert "it/s" not in shown

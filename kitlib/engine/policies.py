@@ -65,7 +65,7 @@ class ProgressLog(Policy):
         done = state.epoch * per_epoch + math.ceil(state.batch_in_epoch / loop.cfg.grad_accum_steps)
         self.bar = progress_bar(
             per_epoch * loop.cfg.epochs, desc="train", interactive=loop.hw.interactive, disable=not loop.env.is_main,
-            initial=done,
+            initial=done, counts="steps",
         )  # fmt: skip
 
     def on_epoch_start(self, loop: Loop) -> None:

@@ -21,15 +21,16 @@ _LOSSES = ("train_loss", "eval_loss")
 
 def history_table(history: pd.DataFrame) -> pd.DataFrame:
     """``history`` as a notebook shows it: indexed by the 1-based epoch (no 0-based index beside it), figures
-    rounded to 4 significant digits, the learning rate in scientific notation, columns never filled left out, and
-    the throughput under the name the progress bar and the doctor give it (kitlib.progress.THROUGHPUT)."""
+    rounded to 4 significant digits, the learning rate in scientific notation, columns never filled left out, a
+    figure not measured that epoch (the full metric's cadence) blank rather than NaN, and the throughput under the
+    name the progress bar and the doctor give it (kitlib.progress.THROUGHPUT)."""
     table = history.dropna(axis="columns", how="all").set_index("epoch")
     shown: dict[str, Any] = {}
     for name, column in table.items():
         if name == "lr":
             shown[name] = column.map(lambda v: f"{v:.1e}")
-        elif pd.api.types.is_float_dtype(column):
-            shown[name] = column.map(_significant)
+        elif pd.api.types.is_float_dtype(column):  # blank, not NaN, where the full metric's cadence skipped it
+            shown[name] = column.map(lambda v: "" if pd.isna(v) else _significant(v))
         else:
             shown[name] = column
     return pd.DataFrame(shown, index=table.index).rename(columns=dict(THROUGHPUT))
