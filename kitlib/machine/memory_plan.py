@@ -35,7 +35,6 @@ CUDA_CONTEXT = 0.6e9  # bytes the CUDA context and cuBLAS workspaces take before
 LORA_RANK = 16  # adapters on every linear layer of the blocks (what peft's "all-linear" targets)
 NF4_BYTES = 0.5 + 0.127 / 8  # bytes per 4-bit weight: 4 bits + double-quantised absmax (QLoRA paper, 0.127 bit)
 AMP_ACT_BYTES = 2.5  # bytes per saved element under autocast: half matmul outputs, the norms' fp32 upcasts (reasoned)
-LOSS_CHUNK = 1024  # target tokens per chunk of the chunked loss (kitlib.engine.chunked_loss)
 BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 
 # Known shapes for --model without a folder: config class and its arguments (no weights are ever downloaded).
@@ -344,7 +343,9 @@ def loss_transient(shape: Shape, tokens: int, task: str, chunked: bool, *, grads
     head = 4.0 * shape.head_params if grads_of_head else 0.0
     if task not in GENERATING:
         return head
-    rows = min(tokens, LOSS_CHUNK) if chunked else tokens
+    from kitlib.engine.chunked_loss import chunk_tokens
+
+    rows = min(tokens, chunk_tokens(shape.vocab)) if chunked else tokens
     per_token = (4 if chunked else 2) * shape.vocab * 4.0  # chunked: its logits, log-softmax and both gradients
     return rows * per_token + head
 
