@@ -49,10 +49,9 @@ def main() -> None:
             start = time.perf_counter()
             peaks.append(step_peak(AutoModelForCausalLM.from_config(CONFIG), window(prompt), loss_fn=loss_fn))
             print(f"  ({loss_fn.__name__}: {time.perf_counter() - start:.0f} s)")
-        plan = f"{fit[False] / 1e6:.0f} / {fit[True] / 1e6:.0f} MB" if prompt == 0 else ""
-        print(
-            f"{name:<26} {peaks[0] / 1e6:>12.0f} MB {peaks[1] / 1e6:>7.0f} MB {1 - peaks[1] / peaks[0]:>6.0%}   {plan}"
-        )
+        planned = f"{fit[False] / 1e6:.0f} / {fit[True] / 1e6:.0f} MB" if prompt == 0 else ""
+        saved = 1 - peaks[1] / peaks[0]
+        print(f"{name:<26} {peaks[0] / 1e6:>12.0f} MB {peaks[1] / 1e6:>7.0f} MB {saved:>6.0%}   {planned}")
 
 
 if __name__ == "__main__":
