@@ -60,3 +60,29 @@ def test_unknown_model_names_the_fix(tmp_path: Path) -> None:
 
     with pytest.raises(SetupError, match=r"config\.json"):
         plan_memory(str(tmp_path / "nowhere"), hardware="T4")
+
+
+def test_the_plan_command_prints_every_strategy_and_the_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    from kitlib.cli import main
+
+    args = ["plan", "--model", "llama-7b", "--hardware", "T4", "--seq-len", "1536", "--task", "causal-lm"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "fp32 full fine-tune (no AMP)" in out and "QLoRA (LoRA on 4-bit weights) would" in out
+    assert main(["plan", "--model", "nowhere/at/all", "--hardware", "T4"]) == 2  # a SetupError naming the fix
+
+
+def test_00s_picker_shows_the_memory_line(tmp_path: Path) -> None:
+    import dataclasses
+
+    from kitlib.machine.hardware import fake_profile
+    from kitlib.notebook import stages
+    from kitlib.notebook.params import Params
+    from kitlib.notebook.widgets import preset_picker
+
+    hw = fake_profile("T4", interactive=False)
+    p = dataclasses.replace(Params(data_dir=tmp_path, work_dir=tmp_path), model="minilm", task="classify")
+    picker = preset_picker(hw, default="balanced", memory=stages.memory_line(p, hw))
+    assert "\nmemory: 256 tokens/row: fits: ~" in repr(picker)
+    scratch = dataclasses.replace(p, model="auto", task="causal-lm")
+    assert "no plan" in preset_picker(hw, memory=stages.memory_line(scratch, hw)).memory_text()

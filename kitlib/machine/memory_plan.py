@@ -440,3 +440,18 @@ def _linear_layers(model: nn.Module, *, exclude: nn.Module | None) -> tuple[int,
 def _classifier_params(model: nn.Module) -> int:
     found = [m for name, m in model.named_children() if name in ("classifier", "score", "qa_outputs")]
     return sum(p.numel() for m in found for p in m.parameters())
+
+
+def run_line(model: Any, task: str, hw: HardwareInfo, run: Any) -> str:
+    """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` and ``task``: what
+    the picker and ``python -m kitlib presets`` show. A plan that cannot be made says why in the line."""
+    from kitlib.errors import KitError
+
+    length = run.config.max_length or run.preset.max_length_cap
+    try:
+        plan = plan_memory(model, hardware=hw, seq_len=length, task=task, effective_batch=run.effective_batch_size)
+    except KitError as err:
+        return f"no plan: {err}"
+    if run.preset.regime == "head":  # the encoder runs once without gradients; the head trains on cached vectors
+        return f"~{4 * plan.shape.params / _GB:.1f} GB of fp32 weights for the encoder's forward pass (head regime)"
+    return f"{length} tokens/row: {plan.line()}"
