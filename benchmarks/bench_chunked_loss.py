@@ -1,6 +1,6 @@
 """Peak memory of a training step with the model's own LM loss vs kitlib's chunked loss (kitlib.engine.chunked_loss):
 a Llama-shaped causal LM with a 50k vocabulary and a small hidden size (so it runs on a CPU), rows of 1,024 tokens,
-kitlib's own step (fp32, fused AdamW), live tensor bytes tracked op by op (kitlib.machine.live_bytes).
+kitlib's own step (fp32, fused AdamW), live tensor bytes tracked op by op (kitlib.doctor.live_bytes).
 
     nice -n 5 python benchmarks/bench_chunked_loss.py      # ~1 min on 2 busy cores
 
@@ -15,10 +15,10 @@ import time
 import torch
 from transformers import LlamaConfig
 
+from kitlib.doctor.live_bytes import step_peak
+from kitlib.doctor.memory_plan import plan_memory
 from kitlib.engine.chunked_loss import chunked_lm_loss
 from kitlib.engine.objective import hf_loss
-from kitlib.machine.live_bytes import step_peak
-from kitlib.machine.memory_plan import plan_memory
 
 VOCAB, TOKENS, ROWS = 50_257, 1024, 2
 CONFIG = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,

@@ -1,5 +1,5 @@
 """The memory plan (kitlib.plan_memory) against a measured peak: kitlib's own optimizer step on this CPU in fp32,
-its live tensor bytes tracked op by op (kitlib.machine.live_bytes), for three model sizes x three strategies.
+its live tensor bytes tracked op by op (kitlib.doctor.live_bytes), for three model sizes x three strategies.
 
     nice -n 5 python benchmarks/bench_memory_plan.py          # ~1-2 min on 2 busy cores
 
@@ -12,7 +12,7 @@ import time
 
 from transformers import BertConfig, LlamaConfig
 
-from kitlib.machine.live_bytes import MEASURABLE, planned_and_measured
+from kitlib.doctor.live_bytes import MEASURABLE, planned_and_measured
 
 CASES = [  # (label, config, task, seq_len, micro-batch, accumulation)
     ("Llama h128 x2", LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,

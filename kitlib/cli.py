@@ -141,9 +141,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
+    from kitlib.doctor.memory_plan import run_line
     from kitlib.errors import PrecisionError
     from kitlib.machine.hardware import detect, fake_profile
-    from kitlib.machine.memory_plan import run_line
     from kitlib.notebook.estimate import estimate_epoch_seconds
     from kitlib.notebook.presets import PRESETS, resolve
 
@@ -169,7 +169,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     """The memory plan's table: every strategy's bytes, whether it fits, and the choice; exit 1 when nothing fits."""
-    from kitlib.machine.memory_plan import plan_memory
+    from kitlib.doctor.memory_plan import plan_memory
 
     plan = plan_memory(
         args.model,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kitlib.machine.memory_plan import plan_memory
+from kitlib.doctor.memory_plan import plan_memory
 
 
 def _llama_7b() -> Any:
@@ -24,7 +24,7 @@ def _llama_7b() -> Any:
 def test_plan_matches_the_measured_peak_of_kitlibs_step(strategy: str) -> None:
     from transformers import LlamaConfig
 
-    from kitlib.machine.live_bytes import planned_and_measured
+    from kitlib.doctor.live_bytes import planned_and_measured
 
     config = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=4000)  # fmt: skip

@@ -103,7 +103,7 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     machine 02 will train on (``planning_hw``), one plan per length and batch kept, so clicking through the presets
     rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
     own has no config to plan from."""
-    from kitlib.machine.memory_plan import GENERATING, run_line
+    from kitlib.doctor.memory_plan import GENERATING, run_line
 
     scratch = p.model == "tiny" or (p.model == "auto" and p.task in GENERATING)
     if scratch or p.task not in ("auto", "classify", "regress", "tabular-text", *GENERATING):

@@ -120,7 +120,7 @@ def planned_and_measured(
 ) -> tuple[float, int]:
     """(the plan's peak bytes, the measured peak of kitlib's step) for ``strategy`` (a MEASURABLE name) training a
     model built from ``config`` with random weights on random tokens, on this CPU in fp32."""
-    from kitlib.machine.memory_plan import _meta_model, plan_memory
+    from kitlib.doctor.memory_plan import _meta_model, plan_memory
 
     checkpointing, freeze = MEASURABLE[strategy]
     plan = plan_memory(config, hardware="CPU", seq_len=seq_len, task=task, micro_batch=micro_batch, accum=accum,
