@@ -65,31 +65,37 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_score(args: argparse.Namespace) -> int:
-    import json
+    """Any competition: the target and id columns and the metric from the flags, else from a work dir's params.json
+    and run.json (--work), else from a demo's demo.json beside the solution, else label / id / accuracy."""
     from pathlib import Path
 
+    from kitlib.tasks.metrics import METRICS
     from kitlib.tools.demo import ABOUT_FILE, score
 
+    found: dict[str, Any] = {}
     about = Path(args.solution).with_name(ABOUT_FILE)
-    metric = json.loads(about.read_text()).get("metric", "accuracy") if about.is_file() else "accuracy"
-    if metric == "smape":
-        from kitlib.tools.demo_price import score_price
+    if about.is_file():  # a demo: its metric, and the columns its parameters name
+        demo = json.loads(about.read_text())
+        found |= {k: v for k, v in demo.get("parameters", {}).items() if k in ("target", "id", "metric")}
+        found |= {"metric": demo["metric"]} if "metric" in demo else {}
+    if args.work:  # the run that wrote the submission: its columns and the metric it trained for
+        from kitlib.notebook.params import PARAMS_FILE
+        from kitlib.notebook.presets import RUN_FILE
 
-        print(f"smape: {score_price(args.solution, args.submission):.2f} (lower is better)")
-        return 0
-    if metric == "record_f1":
-        from kitlib.tools.demo_sql import DB_FILE, score_sql
-
-        f1 = score_sql(args.solution, args.submission, Path(args.solution).with_name(DB_FILE))
-        print(f"record_f1: {f1:.4f} (each query executed on {DB_FILE})")
-        return 0
-    if metric == "exact_match":
-        from kitlib.tools.demo_sft import score_sft
-
-        print(f"exact_match: {score_sft(args.solution, args.submission):.4f} (responses equal, whitespace aside)")
-        return 0
-    accuracy = score(args.solution, args.submission)  # a DataError prints as one line, exit 2
-    print(f"accuracy: {accuracy:.4f}")
+        work = Path(args.work)
+        try:
+            saved = json.loads((work / PARAMS_FILE).read_text())
+            metric = json.loads((work / RUN_FILE).read_text())["metric"]
+        except (OSError, ValueError, KeyError) as err:
+            raise SetupError(f"--work {work}: {err}. Fix: the work_dir 00_setup wrote, or --target/--metric") from None
+        found |= {"target": saved.get("target", "label"), "id": saved.get("id", "id"), "metric": metric}
+        found |= {"data_dir": saved["data_dir"]} if saved.get("data_dir") else {}
+    found |= {k: v for k in ("target", "id", "metric") if (v := getattr(args, k)) is not None}
+    metric = found.get("metric", "accuracy")
+    value = score(args.solution, args.submission, target=found.get("target", "label"), id=found.get("id", "id"),
+                  metric=metric, data_dir=found.get("data_dir"))  # fmt: skip
+    better = "lower" if metric in METRICS and METRICS[metric].mode == "min" else "higher"
+    print(f"{metric}: {value:.4f} ({better} is better; column {found.get('target', 'label')!r})")
     return 0
 
 
@@ -244,15 +250,20 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
     return 0
 
 
-# 00's parameters a command line may set, beside --params FILE (flags win); `kaggle build` takes them all.
+# 00's parameters a command line may set, beside --params FILE; `kaggle build` and `notebooks run` take them all.
 NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "objective", "numeric", "categorical",
-         "model_factory", "seed", "train_file", "test_file", "sample_submission", "hardware")  # fmt: skip
+         "model_factory", "seed", "train_file", "test_file", "sample_submission", "hardware", "epochs",
+         "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every")  # fmt: skip
 
 
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """00's parameters from ``--params FILE`` (a demo's demo.json holds them under "parameters"; a user's
-    params.json is flat) and the flags, and the folder of the file when it holds the data (for checks reading it)."""
+    """00's parameters by one rule: an explicit flag > ``--params FILE`` (a demo's demo.json holds them under
+    "parameters"; a user's params.json is flat) > 00's own defaults (not written here: the notebook's cell has them).
+    An unknown name in the file is an error listing the valid ones. Prints what was set, and where, once. Also
+    returns the folder of the file when it holds the data (for checks reading it)."""
     from pathlib import Path
+
+    from kitlib.notebook.params import check_names
 
     values: dict[str, Any] = {}
     local = None
@@ -262,9 +273,21 @@ def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             given = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as err:
             raise SetupError(f"--params {path}: {err}. Fix: name a JSON file of 00's parameters") from None
-        values |= given.get("parameters", given) if isinstance(given, dict) else {}
+        found = given.get("parameters", given) if isinstance(given, dict) else None
+        if not isinstance(found, dict):
+            raise SetupError(f'--params {path}: holds no object of 00\'s parameters, e.g. {{"preset": "fast"}}')
+        try:
+            check_names(found)
+        except SetupError as err:
+            raise SetupError(f"--params {path}: {err}") from None
+        values |= found
         local = path.parent if (path.parent / values.get("train_file", "train.csv")).is_file() else None
-    values |= {k: v for k in NAMED if (v := getattr(args, k, None)) is not None}
+    flags = {k: v for k in NAMED if (v := getattr(args, k, None)) is not None}
+    values |= flags
+    if values:
+        origin = {k: "flag" if k in flags else "file" for k in values}
+        shown = ", ".join(f"{k}={v!r} ({origin[k]})" for k, v in values.items())
+        print(f"parameters: {shown}; the rest: 00_setup's defaults")
     return values, local
 
 
@@ -280,42 +303,62 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
-    from kitlib.notebook.params import check_work_dir
+    import os
 
-    check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
+    from kitlib.notebook.params import ENV, check_parameters, check_work_dir
+
     values, _ = _parameters(args)
-    values |= {"data_dir": args.data, "work_dir": args.work, "preset": args.preset, "model": args.model}
+    given = {k: str(values[k]) for k in ENV if k in values}
+    clash = [
+        f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}" for k, v in given.items() if os.environ.get(ENV[k], v) != v
+    ]
+    if clash:  # 00 would take the variable: the flag or file would be silently overridden
+        raise SetupError(f"{'; '.join(clash)}: the kernel inherits the variable, which wins in 00. Fix: unset it")
+    values |= {"data_dir": args.data, "work_dir": args.work}
+    check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
+    check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel
     for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
         print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
     return 0
 
 
-def _parameter_flags(p: argparse.ArgumentParser, *, defaults: bool = False) -> None:
-    """A flag per 00 parameter (``NAMED``); unset ones stay None so --params FILE's values are kept."""
-    from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS
+PARAMS_HELP = (
+    "a JSON file of 00's parameters (a demo's demo.json, your params.json); an explicit flag > the file > 00's "
+    "defaults; an unknown name is an error"
+)
 
-    # kaggle build checks the preset with the others (check_parameters): a --params file's preset too
-    if defaults:
-        p.add_argument("--preset", default=DEFAULT_PRESET, choices=list(PRESETS))
-    else:
-        p.add_argument("--preset", help="smoke | fast | balanced | best")
-    p.add_argument("--model", default="auto" if defaults else None, help="auto | tiny | a model folder")
-    p.add_argument("--text", help="text column (default: text)")
-    p.add_argument("--target", help="target column (default: label)")
+
+def _parameter_flags(p: argparse.ArgumentParser) -> None:
+    """A flag per 00 parameter (``NAMED``); none has a default here, so an unset flag never hides --params FILE's
+    value (00's parameters cell holds the defaults)."""
+    p.add_argument("--preset", help="smoke | fast | balanced | best (default: balanced)")
+    p.add_argument("--model", help="auto | tiny | a model folder (default: auto)")
+    p.add_argument("--text", help="text column (default: text); seq2seq: the source, causal-lm: the prompt")
+    p.add_argument("--target", help="target column (default: label); seq2seq/causal-lm: the text to generate")
     p.add_argument("--id", help="id column (default: id)")
     p.add_argument(
-        "--task", help="auto | classify | regress | tabular-text | seq2seq | causal-lm | module:name (default: auto)"
+        "--task",
+        help="auto | classify | regress | tabular-text | seq2seq | causal-lm | custom | module:name (default: auto)",
     )
-    p.add_argument("--metric", help="accuracy | macro_f1 | rmse | mae | smape | rmsle | module:function")
+    p.add_argument(
+        "--metric",
+        help="auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | exact_match | record_f1 | module:function",
+    )
     p.add_argument("--objective", help="regression loss: auto (the metric's) | mse | mae | log_mse | log_mae")
-    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (tabular-text)")
-    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (tabular-text)")
-    p.add_argument("--model-factory", help="task custom: file.py:function (in data_dir) or module:function")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (any text task)")
+    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (any text task)")
+    p.add_argument("--model-factory", help="task custom: file.py:function (a full path) or module:function")
+    p.add_argument("--seed", type=int, help="default: 42")
     p.add_argument("--train-file", help="default: train.csv")
     p.add_argument("--test-file", help="default: test.csv")
     p.add_argument("--sample-submission", help="default: sample_submission.csv")
     p.add_argument("--hardware", help="plan for this accelerator, e.g. 2xT4 (a chain's 00/01 run without it)")
+    p.add_argument("--epochs", type=int, help="default: the preset's")
+    p.add_argument("--micro-batch-size", type=int, help="rows per forward pass, per GPU (default: the preset's)")
+    p.add_argument("--grad-accum-steps", type=int, help="micro-batches per optimizer step (default: derived)")
+    p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
+    p.add_argument("--max-length", type=int, help="tokens per row (default: fitted to the data)")
+    p.add_argument("--full-eval-every", type=int, help="epochs between full evaluations, 0: at the end only")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -358,9 +401,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("score", help="score a submission against the demo's solution.csv (its demo.json's metric)")
-    p.add_argument("solution")
+    p = sub.add_parser("score", help="score a submission against a solution file (any competition, or a demo's)")
+    p.add_argument("solution", help="the held-out answers: the id and target columns")
     p.add_argument("submission")
+    p.add_argument("--target", help="the scored column (default: the --work run's, a demo's, else label)")
+    p.add_argument("--id", help="the id column (default: the --work run's, else id)")
+    p.add_argument(
+        "--metric",
+        help="accuracy | macro_f1 | rmse | mae | smape | rmsle | exact_match | record_f1 | module:function (default: "
+        "the --work run's, a demo's, else accuracy)",
+    )
+    p.add_argument("--work", help="a work_dir of the notebooks: its params.json and run.json give the defaults")
     p.set_defaults(func=_cmd_score)
 
     p = sub.add_parser("presets", help="show each preset resolved for this (or a named) machine, with the reasons")
@@ -401,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument(
         "--data-dir", default=None, help="00's data_dir (default: the competition's or first dataset's mount)"
     )
-    k.add_argument("--params", help="a JSON file of 00's parameters (a demo's demo.json, your params.json); flags win")
+    k.add_argument("--params", help=PARAMS_HELP)
     _parameter_flags(k)
     k.add_argument("--out", default="kaggle", help="where the kernel folders go")
     k.add_argument("--force", action="store_true", help="overwrite notebooks edited since the last build (kept .prev)")
@@ -434,8 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["run", "strip"])
     p.add_argument("--data", help="data dir (train.csv, test.csv, sample_submission.csv)")
     p.add_argument("--work", help="working dir (run.json, cache, run/, submission.csv, executed/)")
-    _parameter_flags(p, defaults=True)
-    p.add_argument("--params", help="a JSON file of 00's parameters (e.g. a demo's demo.json); flags win")
+    _parameter_flags(p)
+    p.add_argument("--params", help=PARAMS_HELP)
     p.add_argument("--notebooks", help="folder of the notebooks (default: the repo's notebooks/)")
     p.set_defaults(func=_cmd_notebooks)
 

@@ -8,10 +8,15 @@ there, and an unthrottled bar turns an executed notebook into megabytes of progr
 from __future__ import annotations
 
 import sys
+from types import MappingProxyType
 from typing import Any
 
 from tqdm import tqdm
 
+# The history's throughput columns and the one name every display gives them (the bar, 02's table, the doctor):
+# samples (real tokens, no padding) per second of training wall time, evals and checkpoints between epochs left
+# out: the epoch's so far in the bar, each epoch's in the history, all epochs' together in the doctor.
+THROUGHPUT = MappingProxyType({"samples_per_s": "samples/s", "tokens_per_s": "tokens/s"})
 HEADLESS_INTERVAL_S = 30.0  # one saved line per 30 s: a 1-hour run adds ~120 lines (~12 kB) to the notebook
 
 

@@ -469,13 +469,6 @@ CATALOGUE = [
     Case("text parameter wrong", "setup", r"no column 'review'", r"Set text=", values={"text": "review"}),
     Case("target parameter wrong", "setup", r"no column 'sentiment'", r"Set target=", values={"target": "sentiment"}),
     Case(
-        "empty texts",
-        "setup",
-        r"train\.csv: text column 'text' is empty at",
-        r"fillna|drop those rows",
-        _csv("train.csv", lambda f: f.assign(text=[None] * 5 + list(f["text"][5:]))),
-    ),
-    Case(
         "numbers as text",
         "setup",
         r"text column 'text' holds .* not text",

@@ -259,6 +259,45 @@ def test_under_ddp_each_rank_resumes_its_own_random_streams(tmp_path: Path) -> N
         assert torch.equal(resumed["weights"][name], value), name
 
 
+_RUN_DIR_ON_RANK_0 = """
+import sys, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from kitlib import TrainConfig, fit
+from kitlib.machine.distributed import dist_env, launch
+from kitlib.machine.hardware import fake_profile
+
+def run(folder):
+    data = TensorDataset(torch.randn(64, 6), torch.randn(64, 1))
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, precision="fp32", save_best=False, save_every_steps=2)
+    fit(nn.Linear(6, 1), DataLoader(data, batch_size=8), config=cfg, hw=fake_profile("CPU", platform="local"),
+        run_dir=folder if dist_env().is_main else None, loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]))
+
+launch(run, sys.argv[1], nprocs=2)
+"""
+
+
+def test_a_run_dir_on_rank_0_only_is_refused_instead_of_hanging_at_the_first_save(tmp_path: Path) -> None:
+    """Every rank joins save_last's collectives (the RNG gather, the wait for a pending eval): a rank without the
+    run_dir would train on while rank 0 waits for it at the first save."""
+    import subprocess
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen([sys.executable, "-c", _RUN_DIR_ON_RANK_0, str(tmp_path / "run")], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # the hang: the launcher and its forked ranks, all in this session
+        proc.communicate()
+        pytest.fail("the ranks hung at the first save")
+    assert proc.returncode != 0
+    assert "run_dir was given on 1 of 2 ranks" in stderr and "every rank" in stderr, stderr[-2000:]
+
+
 # --------------------------------------------------------------------------------- 10. CPU threads and workers
 def _threads() -> tuple[int, str]:
     return torch.get_num_threads(), os.environ["OMP_NUM_THREADS"]

@@ -8,8 +8,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
@@ -69,6 +71,16 @@ def _run(args: list[str], tmp_path: Path, **kw) -> subprocess.CompletedProcess[s
     )
 
 
+def _checks_module() -> Any:
+    """benchmarks/gpu_checks.py (imports torch, transformers and kitlib: only where a test needs it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_checks
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_checks
+
+
 def test_a_check_that_raises_crashes_or_hangs_is_reported_failed_and_the_suite_goes_on(tmp_path: Path) -> None:
     (tmp_path / "fake_checks.py").write_text(FAKE_CHECKS)
     out = tmp_path / "report"
@@ -103,9 +115,9 @@ def test_a_check_that_raises_crashes_or_hangs_is_reported_failed_and_the_suite_g
 
 
 def test_parts_cover_every_check_once_within_the_budget(tmp_path: Path) -> None:
+    gpu_checks = _checks_module()
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import gpu_checks
         import gpu_suite
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
@@ -124,11 +136,7 @@ def test_parts_cover_every_check_once_within_the_budget(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_the_cpu_run_reports_every_declared_check_with_a_status(tmp_path: Path) -> None:
     """The real checks on this CPU (a cheap subset runs; the GPU ones must say why they were skipped)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_checks
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu_checks = _checks_module()
     out = tmp_path / "s"
     cheap = "env,tf32,exact_resume," + ",".join(c.name for c in gpu_checks.CHECKS if c.needs != "any")
     proc = _run(["--only", cheap, "--out", str(out)], tmp_path)
@@ -146,3 +154,49 @@ def test_the_cpu_run_reports_every_declared_check_with_a_status(tmp_path: Path) 
         assert by_name[name]["status"] == "skipped" and "CUDA" in by_name[name]["reason"], by_name[name]
     assert by_name["exact_resume"]["status"] == "passed", by_name["exact_resume"]
     assert by_name["tf32"]["status"] == "passed", by_name["tf32"]  # flags restored, also on CPU
+
+
+@pytest.mark.parametrize("carried", [False, True])
+def test_the_custom_demo_names_its_factory_where_its_data_lies(
+    carried: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """00 accepts the custom demo's parameters, synthetic or carried from the machine that made the data (the
+    factory file's full path is only known where the data lies)."""
+    from kitlib.notebook import stages
+    from kitlib.tools.demo_custom import PARAMETERS
+
+    checks = _checks_module()
+    monkeypatch.setenv(checks.DATA_ENV, str(tmp_path / "carried"))
+    if carried:  # made elsewhere (--make-data), then moved: its parameters name no path of this machine
+        checks.synthetic_competition("custom", tmp_path / "made" / "custom", 40)
+        (tmp_path / "made" / "custom" / "suite_parameters.json").write_text(json.dumps(PARAMETERS))
+        (tmp_path / "made").rename(tmp_path / "carried")
+    data, params, source = checks.demo_inputs("custom", tmp_path / "scratch", 40)
+    assert ("carried" in source) is carried
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", **params)
+    assert p.model_factory == f"{(data / 'bilstm.py').resolve()}:build"
+
+
+def test_the_grad_scaler_watch_records_each_steps_outcome_as_a_bool() -> None:
+    """fit reports a step's outcome as a device flag; the GPU check's claims (``applied[k] is False``) and its JSON
+    figures need plain bools. Shown with fp32 on the CPU: an inf loss in window 1 is skipped."""
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib import TrainConfig, fit
+
+    checks = _checks_module()
+    calls = [0]
+
+    def loss_fn(model: nn.Module, batch: Any) -> Any:
+        calls[0] += 1
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        return loss * float("inf") if calls[0] == 2 else loss
+
+    x = torch.randn(24, 4)
+    watch = checks._Watch()
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, precision="fp32", save_best=False, log_every_steps=100)
+    fit(nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
+        loss_fn=loss_fn, callbacks=[watch])  # fmt: skip
+    assert watch.applied[1] is False and watch.applied[0] is True and watch.applied[2] is True
+    assert json.loads(json.dumps(watch.applied)) == [True, False, True]

@@ -284,3 +284,45 @@ def test_p100_on_kaggle_image_is_unsupported() -> None:
 )
 def test_torch_supports(capability: tuple[int, int], arch: tuple[str, ...], ok: bool) -> None:
     assert torch_supports(capability, arch) is ok
+
+
+def test_fit_trains_on_this_process_share_of_the_usable_cpus_and_restores_the_threads(
+    monkeypatch: pytest.MonkeyPatch, cpu_hw
+) -> None:
+    """torch sized its pool for 2 cores; the process may use 1 (a CPU quota, a narrowed affinity): fit trains on 1,
+    and the kernel gets its 2 back afterwards, also when training raised."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib import TrainConfig, fit
+    from kitlib.engine.events import Callback
+    from kitlib.machine import hardware
+
+    seen: list[tuple[int, str | None]] = []
+
+    class Threads(Callback):
+        def on_step_end(self, step: object) -> None:
+            seen.append((torch.get_num_threads(), os.environ.get("RAYON_NUM_THREADS")))
+
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, precision="fp32", save_best=False)
+    mse = lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1])  # noqa: E731
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = fit(nn.Linear(4, 1), loader, config=cfg, loss_fn=mse, hw=cpu_hw, callbacks=[Threads()])
+        assert set(seen) == {(1, "1")} and result.timing["run"]["intra_op_threads"] == 1
+        assert torch.get_num_threads() == 2 and "RAYON_NUM_THREADS" not in os.environ
+        with pytest.raises(RuntimeError, match="boom"), hardware.cpu_threads():
+            raise RuntimeError("boom")
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)  # a lower count set by the user stays
+        with hardware.cpu_threads() as n:
+            assert n == torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

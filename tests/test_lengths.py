@@ -54,3 +54,11 @@ def test_batch_efficiency_counts_padding() -> None:
     lens = np.array([2, 4, 8, 8])
     assert batch_efficiency(lens, [[0, 1], [2, 3]]) == pytest.approx(22 / 24)
     assert batch_efficiency(lens, [[0, 1], [2, 3]], multiple_of=8) == pytest.approx(22 / 32)
+
+
+def test_the_report_names_the_strategy_training_uses_and_its_table_is_rounded() -> None:
+    """01 prints the report once: the strategy 02 batches with marked, and a table (if shown) at 3 decimals."""
+    report = length_report(np.array([4] * 90 + [100] * 10), batch_size=10, max_length=50, used="bucket")
+    marked = [line for line in str(report).splitlines() if "training batches this way" in line]
+    assert len(marked) == 1 and marked[0].strip().startswith("bucket") and "batching='bucket'" in marked[0]
+    assert all(round(v, 3) == v for v in report.table()["efficiency"])

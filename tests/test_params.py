@@ -11,6 +11,7 @@ import pytest
 from kitlib.errors import MissingRunError, SetupError
 from kitlib.notebook import params as params_module
 from kitlib.notebook import stages
+from kitlib.notebook.runbook import run_notebooks as _run_notebooks
 
 
 def _competition(folder: Path) -> Path:
@@ -124,3 +125,95 @@ def test_03_refuses_features_of_another_test_set(tmp_path: Path, cpu_hw) -> None
     hidden.to_csv(p.data_dir / "test.csv", index=False)
     with pytest.raises(MissingRunError, match=r"test.csv changed after features.json was built.*kaggle build --single"):
         stages.load_features(p)
+
+
+# ------------------------------------------------------------------------------ one precedence rule: flag > file > 00
+_FILE = {"preset": "fast", "model": "tiny", "epochs": 3, "micro_batch_size": 1, "grad_accum_steps": 16, "lr": 0.002}
+_FLAGS = {"preset": "smoke", "model": "auto", "epochs": 2, "micro_batch_size": 2, "grad_accum_steps": 4, "lr": 0.01}
+
+
+def _run_00(monkeypatch: pytest.MonkeyPatch, data: Path, work: Path, *flags: str) -> tuple[dict, dict]:
+    """``python -m kitlib notebooks run`` with only 00_setup executed (a real kernel): run.json and params.json."""
+    from kitlib import cli
+    from kitlib.notebook import runbook
+
+    only_00 = {"names": runbook.NOTEBOOKS[:1]}
+    monkeypatch.setattr(runbook, "run_notebooks", lambda out, **kw: _run_notebooks(out, **kw | only_00))
+    for var in params_module.ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    assert cli.main(["notebooks", "run", "--data", str(data), "--work", str(work), *flags]) == 0
+    return json.loads((work / "run.json").read_text()), json.loads((work / "params.json").read_text())
+
+
+def _ran(run: dict, saved: dict) -> dict:
+    config = run["config"]
+    return {"preset": run["preset"]["name"], "model": saved["model"], "epochs": config["epochs"],
+            "micro_batch_size": config["micro_batch_size"], "grad_accum_steps": config["grad_accum_steps"],
+            "lr": config["lr"]}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_params_file_is_what_runs_and_each_explicit_flag_overrides_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib.models.loading import pretrained_dir
+
+    pretrained_dir()  # model "auto" below: the installed all-MiniLM-L6-v2 (00 checks it is there, loads nothing)
+    data = _competition(tmp_path / "data")
+    params_file = tmp_path / "params.json"
+    params_file.write_text(json.dumps({**_FILE, "text": "review", "target": "sentiment"}))
+    run, saved = _run_00(monkeypatch, data, tmp_path / "file", "--params", str(params_file))
+    assert _ran(run, saved) == _FILE  # micro-batch 1 x accumulation 16, as written: nothing injected over it
+    printed = capsys.readouterr().out
+    assert printed.count("parameters: ") == 1 and "preset='fast' (file)" in printed
+    flags = [text for name, value in _FLAGS.items() for text in ("--" + name.replace("_", "-"), str(value))]
+    run, saved = _run_00(monkeypatch, data, tmp_path / "flags", "--params", str(params_file), *flags)
+    assert _ran(run, saved) == _FLAGS  # every flag wins over the file (each value differs from the file's)
+    printed = capsys.readouterr().out
+    assert all(f"{name}={value!r} (flag)" in printed for name, value in _FLAGS.items()) and "(file)" in printed
+
+
+def test_an_unknown_parameter_is_an_error_listing_the_valid_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib import cli
+
+    data = _competition(tmp_path / "data")
+    params_file = tmp_path / "params.json"
+    params_file.write_text(json.dumps({"preset": "smoke", "epoch": 3}))
+    work = tmp_path / "work"
+    assert cli.main(["notebooks", "run", "--data", str(data), "--work", str(work), "--params", str(params_file)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown parameter(s) ['epoch']" in err and "'epochs'" in err and "'micro_batch_size'" in err
+    assert not work.exists()  # refused before any kernel ran
+    with pytest.raises(SetupError, match=r"unknown parameter\(s\) \['epoch'\].*'epochs'"):
+        stages.params(environ={}, data_dir=data, work_dir=work, epoch=3)  # 00's cell: the same error
+
+
+def test_a_variable_that_would_override_a_flag_in_00_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib import cli
+
+    monkeypatch.setenv("KIT_PRESET", "smoke")
+    work = tmp_path / "work"
+    args = ["notebooks", "run", "--data", str(_competition(tmp_path / "data")), "--work", str(work), "--preset", "fast"]
+    assert cli.main(args) == 2
+    assert "KIT_PRESET='smoke' vs preset='fast'" in capsys.readouterr().err and not work.exists()
+
+
+def test_training_parameters_reach_run_json_and_start_the_picker(tmp_path: Path, cpu_hw) -> None:
+    from kitlib.notebook.widgets import PresetPicker
+
+    p = stages.params(environ={}, data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work",
+                      preset="smoke", model="tiny", text="review", target="sentiment", epochs=3, micro_batch_size=1,
+                      grad_accum_steps=16, lr=0.002, max_length=24, full_eval_every=1)  # fmt: skip
+    picker = PresetPicker(cpu_hw, default=p.preset, overrides=p.training())
+    picker._on_preset({"new": "balanced"})  # another preset: the parameters' settings stay
+    expected = {"epochs": 3, "micro_batch_size": 1, "grad_accum_steps": 16, "lr": 0.002, "max_length": 24,
+                "full_eval_every": 1}  # fmt: skip
+    for run in (picker.resolved, stages.setup(p, cpu_hw)):  # the picker's start, and 00 without a picker
+        assert {k: getattr(run.config, k) for k in expected} == expected
+    assert stages.load_params(p.work_dir, environ={}).training() == expected  # 01-03 see them in params.json
+    with pytest.raises(SetupError, match=r"micro_batch_size = 0 is not a whole number >= 1"):
+        stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, micro_batch_size=0)

@@ -227,3 +227,13 @@ def test_custom_preset_object() -> None:
                     checkpoints="none")  # fmt: skip
     run = resolve(custom, fake_profile("CPU"))
     assert run.name == "mine" and not run.config.save_best and not run.config.save_last
+
+
+def test_the_freeze_row_says_what_does_not_train() -> None:
+    """`fast` never trains its encoder (it only embeds in 01): its table must not say `freeze none`."""
+    cpu = fake_profile("CPU", interactive=False)
+    rows = {name: dict(resolve(name, cpu).table_rows())["freeze"] for name in ("fast", "balanced", "best")}
+    assert rows["fast"].startswith("the whole encoder") and "only the head trains" in rows["fast"]
+    assert rows["balanced"] == "embeddings" and rows["best"] == "none"
+    layers = resolve("best", cpu, overrides={"freeze": "embeddings", "freeze_layers": 2})
+    assert dict(layers.table_rows())["freeze"] == "embeddings + first 2 blocks"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import types
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -28,7 +29,7 @@ def test_history_table_is_rounded_with_1_based_epochs_and_no_other_index() -> No
     assert table.index.name == "epoch" and table.index.tolist() == [1, 2, 3]  # the index is the epoch itself
     assert "epoch" not in table.columns and "never" not in table.columns
     assert table["train_loss"].tolist() == [0.6931, 0.5123, 0.4]
-    assert table["samples_per_s"].tolist() == [405.1, 1424.0, 21.26]
+    assert table["samples/s"].tolist() == [405.1, 1424.0, 21.26]  # the bar's and the doctor's name
     assert table["lr"].tolist() == ["2.0e-05", "1.2e-05", "0.0e+00"]
 
 
@@ -88,3 +89,94 @@ def test_notebook_cells_never_reuse_a_parameters_name() -> None:
         if "parameters" not in c["metadata"].get("tags", []) and _assigned("".join(c["source"])) & parameters
     }
     assert reused == set()
+
+
+def test_one_throughput_figure_under_one_name_in_the_bar_the_history_and_the_doctor(cpu_hw, tmp_path: Path) -> None:
+    """Samples per second of training wall time: the bar's last figure of an epoch is that epoch's history row, the
+    doctor's is all epochs' together, and all three call it samples/s (a slow first step makes an instantaneous
+    rate and the epoch's average far apart)."""
+    import io
+    import time
+    from unittest import mock
+
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from tqdm import tqdm
+
+    import kitlib
+    from kitlib import TrainConfig, fit
+    from kitlib.engine.events import Callback, StepEnd
+
+    class SlowFirstStep(Callback):
+        def __init__(self) -> None:
+            self.logs: list[tuple[int, float]] = []
+
+        def on_step_end(self, step: StepEnd) -> None:
+            if self.loop.state.batch_in_epoch == 1:
+                time.sleep(0.2)
+
+        def on_log(self, metrics: Mapping[str, float]) -> None:
+            self.logs.append((self.loop.state.epoch + 1, metrics["samples_per_s"]))
+
+        def on_fit_start(self, loop: object) -> None:
+            self.loop = loop  # type: ignore[assignment]
+
+    screen = io.StringIO()
+    bar = tqdm(total=None, file=screen, mininterval=0, ascii=True)
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    cfg = TrainConfig(epochs=2, micro_batch_size=8, lr=1e-2, precision="fp32", log_every_steps=1)
+    slow = SlowFirstStep()
+    with mock.patch("kitlib.engine.policies.progress_bar", return_value=bar):
+        result = fit(
+            nn.Linear(4, 1), loader, config=cfg, loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+            hw=cpu_hw, callbacks=[slow], run_dir=tmp_path / "run",
+        )  # fmt: skip
+    history = result.history
+    for epoch, row in history.set_index("epoch").iterrows():
+        last = [rate for e, rate in slow.logs if e == epoch][-1]  # what the bar showed when the epoch ended
+        assert last == pytest.approx(row["samples_per_s"], rel=0.05)
+    shown = screen.getvalue()
+    assert "samples/s=" in shown and "sps=" not in shown
+    assert "samples/s" in views.history_table(history).columns
+    overall = history["samples_per_s"].mul(history["epoch_s"]).sum() / history["epoch_s"].sum()
+    assert f"{overall:.1f} samples/s" in str(kitlib.diagnose(result))
+
+
+def test_notebooks_show_each_thing_once() -> None:
+    """00 does not reprint the picker's summary, 01 not the length report as a second table, 02 not the doctor's
+    findings as a table that truncates the text it just printed."""
+    code = {
+        n: "\n".join("".join(c["source"]) for c in json.loads((notebooks_dir() / n).read_text())["cells"])
+        for n in NOTEBOOKS
+    }
+    setup, features, train = (code[n] for n in NOTEBOOKS[:3])
+    assert "run.summary()" not in setup and "picker" in setup
+    assert "print(feats.report)" in features and "\nfeats.report.table()" not in features
+    assert "print(report)" in train and "\nreport.table()" not in train
+
+
+def test_the_two_embedding_bars_say_train_and_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head regime embeds train then test in 01: each bar is named for its rows."""
+    import numpy as np
+
+    from kitlib.data import featurize
+    from kitlib.notebook.regimes import REGIMES, Encoder
+
+    bars: list[object] = []
+
+    def embed(texts: list[str], **kw: object) -> np.ndarray:
+        bars.append(kw["progress"])
+        return np.zeros((len(texts), 4), dtype=np.float32)
+
+    monkeypatch.setattr(featurize, "embed_texts", embed)
+    run = types.SimpleNamespace(
+        preset=types.SimpleNamespace(precision="fp32"), config=types.SimpleNamespace(precision="fp32")
+    )
+    model = types.SimpleNamespace(config=types.SimpleNamespace(num_hidden_layers=6))
+    from kitlib.machine.hardware import fake_profile
+
+    encoder = Encoder(None, model, 16, run, fake_profile("CPU", interactive=False), None, progress=True)  # type: ignore[arg-type]
+    REGIMES["head"].extra(["a good film", "dull"], ["fine"], encoder)
+    assert bars == ["embed train", "embed test"]

@@ -350,8 +350,8 @@ def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, 
     [
         (lambda f: f.iloc[:6], r"train.csv has 6 rows: after holding out 1 for validation, 5 are left, fewer than one"),
         (
-            lambda f: f.assign(label=[f"c{i % 20}" for i in range(len(f))]).iloc[:24],
-            r"class 'c\d+' has 1 row \(16 class\(es\) with fewer than 2",
+            lambda f: f.assign(label=[f"c{i}" for i in range(len(f))]).iloc[:12],
+            r"every one of its 12 classes has fewer than 2 rows \(class 'c\d+' has 1 row\): none can be validated",
         ),
         (  # a text-to-SQL table: nearly every target its own text, never read as 30+ classes of one row
             lambda f: f.assign(label=[f"SELECT name FROM t WHERE id = {i}" for i in range(len(f))]),
@@ -425,3 +425,26 @@ def test_an_interrupted_attempt_with_other_inputs_is_not_continued(tmp_path: Pat
     (staging / "last").mkdir()
     workflow.train(p, hw=cpu_hw)  # fresh: the other attempt is superseded, and the run finishes
     assert (p.run_dir / "best").is_dir() and not staging.exists()
+
+
+def test_features_say_why_max_length_differs_from_what_00_showed(
+    tmp_path: Path, cpu_hw, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """00's picker fits max_length to word counts x 1.3; 01 to the tokenizer's counts: a changed value is explained."""
+    from kitlib.notebook.widgets import preset_picker
+
+    data = _csvs(tmp_path / "data")
+    train = pd.read_csv(data / "train.csv")
+    train.assign(text=train["text"] + " and so on" * 8).to_csv(data / "train.csv", index=False)  # ~30 words a row
+    p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
+    facts = workflow.data_facts(p)
+    picker = preset_picker(cpu_hw, default=p.preset, n_rows=facts.n_rows, lengths=facts.lengths, show=False)
+    shown = workflow.setup(p, cpu_hw, resolved=picker.resolved).config.max_length
+    capsys.readouterr()
+    feats = workflow.features(p, hw=cpu_hw)
+    assert feats.max_length != shown  # the tiny tokenizer splits these words less than 1.3 tokens each
+    out = capsys.readouterr().out
+    assert (
+        f"max_length {feats.max_length} tokens, not the {shown} 00 showed: 00 estimated lengths from word counts" in out
+    )
+    assert "counted every row with the model's tokenizer (covers 90% of 240 rows" in out

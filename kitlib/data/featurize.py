@@ -352,7 +352,7 @@ def embed_texts(
     precision: Any = None,
     normalize: bool = False,
     layers: int = 1,
-    progress: bool = False,
+    progress: bool | str = False,
     cache: CacheArg = None,
 ) -> npt.NDArray[np.float32]:
     """Mean-pooled hidden states of a frozen encoder, [n_texts, layers * hidden] float32, in the input order.
@@ -365,7 +365,8 @@ def embed_texts(
     Texts are batched by token length (longest first) so each batch pads little, then put back in order.
     ``precision``: None (fp32), a ``kitlib.machine.precision.Precision`` (anything with ``.autocast()``), or a
     factory of context managers such as ``lambda: torch.autocast("cuda", dtype=torch.float16)``. ``device``: None
-    keeps the model where it is; otherwise the model is moved there.
+    keeps the model where it is; otherwise the model is moved there. ``progress``: a bar, named by the string given
+    (e.g. "embed train"; True: "embed").
 
     >>> emb = embed_texts(df["text"], tokenizer, model, precision=precision, cache=cache)  # doctest: +SKIP
     """
@@ -425,7 +426,7 @@ def _build_embeddings(
     autocast: Callable[[], contextlib.AbstractContextManager[Any]],
     batch_size: int,
     device: Any,
-    progress: bool,
+    progress: bool | str,
 ) -> npt.NDArray[np.float32]:
     import torch
 
@@ -443,7 +444,8 @@ def _build_embeddings(
     was_training = model.training
     model.eval()
     out: npt.NDArray[np.float32] | None = None
-    bar = progress_bar(len(texts), desc="embed", interactive=is_interactive(os.environ), disable=not progress)
+    desc = progress if isinstance(progress, str) else "embed"
+    bar = progress_bar(len(texts), desc=desc, interactive=is_interactive(os.environ), disable=not progress)
     try:
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):

@@ -64,6 +64,7 @@ class LengthReport:
     truncated_fraction: float  # rows longer than max_length
     pad_to_multiple_of: int
     strategies: tuple[StrategyStats, ...]
+    used: str | None = None  # the strategy training batches with (TrainConfig.batching), marked in the report
 
     def efficiency(self, name: str) -> float:
         return next(s.efficiency for s in self.strategies if s.name == name)
@@ -71,7 +72,7 @@ class LengthReport:
     def table(self) -> pd.DataFrame:
         import pandas as pd
 
-        return pd.DataFrame([vars(s) for s in self.strategies]).set_index("name")
+        return pd.DataFrame([vars(s) for s in self.strategies]).set_index("name").round(3)
 
     def __str__(self) -> str:
         pct = ", ".join(f"p{p} {v}" for p, v in self.percentiles.items())
@@ -82,9 +83,10 @@ class LengthReport:
             f"'x{self.pad_to_multiple_of}' = width rounded up to a multiple of {self.pad_to_multiple_of}):",
         ]
         for s in self.strategies:
+            used = f"  <- training batches this way (batching={s.name!r})" if s.name == self.used else ""
             lines.append(
                 f"  {s.name:<13} {s.efficiency:6.3f}   x{self.pad_to_multiple_of}: {s.efficiency_padded:6.3f}   "
-                f"{s.batches:6d} batches of {s.mean_rows:6.1f} rows"
+                f"{s.batches:6d} batches of {s.mean_rows:6.1f} rows{used}"
             )
         return "\n".join(lines)
 
@@ -109,11 +111,13 @@ def length_report(
     pad_to_multiple_of: int = 8,
     mega_batch_factor: int = 50,
     seed: int = 0,
+    used: str | None = None,
 ) -> LengthReport:
     """Length percentiles, truncation at ``max_length`` (default: ``suggest_max_length(coverage)``), and padding
     efficiency of fixed / dynamic / bucket / token-budget batching on epoch 0, every row counted (no drop_last).
 
     ``max_tokens`` defaults to ``batch_size * max_length``: the same peak tokens as a fixed-padded batch.
+    ``used``: the strategy training batches with (``TrainConfig.batching``), marked in the printed report.
     """
     raw = as_lengths(lengths)
     if raw.size == 0:
@@ -150,4 +154,5 @@ def length_report(
         truncated_fraction=float((raw > max_length).mean()),
         pad_to_multiple_of=pad_to_multiple_of,
         strategies=tuple(stats),
+        used=used,
     )

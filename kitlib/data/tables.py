@@ -10,6 +10,7 @@ fix; nothing is cached or trained on a table that failed here.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,8 @@ def read_table(
 ) -> pd.DataFrame:
     """Read a CSV/TSV/Parquet/JSONL table and validate the columns kitlib will use.
 
-    Checks: the file exists and has rows; ``text``, ``target`` and ``id`` columns exist; text cells are strings;
+    Checks: the file exists and has rows; ``text``, ``target`` and ``id`` columns exist; text cells are strings
+    (a blank cell becomes '', with a warning);
     ids are unique; the target has no missing values and, unless it holds class names, is numeric throughout.
     """
     import pandas as pd
@@ -127,13 +129,18 @@ def check_unique_ids(df: pd.DataFrame, id: str, path: Path) -> None:
 
 
 def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
+    # A blank cell is text with no words: a CSV cannot hold '' apart from missing (both read back as NaN), and a
+    # competition's test rows cannot be dropped, so it is trained on and predicted as the empty text '' (the model
+    # sees only its special tokens). pandas also reads the cells 'NA', 'N/A', 'null' and 'None' as blank.
     missing = col.isna()
     if missing.any():
         first = missing.idxmax()
-        raise DataError(
-            f"{path}: text column {name!r} is empty at {_row(first)} ({_rows(int(missing.sum()))}). "
-            f"Fix: df[{name!r}] = df[{name!r}].fillna('') to keep them, or drop those rows."
+        warnings.warn(
+            f"{path}: text column {name!r} is blank at {_row(first)} ({_rows(int(missing.sum()))}): kitlib reads "
+            "each as the empty text ''",
+            stacklevel=3,
         )
+        col = col.where(~missing, "")
     not_str = ~col.map(lambda v: isinstance(v, str)).astype(bool)
     if not_str.any():
         first = not_str.idxmax()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
+from kitlib.progress import THROUGHPUT
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,9 +78,10 @@ class Report:
             lines.append(f"  {name:<12} {seconds:9.3f} s {share:6.1%}  {'#' * round(40 * share)}")
         if self.epoch_gaps_s:
             lines.append(f"  between epochs (eval, checkpoint, loader restart): {sum(self.epoch_gaps_s):.3f} s")
-        facts = [f"{s['samples_per_s']:.1f} samples/s"] if s.get("samples_per_s") else []
+        # the history's figures (kitlib.progress.THROUGHPUT), over every epoch's training wall time
+        facts = [f"{s['samples_per_s']:.1f} {THROUGHPUT['samples_per_s']}"] if s.get("samples_per_s") else []
         if s.get("real_tokens_per_s"):
-            facts.append(f"{s['real_tokens_per_s']:.0f} real tokens/s")
+            facts.append(f"{s['real_tokens_per_s']:.0f} {THROUGHPUT['tokens_per_s']}")
         if s.get("padding_efficiency") is not None:
             facts.append(f"padding efficiency {s['padding_efficiency']:.2f}")
         if s.get("mfu") is not None:

@@ -150,6 +150,7 @@ class Loop:
         self.env = distributed.join_process_group(self.plan.device_type)
         self.device = distributed.device_for(self.plan.device_type, self.env)
         self.out = Path(run_dir) if run_dir is not None else None
+        _same_on_every_rank("run_dir", run_dir is not None, self.env, self.device)
         self.loss_fn, self.count_fn, self.full_eval = loss_fn or hf_loss, count_fn or default_count_fn(model), full_eval
         # Nothing else to judge "best" by without an eval set.
         self.monitor = "train_loss" if eval_loader is None and cfg.monitor == "eval_loss" else cfg.monitor
@@ -502,7 +503,7 @@ def fit(
         result = fit(model, train_loader, eval_loader=val_loader, config=TrainConfig(epochs=3), run_dir="runs/a")
     """
     from kitlib.machine.backends import flags_for, speed_flags
-    from kitlib.machine.hardware import detect
+    from kitlib.machine.hardware import cpu_threads, detect
 
     cfg = config or TrainConfig()
     if resume and run_dir is None:
@@ -520,8 +521,10 @@ def fit(
     if cfg.cudnn_benchmark is not None:
         flags["cudnn_benchmark"] = cfg.cudnn_benchmark
     try:
-        with speed_flags(**flags) as effective_flags:  # restored on exit, also on error: the kernel lives on
+        # restored on exit, also on error: the kernel lives on. Threads: this process's share of the usable CPUs
+        with speed_flags(**flags) as effective_flags, cpu_threads() as threads:
             loop.timer.extra["cudnn_benchmark"] = bool(effective_flags.get("cudnn_benchmark"))
+            loop.timer.extra["intra_op_threads"] = threads
             events.on_fit_start(loop)
             loop.model.train()
             while loop.state.epoch < cfg.epochs and loop.stop_reason == "completed":
@@ -555,6 +558,22 @@ def fit(
         loop.close()
     loop.timer.extra.update(recorder.facts(loop).to_dict())
     return _finish(loop)
+
+
+def _same_on_every_rank(what: str, given: bool, env: distributed.DistEnv, device: torch.device) -> None:
+    """A DistributedError on every rank when only some were given ``what``: every rank joins the collectives of a
+    save (``Loop.save_last``), so one without it would train on while the others wait for it (a hang). One
+    all-reduce at setup."""
+    if not env.enabled:
+        return
+    count = int(distributed.all_reduce_sum(torch.tensor(float(given), device=device), env))
+    if 0 < count < env.world_size:
+        from kitlib.errors import DistributedError
+
+        raise DistributedError(
+            f"{what} was given on {count} of {env.world_size} ranks: every rank takes part in saving (only rank 0 "
+            f"writes). Fix: pass the same {what} to fit on every rank"
+        )
 
 
 def _write_config(loop: Loop) -> None:

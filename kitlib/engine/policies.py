@@ -18,7 +18,7 @@ from kitlib.engine import checkpoint
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.errors import NonFiniteLossError
 from kitlib.machine import distributed
-from kitlib.progress import close_as_done, progress_bar
+from kitlib.progress import THROUGHPUT, close_as_done, progress_bar
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,10 @@ class NonFiniteGuard(Policy):
 
 
 class ProgressLog(Policy):
-    """The progress bar, and every ``log_every_steps`` applied steps the loss, lr and speed (one host sync)."""
+    """The progress bar, and every ``log_every_steps`` applied steps the loss, lr and speed (one host sync).
+
+    Speed is the history's figure so far: samples (and real tokens) per second of this epoch's training wall time,
+    so the bar ends each epoch on the number its history row records, under the same name (``THROUGHPUT``)."""
 
     def on_fit_start(self, loop: Loop) -> None:
         super().on_fit_start(loop)
@@ -67,7 +70,7 @@ class ProgressLog(Policy):
 
     def on_epoch_start(self, loop: Loop) -> None:
         self.start, self.loss, self.items = time.perf_counter(), loop.epoch_loss.item(), loop.epoch_items.item()
-        self.samples = 0
+        self.samples = 0  # this epoch's, as its history row counts them
         self.tokens: int | torch.Tensor = 0  # a tensor stays lazy on the device until a log step reads it
 
     def on_step_end(self, step: StepEnd) -> None:
@@ -85,13 +88,14 @@ class ProgressLog(Policy):
                 "lr": float(loop.scheduler.get_last_lr()[0]),
                 "samples_per_s": self.samples * world / seconds,
             }
-            postfix = {"loss": f"{logs['loss']:.4f}", "lr": f"{logs['lr']:.2e}", "sps": f"{logs['samples_per_s']:.1f}"}
+            postfix = {"loss": f"{logs['loss']:.4f}", "lr": f"{logs['lr']:.2e}"}
+            postfix[THROUGHPUT["samples_per_s"]] = f"{logs['samples_per_s']:.1f}"
             if tokens := float(self.tokens):  # real tokens, no padding; none without attention masks (a head)
                 logs["tokens_per_s"] = tokens * world / seconds
-                postfix["tok_s"] = f"{logs['tokens_per_s']:.0f}"
+                postfix[THROUGHPUT["tokens_per_s"]] = f"{logs['tokens_per_s']:.0f}"
             self.bar.set_postfix(postfix, refresh=False)
             loop.events.on_log(logs)
-            self.start, self.loss, self.items, self.samples, self.tokens = time.perf_counter(), loss, items, 0, 0
+            self.loss, self.items = loss, items  # the loss is the window's; the speed stays the epoch's so far
 
     def on_fit_end(self, loop: Loop) -> None:
         if not hasattr(self, "bar"):

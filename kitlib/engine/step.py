@@ -48,9 +48,10 @@ class StepLedger:
     Whether a step was applied (finite gradients) is known only on the device; reading it every step would make the
     CPU wait for the GPU. So the counters (applied, skipped, the current run of skipped steps, this window's outcome)
     and the learning rate stay there: the LR of the next step is the schedule's value at the applied count, looked up
-    in a table of the LambdaLR's values (8 bytes x total steps x param groups, built once), so a skipped step does not
-    advance the schedule, exactly as when the host decided. ``read`` is the one host sync; fit calls it only where a
-    decision needs the counts (a log, eval or save step, the non-finite limit within reach, an epoch end).
+    in a table of the LambdaLR's values (4 bytes on CUDA, 8 on CPU, x total steps x param groups; built once), so a
+    skipped step does not advance the schedule, exactly as when the host decided. ``read`` is the one host sync; fit
+    calls it only where a decision needs the counts (a log, eval or save step, the non-finite limit within reach, an
+    epoch end).
     """
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device) -> None:
@@ -147,7 +148,7 @@ def train_window(
     with timer.phase("optimizer"):
         precision.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True)
-        found_inf = precision.found_inf(optimizer, norm)  # skipped on the device, counted there (StepLedger)
+        found_inf = precision.found_inf(norm)  # skipped on the device, counted there (StepLedger)
         with ledger.scheduled_lr(optimizer):
             precision.apply(optimizer, found_inf)
         applied = ledger.record(found_inf)

@@ -9,13 +9,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -437,6 +438,36 @@ def usable_cpus() -> int:
     except (OSError, ValueError):
         pass
     return usable
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None = None) -> Iterator[int]:
+    """Compute threads for the block, restored afterwards (also on error): torch's intra-op pool and the tokenizers'
+    (RAYON_NUM_THREADS, read when their pool starts). Default: this process's share of the CPUs it may use (its
+    affinity and cgroup quota, split between the training processes on this machine: ``threads_per_worker``), never
+    more than torch already has (a lower count set by the user or OMP_NUM_THREADS stays).
+
+    torch sizes its pool once, from the cores it sees when it starts: a container whose CPU quota is below the host's
+    cores, or a narrowed affinity, leaves more threads than cores, and each parallel region then waits for a thread
+    that is not running (benchmarks/bench_threads.py measures it under a competing process). Yields the count.
+    """
+    import torch
+
+    from kitlib.machine.distributed import dist_env, threads_per_worker
+
+    before = torch.get_num_threads()
+    n = threads if threads is not None else min(before, threads_per_worker(max(1, dist_env().local_world_size)))
+    saved = os.environ.get("RAYON_NUM_THREADS")
+    os.environ["RAYON_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+        if saved is None:
+            os.environ.pop("RAYON_NUM_THREADS", None)
+        else:
+            os.environ["RAYON_NUM_THREADS"] = saved
 
 
 def _ram_bytes() -> int:

@@ -247,23 +247,19 @@ class Precision:
         self._scaler.update()
         return self._scaler.get_scale() >= before
 
-    def found_inf(self, optimizer: torch.optim.Optimizer, norm: torch.Tensor) -> torch.Tensor:
+    def found_inf(self, norm: torch.Tensor) -> torch.Tensor:
         """1.0 where this step's gradients hold inf/nan (the step must be skipped), else 0.0; on the device, no host
-        sync. Call after ``unscale_``. With a scaler: the flag its own ``step``/``update`` act on (GradScaler keeps
-        it in ``_per_optimizer_states``; torch 2.13); without one: from the clip norm the loop computed anyway."""
-        if self._scaler.is_enabled():
-            flags = self._scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values()
-            return torch.stack([f.to(norm.device, non_blocking=True) for f in flags]).sum().clamp_(max=1.0)
+        sync. ``norm``: the clip norm of the unscaled gradients, non-finite exactly when one of them is (the check
+        GradScaler makes in ``unscale_``, read without its private per-optimizer state)."""
         return (~torch.isfinite(norm)).float()
 
     def apply(self, optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
-        """The optimizer step, skipped on the device where ``found_inf`` is 1: no host sync with an optimizer that
-        takes GradScaler's ``found_inf`` (fused Adam/AdamW, kitlib's default: its kernel skips the update and
-        reverts its step count). Any other optimizer needs one sync to decide on the host. Does not zero_grad."""
-        if self._scaler.is_enabled():
-            self._scaler.step(optimizer)  # sync-free for fused optimizers (it hands them its found_inf)
-            self._scaler.update()  # halves the scale on inf/nan, on the device
-        elif getattr(optimizer, "_step_supports_amp_scaling", False):
+        """The optimizer step, skipped on the device where ``found_inf`` is 1, then the loss scale's update (halved on
+        inf/nan, on the device). No host sync with an optimizer that takes ``found_inf`` (fused Adam/AdamW, kitlib's
+        default: its kernel skips the update and reverts its step count); any other needs one sync to decide on the
+        host. Call after ``unscale_``. Does not zero_grad."""
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            # GradScaler.step's protocol for these optimizers: the gradients are unscaled already (grad_scale None)
             optimizer.grad_scale, optimizer.found_inf = None, found_inf  # type: ignore[attr-defined]
             try:
                 optimizer.step()
@@ -271,6 +267,7 @@ class Precision:
                 del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
         elif not bool(found_inf):  # the one host sync: this optimizer cannot skip on the device
             optimizer.step()
+        self._scaler.update()  # a no-op without a scaler
 
     @property
     def scale(self) -> float:

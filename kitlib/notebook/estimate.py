@@ -1,9 +1,17 @@
-"""A rough time per epoch for a resolved run (expect +-2x): the planning number the picker and `presets --rows` show."""
+"""Rough times for a resolved run (expect +-2x): per epoch, and for the whole run the picker shows (01 features on
+train and test rows, 02 training, 03 inference). Planning numbers from kitlib's cost model, not promises.
+
+    est = estimate_run(run, n_rows=10227, n_test=2581, hw=hw)
+    print(est.text())   # ~3 min for the whole run: 01 features 2 min, 02 training 20 s, 03 predict 1 s, ...
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kitlib.config import full_eval_due
 from kitlib.machine.peaks import compute_peak_flops
 
 if TYPE_CHECKING:
@@ -21,6 +29,13 @@ _UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
 _MPS_FLOPS = 1.5e12  # Apple M-series GPU, fp32, achieved (assumed)
 _DDP_EFFICIENCY = 0.9  # gradient all-reduce per step over PCIe (Kaggle's 2xT4 have no NVLink)
 _PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths reports the real figure)
+# What FLOPs leave out, measured on the demo (2-core CPU): reading the CSVs, loading the tokenizer and the encoder,
+# writing the hand-off and checkpoints cost ~1-3 s per stage; fast tokenizers run ~5k rows/s per pass (01 makes
+# three: full length, then train and test at max_length); each optimizer step adds ~5 ms of Python, optimizer and
+# loader work, which is a head's whole cost (its FLOPs on cached vectors are ~1 MFLOP per row).
+_STAGE_START_S = 2.0
+_TOKENIZE_ROWS_PER_S = 5_000.0
+_STEP_OVERHEAD_S = 0.005
 
 
 def _device_flops(hw: HardwareInfo, dtype: str) -> float:
@@ -31,6 +46,19 @@ def _device_flops(hw: HardwareInfo, dtype: str) -> float:
         return _MPS_FLOPS
     peak = compute_peak_flops(device.name, dtype)  # the one datasheet table (kitlib.machine.peaks)
     return _UNKNOWN_GPU_FLOPS if peak is None else peak * _GPU_UTILISATION
+
+
+def _throughput(resolved: ResolvedRun, hw: HardwareInfo) -> float:
+    """Achieved FLOP/s of the run's processes together."""
+    world = resolved.world_size
+    return _device_flops(hw, resolved.config.precision) * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
+
+
+def _tokens_per_row(resolved: ResolvedRun) -> float:
+    """Mean tokens per row after truncation (half of max_length when no lengths were given), padding included."""
+    max_length = resolved.config.max_length or resolved.preset.max_length_cap
+    mean = resolved.mean_tokens if resolved.mean_tokens is not None else max_length / 2
+    return mean * _PADDING_OVERHEAD
 
 
 def estimate_epoch_seconds(
@@ -56,12 +84,97 @@ def estimate_epoch_seconds(
         if samples_per_s <= 0:
             raise ValueError(f"samples_per_s must be > 0, got {samples_per_s}")
         return n_rows / samples_per_s
-    n_rows = resolved.preset.rows_used(n_rows)
-    cfg = resolved.config
-    max_length = cfg.max_length or resolved.preset.max_length_cap
-    tokens_per_row = resolved.mean_tokens if resolved.mean_tokens is not None else max_length / 2
-    tokens = n_rows * tokens_per_row * _PADDING_OVERHEAD
+    tokens = resolved.preset.rows_used(n_rows) * _tokens_per_row(resolved)
     flops_per_token = resolved.regime.matmuls_per_param * model_params
-    world = resolved.world_size
-    throughput = _device_flops(hw, cfg.precision) * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
-    return tokens * flops_per_token / throughput
+    return tokens * flops_per_token / _throughput(resolved, hw)
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """Seconds for each stage of a whole run (01-03), from the cost model; 00's own seconds are already spent."""
+
+    features_s: float  # 01: tokenising train and test; the head regime's embedding pass over both
+    train_s: float  # 02: every planned epoch (early stopping can only shorten it) and its evals
+    infer_s: float  # 03: the test rows
+    rows: int  # training rows used (the preset's row_limit applied)
+    n_rows: int  # train.csv's rows
+    n_test: int
+    features_label: str  # what dominates 01: "tokenising" or "embedding pass"
+    epoch_s: float  # 02's time per epoch
+
+    @property
+    def total_s(self) -> float:
+        return self.features_s + self.train_s + self.infer_s
+
+    def text(self) -> str:
+        rows = f"{self.rows} rows" if self.rows == self.n_rows else f"{self.rows} of {self.n_rows} rows (row limit)"
+        parts = (
+            f"01 {self.features_label} {duration(self.features_s)}, 02 training {duration(self.train_s)} "
+            f"({duration(self.epoch_s)} per epoch), 03 predict {duration(self.infer_s)}"
+        )
+        return f"~{duration(self.total_s)} for the whole run: {parts}; {rows}, {self.n_test} test rows (rough, +-2x)"
+
+
+def estimate_run(
+    resolved: ResolvedRun,
+    n_rows: int,
+    n_test: int,
+    hw: HardwareInfo,
+    *,
+    model_params: float = MINILM_MATMUL_PARAMS,
+) -> RunEstimate:
+    """Rough seconds for 01, 02 and 03 of ``resolved`` on ``n_rows`` training rows (the preset's row_limit applied)
+    and ``n_test`` test rows, on ``hw`` (expect +-2x).
+
+    Encoder FLOPs per token are 2N forward and 6N to train (N = matmul weights), over rows x mean tokens x 1.1
+    padding, at ``estimate_epoch_seconds``'s achieved FLOP/s for the device. Where the encoder runs is the
+    regime's (``Regime.features_need_accelerator``): the head regime embeds train and test once in 01, then trains
+    and predicts with a head that costs only its steps; fine-tuning trains it in 02 (with evals on the held-out rows)
+    and runs it forward over the test rows in 03. Each stage adds its start (files, model), each optimizer step its
+    overhead.
+    """
+    from kitlib.notebook.stages import VALID_FRACTION
+
+    if n_rows < 0 or n_test < 0:
+        raise ValueError(f"n_rows and n_test must be >= 0, got {n_rows} and {n_test}")
+    cfg, regime = resolved.config, resolved.regime
+    rows = resolved.preset.rows_used(n_rows)
+    n_valid = max(1, round(VALID_FRACTION * rows)) if rows else 0
+    n_train = rows - n_valid
+    forward = 2 * model_params * _tokens_per_row(resolved) / _throughput(resolved, hw)  # seconds per row
+    steps = math.ceil(n_train / (cfg.micro_batch_size * resolved.world_size)) if n_train else 0
+    tokenize = (rows * 2 + n_test) / _TOKENIZE_ROWS_PER_S
+    if regime.features_need_accelerator:  # 01 runs the encoder over every row
+        features = tokenize + (rows + n_test) * forward
+        epoch, evals, infer = steps * _STEP_OVERHEAD_S, 0.0, 0.0
+    else:
+        features = tokenize
+        epoch = n_train * forward * regime.matmuls_per_param / 2 + steps * _STEP_OVERHEAD_S
+        batch = cfg.micro_batch_size * cfg.eval_batch_factor
+        cheap = n_valid if cfg.eval_max_batches is None else min(n_valid, cfg.eval_max_batches * batch)
+        evals = sum(
+            (n_valid if full_eval_due(e, cfg.full_eval_every, cfg.full_eval_at_end, cfg.epochs) else cheap) * forward
+            for e in range(1, cfg.epochs + 1)
+        )
+        infer = n_test * forward
+    return RunEstimate(
+        features_s=_STAGE_START_S + features,
+        train_s=_STAGE_START_S + cfg.epochs * epoch + evals,
+        infer_s=_STAGE_START_S + infer,
+        rows=rows,
+        n_rows=n_rows,
+        n_test=n_test,
+        features_label=regime.estimate_label if regime.features_need_accelerator else "tokenising",
+        epoch_s=epoch,
+    )
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` as a person reads a rough time: <1 s, 40 s, 12 min, 1.5 h."""
+    if seconds < 1:
+        return "<1 s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -33,6 +33,9 @@ ENV = {
     "data_dir": "KIT_DATA_DIR",
     "model": "KIT_MODEL",
 }
+# Training settings beside the preset, as 00's parameters (None: the preset decides): set in the parameters cell, a
+# params file or on the command line, they are the picker's starting values and resolve()'s overrides.
+TRAINING = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every")
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
 _WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
@@ -64,6 +67,13 @@ class Params:
     # Plan precision, processes and batch for this accelerator (a kitlib.machine.hardware.fake_profile name, e.g.
     # "2xT4") instead of the machine 00 and 01 run on: a Kaggle chain gives only 02 and 03 the GPU. "" = this one.
     hardware: str = ""
+    # TRAINING: None = the preset's value (max_length: fitted to the data's lengths by the preset's coverage)
+    epochs: int | None = None
+    micro_batch_size: int | None = None  # rows per forward pass (per GPU)
+    grad_accum_steps: int | None = None  # micro-batches per optimizer step: effective batch = micro x accum x GPUs
+    lr: float | None = None
+    max_length: int | None = None  # tokens per row
+    full_eval_every: int | None = None  # epochs between full evaluations (the metric); 0: only at the end
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
 
     def __repr__(self) -> str:
@@ -78,9 +88,15 @@ class Params:
             f"  {columns}" + "".join(f"; {b}" for b in beside if b.split(" ", 1)[1] != "[]"),
         ]
         lines += [f"  model_factory {self.model_factory}"] if self.model_factory else []
+        training = self.training()
+        lines += ["  training " + ", ".join(f"{k} {v}" for k, v in training.items())] if training else []
         lines += [f"  planned for {self.hardware}"] if self.hardware else []
         lines += [f"  inputs {', '.join(map(str, self.inputs))}"] if self.inputs else []
         return "\n".join(lines)
+
+    def training(self) -> dict[str, Any]:
+        """The training settings set (not None): the preset resolver's overrides, and the picker's start."""
+        return {name: value for name in TRAINING if (value := getattr(self, name)) is not None}
 
     @property
     def cache_dir(self) -> Path:
@@ -108,6 +124,7 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     KIT_TASK override them."""
     from kitlib.notebook.runbook import absolute_parameters, absolute_path
 
+    check_names(values, allowed={"inputs"})
     env = os.environ if environ is None else environ
     values = absolute_parameters(values) | _from_environment(env, with_work_dir=True)
     values["data_dir"] = kaggle_input(Path(values["data_dir"]))
@@ -220,10 +237,7 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
     from kitlib.notebook.presets import get_preset
     from kitlib.tasks.metrics import METRICS
 
-    known = {f.name for f in dataclasses.fields(Params)} - {"inputs"}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise SetupError(f"unknown parameter(s) {unknown}: 00_setup's parameters are {sorted(known)}")
+    check_names(values)
     get_preset(str(values.get("preset", DEFAULT_PRESET)))
     given = {k: v for k, v in values.items() if k not in ("data_dir", "work_dir")}
     for columns in ("numeric", "categorical"):
@@ -238,6 +252,17 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
     factory_file = p.model_factory.partition(":")[0].endswith(".py")
     _check_values(p, task=data_dir is not None or not factory_file)
     return p
+
+
+def check_names(values: Mapping[str, Any], *, allowed: set[str] | frozenset[str] = frozenset()) -> None:
+    """Every name in ``values`` is one of 00's parameters (``allowed``: others this caller takes): a misspelt or
+    unsupported key is an error listing the valid ones, never a value silently left unused."""
+    from kitlib.errors import SetupError
+
+    known = {f.name for f in dataclasses.fields(Params)} - {"inputs"}
+    unknown = sorted(set(values) - known - allowed)
+    if unknown:
+        raise SetupError(f"unknown parameter(s) {unknown}: 00_setup's parameters are {sorted(known)}")
 
 
 def _columns(given: str | Sequence[str]) -> tuple[str, ...]:
@@ -266,8 +291,9 @@ def _check_values(p: Params, *, task: bool) -> None:
     workload = get_task(p.task)  # an unknown task, or a module:name that does not import
     if task:
         workload.check(p)  # columns it needs, a model_factory it imports
+    _check_training(p)
     for f in dataclasses.fields(p):
-        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware", "model_factory"):
+        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware", "model_factory", *TRAINING):
             continue
         if f.name in ("numeric", "categorical"):
             bad = [c for c in getattr(p, f.name) if not isinstance(c, str) or not c]
@@ -290,6 +316,25 @@ def _check_values(p: Params, *, task: bool) -> None:
         except ValueError as err:
             fix = "or '' (this machine), in the parameters cell"
             raise SetupError(f"hardware = {p.hardware!r}: {err}; {fix}") from None
+
+
+def _check_training(p: Params) -> None:
+    """The training settings: None (the preset's), or a number in the range TrainConfig accepts."""
+    from kitlib.errors import SetupError
+
+    for name in TRAINING:
+        value = getattr(p, name)
+        if value is None:
+            continue
+        if name == "lr":
+            ok, wanted = isinstance(value, int | float) and value > 0, "a number > 0"
+        else:
+            least = 0 if name == "full_eval_every" else 1
+            ok, wanted = isinstance(value, int) and value >= least, f"a whole number >= {least}"
+        if not ok or isinstance(value, bool):
+            raise SetupError(
+                f"{name} = {value!r} is not {wanted}: fix it in the parameters cell (or None: the preset's value)"
+            )
 
 
 def check_work_dir(work: Path, data: Path) -> None:

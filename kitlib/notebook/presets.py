@@ -210,7 +210,7 @@ class ResolvedRun:
             ("epochs", str(cfg.epochs)),
             ("lr", f"{cfg.lr:g}"),
             ("max_length", "loader decides" if cfg.max_length is None else f"{cfg.max_length} tokens"),
-            ("freeze", cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")),
+            ("freeze", self.regime.frozen(cfg)),
             ("eval", f"full {full_eval}; cheap loss eval otherwise"),
             ("checkpoints", ckpt[self.preset.checkpoints]),
         ]

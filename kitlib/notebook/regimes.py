@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from kitlib.config import TrainConfig
     from kitlib.data.cache import Cache
     from kitlib.data.ngrams import NgramBags
     from kitlib.data.tables import TaskSpec
@@ -71,6 +72,10 @@ class Regime:
     def micro_batch(self, per_process: int) -> tuple[int, str] | None:
         """Rows per forward pass when the regime decides it (None: size it by accelerator memory)."""
         return None
+
+    def frozen(self, cfg: TrainConfig) -> str:
+        """What of the encoder does not train, as the picker's ``freeze`` row says it."""
+        return cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")
 
     def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         """(tokenizer, model, identity) for 01."""
@@ -151,6 +156,9 @@ class Head(Regime):
     def micro_batch(self, per_process: int) -> tuple[int, str] | None:
         return per_process, "the head's inputs are cached vectors: a whole step fits in one pass"
 
+    def frozen(self, cfg: TrainConfig) -> str:
+        return "the whole encoder (it runs once, in 01, to cache embeddings; only the head trains)"
+
     def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         from kitlib.models.loading import load_text_encoder
 
@@ -172,11 +180,12 @@ class Head(Regime):
         layers = min(HEAD_LAYERS, int(getattr(e.model.config, "num_hidden_layers", 1)))
         embed = dict(
             tokenizer=e.tokenizer, model=e.model, max_length=e.max_length, precision=precision, layers=layers,
-            cache=e.cache, progress=e.progress,
+            cache=e.cache,
         )  # fmt: skip
         vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
+        train, test = ("embed train", "embed test") if e.progress else (False, False)  # the bars say which
         return Extra(
-            embeddings=(embed_texts(texts, **embed), embed_texts(test_texts, **embed)),
+            embeddings=(embed_texts(texts, progress=train, **embed), embed_texts(test_texts, progress=test, **embed)),
             ngrams=(vectorizer.transform(texts), vectorizer.transform(test_texts)),
         )
 

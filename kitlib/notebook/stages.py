@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,9 +19,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib._files import record_file, write_atomic
+from kitlib.machine.hardware import cpu_threads
 from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
-from kitlib.notebook.params import RUN_NAME, Params, keep_aside, load_params, params  # noqa: F401 (public face)
+from kitlib.notebook.params import (  # noqa: F401 (public face)
+    RUN_NAME,
+    TRAINING,
+    Params,
+    keep_aside,
+    load_params,
+    params,
+)
 from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
+MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
 # Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4). Good enough for
 # the picker's time estimate and a first max_length; 01 measures the real lengths with the model's tokenizer.
 TOKENS_PER_WORD = 1.3
@@ -56,10 +66,12 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
-    run = resolved or presets.resolve(p.preset, planning_hw(p, hw))
+    run = resolved or presets.resolve(p.preset, planning_hw(p, hw), overrides=p.training())
+    # The parameters' training settings, under what the picker changed (a picker built without them lacks them)
+    overrides = p.training() | dict(run.overrides)
     preset = get_task(p.task).preset(run.preset, p)  # idempotent: a picker built with task_preset(p) did it already
-    if preset != run.preset:  # the task trains it its way; what the user changed in the picker still wins
-        run = presets.resolve(preset, planning_hw(p, hw), overrides=run.overrides, world_size=run.world_size)
+    if preset != run.preset or overrides != run.overrides:  # the task's way, then the user's settings on top
+        run = presets.resolve(preset, planning_hw(p, hw), overrides=overrides, world_size=run.world_size)
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
@@ -68,7 +80,8 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
-    dataclasses.replace(p, preset=run.name).save()  # the picker's choice: params.json and run.json agree
+    chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
+    dataclasses.replace(p, preset=run.name, **chosen).save()  # the picker's choice: params.json and run.json agree
     return run
 
 
@@ -78,16 +91,21 @@ class DataFacts:
 
     n_rows: int  # train.csv's rows; each preset trains on at most its row_limit of them (the estimate applies it)
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
+    n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
 
 
 def data_facts(p: Params) -> DataFacts:
-    """train.csv's row count and rough token lengths, for the picker before anything is written: read and checked
-    as ``setup`` reads it (its DataError, a cell earlier), in about the time of reading the CSV. No tokenizer or
+    """train.csv's row count and rough token lengths, and test.csv's row count, for the picker before anything is
+    written: read and checked as ``setup`` reads them (its DataError, a cell earlier), in about the time of reading
+    the CSVs. No tokenizer or
     model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
+    from kitlib.data.tables import read_table
+
     train = _read_train(p)
     words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
     lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
-    return DataFacts(n_rows=len(train), lengths=lengths)
+    test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
+    return DataFacts(n_rows=len(train), lengths=lengths, n_test=len(test))
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
@@ -235,6 +253,7 @@ def built_from(p: Params) -> dict[str, Any]:
     return values | {"test_sha256": record_file(test)["sha256"] if test.is_file() else None}
 
 
+@cpu_threads()  # tokenizing, and the head regime's encoder pass: this process's share of the CPUs, restored after
 def features(
     p: Params,
     run: ResolvedRun | None = None,
@@ -263,8 +282,8 @@ def features(
     tokenizer, model, identity = workload.load(run, task, train, p, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
-    if "max_length" not in run.overrides:  # 00_setup had no lengths: now the data decides (the preset's coverage)
-        previous = run
+    if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
+        shown = run  # what 00 showed and saved
         run = presets.resolve(
             run.preset,
             planning_hw(p, hw or detect()),
@@ -272,14 +291,16 @@ def features(
             overrides=run.overrides,
             world_size=run.world_size,
         )
-        run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=previous.baseline)
+        run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
+        if run.config.max_length != shown.config.max_length:
+            log(_max_length_changed(shown, run))
     _check_enough_rows(train[p.target], task, run, p)
     if task.kind == "regression":
         from kitlib.tasks.targets import describe_objective
 
         log(describe_objective(task, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
-    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length)
+    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
@@ -305,6 +326,20 @@ def features(
     return feats
 
 
+def _max_length_changed(shown: ResolvedRun, fitted: ResolvedRun) -> str:
+    """Why 01 trains at another max_length than 00 showed: 00 had word counts (or no lengths), 01 the tokens."""
+    before = (
+        f"00 estimated lengths from word counts (x{TOKENS_PER_WORD} tokens per word + {SPECIAL_TOKENS})"
+        if shown.mean_tokens is not None
+        else "00 had no lengths (the preset's cap)"
+    )
+    why = next((r.split(": ", 1)[1] for r in fitted.reasons if r.startswith("max_length")), "")
+    return (
+        f"max_length {fitted.config.max_length} tokens, not the {shown.config.max_length} 00 showed: {before}; 01 "
+        f"counted every row with the model's tokenizer ({why})"
+    )
+
+
 def load_features(p: Params) -> Features:
     """What 01_features saved: no CSV read, no tokenizer or model loaded (a fraction of a second)."""
     return handoff.load(p.work_dir, built_from(p))
@@ -313,7 +348,7 @@ def load_features(p: Params) -> Features:
 # ------------------------------------------------------------------------------------------------------ 02 train
 def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: Params) -> None:
     """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
-    validation hold-out, or a class too rare to be both learned and validated."""
+    validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
     from kitlib.data.tables import DataError
 
     n_train = len(target) - len(_split(len(target), p.seed)[1])
@@ -327,18 +362,33 @@ def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: P
     if task.kind not in ("binary", "multiclass"):
         return
     counts = target.value_counts()
-    rare = counts[counts < 2]
-    if len(rare):
+    rare = counts[counts < MIN_CLASS_ROWS]
+    if len(rare) == len(counts):
         raise DataError(
+            f"{p.train_file}: every one of its {len(counts)} classes has fewer than {MIN_CLASS_ROWS} rows (class "
+            f"{rare.index[0]!r} has {int(rare.iloc[0])} row): none can be validated. Fix: merge classes so that some "
+            "have at least 2 rows, or check that target names the label column (a number or a text to generate: "
+            "task = 'regress', 'seq2seq' or 'causal-lm')"
+        )
+    if len(rare):  # a competition's rows cannot be added: the class is learned, and left out of the metric
+        warnings.warn(
             f"{p.train_file}: class {rare.index[0]!r} has {int(rare.iloc[0])} row ({len(rare)} class(es) with fewer "
-            f"than 2 rows): a class needs rows to learn from and to validate on. Add rows, or merge or drop those "
-            f"classes; {len(counts)} classes in {len(target)} rows"
+            f"than {MIN_CLASS_ROWS} rows, of {len(counts)} classes in {len(target)} rows): their rows all train, "
+            "and the validation metric never sees those classes",
+            stacklevel=2,
         )
 
 
-def _split(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _split(n: int, seed: int, labels: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) row indices, seeded. ``labels`` (class codes): rows of a class with fewer than
+    MIN_CLASS_ROWS rows stay in training, so every class is learned; without such rows the split is the plain one."""
     order = np.random.default_rng(seed).permutation(n)
     n_valid = max(1, round(VALID_FRACTION * n))
+    if labels is not None:
+        values, counts = np.unique(labels, return_counts=True)
+        rare = np.isin(labels[order], values[counts < MIN_CLASS_ROWS])
+        order = np.concatenate([order[~rare], order[rare]])  # last: never among the first n_valid
+        n_valid = max(1, min(n_valid, int(np.sum(~rare))))
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
@@ -385,7 +435,9 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     model inside what the task builds around it (kitlib.notebook.tasks)."""
     from kitlib.notebook.tasks import get_task
 
-    return get_task(p.task).prepare(feats, hw, _split(feats.n_train, p.seed), p.seed, _model_choice(p))
+    classes = feats.labels if feats.task.kind in ("binary", "multiclass") else None
+    split = _split(feats.n_train, p.seed, classes)
+    return get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
 
 
 def train(
@@ -523,6 +575,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
+@cpu_threads()  # predicting on the CPU: this process's share of the CPUs, restored after
 def infer(
     p: Params,
     feats: Features | None = None,

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from kitlib.progress import THROUGHPUT
+
 if TYPE_CHECKING:
     from kitlib.engine.loop import FitResult
 
@@ -19,7 +21,8 @@ _LOSSES = ("train_loss", "eval_loss")
 
 def history_table(history: pd.DataFrame) -> pd.DataFrame:
     """``history`` as a notebook shows it: indexed by the 1-based epoch (no 0-based index beside it), figures
-    rounded to 4 significant digits, the learning rate in scientific notation, columns never filled left out."""
+    rounded to 4 significant digits, the learning rate in scientific notation, columns never filled left out, and
+    the throughput under the name the progress bar and the doctor give it (kitlib.progress.THROUGHPUT)."""
     table = history.dropna(axis="columns", how="all").set_index("epoch")
     shown: dict[str, Any] = {}
     for name, column in table.items():
@@ -29,7 +32,7 @@ def history_table(history: pd.DataFrame) -> pd.DataFrame:
             shown[name] = column.map(_significant)
         else:
             shown[name] = column
-    return pd.DataFrame(shown, index=table.index)
+    return pd.DataFrame(shown, index=table.index).rename(columns=dict(THROUGHPUT))
 
 
 def _significant(value: float, digits: int = 4) -> float:

@@ -6,7 +6,7 @@ Headless (Kaggle batch runs, nbconvert/papermill, CI) or without ipywidgets, not
 default preset (the notebook's ``preset`` parameter) and the cell prints its summary once, so the log shows what ran.
 
 >>> data = stages.data_facts(p)
->>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, lengths=data.lengths)
+>>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, n_test=data.n_test, lengths=data.lengths)
 >>> picker
 >>> # next cell
 >>> run = stages.setup(p, hw, resolved=picker.resolved)
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
 from kitlib.config import PICKER_LABELS, Requested
-from kitlib.notebook.estimate import estimate_epoch_seconds
+from kitlib.notebook.estimate import duration, estimate_epoch_seconds, estimate_run
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun, resolve
 
 if TYPE_CHECKING:
@@ -46,7 +46,9 @@ class PresetPicker:
         default: str | Preset = DEFAULT_PRESET,
         lengths: Sequence[int] | np.ndarray | None = None,
         n_rows: int | None = None,
+        n_test: int | None = None,
         adjust: Callable[[Preset], Preset] | None = None,
+        overrides: Mapping[str, Any] | None = None,
         memory: Callable[[ResolvedRun], str] | None = None,
     ) -> None:
         self._hw = hw
@@ -54,10 +56,14 @@ class PresetPicker:
         self._adjust = adjust or (lambda preset: preset)  # the task's way of training a preset (stages.task_preset)
         self._lengths = lengths
         self._n_rows = n_rows
+        self._n_test = n_test
         self._preset: str | Preset = default
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
-        self._overrides: dict[str, Any] = {}
-        self._resolved = resolve(self._adjusted(default), hw, lengths=lengths)  # the parameter decides; errors: loud
+        self._base = dict(overrides or {})  # the parameters' training settings: every preset starts from them
+        self._overrides: dict[str, Any] = dict(self._base)
+        self._resolved = resolve(
+            self._adjusted(default), hw, lengths=lengths, overrides=self._overrides
+        )  # errors: loud
         self._syncing = False  # True while the picker writes derived values back into its own controls
         self.error: str | None = None  # the last rejected change, shown in the widget
         self.note: str | None = None  # why there is no widget although the session is interactive
@@ -77,11 +83,13 @@ class PresetPicker:
     def estimate_text(self) -> str:
         if self._n_rows is None:
             return "no row count: pass n_rows= (stages.data_facts) for a time estimate"
+        if self._n_test is not None:
+            return estimate_run(self._resolved, self._n_rows, self._n_test, self._hw).text()
         seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw)
         what = self._resolved.regime.estimate_label
         used = self._resolved.preset.rows_used(self._n_rows)
         rows = f"{used} rows" if used == self._n_rows else f"{used} of {self._n_rows} rows (the preset's row limit)"
-        return f"~{_duration(seconds)} {what} for {rows} (rough, +-2x)"
+        return f"~{duration(seconds)} {what} for {rows} (rough, +-2x; pass n_test= for the whole run)"
 
     def memory_text(self) -> str:
         return self._memory(self._resolved) if self._memory is not None else ""
@@ -143,7 +151,7 @@ class PresetPicker:
             return
         name = str(change["new"])
         preset: str | Preset = self._custom if self._custom is not None and name == self._custom.name else name
-        self._apply(preset, {}, revert=None)
+        self._apply(preset, dict(self._base), revert=None)
 
     def _on_advanced(self, change: Mapping[str, Any]) -> None:
         if self._syncing:
@@ -213,22 +221,16 @@ class PresetPicker:
         self._table_html.value = f"<table>{cells}</table><details><summary>why</summary><ul>{why}</ul></details>"
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def preset_picker(
     hw: HardwareInfo,
     *,
     default: str | Preset = DEFAULT_PRESET,
     lengths: Sequence[int] | np.ndarray | None = None,
     n_rows: int | None = None,
+    n_test: int | None = None,
     show: bool = False,
     adjust: Callable[[Preset], Preset] | None = None,
+    overrides: Mapping[str, Any] | None = None,
     memory: Callable[[ResolvedRun], str] | None = None,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
@@ -236,12 +238,17 @@ def preset_picker(
 
     End the cell with it to show it (the live widget, or headless the default's summary); ``show=True`` displays it
     now instead, for a cell that goes on after it. ``n_rows`` (train.csv's rows; each preset's ``row_limit`` is
-    applied) gives the time estimate; ``lengths`` (tokens per row) fits max_length to the data:
+    applied) and ``n_test`` (test.csv's) give the time estimate of the whole run (01-03; per epoch without
+    ``n_test``); ``lengths`` (tokens per row) fits max_length to the data:
     ``kitlib.notebook.stages.data_facts`` returns both. ``adjust``: how the task trains a preset
     (``stages.task_preset(p)``: e.g. seq2seq's from-scratch lr and eval cadence), so the table shows what 02 runs.
+    ``overrides``: the parameters' training settings (``p.training()``), the advanced fields' starting values.
     ``memory``: the memory plan's line for the chosen run (``stages.memory_line(p, hw)``: "fits: ~X of Y GB").
     """
-    picker = PresetPicker(hw, default=default, lengths=lengths, n_rows=n_rows, adjust=adjust, memory=memory)
+    picker = PresetPicker(
+        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust, overrides=overrides,
+        memory=memory,
+    )  # fmt: skip
     if hw.interactive:
         try:
             picker.build()

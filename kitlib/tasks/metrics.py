@@ -25,6 +25,7 @@ from kitlib.errors import SetupError
 
 if TYPE_CHECKING:
     from kitlib.config import Mode
+    from kitlib.config import Task as TargetRule
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 AUTO = {"binary": "accuracy", "multiclass": "accuracy", "regression": "rmse", "sequence": "exact_match"}  # "auto"
@@ -165,6 +166,15 @@ def _users(spec: str, fn: Callable[..., Any]) -> MetricFn:
             ) from err
 
     return metric
+
+
+def target_rule(rule: TargetRule, metric: str) -> TargetRule:
+    """How the target is read: the task's word (classify/regress) when it says one, else the named metric's kind (a
+    number for smape/rmse/mae/rmsle, classes for accuracy/macro_f1), else ``rule`` ("auto": by its values)."""
+    if rule != "auto" or metric not in METRICS:
+        return rule
+    kinds = METRICS[metric].kinds
+    return "regress" if kinds == _NUMBERS else "classify" if kinds == _CLASSES else rule
 
 
 def check_metric(metric: Metric, target: Sequence[Any]) -> None:

@@ -70,9 +70,9 @@ def read_target(column: pd.Series, rule: TargetRule, metric: str, objective: str
     import dataclasses
 
     from kitlib.data.tables import infer_task
-    from kitlib.tasks.metrics import LOG_TARGET_METRICS
+    from kitlib.tasks.metrics import LOG_TARGET_METRICS, target_rule
 
-    spec = infer_task(column, rule)
+    spec = infer_task(column, target_rule(rule, metric))  # smape: a number, whole or not; accuracy: classes
     if spec.kind != "regression":
         return spec
     y = column.to_numpy(dtype=np.float64)

@@ -155,23 +155,26 @@ def make_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, for
     )
 
 
-def read_scored(path: str | Path, role: str, target: str = "label", *, text: bool = False) -> pd.DataFrame:
-    """A solution or submission file: columns id (as str) and ``target``; a missing file or column, a repeated
-    id or an empty target raises a DataError naming the fix. A text target (``text=True``, e.g. an SQL query) is
-    read verbatim, blanks as ''."""
+def read_scored(
+    path: str | Path, role: str, target: str = "label", *, text: bool = False, id: str = "id"
+) -> pd.DataFrame:
+    """A solution or submission file: columns id (as str, named "id" whatever ``id`` is) and ``target``; a missing
+    file or column, a repeated id or an empty target raises a DataError naming the fix. A text target (``text=True``,
+    e.g. an SQL query, or labels compared as written) is read verbatim, blanks as ''."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no {role} file at {path}")
     if path.stat().st_size == 0:
         raise DataError(f"the {role} file {path} is empty")
     # text: no 'NA'/'NULL' -> NaN guessing, so every prediction is scored as written
-    df = pd.read_csv(path, dtype={target: str}, keep_default_na=False) if text else pd.read_csv(path)
-    missing = [c for c in ("id", target) if c not in df.columns]
+    df = pd.read_csv(path, dtype={target: str, id: str}, keep_default_na=False) if text else pd.read_csv(path)
+    missing = [c for c in (id, target) if c not in df.columns]
     if missing:
         raise DataError(
             f"the {role} file {path} has no {missing[0]!r} column; available columns: {list(df.columns)}. "
-            f"A submission needs the columns id,{target} (see sample_submission.csv)."
+            f"A submission needs the columns {id},{target} (see sample_submission.csv)."
         )
+    df = df[[id, target]].rename(columns={id: "id"})
     df = df.assign(id=df["id"].astype(str))  # '12' and 12 are the same id
     dup = df["id"].duplicated()
     if dup.any():
@@ -199,23 +202,71 @@ def check_same_ids(solution: pd.DataFrame, submission: pd.DataFrame) -> None:
         )
 
 
-def score(solution_csv: str | Path, submission_csv: str | Path) -> float:
-    """Accuracy of a submission against the held-out solution; mismatched ids, row counts, missing or
-    non-class labels raise a DataError saying what to fix."""
-    solution = read_scored(solution_csv, "solution")
-    submission = read_scored(submission_csv, "submission")
+def score(
+    solution_csv: str | Path,
+    submission_csv: str | Path,
+    *,
+    target: str = "label",
+    id: str = "id",
+    metric: str = "accuracy",
+    data_dir: str | Path | None = None,
+) -> float:
+    """``metric`` (a kitlib.tasks.metrics name, or module:function) of a submission against the held-out solution,
+    matched by ``id``, on the ``target`` column: any competition's files. Labels are compared as written (strings stay
+    strings; numbers as numbers, so 1 and 1.0 agree); a number metric needs finite numbers. Mismatched ids, row
+    counts, missing values or probabilities where classes belong raise a DataError saying what to fix.
+    ``data_dir``: where record_f1 finds the database (default: the solution's folder)."""
+    from kitlib.tasks.metrics import METRICS, get_metric
+
+    solution = read_scored(solution_csv, "solution", target, text=True, id=id)
+    submission = read_scored(submission_csv, "submission", target, text=True, id=id)
     check_same_ids(solution, submission)
-    classes = set(solution["label"].tolist())
-    predicted = pd.to_numeric(submission["label"], errors="coerce")
-    bad = ~predicted.isin(list(classes))
-    if bad.any():
-        first = int(bad.idxmax())
-        value = submission["label"][first]
-        looks_like_probability = 0 < float(predicted[first] or 0) < 1
-        hint = " (probabilities? submit class labels, e.g. (p > 0.5).astype(int))" if looks_like_probability else ""
+    merged = solution.merge(submission, on="id", suffixes=("_true", "_pred"))
+    y_true, y_pred = merged[f"{target}_true"], merged[f"{target}_pred"]
+    kinds = METRICS[metric].kinds if metric in METRICS else frozenset({"binary", "regression"})
+    texts = "sequence" in kinds
+    if not texts:  # a blank cell is a missing prediction here, not a label
+        for frame, role, path in ((solution, "solution", solution_csv), (submission, "submission", submission_csv)):
+            blank = frame[target].str.strip() == ""
+            if blank.any():
+                first = int(blank.to_numpy().argmax())
+                raise DataError(
+                    f"the {role} file {path} has no {target} for id {frame['id'].iloc[first]!r} (row {first}, "
+                    f"{int(blank.sum())} blank in all): predict every row"
+                )
+    true_numbers, pred_numbers = pd.to_numeric(y_true, errors="coerce"), pd.to_numeric(y_pred, errors="coerce")
+    numbers = not texts and bool(true_numbers.notna().all())
+    if kinds == frozenset({"regression"}) or (numbers and "regression" in kinds and pred_numbers.notna().all()):
+        kind, y_true, y_pred = "regression", true_numbers, pred_numbers
+        bad = ~np.isfinite(y_pred.to_numpy(dtype=float))
+        if bad.any():
+            first = int(np.argmax(bad))
+            raise DataError(
+                f"the submission's {target} {merged[f'{target}_pred'].iloc[first]!r} for id "
+                f"{merged['id'].iloc[first]!r} is not a finite number"
+            )
+    elif texts:
+        kind = "sequence"
+    else:
+        kind = "binary"
+        if numbers and pred_numbers.notna().all():  # numbers as numbers: 1 and 1.0 are one class
+            y_true, y_pred = true_numbers, pred_numbers
+        _check_not_probabilities(y_true, y_pred, merged["id"], target)
+    found = get_metric(metric, kind, data_dir=Path(data_dir) if data_dir else Path(solution_csv).parent)
+    return found(y_true.to_numpy(), y_pred.to_numpy())
+
+
+def _check_not_probabilities(y_true: pd.Series, y_pred: pd.Series, ids: pd.Series, target: str) -> None:
+    """Fractions predicted for whole-number classes are probabilities, not labels: scoring them would give 0."""
+    if y_pred.dtype.kind != "f" or y_true.dtype.kind not in "iuf" or not np.all(np.mod(y_true, 1) == 0):
+        return
+    classes = set(y_true.tolist())
+    bad = ~y_pred.isin(list(classes))
+    fraction = bad & (y_pred > 0) & (y_pred < 1)
+    if fraction.any():
+        first = int(fraction.to_numpy().argmax())
+        shown = sorted(int(c) for c in classes)
         raise DataError(
-            f"the submission's label {value!r} for id {submission['id'][first]!r} is not a class "
-            f"{sorted(classes)}{hint}"
+            f"the submission's {target} {y_pred.iloc[first]!r} for id {ids.iloc[first]!r} is not a class {shown} "
+            "(probabilities? submit class labels, e.g. (p > 0.5).astype(int))"
         )
-    merged = solution.merge(submission.assign(label=predicted), on="id", suffixes=("_true", "_pred"))
-    return float((merged["label_true"] == merged["label_pred"]).mean())

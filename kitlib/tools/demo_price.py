@@ -32,9 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kitlib.data.tables import DataError
 from kitlib.errors import DemoDataMissing
-from kitlib.tools.demo import DemoPaths, check_same_ids, read_scored, write_competition
+from kitlib.tools.demo import DemoPaths, score, write_competition
 
 PACKAGE = "bokeh_sampledata"  # import name; on PyPI: bokeh-sampledata
 MIN_VERSION = (2026, 1)  # earlier releases carry a different, larger movies.db (OMDb-era, no such box-office column)
@@ -168,21 +167,9 @@ def _smape(y_true: np.ndarray | list[float], y_pred: np.ndarray | list[float]) -
 
 
 def score_price(solution_csv: str | Path, submission_csv: str | Path) -> float:
-    """SMAPE (percent, lower is better) of a submission against the held-out solution, matched by id; mismatched
-    ids, row counts, missing or non-numeric predictions raise a DataError saying what to fix."""
-    solution = read_scored(solution_csv, "solution", TARGET)
-    submission = read_scored(submission_csv, "submission", TARGET)
-    check_same_ids(solution, submission)
-    predicted = pd.to_numeric(submission[TARGET], errors="coerce")
-    bad = ~np.isfinite(predicted.to_numpy(dtype=float))
-    if bad.any():
-        first = int(np.argmax(bad))
-        raise DataError(
-            f"the submission's {TARGET} {submission[TARGET].iloc[first]!r} for id {submission['id'].iloc[first]!r} "
-            "is not a finite number"
-        )
-    merged = solution.merge(submission.assign(**{TARGET: predicted}), on="id", suffixes=("_true", "_pred"))
-    return _smape(merged[f"{TARGET}_true"].to_numpy(dtype=float), merged[f"{TARGET}_pred"].to_numpy(dtype=float))
+    """SMAPE (percent, lower is better) of a submission against the held-out solution, matched by id
+    (kitlib.tools.demo.score: mismatched ids, row counts, missing or non-numeric predictions raise a DataError)."""
+    return score(solution_csv, submission_csv, target=TARGET, metric="smape")
 
 
 def median_baseline(paths: DemoPaths) -> float:

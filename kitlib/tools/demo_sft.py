@@ -29,7 +29,15 @@ import numpy as np
 import pandas as pd
 
 from kitlib.tasks.metrics import exact_match
-from kitlib.tools.demo import DemoPaths, check_same_ids, load_reviews, read_scored, split_by_movie, write_competition
+from kitlib.tools.demo import (
+    DemoPaths,
+    check_same_ids,
+    load_reviews,
+    read_scored,
+    score,
+    split_by_movie,
+    write_competition,
+)
 
 PARAMETERS = {"task": "causal-lm", "metric": "exact_match", "text": "prompt", "target": "response"}  # 00's
 PLACEHOLDER_RESPONSE = "answer"  # sample_submission.csv: a response no row has
@@ -133,13 +141,9 @@ def make_sft_demo(
 
 
 def score_sft(solution_csv: str | Path, submission_csv: str | Path) -> float:
-    """Exact match of a submission (id, response) against the solution, ignoring surrounding whitespace; mismatched
-    ids or row counts raise a DataError."""
-    solution = read_scored(solution_csv, "solution", "response", text=True)
-    submission = read_scored(submission_csv, "submission", "response", text=True)
-    check_same_ids(solution, submission)
-    merged = solution.merge(submission, on="id", suffixes=("_true", "_pred"))
-    return exact_match(merged["response_true"].to_numpy(), merged["response_pred"].to_numpy())
+    """Exact match of a submission (id, response) against the solution, ignoring surrounding whitespace
+    (kitlib.tools.demo.score); mismatched ids or row counts raise a DataError."""
+    return score(solution_csv, submission_csv, target="response", metric="exact_match")
 
 
 def score_by_kind(paths: DemoPaths, submission_csv: str | Path) -> dict[str, float]:

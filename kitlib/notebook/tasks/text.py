@@ -50,6 +50,18 @@ class TextTask(Task):
 
 
 class TabularTextTask(TextTask):
+    """A text column plus numeric and categorical columns. A number target with more distinct values than class ids
+    have (kitlib.data.tables.MAX_INT_CLASSES) is a quantity here, whole numbers included (counts, prices in whole
+    dollars): it regresses where ``auto`` would ask. A named metric or task classify/regress decides first."""
+
+    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+        from kitlib.data.tables import MAX_INT_CLASSES
+        from kitlib.tasks.metrics import METRICS
+        from kitlib.tasks.targets import read_target
+
+        quantity = column.dtype.kind in "iuf" and column.nunique() > MAX_INT_CLASSES and metric not in METRICS
+        return read_target(column, "regress" if quantity else self.target_rule, metric)
+
     def check(self, p: Params) -> None:
         if not (p.numeric or p.categorical):
             raise SetupError(
