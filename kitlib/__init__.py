@@ -16,6 +16,8 @@ _EXPORTS: dict[str, str] = {
     "detect": "kitlib.machine.hardware",
     "HardwareInfo": "kitlib.machine.hardware",
     "fake_profile": "kitlib.machine.hardware",
+    "plan_memory": "kitlib.doctor.memory_plan",
+    "MemoryPlan": "kitlib.doctor.memory_plan",
     "decide_precision": "kitlib.machine.precision",
     "Precision": "kitlib.machine.precision",
     "PrecisionPlan": "kitlib.machine.precision",

@@ -147,6 +147,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
+    from kitlib.doctor.memory_plan import run_line
     from kitlib.errors import PrecisionError
     from kitlib.machine.hardware import detect, fake_profile
     from kitlib.notebook.estimate import estimate_epoch_seconds
@@ -165,10 +166,28 @@ def _cmd_presets(args: argparse.Namespace) -> int:
             continue
         resolved += 1
         print(run.summary())
+        print(f"memory: {args.model}, {run_line(args.model, args.task, hw, run)}")
         if args.rows is not None:
             seconds = estimate_epoch_seconds(run, args.rows, hw)
             print(f"estimate: ~{seconds:.0f} s per epoch for {args.rows} rows (rough, +-2x)")
     return 0 if resolved else 2
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    """The memory plan's table: every strategy's bytes, whether it fits, and the choice; exit 1 when nothing fits."""
+    from kitlib.doctor.memory_plan import plan_memory
+
+    plan = plan_memory(
+        args.model,
+        hardware=args.hardware,
+        seq_len=args.seq_len,
+        task=args.task,
+        effective_batch=args.effective_batch,
+        micro_batch=args.micro_batch,
+        accum=args.accum,
+    )
+    print(plan.table())
+    return 0 if plan.choice is not None else 1
 
 
 def _cmd_kaggle(args: argparse.Namespace) -> int:
@@ -398,7 +417,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("presets", help="show each preset resolved for this (or a named) machine, with the reasons")
     p.add_argument("--profile", default=None, help="a fake hardware profile, e.g. T4, 2xT4, A100, CPU")
     p.add_argument("--rows", type=int, default=None, help="training rows, for a rough time-per-epoch estimate")
+    p.add_argument("--model", default="auto", help="for the memory line: a model folder, config.json or known name")
+    p.add_argument("--task", default="classify", help="for the memory line: classify, causal-lm, seq2seq, ...")
     p.set_defaults(func=_cmd_presets)
+
+    p = sub.add_parser("plan", help="memory plan: bytes per training strategy for a model, task and GPU; what fits")
+    p.add_argument("--model", required=True, help="a config.json, a model folder, or llama-7b, gpt2, t5-small, minilm")
+    p.add_argument("--hardware", default="T4", help="T4, 2xT4, P100, V100, L4, A100, A100-80, H100, CPU")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per row (seq2seq: source and target each)")
+    p.add_argument("--task", default="classify", help="classify, regress, tabular-text, causal-lm, seq2seq")
+    p.add_argument("--effective-batch", type=int, default=32, help="rows per optimizer step to keep")
+    p.add_argument("--micro-batch", type=int, default=None, help="rows per forward (default: the largest that fits)")
+    p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: effective batch / micro)")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("kaggle", help="Kaggle kernels: build folders, offline wheels, push, status, output")
     kaggle_sub = p.add_subparsers(dest="kaggle_action", metavar="ACTION", required=True)

@@ -116,6 +116,28 @@ def task_preset(p: Params) -> Callable[[Preset], Preset]:
     return lambda preset: task.preset(preset, p)
 
 
+def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
+    """The picker's ``memory``: the memory plan (kitlib.plan_memory) of ``p``'s model and task for a run on the
+    machine 02 will train on (``planning_hw``), one plan per length and batch kept, so clicking through the presets
+    rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
+    own has no config to plan from."""
+    from kitlib.doctor.memory_plan import GENERATING, run_line
+
+    scratch = p.model == "tiny" or (p.model == "auto" and p.task in GENERATING)
+    if scratch or p.task not in ("auto", "classify", "regress", "tabular-text", *GENERATING):
+        return lambda run: f"no plan for model={p.model!r}, task={p.task!r}: it is built by the task, not from a config"
+    task, hw = (p.task if p.task in GENERATING else "classify"), planning_hw(p, hw)
+    lines: dict[tuple[Any, ...], str] = {}
+
+    def line(run: ResolvedRun) -> str:
+        key = (run.config.max_length, run.effective_batch_size, run.preset.regime, run.preset.max_length_cap)
+        if key not in lines:
+            lines[key] = run_line(p.model, task, hw, run)
+        return lines[key]
+
+    return line
+
+
 def load_run(p: Params) -> ResolvedRun:
     """The run 00_setup saved in the working dir (MissingRunError naming 00_setup when there is none)."""
     from kitlib.notebook import presets

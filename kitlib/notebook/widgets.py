@@ -49,8 +49,10 @@ class PresetPicker:
         n_test: int | None = None,
         adjust: Callable[[Preset], Preset] | None = None,
         overrides: Mapping[str, Any] | None = None,
+        memory: Callable[[ResolvedRun], str] | None = None,
     ) -> None:
         self._hw = hw
+        self._memory = memory  # the memory plan's line for a run (stages.memory_line): None shows none
         self._adjust = adjust or (lambda preset: preset)  # the task's way of training a preset (stages.task_preset)
         self._lengths = lengths
         self._n_rows = n_rows
@@ -89,10 +91,14 @@ class PresetPicker:
         rows = f"{used} rows" if used == self._n_rows else f"{used} of {self._n_rows} rows (the preset's row limit)"
         return f"~{duration(seconds)} {what} for {rows} (rough, +-2x; pass n_test= for the whole run)"
 
+    def memory_text(self) -> str:
+        return self._memory(self._resolved) if self._memory is not None else ""
+
     def __repr__(self) -> str:
         note = f"{self.note}\n" if self.note else ""
         summary = self._resolved.summary()
-        return f"{note}PresetPicker({self._resolved.name!r})\n{summary}\nestimate: {self.estimate_text()}"
+        memory = f"\nmemory: {self.memory_text()}" if self._memory is not None else ""
+        return f"{note}PresetPicker({self._resolved.name!r})\n{summary}\nestimate: {self.estimate_text()}{memory}"
 
     def _ipython_display_(self) -> None:
         """What a notebook cell ending in ``picker`` shows (IPython calls this instead of using the text repr).
@@ -206,6 +212,7 @@ class PresetPicker:
             f'<div style="color:#b00020"><b>not applied:</b> {html.escape(self.error)}</div>' if self.error else ""
         )
         rows = [*self._resolved.table_rows(), ("time", self.estimate_text())]
+        rows += [("memory", self.memory_text())] if self._memory is not None else []
         cells = "".join(
             f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
             for k, v in rows
@@ -224,6 +231,7 @@ def preset_picker(
     show: bool = False,
     adjust: Callable[[Preset], Preset] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    memory: Callable[[ResolvedRun], str] | None = None,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
     never starts training.
@@ -235,10 +243,12 @@ def preset_picker(
     ``kitlib.notebook.stages.data_facts`` returns both. ``adjust``: how the task trains a preset
     (``stages.task_preset(p)``: e.g. seq2seq's from-scratch lr and eval cadence), so the table shows what 02 runs.
     ``overrides``: the parameters' training settings (``p.training()``), the advanced fields' starting values.
+    ``memory``: the memory plan's line for the chosen run (``stages.memory_line(p, hw)``: "fits: ~X of Y GB").
     """
     picker = PresetPicker(
-        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust, overrides=overrides
-    )
+        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust, overrides=overrides,
+        memory=memory,
+    )  # fmt: skip
     if hw.interactive:
         try:
             picker.build()

@@ -36,6 +36,12 @@ class TextGenerationTask(Task):
         """One row of labels as the reference text the metric compares with."""
         raise NotImplementedError
 
+    def loss_fn(self, spec: TaskSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
+        """The LM head and cross-entropy in chunks over the target tokens: no batch x length x vocab logits."""
+        from kitlib.engine.chunked_loss import chunked_lm_loss
+
+        return chunked_lm_loss
+
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         """What 02 and 03 rebuild the model from: the model folder, or the tokenizer 01 trained on the rows."""
         folder = model_folder(p)

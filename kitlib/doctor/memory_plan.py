@@ -1,0 +1,457 @@
+"""A memory plan before training: bytes of weights, gradients, optimizer states and activations per strategy.
+
+    plan = plan_memory("llama-7b", hardware="T4", seq_len=1536, task="causal-lm")
+    print(plan.table())   # every strategy, its peak, whether it fits, the micro-batch x accumulation it needs
+    print(plan.line())    # "fits: ~X of Y GB with ..." or what to change
+
+Everything comes from the model's config alone: the model is built on the meta device (no weights, no memory) to
+count its parameters and find its linear layers; activations are counted per token from the config with a formula per
+architecture family, derived from what autograd saves for backward in transformers 5.x (``saved_tensors_hooks`` on
+CPU, fp32, training mode, ``benchmarks/bench_memory_plan.py`` checks the sum against a tracked peak).
+
+The peak of a step (kitlib's step: set_to_none gradients, fused AdamW, so the update makes no temporary) is
+    weights + optimizer states + max(activations + loss transient, gradients)   with accumulation 1
+    weights + optimizer states + gradients + activations + loss transient      with accumulation > 1
+because backward frees each block's activations as it creates that block's gradients (the two ends are the
+maxima), and with accumulation the previous micro-batches' gradients are still held during the next forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from kitlib.machine.hardware import HardwareInfo
+
+_GB = 1e9  # the table speaks decimal GB, as cards are sold (an "80 GB" H100 holds 79.6 GiB usable)
+HEADROOM = 0.10  # fraction of the budget kept free: allocator fragmentation, a longer batch than planned
+CUDA_CONTEXT = 0.6e9  # bytes the CUDA context and cuBLAS workspaces take before any tensor (reasoned, not measured)
+LORA_RANK = 16  # adapters on every linear layer of the blocks (what peft's "all-linear" targets)
+NF4_BYTES = 0.5 + 0.127 / 8  # bytes per 4-bit weight: 4 bits + double-quantised absmax (QLoRA paper, 0.127 bit)
+AMP_ACT_BYTES = 2.5  # bytes per saved element under autocast: half matmul outputs, the norms' fp32 upcasts (reasoned)
+BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
+
+# Known shapes for --model without a folder: config class and its arguments (no weights are ever downloaded).
+KNOWN_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-7b": (
+        "llama",
+        {
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "vocab_size": 32000,
+            "max_position_embeddings": 4096,
+        },
+    ),
+    "gpt2": ("gpt2", {}),
+    "t5-small": ("t5", {"decoder_start_token_id": 0, "pad_token_id": 0}),
+    "minilm": (
+        "bert",
+        {
+            "hidden_size": 384,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 12,
+            "vocab_size": 30522,
+        },
+    ),
+}
+_ALIASES = {"auto": "minilm", "all-minilm-l6-v2": "minilm"}
+# model_type -> the family whose saved-tensor formula applies (what each block keeps for backward)
+_FAMILIES = {
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"), "llama"),
+    "gpt2": "gpt2",
+    **dict.fromkeys(("bert", "roberta", "xlm-roberta", "electra"), "bert"),
+    **dict.fromkeys(("t5", "mt5"), "t5"),
+}
+GENERATING = ("causal-lm", "seq2seq")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the formulas read from a config and the meta model (parameter counts are numbers of elements)."""
+
+    family: str
+    hidden: int
+    intermediate: int
+    layers: int  # blocks a token passes (T5: encoder + decoder blocks)
+    heads: int
+    kv_dim: int  # key/value width (GQA: kv heads x head dim)
+    vocab: int
+    attention_dropout: float
+    eager: bool  # attention implementation that materialises the seq^2 scores even on CUDA
+    params: int
+    embedding_params: int  # what freeze="embeddings" freezes
+    linear_params: int  # weights of the blocks' linear layers: what 4-bit quantises and LoRA adapts
+    linear_dims: int  # sum of in + out features of those layers (LoRA adds rank x this)
+    head_params: int  # the output layer's weight (a vocab x hidden lm_head, or a classifier)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to train: bytes per parameter and per activation element; ``offered`` False = planned in #20."""
+
+    name: str
+    offered: bool
+    weights: float  # bytes
+    grads: float
+    optimizer: float
+    act_bytes: float  # bytes per saved activation element
+    checkpointing: bool
+
+
+@dataclass(frozen=True)
+class Fit:
+    strategy: Strategy
+    micro_batch: int
+    accum: int
+    weights: float  # bytes, at this micro-batch
+    grads: float
+    optimizer: float
+    activations: float
+    peak: float
+    fits: bool
+    why_not: str = ""  # hardware it cannot run on, or "" when it is only too big
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    task: str
+    hardware: str
+    budget: float  # bytes usable after the context and headroom
+    capacity: float  # bytes of the device (or RAM)
+    seq_len: int
+    effective_batch: int
+    shape: Shape
+    fits: tuple[Fit, ...]
+
+    @property
+    def choice(self) -> Fit | None:
+        """The first strategy in the table's order (least compromise first) that fits, offered ones before planned."""
+        fitting = [f for f in self.fits if f.fits]
+        return next((f for f in fitting if f.strategy.offered), fitting[0] if fitting else None)
+
+    @property
+    def offered_choice(self) -> Fit | None:
+        return next((f for f in self.fits if f.fits and f.strategy.offered), None)
+
+    def table(self) -> str:
+        head = (
+            f"memory plan: {self.model} ({self.shape.params / 1e9:.2f} B parameters, {self.shape.family}-shaped), "
+            f"task {self.task}, {self.seq_len} tokens/row, effective batch {self.effective_batch}, on {self.hardware} "
+            f"({self.capacity / _GB:.1f} GB; plans within {self.budget / _GB:.1f} GB)"
+        )
+        rows = [f"{'strategy':<48} {'weights':>8} {'grads':>7} {'optim':>7} {'activ':>7} {'peak':>7}  batch  fits"]
+        for f in self.fits:
+            name = f.strategy.name + ("" if f.strategy.offered else " *")
+            gb = [f"{v / _GB:.1f}" for v in (f.weights, f.grads, f.optimizer, f.activations, f.peak)]
+            verdict = f.why_not or ("yes" if f.fits else "no")
+            rows.append(
+                f"{name:<48} {gb[0]:>8} {gb[1]:>7} {gb[2]:>7} {gb[3]:>7} {gb[4]:>7}  "
+                f"{f.micro_batch:>2}x{f.accum:<3} {verdict}"
+            )
+        notes = ["GB (1e9 bytes); batch = micro-batch x accumulation; * planned, not yet offered by kitlib (#20)"]
+        return "\n".join([head, *rows, *notes, self.line()])
+
+    def line(self) -> str:
+        """One line for the picker: what fits, or what to change."""
+        best, offered = self.choice, self.offered_choice
+        if offered is not None:
+            return (
+                f"fits: ~{offered.peak / _GB:.1f} of {self.capacity / _GB:.0f} GB with {offered.strategy.name}, "
+                f"micro-batch {offered.micro_batch} x accumulation {offered.accum}"
+            )
+        if best is not None:
+            return (
+                f"does not fit with what kitlib offers today; {best.strategy.name} would (~{best.peak / _GB:.1f} of "
+                f"{self.capacity / _GB:.0f} GB, micro-batch {best.micro_batch} x {best.accum}): planned, not yet "
+                "offered. Today: a bigger card, a smaller model or fewer tokens per row"
+            )
+        return (
+            f"fits nowhere on {self.hardware}: even micro-batch 1 with every strategy needs more than "
+            f"{self.budget / _GB:.1f} GB. Fix: a bigger card, a smaller model or fewer tokens per row (seq_len)"
+        )
+
+
+def plan_memory(
+    model: Any,
+    *,
+    hardware: str | HardwareInfo = "T4",
+    seq_len: int = 512,
+    task: str = "classify",
+    effective_batch: int = 32,
+    micro_batch: int | None = None,
+    accum: int | None = None,
+    chunked_loss: bool | None = None,
+) -> MemoryPlan:
+    """The memory plan of training ``model`` (a config, a config.json, a model folder or a name in KNOWN_MODELS)
+    for ``task`` at ``seq_len`` tokens per row on ``hardware`` (a fake_profile name such as "T4", "A100-80", "CPU",
+    or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the largest micro-batch that fits
+    keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on for the generating tasks, as
+    kitlib trains them) counts the LM head's logits one chunk at a time."""
+    from kitlib.errors import SetupError
+    from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
+    from kitlib.machine.precision import decide_precision
+
+    if seq_len < 1 or effective_batch < 1:
+        raise SetupError(f"seq_len ({seq_len}) and effective_batch ({effective_batch}) must be >= 1")
+    # a build with Pascal kernels: the plan is about memory, not about which torch Kaggle's image ships
+    hw = fake_profile(hardware, torch_cuda_arch_list=ARCH_LIST_WITH_SM60) if isinstance(hardware, str) else hardware
+    hw_name = hardware if isinstance(hardware, str) else hw.device_name
+    name, config = model_config(model)
+    shape = model_shape(config, task, hw.device_type)
+    chunked = task in GENERATING if chunked_loss is None else chunked_loss
+    world = max(1, hw.num_gpus)
+    capacity = float(hw.primary.memory_bytes if hw.primary is not None else hw.ram_bytes)
+    budget = (capacity - (CUDA_CONTEXT if hw.device_type == "cuda" else 0.0)) * (1 - HEADROOM)
+    amp = decide_precision(hw).dtype != "fp32"
+    per_device = max(1, math.ceil(effective_batch / world))
+    fits = tuple(
+        _fit(s, shape, hw, seq_len, task, chunked, per_device, micro_batch, accum, budget)
+        for s in strategies(shape, amp=amp)
+    )
+    return MemoryPlan(name, task, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
+
+
+def strategies(shape: Shape, *, amp: bool) -> list[Strategy]:
+    """The strategies in order of least compromise first (speed and fidelity): kitlib's own, then #20's planned.
+    Bytes per parameter of the whole model; a frozen part has no gradient or optimizer state."""
+    P = shape.params
+    trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
+    lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
+    nf4 = (NF4_BYTES * shape.linear_params + 2 * (P - shape.linear_params)) / P  # 4-bit blocks, bf16 elsewhere
+    cast_cache = 2.0 * (shape.linear_params + shape.head_params) / P  # autocast's half copy of each matmul weight
+    act = AMP_ACT_BYTES if amp else 4.0
+    out: list[Strategy] = []
+    for ckpt in (False, True):
+        tag = " + checkpointing" if ckpt else ""
+        if amp:
+            out.append(Strategy(f"fp32 weights + AMP{tag}", True, 4 + cast_cache, 4, 8, act, ckpt))
+        else:
+            out.append(Strategy(f"fp32 full fine-tune{tag}", True, 4, 4, 8, act, ckpt))
+    half = "AMP" if amp else "fp32"
+    out.append(Strategy(f"frozen embeddings + {half}", True, 4, 4 * trainable, 8 * trainable, act, False))
+    if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
+        out.append(Strategy("fp32 full fine-tune (no AMP)", True, 4, 4, 8, 4.0, False))
+    planned = (  # least compromise first: full weights, then adapters, then adapters on 4-bit weights
+        ("bf16 weights + 8-bit AdamW", 2.0, 2.0, 2.0),
+        (f"LoRA r={LORA_RANK}, bf16 base", 2 + 4 * lora, 4 * lora, 8 * lora),  # fp32 adapters and their AdamW
+        ("QLoRA (LoRA on 4-bit weights)", nf4 + 4 * lora, 4 * lora, 8 * lora),
+    )
+    for name, weights, grads, optimizer in planned:
+        for ckpt in (False, True):
+            tag = " + checkpointing" if ckpt else ""
+            out.append(Strategy(name + tag, False, weights, grads, optimizer, 2.0, ckpt))
+    return out
+
+
+def _fit(
+    s: Strategy,
+    shape: Shape,
+    hw: HardwareInfo,
+    seq_len: int,
+    task: str,
+    chunked: bool,
+    rows: int,
+    micro_batch: int | None,
+    accum: int | None,
+    budget: float,
+) -> Fit:
+    why_not = ""
+    if s.name.startswith("QLoRA"):
+        primary = hw.primary
+        if hw.device_type != "cuda" or primary is None:
+            why_not = "CUDA only"
+        elif primary.capability < BITSANDBYTES_MIN_SM:
+            why_not = f"needs sm_60+ ({primary.sm})"
+    if micro_batch is not None:
+        candidates = [micro_batch]
+    else:  # halve from the whole per-device batch down to 1
+        candidates = sorted({max(1, rows >> k) for k in range(rows.bit_length() + 1)}, reverse=True)
+    fit = None
+    for m in candidates:
+        k = accum if accum is not None else math.ceil(rows / m)
+        fit = step_peak(s, shape, hw.device_type, seq_len, task, chunked, m, k)
+        if fit.peak <= budget:
+            return dataclasses.replace(fit, fits=not why_not, why_not=why_not)
+    assert fit is not None
+    return dataclasses.replace(fit, fits=False, why_not=why_not)
+
+
+def step_peak(
+    s: Strategy, shape: Shape, device: str, seq_len: int, task: str, chunked: bool, micro_batch: int, accum: int
+) -> Fit:
+    """The planned peak bytes of one step of ``s`` at ``micro_batch`` rows of ``seq_len`` tokens (see the module
+    docstring for the formula)."""
+    P = shape.params
+    weights, grads, optimizer = s.weights * P, s.grads * P, s.optimizer * P
+    tokens = micro_batch * seq_len
+    saved = activation_elements(shape, seq_len, task, chunked, checkpointing=s.checkpointing, device=device)
+    activations = saved * tokens * s.act_bytes
+    loss = loss_transient(shape, tokens, task, chunked, grads_of_head=s.grads > 0)
+    if accum > 1:
+        peak = weights + optimizer + grads + activations + loss
+    else:
+        peak = weights + optimizer + max(activations + loss, grads)
+    return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True)
+
+
+def activation_elements(
+    shape: Shape, seq_len: int, task: str, chunked: bool, *, checkpointing: bool, device: str
+) -> float:
+    """Elements autograd saves for backward per token (per source token for seq2seq, with targets as long).
+
+    Per block, measured by family on CPU with saved_tensors_hooks (h hidden, i intermediate, n heads, L tokens):
+    Llama 8h + 2 kv + 4i (RMSNorm in fp32 keeps its input and output, SiLU-gated MLP keeps 4 i-wide tensors);
+    GPT-2 10h + 5i (gelu_new's tanh polynomial keeps ~4 i-wide intermediates, dropout masks at 1 byte);
+    BERT 10h + 2i; T5 encoder + decoder block 32h + 6i. Attention: sdpa/flash keep only the log-sum-exp (n);
+    eager, T5, and CPU sdpa with attention dropout (the math path) keep the scores, probabilities and mask (3nL).
+    Gradient checkpointing keeps each block's input (h) and recomputes one block at a time in backward.
+    """
+    h, i, n, L = shape.hidden, shape.intermediate, shape.heads, seq_len
+    scores = shape.eager or shape.family == "t5" or (device == "cpu" and shape.attention_dropout > 0)
+    attention = 3 * n * L if scores else n
+    if shape.family == "llama":
+        block = 8 * h + 2 * shape.kv_dim + 4 * i + (n * L if shape.eager else n)
+        rest = 3.25 * h
+    elif shape.family == "gpt2":
+        block, rest = 10 * h + 5 * i + attention, 3 * h
+    elif shape.family == "t5":  # per encoder + decoder pair: three attentions (self, causal self, cross)
+        block, rest = 32 * h + 6 * i + 3 * attention, 10 * h + 2 * L
+    else:
+        block, rest = 10 * h + 2 * i + attention, 3 * h
+    blocks = shape.layers // 2 if shape.family == "t5" else shape.layers
+    if task in GENERATING:
+        rest += h if chunked else shape.vocab  # chunked: the target tokens' hidden states; else log-softmax (V)
+    if checkpointing:
+        return blocks * h * (2 if shape.family == "t5" else 1) + rest + block
+    return blocks * block + rest
+
+
+def loss_transient(shape: Shape, tokens: int, task: str, chunked: bool, *, grads_of_head: bool) -> float:
+    """Bytes alive for a moment at the start of backward: the loss's gradients over the logits (the incoming and
+    the log-softmax's, 2 V fp32 per token; one chunk's when chunked) and the output layer's weight gradient."""
+    head = 4.0 * shape.head_params if grads_of_head else 0.0
+    if task not in GENERATING:
+        return head
+    from kitlib.engine.chunked_loss import chunk_tokens
+
+    rows = min(tokens, chunk_tokens(shape.vocab)) if chunked else tokens
+    per_token = (4 if chunked else 2) * shape.vocab * 4.0  # chunked: its logits, log-softmax and both gradients
+    return rows * per_token + head
+
+
+# ---------------------------------------------------------------------------------------------- config -> shape
+def model_config(model: Any) -> tuple[str, Any]:
+    """(a name for the table, the transformers config) of a config object, a config.json, a folder or a known
+    name. Only the config is read: no weights."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    from kitlib.errors import SetupError
+
+    if isinstance(model, PretrainedConfig):
+        return type(model).__name__.removesuffix("Config"), model
+    text = str(model)
+    key = _ALIASES.get(text.lower(), text.lower())
+    if key in KNOWN_MODELS:
+        kind, kwargs = KNOWN_MODELS[key]
+        return key, AutoConfig.for_model(kind, **kwargs)
+    path = Path(text)
+    if path.is_file() and path.suffix == ".json":
+        return path.parent.name or path.name, AutoConfig.from_pretrained(str(path))
+    if (path / "config.json").is_file():
+        return path.name, AutoConfig.from_pretrained(str(path), local_files_only=True)
+    raise SetupError(
+        f"model {text!r} is neither a config.json, a folder holding one, nor a known name ({', '.join(KNOWN_MODELS)}). "
+        "Fix: --model path/to/model_folder (its config.json is all the plan reads)"
+    )
+
+
+def model_shape(config: Any, task: str, device: str = "cuda") -> Shape:
+    """The Shape of ``config`` trained for ``task``: parameter counts from the model built on the meta device."""
+    import torch
+
+    from kitlib.engine.optim import freeze
+
+    kind = getattr(config, "model_type", "")
+    family = _FAMILIES.get(kind, "llama" if hasattr(config, "num_key_value_heads") else "bert")
+    with torch.device("meta"):
+        model = _meta_model(config, task)
+    total = sum(p.numel() for p in model.parameters())
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    head_params = int(head.weight.numel()) if head is not None else _classifier_params(model)
+    linear, dims = _linear_layers(model, exclude=head)
+    embedding = int(freeze(model, "embeddings"))
+    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model"))  # noqa: B009
+    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads"))  # noqa: B009
+    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or hidden // heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    intermediate = int(
+        getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or getattr(config, "n_inner", None)
+        or 4 * hidden
+    )  # fmt: skip
+    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "num_layers"))  # noqa: B009
+    if family == "t5":
+        layers += int(getattr(config, "num_decoder_layers", None) or layers)
+    dropout = max(
+        float(getattr(config, name, 0.0) or 0.0) for name in ("attention_dropout", "attn_pdrop",
+                                                              "attention_probs_dropout_prob", "dropout_rate")
+    )  # fmt: skip
+    eager = getattr(config, "_attn_implementation", None) == "eager"
+    return Shape(family, hidden, intermediate, layers, heads, kv_heads * head_dim, int(config.vocab_size), dropout,
+                 eager, total, embedding, linear, dims, head_params)  # fmt: skip
+
+
+def _meta_model(config: Any, task: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+
+    if task == "causal-lm":
+        return AutoModelForCausalLM.from_config(config)
+    if task == "seq2seq":
+        return AutoModelForSeq2SeqLM.from_config(config)
+    return AutoModelForSequenceClassification.from_config(config)
+
+
+def _linear_layers(model: nn.Module, *, exclude: nn.Module | None) -> tuple[int, int]:
+    """(weights, in + out features summed) of the nn.Linear and GPT-2 Conv1D layers, the output layer left out."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    weights = dims = 0
+    for module in model.modules():
+        if module is exclude or not isinstance(module, nn.Linear | Conv1D):
+            continue
+        weight = module.weight
+        weights += weight.numel()
+        dims += sum(weight.shape)
+    return weights, dims
+
+
+def _classifier_params(model: nn.Module) -> int:
+    found = [m for name, m in model.named_children() if name in ("classifier", "score", "qa_outputs")]
+    return sum(p.numel() for m in found for p in m.parameters())
+
+
+def run_line(model: Any, task: str, hw: HardwareInfo, run: Any) -> str:
+    """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` and ``task``: what
+    the picker and ``python -m kitlib presets`` show. A plan that cannot be made says why in the line."""
+    from kitlib.errors import KitError
+
+    length = run.config.max_length or run.preset.max_length_cap
+    try:
+        plan = plan_memory(model, hardware=hw, seq_len=length, task=task, effective_batch=run.effective_batch_size)
+    except KitError as err:
+        return f"no plan: {err}"
+    if run.preset.regime == "head":  # the encoder runs once without gradients; the head trains on cached vectors
+        return f"~{4 * plan.shape.params / _GB:.1f} GB of fp32 weights for the encoder's forward pass (head regime)"
+    return f"{length} tokens/row: {plan.line()}"

@@ -1,0 +1,104 @@
+"""The language-model loss without the batch x length x vocabulary logits: the LM head and cross-entropy run in chunks
+over the target tokens only.
+
+A causal LM's own loss projects every position onto the vocabulary: with a 50k vocabulary at 1,024 tokens that is
+200 MB of fp32 logits per row, kept for backward with the log-softmax's as many again, and the prompt's positions are
+projected for nothing (their labels are -100). Here the model runs up to its LM head (the head's input is captured and
+the head returns a zero-stride placeholder, so no logits exist), the hidden states of the scored positions are
+gathered, and each chunk of ``chunk`` of them is projected and scored under activation checkpointing: backward
+recomputes one chunk's logits at a time. The loss is the same token-weighted mean of the model's own loss (-100
+ignored, a causal LM's labels shifted by one), and so are the gradients.
+
+Models whose head is a plain projection are handled (LOSS_CHUNK_MODELS); any other falls back to the model's own
+``.loss`` (Gemma's logit soft-capping or BART's final_logits_bias act on the logits after the head).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+
+from kitlib.engine.objective import IGNORE_INDEX, Batch, hf_loss, is_causal_lm
+
+# fp32 logits per chunk: backward holds ~4x this (logits, log-softmax, both gradients). 64 MB is 330 tokens of a 50k
+# vocabulary, still a matmul of hundreds of rows (a GPU stays busy); 1,024 tokens held 0.8 GB at 50k.
+LOSS_CHUNK_BYTES = 64 * 2**20
+# model_type -> whether its logits are exactly lm_head(hidden) (checked against the model's own loss in the tests)
+LOSS_CHUNK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "t5", "mt5"})
+
+
+def chunk_tokens(vocab: int) -> int:
+    """Target tokens per chunk for a ``vocab``-wide head: LOSS_CHUNK_BYTES of fp32 logits, at least 64."""
+    return max(64, LOSS_CHUNK_BYTES // (4 * vocab))
+
+
+def chunked_lm_loss(model: nn.Module, batch: Batch, *, chunk: int | None = None) -> torch.Tensor:
+    """The mean cross-entropy over the batch's scored label tokens, as ``model(**batch).loss`` computes it, with the
+    LM head applied ``chunk`` target tokens at a time (default: ``chunk_tokens``; fit's ``loss_fn``)."""
+    from kitlib.engine.checkpoint import unwrap_model
+
+    core = unwrap_model(model)
+    if not chunkable(core) or not isinstance(batch, Mapping) or "labels" not in batch:
+        return hf_loss(model, batch)
+    labels = batch["labels"]
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    if is_causal_lm(core):
+        targets = labels[:, 1:]
+    else:  # encoder-decoder: the decoder reads the labels shifted right, each position scores its own label
+        inputs["decoder_input_ids"] = core.prepare_decoder_input_ids_from_labels(labels=labels)  # type: ignore[operator]
+        targets = labels
+    with _head_input(core) as captured:
+        model(**inputs)  # through the wrapper (DDP's hooks), up to the head
+    hidden = captured[0][:, : targets.shape[1]]  # causal: the last position predicts nothing
+    scored = targets != IGNORE_INDEX
+    # Boolean indexing reads the count on the host (one sync per micro-batch): the price of never projecting the
+    # prompt's positions.
+    hidden, targets = hidden[scored], targets[scored]
+    head = core.get_output_embeddings()  # type: ignore[operator]
+    chunk = chunk or chunk_tokens(head.out_features)
+    if len(targets) == 0:  # nothing scored: a zero that keeps the graph (and DDP's hooks) whole
+        return hidden.sum() * 0.0
+    total = sum(
+        torch.utils.checkpoint.checkpoint(
+            _chunk_loss, hidden[i : i + chunk], head.weight, head.bias, targets[i : i + chunk], use_reentrant=False
+        )
+        for i in range(0, len(targets), chunk)
+    )
+    return total / len(targets)
+
+
+def chunkable(model: nn.Module) -> bool:
+    """Whether ``model``'s logits are exactly its output layer applied to its last hidden states."""
+    config = getattr(model, "config", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return getattr(config, "model_type", None) in LOSS_CHUNK_MODELS and isinstance(head, nn.Linear)
+
+
+def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor) -> Any:
+    # fp32 logits, as the model's own loss upcasts them: the log-softmax over 50k classes loses digits in half
+    return F.cross_entropy(F.linear(hidden, weight, bias).float(), targets, reduction="sum")
+
+
+@contextlib.contextmanager
+def _head_input(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While open, the model's output layer records its input and returns a placeholder of the logits' shape that
+    holds one element (an expanded zero), so the forward never computes the logits. Put back on exit."""
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    captured: list[torch.Tensor] = []
+
+    def record(hidden: torch.Tensor) -> torch.Tensor:
+        captured.append(hidden)
+        return hidden.new_zeros(()).expand(*hidden.shape[:-1], head.out_features)
+
+    head.forward = record
+    try:
+        yield captured
+    finally:
+        del head.forward  # the class's forward again

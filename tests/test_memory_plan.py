@@ -1,0 +1,88 @@
+"""The memory plan (kitlib.plan_memory): a plan's bytes match a measured peak; the 7B case names what fits where."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kitlib.doctor.memory_plan import plan_memory
+
+
+def _llama_7b() -> Any:
+    """The issue's 7B Llama shape (its config only: the plan builds it on the meta device)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32, vocab_size=32000
+    )
+
+
+@pytest.mark.parametrize("strategy", ["fp32 full fine-tune", "fp32 full fine-tune + checkpointing",
+                                      "frozen embeddings + fp32"])  # fmt: skip
+def test_plan_matches_the_measured_peak_of_kitlibs_step(strategy: str) -> None:
+    from transformers import LlamaConfig
+
+    from kitlib.doctor.live_bytes import planned_and_measured
+
+    config = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=4000)  # fmt: skip
+    planned, measured = planned_and_measured(
+        config, task="causal-lm", seq_len=128, micro_batch=2, accum=2, strategy=strategy
+    )
+    assert 0.8 <= planned / measured <= 1.2, (strategy, planned, measured)
+
+
+def test_7b_at_1536_tokens_fits_h100_and_t4_only_with_the_right_strategy() -> None:
+    h100 = plan_memory(_llama_7b(), hardware="H100", seq_len=1536, task="causal-lm")
+    t4 = plan_memory(_llama_7b(), hardware="T4", seq_len=1536, task="causal-lm")
+    for plan in (h100, t4):
+        fp32 = [f for f in plan.fits if f.strategy.name.startswith("fp32 full fine-tune")]
+        assert fp32 and not any(f.fits for f in fp32)  # ~16 bytes/parameter: 108 GB before activations
+        assert plan.offered_choice is None and plan.choice is not None
+        assert plan.choice.peak <= plan.budget and plan.choice.micro_batch * plan.choice.accum >= 32
+    assert "QLoRA" in t4.choice.strategy.name  # type: ignore[union-attr]
+    assert "QLoRA" not in h100.choice.strategy.name  # type: ignore[union-attr]  # the least compromise that fits
+    assert "planned, not yet offered" in t4.line()
+
+
+def test_qlora_is_refused_off_cuda_and_small_models_fit_with_what_kitlib_offers() -> None:
+    cpu = plan_memory(_llama_7b(), hardware="CPU", seq_len=256, task="causal-lm")
+    assert all(f.why_not == "CUDA only" and not f.fits for f in cpu.fits if f.strategy.name.startswith("QLoRA"))
+    small = plan_memory("minilm", hardware="T4", seq_len=128, task="classify", effective_batch=32)
+    assert small.choice is small.offered_choice and small.choice is not None
+    assert small.line().startswith("fits: ~")
+
+
+def test_unknown_model_names_the_fix(tmp_path: Path) -> None:
+    from kitlib.errors import SetupError
+
+    with pytest.raises(SetupError, match=r"config\.json"):
+        plan_memory(str(tmp_path / "nowhere"), hardware="T4")
+
+
+def test_the_plan_command_prints_every_strategy_and_the_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    from kitlib.cli import main
+
+    args = ["plan", "--model", "llama-7b", "--hardware", "T4", "--seq-len", "1536", "--task", "causal-lm"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "fp32 full fine-tune (no AMP)" in out and "QLoRA (LoRA on 4-bit weights) would" in out
+    assert main(["plan", "--model", "nowhere/at/all", "--hardware", "T4"]) == 2  # a SetupError naming the fix
+
+
+def test_00s_picker_shows_the_memory_line(tmp_path: Path) -> None:
+    import dataclasses
+
+    from kitlib.machine.hardware import fake_profile
+    from kitlib.notebook import stages
+    from kitlib.notebook.params import Params
+    from kitlib.notebook.widgets import preset_picker
+
+    hw = fake_profile("T4", interactive=False)
+    p = dataclasses.replace(Params(data_dir=tmp_path, work_dir=tmp_path), model="minilm", task="classify")
+    picker = preset_picker(hw, default="balanced", memory=stages.memory_line(p, hw))
+    assert "\nmemory: 256 tokens/row: fits: ~" in repr(picker)
+    scratch = dataclasses.replace(p, model="auto", task="causal-lm")
+    assert "no plan" in preset_picker(hw, memory=stages.memory_line(scratch, hw)).memory_text()
