@@ -53,7 +53,7 @@ def test_no_repeat_ngram_blocks_a_loop_in_the_generated_part_only() -> None:
 
 def _only_eos(model: torch.nn.Module) -> None:
     """Make ``model`` put all its weight on </s> at every position: left alone, it generates nothing."""
-    eos = model.kitlib_tokenizer.eos_token_id
+    eos = int(model.kitlib_tokenizer.eos_token_id)
 
     def hook(module: Any, args: Any, output: Any) -> Any:
         logits = torch.zeros_like(output.logits)
@@ -66,17 +66,17 @@ def _only_eos(model: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize("task", ["seq2seq", "causal-lm"])
 def test_a_generated_submission_never_holds_an_empty_cell(
-    tmp_path: Path, cpu_hw, task: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, cpu_hw: Any, task: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    if task == "seq2seq":
-        from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
+    from kitlib.tools import demo_sft, demo_sql
 
-        paths = make_sql_demo(tmp_path / "data", n_train=160, n_test=20)
-    else:
-        from kitlib.tools.demo_sft import PARAMETERS, make_sft_demo
-
-        paths = make_sft_demo(tmp_path / "data", n_train=160, n_test=20)
-    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    paths: Any = (
+        demo_sql.make_sql_demo(tmp_path / "data", n_train=160, n_test=20)
+        if task == "seq2seq"
+        else demo_sft.make_sft_demo(tmp_path / "data", n_train=160, n_test=20)
+    )
+    values: dict[str, Any] = demo_sql.PARAMETERS if task == "seq2seq" else demo_sft.PARAMETERS
+    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **values)
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
     stages.train(p, hw=cpu_hw)
@@ -90,7 +90,7 @@ def test_a_generated_submission_never_holds_an_empty_cell(
     monkeypatch.setattr(stages, "prepare", eos_only_prepare)
     stages.infer(p, hw=cpu_hw)
     written = pd.read_csv(p.work_dir / "submission.csv", keep_default_na=False, dtype=str)
-    target = PARAMETERS["target"]
+    target = values["target"]
     assert len(written) == 20 and (written[target].str.strip() != "").all()
     assert "generated 20 texts" in capsys.readouterr().out
 
