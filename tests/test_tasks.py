@@ -195,7 +195,7 @@ def test_a_task_of_ones_own_runs_through_the_stages_by_module_and_name(tmp_path:
         (
             {"task": "seq2sql"},
             SetupError,
-            r"task = 'seq2sql' is not one of \['auto', .*'seq2seq', 'causal-lm', 'custom'\].*module:name",
+            r"task = 'seq2sql' is not one of \['auto', .*'seq2seq', 'causal-lm', 'custom', 'custom-seq2seq'\].*module:name",
         ),
         ({"task": "no_such_module_kit:T"}, SetupError, r"module 'no_such_module_kit' does not import"),
         ({"task": "tabular-text"}, SetupError, r"needs the columns beside the text: set numeric"),
