@@ -39,6 +39,10 @@ def _demo_maker(task: str) -> Any:
         from kitlib.tools.demo_custom import make_custom_demo
 
         return make_custom_demo
+    if task == "custom-seq2seq":
+        from kitlib.tools.demo_summary import make_summary_demo
+
+        return make_summary_demo
     if task == "seq2seq":
         from kitlib.tools.demo_sql import make_sql_demo
 
@@ -394,10 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task",
         default="auto",
-        choices=["auto", "tabular-text", "seq2seq", "causal-lm", "custom"],
+        choices=["auto", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq"],
         help="auto: reviews, accuracy; tabular-text: film box office, SMAPE; seq2seq: text-to-SQL, record F1; "
         "causal-lm: questions about reviews (instruction tuning), exact match; custom: the reviews with your own "
-        "BiLSTM (bilstm.py)",
+        "BiLSTM (bilstm.py); custom-seq2seq: film synopses summarised by your own BiLSTM pointer-generator "
+        "(pointer_generator.py), ROUGE-L",
     )
     p.set_defaults(func=_cmd_demo)
 

@@ -5,6 +5,8 @@
 #   bash scripts/demo.sh --task seq2seq        text-to-SQL over a SQLite shop (record F1: each query executed)
 #   bash scripts/demo.sh --task causal-lm      questions about the reviews, answered by a decoder-only LM (exact match)
 #   bash scripts/demo.sh --task custom         the reviews, with your own model (bilstm.py in the demo folder)
+#   bash scripts/demo.sh --task custom-seq2seq film synopses summarised by your own encoder-decoder
+#                                              (pointer_generator.py in the demo folder; ROUGE-L)
 # KIT_PRESET=smoke|fast|balanced|best picks the preset (default balanced); KIT_MODEL=tiny forces the tiny model.
 set -euo pipefail
 cd "$(dirname "$0")/.."

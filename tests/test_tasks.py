@@ -195,7 +195,8 @@ def test_a_task_of_ones_own_runs_through_the_stages_by_module_and_name(tmp_path:
         (
             {"task": "seq2sql"},
             SetupError,
-            r"task = 'seq2sql' is not one of \['auto', .*'seq2seq', 'causal-lm', 'custom'\].*module:name",
+            r"task = 'seq2sql' is not one of \['auto', .*'seq2seq', 'causal-lm', 'custom', 'custom-seq2seq'\]"
+            r".*module:name",
         ),
         ({"task": "no_such_module_kit:T"}, SetupError, r"module 'no_such_module_kit' does not import"),
         ({"task": "tabular-text"}, SetupError, r"needs the columns beside the text: set numeric"),
@@ -214,7 +215,7 @@ def test_bad_task_input_is_one_clear_error_before_anything_is_written(
 
 
 def test_get_task_names_each_built_in() -> None:
-    names = ("auto", "classify", "regress", "tabular-text", "seq2seq", "causal-lm", "custom")
+    names = ("auto", "classify", "regress", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq")
     assert [get_task(n).name for n in names] == list(names)
 
 
@@ -363,7 +364,7 @@ def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_h
     assert plain.config == cfg
 
 
-@pytest.mark.parametrize("name", ["auto", "tabular-text", "seq2seq", "causal-lm", "custom"])
+@pytest.mark.parametrize("name", ["auto", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq"])
 def test_every_tasks_preset_adjustment_is_idempotent(tmp_path: Path, name: str) -> None:
     """00 applies it in the picker and again in setup: twice must be once (causal-lm once trained 50 epochs, not 10)."""
     from kitlib.notebook.presets import PRESETS

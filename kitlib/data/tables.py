@@ -248,6 +248,13 @@ class TaskSpec:
         return cls(d["kind"], int(d["num_labels"]), tuple(d["classes"]), **transform)
 
 
+def texts_to_generate(series: pd.Series) -> bool:
+    """Whether a target column holds texts to generate rather than class names: text values, more than
+    MAX_INT_CLASSES distinct, and most rows with one of their own (a classifier would only repeat training labels)."""
+    k = int(series.nunique(dropna=False))
+    return series.dtype.kind not in "biuf" and k > MAX_INT_CLASSES and 2 * k > len(series)
+
+
 def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
     """Binary / multi-class / regression from a target column; class names or sparse ids get codes 0..k-1."""
     import pandas as pd
@@ -275,14 +282,15 @@ def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
             )
     classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
     k, n = len(classes), len(series)
-    if task == "auto" and series.dtype.kind not in "biuf" and k > MAX_INT_CLASSES and 2 * k > n:
+    if task == "auto" and texts_to_generate(series):
         example = max(classes, key=lambda c: len(str(c)))
         raise DataError(
             f"target column {name!r} holds {k} distinct texts over {n} rows (e.g. {str(example)[:80]!r}): most rows "
             "have a label of their own, so these are texts to generate, not classes, and a classifier would only "
             "repeat training labels. kitlib will not guess. Fix: set task in 00_setup's parameters cell (KIT_TASK "
-            "headless): task = 'seq2seq' (a text column -> this text) or 'causal-lm' (a prompt -> this response) to "
-            "generate them, or task = 'classify' if these really are class names"
+            "headless): task = 'seq2seq' (a text column -> this text), 'custom-seq2seq' (the same with your own "
+            "encoder-decoder) or 'causal-lm' (a prompt -> this response) to generate them, or task = 'classify' if "
+            "these really are class names"
         )
     if len(classes) < 2:
         raise DataError(

@@ -18,6 +18,8 @@
 - Full evaluation (kitlib.notebook.tasks.generation): greedy generation of every validation response and the
   metric (``exact_match`` by default), scored by fit in the background (generation itself before the callable, on
   the training device). Between full evals: fit's loss pass only.
+- Generation keeps within the training responses' lengths and repeats no run of tokens they never repeat (the prompt
+  aside: copying a span of it is no loop); a blank output is written as the most common response.
 - 03 generates each test prompt's response (``num_beams``: 1 = greedy); several runs vote per row.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from kitlib.notebook.tasks.base import Params, SideInputs
-from kitlib.notebook.tasks.generation import TextGenerationTask, model_folder
+from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -163,20 +165,16 @@ class CausalLMTask(TextGenerationTask):
         collate = SequenceCollator(pad)
         test_rows = [np.asarray(feats.test_tokens[i], np.int64) for i in range(len(feats.test_tokens))]
         test = SequenceDataset(test_rows, None, pad_id=pad)
-        longest_response = int((y != IGNORE).sum(axis=1).max())
         train = subset(split[0])
         return Prepared(
             make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed
             make_eval_loader(subset(split[1]), cfg, hw, collate=collate),
             make_predict_loader(test, cfg, hw, collate=collate),
-            _build_model(feats.side, seed, max_new_tokens=longest_response),
+            _build_model(feats.side, seed, y),
         )
 
-    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> list[str]:
+    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         return generate(model, prompts_of(batch), num_beams=num_beams)
-
-    def reference(self, model: nn.Module, labels: torch.Tensor) -> str:
-        return _decode(model, labels)
 
 
 def response_labels(
@@ -302,9 +300,10 @@ def _positions(model: nn.Module) -> int | None:
     return int(limit) if limit else None
 
 
-def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Module:
+def _build_model(side: SideInputs, seed: int, labels: np.ndarray) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's, or the tiny GPT-2 for the saved
-    tokenizer; it carries its tokenizer (``kitlib_tokenizer``) for decoding."""
+    tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its training responses set
+    (``labels``: -100 on the prompt, the response and </s>)."""
     from kitlib.models.bpe import tokenizer_from_json
     from kitlib.models.causal_lm import tiny_causal_lm
 
@@ -314,20 +313,21 @@ def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Modu
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_max_new_tokens = max_new_tokens
+    model.kitlib_limits = target_limits(labels, tokenizer)
     return model
 
 
-def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1) -> list[str]:
-    """The response generated for each prompt (on the model's device): prompts padded on the left, at most the
-    longest training response (01's labels) of new tokens, decoded without special tokens and stripped."""
+def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1) -> torch.Tensor:
+    """The response tokens generated for each prompt (on the model's device), within the model's limits
+    (``kitlib_limits``: the training responses' lengths and repetition): prompts padded on the left, so every row's
+    new tokens start at the same column."""
     import torch
 
     model = getattr(model, "module", model)
     tokenizer = getattr(model, "kitlib_tokenizer")  # noqa: B009
-    max_new = int(getattr(model, "kitlib_max_new_tokens", 32))
+    limits = limits_of(model)
     limit = _positions(model)
-    room = max(1, limit - max_new) if limit else None
+    room = max(1, limit - limits.max_new_tokens) if limit else None
     prompts = [p[-room:] if room and len(p) > room else p for p in prompts]  # keep the end: the words before it
     width = max(1, max(len(p) for p in prompts))
     pad = tokenizer.pad_token_id
@@ -341,16 +341,10 @@ def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1)
     out = model.generate(  # type: ignore[operator]
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
-        max_new_tokens=max_new,
         num_beams=num_beams,
         do_sample=False,
         pad_token_id=pad,
         eos_token_id=tokenizer.eos_token_id,
+        **hf_limits(limits, start=width),
     )
-    return [text.strip() for text in tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)]
-
-
-def _decode(model: nn.Module, labels: torch.Tensor) -> str:
-    tokenizer = getattr(getattr(model, "module", model), "kitlib_tokenizer")  # noqa: B009
-    ids = [int(t) for t in labels if int(t) != IGNORE]
-    return str(tokenizer.decode(ids, skip_special_tokens=True)).strip()
+    return out[:, width:]

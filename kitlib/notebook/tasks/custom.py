@@ -29,8 +29,10 @@ from kitlib.notebook.tasks.text import TextTask
 
 if TYPE_CHECKING:
     import numpy as np
+    import pandas as pd
     from torch import nn
 
+    from kitlib.data.tables import TaskSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset
@@ -48,19 +50,19 @@ class CustomTask(TextTask):
         super().__init__("custom", "auto")
 
     def check(self, p: Params) -> None:
-        if not p.model_factory:
+        check_factory(p, "custom", "(vocab_size, num_labels, pad_id)")
+
+    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+        from kitlib.data.tables import texts_to_generate
+
+        if texts_to_generate(column):
             raise SetupError(
-                "task = 'custom' needs your model: set model_factory = 'file.py:function' (a file beside the notebook, "
-                "or its full path) or "
-                "'package.module:function' in 00_setup's parameters cell; the function gets (vocab_size, num_labels, "
-                "pad_id) and returns an nn.Module"
+                f"task = 'custom' trains your module to predict a class or a number, but target {column.name!r} holds "
+                f"{column.nunique()} distinct texts over {len(column)} rows: texts to generate. Fix: set task = "
+                "'custom-seq2seq' for your own encoder-decoder (model_factory's module with its own loss and a "
+                "generate method: README, 'Your own model'), or task = 'seq2seq' for kitlib's"
             )
-        if p.numeric or p.categorical:
-            raise SetupError(
-                "task = 'custom' feeds your model the tokens only (input_ids, attention_mask, labels): remove numeric "
-                "and categorical from the parameters, or use task = 'tabular-text'"
-            )
-        factory(p.model_factory)  # imports now: a wrong name fails in 00, not after 01's tokenizing
+        return super().target(column, p, metric)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
         """Random weights: a larger lr and more epochs than the presets' pretrained numbers (best/ and patience keep
@@ -82,37 +84,60 @@ class CustomTask(TextTask):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        import torch
-
-        from kitlib.models.loading import fp32_master_weights
         from kitlib.notebook.regimes import FINETUNE, Prepared
 
-        state = feats.side.state
-        spec = state["model_factory"]
-        build = factory(spec)
+        spec = feats.side.state["model_factory"]
         sizes = {"vocab_size": feats.vocab_size, "num_labels": feats.task.num_labels, "pad_id": feats.pad_id}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            try:
-                model = build(*sizes.values())
-            except Exception as err:  # the user's code: kitlib names the parameter, the call and the fix
-                call = ", ".join(f"{k}={v}" for k, v in sizes.items())
-                raise SetupError(
-                    f"model_factory = {spec!r}: calling it with ({call}) raised {type(err).__name__}: {err}. Fix the "
-                    "function (it must return an nn.Module for those sizes), then re-run 02"
-                ) from err
-        if not isinstance(model, torch.nn.Module):
-            raise SetupError(
-                f"model_factory = {spec!r} returned a {type(model).__name__}, not a torch.nn.Module. Fix: return the "
-                "model itself (an nn.Module subclass instance), then re-run 02"
-            )
-        model = fp32_master_weights(model, f"model_factory {spec}")  # it may load a half-precision checkpoint
+        model = build_model(spec, sizes, seed, positional=True)
         loaders = FINETUNE.loaders(feats, hw, split, seed)
         _check_output(model, loaders[0], spec)
         return Prepared(*loaders, model)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         return {"model_factory": p.model_factory}
+
+
+def check_factory(p: Params, task: str, arguments: str) -> None:
+    """00's checks of a task that trains the user's module: a model_factory that imports, and no side columns."""
+    if not p.model_factory:
+        raise SetupError(
+            f"task = {task!r} needs your model: set model_factory = 'file.py:function' (a file beside the notebook, or "
+            f"its full path) or 'package.module:function' in 00_setup's parameters cell; the function gets {arguments} "
+            "and returns an nn.Module"
+        )
+    if p.numeric or p.categorical:
+        raise SetupError(
+            f"task = {task!r} feeds your model the tokens only (input_ids, attention_mask, labels): remove numeric and "
+            "categorical from the parameters, or use task = 'tabular-text'"
+        )
+    factory(p.model_factory)  # imports now: a wrong name fails in 00, not after 01's tokenizing
+
+
+def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: bool = False) -> nn.Module:
+    """The user's module from the factory ``spec`` names, called with ``sizes`` (in order when ``positional``, else by
+    name) under ``seed`` (the caller's RNG untouched), in fp32 master weights; a SetupError naming the fix when the
+    call raises or gives no nn.Module."""
+    import torch
+
+    from kitlib.models.loading import fp32_master_weights
+
+    build = factory(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            model = build(*sizes.values()) if positional else build(**sizes)
+        except Exception as err:  # the user's code: kitlib names the parameter, the call and the fix
+            call = ", ".join(f"{k}={v}" for k, v in sizes.items())
+            raise SetupError(
+                f"model_factory = {spec!r}: calling it with ({call}) raised {type(err).__name__}: {err}. Fix the "
+                "function (it must return an nn.Module for those sizes), then re-run 02"
+            ) from err
+    if not isinstance(model, torch.nn.Module):
+        raise SetupError(
+            f"model_factory = {spec!r} returned a {type(model).__name__}, not a torch.nn.Module. Fix: return the "
+            "model itself (an nn.Module subclass instance), then re-run 02"
+        )
+    return fp32_master_weights(model, f"model_factory {spec}")  # it may load a half-precision checkpoint
 
 
 def _check_output(model: nn.Module, loader: Any, spec: str) -> None:

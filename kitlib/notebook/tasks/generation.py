@@ -1,14 +1,24 @@
-"""What every text-generating task shares (seq2seq, causal-lm): the full evaluation that generates and scores, 03's
-generation over the test rows, the vote of several runs, the generated text as the submission.
+"""What every text-generating task shares (seq2seq, causal-lm, custom-seq2seq): the limits read from the training
+targets, the full evaluation that generates and scores, 03's generation over the test rows with its tally of blank,
+looped and cut outputs, the vote of several runs, the generated text as the submission.
 
-A generating task says only how one batch is generated (``generate_batch``) and how a row of labels reads as the
-reference text (``reference``); the rest is here.
+A generating task says only how one batch is generated (``generate_batch``: each row's new token ids); the rest is
+here. Generation never writes a blank cell or loops unseen:
+
+- length: at least the shortest training target's tokens (</s> is refused before that: HF's ``min_new_tokens``),
+  at most the longest's (a text still going then is cut);
+- repetition: no run of ``no_repeat_ngram_size`` tokens repeats in a generated text, the shortest run that 99% of
+  the training targets never repeat (SQL repeats "T1 ." legitimately, prose rarely repeats 3 words);
+- an output that still decodes to nothing is replaced by the most common training target, and 03 counts it, with
+  the looped (a repeated run all the same: a decode that ignores the limits) and the cut ones, and warns.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Mapping
+import dataclasses
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,18 +33,162 @@ if TYPE_CHECKING:
     from kitlib.notebook.tasks.base import FullEval, Params
     from kitlib.tasks.metrics import Metric
 
+IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
+LOOP_QUANTILE = 99  # the no-repeat run: the shortest that this percent of training targets never repeat
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """How long and how repetitive a generated text may be, read from the training targets (the same in 02's full
+    eval and 03), and the text that stands in for an empty output."""
+
+    min_new_tokens: int  # the shortest training target's tokens, </s> aside: </s> is refused before that
+    max_new_tokens: int  # the longest target's tokens, </s> included: a text still going then is cut
+    no_repeat_ngram_size: int  # no run of this many generated tokens repeats (99% of training targets never do)
+    fallback: str  # written for an output that decodes to nothing: the most common training target
+
+
+@dataclasses.dataclass
+class Tally:
+    """What 03 reports of a run's outputs."""
+
+    rows: int = 0
+    blank: int = 0  # decoded to nothing: replaced by Limits.fallback
+    looped: int = 0  # repeat a run of no_repeat_ngram_size tokens
+    cut: int = 0  # never produced </s>: stopped at max_new_tokens
+
+
+def target_limits(label_rows: np.ndarray, tokenizer: Any) -> Limits:
+    """The limits for targets saved as label rows (target tokens and </s>, IGNORE elsewhere), decoded with
+    ``tokenizer``. Cost: one pass over the targets' tokens per run length tried (a few ms for 10k short targets)."""
+    eos = tokenizer.eos_token_id
+    rows = [[int(t) for t in row if t != IGNORE] for row in np.asarray(label_rows)]
+    bodies = [row[:-1] if row and row[-1] == eos else row for row in rows]
+    needed = [longest_repeat(body) + 1 for body in bodies]  # the shortest run length each target never repeats
+    common, _ = collections.Counter(tuple(b) for b in bodies).most_common(1)[0]  # ties: the first seen
+    return Limits(
+        min_new_tokens=max(1, min(len(b) for b in bodies)),
+        max_new_tokens=max(1, max(len(r) for r in rows)),
+        no_repeat_ngram_size=max(2, int(np.percentile(needed, LOOP_QUANTILE, method="higher"))),
+        fallback=str(tokenizer.decode(list(common), skip_special_tokens=True)).strip(),
+    )
+
+
+def repeats(ids: Sequence[int], n: int) -> bool:
+    """Whether some run of ``n`` tokens occurs twice in ``ids`` (overlapping allowed)."""
+    seen: set[tuple[int, ...]] = set()
+    for i in range(len(ids) - n + 1):
+        run = tuple(ids[i : i + n])
+        if run in seen:
+            return True
+        seen.add(run)
+    return False
+
+
+def longest_repeat(ids: Sequence[int]) -> int:
+    """The length of the longest run of tokens that occurs twice in ``ids`` (0: every token differs)."""
+    n = 0
+    while repeats(ids, n + 1):  # a repeated run of n + 1 holds a repeated run of n: the first miss is the answer
+        n += 1
+    return n
+
+
+class NoRepeatNGram:
+    """A logits processor (transformers' protocol) refusing any token that would complete a run of ``n`` tokens the
+    text already holds, counting only the tokens from position ``start`` on: a causal LM's prompt is not its output
+    (transformers' own no_repeat_ngram_size reads the prompt too, and would forbid copying a span of it). Cost: one
+    device-to-host copy of the ids and O(length) Python per row per step, as transformers' own."""
+
+    def __init__(self, n: int, start: int) -> None:
+        self.n, self.start = n, start
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        n = self.n
+        for row, ids in enumerate(input_ids[:, self.start :].tolist()):
+            prefix = ids[len(ids) - n + 1 :] if n > 1 else []
+            banned = {ids[i + n - 1] for i in range(len(ids) - n + 1) if ids[i : i + n - 1] == prefix}
+            if banned:
+                scores[row, sorted(banned)] = -float("inf")
+        return scores
+
+
+def hf_limits(limits: Limits, start: int) -> dict[str, Any]:
+    """``generate`` keyword arguments of a transformers model for ``limits``; its new tokens start at ``start``."""
+    from transformers import LogitsProcessorList
+
+    return {
+        "min_new_tokens": limits.min_new_tokens,
+        "max_new_tokens": limits.max_new_tokens,
+        "logits_processor": LogitsProcessorList([NoRepeatNGram(limits.no_repeat_ngram_size, start)]),
+    }
+
+
+def limits_of(model: nn.Module) -> Limits:
+    return getattr(getattr(model, "module", model), "kitlib_limits")  # noqa: B009
+
+
+def tokenizer_of(model: nn.Module) -> Any:
+    return getattr(getattr(model, "module", model), "kitlib_tokenizer")  # noqa: B009
+
+
+def read_outputs(rows: Any, tokenizer: Any, limits: Limits, tally: Tally | None = None) -> list[str]:
+    """Each row of new token ids as text (up to its first </s>; special tokens dropped, stripped), a blank one as
+    ``limits.fallback``; ``tally`` counts the blank, looped and cut rows."""
+    tally = tally if tally is not None else Tally()
+    eos = tokenizer.eos_token_id
+    texts = []
+    for row in rows.tolist() if hasattr(rows, "tolist") else rows:
+        ids = [int(t) for t in row]
+        ended = eos in ids
+        body = ids[: ids.index(eos)] if ended else ids
+        text = str(tokenizer.decode(body, skip_special_tokens=True)).strip()
+        tally.rows += 1
+        tally.cut += not ended
+        tally.looped += repeats(body, limits.no_repeat_ngram_size)
+        if not text:
+            tally.blank += 1
+            text = limits.fallback
+        texts.append(text)
+    return texts
+
+
+def report(tally: Tally, limits: Limits, decoding: str) -> str:
+    """03's line about a run's outputs."""
+    return (
+        f"generated {tally.rows} texts ({decoding}): {tally.blank} blank (written as the most common training "
+        f"target, {limits.fallback!r}), {tally.looped} looped (a run of {limits.no_repeat_ngram_size} tokens "
+        f"repeated, which {LOOP_QUANTILE}% of the training targets never do), {tally.cut} cut at "
+        f"{limits.max_new_tokens} tokens (the longest training target)"
+    )
+
 
 class TextGenerationTask(Task):
     regimes = ("finetune",)  # every weight trains: the head regime's frozen embeddings cannot generate
     num_beams = 4  # 03's beam search; the full eval decodes greedily (1 beam: ~4x cheaper, ranks epochs the same)
 
-    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> list[str]:
-        """The texts ``model`` generates for one batch (on the model's device)."""
+    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
+        """The new token ids ``model`` generates for each row of one batch (on the model's device), within
+        ``limits_of(model)``: a [rows, tokens] tensor or a list of id lists; what follows a row's </s> is ignored."""
         raise NotImplementedError
+
+    def beams(self, model: nn.Module) -> int:
+        """The beams 03 decodes with (what the model's decoding accepts)."""
+        return self.num_beams
+
+    def decoding(self, model: nn.Module) -> str:
+        """How 03 decodes, in words, for its progress bar and report."""
+        beams = self.beams(model)
+        return "greedy" if beams == 1 else f"{beams} beams"
 
     def reference(self, model: nn.Module, labels: torch.Tensor) -> str:
         """One row of labels as the reference text the metric compares with."""
-        raise NotImplementedError
+        ids = [int(t) for t in labels if int(t) != IGNORE]
+        return str(tokenizer_of(model).decode(ids, skip_special_tokens=True)).strip()
+
+    def texts(self, model: nn.Module, batch: Mapping[str, torch.Tensor], num_beams: int, tally: Tally) -> list[str]:
+        """One batch's generated texts, blank ones replaced (``read_outputs``)."""
+        rows = self.generate_batch(model, batch, num_beams=num_beams)
+        return read_outputs(rows, tokenizer_of(model), limits_of(model), tally)
 
     def loss_fn(self, spec: TaskSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
         """The LM head and cross-entropy in chunks over the target tokens: no batch x length x vocab logits."""
@@ -49,14 +203,15 @@ class TextGenerationTask(Task):
 
     def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
         """Generation and the metric, placed where they cost training least (``generated_eval``); fit makes its own
-        loss pass beside a full eval that returns a callable, so this one does not."""
+        loss pass beside a full eval that returns a callable, so this one does not. Blank outputs are scored as 03
+        writes them (the most common training target)."""
 
         def evaluate(model: nn.Module) -> Any:
             batches = list(loader)  # once: generation may run later, in another thread
 
             def generate(on: nn.Module) -> tuple[list[str], list[str]]:
                 references = [self.reference(on, row) for b in batches for row in b["labels"]]
-                return references, [text for b in batches for text in self.generate_batch(on, b, num_beams=1)]
+                return references, [text for b in batches for text in self.texts(on, b, 1, Tally())]
 
             def score(references: list[str], generated: list[str]) -> dict[str, float]:
                 y_true, y_pred = np.array(references, dtype=object), np.array(generated, dtype=object)
@@ -77,16 +232,26 @@ class TextGenerationTask(Task):
         interactive: bool = False,
         desc: str = "predict",
     ) -> np.ndarray:
-        """The generated text of every test row, in the dataset's row order (the loader is length-sorted)."""
+        """The generated text of every test row, in the dataset's row order (the loader is length-sorted); prints how
+        many were blank, looped or cut, and warns when any were."""
         from kitlib.data.loaders import restore_order
 
-        beams = "greedy" if self.num_beams == 1 else f"{self.num_beams} beams"
+        tally, beams, decoding = Tally(), self.beams(model), self.decoding(model)
 
         def batch_texts(batch: Mapping[str, torch.Tensor]) -> list[str]:
-            return self.generate_batch(model, batch, num_beams=self.num_beams)
+            return self.texts(model, batch, beams, tally)
 
-        run = {"precision": precision, "device": device, "interactive": interactive, "desc": f"{desc}, {beams}"}
+        run = {"precision": precision, "device": device, "interactive": interactive, "desc": f"{desc}, {decoding}"}
         batches = each_batch(model, loader, batch_texts, **run)
+        line = report(tally, limits_of(model), decoding)
+        print(line)
+        if tally.blank or tally.looped or tally.cut:
+            warnings.warn(
+                f"kitlib: {line}. Such outputs score poorly: train longer (epochs), check that 02's validation loss "
+                "fell, or use a larger model",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         texts = [text for batch in batches for text in batch]
         return np.asarray(restore_order(loader, np.array(texts, dtype=object)), dtype=object)
 

@@ -6,7 +6,9 @@
   a config with a byte-level BPE tokenizer trained on the training rows (kitlib.models.seq2seq: MiniLM's uncased
   WordPiece would change the SQL it generates). Announced in 01's output.
 - Targets: tokenized with </s>, padded with -100 (ignored by the loss) to the longest (at most MAX_TARGET_TOKENS);
-  the loss is the model's cross-entropy on target tokens; generation stops at that length.
+  the loss is the model's cross-entropy on target tokens. Generation keeps within the targets' lengths and repeats no
+  run of tokens the targets never repeat; a blank output is written as the most common target
+  (kitlib.notebook.tasks.generation).
 - Full evaluation (kitlib.notebook.tasks.generation): greedy generation for every validation row, and the metric
   (``record_f1`` executes each generated query) as a callable fit scores in the background while the next epoch
   trains, judged in epoch order. Generation runs before the callable, on the training device (a GPU finishes it in
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.notebook.tasks.base import Params, SideInputs
-from kitlib.notebook.tasks.generation import TextGenerationTask, model_folder
+from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -129,14 +131,19 @@ class Seq2SeqTask(TextGenerationTask):
     ) -> Prepared:
         from kitlib.notebook.regimes import FINETUNE, Prepared
 
-        width = int(feats.labels.shape[1])
-        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), _build_model(feats.side, seed, max_new_tokens=width))
+        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), _build_model(feats.side, seed, feats.labels))
 
-    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> list[str]:
-        return _generate(model, _tokenizer(model), batch, num_beams=num_beams)
-
-    def reference(self, model: nn.Module, labels: torch.Tensor) -> str:
-        return _decode(_tokenizer(model), labels)
+    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
+        """Each row's new tokens: the decoder's output after its start token."""
+        model = getattr(model, "module", model)
+        device = next(model.parameters()).device
+        out = model.generate(  # type: ignore[operator]
+            input_ids=batch["input_ids"].to(device),
+            attention_mask=batch["attention_mask"].to(device),
+            num_beams=num_beams,
+            **hf_limits(limits_of(model), start=1),
+        )
+        return out[:, 1:]
 
 
 def _check_sql(column: pd.Series, p: Params) -> None:
@@ -156,9 +163,9 @@ def _check_sql(column: pd.Series, p: Params) -> None:
             check_references(gold[p.target], database, source=f"{solution.name} column {p.target!r}")
 
 
-def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Module:
+def _build_model(side: SideInputs, seed: int, labels: np.ndarray) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's, or the tiny T5 for the saved tokenizer;
-    it carries its tokenizer (``kitlib_tokenizer``) for decoding."""
+    it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its training targets set."""
     from kitlib.models.seq2seq import tiny_seq2seq, tokenizer_from_json
 
     if "model_folder" in side.state:
@@ -173,27 +180,5 @@ def _build_model(side: SideInputs, seed: int, *, max_new_tokens: int) -> nn.Modu
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_max_new_tokens = max_new_tokens
+    model.kitlib_limits = target_limits(labels, tokenizer)
     return model
-
-
-def _tokenizer(model: nn.Module) -> Any:
-    return getattr(getattr(model, "module", model), "kitlib_tokenizer")  # noqa: B009
-
-
-def _generate(model: nn.Module, tokenizer: Any, batch: Mapping[str, Any], *, num_beams: int) -> list[str]:
-    """Generated texts for a batch on the model's device, at most the targets' width (01's coverage) long."""
-    model = getattr(model, "module", model)
-    device = next(model.parameters()).device
-    out = model.generate(  # type: ignore[operator]
-        input_ids=batch["input_ids"].to(device),
-        attention_mask=batch["attention_mask"].to(device),
-        max_new_tokens=int(getattr(model, "kitlib_max_new_tokens", MAX_TARGET_TOKENS)),
-        num_beams=num_beams,
-    )
-    return [text.strip() for text in tokenizer.batch_decode(out, skip_special_tokens=True)]
-
-
-def _decode(tokenizer: Any, labels: torch.Tensor) -> str:
-    ids = [int(t) for t in labels if int(t) != IGNORE]
-    return str(tokenizer.decode(ids, skip_special_tokens=True)).strip()

