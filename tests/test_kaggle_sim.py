@@ -89,9 +89,11 @@ def _cli_build(kaggle: dict[str, Path], out: str, preset: str, *extra: str) -> l
     return sorted(p for p in folder.iterdir() if p.is_dir())
 
 
-# The preset grid: every row in scripts/test.sh's run; scripts/test_hosted_pins.sh runs smoke's only (one chain, one
-# single kernel), as the other rows test kitlib's presets again, not the hosted pins (each row costs minutes of CI).
-PRESETS = ["smoke", *(pytest.param(name, marks=pytest.mark.preset_grid) for name in ("fast", "balanced"))]
+# The grids of presets (and the demos' tasks): every row in scripts/test.sh's run; scripts/test_hosted_pins.sh runs
+# the first only (-m "not kaggle_grid"), as the other rows test kitlib's presets and tasks again, not the hosted pins,
+# and each costs 10-60 CPU seconds (a chain row: four kernels, each installing kitlib and importing torch).
+GRID = pytest.mark.kaggle_grid
+PRESETS = ["smoke", *(pytest.param(name, marks=GRID) for name in ("fast", "balanced"))]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -163,7 +165,7 @@ def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, P
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["auto", "tabular-text"])
+@pytest.mark.parametrize("task", ["auto", pytest.param("tabular-text", marks=GRID)])
 def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
     task: str, kaggle: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
