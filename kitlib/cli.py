@@ -309,12 +309,14 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         return 2
     import os
 
-    from kitlib.notebook.params import ENV, check_parameters, check_work_dir
+    from kitlib.notebook.params import ENV, check_parameters, check_work_dir, env_value
 
     values, _ = _parameters(args)
     given = {k: str(values[k]) for k in ENV if k in values}
     clash = [
-        f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}" for k, v in given.items() if os.environ.get(ENV[k], v) != v
+        f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}"
+        for k, v in given.items()
+        if os.environ.get(ENV[k]) and str(env_value(k, os.environ[ENV[k]])) != v
     ]
     if clash:  # 00 would take the variable: the flag or file would be silently overridden
         raise SetupError(f"{'; '.join(clash)}: the kernel inherits the variable, which wins in 00. Fix: unset it")

@@ -81,11 +81,13 @@ def run_kernel(
     scratch: Path,
     layout: Layout = "current",
     timeout_s: int = 900,
+    env: Mapping[str, str] | None = None,
 ) -> KernelRun:
     """Run the kernel in ``folder`` (kernel-metadata.json + notebook) as Kaggle would run a pushed version.
 
     ``sources`` maps competition slugs and dataset ids to host folders; kernel sources are the earlier kernels'
-    outputs, ``outputs/<slug>``. The kernel's own output goes to ``outputs/<its slug>``.
+    outputs, ``outputs/<slug>``. The kernel's own output goes to ``outputs/<its slug>``. ``env``: more variables
+    for the kernel (e.g. KIT_REHEARSE=1), as a user's own runner would set them.
     """
     meta = json.loads((folder / "kernel-metadata.json").read_text())
     slug = meta["id"].split("/")[1]
@@ -128,6 +130,7 @@ def run_kernel(
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
+        **(env or {}),
     }
     run = (
         "cd /kaggle/working && python -m nbconvert --to notebook --execute "

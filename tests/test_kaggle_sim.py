@@ -1,9 +1,11 @@
 """Pushed kernels, run as Kaggle runs them (tests/kaggle_sim.py): read-only /kaggle/input mounts, a Batch run, no
 network, kitlib not installed until the kernel installs it from the attached wheels dataset. Both ways a user
-builds them with `python -m kitlib kaggle build`: the four-kernel chain, and one kernel running every stage."""
+builds them with `python -m kitlib kaggle build`: the four-kernel chain planned for Kaggle's T4 x2 (rehearsed on the
+CPU: KIT_REHEARSE=1), and one kernel running every stage."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -62,44 +64,6 @@ def _build(kaggle: dict[str, Path], out: str, **options: Any) -> list[Path]:
     )  # fmt: skip
 
 
-def test_the_pushed_four_kernel_chain_runs_to_a_submission(kaggle: dict[str, Path]) -> None:
-    # Real Kaggle: 00/01 plan for 02's T4 x2 (hardware="2xT4", set by build). Here no kernel has a GPU, so the
-    # chain plans for the machine it runs on, as a user with --gpu none (or hardware="") would.
-    folders = _build(kaggle, "chain", parameters={"preset": "smoke", "model": "tiny", "hardware": ""})
-    outputs = kaggle["root"] / "outputs"
-    sources = {"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]}
-    for folder in folders:
-        run = kaggle_sim.run_kernel(
-            folder, sources=sources, outputs=outputs, image=kaggle["image"], scratch=kaggle["root"] / "scratch"
-        )
-        assert run.returncode == 0, f"{folder.name} failed:\n{run.log[-3000:]}"
-        assert kaggle_sim.imports_kitlib(run.venv)  # the kernel installed it from the wheels dataset
-        executed = json.loads(run.executed.read_text())
-        install = next(c for c in executed["cells"] if "install" in c["metadata"].get("tags", []))
-        assert install["outputs"] == [] and install["execution_count"]  # ran (kitlib was absent), quietly
-    working = {f.name: outputs / f"kit-movie-reviews-{f.name.replace('_', '-')}" for f in folders}
-    assert sorted(p.name for p in working["00_setup"].iterdir()) == ["params.json", "run.json"]
-    assert (working["01_features"] / "features.json").is_file() and (working["01_features"] / "kitlib-cache").is_dir()
-    assert (working["02_train"] / "run" / "best" / "model.safetensors").is_file()
-    _check_submission(working["03_infer"], kaggle["data"])
-    # the GPU is asked for where it is used, and only there
-    assert [json.loads((f / kg.METADATA_FILE).read_text())["enable_gpu"] for f in folders] == [0, 0, 1, 1]
-
-
-def test_the_single_kernel_runs_every_stage_in_one_session(kaggle: dict[str, Path]) -> None:
-    (folder,) = _build(kaggle, "single", single=True)
-    run = kaggle_sim.run_kernel(
-        folder,
-        sources={"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]},
-        outputs=kaggle["root"] / "outputs-single",
-        image=kaggle["image"],
-        scratch=kaggle["root"] / "scratch-single",
-        layout="old",  # an older image: /kaggle/input/<slug>; the generated paths are the current layout's
-    )
-    assert run.returncode == 0, run.log[-3000:]
-    _check_submission(run.working, kaggle["data"])
-
-
 def test_a_kernel_without_the_wheels_dataset_says_what_to_attach(kaggle: dict[str, Path]) -> None:
     (folder,) = _build(kaggle, "no-wheels", single=True)
     run = kaggle_sim.run_kernel(
@@ -125,34 +89,67 @@ def _cli_build(kaggle: dict[str, Path], out: str, preset: str, *extra: str) -> l
     return sorted(p for p in folder.iterdir() if p.is_dir())
 
 
-@pytest.mark.parametrize("preset", ["smoke", "fast", "balanced"])
-def test_the_chain_planned_for_2xt4_runs_00_and_01_on_cpu_and_02_asks_for_its_gpus(
-    kaggle: dict[str, Path], preset: str
-) -> None:
-    # As built: 00 (and 01 but for fast) on CPU kernels plan for 02's T4 x2. This simulation has no GPU, so the
-    # CPU stands in for 01's under fast; 02 cannot train a plan for two GPUs on none and must say so.
+# The grids of presets (and the demos' tasks): every row in scripts/test.sh's run; scripts/test_hosted_pins.sh runs
+# the first only (-m "not kaggle_grid"), as the other rows test kitlib's presets and tasks again, not the hosted pins,
+# and each costs 10-60 CPU seconds (a chain row: four kernels, each installing kitlib and importing torch).
+GRID = pytest.mark.kaggle_grid
+PRESETS = ["smoke", *(pytest.param(name, marks=GRID) for name in ("fast", "balanced"))]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_chain_planned_for_2xt4_runs_to_a_submission_rehearsed_on_cpu(kaggle: dict[str, Path], preset: str) -> None:
+    # As built: 00 (and 01 but for fast) on CPU kernels plan for 02's T4 x2. This simulation has no GPU, so every
+    # kernel gets KIT_REHEARSE=1, as a user rehearsing the chain before spending GPU quota: 02 trains the plan in two
+    # gloo processes on the CPU (one for fast, which trains a head), 03 predicts there, in the CPU's precision.
+    from kitlib.machine.hardware import detect
+    from kitlib.machine.precision import decide_stage_precision
+
     folders = _cli_build(kaggle, f"chain-{preset}", preset)
     metas = [json.loads((f / kg.METADATA_FILE).read_text()) for f in folders]
-    assert [m["enable_gpu"] for m in metas] == [False, preset == "fast", True, True]
+    assert [m["enable_gpu"] for m in metas] == [False, preset == "fast", True, True]  # the GPU where it is used
     outputs, scratch = kaggle["root"] / f"outputs-{preset}", kaggle["root"] / f"scratch-{preset}"
     sources = {"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]}
     runs = {}
-    for folder in folders[:3]:
-        runs[folder.name] = kaggle_sim.run_kernel(
-            folder, sources=sources, outputs=outputs, image=kaggle["image"], scratch=scratch
-        )
-    for name in ("00_setup", "01_features"):
-        assert runs[name].returncode == 0, f"{name} failed:\n{runs[name].log[-3000:]}"
-    planned = json.loads((runs["00_setup"].working / "run.json").read_text())
+    for folder in folders:
+        runs[folder.name] = run = kaggle_sim.run_kernel(
+            folder, sources=sources, outputs=outputs, image=kaggle["image"], scratch=scratch,
+            env={"KIT_REHEARSE": "1"},
+        )  # fmt: skip
+        assert run.returncode == 0, f"{folder.name} failed:\n{run.log[-3000:]}"
+        assert kaggle_sim.imports_kitlib(run.venv)  # the kernel installed it from the wheels dataset
+        executed = json.loads(run.executed.read_text())
+        install = next(c for c in executed["cells"] if "install" in c["metadata"].get("tags", []))
+        assert install["outputs"] == [] and install["execution_count"]  # ran (kitlib was absent), quietly
+    working = {name: run.working for name, run in runs.items()}
+    assert sorted(p.name for p in working["00_setup"].iterdir()) == ["params.json", "run.json"]
+    planned = json.loads((working["00_setup"] / "run.json").read_text())
     assert planned["config"]["precision"] == "fp16" and "Tesla T4" in planned["hardware"]
-    assert (runs["01_features"].working / "features.json").is_file()
-    assert runs["02_train"].returncode != 0
-    assert "this machine has 0 GPU(s)" in runs["02_train"].log and "kaggle build --gpu" in runs["02_train"].log
+    assert planned["world_size"] == (1 if preset == "fast" else 2)  # fast trains a head: no DDP
+    assert (working["01_features"] / "features.json").is_file() and (working["01_features"] / "kitlib-cache").is_dir()
+    assert (working["02_train"] / "run" / "best" / "model.safetensors").is_file()
+    # what really ran: the planned processes, on the CPU, in the precision the CPU runs (the run record says so)
+    ran = decide_stage_precision(dataclasses.replace(detect(), accelerators=()), planned["preset"]["precision"]).dtype
+    facts = json.loads((working["02_train"] / "run" / "timing.json").read_text())["run"]
+    assert (facts["world_size"], facts["device_type"], facts["precision"]) == (planned["world_size"], "cpu", ran)
+    for name, processes in (("02_train", planned["world_size"]), ("03_infer", 1)):
+        who = (
+            f"{processes} gloo processes on this machine's CPU stand" if processes > 1 else "this machine's CPU stands"
+        )
+        assert f"rehearsal: {who} in for 2xT4" in _printed(runs[name].executed)
+    _check_submission(working["03_infer"], kaggle["data"])
 
 
-@pytest.mark.parametrize("preset", ["smoke", "fast", "balanced"])
+def _printed(executed: Path) -> str:
+    """What an executed notebook's cells printed."""
+    cells = json.loads(executed.read_text())["cells"]
+    streams = [o["text"] for c in cells for o in c.get("outputs", []) if o.get("output_type") == "stream"]
+    return "".join("".join(text) if isinstance(text, list) else text for text in streams)  # nbformat: either
+
+
+@pytest.mark.parametrize("preset", PRESETS)
 def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, Path], preset: str) -> None:
     # One GPU session on Kaggle; here the CPU stands in for the T4 x2 (the kernel plans for the machine it is on).
+    # smoke's runs on an older image: /kaggle/input/<slug> (the generated paths are the current layout's).
     (folder,) = _cli_build(kaggle, f"single-{preset}", preset, "--single")
     assert json.loads((folder / kg.METADATA_FILE).read_text())["machine_shape"] == "NvidiaTeslaT4"
     run = kaggle_sim.run_kernel(
@@ -161,13 +158,14 @@ def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, P
         outputs=kaggle["root"] / f"outputs-single-{preset}",
         image=kaggle["image"],
         scratch=kaggle["root"] / f"scratch-single-{preset}",
+        layout="old" if preset == "smoke" else "current",
     )
     assert run.returncode == 0, run.log[-3000:]
     _check_submission(run.working, kaggle["data"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["auto", "tabular-text"])
+@pytest.mark.parametrize("task", ["auto", pytest.param("tabular-text", marks=GRID)])
 def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
     task: str, kaggle: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -152,11 +152,9 @@ def is_interactive(environ: Mapping[str, str], *, parent_argv: Sequence[str] | N
 
     ``parent_argv`` is the parent process's command line; None reads it from /proc (Linux), ``()`` skips that check.
     """
-    forced = environ.get("KIT_HEADLESS", "").strip().lower()
-    if forced in _TRUTHY:
-        return False
-    if forced in _FALSY:
-        return True
+    forced = switch(environ.get("KIT_HEADLESS", ""))
+    if forced is not None:
+        return not forced
     # "Batch" = Save & Run All and `kaggle kernels push` runs (executed by papermill); "Interactive" = editor session.
     if environ.get("KAGGLE_KERNEL_RUN_TYPE") == "Batch" or environ.get("KAGGLE_IS_COMPETITION_RERUN"):
         return False
@@ -164,6 +162,13 @@ def is_interactive(environ: Mapping[str, str], *, parent_argv: Sequence[str] | N
         return False
     argv = _parent_argv() if parent_argv is None else parent_argv
     return not is_headless_runner(argv)
+
+
+def switch(value: str) -> bool | None:
+    """An on/off environment variable's value: True for 1/true/yes/on, False for 0/false/no/off (any case, spaces
+    ignored), None for anything else (unset or empty included)."""
+    text = value.strip().lower()
+    return True if text in _TRUTHY else False if text in _FALSY else None
 
 
 def is_headless_runner(argv: Sequence[str]) -> bool:

@@ -32,10 +32,12 @@ ENV = {
     "metric": "KIT_METRIC",
     "data_dir": "KIT_DATA_DIR",
     "model": "KIT_MODEL",
+    "rehearse": "KIT_REHEARSE",
 }
 # Training settings beside the preset, as 00's parameters (None: the preset decides): set in the parameters cell, a
 # params file or on the command line, they are the picker's starting values and resolve()'s overrides.
 TRAINING = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every")
+SWITCHES = ("rehearse",)  # on/off parameters: their KIT_* variable reads 1/true/yes/on or 0/false/no/off
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
 _WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
@@ -74,6 +76,9 @@ class Params:
     lr: float | None = None
     max_length: int | None = None  # tokens per row
     full_eval_every: int | None = None  # epochs between full evaluations (the metric); 0: only at the end
+    # Rehearse the plan for ``hardware`` on this machine before spending GPU quota: where it has fewer GPUs, 02 trains
+    # in as many gloo processes on its CPU as the plan has GPUs, in the precision the CPU runs, and 03 predicts there.
+    rehearse: bool = False
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
 
     def __repr__(self) -> str:
@@ -90,7 +95,8 @@ class Params:
         lines += [f"  model_factory {self.model_factory}"] if self.model_factory else []
         training = self.training()
         lines += ["  training " + ", ".join(f"{k} {v}" for k, v in training.items())] if training else []
-        lines += [f"  planned for {self.hardware}"] if self.hardware else []
+        rehearsed = ", rehearsed on this machine's CPU (rehearse)" if self.rehearse else ""
+        lines += [f"  planned for {self.hardware}{rehearsed}"] if self.hardware else []
         lines += [f"  inputs {', '.join(map(str, self.inputs))}"] if self.inputs else []
         return "\n".join(lines)
 
@@ -120,8 +126,8 @@ class Params:
 
 
 def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
-    """Build Params from 00's parameters cell (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL and
-    KIT_TASK override them."""
+    """Build Params from 00's parameters cell (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL,
+    KIT_TASK, KIT_METRIC and KIT_REHEARSE override them."""
     from kitlib.notebook.runbook import absolute_parameters, absolute_path
 
     check_names(values, allowed={"inputs"})
@@ -217,7 +223,7 @@ def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[st
 
     shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
     found: dict[str, Any] = {
-        name: env[var] for name, var in ENV.items() if env.get(var) and name not in PATH_PARAMETERS
+        name: env_value(name, env[var]) for name, var in ENV.items() if env.get(var) and name not in PATH_PARAMETERS
     }
     for name, var in PATH_PARAMETERS.items():
         if env.get(var) and (with_work_dir or name != "work_dir"):
@@ -265,6 +271,21 @@ def check_names(values: Mapping[str, Any], *, allowed: set[str] | frozenset[str]
         raise SetupError(f"unknown parameter(s) {unknown}: 00_setup's parameters are {sorted(known)}")
 
 
+def env_value(name: str, text: str) -> Any:
+    """The parameter ``name``'s value as its KIT_* variable ``text`` gives it: a switch's True/False, else the text."""
+    from kitlib.errors import SetupError
+    from kitlib.machine.hardware import switch
+
+    if name not in SWITCHES:
+        return text
+    value = switch(text)
+    if value is None:
+        raise SetupError(
+            f"{ENV[name]}={text!r} is neither on nor off: set it to 1 (or true, yes, on) or 0 (false, no, off)"
+        )
+    return value
+
+
 def _columns(given: str | Sequence[str]) -> tuple[str, ...]:
     """A list of column names, or "a, b" (a KIT_* variable or a CLI value)."""
     return tuple(c.strip() for c in given.split(",") if c.strip()) if isinstance(given, str) else tuple(given)
@@ -293,7 +314,7 @@ def _check_values(p: Params, *, task: bool) -> None:
         workload.check(p)  # columns it needs, a model_factory it imports
     _check_training(p)
     for f in dataclasses.fields(p):
-        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware", "model_factory", *TRAINING):
+        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware", "model_factory", *TRAINING, *SWITCHES):
             continue
         if f.name in ("numeric", "categorical"):
             bad = [c for c in getattr(p, f.name) if not isinstance(c, str) or not c]
@@ -316,6 +337,14 @@ def _check_values(p: Params, *, task: bool) -> None:
         except ValueError as err:
             fix = "or '' (this machine), in the parameters cell"
             raise SetupError(f"hardware = {p.hardware!r}: {err}; {fix}") from None
+    for name in SWITCHES:
+        if not isinstance(getattr(p, name), bool):
+            raise SetupError(f"{name} = {getattr(p, name)!r} is not True or False: fix it in the parameters cell")
+    if p.rehearse and not p.hardware:
+        raise SetupError(
+            "rehearse = True rehearses the plan for another accelerator on this machine, but hardware = '' plans for "
+            "this one: nothing to rehearse. Fix: set hardware (e.g. '2xT4'), or rehearse = False (unset KIT_REHEARSE)"
+        )
 
 
 def _check_training(p: Params) -> None:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TaskSpec
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
+    from kitlib.machine.precision import PrecisionPlan
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import SideInputs
     from kitlib.tasks.baseline import Baseline
@@ -206,23 +207,50 @@ def planning_hw(p: Params, hw: HardwareInfo) -> HardwareInfo:
     return fake_profile(p.hardware, platform=hw.platform, interactive=hw.interactive) if p.hardware else hw
 
 
-def _check_planned_hardware(p: Params, feats: Features, hw: HardwareInfo | None) -> None:
+@dataclass(frozen=True)
+class StandIn:
+    """This machine's CPU standing in for the accelerator run.json was planned for (``rehearse``): 02 trains the plan
+    in as many gloo processes as it has GPUs, and 02 and 03 compute in ``precision``, what the CPU runs."""
+
+    hw: HardwareInfo  # this machine without its accelerators: every process on the CPU, gloo between them
+    precision: PrecisionPlan
+
+    def line(self, hardware: str, run: ResolvedRun, processes: int) -> str:
+        """The one line a rehearsing stage prints: what stands in for what."""
+        cpu = "this machine's CPU"
+        who = f"{processes} gloo processes on {cpu} stand" if processes > 1 else f"{cpu} stands"
+        return (
+            f"rehearsal: {who} in for {hardware} ({run.hardware}), {self.precision.dtype} for {run.config.precision} "
+            f"({self.precision.reason})"
+        )
+
+
+def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, processes: int) -> StandIn | None:
     """02 and 03 on the accelerator run.json was planned for: a chain kernel without it would train (or predict)
-    with settings made for another machine. Without ``hw``, counts GPUs the way that does not initialise CUDA (a
-    DDP launch must follow in a process that has not touched it)."""
+    with settings made for another machine, unless the user rehearses the plan here (``rehearse``: a StandIn, and
+    one printed line; None when this is the planned machine). Without ``hw``, counts GPUs the way that does not
+    initialise CUDA (a DDP launch must follow in a process that has not touched it)."""
     from kitlib.errors import SetupError
-    from kitlib.machine.hardware import cuda_devices, fake_profile
+    from kitlib.machine.hardware import cuda_devices, detect, fake_profile
+    from kitlib.machine.precision import decide_stage_precision
 
     if not p.hardware:
-        return
+        return None
     planned = fake_profile(p.hardware)
     gpus = hw.num_gpus if hw is not None else len(cuda_devices())
-    if planned.num_gpus != gpus:
-        raise SetupError(
-            f"run.json was planned for {feats.run.hardware} (hardware = {p.hardware!r} in 00's parameters), but this "
-            f"machine has {gpus} GPU(s). Fix: give this kernel that accelerator (kaggle build --gpu), or set "
-            "hardware = '' in 00 and re-run 00 and 01 on this machine"
-        )
+    if planned.num_gpus == gpus:
+        return None
+    if p.rehearse and gpus < planned.num_gpus:
+        cpu = dataclasses.replace(hw or detect(), accelerators=())
+        stand_in = StandIn(cpu, decide_stage_precision(cpu, feats.run.preset.precision))
+        print(stand_in.line(p.hardware, feats.run, processes))
+        return stand_in
+    rehearse = "" if p.rehearse else "; or rehearse it on this machine's CPU first: rehearse = True (KIT_REHEARSE=1)"
+    raise SetupError(
+        f"run.json was planned for {feats.run.hardware} (hardware = {p.hardware!r} in 00's parameters), but this "
+        f"machine has {gpus} GPU(s). Fix: give this kernel that accelerator (kaggle build --gpu), or set "
+        f"hardware = '' in 00 and re-run 00 and 01 on this machine{rehearse}"
+    )
 
 
 def _check_model(p: Params) -> None:
@@ -455,25 +483,31 @@ def train(
     features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
     """
     feats = feats or load_features(p)
-    _check_planned_hardware(p, feats, hw)
-    resume = _stage(p, _train_config(p, feats))  # here, once, before any DDP worker exists
+    stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
+    hw = stand_in.hw if stand_in is not None else hw
+    cfg = _train_config(p, feats, stand_in)
+    resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.machine.distributed import launch
         from kitlib.machine.hardware import detect
 
-        result, weights = launch(_train_worker, p, callbacks, resume, nprocs=feats.run.world_size)
+        cpu = stand_in.hw if stand_in is not None else None
+        result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
         model = prepare(p, feats, hw or detect()).model  # on the CPU: this process still has not touched CUDA
         model.load_state_dict(weights)
         return dataclasses.replace(result, model=model)
-    return _train(p, feats, hw=hw, callbacks=callbacks, resume=resume)
+    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume)
 
 
-def _train_worker(p: Params, callbacks: tuple[object, ...], resume: bool) -> tuple[FitResult, dict[str, Any]]:
+def _train_worker(
+    p: Params, cfg: TrainConfig, hw: HardwareInfo | None, callbacks: tuple[object, ...], resume: bool
+) -> tuple[FitResult, dict[str, Any]]:
     """Rank 0's result and trained weights (on the CPU): the parent rebuilds the model and loads them. The model
-    itself may not cross: a custom task's class comes from a file that only the worker imported."""
+    itself may not cross: a custom task's class comes from a file that only the worker imported. ``hw``: a rehearsal's
+    CPU, else None (each worker detects its machine)."""
     import torch
 
-    result = _train(p, load_features(p), hw=None, callbacks=callbacks, resume=resume)
+    result = _train(p, load_features(p), cfg, hw=hw, callbacks=callbacks, resume=resume)
     weights = {name: t.cpu() for name, t in result.model.state_dict().items()}
     return dataclasses.replace(result, model=torch.nn.Module()), weights
 
@@ -496,8 +530,13 @@ def _run_metric(p: Params, feats: Features) -> Metric:
     return get_metric(feats.run.metric, feats.task.kind, data_dir=p.data_dir)
 
 
-def _train_config(p: Params, feats: Features) -> TrainConfig:
-    return _monitor_task_metric(dataclasses.replace(feats.run.config, seed=p.seed), _run_metric(p, feats))
+def _train_config(p: Params, feats: Features, stand_in: StandIn | None = None) -> TrainConfig:
+    """The config 02 trains: run.json's, seeded, following the task's metric; a rehearsal's in the CPU's precision
+    (what ran is then what run/config.json and timing.json record)."""
+    cfg = dataclasses.replace(feats.run.config, seed=p.seed)
+    if stand_in is not None:
+        cfg = dataclasses.replace(cfg, precision=stand_in.precision.dtype, tf32=stand_in.precision.tf32)
+    return _monitor_task_metric(cfg, _run_metric(p, feats))
 
 
 def _staging(p: Params) -> Path:
@@ -532,7 +571,13 @@ def _stage(p: Params, cfg: TrainConfig) -> bool:
 
 
 def _train(
-    p: Params, feats: Features, *, hw: HardwareInfo | None, callbacks: tuple[object, ...], resume: bool
+    p: Params,
+    feats: Features,
+    cfg: TrainConfig,
+    *,
+    hw: HardwareInfo | None,
+    callbacks: tuple[object, ...],
+    resume: bool,
 ) -> FitResult:
     import torch
 
@@ -548,7 +593,7 @@ def _train(
     result = fit(
         prepared.model,
         prepared.train,
-        config=_train_config(p, feats),
+        config=cfg,
         loss_fn=get_task(p.task).loss_fn(feats.task),
         eval_loader=prepared.valid,
         full_eval=get_task(p.task).evaluate(feats.task, _run_metric(p, feats), prepared.valid, device),
@@ -598,8 +643,12 @@ def infer(
 
     hw = hw or detect()
     feats = feats or load_features(p)
-    _check_planned_hardware(p, feats, hw)
-    precision = Precision(decide_precision(hw, feats.run.config.precision))
+    stand_in = _machine_for_plan(p, feats, hw, processes=1)  # prediction runs in this process
+    if stand_in is not None:
+        hw, plan = stand_in.hw, stand_in.precision
+    else:
+        plan = decide_precision(hw, feats.run.config.precision)
+    precision = Precision(plan)
     device = torch.device(precision.plan.device_type)
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
