@@ -120,7 +120,8 @@ def _loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Calla
         folder = _save(T5ForConditionalGeneration(config), tmp_path / f"t5-{dtype}", dtype)
         tokenizer_folder = _bert_folder(tmp_path / "tok", dtype)
         AutoTokenizer.from_pretrained(tokenizer_folder).save_pretrained(folder)
-        model: nn.Module = seq2seq._build_model(SideInputs(state={"model_folder": str(folder)}), 0, max_new_tokens=4)
+        labels = np.array([[5, 6, 1], [7, 1, -100]])  # two targets' token ids (</s> = 1, -100 = padding)
+        model: nn.Module = seq2seq._build_model(SideInputs(state={"model_folder": str(folder)}), 0, labels)
         return model
 
     def causal_lm_folder(dtype: torch.dtype) -> nn.Module:
