@@ -206,3 +206,43 @@ def test_every_bar_names_its_rate_samples_per_s(cpu_hw, tmp_path, capsys) -> Non
     shown = capsys.readouterr().out
     assert "samples/s=" in shown and " samples/s]" in shown  # the training bar's postfix, the row bar's rate
     assert "it/s" not in shown
+
+
+def test_the_bar_ends_each_epoch_on_its_history_rows_throughput(cpu_hw, tmp_path: Path) -> None:
+    """With log_every_steps larger than one, the last log step comes before the epoch's tail; the bar's figure must
+    still end the epoch as the history row records it (one throughput figure, whatever the log cadence)."""
+    import time
+    from unittest import mock
+
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib import TrainConfig, fit
+
+    postfixes: list[dict[str, str]] = []
+
+    class Bar:  # a stand-in for tqdm that records what the bar showed
+        n = 0
+
+        def update(self, k: int = 1) -> None:
+            time.sleep(0.01)  # each step's tail: after the last log step, the two figures would differ
+
+        def set_postfix(self, postfix: dict[str, str], refresh: bool = True) -> None:
+            postfixes.append(dict(postfix))
+
+        def close(self) -> None: ...
+
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    cfg = TrainConfig(epochs=2, micro_batch_size=8, lr=1e-2, precision="fp32", log_every_steps=3)
+    with mock.patch("kitlib.engine.policies.progress_bar", return_value=Bar()), \
+            mock.patch("kitlib.engine.policies.close_as_done"):  # fmt: skip
+        result = fit(
+            nn.Linear(4, 1), loader, config=cfg, loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+            hw=cpu_hw, run_dir=tmp_path / "run",
+        )  # fmt: skip
+    shown = [float(p["samples/s"]) for p in postfixes]
+    rows = result.history["samples_per_s"].round(1).tolist()
+    assert len(rows) == 2 and all(any(abs(v - r) < 0.051 for v in shown) for r in rows), (shown, rows)
+    assert shown[-1] == pytest.approx(rows[-1], abs=0.051)  # the bar's last word is the last row's figure

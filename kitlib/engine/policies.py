@@ -94,8 +94,18 @@ class ProgressLog(Policy):
                 logs["tokens_per_s"] = tokens * world / seconds
                 postfix[THROUGHPUT["tokens_per_s"]] = f"{logs['tokens_per_s']:.0f}"
             self.bar.set_postfix(postfix, refresh=False)
+            self.postfix = postfix
             loop.events.on_log(logs)
             self.loss, self.items = loss, items  # the loss is the window's; the speed stays the epoch's so far
+
+    def on_epoch_end(self, record: Mapping[str, Any]) -> None:
+        # The history row is the epoch's throughput; the last log step came before the epoch's tail (up to
+        # log_every_steps - 1 steps and the last fetch), so the bar ends the epoch on the row's figure, not its own.
+        postfix = {**getattr(self, "postfix", {}), THROUGHPUT["samples_per_s"]: f"{record['samples_per_s']:.1f}"}
+        if "tokens_per_s" in record:
+            postfix[THROUGHPUT["tokens_per_s"]] = f"{record['tokens_per_s']:.0f}"
+        self.postfix = postfix
+        self.bar.set_postfix(postfix)
 
     def on_fit_end(self, loop: Loop) -> None:
         if not hasattr(self, "bar"):
