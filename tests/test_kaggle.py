@@ -239,13 +239,20 @@ def test_a_kaggle_package_that_cannot_check_is_named_never_imported_here(
     if init:
         (site / "kaggle").mkdir(parents=True)
         (site / "kaggle" / "__init__.py").write_text(init + "\n")
-    else:  # hide the installed kaggle: a finder that reports it missing, as in a Python without it
+    else:  # hide the installed kaggle, as in a Python without it: only the working folder's sys.path entry ("")
+        # may supply it, and the working folder has a kaggle/ folder (no __init__), as a kitlib project root has
         site.mkdir()
         (site / "sitecustomize.py").write_text(
-            "import sys\nclass Hide:\n    def find_spec(self, name, path=None, target=None):\n        if name == "
-            "'kaggle':\n            raise ModuleNotFoundError(\"No module named 'kaggle'\", name=name)\n"
+            "import sys, importlib.machinery\nclass Hide:\n    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'kaggle':\n"
+            "            spec = importlib.machinery.PathFinder.find_spec(name, [p for p in sys.path if p == ''])\n"
+            "            if spec is None:\n"
+            "                raise ModuleNotFoundError(\"No module named 'kaggle'\", name=name)\n"
+            "            return spec\n"
             "sys.meta_path.insert(0, Hide())\n"
         )
+        (tmp_path / "kaggle").mkdir()
+        monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(site))  # the child process finds this kaggle first
     answer = kg.kaggle_loader_check(tmp_path)
     assert answer["status"] == status, answer
@@ -313,6 +320,8 @@ def test_the_kaggle_extra_brings_every_module_the_cli_imports() -> None:
     import tomllib
 
     kaggle = pytest.importorskip("kaggle")
+    if getattr(kaggle, "__file__", None) is None:  # the project root's kaggle/ folder, a namespace: no package here
+        pytest.skip("no kaggle package in this Python")
     extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     extra = extra["optional-dependencies"]["kaggle"]
 
