@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -266,10 +268,11 @@ def test_a_kaggle_package_that_cannot_check_is_named_never_imported_here(
 def _kaggle_package() -> Any:
     """The installed kaggle package, or a skip: from the project root, its kaggle/ folder imports as a namespace
     package (no ``__file__``) in a Python without the package (scripts/test_hosted_pins.sh)."""
-    kaggle = pytest.importorskip("kaggle")
-    if getattr(kaggle, "__file__", None) is None:
+    try:  # the distribution first: importing a namespace would leave "kaggle" in sys.modules for later tests
+        importlib.metadata.distribution("kaggle")
+    except importlib.metadata.PackageNotFoundError:
         pytest.skip("no kaggle package in this Python (only the project's kaggle/ folder)")
-    return kaggle
+    return importlib.import_module("kaggle")
 
 
 def _without_six(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
