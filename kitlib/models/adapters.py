@@ -17,7 +17,6 @@ low-rank matrices beside every linear layer of the blocks train, and checkpoints
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -188,8 +187,7 @@ def _added_modules(model: nn.Module) -> tuple[str, ...]:
     return tuple(added)
 
 
-def describe_size(weights: Mapping[str, torch.Tensor], model: nn.Module) -> str:
-    """'1.2 MB (the adapter; the full model 480.0 MB)': a checkpoint's tensors against the whole model's."""
-    saved = sum(t.nbytes for t in weights.values())
+def describe_size(saved: int, model: nn.Module) -> str:
+    """'1.2 MB (the full model: 480.0 MB)': a checkpoint's bytes against the whole model's weights."""
     full = sum(t.nbytes for t in model.state_dict().values())
-    return f"{saved / 1e6:.1f} MB (the adapter; the full model {full / 1e6:.1f} MB)"
+    return f"{saved / 1e6:.2f} MB (the full model: {full / 1e6:.2f} MB)"

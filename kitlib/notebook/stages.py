@@ -612,6 +612,11 @@ def _train(
         callbacks=callbacks,
     )
     result = _judge_baseline(p, feats, result, staging)
+    best = staging / "best" / "model.safetensors"
+    if cfg.adapter != "none" and best.is_file():
+        from kitlib.models.adapters import describe_size
+
+        print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
     if result.stop_reason == "sigterm":  # not a finished run: run/ stays as it was; the next 02 continues this one
         print(f"stopped by SIGTERM: {staging}/last saved; run 02_train again to continue from there")
         return dataclasses.replace(result, run_dir=staging)
