@@ -44,7 +44,8 @@ def _rows(generating: bool, n: int = 32) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1, 64, (n, 10), generator=g)
     labels = ids if generating else torch.randint(0, 3, (n,), generator=g)
-    return [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": y} for i, y in zip(ids, labels)]
+    pairs = zip(ids, labels, strict=True)
+    return [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": y} for i, y in pairs]
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "t5", "bert"])

@@ -136,7 +136,7 @@ def add_adapter(
     for param in adapted.parameters():
         if param.requires_grad and param.dtype != torch.float32:
             param.data = param.data.float()  # a head copied from a bf16 base: trained weights are fp32 masters
-    keys = adapter_keys(adapted)
+    keys = adapter_keys(adapted) or ()
     trained = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
     total = sum(p.numel() for p in adapted.parameters())
     print(
