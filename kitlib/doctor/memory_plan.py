@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kitlib.models.adapters import LORA_RANK  # adapters on every linear layer of the blocks
+from kitlib.models.adapters import BITSANDBYTES_MIN_SM, LORA_RANK  # adapters on every linear layer of the blocks
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,7 +36,6 @@ HEADROOM = 0.10  # fraction of the budget kept free: allocator fragmentation, a 
 CUDA_CONTEXT = 0.6e9  # bytes the CUDA context and cuBLAS workspaces take before any tensor (reasoned, not measured)
 NF4_BYTES = 0.5 + 0.127 / 8  # bytes per 4-bit weight: 4 bits + double-quantised absmax (QLoRA paper, 0.127 bit)
 AMP_ACT_BYTES = 2.5  # bytes per saved element under autocast: half matmul outputs, the norms' fp32 upcasts (reasoned)
-BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 
 # Known shapes for --model without a folder: config class and its arguments (no weights are ever downloaded).
 KNOWN_MODELS: dict[str, tuple[str, dict[str, Any]]] = {

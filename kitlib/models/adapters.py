@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 LORA_RANK = 16  # r: adapter parameters per linear layer = r x (in + out); the memory plan counts the same
 LORA_ALPHA = 32  # the update is scaled by alpha / r = 2 (peft's examples and the LoRA paper's usual ratio)
+BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models up to 13B)
 GENERATING_TASKS = ("causal-lm", "seq2seq")  # where 4-bit weights are offered: the big pretrained models
 _INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
@@ -57,8 +58,6 @@ def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -
                 f"on {hw.device_type.upper()}. Fix: adapter = 'lora' (the same adapters on full-precision weights), "
                 "or plan for a CUDA GPU (hardware = 'T4', say)"
             )
-        from kitlib.doctor.memory_plan import BITSANDBYTES_MIN_SM
-
         if primary.capability < BITSANDBYTES_MIN_SM:
             raise SetupError(f"adapter = 'qlora' needs a GPU of sm_60 or newer ({primary.sm}). Fix: adapter = 'lora'")
         return (
