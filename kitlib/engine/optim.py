@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,8 +124,9 @@ def _blocks(model: nn.Module, layers: int) -> nn.ModuleList:
     return (exact or stacks)[0]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and norm weights (1-d params), fused where the params allow it.
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW without weight decay on biases and norm weights (1-d params): torch's, fused where the params allow it,
+    or bitsandbytes' 8-bit AdamW (``cfg.optimizer="adamw8bit"``).
 
     Fused AdamW does the whole update in one kernel per device instead of ~a dozen per parameter tensor: on a GPU
     that is 5-20% of step time for small models (launch-bound). It needs every parameter on one supported device.
@@ -137,10 +139,30 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     if not decay and not no_decay:
         raise ValueError("no trainable parameters: everything is frozen (check TrainConfig.freeze)")
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw8bit":
+        return adamw_8bit(groups, cfg)
     devices = {p.device.type for p in decay + no_decay}
     floating = all(p.is_floating_point() for p in decay + no_decay)
     fused = len(devices) == 1 and devices <= {"cuda", "cpu", "mps"} and floating
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused)
+
+
+def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW8bit: both moments block-wise quantised to 8 bits (Dettmers et al. 2022, 2 bytes of state a
+    parameter instead of AdamW's 8); tensors under 4,096 elements (biases, norms) keep fp32 state, as its authors
+    chose. CUDA kernels, and a CPU backend since bitsandbytes 0.50 (measured here). It cannot skip a step on the
+    device: an fp16 run pays one host sync a step for the GradScaler's verdict (``Precision.apply``)."""
+    from kitlib.errors import SetupError
+
+    try:
+        import bitsandbytes
+    except ImportError as error:
+        raise SetupError(
+            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: pip install 'kitlib[lean]' (or bitsandbytes), "
+            "or optimizer='adamw'"
+        ) from error
+    optimizer: torch.optim.Optimizer = bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
+    return optimizer
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int) -> LrMultiplier:

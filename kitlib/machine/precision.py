@@ -269,6 +269,12 @@ class Precision:
             optimizer.step()
         self._scaler.update()  # a no-op without a scaler
 
+    def forget_unscale(self) -> None:
+        """Forget that ``unscale_`` ran in a step abandoned midway (an out-of-memory replay): the replay unscales its
+        own gradients (GradScaler refuses a second unscale_ before update()). The loss scale is kept."""
+        if self._scaler.is_enabled():  # a disabled scaler keeps no per-optimizer record
+            self._scaler._per_optimizer_states.clear()  # update()'s own reset (a defaultdict: it refills)
+
     @property
     def scale(self) -> float:
         """Current loss scale; 1.0 without a scaler."""
