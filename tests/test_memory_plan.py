@@ -20,12 +20,14 @@ def _llama_7b() -> Any:
 
 
 @pytest.mark.parametrize("strategy", ["fp32 full fine-tune", "fp32 full fine-tune + checkpointing",
-                                      "frozen embeddings + fp32"])  # fmt: skip
+                                      "frozen embeddings + fp32", "fp32 + 8-bit AdamW"])  # fmt: skip
 def test_plan_matches_the_measured_peak_of_kitlibs_step(strategy: str) -> None:
     from transformers import LlamaConfig
 
     from kitlib.doctor.live_bytes import planned_and_measured
 
+    if "8-bit" in strategy:
+        pytest.importorskip("bitsandbytes", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
     config = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=4000)  # fmt: skip
     planned, measured = planned_and_measured(
@@ -53,6 +55,19 @@ def test_qlora_is_refused_off_cuda_and_small_models_fit_with_what_kitlib_offers(
     small = plan_memory("minilm", hardware="T4", seq_len=128, task="classify", effective_batch=32)
     assert small.choice is small.offered_choice and small.choice is not None
     assert small.line().startswith("fits: ~")
+
+
+def test_8bit_adamw_is_offered_and_chosen_where_fp32_adamw_does_not_fit() -> None:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=2048, intermediate_size=5530, num_hidden_layers=24, num_attention_heads=16,
+                         vocab_size=32000)  # 1.35 B parameters  # fmt: skip
+    plan = plan_memory(config, hardware="L4", seq_len=512, task="causal-lm")
+    by_name = {f.strategy.name: f for f in plan.fits}
+    assert not by_name["fp32 weights + AMP"].fits and not by_name["fp32 weights + AMP + checkpointing"].fits
+    assert plan.offered_choice is by_name["fp32 weights + AMP + 8-bit AdamW"]
+    assert "fp32 weights + AMP + 8-bit AdamW *" not in plan.table()  # offered: no "planned" star
+    assert plan.line().startswith("fits: ~") and "8-bit AdamW" in plan.line()
 
 
 def test_unknown_model_names_the_fix(tmp_path: Path) -> None:

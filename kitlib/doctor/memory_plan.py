@@ -35,6 +35,7 @@ CUDA_CONTEXT = 0.6e9  # bytes the CUDA context and cuBLAS workspaces take before
 LORA_RANK = 16  # adapters on every linear layer of the blocks (what peft's "all-linear" targets)
 NF4_BYTES = 0.5 + 0.127 / 8  # bytes per 4-bit weight: 4 bits + double-quantised absmax (QLoRA paper, 0.127 bit)
 AMP_ACT_BYTES = 2.5  # bytes per saved element under autocast: half matmul outputs, the norms' fp32 upcasts (reasoned)
+ADAMW_8BIT_BYTES = 2 + 2 * 4 / 256  # bitsandbytes' AdamW8bit state per parameter (bitsandbytes/optim/optimizer.py)
 BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 
 # Known shapes for --model without a folder: config class and its arguments (no weights are ever downloaded).
@@ -240,6 +241,11 @@ def strategies(shape: Shape, *, amp: bool) -> list[Strategy]:
             out.append(Strategy(f"fp32 full fine-tune{tag}", True, 4, 4, 8, act, ckpt))
     half = "AMP" if amp else "fp32"
     out.append(Strategy(f"frozen embeddings + {half}", True, 4, 4 * trainable, 8 * trainable, act, False))
+    weights = 4 + cast_cache if amp else 4
+    for ckpt in (False, True):  # optimizer="adamw8bit": two 8-bit moments and an fp32 absmax per 256-element block
+        tag = " + checkpointing" if ckpt else ""
+        name = f"{'fp32 weights + AMP' if amp else 'fp32'} + 8-bit AdamW{tag}"
+        out.append(Strategy(name, True, weights, 4, ADAMW_8BIT_BYTES, act, ckpt))
     if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
         out.append(Strategy("fp32 full fine-tune (no AMP)", True, 4, 4, 8, 4.0, False))
     planned = (  # least compromise first: full weights, then adapters, then adapters on 4-bit weights
