@@ -118,3 +118,22 @@ def test_split_batch_cuts_rows_and_keeps_the_rest() -> None:
     assert all(p["scale"] is batch["scale"] for p in pieces)
     x, y = torch.randn(3, 4), torch.randn(3, 1)
     assert [tuple(t.shape[0] for t in p) for p in split_batch((x, y), 4)] == [(1, 1)] * 3  # never an empty piece
+
+
+def test_a_replayed_step_may_unscale_again_under_a_grad_scaler() -> None:
+    """fp16 on a T4: an out-of-memory error in the optimizer phase (its state's first allocation) comes after
+    unscale_; the replay unscales its own gradients, which GradScaler refuses unless the back-off made it forget."""
+    from kitlib.machine.precision import Precision, PrecisionPlan
+
+    precision = Precision(PrecisionPlan("fp16", "cpu", True, False, "a GradScaler, on the CPU for the test"))
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters())
+    precision.backward(model(torch.randn(2, 4)).sum())
+    precision.unscale_(optimizer)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) has already been called"):
+        precision.unscale_(optimizer)
+    precision.forget_unscale()
+    optimizer.zero_grad()
+    precision.backward(model(torch.randn(2, 4)).sum())
+    precision.unscale_(optimizer)  # the replay's own unscale
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
