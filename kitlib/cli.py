@@ -365,7 +365,8 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
     p.add_argument("--max-length", type=int, help="tokens per row (default: fitted to the data)")
     p.add_argument("--full-eval-every", type=int, help="epochs between full evaluations, 0: at the end only")
-    p.add_argument("--optimizer", choices=("adamw", "adamw8bit"), help="adamw8bit: 8-bit AdamW (kitlib[lean])")
+    p.add_argument("--optimizer", choices=("adamw", "adamw8bit", "adamw-kahan"),
+                   help="adamw8bit: 8-bit AdamW; adamw-kahan: for pure bf16 weights (both: kitlib[lean])")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from kitlib._files import write_atomic
 Dtype = Literal["fp32", "fp16", "bf16"]
 Requested = Literal["auto", Dtype]  # what a user may ask for; "auto" lets decide_precision pick with a reason
 Schedule = Literal["cosine", "linear", "constant"]
-Optimizer = Literal["adamw", "adamw8bit"]
+Optimizer = Literal["adamw", "adamw8bit", "adamw-kahan"]
 Freeze = Literal["none", "embeddings", "encoder"]
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
 Mode = Literal["min", "max"]
@@ -87,7 +87,8 @@ class TrainConfig:
     schedule: Schedule = "cosine"
     warmup_ratio: float = 0.06  # fraction of optimizer steps spent warming up linearly from 0
     min_lr_ratio: float = 0.0  # cosine/linear decay floor, as a fraction of lr
-    # adamw8bit: bitsandbytes' 8-bit AdamW (optional extra kitlib[lean]), 2 bytes of state a parameter instead of 8
+    # adamw8bit: bitsandbytes' 8-bit AdamW (optional extra kitlib[lean]), 2 bytes of state a parameter instead of 8;
+    # adamw-kahan: torch-optimi's AdamW with Kahan-summed updates: trains pure bf16 weights in a bf16 run (kitlib[lean])
     optimizer: Optimizer = "adamw"
     grad_clip: float | None = (
         1.0  # max global grad norm; None disables clipping (the norm is still checked for inf/nan)

@@ -85,3 +85,46 @@ def test_8bit_adamw_resumes_exactly(tmp_path: Path) -> None:
     got = _fit("adamw8bit", tmp_path, resume=True, **save).model.state_dict()
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), f"{name} differs after resume"
+
+
+def _bf16_fit(optimizer: str, model: nn.Module, run_dir: Path | None = None, **kw: Any) -> Any:
+    """Pure bf16 training (bf16 weights, bf16 autocast: a CPU with AMX-BF16 as the profile) at an lr whose updates
+    are mostly below bf16's resolution (~0.4% of a weight)."""
+    from kitlib.machine.hardware import fake_profile
+
+    cfg = TrainConfig(epochs=2, micro_batch_size=16, lr=3e-4, precision="bf16", save_best=False, seed=1,
+                      optimizer=optimizer, warmup_ratio=0.0, **kw.pop("cfg", {}))  # fmt: skip
+    hw = fake_profile("CPU-AMX", platform="local", interactive=False)
+    loader = DataLoader(_data(), batch_size=16, shuffle=True)
+    loss = lambda m, b: mse(m, b).float()  # noqa: E731
+    return fit(model, loader, config=cfg, loss_fn=loss, hw=hw, run_dir=run_dir, **kw)
+
+
+def test_pure_bf16_weights_learn_with_kahan_summed_adamw_as_fp32_weights_do() -> None:
+    pytest.importorskip("optimi", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
+    from kitlib.errors import PrecisionError
+
+    start = {k: v.float() for k, v in _model().to(torch.bfloat16).state_dict().items()}  # where both runs start
+    fp32 = _bf16_fit("adamw", _model().to(torch.bfloat16).float())  # fp32 master weights from the same bf16 start
+    pure = _bf16_fit("adamw-kahan", _model())  # fp32 weights of the same values: fit casts them to bf16
+    assert all(p.dtype == torch.bfloat16 for p in pure.model.parameters())  # trained in bf16, never upcast
+    for name, before in start.items():
+        moved, expected = (pure.model.state_dict()[name].float() - before), (fp32.model.state_dict()[name] - before)
+        # Kahan summation keeps the sum of the updates: each weight moved as far as its fp32 twin did (the
+        # bf16 forward makes the gradients differ a little); plain AdamW on bf16 weights loses most of them.
+        assert 0.8 < moved.abs().mean() / expected.abs().mean() < 1.25, name
+    losses, fp32_losses = list(pure.history["train_loss"]), list(fp32.history["train_loss"])
+    assert losses[-1] < losses[0] and abs(losses[-1] - fp32_losses[-1]) < 0.05 * fp32_losses[-1], (losses, fp32_losses)
+    with pytest.raises(PrecisionError, match=r"optimizer='adamw-kahan'"):
+        _bf16_fit("adamw", _model().to(torch.bfloat16))  # would lose the updates: refused
+
+
+def test_pure_bf16_with_kahan_summed_adamw_resumes_exactly(tmp_path: Path) -> None:
+    pytest.importorskip("optimi", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
+    expected = _bf16_fit("adamw-kahan", _model().to(torch.bfloat16)).model.state_dict()
+    save = {"cfg": {"save_last": True, "save_every_steps": 4}}
+    with pytest.raises(KeyboardInterrupt):
+        _bf16_fit("adamw-kahan", _model().to(torch.bfloat16), tmp_path, callbacks=[CrashAt(9)], **save)
+    got = _bf16_fit("adamw-kahan", _model().to(torch.bfloat16), tmp_path, resume=True, **save).model.state_dict()
+    for name, tensor in expected.items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, got[name]), f"{name} differs after resume"

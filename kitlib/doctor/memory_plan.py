@@ -214,18 +214,20 @@ def plan_memory(
     world = max(1, hw.num_gpus)
     capacity = float(hw.primary.memory_bytes if hw.primary is not None else hw.ram_bytes)
     budget = (capacity - (CUDA_CONTEXT if hw.device_type == "cuda" else 0.0)) * (1 - HEADROOM)
-    amp = decide_precision(hw).dtype != "fp32"
+    dtype = decide_precision(hw).dtype
+    amp = dtype != "fp32"
     per_device = max(1, math.ceil(effective_batch / world))
     fits = tuple(
         _fit(s, shape, hw, seq_len, task, chunked, per_device, micro_batch, accum, budget)
-        for s in strategies(shape, amp=amp)
+        for s in strategies(shape, amp=amp, bf16=dtype == "bf16")
     )
     return MemoryPlan(name, task, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
 
 
-def strategies(shape: Shape, *, amp: bool) -> list[Strategy]:
+def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]:
     """The strategies in order of least compromise first (speed and fidelity): kitlib's own, then #20's planned.
-    Bytes per parameter of the whole model; a frozen part has no gradient or optimizer state."""
+    Bytes per parameter of the whole model; a frozen part has no gradient or optimizer state. ``bf16``: the
+    hardware trains in bf16, so pure bf16 weights are offered (with the optimizer that keeps their updates)."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
@@ -246,6 +248,10 @@ def strategies(shape: Shape, *, amp: bool) -> list[Strategy]:
         tag = " + checkpointing" if ckpt else ""
         name = f"{'fp32 weights + AMP' if amp else 'fp32'} + 8-bit AdamW{tag}"
         out.append(Strategy(name, True, weights, 4, ADAMW_8BIT_BYTES, act, ckpt))
+    if bf16:  # optimizer="adamw-kahan": bf16 moments and a bf16 Kahan compensation (reasoned, not measured)
+        for ckpt in (False, True):
+            tag = " + checkpointing" if ckpt else ""
+            out.append(Strategy(f"bf16 weights + Kahan AdamW{tag}", True, 2.0, 2.0, 6.0, act, ckpt))
     if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
         out.append(Strategy("fp32 full fine-tune (no AMP)", True, 4, 4, 8, 4.0, False))
     planned = (  # least compromise first: full weights, then adapters, then adapters on 4-bit weights

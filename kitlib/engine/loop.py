@@ -41,7 +41,7 @@ from kitlib.engine.objective import (
     real_tokens,
     rows,
 )
-from kitlib.engine.optim import build_optimizer, build_scheduler, freeze
+from kitlib.engine.optim import build_optimizer, build_scheduler, cast_for_optimizer, freeze
 from kitlib.engine.policies import default_policies
 from kitlib.engine.record import RunRecorder
 from kitlib.engine.step import (
@@ -161,7 +161,10 @@ class Loop:
             # Say what was frozen (and what was kept because it is shared): a line of output, not a warning (a
             # notebook shows warnings as a red box, and this is the run going as configured).
             print(f"fit: {self.frozen}")
-        check_master_weights(model.named_parameters())  # after freezing: a frozen half weight is never updated
+        if (cast := cast_for_optimizer(model, cfg, self.plan.dtype)) and self.env.is_main:
+            print(f"fit: {cast}")
+        # after freezing: a frozen half weight is never updated
+        check_master_weights(model.named_parameters(), keeps_bf16_updates=cfg.optimizer == "adamw-kahan")
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)

@@ -77,7 +77,7 @@ class Params:
     lr: float | None = None
     max_length: int | None = None  # tokens per row
     full_eval_every: int | None = None  # epochs between full evaluations (the metric); 0: only at the end
-    optimizer: str | None = None  # adamw | adamw8bit (bitsandbytes: 2 bytes of state a parameter, not 8)
+    optimizer: str | None = None  # adamw | adamw8bit (2 bytes of state a parameter, not 8) | adamw-kahan (bf16 weights)
     # Rehearse the plan for ``hardware`` on this machine before spending GPU quota: where it has fewer GPUs, 02 trains
     # in as many gloo processes on its CPU as the plan has GPUs, in the precision the CPU runs, and 03 predicts there.
     rehearse: bool = False
