@@ -33,7 +33,7 @@ class MicroBatchBackoff:
 
     ``parts``: how many micro-batches each loaded batch is cut into (1 until the first out-of-memory error). It is
     resume state (``state_dict``): a resumed run goes on at the micro-batch that fitted, not at the one that failed.
-    ``changes``: one record per back-off, for the run's facts (timing.json's "run") and FitResult.
+    ``changes``: one record per back-off, for the run's facts (timing.json's "run": oom_backoffs).
     """
 
     def __init__(self, cfg: TrainConfig, *, loader_batch: int | None, optimizer: torch.optim.Optimizer,
