@@ -257,7 +257,8 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
 # 00's parameters a command line may set, beside --params FILE; `kaggle build` and `notebooks run` take them all.
 NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "objective", "numeric", "categorical",
          "model_factory", "seed", "train_file", "test_file", "sample_submission", "hardware", "epochs",
-         "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every", "optimizer")  # fmt: skip
+         "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every", "adapter",
+         "optimizer")  # fmt: skip
 
 
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -354,6 +355,7 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (any text task)")
     p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (any text task)")
     p.add_argument("--model-factory", help="task custom: file.py:function (a full path) or module:function")
+    p.add_argument("--adapter", help="none | lora | qlora (LoRA on 4-bit weights, CUDA): default none")
     p.add_argument("--seed", type=int, help="default: 42")
     p.add_argument("--train-file", help="default: train.csv")
     p.add_argument("--test-file", help="default: test.csv")

@@ -21,6 +21,7 @@ Requested = Literal["auto", Dtype]  # what a user may ask for; "auto" lets decid
 Schedule = Literal["cosine", "linear", "constant"]
 Optimizer = Literal["adamw", "adamw8bit", "adamw-kahan"]
 Freeze = Literal["none", "embeddings", "encoder"]
+Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or LoRA on 4-bit weights (CUDA)
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
 Mode = Literal["min", "max"]
 BackgroundEval = Literal["off", "thread", "process"]
@@ -32,6 +33,7 @@ PICKER_LABELS: Mapping[str, str] = MappingProxyType(
         "micro_batch_size": "micro-batch",
         "grad_accum_steps": "accumulation",
         "precision": "precision",
+        "adapter": "adapter",
         "max_length": "max length",
         "full_eval_every": "full eval every (epochs, 0 = end)",
     }
@@ -106,6 +108,9 @@ class TrainConfig:
     # for Hugging Face models inside a wrapper module); any other model must name its blocks.
     checkpoint_modules: tuple[str, ...] = ()
     freeze: Freeze = "none"
+    # Train low-rank adapters beside the frozen pretrained weights (kitlib.models.adapters; the task builds them):
+    # checkpoints then hold the adapters only. "qlora": on 4-bit weights, CUDA only.
+    adapter: Adapter = "none"
     # Also freeze the first N transformer blocks (and the embeddings): autograd then records nothing below block N,
     # which saves their backward pass and AdamW state. Measured on the demo (MiniLM, CPU): 2 of 6 blocks saved 6-22%
     # of the training time and cost ~1 point of accuracy, so no preset uses it; memory-bound runs may.
@@ -184,6 +189,7 @@ class TrainConfig:
             ("schedule", Schedule),
             ("optimizer", Optimizer),
             ("freeze", Freeze),
+            ("adapter", Adapter),
             ("batching", Batching),
             ("mode", Mode),
             ("background_eval", BackgroundEval),

@@ -90,6 +90,35 @@ def resume_job(run_dir: str, kill_at: int, resume: bool, term_at: int = 0) -> No
     print(f"stop {result.stop_reason} at step {result.steps}", flush=True)
 
 
+def lora_model() -> nn.Module:
+    """A tiny GPT-2 (seeded, as a pretrained folder would give the same weights in every process) with LoRA."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from kitlib.models.adapters import add_adapter
+
+    torch.manual_seed(1)
+    base = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=64))
+    return add_adapter(base, "lora", generating=True, seed=2)
+
+
+def lora_data(n: int = 64) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 64, (n, 12), generator=g)
+    return [{"input_ids": row, "attention_mask": torch.ones_like(row), "labels": row} for row in ids]
+
+
+def lora_resume_job(run_dir: str, kill_at: int, resume: bool) -> None:
+    """LoRA on a causal LM: 64 rows / (4 x 2) = 8 steps per epoch, 16 in all; last/ (the adapter only) every 2."""
+    cfg = TrainConfig(epochs=2, micro_batch_size=4, grad_accum_steps=2, lr=1e-2, precision="fp32", save_best=False,
+                      save_every_steps=2, log_every_steps=1, seed=7, adapter="lora")  # fmt: skip
+    loader = DataLoader(lora_data(), batch_size=4, shuffle=True)  # type: ignore[arg-type]
+    callbacks: list[object] = [KillAt(kill_at, run_dir)] if kill_at > 0 else []
+    hw = fake_profile("CPU", platform="local", interactive=False)
+    result = fit(lora_model(), loader, config=cfg, run_dir=run_dir, resume=resume, hw=hw, callbacks=callbacks)
+    if result.stop_reason == "completed":
+        torch.save(result.model.state_dict(), Path(run_dir) / "final.pt")
+
+
 def _ddp_fit(micro: int, accum: int) -> dict[str, torch.Tensor]:
     cfg = TrainConfig(
         epochs=2,
@@ -123,5 +152,7 @@ if __name__ == "__main__":
     job = sys.argv[1]
     if job == "resume":
         resume_job(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", int(sys.argv[5]) if len(sys.argv) > 5 else 0)
+    elif job == "lora_resume":
+        lora_resume_job(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1")
     elif job == "ddp":
         ddp_job(sys.argv[2])

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -263,6 +265,16 @@ def test_a_kaggle_package_that_cannot_check_is_named_never_imported_here(
     assert not any(m == "kaggle" or m.startswith("kaggle.") for m in sys.modules)  # the check ran in a child
 
 
+def _kaggle_package() -> Any:
+    """The installed kaggle package, or a skip: from the project root, its kaggle/ folder imports as a namespace
+    package (no ``__file__``) in a Python without the package (scripts/test_hosted_pins.sh)."""
+    try:  # the distribution first: importing a namespace would leave "kaggle" in sys.modules for later tests
+        importlib.metadata.distribution("kaggle")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("no kaggle package in this Python (only the project's kaggle/ folder)")
+    return importlib.import_module("kaggle")
+
+
 def _without_six(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine's kaggle package as a fresh `pip install kaggle` leaves it: `six` cannot be imported."""
     site = tmp_path / "no-six"
@@ -274,7 +286,7 @@ def _without_six(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_kaggle_cli_without_six_is_a_kitlib_error_naming_the_fix(
     notebooks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytest.importorskip("kaggle")  # the real package, whose kaggle/models/upload_file.py imports six
+    _kaggle_package()  # the real package, whose kaggle/models/upload_file.py imports six
     folder = _build(notebooks, tmp_path / "k")[2]
     _without_six(tmp_path, monkeypatch)
     answer = kg.kaggle_loader_check(folder)
@@ -319,9 +331,7 @@ def test_the_kaggle_extra_brings_every_module_the_cli_imports() -> None:
 
     import tomllib
 
-    kaggle = pytest.importorskip("kaggle")
-    if getattr(kaggle, "__file__", None) is None:  # the project root's kaggle/ folder, a namespace: no package here
-        pytest.skip("no kaggle package in this Python")
+    kaggle = _kaggle_package()
     extra = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
     extra = extra["optional-dependencies"]["kaggle"]
 

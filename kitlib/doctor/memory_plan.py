@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kitlib.models.adapters import LORA_RANK  # adapters on every linear layer of the blocks
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -32,10 +34,8 @@ if TYPE_CHECKING:
 _GB = 1e9  # the table speaks decimal GB, as cards are sold (an "80 GB" H100 holds 79.6 GiB usable)
 HEADROOM = 0.10  # fraction of the budget kept free: allocator fragmentation, a longer batch than planned
 CUDA_CONTEXT = 0.6e9  # bytes the CUDA context and cuBLAS workspaces take before any tensor (reasoned, not measured)
-LORA_RANK = 16  # adapters on every linear layer of the blocks (what peft's "all-linear" targets)
 NF4_BYTES = 0.5 + 0.127 / 8  # bytes per 4-bit weight: 4 bits + double-quantised absmax (QLoRA paper, 0.127 bit)
 AMP_ACT_BYTES = 2.5  # bytes per saved element under autocast: half matmul outputs, the norms' fp32 upcasts (reasoned)
-ADAMW_8BIT_BYTES = 2 + 2 * 4 / 256  # bitsandbytes' AdamW8bit state per parameter (bitsandbytes/optim/optimizer.py)
 BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 
 # Known shapes for --model without a folder: config class and its arguments (no weights are ever downloaded).
@@ -74,6 +74,8 @@ _FAMILIES = {
     **dict.fromkeys(("t5", "mt5"), "t5"),
 }
 GENERATING = ("causal-lm", "seq2seq")
+# bitsandbytes' AdamW8bit state a parameter: two 8-bit moments and an fp32 absmax per 256-element block
+ADAMW_8BIT_BYTES = 2 + 2 * 4 / 256
 
 
 @dataclass(frozen=True)
@@ -225,9 +227,10 @@ def plan_memory(
 
 
 def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]:
-    """The strategies in order of least compromise first (speed and fidelity): kitlib's own, then #20's planned.
-    Bytes per parameter of the whole model; a frozen part has no gradient or optimizer state. ``bf16``: the
-    hardware trains in bf16, so pure bf16 weights are offered (with the optimizer that keeps their updates)."""
+    """The strategies in order of least compromise first (speed and fidelity). Bytes per parameter of the whole
+    model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so pure bf16
+    weights are offered (with the optimizer that keeps their updates), and LoRA keeps its frozen base in bf16 (on
+    an fp16 card it stays fp32: kitlib.notebook.stages.prepare)."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
@@ -254,15 +257,16 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]
             out.append(Strategy(f"bf16 weights + Kahan AdamW{tag}", True, 2.0, 2.0, 6.0, act, ckpt))
     if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
         out.append(Strategy("fp32 full fine-tune (no AMP)", True, 4, 4, 8, 4.0, False))
-    planned = (  # least compromise first: full weights, then adapters, then adapters on 4-bit weights
-        ("bf16 weights + 8-bit AdamW", 2.0, 2.0, 2.0),
-        (f"LoRA r={LORA_RANK}, bf16 base", 2 + 4 * lora, 4 * lora, 8 * lora),  # fp32 adapters and their AdamW
-        ("QLoRA (LoRA on 4-bit weights)", nf4 + 4 * lora, 4 * lora, 8 * lora),
+    base = 2.0 if bf16 else 4.0
+    lean = (  # least compromise first: full weights, then adapters, then adapters on 4-bit weights (offered or not)
+        ("bf16 weights + 8-bit AdamW", False, 2.0, 2.0, 2.0),
+        (f"LoRA r={LORA_RANK}, {'bf16' if bf16 else 'fp32'} base", True, base + 4 * lora, 4 * lora, 8 * lora),
+        ("QLoRA (LoRA on 4-bit weights)", True, nf4 + 4 * lora, 4 * lora, 8 * lora),  # fp32 adapters + AdamW
     )
-    for name, weights, grads, optimizer in planned:
+    for name, offered, weights, grads, optimizer in lean:
         for ckpt in (False, True):
             tag = " + checkpointing" if ckpt else ""
-            out.append(Strategy(name + tag, False, weights, grads, optimizer, 2.0, ckpt))
+            out.append(Strategy(name + tag, offered, weights, grads, optimizer, 2.0, ckpt))
     return out
 
 

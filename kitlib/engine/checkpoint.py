@@ -44,6 +44,7 @@ from kitlib._files import (
 )
 from kitlib._version import __version__
 from kitlib.errors import CheckpointError
+from kitlib.models.adapters import adapter_keys
 
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
@@ -81,6 +82,14 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
             model = model.module
         else:
             return model
+
+
+def saved_state(model: torch.nn.Module) -> dict[str, Any]:
+    """The state_dict entries a checkpoint of ``model`` holds: all of them, or for a model with an adapter
+    (kitlib.models.adapters) what trains only; its frozen pretrained weights are rebuilt from their folder."""
+    state = model.state_dict()
+    keys = adapter_keys(model)
+    return state if keys is None else {name: state[name] for name in keys}
 
 
 def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
@@ -221,7 +230,7 @@ def snapshot(
     by_view: dict[tuple[Any, ...], torch.Tensor] = {}
     weights: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, t in unwrap_model(model).state_dict().items():
+        for name, t in saved_state(unwrap_model(model)).items():
             if not isinstance(t, torch.Tensor):  # get_extra_state() payloads
                 raise CheckpointError(f"model state_dict entry {name!r} is a {type(t).__name__}, not a tensor")
             key = _view_key(t) if t.numel() else ("empty", name)
@@ -518,7 +527,8 @@ def _strip_prefix(weights: dict[str, torch.Tensor], expected: set[str]) -> dict[
 def restore_model(model: torch.nn.Module, snap: Snapshot, *, strict: bool = True) -> None:
     """Load ``snap.weights`` into ``model`` (wrapped or not), in place; tied parameters stay tied."""
     target = unwrap_model(model)
-    live = target.state_dict()
+    live = saved_state(target)
+    partial = len(live) < len(target.state_dict())  # an adapter: the frozen base is the model's own
     weights = _strip_prefix(dict(snap.weights), set(live))
     # A file that stored only one name of a tied pair (e.g. HF drops lm_head.weight): fill the other from it.
     groups: dict[tuple[Any, ...], list[str]] = {}
@@ -531,7 +541,12 @@ def restore_model(model: torch.nn.Module, snap: Snapshot, *, strict: bool = True
             if n not in weights and present:
                 weights[n] = weights[present[0]]
     try:
-        result = target.load_state_dict(weights, strict=strict)  # copy_ into existing params: ties/devices kept
+        result = target.load_state_dict(weights, strict=strict and not partial)  # copy_: ties/devices kept
+        if partial:  # strict over what a checkpoint of this model holds, not over the frozen base
+            missing = [k for k in live if k not in weights]
+            if strict and (missing or result.unexpected_keys):
+                raise RuntimeError(f"missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
+            result = result._replace(missing_keys=missing)
     except RuntimeError as e:
         raise CheckpointError(
             f"checkpoint weights do not fit this model: {e}. Fix: build the same architecture/config as the run "

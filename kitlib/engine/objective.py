@@ -46,7 +46,9 @@ def is_causal_lm(model: nn.Module) -> bool:
 
     from kitlib.engine.checkpoint import unwrap_model
 
-    return type(unwrap_model(model)).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    core = unwrap_model(model)
+    core = getattr(core, "get_base_model", lambda: core)()  # a LoRA adapter (peft): the model it adapts
+    return type(core).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
 def rows(batch: Batch) -> int:

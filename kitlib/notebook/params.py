@@ -34,10 +34,20 @@ ENV = {
     "data_dir": "KIT_DATA_DIR",
     "model": "KIT_MODEL",
     "rehearse": "KIT_REHEARSE",
+    "adapter": "KIT_ADAPTER",
 }
 # Training settings beside the preset, as 00's parameters (None: the preset decides): set in the parameters cell, a
 # params file or on the command line, they are the picker's starting values and resolve()'s overrides.
-TRAINING = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every", "optimizer")
+TRAINING = (
+    "epochs",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "lr",
+    "max_length",
+    "full_eval_every",
+    "adapter",
+    "optimizer",
+)
 SWITCHES = ("rehearse",)  # on/off parameters: their KIT_* variable reads 1/true/yes/on or 0/false/no/off
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
@@ -77,6 +87,9 @@ class Params:
     lr: float | None = None
     max_length: int | None = None  # tokens per row
     full_eval_every: int | None = None  # epochs between full evaluations (the metric); 0: only at the end
+    # none | lora | qlora: train low-rank adapters beside the frozen pretrained weights (kitlib.models.adapters;
+    # checkpoints hold the adapters only); qlora keeps those weights in 4 bits (CUDA, causal-lm and seq2seq)
+    adapter: str = "none"
     optimizer: str | None = None  # adamw | adamw8bit (2 bytes of state a parameter, not 8) | adamw-kahan (bf16 weights)
     # Rehearse the plan for ``hardware`` on this machine before spending GPU quota: where it has fewer GPUs, 02 trains
     # in as many gloo processes on its CPU as the plan has GPUs, in the precision the CPU runs, and 03 predicts there.
@@ -103,8 +116,9 @@ class Params:
         return "\n".join(lines)
 
     def training(self) -> dict[str, Any]:
-        """The training settings set (not None): the preset resolver's overrides, and the picker's start."""
-        return {name: value for name in TRAINING if (value := getattr(self, name)) is not None}
+        """The training settings set (not None, an adapter not "none"): the preset resolver's overrides, and the
+        picker's start."""
+        return {name: value for name in TRAINING if (value := getattr(self, name)) not in (None, "none")}
 
     @property
     def cache_dir(self) -> Path:
@@ -353,9 +367,10 @@ def _check_training(p: Params) -> None:
     """The training settings: None (the preset's), or a number in the range TrainConfig accepts."""
     from kitlib.errors import SetupError
 
+    _check_adapter(p)
     for name in TRAINING:
         value = getattr(p, name)
-        if value is None:
+        if value is None or name == "adapter":
             continue
         if name == "lr":
             ok, wanted = isinstance(value, int | float) and value > 0, "a number > 0"
@@ -368,6 +383,28 @@ def _check_training(p: Params) -> None:
             raise SetupError(
                 f"{name} = {value!r} is not {wanted}: fix it in the parameters cell (or None: the preset's value)"
             )
+
+
+def _check_adapter(p: Params) -> None:
+    from kitlib.config import Adapter
+    from kitlib.errors import SetupError
+    from kitlib.models.adapters import GENERATING_TASKS
+
+    if p.adapter not in get_args(Adapter):
+        choices = list(get_args(Adapter))
+        raise SetupError(f"adapter = {p.adapter!r} is not one of {choices}: fix it in the parameters cell")
+    if p.adapter == "none":
+        return
+    if p.task.startswith("custom") or ":" in p.task:
+        raise SetupError(
+            f"adapter = {p.adapter!r} adapts the pretrained models kitlib builds, and task {p.task!r} builds its own. "
+            "Fix: adapter = 'none' (add peft adapters inside your model_factory if you want them)"
+        )
+    if p.adapter == "qlora" and p.task not in GENERATING_TASKS:
+        raise SetupError(
+            f"adapter = 'qlora' (4-bit weights) is offered for {' and '.join(GENERATING_TASKS)}, and task is "
+            f"{p.task!r}. Fix: adapter = 'lora'"
+        )
 
 
 def check_work_dir(work: Path, data: Path) -> None:

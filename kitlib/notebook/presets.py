@@ -197,6 +197,8 @@ class ResolvedRun:
         ckpt = {"best": "best weights", "best_and_last": "best weights + resumable last", "none": "none"}
         full_eval = f"every {cfg.full_eval_every} epoch(s)" if cfg.full_eval_every else "at the end only"
         task = [("task", f"{self.task}, metric {self.metric}")] if self.metric != "auto" else []  # set by 00's setup
+        adapted = f"all pretrained weights ({cfg.adapter} adapters train)"
+        frozen = adapted if cfg.adapter != "none" else self.regime.frozen(cfg)
         return [
             ("preset", f"{self.name} ({self.regime.name})"),
             *task,
@@ -210,7 +212,7 @@ class ResolvedRun:
             ("epochs", str(cfg.epochs)),
             ("lr", f"{cfg.lr:g}"),
             ("max_length", "loader decides" if cfg.max_length is None else f"{cfg.max_length} tokens"),
-            ("freeze", self.regime.frozen(cfg)),
+            ("freeze", frozen),
             ("eval", f"full {full_eval}; cheap loss eval otherwise"),
             ("checkpoints", ckpt[self.preset.checkpoints]),
         ]
@@ -306,6 +308,7 @@ def resolve(
     from kitlib._version import __version__
     from kitlib.machine.hardware import check_compile
     from kitlib.machine.precision import decide_precision
+    from kitlib.models.adapters import check_adapter
 
     base = get_preset(preset) if isinstance(preset, str) else preset
     overrides = dict(overrides or {})
@@ -318,6 +321,10 @@ def resolve(
     late = {k: v for k, v in overrides.items() if k not in preset_fields}
 
     reasons = [f"preset {p.name}: {p.description}"]
+    adapter = check_adapter(late.get("adapter", "none"), hw, regime=p.regime)
+    if adapter is not None:  # the adapter freezes the pretrained weights itself
+        p = dataclasses.replace(p, freeze="none", freeze_layers=0)
+        reasons.append(adapter)
     plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
     reasons.append(f"precision {plan.dtype}: {plan.reason}")
 

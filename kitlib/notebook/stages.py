@@ -462,12 +462,21 @@ def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> 
 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
-    model inside what the task builds around it (kitlib.notebook.tasks)."""
+    model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
+    import torch
+
+    from kitlib.models.adapters import add_adapter
     from kitlib.notebook.tasks import get_task
 
     classes = feats.labels if feats.task.kind in ("binary", "multiclass") else None
     split = _split(feats.n_train, p.seed, classes)
-    return get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
+    prepared = get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
+    cfg = feats.run.config
+    # A frozen base needs no fp32 master copy: bf16 halves it (fp16 is left alone: T5 overflows in fp16)
+    half = torch.bfloat16 if hw.device_type == "cuda" and cfg.precision == "bf16" else None
+    generating = feats.task.kind == "sequence"
+    model = add_adapter(prepared.model, cfg.adapter, generating=generating, base_dtype=half, seed=p.seed)
+    return dataclasses.replace(prepared, model=model)
 
 
 def train(
@@ -603,6 +612,11 @@ def _train(
         callbacks=callbacks,
     )
     result = _judge_baseline(p, feats, result, staging)
+    best = staging / "best" / "model.safetensors"
+    if cfg.adapter != "none" and best.is_file():
+        from kitlib.models.adapters import describe_size
+
+        print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
     if result.stop_reason == "sigterm":  # not a finished run: run/ stays as it was; the next 02 continues this one
         print(f"stopped by SIGTERM: {staging}/last saved; run 02_train again to continue from there")
         return dataclasses.replace(result, run_dir=staging)

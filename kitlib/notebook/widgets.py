@@ -20,7 +20,7 @@ import html
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
-from kitlib.config import PICKER_LABELS, Requested
+from kitlib.config import PICKER_LABELS, Adapter, Requested
 from kitlib.notebook.estimate import duration, estimate_epoch_seconds, estimate_run
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun, resolve
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # Advanced controls: TrainConfig/Preset field -> label. Plain IntText (not Bounded*) so an impossible value reaches
 # the config's own validation and its message (which names the fix) instead of being silently clamped.
 _ADVANCED = PICKER_LABELS
-_PRECISIONS = get_args(Requested)
+_CHOICES = {"precision": get_args(Requested), "adapter": get_args(Adapter)}  # dropdowns; the rest IntText
 
 
 class PresetPicker:
@@ -130,8 +130,8 @@ class PresetPicker:
         )
         for key, label in _ADVANCED.items():
             style = {"description_width": "initial"}
-            if key == "precision":
-                self.controls[key] = w.Dropdown(options=_PRECISIONS, description=label, style=style)
+            if key in _CHOICES:
+                self.controls[key] = w.Dropdown(options=_CHOICES[key], description=label, style=style)
             else:
                 self.controls[key] = w.IntText(description=label, style=style)
         self._error_html = w.HTML()
@@ -197,6 +197,7 @@ class PresetPicker:
             "micro_batch_size": run.config.micro_batch_size,
             "grad_accum_steps": run.config.grad_accum_steps,
             "precision": run.preset.precision,
+            "adapter": run.config.adapter,
             "max_length": run.config.max_length or 0,
             "full_eval_every": run.config.full_eval_every,
         }

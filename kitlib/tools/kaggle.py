@@ -426,7 +426,8 @@ except ModuleNotFoundError as err:
     # A folder named kaggle/ on sys.path (kitlib's own project root, the working folder of `python -c`) imports as
     # a namespace package, no __file__: in a Python without the kaggle package that is "absent", not "broken".
     namespace = getattr(sys.modules.get("kaggle"), "__file__", "") is None
-    out = {"status": "absent" if err.name == "kaggle" or namespace else "broken", "message": f"{type(err).__name__}: {err}"}
+    status = "absent" if err.name == "kaggle" or namespace else "broken"
+    out = {"status": status, "message": f"{type(err).__name__}: {err}"}
 except BaseException as err:  # a broken install: kaggle.json missing (1.x), a SystemExit, an API change
     out = {"status": "broken", "message": f"{type(err).__name__}: {err}"}
 print(json.dumps(out))

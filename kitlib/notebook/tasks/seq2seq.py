@@ -131,7 +131,8 @@ class Seq2SeqTask(TextGenerationTask):
     ) -> Prepared:
         from kitlib.notebook.regimes import FINETUNE, Prepared
 
-        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), _build_model(feats.side, seed, feats.labels))
+        model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter)
+        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         """Each row's new tokens: the decoder's output after its start token."""
@@ -163,19 +164,22 @@ def _check_sql(column: pd.Series, p: Params) -> None:
             check_references(gold[p.target], database, source=f"{solution.name} column {p.target!r}")
 
 
-def _build_model(side: SideInputs, seed: int, labels: np.ndarray) -> nn.Module:
-    """The freshly initialised model 02 trains and 03 restores: the folder's, or the tiny T5 for the saved tokenizer;
-    it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its training targets set."""
+def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none") -> nn.Module:
+    """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
+    the tiny T5 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its
+    training targets set."""
     from kitlib.models.seq2seq import tiny_seq2seq, tokenizer_from_json
 
     if "model_folder" in side.state:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+        from kitlib.models.adapters import quantization
         from kitlib.models.loading import from_pretrained, model_refusals
 
         folder = side.state["model_folder"]
         with model_refusals(folder):
-            model, tokenizer = from_pretrained(AutoModelForSeq2SeqLM, folder), AutoTokenizer.from_pretrained(folder)
+            model = from_pretrained(AutoModelForSeq2SeqLM, folder, **quantization(adapter))  # qlora: 4-bit weights
+            tokenizer = AutoTokenizer.from_pretrained(folder)
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)

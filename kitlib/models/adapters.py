@@ -1,0 +1,193 @@
+"""LoRA adapters (``peft``, an optional dependency: ``pip install kitlib[lora]``): the pretrained weights stay frozen,
+low-rank matrices beside every linear layer of the blocks train, and checkpoints hold only what trains.
+
+    model = add_adapter(model, "lora", generating=True)   # a PeftModel; checkpoints hold adapter_keys(model) only
+
+- Targets: every linear layer (nn.Linear, GPT-2's Conv1D) of the pretrained model, found by walking it, so any
+  architecture transformers ships works (GPT-2 c_attn/c_proj/c_fc, Llama q/k/v/o/gate/up/down_proj, BERT
+  query/key/value/dense, T5 q/k/v/o/wi/wo); not the output layer (a causal LM's lm_head, tied to the embeddings).
+  All linear layers, not peft's q/v defaults: the QLoRA paper (Dettmers et al. 2023, sec. 4) needed them all to
+  match full fine-tuning.
+- Classifiers: what the task adds to the pretrained base (the classification head, the tabular network) trains in
+  full (peft's ``modules_to_save``); a generating model's head is pretrained and stays frozen.
+- ``qlora``: the same adapters on 4-bit NF4 weights (bitsandbytes), CUDA only. Reasoned, not measured (no GPU was
+  available when it was written): the load goes through transformers' BitsAndBytesConfig and peft's
+  prepare_model_for_kbit_training, their documented QLoRA path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from kitlib.machine.hardware import HardwareInfo
+
+LORA_RANK = 16  # r: adapter parameters per linear layer = r x (in + out); the memory plan counts the same
+LORA_ALPHA = 32  # the update is scaled by alpha / r = 2 (peft's examples and the LoRA paper's usual ratio)
+LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models up to 13B)
+GENERATING_TASKS = ("causal-lm", "seq2seq")  # where 4-bit weights are offered: the big pretrained models
+_INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
+
+
+def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -> str | None:
+    """A reason line for the run's summary (None without an adapter); a SetupError naming the fix when ``adapter``
+    cannot run here: peft missing, 4-bit weights off CUDA or without bitsandbytes, a regime training no encoder."""
+    import importlib.util
+
+    from kitlib.errors import SetupError
+
+    if adapter == "none":
+        return None
+    if regime != "finetune":
+        raise SetupError(
+            f"adapter = {adapter!r} adapts a fine-tuned model, but this preset's regime is {regime!r} (the encoder "
+            "runs once, frozen, and only a small head trains). Fix: a fine-tuning preset (smoke, balanced, best), or "
+            "adapter = 'none'"
+        )
+    if importlib.util.find_spec("peft") is None:
+        raise SetupError(f"adapter = {adapter!r} needs the peft package, which is not installed. Fix: {_INSTALL}")
+    if adapter == "qlora":
+        primary = hw.primary
+        if hw.device_type != "cuda" or primary is None:
+            raise SetupError(
+                f"adapter = 'qlora' keeps the weights in 4 bits with bitsandbytes' CUDA kernels, and this run trains "
+                f"on {hw.device_type.upper()}. Fix: adapter = 'lora' (the same adapters on full-precision weights), "
+                "or plan for a CUDA GPU (hardware = 'T4', say)"
+            )
+        from kitlib.doctor.memory_plan import BITSANDBYTES_MIN_SM
+
+        if primary.capability < BITSANDBYTES_MIN_SM:
+            raise SetupError(f"adapter = 'qlora' needs a GPU of sm_60 or newer ({primary.sm}). Fix: adapter = 'lora'")
+        return (
+            f"adapter qlora: LoRA r={LORA_RANK} on every linear layer of 4-bit NF4 weights (bitsandbytes); only the "
+            "adapters (and a classifier's head) train and are checkpointed"
+        )
+    return (
+        f"adapter lora: LoRA r={LORA_RANK} on every linear layer, the pretrained weights frozen (no gradients or AdamW "
+        "state for them); only the adapters (and a classifier's head) train and are checkpointed"
+    )
+
+
+def quantization(adapter: str) -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments for ``adapter``: qlora's 4-bit NF4 weights with double-quantised scales
+    computing in bf16 (QLoRA paper's recipe; ~0.51 bytes per weight), else none."""
+    if adapter != "qlora":
+        return {}
+    import importlib.util
+
+    import torch
+
+    from kitlib.errors import SetupError
+
+    if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
+        raise SetupError(
+            "adapter = 'qlora' loads 4-bit weights with bitsandbytes on a CUDA GPU, and this machine has "
+            f"{'no CUDA GPU' if not torch.cuda.is_available() else 'no bitsandbytes'}. Fix: run on a CUDA GPU with "
+            "pip install bitsandbytes, or adapter = 'lora'"
+        )
+    from transformers import BitsAndBytesConfig
+
+    compute = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
+    config = BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
+    )
+    return {"quantization_config": config, "device_map": {"": torch.cuda.current_device()}}
+
+
+def add_adapter(
+    model: nn.Module, adapter: str, *, generating: bool, base_dtype: torch.dtype | None = None, seed: int = 0
+) -> nn.Module:
+    """``model`` with ``adapter`` ("lora" or "qlora") added (a peft PeftModel), or ``model`` itself for "none".
+
+    ``generating``: a causal LM or seq2seq model (its head stays frozen); else a classifier (what it adds to its
+    pretrained base trains in full). ``base_dtype``: the frozen weights' dtype (bf16 halves their memory on a bf16
+    GPU; the adapters stay fp32 master weights). ``seed``: the adapters' initialisation, the caller's RNG untouched.
+    Says in one line how many weights train.
+    """
+    if adapter == "none":
+        return model
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    heads = () if generating else _added_modules(model)
+    targets = _linear_layers(model, exclude=heads)
+    if not targets:
+        from kitlib.errors import SetupError
+
+        raise SetupError(
+            f"adapter = {adapter!r}: {type(model).__name__} has no linear layers to adapt. Fix: adapter = 'none'"
+        )
+    if base_dtype is not None:
+        model.to(base_dtype)  # the frozen base only: the adapters and heads below are created (or cast) in fp32
+    if adapter == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # fit enables it itself
+    config = LoraConfig(
+        r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=LORA_DROPOUT, target_modules=sorted(targets),
+        modules_to_save=list(heads) or None,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        adapted = get_peft_model(model, config)
+    for param in adapted.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()  # a head copied from a bf16 base: trained weights are fp32 masters
+    keys = adapter_keys(adapted) or ()
+    trained = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in adapted.parameters())
+    print(
+        f"{adapter}: {trained / 1e6:.2f} M of {total / 1e6:.1f} M weights train ({trained / total:.2%}): r={LORA_RANK} "
+        f"on {', '.join(sorted(targets))}" + (f", and {', '.join(heads)} in full" if heads else "")
+        + f"; checkpoints hold these {len(keys)} tensors only"
+    )  # fmt: skip
+    return adapted
+
+
+def adapter_keys(model: nn.Module) -> tuple[str, ...] | None:
+    """The state_dict names a checkpoint of ``model`` holds when it carries an adapter (what trains: the adapters
+    and a classifier's head copy; the frozen base is rebuilt from its folder), else None (the whole state_dict)."""
+    if not hasattr(model, "peft_config"):  # peft's PeftModel (and only it) has one
+        return None
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    return tuple(name for name in model.state_dict() if name in trained)
+
+
+def _linear_layers(model: nn.Module, *, exclude: tuple[str, ...]) -> set[str]:
+    """The leaf names of ``model``'s linear layers, its output layer and the ``exclude``d modules aside."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    found = set()
+    for name, module in model.named_modules():
+        inside = any(name == e or name.startswith(f"{e}.") for e in exclude)
+        if isinstance(module, nn.Linear | Conv1D) and module is not head and not inside:
+            found.add(name.rsplit(".", 1)[-1])
+    return found
+
+
+def _added_modules(model: nn.Module) -> tuple[str, ...]:
+    """The modules a classifier adds to its pretrained base (``model.base_model``: the encoder): the heads, a
+    tabular network. Their weights are new, so they train in full beside the adapters."""
+    base = getattr(model, "base_model", None)
+    if base is None or base is model:
+        return ()
+    inside_base = {id(m) for m in base.modules()}
+    added: list[str] = []
+    for name, module in model.named_modules():
+        nested = any(name.startswith(f"{a}.") for a in added)
+        holds_base = any(id(m) in inside_base for m in module.modules())
+        if name and not nested and not holds_base and any(True for _ in module.parameters()):
+            added.append(name)
+    return tuple(added)
+
+
+def describe_size(saved: int, model: nn.Module) -> str:
+    """'1.2 MB (the full model: 480.0 MB)': a checkpoint's bytes against the whole model's weights."""
+    full = sum(t.nbytes for t in model.state_dict().values())
+    return f"{saved / 1e6:.2f} MB (the full model: {full / 1e6:.2f} MB)"

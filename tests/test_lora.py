@@ -1,0 +1,177 @@
+"""LoRA (kitlib.models.adapters, 00's ``adapter``): only the adapters (and a classifier's head) train, checkpoints
+hold them alone, a killed run resumes exactly, 03 predicts from base + adapter, and qlora off CUDA is refused with
+the fix."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("peft")
+
+JOBS = Path(__file__).with_name("_jobs.py")
+
+
+def _tiny(arch: str) -> tuple[torch.nn.Module, bool]:
+    """(a tiny model of ``arch`` built from its config, whether it generates)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=64)), True
+    if arch == "llama":
+        config = tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                num_key_value_heads=2, vocab_size=64)  # fmt: skip
+        return tf.LlamaForCausalLM(config), True
+    if arch == "t5":
+        config = tf.T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=2, vocab_size=64,
+                             decoder_start_token_id=0, pad_token_id=0)  # fmt: skip
+        return tf.T5ForConditionalGeneration(config), True
+    config = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           vocab_size=64, num_labels=3)  # fmt: skip
+    return tf.BertForSequenceClassification(config), False
+
+
+def _rows(generating: bool, n: int = 32) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, 64, (n, 10), generator=g)
+    labels = ids if generating else torch.randint(0, 3, (n,), generator=g)
+    pairs = zip(ids, labels, strict=True)
+    return [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": y} for i, y in pairs]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "t5", "bert"])
+def test_only_the_adapter_trains_and_best_holds_it_alone(arch: str, tmp_path: Path, cpu_hw: Any) -> None:
+    from safetensors.torch import load_file
+    from torch.utils.data import DataLoader
+
+    from kitlib import TrainConfig, fit
+    from kitlib.engine import checkpoint
+    from kitlib.models.adapters import adapter_keys, add_adapter
+
+    base, generating = _tiny(arch)
+    model = add_adapter(base, "lora", generating=generating)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trained = set(adapter_keys(model) or ())
+    assert trained and all("lora_" in k or "modules_to_save" in k for k in trained)
+    assert generating or any("classifier.modules_to_save" in k for k in trained)  # a classifier's new head trains
+    rows = _rows(generating)
+    cfg = TrainConfig(epochs=2, micro_batch_size=8, lr=1e-2, precision="fp32", adapter="lora", full_eval_at_end=False)
+    result = fit(model, DataLoader(rows, batch_size=8), config=cfg, eval_loader=DataLoader(rows, batch_size=8),
+                 run_dir=tmp_path, hw=cpu_hw)  # fmt: skip
+    after = result.model.state_dict()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and changed <= trained, sorted(changed - trained)[:5]  # the pretrained weights never move
+    assert all(k in changed for k in trained if "lora_B" in k)  # every adapter learned (B starts at zero)
+
+    best = checkpoint.latest(tmp_path, "best")
+    assert best is not None
+    saved = load_file(best / checkpoint.MODEL_FILE)
+    assert set(saved) == trained  # the adapter (and head) only
+    full = sum(t.nbytes for t in after.values())
+    assert (best / checkpoint.MODEL_FILE).stat().st_size < full / 2
+    # Restored onto a freshly built base + adapter: the trained model again (what 03 does).
+    fresh = add_adapter(_tiny(arch)[0], "lora", generating=generating)
+    checkpoint.restore_model(fresh, checkpoint.load(best))
+    state = fresh.state_dict()
+    for name in trained:
+        assert torch.equal(state[name], saved[name])
+    assert all(torch.equal(state[k], before[k]) for k in before if k not in trained)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(JOBS), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_a_killed_lora_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
+    full = _run("lora_resume", str(tmp_path / "full"), "0", "0")
+    assert full.returncode == 0, full.stderr[-3000:]
+    kill_at = random.Random().randint(5, 14)  # 16 steps, last/ every 2
+    killed = _run("lora_resume", str(tmp_path / "cut"), str(kill_at), "0")
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
+    meta = json.loads((tmp_path / "cut" / "last" / "meta.json").read_text())
+    assert 0 < meta["step"] <= kill_at, (meta, kill_at)
+    from safetensors.torch import load_file
+
+    assert all("lora_" in k for k in load_file(tmp_path / "cut" / "last" / "model.safetensors"))  # adapter only
+    resumed = _run("lora_resume", str(tmp_path / "cut"), "0", "1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, got = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")
+    assert any("lora_" in name for name in expected)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), f"{name} differs after kill at step {kill_at} and resume"
+
+
+def test_qlora_off_cuda_is_refused_in_00_naming_lora(tmp_path: Path, cpu_hw: Any) -> None:
+    from kitlib.errors import SetupError
+    from kitlib.notebook import presets, stages
+    from kitlib.tools.demo import make_demo
+
+    with pytest.raises(SetupError, match=r"CUDA.*Fix: adapter = 'lora'"):
+        presets.resolve("smoke", cpu_hw, overrides={"adapter": "qlora"})
+    demo = make_demo(tmp_path / "demo")
+    with pytest.raises(SetupError, match=r"Fix: adapter = 'lora'"):  # a classifier: 4-bit weights not offered
+        stages.params(data_dir=demo.root, work_dir=tmp_path / "work", model="tiny", adapter="qlora")
+    with pytest.raises(SetupError, match=r"adapter = 'bogus' is not one of \['none', 'lora', 'qlora'\]"):
+        stages.params(data_dir=demo.root, work_dir=tmp_path / "work", adapter="bogus")
+    assert not (tmp_path / "work" / "run.json").exists()
+    run = presets.resolve("balanced", cpu_hw, overrides={"adapter": "lora"})  # LoRA runs anywhere
+    assert (run.config.adapter, run.config.freeze) == ("lora", "none")
+
+
+def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, cpu_hw: Any) -> None:
+    """Must-show 3: the SFT demo through 00-03 headless with adapter = "lora" on a model folder; best/ holds the
+    adapter only, and 03's model is the folder's weights plus that adapter."""
+    import os
+
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    from kitlib.errors import DemoDataMissing
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.models.causal_lm import tiny_causal_lm
+    from kitlib.notebook import stages
+    from kitlib.tools.demo_sft import PARAMETERS, make_sft_demo
+
+    try:
+        demo = make_sft_demo(tmp_path / "data", n_train=96, n_test=12)
+    except DemoDataMissing as err:
+        pytest.skip(str(err))
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+    tokenizer = train_bpe_tokenizer([*train["prompt"], *train["response"]], vocab_size=400, add_eos=False)
+    folder = tmp_path / "gpt2-folder"
+    tiny_causal_lm(tokenizer, seed=1, n_positions=256).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    work = tmp_path / "work"
+    flags = [f"--{k}={v}" for k, v in PARAMETERS.items()]
+    command = [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", str(demo.root), "--work", str(work),
+               "--preset", "smoke", "--model", str(folder), "--adapter", "lora", *flags]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_")}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert json.loads((work / "run.json").read_text())["config"]["adapter"] == "lora"
+    best = load_file(work / "run" / "best" / "model.safetensors")
+    assert best and all("lora_" in k for k in best)  # the adapter only
+    train_log = (work / "executed" / "02_train.ipynb").read_text()
+    assert "best/ holds the lora adapter only" in train_log
+    assert len(pd.read_csv(work / "submission.csv")) == 12
+
+    p = stages.load_params(work)
+    model = stages.prepare(p, stages.load_features(p), cpu_hw).model  # what 03 builds, then restores best/ into
+    from kitlib.engine import checkpoint
+
+    checkpoint.restore_model(model, checkpoint.load(work / "run" / "best"))
+    state = model.state_dict()
+    for name, tensor in best.items():  # the adapter: best/'s
+        assert torch.equal(state[name], tensor), name
+    base = model.unload().state_dict()  # the adapters taken out, unmerged: the base as 03 built it
+    for name, tensor in load_file(folder / "model.safetensors").items():  # the folder's weights, untouched
+        assert torch.equal(base[name], tensor), name
