@@ -257,7 +257,8 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
 # 00's parameters a command line may set, beside --params FILE; `kaggle build` and `notebooks run` take them all.
 NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "objective", "numeric", "categorical",
          "model_factory", "seed", "train_file", "test_file", "sample_submission", "hardware", "epochs",
-         "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every", "adapter")  # fmt: skip
+         "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every", "adapter",
+         "optimizer")  # fmt: skip
 
 
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
@@ -366,6 +367,8 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
     p.add_argument("--max-length", type=int, help="tokens per row (default: fitted to the data)")
     p.add_argument("--full-eval-every", type=int, help="epochs between full evaluations, 0: at the end only")
+    p.add_argument("--optimizer", choices=("adamw", "adamw8bit", "adamw-kahan"),
+                   help="adamw8bit: 8-bit AdamW; adamw-kahan: for pure bf16 weights (both: kitlib[lean])")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

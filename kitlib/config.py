@@ -19,6 +19,7 @@ from kitlib._files import write_atomic
 Dtype = Literal["fp32", "fp16", "bf16"]
 Requested = Literal["auto", Dtype]  # what a user may ask for; "auto" lets decide_precision pick with a reason
 Schedule = Literal["cosine", "linear", "constant"]
+Optimizer = Literal["adamw", "adamw8bit", "adamw-kahan"]
 Freeze = Literal["none", "embeddings", "encoder"]
 Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or LoRA on 4-bit weights (CUDA)
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
@@ -88,6 +89,9 @@ class TrainConfig:
     schedule: Schedule = "cosine"
     warmup_ratio: float = 0.06  # fraction of optimizer steps spent warming up linearly from 0
     min_lr_ratio: float = 0.0  # cosine/linear decay floor, as a fraction of lr
+    # adamw8bit: bitsandbytes' 8-bit AdamW (optional extra kitlib[lean]), 2 bytes of state a parameter instead of 8;
+    # adamw-kahan: torch-optimi's AdamW with Kahan-summed updates: trains pure bf16 weights in a bf16 run (kitlib[lean])
+    optimizer: Optimizer = "adamw"
     grad_clip: float | None = (
         1.0  # max global grad norm; None disables clipping (the norm is still checked for inf/nan)
     )
@@ -183,6 +187,7 @@ class TrainConfig:
         for name, vocabulary in (
             ("precision", Requested),
             ("schedule", Schedule),
+            ("optimizer", Optimizer),
             ("freeze", Freeze),
             ("adapter", Adapter),
             ("batching", Batching),
@@ -206,10 +211,12 @@ class TrainConfig:
         the math, so continuing it would not be the run it was: ``["lr: 0.001 -> 0.0005", ...]``. Logging, saving,
         evaluation cadence, time budget and worker settings may change between sessions."""
         mine = self.to_dict()
+        # A field the checkpoint's kitlib did not have yet ran at its default (optimizer: AdamW).
+        then = {f.name: saved.get(f.name, f.default) for f in dataclasses.fields(self)}
         return [
-            f"{name}: {saved.get(name)!r} -> {mine[name]!r}"
+            f"{name}: {then[name]!r} -> {mine[name]!r}"
             for name in mine
-            if name not in _RESUMABLE_CHANGES and _jsonish(saved.get(name)) != _jsonish(mine[name])
+            if name not in _RESUMABLE_CHANGES and _jsonish(then[name]) != _jsonish(mine[name])
         ]
 
     @classmethod

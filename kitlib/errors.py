@@ -64,6 +64,10 @@ class CheckpointError(KitError, RuntimeError):
     """A checkpoint cannot be written or loaded; names the directory, the problem and the fix."""
 
 
+class DoesNotFitError(KitError, RuntimeError):
+    """A training step runs out of device memory even at micro-batch 1; names the memory plan's next strategy."""
+
+
 class NonFiniteLossError(KitError, RuntimeError):
     """Too many optimizer steps in a row had inf/nan gradients."""
 

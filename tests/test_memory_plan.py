@@ -20,12 +20,14 @@ def _llama_7b() -> Any:
 
 
 @pytest.mark.parametrize("strategy", ["fp32 full fine-tune", "fp32 full fine-tune + checkpointing",
-                                      "frozen embeddings + fp32"])  # fmt: skip
+                                      "frozen embeddings + fp32", "fp32 + 8-bit AdamW"])  # fmt: skip
 def test_plan_matches_the_measured_peak_of_kitlibs_step(strategy: str) -> None:
     from transformers import LlamaConfig
 
     from kitlib.doctor.live_bytes import planned_and_measured
 
+    if "8-bit" in strategy:
+        pytest.importorskip("bitsandbytes", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
     config = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=4000)  # fmt: skip
     planned, measured = planned_and_measured(
@@ -40,11 +42,13 @@ def test_7b_at_1536_tokens_fits_h100_and_t4_only_with_the_right_strategy() -> No
     for plan in (h100, t4):
         fp32 = [f for f in plan.fits if f.strategy.name.startswith("fp32 full fine-tune")]
         assert fp32 and not any(f.fits for f in fp32)  # ~16 bytes/parameter: 108 GB before activations
-        assert plan.choice is not None and plan.choice is plan.offered_choice  # kitlib offers what fits (adapter)
+        assert plan.choice is not None and plan.choice is plan.offered_choice  # kitlib offers what fits
         assert plan.choice.peak <= plan.budget and plan.choice.micro_batch * plan.choice.accum >= 32
     assert "QLoRA" in t4.choice.strategy.name  # type: ignore[union-attr]
-    assert h100.choice.strategy.name.startswith("LoRA r=16, bf16 base")  # type: ignore[union-attr]
     assert t4.line().startswith("fits: ~") and "QLoRA" in t4.line()
+    # the least compromise that fits: a full fine-tune of pure bf16 weights, with the optimizer that keeps updates
+    assert h100.choice.strategy.name == "bf16 weights + Kahan AdamW + checkpointing"  # type: ignore[union-attr]
+    assert "bf16 weights + Kahan AdamW" not in t4.table()  # a T4 trains in fp16: no pure bf16 offered there
 
 
 def test_qlora_is_refused_off_cuda_and_small_models_fit_with_what_kitlib_offers() -> None:
@@ -53,6 +57,19 @@ def test_qlora_is_refused_off_cuda_and_small_models_fit_with_what_kitlib_offers(
     small = plan_memory("minilm", hardware="T4", seq_len=128, task="classify", effective_batch=32)
     assert small.choice is small.offered_choice and small.choice is not None
     assert small.line().startswith("fits: ~")
+
+
+def test_8bit_adamw_is_offered_and_chosen_where_fp32_adamw_does_not_fit() -> None:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=2048, intermediate_size=5530, num_hidden_layers=24, num_attention_heads=16,
+                         vocab_size=32000)  # 1.35 B parameters  # fmt: skip
+    plan = plan_memory(config, hardware="L4", seq_len=512, task="causal-lm")
+    by_name = {f.strategy.name: f for f in plan.fits}
+    assert not by_name["fp32 weights + AMP"].fits and not by_name["fp32 weights + AMP + checkpointing"].fits
+    assert plan.offered_choice is by_name["fp32 weights + AMP + 8-bit AdamW"]
+    assert "fp32 weights + AMP + 8-bit AdamW *" not in plan.table()  # offered: no "planned" star
+    assert plan.line().startswith("fits: ~") and "8-bit AdamW" in plan.line()
 
 
 def test_unknown_model_names_the_fix(tmp_path: Path) -> None:

@@ -207,13 +207,16 @@ def test_training_parameters_reach_run_json_and_start_the_picker(tmp_path: Path,
 
     p = stages.params(environ={}, data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work",
                       preset="smoke", model="tiny", text="review", target="sentiment", epochs=3, micro_batch_size=1,
-                      grad_accum_steps=16, lr=0.002, max_length=24, full_eval_every=1)  # fmt: skip
+                      grad_accum_steps=16, lr=0.002, max_length=24, full_eval_every=1,
+                      optimizer="adamw8bit")  # fmt: skip
     picker = PresetPicker(cpu_hw, default=p.preset, overrides=p.training())
     picker._on_preset({"new": "balanced"})  # another preset: the parameters' settings stay
     expected = {"epochs": 3, "micro_batch_size": 1, "grad_accum_steps": 16, "lr": 0.002, "max_length": 24,
-                "full_eval_every": 1}  # fmt: skip
+                "full_eval_every": 1, "optimizer": "adamw8bit"}  # fmt: skip
     for run in (picker.resolved, stages.setup(p, cpu_hw)):  # the picker's start, and 00 without a picker
         assert {k: getattr(run.config, k) for k in expected} == expected
     assert stages.load_params(p.work_dir, environ={}).training() == expected  # 01-03 see them in params.json
     with pytest.raises(SetupError, match=r"micro_batch_size = 0 is not a whole number >= 1"):
         stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, micro_batch_size=0)
+    with pytest.raises(SetupError, match=r"optimizer = 'adam' is not one of \('adamw', 'adamw8bit', 'adamw-kahan'\)"):
+        stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, optimizer="adam")

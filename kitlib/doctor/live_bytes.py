@@ -69,6 +69,7 @@ def step_peak(
     *,
     gradient_checkpointing: bool = False,
     freeze: str = "none",
+    optimizer_name: str = "adamw",
     loss_fn: Any = None,
 ) -> int:
     """Peak live bytes of kitlib's own optimizer step (``train_window``: fp32, weighted backward over ``window``'s
@@ -84,7 +85,8 @@ def step_peak(
     from kitlib.machine.hardware import fake_profile
     from kitlib.machine.precision import Precision, decide_precision
 
-    cfg = TrainConfig(precision="fp32", gradient_checkpointing=gradient_checkpointing, freeze=freeze)  # type: ignore[arg-type]
+    cfg = TrainConfig(precision="fp32", gradient_checkpointing=gradient_checkpointing, freeze=freeze,  # type: ignore[arg-type]
+                      optimizer=optimizer_name)  # type: ignore[arg-type]  # fmt: skip
     freeze_part(model, freeze)
     if gradient_checkpointing:
         enable_activation_checkpointing(model)
@@ -107,11 +109,12 @@ def step_peak(
     return live.peak
 
 
-# kitlib's strategies that run today, as the plan names them on a CPU -> (gradient_checkpointing, freeze)
+# kitlib's strategies that run today, as the plan names them on a CPU -> (gradient_checkpointing, freeze, optimizer)
 MEASURABLE = {
-    "fp32 full fine-tune": (False, "none"),
-    "fp32 full fine-tune + checkpointing": (True, "none"),
-    "frozen embeddings + fp32": (False, "embeddings"),
+    "fp32 full fine-tune": (False, "none", "adamw"),
+    "fp32 full fine-tune + checkpointing": (True, "none", "adamw"),
+    "frozen embeddings + fp32": (False, "embeddings", "adamw"),
+    "fp32 + 8-bit AdamW": (False, "none", "adamw8bit"),
 }
 
 
@@ -122,7 +125,7 @@ def planned_and_measured(
     model built from ``config`` with random weights on random tokens, on this CPU in fp32."""
     from kitlib.doctor.memory_plan import _meta_model, plan_memory
 
-    checkpointing, freeze = MEASURABLE[strategy]
+    checkpointing, freeze, optimizer = MEASURABLE[strategy]
     plan = plan_memory(config, hardware="CPU", seq_len=seq_len, task=task, micro_batch=micro_batch, accum=accum,
                        chunked_loss=False)  # fmt: skip
     planned = next(f.peak for f in plan.fits if f.strategy.name == strategy)
@@ -134,4 +137,5 @@ def planned_and_measured(
         ids = torch.randint(4, vocab, (micro_batch, seq_len))
         labels = ids if task in ("causal-lm", "seq2seq") else torch.randint(0, 2, (micro_batch,))
         window.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
-    return planned, step_peak(model, window, gradient_checkpointing=checkpointing, freeze=freeze)
+    peak = step_peak(model, window, gradient_checkpointing=checkpointing, freeze=freeze, optimizer_name=optimizer)
+    return planned, peak

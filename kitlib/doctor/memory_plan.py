@@ -73,6 +73,8 @@ _FAMILIES = {
     **dict.fromkeys(("t5", "mt5"), "t5"),
 }
 GENERATING = ("causal-lm", "seq2seq")
+# bitsandbytes' AdamW8bit state a parameter: two 8-bit moments and an fp32 absmax per 256-element block
+ADAMW_8BIT_BYTES = 2 + 2 * 4 / 256
 
 
 @dataclass(frozen=True)
@@ -213,19 +215,21 @@ def plan_memory(
     world = max(1, hw.num_gpus)
     capacity = float(hw.primary.memory_bytes if hw.primary is not None else hw.ram_bytes)
     budget = (capacity - (CUDA_CONTEXT if hw.device_type == "cuda" else 0.0)) * (1 - HEADROOM)
-    amp = decide_precision(hw).dtype != "fp32"
+    dtype = decide_precision(hw).dtype
+    amp = dtype != "fp32"
     per_device = max(1, math.ceil(effective_batch / world))
     fits = tuple(
         _fit(s, shape, hw, seq_len, task, chunked, per_device, micro_batch, accum, budget)
-        for s in strategies(shape, amp=amp, bf16=decide_precision(hw).dtype == "bf16")
+        for s in strategies(shape, amp=amp, bf16=dtype == "bf16")
     )
     return MemoryPlan(name, task, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
 
 
 def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]:
     """The strategies in order of least compromise first (speed and fidelity). Bytes per parameter of the whole
-    model; a frozen part has no gradient or optimizer state. ``bf16``: LoRA keeps its frozen base in bf16 (on an
-    fp16 card it stays fp32: kitlib.notebook.stages.prepare)."""
+    model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so pure bf16
+    weights are offered (with the optimizer that keeps their updates), and LoRA keeps its frozen base in bf16 (on
+    an fp16 card it stays fp32: kitlib.notebook.stages.prepare)."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
@@ -241,6 +245,15 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]
             out.append(Strategy(f"fp32 full fine-tune{tag}", True, 4, 4, 8, act, ckpt))
     half = "AMP" if amp else "fp32"
     out.append(Strategy(f"frozen embeddings + {half}", True, 4, 4 * trainable, 8 * trainable, act, False))
+    weights = 4 + cast_cache if amp else 4
+    for ckpt in (False, True):  # optimizer="adamw8bit": two 8-bit moments and an fp32 absmax per 256-element block
+        tag = " + checkpointing" if ckpt else ""
+        name = f"{'fp32 weights + AMP' if amp else 'fp32'} + 8-bit AdamW{tag}"
+        out.append(Strategy(name, True, weights, 4, ADAMW_8BIT_BYTES, act, ckpt))
+    if bf16:  # optimizer="adamw-kahan": bf16 moments and a bf16 Kahan compensation (reasoned, not measured)
+        for ckpt in (False, True):
+            tag = " + checkpointing" if ckpt else ""
+            out.append(Strategy(f"bf16 weights + Kahan AdamW{tag}", True, 2.0, 2.0, 6.0, act, ckpt))
     if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
         out.append(Strategy("fp32 full fine-tune (no AMP)", True, 4, 4, 8, 4.0, False))
     base = 2.0 if bf16 else 4.0

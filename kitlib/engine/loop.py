@@ -27,6 +27,7 @@ from kitlib._files import write_atomic
 from kitlib._version import __version__
 from kitlib.config import TrainConfig, full_eval_due
 from kitlib.engine import checkpoint
+from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
 from kitlib.engine.batches import shard_batches, skip_batches
 from kitlib.engine.evaluation import DeferredEvals, FullEval, Metrics, evaluate_loss, run_full_eval
 from kitlib.engine.events import Callback, Events, StepEnd
@@ -40,7 +41,7 @@ from kitlib.engine.objective import (
     real_tokens,
     rows,
 )
-from kitlib.engine.optim import build_optimizer, build_scheduler, freeze
+from kitlib.engine.optim import build_optimizer, build_scheduler, cast_for_optimizer, freeze
 from kitlib.engine.policies import default_policies
 from kitlib.engine.record import RunRecorder
 from kitlib.engine.step import (
@@ -160,7 +161,10 @@ class Loop:
             # Say what was frozen (and what was kept because it is shared): a line of output, not a warning (a
             # notebook shows warnings as a red box, and this is the run going as configured).
             print(f"fit: {self.frozen}")
-        check_master_weights(model.named_parameters())  # after freezing: a frozen half weight is never updated
+        if (cast := cast_for_optimizer(model, cfg, self.plan.dtype)) and self.env.is_main:
+            print(f"fit: {cast}")
+        # after freezing: a frozen half weight is never updated
+        check_master_weights(model.named_parameters(), keeps_bf16_updates=cfg.optimizer == "adamw-kahan")
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)
@@ -175,6 +179,11 @@ class Loop:
         if self.windows_per_epoch == 0:
             raise ValueError("the training DataLoader is empty (with drop_last=True, fewer rows than one batch?)")
         self.scheduler = build_scheduler(self.optimizer, cfg, self.windows_per_epoch * cfg.epochs)
+        self.backoff = MicroBatchBackoff(
+            cfg, loader_batch=train_loader.batch_size, optimizer=self.optimizer, precision=self.precision,
+            device=self.device, distributed=self.env.enabled, next_strategy=next_strategy(cfg),
+            say=print if self.env.is_main else lambda line: None,
+        )  # fmt: skip
         self.ledger = StepLedger(self.scheduler, self.windows_per_epoch * cfg.epochs, self.device)
         # Windows whose outcome (applied or skipped) the device has not reported yet; state.step counts them as
         # applied until settle() reads the device. window_applied: the outcome of the window settle() read last.
@@ -258,6 +267,7 @@ class Loop:
         self.optimizer.load_state_dict(snap.state["optimizer"])
         self.scheduler.load_state_dict(snap.state["scheduler"])
         self.precision.load_state_dict(snap.state["precision"])
+        self.backoff.load_state_dict(snap.state.get("backoff", {}))
         # Each rank continues its own streams; a checkpoint from another world size (or an older kitlib) has only
         # rank 0's, and every rank takes those.
         ranks = snap.state.get("rank_rngs") or []
@@ -321,6 +331,7 @@ class Loop:
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
                 "precision": self.precision.state_dict(),
+                "backoff": self.backoff.state_dict(),
                 "rng": rngs[0],
                 "rank_rngs": rngs,
                 "run": dataclasses.asdict(state),
@@ -353,12 +364,17 @@ class Loop:
         # Under DDP, this process's first step checks that every trainable parameter got a gradient (named error).
         check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
         self.checked_gradients = True
-        with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
-            applied, loss_sum, items = train_window(
-                window, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
-                optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
-                timer=self.timer, to_device=self.to_device,
+
+        def train(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return train_window(
+                micro_batches, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn,
+                precision=self.precision, optimizer=self.optimizer, ledger=self.ledger, params=self.params,
+                cfg=self.cfg, env=self.env, timer=self.timer, to_device=self.to_device,
             )  # fmt: skip
+
+        with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
+            # Out of device memory: the window again from its start at half the micro-batch, twice the accumulation.
+            applied, loss_sum, items = self.backoff.run(window, train, step=self.state.step + self.state.skipped)
         self.state.batch_in_epoch += len(window)
         self.state.step += 1  # as applied until settle() reads the outcome: no wait for the GPU here
         self.unsettled += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -123,8 +124,9 @@ def _blocks(model: nn.Module, layers: int) -> nn.ModuleList:
     return (exact or stacks)[0]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW without weight decay on biases and norm weights (1-d params), fused where the params allow it.
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW without weight decay on biases and norm weights (1-d params): torch's, fused where the params allow it,
+    or bitsandbytes' 8-bit AdamW (``cfg.optimizer="adamw8bit"``).
 
     Fused AdamW does the whole update in one kernel per device instead of ~a dozen per parameter tensor: on a GPU
     that is 5-20% of step time for small models (launch-bound). It needs every parameter on one supported device.
@@ -137,10 +139,66 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     if not decay and not no_decay:
         raise ValueError("no trainable parameters: everything is frozen (check TrainConfig.freeze)")
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if cfg.optimizer == "adamw8bit":
+        return adamw_8bit(groups, cfg)
+    if cfg.optimizer == "adamw-kahan":
+        return adamw_kahan(groups, cfg)
     devices = {p.device.type for p in decay + no_decay}
     floating = all(p.is_floating_point() for p in decay + no_decay)
     fused = len(devices) == 1 and devices <= {"cuda", "cpu", "mps"} and floating
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused)
+
+
+def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """bitsandbytes' AdamW8bit: both moments block-wise quantised to 8 bits (Dettmers et al. 2022, 2 bytes of state a
+    parameter instead of AdamW's 8); tensors under 4,096 elements (biases, norms) keep fp32 state, as its authors
+    chose. CUDA kernels, and a CPU backend since bitsandbytes 0.50 (measured here). It cannot skip a step on the
+    device: an fp16 run pays one host sync a step for the GradScaler's verdict (``Precision.apply``)."""
+    from kitlib.errors import SetupError
+
+    try:
+        import bitsandbytes
+    except ImportError as error:
+        raise SetupError(
+            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: pip install 'kitlib[lean]' (or bitsandbytes), "
+            "or optimizer='adamw'"
+        ) from error
+    optimizer: torch.optim.Optimizer = bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
+    return optimizer
+
+
+def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """torch-optimi's AdamW with Kahan summation: each bf16 weight keeps a bf16 compensation buffer of what its last
+    updates lost to rounding (Zamirai et al. 2021), so pure bf16 weights learn as fp32 ones do (plain AdamW on bf16
+    weights drops every update below their resolution, ~0.4% of the weight). 2 bytes a parameter more; a no-op on
+    fp32 weights. eps 1e-8 and decay scaled by the lr, as torch's AdamW (optimi's own default eps is 1e-6)."""
+    from kitlib.errors import SetupError
+
+    try:
+        import optimi
+    except ImportError as error:
+        raise SetupError(
+            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: pip install 'kitlib[lean]' (or "
+            "torch-optimi), or optimizer='adamw' with fp32 weights (model.float())"
+        ) from error
+    optimizer: torch.optim.Optimizer = optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
+    return optimizer
+
+
+def cast_for_optimizer(model: nn.Module, cfg: TrainConfig, dtype: str) -> str:
+    """optimizer="adamw-kahan" in a bf16 run trains pure bf16 weights (the memory plan's "bf16 weights + Kahan
+    AdamW": 2 bytes a weight and its gradient instead of 4): the trainable fp32 parameters are cast to bf16 in place,
+    before they move to the device. Buffers stay as they are (rotary frequencies, norm statistics need fp32).
+    Returns the line fit prints, "" when nothing was cast."""
+    if cfg.optimizer != "adamw-kahan" or dtype != "bf16":
+        return ""
+    cast = [p for p in model.parameters() if p.requires_grad and p.dtype == torch.float32]
+    for param in cast:
+        param.data = param.data.to(torch.bfloat16)
+    count = sum(p.numel() for p in cast)
+    if not count:  # the model came in bf16 already
+        return ""
+    return f"optimizer='adamw-kahan': {count:,} trainable fp32 weights cast to bf16 (pure bf16, Kahan-summed updates)"
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int) -> LrMultiplier:

@@ -64,6 +64,9 @@ class RunFacts:
     compile_s: float | None = None
     compile_steps: int | None = None
     compile_step_s: float | None = None
+    # Out-of-memory back-offs (fit halved the micro-batch and doubled the accumulation): {"step", "micro_batch":
+    # [from, to], "grad_accum_steps": [from, to], "error"} each; micro_batch_size/grad_accum_steps are the last ones.
+    oom_backoffs: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -138,8 +141,8 @@ class RunRecorder(Callback):
             epochs_planned=cfg.epochs,
             epochs_done=len(loop.state.history),
             world_size=env.world_size,
-            micro_batch_size=getattr(loader, "batch_size", None) or cfg.micro_batch_size,
-            grad_accum_steps=cfg.grad_accum_steps,
+            micro_batch_size=loop.backoff.micro_batch,  # the loader's batch, or its pieces after an OOM back-off
+            grad_accum_steps=cfg.grad_accum_steps * loop.backoff.parts,
             num_workers=loader.num_workers,
             persistent_workers=loader.persistent_workers,
             pin_memory=loader.pin_memory,
@@ -167,6 +170,7 @@ class RunRecorder(Callback):
             if eval_batches is not None
             else 0,
             stop_reason=loop.stop_reason,
+            oom_backoffs=list(loop.backoff.changes),
             **self._compile_facts(),
             **model_facts(loop.raw_model),
         )

@@ -174,11 +174,15 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
     return PrecisionPlan("fp32", "cpu", False, False, "CPU: fp32 as requested")
 
 
-def check_master_weights(named_params: Iterable[tuple[str, torch.nn.Parameter]]) -> None:
+def check_master_weights(
+    named_params: Iterable[tuple[str, torch.nn.Parameter]], *, keeps_bf16_updates: bool = False
+) -> None:
     """A PrecisionError naming the fix when a trainable weight is fp16/bf16: kitlib trains fp32 master weights and
     lets autocast compute in half precision. Trained as they are, fp16 weights stop the GradScaler ("Attempting to
-    unscale FP16 gradients") and bf16 ones lose every AdamW update below bf16's resolution: no learning, silently."""
-    half = [(name, p.dtype) for name, p in named_params if p.requires_grad and p.dtype in _HALF_DTYPES]
+    unscale FP16 gradients") and bf16 ones lose every AdamW update below bf16's resolution: no learning, silently.
+    ``keeps_bf16_updates``: the optimizer keeps them (Kahan summation), so bf16 weights may train as they are."""
+    refused = set(_HALF_DTYPES) - ({torch.bfloat16} if keeps_bf16_updates else set())
+    half = [(name, p.dtype) for name, p in named_params if p.requires_grad and p.dtype in refused]
     if not half:
         return
     dtypes = "/".join(sorted({_HALF_DTYPES[dtype] for _, dtype in half}))
@@ -186,8 +190,8 @@ def check_master_weights(named_params: Iterable[tuple[str, torch.nn.Parameter]])
         f"{len(half)} trainable weight(s) are {dtypes} (e.g. {half[0][0]!r}): kitlib trains fp32 master weights "
         f"under fp16/bf16 autocast, and {dtypes} weights would not learn (updates below their resolution are lost; "
         "a GradScaler refuses fp16 gradients). Fix: model.float() before fit (autocast still computes in half "
-        "precision; kitlib's loaders do this for a half-precision checkpoint). Pure-bf16 training with a lean "
-        "optimizer is not offered yet"
+        "precision; kitlib's loaders do this for a half-precision checkpoint), or, for bf16 weights, "
+        "TrainConfig(optimizer='adamw-kahan'): it keeps the updates (Kahan summation)"
     )
 
 
@@ -268,6 +272,12 @@ class Precision:
         elif not bool(found_inf):  # the one host sync: this optimizer cannot skip on the device
             optimizer.step()
         self._scaler.update()  # a no-op without a scaler
+
+    def forget_unscale(self) -> None:
+        """Forget that ``unscale_`` ran in a step abandoned midway (an out-of-memory replay): the replay unscales its
+        own gradients (GradScaler refuses a second unscale_ before update()). The loss scale is kept."""
+        if self._scaler.is_enabled():  # a disabled scaler keeps no per-optimizer record
+            self._scaler._per_optimizer_states.clear()  # update()'s own reset (a defaultdict: it refills)
 
     @property
     def scale(self) -> float:

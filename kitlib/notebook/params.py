@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from kitlib._files import write_atomic
+from kitlib.config import Optimizer
 from kitlib.notebook.presets import DEFAULT_PRESET
 
 PARAMS_FILE = "params.json"
@@ -37,7 +38,16 @@ ENV = {
 }
 # Training settings beside the preset, as 00's parameters (None: the preset decides): set in the parameters cell, a
 # params file or on the command line, they are the picker's starting values and resolve()'s overrides.
-TRAINING = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every", "adapter")
+TRAINING = (
+    "epochs",
+    "micro_batch_size",
+    "grad_accum_steps",
+    "lr",
+    "max_length",
+    "full_eval_every",
+    "adapter",
+    "optimizer",
+)
 SWITCHES = ("rehearse",)  # on/off parameters: their KIT_* variable reads 1/true/yes/on or 0/false/no/off
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
@@ -80,6 +90,7 @@ class Params:
     # none | lora | qlora: train low-rank adapters beside the frozen pretrained weights (kitlib.models.adapters;
     # checkpoints hold the adapters only); qlora keeps those weights in 4 bits (CUDA, causal-lm and seq2seq)
     adapter: str = "none"
+    optimizer: str | None = None  # adamw | adamw8bit (2 bytes of state a parameter, not 8) | adamw-kahan (bf16 weights)
     # Rehearse the plan for ``hardware`` on this machine before spending GPU quota: where it has fewer GPUs, 02 trains
     # in as many gloo processes on its CPU as the plan has GPUs, in the precision the CPU runs, and 03 predicts there.
     rehearse: bool = False
@@ -363,6 +374,8 @@ def _check_training(p: Params) -> None:
             continue
         if name == "lr":
             ok, wanted = isinstance(value, int | float) and value > 0, "a number > 0"
+        elif name == "optimizer":
+            ok, wanted = value in get_args(Optimizer), f"one of {get_args(Optimizer)}"
         else:
             least = 0 if name == "full_eval_every" else 1
             ok, wanted = isinstance(value, int) and value >= least, f"a whole number >= {least}"
