@@ -16,8 +16,9 @@ with kitlib's tokenizer, loaders, fit, generating full eval and submission, as `
 - Targets, lengths, the full eval (generation every ``full_eval_every`` epochs, the metric scored in the background)
   and 03's blank/looped/cut tally are seq2seq's (kitlib.notebook.tasks.generation): a blank output is written as the
   most common training target whatever your decoding does.
-- The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR and FROM_SCRATCH_EPOCHS x the
-  preset's epochs. A factory file is loaded as ``custom`` loads one (kitlib.notebook.tasks.custom).
+- The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR, at most FROM_SCRATCH_BATCH rows
+  per step and FROM_SCRATCH_EPOCHS x the preset's epochs. A factory file is loaded as ``custom`` loads one
+  (kitlib.notebook.tasks.custom).
 """
 
 from __future__ import annotations
