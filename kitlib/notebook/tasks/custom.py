@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.abc
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kitlib.errors import SetupError
 from kitlib.notebook.tasks.text import TextTask
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from kitlib.notebook.presets import Preset
     from kitlib.notebook.regimes import Prepared
     from kitlib.notebook.tasks.base import Params
+
+T = TypeVar("T")
 
 FROM_SCRATCH_LR = 1e-3  # a module of one's own starts from random weights: the presets' lrs are for pretrained ones
 FROM_SCRATCH_EPOCHS = 4  # x the preset's: the demo's BiLSTM scored 0.656 after balanced's 2 epochs
@@ -141,24 +143,9 @@ def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: b
 
 
 def _check_output(model: nn.Module, loader: Any, spec: str) -> None:
-    """One forward pass on two training rows (CPU, no grad, RNG untouched): a model whose output lacks ``.logits``
-    or ``.loss`` fails here with the fix, not as an AttributeError inside fit's step. Cost: one 2-row forward."""
-    import torch
-
-    rows = [loader.dataset[i] for i in range(min(2, len(loader.dataset)))]
-    batch = loader.collate_fn(rows)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            out = model(**batch)
-    except Exception as err:
-        raise SetupError(
-            f"model_factory = {spec!r}: the model's forward(input_ids, attention_mask, labels) raised "
-            f"{type(err).__name__}: {err}. Fix its forward for those keyword arguments, then re-run 02"
-        ) from err
-    finally:
-        model.train(was_training)
+    """One forward pass on two training rows: a model whose output lacks ``.logits`` or ``.loss`` fails here with
+    the fix, not as an AttributeError inside fit's step. Cost: one 2-row forward."""
+    out = try_on_rows(model, loader, spec, "forward(input_ids, attention_mask, labels)", lambda batch: model(**batch))
     missing = [name for name in ("logits", "loss") if getattr(out, name, None) is None]
     if missing:
         raise SetupError(
@@ -166,6 +153,26 @@ def _check_output(model: nn.Module, loader: Any, spec: str) -> None:
             f"{' or '.join('.' + m for m in missing)} (given labels, kitlib trains on .loss and predicts from "
             ".logits). Fix: return kitlib.models.heads.HeadOutput(logits, loss) from forward, then re-run 02"
         )
+
+
+def try_on_rows(model: nn.Module, loader: Any, spec: str, calls: str, run: Callable[[dict[str, Any]], T]) -> T:
+    """``run(batch)`` on a batch of the loader's first two rows, in eval mode without grad (the model's mode and the
+    RNG restored): the user's code raising there is a SetupError naming ``calls`` (what ``run`` calls) and the fix."""
+    import torch
+
+    batch = loader.collate_fn([loader.dataset[i] for i in range(min(2, len(loader.dataset)))])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            return run(batch)
+    except Exception as err:
+        raise SetupError(
+            f"model_factory = {spec!r}: the model's {calls} raised {type(err).__name__}: {err}. Fix it for those "
+            "keyword arguments, then re-run 02"
+        ) from err
+    finally:
+        model.train(was_training)
 
 
 class _SourceOnly(importlib.abc.SourceLoader):

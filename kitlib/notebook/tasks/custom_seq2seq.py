@@ -16,8 +16,9 @@ with kitlib's tokenizer, loaders, fit, generating full eval and submission, as `
 - Targets, lengths, the full eval (generation every ``full_eval_every`` epochs, the metric scored in the background)
   and 03's blank/looped/cut tally are seq2seq's (kitlib.notebook.tasks.generation): a blank output is written as the
   most common training target whatever your decoding does.
-- The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR and FROM_SCRATCH_EPOCHS x the
-  preset's epochs. A factory file is loaded as ``custom`` loads one (kitlib.notebook.tasks.custom).
+- The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR, at most FROM_SCRATCH_BATCH rows
+  per step and FROM_SCRATCH_EPOCHS x the preset's epochs. A factory file is loaded as ``custom`` loads one
+  (kitlib.notebook.tasks.custom).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
-from kitlib.notebook.tasks.custom import build_model, check_factory
+from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
 
@@ -47,7 +48,9 @@ if TYPE_CHECKING:
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
 OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size")  # passed to generate only when it names them
-FROM_SCRATCH_LR = 1e-3  # random weights: the presets' 3e-5 to 1e-4 are for pretrained ones
+# random weights: the presets' 3e-5 to 1e-4 are for pretrained ones; 1e-3 left the demo below its baseline
+FROM_SCRATCH_LR = 3e-3
+FROM_SCRATCH_BATCH = 16  # rows per step at most: a decoder from scratch needs updates (balanced: 360 steps, not 180)
 FROM_SCRATCH_EPOCHS = 5  # x the preset's epochs (balanced: 10)
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (seq2seq's cadence)
 
@@ -79,6 +82,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
             freeze_layers=0,
             lr=FROM_SCRATCH_LR,
             epochs=epochs * FROM_SCRATCH_EPOCHS,
+            target_effective_batch=min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
             full_eval_every=FULL_EVAL_EVERY,
         )
 
@@ -151,7 +155,7 @@ def _options(model: nn.Module) -> set[str]:
 
 
 def _check_model(model: nn.Module, loader: Any, spec: str) -> None:
-    """One forward pass with labels and one 2-token generate on two training rows (CPU, no grad, RNG untouched): a
+    """One forward pass with labels and one 2-token generate on two training rows (custom.try_on_rows): a
     model without ``.loss`` or ``generate``, or whose generate returns no [rows, tokens] ids, fails here with the
     fix, not inside fit's step or the first full eval. Cost: a 2-row forward and 2 decoding steps."""
     import torch
@@ -161,33 +165,25 @@ def _check_model(model: nn.Module, loader: Any, spec: str) -> None:
             f"model_factory = {spec!r}: the model has no generate method. Fix: give it generate(input_ids, "
             "attention_mask, max_new_tokens, ...) returning the new token ids [rows, tokens], then re-run 02"
         )
-    rows = [loader.dataset[i] for i in range(min(2, len(loader.dataset)))]
-    batch = loader.collate_fn(rows)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            out = model(**batch)
-            generated = model.generate(  # type: ignore[operator]
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=2
-            )
-    except Exception as err:
-        raise SetupError(
-            f"model_factory = {spec!r}: the model's forward(input_ids, attention_mask, labels) or generate(input_ids, "
-            f"attention_mask, max_new_tokens) raised {type(err).__name__}: {err}. Fix it for those keyword "
-            "arguments, then re-run 02"
-        ) from err
-    finally:
-        model.train(was_training)
+
+    def run(batch: dict[str, Any]) -> tuple[Any, Any, int]:
+        out = model(**batch)
+        generated = model.generate(  # type: ignore[operator]
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], max_new_tokens=2
+        )
+        return out, generated, len(batch["input_ids"])
+
+    calls = "forward(input_ids, attention_mask, labels) or generate(input_ids, attention_mask, max_new_tokens)"
+    out, generated, rows = try_on_rows(model, loader, spec, calls, run)
     if getattr(out, "loss", None) is None:
         raise SetupError(
             f"model_factory = {spec!r}: the model's forward returned a {type(out).__name__} without .loss (given "
             "labels, kitlib trains on it). Fix: return an object with .loss (kitlib.models.heads.HeadOutput(logits, "
             "loss) will do), then re-run 02"
         )
-    if not isinstance(generated, torch.Tensor) or generated.ndim != 2 or len(generated) != len(rows):
+    if not isinstance(generated, torch.Tensor) or generated.ndim != 2 or len(generated) != rows:
         shape = tuple(generated.shape) if isinstance(generated, torch.Tensor) else type(generated).__name__
         raise SetupError(
-            f"model_factory = {spec!r}: generate returned {shape} for {len(rows)} rows. Fix: return a LongTensor "
+            f"model_factory = {spec!r}: generate returned {shape} for {rows} rows. Fix: return a LongTensor "
             "[rows, new tokens] of token ids, then re-run 02"
         )
