@@ -219,6 +219,29 @@ def test_get_task_names_each_built_in() -> None:
     assert [get_task(n).name for n in names] == list(names)
 
 
+class RegistryProbeTask(TabularTextTask):
+    """A user's task, named by module:name (this test module is importable as ``test_tasks``)."""
+
+    def __init__(self) -> None:
+        super().__init__("probe", "auto")
+
+
+def test_built_in_and_user_tasks_resolve_through_one_registry() -> None:
+    """A built-in name is a ``module:name`` reference in TASKS: resolving that reference the way a user's task is
+    resolved gives the same task, and an unknown name's error lists every registered name and the fix."""
+    from kitlib.notebook.tasks import TASKS
+
+    for name, entry in TASKS.items():
+        if not entry.args:  # classes built with the entry's arguments are checked by name below
+            assert type(get_task(entry.ref)) is type(get_task(name)), name
+    assert get_task("tabular-text").target_rule == "auto" and get_task("classify").target_rule == "classify"
+    user = get_task("test_tasks:RegistryProbeTask")
+    assert isinstance(user, RegistryProbeTask) and user.name == "probe"
+    with pytest.raises(SetupError, match="is not one of") as err:
+        get_task("summarise")
+    assert all(repr(name) in str(err.value) for name in TASKS) and "my_module:MyTask" in str(err.value)
+
+
 # ----------------------------------------------------------------------------------------- the price demo (SMAPE)
 class RawTargetTask(TabularTextTask):
     """tabular-text with the target trained as it is in the CSV (no log, no standardising): what users got before."""
