@@ -150,6 +150,22 @@ def test_bad_input_is_one_clear_error_before_anything_is_written(tmp_path: Path,
     assert not (tmp_path / "work" / "run.json").exists()
 
 
+def test_labels_need_no_state_from_load_on_the_same_instance(tmp_path: Path, cpu_hw, demo) -> None:
+    """get_task builds a fresh task each call: labels from a fresh instance, given what load returned, equal the
+    labels from the instance that loaded (a task keeps nothing between calls)."""
+    from kitlib.tools.demo_sft import PARAMETERS
+
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    run = stages.setup(p, cpu_hw)
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+    loader = get_task(p.task)
+    spec = loader.target(train[p.target], p, "exact_match")
+    tokenizer, model, _ = loader.load(run, spec, train, p, {})
+    same = loader.labels(spec, train, p, tokenizer, model, None)
+    fresh = get_task(p.task).labels(spec, train, p, tokenizer, model, None)
+    assert same.ndim == 2 and np.array_equal(fresh, same)
+
+
 def test_the_preset_trains_a_tiny_model_from_scratch_longer_and_scores_generation_every_5_epochs(
     tmp_path: Path, demo
 ) -> None:

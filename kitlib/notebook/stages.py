@@ -340,7 +340,7 @@ def features(
         max_length=max_length,
         vocab_size=len(tokenizer),
         pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
-        labels=workload.labels(task, train[p.target], tokenizer, run, cache),
+        labels=workload.labels(task, train, p, tokenizer, model, cache),
         train_tokens=train_tokens,
         test_tokens=test_tokens,
         test_ids=data.test_ids,

@@ -7,7 +7,8 @@ submission the same way for every task; a task says only what is its own:
         target(column, p, metric)   how the target column is read and learned (a TaskSpec: classes, a transform)
         side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
     01  load(run, spec, ...)        the tokenizer and model (default: the preset's regime decides)
-        labels(spec, column, ...)   the training targets as an array (class codes, values, target tokens)
+        labels(spec, train, p, ...) the training targets as an array (class codes, values, target tokens), from
+                                    the rows and what load returned: a task keeps nothing between calls
     02  prepare(feats, ...)         loaders and the model to train (default: the regime's, then ``model`` around it)
         evaluate(...)               the full evaluation fit() runs on its cadence (a callable: in the background)
     03  predict(model, loader, ...) outputs for every test row; ``combine`` merges runs; ``submission`` -> the column
@@ -148,9 +149,12 @@ class Task:
         """(tokenizer, model, identity) for 01: the preset's regime loads them for the text column."""
         return run.regime.load(spec, train[p.text].tolist(), p.seed, choice)
 
-    def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
-        """The training targets 02 learns (int64 class codes, or float32 transformed values)."""
-        return spec.encode(column)
+    def labels(
+        self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
+    ) -> np.ndarray:
+        """The training targets 02 learns (int64 class codes, or float32 transformed values) from the training rows
+        and the tokenizer and model ``load`` returned."""
+        return spec.encode(train[p.target])
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         """JSON-able facts 02 and 03 need besides the arrays (e.g. a tokenizer trained in 01), kept with the side
