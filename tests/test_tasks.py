@@ -3,6 +3,7 @@ text, a task of one's own without touching kitlib, and one clear error for each 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from torch import nn
 from kitlib.data.tables import DataError, TaskSpec
 from kitlib.errors import SetupError
 from kitlib.notebook import stages
+from kitlib.notebook.presets import Preset
 from kitlib.notebook.tasks import get_task
 from kitlib.notebook.tasks.base import SideInputs, Task
 from kitlib.notebook.tasks.text import TabularTextTask
@@ -385,6 +387,34 @@ def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_h
     assert run.config == cfg
     plain = stages.setup(p, cpu_hw)  # without the picker: the same run
     assert plain.config == cfg
+
+
+class DoublingTask(TabularTextTask):
+    """A user's task whose preset adjustment is not idempotent: twice the epochs of the preset it is given."""
+
+    def __init__(self) -> None:
+        super().__init__("doubling", "auto")
+
+    def check(self, p: stages.Params) -> None:
+        """No side columns needed (tabular-text's check asks for them)."""
+
+    def preset(self, preset: Preset, p: stages.Params) -> Preset:
+        return dataclasses.replace(preset, epochs=preset.epochs * 2)
+
+
+def test_setup_after_the_picker_applies_the_tasks_preset_once(tmp_path: Path, cpu_hw) -> None:
+    """The picker shows the task's preset (adjust=task_preset) and setup checks it again: one adjustment in all, as
+    setup alone makes it (2 x balanced's epochs, not 4 x)."""
+    from kitlib.notebook.presets import PRESETS
+    from kitlib.notebook.widgets import preset_picker
+
+    data = _competition(tmp_path / "data")
+    p = stages.params(data_dir=data, work_dir=tmp_path / "w", preset="balanced", model="tiny",
+                      task="test_tasks:DoublingTask")  # fmt: skip
+    picker = preset_picker(cpu_hw, default="balanced", adjust=stages.task_preset(p))
+    assert picker.resolved.config.epochs == 2 * PRESETS["balanced"].epochs
+    assert stages.setup(p, cpu_hw, resolved=picker.resolved).config.epochs == 2 * PRESETS["balanced"].epochs
+    assert stages.setup(p, cpu_hw).config.epochs == 2 * PRESETS["balanced"].epochs
 
 
 @pytest.mark.parametrize("name", ["auto", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq"])

@@ -60,6 +60,7 @@ class Preset:
     min_steps: int = 0  # short runs: halve the effective batch (down to 8) until the run takes this many steps
     precision: Requested = "auto"
     row_limit: int | None = None  # use at most this many training rows (smoke runs); None: all
+    adjusted_for: str = ""  # the task whose Task.preset made this preset (stages.task_preset applies it only once)
 
     def __post_init__(self) -> None:
         checks = (

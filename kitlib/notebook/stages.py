@@ -63,14 +63,13 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
     from kitlib.machine.hardware import check_torch_supports, detect
     from kitlib.notebook import presets
-    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     run = resolved or presets.resolve(p.preset, planning_hw(p, hw), overrides=p.training())
     # The parameters' training settings, under what the picker changed (a picker built without them lacks them)
     overrides = p.training() | dict(run.overrides)
-    preset = get_task(p.task).preset(run.preset, p)  # idempotent: a picker built with task_preset(p) did it already
+    preset = task_preset(p)(run.preset)  # as it is when the picker (adjust=task_preset(p)) did it already
     if preset != run.preset or overrides != run.overrides:  # the task's way, then the user's settings on top
         run = presets.resolve(preset, planning_hw(p, hw), overrides=overrides, world_size=run.world_size)
     _check_model(p)
@@ -110,11 +109,18 @@ def data_facts(p: Params) -> DataFacts:
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
-    """The preset as ``p``'s task trains it (kitlib.notebook.tasks.base.Task.preset): the picker's ``adjust``."""
+    """The preset as ``p``'s task trains it (kitlib.notebook.tasks.base.Task.preset): the picker's ``adjust`` and
+    setup's, the one place it is applied. Once only: a preset it made (``adjusted_for``) comes back as it is, so the
+    picker's run passes setup unchanged and a task's adjustment need not be idempotent."""
     from kitlib.notebook.tasks import get_task
 
     task = get_task(p.task)
-    return lambda preset: task.preset(preset, p)
+
+    def adjust(preset: Preset) -> Preset:
+        adjusted = preset if preset.adjusted_for == p.task else task.preset(preset, p)
+        return preset if adjusted == preset else dataclasses.replace(adjusted, adjusted_for=p.task)
+
+    return adjust
 
 
 def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
