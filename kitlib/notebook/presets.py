@@ -267,14 +267,10 @@ class ResolvedRun:
             target = target / RUN_FILE
         return write_atomic(target, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
-    @classmethod
-    def load(cls, path: str | Path) -> ResolvedRun:
-        """``load_run(path)``: the run 00_setup saved; MissingRunError (naming 00_setup) when there is none."""
-        return load_run(path)
-
 
 def load_run(path: str | Path) -> ResolvedRun:
-    """Read a run saved by ``ResolvedRun.save`` (a file, or a directory holding ``run.json``)."""
+    """The run 00_setup saved with ``ResolvedRun.save`` (a file, or a directory holding ``run.json``, such as the
+    working dir); MissingRunError naming 00_setup when there is none."""
     target = Path(path)
     if target.is_dir() or not target.suffix:
         target = target / RUN_FILE

@@ -22,14 +22,9 @@ from kitlib._files import record_file, write_atomic
 from kitlib.machine.hardware import cpu_threads
 from kitlib.notebook import handoff
 from kitlib.notebook.handoff import BUILT_FROM, Features
-from kitlib.notebook.params import (  # noqa: F401 (public face)
-    RUN_NAME,
-    TRAINING,
-    Params,
-    keep_aside,
-    load_params,
-    params,
-)
+
+# params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
+from kitlib.notebook.params import TRAINING, Params, keep_aside, load_params, params  # noqa: F401
 from kitlib.notebook.regimes import Encoder, Prepared
 
 if TYPE_CHECKING:
@@ -143,13 +138,6 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
         return lines[key]
 
     return line
-
-
-def load_run(p: Params) -> ResolvedRun:
-    """The run 00_setup saved in the working dir (MissingRunError naming 00_setup when there is none)."""
-    from kitlib.notebook import presets
-
-    return presets.load_run(p.work_dir)
 
 
 # --------------------------------------------------------------------------------------------------- 01 features
@@ -304,7 +292,7 @@ def features(
     from kitlib.machine.hardware import detect
     from kitlib.notebook import presets
 
-    run = run or load_run(p)
+    run = run or presets.load_run(p.work_dir)
     log = (lambda _msg: None) if quiet else print
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=log)  # seeds: the inputs' caches, as data
     data = read_competition(p, run)
