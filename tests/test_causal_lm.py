@@ -100,7 +100,7 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
     assert first[-1] == tokenizer.eos_token_id and tokenizer.decode(first[:-1]) == train["response"][0]
 
     full_eval = get_task("causal-lm").evaluate(
-        feats.task, get_metric("exact_match", "sequence"), prepared.valid, torch.device("cpu")
+        feats.spec, get_metric("exact_match", "sequence"), prepared.valid, torch.device("cpu")
     )
     with torch.no_grad():
         deferred = full_eval(prepared.model)

@@ -295,7 +295,7 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     first = [int(t) for t in feats.labels[0] if t != -100]
     assert tokenizer.decode(first, skip_special_tokens=True) in set(queries)  # a whole target, decoded exactly
     full_eval = get_task("seq2seq").evaluate(
-        feats.task, get_metric("record_f1", "sequence", data_dir=paths.root), prepared.valid, torch.device("cpu")
+        feats.spec, get_metric("record_f1", "sequence", data_dir=paths.root), prepared.valid, torch.device("cpu")
     )
     with torch.no_grad():
         deferred = full_eval(prepared.model)

@@ -71,7 +71,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
     data = read_competition(p, run)
-    _check_enough_rows(data.train[p.target], data.task, run, p)
+    _check_enough_rows(data.train[p.target], data.spec, run, p)
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
@@ -149,7 +149,7 @@ class Competition:
     test: pd.DataFrame
     test_ids: list[Any]  # Python ints/strs, in test.csv's order
     columns: tuple[str, ...]  # sample_submission.csv's
-    task: TaskSpec  # decided on every training row, before any row limit
+    spec: TaskSpec  # decided on every training row, before any row limit
     metric: Metric  # the metric parameter, checked against the target's kind
     side: SideInputs  # the task's inputs besides the text (numeric and categorical columns), fitted on train
 
@@ -173,8 +173,8 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
             f"{' or '.join(workload.regimes)}): pick one of {fits} in 00_setup (preset, or KIT_PRESET headless)"
         )
     train = _read_train(p)
-    task = workload.target(train[p.target], p, p.metric)
-    metric = get_metric(p.metric, task.kind, data_dir=p.data_dir)
+    spec = workload.target(train[p.target], p, p.metric)
+    metric = get_metric(p.metric, spec.kind, data_dir=p.data_dir)
     check_metric(metric, train[p.target])
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
@@ -182,7 +182,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
     columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
     side = workload.side_inputs(p, train, test)
-    return Competition(train, test, test_ids, columns, task, metric, side)
+    return Competition(train, test, test_ids, columns, spec, metric, side)
 
 
 def _read_train(p: Params) -> pd.DataFrame:
@@ -298,10 +298,10 @@ def features(
     data = read_competition(p, run)
     from kitlib.notebook.tasks import get_task
 
-    train, test, task = data.train, data.test, data.task
+    train, test, spec = data.train, data.test, data.spec
     texts = train[p.text].tolist()
     workload = get_task(p.task)
-    tokenizer, model, identity = workload.load(run, task, train, p, _model_choice(p))
+    tokenizer, model, identity = workload.load(run, spec, train, p, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
     if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
@@ -316,11 +316,11 @@ def features(
         run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
         if run.config.max_length != shown.config.max_length:
             log(_max_length_changed(shown, run))
-    _check_enough_rows(train[p.target], task, run, p)
-    if task.kind == "regression":
+    _check_enough_rows(train[p.target], spec, run, p)
+    if spec.kind == "regression":
         from kitlib.tasks.targets import describe_objective
 
-        log(describe_objective(task, data.metric.name, p.objective))
+        log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
@@ -328,13 +328,13 @@ def features(
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
     extra = run.regime.extra(texts, test[p.text].tolist(), encoder)
     feats = Features(
-        task=task,
+        spec=spec,
         run=run,
         model_identity=identity,
         max_length=max_length,
         vocab_size=len(tokenizer),
         pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
-        labels=workload.labels(task, train, p, tokenizer, model, cache),
+        labels=workload.labels(spec, train, p, tokenizer, model, cache),
         train_tokens=train_tokens,
         test_tokens=test_tokens,
         test_ids=data.test_ids,
@@ -368,7 +368,7 @@ def load_features(p: Params) -> Features:
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
-def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: Params) -> None:
+def _check_enough_rows(target: pd.Series, spec: TaskSpec, run: ResolvedRun, p: Params) -> None:
     """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
     validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
     from kitlib.data.tables import DataError
@@ -381,7 +381,7 @@ def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: P
             f"{n_train} are left, fewer than one training batch of {batch} (batches are full: drop_last). Add rows, "
             "or lower micro_batch_size in the picker's advanced settings"
         )
-    if task.kind not in ("binary", "multiclass"):
+    if spec.kind not in ("binary", "multiclass"):
         return
     counts = target.value_counts()
     rare = counts[counts < MIN_CLASS_ROWS]
@@ -420,7 +420,7 @@ def _baseline(p: Params, data: Competition) -> Baseline:
 
     y = data.train[p.target].to_numpy()
     train_idx, valid_idx = _split(len(y), p.seed)
-    return trivial_baseline(data.metric, kind=data.task.kind, train=y[train_idx], valid=y[valid_idx])
+    return trivial_baseline(data.metric, kind=data.spec.kind, train=y[train_idx], valid=y[valid_idx])
 
 
 def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path) -> FitResult:
@@ -435,11 +435,11 @@ def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path
     history = result.history.copy()
     score = _model_score(history, baseline.metric, result.best_epoch)
     history[f"baseline_{baseline.metric}"] = baseline.score
-    verdict = baseline.verdict(score, feats.task.kind)
+    verdict = baseline.verdict(score, feats.spec.kind)
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
         if (staging / "history.csv").is_file():
             write_atomic(staging / "history.csv", history.to_csv(index=False))
-        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.task.kind}
+        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.spec.kind}
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
     notes = (*result.notes, baseline.line(), *([f"warning: {verdict}"] if verdict else []))
     return dataclasses.replace(result, history=history, notes=notes)
@@ -459,7 +459,7 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     model inside what the task builds around it (kitlib.notebook.tasks)."""
     from kitlib.notebook.tasks import get_task
 
-    classes = feats.labels if feats.task.kind in ("binary", "multiclass") else None
+    classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
     split = _split(feats.n_train, p.seed, classes)
     return get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
 
@@ -521,7 +521,7 @@ def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
 def _run_metric(p: Params, feats: Features) -> Metric:
     from kitlib.tasks.metrics import get_metric
 
-    return get_metric(feats.run.metric, feats.task.kind, data_dir=p.data_dir)
+    return get_metric(feats.run.metric, feats.spec.kind, data_dir=p.data_dir)
 
 
 def _train_config(p: Params, feats: Features, stand_in: StandIn | None = None) -> TrainConfig:
@@ -588,9 +588,9 @@ def _train(
         prepared.model,
         prepared.train,
         config=cfg,
-        loss_fn=get_task(p.task).loss_fn(feats.task),
+        loss_fn=get_task(p.task).loss_fn(feats.spec),
         eval_loader=prepared.valid,
-        full_eval=get_task(p.task).evaluate(feats.task, _run_metric(p, feats), prepared.valid, device),
+        full_eval=get_task(p.task).evaluate(feats.spec, _run_metric(p, feats), prepared.valid, device),
         run_dir=staging,
         resume=resume,
         hw=hw,
@@ -652,11 +652,11 @@ def infer(
     for run_dir in [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]:
         checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
         predictions.append(
-            workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.task,
+            workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.spec,
                              interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
     _warn_unbeaten(p.run_dir)
-    values = workload.submission(workload.combine(predictions), feats.task)
+    values = workload.submission(workload.combine(predictions), feats.spec)
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.config import Task as TargetRule
+    from kitlib.config import TargetRule
     from kitlib.data.tables import TaskSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
@@ -174,7 +174,7 @@ class Task:
         import dataclasses
 
         prepared = feats.run.regime.prepare(feats, hw, split, seed, choice)
-        return dataclasses.replace(prepared, model=self.model(prepared.model, feats.task, feats.side, seed))
+        return dataclasses.replace(prepared, model=self.model(prepared.model, feats.spec, feats.side, seed))
 
     def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
         return text_model
