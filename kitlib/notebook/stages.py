@@ -326,7 +326,7 @@ def features(
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
-    extra = run.regime.extra(texts, test[p.text].tolist(), encoder)
+    extra = workload.extra(texts, test[p.text].tolist(), encoder)
     feats = Features(
         spec=spec,
         run=run,

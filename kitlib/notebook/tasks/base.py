@@ -6,7 +6,9 @@ submission the same way for every task; a task says only what is its own:
     00  check(p), columns(p)        parameters and input columns it needs, checked before anything is written
         target(column, p, metric)   how the target column is read and learned (a TaskSpec: classes, a transform)
         side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
+        preset(preset, p)           how it trains a preset (applied once, by stages.task_preset)
     01  load(run, spec, ...)        the tokenizer and model (default: the preset's regime decides)
+        extra(texts, ...)           what else 01 computes (default: the regime's embeddings or nothing)
         labels(spec, train, p, ...) the training targets as an array (class codes, values, target tokens), from
                                     the rows and what load returned: a task keeps nothing between calls
     02  prepare(feats, ...)         loaders and the model to train (default: the regime's, then ``model`` around it)
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.regimes import Prepared
+    from kitlib.notebook.regimes import Encoder, Extra, Prepared
     from kitlib.tasks.metrics import Metric
 
     FullEval = Callable[[nn.Module], Any]  # fit's full_eval: model -> metrics, or a callable scored in the background
@@ -155,6 +157,10 @@ class Task:
         """The training targets 02 learns (int64 class codes, or float32 transformed values) from the training rows
         and the tokenizer and model ``load`` returned."""
         return spec.encode(train[p.target])
+
+    def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
+        """What 01 computes besides the tokens (the head regime's embeddings and n-grams): the regime's."""
+        return encoder.run.regime.extra(texts, test_texts, encoder)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         """JSON-able facts 02 and 03 need besides the arrays (e.g. a tokenizer trained in 01), kept with the side
