@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib._files import record_file, write_atomic
-from kitlib.machine.hardware import cpu_threads
-from kitlib.notebook import handoff
+from kitlib.machine.hardware import check_torch_supports, cpu_threads, detect
+from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
 
 # params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
 from kitlib.notebook.params import TRAINING, Params, keep_aside, load_params, params  # noqa: F401
 from kitlib.notebook.regimes import Encoder, Prepared
+from kitlib.notebook.tasks import get_task
+from kitlib.tasks.metrics import check_metric, get_metric
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -56,8 +58,6 @@ SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 # ------------------------------------------------------------------------------------------------------ 00 setup
 def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | None = None) -> ResolvedRun:
     """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
-    from kitlib.machine.hardware import check_torch_supports, detect
-    from kitlib.notebook import presets
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
@@ -107,7 +107,6 @@ def task_preset(p: Params) -> Callable[[Preset], Preset]:
     """The preset as ``p``'s task trains it (kitlib.notebook.tasks.base.Task.preset): the picker's ``adjust`` and
     setup's, the one place it is applied. Once only: a preset it made (``adjusted_for``) comes back as it is, so the
     picker's run passes setup unchanged and a task's adjustment need not be idempotent."""
-    from kitlib.notebook.tasks import get_task
 
     task = get_task(p.task)
 
@@ -158,10 +157,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
     from kitlib.data.tables import read_table
-    from kitlib.notebook import presets
     from kitlib.notebook.submission import check_sample_submission
-    from kitlib.notebook.tasks import get_task
-    from kitlib.tasks.metrics import check_metric, get_metric
 
     workload = get_task(p.task)
     if run.regime.name not in workload.regimes:
@@ -188,7 +184,6 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
 def _read_train(p: Params) -> pd.DataFrame:
     """train.csv, every row, with its columns checked (kitlib.data.tables.read_table)."""
     from kitlib.data.tables import read_table
-    from kitlib.notebook.tasks import get_task
 
     rule = get_task(p.task).target_rule
     return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=rule)
@@ -289,14 +284,11 @@ def features(
     from kitlib.data.cache import Cache
     from kitlib.data.featurize import tokenize_texts
     from kitlib.data.lengths import length_report
-    from kitlib.machine.hardware import detect
-    from kitlib.notebook import presets
 
     run = run or presets.load_run(p.work_dir)
     log = (lambda _msg: None) if quiet else print
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=log)  # seeds: the inputs' caches, as data
     data = read_competition(p, run)
-    from kitlib.notebook.tasks import get_task
 
     train, test, spec = data.train, data.test, data.spec
     texts = train[p.text].tolist()
@@ -457,7 +449,6 @@ def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks)."""
-    from kitlib.notebook.tasks import get_task
 
     classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
     split = _split(feats.n_train, p.seed, classes)
@@ -483,7 +474,6 @@ def train(
     resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.machine.distributed import launch
-        from kitlib.machine.hardware import detect
 
         cpu = stand_in.hw if stand_in is not None else None
         result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
@@ -519,7 +509,6 @@ def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
 
 
 def _run_metric(p: Params, feats: Features) -> Metric:
-    from kitlib.tasks.metrics import get_metric
 
     return get_metric(feats.run.metric, feats.spec.kind, data_dir=p.data_dir)
 
@@ -577,8 +566,6 @@ def _train(
 
     from kitlib.engine.loop import fit
     from kitlib.machine.distributed import dist_env
-    from kitlib.machine.hardware import detect
-    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     prepared = prepare(p, feats, hw)
@@ -630,10 +617,8 @@ def infer(
     import torch
 
     from kitlib.engine import checkpoint
-    from kitlib.machine.hardware import detect
     from kitlib.machine.precision import Precision, decide_precision
     from kitlib.notebook.submission import write_submission
-    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     feats = feats or load_features(p)
