@@ -69,7 +69,7 @@ def main() -> None:
             started = time.perf_counter()
             result = fit(
                 prepared.model, prepared.train, config=runs[name], eval_loader=prepared.valid, hw=hw,
-                full_eval=task.evaluate(feats.task, metric, prepared.valid, torch.device("cpu")),
+                full_eval=task.evaluate(feats.spec, metric, prepared.valid, torch.device("cpu")),
             )  # fmt: skip
             wall = time.perf_counter() - started
             walls[name].append(wall)

@@ -42,7 +42,6 @@ _EXPORTS: dict[str, str] = {
     "load_text_encoder": "kitlib.models.loading",
     "Cache": "kitlib.data.cache",
     "cached": "kitlib.data.cache",
-    "cached_feature": "kitlib.data.cache",
     "tokenize_texts": "kitlib.data.featurize",
     "embed_texts": "kitlib.data.featurize",
     "numeric_features": "kitlib.data.featurize",
@@ -60,16 +59,17 @@ _EXPORTS: dict[str, str] = {
     "score": "kitlib.tools.demo",
 }
 
-# Old module names that users' notebooks import (`from kitlib import workflow`) -> the module that is now that role.
-_MODULES: dict[str, str] = {"workflow": "kitlib.notebook.stages"}
+# Old module names (`from kitlib import workflow`) -> the one name the module has now: an error naming the import.
+_RENAMED: dict[str, str] = {"workflow": "from kitlib.notebook import stages"}
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        value = importlib.import_module(_MODULES[name])
-    elif name in _EXPORTS:
+    if name in _RENAMED:
+        # ImportError: `from kitlib import workflow` shows it (an AttributeError there becomes a bare "cannot import")
+        raise ImportError(f"kitlib.{name} is gone: the notebooks' stages have one name. Fix: {_RENAMED[name]}")
+    if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     else:
         raise AttributeError(f"module 'kitlib' has no attribute {name!r}")

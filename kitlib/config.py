@@ -40,7 +40,7 @@ PICKER_LABELS: Mapping[str, str] = MappingProxyType(
 )
 # What the target column is: "auto" decides from the values (names: classes; fractions: a number; few distinct
 # integers: classes; integers that are neither clearly codes nor clearly quantities: asks for one of the others).
-Task = Literal["auto", "classify", "regress"]
+TargetRule = Literal["auto", "classify", "regress"]
 
 
 # Fields a resumed run may change: none of them alters a weight update.

@@ -18,7 +18,7 @@ import torch
 
 import kitlib._version
 from kitlib.data import cache as cache_mod
-from kitlib.data.cache import Cache, CacheError, CacheWarning, cached, cached_feature, default_cache_dir
+from kitlib.data.cache import Cache, CacheError, CacheWarning, cached, default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,23 +135,9 @@ def test_kitlib_version_bump_is_a_miss(cache: Cache, monkeypatch: pytest.MonkeyP
     assert counter.calls == 2
 
 
-def test_decorator_forms(cache: Cache) -> None:
-    counter = Counter()  # captured variables are hashed; Counter's kitlib_identity() keeps its count out of the key
-
-    @cache.memoize
-    def square(x: int) -> int:
-        counter.calls += 1
-        return x * x
-
-    @cached_feature(name="cube")
-    def cube(x: int) -> int:
-        counter.calls += 1
-        return x**3
-
-    assert square(3) == square(3) == 9
-    assert cube(2, cache=cache) == cube(2, cache=cache) == 8  # type: ignore[call-arg]
-    assert counter.calls == 2
-    assert set(cache.list()["name"]) == {"square", "cube"}
+def test_cached_is_the_one_public_way_to_memoise() -> None:
+    """One name per thing: a call goes through ``cached``; Cache offers no second spelling of it."""
+    assert not [n for n in dir(Cache) if n in ("get_or_build", "memoize")] and not hasattr(kitlib, "cached_feature")
 
 
 def test_tensors_and_ragged_lists_round_trip_compactly(cache: Cache) -> None:
@@ -229,10 +215,40 @@ def test_garbled_manifest_is_rebuilt(cache: Cache) -> None:
 
 
 KILL_HELPER = """
+import os
+import signal
+
 import numpy as np
+
+import kitlib.data.cache
+
 
 def payload(n):
     return np.ones(n, dtype=np.float64)
+
+
+def kill_halfway_through_buffers():
+    \"\"\"Make this process SIGKILL itself once half of an entry's buffers.bin is written (each chunk one write).\"\"\"
+    write = kitlib.data.cache.write_recorded
+
+    def killed(path, chunks):
+        if path.name != "buffers.bin":
+            return write(path, chunks)
+        chunks = list(chunks)
+        half = sum(len(c) for c in chunks) // 2
+
+        def upto_half():
+            size = 0
+            for chunk in chunks:
+                if size + len(chunk) >= half:
+                    yield memoryview(chunk)[: half - size]
+                    os.kill(os.getpid(), signal.SIGKILL)
+                yield chunk
+                size += len(chunk)
+
+        return write(path, upto_half())
+
+    kitlib.data.cache.write_recorded = killed
 """
 
 
@@ -241,11 +257,12 @@ def test_kill_during_write_leaves_no_visible_entry(
 ) -> None:
     (tmp_path / "kitlib_kill_helper.py").write_text(KILL_HELPER)
     script = textwrap.dedent(f"""
-        from kitlib.data.cache import Cache
-        from kitlib_kill_helper import payload
-        Cache({str(cache.dir)!r}, log=None).get_or_build(payload, (1_000_000,))
+        from kitlib.data.cache import Cache, cached
+        from kitlib_kill_helper import kill_halfway_through_buffers, payload
+        kill_halfway_through_buffers()
+        cached(payload, 1_000_000, cache=Cache({str(cache.dir)!r}, log=None))
     """)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", cache_mod._KILL_ENV: "1"}
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     leftovers = [p for p in cache.dir.iterdir() if p.name.startswith(".tmp-")]
@@ -254,10 +271,10 @@ def test_kill_during_write_leaves_no_visible_entry(
 
     monkeypatch.syspath_prepend(str(tmp_path))
     helper = importlib.import_module("kitlib_kill_helper")
-    result = cache.get_or_build(helper.payload, (1_000_000,))
+    result = cached(helper.payload, 1_000_000, cache=cache)
     assert cache.stats.misses == 1 and result.sum() == 1_000_000
     assert [p for p in cache.dir.iterdir() if p.name.startswith(".")] == []  # the dead writer's temp dir is swept
-    cache.get_or_build(helper.payload, (1_000_000,))
+    cached(helper.payload, 1_000_000, cache=cache)
     assert cache.stats.hits == 1
     sys.modules.pop("kitlib_kill_helper", None)
 
@@ -273,7 +290,7 @@ def test_two_concurrent_writers_leave_one_valid_entry(tmp_path: Path) -> None:
     results: list[np.ndarray] = []
 
     def run() -> None:
-        results.append(Cache(tmp_path / "c", log=None).get_or_build(slow, (200_000,)))
+        results.append(cached(slow, 200_000, cache=Cache(tmp_path / "c", log=None)))
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for t in threads:
@@ -284,7 +301,7 @@ def test_two_concurrent_writers_leave_one_valid_entry(tmp_path: Path) -> None:
     assert len(only_entries(tmp_path / "c")) == 1
     assert [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".")] == []
     reader = Cache(tmp_path / "c", log=None)
-    np.testing.assert_array_equal(reader.get_or_build(slow, (200_000,)), np.arange(200_000))
+    np.testing.assert_array_equal(cached(slow, 200_000, cache=reader), np.arange(200_000))
     assert reader.stats.hits == 1
 
 
@@ -442,10 +459,10 @@ def test_featurisation_results_are_stored_without_pickle_and_come_back_equal(cac
             "pair": (np.float32(1.5), float("nan"), "text", None, True),
         }
 
-    first = cache.get_or_build(featurise, (5,))
+    first = cached(featurise, 5, cache=cache)
     entry = next(p for p in cache.dir.iterdir() if p.name.startswith("featurise-"))
     assert sorted(p.name for p in entry.iterdir()) == ["buffers.bin", "data.json", "manifest.json"]
-    again = Cache(cache.dir, log=None).get_or_build(featurise, (5,))
+    again = cached(featurise, 5, cache=Cache(cache.dir, log=None))
     assert cache.stats.misses == 1
     tokens = again["tokens"]
     assert isinstance(tokens, TokenizedTexts) and tokens.max_length == 8

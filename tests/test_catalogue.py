@@ -25,6 +25,7 @@ import pytest
 
 from kitlib.errors import KitError
 from kitlib.notebook import stages
+from kitlib.notebook.presets import load_run
 
 STAGES = ("setup", "features", "train", "infer")
 N_TRAIN, N_TEST = 240, 40
@@ -995,7 +996,7 @@ def test_a_target_the_metric_wants_logged_but_that_cannot_be_says_so_and_what_it
     stages.setup(p, cpu_hw)  # type: ignore[arg-type]
     note = r"metric smape .* target 'label' has 21 negative value\(s\) \(min -20\.5\) .* trains on the standardised"
     assert re.search(note, capsys.readouterr().out, re.S)
-    assert stages.load_run(p).metric == "smape"
+    assert load_run(p.work_dir).metric == "smape"
 
 
 @pytest.mark.parametrize(

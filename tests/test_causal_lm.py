@@ -100,7 +100,7 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
     assert first[-1] == tokenizer.eos_token_id and tokenizer.decode(first[:-1]) == train["response"][0]
 
     full_eval = get_task("causal-lm").evaluate(
-        feats.task, get_metric("exact_match", "sequence"), prepared.valid, torch.device("cpu")
+        feats.spec, get_metric("exact_match", "sequence"), prepared.valid, torch.device("cpu")
     )
     with torch.no_grad():
         deferred = full_eval(prepared.model)
@@ -148,6 +148,22 @@ def test_bad_input_is_one_clear_error_before_anything_is_written(tmp_path: Path,
         p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="fast", model="tiny", **PARAMETERS)
         stages.setup(p, cpu_hw)
     assert not (tmp_path / "work" / "run.json").exists()
+
+
+def test_labels_need_no_state_from_load_on_the_same_instance(tmp_path: Path, cpu_hw, demo) -> None:
+    """get_task builds a fresh task each call: labels from a fresh instance, given what load returned, equal the
+    labels from the instance that loaded (a task keeps nothing between calls)."""
+    from kitlib.tools.demo_sft import PARAMETERS
+
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    run = stages.setup(p, cpu_hw)
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+    loader = get_task(p.task)
+    spec = loader.target(train[p.target], p, "exact_match")
+    tokenizer, model, _ = loader.load(run, spec, train, p, {})
+    same = loader.labels(spec, train, p, tokenizer, model, None)
+    fresh = get_task(p.task).labels(spec, train, p, tokenizer, model, None)
+    assert same.ndim == 2 and np.array_equal(fresh, same)
 
 
 def test_the_preset_trains_a_tiny_model_from_scratch_longer_and_scores_generation_every_5_epochs(

@@ -57,7 +57,7 @@ def test_a_users_encoder_decoder_trains_and_predicts_through_the_stages(
     prepared = stages.prepare(p, stages.load_features(p), cpu_hw)
     assert type(prepared.model).__name__ == "PointerGenerator"
     full_eval = get_task(p.task).evaluate(
-        feats.task, get_metric("rouge_l", "sequence"), prepared.valid, torch.device("cpu")
+        feats.spec, get_metric("rouge_l", "sequence"), prepared.valid, torch.device("cpu")
     )
     deferred = full_eval(prepared.model)
     assert callable(deferred) and 0.0 <= deferred()["rouge_l"] <= 1.0

@@ -167,7 +167,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
         path = run.save(tmp_path / name)  # a directory path: gets run.json
         assert path == tmp_path / name / RUN_FILE
         again = load_run(tmp_path / name)
-        assert again == run == ResolvedRun.load(path)
+        assert again == run == load_run(path)
         assert isinstance(again, ResolvedRun) and again.config.betas == run.config.betas
 
 

@@ -3,6 +3,7 @@ text, a task of one's own without touching kitlib, and one clear error for each 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from torch import nn
 from kitlib.data.tables import DataError, TaskSpec
 from kitlib.errors import SetupError
 from kitlib.notebook import stages
+from kitlib.notebook.presets import Preset
 from kitlib.notebook.tasks import get_task
 from kitlib.notebook.tasks.base import SideInputs, Task
 from kitlib.notebook.tasks.text import TabularTextTask
@@ -219,6 +221,29 @@ def test_get_task_names_each_built_in() -> None:
     assert [get_task(n).name for n in names] == list(names)
 
 
+class RegistryProbeTask(TabularTextTask):
+    """A user's task, named by module:name (this test module is importable as ``test_tasks``)."""
+
+    def __init__(self) -> None:
+        super().__init__("probe", "auto")
+
+
+def test_built_in_and_user_tasks_resolve_through_one_registry() -> None:
+    """A built-in name is a ``module:name`` reference in TASKS: resolving that reference the way a user's task is
+    resolved gives the same task, and an unknown name's error lists every registered name and the fix."""
+    from kitlib.notebook.tasks import TASKS
+
+    for name, entry in TASKS.items():
+        if not entry.args:  # classes built with the entry's arguments are checked by name below
+            assert type(get_task(entry.ref)) is type(get_task(name)), name
+    assert get_task("tabular-text").target_rule == "auto" and get_task("classify").target_rule == "classify"
+    user = get_task("test_tasks:RegistryProbeTask")
+    assert isinstance(user, RegistryProbeTask) and user.name == "probe"
+    with pytest.raises(SetupError, match="is not one of") as err:
+        get_task("summarise")
+    assert all(repr(name) in str(err.value) for name in TASKS) and "my_module:MyTask" in str(err.value)
+
+
 # ----------------------------------------------------------------------------------------- the price demo (SMAPE)
 class RawTargetTask(TabularTextTask):
     """tabular-text with the target trained as it is in the CSV (no log, no standardising): what users got before."""
@@ -270,7 +295,7 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     first = [int(t) for t in feats.labels[0] if t != -100]
     assert tokenizer.decode(first, skip_special_tokens=True) in set(queries)  # a whole target, decoded exactly
     full_eval = get_task("seq2seq").evaluate(
-        feats.task, get_metric("record_f1", "sequence", data_dir=paths.root), prepared.valid, torch.device("cpu")
+        feats.spec, get_metric("record_f1", "sequence", data_dir=paths.root), prepared.valid, torch.device("cpu")
     )
     with torch.no_grad():
         deferred = full_eval(prepared.model)
@@ -362,6 +387,34 @@ def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_h
     assert run.config == cfg
     plain = stages.setup(p, cpu_hw)  # without the picker: the same run
     assert plain.config == cfg
+
+
+class DoublingTask(TabularTextTask):
+    """A user's task whose preset adjustment is not idempotent: twice the epochs of the preset it is given."""
+
+    def __init__(self) -> None:
+        super().__init__("doubling", "auto")
+
+    def check(self, p: stages.Params) -> None:
+        """No side columns needed (tabular-text's check asks for them)."""
+
+    def preset(self, preset: Preset, p: stages.Params) -> Preset:
+        return dataclasses.replace(preset, epochs=preset.epochs * 2)
+
+
+def test_setup_after_the_picker_applies_the_tasks_preset_once(tmp_path: Path, cpu_hw) -> None:
+    """The picker shows the task's preset (adjust=task_preset) and setup checks it again: one adjustment in all, as
+    setup alone makes it (2 x balanced's epochs, not 4 x)."""
+    from kitlib.notebook.presets import PRESETS
+    from kitlib.notebook.widgets import preset_picker
+
+    data = _competition(tmp_path / "data")
+    p = stages.params(data_dir=data, work_dir=tmp_path / "w", preset="balanced", model="tiny",
+                      task="test_tasks:DoublingTask")  # fmt: skip
+    picker = preset_picker(cpu_hw, default="balanced", adjust=stages.task_preset(p))
+    assert picker.resolved.config.epochs == 2 * PRESETS["balanced"].epochs
+    assert stages.setup(p, cpu_hw, resolved=picker.resolved).config.epochs == 2 * PRESETS["balanced"].epochs
+    assert stages.setup(p, cpu_hw).config.epochs == 2 * PRESETS["balanced"].epochs
 
 
 @pytest.mark.parametrize("name", ["auto", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq"])

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import inspect
 import io
 import json
@@ -29,7 +28,6 @@ import os
 import pickle
 import re
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -38,7 +36,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -55,10 +53,8 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 3  # 2: {"bytes", "sha256"} file records (kitlib._files); 3: signed (kitlib.data.signing)
 _ALIGN = 64  # out-of-band buffers start on 64-byte boundaries, so arrays load aligned for SIMD
-_KILL_ENV = "KITLIB_CACHE_TEST_KILL_MIDWRITE"  # test hook: the writer SIGKILLs itself halfway through the data
 _READ_ONLY_ROOTS = (Path("/kaggle/input"),)  # attached datasets: read-only, published by someone else
 
-P = ParamSpec("P")
 R = TypeVar("R")
 
 
@@ -182,17 +178,6 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-def _killed_halfway(chunks: list[bytes | memoryview], kill_at: int | None) -> Iterator[bytes | memoryview]:
-    """Test hook (KITLIB_CACHE_TEST_KILL): SIGKILL this process once ``kill_at`` bytes are written (unbuffered)."""
-    size = 0
-    for chunk in chunks:
-        if kill_at is not None and size + len(chunk) >= kill_at:
-            yield memoryview(chunk)[: max(0, kill_at - size)]
-            os.kill(os.getpid(), signal.SIGKILL)
-        yield chunk
-        size += len(chunk)
-
-
 def _raw_bytes(a: np.ndarray) -> memoryview:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8).data  # a memoryview over the array's bytes, no copy
 
@@ -217,13 +202,9 @@ def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:
         chunks += [b"\0" * pad, raw]
         layout.append([offset + pad, raw.nbytes])
         offset += pad + raw.nbytes
-    kill_at = None
-    if os.environ.get(_KILL_ENV):
-        kill_at = offset // 2 if offset else len(head) // 2
-    first = _killed_halfway([head], None if offset else kill_at)
-    files = {head_name: write_recorded(tmp / head_name, first)}
+    files = {head_name: write_recorded(tmp / head_name, [head])}
     if raws:
-        files["buffers.bin"] = write_recorded(tmp / "buffers.bin", _killed_halfway(chunks, kill_at))
+        files["buffers.bin"] = write_recorded(tmp / "buffers.bin", chunks)
     manifest.update(files=files, buffers=layout, size_bytes=sum(f["bytes"] for f in files.values()))
     manifest["signature"] = sign(files)  # this machine's key, kept outside the cache: see kitlib.data.signing
     write_recorded(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
@@ -365,7 +346,7 @@ class Cache:
         h.add(identity)
         return h.hexdigest()
 
-    def get_or_build(
+    def _get_or_build(
         self,
         fn: Callable[..., R],
         args: Sequence[Any] = (),
@@ -375,7 +356,7 @@ class Cache:
         identity: Any = None,
         ignore: Iterable[str] = (),
     ) -> R:
-        """``fn(*args, **kwargs)``, from the cache when an entry with the same key exists; else built and stored."""
+        """``cached``'s work: ``fn(*args, **kwargs)`` from an entry with the same key, else built and stored."""
         start = time.perf_counter()  # a hit costs hashing the inputs + loading: both count
         kwargs = dict(kwargs or {})
         ignore = tuple(ignore)
@@ -418,33 +399,6 @@ class Cache:
         stored = f"stored {size / 1e6:.1f} MB" if size is not None else "not stored"
         self._say(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
         return result
-
-    @overload
-    def memoize(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
-    @overload
-    def memoize(
-        self, fn: None = None, /, *, name: str | None = None, identity: Any = None, ignore: Iterable[str] = ()
-    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
-
-    def memoize(
-        self,
-        fn: Callable[P, R] | None = None,
-        /,
-        *,
-        name: str | None = None,
-        identity: Any = None,
-        ignore: Iterable[str] = (),
-    ) -> Any:
-        """Decorator form: ``@cache.memoize`` or ``@cache.memoize(name="tfidf", ignore=["n_jobs"])``."""
-
-        def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            @functools.wraps(func)
-            def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-                return self.get_or_build(func, args, kwargs, name=name, identity=identity, ignore=ignore)
-
-            return wrapper
-
-        return decorate(fn) if fn is not None else decorate
 
     def _lookup(self, entry: str, key: str) -> tuple[tuple[Any, dict[str, Any]] | None, str | None]:
         """((result, manifest) or None, writer id of a damaged own entry that a store may replace)."""
@@ -620,7 +574,7 @@ def _version() -> str:
     return __version__
 
 
-# ------------------------------------------------------------------------------------------------- call and decorator
+# ----------------------------------------------------------------------------------- the one way to memoise a call
 
 
 def cached(
@@ -637,24 +591,4 @@ def cached(
 
     >>> tokens = cached(tokenize, Path("train.csv"), tok, max_length=256, cache=cache)  # doctest: +SKIP
     """
-    return (cache or Cache()).get_or_build(fn, args, kwargs, name=name, identity=identity, ignore=ignore)
-
-
-def cached_feature(
-    *, cache: Cache | None = None, name: str | None = None, identity: Any = None, ignore: Iterable[str] = ()
-) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Decorator: ``@cached_feature(name="tfidf")``. The call may pass ``cache=`` unless the function has its own
-    ``cache`` parameter; without one a default :class:`Cache` is used."""
-
-    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
-        takes_cache = "cache" in inspect.signature(fn).parameters
-
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            chosen = cache if takes_cache else kwargs.pop("cache", cache)
-            store = chosen if isinstance(chosen, Cache) else Cache()
-            return store.get_or_build(fn, args, kwargs, name=name, identity=identity, ignore=ignore)
-
-        return wrapper
-
-    return decorate
+    return (cache or Cache())._get_or_build(fn, args, kwargs, name=name, identity=identity, ignore=ignore)

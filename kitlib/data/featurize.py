@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from kitlib.data.cache import Cache
+from kitlib.data.cache import Cache, cached
 from kitlib.errors import FeatureInputError
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def _through(
 ) -> R:
     if cache is False:
         return fn(*args, **kwargs)
-    return (cache or Cache()).get_or_build(fn, args, kwargs, name=name, ignore=ignore)
+    return cached(fn, *args, cache=cache or None, name=name, ignore=ignore, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------------- tokens

@@ -23,7 +23,7 @@ from kitlib.errors import DataError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kitlib.config import Task
+    from kitlib.config import TargetRule
 
 TaskKind = Literal["binary", "multiclass", "regression", "sequence"]  # sequence: a text to generate (seq2seq)
 
@@ -70,7 +70,7 @@ def read_table(
     text: str | Sequence[str] = "text",
     target: str | None = None,
     id: str | None = None,
-    task: Task = "auto",
+    task: TargetRule = "auto",
 ) -> pd.DataFrame:
     """Read a CSV/TSV/Parquet/JSONL table and validate the columns kitlib will use.
 
@@ -162,7 +162,7 @@ def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
     return col.astype(str)
 
 
-def _check_target(col: pd.Series, path: Path | str, name: str, task: Task) -> None:
+def _check_target(col: pd.Series, path: Path | str, name: str, task: TargetRule) -> None:
     import pandas as pd
 
     missing = col.isna()
@@ -255,7 +255,7 @@ def texts_to_generate(series: pd.Series) -> bool:
     return series.dtype.kind not in "biuf" and k > MAX_INT_CLASSES and 2 * k > len(series)
 
 
-def infer_task(series: pd.Series, task: Task = "auto") -> TaskSpec:
+def infer_task(series: pd.Series, task: TargetRule = "auto") -> TaskSpec:
     """Binary / multi-class / regression from a target column; class names or sparse ids get codes 0..k-1."""
     import pandas as pd
 

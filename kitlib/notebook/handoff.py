@@ -48,7 +48,7 @@ BUILT_FROM = (
 class Features:
     """The features of one competition for one run: everything 02 and 03 need, nothing they must recompute."""
 
-    task: TaskSpec
+    spec: TaskSpec  # the target as read (kind, classes, transform): kitlib.data.tables
     run: ResolvedRun  # the run fitted to the data (max_length by coverage, the batch by row count)
     model_identity: str
     max_length: int
@@ -112,7 +112,7 @@ def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> P
         records[f"{name}.npy"] = {**record, "file": file}
     summary = {
         "format": FORMAT,
-        "task": features.task.to_dict(),
+        "task": features.spec.to_dict(),  # the key saved work dirs already hold
         "run": features.run.to_dict(),
         "model": features.model_identity,
         "regime": features.run.regime.name,
@@ -165,7 +165,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
             for split in ("train", "test")
         )
     return Features(
-        task=TaskSpec.from_dict(summary["task"]),
+        spec=TaskSpec.from_dict(summary["task"]),
         run=ResolvedRun.from_dict(summary["run"]),
         model_identity=summary["model"],
         max_length=int(summary["max_length"]),

@@ -60,6 +60,7 @@ class Preset:
     min_steps: int = 0  # short runs: halve the effective batch (down to 8) until the run takes this many steps
     precision: Requested = "auto"
     row_limit: int | None = None  # use at most this many training rows (smoke runs); None: all
+    adjusted_for: str = ""  # the task whose Task.preset made this preset (stages.task_preset applies it only once)
 
     def __post_init__(self) -> None:
         checks = (
@@ -268,14 +269,10 @@ class ResolvedRun:
             target = target / RUN_FILE
         return write_atomic(target, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
-    @classmethod
-    def load(cls, path: str | Path) -> ResolvedRun:
-        """``load_run(path)``: the run 00_setup saved; MissingRunError (naming 00_setup) when there is none."""
-        return load_run(path)
-
 
 def load_run(path: str | Path) -> ResolvedRun:
-    """Read a run saved by ``ResolvedRun.save`` (a file, or a directory holding ``run.json``)."""
+    """The run 00_setup saved with ``ResolvedRun.save`` (a file, or a directory holding ``run.json``, such as the
+    working dir); MissingRunError naming 00_setup when there is none."""
     target = Path(path)
     if target.is_dir() or not target.suffix:
         target = target / RUN_FILE

@@ -77,7 +77,7 @@ class Regime:
         """What of the encoder does not train, as the picker's ``freeze`` row says it."""
         return cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")
 
-    def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    def load(self, spec: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         """(tokenizer, model, identity) for 01."""
         raise NotImplementedError
 
@@ -103,10 +103,10 @@ class Finetune(Regime):
     estimate_label = "per epoch"
     gains_from_ddp = True
 
-    def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    def load(self, spec: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         from kitlib.models.loading import load_text_classifier
 
-        return load_text_classifier(task.num_labels, train_texts=texts, seed=seed, **choice)
+        return load_text_classifier(spec.num_labels, train_texts=texts, seed=seed, **choice)
 
     def prepare(
         self,
@@ -119,7 +119,7 @@ class Finetune(Regime):
         from kitlib.models.loading import load_classifier
 
         model = load_classifier(
-            feats.task.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
+            feats.spec.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
         )
         return Prepared(*self.loaders(feats, hw, split, seed), model)
 
@@ -159,7 +159,7 @@ class Head(Regime):
     def frozen(self, cfg: TrainConfig) -> str:
         return "the whole encoder (it runs once, in 01, to cache embeddings; only the head trains)"
 
-    def load(self, task: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    def load(self, spec: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         from kitlib.models.loading import load_text_encoder
 
         return load_text_encoder(train_texts=texts, seed=seed, **choice)
@@ -220,9 +220,9 @@ class Head(Regime):
             torch.manual_seed(seed)
             head = TextHead(
                 x.shape[1],
-                feats.task.num_labels,
+                feats.spec.num_labels,
                 n_buckets=bags.n_buckets,
-                regression=feats.task.kind == "regression",
+                regression=feats.spec.kind == "regression",
                 mean=x[train_idx].mean(0),
                 std=x[train_idx].std(0),
             )

@@ -19,18 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib._files import record_file, write_atomic
-from kitlib.machine.hardware import cpu_threads
-from kitlib.notebook import handoff
+from kitlib.machine.hardware import check_torch_supports, cpu_threads, detect
+from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
-from kitlib.notebook.params import (  # noqa: F401 (public face)
-    RUN_NAME,
-    TRAINING,
-    Params,
-    keep_aside,
-    load_params,
-    params,
-)
+
+# params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
+from kitlib.notebook.params import TRAINING, Params, keep_aside, load_params, params  # noqa: F401
 from kitlib.notebook.regimes import Encoder, Prepared
+from kitlib.notebook.tasks import get_task
+from kitlib.tasks.metrics import check_metric, get_metric
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,23 +58,20 @@ SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 # ------------------------------------------------------------------------------------------------------ 00 setup
 def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | None = None) -> ResolvedRun:
     """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
-    from kitlib.machine.hardware import check_torch_supports, detect
-    from kitlib.notebook import presets
-    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     run = resolved or presets.resolve(p.preset, planning_hw(p, hw), overrides=p.training())
     # The parameters' training settings, under what the picker changed (a picker built without them lacks them)
     overrides = p.training() | dict(run.overrides)
-    preset = get_task(p.task).preset(run.preset, p)  # idempotent: a picker built with task_preset(p) did it already
+    preset = task_preset(p)(run.preset)  # as it is when the picker (adjust=task_preset(p)) did it already
     if preset != run.preset or overrides != run.overrides:  # the task's way, then the user's settings on top
         run = presets.resolve(preset, planning_hw(p, hw), overrides=overrides, world_size=run.world_size)
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
     data = read_competition(p, run)
-    _check_enough_rows(data.train[p.target], data.task, run, p)
+    _check_enough_rows(data.train[p.target], data.spec, run, p)
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
@@ -110,11 +104,17 @@ def data_facts(p: Params) -> DataFacts:
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
-    """The preset as ``p``'s task trains it (kitlib.notebook.tasks.base.Task.preset): the picker's ``adjust``."""
-    from kitlib.notebook.tasks import get_task
+    """The preset as ``p``'s task trains it (kitlib.notebook.tasks.base.Task.preset): the picker's ``adjust`` and
+    setup's, the one place it is applied. Once only: a preset it made (``adjusted_for``) comes back as it is, so the
+    picker's run passes setup unchanged and a task's adjustment need not be idempotent."""
 
     task = get_task(p.task)
-    return lambda preset: task.preset(preset, p)
+
+    def adjust(preset: Preset) -> Preset:
+        adjusted = preset if preset.adjusted_for == p.task else task.preset(preset, p)
+        return preset if adjusted == preset else dataclasses.replace(adjusted, adjusted_for=p.task)
+
+    return adjust
 
 
 def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
@@ -139,13 +139,6 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     return line
 
 
-def load_run(p: Params) -> ResolvedRun:
-    """The run 00_setup saved in the working dir (MissingRunError naming 00_setup when there is none)."""
-    from kitlib.notebook import presets
-
-    return presets.load_run(p.work_dir)
-
-
 # --------------------------------------------------------------------------------------------------- 01 features
 @dataclass(frozen=True)
 class Competition:
@@ -155,7 +148,7 @@ class Competition:
     test: pd.DataFrame
     test_ids: list[Any]  # Python ints/strs, in test.csv's order
     columns: tuple[str, ...]  # sample_submission.csv's
-    task: TaskSpec  # decided on every training row, before any row limit
+    spec: TaskSpec  # decided on every training row, before any row limit
     metric: Metric  # the metric parameter, checked against the target's kind
     side: SideInputs  # the task's inputs besides the text (numeric and categorical columns), fitted on train
 
@@ -164,10 +157,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
     from kitlib.data.tables import read_table
-    from kitlib.notebook import presets
     from kitlib.notebook.submission import check_sample_submission
-    from kitlib.notebook.tasks import get_task
-    from kitlib.tasks.metrics import check_metric, get_metric
 
     workload = get_task(p.task)
     if run.regime.name not in workload.regimes:
@@ -179,8 +169,8 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
             f"{' or '.join(workload.regimes)}): pick one of {fits} in 00_setup (preset, or KIT_PRESET headless)"
         )
     train = _read_train(p)
-    task = workload.target(train[p.target], p, p.metric)
-    metric = get_metric(p.metric, task.kind, data_dir=p.data_dir)
+    spec = workload.target(train[p.target], p, p.metric)
+    metric = get_metric(p.metric, spec.kind, data_dir=p.data_dir)
     check_metric(metric, train[p.target])
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
@@ -188,13 +178,12 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
     columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
     side = workload.side_inputs(p, train, test)
-    return Competition(train, test, test_ids, columns, task, metric, side)
+    return Competition(train, test, test_ids, columns, spec, metric, side)
 
 
 def _read_train(p: Params) -> pd.DataFrame:
     """train.csv, every row, with its columns checked (kitlib.data.tables.read_table)."""
     from kitlib.data.tables import read_table
-    from kitlib.notebook.tasks import get_task
 
     rule = get_task(p.task).target_rule
     return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=rule)
@@ -295,19 +284,16 @@ def features(
     from kitlib.data.cache import Cache
     from kitlib.data.featurize import tokenize_texts
     from kitlib.data.lengths import length_report
-    from kitlib.machine.hardware import detect
-    from kitlib.notebook import presets
 
-    run = run or load_run(p)
+    run = run or presets.load_run(p.work_dir)
     log = (lambda _msg: None) if quiet else print
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=log)  # seeds: the inputs' caches, as data
     data = read_competition(p, run)
-    from kitlib.notebook.tasks import get_task
 
-    train, test, task = data.train, data.test, data.task
+    train, test, spec = data.train, data.test, data.spec
     texts = train[p.text].tolist()
     workload = get_task(p.task)
-    tokenizer, model, identity = workload.load(run, task, train, p, _model_choice(p))
+    tokenizer, model, identity = workload.load(run, spec, train, p, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
     if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
@@ -322,25 +308,25 @@ def features(
         run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
         if run.config.max_length != shown.config.max_length:
             log(_max_length_changed(shown, run))
-    _check_enough_rows(train[p.target], task, run, p)
-    if task.kind == "regression":
+    _check_enough_rows(train[p.target], spec, run, p)
+    if spec.kind == "regression":
         from kitlib.tasks.targets import describe_objective
 
-        log(describe_objective(task, data.metric.name, p.objective))
+        log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
-    extra = run.regime.extra(texts, test[p.text].tolist(), encoder)
+    extra = workload.extra(texts, test[p.text].tolist(), encoder)
     feats = Features(
-        task=task,
+        spec=spec,
         run=run,
         model_identity=identity,
         max_length=max_length,
         vocab_size=len(tokenizer),
         pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
-        labels=workload.labels(task, train[p.target], tokenizer, run, cache),
+        labels=workload.labels(spec, train, p, tokenizer, model, cache),
         train_tokens=train_tokens,
         test_tokens=test_tokens,
         test_ids=data.test_ids,
@@ -374,7 +360,7 @@ def load_features(p: Params) -> Features:
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
-def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: Params) -> None:
+def _check_enough_rows(target: pd.Series, spec: TaskSpec, run: ResolvedRun, p: Params) -> None:
     """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
     validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
     from kitlib.data.tables import DataError
@@ -387,7 +373,7 @@ def _check_enough_rows(target: pd.Series, task: TaskSpec, run: ResolvedRun, p: P
             f"{n_train} are left, fewer than one training batch of {batch} (batches are full: drop_last). Add rows, "
             "or lower micro_batch_size in the picker's advanced settings"
         )
-    if task.kind not in ("binary", "multiclass"):
+    if spec.kind not in ("binary", "multiclass"):
         return
     counts = target.value_counts()
     rare = counts[counts < MIN_CLASS_ROWS]
@@ -426,7 +412,7 @@ def _baseline(p: Params, data: Competition) -> Baseline:
 
     y = data.train[p.target].to_numpy()
     train_idx, valid_idx = _split(len(y), p.seed)
-    return trivial_baseline(data.metric, kind=data.task.kind, train=y[train_idx], valid=y[valid_idx])
+    return trivial_baseline(data.metric, kind=data.spec.kind, train=y[train_idx], valid=y[valid_idx])
 
 
 def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path) -> FitResult:
@@ -441,11 +427,11 @@ def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path
     history = result.history.copy()
     score = _model_score(history, baseline.metric, result.best_epoch)
     history[f"baseline_{baseline.metric}"] = baseline.score
-    verdict = baseline.verdict(score, feats.task.kind)
+    verdict = baseline.verdict(score, feats.spec.kind)
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
         if (staging / "history.csv").is_file():
             write_atomic(staging / "history.csv", history.to_csv(index=False))
-        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.task.kind}
+        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.spec.kind}
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
     notes = (*result.notes, baseline.line(), *([f"warning: {verdict}"] if verdict else []))
     return dataclasses.replace(result, history=history, notes=notes)
@@ -463,18 +449,17 @@ def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
-    import torch
+    import torch  # not at the top: importing stages must not load torch (0.55 s without it)
 
     from kitlib.models.adapters import add_adapter
-    from kitlib.notebook.tasks import get_task
 
-    classes = feats.labels if feats.task.kind in ("binary", "multiclass") else None
+    classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
     split = _split(feats.n_train, p.seed, classes)
     prepared = get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
     cfg = feats.run.config
     # A frozen base needs no fp32 master copy: bf16 halves it (fp16 is left alone: T5 overflows in fp16)
     half = torch.bfloat16 if hw.device_type == "cuda" and cfg.precision == "bf16" else None
-    generating = feats.task.kind == "sequence"
+    generating = feats.spec.kind == "sequence"
     model = add_adapter(prepared.model, cfg.adapter, generating=generating, base_dtype=half, seed=p.seed)
     return dataclasses.replace(prepared, model=model)
 
@@ -498,7 +483,6 @@ def train(
     resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.machine.distributed import launch
-        from kitlib.machine.hardware import detect
 
         cpu = stand_in.hw if stand_in is not None else None
         result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
@@ -534,9 +518,8 @@ def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
 
 
 def _run_metric(p: Params, feats: Features) -> Metric:
-    from kitlib.tasks.metrics import get_metric
 
-    return get_metric(feats.run.metric, feats.task.kind, data_dir=p.data_dir)
+    return get_metric(feats.run.metric, feats.spec.kind, data_dir=p.data_dir)
 
 
 def _train_config(p: Params, feats: Features, stand_in: StandIn | None = None) -> TrainConfig:
@@ -592,8 +575,6 @@ def _train(
 
     from kitlib.engine.loop import fit
     from kitlib.machine.distributed import dist_env
-    from kitlib.machine.hardware import detect
-    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     prepared = prepare(p, feats, hw)
@@ -603,9 +584,9 @@ def _train(
         prepared.model,
         prepared.train,
         config=cfg,
-        loss_fn=get_task(p.task).loss_fn(feats.task),
+        loss_fn=get_task(p.task).loss_fn(feats.spec),
         eval_loader=prepared.valid,
-        full_eval=get_task(p.task).evaluate(feats.task, _run_metric(p, feats), prepared.valid, device),
+        full_eval=get_task(p.task).evaluate(feats.spec, _run_metric(p, feats), prepared.valid, device),
         run_dir=staging,
         resume=resume,
         hw=hw,
@@ -650,10 +631,8 @@ def infer(
     import torch
 
     from kitlib.engine import checkpoint
-    from kitlib.machine.hardware import detect
     from kitlib.machine.precision import Precision, decide_precision
     from kitlib.notebook.submission import write_submission
-    from kitlib.notebook.tasks import get_task
 
     hw = hw or detect()
     feats = feats or load_features(p)
@@ -672,11 +651,11 @@ def infer(
     for run_dir in [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]:
         checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
         predictions.append(
-            workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.task,
+            workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.spec,
                              interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
     _warn_unbeaten(p.run_dir)
-    values = workload.submission(workload.combine(predictions), feats.task)
+    values = workload.submission(workload.combine(predictions), feats.spec)
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 

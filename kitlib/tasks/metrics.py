@@ -24,8 +24,7 @@ import numpy as np
 from kitlib.errors import SetupError
 
 if TYPE_CHECKING:
-    from kitlib.config import Mode
-    from kitlib.config import Task as TargetRule
+    from kitlib.config import Mode, TargetRule
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 AUTO = {"binary": "accuracy", "multiclass": "accuracy", "regression": "rmse", "sequence": "exact_match"}  # "auto"

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import torch
 
-    from kitlib.config import Task as TargetRule
+    from kitlib.config import TargetRule
     from kitlib.data.tables import TaskSpec
 
 HEAVY_TAIL_RATIO = 10.0  # p99 / median above this: a heavy right tail (prices, counts, sales)

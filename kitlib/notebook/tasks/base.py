@@ -6,8 +6,11 @@ submission the same way for every task; a task says only what is its own:
     00  check(p), columns(p)        parameters and input columns it needs, checked before anything is written
         target(column, p, metric)   how the target column is read and learned (a TaskSpec: classes, a transform)
         side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
+        preset(preset, p)           how it trains a preset (applied once, by stages.task_preset)
     01  load(run, spec, ...)        the tokenizer and model (default: the preset's regime decides)
-        labels(spec, column, ...)   the training targets as an array (class codes, values, target tokens)
+        extra(texts, ...)           what else 01 computes (default: the regime's embeddings or nothing)
+        labels(spec, train, p, ...) the training targets as an array (class codes, values, target tokens), from
+                                    the rows and what load returned: a task keeps nothing between calls
     02  prepare(feats, ...)         loaders and the model to train (default: the regime's, then ``model`` around it)
         evaluate(...)               the full evaluation fit() runs on its cadence (a callable: in the background)
     03  predict(model, loader, ...) outputs for every test row; ``combine`` merges runs; ``submission`` -> the column
@@ -34,12 +37,12 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.config import Task as TargetRule
+    from kitlib.config import TargetRule
     from kitlib.data.tables import TaskSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.regimes import Prepared
+    from kitlib.notebook.regimes import Encoder, Extra, Prepared
     from kitlib.tasks.metrics import Metric
 
     FullEval = Callable[[nn.Module], Any]  # fit's full_eval: model -> metrics, or a callable scored in the background
@@ -148,9 +151,16 @@ class Task:
         """(tokenizer, model, identity) for 01: the preset's regime loads them for the text column."""
         return run.regime.load(spec, train[p.text].tolist(), p.seed, choice)
 
-    def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
-        """The training targets 02 learns (int64 class codes, or float32 transformed values)."""
-        return spec.encode(column)
+    def labels(
+        self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
+    ) -> np.ndarray:
+        """The training targets 02 learns (int64 class codes, or float32 transformed values) from the training rows
+        and the tokenizer and model ``load`` returned."""
+        return spec.encode(train[p.target])
+
+    def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
+        """What 01 computes besides the tokens (the head regime's embeddings and n-grams): the regime's."""
+        return encoder.run.regime.extra(texts, test_texts, encoder)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         """JSON-able facts 02 and 03 need besides the arrays (e.g. a tokenizer trained in 01), kept with the side
@@ -170,7 +180,7 @@ class Task:
         import dataclasses
 
         prepared = feats.run.regime.prepare(feats, hw, split, seed, choice)
-        return dataclasses.replace(prepared, model=self.model(prepared.model, feats.task, feats.side, seed))
+        return dataclasses.replace(prepared, model=self.model(prepared.model, feats.spec, feats.side, seed))
 
     def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
         return text_model

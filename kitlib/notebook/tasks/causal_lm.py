@@ -64,8 +64,6 @@ class CausalLMTask(TextGenerationTask):
 
     def __init__(self, name: str = "causal-lm") -> None:
         self.name = name
-        self._prompts: list[str] | None = None  # 01: load() keeps the training prompts for labels()
-        self._cap = MAX_SEQ_TOKENS  # 01: and the model's positions, when fewer
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
@@ -112,13 +110,12 @@ class CausalLMTask(TextGenerationTask):
         from kitlib.models.bpe import tokenizer_identity, train_bpe_tokenizer
         from kitlib.models.causal_lm import tiny_causal_lm
 
-        self._prompts = [str(v) for v in train[p.text]]
         folder = model_folder(p)
         if folder is not None:
             tokenizer, model = _folder_model(folder)
             identity = str(folder)
         else:
-            tokenizer = train_bpe_tokenizer([*self._prompts, *map(str, train[p.target])], add_eos=False)
+            tokenizer = train_bpe_tokenizer([*map(str, train[p.text]), *map(str, train[p.target])], add_eos=False)
             model = tiny_causal_lm(tokenizer, seed=p.seed, n_positions=MAX_SEQ_TOKENS)
             identity = f"tiny-gpt2-{tokenizer_identity(tokenizer)}"
             weights = sum(w.numel() for w in model.parameters()) / 1e6
@@ -128,19 +125,20 @@ class CausalLMTask(TextGenerationTask):
                 "set model to its folder"
             )
         tokenizer.truncation_side = "left"  # a prompt over the cap keeps its end: the words next to the response
-        self._cap = min(MAX_SEQ_TOKENS, _positions(model) or MAX_SEQ_TOKENS)
         return tokenizer, model, identity
 
-    def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
+    def labels(
+        self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
+    ) -> np.ndarray:
         """Per row, the sequence's labels: -100 on the prompt, the response's tokens and </s>, -100 padding, as wide
-        as the longest sequence (at most MAX_SEQ_TOKENS). 02 rebuilds the inputs from them and the prompt tokens."""
+        as the longest sequence (at most MAX_SEQ_TOKENS, or the model's positions when fewer). 02 rebuilds the
+        inputs from them and the prompt tokens."""
         from kitlib.data.featurize import tokenize_texts
 
-        if self._prompts is None or len(self._prompts) != len(column):
-            raise RuntimeError("CausalLMTask.labels needs the training prompts: call load() first (01 does)")
-        prompts = tokenize_texts(self._prompts, tokenizer, max_length=self._cap, cache=cache).lengths
-        responses = _encode_responses([str(v) for v in column], tokenizer)
-        labels, report = response_labels(prompts, responses, self._cap)
+        cap = min(MAX_SEQ_TOKENS, _positions(model) or MAX_SEQ_TOKENS)
+        prompts = tokenize_texts([str(v) for v in train[p.text]], tokenizer, max_length=cap, cache=cache).lengths
+        responses = _encode_responses([str(v) for v in train[p.target]], tokenizer)
+        labels, report = response_labels(prompts, responses, cap)
         print(report)
         return labels
 

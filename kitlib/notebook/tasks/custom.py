@@ -89,7 +89,7 @@ class CustomTask(TextTask):
         from kitlib.notebook.regimes import FINETUNE, Prepared
 
         spec = feats.side.state["model_factory"]
-        sizes = {"vocab_size": feats.vocab_size, "num_labels": feats.task.num_labels, "pad_id": feats.pad_id}
+        sizes = {"vocab_size": feats.vocab_size, "num_labels": feats.spec.num_labels, "pad_id": feats.pad_id}
         model = build_model(spec, sizes, seed, positional=True)
         loaders = FINETUNE.loaders(feats, hw, split, seed)
         _check_output(model, loaders[0], spec)

@@ -103,12 +103,14 @@ class Seq2SeqTask(TextGenerationTask):
         )
         return tokenizer, tiny_seq2seq(tokenizer, seed=p.seed), f"tiny-t5-{tokenizer_identity(tokenizer)}"
 
-    def labels(self, spec: TaskSpec, column: pd.Series, tokenizer: Any, run: ResolvedRun, cache: Any) -> np.ndarray:
+    def labels(
+        self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
+    ) -> np.ndarray:
         from kitlib.data.featurize import tokenize_texts
 
         # Every target whole (up to the cap): a cut target teaches the model never to finish, and a cut reference
         # would be scored as if it were the answer. Padding to the longest costs decoder work on -100 positions only.
-        tokens = tokenize_texts(column.astype(str).tolist(), tokenizer, cache=cache)
+        tokens = tokenize_texts(train[p.target].astype(str).tolist(), tokenizer, cache=cache)
         lengths = tokens.lengths
         width = int(min(MAX_TARGET_TOKENS, lengths.max()))
         labels = np.full((len(lengths), width), IGNORE, dtype=np.int64)
