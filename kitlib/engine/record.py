@@ -64,6 +64,14 @@ class RunFacts:
     compile_s: float | None = None
     compile_steps: int | None = None
     compile_step_s: float | None = None
+    # Written by runs outside fit() (benchmarks/seed_replays.py's plain loops) for the doctor: the fixed padded length
+    # and the longest training row in tokens, the seconds spent featurising in this session and whether they came from
+    # a cache, and the full evals made (a step cadence does not follow from full_eval_every and the epochs).
+    max_length: int | None = None
+    longest_row_tokens: int | None = None
+    featurise_s: float | None = None
+    features_cached: bool | None = None
+    full_eval_count: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
