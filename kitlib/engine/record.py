@@ -175,6 +175,7 @@ class RunRecorder(Callback):
             if eval_batches is not None
             else 0,
             stop_reason=loop.stop_reason,
+            features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
             **self._compile_facts(),
             **model_facts(loop.raw_model),
         )
