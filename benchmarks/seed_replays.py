@@ -102,9 +102,9 @@ WORKLOADS: dict[str, Workload] = {
         "eval every 500 -> 1000 steps",
         "custom-seq2seq",
         (96, 12),
-        # lengths scaled by 1/3 (768/192 -> 256/64, 512/150 -> 170/50); 500/1000 steps scaled to this run's steps
-        Knobs(epochs=1, micro=1, accum=16, src_len=256, tgt_len=64, full_eval_every_steps=2, beams=4),
-        Knobs(epochs=1, micro=4, accum=4, src_len=170, tgt_len=50, full_eval_every_steps=4, workers=2, beams=4),
+        # lengths scaled by 1/6 (768/192 -> 128/32, 512/150 -> 85/25); 500/1000 steps scaled to this run's steps
+        Knobs(epochs=1, micro=1, accum=16, src_len=128, tgt_len=32, full_eval_every_steps=2, beams=4),
+        Knobs(epochs=1, micro=4, accum=4, src_len=85, tgt_len=25, full_eval_every_steps=4, workers=2, beams=4),
         (48, 6),
     ),
     "sft": Workload(
@@ -554,7 +554,9 @@ def contender(name: str, workload: str, data: Path, out: Path) -> dict[str, Any]
     out.mkdir(parents=True, exist_ok=True)
     w = WORKLOADS[workload]
     result = with_kitlib(w, data, out) if name == "kitlib" else plain(w, getattr(w, name), data, out)
-    return result | {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+    result |= {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+    (out / "result.json").write_text(json.dumps(result))  # kept beside the run: a later failure loses nothing
+    return result
 
 
 # ------------------------------------------------------------------------------------------------------ driver
@@ -625,6 +627,7 @@ def replay(names: list[str], repeats: int, quick: bool, root: Path) -> list[str]
                 results[c].append(run_one(c, name, data, root / name / f"{c}-{r}"))
         lines += table(w, results)
         lines += doctor_lines(root / name / "before-0", results["before"][0], results["after"][0])
+        print("\n".join(lines), file=sys.stderr, flush=True)  # so far, as each workload ends
     return lines
 
 
