@@ -565,7 +565,7 @@ def test_planted_batch_of_one(tmp_path: Path, warm: None) -> None:
 # ------------------------------------------------------------------------- the seed users' hand fixes (seed replays)
 def test_a_fixed_max_length_past_the_datas_longest_row_is_named_with_the_data_length() -> None:
     """The SFT user's fix: max_seq_length 2048 -> 1536 because the data's longest row had 1,481 tokens."""
-    fixed = {"batching": "fixed", "real_tokens": 90_000, "computed_tokens": 100_000}
+    fixed: dict[str, Any] = {"batching": "fixed", "real_tokens": 90_000, "computed_tokens": 100_000}
     finding = _only(diagnose(_record(**fixed, max_length=2048, longest_row_tokens=1481), CPU), "max_length")
     assert finding.changes == {"max_length": 1481} and "1481" in finding.fix
     assert finding.estimated_saving_s == pytest.approx(8.0 * (1 - 1481 / 2048))  # forward+backward 8 s, scaled
