@@ -560,3 +560,33 @@ def test_planted_batch_of_one(tmp_path: Path, warm: None) -> None:
     data = _tokens(128, np.random.default_rng(1).integers(8, 25, 128))
     cfg = replace(BASE, epochs=1, micro_batch_size=1)  # an optimizer step over 1.3M parameters per row
     _planted(tmp_path, "tiny_batches", cfg, data, model_kw={"vocab": 20_000})
+
+
+# ------------------------------------------------------------------------- the seed users' hand fixes (seed replays)
+def test_a_fixed_max_length_past_the_datas_longest_row_is_named_with_the_data_length() -> None:
+    """The SFT user's fix: max_seq_length 2048 -> 1536 because the data's longest row had 1,481 tokens."""
+    fixed: dict[str, Any] = {"batching": "fixed", "real_tokens": 90_000, "computed_tokens": 100_000}
+    finding = _only(diagnose(_record(**fixed, max_length=2048, longest_row_tokens=1481), CPU), "max_length")
+    assert finding.changes == {"max_length": 1481} and "1481" in finding.fix
+    assert finding.estimated_saving_s == pytest.approx(8.0 * (1 - 1481 / 2048))  # forward+backward 8 s, scaled
+    fitted = [f.rule for f in diagnose(_record(**fixed, max_length=1500, longest_row_tokens=1481), CPU).findings]
+    dynamic = diagnose(_record(max_length=2048, longest_row_tokens=1481), CPU).findings  # batch-longest padding
+    assert "max_length" not in fitted and "max_length" not in [f.rule for f in dynamic]
+
+
+def test_features_recomputed_every_session_are_named_with_the_cache_fix() -> None:
+    """The price user's fix: cached features instead of recomputing them in each Kaggle session."""
+    finding = _only(diagnose(_record(featurise_s=2.0, features_cached=False), CPU), "features")
+    assert "kitlib.cached" in finding.fix and finding.estimated_saving_s == pytest.approx(1.8)
+    assert not [
+        f for f in diagnose(_record(featurise_s=2.0, features_cached=True), CPU).findings if f.rule == "features"
+    ]
+
+
+def test_full_evals_on_a_step_cadence_are_counted_as_made() -> None:
+    """The summariser evaluated every 500 steps: more full evals than epochs. The per-eval cost (and so the saving)
+    comes from the count the run recorded, not from full_eval_every x epochs."""
+    timing = _record(wall=14.0, phases={"full_eval": 4.0}, full_eval_every=0, full_eval_count=8)
+    finding = _only(diagnose(timing, CPU), "full_eval")
+    assert finding.estimated_saving_s == pytest.approx(3.5)  # 8 evals of 0.5 s -> 1, at the end
+    assert "a step cadence" in finding.evidence

@@ -31,6 +31,8 @@ LOOP_OVERHEAD_S = 5e-4  # untimed bookkeeping per step in fit() (progress bar, c
 # compiled in more steps than this recompiled for new input shapes.
 COMPILE_STEPS_EXPECTED = 2
 SMALL_MICRO_BATCH = 4  # rows per forward pass at or below which a forward/backward is mostly fixed per-call cost ...
+MAX_LENGTH_SLACK = 0.95  # a fixed max length this much longer than the data's longest row is worth cutting
+CACHED_READ_SHARE = 0.1  # reading cached features back: ~10% of computing them (tokenised ids from a pickle or npy)
 PER_CALL_OVERHEAD_S = 0.05  # ... when it also takes less than this (Python, op dispatch, launches: ~10-50 us per op)
 
 
@@ -183,6 +185,44 @@ def _padding(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     )
 
 
+def _max_length(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    """Every row padded to a fixed length that the data's longest row does not reach: the tail is pure padding."""
+    cap, longest = int(run.facts.max_length or 0), int(run.facts.longest_row_tokens or 0)
+    if run.setting("batching") != "fixed" or not cap or not longest or longest >= MAX_LENGTH_SLACK * cap:
+        return None
+    compute = run.seconds("forward") + run.seconds("backward")
+    return _finding(
+        run,
+        "max_length",
+        "The fixed max length is longer than any row",
+        f"every row padded to max_length={cap} tokens; the longest training row has {longest} "
+        f"({1 - longest / cap:.0%} of each padded row is never used; forward+backward {compute:.2f} s)",
+        compute * (1 - longest / cap),
+        _fix({"max_length": longest}, "or None in the notebooks: 01 fits it to the data")
+        + f"; your own collator: pad to {longest} (the data's longest) or to each batch's longest",
+        f"forward+backward time scales with padded tokens: x {longest}/{cap} (attention's length^2 part gains more, "
+        "not counted)",
+        {"max_length": longest},
+    )
+
+
+def _features(run: RunRecord, hw: HardwareInfo) -> Finding | None:
+    """Tokenising (and computing features) again in every session, where a cache would read them back."""
+    seconds = float(run.facts.featurise_s or 0.0)
+    if not seconds or run.facts.features_cached is not False:
+        return None
+    return _finding(
+        run,
+        "features",
+        "Features are recomputed every session",
+        f"featurising took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall, computed afresh in this session",
+        seconds * (1 - CACHED_READ_SHARE),
+        "cache them: kitlib.cached(key, compute) (or the notebooks' 01_features, whose cache 02 and 03 read: re-run "
+        "02 alone after a change of training settings)",
+        f"every later session reads them back at ~{CACHED_READ_SHARE:.0%} of the compute time (a pickle/npy read)",
+    )
+
+
 def _full_evals(epochs_done: int, epochs_planned: int, every: int, at_end: bool) -> int:
     from kitlib.config import full_eval_due
 
@@ -196,7 +236,7 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     done = int(run.facts.epochs_done or 1)
     planned = int(run.setting("epochs_planned", run.cfg.get("epochs", done)) or done)
     every, at_end = int(run.setting("full_eval_every", 0) or 0), bool(run.cfg.get("full_eval_at_end", True))
-    count = _full_evals(done, planned, every, at_end) or 1
+    count = int(run.facts.full_eval_count or 0) or _full_evals(done, planned, every, at_end) or 1
     per = seconds / count
     # The most frequent schedule whose full evals stay under TARGET_SHARE of the shortened wall; else only at the end.
     choice, fewer = 0, _full_evals(done, planned, 0, True)
@@ -212,7 +252,7 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         "full_eval",
         "The full evaluation dominates the run",
         f"{count} full evals took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall ({per:.2f} s each, "
-        f"full_eval_every={every})",
+        f"full_eval_every={every}" + (f"; {count} in {done} epochs: a step cadence" if count > done else "") + ")",
         (count - fewer) * per,
         _fix(changes, f"{when}; eval_loss still runs every epoch")
         + ". If the cost is CPU-bound (scoring generations, SQL), return a callable from full_eval: it then runs in "
@@ -521,6 +561,8 @@ def _time_budget(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 RULES: tuple[Rule, ...] = (
     _data_bound,
     _padding,
+    _max_length,
+    _features,
     _full_eval,
     _cheap_eval,
     _checkpoint,

@@ -67,6 +67,14 @@ class RunFacts:
     # Out-of-memory back-offs (fit halved the micro-batch and doubled the accumulation): {"step", "micro_batch":
     # [from, to], "grad_accum_steps": [from, to], "error"} each; micro_batch_size/grad_accum_steps are the last ones.
     oom_backoffs: list[dict[str, Any]] = field(default_factory=list)
+    # Written by runs outside fit() (benchmarks/seed_replays.py's plain loops) for the doctor: the fixed padded length
+    # and the longest training row in tokens, the seconds spent featurising in this session and whether they came from
+    # a cache, and the full evals made (a step cadence does not follow from full_eval_every and the epochs).
+    max_length: int | None = None
+    longest_row_tokens: int | None = None
+    featurise_s: float | None = None
+    features_cached: bool | None = None
+    full_eval_count: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -171,6 +179,7 @@ class RunRecorder(Callback):
             else 0,
             stop_reason=loop.stop_reason,
             oom_backoffs=list(loop.backoff.changes),
+            features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
             **self._compile_facts(),
             **model_facts(loop.raw_model),
         )

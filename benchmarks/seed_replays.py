@@ -1,0 +1,669 @@
+"""Seed replays (not a test): the four workloads that motivated kitlib, each run three ways on the same data and seed.
+
+    python benchmarks/seed_replays.py --all              # the four workloads (minutes on an idle 2-core CPU)
+    python benchmarks/seed_replays.py --workload sql     # one workload;  --quick: a smoke-sized run of it
+    python benchmarks/seed_replays.py --all --repeats 2  # contenders interleaved, each repeat in a fresh process
+
+Contenders, each in its own process, interleaved (before, after, kitlib, before, ...):
+- before: a plain PyTorch loop written as the user wrote theirs: their micro-batch x accumulation, every batch padded
+  to their fixed max length, their eval and save cadence, num_workers=0, features recomputed in the session.
+- after: the same loop with the changes the user made by hand (their issue text, scaled to this data).
+- kitlib: kitlib's defaults through the four notebooks' stage calls (``kitlib.notebook.stages``: setup, features,
+  train, infer; what the cells call, in one process without a Jupyter kernel), preset ``balanced``, model ``tiny``,
+  with only ``epochs`` set to the user's "after" budget so all three train the same number of epochs.
+
+The model is the one kitlib builds for the task (a tiny T5, the demo's BiLSTM pointer-generator, a tiny GPT-2, a tiny
+BERT + TabularNet), standing in for the users' t5-small / own model / 7B LM / DeBERTa; the plain loops build it the
+same way (their ``from_pretrained``). The metric is computed by the demo's scorer on the same test rows for all three.
+"before" writes a kitlib-format run record (timing.json, config.json) that ``kitlib.diagnose`` reads: the doctor's
+findings on it are printed next to the saving the user's fix measured here.
+
+Levers that cannot show on a CPU (reasoned, not measured): TF32 and AMP (no tensor cores; fp32 here), pinned memory
+and non_blocking copies (no host-to-device copy), DataLoader workers on a shared 2-core machine (they compete with
+the training process for the same cores), cudnn.benchmark, and the GPU-memory headroom that lets a bigger micro-batch
+run at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pickle
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+CONTENDERS = ("before", "after", "kitlib")
+SEED = 0
+VAL_SHARE = 0.15  # of train.csv, held out by the plain loops for their eval loss and full eval
+PHASE_COLUMNS = ("featurise", "train", "eval_gaps", "saves", "infer")
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """One contender's settings for the plain loop (the user's script, before or after their fix)."""
+
+    epochs: int
+    micro: int
+    accum: int
+    src_len: int  # fixed padding length of the source (or the whole sequence for a causal LM): the user's max
+    tgt_len: int = 0  # fixed padding length of the target (seq2seq)
+    fixed_padding: bool = True  # pad every batch to src_len/tgt_len (their collator); False: to the batch's longest
+    workers: int = 0
+    pin: bool = False
+    full_eval_every_epochs: int = 0  # generation/metric eval on the validation rows; 0: none
+    full_eval_every_steps: int = 0  # the summariser's cadence: every N optimizer steps
+    save_last: bool = False  # weights + optimizer written every epoch (their resume point)
+    save_best: bool = True
+    cached_features: bool = False  # features read from an earlier session's cache instead of recomputed
+    grad_checkpointing: bool = False
+    beams: int = 1
+    lr: float = 1e-3
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    story: str  # the user's workload and their fix, one line
+    demo: str  # kitlib demo task
+    rows: tuple[int, int]  # train, test rows kept from the demo
+    before: Knobs
+    after: Knobs
+    quick: tuple[int, int]  # rows for --quick
+
+
+WORKLOADS: dict[str, Workload] = {
+    "sql": Workload(
+        "sql",
+        "text-to-SQL, T5 + beam generation + executing every dev query; fix: full eval every 2 epochs, save best only",
+        "seq2seq",
+        (128, 16),
+        Knobs(epochs=2, micro=16, accum=1, src_len=64, tgt_len=64, full_eval_every_epochs=1, save_last=True, beams=5),
+        Knobs(epochs=2, micro=16, accum=1, src_len=64, tgt_len=64, full_eval_every_epochs=2, beams=5),
+        (64, 8),
+    ),
+    "summary": Workload(
+        "summary",
+        "BiLSTM pointer-generator summariser; fix: micro-batch 1x16 -> 4x4, src 768/tgt 192 -> 512/150, 2 workers, "
+        "eval every 500 -> 1000 steps",
+        "custom-seq2seq",
+        (96, 12),
+        # lengths scaled by 1/6 (768/192 -> 128/32, 512/150 -> 85/25); 500/1000 steps scaled to this run's steps
+        Knobs(epochs=1, micro=1, accum=16, src_len=128, tgt_len=32, full_eval_every_steps=2, beams=4),
+        Knobs(epochs=1, micro=4, accum=4, src_len=85, tgt_len=25, full_eval_every_steps=4, workers=2, beams=4),
+        (48, 6),
+    ),
+    "sft": Workload(
+        "sft",
+        "SFT of a causal LM; fix: batch 4x8 -> 2x4, max_seq_length 2048 -> 1536 (data max 1,481), 4 workers, TF32, "
+        "gradient checkpointing",
+        "causal-lm",
+        (128, 16),
+        # 2048/1536 scaled to 256/192 tokens (the demo's longest row is shorter than both, as the user's was)
+        Knobs(epochs=1, micro=4, accum=8, src_len=256, full_eval_every_epochs=1),
+        Knobs(epochs=1, micro=2, accum=4, src_len=192, full_eval_every_epochs=1, workers=2, grad_checkpointing=True),
+        (48, 8),
+    ),
+    "price": Workload(
+        "price",
+        "price from text + numeric columns (SMAPE); fix: accumulation 4, 2 workers + pin, cached features, "
+        "35 -> 20 epochs",
+        "tabular-text",
+        (64, 16),
+        Knobs(epochs=7, micro=8, accum=1, src_len=128, lr=1e-3),  # 35/20 epochs scaled to 7/4
+        Knobs(epochs=4, micro=8, accum=4, src_len=128, workers=2, pin=True, cached_features=True, lr=1e-3),
+        (48, 8),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------------------------------- data
+def make_data(w: Workload, root: Path, rows: tuple[int, int]) -> Path:
+    """The workload's demo in ``root``, cut to ``rows`` (train, test) rows; the same files for all contenders."""
+    from kitlib.cli import _demo_maker
+
+    paths = _demo_maker(w.demo)(root, seed=SEED, test_fraction=0.2, force=True)
+    train, test = pd.read_csv(paths.train), pd.read_csv(paths.test)
+    solution, sample = pd.read_csv(paths.solution), pd.read_csv(paths.sample_submission)
+    keep = test["id"].iloc[: rows[1]]
+    train.iloc[: rows[0]].to_csv(paths.train, index=False)
+    for frame, path in ((test, paths.test), (solution, paths.solution), (sample, paths.sample_submission)):
+        frame[frame["id"].isin(keep)].to_csv(path, index=False)
+    return paths.root
+
+
+def about(data: Path) -> dict[str, Any]:
+    parameters: dict[str, Any] = json.loads((data / "demo.json").read_text())["parameters"]
+    return parameters
+
+
+def score(data: Path, submission: Path) -> float:
+    from kitlib.tools.demo import score as demo_score
+
+    p = about(data)
+    return float(demo_score(data / "solution.csv", submission, target=p["target"], metric=p["metric"]))
+
+
+# ----------------------------------------------------------------------------------------------- the plain loop
+class Phases:
+    """Seconds and counts per phase, in the shape of kitlib's timing.json (what the doctor reads)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.count: dict[str, int] = defaultdict(int)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+            self.count[name] += 1
+
+
+class Adapter:
+    """What differs between the workloads: tokenizer, model, one batch's tensors, loss, predictions."""
+
+    target: str
+
+    def __init__(self, data: Path) -> None:
+        self.data, self.p = data, about(data)
+        self.target = self.p["target"]
+
+    def tokenizer(self, train: pd.DataFrame) -> Any:
+        from kitlib.models.bpe import train_bpe_tokenizer
+
+        return train_bpe_tokenizer([*train[self.p["text"]].astype(str), *train[self.target].astype(str)])
+
+    def encode(self, tok: Any, df: pd.DataFrame, k: Knobs) -> list[dict[str, Any]]:
+        src = tok(df[self.p["text"]].astype(str).tolist(), truncation=True, max_length=k.src_len)["input_ids"]
+        golds = df[self.target].astype(str).tolist() if self.target in df else [""] * len(df)  # test.csv: none
+        tgt = tok(golds, truncation=True, max_length=k.tgt_len)["input_ids"]
+        return [{"src": s, "tgt": t} for s, t in zip(src, tgt, strict=True)]
+
+    def collate(self, rows: list[dict[str, Any]], k: Knobs, pad: int) -> dict[str, Any]:
+        import torch
+
+        s = k.src_len if k.fixed_padding else max(len(r["src"]) for r in rows)
+        t = k.tgt_len if k.fixed_padding else max(len(r["tgt"]) for r in rows)
+        ids = torch.full((len(rows), s), pad)
+        labels = torch.full((len(rows), t), -100)
+        for i, r in enumerate(rows):
+            ids[i, : len(r["src"])] = torch.tensor(r["src"])
+            labels[i, : len(r["tgt"])] = torch.tensor(r["tgt"])
+        mask = (ids != pad).long()
+        real = int(mask.sum()) + int((labels >= 0).sum())
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels, "_real": real, "_computed": s * len(rows)
+                + t * len(rows)}  # fmt: skip
+
+    def loss(self, model: Any, batch: Mapping[str, Any]) -> Any:
+        return model(**{k: v for k, v in batch.items() if not k.startswith("_")}).loss
+
+    def predict(self, model: Any, tok: Any, rows: list[dict[str, Any]], k: Knobs) -> list[Any]:
+        out: list[Any] = []
+        for i in range(0, len(rows), 8):
+            b = self.collate(rows[i : i + 8], dataclasses.replace(k, fixed_padding=False), tok.pad_token_id)
+            gen = model.generate(
+                input_ids=b["input_ids"],
+                attention_mask=b["attention_mask"],
+                max_new_tokens=k.tgt_len,
+                num_beams=k.beams,
+            )
+            out += [t.strip() for t in tok.batch_decode(gen, skip_special_tokens=True)]
+        return out
+
+    def build(self, tok: Any, train: pd.DataFrame) -> Any:
+        raise NotImplementedError
+
+    def metric(self, preds: list[Any], golds: pd.DataFrame) -> float:
+        from kitlib.tasks.metrics import get_metric
+
+        kind = "regression" if self.p["metric"] == "smape" else "sequence"
+        found = get_metric(self.p["metric"], kind, data_dir=self.data)
+        return float(found(golds[self.target].to_numpy(), np.asarray(preds, dtype=object if kind != "regression"
+                                                                         else float)))  # fmt: skip
+
+
+class Sql(Adapter):
+    def tokenizer(self, train: pd.DataFrame) -> Any:
+        from kitlib.models.seq2seq import data_tokenizer
+
+        return data_tokenizer([*train[self.p["text"]].astype(str), *train[self.target].astype(str)])[0]
+
+    def build(self, tok: Any, train: pd.DataFrame) -> Any:
+        from kitlib.models.seq2seq import tiny_seq2seq
+
+        return tiny_seq2seq(tok, seed=SEED)
+
+
+class Summary(Adapter):
+    def build(self, tok: Any, train: pd.DataFrame) -> Any:
+        from kitlib.notebook.tasks.custom import factory
+        from kitlib.tools.demo_summary import parameters
+
+        build = factory(parameters(self.data)["model_factory"])  # the demo folder's pointer_generator.py:build
+        return build(len(tok), tok.pad_token_id, tok.eos_token_id)
+
+
+class Sft(Adapter):
+    """One sequence per row: prompt then response then </s>, the loss on the response only."""
+
+    def tokenizer(self, train: pd.DataFrame) -> Any:
+        from kitlib.models.bpe import train_bpe_tokenizer
+
+        return train_bpe_tokenizer([*train[self.p["text"]].astype(str), *train[self.target].astype(str)], add_eos=False)
+
+    def build(self, tok: Any, train: pd.DataFrame) -> Any:
+        from kitlib.models.causal_lm import tiny_causal_lm
+
+        return tiny_causal_lm(tok, seed=SEED, n_positions=512)
+
+    def encode(self, tok: Any, df: pd.DataFrame, k: Knobs) -> list[dict[str, Any]]:
+        prompts = tok(df[self.p["text"]].astype(str).tolist())["input_ids"]
+        answers = tok(df[self.target].astype(str).tolist())["input_ids"] if self.target in df else [[]] * len(df)
+        rows = []
+        for p, a in zip(prompts, answers, strict=True):
+            seq = (p + a + [tok.eos_token_id])[-k.src_len :]
+            n_label = min(len(a) + 1, len(seq))
+            rows.append({"src": seq, "n_label": n_label, "prompt": p[-k.src_len :]})
+        return rows
+
+    def collate(self, rows: list[dict[str, Any]], k: Knobs, pad: int) -> dict[str, Any]:
+        import torch
+
+        s = k.src_len if k.fixed_padding else max(len(r["src"]) for r in rows)
+        ids, labels = torch.full((len(rows), s), pad), torch.full((len(rows), s), -100)
+        mask = torch.zeros((len(rows), s), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["src"])
+            ids[i, :n], mask[i, :n] = torch.tensor(r["src"]), 1
+            labels[i, n - r["n_label"] : n] = torch.tensor(r["src"][n - r["n_label"] :])
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels, "_real": int(mask.sum()),
+                "_computed": s * len(rows)}  # fmt: skip
+
+    def predict(self, model: Any, tok: Any, rows: list[dict[str, Any]], k: Knobs) -> list[Any]:
+        import torch
+
+        out = []
+        for r in rows:  # one prompt at a time: no left padding needed
+            ids = torch.tensor([r["prompt"]])
+            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+            out.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True).strip())
+        return out
+
+
+class Price(Adapter):
+    """Tiny BERT on the text plus a TabularNet on the numeric and categorical columns; log target, standardised."""
+
+    def __init__(self, data: Path) -> None:
+        super().__init__(data)
+        self.stats: dict[str, Any] = {}
+
+    def tokenizer(self, train: pd.DataFrame) -> Any:
+        from kitlib.models.loading import train_wordpiece_tokenizer
+
+        return train_wordpiece_tokenizer(train["text"].astype(str).tolist())
+
+    def build(self, tok: Any, train: pd.DataFrame) -> Any:
+        from kitlib.models.loading import load_text_classifier
+        from kitlib.models.tabular import TabularNet, WithTabular
+
+        _, text_model, _ = load_text_classifier(1, train_texts=train["text"].astype(str), tiny=True, seed=SEED)
+        cards = [len(self.stats["cats"][c]) for c in self.p["categorical"]]
+        return WithTabular(text_model, TabularNet(2 * len(self.p["numeric"]), cards, 1), regression=True)
+
+    def encode(self, tok: Any, df: pd.DataFrame, k: Knobs) -> list[dict[str, Any]]:
+        if not self.stats:  # fitted on the first frame encoded: the training rows
+            num = df[self.p["numeric"]].astype(float)
+            y = np.log1p(df[self.target].astype(float))
+            self.stats = {"mean": num.mean(), "std": num.std().replace(0, 1), "y": (y.mean(), y.std()),
+                          "cats": {c: {v: i + 1 for i, v in enumerate(sorted(df[c].astype(str).unique()))}
+                                   for c in self.p["categorical"]}}  # fmt: skip
+        num = (df[self.p["numeric"]].astype(float) - self.stats["mean"]) / self.stats["std"]
+        numeric = np.concatenate([num.fillna(0).to_numpy(), num.isna().to_numpy(float)], axis=1)
+        cats = np.stack([df[c].astype(str).map(self.stats["cats"][c]).fillna(0).to_numpy(int)
+                         for c in self.p["categorical"]], axis=1)  # fmt: skip
+        ids = tok(df["text"].astype(str).tolist(), truncation=True, max_length=k.src_len)["input_ids"]
+        mu, sd = self.stats["y"]
+        y = (np.log1p(df[self.target].astype(float)) - mu) / sd if self.target in df else np.zeros(len(df))
+        return [{"src": s, "num": n, "cat": c, "y": float(v)} for s, n, c, v in zip(ids, numeric, cats, y, strict=True)]
+
+    def collate(self, rows: list[dict[str, Any]], k: Knobs, pad: int) -> dict[str, Any]:
+        import torch
+
+        s = k.src_len if k.fixed_padding else max(len(r["src"]) for r in rows)
+        ids = torch.full((len(rows), s), pad)
+        for i, r in enumerate(rows):
+            ids[i, : len(r["src"])] = torch.tensor(r["src"])
+        mask = (ids != pad).long()
+        numeric = torch.tensor(np.stack([r["num"] for r in rows]), dtype=torch.float32)
+        return {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "numeric": numeric,
+            "categorical": torch.tensor(np.stack([r["cat"] for r in rows])),
+            "labels": torch.tensor([[r["y"]] for r in rows]),
+            "_real": int(mask.sum()),
+            "_computed": s * len(rows),
+        }
+
+    def predict(self, model: Any, tok: Any, rows: list[dict[str, Any]], k: Knobs) -> list[Any]:
+        import torch
+
+        mu, sd = self.stats["y"]
+        out: list[float] = []
+        with torch.no_grad():
+            for i in range(0, len(rows), 32):
+                b = self.collate(rows[i : i + 32], k, tok.pad_token_id)
+                b = {n: v for n, v in b.items() if not n.startswith("_") and n != "labels"}
+                out += np.expm1(model(**b).logits[:, 0].numpy() * sd + mu).tolist()
+        return out
+
+
+ADAPTERS: dict[str, Callable[[Path], Adapter]] = {"sql": Sql, "summary": Summary, "sft": Sft, "price": Price}
+
+
+def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
+    """The user's script: featurise, train with their knobs, eval and save on their cadence, predict the test rows."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    start = time.perf_counter()
+    torch.manual_seed(SEED)
+    adapter, ph = ADAPTERS[w.name](data), Phases()
+    train_df = pd.read_csv(data / "train.csv")
+    test_df = pd.read_csv(data / "test.csv")
+    order = np.random.default_rng(SEED).permutation(len(train_df))
+    n_val = max(4, int(VAL_SHARE * len(train_df)))
+    val_df, fit_df = train_df.iloc[order[:n_val]], train_df.iloc[order[n_val:]]
+    cache = data / f"features-{w.name}-{k.src_len}-{k.tgt_len}.pkl"  # an earlier session's, for cached_features
+    with ph("featurise"):
+        if k.cached_features and cache.is_file():
+            tok, adapter, rows, val_rows, test_rows = pickle.loads(cache.read_bytes())
+        else:
+            tok = adapter.tokenizer(fit_df)
+            rows, val_rows = adapter.encode(tok, fit_df, k), adapter.encode(tok, val_df, k)
+            test_rows = adapter.encode(tok, test_df, k)
+            if k.cached_features:
+                cache.write_bytes(pickle.dumps((tok, adapter, rows, val_rows, test_rows)))
+    if os.environ.get("SEED_REPLAYS_WARM"):  # the earlier session that filled the cache: not timed
+        return {}
+    model = adapter.build(tok, fit_df)
+    if k.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+    opt = torch.optim.AdamW(model.parameters(), lr=k.lr)
+    pad = tok.pad_token_id
+
+    def collate(b: list[dict[str, Any]]) -> dict[str, Any]:
+        return adapter.collate(b, k, pad)
+
+    loader = DataLoader(rows, batch_size=k.micro, shuffle=True, collate_fn=collate, num_workers=k.workers,
+                        pin_memory=k.pin, generator=torch.Generator().manual_seed(SEED))  # fmt: skip
+    val_loader = DataLoader(val_rows, batch_size=k.micro * 4, collate_fn=collate)
+    step, best, real, computed, samples, train_s, gaps = 0, math.inf, 0, 0, 0, [], []
+    scores: list[float] = []
+
+    def full_eval() -> None:
+        model.eval()
+        with ph("full_eval"), torch.no_grad():
+            scores.append(adapter.metric(adapter.predict(model, tok, val_rows, k), val_df))
+        model.train()
+
+    def save(name: str, state: Mapping[str, Any]) -> None:
+        with ph("checkpoint"):
+            torch.save(state, out / name)
+
+    for epoch in range(1, k.epochs + 1):
+        model.train()
+        epoch_start = time.perf_counter()
+        it = iter(loader)
+        for i in range(len(loader)):
+            with ph("data_wait"):
+                batch = next(it)
+            real, computed, samples = real + batch["_real"], computed + batch["_computed"], samples + k.micro
+            with ph("forward"):
+                loss = adapter.loss(model, batch) / k.accum
+            with ph("backward"):
+                loss.backward()
+            if (i + 1) % k.accum == 0 or i + 1 == len(loader):
+                with ph("optimizer"):
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                step += 1
+                if k.full_eval_every_steps and step % k.full_eval_every_steps == 0:
+                    full_eval()
+        train_s.append(time.perf_counter() - epoch_start)
+        gap_start = time.perf_counter()
+        model.eval()
+        with ph("eval"), torch.no_grad():
+            val = float(np.mean([float(adapter.loss(model, b)) for b in val_loader]))
+        if k.full_eval_every_epochs and epoch % k.full_eval_every_epochs == 0:
+            full_eval()
+        if k.save_best and val < best:
+            best = val
+            save("best.pt", model.state_dict())
+        if k.save_last:
+            save("last.pt", {"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch})
+        if epoch < k.epochs:
+            gaps.append(time.perf_counter() - gap_start)
+    model.eval()
+    with ph("infer"), torch.no_grad():
+        preds = adapter.predict(model, tok, test_rows, k)
+    wall = time.perf_counter() - start
+    sub = out / "submission.csv"
+    pd.DataFrame({"id": test_df["id"], adapter.target: preds}).to_csv(sub, index=False)
+    record = {
+        "wall_seconds": wall,
+        "phases": {n: {"seconds": s, "count": ph.count[n]} for n, s in ph.seconds.items()},
+        "run": {
+            "steps": step, "epochs_planned": k.epochs, "epochs_done": k.epochs, "micro_batch_size": k.micro,
+            "grad_accum_steps": k.accum, "num_workers": k.workers, "persistent_workers": False, "pin_memory": k.pin,
+            "precision": "fp32", "tf32": False, "device_type": "cpu", "device_name": "cpu",
+            "full_eval_every": k.full_eval_every_epochs, "save_best": k.save_best, "save_last": k.save_last,
+            "batching": "fixed" if k.fixed_padding else "dynamic", "samples": samples, "real_tokens": real,
+            "computed_tokens": computed, "epoch_gaps_s": gaps, "epoch_train_s": train_s,
+            "max_length": k.src_len, "longest_row_tokens": max(len(r["src"]) for r in rows),
+            "featurise_s": ph.seconds["featurise"], "features_cached": k.cached_features,
+            "full_eval_count": ph.count["full_eval"],
+        },
+    }  # fmt: skip
+    (out / "timing.json").write_text(json.dumps(record))
+    (out / "config.json").write_text(json.dumps({"config": dataclasses.asdict(k)}))
+    return {
+        "wall": wall,
+        "featurise": ph.seconds["featurise"],
+        "train": sum(train_s),
+        "eval_gaps": ph.seconds["eval"] + ph.seconds["full_eval"],
+        "saves": ph.seconds["checkpoint"],
+        "infer": ph.seconds["infer"],
+        "samples_per_s": samples / sum(train_s),
+        "tokens_per_s": real / sum(train_s),
+        "padding": real / computed,
+        "metric": score(data, sub),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ kitlib
+def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
+    """kitlib's defaults through the notebooks' stage calls (00 setup, 01 features, 02 train, 03 infer)."""
+    from kitlib.engine.record import RunFacts
+    from kitlib.machine.hardware import detect
+    from kitlib.notebook import stages
+
+    start = time.perf_counter()
+    hw = detect()
+    params = about(data)
+    if w.demo == "custom-seq2seq":
+        from kitlib.tools.demo_summary import parameters
+
+        params = parameters(data)
+    p = stages.params(data_dir=data, work_dir=out, preset="balanced", model="tiny", epochs=w.after.epochs,
+                      seed=SEED, **params)  # fmt: skip
+    with contextlib.redirect_stdout(sys.stderr):  # the stages' reports: keep stdout for the result line
+        stages.setup(p, hw)
+        t = time.perf_counter()
+        stages.features(p, hw=hw, quiet=True)
+        featurise = time.perf_counter() - t
+        if os.environ.get("SEED_REPLAYS_WARM"):
+            return {}
+        t = time.perf_counter()
+        result = stages.train(p, hw=hw)
+        train_stage = time.perf_counter() - t
+        t = time.perf_counter()
+        stages.infer(p, hw=hw)
+        infer = time.perf_counter() - t
+    wall = time.perf_counter() - start
+    facts, phases = RunFacts.from_dict(result.timing.get("run")), result.timing.get("phases") or {}
+    train_s = sum(facts.epoch_train_s or []) or train_stage
+
+    def sec(name: str) -> float:
+        return float(phases.get(name, {}).get("seconds") or 0.0)
+
+    return {
+        "wall": wall,
+        "featurise": featurise,
+        "train": train_s,
+        "eval_gaps": sec("eval") + sec("full_eval"),
+        "saves": sec("checkpoint"),
+        "infer": infer,
+        "samples_per_s": (facts.samples or 0) / train_s,
+        "tokens_per_s": (facts.real_tokens or 0) / train_s,
+        "padding": (facts.real_tokens or 0) / (facts.computed_tokens or 1),
+        "metric": score(data, out / "submission.csv"),
+    }
+
+
+def contender(name: str, workload: str, data: Path, out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    w = WORKLOADS[workload]
+    result = with_kitlib(w, data, out) if name == "kitlib" else plain(w, getattr(w, name), data, out)
+    result |= {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+    (out / "result.json").write_text(json.dumps(result))  # kept beside the run: a later failure loses nothing
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ driver
+def run_one(name: str, workload: str, data: Path, out: Path, *, warm: bool = False) -> dict[str, Any]:
+    """One contender in a fresh process (its own imports, caches and peak memory): the last stdout line is JSON.
+    ``warm``: only the featurising of an earlier session, which fills the caches of those that keep one."""
+    cmd = [sys.executable, __file__, "--contender", name, "--workload", workload, "--data", str(data), "--out",
+           str(out)]  # fmt: skip
+    env = os.environ | {"KIT_HEADLESS": "1"} | ({"SEED_REPLAYS_WARM": "1"} if warm else {})
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise RuntimeError(f"{workload}/{name} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def doctor_lines(record_dir: Path, before: Mapping[str, float], after: Mapping[str, float]) -> list[str]:
+    """The doctor's findings on "before"'s record, beside what the user's fix saved here (before - after wall)."""
+    from kitlib.doctor.report import diagnose
+
+    report = diagnose(record_dir)
+    lines = [f"  doctor on before's record (the user's fix measured {before['wall'] - after['wall']:+.1f} s wall):"]
+    for f in report.findings:
+        lines.append(f"    {f.rule:<16} saves ~{f.estimated_saving_s:6.2f} s  {f.title}: {json.dumps(f.changes)}")
+    if not report.findings:
+        lines.append("    (no finding)")
+    return lines
+
+
+def table(w: Workload, results: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+    def mean(c: str, key: str) -> float:
+        return float(np.median([r[key] for r in results[c]]))
+
+    better = "lower" if about_metric(w) == "smape" else "higher"
+    metric = f"{about_metric(w)} ({better})"
+    phases = " ".join(f"{c:>9}" for c in PHASE_COLUMNS)
+    rates = f"{'samples/s':>9} {'tokens/s':>9} {'pad eff':>7} {'peak MB':>8}"
+    head = f"{'contender':<9} {'wall s':>7} {phases} {rates} {metric:>18}"
+    lines = [f"== {w.name}: {w.story}", head]
+    for c in CONTENDERS:
+        lines.append(
+            f"{c:<9} {mean(c, 'wall'):7.1f} " + " ".join(f"{mean(c, p):9.2f}" for p in PHASE_COLUMNS)
+            + f" {mean(c, 'samples_per_s'):9.1f} {mean(c, 'tokens_per_s'):9.0f} {mean(c, 'padding'):7.2f}"
+            f" {mean(c, 'peak_mb'):8.0f} {mean(c, 'metric'):18.4f}"
+        )  # fmt: skip
+    k = mean("kitlib", "wall")
+    lines.append(f"  ratios (wall): before/kitlib {mean('before', 'wall') / k:.2f}x, after/kitlib "
+                 f"{mean('after', 'wall') / k:.2f}x")  # fmt: skip
+    return lines
+
+
+def about_metric(w: Workload) -> str:
+    return {"sql": "record_f1", "summary": "rouge_l", "sft": "exact_match", "price": "smape"}[w.name]
+
+
+def replay(names: list[str], repeats: int, quick: bool, root: Path) -> list[str]:
+    lines: list[str] = []
+    for name in names:
+        w = WORKLOADS[name]
+        data = make_data(w, root / name / "data", w.quick if quick else w.rows)
+        results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
+        for r in range(repeats):
+            for c in ("after", "kitlib"):  # the users' "after" and kitlib keep features from an earlier session
+                if c == "kitlib" or w.after.cached_features:
+                    run_one(c, name, data, root / name / f"{c}-{r}", warm=True)
+            for c in CONTENDERS:  # interleaved: a machine slowing down hits every contender alike
+                print(f"[{name}] repeat {r + 1}/{repeats}: {c} ...", file=sys.stderr, flush=True)
+                results[c].append(run_one(c, name, data, root / name / f"{c}-{r}"))
+        lines += table(w, results)
+        lines += doctor_lines(root / name / "before-0", results["before"][0], results["after"][0])
+        print("\n".join(lines), file=sys.stderr, flush=True)  # so far, as each workload ends
+    return lines
+
+
+def shrink(k: Knobs) -> Knobs:
+    """--quick: one epoch, evals and saves still on their cadence (every step for a step cadence)."""
+    return dataclasses.replace(k, epochs=1, full_eval_every_steps=min(k.full_eval_every_steps, 1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--all", action="store_true", help="the four workloads")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), action="append", help="one workload (repeatable)")
+    ap.add_argument("--quick", action="store_true", help="smoke size: a few rows, one epoch")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--root", type=Path, help="where data and runs go (default: a temporary folder)")
+    ap.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)  # the child process
+    ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.contender:
+        if os.environ.get("SEED_REPLAYS_QUICK"):
+            w = WORKLOADS[args.workload[0]]
+            WORKLOADS[w.name] = dataclasses.replace(w, before=shrink(w.before), after=shrink(w.after))
+        print(json.dumps(contender(args.contender, args.workload[0], args.data, args.out)))
+        return 0
+    names = sorted(WORKLOADS) if args.all else (args.workload or [])
+    if not names:
+        ap.error("name a --workload or pass --all")
+    if args.quick:
+        os.environ["SEED_REPLAYS_QUICK"] = "1"  # the children read it: one epoch
+    with tempfile.TemporaryDirectory(prefix="seed-replays-") as tmp:
+        root = args.root or Path(tmp)
+        print(f"seed replays: {', '.join(names)}; {os.cpu_count()} CPUs; torch threads per process as torch picks")
+        print("\n".join(replay(names, args.repeats, args.quick, root)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

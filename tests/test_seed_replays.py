@@ -1,0 +1,28 @@
+"""benchmarks/seed_replays.py --quick runs end to end for one workload and prints its table and the doctor's lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow  # three contenders in fresh processes: ~40 s on an idle 2-core CPU, minutes on a loaded one
+def test_quick_replay_prints_the_table_ratios_and_doctor(tmp_path: Path) -> None:
+    pytest.importorskip("bokeh_sampledata", reason="the price demo's data comes with bokeh-sampledata")
+    cmd = [sys.executable, "benchmarks/seed_replays.py", "--workload", "price", "--quick", "--root", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout
+    for column in ("wall s", "featurise", "train", "eval_gaps", "saves", "infer", "samples/s", "tokens/s", "pad eff",
+                   "peak MB", "smape"):  # fmt: skip
+        assert column in out, out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["before"], ["after"],
+            ["kitlib"])}  # fmt: skip
+    assert set(rows) == {"before", "after", "kitlib"} and all(float(r[1]) > 0 for r in rows.values())
+    assert "before/kitlib" in out and "after/kitlib" in out
+    assert "doctor on before's record" in out and "features" in out  # before recomputes its features: named
