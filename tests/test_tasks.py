@@ -80,6 +80,37 @@ def test_a_heavy_tailed_or_smape_scored_target_is_learned_as_standardised_log() 
     assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it
 
 
+class _Constant(nn.Module):
+    """One learnt number for every row: what a model that cannot read its inputs converges to under an objective."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids: torch.Tensor) -> Any:
+        return type("Output", (), {"logits": self.value.expand(len(input_ids), 1)})()
+
+
+@pytest.mark.parametrize("metric", ["smape", "mae"])
+def test_the_trained_objective_of_an_absolute_error_metric_converges_to_the_median(metric: str) -> None:
+    # Skewed even in log space: 70% of rows at 10, the rest spread to 5,000. SMAPE and MAE reward the median (10);
+    # a squared loss on log1p would settle near the geometric mean (52), one on the value itself on the mean (824).
+    rng = np.random.default_rng(0)
+    y = np.concatenate([np.full(700, 10.0), rng.uniform(50, 5000, 300)])
+    spec = read_target(pd.Series(y), "auto", metric)
+    objective = get_task("tabular-text").loss_fn(spec)  # what 02's fit minimises for this spec
+    assert objective is not None
+    model = _Constant()
+    batch = {"input_ids": torch.zeros(len(y), 1), "labels": torch.from_numpy(spec.encode(y))}
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    for _ in range(500):  # ~0.2 s: full-batch steps on one weight
+        optimizer.zero_grad()
+        objective(model, batch).backward()
+        optimizer.step()
+    predicted = float(spec.decode(model.value.detach().numpy())[0])
+    assert predicted == pytest.approx(np.median(y), rel=0.05), (predicted, np.median(y), np.expm1(np.log1p(y).mean()))
+
+
 def test_a_unique_text_target_asks_for_task() -> None:
     queries = pd.Series([f"SELECT name FROM t WHERE id = {i}" for i in range(60)], name="query")
     with pytest.raises(DataError, match=r"'query' holds 60 distinct texts over 60 rows.*kitlib will not guess.*task"):
