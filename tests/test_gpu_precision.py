@@ -148,7 +148,7 @@ def _loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Calla
             side: SideInputs
             vocab_size: int = 64
             pad_id: int = 0
-            task: Any = dataclasses.field(default_factory=lambda: type("T", (), {"num_labels": 2})())
+            spec: Any = dataclasses.field(default_factory=lambda: type("T", (), {"num_labels": 2})())
 
         feats = Feats(SideInputs(state={"model_factory": f"{module}:build"}))
         # The loaders read the saved tokens, which this test has none of (nor the forward check that runs on them):
