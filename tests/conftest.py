@@ -17,6 +17,14 @@ def _own_config_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[n
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_parameters_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """00's parameters read KIT_* variables (KIT_PRESET, KIT_TASK, ...): one exported for the main job (the README's
+    `KIT_PRESET=smoke`) must not change what a test asks for. A test that wants one sets it itself."""
+    for name in [n for n in os.environ if n.startswith("KIT_")]:
+        monkeypatch.delenv(name)
+
+
 @pytest.fixture
 def cpu_hw():
     """A plain fp32 CPU profile, so engine tests behave the same on AMX and non-AMX machines."""
