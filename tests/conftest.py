@@ -17,12 +17,14 @@ def _own_config_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[n
     yield
 
 
-@pytest.fixture(autouse=True)
-def _no_parameters_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(autouse=True, scope="session")
+def _no_parameters_from_the_shell():  # type: ignore[no-untyped-def]
     """00's parameters read KIT_* variables (KIT_PRESET, KIT_TASK, ...): one exported for the main job (the README's
-    `KIT_PRESET=smoke`) must not change what a test asks for. A test that wants one sets it itself."""
-    for name in [n for n in os.environ if n.startswith("KIT_")]:
-        monkeypatch.delenv(name)
+    `KIT_PRESET=smoke`) must not change what a test asks for. A test that wants one sets it itself (monkeypatch).
+    Not through the monkeypatch fixture: an autouse one would reorder other fixtures' teardowns around its undo."""
+    shell = {name: os.environ.pop(name) for name in [n for n in os.environ if n.startswith("KIT_")]}
+    yield
+    os.environ.update(shell)
 
 
 @pytest.fixture
