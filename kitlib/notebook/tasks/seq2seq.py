@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,11 @@ MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding co
 FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
 FROM_SCRATCH_EPOCHS = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
+# Short texts (byte level, kitlib.models.seq2seq.short_texts) from scratch: a budget of optimizer steps, not of epochs,
+# so a small table gets as many updates as a large one. STEPS_PER_EPOCH x the registry's epochs (balanced: 9,000
+# steps); on 3,600 grapheme-to-phoneme rows at batch 16 that is 40 epochs, see the README.
+SHORT_TEXT_BATCH = 16  # rows per optimizer step: per row, batch 16 costs ~1.1x batch 32 on a CPU, for 2x the steps
+SHORT_TEXT_STEPS_PER_EPOCH = 4500
 
 
 class Seq2SeqTask(TextGenerationTask):
@@ -79,6 +85,11 @@ class Seq2SeqTask(TextGenerationTask):
         if model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
             epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
+            rows = _short_text_rows(p)
+            if rows is not None:
+                batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
+                steps = epochs * SHORT_TEXT_STEPS_PER_EPOCH
+                changes |= {"target_effective_batch": batch, "epochs": max(epochs, math.ceil(steps * batch / rows))}
         return dataclasses.replace(preset, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features
@@ -147,6 +158,20 @@ class Seq2SeqTask(TextGenerationTask):
             **hf_limits(limits_of(model), start=1),
         )
         return out[:, 1:]
+
+
+def _short_text_rows(p: Params) -> int | None:
+    """train.csv's row count when its texts and targets are short (kitlib.models.seq2seq.short_texts: the byte-level
+    tokenizer's rule), else None (longer texts, or no train.csv yet): the preset's steps budget is for short texts."""
+    from kitlib.data.tables import read_table
+    from kitlib.models.seq2seq import short_texts
+
+    path = p.data_dir / p.train_file
+    if not path.is_file():
+        return None
+    train = read_table(path, text=p.text, target=p.target, task=Seq2SeqTask.target_rule)
+    short, _ = short_texts([*train[p.text].astype(str), *train[p.target].astype(str)])
+    return len(train) if short else None
 
 
 def _check_sql(column: pd.Series, p: Params) -> None:
