@@ -127,6 +127,35 @@ def test_qlora_off_cuda_is_refused_in_00_naming_lora(tmp_path: Path, cpu_hw: Any
     assert (run.config.adapter, run.config.freeze) == ("lora", "none")
 
 
+def test_lora_trains_at_the_adapters_lr_once_and_a_users_lr_wins(tmp_path: Path, cpu_hw: Any) -> None:
+    """The presets' lrs are full fine-tuning's (1e-4 at balanced); adapters take at least LORA_LR (2e-4, the peers'
+    usual), said in one line; an lr the user sets is kept; 00's setup (the task's preset, then resolve again) applies
+    it once."""
+    from kitlib.models.adapters import LORA_LR
+    from kitlib.notebook import presets, stages
+    from kitlib.tools.demo import make_demo
+
+    for name in presets.PRESETS:
+        if presets.PRESETS[name].regime != "finetune":
+            continue
+        full, lora = presets.resolve(name, cpu_hw), presets.resolve(name, cpu_hw, overrides={"adapter": "lora"})
+        assert lora.config.lr == max(full.config.lr, LORA_LR), name
+        said = [r for r in lora.reasons if "for the adapters" in r]
+        assert len(said) == (full.config.lr < LORA_LR) and lora.preset.lr == full.preset.lr, (name, said)
+    balanced = presets.resolve("balanced", cpu_hw, overrides={"adapter": "lora"})
+    assert balanced.config.lr == 2e-4 and "lr 0.0002 for the adapters (the preset's 0.0001" in balanced.summary()
+    own = presets.resolve("balanced", cpu_hw, overrides={"adapter": "lora", "lr": 5e-5})
+    assert own.config.lr == 5e-5 and not any("for the adapters" in r for r in own.reasons)
+
+    demo = make_demo(tmp_path / "demo")
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", model="tiny", adapter="lora")
+    run = stages.setup(p, cpu_hw)
+    saved = presets.load_run(tmp_path / "work")
+    assert run.config.lr == saved.config.lr == 2e-4 and sum("for the adapters" in r for r in saved.reasons) == 1
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "own", model="tiny", adapter="lora", lr=3e-5)
+    assert stages.setup(p, cpu_hw).config.lr == 3e-5
+
+
 def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, cpu_hw: Any) -> None:
     """Must-show 3: the SFT demo through 00-03 headless with adapter = "lora" on a model folder; best/ holds the
     adapter only, and 03's model is the folder's weights plus that adapter."""

@@ -29,6 +29,9 @@ LORA_RANK = 16  # r: adapter parameters per linear layer = r x (in + out); the m
 LORA_ALPHA = 32  # the update is scaled by alpha / r = 2 (peft's examples and the LoRA paper's usual ratio)
 BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models up to 13B)
+# The adapters' least lr: B starts at zero and a rank-16 update needs a larger step than a full fine-tune's (~10x;
+# unsloth's notebooks and the QLoRA paper use 2e-4 for 7-13B models, where the presets' 3e-5 to 1e-4 are full-FT's)
+LORA_LR = 2e-4
 GENERATING_TASKS = ("causal-lm", "seq2seq")  # where 4-bit weights are offered: the big pretrained models
 _INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
 
