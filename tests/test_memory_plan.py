@@ -143,3 +143,15 @@ def test_every_strategy_the_plan_can_choose_is_one_kitlib_runs(hardware: str) ->
             result = fit(model, DataLoader(rows, batch_size=4), config=cfg, hw=hw)
             after = [p.detach().float() for p in result.model.parameters() if p.requires_grad]
             assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True)), strategy.name
+
+
+def test_loras_frozen_base_is_planned_in_the_dtype_02_keeps_it() -> None:
+    """stages.prepare keeps a LoRA base in bf16 on a bf16 CUDA card only (a CPU with bf16 autocast keeps it fp32):
+    the plan counts 2 bytes a base weight there and 4 elsewhere."""
+    names = {}
+    for hardware in ("H100", "T4", "CPU-AMX"):
+        plan = plan_memory("gpt2", hardware=hardware, seq_len=128, task="causal-lm")
+        lora = next(f for f in plan.fits if f.strategy.adapter == "lora")
+        names[hardware] = lora.strategy.name
+        assert lora.strategy.weights == pytest.approx(2.0 if hardware == "H100" else 4.0, abs=0.1), hardware
+    assert names == {"H100": "LoRA r=16, bf16 base", "T4": "LoRA r=16, fp32 base", "CPU-AMX": "LoRA r=16, fp32 base"}

@@ -220,17 +220,17 @@ def plan_memory(
     per_device = max(1, math.ceil(effective_batch / world))
     fits = tuple(
         _fit(s, shape, hw, seq_len, task, chunked, per_device, micro_batch, accum, budget)
-        for s in strategies(shape, amp=amp, bf16=dtype == "bf16")
+        for s in strategies(shape, amp=amp, bf16=dtype == "bf16", half_base=hw.device_type == "cuda")
     )
     return MemoryPlan(name, task, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
 
 
-def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]:
+def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool = True) -> list[Strategy]:
     """The strategies kitlib runs, in order of least compromise first (speed and fidelity). Bytes per parameter of
     the whole model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so
     pure bf16 weights are offered (with the optimizer that keeps their updates: Kahan-summed AdamW; bitsandbytes'
     8-bit AdamW rounds bf16 weights to nearest and loses the small updates), and LoRA keeps its frozen base in bf16
-    (on an fp16 card it stays fp32: kitlib.notebook.stages.prepare)."""
+    where ``half_base`` (a CUDA card; on an fp16 card or a CPU it stays fp32: kitlib.notebook.stages.prepare)."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
@@ -256,9 +256,9 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]
             out.append(Strategy(name, 2.0, 2.0, 6.0, act, ckpt, optimizer_name="adamw-kahan"))
     if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
         out.append(Strategy("fp32 full fine-tune (no AMP)", 4, 4, 8, 4.0, False, amp=False))
-    base = 2.0 if bf16 else 4.0
+    base = 2.0 if bf16 and half_base else 4.0
     lean = (  # least compromise first: adapters on full weights, then on 4-bit weights (fp32 adapters + AdamW)
-        (f"LoRA r={LORA_RANK}, {'bf16' if bf16 else 'fp32'} base", "lora", base + 4 * lora),
+        (f"LoRA r={LORA_RANK}, {'bf16' if base == 2.0 else 'fp32'} base", "lora", base + 4 * lora),
         ("QLoRA (LoRA on 4-bit weights)", "qlora", nf4 + 4 * lora),
     )
     for name, adapter, weights in lean:
