@@ -194,6 +194,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0 if plan.choice is not None else 1
 
 
+def _cmd_export_merged(args: argparse.Namespace) -> int:
+    """03's model with its adapter merged in, as one model folder (kitlib.notebook.stages.export_merged)."""
+    from kitlib.notebook.stages import export_merged
+
+    export_merged(args.work_dir, args.out)
+    return 0
+
+
 def _cmd_kaggle(args: argparse.Namespace) -> int:
     from kitlib.tools import kaggle
 
@@ -441,6 +449,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch", type=int, default=None, help="rows per forward (default: the largest that fits)")
     p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: effective batch / micro)")
     p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser("export-merged", help="a LoRA run's model with the adapter merged in, as one model folder")
+    p.add_argument("work_dir", help="the notebooks' working dir (params.json, run/best/)")
+    p.add_argument("out", help="the folder to write (config.json, model.safetensors, the tokenizer's files)")
+    p.set_defaults(func=_cmd_export_merged)
 
     p = sub.add_parser("kaggle", help="Kaggle kernels: build folders, offline wheels, push, status, output")
     kaggle_sub = p.add_subparsers(dest="kaggle_action", metavar="ACTION", required=True)

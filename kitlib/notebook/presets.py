@@ -305,7 +305,7 @@ def resolve(
     from kitlib._version import __version__
     from kitlib.machine.hardware import check_compile
     from kitlib.machine.precision import decide_precision
-    from kitlib.models.adapters import check_adapter
+    from kitlib.models.adapters import LORA_LR, check_adapter
 
     base = get_preset(preset) if isinstance(preset, str) else preset
     overrides = dict(overrides or {})
@@ -319,9 +319,15 @@ def resolve(
 
     reasons = [f"preset {p.name}: {p.description}"]
     adapter = check_adapter(late.get("adapter", "none"), hw, regime=p.regime)
+    lr = p.lr
     if adapter is not None:  # the adapter freezes the pretrained weights itself
         p = dataclasses.replace(p, freeze="none", freeze_layers=0)
         reasons.append(adapter)
+        if "lr" not in overrides and p.lr < LORA_LR:  # an lr set by the user wins
+            lr = LORA_LR
+            reasons.append(
+                f"lr {lr:g} for the adapters (the preset's {p.lr:g} is a full fine-tune's; set lr to change)"
+            )
     plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
     reasons.append(f"precision {plan.dtype}: {plan.reason}")
 
@@ -335,7 +341,7 @@ def resolve(
         epochs=p.epochs,
         micro_batch_size=micro,
         grad_accum_steps=accum,
-        lr=p.lr,
+        lr=lr,
         precision=plan.dtype,
         tf32=plan.tf32,
         freeze=p.freeze,

@@ -660,6 +660,53 @@ def infer(
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 
 
+def export_merged(
+    work_dir: str | os.PathLike[str], out: str | os.PathLike[str], hw: HardwareInfo | None = None
+) -> Path:
+    """One model folder at ``out``: 03's model (the model folder's weights + best/'s adapter) with the adapter
+    merged in (kitlib.models.adapters.merge_adapter), and the model folder's tokenizer files beside it; a
+    transformers ``from_pretrained`` loads it without peft. ``python -m kitlib export-merged WORK_DIR OUT``."""
+    import torch
+
+    from kitlib.engine import checkpoint
+    from kitlib.errors import SetupError
+    from kitlib.models.adapters import merge_adapter
+
+    p = load_params(work_dir)
+    feats = load_features(p)
+    adapter = feats.run.config.adapter
+    if adapter == "none":
+        raise SetupError(f"{p.run_dir} trained without an adapter: best/ is already the whole model. Fix: use it as is")
+    hw = hw or detect()
+    if adapter == "qlora" and hw.device_type != "cuda":
+        raise SetupError(
+            "this run trained qlora adapters on 4-bit weights: merging rebuilds that 4-bit model and dequantises it, "
+            "with bitsandbytes on a CUDA GPU, and this machine has none. Fix: export on a CUDA machine, or keep base "
+            "+ adapter (03 loads them)"
+        )
+    model = prepare(p, feats, hw).model
+    checkpoint.restore_model(model, checkpoint.load(_trained_checkpoint(p.run_dir, p)))
+    merged, target = merge_adapter(model), Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    save = getattr(merged, "save_pretrained", None)
+    if callable(save):
+        save(target)
+    else:  # a task's own module around the pretrained model: its state_dict, for the model 03 builds
+        from safetensors.torch import save_model
+
+        save_model(merged, str(target / "model.safetensors"))
+    folder = Path(p.model)
+    names = ("tokenizer", "special_tokens_map", "vocab", "merges", "spiece", "added_tokens")
+    for file in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if file.is_file() and file.name.startswith(names):
+            shutil.copy2(file, target / file.name)
+    size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
+    weights = sum(t.numel() for t in merged.state_dict().values() if isinstance(t, torch.Tensor))
+    print(f"merged: the {adapter} adapter of {p.run_dir.name}/ folded into {p.model}: {target} ({size / 1e6:.1f} MB, "
+          f"{weights / 1e6:.1f} M weights; loads without peft)")  # fmt: skip
+    return target
+
+
 def _warn_unbeaten(run_dir: Path) -> None:
     """A UserWarning before the submission is written when 02 found the model no better than a constant."""
     import warnings
