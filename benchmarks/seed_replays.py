@@ -467,6 +467,7 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
     with ph("infer"), torch.no_grad():
         preds = adapter.predict(model, tok, test_rows, k)
     wall = time.perf_counter() - start
+    probe_small_micro_batch(adapter, model, rows, k, pad, out)
     sub = out / "submission.csv"
     pd.DataFrame({"id": test_df["id"], adapter.target: preds}).to_csv(sub, index=False)
     record = {
@@ -498,6 +499,21 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
         "padding": real / computed,
         "metric": score(data, sub),
     }
+
+
+def probe_small_micro_batch(adapter: Adapter, model: Any, rows: list[dict[str, Any]], k: Knobs, pad: int,
+                            out: Path) -> None:  # fmt: skip
+    """What the doctor's micro-batch advice asks for, after the timed run (not in its wall): forward+backward of the
+    same training rows as the user's micro-batches and as one bigger one, kept beside the record (probes.json)."""
+    from kitlib.doctor.probe import probe_micro_batch, save_probe
+    from kitlib.doctor.rules import SMALL_MICRO_BATCH, split_accumulation
+
+    factor = split_accumulation(k.accum)
+    if k.micro > SMALL_MICRO_BATCH or k.accum < 2 or len(rows) < k.micro * factor:
+        return
+    batch = adapter.collate(rows[: k.micro * factor], k, pad)
+    probe = probe_micro_batch(model, batch, micro_batch_size=k.micro, factor=factor, loss_fn=adapter.loss, repeats=2)
+    save_probe(out, probe)
 
 
 # ------------------------------------------------------------------------------------------------------ kitlib

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from kitlib.doctor.rules import RULES, RunRecord
+from kitlib.machine.hardware import fake_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,4 +29,14 @@ def test_quick_replay_prints_the_table_ratios_and_doctor(tmp_path: Path) -> None
             ["kitlib"])}  # fmt: skip
     assert set(rows) == {"before", "after", "kitlib"} and all(float(r[1]) > 0 for r in rows.values())
     assert "before/kitlib" in out and "after/kitlib" in out
-    assert "doctor on before's record" in out and "features" in out  # before recomputes its features: named
+    assert "doctor on before's record" in out
+    # The doctor's features rule on each record, before its 2%-of-the-wall cut (tokenising 48 rows costs ~1% of a
+    # quick run, so whether diagnose() prints it depends on the machine's load): before recomputed, after read a cache.
+    hw = fake_profile("CPU", platform="local", interactive=False)
+    found = {}
+    for name in ("before", "after"):
+        record = RunRecord(json.loads((tmp_path / "price" / f"{name}-0" / "timing.json").read_text()), {})
+        found[name] = [f for rule in RULES if (f := rule(record, hw)) is not None and f.rule == "features"]
+    assert len(found["before"]) == 1 and not found["after"], found
+    featurise = RunRecord(json.loads((tmp_path / "price" / "before-0" / "timing.json").read_text()), {}).facts
+    assert f"featurising took {featurise.featurise_s:.2f} s" in found["before"][0].evidence
