@@ -3,6 +3,7 @@
     python benchmarks/seed_replays.py --all              # the four workloads (minutes on an idle 2-core CPU)
     python benchmarks/seed_replays.py --workload sql     # one workload;  --quick: a smoke-sized run of it
     python benchmarks/seed_replays.py --all --repeats 2  # contenders interleaved, each repeat in a fresh process
+    python benchmarks/seed_replays.py --all --threads 1  # every contender's intra-op threads (OMP_NUM_THREADS)
 
 Contenders, each in its own process, interleaved (before, after, kitlib, before, ...):
 - before: a plain PyTorch loop written as the user wrote theirs: their micro-batch x accumulation, every batch padded
@@ -22,6 +23,11 @@ Levers that cannot show on a CPU (reasoned, not measured): TF32 and AMP (no tens
 and non_blocking copies (no host-to-device copy), DataLoader workers on a shared 2-core machine (they compete with
 the training process for the same cores), cudnn.benchmark, and the GPU-memory headroom that lets a bigger micro-batch
 run at all.
+
+``--threads``: on a shared machine whose load exceeds its cores, torch's default pool (one thread per core) waits at
+every parallel region for a thread that is not running: measured here at load ~10 on 2 cores, the SQL "after" trained
+in 88.8 s with 2 threads and 5.4 s with 1 (kitlib: 63.0 s and 4.3 s). Which contender that hits decides the ratio, so
+a loaded machine is measured with the same ``--threads 1`` for all (kitlib's cpu_threads() keeps a lower count).
 """
 
 from __future__ import annotations
@@ -642,6 +648,7 @@ def replay(names: list[str], repeats: int, quick: bool, root: Path) -> list[str]
                 print(f"[{name}] repeat {r + 1}/{repeats}: {c} ...", file=sys.stderr, flush=True)
                 results[c].append(run_one(c, name, data, root / name / f"{c}-{r}"))
         lines += table(w, results)
+        lines.append(f"  load average (1, 5, 15 min) as it ended: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
         lines += doctor_lines(root / name / "before-0", results["before"][0], results["after"][0])
         print("\n".join(lines), file=sys.stderr, flush=True)  # so far, as each workload ends
     return lines
@@ -659,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke size: a few rows, one epoch")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--root", type=Path, help="where data and runs go (default: a temporary folder)")
+    ap.add_argument("--threads", type=int, help="intra-op threads of every contender (default: as torch picks)")
     ap.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)  # the child process
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -674,9 +682,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("name a --workload or pass --all")
     if args.quick:
         os.environ["SEED_REPLAYS_QUICK"] = "1"  # the children read it: one epoch
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # torch sizes its pool from it at import, in each child
+    threads = f"{args.threads} intra-op threads per process" if args.threads else "torch threads as torch picks"
     with tempfile.TemporaryDirectory(prefix="seed-replays-") as tmp:
         root = args.root or Path(tmp)
-        print(f"seed replays: {', '.join(names)}; {os.cpu_count()} CPUs; torch threads per process as torch picks")
+        print(f"seed replays: {', '.join(names)}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+              f"{threads}")  # fmt: skip
         print("\n".join(replay(names, args.repeats, args.quick, root)))
     return 0
 
