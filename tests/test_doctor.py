@@ -251,20 +251,21 @@ def test_small_micro_batches_with_accumulation_keep_the_effective_batch() -> Non
 
 def test_a_probe_kept_beside_the_run_names_the_summarisers_micro_batch_fix(tmp_path: Path) -> None:
     """Seed replay "summary", before: micro-batch 1 x accumulation 16 of a BiLSTM pointer-generator whose passes take
-    seconds (its step-by-step decoder costs Python per timestep, not per row): too slow a call for the rough estimate.
+    ~0.2 s (its step-by-step decoder costs Python per timestep, not per row): past the 50 ms the rough estimate trusts.
     A probe measured on the model and kept beside the run names the user's 4 x 4 with the measured saving."""
     from kitlib.doctor.probe import MicroBatchProbe, save_probe
 
-    # 6 optimizer steps x 16 passes of ~3.3 s (forward+backward 320 s of a 575 s wall, as the replay's record)
-    phases = {"data_wait": 0.5, "h2d": 0.0, "forward": 120.0, "backward": 200.0, "optimizer": 1.0}
-    timing = _record(wall=575.0, phases=phases, steps=6, micro_batch_size=1, grad_accum_steps=16, samples=96)
+    # The replay's record (benchmarks/seed_replays.py --threads 1, 2026-11-24): 6 optimizer steps x 16 passes of
+    # ~0.2 s, forward+backward 19.5 s of a 32.2 s wall, and its probe: 4 passes of 1 row 0.691 s, 1 of 4 rows 0.403 s
+    phases = {"data_wait": 0.13, "h2d": 0.0, "forward": 7.17, "backward": 12.33, "optimizer": 0.12}
+    timing = _record(wall=32.2, phases=phases, steps=6, micro_batch_size=1, grad_accum_steps=16, samples=82)
     (tmp_path / "timing.json").write_text(json.dumps(timing))
     assert not [f for f in diagnose(tmp_path, CPU).findings if f.rule == "micro_batch"]  # no measurement: no guess
-    save_probe(tmp_path, MicroBatchProbe(1, 4, 16.0, 5.0))  # 4 passes of 1 row vs 1 of 4 rows: 3.2x
+    save_probe(tmp_path, MicroBatchProbe(1, 4, 0.691, 0.403))
     finding = _only(diagnose(tmp_path, CPU), "micro_batch")
     assert finding.changes == {"micro_batch_size": 4, "grad_accum_steps": 4}
-    assert finding.estimated_saving_s == pytest.approx(320.0 * (1 - 5.0 / 16.0))
-    assert "measured 3.20x faster at 4 x 4" in finding.evidence and "1 pass of 4 rows" in finding.basis
+    assert finding.estimated_saving_s == pytest.approx(19.5 * (1 - 0.403 / 0.691))  # 8.1 s
+    assert "measured 1.71x faster at 4 x 4" in finding.evidence and "1 pass of 4 rows" in finding.basis
     replaced = diagnose(tmp_path, CPU, probe=MicroBatchProbe(1, 4, 5.0, 5.0))  # a probe passed in wins: no gain
     assert not [f for f in replaced.findings if f.rule == "micro_batch"]
 
