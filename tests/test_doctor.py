@@ -254,6 +254,7 @@ def test_a_probe_kept_beside_the_run_names_the_summarisers_micro_batch_fix(tmp_p
     ~0.2 s (its step-by-step decoder costs Python per timestep, not per row): past the 50 ms the rough estimate trusts.
     A probe measured on the model and kept beside the run names the user's 4 x 4 with the measured saving."""
     from kitlib.doctor.probe import MicroBatchProbe, save_probe
+    from kitlib.errors import DataError
 
     # The replay's record (benchmarks/seed_replays.py --threads 1, 2026-11-24): 6 optimizer steps x 16 passes of
     # ~0.2 s, forward+backward 19.5 s of a 32.2 s wall, and its probe: 4 passes of 1 row 0.691 s, 1 of 4 rows 0.403 s
@@ -268,6 +269,9 @@ def test_a_probe_kept_beside_the_run_names_the_summarisers_micro_batch_fix(tmp_p
     assert "measured 1.71x faster at 4 x 4" in finding.evidence and "1 pass of 4 rows" in finding.basis
     replaced = diagnose(tmp_path, CPU, probe=MicroBatchProbe(1, 4, 5.0, 5.0))  # a probe passed in wins: no gain
     assert not [f for f in replaced.findings if f.rule == "micro_batch"]
+    (tmp_path / "probes.json").write_text(json.dumps({"micro_batch": {"micro_batch_size": 1}}))  # not save_probe's
+    with pytest.raises(DataError, match=r"probes\.json is not what save_probe writes"):
+        diagnose(tmp_path, CPU)
 
 
 def test_probe_micro_batch_measures_on_the_model_and_leaves_it_as_it_was() -> None:

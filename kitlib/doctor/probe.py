@@ -23,6 +23,7 @@ from torch import nn
 
 from kitlib._files import write_atomic
 from kitlib.engine.objective import Batch, LossFn, hf_loss, rows
+from kitlib.errors import DataError
 
 __all__ = ["PROBES_FILE", "MicroBatchProbe", "load_probes", "probe_micro_batch", "save_probe"]
 
@@ -125,5 +126,11 @@ def load_probes(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / PROBES_FILE
     if not path.is_file():
         return {}
-    saved = json.loads(path.read_text())
-    return {"micro_batch": MicroBatchProbe(**saved["micro_batch"])} if "micro_batch" in saved else {}
+    try:
+        saved = json.loads(path.read_text())
+        return {"micro_batch": MicroBatchProbe(**saved["micro_batch"])} if "micro_batch" in saved else {}
+    except (ValueError, TypeError) as e:  # not JSON, or not the fields save_probe writes
+        raise DataError(
+            f"{path} is not what save_probe writes ({e}; kitlib.doctor.probe). Fix: delete it, or measure again and "
+            "save_probe(run_dir, probe_micro_batch(model, batch, ...))"
+        ) from e
