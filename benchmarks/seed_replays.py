@@ -17,7 +17,9 @@ The model is the one kitlib builds for the task (a tiny T5, the demo's BiLSTM po
 BERT + TabularNet), standing in for the users' t5-small / own model / 7B LM / DeBERTa; the plain loops build it the
 same way (their ``from_pretrained``). The metric is computed by the demo's scorer on the same test rows for all three.
 "before" writes a kitlib-format run record (timing.json, config.json) that ``kitlib.diagnose`` reads: the doctor's
-findings on it are printed next to the saving the user's fix measured here.
+findings on it are printed next to the saving the user's fix measured here. With a micro-batch of a few rows and
+accumulation, the plain loop also measures ``probe_micro_batch`` on its model after the timed run and keeps it beside
+the record (probes.json), as the doctor's micro-batch advice asks a user to.
 
 Levers that cannot show on a CPU (reasoned, not measured): TF32 and AMP (no tensor cores; fp32 here), pinned memory
 and non_blocking copies (no host-to-device copy), DataLoader workers on a shared 2-core machine (they compete with
