@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kitlib.doctor.probe import load_probes
+from kitlib.doctor.report import diagnose
 from kitlib.doctor.rules import RULES, RunRecord
 from kitlib.machine.hardware import fake_profile
 
@@ -40,3 +42,24 @@ def test_quick_replay_prints_the_table_ratios_and_doctor(tmp_path: Path) -> None
     assert len(found["before"]) == 1 and not found["after"], found
     featurise = RunRecord(json.loads((tmp_path / "price" / "before-0" / "timing.json").read_text()), {}).facts
     assert f"featurising took {featurise.featurise_s:.2f} s" in found["before"][0].evidence
+
+
+@pytest.mark.slow  # three contenders in fresh processes: ~1 min on a 2-core CPU
+def test_the_doctor_names_the_summarisers_micro_batch_fix_on_its_before_record(tmp_path: Path) -> None:
+    """Must-show 4 for the summariser: micro-batch 1 x accumulation 16 -> 4 x 4, named on the replay's own "before"
+    record with the saving its probe measured (probes.json beside the record: 4 passes of 1 row vs 1 of 4 rows)."""
+    cmd = [sys.executable, "benchmarks/seed_replays.py", "--workload", "summary", "--quick", "--threads", "1", "--root",
+           str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before = tmp_path / "summary" / "before-0"
+    report = diagnose(before)
+    found = [f for f in report.findings if f.rule == "micro_batch"]
+    assert len(found) == 1, str(report)
+    finding = found[0]
+    assert finding.changes == {"micro_batch_size": 4, "grad_accum_steps": 4}
+    probe = load_probes(before)["micro_batch"]
+    compute = sum(RunRecord(json.loads((before / "timing.json").read_text()), {}).seconds(p)
+                  for p in ("forward", "backward"))  # fmt: skip
+    assert finding.estimated_saving_s == pytest.approx(compute * (1 - 1 / probe.ratio))
+    assert "micro_batch" in done.stdout  # printed under the table
