@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
 from kitlib.progress import THROUGHPUT
@@ -24,7 +25,6 @@ from kitlib.progress import THROUGHPUT
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kitlib.doctor.probe import MicroBatchProbe
     from kitlib.machine.hardware import HardwareInfo
 
 __all__ = ["Finding", "Report", "diagnose"]
@@ -128,7 +128,8 @@ def _load(run: Any) -> RunRecord:
         if not (folder / "timing.json").is_file():
             raise FileNotFoundError(f"{folder}/timing.json not found: pass the run_dir given to fit(run_dir=...)")
         config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-        return RunRecord(json.loads((folder / "timing.json").read_text()), config.get("config") or {})
+        timing = json.loads((folder / "timing.json").read_text())
+        return RunRecord(timing, config.get("config") or {}, load_probes(folder))  # probes: measured on its model
     if isinstance(run, Mapping):
         if "phases" in run:  # a bare timing record (FitResult.timing or timing.json)
             return RunRecord(run, {})
@@ -199,7 +200,8 @@ def diagnose(
     ``hw`` is the hardware the advice is for (default: the run's GPU profile when recorded, else ``detect()``).
     ``peak_flops`` overrides the datasheet peak for MFU (pass ``kitlib.doctor.flops.measure_cpu_peak()`` for a CPU run).
     ``probe``: ``kitlib.doctor.probe.probe_micro_batch(model, batch, ...)`` measured on the run's model: the
-    micro-batch advice then uses (and prints) the measured speed-up instead of a rough one.
+    micro-batch advice then uses (and prints) the measured speed-up instead of a rough one. A run_dir's own probe
+    (``kitlib.doctor.probe.save_probe``) is read with it; ``probe`` replaces it.
 
     >>> print(diagnose("runs/a"))  # doctest: +SKIP
     """

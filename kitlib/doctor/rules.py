@@ -444,7 +444,7 @@ def _recompiles(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     )
 
 
-def _split_accumulation(accum: int) -> int:
+def split_accumulation(accum: int) -> int:
     """k for micro-batch x k, accumulation / k: the largest divisor of ``accum`` up to 4, else ``accum`` (a prime)."""
     return next((k for k in (4, 3, 2) if accum % k == 0), accum)
 
@@ -467,7 +467,7 @@ def _micro_batch(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     else:
         if per_call > PER_CALL_OVERHEAD_S:  # enough work per call that batching rows gains little
             return None
-        k = _split_accumulation(accum)
+        k = split_accumulation(accum)
         share = min(0.4, 0.15 * math.log2(k))
         saving = compute * share
         basis = (
