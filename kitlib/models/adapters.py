@@ -17,7 +17,13 @@ low-rank matrices beside every linear layer of the blocks train, and checkpoints
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
+
+from kitlib.errors import SetupError
+
+# lazy: torch (+2.7 s), transformers (+1.5 s), peft (+8 s): only a LoRA/quantized run needs them; the checks and names
+# here are read by the preset picker and the CLI (python -X importtime, 2-core box).
 
 if TYPE_CHECKING:
     import torch
@@ -36,10 +42,6 @@ _INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
 def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -> str | None:
     """A reason line for the run's summary (None without an adapter); a SetupError naming the fix when ``adapter``
     cannot run here: peft missing, 4-bit weights off CUDA or without bitsandbytes, a regime training no encoder."""
-    import importlib.util
-
-    from kitlib.errors import SetupError
-
     if adapter == "none":
         return None
     if regime != "finetune":
@@ -75,11 +77,7 @@ def quantization(adapter: str) -> dict[str, Any]:
     computing in bf16 (QLoRA paper's recipe; ~0.51 bytes per weight), else none."""
     if adapter != "qlora":
         return {}
-    import importlib.util
-
     import torch
-
-    from kitlib.errors import SetupError
 
     if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
         raise SetupError(
@@ -114,8 +112,6 @@ def add_adapter(
     heads = () if generating else _added_modules(model)
     targets = _linear_layers(model, exclude=heads)
     if not targets:
-        from kitlib.errors import SetupError
-
         raise SetupError(
             f"adapter = {adapter!r}: {type(model).__name__} has no linear layers to adapt. Fix: adapter = 'none'"
         )
