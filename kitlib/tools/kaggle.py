@@ -13,6 +13,7 @@ Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``ker
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -28,6 +29,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kitlib.errors import KaggleCLIError, KernelFolderError, KernelMetadataError
+from kitlib.notebook.params import check_parameters, keep_aside
+from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
+from kitlib.notebook.regimes import REGIMES
+from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
@@ -112,9 +117,6 @@ def build_kernels(
     competition (or first dataset): ``<prefix>-<competition>-<nn>-<name>``, so two competitions never share one.
     Without ``wheels_dataset`` a warning says that every kernel's install cell will fail on Kaggle.
     """
-    from kitlib.notebook.params import check_parameters, keep_aside
-    from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
-
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
     notebooks = sorted(folder_in.glob(NOTEBOOK_GLOB))
     if not notebooks:
@@ -221,9 +223,6 @@ def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
     trains and 03 predicts; 01 too when the preset's regime runs the encoder over every row there (``fast``'s
     embedding pass, its only heavy compute: 40-100 s for the demo on a 2-core CPU, seconds on a T4). Elsewhere 01
     only tokenizes, and 00 reads the data: a GPU there would be quota spent waiting."""
-    from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
-    from kitlib.notebook.regimes import REGIMES
-
     regime = REGIMES[get_preset(preset or DEFAULT_PRESET).regime]
     return frozenset({"01", "02", "03"} if regime.features_need_accelerator else {"02", "03"})
 
@@ -513,8 +512,6 @@ def _requirement_names(project_dir: Path) -> list[str]:
 
         deps = tomllib.loads((project_dir / "pyproject.toml").read_text())["project"]["dependencies"]
     except (ImportError, OSError, KeyError, ValueError):
-        import importlib.metadata
-
         deps = [r for r in importlib.metadata.requires("kitlib") or [] if "extra ==" not in r]
     return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in deps]
 
