@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.metadata
 import json
 import math
 import os
@@ -27,8 +26,9 @@ from typing import Literal
 
 from kitlib.errors import CompileError, UnsupportedGPUError
 
-# lazy: torch (+2.7 s): detect_platform, fake_profile and the NVML/child-process probes need none, so
-# `import kitlib.machine.hardware` stays at 0.03-0.1 s (tests/test_hardware.py::test_import_does_no_work).
+# lazy: torch (+2.7 s), importlib.metadata (+0.016 s): detect_platform, fake_profile and the NVML/child-process
+# probes need neither, and every light kitlib module imports this one: `import kitlib.machine.hardware` stays at
+# 0.01 s (tests/test_hardware.py::test_import_does_no_work; python -X importtime).
 
 Platform = Literal["kaggle", "colab", "local"]
 DeviceType = Literal["cuda", "mps", "cpu"]
@@ -513,6 +513,8 @@ def _shm_bytes() -> int | None:
 
 
 def _library_versions() -> tuple[tuple[str, str], ...]:
+    import importlib.metadata
+
     found = []
     for name in _LIBRARIES:
         try:

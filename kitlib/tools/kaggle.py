@@ -13,7 +13,6 @@ Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``ker
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import re
@@ -33,6 +32,8 @@ from kitlib.notebook.params import check_parameters, keep_aside
 from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
 from kitlib.notebook.regimes import REGIMES
 from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
+
+# lazy: importlib.metadata (+0.016 s): read only where pyproject.toml is absent (python -X importtime).
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
@@ -512,6 +513,8 @@ def _requirement_names(project_dir: Path) -> list[str]:
 
         deps = tomllib.loads((project_dir / "pyproject.toml").read_text())["project"]["dependencies"]
     except (ImportError, OSError, KeyError, ValueError):
+        import importlib.metadata
+
         deps = [r for r in importlib.metadata.requires("kitlib") or [] if "extra ==" not in r]
     return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in deps]
 
