@@ -50,7 +50,7 @@ from kitlib.data.signing import is_signed, sign
 from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
-# lazy: torch (+2.7 s), pandas (+0.6 s): only tensor and DataFrame entries need them; `import kitlib.data.cache` stays
+# lazy: torch (+1.0 s), pandas (+0.2 s): only tensor and DataFrame entries need them; `import kitlib.data.cache` stays
 # at 0.2 s (numpy). Costs measured with python -X importtime on the 2-core box.
 
 if TYPE_CHECKING:

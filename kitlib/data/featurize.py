@@ -31,7 +31,7 @@ from kitlib.errors import FeatureInputError
 from kitlib.machine.hardware import is_interactive
 from kitlib.progress import progress_bar
 
-# lazy: torch (+2.7 s), pandas (+0.6 s): only embedding and DataFrame inputs need them; `import kitlib.data.featurize`
+# lazy: torch (+1.0 s), pandas (+0.2 s): only embedding and DataFrame inputs need them; `import kitlib.data.featurize`
 # stays at 0.3 s (numpy). Costs measured with python -X importtime on the 2-core box.
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-# lazy: tokenizers (+0.02 s), transformers (+1.5 s): only training or reading a tokenizer needs them (python -X
+# lazy: tokenizers (+0.02 s), transformers (+0.6 s): only training or reading a tokenizer needs them (python -X
 # importtime, 2-core box).
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: nbformat (+0.2 s), nbclient (+0.3 s): only reading or running notebooks needs them; the names and paths here
+# lazy: nbformat (+0.1 s), nbclient (+0.2 s): only reading or running notebooks needs them; the names and paths here
 # are read by the CLI and 00 (python -X importtime, 2-core box).
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")

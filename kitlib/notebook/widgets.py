@@ -25,7 +25,7 @@ from kitlib.errors import PrecisionError
 from kitlib.notebook.estimate import duration, estimate_epoch_seconds, estimate_run
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun, resolve
 
-# lazy: IPython (+0.65 s), ipywidgets (+0.6 s), torch (+2.7 s): only showing the picker needs them, so
+# lazy: IPython (+0.3 s), ipywidgets (+0.3 s), torch (+1.0 s): only showing the picker needs them, so
 # `import kitlib.notebook.widgets` stays at 0.05 s (tests/test_presets.py::test_import_is_cheap; python -X importtime).
 
 if TYPE_CHECKING:

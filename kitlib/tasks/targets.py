@@ -23,7 +23,7 @@ import numpy as np
 from kitlib.data.tables import infer_task
 from kitlib.tasks.metrics import LOG_TARGET_METRICS, target_rule
 
-# lazy: torch (+2.7 s): only the regression loss needs it; the target rules are read in 01 without torch (python -X
+# lazy: torch (+1.0 s): only the regression loss needs it; the target rules are read in 01 without torch (python -X
 # importtime, 2-core box).
 
 if TYPE_CHECKING:

@@ -34,7 +34,7 @@ import numpy as np
 from kitlib.progress import progress_bar
 from kitlib.tasks.targets import read_target, regression_loss
 
-# lazy: torch (+2.7 s): the task classes are read (names, presets) without training (python -X importtime, 2-core
+# lazy: torch (+1.0 s): the task classes are read (names, presets) without training (python -X importtime, 2-core
 # box).
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limi
 from kitlib.tasks.metrics import database_in
 from kitlib.tasks.sql_metric import check_references
 
-# lazy: transformers (+1.5 s), pandas (+0.6 s): only loading a pretrained model or reading the databases needs them
+# lazy: transformers (+0.6 s), pandas (+0.2 s): only loading a pretrained model or reading the databases needs them
 # (python -X importtime, 2-core box).
 
 if TYPE_CHECKING:
