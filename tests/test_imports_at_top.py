@@ -57,7 +57,7 @@ def _targets(node: ast.Import | ast.ImportFrom, package: str, root: Path) -> lis
         candidate = root.parent.joinpath(*f"{base}.{alias.name}".split("."))
         is_module = candidate.with_suffix(".py").is_file() or (candidate / "__init__.py").is_file()
         out.append(f"{base}.{alias.name}" if is_module else base)
-    return out
+    return list(dict.fromkeys(out))  # `from m import a, b` names m once
 
 
 class Module:
