@@ -20,8 +20,8 @@ from kitlib.config import Requested
 from kitlib.errors import KitError, PrecisionError, SetupError
 
 # lazy: kitlib (+0.025 s): each command imports its kitlib modules when it runs. With all of them at the top,
-# `python -m kitlib --help` took 88 ms instead of 63 ms (min of 20 runs): the notebook, doctor and machine modules
-# it would load. None of them imports torch.
+# `python -m kitlib --help` took 88 ms instead of 63 ms (min of 20 runs): the notebook, doctor and machine modules it
+# would load. None of them imports torch.
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -254,13 +252,10 @@ def test_a_read_only_work_dir_fails_in_the_first_cell(tmp_path: Path) -> None:
 
 
 class _Progress:
-    """Records every bar made through kitlib.progress.progress_bar, patched in each kitlib module that imported it."""
+    """Records every bar made through kitlib.progress.progress_bar (the stages import it when they run)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from kitlib import progress
-
-        for name in ("kitlib.data.featurize", "kitlib.notebook.tasks.base"):  # they draw the stages' bars
-            importlib.import_module(name)  # loaded before patching, so their progress_bar is patched too
 
         self.bars: list[tuple[str, bool, object]] = []  # (desc, shown: not disabled when made, bar)
         make = progress.progress_bar
@@ -270,10 +265,7 @@ class _Progress:
             self.bars.append((str(kw["desc"]), not kw.get("disable", False), bar))
             return bar
 
-        kit = [m for n, m in list(sys.modules.items()) if n.startswith("kitlib")]
-        users = [m for m in kit if vars(m).get("progress_bar") is make]
-        for module in users:
-            monkeypatch.setattr(module, "progress_bar", record)
+        monkeypatch.setattr(progress, "progress_bar", record)
 
     def named(self, prefix: str) -> list[tuple[int, int, bool]]:
         """(total, n, shown) of the bars whose description starts with ``prefix``, in the order they were made."""

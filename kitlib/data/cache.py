@@ -51,7 +51,7 @@ from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
 # lazy: torch (+1.0 s), pandas (+0.2 s): only tensor and DataFrame entries need them; `import kitlib.data.cache` stays
-# at 0.2 s (numpy). Costs measured with python -X importtime on the 2-core box.
+# at 0.2 s (numpy). Measured with python -X importtime.
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -29,10 +29,9 @@ import numpy.typing as npt
 from kitlib.data.cache import Cache, cached
 from kitlib.errors import FeatureInputError
 from kitlib.machine.hardware import is_interactive
-from kitlib.progress import progress_bar
 
-# lazy: torch (+1.0 s), pandas (+0.2 s): only embedding and DataFrame inputs need them; `import kitlib.data.featurize`
-# stays at 0.3 s (numpy). Costs measured with python -X importtime on the 2-core box.
+# lazy: torch (+1.0 s), pandas (+0.2 s), tqdm (+0.02 s): only embedding and DataFrame inputs need them;
+# `import kitlib.data.featurize` stays at 0.3 s (numpy). Measured with python -X importtime.
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -434,6 +433,8 @@ def _build_embeddings(
     progress: bool | str,
 ) -> npt.NDArray[np.float32]:
     import torch
+
+    from kitlib.progress import progress_bar
 
     tokens = _build_tokens(texts, tokenizer, max_length, batch_size=1000)
     lengths = tokens.lengths

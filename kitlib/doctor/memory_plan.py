@@ -29,8 +29,7 @@ from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
 from kitlib.models.adapters import BITSANDBYTES_MIN_SM, LORA_RANK  # adapters on every linear layer of the blocks
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): plans come from config numbers alone; only the meta-model count and the
-# live check build a model, so `import kitlib.doctor.memory_plan` stays at 0.03 s for the CLI (python -X importtime,
-# 2-core box).
+# live check build a model, so `import kitlib.doctor.memory_plan` stays at 0.03 s for the CLI (python -X importtime).
 
 if TYPE_CHECKING:
     from torch import nn

@@ -23,7 +23,7 @@ from kitlib.engine.timing import PHASES
 from kitlib.machine.hardware import detect, fake_profile
 from kitlib.progress import THROUGHPUT
 
-# lazy: pandas (+0.2 s): only the tables need it (python -X importtime, 2-core box).
+# lazy: pandas (+0.2 s): only the tables need it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd

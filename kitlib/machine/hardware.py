@@ -26,9 +26,9 @@ from typing import Literal
 
 from kitlib.errors import CompileError, UnsupportedGPUError
 
-# lazy: torch (+1.0 s), importlib.metadata (+0.016 s): detect_platform, fake_profile and the NVML/child-process
-# probes need neither, and every light kitlib module imports this one: `import kitlib.machine.hardware` stays at
-# 0.01 s (tests/test_hardware.py::test_import_does_no_work; python -X importtime).
+# lazy: torch (+1.0 s), importlib.metadata (+0.016 s): detect_platform, fake_profile and the NVML/child-process probes
+# need neither, and every light kitlib module imports this one: `import kitlib.machine.hardware` stays at 0.01 s
+# (tests/test_hardware.py::test_import_does_no_work; python -X importtime).
 
 Platform = Literal["kaggle", "colab", "local"]
 DeviceType = Literal["cuda", "mps", "cpu"]

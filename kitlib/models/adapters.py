@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from kitlib.errors import SetupError
 
 # lazy: torch (+1.0 s), transformers (+0.6 s), peft (+5 s): only a LoRA/quantized run needs them; the checks and names
-# here are read by the preset picker and the CLI (python -X importtime, 2-core box).
+# here are read by the preset picker and the CLI (python -X importtime).
 
 if TYPE_CHECKING:
     import torch

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 # lazy: tokenizers (+0.02 s), transformers (+0.6 s): only training or reading a tokenizer needs them (python -X
-# importtime, 2-core box).
+# importtime).
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import MissingModelError, RefusedModelError
 
-# lazy: torch (+1.0 s), transformers (+0.6 s), tokenizers (+0.02 s): only loading a model needs them; the folder
-# checks here run in 00/01 and the CLI at 0.02 s (python -X importtime, 2-core box).
+# lazy: torch (+1.0 s), transformers (+0.6 s), tokenizers (+0.02 s): only loading a model needs them; the folder checks
+# here run in 00/01 and the CLI at 0.02 s (python -X importtime).
 
 if TYPE_CHECKING:
     from torch import nn

@@ -26,8 +26,8 @@ from kitlib.models.adapters import GENERATING_TASKS
 from kitlib.notebook.presets import DEFAULT_PRESET, RUN_FILE, get_preset
 from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 
-# lazy: numpy (+0.1 s): the task and metric modules load numpy; `import kitlib.notebook.params` stays at 0.05 s for
-# the CLI's parameter checks (python -X importtime, 2-core box).
+# lazy: numpy (+0.1 s): the task and metric modules load numpy; `import kitlib.notebook.params` stays at 0.05 s for the
+# CLI's parameter checks (python -X importtime).
 
 PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/

@@ -29,7 +29,7 @@ from kitlib.models.adapters import check_adapter
 from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
 
 # lazy: torch (+1.0 s), numpy (+0.1 s): presets resolve without either, so the picker and `python -m kitlib presets`
-# stay at 0.04 s (python -X importtime, 2-core box).
+# stay at 0.04 s (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np

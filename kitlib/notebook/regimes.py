@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from kitlib.models.loading import load_classifier, load_text_classifier, load_text_encoder
 
 # lazy: torch (+1.0 s), numpy (+0.1 s): only building models and loaders needs them; the regime names are read by the
-# CLI and the Kaggle tooling (python -X importtime, 2-core box).
+# CLI and the Kaggle tooling (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np

@@ -41,7 +41,7 @@ from kitlib.tasks.metrics import check_metric, get_metric
 from kitlib.tasks.targets import describe_objective
 
 # lazy: torch (+1.0 s), pandas (+0.2 s): importing the stages loads neither (0.3 s with numpy), so notebooks 00 and 01
-# and the CLI that only read data and the run never pay for them (python -X importtime, 2-core box).
+# and the CLI that only read data and the run never pay for them (python -X importtime).
 
 if TYPE_CHECKING:
     from collections.abc import Callable

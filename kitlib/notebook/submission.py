@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kitlib._files import write_atomic
 from kitlib.errors import DataError
 
-# lazy: numpy (+0.1 s): only reading the tables needs it (python -X importtime, 2-core box).
+# lazy: numpy (+0.1 s): only reading the tables needs it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -24,7 +24,7 @@ from kitlib.data.tables import infer_task
 from kitlib.tasks.metrics import LOG_TARGET_METRICS, target_rule
 
 # lazy: torch (+1.0 s): only the regression loss needs it; the target rules are read in 01 without torch (python -X
-# importtime, 2-core box).
+# importtime).
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -46,7 +46,7 @@ from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
 
-# lazy: transformers (+0.6 s): only loading a pretrained model needs it (python -X importtime, 2-core box).
+# lazy: transformers (+0.6 s): only loading a pretrained model needs it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -32,7 +32,7 @@ from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.text import TextTask
 from kitlib.tasks.metrics import import_object
 
-# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime, 2-core box).
+# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np

@@ -36,7 +36,7 @@ from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
 
-# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime, 2-core box).
+# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np

@@ -25,7 +25,7 @@ import numpy as np
 
 from kitlib.notebook.tasks.base import Task, each_batch
 
-# lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime, 2-core box).
+# lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime).
 
 if TYPE_CHECKING:
     import torch

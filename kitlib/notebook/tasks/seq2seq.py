@@ -38,7 +38,7 @@ from kitlib.tasks.metrics import database_in
 from kitlib.tasks.sql_metric import check_references
 
 # lazy: transformers (+0.6 s), pandas (+0.2 s): only loading a pretrained model or reading the databases needs them
-# (python -X importtime, 2-core box).
+# (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd

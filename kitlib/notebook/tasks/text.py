@@ -12,7 +12,7 @@ from kitlib.tasks.metrics import METRICS
 from kitlib.tasks.tabular import Columns, fit_columns
 from kitlib.tasks.targets import read_target
 
-# lazy: torch (+1.0 s): only building the tabular head needs it (python -X importtime, 2-core box).
+# lazy: torch (+1.0 s): only building the tabular head needs it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
