@@ -23,6 +23,17 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kitlib.config import TrainConfig
+from kitlib.doctor.memory_plan import _meta_model, plan_memory
+from kitlib.engine.objective import default_count_fn, hf_loss
+from kitlib.engine.optim import build_optimizer, build_scheduler
+from kitlib.engine.optim import freeze as freeze_part
+from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device, train_window
+from kitlib.engine.timing import PhaseTimer
+from kitlib.machine.distributed import DistEnv
+from kitlib.machine.hardware import fake_profile
+from kitlib.machine.precision import Precision, decide_precision
+
 
 class LiveBytes(TorchDispatchMode):
     def __init__(self) -> None:
@@ -75,16 +86,6 @@ def step_peak(
     """Peak live bytes of kitlib's own optimizer step (``train_window``: fp32, weighted backward over ``window``'s
     micro-batches, clip, fused AdamW, zero_grad) on the CPU, weights and AdamW states included: the second step is
     measured, so the states exist as they do for every step but the first."""
-    from kitlib.config import TrainConfig
-    from kitlib.engine.objective import default_count_fn, hf_loss
-    from kitlib.engine.optim import build_optimizer, build_scheduler
-    from kitlib.engine.optim import freeze as freeze_part
-    from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device, train_window
-    from kitlib.engine.timing import PhaseTimer
-    from kitlib.machine.distributed import DistEnv
-    from kitlib.machine.hardware import fake_profile
-    from kitlib.machine.precision import Precision, decide_precision
-
     cfg = TrainConfig(precision="fp32", gradient_checkpointing=gradient_checkpointing, freeze=freeze,  # type: ignore[arg-type]
                       optimizer=optimizer_name)  # type: ignore[arg-type]  # fmt: skip
     freeze_part(model, freeze)
@@ -120,8 +121,6 @@ def planned_and_measured(
     """(the plan's peak bytes, the measured peak of kitlib's step) for ``strategy`` (a MEASURABLE name) training a
     model built from ``config`` with random weights on random tokens, on this CPU in fp32, with the strategy's own
     settings (``Strategy.settings``)."""
-    from kitlib.doctor.memory_plan import _meta_model, plan_memory
-
     plan = plan_memory(config, hardware="CPU", seq_len=seq_len, task=task, micro_batch=micro_batch, accum=accum,
                        chunked_loss=False)  # fmt: skip
     fit = next(f for f in plan.fits if f.strategy.name == strategy)

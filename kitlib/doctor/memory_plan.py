@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kitlib.errors import KitError, SetupError
+from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
 from kitlib.models.adapters import BITSANDBYTES_MIN_SM, LORA_RANK  # adapters on every linear layer of the blocks
+
+# lazy: torch (+1.0 s), transformers (+0.6 s): plans come from config numbers alone; only the meta-model count and the
+# live check build a model, so `import kitlib.doctor.memory_plan` stays at 0.03 s for the CLI (python -X importtime).
 
 if TYPE_CHECKING:
     from torch import nn
@@ -200,8 +205,6 @@ def plan_memory(
     or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the largest micro-batch that fits
     keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on for the generating tasks, as
     kitlib trains them) counts the LM head's logits one chunk at a time."""
-    from kitlib.errors import SetupError
-    from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
     from kitlib.machine.precision import decide_precision
 
     if seq_len < 1 or effective_batch < 1:
@@ -372,8 +375,6 @@ def model_config(model: Any) -> tuple[str, Any]:
     name. Only the config is read: no weights."""
     from transformers import AutoConfig, PretrainedConfig
 
-    from kitlib.errors import SetupError
-
     if isinstance(model, PretrainedConfig):
         return type(model).__name__.removesuffix("Config"), model
     text = str(model)
@@ -461,8 +462,6 @@ def _classifier_params(model: nn.Module) -> int:
 def run_line(model: Any, task: str, hw: HardwareInfo, run: Any) -> str:
     """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` and ``task``: what
     the picker and ``python -m kitlib presets`` show. A plan that cannot be made says why in the line."""
-    from kitlib.errors import KitError
-
     length = run.config.max_length or run.preset.max_length_cap
     try:
         plan = plan_memory(model, hardware=hw, seq_len=length, task=task, effective_batch=run.effective_batch_size)

@@ -17,10 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, peak_flops
 from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
+from kitlib.machine.hardware import detect, fake_profile
 from kitlib.progress import THROUGHPUT
+
+# lazy: pandas (+0.2 s): only the tables need it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -146,9 +150,6 @@ def _load(run: Any) -> RunRecord:
 
 def _hardware_for(run: RunRecord) -> HardwareInfo:
     """The hardware the run was on: its GPU's profile when known (a Kaggle run read on a laptop), else this machine."""
-    from kitlib.doctor.flops import gpu_key
-    from kitlib.machine.hardware import detect, fake_profile
-
     if run.facts.device_type == "cuda":
         key = gpu_key(str(run.facts.device_name or ""))
         family = (key or "").split("-")[0]
@@ -160,8 +161,6 @@ def _hardware_for(run: RunRecord) -> HardwareInfo:
 def _mfu(run: RunRecord, tokens_per_s: float | None, peak: float | None) -> float | None:
     """Model FLOPs utilisation when the run recorded its model's shape (kitlib.models.facts.model_facts) and a peak
     is known: the GPU's datasheet peak for the run's precision, or ``peak_flops`` (measure_cpu_peak() for a CPU run)."""
-    from kitlib.doctor.flops import PeakDtype, flops_per_token, peak_flops
-
     facts = run.facts
     params, samples = facts.model_non_embedding_params, facts.samples or 0
     if not params or not tokens_per_s or not samples:

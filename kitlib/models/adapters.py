@@ -17,7 +17,13 @@ low-rank matrices beside every linear layer of the blocks train, and checkpoints
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
+
+from kitlib.errors import SetupError
+
+# lazy: torch (+1.0 s), transformers (+0.6 s), peft (+5 s): only a LoRA/quantized run needs them; the checks and names
+# here are read by the preset picker and the CLI (python -X importtime).
 
 if TYPE_CHECKING:
     import torch
@@ -39,10 +45,6 @@ _INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
 def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -> str | None:
     """A reason line for the run's summary (None without an adapter); a SetupError naming the fix when ``adapter``
     cannot run here: peft missing, 4-bit weights off CUDA or without bitsandbytes, a regime training no encoder."""
-    import importlib.util
-
-    from kitlib.errors import SetupError
-
     if adapter == "none":
         return None
     if regime != "finetune":
@@ -78,11 +80,7 @@ def quantization(adapter: str) -> dict[str, Any]:
     computing in bf16 (QLoRA paper's recipe; ~0.51 bytes per weight), else none."""
     if adapter != "qlora":
         return {}
-    import importlib.util
-
     import torch
-
-    from kitlib.errors import SetupError
 
     if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
         raise SetupError(
@@ -117,8 +115,6 @@ def add_adapter(
     heads = () if generating else _added_modules(model)
     targets = _linear_layers(model, exclude=heads)
     if not targets:
-        from kitlib.errors import SetupError
-
         raise SetupError(
             f"adapter = {adapter!r}: {type(model).__name__} has no linear layers to adapt. Fix: adapter = 'none'"
         )

@@ -21,9 +21,15 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from kitlib._files import write_atomic
+from kitlib._version import __version__
 from kitlib.config import Freeze, Requested, TrainConfig
-from kitlib.errors import MissingRunError, damaged_file
+from kitlib.errors import MissingRunError, SetupError, damaged_file
+from kitlib.machine.hardware import check_compile
+from kitlib.models.adapters import LORA_LR, check_adapter
 from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
+
+# lazy: torch (+1.0 s), numpy (+0.1 s): presets resolve without either, so the picker and `python -m kitlib presets`
+# stay at 0.04 s (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -155,8 +161,6 @@ def get_preset(name: str) -> Preset:
     """A preset by (case-insensitive) name; the error lists the choices."""
     preset = PRESETS.get(name.strip().lower())
     if preset is None:
-        from kitlib.errors import SetupError
-
         raise SetupError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)} in the parameters cell")
     return preset
 
@@ -244,8 +248,6 @@ class ResolvedRun:
     def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
         if data.get("format") != _FORMAT:
             found = data.get("format")
-            from kitlib.errors import SetupError
-
             raise SetupError(f"saved run.json has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup")
         return cls(
             preset=Preset(**data["preset"]),
@@ -302,10 +304,7 @@ def resolve(
     ``world_size``: processes per step; None = every GPU (DDP via kitlib.machine.distributed.launch) for fine-tuning,
     else 1.
     """
-    from kitlib._version import __version__
-    from kitlib.machine.hardware import check_compile
     from kitlib.machine.precision import decide_precision
-    from kitlib.models.adapters import LORA_LR, check_adapter
 
     base = get_preset(preset) if isinstance(preset, str) else preset
     overrides = dict(overrides or {})
