@@ -156,8 +156,6 @@ def merge_adapter(model: nn.Module) -> nn.Module:
     it was written)."""
     from torch import nn
 
-    from kitlib.errors import SetupError
-
     if not hasattr(model, "peft_config"):
         raise SetupError(
             f"{type(model).__name__} carries no adapter (adapter = 'none'): its weights are already one model. Fix: "

@@ -26,7 +26,7 @@ from kitlib.data.tables import DataError, read_table
 from kitlib.doctor.memory_plan import GENERATING, run_line
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
-from kitlib.models.adapters import add_adapter, describe_size
+from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
 from kitlib.models.loading import check_model_dir, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
@@ -42,6 +42,7 @@ from kitlib.tasks.targets import describe_objective
 
 # lazy: torch (+1.0 s), pandas (+0.2 s): importing the stages loads neither (0.3 s with numpy), so notebooks 00 and 01
 # and the CLI that only read data and the run never pay for them (python -X importtime).
+# lazy: safetensors (+1 ms), once torch is in: only export_merged's non-HF module writes one.
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -648,8 +649,6 @@ def export_merged(
     import torch
 
     from kitlib.engine import checkpoint
-    from kitlib.errors import SetupError
-    from kitlib.models.adapters import merge_adapter
 
     p = load_params(work_dir)
     feats = load_features(p)
