@@ -146,8 +146,9 @@ class BackgroundEval:
         if not isinstance(metrics, Mapping):
             raise SetupError(
                 f"full_eval returned a {type(metrics).__name__}, not metrics: a full eval whose scoring runs later is "
-                "declared, not returned. Fix: pass fit(full_eval=SplitEval(measure, score)) "
-                "(kitlib.engine.evaluation), measure(model) -> what score needs, score(that) -> {name: value}"
+                "declared, not returned. Fix: fit(full_eval=kitlib.SplitEval(measure, score)), measure(model) -> what "
+                "score needs, score(that) -> {name: value}; for a full_eval that returns its scoring callable, "
+                "SplitEval(measure=full_eval, score=lambda job: job())"
             )
         return Measured(rng, dict(metrics))
 

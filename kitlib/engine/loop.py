@@ -193,12 +193,26 @@ class Loop:
         self.events = Events(())
         self.ended_cleanly = False  # True once the loop ran to its end without an exception (read by on_fit_end)
 
-    # The stepper's objects, under the names callbacks used before it held them.
-    plan = property(lambda self: self.stepper.plan)
-    precision = property(lambda self: self.stepper.precision)
-    optimizer = property(lambda self: self.stepper.optimizer)
-    scheduler = property(lambda self: self.stepper.scheduler)
-    params = property(lambda self: self.stepper.params)
+    # Shortcuts to the stepper's objects, which callbacks read (a gradient probe, the precision's loss scale).
+    @property
+    def plan(self) -> PrecisionPlan:
+        return self.stepper.plan
+
+    @property
+    def precision(self) -> Precision:
+        return self.stepper.precision
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.stepper.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        return self.stepper.scheduler
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return self.stepper.params
 
     @property
     def out(self) -> Path | None:
