@@ -30,7 +30,6 @@ class Policy(Callback):
     """A callback that acts on the loop it is given at the start of fit."""
 
     loop: Loop
-    order = -100
 
     def on_fit_start(self, loop: Loop) -> None:
         self.loop = loop
