@@ -57,15 +57,14 @@ class _SyncsPerStep(Callback):
         self.mode, self.seen = mode, 0
         self.per_step: list[int] = []
         self.logged: list[bool] = []
-        self.log_due = False  # kitlib's progress policy logs before the user's callbacks see the step's end
 
     def on_step_end(self, step: StepEnd) -> None:
         self.per_step.append(self.mode.count - self.seen)
-        self.logged.append(self.log_due)
-        self.seen, self.log_due = self.mode.count, False
+        self.logged.append(False)
+        self.seen = self.mode.count
 
-    def on_log(self, metrics: Any) -> None:
-        self.log_due = True
+    def on_log(self, metrics: Any) -> None:  # the loop fires it after the step's on_step_end, its syncs made before
+        self.logged[-1] = True
 
 
 def _data(n: int) -> TensorDataset:
