@@ -71,9 +71,8 @@ class Recorder(Callback):
 def test_a_user_callback_receives_the_named_events_in_order(cpu_hw) -> None:
     recorder = Recorder()
     fit(nn.Linear(4, 1), _loader(), config=_cfg(log_every_steps=2), loss_fn=_mse, hw=cpu_hw, callbacks=[recorder])
-    # 4 windows per epoch, a log every 2 applied steps: kitlib's progress policy logs inside the step's end, so a
-    # later callback sees on_log before that step's on_step_end
-    epoch = ["step", "log", "step", "step", "log", "step"]
+    # 4 windows per epoch, a log every 2 applied steps: the loop fires on_log after that step's on_step_end
+    epoch = ["step", "step", "log", "step", "step", "log"]
     assert recorder.events == [
         "fit_start",
         *("epoch_start 0", *epoch, "metrics 1", "epoch_end 1", "next 1"),  # state.epoch: epochs completed

@@ -254,8 +254,8 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"full_eval_every={every}" + (f"; {count} in {done} epochs: a step cadence" if count > done else "") + ")",
         (count - fewer) * per,
         _fix(changes, f"{when}; eval_loss still runs every epoch")
-        + ". If the cost is CPU-bound (scoring generations, SQL), return a callable from full_eval: it then runs in "
-        "the background",
+        + ". If the cost is CPU-bound (scoring generations, SQL), pass full_eval=SplitEval(measure, score): the "
+        "score then runs in the background",
         f"{count} -> {fewer} full evals at {per:.2f} s each",
         changes,
     )

@@ -688,3 +688,17 @@ class BackgroundWriter:
         """Completed successful writes (coalesced snapshots are not counted)."""
         with self._cond:
             return self._writes
+
+
+class RunOutput:
+    """Where a run's files go: ``path`` (None: nowhere), written by rank 0 alone (``writes``), checkpoints through
+    one ``BackgroundWriter`` (the snapshot is taken on the training thread, the disk write is not)."""
+
+    def __init__(self, path: str | Path | None, *, is_main: bool) -> None:
+        self.path = Path(path) if path is not None else None
+        self.writes = self.path is not None and is_main
+        self.writer = BackgroundWriter()
+
+    def save(self, name: str, snap: Snapshot) -> None:
+        assert self.path is not None
+        self.writer.submit(snap, self.path / name)

@@ -86,7 +86,9 @@ class RunFacts:
 
 
 class RunRecorder(Callback):
-    """Collects the run's facts for timing.json as fit runs."""
+    """Collects the run's facts for timing.json as fit runs: after kitlib's policies, before the user's callbacks."""
+
+    order = -10
 
     def __init__(self) -> None:
         self.gaps: list[float] = []
@@ -134,7 +136,7 @@ class RunRecorder(Callback):
         self.real_tokens, self.epoch_tokens = self.real_tokens + int(self.epoch_tokens), 0
 
     def facts(self, loop: Loop) -> RunFacts:
-        cfg, env, loader, device = loop.cfg, loop.env, loop.base_loader, loop.device
+        cfg, env, loader, device = loop.cfg, loop.env, loop.data.base, loop.device
         if device.type == "cuda":
             import torch
 
@@ -143,14 +145,14 @@ class RunRecorder(Callback):
             import resource
 
             peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loop.hw.ram_bytes  # Linux: KiB
-        eval_batches = loop.eval_batches
+        eval_batches = loop.data.eval
         return RunFacts(
             steps=loop.state.step,
             epochs_planned=cfg.epochs,
             epochs_done=len(loop.state.history),
             world_size=env.world_size,
-            micro_batch_size=loop.backoff.micro_batch,  # the loader's batch, or its pieces after an OOM back-off
-            grad_accum_steps=cfg.grad_accum_steps * loop.backoff.parts,
+            micro_batch_size=loop.stepper.backoff.micro_batch,  # the loader's batch, or its pieces after OOM back-offs
+            grad_accum_steps=cfg.grad_accum_steps * loop.stepper.backoff.parts,
             num_workers=loader.num_workers,
             persistent_workers=loader.persistent_workers,
             pin_memory=loader.pin_memory,
@@ -178,7 +180,7 @@ class RunRecorder(Callback):
             if eval_batches is not None
             else 0,
             stop_reason=loop.stop_reason,
-            oom_backoffs=list(loop.backoff.changes),
+            oom_backoffs=list(loop.stepper.backoff.changes),
             features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
             **self._compile_facts(),
             **model_facts(loop.raw_model),

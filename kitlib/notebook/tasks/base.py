@@ -45,13 +45,15 @@ if TYPE_CHECKING:
 
     from kitlib.config import TargetRule
     from kitlib.data.tables import TaskSpec
+    from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.regimes import Encoder, Extra, Prepared
     from kitlib.tasks.metrics import Metric
 
-    FullEval = Callable[[nn.Module], Any]  # fit's full_eval: model -> metrics, or a callable scored in the background
+    # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
+    FullEval = Callable[[nn.Module], Any] | SplitEval
 
 
 class Params(Protocol):
