@@ -7,7 +7,7 @@ Read from the source: a function-level import passes when the third-party packag
 module it names imports at its top (directly or through other kitlib modules), is declared in that comment and is
 not already loaded by the module's own top-level imports (a declared ``kitlib.x`` covers the kitlib modules under
 it: the CLI keeps each command's modules lazy for ``--help``). TYPE_CHECKING imports and optional imports (inside a
-``try`` that catches ImportError) are free. Checked for every module but kitlib/engine (its loop is being rewritten).
+``try`` that catches ImportError) are free. Checked for every kitlib module.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "kitlib"
-NOT_YET = ("kitlib.engine",)
+NOT_YET: tuple[str, ...] = ()
 DECLARED = re.compile(r"([A-Za-z_][\w.]*) \(\+?[\d.]+ ?m?s\)")  # a name, then its cost: "torch (+1.5 s)"
 
 

@@ -13,8 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.models.facts import model_facts
+
+# lazy: resource (+0.1 ms): POSIX only (a Windows machine has none); only a CPU run's peak RSS reads it.
 
 if TYPE_CHECKING:
     import torch
@@ -105,8 +109,6 @@ class RunRecorder(Callback):
 
     def on_fit_start(self, loop: Loop) -> None:
         if loop.device.type == "cuda":  # a CUDA run only: on a CPU run this would initialise CUDA for nothing
-            import torch
-
             # The peak is per process: without this a second fit in the kernel reports the first one's peak.
             torch.cuda.reset_peak_memory_stats(loop.device)
         self.compile_start = len(_compile_times()) if loop.cfg.compile else None
@@ -138,8 +140,6 @@ class RunRecorder(Callback):
     def facts(self, loop: Loop) -> RunFacts:
         cfg, env, loader, device = loop.cfg, loop.env, loop.data.base, loop.device
         if device.type == "cuda":
-            import torch
-
             peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
         else:
             import resource
