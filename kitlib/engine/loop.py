@@ -354,7 +354,7 @@ class Loop:
             logs = {
                 "step": self.state.step,
                 "loss": loss,
-                "lr": float(self.scheduler.get_last_lr()[0]),
+                "lr": self.stepper.applied_lr(self.state),
                 "samples_per_s": samples * world / seconds,
             }
             if real := float(tokens):  # real tokens, no padding; none without attention masks (a head)
@@ -372,7 +372,7 @@ class Loop:
             "epoch": epoch,
             "step": self.state.step,
             "train_loss": self.stepper.epoch_loss.mean(),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": self.stepper.applied_lr(self.state),
             "skipped_steps": self.state.skipped,
             "epoch_s": seconds,
             "samples_per_s": samples * env.world_size / seconds,

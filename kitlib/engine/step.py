@@ -253,6 +253,12 @@ class Stepper:
             self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
         state.step, state.skipped, state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
 
+    def applied_lr(self, state: RunState) -> float:
+        """The lr the last step ran with: the schedule's value at ``state.step - 1`` (exact once settled; a log step
+        reads it unsettled, no host sync). ``get_last_lr`` is the next step's: 0.0 after a linear schedule's end."""
+        rule, base = self.scheduler.lr_lambdas[0], self.scheduler.base_lrs[0]
+        return float(base * rule(max(state.step - 1, 0)))
+
     def reached(self, state: RunState, every: int | None) -> bool:
         """Whether the window just run was applied and made ``state.step`` a multiple of ``every``, exactly as if
         every step were read; it settles only when a multiple is within reach of the windows not yet read."""
