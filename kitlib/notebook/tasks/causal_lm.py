@@ -41,7 +41,6 @@ from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.models.causal_lm import tiny_causal_lm
 from kitlib.models.loading import from_pretrained, model_refusals
-from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
@@ -105,9 +104,8 @@ class CausalLMTask(TextGenerationTask):
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, **changes, full_eval_every=0)
         changes["full_eval_every"] = FULL_EVAL_EVERY
-        if model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
-            epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
+        if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
+            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
-from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import limits_of, target_limits
@@ -74,17 +73,16 @@ class CustomSeq2SeqTask(Seq2SeqTask):
             )
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Random weights: a larger lr and more epochs (x the registry's, so applying it twice changes nothing);
-        generation scored every FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
+        """Random weights: a larger lr and more epochs (applied once, by stages.task_preset); generation scored every
+        FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
         if preset.row_limit is not None:
             return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
-        epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
         return dataclasses.replace(
             preset,
             freeze="none",
             freeze_layers=0,
             lr=FROM_SCRATCH_LR,
-            epochs=epochs * FROM_SCRATCH_EPOCHS,
+            epochs=preset.epochs * FROM_SCRATCH_EPOCHS,
             target_effective_batch=min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
             full_eval_every=FULL_EVAL_EVERY,
         )
