@@ -3,6 +3,7 @@
     python benchmarks/seed_replays.py --all              # the four workloads (minutes on an idle 2-core CPU)
     python benchmarks/seed_replays.py --workload sql     # one workload;  --quick: a smoke-sized run of it
     python benchmarks/seed_replays.py --all --repeats 2  # contenders interleaved, each repeat in a fresh process
+    python benchmarks/seed_replays.py --all --threads 1  # every contender's intra-op threads (OMP_NUM_THREADS)
 
 Contenders, each in its own process, interleaved (before, after, kitlib, before, ...):
 - before: a plain PyTorch loop written as the user wrote theirs: their micro-batch x accumulation, every batch padded
@@ -16,12 +17,19 @@ The model is the one kitlib builds for the task (a tiny T5, the demo's BiLSTM po
 BERT + TabularNet), standing in for the users' t5-small / own model / 7B LM / DeBERTa; the plain loops build it the
 same way (their ``from_pretrained``). The metric is computed by the demo's scorer on the same test rows for all three.
 "before" writes a kitlib-format run record (timing.json, config.json) that ``kitlib.diagnose`` reads: the doctor's
-findings on it are printed next to the saving the user's fix measured here.
+findings on it are printed next to the saving the user's fix measured here. With a micro-batch of a few rows and
+accumulation, the plain loop also measures ``probe_micro_batch`` on its model after the timed run and keeps it beside
+the record (probes.json), as the doctor's micro-batch advice asks a user to.
 
 Levers that cannot show on a CPU (reasoned, not measured): TF32 and AMP (no tensor cores; fp32 here), pinned memory
 and non_blocking copies (no host-to-device copy), DataLoader workers on a shared 2-core machine (they compete with
 the training process for the same cores), cudnn.benchmark, and the GPU-memory headroom that lets a bigger micro-batch
 run at all.
+
+``--threads``: on a shared machine whose load exceeds its cores, torch's default pool (one thread per core) waits at
+every parallel region for a thread that is not running: measured here at load ~10 on 2 cores, the SQL "after" trained
+in 88.8 s with 2 threads and 5.4 s with 1 (kitlib: 63.0 s and 4.3 s). Which contender that hits decides the ratio, so
+a loaded machine is measured with the same ``--threads 1`` for all (kitlib's cpu_threads() keeps a lower count).
 """
 
 from __future__ import annotations
@@ -467,6 +475,7 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
     with ph("infer"), torch.no_grad():
         preds = adapter.predict(model, tok, test_rows, k)
     wall = time.perf_counter() - start
+    probe_small_micro_batch(adapter, model, rows, k, pad, out)
     sub = out / "submission.csv"
     pd.DataFrame({"id": test_df["id"], adapter.target: preds}).to_csv(sub, index=False)
     record = {
@@ -498,6 +507,21 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
         "padding": real / computed,
         "metric": score(data, sub),
     }
+
+
+def probe_small_micro_batch(adapter: Adapter, model: Any, rows: list[dict[str, Any]], k: Knobs, pad: int,
+                            out: Path) -> None:  # fmt: skip
+    """What the doctor's micro-batch advice asks for, after the timed run (not in its wall): forward+backward of the
+    same training rows as the user's micro-batches and as one bigger one, kept beside the record (probes.json)."""
+    from kitlib.doctor.probe import probe_micro_batch, save_probe
+    from kitlib.doctor.rules import SMALL_MICRO_BATCH, split_accumulation
+
+    factor = split_accumulation(k.accum)
+    if k.micro > SMALL_MICRO_BATCH or k.accum < 2 or len(rows) < k.micro * factor:
+        return
+    batch = adapter.collate(rows[: k.micro * factor], k, pad)
+    probe = probe_micro_batch(model, batch, micro_batch_size=k.micro, factor=factor, loss_fn=adapter.loss, repeats=2)
+    save_probe(out, probe)
 
 
 # ------------------------------------------------------------------------------------------------------ kitlib
@@ -626,6 +650,7 @@ def replay(names: list[str], repeats: int, quick: bool, root: Path) -> list[str]
                 print(f"[{name}] repeat {r + 1}/{repeats}: {c} ...", file=sys.stderr, flush=True)
                 results[c].append(run_one(c, name, data, root / name / f"{c}-{r}"))
         lines += table(w, results)
+        lines.append(f"  load average (1, 5, 15 min) as it ended: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
         lines += doctor_lines(root / name / "before-0", results["before"][0], results["after"][0])
         print("\n".join(lines), file=sys.stderr, flush=True)  # so far, as each workload ends
     return lines
@@ -643,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke size: a few rows, one epoch")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--root", type=Path, help="where data and runs go (default: a temporary folder)")
+    ap.add_argument("--threads", type=int, help="intra-op threads of every contender (default: as torch picks)")
     ap.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)  # the child process
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -658,9 +684,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("name a --workload or pass --all")
     if args.quick:
         os.environ["SEED_REPLAYS_QUICK"] = "1"  # the children read it: one epoch
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # torch sizes its pool from it at import, in each child
+    threads = f"{args.threads} intra-op threads per process" if args.threads else "torch threads as torch picks"
     with tempfile.TemporaryDirectory(prefix="seed-replays-") as tmp:
         root = args.root or Path(tmp)
-        print(f"seed replays: {', '.join(names)}; {os.cpu_count()} CPUs; torch threads per process as torch picks")
+        print(f"seed replays: {', '.join(names)}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+              f"{threads}")  # fmt: skip
         print("\n".join(replay(names, args.repeats, args.quick, root)))
     return 0
 

@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "fit": "kitlib.engine.loop",
     "Callback": "kitlib.engine.events",
     "FitResult": "kitlib.engine.loop",
+    "SplitEval": "kitlib.engine.evaluation",
+    "default_policies": "kitlib.engine.policies",
     "make_train_loader": "kitlib.data.loaders",
     "make_eval_loader": "kitlib.data.loaders",
     "make_predict_loader": "kitlib.data.loaders",

@@ -5,6 +5,7 @@ setting) and the fix; catch ``KitError`` to handle them all. Lower layers raise 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 TRACEBACK_ENV = "KITLIB_TRACEBACK"  # =1: show kitlib errors with their full traceback in notebooks
@@ -15,8 +16,6 @@ class KitError(Exception):
 
     def _render_traceback_(self) -> list[str]:
         """What IPython/Jupyter show instead of a traceback: one short paragraph (KITLIB_TRACEBACK=1: the full one)."""
-        import os
-
         if os.environ.get(TRACEBACK_ENV) == "1":
             raise NotImplementedError  # IPython falls back to its full traceback
         return [f"\x1b[1;31m{type(self).__name__}\x1b[0m: {self}"]

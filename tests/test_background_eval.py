@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from kitlib import Callback, TrainConfig, fit
 from kitlib.engine import checkpoint
+from kitlib.engine.evaluation import SplitEval
 from kitlib.engine.events import StepEnd
 from kitlib.engine.loop import FitResult, Loop
 
@@ -50,16 +52,17 @@ def test_a_late_background_result_is_judged_before_later_epochs_and_best_holds_i
     release = threading.Event()
     calls: list[int] = []
 
-    def full_eval(model: nn.Module) -> Callable[[], dict[str, float]]:
+    def measure(model: nn.Module) -> int:
         calls.append(epoch := len(calls) + 1)
+        return epoch
 
-        def score() -> dict[str, float]:
-            if epoch == 2:
-                release.wait(10)  # set during epoch 3's last step
-                time.sleep(0.3)  # ... and the result lands only after epoch 3's end
-            return {"score": scores[epoch]}
+    def score(epoch: int) -> dict[str, float]:
+        if epoch == 2:
+            release.wait(10)  # set during epoch 3's last step
+            time.sleep(0.3)  # ... and the result lands only after epoch 3's end
+        return {"score": scores[epoch]}
 
-        return score
+    full_eval = SplitEval(measure, score)
 
     seen: list[tuple[int, bool]] = []
     at_end: dict[int, dict[str, torch.Tensor]] = {}
@@ -107,16 +110,19 @@ def test_a_late_background_result_is_judged_before_later_epochs_and_best_holds_i
 # ------------------------------------------------------------------------------------------ resume
 
 
-def _score(model: nn.Module) -> Callable[[], dict[str, float]]:
-    """A deterministic function of the weights (the accelerator half), scored slowly in the background."""
+def _measure(model: nn.Module) -> float:
+    """A deterministic function of the weights (the accelerator half)..."""
     x, y = _data(16, 1).tensors
-    value = -round(float(nn.functional.mse_loss(model(x), y)), 1)  # rounded: equal scores happen
+    return -round(float(nn.functional.mse_loss(model(x), y)), 1)  # rounded: equal scores happen
 
-    def slow() -> dict[str, float]:
-        time.sleep(0.2)  # still pending when the next checkpoint is taken
-        return {"score": value}
 
-    return slow
+def _slow(value: float) -> dict[str, float]:
+    """... scored slowly in the background."""
+    time.sleep(0.2)  # still pending when the next checkpoint is taken
+    return {"score": value}
+
+
+_score = SplitEval(_measure, _slow)
 
 
 class Crash(Callback):
@@ -181,11 +187,65 @@ def test_the_last_checkpoint_of_a_finished_run_holds_every_score(cpu_hw, tmp_pat
     assert scores == result.history["score"].tolist()
     calls: list[int] = []
 
-    def counted(model: nn.Module) -> Callable[[], dict[str, float]]:
+    def counted(model: nn.Module) -> float:
         calls.append(1)
-        return _score(model)
+        return _measure(model)
 
     again = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8, shuffle=True),
-                config=_cfg(save_last=True, save_every_steps=5), loss_fn=_mse, full_eval=counted, hw=cpu_hw,
-                run_dir=tmp_path, resume=True)  # fmt: skip
+                config=_cfg(save_last=True, save_every_steps=5), loss_fn=_mse, full_eval=SplitEval(counted, _slow),
+                hw=cpu_hw, run_dir=tmp_path, resume=True)  # fmt: skip
     assert calls == [] and again.history["score"].tolist() == result.history["score"].tolist()
+
+
+# ------------------------------------------------------------------------------------------ the component
+
+
+def _sampling(model: nn.Module) -> float:
+    """A sampling eval's foreground half: its draw depends on the RNG streams it starts from."""
+    return float(model(torch.randn(1, 4)).sum())
+
+
+def _score_late(value: float) -> dict[str, float]:
+    time.sleep(0.2)
+    return {"score": value}
+
+
+def test_background_eval_state_dict_round_trip_resumes_an_unscored_eval(tmp_path: Path) -> None:
+    """An eval still scoring when a checkpoint is taken travels in BackgroundEval's state_dict (through a real
+    checkpoint); a fresh component loaded from it scores that epoch again, with the RNG it first ran with, and
+    hands the same metrics to collect; one whose weights are gone (resumed mid-epoch) is reported, not invented."""
+    from kitlib.engine.evaluation import BackgroundEval
+    from kitlib.engine.timing import PhaseTimer
+    from kitlib.machine.distributed import DistEnv
+
+    torch.manual_seed(0)
+    model, split = nn.Linear(4, 1), SplitEval(_sampling, _score_late)
+    running = BackgroundEval(split, "thread", env=DistEnv(), timer=PhaseTimer())
+    measured = running.measure(model, contextlib.nullcontext)
+    assert measured is not None and running.score(2, measured, lambda: None) == {}  # queued in the pool
+    checkpoint.write(checkpoint.snapshot(model, state={"background_eval": running.state_dict()}), tmp_path / "last")
+    expected = running.collect()
+    running.close()
+
+    saved = checkpoint.load(tmp_path / "last").state
+    assert saved is not None and [u["epoch"] for u in saved["background_eval"]["unscored"]] == [2]
+    torch.manual_seed(1)  # the resumed session's streams are elsewhere
+    resumed = BackgroundEval(split, "thread", env=DistEnv(), timer=PhaseTimer())
+    resumed.load_state_dict(saved["background_eval"])
+    resumed.rescore(model, contextlib.nullcontext, at_epoch_end=2, weights=lambda epoch: None, where="last/")
+    assert resumed.collect() == expected and expected[0][0] == 2
+    resumed.close()
+
+    mid_epoch = BackgroundEval(split, "thread", env=DistEnv(), timer=PhaseTimer())
+    mid_epoch.load_state_dict(saved["background_eval"])
+    with pytest.warns(UserWarning, match="epoch 2 was still running"):
+        mid_epoch.rescore(model, contextlib.nullcontext, at_epoch_end=None, weights=lambda epoch: None, where="x")
+    assert mid_epoch.collect() == []
+
+
+def test_a_full_eval_that_returns_a_callable_is_told_to_declare_a_split_eval(cpu_hw) -> None:
+    from kitlib.errors import SetupError
+
+    with pytest.raises(SetupError, match=r"SplitEval\(measure, score\)"):
+        fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=1), loss_fn=_mse, hw=cpu_hw,
+            full_eval=lambda model: (lambda: {"score": 1.0}))  # type: ignore[arg-type,return-value]  # fmt: skip

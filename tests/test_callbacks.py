@@ -71,9 +71,8 @@ class Recorder(Callback):
 def test_a_user_callback_receives_the_named_events_in_order(cpu_hw) -> None:
     recorder = Recorder()
     fit(nn.Linear(4, 1), _loader(), config=_cfg(log_every_steps=2), loss_fn=_mse, hw=cpu_hw, callbacks=[recorder])
-    # 4 windows per epoch, a log every 2 applied steps: kitlib's progress policy logs inside the step's end, so a
-    # later callback sees on_log before that step's on_step_end
-    epoch = ["step", "log", "step", "step", "log", "step"]
+    # 4 windows per epoch, a log every 2 applied steps: the loop fires on_log after that step's on_step_end
+    epoch = ["step", "step", "log", "step", "step", "log"]
     assert recorder.events == [
         "fit_start",
         *("epoch_start 0", *epoch, "metrics 1", "epoch_end 1", "next 1"),  # state.epoch: epochs completed
@@ -156,3 +155,30 @@ def test_the_run_record_is_typed_and_reads_older_files(cpu_hw) -> None:
     assert (facts.steps, facts.epochs_done, facts.samples, facts.stop_reason) == (8, 2, 64, "completed")
     old = RunFacts.from_dict({"steps": 3, "a_fact_from_the_future": 1})  # an older or newer file: no crash
     assert old.steps == 3 and old.epoch_gaps_s == [] and old.device_type is None
+
+
+def test_the_history_and_logs_show_the_lr_each_step_ran_with() -> None:
+    # get_last_lr() is the *next* step's lr: the last epoch's row read 0.0 (a linear decay's end), as if it trained
+    # at lr 0. Each row and log shows what the optimizer used at its last step.
+    class Used(Callback):
+        def __init__(self) -> None:
+            self.steps: list[float] = []  # the lr of every optimizer step, read inside optimizer.step
+            self.at_epoch_end: list[float] = []
+            self.logs: list[tuple[float, float]] = []
+
+        def on_fit_start(self, loop: Loop) -> None:
+            loop.optimizer.register_step_pre_hook(
+                lambda opt, args, kwargs: self.steps.append(float(opt.param_groups[0]["lr"]))
+            )
+
+        def on_log(self, metrics: Mapping[str, float]) -> None:
+            self.logs.append((metrics["lr"], self.steps[-1]))
+
+        def on_epoch_end(self, record: Mapping[str, Any]) -> None:
+            self.at_epoch_end.append(self.steps[-1])
+
+    used = Used()
+    result = fit(nn.Linear(4, 1), _loader(), config=_cfg(epochs=3, log_every_steps=2), loss_fn=_mse, callbacks=[used])
+    assert len(used.steps) == 12 and used.steps[-1] > 0
+    assert result.history["lr"].tolist() == pytest.approx(used.at_epoch_end, rel=1e-12)
+    assert used.logs and all(shown == pytest.approx(ran, rel=1e-12) for shown, ran in used.logs)

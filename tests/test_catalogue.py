@@ -1049,6 +1049,7 @@ def test_a_users_metric_that_fails_mid_training_is_kitlibs_error_not_a_runtime_e
     from torch.utils.data import DataLoader, TensorDataset
 
     from kitlib import TrainConfig, fit
+    from kitlib.engine.evaluation import SplitEval
     from kitlib.errors import SetupError
     from kitlib.tasks.metrics import get_metric
 
@@ -1060,12 +1061,11 @@ def test_a_users_metric_that_fails_mid_training_is_kitlibs_error_not_a_runtime_e
     cfg = TrainConfig(epochs=1, lr=0.01, precision="fp32", full_eval_every=1, monitor="score", mode="max",
                       background_eval="thread", micro_batch_size=8)  # fmt: skip
 
-    def full_eval(model: torch.nn.Module) -> Callable[[], dict[str, float]]:
-        return lambda: {"score": metric(np.ones(3), np.ones(3))}
+    full_eval = SplitEval(lambda model: None, lambda measured: {"score": metric(np.ones(3), np.ones(3))})
 
     def loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.mse_loss(model(batch[0]), batch[1])
 
     with pytest.raises(SetupError, match=r"metric = 'kit_user_metrics:inverse_error' failed on 3 rows"):
         fit(torch.nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
-            run_dir=tmp_path / "run", hw=cpu_hw, loss_fn=loss, full_eval=full_eval)  # type: ignore[arg-type]  # fmt: skip
+            run_dir=tmp_path / "run", hw=cpu_hw, loss_fn=loss, full_eval=full_eval)  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from kitlib.data.tables import DataError
+from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
 from kitlib.notebook import stages
 from kitlib.notebook.tasks import get_task
@@ -102,10 +103,10 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
     full_eval = get_task("causal-lm").evaluate(
         feats.spec, get_metric("exact_match", "sequence"), prepared.valid, torch.device("cpu")
     )
+    assert isinstance(full_eval, SplitEval)  # generation + the metric: scored off the training path
     with torch.no_grad():
-        deferred = full_eval(prepared.model)
-    assert callable(deferred)  # generation + the metric: scored off the training path
-    scored = deferred()
+        measured = full_eval.measure(prepared.model)
+    scored = full_eval.score(measured)
     assert set(scored) == {"exact_match"} and 0.0 <= scored["exact_match"] <= 1.0  # fit makes the loss pass
 
     stages.train(p, hw=cpu_hw)

@@ -410,8 +410,6 @@ def test_a_full_disk_names_the_checkpoint_and_the_free_space_and_keeps_the_previ
 ) -> None:
     import errno
 
-    import safetensors.torch
-
     from kitlib.errors import DiskFullError
 
     model = torch.nn.Linear(4, 2)
@@ -421,7 +419,7 @@ def test_a_full_disk_names_the_checkpoint_and_the_free_space_and_keeps_the_previ
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    monkeypatch.setattr(ck, "save_file", full)  # the writer's safetensors call
     with pytest.raises(DiskFullError, match=r"no space left writing checkpoint .*last \(\d+\.\d+ GB free on .*Fix"):
         ck.write(ck.snapshot(torch.nn.Linear(4, 2)), tmp_path / "last")
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before

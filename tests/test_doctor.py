@@ -249,6 +249,31 @@ def test_small_micro_batches_with_accumulation_keep_the_effective_batch() -> Non
         assert not [f for f in diagnose(quiet, CPU).findings if f.rule == "micro_batch"], str(diagnose(quiet, CPU))
 
 
+def test_a_probe_kept_beside_the_run_names_the_summarisers_micro_batch_fix(tmp_path: Path) -> None:
+    """Seed replay "summary", before: micro-batch 1 x accumulation 16 of a BiLSTM pointer-generator whose passes take
+    ~0.2 s (its step-by-step decoder costs Python per timestep, not per row): past the 50 ms the rough estimate trusts.
+    A probe measured on the model and kept beside the run names the user's 4 x 4 with the measured saving."""
+    from kitlib.doctor.probe import MicroBatchProbe, save_probe
+    from kitlib.errors import DataError
+
+    # The replay's record (benchmarks/seed_replays.py --threads 1, 2026-11-24): 6 optimizer steps x 16 passes of
+    # ~0.2 s, forward+backward 19.5 s of a 32.2 s wall, and its probe: 4 passes of 1 row 0.691 s, 1 of 4 rows 0.403 s
+    phases = {"data_wait": 0.13, "h2d": 0.0, "forward": 7.17, "backward": 12.33, "optimizer": 0.12}
+    timing = _record(wall=32.2, phases=phases, steps=6, micro_batch_size=1, grad_accum_steps=16, samples=82)
+    (tmp_path / "timing.json").write_text(json.dumps(timing))
+    assert not [f for f in diagnose(tmp_path, CPU).findings if f.rule == "micro_batch"]  # no measurement: no guess
+    save_probe(tmp_path, MicroBatchProbe(1, 4, 0.691, 0.403))
+    finding = _only(diagnose(tmp_path, CPU), "micro_batch")
+    assert finding.changes == {"micro_batch_size": 4, "grad_accum_steps": 4}
+    assert finding.estimated_saving_s == pytest.approx(19.5 * (1 - 0.403 / 0.691))  # 8.1 s
+    assert "measured 1.71x faster at 4 x 4" in finding.evidence and "1 pass of 4 rows" in finding.basis
+    replaced = diagnose(tmp_path, CPU, probe=MicroBatchProbe(1, 4, 5.0, 5.0))  # a probe passed in wins: no gain
+    assert not [f for f in replaced.findings if f.rule == "micro_batch"]
+    (tmp_path / "probes.json").write_text(json.dumps({"micro_batch": {"micro_batch_size": 1}}))  # not save_probe's
+    with pytest.raises(DataError, match=r"probes\.json is not what save_probe writes"):
+        diagnose(tmp_path, CPU)
+
+
 def test_probe_micro_batch_measures_on_the_model_and_leaves_it_as_it_was() -> None:
     from kitlib.doctor.probe import probe_micro_batch
 

@@ -200,6 +200,31 @@ def test_a_bf16_checkpoint_learns_with_fp32_master_weights(tmp_path: Path, cpu_h
     assert _train_changes(model, _token_batches(model, labels="class"), cpu_hw) > 0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_half_folder_trains_bit_for_bit_as_its_fp32_twin(dtype: torch.dtype, tmp_path: Path, cpu_hw: Any) -> None:
+    # The weights of a half folder change as an fp32 run's do: its twin holds the same values in fp32 (every half
+    # value is exact in fp32), so with fp32 master weights the two runs are one computation, equal bit for bit.
+    from transformers import AutoTokenizer, BertModel
+
+    from kitlib.models.loading import load_text_classifier
+
+    half = _bert_folder(tmp_path, dtype)
+    twin = tmp_path / "fp32-twin"
+    BertModel.from_pretrained(half, dtype=torch.float32).save_pretrained(twin)
+    AutoTokenizer.from_pretrained(half).save_pretrained(twin)
+    models = []
+    for folder in (half, twin):
+        torch.manual_seed(1)  # the classifier head's initialisation
+        models.append(load_text_classifier(2, model_dir=folder)[1])
+    before = [_weights(m) for m in models]
+    assert before[0].keys() == before[1].keys()
+    assert all(torch.equal(before[0][n], before[1][n]) for n in before[0])
+    changed = [_train_changes(m, _token_batches(m, labels="class"), cpu_hw) for m in models]
+    assert changed[0] > 0.5 and changed[0] == changed[1]
+    after = [_weights(m) for m in models]
+    assert all(torch.equal(after[0][n], after[1][n]) for n in after[0])
+
+
 def test_an_fp16_checkpoint_trains_under_the_grad_scaler(tmp_path: Path) -> None:
     # fp16 autocast + GradScaler, the T4 path, runs on a CPU with AVX512-FP16 (torch.amp.GradScaler("cpu")). On main
     # the fp16 folder's fp16 gradients stopped it: "ValueError: Attempting to unscale FP16 gradients."

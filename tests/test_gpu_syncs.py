@@ -57,15 +57,14 @@ class _SyncsPerStep(Callback):
         self.mode, self.seen = mode, 0
         self.per_step: list[int] = []
         self.logged: list[bool] = []
-        self.log_due = False  # kitlib's progress policy logs before the user's callbacks see the step's end
 
     def on_step_end(self, step: StepEnd) -> None:
         self.per_step.append(self.mode.count - self.seen)
-        self.logged.append(self.log_due)
-        self.seen, self.log_due = self.mode.count, False
+        self.logged.append(False)
+        self.seen = self.mode.count
 
-    def on_log(self, metrics: Any) -> None:
-        self.log_due = True
+    def on_log(self, metrics: Any) -> None:  # the loop fires it after the step's on_step_end, its syncs made before
+        self.logged[-1] = True
 
 
 def _data(n: int) -> TensorDataset:
@@ -319,9 +318,10 @@ def test_generating_eval_runs_on_the_models_device_without_a_copy(monkeypatch: p
         scored.append(references)
         return {"exact": float(references == generated)}
 
-    later = generation.generated_eval(model, generate, score)
-    assert used == [model] and not scored  # generated now, on the model itself; the metric waits for the callable
-    assert later() == {"exact": 1.0}
+    split = generation.generated_eval(generate, score)
+    measured = split.measure(model)
+    assert used == [model] and not scored  # generated in the foreground, on the model itself; the metric waits
+    assert split.score(measured) == {"exact": 1.0}
 
 
 _DDP_EVAL = r"""
@@ -330,11 +330,13 @@ import torch, torch.distributed as dist, torch.multiprocessing as mp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from kitlib import TrainConfig, fit
+from kitlib.engine.evaluation import SplitEval
 from kitlib.machine.hardware import fake_profile
 
-def slow_metric(model):
+def slow_score(measured):
     # rank 0's background metric outlasts the collective timeout (3 s) the other rank would wait in
-    return lambda: (time.sleep(6.0), {"score": 1.0})[1]
+    time.sleep(6.0)
+    return {"score": 1.0}
 
 def worker(rank, port, out):
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
@@ -346,7 +348,8 @@ def worker(rank, port, out):
                       monitor="score", mode="max")
     hw = fake_profile("CPU", platform="local", interactive=False)
     result = fit(nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
-                 loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]), full_eval=slow_metric, hw=hw)
+                 loss_fn=lambda m, b: nn.functional.mse_loss(m(b[0]), b[1]),
+                 full_eval=SplitEval(lambda m: None, slow_score), hw=hw)
     open(f"{out}.{rank}", "w").write(str(list(result.history.get("score", []))))
     dist.destroy_process_group()
 

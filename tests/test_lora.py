@@ -87,6 +87,57 @@ def test_only_the_adapter_trains_and_best_holds_it_alone(arch: str, tmp_path: Pa
     assert all(torch.equal(state[k], before[k]) for k in before if k not in trained)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_merged_model_computes_what_base_plus_adapter_does(arch: str, tmp_path: Path) -> None:
+    """merge_adapter folds the adapters into the weights: the saved folder loads with transformers alone (no peft,
+    no lora tensors) and its logits equal base + adapter's to 1e-5 (fp32; (W + BA)x and Wx + B(Ax) round
+    differently), where the base alone is far off."""
+    import transformers as tf
+
+    from kitlib.errors import SetupError
+    from kitlib.models.adapters import add_adapter, merge_adapter
+
+    model = add_adapter(_tiny(arch)[0], "lora", generating=True)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # a trained adapter (B starts at zero: the merge would be the base itself)
+                param.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    model.eval()
+    ids = torch.randint(1, 64, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        adapted = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids).logits
+    merged = merge_adapter(model)
+    merged.save_pretrained(tmp_path / "merged")  # type: ignore[operator]
+    loaded = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert not hasattr(loaded, "peft_config") and not any("lora" in k for k in loaded.state_dict())
+    with torch.no_grad():
+        got = loaded(input_ids=ids).logits
+    assert torch.allclose(got, adapted, atol=1e-5, rtol=0), (got - adapted).abs().max()
+    assert (base - adapted).abs().max() > 1e-2  # the adapter changes the outputs: the equality above is the merge's
+    with pytest.raises(SetupError, match=r"no adapter"):
+        merge_adapter(loaded)
+
+
+def test_a_4bit_model_is_not_merged_off_cuda() -> None:
+    """qlora's merge dequantises the 4-bit weights on CUDA; off CUDA it is refused with the fix."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from kitlib.errors import SetupError
+    from kitlib.models.adapters import add_adapter, merge_adapter
+
+    model, _ = _tiny("llama")
+    for name, linear in list(model.named_modules()):
+        if isinstance(linear, torch.nn.Linear) and name != "lm_head":  # 4-bit NF4 on the CPU (bitsandbytes >= 0.50)
+            four = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=False, quant_type="nf4")
+            four.load_state_dict(linear.state_dict())
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, four.to("cpu"))
+    adapted = add_adapter(model, "lora", generating=True)
+    with pytest.raises(SetupError, match=r"4-bit.*CUDA.*Fix: export on the CUDA machine"):
+        merge_adapter(adapted)
+
+
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(JOBS), *args], capture_output=True, text=True, timeout=300)
 
@@ -125,6 +176,35 @@ def test_qlora_off_cuda_is_refused_in_00_naming_lora(tmp_path: Path, cpu_hw: Any
     assert not (tmp_path / "work" / "run.json").exists()
     run = presets.resolve("balanced", cpu_hw, overrides={"adapter": "lora"})  # LoRA runs anywhere
     assert (run.config.adapter, run.config.freeze) == ("lora", "none")
+
+
+def test_lora_trains_at_the_adapters_lr_once_and_a_users_lr_wins(tmp_path: Path, cpu_hw: Any) -> None:
+    """The presets' lrs are full fine-tuning's (1e-4 at balanced); adapters take at least LORA_LR (2e-4, the peers'
+    usual), said in one line; an lr the user sets is kept; 00's setup (the task's preset, then resolve again) applies
+    it once."""
+    from kitlib.models.adapters import LORA_LR
+    from kitlib.notebook import presets, stages
+    from kitlib.tools.demo import make_demo
+
+    for name in presets.PRESETS:
+        if presets.PRESETS[name].regime != "finetune":
+            continue
+        full, lora = presets.resolve(name, cpu_hw), presets.resolve(name, cpu_hw, overrides={"adapter": "lora"})
+        assert lora.config.lr == max(full.config.lr, LORA_LR), name
+        said = [r for r in lora.reasons if "for the adapters" in r]
+        assert len(said) == (full.config.lr < LORA_LR) and lora.preset.lr == full.preset.lr, (name, said)
+    balanced = presets.resolve("balanced", cpu_hw, overrides={"adapter": "lora"})
+    assert balanced.config.lr == 2e-4 and "lr 0.0002 for the adapters (the preset's 0.0001" in balanced.summary()
+    own = presets.resolve("balanced", cpu_hw, overrides={"adapter": "lora", "lr": 5e-5})
+    assert own.config.lr == 5e-5 and not any("for the adapters" in r for r in own.reasons)
+
+    demo = make_demo(tmp_path / "demo")
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", model="tiny", adapter="lora")
+    run = stages.setup(p, cpu_hw)
+    saved = presets.load_run(tmp_path / "work")
+    assert run.config.lr == saved.config.lr == 2e-4 and sum("for the adapters" in r for r in saved.reasons) == 1
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "own", model="tiny", adapter="lora", lr=3e-5)
+    assert stages.setup(p, cpu_hw).config.lr == 3e-5
 
 
 def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, cpu_hw: Any) -> None:
@@ -172,6 +252,19 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
     state = model.state_dict()
     for name, tensor in best.items():  # the adapter: best/'s
         assert torch.equal(state[name], tensor), name
+    # the merged export (python -m kitlib export-merged): one folder transformers loads, computing what 03's does
+    export = subprocess.run([sys.executable, "-m", "kitlib", "export-merged", str(work), str(tmp_path / "merged")],
+                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert export.returncode == 0, export.stdout[-2000:] + export.stderr[-3000:]
+    assert "merged: the lora adapter of run/ folded into" in export.stdout
+    import transformers as tf
+
+    merged = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert tf.AutoTokenizer.from_pretrained(tmp_path / "merged").get_vocab() == tokenizer.get_vocab()
+    ids = torch.tensor([tokenizer.encode(str(train["prompt"].iloc[0]))])
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=0)
     base = model.unload().state_dict()  # the adapters taken out, unmerged: the base as 03 built it
     for name, tensor in load_file(folder / "model.safetensors").items():  # the folder's weights, untouched
         assert torch.equal(base[name], tensor), name

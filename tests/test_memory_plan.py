@@ -42,7 +42,7 @@ def test_7b_at_1536_tokens_fits_h100_and_t4_only_with_the_right_strategy() -> No
     for plan in (h100, t4):
         fp32 = [f for f in plan.fits if f.strategy.name.startswith("fp32 full fine-tune")]
         assert fp32 and not any(f.fits for f in fp32)  # ~16 bytes/parameter: 108 GB before activations
-        assert plan.choice is not None and plan.choice is plan.offered_choice  # kitlib offers what fits
+        assert plan.choice is not None
         assert plan.choice.peak <= plan.budget and plan.choice.micro_batch * plan.choice.accum >= 32
     assert "QLoRA" in t4.choice.strategy.name  # type: ignore[union-attr]
     assert t4.line().startswith("fits: ~") and "QLoRA" in t4.line()
@@ -55,7 +55,7 @@ def test_qlora_is_refused_off_cuda_and_small_models_fit_with_what_kitlib_offers(
     cpu = plan_memory(_llama_7b(), hardware="CPU", seq_len=256, task="causal-lm")
     assert all(f.why_not == "CUDA only" and not f.fits for f in cpu.fits if f.strategy.name.startswith("QLoRA"))
     small = plan_memory("minilm", hardware="T4", seq_len=128, task="classify", effective_batch=32)
-    assert small.choice is small.offered_choice and small.choice is not None
+    assert small.choice is not None
     assert small.line().startswith("fits: ~")
 
 
@@ -67,8 +67,7 @@ def test_8bit_adamw_is_offered_and_chosen_where_fp32_adamw_does_not_fit() -> Non
     plan = plan_memory(config, hardware="L4", seq_len=512, task="causal-lm")
     by_name = {f.strategy.name: f for f in plan.fits}
     assert not by_name["fp32 weights + AMP"].fits and not by_name["fp32 weights + AMP + checkpointing"].fits
-    assert plan.offered_choice is by_name["fp32 weights + AMP + 8-bit AdamW"]
-    assert "fp32 weights + AMP + 8-bit AdamW *" not in plan.table()  # offered: no "planned" star
+    assert plan.choice is by_name["fp32 weights + AMP + 8-bit AdamW"]
     assert plan.line().startswith("fits: ~") and "8-bit AdamW" in plan.line()
 
 
@@ -103,3 +102,56 @@ def test_00s_picker_shows_the_memory_line(tmp_path: Path) -> None:
     assert "\nmemory: 256 tokens/row: fits: ~" in repr(picker)
     scratch = dataclasses.replace(p, model="auto", task="causal-lm")
     assert "no plan" in preset_picker(hw, memory=stages.memory_line(scratch, hw)).memory_text()
+
+
+@pytest.mark.parametrize("hardware", ["T4", "2xT4", "P100", "L4", "A100-80", "H100", "CPU", "CPU-AMX"])
+def test_every_strategy_the_plan_can_choose_is_one_kitlib_runs(hardware: str) -> None:
+    """What the plan may choose (a row without a why_not) is settings 00 accepts and fit runs: the Params checks,
+    the preset's resolve on that hardware, and on a CPU one real step of fit with them (bf16 autocast for CPU-AMX)."""
+    from torch.utils.data import DataLoader
+    from transformers import GPT2Config
+
+    from kitlib import TrainConfig, fit
+    from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
+    from kitlib.models.adapters import add_adapter
+    from kitlib.notebook import presets
+    from kitlib.notebook.params import check_parameters
+
+    hw = fake_profile(hardware, platform="local", interactive=False, torch_cuda_arch_list=ARCH_LIST_WITH_SM60)
+    config = GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=64)
+    for task in ("causal-lm", "classify"):
+        plan = plan_memory(config, hardware=hw, seq_len=16, task=task, effective_batch=4)
+        choosable = [f.strategy for f in plan.fits if not f.why_not]
+        assert len(choosable) >= 6, [f.strategy.name for f in plan.fits]
+        for strategy in choosable:
+            settings = strategy.settings
+            for_params = {k: v for k, v in settings.items() if k in ("adapter", "optimizer")}
+            check_parameters({"task": task, "model": "tiny", **for_params})  # 00's checks
+            run = presets.resolve("smoke", hw, overrides=settings)
+            assert {k: getattr(run.config, k) for k in settings} == settings, strategy.name
+            if hw.device_type != "cpu" or task != "causal-lm":
+                continue
+            import torch
+            from transformers import GPT2LMHeadModel
+
+            torch.manual_seed(0)
+            model = add_adapter(GPT2LMHeadModel(config), strategy.adapter, generating=True)
+            rows: list[dict[str, torch.Tensor]] = [{"input_ids": t, "labels": t} for t in torch.randint(0, 64, (8, 16))]
+            cfg = TrainConfig(**{**run.config.__dict__, "epochs": 1, "micro_batch_size": 4, "grad_accum_steps": 1,
+                                 "save_best": False, "full_eval_at_end": False})  # fmt: skip
+            before = [p.detach().float().clone() for p in model.parameters() if p.requires_grad]
+            result = fit(model, DataLoader(rows, batch_size=4), config=cfg, hw=hw)
+            after = [p.detach().float() for p in result.model.parameters() if p.requires_grad]
+            assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True)), strategy.name
+
+
+def test_loras_frozen_base_is_planned_in_the_dtype_02_keeps_it() -> None:
+    """stages.prepare keeps a LoRA base in bf16 on a bf16 CUDA card only (a CPU with bf16 autocast keeps it fp32):
+    the plan counts 2 bytes a base weight there and 4 elsewhere."""
+    names = {}
+    for hardware in ("H100", "T4", "CPU-AMX"):
+        plan = plan_memory("gpt2", hardware=hardware, seq_len=128, task="causal-lm")
+        lora = next(f for f in plan.fits if f.strategy.adapter == "lora")
+        names[hardware] = lora.strategy.name
+        assert lora.strategy.weights == pytest.approx(2.0 if hardware == "H100" else 4.0, abs=0.1), hardware
+    assert names == {"H100": "LoRA r=16, bf16 base", "T4": "LoRA r=16, fp32 base", "CPU-AMX": "LoRA r=16, fp32 base"}

@@ -85,9 +85,10 @@ def test_sigterm_finishes_the_step_saves_last_and_resumes_exactly(tmp_path: Path
     term_at = random.Random().randint(5, 25)
     termed = _run("resume", str(tmp_path / "cut"), "0", "0", str(term_at))
     assert termed.returncode == 0, termed.stderr  # fit returned: its files complete, the kernel alive
-    # the signal arrives inside step term_at's log (kitlib's progress policy), before the SIGTERM policy's turn
-    assert f"stop sigterm at step {term_at}" in termed.stdout, termed.stdout
-    assert json.loads((tmp_path / "cut" / "last" / "meta.json").read_text())["step"] == term_at
+    # the signal arrives in step term_at's on_log, which the loop fires after every on_step_end of that step: the
+    # SIGTERM policy acts at the end of the next step
+    assert f"stop sigterm at step {term_at + 1}" in termed.stdout, termed.stdout
+    assert json.loads((tmp_path / "cut" / "last" / "meta.json").read_text())["step"] == term_at + 1
     resumed = _run("resume", str(tmp_path / "cut"), "0", "1")
     assert resumed.returncode == 0, resumed.stderr
     expected, got = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")

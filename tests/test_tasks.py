@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from kitlib.data.tables import DataError, TaskSpec
+from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
 from kitlib.notebook import stages
 from kitlib.notebook.presets import Preset
@@ -328,10 +329,10 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     full_eval = get_task("seq2seq").evaluate(
         feats.spec, get_metric("record_f1", "sequence", data_dir=paths.root), prepared.valid, torch.device("cpu")
     )
+    assert isinstance(full_eval, SplitEval)  # generation + execution: scored off the training path
     with torch.no_grad():
-        deferred = full_eval(prepared.model)
-    assert callable(deferred)  # generation + execution: scored off the training path
-    scored = deferred()
+        measured = full_eval.measure(prepared.model)
+    scored = full_eval.score(measured)
     assert set(scored) == {"record_f1"} and 0.0 <= scored["record_f1"] <= 1.0  # fit makes the loss pass
     stages.train(p, hw=cpu_hw)
     submission = stages.infer(p, hw=cpu_hw)

@@ -7,6 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from kitlib import TrainConfig, fit
+from kitlib.engine.evaluation import SplitEval
 
 VOCAB, PAD, BOS, EOS = 32, 0, 1, 2
 
@@ -61,14 +62,14 @@ def test_t5_seq2seq_with_generating_full_eval_every_2_epochs(cpu_hw, tmp_path) -
     train, valid = Seq2SeqData(256, 0), Seq2SeqData(32, 1)
     calls: list[int] = []
 
-    def full_eval(m: nn.Module):  # type: ignore[no-untyped-def]
+    def generate(m: nn.Module) -> tuple[list[list[int]], list[list[int]]]:
         calls.append(1)
         generated = m.generate(
             input_ids=valid.src, attention_mask=torch.ones_like(valid.src), max_new_tokens=8, do_sample=False
         )
-        predictions = [row[1:].tolist() for row in generated]  # drop the decoder start token
-        references = valid.tgt.tolist()
-        return lambda: _exact_match(predictions, references)  # scored in a background thread
+        return [row[1:].tolist() for row in generated], valid.tgt.tolist()  # drop the decoder start token
+
+    full_eval = SplitEval(generate, lambda measured: _exact_match(*measured))  # scored in a background thread
 
     cfg = TrainConfig(
         epochs=6,

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from kitlib.data.lengths import suggest_max_length
 from kitlib.data.samplers import (
     BucketSampler,
     RandomBatchSampler,
@@ -27,6 +28,7 @@ from kitlib.data.samplers import (
     as_lengths,
     round_up,
 )
+from kitlib.machine.distributed import dist_env
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
@@ -190,8 +192,6 @@ def default_num_workers(cfg: TrainConfig, hw: HardwareInfo, *, local_world_size:
     if hw.interactive and method != "fork":
         # spawn/forkserver pickle the dataset; classes defined in a notebook cell can't be re-imported by a worker.
         return 0, f"notebook with the {method!r} start method: notebook-defined datasets can't reach workers"
-    from kitlib.machine.distributed import dist_env
-
     ranks = max(1, local_world_size if local_world_size is not None else dist_env().local_world_size)
     # Leave one CPU for each training process itself (Python loop, kernel launches): Kaggle's 4 vCPUs -> 3, or 1
     # per rank for 2 DDP ranks (each rank starts its own workers); Colab's 2 -> 1. Colab warns above its CPU count
@@ -301,8 +301,6 @@ def _width(cfg: TrainConfig, lengths: np.ndarray | None) -> int:
         return cfg.max_length
     if lengths is None:
         raise ValueError(f"batching={cfg.batching!r} needs TrainConfig(max_length=...) or the rows' lengths")
-    from kitlib.data.lengths import suggest_max_length
-
     return suggest_max_length(lengths)
 
 

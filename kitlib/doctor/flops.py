@@ -18,7 +18,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import flop_counter
+from torch.utils.flop_counter import FlopCounterMode
 
+from kitlib.engine.objective import hf_loss
 from kitlib.machine.peaks import PEAK_TFLOPS, PeakDtype, gpu_key, peak_flops
 from kitlib.models.facts import model_facts, non_embedding_params
 
@@ -96,8 +99,6 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.5, s
 
 def _sdpa_cpu_formulas() -> dict[Any, Callable[..., int]]:
     """FLOP formulas for CPU scaled-dot-product attention, which torch's counter does not register (torch 2.13)."""
-    from torch.utils import flop_counter
-
     aten = torch.ops.aten
     forward_op = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     backward_op = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
@@ -129,10 +130,6 @@ def count_flops(
     compare it with ``model_flops_per_token(model, T) * batch_rows * T`` for a batch padded to T. Gradients the pass
     leaves behind are cleared (set to None).
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from kitlib.engine.objective import hf_loss
-
     loss_fn = loss_fn or hf_loss
     with FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_formulas()) as counter:
         if training:

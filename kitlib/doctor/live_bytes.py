@@ -23,6 +23,17 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kitlib.config import TrainConfig
+from kitlib.doctor.memory_plan import _meta_model, plan_memory
+from kitlib.engine.objective import default_count_fn, hf_loss
+from kitlib.engine.optim import build_optimizer, build_scheduler
+from kitlib.engine.optim import freeze as freeze_part
+from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device, train_window
+from kitlib.engine.timing import PhaseTimer
+from kitlib.machine.distributed import DistEnv
+from kitlib.machine.hardware import fake_profile
+from kitlib.machine.precision import Precision, decide_precision
+
 
 class LiveBytes(TorchDispatchMode):
     def __init__(self) -> None:
@@ -75,16 +86,6 @@ def step_peak(
     """Peak live bytes of kitlib's own optimizer step (``train_window``: fp32, weighted backward over ``window``'s
     micro-batches, clip, fused AdamW, zero_grad) on the CPU, weights and AdamW states included: the second step is
     measured, so the states exist as they do for every step but the first."""
-    from kitlib.config import TrainConfig
-    from kitlib.engine.objective import default_count_fn, hf_loss
-    from kitlib.engine.optim import build_optimizer, build_scheduler
-    from kitlib.engine.optim import freeze as freeze_part
-    from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device, train_window
-    from kitlib.engine.timing import PhaseTimer
-    from kitlib.machine.distributed import DistEnv
-    from kitlib.machine.hardware import fake_profile
-    from kitlib.machine.precision import Precision, decide_precision
-
     cfg = TrainConfig(precision="fp32", gradient_checkpointing=gradient_checkpointing, freeze=freeze,  # type: ignore[arg-type]
                       optimizer=optimizer_name)  # type: ignore[arg-type]  # fmt: skip
     freeze_part(model, freeze)
@@ -109,26 +110,21 @@ def step_peak(
     return live.peak
 
 
-# kitlib's strategies that run today, as the plan names them on a CPU -> (gradient_checkpointing, freeze, optimizer)
-MEASURABLE = {
-    "fp32 full fine-tune": (False, "none", "adamw"),
-    "fp32 full fine-tune + checkpointing": (True, "none", "adamw"),
-    "frozen embeddings + fp32": (False, "embeddings", "adamw"),
-    "fp32 + 8-bit AdamW": (False, "none", "adamw8bit"),
-}
+# the plan's strategies that run on this CPU in fp32 (its step_peak measures them), as the plan names them there
+MEASURABLE = ("fp32 full fine-tune", "fp32 full fine-tune + checkpointing", "frozen embeddings + fp32",
+              "fp32 + 8-bit AdamW")  # fmt: skip
 
 
 def planned_and_measured(
     config: Any, *, task: str, seq_len: int, micro_batch: int, accum: int, strategy: str, seed: int = 0
 ) -> tuple[float, int]:
     """(the plan's peak bytes, the measured peak of kitlib's step) for ``strategy`` (a MEASURABLE name) training a
-    model built from ``config`` with random weights on random tokens, on this CPU in fp32."""
-    from kitlib.doctor.memory_plan import _meta_model, plan_memory
-
-    checkpointing, freeze, optimizer = MEASURABLE[strategy]
+    model built from ``config`` with random weights on random tokens, on this CPU in fp32, with the strategy's own
+    settings (``Strategy.settings``)."""
     plan = plan_memory(config, hardware="CPU", seq_len=seq_len, task=task, micro_batch=micro_batch, accum=accum,
                        chunked_loss=False)  # fmt: skip
-    planned = next(f.peak for f in plan.fits if f.strategy.name == strategy)
+    fit = next(f for f in plan.fits if f.strategy.name == strategy)
+    planned, chosen = fit.peak, fit.strategy
     torch.manual_seed(seed)
     model = _meta_model(config, task)  # on the CPU here: real (random) weights
     vocab = int(config.vocab_size)
@@ -137,5 +133,6 @@ def planned_and_measured(
         ids = torch.randint(4, vocab, (micro_batch, seq_len))
         labels = ids if task in ("causal-lm", "seq2seq") else torch.randint(0, 2, (micro_batch,))
         window.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
-    peak = step_peak(model, window, gradient_checkpointing=checkpointing, freeze=freeze, optimizer_name=optimizer)
+    peak = step_peak(model, window, gradient_checkpointing=chosen.checkpointing, freeze=chosen.freeze,
+                     optimizer_name=chosen.optimizer_name)  # fmt: skip
     return planned, peak

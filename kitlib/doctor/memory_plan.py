@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kitlib.errors import KitError, SetupError
+from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
 from kitlib.models.adapters import BITSANDBYTES_MIN_SM, LORA_RANK  # adapters on every linear layer of the blocks
+
+# lazy: torch (+1.0 s), transformers (+0.6 s): plans come from config numbers alone; only the meta-model count and the
+# live check build a model, so `import kitlib.doctor.memory_plan` stays at 0.03 s for the CLI (python -X importtime).
 
 if TYPE_CHECKING:
     from torch import nn
@@ -99,15 +104,26 @@ class Shape:
 
 @dataclass(frozen=True)
 class Strategy:
-    """One way to train: bytes per parameter and per activation element; ``offered`` False = planned in #20."""
+    """One way to train that kitlib runs: bytes per parameter and per activation element, and the TrainConfig
+    settings that train it (``settings``)."""
 
     name: str
-    offered: bool
     weights: float  # bytes
     grads: float
     optimizer: float
     act_bytes: float  # bytes per saved activation element
     checkpointing: bool
+    optimizer_name: str = "adamw"  # TrainConfig.optimizer
+    adapter: str = "none"
+    freeze: str = "none"
+    amp: bool = True  # False: precision "fp32" even where the card has a half precision
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The TrainConfig fields (``kitlib.notebook.presets.resolve``'s overrides) that train this strategy."""
+        chosen = {"optimizer": self.optimizer_name, "adapter": self.adapter, "freeze": self.freeze,
+                  "gradient_checkpointing": self.checkpointing}  # fmt: skip
+        return chosen if self.amp else {**chosen, "precision": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -138,13 +154,8 @@ class MemoryPlan:
 
     @property
     def choice(self) -> Fit | None:
-        """The first strategy in the table's order (least compromise first) that fits, offered ones before planned."""
-        fitting = [f for f in self.fits if f.fits]
-        return next((f for f in fitting if f.strategy.offered), fitting[0] if fitting else None)
-
-    @property
-    def offered_choice(self) -> Fit | None:
-        return next((f for f in self.fits if f.fits and f.strategy.offered), None)
+        """The first strategy in the table's order (least compromise first) that fits."""
+        return next((f for f in self.fits if f.fits), None)
 
     def table(self) -> str:
         head = (
@@ -154,29 +165,23 @@ class MemoryPlan:
         )
         rows = [f"{'strategy':<48} {'weights':>8} {'grads':>7} {'optim':>7} {'activ':>7} {'peak':>7}  batch  fits"]
         for f in self.fits:
-            name = f.strategy.name + ("" if f.strategy.offered else " *")
+            name = f.strategy.name
             gb = [f"{v / _GB:.1f}" for v in (f.weights, f.grads, f.optimizer, f.activations, f.peak)]
             verdict = f.why_not or ("yes" if f.fits else "no")
             rows.append(
                 f"{name:<48} {gb[0]:>8} {gb[1]:>7} {gb[2]:>7} {gb[3]:>7} {gb[4]:>7}  "
                 f"{f.micro_batch:>2}x{f.accum:<3} {verdict}"
             )
-        notes = ["GB (1e9 bytes); batch = micro-batch x accumulation; * planned, not yet offered by kitlib (#20)"]
+        notes = ["GB (1e9 bytes); batch = micro-batch x accumulation"]
         return "\n".join([head, *rows, *notes, self.line()])
 
     def line(self) -> str:
         """One line for the picker: what fits, or what to change."""
-        best, offered = self.choice, self.offered_choice
-        if offered is not None:
-            return (
-                f"fits: ~{offered.peak / _GB:.1f} of {self.capacity / _GB:.0f} GB with {offered.strategy.name}, "
-                f"micro-batch {offered.micro_batch} x accumulation {offered.accum}"
-            )
+        best = self.choice
         if best is not None:
             return (
-                f"does not fit with what kitlib offers today; {best.strategy.name} would (~{best.peak / _GB:.1f} of "
-                f"{self.capacity / _GB:.0f} GB, micro-batch {best.micro_batch} x {best.accum}): planned, not yet "
-                "offered. Today: a bigger card, a smaller model or fewer tokens per row"
+                f"fits: ~{best.peak / _GB:.1f} of {self.capacity / _GB:.0f} GB with {best.strategy.name}, "
+                f"micro-batch {best.micro_batch} x accumulation {best.accum}"
             )
         return (
             f"fits nowhere on {self.hardware}: even micro-batch 1 with every strategy needs more than "
@@ -200,8 +205,6 @@ def plan_memory(
     or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the largest micro-batch that fits
     keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on for the generating tasks, as
     kitlib trains them) counts the LM head's logits one chunk at a time."""
-    from kitlib.errors import SetupError
-    from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
     from kitlib.machine.precision import decide_precision
 
     if seq_len < 1 or effective_batch < 1:
@@ -220,16 +223,17 @@ def plan_memory(
     per_device = max(1, math.ceil(effective_batch / world))
     fits = tuple(
         _fit(s, shape, hw, seq_len, task, chunked, per_device, micro_batch, accum, budget)
-        for s in strategies(shape, amp=amp, bf16=dtype == "bf16")
+        for s in strategies(shape, amp=amp, bf16=dtype == "bf16", half_base=hw.device_type == "cuda")
     )
     return MemoryPlan(name, task, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
 
 
-def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]:
-    """The strategies in order of least compromise first (speed and fidelity). Bytes per parameter of the whole
-    model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so pure bf16
-    weights are offered (with the optimizer that keeps their updates), and LoRA keeps its frozen base in bf16 (on
-    an fp16 card it stays fp32: kitlib.notebook.stages.prepare)."""
+def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool = True) -> list[Strategy]:
+    """The strategies kitlib runs, in order of least compromise first (speed and fidelity). Bytes per parameter of
+    the whole model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so
+    pure bf16 weights are offered (with the optimizer that keeps their updates: Kahan-summed AdamW; bitsandbytes'
+    8-bit AdamW rounds bf16 weights to nearest and loses the small updates), and LoRA keeps its frozen base in bf16
+    where ``half_base`` (a CUDA card; on an fp16 card or a CPU it stays fp32: kitlib.notebook.stages.prepare)."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
@@ -237,35 +241,33 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False) -> list[Strategy]
     cast_cache = 2.0 * (shape.linear_params + shape.head_params) / P  # autocast's half copy of each matmul weight
     act = AMP_ACT_BYTES if amp else 4.0
     out: list[Strategy] = []
+    weights = 4 + cast_cache if amp else 4
+    full = "fp32 weights + AMP" if amp else "fp32 full fine-tune"
     for ckpt in (False, True):
         tag = " + checkpointing" if ckpt else ""
-        if amp:
-            out.append(Strategy(f"fp32 weights + AMP{tag}", True, 4 + cast_cache, 4, 8, act, ckpt))
-        else:
-            out.append(Strategy(f"fp32 full fine-tune{tag}", True, 4, 4, 8, act, ckpt))
-    half = "AMP" if amp else "fp32"
-    out.append(Strategy(f"frozen embeddings + {half}", True, 4, 4 * trainable, 8 * trainable, act, False))
-    weights = 4 + cast_cache if amp else 4
-    for ckpt in (False, True):  # optimizer="adamw8bit": two 8-bit moments and an fp32 absmax per 256-element block
+        out.append(Strategy(f"{full}{tag}", weights, 4, 8, act, ckpt))
+    out.append(Strategy(f"frozen embeddings + {'AMP' if amp else 'fp32'}", 4, 4 * trainable, 8 * trainable, act,
+                        False, freeze="embeddings"))  # fmt: skip
+    for ckpt in (False, True):  # two 8-bit moments and an fp32 absmax per 256-element block
         tag = " + checkpointing" if ckpt else ""
         name = f"{'fp32 weights + AMP' if amp else 'fp32'} + 8-bit AdamW{tag}"
-        out.append(Strategy(name, True, weights, 4, ADAMW_8BIT_BYTES, act, ckpt))
-    if bf16:  # optimizer="adamw-kahan": bf16 moments and a bf16 Kahan compensation (reasoned, not measured)
+        out.append(Strategy(name, weights, 4, ADAMW_8BIT_BYTES, act, ckpt, optimizer_name="adamw8bit"))
+    if bf16:  # bf16 moments and a bf16 Kahan compensation (reasoned, not measured)
         for ckpt in (False, True):
             tag = " + checkpointing" if ckpt else ""
-            out.append(Strategy(f"bf16 weights + Kahan AdamW{tag}", True, 2.0, 2.0, 6.0, act, ckpt))
+            name = f"bf16 weights + Kahan AdamW{tag}"
+            out.append(Strategy(name, 2.0, 2.0, 6.0, act, ckpt, optimizer_name="adamw-kahan"))
     if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
-        out.append(Strategy("fp32 full fine-tune (no AMP)", True, 4, 4, 8, 4.0, False))
-    base = 2.0 if bf16 else 4.0
-    lean = (  # least compromise first: full weights, then adapters, then adapters on 4-bit weights (offered or not)
-        ("bf16 weights + 8-bit AdamW", False, 2.0, 2.0, 2.0),
-        (f"LoRA r={LORA_RANK}, {'bf16' if bf16 else 'fp32'} base", True, base + 4 * lora, 4 * lora, 8 * lora),
-        ("QLoRA (LoRA on 4-bit weights)", True, nf4 + 4 * lora, 4 * lora, 8 * lora),  # fp32 adapters + AdamW
+        out.append(Strategy("fp32 full fine-tune (no AMP)", 4, 4, 8, 4.0, False, amp=False))
+    base = 2.0 if bf16 and half_base else 4.0
+    lean = (  # least compromise first: adapters on full weights, then on 4-bit weights (fp32 adapters + AdamW)
+        (f"LoRA r={LORA_RANK}, {'bf16' if base == 2.0 else 'fp32'} base", "lora", base + 4 * lora),
+        ("QLoRA (LoRA on 4-bit weights)", "qlora", nf4 + 4 * lora),
     )
-    for name, offered, weights, grads, optimizer in lean:
+    for name, adapter, weights in lean:
         for ckpt in (False, True):
             tag = " + checkpointing" if ckpt else ""
-            out.append(Strategy(name + tag, offered, weights, grads, optimizer, 2.0, ckpt))
+            out.append(Strategy(name + tag, weights, 4 * lora, 8 * lora, 2.0, ckpt, adapter=adapter))
     return out
 
 
@@ -282,9 +284,11 @@ def _fit(
     budget: float,
 ) -> Fit:
     why_not = ""
-    if s.name.startswith("QLoRA"):
+    if s.adapter == "qlora":
         primary = hw.primary
-        if hw.device_type != "cuda" or primary is None:
+        if task not in GENERATING:  # 00 refuses it too (kitlib.notebook.params): the 7B-class models generate
+            why_not = "causal-lm/seq2seq only"
+        elif hw.device_type != "cuda" or primary is None:
             why_not = "CUDA only"
         elif primary.capability < BITSANDBYTES_MIN_SM:
             why_not = f"needs sm_60+ ({primary.sm})"
@@ -370,8 +374,6 @@ def model_config(model: Any) -> tuple[str, Any]:
     """(a name for the table, the transformers config) of a config object, a config.json, a folder or a known
     name. Only the config is read: no weights."""
     from transformers import AutoConfig, PretrainedConfig
-
-    from kitlib.errors import SetupError
 
     if isinstance(model, PretrainedConfig):
         return type(model).__name__.removesuffix("Config"), model
@@ -460,8 +462,6 @@ def _classifier_params(model: nn.Module) -> int:
 def run_line(model: Any, task: str, hw: HardwareInfo, run: Any) -> str:
     """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` and ``task``: what
     the picker and ``python -m kitlib presets`` show. A plan that cannot be made says why in the line."""
-    from kitlib.errors import KitError
-
     length = run.config.max_length or run.preset.max_length_cap
     try:
         plan = plan_memory(model, hardware=hw, seq_len=length, task=task, effective_batch=run.effective_batch_size)

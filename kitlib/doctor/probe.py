@@ -3,22 +3,31 @@
     probe = probe_micro_batch(model, batch, micro_batch_size=1, factor=4, loss_fn=my_loss)
     print(probe)                                    # 4 passes of 1 row vs 1 pass of 4 rows: 1.52x
     print(diagnose("runs/a", probe=probe))          # the micro-batch advice quotes the measured ratio
+    save_probe("runs/a", probe)                     # or kept beside the run: diagnose("runs/a") reads it back
 
 The model is left as it was: its gradients, train/eval mode and the RNG streams are put back afterwards.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from kitlib._files import write_atomic
 from kitlib.engine.objective import Batch, LossFn, hf_loss, rows
+from kitlib.errors import DataError
 
-__all__ = ["MicroBatchProbe", "probe_micro_batch"]
+__all__ = ["PROBES_FILE", "MicroBatchProbe", "load_probes", "probe_micro_batch", "save_probe"]
+
+PROBES_FILE = "probes.json"  # beside a run's timing.json: measurements on its model that diagnose(run_dir) reads
 
 
 @dataclass(frozen=True)
@@ -104,3 +113,24 @@ def probe_micro_batch(
         for p, g in zip(params, grads, strict=True):
             p.grad = g
     return MicroBatchProbe(micro_batch_size, factor, small_s, big_s)
+
+
+def save_probe(run_dir: str | Path, probe: MicroBatchProbe) -> Path:
+    """Keep ``probe`` beside the run's record (``run_dir/probes.json``), so ``diagnose(run_dir)`` quotes it later."""
+    path = Path(run_dir) / PROBES_FILE
+    return write_atomic(path, json.dumps({"micro_batch": dataclasses.asdict(probe)}))
+
+
+def load_probes(run_dir: str | Path) -> dict[str, Any]:
+    """The probes saved beside a run's record (``save_probe``), by name; {} when none were."""
+    path = Path(run_dir) / PROBES_FILE
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text())
+        return {"micro_batch": MicroBatchProbe(**saved["micro_batch"])} if "micro_batch" in saved else {}
+    except (ValueError, TypeError) as e:  # not JSON, or not the fields save_probe writes
+        raise DataError(
+            f"{path} is not what save_probe writes ({e}; kitlib.doctor.probe). Fix: delete it, or measure again and "
+            "save_probe(run_dir, probe_micro_batch(model, batch, ...))"
+        ) from e

@@ -17,14 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, peak_flops
+from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
+from kitlib.machine.hardware import detect, fake_profile
 from kitlib.progress import THROUGHPUT
+
+# lazy: pandas (+0.2 s): only the tables need it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from kitlib.doctor.probe import MicroBatchProbe
     from kitlib.machine.hardware import HardwareInfo
 
 __all__ = ["Finding", "Report", "diagnose"]
@@ -128,7 +132,8 @@ def _load(run: Any) -> RunRecord:
         if not (folder / "timing.json").is_file():
             raise FileNotFoundError(f"{folder}/timing.json not found: pass the run_dir given to fit(run_dir=...)")
         config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-        return RunRecord(json.loads((folder / "timing.json").read_text()), config.get("config") or {})
+        timing = json.loads((folder / "timing.json").read_text())
+        return RunRecord(timing, config.get("config") or {}, load_probes(folder))  # probes: measured on its model
     if isinstance(run, Mapping):
         if "phases" in run:  # a bare timing record (FitResult.timing or timing.json)
             return RunRecord(run, {})
@@ -145,9 +150,6 @@ def _load(run: Any) -> RunRecord:
 
 def _hardware_for(run: RunRecord) -> HardwareInfo:
     """The hardware the run was on: its GPU's profile when known (a Kaggle run read on a laptop), else this machine."""
-    from kitlib.doctor.flops import gpu_key
-    from kitlib.machine.hardware import detect, fake_profile
-
     if run.facts.device_type == "cuda":
         key = gpu_key(str(run.facts.device_name or ""))
         family = (key or "").split("-")[0]
@@ -159,8 +161,6 @@ def _hardware_for(run: RunRecord) -> HardwareInfo:
 def _mfu(run: RunRecord, tokens_per_s: float | None, peak: float | None) -> float | None:
     """Model FLOPs utilisation when the run recorded its model's shape (kitlib.models.facts.model_facts) and a peak
     is known: the GPU's datasheet peak for the run's precision, or ``peak_flops`` (measure_cpu_peak() for a CPU run)."""
-    from kitlib.doctor.flops import PeakDtype, flops_per_token, peak_flops
-
     facts = run.facts
     params, samples = facts.model_non_embedding_params, facts.samples or 0
     if not params or not tokens_per_s or not samples:
@@ -199,7 +199,8 @@ def diagnose(
     ``hw`` is the hardware the advice is for (default: the run's GPU profile when recorded, else ``detect()``).
     ``peak_flops`` overrides the datasheet peak for MFU (pass ``kitlib.doctor.flops.measure_cpu_peak()`` for a CPU run).
     ``probe``: ``kitlib.doctor.probe.probe_micro_batch(model, batch, ...)`` measured on the run's model: the
-    micro-batch advice then uses (and prints) the measured speed-up instead of a rough one.
+    micro-batch advice then uses (and prints) the measured speed-up instead of a rough one. A run_dir's own probe
+    (``kitlib.doctor.probe.save_probe``) is read with it; ``probe`` replaces it.
 
     >>> print(diagnose("runs/a"))  # doctest: +SKIP
     """

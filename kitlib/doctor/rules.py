@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from kitlib.config import PICKER_LABELS, full_eval_due
+from kitlib.doctor.flops import peak_flops
 from kitlib.engine.record import RunFacts
 from kitlib.engine.timing import STEP_PHASES
+from kitlib.machine.precision import PrecisionError, decide_precision
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
@@ -113,8 +116,6 @@ def _fix(changes: Mapping[str, Any], note: str = "", *, notebook: Mapping[str, A
     features are fitted to the run). ``notebook``: the picker-side change when it differs (precision alone: tf32
     follows it there).
     """
-    from kitlib.config import PICKER_LABELS
-
     ui = dict(changes if notebook is None else notebook)
     if all(k in PICKER_LABELS for k in ui):
         settings = " and ".join(f'"{PICKER_LABELS[k]}" to {v}' for k, v in ui.items())
@@ -224,8 +225,6 @@ def _features(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 
 def _full_evals(epochs_done: int, epochs_planned: int, every: int, at_end: bool) -> int:
-    from kitlib.config import full_eval_due
-
     return sum(full_eval_due(e, every, at_end, epochs_planned) for e in range(1, epochs_done + 1))
 
 
@@ -255,8 +254,8 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
         f"full_eval_every={every}" + (f"; {count} in {done} epochs: a step cadence" if count > done else "") + ")",
         (count - fewer) * per,
         _fix(changes, f"{when}; eval_loss still runs every epoch")
-        + ". If the cost is CPU-bound (scoring generations, SQL), return a callable from full_eval: it then runs in "
-        "the background",
+        + ". If the cost is CPU-bound (scoring generations, SQL), pass full_eval=SplitEval(measure, score): the "
+        "score then runs in the background",
         f"{count} -> {fewer} full evals at {per:.2f} s each",
         changes,
     )
@@ -335,9 +334,6 @@ def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Finding | None:
 
 
 def _precision(run: RunRecord, hw: HardwareInfo) -> Finding | None:
-    from kitlib.doctor.flops import peak_flops
-    from kitlib.machine.precision import PrecisionError, decide_precision
-
     if (run.facts.precision or run.cfg.get("precision")) != "fp32":
         return None
     try:
@@ -444,7 +440,7 @@ def _recompiles(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     )
 
 
-def _split_accumulation(accum: int) -> int:
+def split_accumulation(accum: int) -> int:
     """k for micro-batch x k, accumulation / k: the largest divisor of ``accum`` up to 4, else ``accum`` (a prime)."""
     return next((k for k in (4, 3, 2) if accum % k == 0), accum)
 
@@ -467,7 +463,7 @@ def _micro_batch(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     else:
         if per_call > PER_CALL_OVERHEAD_S:  # enough work per call that batching rows gains little
             return None
-        k = _split_accumulation(accum)
+        k = split_accumulation(accum)
         share = min(0.4, 0.15 * math.log2(k))
         saving = compute * share
         basis = (

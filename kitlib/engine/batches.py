@@ -6,10 +6,15 @@ loader's samplers, so seeding the original's epoch order (``set_epoch``) orders 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sized
 from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
+
+from kitlib.engine.checkpoint import set_rng_state
+from kitlib.engine.step import seed_epoch_order
+from kitlib.machine.distributed import DistEnv
 
 # DataLoader arguments that carry over unchanged when only the batch order changes.
 _LOADER_ARGS = (
@@ -119,3 +124,35 @@ def shard_batches(loader: DataLoader[Any], rank: int, world_size: int) -> DataLo
     if world_size <= 1 or is_sharded(loader):
         return loader
     return rebuild_loader(loader, ShardBatches(_batch_sampler(loader), rank, world_size))
+
+
+class DataViews:
+    """fit's views of the data: ``base`` (the user's training loader: its samplers decide each epoch's order, and the
+    views share them), this rank's shard of it (``train``), and of the eval set (``eval``; None without one)."""
+
+    def __init__(self, train_loader: DataLoader[Any], eval_loader: DataLoader[Any] | None, env: DistEnv, *,
+                 grad_accum_steps: int, eval_every_steps: int | None) -> None:  # fmt: skip
+        self.base = train_loader
+        self.train = shard_batches(train_loader, env.rank, env.world_size)
+        self.eval = shard_batches(eval_loader, env.rank, env.world_size) if eval_loader else None
+        if eval_every_steps and self.eval is None:
+            raise ValueError(f"eval_every_steps={eval_every_steps} needs an eval_loader: pass fit(eval_loader=...)")
+        self.windows_per_epoch = math.ceil(len(self.train) / grad_accum_steps)
+        if self.windows_per_epoch == 0:
+            raise ValueError("the training DataLoader is empty (with drop_last=True, fewer rows than one batch?)")
+        self.resume_rng: dict[str, Any] | None = None  # a resumed run's RNG streams, applied once by ``epoch``
+
+    def epoch(self, seed: int, epoch: int, batch_in_epoch: int) -> Iterator[Any]:
+        """Epoch ``epoch``'s (0-based) batches from ``batch_in_epoch`` on, in its seeded order."""
+        seed_epoch_order(self.base, seed, epoch)
+        # A resumed run continues the RNG streams (dropout, ...) exactly where the checkpoint took them. A DataLoader
+        # without a generator draws its base seed from the global RNG at iter(): an epoch-end checkpoint was taken
+        # before this epoch's draw (restore first, the draw then repeats), a mid-epoch one after it (restore after).
+        if self.resume_rng is not None and batch_in_epoch == 0:
+            set_rng_state(self.resume_rng)
+            self.resume_rng = None
+        batches = iter(skip_batches(self.train, batch_in_epoch))
+        if self.resume_rng is not None:
+            set_rng_state(self.resume_rng)
+            self.resume_rng = None
+        return batches

@@ -31,7 +31,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 from kitlib._files import (
     FileMismatch,
@@ -253,7 +255,6 @@ def snapshot(
 def rng_state() -> dict[str, Any]:
     """Python, numpy (legacy global) and torch CPU generator states, and that of this process's own GPU, as
     weights_only-loadable types. Under DDP each rank has its own (fit saves them all: ``rank_rngs``)."""
-    import numpy as np
 
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
@@ -273,7 +274,6 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Inverse of rng_state() in the process that resumes; keys that are absent are left untouched."""
-    import numpy as np
 
     if "python" in state:
         version, internal, gauss = state["python"]
@@ -423,8 +423,6 @@ def _check_space(directory: Path, needed: int) -> None:
 
 
 def _write_files(snap: Snapshot, tmp: Path, unique: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
-    from safetensors.torch import save_file
-
     # metadata format=pt: transformers' from_pretrained refuses safetensors files without it.
     save_file(unique, tmp / MODEL_FILE, metadata={"format": "pt"})
     fsync_file(tmp / MODEL_FILE)
@@ -492,8 +490,6 @@ def _fail(directory: Path, problem: str) -> CheckpointError:
 
 def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: bool = True) -> Snapshot:
     """Read a checkpoint written by write(); validates it first (sizes always, sha256 if ``verify``)."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     target = _resolve(directory)
     if target is None:
@@ -688,3 +684,17 @@ class BackgroundWriter:
         """Completed successful writes (coalesced snapshots are not counted)."""
         with self._cond:
             return self._writes
+
+
+class RunOutput:
+    """Where a run's files go: ``path`` (None: nowhere), written by rank 0 alone (``writes``), checkpoints through
+    one ``BackgroundWriter`` (the snapshot is taken on the training thread, the disk write is not)."""
+
+    def __init__(self, path: str | Path | None, *, is_main: bool) -> None:
+        self.path = Path(path) if path is not None else None
+        self.writes = self.path is not None and is_main
+        self.writer = BackgroundWriter()
+
+    def save(self, name: str, snap: Snapshot) -> None:
+        assert self.path is not None
+        self.writer.submit(snap, self.path / name)

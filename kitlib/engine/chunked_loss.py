@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from kitlib.engine.checkpoint import unwrap_model
 from kitlib.engine.objective import IGNORE_INDEX, Batch, hf_loss, is_causal_lm
 
 # fp32 logits per chunk: backward holds ~4x this (logits, log-softmax, both gradients). 64 MB is 330 tokens of a 50k
@@ -41,8 +42,6 @@ def chunk_tokens(vocab: int) -> int:
 def chunked_lm_loss(model: nn.Module, batch: Batch, *, chunk: int | None = None) -> torch.Tensor:
     """The mean cross-entropy over the batch's scored label tokens, as ``model(**batch).loss`` computes it, with the
     LM head applied ``chunk`` target tokens at a time (default: ``chunk_tokens``; fit's ``loss_fn``)."""
-    from kitlib.engine.checkpoint import unwrap_model
-
     core = unwrap_model(model)
     if not chunkable(core) or not isinstance(batch, Mapping) or "labels" not in batch:
         return hf_loss(model, batch)

@@ -1,29 +1,52 @@
-"""Evaluation: a cheap loss-only pass, and an expensive user metric whose CPU-bound part may run in the
-background while the next epoch trains.
+"""Evaluation: a cheap loss-only pass, and the full evaluation (``BackgroundEval``) whose CPU-bound half may run in
+the background while the next epoch trains.
 
 The expensive part of a "full" evaluation is usually not the accelerator's: executing generated SQL, scoring
-generated text. A ``full_eval(model)`` that returns a *callable* instead of a dict hands that part to a worker pool
-while the next epoch trains; fit() joins its result to the epoch's record at that next epoch's end (waiting only if
-it is not ready by then), so best/ and early stopping judge the epochs in order, one epoch behind.
+generated text. Two contracts, chosen by what is passed to ``fit(full_eval=...)``, never by what a call returns:
+
+- ``full_eval(model) -> metrics``: run whole at the epoch's end, in the foreground;
+- ``SplitEval(measure, score)``: ``measure(model)`` in the foreground (generation, on the model's own device), then
+  ``score(measured) -> metrics`` where ``TrainConfig.background_eval`` says: ``"off"`` right away, ``"thread"`` or
+  ``"process"`` in a worker pool while the next epoch trains. fit joins a background result to its epoch's record at
+  that next epoch's end (waiting only if it is not ready by then), so best/ and early stopping judge the epochs in
+  order, one epoch behind.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import itertools
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from kitlib.config import BackgroundEval as Mode
+from kitlib.engine import checkpoint
 from kitlib.engine.objective import Batch, CountFn, LossFn
-from kitlib.errors import KitError
+from kitlib.engine.timing import PhaseTimer
+from kitlib.errors import KitError, SetupError
+from kitlib.machine import distributed
 from kitlib.machine.distributed import DistEnv, all_reduce_sum
 
 Metrics = dict[str, float]
-FullEval = Callable[[nn.Module], "Metrics | Callable[[], Metrics]"]
+FullEval = Callable[[nn.Module], Metrics]
+
+
+@dataclass(frozen=True)
+class SplitEval:
+    """A full evaluation in two halves. ``measure(model)`` runs in the foreground, in eval mode under no_grad and the
+    run's autocast (generation, on the model's own device and weights); ``score(measured) -> metrics`` is the
+    CPU-bound half (executing SQL, a text metric), run where ``TrainConfig.background_eval`` says. With "process",
+    ``score`` and what ``measure`` returns are pickled: define ``score`` at module level."""
+
+    measure: Callable[[nn.Module], Any]
+    score: Callable[[Any], Metrics]
 
 
 def evaluate_loss(
@@ -58,60 +81,108 @@ def evaluate_loss(
     return float(total_loss / total_items) if float(total_items) > 0 else float("nan")
 
 
-def run_full_eval(
-    model: nn.Module, full_eval: FullEval, autocast: Callable[[], Any]
-) -> Metrics | Callable[[], Metrics]:
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), autocast():
-            return full_eval(model)
-    finally:
-        model.train(was_training)
+@dataclass(frozen=True)
+class Measured:
+    """An epoch's full eval after its foreground half: ``metrics`` when known now (a plain ``full_eval``), else what
+    ``SplitEval.score`` needs; ``rng``: the RNG streams it started from (a resume re-runs it with them)."""
+
+    rng: dict[str, Any]
+    metrics: Metrics | None
+    measured: Any = None
 
 
 @dataclass
 class Pending:
     epoch: int
     future: cf.Future[Metrics]
-    payload: Any = None  # e.g. a weights snapshot, kept until the metric says whether it is the best
+    weights: checkpoint.Snapshot | None  # the epoch's weights, kept until its metric says whether they are the best
+    rng: dict[str, Any]
 
 
-@dataclass
-class DeferredEvals:
-    """The CPU-bound halves of full evaluations, running in a thread or process pool.
+class BackgroundEval:
+    """The full evaluation, as one component fit calls at named points and whose queue it never sees:
 
-    Threads suit work that releases the GIL (sqlite, regex-heavy C code, tokenizers); processes suit pure-Python
-    scoring, at the price of pickling the callable (define it at module level, e.g. functools.partial).
+    - ``measure`` (epoch end, every rank): rank 0 runs the foreground half, the other ranks wait for it here, in
+      ``patient`` (a gloo group without a collective timeout), not inside a NCCL collective;
+    - ``score``: the metrics known now, or ``{}`` with the CPU-bound half queued in the pool (``mode`` "thread" suits
+      work that releases the GIL: sqlite, tokenizers; "process" pure-Python scoring, at the price of pickling);
+    - ``collect``: queued results in epoch order, waiting for unfinished ones;
+    - ``state_dict``/``load_state_dict``/``rescore``: resume. Evals still queued when ``last/`` is saved are recorded
+      as unscored (epoch and RNG); a run resumed at that epoch's end holds that epoch's weights, so ``rescore`` runs
+      them again and queues them for their turn, instead of every save waiting for them (which would put each
+      full eval back on the critical path). Cost: one more full eval (its foreground half) per resume.
     """
 
-    kind: str = "thread"  # "thread" | "process"
-    workers: int = 1
-    pending: list[Pending] = field(default_factory=list)
-    _pool: cf.Executor | None = None
+    def __init__(self, full_eval: FullEval | SplitEval | None, mode: Mode, *, env: DistEnv, timer: PhaseTimer) -> None:
+        self.full_eval, self.mode, self.env, self.timer = full_eval, mode, env, timer
+        self.patient = distributed.patient_group(env)
+        self.pending: list[Pending] = []
+        self.unscored: list[dict[str, Any]] = []  # from a checkpoint (load_state_dict), for rescore
+        self._pool: cf.Executor | None = None
 
-    def submit(self, epoch: int, job: Callable[[], Metrics], payload: Any = None) -> None:
-        if self._pool is None:
-            make = cf.ProcessPoolExecutor if self.kind == "process" else cf.ThreadPoolExecutor
-            self._pool = make(max_workers=self.workers)
-        self.pending.append(Pending(epoch, self._pool.submit(job), payload))
+    def measure(self, model: nn.Module, autocast: Callable[[], Any]) -> Measured | None:
+        """The foreground half of an epoch's full eval on rank 0 (None on the others), timed as "full_eval"."""
+        if self.full_eval is None:
+            return None
+        measured = None
+        if self.env.is_main:
+            with self.timer.phase("full_eval"):
+                measured = self._measure(model, autocast)
+        distributed.wait_together(self.patient, self.env)  # before the cheap eval's collective
+        return measured
 
-    def add_done(self, epoch: int, metrics: Metrics, payload: Any = None) -> None:
-        """A result already known (scored in the foreground), queued behind the pending ones: it is collected in
-        its epoch's turn like them."""
-        future: cf.Future[Metrics] = cf.Future()
-        future.set_result(metrics)
-        self.pending.append(Pending(epoch, future, payload))
+    def _measure(self, model: nn.Module, autocast: Callable[[], Any]) -> Measured:
+        rng = checkpoint.rng_state()
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), autocast():
+                if isinstance(self.full_eval, SplitEval):
+                    return Measured(rng, None, self.full_eval.measure(model))
+                assert self.full_eval is not None
+                metrics = self.full_eval(model)
+        finally:
+            model.train(was_training)
+        if not isinstance(metrics, Mapping):
+            raise SetupError(
+                f"full_eval returned a {type(metrics).__name__}, not metrics: a full eval whose scoring runs later is "
+                "declared, not returned. Fix: fit(full_eval=kitlib.SplitEval(measure, score)), measure(model) -> what "
+                "score needs, score(that) -> {name: value}; for a full_eval that returns its scoring callable, "
+                "SplitEval(measure=full_eval, score=lambda job: job())"
+            )
+        return Measured(rng, dict(metrics))
 
-    def collect(self, *, wait: bool = False, through: int | None = None) -> list[tuple[int, Metrics, Any]]:
-        """Finished results in submission order; a failed job re-raises here with its epoch named. ``wait``: also
-        the unfinished ones (blocking until they are done); ``through``: only the epochs up to this one."""
-        done: list[tuple[int, Metrics, Any]] = []
-        while (
-            self.pending
-            and (through is None or self.pending[0].epoch <= through)
-            and (wait or self.pending[0].future.done())
-        ):
+    def score(self, epoch: int, measured: Measured, weights: Callable[[], checkpoint.Snapshot | None]) -> Metrics:
+        """Epoch ``epoch``'s metrics known now; ``{}`` when its score is queued (with ``weights()``, taken now: the
+        epoch's weights for best/ when its verdict arrives late), to arrive through ``collect``."""
+        if measured.metrics is not None:
+            return measured.metrics
+        if self.mode == "off":  # on the critical path, here
+            with self.timer.phase("full_eval"):
+                return self._job(measured)()
+        self._queue(epoch, measured, weights())
+        return {}
+
+    def _job(self, measured: Measured) -> Callable[[], Metrics]:
+        assert isinstance(self.full_eval, SplitEval)
+        return functools.partial(self.full_eval.score, measured.measured)
+
+    def _queue(self, epoch: int, measured: Measured, weights: checkpoint.Snapshot | None) -> None:
+        if measured.metrics is not None or self.mode == "off":  # known already: queued behind the pending ones
+            future: cf.Future[Metrics] = cf.Future()
+            future.set_result(measured.metrics if measured.metrics is not None else self._job(measured)())
+        else:
+            if self._pool is None:
+                make = cf.ProcessPoolExecutor if self.mode == "process" else cf.ThreadPoolExecutor
+                self._pool = make(max_workers=1)
+            future = self._pool.submit(self._job(measured))
+        self.pending.append(Pending(epoch, future, weights, measured.rng))
+
+    def collect(self, through: int | None = None) -> list[tuple[int, Metrics, checkpoint.Snapshot | None]]:
+        """The queued results of the epochs up to ``through`` (all when None), waiting for unfinished ones, in epoch
+        order, on every rank (rank 0's; the others wait for it); a failed score re-raises with its epoch named."""
+        begin, done = time.perf_counter(), []
+        while self.pending and (through is None or self.pending[0].epoch <= through):
             item = self.pending.pop(0)
             try:
                 metrics = item.future.result()
@@ -119,10 +190,46 @@ class DeferredEvals:
                 raise
             except Exception as err:
                 raise RuntimeError(f"the background full evaluation of epoch {item.epoch} failed: {err!r}") from err
-            done.append((item.epoch, {k: float(v) for k, v in metrics.items()}, item.payload))
+            done.append((item.epoch, {k: float(v) for k, v in metrics.items()}, item.weights))
+        distributed.wait_together(self.patient, self.env)  # every rank, so none waits in a collective meanwhile
+        if done:
+            self.timer.add("full_eval", time.perf_counter() - begin)  # waiting for it is the eval's cost
         return done
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"unscored": [{"epoch": p.epoch, "rng": p.rng} for p in self.pending]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.unscored = list(state.get("unscored", []))
+
+    def rescore(self, model: nn.Module, autocast: Callable[[], Any], *, at_epoch_end: int | None,
+                weights: Callable[[int], checkpoint.Snapshot | None], where: object) -> None:  # fmt: skip
+        """Run the unscored evals again on the resumed weights, with the RNG as it was then (a sampling eval draws
+        the same), queued for their turn: the resumed run judges them when the uninterrupted one did. Only the eval
+        of the epoch the checkpoint ended (``at_epoch_end``) can run: other weights are gone."""
+        for item in self.unscored:
+            epoch = int(item["epoch"])
+            if self.full_eval is None or epoch != at_epoch_end:
+                why = "no full_eval was passed" if self.full_eval is None else "last/ lacks that epoch's weights"
+                warnings.warn(
+                    f"the full evaluation of epoch {epoch} was still running when {where} was saved and cannot run "
+                    f"again ({why}): its metrics stay missing from the history",
+                    stacklevel=4,
+                )
+                continue
+            if not self.env.is_main:
+                continue
+            checkpoint.set_rng_state(item["rng"])  # the training streams are set back when the epoch begins
+            with self.timer.phase("full_eval"):
+                measured = self._measure(model, autocast)
+            self._queue(epoch, measured, weights(epoch))
+        self.unscored = []
+        distributed.wait_together(self.patient, self.env)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self.patient is not None:
+            torch.distributed.destroy_process_group(self.patient)
+            self.patient = None

@@ -1,25 +1,28 @@
 """fit's named events, and the one protocol for kitlib's own policies and the user's callbacks alike.
 
-Events, in the order they happen::
+Only the loop fires events, in this order::
 
     on_fit_start(loop)                      once, before the first step (a policy keeps ``loop`` to act on it)
       on_epoch_start(loop)                  each epoch (also the resumed one)
         on_step_end(step)                   after every optimizer window (``step.applied`` False: inf/nan, skipped)
-        on_log(metrics)                     every ``log_every_steps`` applied steps, from the progress policy's
-                                            on_step_end (so before later callbacks' on_step_end of that step)
-                                            and ``{"step", "eval_loss"}`` every ``eval_every_steps`` applied steps
+        on_log(metrics)                     after that step's on_step_end, to every callback: every
+                                            ``log_every_steps`` applied steps the training log (step, loss, lr,
+                                            speed), and ``{"step", "eval_loss"}`` when a step eval ran
       on_metrics(epoch, metrics, weights)   an epoch's metrics are known: at its end, or later from a background eval
                                             (``epoch`` 1-based, as in the history; ``loop.state.epoch`` counts the
                                             epochs completed). Always in epoch order: a background eval's metrics
                                             come at the end of the next epoch, before that epoch's own (or earlier
-                                            when a last/ save mid-epoch waits for them, or at fit's end)
+                                            when a last/ save mid-epoch waits for them, or at fit's end). The loop
+                                            has judged the monitored metric by then (``state.best``...)
       on_epoch_end(record)                  the epoch's history row is complete
       on_next_epoch(loop)                   the loop moved past the epoch: a clean resume point
     on_fit_end(loop)                        always, also when training raised: close what you opened
 
+Within one event, callbacks run in their declared ``order`` (lower first; fastai's ``Callback.order``): kitlib's
+policies from -90 to -10, a callback 0 unless it says otherwise; list position decides only between equal orders.
 A callback stops training with ``loop.stop("reason")``; the loop finishes the current step (mid-epoch) or epoch and
-reports the reason in ``FitResult.stop_reason``. Callbacks run in list order on every rank; a decision that must
-agree across ranks goes through ``kitlib.machine.distributed.broadcast_object``.
+reports the reason in ``FitResult.stop_reason``. Callbacks run on every rank; a decision that must agree across
+ranks goes through ``kitlib.machine.distributed.broadcast_object``.
 """
 
 from __future__ import annotations
@@ -64,7 +67,10 @@ class StepEnd:
 
 
 class Callback:
-    """Override the events you need; the rest are no-ops. See the module docstring for the order."""
+    """Override the events you need; the rest are no-ops. See the module docstring for the order; ``order`` places
+    this callback among the others (lower first)."""
+
+    order: int = 0
 
     def on_fit_start(self, loop: Loop) -> None: ...
     def on_epoch_start(self, loop: Loop) -> None: ...
@@ -77,11 +83,12 @@ class Callback:
 
 
 class Events:
-    """Calls one event on every callback that defines it, in list order. Objects that do not subclass Callback work
-    too (the hooks they define are called), so callbacks written for earlier kitlib versions keep working."""
+    """Calls one event on every callback that defines it, sorted by ``order`` (stable: list order between equals).
+    Objects that do not subclass Callback work too (the hooks they define are called, order 0 unless they have
+    one), so callbacks written for earlier kitlib versions keep working."""
 
     def __init__(self, callbacks: Sequence[object]) -> None:
-        self.callbacks = tuple(callbacks)
+        self.callbacks = tuple(sorted(callbacks, key=lambda cb: getattr(cb, "order", 0)))
         self._hooks = {e: [h for cb in self.callbacks if callable(h := getattr(cb, e, None))] for e in EVENTS}
 
     def _fire(self, event: str, *args: Any) -> None:

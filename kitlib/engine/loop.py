@@ -8,7 +8,6 @@ early stopping, time budget, non-finite guard, periodic saves, progress, the doc
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -27,9 +26,8 @@ from kitlib._files import write_atomic
 from kitlib._version import __version__
 from kitlib.config import TrainConfig, full_eval_due
 from kitlib.engine import checkpoint
-from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
-from kitlib.engine.batches import shard_batches, skip_batches
-from kitlib.engine.evaluation import DeferredEvals, FullEval, Metrics, evaluate_loss, run_full_eval
+from kitlib.engine.batches import DataViews
+from kitlib.engine.evaluation import BackgroundEval, FullEval, SplitEval, evaluate_loss
 from kitlib.engine.events import Callback, Events, StepEnd
 from kitlib.engine.objective import (
     Batch,
@@ -41,19 +39,18 @@ from kitlib.engine.objective import (
     real_tokens,
     rows,
 )
-from kitlib.engine.optim import build_optimizer, build_scheduler, cast_for_optimizer, freeze
+from kitlib.engine.optim import cast_for_optimizer, freeze
 from kitlib.engine.policies import default_policies
 from kitlib.engine.record import RunRecorder
-from kitlib.engine.step import (
-    StepLedger,
-    enable_activation_checkpointing,
-    seed_epoch_order,
-    to_device,
-    train_window,
-)
+from kitlib.engine.step import Stepper, enable_activation_checkpointing
 from kitlib.engine.timing import PhaseTimer
-from kitlib.errors import CheckpointError, NonFiniteLossError
+from kitlib.errors import CheckpointError, DistributedError, NonFiniteLossError
 from kitlib.machine import distributed
+from kitlib.machine.backends import flags_for, speed_flags
+from kitlib.machine.hardware import check_compile, cpu_threads, detect
+from kitlib.machine.precision import Precision, check_master_weights, decide_precision
+
+# lazy: pandas (+0.2 s), after numpy: only _finish builds the history frame; importing FitResult never needs it.
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,11 +111,16 @@ def _rounded(value: float) -> str:
 
 @dataclass
 class RunState:
-    """Everything about the loop's position that a resumed run needs besides weights and optimizer.
+    """Everything about the loop's position that a resumed run needs besides weights, optimizer and the epoch's loss
+    sums (``Stepper.epoch_loss``). The loop owns it; policies and callbacks read it (and ``step_evals``: StepEval).
 
     ``epoch`` counts the epochs completed (0 while the first runs): the in-progress epoch's 0-based index, for
     seeding and resuming. Every number shown or recorded (history, best_epoch, on_metrics, logs) is 1-based: epoch
     ``state.epoch + 1`` is the one running, and after it completes ``state.epoch`` equals its number.
+
+    ``step``/``skipped``/``nonfinite_streak`` are exact after ``Loop.settle`` (the loop settles at log, eval and save
+    steps and epoch ends). ``best``/``best_epoch``/``evals_since_best`` follow the monitored metric: the loop updates
+    them (``judge``) when it arrives, before ``on_metrics`` fires, with or without any policy in the list.
     """
 
     epoch: int = 0
@@ -130,105 +132,111 @@ class RunState:
     best_epoch: int | None = None  # 1-based
     evals_since_best: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
-    epoch_loss_sum: float = 0.0  # item-weighted loss of the current epoch so far
-    epoch_items: float = 0.0
     step_evals: list[dict[str, Any]] = field(default_factory=list)  # eval_every_steps: epoch, step, eval_loss
+
+    def judge(self, epoch: int, value: float, cfg: TrainConfig) -> None:
+        """Epoch ``epoch``'s monitored ``value`` arrived: a new best, or one more evaluation without improvement."""
+        if math.isnan(value) or (
+            self.best is not None
+            and not (value < self.best - cfg.min_delta if cfg.mode == "min" else value > self.best + cfg.min_delta)
+        ):
+            self.evals_since_best += 1
+            return
+        self.best, self.best_epoch, self.evals_since_best = value, epoch, 0
+
+    def is_best(self, epoch: int) -> bool:
+        """Whether the metrics of ``epoch`` just judged made it the best (true in ``on_metrics`` right after)."""
+        return self.best_epoch == epoch and self.evals_since_best == 0
 
 
 class Loop:
-    """What fit's callbacks see and may change: the run's objects, its position (``state``), and ``stop``."""
+    """What fit's callbacks see: the run's objects (``model``/``raw_model``, the ``stepper`` that applies windows,
+    the ``data`` views, the ``output`` directory, the background ``evals``), its position (``state``), and
+    ``stop``. Only the loop fires events."""
 
     def __init__(self, model: nn.Module, train_loader: DataLoader[Any], cfg: TrainConfig, *, hw: HardwareInfo,
                  eval_loader: DataLoader[Any] | None, loss_fn: LossFn | None, count_fn: CountFn | None,
-                 full_eval: FullEval | None, run_dir: str | Path | None) -> None:  # fmt: skip
-        from kitlib.machine.hardware import check_compile
-        from kitlib.machine.precision import Precision, check_master_weights, decide_precision
-
+                 full_eval: FullEval | SplitEval | None, run_dir: str | Path | None) -> None:  # fmt: skip
         self.cfg, self.hw = cfg, hw
-        self.plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)  # raises, naming the fix, for impossible asks
+        plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)  # raises, naming the fix, for impossible asks
         compile_note = check_compile(hw) if cfg.compile else ""  # raises on GPUs Triton cannot compile for
-        self.precision = Precision(self.plan)
-        self.env = distributed.join_process_group(self.plan.device_type)
-        self.device = distributed.device_for(self.plan.device_type, self.env)
-        self.out = Path(run_dir) if run_dir is not None else None
+        self.env = distributed.join_process_group(plan.device_type)
+        self.device = distributed.device_for(plan.device_type, self.env)
         _same_on_every_rank("run_dir", run_dir is not None, self.env, self.device)
-        self.loss_fn, self.count_fn, self.full_eval = loss_fn or hf_loss, count_fn or default_count_fn(model), full_eval
-        # Nothing else to judge "best" by without an eval set.
-        self.monitor = "train_loss" if eval_loader is None and cfg.monitor == "eval_loss" else cfg.monitor
+        self.output = checkpoint.RunOutput(run_dir, is_main=self.env.is_main)
         torch.manual_seed(cfg.seed)
-        self.frozen = freeze(model, cfg.freeze, cfg.freeze_layers)
+        frozen = freeze(model, cfg.freeze, cfg.freeze_layers)
         if (cfg.freeze != "none" or cfg.freeze_layers) and self.env.is_main:
             # Say what was frozen (and what was kept because it is shared): a line of output, not a warning (a
             # notebook shows warnings as a red box, and this is the run going as configured).
-            print(f"fit: {self.frozen}")
-        if (cast := cast_for_optimizer(model, cfg, self.plan.dtype)) and self.env.is_main:
+            print(f"fit: {frozen}")
+        if (cast := cast_for_optimizer(model, cfg, plan.dtype)) and self.env.is_main:
             print(f"fit: {cast}")
         # after freezing: a frozen half weight is never updated
         check_master_weights(model.named_parameters(), keeps_bf16_updates=cfg.optimizer == "adamw-kahan")
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(model, cfg)
-        self.base_loader = train_loader  # its samplers decide each epoch's order; the views below share them
-        self.train_loader = shard_batches(train_loader, self.env.rank, self.env.world_size)
-        self.eval_batches = shard_batches(eval_loader, self.env.rank, self.env.world_size) if eval_loader else None
-        if cfg.eval_every_steps and self.eval_batches is None:
-            raise ValueError(f"eval_every_steps={cfg.eval_every_steps} needs an eval_loader: pass fit(eval_loader=...)")
-        self.windows_per_epoch = math.ceil(len(self.train_loader) / cfg.grad_accum_steps)
-        if self.windows_per_epoch == 0:
-            raise ValueError("the training DataLoader is empty (with drop_last=True, fewer rows than one batch?)")
-        self.scheduler = build_scheduler(self.optimizer, cfg, self.windows_per_epoch * cfg.epochs)
-        self.backoff = MicroBatchBackoff(
-            cfg, loader_batch=train_loader.batch_size, optimizer=self.optimizer, precision=self.precision,
-            device=self.device, distributed=self.env.enabled, next_strategy=next_strategy(cfg),
-            say=print if self.env.is_main else lambda line: None,
+        self.data = DataViews(train_loader, eval_loader, self.env, grad_accum_steps=cfg.grad_accum_steps,
+                              eval_every_steps=cfg.eval_every_steps)  # fmt: skip
+        self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
+        self.stepper = Stepper(
+            model, cfg, plan=plan, precision=Precision(plan), env=self.env, device=self.device,
+            total_steps=self.data.windows_per_epoch * cfg.epochs, loader_batch=train_loader.batch_size,
+            loss_fn=loss_fn or hf_loss, count_fn=count_fn or default_count_fn(model), timer=self.timer,
         )  # fmt: skip
-        self.ledger = StepLedger(self.scheduler, self.windows_per_epoch * cfg.epochs, self.device)
-        # Windows whose outcome (applied or skipped) the device has not reported yet; state.step counts them as
-        # applied until settle() reads the device. window_applied: the outcome of the window settle() read last.
-        self.unsettled, self.window_applied = 0, True
         self.model = distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
         if cfg.compile:
             if compile_note and self.env.is_main:
                 print(f"fit: {compile_note}")
             self.model = torch.compile(self.model)  # type: ignore[assignment]
         self.state, self.stop_reason = RunState(), "completed"
-        self.resume_rng: dict[str, Any] | None = None  # set by resume(), applied once after the loader's first iter
-        self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
-        self.writer = checkpoint.BackgroundWriter()
-        self.deferred = DeferredEvals(kind=cfg.background_eval if cfg.background_eval != "off" else "thread")
-        # Rank 0 alone runs the full evaluation: the other ranks wait for it here, not inside a NCCL collective.
-        self.patient = distributed.patient_group(self.env)
-        self.to_device = to_device(self.device)
-        # Per-epoch sums stay on the device between log steps: reading them is a host sync.
-        self.epoch_loss = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.epoch_items = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.evals = BackgroundEval(full_eval, cfg.background_eval, env=self.env, timer=self.timer)
         self.events = Events(())
-        self.checked_gradients = False  # every_parameter_gets_a_gradient ran (DDP, first step)
         self.ended_cleanly = False  # True once the loop ran to its end without an exception (read by on_fit_end)
+
+    # Shortcuts to the stepper's objects, which callbacks read (a gradient probe, the precision's loss scale).
+    @property
+    def plan(self) -> PrecisionPlan:
+        return self.stepper.plan
+
+    @property
+    def precision(self) -> Precision:
+        return self.stepper.precision
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.stepper.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
+        return self.stepper.scheduler
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return self.stepper.params
+
+    @property
+    def out(self) -> Path | None:
+        """The run directory (None: the run writes no files)."""
+        return self.output.path
+
+    @property
+    def monitor(self) -> str:
+        """The metric best/ and early stopping judge: nothing but the training loss without an eval set."""
+        return "train_loss" if self.data.eval is None and self.cfg.monitor == "eval_loss" else self.cfg.monitor
 
     def settle(self) -> None:
         """Make ``state.step``, ``state.skipped``, ``state.nonfinite_streak`` and the scheduler exact: one host sync
         (``StepLedger.read``), paid only where a decision needs them (``reached``, the non-finite limit, saves, epoch
         ends); a no-op when nothing ran since the last one."""
-        if not self.unsettled:
-            return
-        applied, skipped, streak, self.window_applied = self.ledger.read()
-        for _ in range(applied - (self.state.step - self.unsettled)):
-            self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
-        self.state.step, self.state.skipped, self.state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
+        self.stepper.settle(self.state)
 
     def reached(self, every: int | None) -> bool:
         """Whether the window just run was applied and made ``state.step`` a multiple of ``every`` (a log, eval or
         save step), exactly as if every step were read; it settles only when a multiple is within reach of the
         windows not yet read, i.e. about once per ``every`` steps (plus once per skipped step near one)."""
-        if not every:
-            return False
-        if self.unsettled and self.state.step // every == (self.state.step - self.unsettled) // every:
-            return False
-        self.settle()
-        return self.window_applied and self.state.step % every == 0
+        return self.stepper.reached(self.state, every)
 
     def agree(self, flag: bool) -> bool:
         """Rank 0's ``flag`` on every rank, for a stop every rank must take at the same window. Under DDP the ranks
@@ -245,7 +253,8 @@ class Loop:
             self.stop_reason = reason
 
     def resume(self) -> None:
-        """Continue from ``run_dir/last`` exactly where it stopped: weights, optimizer, schedule, scaler, RNG."""
+        """Continue from ``run_dir/last`` exactly where it stopped: weights, optimizer, schedule, scaler, RNG, and
+        the full evals still unscored when it was saved."""
         if self.out is None:
             raise ValueError("resume=True needs the run_dir of the run to continue")
         last = checkpoint.latest(self.out, "last")
@@ -264,58 +273,43 @@ class Loop:
             )
         checkpoint.restore_model(self.raw_model, snap)
         assert snap.state is not None
-        self.optimizer.load_state_dict(snap.state["optimizer"])
-        self.scheduler.load_state_dict(snap.state["scheduler"])
-        self.precision.load_state_dict(snap.state["precision"])
-        self.backoff.load_state_dict(snap.state.get("backoff", {}))
+        run = dict(snap.state["run"])
+        self.stepper.epoch_loss.load_state_dict(run)
+        self.state = RunState(**{k: v for k, v in run.items() if k not in ("epoch_loss_sum", "epoch_items")})
+        self.stepper.load_state_dict(snap.state, self.state)
         # Each rank continues its own streams; a checkpoint from another world size (or an older kitlib) has only
         # rank 0's, and every rank takes those.
         ranks = snap.state.get("rank_rngs") or []
-        rng = ranks[self.env.rank] if len(ranks) == self.env.world_size else snap.state["rng"]
-        self.state, self.resume_rng = RunState(**snap.state["run"]), rng
-        self.ledger.load(self.state.step, self.state.skipped, self.state.nonfinite_streak)
-        self._rescore(snap.state.get("unscored_full_evals", []))
+        self.data.resume_rng = ranks[self.env.rank] if len(ranks) == self.env.world_size else snap.state["rng"]
+        self.evals.load_state_dict(
+            snap.state.get("background_eval") or {"unscored": snap.state.get("unscored_full_evals", [])}
+        )
+        at_end = self.state.epoch if self.state.batch_in_epoch == 0 else None  # last/ holds that epoch's weights
+        self.evals.rescore(self.raw_model, self.precision.autocast, at_epoch_end=at_end, weights=self._kept_weights,
+                           where=f"{self.out}/last")  # fmt: skip
 
-    def _rescore(self, unscored: list[dict[str, Any]]) -> None:
-        """Full evals still running in the background when ``last/`` was saved at an epoch end (``save_last``):
-        the weights it holds are that epoch's, so run the eval again on them, with the RNG as it was then (a
-        sampling eval draws the same), and queue the result for its turn: the resumed run judges it when the
-        uninterrupted one did. Cost: one more full eval (its accelerator half in the foreground) per resume."""
-        for item in unscored:
-            epoch = int(item["epoch"])
-            if self.full_eval is None or epoch != self.state.epoch or self.state.batch_in_epoch:
-                why = "no full_eval was passed" if self.full_eval is None else "last/ lacks that epoch's weights"
-                warnings.warn(
-                    f"the full evaluation of epoch {epoch} was still running when {self.out}/last was saved and "
-                    f"cannot run again ({why}): its metrics stay missing from the history",
-                    stacklevel=3,
-                )
-                continue
-            if not self.env.is_main:
-                continue
-            checkpoint.set_rng_state(item["rng"])  # the training streams are set back in begin_epoch
-            with self.timer.phase("full_eval"):
-                result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
-            self._defer(epoch, result, next(r for r in self.state.history if r["epoch"] == epoch), item["rng"])
-        distributed.wait_together(self.patient, self.env)
+    def _kept_weights(self, epoch: int) -> checkpoint.Snapshot | None:
+        """Epoch ``epoch``'s weights, kept beside its queued full eval when best/ may need them once its verdict
+        arrives (the model trains on meanwhile); None when best/ is not saved or the epoch was judged already."""
+        record = next(r for r in self.state.history if r["epoch"] == epoch)
+        if not (self.cfg.save_best and self.out is not None and self.monitor not in record):
+            return None
+        with self.timer.phase("checkpoint"):
+            return checkpoint.snapshot(self.raw_model, meta={"epoch": epoch})
 
     def save(self, name: str, take: Callable[[], checkpoint.Snapshot]) -> None:
-        if self.out is not None and self.env.is_main:
+        if self.output.writes:
             with self.timer.phase("checkpoint"):  # the snapshot copy is on the critical path; the disk write is not
-                self.writer.submit(take(), self.out / name)
+                self.output.save(name, take())
 
     def save_last(self) -> None:
+        """``last/``: the full resume state. At an epoch end a full eval still scoring is saved as unscored (the
+        resume runs it again, ``BackgroundEval.rescore``); anywhere else its weights are gone from the model, so the
+        save waits for it (at most the rest of one eval, once an epoch), as does the run's last save: a finished
+        run's last/ is complete, and running its cell again evaluates nothing."""
         self.settle()
         if self.out is None:
             return
-        # Background full evals still pending must not be lost by a resume from this checkpoint. At an epoch end
-        # (save_last), the only one pending is the epoch just finished (the previous one was judged at this epoch's
-        # end): the checkpoint holds that epoch's weights, so it records the eval as unscored and a resume runs it
-        # again (Loop._rescore) instead of waiting for it here, which would put every full eval back on the
-        # critical path. Anywhere else (a save every N steps, SIGTERM, the time budget) the pending eval's weights
-        # are gone from the model, so the save waits for it: at most the rest of one eval, once an epoch (later
-        # saves of the epoch find nothing pending). The run's last save (early stop, SIGTERM, the final epoch)
-        # waits too: a finished run's last/ is complete, and running its cell again evaluates nothing.
         state = self.state
         final = self.stop_reason != "completed" or state.epoch >= self.cfg.epochs
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
@@ -323,19 +317,14 @@ class Loop:
         rngs = distributed.gather_object(checkpoint.rng_state(), self.env)
         if not self.env.is_main:
             return
-        unscored = [{"epoch": p.epoch, "rng": p.payload[1]} for p in self.deferred.pending]
 
         def take() -> checkpoint.Snapshot:
-            state.epoch_loss_sum, state.epoch_items = float(self.epoch_loss), float(self.epoch_items)
             resume_state = {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "precision": self.precision.state_dict(),
-                "backoff": self.backoff.state_dict(),
+                **self.stepper.state_dict(),
                 "rng": rngs[0],
                 "rank_rngs": rngs,
-                "run": dataclasses.asdict(state),
-                "unscored_full_evals": unscored,
+                "run": {**dataclasses.asdict(state), **self.stepper.epoch_loss.state_dict()},
+                "background_eval": self.evals.state_dict(),
             }
             # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
             meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
@@ -345,146 +334,104 @@ class Loop:
 
     def begin_epoch(self) -> Any:
         """This epoch's batches (the remaining ones, when resuming mid-epoch) in its seeded order."""
-        seed_epoch_order(self.base_loader, self.cfg.seed, self.state.epoch)
-        # A resumed run continues the RNG streams (dropout, ...) exactly where the checkpoint took them. A DataLoader
-        # without a generator draws its base seed from the global RNG at iter(): an epoch-end checkpoint was taken
-        # before this epoch's draw (restore first, the draw then repeats), a mid-epoch one after it (restore after).
-        if self.resume_rng is not None and self.state.batch_in_epoch == 0:
-            checkpoint.set_rng_state(self.resume_rng)
-            self.resume_rng = None
-        batches = iter(skip_batches(self.train_loader, self.state.batch_in_epoch))
-        if self.resume_rng is not None:
-            checkpoint.set_rng_state(self.resume_rng)
-            self.resume_rng = None
-        self.epoch_loss.fill_(self.state.epoch_loss_sum)
-        self.epoch_items.fill_(self.state.epoch_items)
+        batches = self.data.epoch(self.cfg.seed, self.state.epoch, self.state.batch_in_epoch)
+        self.stepper.epoch_loss.mark()  # the first log's loss starts here
         return batches
 
     def step(self, window: list[Batch], started: float, fetch_s: float) -> StepEnd:
-        # Under DDP, this process's first step checks that every trainable parameter got a gradient (named error).
-        check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
-        self.checked_gradients = True
-
-        def train(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return train_window(
-                micro_batches, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn,
-                precision=self.precision, optimizer=self.optimizer, ledger=self.ledger, params=self.params,
-                cfg=self.cfg, env=self.env, timer=self.timer, to_device=self.to_device,
-            )  # fmt: skip
-
-        with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
-            # Out of device memory: the window again from its start at half the micro-batch, twice the accumulation.
-            applied, loss_sum, items = self.backoff.run(window, train, step=self.state.step + self.state.skipped)
-        self.state.batch_in_epoch += len(window)
-        self.state.step += 1  # as applied until settle() reads the outcome: no wait for the GPU here
-        self.unsettled += 1
-        self.epoch_loss += torch.where(applied, loss_sum, 0.0)  # where, not *: a skipped step's loss may be nan
-        self.epoch_items += torch.where(applied, items, 0.0)
+        applied = self.stepper.run(window, self.model, self.raw_model, self.state)
         shapes = frozenset(tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b)
         return StepEnd(applied, len(window), sum(rows(b) for b in window), sum(real_tokens(b) for b in window),
                        sum(computed_tokens(b) for b in window), shapes, started, fetch_s,
                        time.perf_counter() - started)  # fmt: skip
 
+    def train_log(self, samples: int, tokens: int | torch.Tensor, epoch_start: float) -> dict[str, float]:
+        """A log step's ``on_log`` metrics: the loss since the last log, the lr, and this epoch's speed so far
+        (samples, and real tokens when the batches count them, per second of its training wall time). One sync."""
+        with self.timer.phase("logging"):
+            loss = self.stepper.epoch_loss.since_mark()
+            seconds, world = time.perf_counter() - epoch_start, self.env.world_size
+            logs = {
+                "step": self.state.step,
+                "loss": loss,
+                "lr": self.stepper.applied_lr(self.state),
+                "samples_per_s": samples * world / seconds,
+            }
+            if real := float(tokens):  # real tokens, no padding; none without attention masks (a head)
+                logs["tokens_per_s"] = real * world / seconds
+        return logs
+
     def epoch_record(self, epoch: int, seconds: float, samples: int, tokens: Any) -> dict[str, Any]:
-        """Epoch ``epoch``'s (1-based) history row: training stats, the cheap eval, and the full eval when due (maybe
-        deferred to the background: its metrics then arrive through ``collect``). ``tokens_per_s`` only when the
-        batches had token counts (attention masks): a head on cached vectors has none, and 0.0 would read as stalled."""
+        """Epoch ``epoch``'s (1-based) history row: training stats, the cheap eval, and the full eval when due (its
+        score maybe queued in the background: its metrics then arrive through ``collect``). ``tokens_per_s`` only
+        when the batches had token counts (attention masks): a head on cached vectors has none, and 0.0 would read
+        as stalled."""
         self.settle()
-        cfg, env, items, real = self.cfg, self.env, float(self.epoch_items), float(tokens)
+        cfg, env, real = self.cfg, self.env, float(tokens)
         record: dict[str, Any] = {
             "epoch": epoch,
             "step": self.state.step,
-            "train_loss": float(self.epoch_loss) / items if items else math.nan,
-            "lr": self.scheduler.get_last_lr()[0],
+            "train_loss": self.stepper.epoch_loss.mean(),
+            "lr": self.stepper.applied_lr(self.state),
             "skipped_steps": self.state.skipped,
             "epoch_s": seconds,
             "samples_per_s": samples * env.world_size / seconds,
         }
         if real:
             record["tokens_per_s"] = real * env.world_size / seconds
+        self.state.history.append(record)
         due = full_eval_due(epoch, cfg.full_eval_every, cfg.full_eval_at_end, cfg.epochs)
-        result: Metrics | Callable[[], Metrics] | None = None
-        rng: dict[str, Any] = {}
-        if self.full_eval is not None and due and self.stop_reason != "time_budget" and env.is_main:
-            with self.timer.phase("full_eval"):
-                rng = checkpoint.rng_state()  # what a resume re-runs it with (Loop._rescore)
-                result = run_full_eval(self.raw_model, self.full_eval, self.precision.autocast)
-        if self.full_eval is not None and due and self.stop_reason != "time_budget":
-            distributed.wait_together(self.patient, self.env)  # before the cheap eval's collective
+        measured = None
+        if due and self.stop_reason != "time_budget":
+            measured = self.evals.measure(self.raw_model, self.precision.autocast)
         # A full eval that reports eval_loss itself already made the pass over the eval set: no second pass
         # (single process only: under DDP the cheap eval is a collective every rank must join).
-        if self.eval_batches is not None and not (
-            isinstance(result, Mapping) and "eval_loss" in result and not env.enabled
-        ):
+        known = measured.metrics or {} if measured is not None else {}
+        if self.data.eval is not None and not ("eval_loss" in known and not env.enabled):
             record["eval_loss"] = self.eval_loss()
-        if callable(result) and cfg.background_eval != "off":
-            self._defer(epoch, result, record, rng)
-        elif callable(result):  # background_eval="off": score it here, on the critical path
-            with self.timer.phase("full_eval"):
-                record.update(result())
-        elif result is not None:
-            record.update(result)
-        self.state.history.append(record)
+        if measured is not None:
+            record.update(self.evals.score(epoch, measured, lambda: self._kept_weights(epoch)))
         return record
 
     def eval_loss(self) -> float:
         """The cheap loss-only eval on the eval set (at most ``eval_max_batches`` batches), timed as "eval"."""
-        assert self.eval_batches is not None
+        assert self.data.eval is not None
         with self.timer.phase("eval"):
             return evaluate_loss(
                 self.model,
-                self.eval_batches,
-                loss_fn=self.loss_fn,
-                count_fn=self.count_fn,
+                self.data.eval,
+                loss_fn=self.stepper.loss_fn,
+                count_fn=self.stepper.count_fn,
                 autocast=self.precision.autocast,
-                to_device=self.to_device,
+                to_device=self.stepper.to_device,
                 env=self.env,
                 max_batches=self.cfg.eval_max_batches,
             )
 
-    def _defer(self, epoch: int, result: Metrics | Callable[[], Metrics], record: Mapping[str, Any],
-               rng: dict[str, Any]) -> None:  # fmt: skip
-        """Queue epoch ``epoch``'s full-eval result for its turn in ``collect``: a callable scored in the background
-        pool (or here, with background_eval="off"), or metrics already known (a resume's re-run)."""
-        weights = None
-        if self.cfg.save_best and self.out is not None and self.monitor not in record:
-            with self.timer.phase("checkpoint"):  # kept until the verdict arrives: best/ gets this epoch's weights
-                weights = checkpoint.snapshot(self.raw_model, meta={"epoch": epoch})
-        if not callable(result):
-            self.deferred.add_done(epoch, result, (weights, rng))
-        elif self.cfg.background_eval != "off":
-            self.deferred.submit(epoch, result, (weights, rng))
-        else:
-            with self.timer.phase("full_eval"):
-                self.deferred.add_done(epoch, result(), (weights, rng))
+    def report(self, epoch: int, metrics: Mapping[str, float], weights: checkpoint.Snapshot | None) -> None:
+        """Epoch ``epoch``'s metrics arrived: ``state`` judges the monitored one, then ``on_metrics`` fires."""
+        if (value := metrics.get(self.monitor)) is not None:
+            self.state.judge(epoch, value, self.cfg)
+        self.events.on_metrics(epoch, metrics, weights)
 
     def collect(self, through: int | None = None) -> None:
         """The background evals of the epochs up to ``through`` (all when None), waiting for those still running:
-        into their epoch's row, then to the callbacks, in epoch order. fit() collects epoch k's at the end of epoch
-        k+1, before that epoch's own metrics, so best/ and early stopping judge every epoch in order, one epoch
-        behind when its eval runs in the background, and the same whenever its result happens to land."""
-        begin = time.perf_counter()
-        done = self.deferred.collect(wait=True, through=through)
-        distributed.wait_together(self.patient, self.env)  # every rank, so none waits in a collective meanwhile
-        if done:
-            self.timer.add("full_eval", time.perf_counter() - begin)  # waiting for it is the eval's cost
-        for epoch, metrics, (weights, _rng) in done:
+        into their epoch's row, then reported, in epoch order. fit() collects epoch k's at the end of epoch k+1,
+        before that epoch's own metrics, so best/ and early stopping judge every epoch in order, one epoch behind
+        when its eval runs in the background, and the same whenever its result happens to land."""
+        for epoch, metrics, weights in self.evals.collect(through):
             next(r for r in self.state.history if r["epoch"] == epoch).update(metrics)
-            self.events.on_metrics(epoch, metrics, weights)
+            self.report(epoch, metrics, weights)
 
     def next_epoch(self) -> None:
         self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
-        self.state.epoch_loss_sum, self.state.epoch_items = 0.0, 0.0
-        self.epoch_loss.zero_()
-        self.epoch_items.zero_()
+        self.stepper.epoch_loss.reset()
 
     def close(self) -> None:
-        self.deferred.close()
-        if self.patient is not None:
-            torch.distributed.destroy_process_group(self.patient)
+        self.evals.close()
         with self.timer.phase("checkpoint"):
-            self.writer.close()  # the run's files are complete when fit() returns
-        self.timer.add("checkpoint_write_background", self.writer.busy_seconds)
+            self.output.writer.close()  # the run's files are complete when fit() returns
+        self.timer.add("checkpoint_write_background", self.output.writer.busy_seconds)
 
 
 def fit(
@@ -495,32 +442,34 @@ def fit(
     eval_loader: DataLoader[Any] | None = None,
     loss_fn: LossFn | None = None,
     count_fn: CountFn | None = None,
-    full_eval: FullEval | None = None,
+    full_eval: FullEval | SplitEval | None = None,
     run_dir: str | Path | None = None,
     resume: bool | Literal["auto"] = False,
     hw: HardwareInfo | None = None,
     callbacks: Sequence[Callback | object] = (),
+    policies: Sequence[Callback | object] | None = None,
 ) -> FitResult:
     """Train ``model`` on ``train_loader`` with kitlib's defaults, measurements and safety nets.
 
     - ``loss_fn(model, batch) -> mean loss`` (default: a Hugging Face model's own ``.loss``) and
       ``count_fn(batch) -> items`` that mean is over (default: scored label tokens, else rows).
     - ``full_eval(model) -> metrics`` is the expensive evaluation (generation, task metrics), run every
-      ``config.full_eval_every`` epochs and/or at the end; return a zero-argument callable instead of a dict to run
-      its CPU-bound part in the background while the next epoch trains (its metrics are judged, in epoch order, at
-      that epoch's end: early stopping then acts one epoch later than with a dict).
+      ``config.full_eval_every`` epochs and/or at the end. To score its CPU-bound part in the background while the
+      next epoch trains, pass ``SplitEval(measure, score)`` (kitlib.engine.evaluation) and keep
+      ``config.background_eval`` "thread" or "process" (its metrics are judged, in epoch order, at the next epoch's
+      end: early stopping then acts one epoch later than in the foreground).
     - ``run_dir`` receives config.json, history.csv, timing.json and the best/ and last/ checkpoints;
       ``resume=True`` continues from ``run_dir/last`` exactly where it stopped; ``resume="auto"`` does when a
       complete ``last/`` exists and starts fresh otherwise (a restarted session just runs the same cell again).
-    - ``callbacks``: :class:`kitlib.engine.events.Callback` objects, called after kitlib's own policies.
+    - ``policies``: kitlib's own callbacks, ``default_policies(config)`` when None; pass a list to remove or replace
+      one (e.g. ``[p for p in default_policies(cfg) if not isinstance(p, ProgressLog)]``).
+    - ``callbacks``: :class:`kitlib.engine.events.Callback` objects. Every callback runs in its ``order`` (kitlib's
+      policies below 0, the user's 0 by default), list position only between equal orders.
 
     Example::
 
         result = fit(model, train_loader, eval_loader=val_loader, config=TrainConfig(epochs=3), run_dir="runs/a")
     """
-    from kitlib.machine.backends import flags_for, speed_flags
-    from kitlib.machine.hardware import cpu_threads, detect
-
     cfg = config or TrainConfig()
     if resume and run_dir is None:
         raise ValueError(f"resume={resume!r} needs the run_dir of the run to continue")
@@ -531,7 +480,8 @@ def fit(
     if resume:
         loop.resume()
     recorder = RunRecorder()
-    loop.events = events = Events([*default_policies(cfg), recorder, *callbacks])
+    chosen = default_policies(cfg) if policies is None else policies
+    loop.events = events = Events([*chosen, recorder, *callbacks])
     _write_config(loop)
     flags = flags_for(loop.plan, shapes_vary=cfg.batching != "fixed")
     if cfg.cudnn_benchmark is not None:
@@ -558,11 +508,16 @@ def fit(
                         break
                     step = loop.step(window, started, time.perf_counter() - started)
                     samples, tokens = samples + step.rows, tokens + step.real_tokens
+                    logs = [loop.train_log(samples, tokens, epoch_start)] if loop.reached(cfg.log_every_steps) else []
+                    evals = len(loop.state.step_evals)
                     events.on_step_end(step)
+                    logs += [{"step": e["step"], "eval_loss": e["eval_loss"]} for e in loop.state.step_evals[evals:]]
+                    for metrics in logs:  # this step's: the training log, then a step eval's (StepEval)
+                        events.on_log(metrics)
                 number = epoch + 1  # shown and recorded 1-based (RunState's docstring)
                 record = loop.epoch_record(number, time.perf_counter() - epoch_start, samples, tokens)
                 loop.collect(through=number - 1)  # the earlier epochs' background results first: epoch order
-                events.on_metrics(number, {k: v for k, v in record.items() if isinstance(v, float)}, None)
+                loop.report(number, {k: v for k, v in record.items() if isinstance(v, float)}, None)
                 events.on_epoch_end(record)
                 if finished:  # every batch consumed: move on (a clean resume point), even if a callback stopped
                     loop.next_epoch()
@@ -584,8 +539,6 @@ def _same_on_every_rank(what: str, given: bool, env: distributed.DistEnv, device
         return
     count = int(distributed.all_reduce_sum(torch.tensor(float(given), device=device), env))
     if 0 < count < env.world_size:
-        from kitlib.errors import DistributedError
-
         raise DistributedError(
             f"{what} was given on {count} of {env.world_size} ranks: every rank takes part in saving (only rank 0 "
             f"writes). Fix: pass the same {what} to fit on every rank"

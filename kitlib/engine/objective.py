@@ -15,6 +15,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from kitlib.engine.checkpoint import unwrap_model
+
+# lazy: transformers (+0.6 s): fit on a user's own module never loads it; only is_causal_lm reads its model table.
+
 Batch = Any  # a Mapping of tensors (Hugging Face style), a tuple/list of tensors, or a tensor
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]  # mean loss over the items of one micro-batch
 CountFn = Callable[[Batch], "int | torch.Tensor"]  # items that mean is over (may stay on the device: no sync)
@@ -43,8 +47,6 @@ def hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 def is_causal_lm(model: nn.Module) -> bool:
     """Causal LMs shift labels by one inside their loss, so the first label of each row is never scored."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    from kitlib.engine.checkpoint import unwrap_model
 
     core = unwrap_model(model)
     core = getattr(core, "get_base_model", lambda: core)()  # a LoRA adapter (peft): the model it adapts

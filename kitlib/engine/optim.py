@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from kitlib.config import TrainConfig
+from kitlib.errors import SetupError
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,6 @@ def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Op
     parameter instead of AdamW's 8); tensors under 4,096 elements (biases, norms) keep fp32 state, as its authors
     chose. CUDA kernels, and a CPU backend since bitsandbytes 0.50 (measured here). It cannot skip a step on the
     device: an fp16 run pays one host sync a step for the GradScaler's verdict (``Precision.apply``)."""
-    from kitlib.errors import SetupError
-
     try:
         import bitsandbytes
     except ImportError as error:
@@ -172,8 +171,6 @@ def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.O
     updates lost to rounding (Zamirai et al. 2021), so pure bf16 weights learn as fp32 ones do (plain AdamW on bf16
     weights drops every update below their resolution, ~0.4% of the weight). 2 bytes a parameter more; a no-op on
     fp32 weights. eps 1e-8 and decay scaled by the lr, as torch's AdamW (optimi's own default eps is 1e-6)."""
-    from kitlib.errors import SetupError
-
     try:
         import optimi
     except ImportError as error:

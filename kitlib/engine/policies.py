@@ -1,7 +1,9 @@
 """kitlib's training policies, each a callback on fit's named events (kitlib.engine.events), each a screen at most.
 
-``default_policies(cfg)`` is what ``fit`` runs before the user's callbacks; the list is inspectable, and a user's
-callback uses the same protocol.
+``default_policies(cfg)`` is what ``fit`` runs unless given ``policies=``; the list is inspectable, a policy can be
+removed or replaced, and a user's callback uses the same protocol. Each policy declares its ``order`` (below the
+users' default 0); none reads another's state: the facts they share (``state.best``, ``evals_since_best``,
+``skipped``, ``step_evals``) are the loop's (``RunState``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import math
 import signal
 import threading
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,6 @@ from kitlib.machine import distributed
 from kitlib.progress import THROUGHPUT, close_as_done, progress_bar
 
 if TYPE_CHECKING:
-    import torch
-
     from kitlib.config import TrainConfig
     from kitlib.engine.loop import Loop
 
@@ -37,11 +36,14 @@ class Policy(Callback):
 
 
 class NonFiniteGuard(Policy):
-    """Counts optimizer steps skipped for inf/nan gradients; too many in a row stop the run with the fixes named."""
+    """Too many optimizer steps in a row skipped for inf/nan gradients (counted by the loop: ``state.skipped``,
+    ``state.nonfinite_streak``) stop the run with the fixes named. First: no other callback sees that step."""
+
+    order = -90
 
     def on_step_end(self, step: StepEnd) -> None:
         loop, state, cfg = self.loop, self.loop.state, self.loop.cfg
-        if state.nonfinite_streak + loop.unsettled < cfg.max_nonfinite_steps:
+        if state.nonfinite_streak + loop.stepper.unsettled < cfg.max_nonfinite_steps:
             return  # the run of skipped steps cannot have reached the limit since the device's counts were read
         loop.settle()  # the skipped steps are counted on the device (StepLedger); this reads them
         if state.nonfinite_streak >= cfg.max_nonfinite_steps:
@@ -54,49 +56,34 @@ class NonFiniteGuard(Policy):
 
 
 class ProgressLog(Policy):
-    """The progress bar, and every ``log_every_steps`` applied steps the loss, lr and speed (one host sync).
+    """The progress bar, with the loss, lr and speed of every training log (the loop's ``on_log``).
 
     Speed is the history's figure so far: samples (and real tokens) per second of this epoch's training wall time,
     so the bar ends each epoch on the number its history row records, under the same name (``THROUGHPUT``)."""
 
+    order = -80
+
     def on_fit_start(self, loop: Loop) -> None:
         super().on_fit_start(loop)
-        state, per_epoch = loop.state, loop.windows_per_epoch
+        state, per_epoch = loop.state, loop.data.windows_per_epoch
         done = state.epoch * per_epoch + math.ceil(state.batch_in_epoch / loop.cfg.grad_accum_steps)
         self.bar = progress_bar(
             per_epoch * loop.cfg.epochs, desc="train", interactive=loop.hw.interactive, disable=not loop.env.is_main,
             initial=done, counts="steps",
         )  # fmt: skip
 
-    def on_epoch_start(self, loop: Loop) -> None:
-        self.start, self.loss, self.items = time.perf_counter(), loop.epoch_loss.item(), loop.epoch_items.item()
-        self.samples = 0  # this epoch's, as its history row counts them
-        self.tokens: int | torch.Tensor = 0  # a tensor stays lazy on the device until a log step reads it
-
     def on_step_end(self, step: StepEnd) -> None:
         self.bar.update(1)
-        self.samples, self.tokens = self.samples + step.rows, self.tokens + step.real_tokens
-        loop = self.loop
-        if not loop.reached(loop.cfg.log_every_steps):
+
+    def on_log(self, metrics: Mapping[str, float]) -> None:
+        if "loss" not in metrics:  # a step eval's
             return
-        with loop.timer.phase("logging"):
-            loss, items = loop.epoch_loss.item(), loop.epoch_items.item()  # the host sync: log steps only
-            seconds, world = time.perf_counter() - self.start, loop.env.world_size
-            logs: dict[str, float] = {
-                "step": loop.state.step,
-                "loss": (loss - self.loss) / max(items - self.items, 1e-12),
-                "lr": float(loop.scheduler.get_last_lr()[0]),
-                "samples_per_s": self.samples * world / seconds,
-            }
-            postfix = {"loss": f"{logs['loss']:.4f}", "lr": f"{logs['lr']:.2e}"}
-            postfix[THROUGHPUT["samples_per_s"]] = f"{logs['samples_per_s']:.1f}"
-            if tokens := float(self.tokens):  # real tokens, no padding; none without attention masks (a head)
-                logs["tokens_per_s"] = tokens * world / seconds
-                postfix[THROUGHPUT["tokens_per_s"]] = f"{logs['tokens_per_s']:.0f}"
-            self.bar.set_postfix(postfix, refresh=False)
-            self.postfix = postfix
-            loop.events.on_log(logs)
-            self.loss, self.items = loss, items  # the loss is the window's; the speed stays the epoch's so far
+        postfix = {"loss": f"{metrics['loss']:.4f}", "lr": f"{metrics['lr']:.2e}"}
+        postfix[THROUGHPUT["samples_per_s"]] = f"{metrics['samples_per_s']:.1f}"
+        if "tokens_per_s" in metrics:
+            postfix[THROUGHPUT["tokens_per_s"]] = f"{metrics['tokens_per_s']:.0f}"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.postfix = postfix
 
     def on_epoch_end(self, record: Mapping[str, Any]) -> None:
         # The history row is the epoch's throughput; the last log step came before the epoch's tail (up to
@@ -117,34 +104,25 @@ class ProgressLog(Policy):
 
 
 class BestCheckpoint(Policy):
-    """Tracks the best value of ``cfg.monitor`` (also verdicts that arrive late from a background eval) and saves
-    those weights to ``best/`` when ``cfg.save_best``."""
+    """Saves the weights of the best value of the monitored metric so far to ``best/`` when ``cfg.save_best``: the
+    loop judges each value as it arrives (``state.best``, ``state.best_epoch``; a background eval's late verdict
+    comes with the epoch's kept weights), this policy only saves."""
+
+    order = -70
 
     def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: checkpoint.Snapshot | None) -> None:
-        loop, state, cfg = self.loop, self.loop.state, self.loop.cfg
-        value = metrics.get(loop.monitor)
-        if value is None:
-            return
-        if not improved(value, state.best, cfg):
-            state.evals_since_best += 1
-            return
-        state.best, state.best_epoch, state.evals_since_best = value, epoch, 0
-        if cfg.save_best:
+        loop, cfg = self.loop, self.loop.cfg
+        if cfg.save_best and loop.monitor in metrics and loop.state.is_best(epoch):
             meta = {"epoch": epoch, "metrics": dict(metrics), "config": cfg.to_dict(), "kitlib": __version__}
             loop.save("best", lambda: weights or checkpoint.snapshot(loop.raw_model, meta=meta))
 
 
-def improved(value: float, best: float | None, cfg: TrainConfig) -> bool:
-    if math.isnan(value):
-        return False
-    if best is None:
-        return True
-    return value < best - cfg.min_delta if cfg.mode == "min" else value > best + cfg.min_delta
-
-
 class EarlyStopping(Policy):
-    """Stops after ``patience`` evaluations without improvement (all ranks agree), decided at an epoch boundary on
-    the verdicts known by then, which arrive in epoch order (a background eval's at the end of the next epoch)."""
+    """Stops after ``patience`` evaluations without improvement (``state.evals_since_best``, the loop's; all ranks
+    agree), decided at an epoch boundary on the verdicts known by then, which arrive in epoch order (a background
+    eval's at the end of the next epoch). Before PeriodicSave: the epoch-end save then knows the run ends."""
+
+    order = -60
 
     def __init__(self, patience: int) -> None:
         self.patience = patience
@@ -156,6 +134,8 @@ class EarlyStopping(Policy):
 
 class PeriodicSave(Policy):
     """``last/``: the full resume state every ``save_every_steps`` optimizer steps and/or at each epoch end."""
+
+    order = -50
 
     def on_step_end(self, step: StepEnd) -> None:
         if self.loop.reached(self.loop.cfg.save_every_steps):
@@ -169,8 +149,11 @@ class PeriodicSave(Policy):
 class StepEval(Policy):
     """The loss-only eval every ``eval_every_steps`` applied optimizer steps (the epoch-end one and the full eval keep
     their epoch cadence): ``{"epoch", "step", "eval_loss"}`` rows in ``state.step_evals`` (FitResult.step_evals,
-    step_evals.csv) and ``{"step", "eval_loss"}`` to the callbacks' ``on_log``. The RNG streams are put back after it
-    (an eval DataLoader draws its seed from them), so the training run is the one it would be without these evals."""
+    step_evals.csv), which the loop passes on to the callbacks' ``on_log`` as ``{"step", "eval_loss"}``. The RNG
+    streams are put back after it (an eval DataLoader draws its seed from them), so the training run is the one it
+    would be without these evals."""
+
+    order = -75
 
     def on_step_end(self, step: StepEnd) -> None:
         loop = self.loop
@@ -180,12 +163,13 @@ class StepEval(Policy):
         value = loop.eval_loss()
         checkpoint.set_rng_state(rng)
         loop.state.step_evals.append({"epoch": loop.state.epoch + 1, "step": loop.state.step, "eval_loss": value})
-        loop.events.on_log({"step": loop.state.step, "eval_loss": value})
 
 
 class TimeBudget(Policy):
     """Stops while one more step, the epoch-end eval and a checkpoint still fit in ``budget_s``, and saves ``last/``
     at that exact position, so the next session resumes there."""
+
+    order = -40
 
     def __init__(self, budget_s: float) -> None:
         self.budget_s, self.step_s = budget_s, 0.0  # step_s: moving average of one optimizer window
@@ -205,6 +189,8 @@ class SigtermStop(Policy):
     stop; fit returns with stop_reason "sigterm" and its files complete, so the next session resumes exactly. The
     previous handler is back when fit returns. Under DDP the ranks agree through a small broadcast every
     ``log_every_steps`` windows (``Loop.agree``): a broadcast per step would make every step wait for the GPU."""
+
+    order = -30
 
     def on_fit_start(self, loop: Loop) -> None:
         super().on_fit_start(loop)
@@ -226,7 +212,8 @@ class SigtermStop(Policy):
 
 
 def default_policies(cfg: TrainConfig) -> list[Callback]:
-    """kitlib's policies for ``cfg``, in the order fit calls them (before the user's callbacks)."""
+    """kitlib's policies for ``cfg``, in their declared order (fit sorts every callback by ``order``): what fit runs
+    unless it is given ``policies=``."""
     return [
         NonFiniteGuard(),
         ProgressLog(),

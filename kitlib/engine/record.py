@@ -13,8 +13,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.models.facts import model_facts
+
+# lazy: resource (+0.1 ms): POSIX only (a Windows machine has none); only a CPU run's peak RSS reads it.
 
 if TYPE_CHECKING:
     import torch
@@ -86,7 +90,9 @@ class RunFacts:
 
 
 class RunRecorder(Callback):
-    """Collects the run's facts for timing.json as fit runs."""
+    """Collects the run's facts for timing.json as fit runs: after kitlib's policies, before the user's callbacks."""
+
+    order = -10
 
     def __init__(self) -> None:
         self.gaps: list[float] = []
@@ -103,8 +109,6 @@ class RunRecorder(Callback):
 
     def on_fit_start(self, loop: Loop) -> None:
         if loop.device.type == "cuda":  # a CUDA run only: on a CPU run this would initialise CUDA for nothing
-            import torch
-
             # The peak is per process: without this a second fit in the kernel reports the first one's peak.
             torch.cuda.reset_peak_memory_stats(loop.device)
         self.compile_start = len(_compile_times()) if loop.cfg.compile else None
@@ -134,23 +138,21 @@ class RunRecorder(Callback):
         self.real_tokens, self.epoch_tokens = self.real_tokens + int(self.epoch_tokens), 0
 
     def facts(self, loop: Loop) -> RunFacts:
-        cfg, env, loader, device = loop.cfg, loop.env, loop.base_loader, loop.device
+        cfg, env, loader, device = loop.cfg, loop.env, loop.data.base, loop.device
         if device.type == "cuda":
-            import torch
-
             peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
         else:
             import resource
 
             peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loop.hw.ram_bytes  # Linux: KiB
-        eval_batches = loop.eval_batches
+        eval_batches = loop.data.eval
         return RunFacts(
             steps=loop.state.step,
             epochs_planned=cfg.epochs,
             epochs_done=len(loop.state.history),
             world_size=env.world_size,
-            micro_batch_size=loop.backoff.micro_batch,  # the loader's batch, or its pieces after an OOM back-off
-            grad_accum_steps=cfg.grad_accum_steps * loop.backoff.parts,
+            micro_batch_size=loop.stepper.backoff.micro_batch,  # the loader's batch, or its pieces after OOM back-offs
+            grad_accum_steps=cfg.grad_accum_steps * loop.stepper.backoff.parts,
             num_workers=loader.num_workers,
             persistent_workers=loader.persistent_workers,
             pin_memory=loader.pin_memory,
@@ -178,7 +180,7 @@ class RunRecorder(Callback):
             if eval_batches is not None
             else 0,
             stop_reason=loop.stop_reason,
-            oom_backoffs=list(loop.backoff.changes),
+            oom_backoffs=list(loop.stepper.backoff.changes),
             features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
             **self._compile_facts(),
             **model_facts(loop.raw_model),

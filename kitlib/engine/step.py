@@ -1,4 +1,4 @@
-"""The optimizer step, read top to bottom, and the small helpers around it.
+"""The optimizer step, read top to bottom, the ``Stepper`` that applies it window by window, and the small helpers.
 
 ``train_window``: autocast -> weighted backward (no DDP sync until the window's last micro-batch) -> unscale -> clip
 -> step at the scheduled LR (skipped on the device on inf/nan) -> count -> zero_grad. Precision off means no-op
@@ -17,13 +17,16 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
+from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
 from kitlib.engine.objective import Batch, CountFn, LossFn
+from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.timing import PhaseTimer
 from kitlib.machine import distributed
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
-    from kitlib.machine.precision import Precision
+    from kitlib.engine.loop import RunState
+    from kitlib.machine.precision import Precision, PrecisionPlan
 
 
 def to_device(device: torch.device) -> Callable[[Batch], Batch]:
@@ -154,6 +157,132 @@ def train_window(
         applied = ledger.record(found_inf)
         optimizer.zero_grad(set_to_none=True)
     return applied, loss_sum, total
+
+
+class EpochLoss:
+    """The current epoch's item-weighted loss sums: the one copy, on the device between log steps (reading it is a
+    host sync). A checkpoint holds it as ``epoch_loss_sum``/``epoch_items`` floats (float64: exact both ways)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss = torch.zeros((), dtype=torch.float64, device=device)
+        self.items = torch.zeros((), dtype=torch.float64, device=device)
+        self.marked = (0.0, 0.0)  # the sums at the last log (or the epoch's start): a log's loss is the window's
+
+    def add(self, applied: torch.Tensor, loss_sum: torch.Tensor, items: torch.Tensor) -> None:
+        self.loss += torch.where(applied, loss_sum, 0.0)  # where, not *: a skipped step's loss may be nan
+        self.items += torch.where(applied, items, 0.0)
+
+    def mean(self) -> float:
+        """The epoch's mean loss so far (nan before any item)."""
+        items = float(self.items)
+        return float(self.loss) / items if items else math.nan
+
+    def mark(self) -> None:
+        self.marked = (self.loss.item(), self.items.item())
+
+    def since_mark(self) -> float:
+        """The mean loss since the last ``mark`` (or call of this), then marks."""
+        (loss, items), (before, before_items) = (self.loss.item(), self.items.item()), self.marked
+        self.marked = (loss, items)
+        return (loss - before) / max(items - before_items, 1e-12)
+
+    def reset(self) -> None:
+        self.loss.zero_()
+        self.items.zero_()
+
+    def state_dict(self) -> dict[str, float]:
+        return {"epoch_loss_sum": float(self.loss), "epoch_items": float(self.items)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loss.fill_(float(state.get("epoch_loss_sum", 0.0)))
+        self.items.fill_(float(state.get("epoch_items", 0.0)))
+
+
+class Stepper:
+    """The optimizer side of fit: precision, optimizer, schedule, OOM back-off and the device-side ledger of step
+    outcomes. ``run`` applies one window (no host sync) and ``settle`` makes the position exact (one). ``unsettled``:
+    windows whose outcome the device has not reported yet; ``state.step`` counts them as applied until ``settle``.
+    ``window_applied``: the outcome of the window ``settle`` read last."""
+
+    def __init__(self, model: nn.Module, cfg: TrainConfig, *, plan: PrecisionPlan, precision: Precision,
+                 env: distributed.DistEnv, device: torch.device, total_steps: int, loader_batch: int | None,
+                 loss_fn: LossFn, count_fn: CountFn, timer: PhaseTimer) -> None:  # fmt: skip
+        self.cfg, self.env, self.plan, self.precision, self.timer = cfg, env, plan, precision, timer
+        self.loss_fn, self.count_fn, self.to_device = loss_fn, count_fn, to_device(device)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(model, cfg)
+        self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)
+        self.backoff = MicroBatchBackoff(
+            cfg, loader_batch=loader_batch, optimizer=self.optimizer, precision=precision, device=device,
+            distributed=env.enabled, next_strategy=next_strategy(cfg), say=print if env.is_main else lambda line: None,
+        )  # fmt: skip
+        self.ledger = StepLedger(self.scheduler, total_steps, device)
+        self.epoch_loss = EpochLoss(device)
+        self.unsettled, self.window_applied = 0, True
+        self.checked_gradients = False  # every_parameter_gets_a_gradient ran (DDP, first step)
+
+    def run(self, window: list[Batch], model: nn.Module, raw_model: nn.Module, state: RunState) -> torch.Tensor:
+        """One optimizer window on ``model`` (DDP/compiled; ``raw_model`` unwrapped), counted into ``state``."""
+        # Under DDP, this process's first step checks that every trainable parameter got a gradient (named error).
+        check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
+        self.checked_gradients = True
+
+        def train(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return train_window(
+                micro_batches, model=model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
+                optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
+                timer=self.timer, to_device=self.to_device,
+            )  # fmt: skip
+
+        with distributed.every_parameter_gets_a_gradient(raw_model) if check else contextlib.nullcontext():
+            # Out of device memory: the window again from its start at half the micro-batch, twice the accumulation.
+            applied, loss_sum, items = self.backoff.run(window, train, step=state.step + state.skipped)
+        state.batch_in_epoch += len(window)
+        state.step += 1  # as applied until settle() reads the outcome: no wait for the GPU here
+        self.unsettled += 1
+        self.epoch_loss.add(applied, loss_sum, items)
+        return applied
+
+    def settle(self, state: RunState) -> None:
+        """Make ``state.step``, ``state.skipped``, ``state.nonfinite_streak`` and the scheduler exact: one host sync
+        (``StepLedger.read``), paid only where a decision needs them; a no-op when nothing ran since the last one."""
+        if not self.unsettled:
+            return
+        applied, skipped, streak, self.window_applied = self.ledger.read()
+        for _ in range(applied - (state.step - self.unsettled)):
+            self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
+        state.step, state.skipped, state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
+
+    def applied_lr(self, state: RunState) -> float:
+        """The lr the last step ran with: the schedule's value at ``state.step - 1`` (exact once settled; a log step
+        reads it unsettled, no host sync). ``get_last_lr`` is the next step's: 0.0 after a linear schedule's end."""
+        rule, base = self.scheduler.lr_lambdas[0], self.scheduler.base_lrs[0]
+        return float(base * rule(max(state.step - 1, 0)))
+
+    def reached(self, state: RunState, every: int | None) -> bool:
+        """Whether the window just run was applied and made ``state.step`` a multiple of ``every``, exactly as if
+        every step were read; it settles only when a multiple is within reach of the windows not yet read."""
+        if not every:
+            return False
+        if self.unsettled and state.step // every == (state.step - self.unsettled) // every:
+            return False
+        self.settle(state)
+        return self.window_applied and state.step % every == 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "precision": self.precision.state_dict(),
+            "backoff": self.backoff.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], position: RunState) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.precision.load_state_dict(state["precision"])
+        self.backoff.load_state_dict(state.get("backoff", {}))
+        self.ledger.load(position.step, position.skipped, position.nonfinite_streak)
 
 
 def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = ()) -> list[str]:

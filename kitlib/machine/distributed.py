@@ -6,9 +6,12 @@ the tests exercise it.
 
 from __future__ import annotations
 
+import ctypes
+import datetime
 import os
 import pickle
 import socket
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -16,9 +19,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
-from kitlib.machine.hardware import local_processes, threads_per_worker
+from kitlib.errors import DistributedError
+from kitlib.machine.hardware import cuda_devices, local_processes, threads_per_worker
 
 
 @dataclass(frozen=True)
@@ -67,8 +73,6 @@ def device_for(device_type: str, env: DistEnv) -> torch.device:
 def wrap(model: nn.Module, env: DistEnv, device: torch.device, *, find_unused_parameters: bool = False) -> nn.Module:
     if not env.enabled:
         return model
-    from torch.nn.parallel import DistributedDataParallel
-
     ids = [device.index] if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused_parameters)
 
@@ -79,8 +83,6 @@ def every_parameter_gets_a_gradient(model: nn.Module) -> Iterator[None]:
     optimizer step). DDP waits for every parameter's gradient; one that never comes (a pooler the head skips, an
     unused branch) fails the *next* step with "Expected to have finished reduction in the prior iteration", which
     names parameter indices only. Cost: one Python hook call per parameter per backward, for the first step only."""
-    from kitlib.errors import DistributedError
-
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     seen: set[int] = set()
     handles = [p.register_post_accumulate_grad_hook(lambda p: seen.add(id(p))) for _, p in named]
@@ -139,8 +141,6 @@ def barrier(env: DistEnv) -> None:
 def patient_group(env: DistEnv) -> Any:
     """A gloo group (every rank calls this at once) whose barrier lets the other ranks wait out one rank's long
     work, a full evaluation: a NCCL collective left waiting that long trips its 10-minute watchdog and kills the job."""
-    import datetime
-
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if env.enabled else None
 
 
@@ -187,8 +187,6 @@ def cuda_driver_initialised() -> bool:
     """Whether this process has initialised the CUDA driver (cuInit), without initialising it: a plain
     ``torch.cuda.is_available()`` does so while ``torch.cuda.is_initialized()`` stays False. The driver's
     cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit ran, and success (0) after (~1 ms)."""
-    import ctypes
-
     try:
         libcuda = ctypes.CDLL("libcuda.so.1")
     except OSError:  # no NVIDIA driver (or not Linux): nothing to have initialised
@@ -206,13 +204,6 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any
     threads (``threads_per_worker``). A worker's error is re-raised here with its traceback
     (torch.multiprocessing.ProcessRaisedException).
     """
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    from kitlib.errors import DistributedError
-    from kitlib.machine.hardware import cuda_devices
-
     if nprocs is None:
         nprocs = max(1, len(cuda_devices()))
     if torch.cuda.is_initialized() or cuda_driver_initialised():  # neither call initialises CUDA

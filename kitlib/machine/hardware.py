@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
+import ctypes
 import json
 import math
 import os
 import re
+import subprocess
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,10 @@ from types import MappingProxyType
 from typing import Literal
 
 from kitlib.errors import CompileError, UnsupportedGPUError
+
+# lazy: torch (+1.0 s), importlib.metadata (+0.016 s): detect_platform, fake_profile and the NVML/child-process probes
+# need neither, and every light kitlib module imports this one: `import kitlib.machine.hardware` stays at 0.01 s
+# (tests/test_hardware.py::test_import_does_no_work; python -X importtime).
 
 Platform = Literal["kaggle", "colab", "local"]
 DeviceType = Literal["cuda", "mps", "cpu"]
@@ -320,8 +326,6 @@ def _nvml_devices() -> list[_DeviceFacts] | None:
     (Kaggle's 2xT4). NVML's total memory includes what the driver reserves, a little more than CUDA's total
     (reasoned, not measured).
     """
-    import ctypes
-
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")  # installed with the driver; loading it initialises nothing
     except OSError:
@@ -373,8 +377,6 @@ def _visible_indices(visible: str | None, count: int) -> list[int] | None:
 def _driver_installed() -> bool:
     """Whether the CUDA driver library is here (Linux); loading it initialises nothing. A CUDA build of torch on a
     machine without an NVIDIA driver (CI, laptops) then skips the child process."""
-    import ctypes
-
     if sys.platform != "linux":
         return True  # nvcuda.dll on Windows: the child process decides
     try:
@@ -394,9 +396,6 @@ _CHILD_QUERY = (
 
 def _devices_in_child() -> list[_DeviceFacts]:
     """What torch reports in a child process, so that cuInit runs there and not here."""
-    import subprocess
-    import warnings
-
     try:
         done = subprocess.run(
             [sys.executable, "-c", _CHILD_QUERY], capture_output=True, text=True, timeout=300, check=True
@@ -514,6 +513,8 @@ def _shm_bytes() -> int | None:
 
 
 def _library_versions() -> tuple[tuple[str, str], ...]:
+    import importlib.metadata
+
     found = []
     for name in _LIBRARIES:
         try:

@@ -17,7 +17,13 @@ low-rank matrices beside every linear layer of the blocks train, and checkpoints
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Any
+
+from kitlib.errors import SetupError
+
+# lazy: torch (+1.0 s), transformers (+0.6 s), peft (+5 s): only a LoRA/quantized run needs them; the checks and names
+# here are read by the preset picker and the CLI (python -X importtime).
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +35,9 @@ LORA_RANK = 16  # r: adapter parameters per linear layer = r x (in + out); the m
 LORA_ALPHA = 32  # the update is scaled by alpha / r = 2 (peft's examples and the LoRA paper's usual ratio)
 BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models up to 13B)
+# The adapters' least lr: B starts at zero and a rank-16 update needs a larger step than a full fine-tune's (~10x;
+# unsloth's notebooks and the QLoRA paper use 2e-4 for 7-13B models, where the presets' 3e-5 to 1e-4 are full-FT's)
+LORA_LR = 2e-4
 GENERATING_TASKS = ("causal-lm", "seq2seq")  # where 4-bit weights are offered: the big pretrained models
 _INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
 
@@ -36,10 +45,6 @@ _INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
 def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -> str | None:
     """A reason line for the run's summary (None without an adapter); a SetupError naming the fix when ``adapter``
     cannot run here: peft missing, 4-bit weights off CUDA or without bitsandbytes, a regime training no encoder."""
-    import importlib.util
-
-    from kitlib.errors import SetupError
-
     if adapter == "none":
         return None
     if regime != "finetune":
@@ -75,11 +80,7 @@ def quantization(adapter: str) -> dict[str, Any]:
     computing in bf16 (QLoRA paper's recipe; ~0.51 bytes per weight), else none."""
     if adapter != "qlora":
         return {}
-    import importlib.util
-
     import torch
-
-    from kitlib.errors import SetupError
 
     if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
         raise SetupError(
@@ -114,8 +115,6 @@ def add_adapter(
     heads = () if generating else _added_modules(model)
     targets = _linear_layers(model, exclude=heads)
     if not targets:
-        from kitlib.errors import SetupError
-
         raise SetupError(
             f"adapter = {adapter!r}: {type(model).__name__} has no linear layers to adapt. Fix: adapter = 'none'"
         )
@@ -144,6 +143,57 @@ def add_adapter(
         + f"; checkpoints hold these {len(keys)} tensors only"
     )  # fmt: skip
     return adapted
+
+
+def merge_adapter(model: nn.Module) -> nn.Module:
+    """The model ``model`` (a PeftModel from ``add_adapter``) computes, as one plain transformers model: each LoRA
+    update folded into its layer's weight (W + B A alpha/r, peft's ``merge_and_unload``), the wrappers gone, a
+    classifier's trained head in place. What a user ships when they want one artifact instead of base + adapter.
+
+    4-bit (qlora) weights are dequantised first and the merge kept in the dtype of the model's other weights (its
+    embeddings'): peft's own merge rounds the sum back to NF4, where most of an adapter's update is below a 4-bit
+    step. CUDA only, as qlora's 4-bit loading (``quantization``); reasoned, not measured (no GPU was available when
+    it was written)."""
+    from torch import nn
+
+    if not hasattr(model, "peft_config"):
+        raise SetupError(
+            f"{type(model).__name__} carries no adapter (adapter = 'none'): its weights are already one model. Fix: "
+            "use the checkpoint as it is (best/model.safetensors)"
+        )
+    four_bit = [p.device.type for p in model.parameters() if type(p).__name__ == "Params4bit"]
+    if four_bit and set(four_bit) != {"cuda"}:
+        raise SetupError(
+            "a qlora model's base weights are 4-bit: merging the adapter dequantises them with bitsandbytes' CUDA "
+            f"kernels, and they are on {', '.join(sorted(set(four_bit)))}. Fix: export on the CUDA machine that "
+            "trained it, or keep base + adapter (03 loads them)"
+        )
+    if four_bit:
+        from peft.tuners.lora import LoraLayer
+        from peft.utils.integrations import dequantize_bnb_weight
+
+        dtype = model.get_input_embeddings().weight.dtype  # type: ignore[operator]
+        for name, layer in list(model.named_modules()):
+            base: Any = layer.get_base_layer() if isinstance(layer, LoraLayer) else None
+            if base is None or type(base.weight).__name__ != "Params4bit":
+                continue
+            weight = dequantize_bnb_weight(base.weight).float()  # the sum in fp32, rounded once below
+            for active in layer.active_adapters:
+                weight += layer.get_delta_weight(active).float()
+            weight = weight.to(dtype)
+            merged = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device=weight.device,
+                               dtype=dtype)  # fmt: skip
+            merged.weight.data = weight
+            if base.bias is not None:
+                merged.bias.data = base.bias.data.to(dtype)
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, merged)
+    plain: nn.Module = model.merge_and_unload()  # type: ignore[operator]
+    config = getattr(plain, "config", None)
+    if four_bit and config is not None:  # the folder it saves to holds plain weights, not a 4-bit checkpoint
+        config.__dict__.pop("quantization_config", None)
+        vars(plain).update(hf_quantizer=None, is_loaded_in_4bit=False)
+    return plain
 
 
 def adapter_keys(model: nn.Module) -> tuple[str, ...] | None:

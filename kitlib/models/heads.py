@@ -9,6 +9,7 @@ given ``labels``, ``.loss``), so ``fit``, evaluation and inference treat every r
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,8 +156,6 @@ def _drop_pooler(encoder: nn.Module) -> None:
     ("Expected to have finished reduction ..." at the second step), and its matmul costs every batch. Classes built
     with ``add_pooling_layer`` skip a None pooler; a checkpoint saved with it still loads (torch ignores the keys of
     a child set to None). Any other class keeps it, frozen: DDP and the optimizer skip parameters without grad."""
-    import inspect
-
     pooler = getattr(encoder, "pooler", None)
     if not isinstance(pooler, nn.Module):
         return

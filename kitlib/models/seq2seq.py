@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.models.bpe import SPECIALS, tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 
+# lazy: numpy (+0.1 s), torch (+1.0 s), transformers (+0.6 s): only building a tokenizer or the tiny model needs them
+# (python -X importtime).
+
 __all__ = [
     "SPECIALS",
     "TINY_T5",

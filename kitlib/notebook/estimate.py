@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 from kitlib.config import full_eval_due
 from kitlib.machine.peaks import compute_peak_flops
 
+# lazy: numpy (+0.1 s): kitlib.notebook.stages is imported for VALID_FRACTION only, which keeps
+# `import kitlib.notebook.estimate` (the CLI's presets command, the picker) at 0.03 s (python -X importtime).
+
 if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import ResolvedRun

@@ -27,6 +27,7 @@ from kitlib.data.featurize import TokenizedTexts
 from kitlib.data.ngrams import NgramBags
 from kitlib.data.tables import TaskSpec
 from kitlib.errors import DataError, MissingRunError, damaged_file
+from kitlib.notebook.presets import RUN_FILE, ResolvedRun
 from kitlib.notebook.tasks.base import SideInputs
 
 if TYPE_CHECKING:
@@ -90,8 +91,6 @@ class Features:
 
 def run_fingerprint(work_dir: Path) -> str:
     """sha256 of run.json as 00_setup wrote it: features record it, later stages compare."""
-    from kitlib.notebook.presets import RUN_FILE
-
     path = work_dir / RUN_FILE
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
 
@@ -146,8 +145,6 @@ def load(work_dir: Path, built_from: Mapping[str, Any]) -> Features:
 
 
 def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features:
-    from kitlib.notebook.presets import ResolvedRun
-
     summary = json.loads(path.read_text())
     if summary.get("format") != FORMAT:
         raise MissingRunError(f"{path} was written by another kitlib version: re-run notebooks/01_features.ipynb")

@@ -18,9 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
 
-from kitlib._files import write_atomic
-from kitlib.config import Optimizer
-from kitlib.notebook.presets import DEFAULT_PRESET
+from kitlib._files import explain_disk_full, write_atomic
+from kitlib.config import Adapter, Optimizer
+from kitlib.errors import MissingDataError, MissingRunError, SetupError, damaged_file
+from kitlib.machine.hardware import fake_profile, switch
+from kitlib.models.adapters import GENERATING_TASKS
+from kitlib.notebook.presets import DEFAULT_PRESET, RUN_FILE, get_preset
+from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
+
+# lazy: numpy (+0.1 s): the task and metric modules load numpy; `import kitlib.notebook.params` stays at 0.05 s for the
+# CLI's parameter checks (python -X importtime).
 
 PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
@@ -144,8 +151,6 @@ class Params:
 def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     """Build Params from 00's parameters cell (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL,
     KIT_TASK, KIT_METRIC and KIT_REHEARSE override them."""
-    from kitlib.notebook.runbook import absolute_parameters, absolute_path
-
     check_names(values, allowed={"inputs"})
     env = os.environ if environ is None else environ
     values = absolute_parameters(values) | _from_environment(env, with_work_dir=True)
@@ -174,9 +179,6 @@ def load_params(
     """01-03's parameters: what 00_setup saved in ``work_dir/params.json``, after carrying the earlier stages' files
     forward from ``inputs``. A KIT_* variable that contradicts a saved value is an error naming both; KIT_DATA_DIR
     may move the data (02 and 03 do not read it, and 01 checks it again)."""
-    from kitlib.errors import MissingRunError, SetupError, damaged_file
-    from kitlib.notebook.runbook import absolute_path
-
     env = os.environ if environ is None else environ
     work = Path(_from_environment(env, with_work_dir=True).get("work_dir") or absolute_path("work_dir", work_dir))
     folders = tuple(kaggle_input(Path(absolute_path("inputs", i))) for i in inputs)
@@ -214,9 +216,6 @@ def load_params(
 def _check_same_run(values: Mapping[str, Any], work: Path) -> None:
     """params.json and run.json (00 writes both) must agree on what they share: 01-03 print the parameters and run
     the run, so a hand-edited one would show one preset and train another. A damaged run.json is the stage's to name."""
-    from kitlib.errors import SetupError
-    from kitlib.notebook.presets import RUN_FILE
-
     try:
         run = json.loads((work / RUN_FILE).read_text())
         saved = {"preset": run["preset"]["name"], "task": run["task"], "metric": run["metric"]}
@@ -235,8 +234,6 @@ def _check_same_run(values: Mapping[str, Any], work: Path) -> None:
 def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[str, Any]:
     """The KIT_* overrides. A path typed in a shell is relative to where the command ran: the kernel's cwd is the
     notebook's folder, but it inherits the shell's PWD (parameters-cell values are relative to the kernel's cwd)."""
-    from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_path
-
     shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
     found: dict[str, Any] = {
         name: env_value(name, env[var]) for name, var in ENV.items() if env.get(var) and name not in PATH_PARAMETERS
@@ -255,8 +252,6 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
     ``data_dir``: a local copy of the competition, where a ``model_factory = "file.py:function"`` is looked up;
     without one, that import (like the metric's fit to the target and the folders) waits for 00.
     """
-    from kitlib.errors import SetupError
-    from kitlib.notebook.presets import get_preset
     from kitlib.tasks.metrics import METRICS
 
     check_names(values)
@@ -279,8 +274,6 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
 def check_names(values: Mapping[str, Any], *, allowed: set[str] | frozenset[str] = frozenset()) -> None:
     """Every name in ``values`` is one of 00's parameters (``allowed``: others this caller takes): a misspelt or
     unsupported key is an error listing the valid ones, never a value silently left unused."""
-    from kitlib.errors import SetupError
-
     known = {f.name for f in dataclasses.fields(Params)} - {"inputs"}
     unknown = sorted(set(values) - known - allowed)
     if unknown:
@@ -289,9 +282,6 @@ def check_names(values: Mapping[str, Any], *, allowed: set[str] | frozenset[str]
 
 def env_value(name: str, text: str) -> Any:
     """The parameter ``name``'s value as its KIT_* variable ``text`` gives it: a switch's True/False, else the text."""
-    from kitlib.errors import SetupError
-    from kitlib.machine.hardware import switch
-
     if name not in SWITCHES:
         return text
     value = switch(text)
@@ -308,8 +298,6 @@ def _columns(given: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def _check(p: Params) -> None:
-    from kitlib.errors import MissingDataError
-
     _check_values(p, task=True)
     if not p.data_dir.is_dir():
         problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
@@ -322,7 +310,6 @@ def _check(p: Params) -> None:
 
 def _check_values(p: Params, *, task: bool) -> None:
     """The parameters' own checks, no folder read; ``task``: also the task's (which may import a file of data_dir)."""
-    from kitlib.errors import SetupError
     from kitlib.notebook.tasks import get_task
 
     workload = get_task(p.task)  # an unknown task, or a module:name that does not import
@@ -346,8 +333,6 @@ def _check_values(p: Params, *, task: bool) -> None:
     if p.objective not in OBJECTIVES:
         raise SetupError(f"objective = {p.objective!r} is not one of {list(OBJECTIVES)}: fix it in the parameters cell")
     if p.hardware:
-        from kitlib.machine.hardware import fake_profile
-
         try:
             fake_profile(p.hardware)
         except ValueError as err:
@@ -365,8 +350,6 @@ def _check_values(p: Params, *, task: bool) -> None:
 
 def _check_training(p: Params) -> None:
     """The training settings: None (the preset's), or a number in the range TrainConfig accepts."""
-    from kitlib.errors import SetupError
-
     _check_adapter(p)
     for name in TRAINING:
         value = getattr(p, name)
@@ -386,10 +369,6 @@ def _check_training(p: Params) -> None:
 
 
 def _check_adapter(p: Params) -> None:
-    from kitlib.config import Adapter
-    from kitlib.errors import SetupError
-    from kitlib.models.adapters import GENERATING_TASKS
-
     if p.adapter not in get_args(Adapter):
         choices = list(get_args(Adapter))
         raise SetupError(f"adapter = {p.adapter!r} is not one of {choices}: fix it in the parameters cell")
@@ -410,8 +389,6 @@ def _check_adapter(p: Params) -> None:
 def check_work_dir(work: Path, data: Path) -> None:
     """Fail in the first cell (or before ``notebooks run`` creates anything), not after training: kitlib writes
     run.json, features, checkpoints there."""
-    from kitlib.errors import SetupError
-
     if work.resolve() == data.resolve():
         raise SetupError(
             f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {_WORK_DIR_FIX}"
@@ -420,8 +397,6 @@ def check_work_dir(work: Path, data: Path) -> None:
 
 
 def _check_writable(work: Path) -> None:
-    from kitlib.errors import SetupError
-
     if work.exists() and not work.is_dir():
         raise SetupError(f"work_dir {work} is a file, not a folder: {_WORK_DIR_FIX}")
     existing = next(d for d in (work, *work.parents) if d.exists())
@@ -456,8 +431,6 @@ def carry_forward(inputs: Sequence[Path], work_dir: Path) -> list[str]:
     Cost: one copy per item (the features and a checkpoint: tens to hundreds of MB, seconds). A different local
     file or folder is kept aside (``keep_aside``), never deleted.
     """
-    from kitlib._files import explain_disk_full
-
     _check_inputs(inputs)
     copied = []
     for folder in inputs:
@@ -471,8 +444,6 @@ def carry_forward(inputs: Sequence[Path], work_dir: Path) -> list[str]:
 
 
 def _check_inputs(inputs: Sequence[Path]) -> None:
-    from kitlib.errors import MissingRunError
-
     for folder in inputs:
         if not folder.is_dir():
             raise MissingRunError(

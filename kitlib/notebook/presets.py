@@ -21,9 +21,15 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from kitlib._files import write_atomic
+from kitlib._version import __version__
 from kitlib.config import Freeze, Requested, TrainConfig
-from kitlib.errors import MissingRunError, damaged_file
+from kitlib.errors import MissingRunError, SetupError, damaged_file
+from kitlib.machine.hardware import check_compile
+from kitlib.models.adapters import LORA_LR, check_adapter
 from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
+
+# lazy: torch (+1.0 s), numpy (+0.1 s): presets resolve without either, so the picker and `python -m kitlib presets`
+# stay at 0.04 s (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -155,8 +161,6 @@ def get_preset(name: str) -> Preset:
     """A preset by (case-insensitive) name; the error lists the choices."""
     preset = PRESETS.get(name.strip().lower())
     if preset is None:
-        from kitlib.errors import SetupError
-
         raise SetupError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)} in the parameters cell")
     return preset
 
@@ -244,8 +248,6 @@ class ResolvedRun:
     def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
         if data.get("format") != _FORMAT:
             found = data.get("format")
-            from kitlib.errors import SetupError
-
             raise SetupError(f"saved run.json has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup")
         return cls(
             preset=Preset(**data["preset"]),
@@ -302,10 +304,7 @@ def resolve(
     ``world_size``: processes per step; None = every GPU (DDP via kitlib.machine.distributed.launch) for fine-tuning,
     else 1.
     """
-    from kitlib._version import __version__
-    from kitlib.machine.hardware import check_compile
     from kitlib.machine.precision import decide_precision
-    from kitlib.models.adapters import check_adapter
 
     base = get_preset(preset) if isinstance(preset, str) else preset
     overrides = dict(overrides or {})
@@ -319,9 +318,15 @@ def resolve(
 
     reasons = [f"preset {p.name}: {p.description}"]
     adapter = check_adapter(late.get("adapter", "none"), hw, regime=p.regime)
+    lr = p.lr
     if adapter is not None:  # the adapter freezes the pretrained weights itself
         p = dataclasses.replace(p, freeze="none", freeze_layers=0)
         reasons.append(adapter)
+        if "lr" not in overrides and p.lr < LORA_LR:  # an lr set by the user wins
+            lr = LORA_LR
+            reasons.append(
+                f"lr {lr:g} for the adapters (the preset's {p.lr:g} is a full fine-tune's; set lr to change)"
+            )
     plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
     reasons.append(f"precision {plan.dtype}: {plan.reason}")
 
@@ -335,7 +340,7 @@ def resolve(
         epochs=p.epochs,
         micro_batch_size=micro,
         grad_accum_steps=accum,
-        lr=p.lr,
+        lr=lr,
         precision=plan.dtype,
         tf32=plan.tf32,
         freeze=p.freeze,

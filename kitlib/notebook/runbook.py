@@ -18,6 +18,9 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
+# lazy: nbformat (+0.1 s), nbclient (+0.2 s): only reading or running notebooks needs them; the names and paths here are
+# read by the CLI and 00 (python -X importtime).
+
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
 # Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set

@@ -19,15 +19,30 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib._files import record_file, write_atomic
-from kitlib.machine.hardware import check_torch_supports, cpu_threads, detect
+from kitlib.data.cache import Cache
+from kitlib.data.featurize import tokenize_texts
+from kitlib.data.lengths import length_report
+from kitlib.data.tables import DataError, read_table
+from kitlib.doctor.memory_plan import GENERATING, run_line
+from kitlib.errors import CheckpointError, MissingRunError, SetupError
+from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
+from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
+from kitlib.models.loading import check_model_dir, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
 
 # params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
-from kitlib.notebook.params import TRAINING, Params, keep_aside, load_params, params  # noqa: F401
+from kitlib.notebook.params import TRAINING, Params, kaggle_input, keep_aside, load_params, params  # noqa: F401
 from kitlib.notebook.regimes import Encoder, Prepared
+from kitlib.notebook.submission import check_sample_submission, write_submission
 from kitlib.notebook.tasks import get_task
+from kitlib.tasks.baseline import Baseline, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
+from kitlib.tasks.targets import describe_objective
+
+# lazy: torch (+1.0 s), pandas (+0.2 s): importing the stages loads neither (0.3 s with numpy), so notebooks 00 and 01
+# and the CLI that only read data and the run never pay for them (python -X importtime).
+# lazy: safetensors (+1 ms), once torch is in: only export_merged's non-HF module writes one.
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -94,8 +109,6 @@ def data_facts(p: Params) -> DataFacts:
     written: read and checked as ``setup`` reads them (its DataError, a cell earlier), in about the time of reading
     the CSVs. No tokenizer or
     model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
-    from kitlib.data.tables import read_table
-
     train = _read_train(p)
     words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
     lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
@@ -122,8 +135,6 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     machine 02 will train on (``planning_hw``), one plan per length and batch kept, so clicking through the presets
     rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
     own has no config to plan from."""
-    from kitlib.doctor.memory_plan import GENERATING, run_line
-
     scratch = p.model == "tiny" or (p.model == "auto" and p.task in GENERATING)
     if scratch or p.task not in ("auto", "classify", "regress", "tabular-text", *GENERATING):
         return lambda run: f"no plan for model={p.model!r}, task={p.task!r}: it is built by the task, not from a config"
@@ -156,13 +167,8 @@ class Competition:
 def read_competition(p: Params, run: ResolvedRun) -> Competition:
     """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
-    from kitlib.data.tables import read_table
-    from kitlib.notebook.submission import check_sample_submission
-
     workload = get_task(p.task)
     if run.regime.name not in workload.regimes:
-        from kitlib.errors import SetupError
-
         fits = [name for name, preset in presets.PRESETS.items() if preset.regime in workload.regimes]
         raise SetupError(
             f"preset {run.name!r} trains in the {run.regime.name} regime, which task {p.task!r} cannot use (it needs "
@@ -183,16 +189,12 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
 
 def _read_train(p: Params) -> pd.DataFrame:
     """train.csv, every row, with its columns checked (kitlib.data.tables.read_table)."""
-    from kitlib.data.tables import read_table
-
     rule = get_task(p.task).target_rule
     return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=rule)
 
 
 def planning_hw(p: Params, hw: HardwareInfo) -> HardwareInfo:
     """The machine 02 will train on: this one, or the accelerator the ``hardware`` parameter names."""
-    from kitlib.machine.hardware import fake_profile
-
     return fake_profile(p.hardware, platform=hw.platform, interactive=hw.interactive) if p.hardware else hw
 
 
@@ -219,8 +221,6 @@ def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, proce
     with settings made for another machine, unless the user rehearses the plan here (``rehearse``: a StandIn, and
     one printed line; None when this is the planned machine). Without ``hw``, counts GPUs the way that does not
     initialise CUDA (a DDP launch must follow in a process that has not touched it)."""
-    from kitlib.errors import SetupError
-    from kitlib.machine.hardware import cuda_devices, detect, fake_profile
     from kitlib.machine.precision import decide_stage_precision
 
     if not p.hardware:
@@ -245,8 +245,6 @@ def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, proce
 def _check_model(p: Params) -> None:
     """The model the parameters name must be there (found in 00, not after 01's reading): a saved model folder, or
     for "auto" the installed all-MiniLM-L6-v2."""
-    from kitlib.models.loading import check_model_dir, pretrained_dir, tiny_requested
-
     if p.model == "auto" and not tiny_requested():
         pretrained_dir()
     elif p.model not in ("auto", "tiny") and Path(p.model).is_absolute():
@@ -281,10 +279,6 @@ def features(
 ) -> Features:
     """Read and validate the data (sample submission included), fit max_length to it, tokenize (and embed, for the
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
-    from kitlib.data.cache import Cache
-    from kitlib.data.featurize import tokenize_texts
-    from kitlib.data.lengths import length_report
-
     run = run or presets.load_run(p.work_dir)
     log = (lambda _msg: None) if quiet else print
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=log)  # seeds: the inputs' caches, as data
@@ -310,8 +304,6 @@ def features(
             log(_max_length_changed(shown, run))
     _check_enough_rows(train[p.target], spec, run, p)
     if spec.kind == "regression":
-        from kitlib.tasks.targets import describe_objective
-
         log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
@@ -363,8 +355,6 @@ def load_features(p: Params) -> Features:
 def _check_enough_rows(target: pd.Series, spec: TaskSpec, run: ResolvedRun, p: Params) -> None:
     """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
     validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
-    from kitlib.data.tables import DataError
-
     n_train = len(target) - len(_split(len(target), p.seed)[1])
     batch = run.config.micro_batch_size * run.world_size
     if n_train < batch:
@@ -408,8 +398,6 @@ def _split(n: int, seed: int, labels: np.ndarray | None = None) -> tuple[np.ndar
 
 def _baseline(p: Params, data: Competition) -> Baseline:
     """The trivial baseline's score on the validation rows 02 will hold out (the same seeded split), in 00."""
-    from kitlib.tasks.baseline import trivial_baseline
-
     y = data.train[p.target].to_numpy()
     train_idx, valid_idx = _split(len(y), p.seed)
     return trivial_baseline(data.metric, kind=data.spec.kind, train=y[train_idx], valid=y[valid_idx])
@@ -419,7 +407,6 @@ def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path
     """The model's validation score beside the baseline's: in the history (and history.csv), in ``baseline.json``
     (what 03 warns from) and in 02's summary, with one line saying what to try when the model does not beat it."""
     from kitlib.machine.distributed import dist_env
-    from kitlib.tasks.baseline import Baseline
 
     if feats.run.baseline is None:  # a run.json from an older kitlib
         return result
@@ -450,8 +437,6 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
     import torch  # not at the top: importing stages must not load torch (0.55 s without it)
-
-    from kitlib.models.adapters import add_adapter
 
     classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
     split = _split(feats.n_train, p.seed, classes)
@@ -595,8 +580,6 @@ def _train(
     result = _judge_baseline(p, feats, result, staging)
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
-        from kitlib.models.adapters import describe_size
-
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
     if result.stop_reason == "sigterm":  # not a finished run: run/ stays as it was; the next 02 continues this one
         print(f"stopped by SIGTERM: {staging}/last saved; run 02_train again to continue from there")
@@ -632,7 +615,6 @@ def infer(
 
     from kitlib.engine import checkpoint
     from kitlib.machine.precision import Precision, decide_precision
-    from kitlib.notebook.submission import write_submission
 
     hw = hw or detect()
     feats = feats or load_features(p)
@@ -645,8 +627,6 @@ def infer(
     device = torch.device(precision.plan.device_type)
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
-    from kitlib.notebook.params import kaggle_input
-
     workload = get_task(p.task)
     for run_dir in [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]:
         checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
@@ -660,17 +640,58 @@ def infer(
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 
 
+def export_merged(
+    work_dir: str | os.PathLike[str], out: str | os.PathLike[str], hw: HardwareInfo | None = None
+) -> Path:
+    """One model folder at ``out``: 03's model (the model folder's weights + best/'s adapter) with the adapter
+    merged in (kitlib.models.adapters.merge_adapter), and the model folder's tokenizer files beside it; a
+    transformers ``from_pretrained`` loads it without peft. ``python -m kitlib export-merged WORK_DIR OUT``."""
+    import torch
+
+    from kitlib.engine import checkpoint
+
+    p = load_params(work_dir)
+    feats = load_features(p)
+    adapter = feats.run.config.adapter
+    if adapter == "none":
+        raise SetupError(f"{p.run_dir} trained without an adapter: best/ is already the whole model. Fix: use it as is")
+    hw = hw or detect()
+    if adapter == "qlora" and hw.device_type != "cuda":
+        raise SetupError(
+            "this run trained qlora adapters on 4-bit weights: merging rebuilds that 4-bit model and dequantises it, "
+            "with bitsandbytes on a CUDA GPU, and this machine has none. Fix: export on a CUDA machine, or keep base "
+            "+ adapter (03 loads them)"
+        )
+    model = prepare(p, feats, hw).model
+    checkpoint.restore_model(model, checkpoint.load(_trained_checkpoint(p.run_dir, p)))
+    merged, target = merge_adapter(model), Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    save = getattr(merged, "save_pretrained", None)
+    if callable(save):
+        save(target)
+    else:  # a task's own module around the pretrained model: its state_dict, for the model 03 builds
+        from safetensors.torch import save_model
+
+        save_model(merged, str(target / "model.safetensors"))
+    folder = Path(p.model)
+    names = ("tokenizer", "special_tokens_map", "vocab", "merges", "spiece", "added_tokens")
+    for file in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if file.is_file() and file.name.startswith(names):
+            shutil.copy2(file, target / file.name)
+    size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
+    weights = sum(t.numel() for t in merged.state_dict().values() if isinstance(t, torch.Tensor))
+    print(f"merged: the {adapter} adapter of {p.run_dir.name}/ folded into {p.model}: {target} ({size / 1e6:.1f} MB, "
+          f"{weights / 1e6:.1f} M weights; loads without peft)")  # fmt: skip
+    return target
+
+
 def _warn_unbeaten(run_dir: Path) -> None:
     """A UserWarning before the submission is written when 02 found the model no better than a constant."""
-    import warnings
-
     try:
         record = json.loads((run_dir / BASELINE_FILE).read_text())
     except (OSError, ValueError):
         return  # a run from an older kitlib, or trained outside the notebooks
     if not record.get("beaten", True):
-        from kitlib.tasks.baseline import Baseline
-
         verdict = Baseline.from_dict(record).verdict(record.get("model_score"), str(record.get("kind", "")))
         # 4: past infer and the contextlib frame of its @cpu_threads, so the box names the 03 cell, not contextlib.py
         warnings.warn(f"{verdict}. The submission is written anyway.", stacklevel=4)
@@ -679,7 +700,6 @@ def _warn_unbeaten(run_dir: Path) -> None:
 def _trained_checkpoint(run_dir: Path, p: Params) -> Path:
     """``run_dir``'s best (else last) checkpoint, trained on the features 01 saved; else an error naming the fix."""
     from kitlib.engine import checkpoint
-    from kitlib.errors import CheckpointError, MissingRunError
 
     found = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
     if found is None:

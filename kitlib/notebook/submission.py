@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from kitlib._files import write_atomic
 from kitlib.errors import DataError
 
+# lazy: numpy (+0.1 s): only reading the tables needs it (python -X importtime).
+
 if TYPE_CHECKING:
     import pandas as pd
 

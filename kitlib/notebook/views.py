@@ -13,6 +13,8 @@ import pandas as pd
 
 from kitlib.progress import THROUGHPUT
 
+# lazy: matplotlib (+0.4 s): only drawing a chart needs it (python -X importtime).
+
 if TYPE_CHECKING:
     from kitlib.engine.loop import FitResult
 

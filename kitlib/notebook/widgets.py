@@ -21,8 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
 from kitlib.config import PICKER_LABELS, Adapter, Requested
+from kitlib.errors import PrecisionError
 from kitlib.notebook.estimate import duration, estimate_epoch_seconds, estimate_run
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun, resolve
+
+# lazy: IPython (+0.3 s), ipywidgets (+0.3 s), torch (+1.0 s): only showing the picker needs them, so
+# `import kitlib.notebook.widgets` stays at 0.05 s (tests/test_presets.py::test_import_is_cheap; python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -165,8 +169,6 @@ class PresetPicker:
         self._apply(self._preset, overrides, revert=(key, change["old"]))
 
     def _apply(self, preset: str | Preset, overrides: dict[str, Any], revert: tuple[str, Any] | None) -> None:
-        from kitlib.machine.precision import PrecisionError
-
         try:
             resolved = resolve(self._adjusted(preset), self._hw, lengths=self._lengths, overrides=overrides)
         except (ValueError, PrecisionError) as err:  # keep the last valid run; say why this one was refused

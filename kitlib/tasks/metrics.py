@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
+from kitlib.config import Mode
 from kitlib.errors import SetupError
+from kitlib.tasks.sql_metric import mean_record_f1
 
 if TYPE_CHECKING:
     from kitlib.config import Mode, TargetRule
@@ -94,8 +97,6 @@ def rouge_l(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 def _rouge_words(text: Any) -> list[str]:
-    import re
-
     return re.findall(r"[a-z0-9]+", str(text).lower())
 
 
@@ -115,8 +116,6 @@ def record_f1_on(database: Path) -> MetricFn:
     queries', both run read-only on ``database`` (kitlib.tasks.sql_metric; a failing query scores 0)."""
 
     def record_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-        from kitlib.tasks.sql_metric import mean_record_f1
-
         return mean_record_f1([str(q) for q in y_pred], [str(q) for q in y_true], database)
 
     return record_f1
@@ -153,8 +152,6 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
     """The metric ``name`` ("auto": accuracy for classes, rmse for numbers, exact_match for texts; or
     "module:function") for a target of ``kind``; a SetupError naming the fix when it does not exist, does not
     import, or does not fit the target. ``record_f1`` executes SQL on the database in ``data_dir``."""
-    from kitlib.config import Mode
-
     if name == "auto":
         name = AUTO[kind]
     if ":" in name:

@@ -24,6 +24,7 @@ import pandas as pd
 from kitlib._files import write_atomic
 from kitlib.data.tables import DataError
 from kitlib.errors import DemoDataMissing
+from kitlib.tasks.metrics import METRICS, get_metric
 
 CORPUS_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 LABELS = {"fresh": 1, "rotten": 0}  # the corpus's 'plot' rows (movie synopses) are not reviews and are dropped
@@ -216,8 +217,6 @@ def score(
     strings; numbers as numbers, so 1 and 1.0 agree); a number metric needs finite numbers. Mismatched ids, row
     counts, missing values or probabilities where classes belong raise a DataError saying what to fix.
     ``data_dir``: where record_f1 finds the database (default: the solution's folder)."""
-    from kitlib.tasks.metrics import METRICS, get_metric
-
     solution = read_scored(solution_csv, "solution", target, text=True, id=id)
     submission = read_scored(submission_csv, "submission", target, text=True, id=id)
     check_same_ids(solution, submission)

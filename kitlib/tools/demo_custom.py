@@ -8,6 +8,7 @@ batches by length, trains it with fit (accumulation, precision, checkpoints) and
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from kitlib._files import write_atomic
@@ -54,8 +55,6 @@ def build(vocab_size: int, num_labels: int, pad_id: int) -> nn.Module:
 
 def make_custom_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.2, force: bool = False) -> DemoPaths:
     """The reviews demo's files, ``bilstm.py`` and a demo.json naming it by its full path (~1 s)."""
-    import json
-
     paths = make_demo(dir, seed=seed, test_fraction=test_fraction, force=force)
     write_atomic(paths.root / FACTORY_FILE, BILSTM)
     about = {"task": "custom", "metric": "accuracy", "parameters": parameters(paths.root)}

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from kitlib.errors import DemoDataMissing
+from kitlib.tasks.metrics import smape
 from kitlib.tools.demo import DemoPaths, score, write_competition
 
 PACKAGE = "bokeh_sampledata"  # import name; on PyPI: bokeh-sampledata
@@ -158,8 +159,6 @@ def make_price_demo(dir: str | Path, *, seed: int = 0, test_fraction: float = 0.
 
 def _smape(y_true: np.ndarray | list[float], y_pred: np.ndarray | list[float]) -> float:
     """kitlib.tasks.metrics.smape (percent, 0-200, 0/0 counting 0) of two equal, non-empty 1-d arrays."""
-    from kitlib.tasks.metrics import smape
-
     actual, forecast = np.asarray(y_true, dtype=float), np.asarray(y_pred, dtype=float)
     if actual.shape != forecast.shape or actual.ndim != 1 or actual.size == 0:
         raise ValueError(f"SMAPE needs two equal, non-empty 1-d arrays; got shapes {actual.shape}, {forecast.shape}")

@@ -28,6 +28,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kitlib.errors import KaggleCLIError, KernelFolderError, KernelMetadataError
+from kitlib.notebook.params import check_parameters, keep_aside
+from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
+from kitlib.notebook.regimes import REGIMES
+from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
+
+# lazy: importlib.metadata (+0.016 s): read only where pyproject.toml is absent (python -X importtime).
 
 Runner = Callable[[Sequence[str]], subprocess.CompletedProcess[str]]
 
@@ -112,9 +118,6 @@ def build_kernels(
     competition (or first dataset): ``<prefix>-<competition>-<nn>-<name>``, so two competitions never share one.
     Without ``wheels_dataset`` a warning says that every kernel's install cell will fail on Kaggle.
     """
-    from kitlib.notebook.params import check_parameters, keep_aside
-    from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
-
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
     notebooks = sorted(folder_in.glob(NOTEBOOK_GLOB))
     if not notebooks:
@@ -221,9 +224,6 @@ def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
     trains and 03 predicts; 01 too when the preset's regime runs the encoder over every row there (``fast``'s
     embedding pass, its only heavy compute: 40-100 s for the demo on a 2-core CPU, seconds on a T4). Elsewhere 01
     only tokenizes, and 00 reads the data: a GPU there would be quota spent waiting."""
-    from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
-    from kitlib.notebook.regimes import REGIMES
-
     regime = REGIMES[get_preset(preset or DEFAULT_PRESET).regime]
     return frozenset({"01", "02", "03"} if regime.features_need_accelerator else {"02", "03"})
 

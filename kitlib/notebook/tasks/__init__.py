@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from kitlib.errors import SetupError
+from kitlib.notebook.tasks.base import Task
 from kitlib.tasks.metrics import import_object
 
 if TYPE_CHECKING:
@@ -69,8 +70,6 @@ TASKS: Mapping[str, TaskEntry] = MappingProxyType(
 
 def get_task(name: str) -> Task:
     """The task ``name`` (a name in TASKS, or ``module:name`` of your own): a SetupError naming the fix otherwise."""
-    from kitlib.notebook.tasks.base import Task
-
     entry = TASKS.get(name)
     if entry is None and ":" not in name:
         raise SetupError(

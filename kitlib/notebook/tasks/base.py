@@ -23,12 +23,18 @@ A new task subclasses ``Task`` in a module of its own and is named in 00's param
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+from kitlib.tasks.targets import read_target, regression_loss
+
+# lazy: torch (+1.0 s), tqdm (+0.02 s): the task classes are read (names, presets) without training or a progress bar
+# (python -X importtime).
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -39,13 +45,15 @@ if TYPE_CHECKING:
 
     from kitlib.config import TargetRule
     from kitlib.data.tables import TaskSpec
+    from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.regimes import Encoder, Extra, Prepared
     from kitlib.tasks.metrics import Metric
 
-    FullEval = Callable[[nn.Module], Any]  # fit's full_eval: model -> metrics, or a callable scored in the background
+    # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
+    FullEval = Callable[[nn.Module], Any] | SplitEval
 
 
 class Params(Protocol):
@@ -132,8 +140,6 @@ class Task:
         return ()
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
-        from kitlib.tasks.targets import read_target
-
         return read_target(column, self.target_rule, metric, p.objective)
 
     def side_inputs(self, p: Params, train: pd.DataFrame, test: pd.DataFrame) -> SideInputs:
@@ -177,8 +183,6 @@ class Task:
         choice: Mapping[str, Any],
     ) -> Prepared:
         """Loaders and the model for 02 and 03 from the saved features: the regime's, with ``model`` around it."""
-        import dataclasses
-
         prepared = feats.run.regime.prepare(feats, hw, split, seed, choice)
         return dataclasses.replace(prepared, model=self.model(prepared.model, feats.spec, feats.side, seed))
 
@@ -190,8 +194,6 @@ class Task:
         (kitlib.tasks.targets: squared or absolute error, whatever loss the model computes itself)."""
         if spec.kind != "regression":
             return None
-        from kitlib.tasks.targets import regression_loss
-
         loss = regression_loss(spec)
 
         def objective(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -207,7 +209,6 @@ class Task:
         import torch
 
         from kitlib.engine.step import to_device
-        from kitlib.tasks.targets import regression_loss
 
         move = to_device(device)
         objective = regression_loss(spec) if spec.kind == "regression" else None

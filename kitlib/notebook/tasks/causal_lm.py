@@ -30,10 +30,22 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
+from kitlib.data.featurize import tokenize_texts
+from kitlib.data.loaders import make_eval_loader, make_predict_loader, make_train_loader
+from kitlib.data.tables import DataError, TaskSpec
+from kitlib.errors import SetupError
+from kitlib.models.adapters import quantization
+from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
+from kitlib.models.causal_lm import tiny_causal_lm
+from kitlib.models.loading import from_pretrained, model_refusals
+from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
+
+# lazy: transformers (+0.6 s): only loading a pretrained model needs it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,8 +79,6 @@ class CausalLMTask(TextGenerationTask):
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
-        from kitlib.errors import SetupError
-
         if p.text == p.target:
             raise SetupError(
                 f"task = 'causal-lm' needs a prompt column and a response column, but text and target both name "
@@ -76,8 +86,6 @@ class CausalLMTask(TextGenerationTask):
             )
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
-        from kitlib.data.tables import DataError, TaskSpec
-
         blank = column.map(lambda v: v is None or (isinstance(v, float) and np.isnan(v)) or str(v).strip() == "")
         if blank.any():
             first = blank.idxmax()
@@ -92,24 +100,18 @@ class CausalLMTask(TextGenerationTask):
         """Every prompt whole up to the cap (01 fits the sequence length itself), all weights trained; from scratch
         (no model folder) a tiny GPT-2 needs a far larger lr and more epochs than the presets' pretrained numbers;
         generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
-        from kitlib.notebook.presets import PRESETS
-
         changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": MAX_SEQ_TOKENS}
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, **changes, full_eval_every=0)
         changes["full_eval_every"] = FULL_EVAL_EVERY
-        if model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
-            epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
+        if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
+            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        from kitlib.models.bpe import tokenizer_identity, train_bpe_tokenizer
-        from kitlib.models.causal_lm import tiny_causal_lm
-
         folder = model_folder(p)
         if folder is not None:
             tokenizer, model = _folder_model(folder)
@@ -133,8 +135,6 @@ class CausalLMTask(TextGenerationTask):
         """Per row, the sequence's labels: -100 on the prompt, the response's tokens and </s>, -100 padding, as wide
         as the longest sequence (at most MAX_SEQ_TOKENS, or the model's positions when fewer). 02 rebuilds the
         inputs from them and the prompt tokens."""
-        from kitlib.data.featurize import tokenize_texts
-
         cap = min(MAX_SEQ_TOKENS, _positions(model) or MAX_SEQ_TOKENS)
         prompts = tokenize_texts([str(v) for v in train[p.text]], tokenizer, max_length=cap, cache=cache).lengths
         responses = _encode_responses([str(v) for v in train[p.target]], tokenizer)
@@ -151,9 +151,6 @@ class CausalLMTask(TextGenerationTask):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        from kitlib.data.loaders import make_eval_loader, make_predict_loader, make_train_loader
-        from kitlib.notebook.regimes import Prepared
-
         cfg, tokens, y, pad = feats.run.config, feats.train_tokens, feats.labels, feats.pad_id
 
         def subset(idx: np.ndarray) -> SequenceDataset:
@@ -220,8 +217,6 @@ def sequence(prompt: Sequence[int] | np.ndarray, labels: np.ndarray) -> tuple[np
 def _encode_responses(responses: list[str], tokenizer: Any) -> list[list[int]]:
     eos = tokenizer.eos_token_id
     if eos is None:
-        from kitlib.errors import SetupError
-
         raise SetupError(f"the tokenizer ({type(tokenizer).__name__}) has no eos token: a response could never end")
     ids = tokenizer(responses, add_special_tokens=False, return_attention_mask=False)["input_ids"]
     return [[*row, eos] for row in ids]
@@ -253,8 +248,6 @@ class SequenceCollator:
         self.pad_id = pad_id
 
     def __call__(self, items: Sequence[tuple[np.ndarray, np.ndarray | None]]) -> dict[str, torch.Tensor]:
-        import torch
-
         width = max(1, max(len(ids) for ids, _ in items))
         ids = np.full((len(items), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(items), width), dtype=np.int64)
@@ -281,9 +274,6 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
 def _folder_model(folder: str, adapter: str = "none") -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from kitlib.models.adapters import quantization
-    from kitlib.models.loading import from_pretrained, model_refusals
-
     with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model = from_pretrained(AutoModelForCausalLM, folder, **quantization(adapter))  # qlora: 4-bit weights
@@ -303,9 +293,6 @@ def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str =
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
     its training responses set (``labels``: -100 on the prompt, the response and </s>)."""
-    from kitlib.models.bpe import tokenizer_from_json
-    from kitlib.models.causal_lm import tiny_causal_lm
-
     if "model_folder" in side.state:
         tokenizer, model = _folder_model(side.state["model_folder"], adapter)
     else:
@@ -320,8 +307,6 @@ def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1)
     """The response tokens generated for each prompt (on the model's device), within the model's limits
     (``kitlib_limits``: the training responses' lengths and repetition): prompts padded on the left, so every row's
     new tokens start at the same column."""
-    import torch
-
     model = getattr(model, "module", model)
     tokenizer = getattr(model, "kitlib_tokenizer")  # noqa: B009
     limits = limits_of(model)

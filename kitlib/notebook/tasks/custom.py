@@ -24,8 +24,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from kitlib.data.tables import texts_to_generate
 from kitlib.errors import SetupError
+from kitlib.models.loading import fp32_master_weights
+from kitlib.notebook.presets import PRESETS
+from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.text import TextTask
+from kitlib.tasks.metrics import import_object
+
+# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -55,8 +62,6 @@ class CustomTask(TextTask):
         check_factory(p, "custom", "(vocab_size, num_labels, pad_id)")
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
-        from kitlib.data.tables import texts_to_generate
-
         if texts_to_generate(column):
             raise SetupError(
                 f"task = 'custom' trains your module to predict a class or a number, but target {column.name!r} holds "
@@ -69,8 +74,6 @@ class CustomTask(TextTask):
     def preset(self, preset: Preset, p: Params) -> Preset:
         """Random weights: a larger lr and more epochs than the presets' pretrained numbers (best/ and patience keep
         the run from overfitting); x the registry's epochs, so applying it twice changes nothing."""
-        from kitlib.notebook.presets import PRESETS
-
         epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
         if preset.row_limit is None:  # smoke stays a plumbing check
             epochs *= FROM_SCRATCH_EPOCHS
@@ -86,8 +89,6 @@ class CustomTask(TextTask):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        from kitlib.notebook.regimes import FINETUNE, Prepared
-
         spec = feats.side.state["model_factory"]
         sizes = {"vocab_size": feats.vocab_size, "num_labels": feats.spec.num_labels, "pad_id": feats.pad_id}
         model = build_model(spec, sizes, seed, positional=True)
@@ -120,8 +121,6 @@ def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: b
     name) under ``seed`` (the caller's RNG untouched), in fp32 master weights; a SetupError naming the fix when the
     call raises or gives no nn.Module."""
     import torch
-
-    from kitlib.models.loading import fp32_master_weights
 
     build = factory(spec)
     with torch.random.fork_rng(devices=[]):
@@ -202,8 +201,6 @@ def factory_path(spec: str, base: Path) -> str:
 def factory(spec: str) -> Any:
     """The function ``spec`` names: ``file.py:function`` (a path: relative ones from the working folder), or an
     importable ``module:function``; a SetupError naming the fix otherwise."""
-    from kitlib.tasks.metrics import import_object
-
     where, _, name = spec.rpartition(":")
     if not where.endswith(".py"):
         found = import_object(spec, "model_factory")

@@ -29,9 +29,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
+from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
+from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
+
+# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -69,19 +73,16 @@ class CustomSeq2SeqTask(Seq2SeqTask):
             )
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Random weights: a larger lr and more epochs (x the registry's, so applying it twice changes nothing);
-        generation scored every FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
-        from kitlib.notebook.presets import PRESETS
-
+        """Random weights: a larger lr and more epochs (applied once, by stages.task_preset); generation scored every
+        FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
         if preset.row_limit is not None:
             return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
-        epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
         return dataclasses.replace(
             preset,
             freeze="none",
             freeze_layers=0,
             lr=FROM_SCRATCH_LR,
-            epochs=epochs * FROM_SCRATCH_EPOCHS,
+            epochs=preset.epochs * FROM_SCRATCH_EPOCHS,
             target_effective_batch=min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
             full_eval_every=FULL_EVAL_EVERY,
         )
@@ -91,8 +92,6 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         """The tokenizer only (the model is yours, built in 02): byte-level BPE trained on the training rows."""
-        from kitlib.models.bpe import tokenizer_identity, train_bpe_tokenizer
-
         tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
         print(
             f"{self.name}: your model ({p.model_factory}) on a {len(tokenizer)}-token byte-level BPE trained on the "
@@ -112,9 +111,6 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        from kitlib.models.bpe import tokenizer_from_json
-        from kitlib.notebook.regimes import FINETUNE, Prepared
-
         tokenizer = tokenizer_from_json(feats.side.state["tokenizer"])
         spec = feats.side.state["model_factory"]
         sizes = {"vocab_size": len(tokenizer), "pad_id": tokenizer.pad_token_id, "eos_id": tokenizer.eos_token_id}

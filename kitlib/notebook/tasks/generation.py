@@ -25,11 +25,14 @@ import numpy as np
 
 from kitlib.notebook.tasks.base import Task, each_batch
 
+# lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime).
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from kitlib.data.tables import TaskSpec
+    from kitlib.engine.evaluation import SplitEval
     from kitlib.notebook.tasks.base import FullEval, Params
     from kitlib.tasks.metrics import Metric
 
@@ -203,23 +206,19 @@ class TextGenerationTask(Task):
 
     def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
         """Generation and the metric, placed where they cost training least (``generated_eval``); fit makes its own
-        loss pass beside a full eval that returns a callable, so this one does not. Blank outputs are scored as 03
-        writes them (the most common training target)."""
+        loss pass beside a split full eval, so this one does not. Blank outputs are scored as 03 writes them (the
+        most common training target)."""
 
-        def evaluate(model: nn.Module) -> Any:
-            batches = list(loader)  # once: generation may run later, in another thread
+        def generate(on: nn.Module) -> tuple[list[str], list[str]]:
+            batches = list(loader)
+            references = [self.reference(on, row) for b in batches for row in b["labels"]]
+            return references, [text for b in batches for text in self.texts(on, b, 1, Tally())]
 
-            def generate(on: nn.Module) -> tuple[list[str], list[str]]:
-                references = [self.reference(on, row) for b in batches for row in b["labels"]]
-                return references, [text for b in batches for text in self.texts(on, b, 1, Tally())]
+        def score(references: list[str], generated: list[str]) -> dict[str, float]:
+            y_true, y_pred = np.array(references, dtype=object), np.array(generated, dtype=object)
+            return {metric.name: metric(y_true, y_pred)}
 
-            def score(references: list[str], generated: list[str]) -> dict[str, float]:
-                y_true, y_pred = np.array(references, dtype=object), np.array(generated, dtype=object)
-                return {metric.name: metric(y_true, y_pred)}
-
-            return generated_eval(model, generate, score)
-
-        return evaluate
+        return generated_eval(generate, score)
 
     def predict(
         self,
@@ -270,13 +269,13 @@ def model_folder(p: Params) -> str | None:
 
 
 def generated_eval(
-    model: nn.Module,
     generate: Callable[[nn.Module], tuple[list[str], list[str]]],
     score: Callable[[list[str], list[str]], dict[str, float]],
-) -> Callable[[], dict[str, float]]:
-    """A generating full evaluation, split where it costs training least: generation here, on the model's own device
-    and weights, and only the metric (executing SQL, say) in the callable fit runs in the background while the next
-    epoch trains. ``generate(model)`` -> (references, generated texts); ``score`` -> metrics.
+) -> SplitEval:
+    """A generating full evaluation, split where it costs training least: generation in the foreground, on the
+    model's own device and weights, and only the metric (executing SQL, say) where ``background_eval`` says (in the
+    background while the next epoch trains, by default). ``generate(model)`` -> (references, generated texts);
+    ``score`` -> metrics.
 
     On a GPU, generating takes seconds there, against a deep copy of the weights (2x their memory for a moment) and
     minutes of generating on the CPU in a thread that takes Kaggle's 2-4 vCPUs from the data loader. On the CPU, a
@@ -286,6 +285,10 @@ def generated_eval(
     """
     import torch
 
-    with torch.inference_mode():
-        references, generated = generate(getattr(model, "module", model))
-    return lambda: score(references, generated)
+    from kitlib.engine.evaluation import SplitEval
+
+    def measure(model: nn.Module) -> tuple[list[str], list[str]]:
+        with torch.inference_mode():
+            return generate(getattr(model, "module", model))
+
+    return SplitEval(measure=measure, score=lambda measured: score(*measured))

@@ -26,8 +26,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kitlib.data.featurize import tokenize_texts
+from kitlib.data.tables import DataError, TaskSpec
+from kitlib.models.adapters import quantization
+from kitlib.models.loading import from_pretrained, model_refusals
+from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq, tokenizer_from_json, tokenizer_identity
+from kitlib.notebook.presets import PRESETS
+from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
+from kitlib.tasks.metrics import database_in
+from kitlib.tasks.sql_metric import check_references
+
+# lazy: transformers (+0.6 s), pandas (+0.2 s): only loading a pretrained model or reading the databases needs them
+# (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,8 +77,6 @@ class Seq2SeqTask(TextGenerationTask):
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
-        from kitlib.data.tables import DataError, TaskSpec
-
         not_text = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
         if not_text.any():
             first = not_text.idxmax()
@@ -84,8 +94,6 @@ class Seq2SeqTask(TextGenerationTask):
         SHORT_TEXT_BATCH and SHORT_TEXT_LR). Generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, freeze="none", full_eval_every=0)
-        from kitlib.notebook.presets import PRESETS
-
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
         if model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
             epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
@@ -102,13 +110,9 @@ class Seq2SeqTask(TextGenerationTask):
     def load(
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq, tokenizer_identity
-
         folder = model_folder(p)
         if folder is not None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-            from kitlib.models.loading import from_pretrained, model_refusals
 
             with model_refusals(folder):
                 model = from_pretrained(AutoModelForSeq2SeqLM, folder)
@@ -123,8 +127,6 @@ class Seq2SeqTask(TextGenerationTask):
     def labels(
         self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
-        from kitlib.data.featurize import tokenize_texts
-
         # Every target whole (up to the cap): a cut target teaches the model never to finish, and a cut reference
         # would be scored as if it were the answer. Padding to the longest costs decoder work on -100 positions only.
         tokens = tokenize_texts(train[p.target].astype(str).tolist(), tokenizer, cache=cache)
@@ -148,8 +150,6 @@ class Seq2SeqTask(TextGenerationTask):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        from kitlib.notebook.regimes import FINETUNE, Prepared
-
         model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter)
         return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
 
@@ -185,9 +185,6 @@ def _check_sql(column: pd.Series, p: Params) -> None:
     runs once now, on the database opened read-only, so a broken one stops 00 instead of 02's first evaluation."""
     import pandas as pd
 
-    from kitlib.tasks.metrics import database_in
-    from kitlib.tasks.sql_metric import check_references
-
     database = database_in(p.data_dir)
     check_references(column, database, source=f"{p.train_file} column {column.name!r}")
     solution = p.data_dir / "solution.csv"
@@ -201,13 +198,8 @@ def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str =
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny T5 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its
     training targets set."""
-    from kitlib.models.seq2seq import tiny_seq2seq, tokenizer_from_json
-
     if "model_folder" in side.state:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-        from kitlib.models.adapters import quantization
-        from kitlib.models.loading import from_pretrained, model_refusals
 
         folder = side.state["model_folder"]
         with model_refusals(folder):

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kitlib.data.tables import MAX_INT_CLASSES
 from kitlib.errors import SetupError
 from kitlib.notebook.tasks.base import Params, SideInputs, Task
+from kitlib.tasks.metrics import METRICS
+from kitlib.tasks.tabular import Columns, fit_columns
+from kitlib.tasks.targets import read_target
+
+# lazy: torch (+1.0 s): only building the tabular head needs it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,8 +32,6 @@ class TextTask(Task):
         return (*p.numeric, *p.categorical)
 
     def side_inputs(self, p: Params, train: pd.DataFrame, test: pd.DataFrame) -> SideInputs:
-        from kitlib.tasks.tabular import fit_columns
-
         if not (p.numeric or p.categorical):
             return SideInputs()
         train_path, test_path = p.data_dir / p.train_file, p.data_dir / p.test_file
@@ -38,7 +42,6 @@ class TextTask(Task):
         import torch
 
         from kitlib.models.tabular import TabularNet, WithTabular
-        from kitlib.tasks.tabular import Columns
 
         if not side.state:
             return text_model
@@ -55,10 +58,6 @@ class TabularTextTask(TextTask):
     dollars): it regresses where ``auto`` would ask. A named metric or task classify/regress decides first."""
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
-        from kitlib.data.tables import MAX_INT_CLASSES
-        from kitlib.tasks.metrics import METRICS
-        from kitlib.tasks.targets import read_target
-
         quantity = column.dtype.kind in "iuf" and column.nunique() > MAX_INT_CLASSES and metric not in METRICS
         return read_target(column, "regress" if quantity else self.target_rule, metric)
 
