@@ -27,10 +27,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.data.featurize import tokenize_texts
-from kitlib.data.tables import DataError, TaskSpec
+from kitlib.data.tables import DataError, TaskSpec, read_table
 from kitlib.models.adapters import quantization
 from kitlib.models.loading import from_pretrained, model_refusals
-from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq, tokenizer_from_json, tokenizer_identity
+from kitlib.models.seq2seq import (
+    data_tokenizer,
+    short_texts,
+    tiny_seq2seq,
+    tokenizer_from_json,
+    tokenizer_identity,
+)
 from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
@@ -169,9 +175,6 @@ class Seq2SeqTask(TextGenerationTask):
 def _short_text_rows(p: Params) -> int | None:
     """train.csv's row count when its texts and targets are short (kitlib.models.seq2seq.short_texts: the byte-level
     tokenizer's rule), else None (longer texts, or no train.csv yet): the preset's steps budget is for short texts."""
-    from kitlib.data.tables import read_table
-    from kitlib.models.seq2seq import short_texts
-
     path = p.data_dir / p.train_file
     if not path.is_file():
         return None
