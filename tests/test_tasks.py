@@ -478,15 +478,17 @@ def test_setup_after_the_picker_applies_the_tasks_preset_once(tmp_path: Path, cp
 
 
 @pytest.mark.parametrize("name", ["auto", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq"])
-def test_every_tasks_preset_adjustment_is_idempotent(tmp_path: Path, name: str) -> None:
-    """00 applies it in the picker and again in setup: twice must be once (causal-lm once trained 50 epochs, not 10)."""
+def test_every_tasks_preset_adjustment_is_applied_once(tmp_path: Path, name: str) -> None:
+    """00 passes the preset through stages.task_preset in the picker and again in setup: twice must be once, even
+    where the task's own adjustment multiplies (causal-lm once trained 50 epochs, not 10)."""
     from kitlib.notebook.presets import PRESETS
 
     p = stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny")
-    task = get_task(name)
+    adjust, task = stages.task_preset(p), get_task(name)
     for preset in PRESETS.values():
-        once = task.preset(preset, p)
-        assert task.preset(once, p) == once, (name, preset.name)
+        once = adjust(preset)
+        assert adjust(once) == once, (name, preset.name)
+        assert dataclasses.replace(once, adjusted_for="") == task.preset(preset, p), (name, preset.name)
 
 
 @pytest.mark.parametrize(
