@@ -37,7 +37,6 @@ from kitlib.models.seq2seq import (
     tokenizer_from_json,
     tokenizer_identity,
 )
-from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
@@ -68,7 +67,7 @@ FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in bet
 # 13,500 steps, 54 epochs of 4,000 grapheme-to-phoneme rows, 8.5 min on a 2-core CPU: exact match 0.348 (9,000 steps:
 # 0.295; the validation curve flattens after ~9,000 of them, README "Outside data").
 SHORT_TEXT_BATCH = 16  # rows per optimizer step: per row, batch 16 costs ~1.1x batch 32 on a CPU, for 2x the steps
-SHORT_TEXT_STEPS_PER_EPOCH = 6750  # x the registry's epochs (balanced 2, best 4)
+SHORT_TEXT_STEPS_PER_EPOCH = 6750  # x the preset's epochs (balanced 2, best 4)
 # At 1e-3 the g2p loss stalled (0.78 -> 0.69 in epochs 10-18 of 36) and fell only once the cosine took the lr below
 # ~5e-4 (0.69 -> 0.44 in epochs 19-36): the whole budget at the lr that learns.
 SHORT_TEXT_LR = 5e-4
@@ -101,8 +100,8 @@ class Seq2SeqTask(TextGenerationTask):
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, freeze="none", full_eval_every=0)
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
-        if model_folder(p) is None:  # x the registry's epochs, not this preset's: applying it twice changes nothing
-            epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
+        if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
+            epochs = preset.epochs
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
             rows = _short_text_rows(p)
             if rows is not None:
