@@ -4,6 +4,7 @@ the wall time.
 
     python benchmarks/outside_data.py                  # all three, the default presets below
     python benchmarks/outside_data.py --only g2p --preset balanced --rows 4000
+    OMP_NUM_THREADS=1 python benchmarks/outside_data.py --only g2p   # a CPU shared with other jobs: one thread each
 
 - ``superstore``: order lines of a US store (``bokeh-sampledata``'s SampleSuperstore): a description of the line
   (ship mode, segment, place, category, sub-category) as text, quantity and discount as numbers, region and category
@@ -146,8 +147,9 @@ def run(name: str, rows: int, preset: str, work: Path, model: str) -> dict[str, 
     cmd = [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", str(root), "--work", str(out),
            "--preset", preset, "--model", model, "--params", str(root / "params.json")]  # fmt: skip
     subprocess.run(cmd, check=True, env=os.environ | {"KITLIB_TRACEBACK": "1"})
-    wall = time.perf_counter() - start
-    return {"competition": name, "rows": rows, "preset": preset, **score(root, out / "submission.csv"), "wall_s": wall}
+    wall, load = time.perf_counter() - start, os.getloadavg()[1]  # the last 5 minutes' load: how shared the CPU was
+    result = {"competition": name, "rows": rows, "preset": preset, **score(root, out / "submission.csv")}
+    return result | {"wall_s": wall, "load_5min": load, "threads": os.environ.get("OMP_NUM_THREADS", "all CPUs")}
 
 
 def main() -> None:

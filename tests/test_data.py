@@ -191,6 +191,25 @@ def test_collate_truncates_keeping_the_last_token_and_fixed_width() -> None:
     assert mapping["labels"].tolist() == [3]
 
 
+def test_collate_cuts_target_token_labels_to_the_batchs_longest_and_the_loss_is_unchanged() -> None:
+    """seq2seq's labels are saved padded with -100 to the data's longest target: a batch carries only the columns up
+    to its own longest (rounded up to 8), and a decoder's loss on them is the same as on the full width."""
+    from kitlib.models.seq2seq import tiny_seq2seq, train_bpe_tokenizer
+
+    saved = np.full((2, 50), -100)
+    saved[0, :5], saved[1, :11] = 7, 9
+    batch = PaddingCollator(pad_id=0)([(np.arange(1, 4), saved[0]), (np.arange(1, 6), saved[1])])
+    assert batch["labels"].shape == (2, 16) and batch["labels"][:, :11].tolist() == saved[:, :11].tolist()
+    assert PaddingCollator(fixed_length=8)([(np.arange(1, 4), saved[0])])["labels"].shape == (1, 50)  # static shapes
+
+    model = tiny_seq2seq(train_bpe_tokenizer(["abc"], vocab_size=1), seed=0).eval()
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        cut = model(**inputs, labels=batch["labels"]).loss
+        full = model(**inputs, labels=torch.from_numpy(saved)).loss
+    torch.testing.assert_close(cut, full)
+
+
 # ---------------------------------------------------------------------------------------------------- factories
 def token_dataset(n: int = 300, labels: bool = True) -> TokenDataset:
     rng = np.random.default_rng(0)

@@ -421,6 +421,34 @@ def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_h
     assert plain.config == cfg
 
 
+def _spelling(folder: Path, n_train: int, n_test: int = 20) -> Path:
+    """A short-text seq2seq competition: a made-up word -> its letters, spaced and upper-cased (g2p-like lengths)."""
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghij"), rng.integers(4, 9))) for _ in range(n_train + n_test)]
+    frame = pd.DataFrame({"id": range(len(words)), "text": words, "target": [" ".join(w.upper()) for w in words]})
+    folder.mkdir()
+    frame.iloc[:n_train].to_csv(folder / "train.csv", index=False)
+    frame.iloc[n_train:][["id", "text"]].to_csv(folder / "test.csv", index=False)
+    frame.iloc[n_train:][["id"]].assign(target="A").to_csv(folder / "sample_submission.csv", index=False)
+    return folder
+
+
+def test_seq2seq_from_scratch_on_short_texts_trains_a_steps_budget_whatever_the_rows(tmp_path: Path, cpu_hw) -> None:
+    """Short texts from scratch (byte level): the epochs follow train.csv's rows, so a small table gets as many
+    optimizer steps as a large one (balanced: 2 x SHORT_TEXT_STEPS_PER_EPOCH, at batch 16), not 20 epochs of either."""
+    from kitlib.notebook.tasks.seq2seq import SHORT_TEXT_BATCH, SHORT_TEXT_LR, SHORT_TEXT_STEPS_PER_EPOCH
+
+    steps = {}
+    for rows in (400, 1600):
+        data = _spelling(tmp_path / f"d{rows}", rows)
+        p = stages.params(data_dir=data, work_dir=tmp_path / f"w{rows}", preset="balanced", model="tiny",
+                          task="seq2seq", target="target")  # fmt: skip
+        cfg = stages.setup(p, cpu_hw).config
+        assert (cfg.micro_batch_size * cfg.grad_accum_steps, cfg.lr) == (SHORT_TEXT_BATCH, SHORT_TEXT_LR)
+        steps[rows] = cfg.epochs * rows / SHORT_TEXT_BATCH
+    assert steps[400] == steps[1600] == 2 * SHORT_TEXT_STEPS_PER_EPOCH, steps
+
+
 class DoublingTask(TabularTextTask):
     """A user's task whose preset adjustment is not idempotent: twice the epochs of the preset it is given."""
 

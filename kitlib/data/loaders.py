@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from kitlib.config import TrainConfig
     from kitlib.machine.hardware import HardwareInfo
 
+IGNORE_LABEL = -100  # a label position the loss skips (Hugging Face's convention): padding of target-token rows
 MAX_WORKERS = 4  # collating 32 pre-tokenised rows costs ~0.3 ms: 4 workers keep any single GPU fed
 SHM_HEADROOM = 4  # /dev/shm must hold 4x the batches in flight (torch keeps one segment per tensor, plus fragments)
 
@@ -134,9 +135,18 @@ class PaddingCollator:
         batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
         if any(label is not None for label in labels):
             arr = np.asarray(labels)
+            if arr.ndim == 2 and arr.dtype.kind == "i" and self.fixed_length is None:  # target tokens (seq2seq)
+                arr = arr[:, : _scored_width(arr, self.pad_to_multiple_of)]
             batch["labels"] = torch.from_numpy(arr.astype(np.float32 if arr.dtype.kind == "f" else np.int64))
         batch |= {name: torch.from_numpy(np.stack(values)) for name, values in side.items()}
         return batch
+
+
+def _scored_width(labels: np.ndarray, multiple: int) -> int:
+    """Columns up to the batch's last scored label (IGNORE_LABEL pads), rounded up to ``multiple``: target rows are
+    saved padded to the data's longest, and a decoder pays per column (g2p: 50 saved, a step 1.5x faster at 28)."""
+    scored = np.flatnonzero((labels != IGNORE_LABEL).any(axis=0))
+    return labels.shape[1] if len(scored) == 0 else min(labels.shape[1], round_up(int(scored[-1]) + 1, multiple))
 
 
 def _split_item(item: Any) -> tuple[Any, Any]:

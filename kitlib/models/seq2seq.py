@@ -23,6 +23,7 @@ __all__ = [
     "SPECIALS",
     "TINY_T5",
     "data_tokenizer",
+    "short_texts",
     "tiny_seq2seq",
     "tokenizer_from_json",
     "tokenizer_identity",
@@ -53,13 +54,20 @@ def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:
     vocabulary over 4,000 grapheme-to-phoneme pairs), and a model from scratch then sees each one a few times; 259
     byte tokens are each seen thousands of times. Longer texts get BPE: a byte per step would make decoding (~length^2)
     and the model's job longer."""
-    import numpy as np
-
-    median = float(np.median([len(t) for t in texts])) if texts else 0.0
-    if median <= SHORT_TEXT_CHARS:
+    short, median = short_texts(texts)
+    if short:
         why = f"byte level (median text {median:.0f} characters <= {SHORT_TEXT_CHARS}: short texts)"
         return train_bpe_tokenizer(texts, vocab_size=1), why  # 1: no merges, the byte alphabet and the specials
     return train_bpe_tokenizer(texts, vocab_size=BPE_VOCAB), f"byte-level BPE (median text {median:.0f} characters)"
+
+
+def short_texts(texts: list[str]) -> tuple[bool, float]:
+    """Whether ``texts`` (sources and targets together) are short ones, tokenized byte by byte, and their median
+    length in characters: the tokenizer's rule, and the seq2seq preset's for its steps budget."""
+    import numpy as np
+
+    median = float(np.median([len(t) for t in texts])) if texts else 0.0
+    return median <= SHORT_TEXT_CHARS, median
 
 
 def tiny_seq2seq(tokenizer: PreTrainedTokenizerFast, *, seed: int) -> nn.Module:
