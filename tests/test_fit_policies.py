@@ -72,18 +72,21 @@ def test_nonfinite_steps_are_skipped_counted_and_a_diverged_run_stops_with_best_
     assert all(torch.isfinite(t).all() for t in best.weights.values())
 
 
+class InfOnCalls(nn.Module):
+    """The toy regression, whose output is inf on the forward calls named (1-based): a bad batch now and then."""
+
+    def __init__(self, *bad: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.calls, self.bad = 0, bad
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.linear(x) * (math.inf if self.calls in self.bad else 1.0)
+
+
 def test_isolated_nonfinite_step_is_skipped_and_reported(cpu_hw) -> None:
-    class OneBadBatch(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = nn.Linear(4, 1)
-            self.calls = 0
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.calls += 1
-            return self.linear(x) * (math.inf if self.calls == 3 else 1.0)
-
-    model = OneBadBatch()
+    model = InfOnCalls(3)
     result = fit(model, DataLoader(_data(), batch_size=8), config=_cfg(epochs=1), loss_fn=_mse, hw=cpu_hw)
     assert result.skipped_steps == 1 and result.steps == 7
     assert result.history["skipped_steps"].iloc[-1] == 1

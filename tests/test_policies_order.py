@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_fit_policies import _cfg, _data, _mse  # the same toy regression
+from test_fit_policies import InfOnCalls, _cfg, _data, _mse  # the same toy regression
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -124,18 +124,8 @@ def test_policies_that_share_a_fact_work_without_each_other_and_in_either_order(
 
 
 def test_skipped_steps_are_counted_without_the_non_finite_guard(cpu_hw) -> None:
-    class OneBadBatch(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = nn.Linear(4, 1)
-            self.calls = 0
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            self.calls += 1
-            return self.linear(x) * (math.inf if self.calls in (3, 10) else 1.0)
-
     policies = [p for p in default_policies(_cfg()) if not isinstance(p, NonFiniteGuard)]
-    result = fit(OneBadBatch(), DataLoader(_data(), batch_size=8), config=_cfg(epochs=2), loss_fn=_mse, hw=cpu_hw,
+    result = fit(InfOnCalls(3, 10), DataLoader(_data(), batch_size=8), config=_cfg(epochs=2), loss_fn=_mse, hw=cpu_hw,
                  policies=policies)  # fmt: skip
     assert (result.skipped_steps, result.steps) == (2, 14)
     assert result.history["skipped_steps"].tolist() == [1, 2]
