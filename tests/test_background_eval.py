@@ -249,3 +249,53 @@ def test_a_full_eval_that_returns_a_callable_is_told_to_declare_a_split_eval(cpu
     with pytest.raises(SetupError, match=r"SplitEval\(measure, score\)"):
         fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=1), loss_fn=_mse, hw=cpu_hw,
             full_eval=lambda model: (lambda: {"score": 1.0}))  # type: ignore[arg-type,return-value]  # fmt: skip
+
+
+def _as_eval_loss(value: float) -> dict[str, float]:
+    return {"eval_loss": value}
+
+
+@pytest.mark.parametrize("mode", ["off", "thread"])
+def test_an_epoch_whose_background_eval_reports_the_monitor_too_is_judged_once(cpu_hw: Any, mode: str) -> None:
+    """A SplitEval whose score reports the monitored eval_loss too (the cheap eval's is in the epoch's row already):
+    each epoch is judged once, in the background as in the foreground, so early stopping counts epochs, not values.
+    Every epoch improves on both evals here: patience 1 never stops the run."""
+    values = iter([1.0, 0.5, 0.4, 0.3, 0.2, 0.1])  # the full eval's eval_loss, better every epoch
+    cfg = _cfg(epochs=6, lr=1e-2, monitor="eval_loss", mode="min", patience=1, background_eval=mode)
+    torch.manual_seed(0)
+    result = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=cfg, loss_fn=_mse, hw=cpu_hw,
+                 eval_loader=DataLoader(_data(seed=1), batch_size=8),
+                 full_eval=SplitEval(lambda model: next(values), _as_eval_loss))  # fmt: skip
+    assert (result.stop_reason, len(result.history)) == ("completed", 6), result.history
+    assert result.best_epoch == 6
+
+
+def test_a_late_value_of_an_epoch_judged_already_leaves_best_with_that_epochs_weights(
+    cpu_hw: Any, tmp_path: Path
+) -> None:
+    """Epoch 2 is the best by its row's eval_loss; its background eval reports the same eval_loss an epoch later,
+    when the model holds epoch 3's weights: best/ keeps epoch 2's."""
+    cheap = iter([3.0, 1.0, 2.0])  # the epoch-end eval_loss: one eval batch, one value per epoch
+
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return _mse(model, batch) if model.training else torch.tensor(next(cheap))
+
+    full = iter([3.0, 1.0, 2.0])  # the full eval's eval_loss: the same pass, the same values
+    at_end: dict[int, dict[str, torch.Tensor]] = {}
+
+    class Watch(Callback):
+        def on_fit_start(self, loop: Loop) -> None:
+            self.loop = loop
+
+        def on_epoch_end(self, record: Mapping[str, Any]) -> None:
+            at_end[record["epoch"]] = _weights(self.loop.raw_model)
+
+    cfg = _cfg(epochs=3, monitor="eval_loss", mode="min")
+    torch.manual_seed(0)
+    result = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=cfg, loss_fn=loss, hw=cpu_hw,
+                 eval_loader=DataLoader(_data(seed=1), batch_size=64), run_dir=tmp_path, callbacks=[Watch()],
+                 full_eval=SplitEval(lambda model: next(full), _as_eval_loss))  # fmt: skip
+    assert (result.best_epoch, result.best_metric) == (2, 1.0)
+    best = checkpoint.load(tmp_path / "best")
+    for name, tensor in at_end[2].items():
+        assert torch.equal(best.weights[name], tensor), name

@@ -138,6 +138,43 @@ def test_a_4bit_model_is_not_merged_off_cuda() -> None:
         merge_adapter(adapted)
 
 
+def test_the_merged_export_carries_the_folders_whole_tokenizer(
+    tmp_path: Path, cpu_hw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """export_merged's folder is what a user ships: its tokenizer is the model folder's as AutoTokenizer loads it,
+    the chat template included (transformers 5 saves it beside tokenizer_config.json, as chat_template.jinja)."""
+    from types import SimpleNamespace
+
+    import transformers as tf
+
+    from kitlib.engine import checkpoint
+    from kitlib.models.adapters import add_adapter
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.notebook import stages
+
+    model, _ = _tiny("gpt2")
+    folder, run_dir = tmp_path / "gpt2-folder", tmp_path / "work" / "run"
+    model.save_pretrained(folder)  # type: ignore[operator]
+    tokenizer = train_bpe_tokenizer(["a tiny folder", "with a chat template"], vocab_size=64, add_eos=False)
+    tokenizer.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    tokenizer.save_pretrained(folder)
+    assert (folder / "chat_template.jinja").is_file()  # the file the export has to carry
+    adapted = add_adapter(tf.GPT2LMHeadModel.from_pretrained(folder), "lora", generating=True)
+    checkpoint.write(checkpoint.snapshot(adapted), run_dir / "best")
+    p = SimpleNamespace(model=str(folder), run_dir=run_dir)  # what 00-02 leave: the params, features and model
+    monkeypatch.setattr(stages, "load_params", lambda work_dir: p)
+    monkeypatch.setattr(stages, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
+        config=SimpleNamespace(adapter="lora"))))  # fmt: skip
+    monkeypatch.setattr(stages, "prepare", lambda p, feats, hw: SimpleNamespace(model=adapted))
+
+    out = stages.export_merged(tmp_path / "work", tmp_path / "merged", cpu_hw)
+    shipped, original = tf.AutoTokenizer.from_pretrained(out), tf.AutoTokenizer.from_pretrained(folder)
+    assert shipped.get_vocab() == original.get_vocab()
+    messages = [{"role": "user", "content": "hi"}]
+    assert shipped.chat_template == original.chat_template
+    assert shipped.apply_chat_template(messages, tokenize=False) == "<user>hi"
+
+
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(JOBS), *args], capture_output=True, text=True, timeout=300)
 

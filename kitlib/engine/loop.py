@@ -131,11 +131,18 @@ class RunState:
     best: float | None = None
     best_epoch: int | None = None  # 1-based
     evals_since_best: int = 0
+    judged: int = 0  # the last epoch (1-based) whose monitored metric was judged: each epoch is judged once
+    verdict: int = 0  # the epoch the latest metrics judged (0: they judged none), for ``is_best``
     history: list[dict[str, Any]] = field(default_factory=list)
     step_evals: list[dict[str, Any]] = field(default_factory=list)  # eval_every_steps: epoch, step, eval_loss
 
     def judge(self, epoch: int, value: float, cfg: TrainConfig) -> None:
-        """Epoch ``epoch``'s monitored ``value`` arrived: a new best, or one more evaluation without improvement."""
+        """Epoch ``epoch``'s monitored ``value`` arrived: a new best, or one more evaluation without improvement. The
+        first value of an epoch is its verdict: a background eval that reports the monitor too, after the epoch's
+        row did, would count that epoch twice (early stopping a run that improves every epoch)."""
+        if epoch <= self.judged:  # metrics arrive in epoch order (Loop.collect)
+            return
+        self.judged = self.verdict = epoch
         if math.isnan(value) or (
             self.best is not None
             and not (value < self.best - cfg.min_delta if cfg.mode == "min" else value > self.best + cfg.min_delta)
@@ -145,8 +152,9 @@ class RunState:
         self.best, self.best_epoch, self.evals_since_best = value, epoch, 0
 
     def is_best(self, epoch: int) -> bool:
-        """Whether the metrics of ``epoch`` just judged made it the best (true in ``on_metrics`` right after)."""
-        return self.best_epoch == epoch and self.evals_since_best == 0
+        """Whether the metrics of ``epoch`` just judged made it the best (true in ``on_metrics`` right after; not for
+        a later value of an epoch judged already, whose weights the model no longer holds)."""
+        return self.verdict == epoch and self.best_epoch == epoch and self.evals_since_best == 0
 
 
 class Loop:
@@ -410,6 +418,7 @@ class Loop:
 
     def report(self, epoch: int, metrics: Mapping[str, float], weights: checkpoint.Snapshot | None) -> None:
         """Epoch ``epoch``'s metrics arrived: ``state`` judges the monitored one, then ``on_metrics`` fires."""
+        self.state.verdict = 0
         if (value := metrics.get(self.monitor)) is not None:
             self.state.judge(epoch, value, self.cfg)
         self.events.on_metrics(epoch, metrics, weights)

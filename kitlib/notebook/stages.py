@@ -43,6 +43,7 @@ from kitlib.tasks.targets import describe_objective
 # lazy: torch (+1.0 s), pandas (+0.2 s): importing the stages loads neither (0.3 s with numpy), so notebooks 00 and 01
 # and the CLI that only read data and the run never pay for them (python -X importtime).
 # lazy: safetensors (+1 ms), once torch is in: only export_merged's non-HF module writes one.
+# lazy: transformers (+0.6 s): only export_merged loads it, to save the model folder's tokenizer.
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -674,10 +675,10 @@ def export_merged(
 
         save_model(merged, str(target / "model.safetensors"))
     folder = Path(p.model)
-    names = ("tokenizer", "special_tokens_map", "vocab", "merges", "spiece", "added_tokens")
-    for file in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if file.is_file() and file.name.startswith(names):
-            shutil.copy2(file, target / file.name)
+    if folder.is_dir():  # saved by transformers, so every file it loads from comes along (chat_template.jinja, ...)
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(folder).save_pretrained(target)
     size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
     weights = sum(t.numel() for t in merged.state_dict().values() if isinstance(t, torch.Tensor))
     print(f"merged: the {adapter} adapter of {p.run_dir.name}/ folded into {p.model}: {target} ({size / 1e6:.1f} MB, "
