@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -946,10 +947,17 @@ def check_seed_replays(ctx: Ctx) -> None:
     root = ctx.scratch / "replays"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "seed_replays.py"), "--device", "cuda", "--threads", "1",
            "--root", str(root), "--demo-data", str(made), *(a for n in names for a in ("--workload", n))]  # fmt: skip
-    done = subprocess.run(cmd + (["--quick"] if ctx.quick else []), capture_output=True, text=True, cwd=ROOT)
-    ctx.figure("stdout", done.stdout[-6000:])
-    if done.returncode:
-        raise RuntimeError(f"seed_replays.py exited {done.returncode}: {done.stderr[-3000:]}")
+    # Its own session, so a timeout ends the contenders too (a GPU left busy would skew the next checks' timings).
+    proc = subprocess.Popen(cmd + (["--quick"] if ctx.quick else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=ctx.size(240, 500))  # reasoned, not measured: ~1/3 of a part
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+    ctx.figure("stdout", stdout[-6000:])
+    if proc.returncode:
+        raise RuntimeError(f"seed_replays.py exited {proc.returncode}: {stderr[-3000:]}")
     summary = json.loads((root / "seed_replays.json").read_text())
     for name, replay in summary.items():
         ctx.figure(name, {
