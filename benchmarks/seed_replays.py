@@ -765,22 +765,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.contender:
-        if os.environ.get("SEED_REPLAYS_QUICK"):
-            w = WORKLOADS[args.workload[0]]
-            WORKLOADS[w.name] = dataclasses.replace(w, before=shrink(w.before), after=shrink(w.after))
-        print(json.dumps(contender(args.contender, args.workload[0], args.data, args.out, args.device)))
-        return 0
     if args.make_data:
         for w in WORKLOADS.values():
             print(make_demo(w, args.make_data / w.name).root)
         return 0
-    names = sorted(WORKLOADS) if args.all else (args.workload or [])
-    if not names:
-        ap.error("name a --workload or pass --all")
     device = pick_device(args.device)
     if device is None:
         ap.error("--device cuda: torch sees no CUDA device here. Fix: --device auto (or cpu), or run on a GPU machine")
+    if args.contender:
+        if os.environ.get("SEED_REPLAYS_QUICK"):
+            w = WORKLOADS[args.workload[0]]
+            WORKLOADS[w.name] = dataclasses.replace(w, before=shrink(w.before), after=shrink(w.after))
+        print(json.dumps(contender(args.contender, args.workload[0], args.data, args.out, device)))
+        return 0
+    names = sorted(WORKLOADS) if args.all else (args.workload or [])
+    if not names:
+        ap.error("name a --workload or pass --all")
     if args.quick:
         os.environ["SEED_REPLAYS_QUICK"] = "1"  # the children read it: one epoch
     if args.threads:
@@ -795,8 +795,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def pick_device(asked: str) -> str | None:
-    """cpu, cuda, or None where cuda was asked for and there is none. The parent only asks: CUDA is initialised in
-    the contenders' own processes."""
+    """cpu, cuda, or None where cuda was asked for and there is none (an availability query: no CUDA context)."""
     import torch
 
     if asked == "cpu":
