@@ -63,6 +63,13 @@ def test_the_sft_users_tf32_knob_holds_for_the_run_and_is_restored_and_a_cpu_run
         assert effective["tf32_matmul"] is False and _tf32_state() == start
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_asking_for_cuda_without_one_is_refused_naming_the_fix() -> None:
+    cmd = [sys.executable, "benchmarks/seed_replays.py", "--workload", "sql", "--quick", "--device", "cuda"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "no CUDA device" in done.stderr and "Fix: --device auto" in done.stderr
+
+
 def test_demos_made_on_another_machine_give_the_same_competition(tmp_path: Path) -> None:
     """--make-data here, --demo-data on the GPU machine (which lacks the demos' packages): the replay cuts the same
     rows from the copy as from a demo made in place, and the copied folder is left whole for the next workload."""
