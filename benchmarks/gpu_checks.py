@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +43,7 @@ from gpu_models import (
 )
 
 DATA_ENV = "KITLIB_SUITE_DATA"  # a folder of demo competitions made by `gpu_suite.py --make-data` (carried)
+REPLAYS = "seed_replays"  # its subfolder of the seed replays' four demos (seed_replays.py --make-data)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -647,6 +649,8 @@ def make_demo_data(root: Path) -> None:
         params = dict(importlib.import_module(params_module).PARAMETERS) if params_module else {"task": "classify"}
         (root / task / "suite_parameters.json").write_text(json.dumps(params))
         print(f"{task}: {root / task}")
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "seed_replays.py"), "--make-data", str(root / REPLAYS)],
+                   check=True)  # fmt: skip
 
 
 def demo_inputs(task: str, scratch: Path, rows: int) -> tuple[Path, dict[str, Any], str]:
@@ -932,6 +936,43 @@ def check_memory_facts(ctx: Ctx) -> None:
     )
 
 
+# ------------------------------------------------------------------------------------------------- seed replays (#21)
+def check_seed_replays(ctx: Ctx) -> None:
+    """benchmarks/seed_replays.py on the GPU: each workload's before/kitlib and after/kitlib wall ratios. The SQL demo
+    is self-contained; the other three need their demos carried (their packages are not on the GPU machine)."""
+    made = Path(os.environ.get(DATA_ENV, ROOT / ".gpu_suite_data")) / REPLAYS
+    names = [n for n in ("price", "sft", "sql", "summary") if n == "sql" or (made / n / "demo.json").is_file()]
+    if len(names) < 4:
+        ctx.note(f"only {', '.join(names)}: {made} holds no other workload (gpu_suite.py --make-data writes them)")
+    root = ctx.scratch / "replays"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "seed_replays.py"), "--device", "cuda", "--threads", "1",
+           "--root", str(root), "--demo-data", str(made), *(a for n in names for a in ("--workload", n))]  # fmt: skip
+    # Its own session, so a timeout ends the contenders too (a GPU left busy would skew the next checks' timings).
+    proc = subprocess.Popen(cmd + (["--quick"] if ctx.quick else []), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=ctx.size(240, 500))  # reasoned, not measured: ~1/3 of a part
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+    ctx.figure("stdout", stdout[-6000:])
+    if proc.returncode:
+        raise RuntimeError(f"seed_replays.py exited {proc.returncode}: {stderr[-3000:]}")
+    summary = json.loads((root / "seed_replays.json").read_text())
+    for name, replay in summary.items():
+        ctx.figure(name, {
+            "before/kitlib": round(replay["before/kitlib"], 3),
+            "after/kitlib": round(replay["after/kitlib"], 3),
+            "ran_on": {c: runs[0]["about_device"] for c, runs in replay["results"].items()},
+            "wall_s": {c: round(runs[0]["wall"], 2) for c, runs in replay["results"].items()},
+            "metric": {c: round(runs[0]["metric"], 4) for c, runs in replay["results"].items()},
+        })  # fmt: skip
+        ctx.claim(all(runs[0]["device"] == "cuda" for runs in replay["results"].values()),
+                  f"{name}: all three contenders ran on the GPU")  # fmt: skip
+    ctx.note("; ".join(f"{n} before/kitlib {r['before/kitlib']:.2f}x, after/kitlib {r['after/kitlib']:.2f}x"
+                       for n, r in summary.items()))  # fmt: skip
+
+
 CHECKS: list[Check] = [
     Check("env", "versions, driver, CUDA, arch list; kitlib accepts this GPU", check_env, "13", gpu_s=5, cpu_s=5),
     Check(
@@ -1091,6 +1132,15 @@ CHECKS: list[Check] = [
         "cuda",
         "CUDA memory statistics",
         gpu_s=15,
+    ),
+    Check(
+        "seed_replays",
+        "issue #21's seed replays on the GPU: before/kitlib and after/kitlib wall ratios per workload",
+        check_seed_replays,
+        "",
+        "cuda",
+        "TF32, pinning, non_blocking copies and workers only show on a GPU",
+        gpu_s=300,  # reasoned, not measured: 12 contender processes + 5 warm-ups, ~10-20 s each
     ),
     *(
         Check(

@@ -4,6 +4,9 @@
     python benchmarks/seed_replays.py --workload sql     # one workload;  --quick: a smoke-sized run of it
     python benchmarks/seed_replays.py --all --repeats 2  # contenders interleaved, each repeat in a fresh process
     python benchmarks/seed_replays.py --all --threads 1  # every contender's intra-op threads (OMP_NUM_THREADS)
+    python benchmarks/seed_replays.py --all --device cuda  # on the GPU (default auto: cuda when there is one)
+    python benchmarks/seed_replays.py --make-data DIR    # the demos, for a machine without their packages:
+    python benchmarks/seed_replays.py --all --demo-data DIR   # ... copied from DIR instead of made
 
 Contenders, each in its own process, interleaved (before, after, kitlib, before, ...):
 - before: a plain PyTorch loop written as the user wrote theirs: their micro-batch x accumulation, every batch padded
@@ -20,6 +23,10 @@ same way (their ``from_pretrained``). The metric is computed by the demo's score
 findings on it are printed next to the saving the user's fix measured here. With a micro-batch of a few rows and
 accumulation, the plain loop also measures ``probe_micro_batch`` on its model after the timed run and keeps it beside
 the record (probes.json), as the doctor's micro-batch advice asks a user to.
+
+``--device``: the plain loops put the model and each batch on it (``non_blocking`` where the user pinned) and apply
+the TF32 setting the user's knobs name; kitlib's stages pick the device themselves (``--device cpu`` hides the GPUs
+from every contender with CUDA_VISIBLE_DEVICES). The table says where each contender ran, at which precision.
 
 Levers that cannot show on a CPU (reasoned, not measured): TF32 and AMP (no tensor cores; fp32 here), pinned memory
 and non_blocking copies (no host-to-device copy), DataLoader workers on a shared 2-core machine (they compete with
@@ -42,6 +49,7 @@ import math
 import os
 import pickle
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +87,7 @@ class Knobs:
     save_best: bool = True
     cached_features: bool = False  # features read from an earlier session's cache instead of recomputed
     grad_checkpointing: bool = False
+    tf32: bool | None = None  # TF32 matmuls/cuDNN on CUDA; None: torch's defaults (fp32 matmuls exact)
     beams: int = 1
     lr: float = 1e-3
 
@@ -122,8 +131,17 @@ WORKLOADS: dict[str, Workload] = {
         "causal-lm",
         (128, 16),
         # 2048/1536 scaled to 256/192 tokens (the demo's longest row is shorter than both, as the user's was)
-        Knobs(epochs=1, micro=4, accum=8, src_len=256, full_eval_every_epochs=1),
-        Knobs(epochs=1, micro=2, accum=4, src_len=192, full_eval_every_epochs=1, workers=2, grad_checkpointing=True),
+        Knobs(epochs=1, micro=4, accum=8, src_len=256, full_eval_every_epochs=1, tf32=False),
+        Knobs(
+            epochs=1,
+            micro=2,
+            accum=4,
+            src_len=192,
+            full_eval_every_epochs=1,
+            workers=2,
+            grad_checkpointing=True,
+            tf32=True,
+        ),
         (48, 8),
     ),
     "price": Workload(
@@ -140,11 +158,23 @@ WORKLOADS: dict[str, Workload] = {
 
 
 # ----------------------------------------------------------------------------------------------------- data
-def make_data(w: Workload, root: Path, rows: tuple[int, int]) -> Path:
-    """The workload's demo in ``root``, cut to ``rows`` (train, test) rows; the same files for all contenders."""
+def make_demo(w: Workload, root: Path) -> Any:
     from kitlib.cli import _demo_maker
 
-    paths = _demo_maker(w.demo)(root, seed=SEED, test_fraction=0.2, force=True)
+    return _demo_maker(w.demo)(root, seed=SEED, test_fraction=0.2, force=True)
+
+
+def make_data(w: Workload, root: Path, rows: tuple[int, int], made: Path | None = None) -> Path:
+    """The workload's demo in ``root``, cut to ``rows`` (train, test) rows; the same files for all contenders.
+    ``made``: a folder written by ``--make-data`` (the same demo and seed), copied when it holds this workload."""
+    from kitlib.tools.demo import ABOUT_FILE, DemoPaths
+
+    if made is not None and (made / w.name / ABOUT_FILE).is_file():
+        shutil.copytree(made / w.name, root, dirs_exist_ok=True)
+        names = ("train.csv", "test.csv", "sample_submission.csv", "solution.csv")
+        paths = DemoPaths(root, *(root / n for n in names))
+    else:
+        paths = make_demo(w, root)
     train, test = pd.read_csv(paths.train), pd.read_csv(paths.test)
     solution, sample = pd.read_csv(paths.solution), pd.read_csv(paths.sample_submission)
     keep = test["id"].iloc[: rows[1]]
@@ -188,10 +218,15 @@ class Adapter:
     """What differs between the workloads: tokenizer, model, one batch's tensors, loss, predictions."""
 
     target: str
+    device: Any = "cpu"  # where the model runs: plain() sets it (a cached adapter comes back with the old one)
 
     def __init__(self, data: Path) -> None:
         self.data, self.p = data, about(data)
         self.target = self.p["target"]
+
+    def to_device(self, batch: Mapping[str, Any], non_blocking: bool = False) -> dict[str, Any]:
+        """The batch's tensors on the run's device; ``non_blocking`` from pinned memory overlaps the copy."""
+        return {n: v.to(self.device, non_blocking=non_blocking) if hasattr(v, "to") else v for n, v in batch.items()}
 
     def tokenizer(self, train: pd.DataFrame) -> Any:
         from kitlib.models.bpe import train_bpe_tokenizer
@@ -225,7 +260,8 @@ class Adapter:
     def predict(self, model: Any, tok: Any, rows: list[dict[str, Any]], k: Knobs) -> list[Any]:
         out: list[Any] = []
         for i in range(0, len(rows), 8):
-            b = self.collate(rows[i : i + 8], dataclasses.replace(k, fixed_padding=False), tok.pad_token_id)
+            b = self.to_device(self.collate(rows[i : i + 8], dataclasses.replace(k, fixed_padding=False),
+                                            tok.pad_token_id))  # fmt: skip
             gen = model.generate(
                 input_ids=b["input_ids"],
                 attention_mask=b["attention_mask"],
@@ -309,7 +345,7 @@ class Sft(Adapter):
 
         out = []
         for r in rows:  # one prompt at a time: no left padding needed
-            ids = torch.tensor([r["prompt"]])
+            ids = torch.tensor([r["prompt"]], device=self.device)
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
             out.append(tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True).strip())
@@ -379,19 +415,40 @@ class Price(Adapter):
         with torch.no_grad():
             for i in range(0, len(rows), 32):
                 b = self.collate(rows[i : i + 32], k, tok.pad_token_id)
-                b = {n: v for n, v in b.items() if not n.startswith("_") and n != "labels"}
-                out += np.expm1(model(**b).logits[:, 0].numpy() * sd + mu).tolist()
+                b = self.to_device({n: v for n, v in b.items() if not n.startswith("_") and n != "labels"})
+                out += np.expm1(model(**b).logits[:, 0].cpu().numpy() * sd + mu).tolist()
         return out
 
 
 ADAPTERS: dict[str, Callable[[Path], Adapter]] = {"sql": Sql, "summary": Summary, "sft": Sft, "price": Price}
 
 
-def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
+def tf32_flags(k: Knobs, device: Any) -> contextlib.AbstractContextManager[Mapping[str, object]]:
+    """The user's TF32 choice for the run, restored after it. On a CPU no flag is touched: TF32 is a CUDA
+    tensor-core mode (and the matmul-precision flag it sets would also change CPU oneDNN matmuls)."""
+    from kitlib.machine.backends import speed_flags
+
+    if device.type != "cuda":
+        return contextlib.nullcontext({"tf32_matmul": False})
+    return speed_flags(tf32=k.tf32)  # None: flags left alone, the effective ones still reported
+
+
+def plain(w: Workload, k: Knobs, data: Path, out: Path, device: str = "cpu") -> dict[str, Any]:
+    """The user's script on ``device``, with the TF32 setting their knobs name (restored after the run)."""
+    import torch
+
+    dev = torch.device(device)
+    with tf32_flags(k, dev) as flags:
+        return plain_run(w, k, data, out, dev, tf32=bool(flags["tf32_matmul"]))
+
+
+def plain_run(w: Workload, k: Knobs, data: Path, out: Path, dev: Any, *, tf32: bool) -> dict[str, Any]:
     """The user's script: featurise, train with their knobs, eval and save on their cadence, predict the test rows."""
     import torch
     from torch.utils.data import DataLoader
 
+    # Kernels run asynchronously on a GPU: the epoch's clock waits for them (once an epoch, as a loss print would).
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     start = time.perf_counter()
     torch.manual_seed(SEED)
     adapter, ph = ADAPTERS[w.name](data), Phases()
@@ -412,7 +469,8 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
                 cache.write_bytes(pickle.dumps((tok, adapter, rows, val_rows, test_rows)))
     if os.environ.get("SEED_REPLAYS_WARM"):  # the earlier session that filled the cache: not timed
         return {}
-    model = adapter.build(tok, fit_df)
+    adapter.device = dev
+    model = adapter.build(tok, fit_df).to(dev)
     if k.grad_checkpointing:
         model.gradient_checkpointing_enable()
     opt = torch.optim.AdamW(model.parameters(), lr=k.lr)
@@ -443,7 +501,7 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
         it = iter(loader)
         for i in range(len(loader)):
             with ph("data_wait"):
-                batch = next(it)
+                batch = adapter.to_device(next(it), non_blocking=k.pin)
             real, computed, samples = real + batch["_real"], computed + batch["_computed"], samples + k.micro
             with ph("forward"):
                 loss = adapter.loss(model, batch) / k.accum
@@ -457,11 +515,12 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
                 step += 1
                 if k.full_eval_every_steps and step % k.full_eval_every_steps == 0:
                     full_eval()
+        sync()
         train_s.append(time.perf_counter() - epoch_start)
         gap_start = time.perf_counter()
         model.eval()
         with ph("eval"), torch.no_grad():
-            val = float(np.mean([float(adapter.loss(model, b)) for b in val_loader]))
+            val = float(np.mean([float(adapter.loss(model, adapter.to_device(b))) for b in val_loader]))
         if k.full_eval_every_epochs and epoch % k.full_eval_every_epochs == 0:
             full_eval()
         if k.save_best and val < best:
@@ -484,7 +543,7 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
         "run": {
             "steps": step, "epochs_planned": k.epochs, "epochs_done": k.epochs, "micro_batch_size": k.micro,
             "grad_accum_steps": k.accum, "num_workers": k.workers, "persistent_workers": False, "pin_memory": k.pin,
-            "precision": "fp32", "tf32": False, "device_type": "cpu", "device_name": "cpu",
+            "precision": "fp32", "tf32": tf32, "device_type": dev.type, "device_name": device_name(dev),
             "full_eval_every": k.full_eval_every_epochs, "save_best": k.save_best, "save_last": k.save_last,
             "batching": "fixed" if k.fixed_padding else "dynamic", "samples": samples, "real_tokens": real,
             "computed_tokens": computed, "epoch_gaps_s": gaps, "epoch_train_s": train_s,
@@ -506,7 +565,15 @@ def plain(w: Workload, k: Knobs, data: Path, out: Path) -> dict[str, Any]:
         "tokens_per_s": real / sum(train_s),
         "padding": real / computed,
         "metric": score(data, sub),
+        "device": dev.type,
+        "about_device": f"{device_name(dev)}, fp32, TF32 {'on' if tf32 else 'off'}",
     }
+
+
+def device_name(dev: Any) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
 
 
 def probe_small_micro_batch(adapter: Adapter, model: Any, rows: list[dict[str, Any]], k: Knobs, pad: int,
@@ -519,7 +586,7 @@ def probe_small_micro_batch(adapter: Adapter, model: Any, rows: list[dict[str, A
     factor = split_accumulation(k.accum)
     if k.micro > SMALL_MICRO_BATCH or k.accum < 2 or len(rows) < k.micro * factor:
         return
-    batch = adapter.collate(rows[: k.micro * factor], k, pad)
+    batch = adapter.to_device(adapter.collate(rows[: k.micro * factor], k, pad))
     probe = probe_micro_batch(model, batch, micro_batch_size=k.micro, factor=factor, loss_fn=adapter.loss, repeats=2)
     save_probe(out, probe)
 
@@ -571,25 +638,34 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
         "tokens_per_s": (facts.real_tokens or 0) / train_s,
         "padding": (facts.real_tokens or 0) / (facts.computed_tokens or 1),
         "metric": score(data, out / "submission.csv"),
+        "device": facts.device_type,
+        "about_device": f"{facts.device_name}, {facts.precision}, TF32 {'on' if facts.tf32 else 'off'}",
     }
 
 
-def contender(name: str, workload: str, data: Path, out: Path) -> dict[str, Any]:
+def contender(name: str, workload: str, data: Path, out: Path, device: str = "cpu") -> dict[str, Any]:
+    import torch
+
     out.mkdir(parents=True, exist_ok=True)
     w = WORKLOADS[workload]
-    result = with_kitlib(w, data, out) if name == "kitlib" else plain(w, getattr(w, name), data, out)
+    result = with_kitlib(w, data, out) if name == "kitlib" else plain(w, getattr(w, name), data, out, device)
     result |= {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+    # kitlib's fit resets the CUDA peak at its start; the plain loops' peak is the whole process's (featurising is
+    # host-side in both, so the two cover the same GPU work).
+    result["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_initialized() else 0.0
     (out / "result.json").write_text(json.dumps(result))  # kept beside the run: a later failure loses nothing
     return result
 
 
 # ------------------------------------------------------------------------------------------------------ driver
-def run_one(name: str, workload: str, data: Path, out: Path, *, warm: bool = False) -> dict[str, Any]:
+def run_one(name: str, workload: str, data: Path, out: Path, device: str, *, warm: bool = False) -> dict[str, Any]:
     """One contender in a fresh process (its own imports, caches and peak memory): the last stdout line is JSON.
     ``warm``: only the featurising of an earlier session, which fills the caches of those that keep one."""
     cmd = [sys.executable, __file__, "--contender", name, "--workload", workload, "--data", str(data), "--out",
-           str(out)]  # fmt: skip
+           str(out), "--device", device]  # fmt: skip
     env = os.environ | {"KIT_HEADLESS": "1"} | ({"SEED_REPLAYS_WARM": "1"} if warm else {})
+    if device == "cpu":  # kitlib's stages pick the device themselves: a CPU replay hides the GPUs from all three
+        env["CUDA_VISIBLE_DEVICES"] = ""
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(f"{workload}/{name} failed:\n{done.stderr[-3000:]}")
@@ -617,39 +693,52 @@ def table(w: Workload, results: Mapping[str, list[dict[str, Any]]]) -> list[str]
     better = "lower" if about_metric(w) == "smape" else "higher"
     metric = f"{about_metric(w)} ({better})"
     phases = " ".join(f"{c:>9}" for c in PHASE_COLUMNS)
-    rates = f"{'samples/s':>9} {'tokens/s':>9} {'pad eff':>7} {'peak MB':>8}"
-    head = f"{'contender':<9} {'wall s':>7} {phases} {rates} {metric:>18}"
+    rates = f"{'samples/s':>9} {'tokens/s':>9} {'pad eff':>7} {'peak MB':>8} {'gpu MB':>7}"
+    head = f"{'contender':<9} {'device':>6} {'wall s':>7} {phases} {rates} {metric:>18}"
     lines = [f"== {w.name}: {w.story}", head]
     for c in CONTENDERS:
         lines.append(
-            f"{c:<9} {mean(c, 'wall'):7.1f} " + " ".join(f"{mean(c, p):9.2f}" for p in PHASE_COLUMNS)
+            f"{c:<9} {results[c][0]['device']:>6} {mean(c, 'wall'):7.1f} "
+            + " ".join(f"{mean(c, p):9.2f}" for p in PHASE_COLUMNS)
             + f" {mean(c, 'samples_per_s'):9.1f} {mean(c, 'tokens_per_s'):9.0f} {mean(c, 'padding'):7.2f}"
-            f" {mean(c, 'peak_mb'):8.0f} {mean(c, 'metric'):18.4f}"
+            f" {mean(c, 'peak_mb'):8.0f} {mean(c, 'gpu_peak_mb'):7.0f} {mean(c, 'metric'):18.4f}"
         )  # fmt: skip
-    k = mean("kitlib", "wall")
-    lines.append(f"  ratios (wall): before/kitlib {mean('before', 'wall') / k:.2f}x, after/kitlib "
-                 f"{mean('after', 'wall') / k:.2f}x")  # fmt: skip
+    before, after = ratios(results)
+    lines.append(f"  ratios (wall): before/kitlib {before:.2f}x, after/kitlib {after:.2f}x")
+    lines.append("  ran on: " + "; ".join(f"{c} {results[c][0]['about_device']}" for c in CONTENDERS))
     return lines
+
+
+def ratios(results: Mapping[str, list[dict[str, Any]]]) -> tuple[float, float]:
+    """before/kitlib and after/kitlib of the median wall seconds."""
+    wall = {c: float(np.median([r["wall"] for r in results[c]])) for c in CONTENDERS}
+    return wall["before"] / wall["kitlib"], wall["after"] / wall["kitlib"]
 
 
 def about_metric(w: Workload) -> str:
     return {"sql": "record_f1", "summary": "rouge_l", "sft": "exact_match", "price": "smape"}[w.name]
 
 
-def replay(names: list[str], repeats: int, quick: bool, root: Path) -> list[str]:
+def replay(names: list[str], repeats: int, quick: bool, root: Path, device: str, made: Path | None = None
+           ) -> list[str]:  # fmt: skip
+    """Each workload's table; also ``root/seed_replays.json``: per workload, every run's result and the ratios."""
     lines: list[str] = []
+    summary: dict[str, Any] = {}
     for name in names:
         w = WORKLOADS[name]
-        data = make_data(w, root / name / "data", w.quick if quick else w.rows)
+        data = make_data(w, root / name / "data", w.quick if quick else w.rows, made)
         results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
         for r in range(repeats):
             for c in ("after", "kitlib"):  # the users' "after" and kitlib keep features from an earlier session
                 if c == "kitlib" or w.after.cached_features:
-                    run_one(c, name, data, root / name / f"{c}-{r}", warm=True)
+                    run_one(c, name, data, root / name / f"{c}-{r}", device, warm=True)
             for c in CONTENDERS:  # interleaved: a machine slowing down hits every contender alike
                 print(f"[{name}] repeat {r + 1}/{repeats}: {c} ...", file=sys.stderr, flush=True)
-                results[c].append(run_one(c, name, data, root / name / f"{c}-{r}"))
+                results[c].append(run_one(c, name, data, root / name / f"{c}-{r}", device))
         lines += table(w, results)
+        before, after = ratios(results)
+        summary[name] = {"before/kitlib": before, "after/kitlib": after, "results": results}
+        (root / "seed_replays.json").write_text(json.dumps(summary, indent=1))
         lines.append(f"  load average (1, 5, 15 min) as it ended: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
         lines += doctor_lines(root / name / "before-0", results["before"][0], results["after"][0])
         print("\n".join(lines), file=sys.stderr, flush=True)  # so far, as each workload ends
@@ -669,15 +758,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--root", type=Path, help="where data and runs go (default: a temporary folder)")
     ap.add_argument("--threads", type=int, help="intra-op threads of every contender (default: as torch picks)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when available")
+    ap.add_argument("--make-data", type=Path, metavar="DIR", help="write the four demos into DIR and stop")
+    ap.add_argument("--demo-data", type=Path, metavar="DIR", help="copy the demos from DIR (--make-data) if there")
     ap.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)  # the child process
     ap.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.make_data:
+        for w in WORKLOADS.values():
+            print(make_demo(w, args.make_data / w.name).root)
+        return 0
+    device = pick_device(args.device)
+    if device is None:
+        ap.error("--device cuda: torch sees no CUDA device here. Fix: --device auto (or cpu), or run on a GPU machine")
     if args.contender:
         if os.environ.get("SEED_REPLAYS_QUICK"):
             w = WORKLOADS[args.workload[0]]
             WORKLOADS[w.name] = dataclasses.replace(w, before=shrink(w.before), after=shrink(w.after))
-        print(json.dumps(contender(args.contender, args.workload[0], args.data, args.out)))
+        print(json.dumps(contender(args.contender, args.workload[0], args.data, args.out, device)))
         return 0
     names = sorted(WORKLOADS) if args.all else (args.workload or [])
     if not names:
@@ -689,10 +788,21 @@ def main(argv: list[str] | None = None) -> int:
     threads = f"{args.threads} intra-op threads per process" if args.threads else "torch threads as torch picks"
     with tempfile.TemporaryDirectory(prefix="seed-replays-") as tmp:
         root = args.root or Path(tmp)
-        print(f"seed replays: {', '.join(names)}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-              f"{threads}")  # fmt: skip
-        print("\n".join(replay(names, args.repeats, args.quick, root)))
+        print(f"seed replays: {', '.join(names)}; device {device}; {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f}; {threads}")  # fmt: skip
+        print("\n".join(replay(names, args.repeats, args.quick, root, device, args.demo_data)))
     return 0
+
+
+def pick_device(asked: str) -> str | None:
+    """cpu, cuda, or None where cuda was asked for and there is none (an availability query: no CUDA context)."""
+    import torch
+
+    if asked == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return None if asked == "cuda" else "cpu"
 
 
 if __name__ == "__main__":
