@@ -436,7 +436,12 @@ def _spelling(folder: Path, n_train: int, n_test: int = 20) -> Path:
 def test_seq2seq_from_scratch_on_short_texts_trains_a_steps_budget_whatever_the_rows(tmp_path: Path, cpu_hw) -> None:
     """Short texts from scratch (byte level): the epochs follow train.csv's rows, so a small table gets as many
     optimizer steps as a large one (balanced: 2 x SHORT_TEXT_STEPS_PER_EPOCH, at batch 16), not 20 epochs of either."""
-    from kitlib.notebook.tasks.seq2seq import SHORT_TEXT_BATCH, SHORT_TEXT_LR, SHORT_TEXT_STEPS_PER_EPOCH
+    from kitlib.notebook.tasks.seq2seq import (
+        SHORT_TEXT_BATCH,
+        SHORT_TEXT_FULL_EVALS,
+        SHORT_TEXT_LR,
+        SHORT_TEXT_STEPS_PER_EPOCH,
+    )
 
     steps = {}
     for rows in (400, 1600):
@@ -446,6 +451,7 @@ def test_seq2seq_from_scratch_on_short_texts_trains_a_steps_budget_whatever_the_
         cfg = stages.setup(p, cpu_hw).config
         assert (cfg.micro_batch_size * cfg.grad_accum_steps, cfg.lr) == (SHORT_TEXT_BATCH, SHORT_TEXT_LR)
         steps[rows] = cfg.epochs * rows / SHORT_TEXT_BATCH
+        assert cfg.epochs // cfg.full_eval_every == SHORT_TEXT_FULL_EVALS  # 540 or 135 epochs: ~10 scored, not 108
     assert steps[400] == steps[1600] == 2 * SHORT_TEXT_STEPS_PER_EPOCH, steps
 
 
