@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -182,3 +183,18 @@ def test_the_history_and_logs_show_the_lr_each_step_ran_with() -> None:
     assert len(used.steps) == 12 and used.steps[-1] > 0
     assert result.history["lr"].tolist() == pytest.approx(used.at_epoch_end, rel=1e-12)
     assert used.logs and all(shown == pytest.approx(ran, rel=1e-12) for shown, ran in used.logs)
+
+
+def test_a_callback_whose_on_fit_end_raises_still_leaves_the_runs_files_complete(tmp_path, cpu_hw) -> None:
+    """fit closes the checkpoint writer and the background eval after on_fit_end, also when a callback's on_fit_end
+    raises: its error reaches the user, and no writer thread is left holding a half-written last/."""
+
+    class FailsAtTheEnd(Callback):
+        def on_fit_end(self, loop: Loop) -> None:
+            raise RuntimeError("a user's callback failed")
+
+    with pytest.raises(RuntimeError, match="a user's callback failed"):
+        fit(nn.Linear(4, 1), _loader(), config=_cfg(epochs=2, save_last=True), loss_fn=_mse, hw=cpu_hw,
+            run_dir=tmp_path, callbacks=[FailsAtTheEnd()])  # fmt: skip
+    writers = [t for t in threading.enumerate() if t.name == "kitlib-checkpoint-writer"]
+    assert not writers and (tmp_path / "last").is_dir()

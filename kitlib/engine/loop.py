@@ -534,8 +534,10 @@ def fit(
             loop.collect()
         loop.ended_cleanly = True
     finally:
-        events.on_fit_end(loop)
-        loop.close()
+        try:
+            events.on_fit_end(loop)
+        finally:  # a callback's error still leaves the run's files complete and no writer thread behind
+            loop.close()
     loop.timer.extra.update(recorder.facts(loop).to_dict())
     return _finish(loop)
 
