@@ -21,8 +21,6 @@ from kitlib.models.facts import model_facts
 # lazy: resource (+0.1 ms): POSIX only (a Windows machine has none); only a CPU run's peak RSS reads it.
 
 if TYPE_CHECKING:
-    import torch
-
     from kitlib.engine.loop import Loop
 
 

@@ -32,7 +32,6 @@ from kitlib.notebook.tasks.base import SideInputs
 
 if TYPE_CHECKING:
     from kitlib.data.lengths import LengthReport
-    from kitlib.notebook.presets import ResolvedRun
 
 FEATURES_FILE = "features.json"
 FEATURES_DIR = "features"

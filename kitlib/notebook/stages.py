@@ -51,14 +51,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kitlib.config import TrainConfig
-    from kitlib.data.cache import Cache
     from kitlib.data.tables import TaskSpec
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.machine.precision import PrecisionPlan
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import SideInputs
-    from kitlib.tasks.baseline import Baseline
     from kitlib.tasks.metrics import Metric
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)

@@ -27,7 +27,7 @@ from kitlib.errors import SetupError
 from kitlib.tasks.sql_metric import mean_record_f1
 
 if TYPE_CHECKING:
-    from kitlib.config import Mode, TargetRule
+    from kitlib.config import TargetRule
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
 AUTO = {"binary": "accuracy", "multiclass": "accuracy", "regression": "rmse", "sequence": "exact_match"}  # "auto"

@@ -14,14 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from kitlib.errors import SetupError
 from kitlib.notebook.tasks.base import Task
 from kitlib.tasks.metrics import import_object
-
-if TYPE_CHECKING:
-    from kitlib.notebook.tasks.base import Task
 
 
 @dataclass(frozen=True)

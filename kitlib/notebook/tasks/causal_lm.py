@@ -49,14 +49,11 @@ from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limi
 
 if TYPE_CHECKING:
     import pandas as pd
-    import torch
     from torch import nn
 
-    from kitlib.data.tables import TaskSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.regimes import Prepared
 
 IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset
-    from kitlib.notebook.regimes import Prepared
     from kitlib.notebook.tasks.base import Params
 
 T = TypeVar("T")

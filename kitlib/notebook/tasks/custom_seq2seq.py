@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.regimes import Prepared
     from kitlib.notebook.tasks.base import Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors

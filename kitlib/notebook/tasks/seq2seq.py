@@ -51,11 +51,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.data.tables import TaskSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.regimes import Prepared
 
 IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
