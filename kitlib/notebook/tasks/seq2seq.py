@@ -102,13 +102,12 @@ class Seq2SeqTask(TextGenerationTask):
             return dataclasses.replace(preset, freeze="none", full_eval_every=0)
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
         if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
-            epochs = preset.epochs
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": epochs * FROM_SCRATCH_EPOCHS}
+            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
             rows = _short_text_rows(p)
             if rows is not None:
                 batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
-                steps = epochs * SHORT_TEXT_STEPS_PER_EPOCH
-                epochs = max(epochs, math.ceil(steps * batch / rows))
+                steps = preset.epochs * SHORT_TEXT_STEPS_PER_EPOCH
+                epochs = max(preset.epochs, math.ceil(steps * batch / rows))
                 every = max(FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
                 changes |= {"target_effective_batch": batch, "epochs": epochs, "lr": SHORT_TEXT_LR,
                             "full_eval_every": every}  # fmt: skip
