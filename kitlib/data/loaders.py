@@ -29,12 +29,12 @@ from kitlib.data.samplers import (
     round_up,
 )
 from kitlib.machine.distributed import dist_env
+from kitlib.models import IGNORE_INDEX
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
     from kitlib.machine.hardware import HardwareInfo
 
-IGNORE_LABEL = -100  # a label position the loss skips (Hugging Face's convention): padding of target-token rows
 MAX_WORKERS = 4  # collating 32 pre-tokenised rows costs ~0.3 ms: 4 workers keep any single GPU fed
 SHM_HEADROOM = 4  # /dev/shm must hold 4x the batches in flight (torch keeps one segment per tensor, plus fragments)
 
@@ -143,9 +143,9 @@ class PaddingCollator:
 
 
 def _scored_width(labels: np.ndarray, multiple: int) -> int:
-    """Columns up to the batch's last scored label (IGNORE_LABEL pads), rounded up to ``multiple``: target rows are
+    """Columns up to the batch's last scored label (IGNORE_INDEX pads), rounded up to ``multiple``: target rows are
     saved padded to the data's longest, and a decoder pays per column (g2p: 50 saved, a step 1.5x faster at 28)."""
-    scored = np.flatnonzero((labels != IGNORE_LABEL).any(axis=0))
+    scored = np.flatnonzero((labels != IGNORE_INDEX).any(axis=0))
     return labels.shape[1] if len(scored) == 0 else min(labels.shape[1], round_up(int(scored[-1]) + 1, multiple))
 
 

@@ -25,7 +25,8 @@ import torch.utils.checkpoint
 from torch import nn
 
 from kitlib.engine.checkpoint import unwrap_model
-from kitlib.engine.objective import IGNORE_INDEX, Batch, hf_loss, is_causal_lm
+from kitlib.engine.objective import Batch, hf_loss, is_causal_lm
+from kitlib.models import IGNORE_INDEX
 
 # fp32 logits per chunk: backward holds ~4x this (logits, log-softmax, both gradients). 64 MB is 330 tokens of a 50k
 # vocabulary, still a matmul of hundreds of rows (a GPU stays busy); 1,024 tokens held 0.8 GB at 50k.

@@ -16,14 +16,13 @@ import torch
 from torch import nn
 
 from kitlib.engine.checkpoint import unwrap_model
+from kitlib.models import IGNORE_INDEX
 
 # lazy: transformers (+0.6 s): fit on a user's own module never loads it; only is_causal_lm reads its model table.
 
 Batch = Any  # a Mapping of tensors (Hugging Face style), a tuple/list of tensors, or a tensor
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]  # mean loss over the items of one micro-batch
 CountFn = Callable[[Batch], "int | torch.Tensor"]  # items that mean is over (may stay on the device: no sync)
-
-IGNORE_INDEX = -100  # the label value Hugging Face losses skip
 
 
 def hf_loss(model: nn.Module, batch: Batch) -> torch.Tensor:

@@ -43,7 +43,14 @@ from kitlib.models.causal_lm import tiny_causal_lm
 from kitlib.models.loading import from_pretrained, model_refusals
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
-from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
+from kitlib.notebook.tasks.generation import (
+    IGNORE,
+    TextGenerationTask,
+    hf_limits,
+    limits_of,
+    model_folder,
+    target_limits,
+)
 
 # lazy: transformers (+0.6 s): only loading a pretrained model needs it (python -X importtime).
 
@@ -55,7 +62,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
 
-IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
 # x the preset's epochs: nothing is pretrained, every pattern comes from the rows. 5, not seq2seq's 10, to keep

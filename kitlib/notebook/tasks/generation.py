@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kitlib.models import IGNORE_INDEX
 from kitlib.notebook.tasks.base import Task, each_batch
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime).
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from kitlib.notebook.tasks.base import FullEval, Params
     from kitlib.tasks.metrics import Metric
 
-IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
+IGNORE = IGNORE_INDEX  # label positions the loss skips (kitlib.models: Hugging Face's convention)
 LOOP_QUANTILE = 99  # the no-repeat run: the shortest that this percent of training targets never repeat
 
 

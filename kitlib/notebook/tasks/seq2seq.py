@@ -39,7 +39,14 @@ from kitlib.models.seq2seq import (
 )
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
-from kitlib.notebook.tasks.generation import TextGenerationTask, hf_limits, limits_of, model_folder, target_limits
+from kitlib.notebook.tasks.generation import (
+    IGNORE,
+    TextGenerationTask,
+    hf_limits,
+    limits_of,
+    model_folder,
+    target_limits,
+)
 from kitlib.tasks.metrics import database_in
 from kitlib.tasks.sql_metric import check_references
 
@@ -55,7 +62,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
 
-IGNORE = -100  # label positions the loss skips (Hugging Face's convention)
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
 FROM_SCRATCH_EPOCHS = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
