@@ -129,31 +129,34 @@ def check_lora(ctx: Ctx) -> None:
 
 def check_qlora(ctx: Ctx) -> None:
     """The notebooks' QLoRA route on a bf16 GPU: a 4-bit NF4 load through kitlib.models.loading, adapters added with
-    the bf16 base dtype 02 uses there (issue #30 item 1), trained by fit, and rank 0's trained weights loaded into a
-    fresh 4-bit model as the DDP parent does (item 2)."""
+    the bf16 base dtype 02 uses there (issue #30 item 1), trained by fit, and rank 0's trained tensors restored into
+    a fresh 4-bit model as the DDP parent does (item 2). On a CPU: bitsandbytes' CPU backend, fp32 (plumbing)."""
     need(ctx, "bitsandbytes", "bitsandbytes")
     from transformers import AutoModelForCausalLM
 
+    from kitlib.engine import checkpoint
     from kitlib.models import adapters
     from kitlib.models.loading import from_pretrained
 
     folder = ctx.scratch / "llama"
     llama(ctx.quick, hidden=256, layers=4).save_pretrained(folder)
-    kwargs = adapters.quantization("qlora")
+    where = "cuda" if cuda() else "cpu"  # a CPU: bitsandbytes' CPU backend, as a rehearsal runs it (plumbing only)
+    kwargs = adapters.quantization("qlora", where)
     compute = kwargs["quantization_config"].bnb_4bit_compute_dtype
-    native_bf16 = torch.cuda.is_bf16_supported(including_emulation=False)
+    native_bf16 = cuda() and torch.cuda.is_bf16_supported(including_emulation=False)
     ctx.figure("compute_dtype", str(compute))
     ctx.figure("device_map", str(kwargs.get("device_map")))
-    ctx.claim(compute == (torch.bfloat16 if native_bf16 else torch.float16),
-              "4-bit compute dtype bf16 exactly where bf16 is native (fp16 on a T4)")  # fmt: skip
+    want = torch.bfloat16 if native_bf16 else torch.float16 if cuda() else torch.float32
+    ctx.claim(compute == want, f"4-bit compute dtype {want}: bf16 exactly where bf16 is native (fp16 on a T4)")
 
     def load() -> Any:
-        return from_pretrained(AutoModelForCausalLM, folder, **adapters.quantization("qlora"))
+        return from_pretrained(AutoModelForCausalLM, folder, **adapters.quantization("qlora", where))
 
     base = load()
     four_bit = [n for n, p in base.named_parameters() if type(p).__name__ == "Params4bit"]
     ctx.figure("four_bit_tensors", len(four_bit))
-    ctx.claim(len(four_bit) >= 7 * 4, "every linear layer of the blocks is 4-bit (Params4bit)")
+    linear = 7 * base.config.num_hidden_layers  # q k v o gate up down per block
+    ctx.claim(len(four_bit) == linear, f"every linear layer of the blocks is 4-bit ({len(four_bit)} of {linear})")
     half = torch.bfloat16 if native_bf16 else None  # what 02 passes on a bf16 GPU (stages.prepare)
     try:
         model = adapters.add_adapter(base, "qlora", generating=True, base_dtype=half)
@@ -163,17 +166,18 @@ def check_qlora(ctx: Ctx) -> None:
     ctx.claim(True, f"add_adapter(4-bit model, 'qlora', base_dtype={half}) works")
     batches = _patterns(4, 8, ctx.size(32, 128))
     _train_adapter(ctx, model, "qlora", batches)
-    # item 2: the DDP parent rebuilds the 4-bit model and loads rank 0's trained weights into it
-    weights = {k: v.cpu() for k, v in model.state_dict().items()}
-    fresh = adapters.add_adapter(load(), "qlora", generating=True, base_dtype=half)
+    # item 2: a DDP worker sends the adapter's tensors; the parent rebuilds the 4-bit model and restores them
+    sent = checkpoint.saved_state(model)
+    ctx.figure("sent_tensors", len(sent))
+    ctx.claim(not any("absmax" in k or "quant_" in k for k in sent), "no bitsandbytes quant state crosses")
+    fresh = adapters.add_adapter(load(), "qlora", generating=True, base_dtype=half, seed=1)
     try:
-        reload = getattr(adapters, "load_trained", None)
-        reload(fresh, weights) if reload else fresh.load_state_dict(weights)
+        checkpoint.restore_model(fresh, checkpoint.Snapshot({k: v.cpu() for k, v in sent.items()}, None, {}))
     except Exception as e:
-        ctx.claim(False, f"a fresh 4-bit model loads rank 0's trained weights ({type(e).__name__}: {str(e)[:200]})")
+        ctx.claim(False, f"a fresh 4-bit model loads rank 0's trained tensors ({type(e).__name__}: {str(e)[:200]})")
         return
-    same = abs(_loss(fresh, batches) - _loss(model, batches))
-    ctx.claim(same < 1e-3, f"the reloaded model computes the trained one's loss (differs by {same:.2e})")
+    gap = abs(_loss(fresh, batches) - _loss(model, batches))
+    ctx.claim(gap < 1e-3, f"the reloaded model computes the trained one's loss (differs by {gap:.2e})")
 
 
 # ------------------------------------------------------------------------------------------------- optimizers
@@ -362,7 +366,7 @@ BIG_CHECKS: list[Check] = [
     Check("lora", "LoRA on a tiny Llama: adapters train, the base stays, the loss falls", check_lora, "30",
           gpu_s=20, cpu_s=15),
     Check("qlora", "QLoRA: 4-bit NF4 load, bf16 base dtype, fit, rank 0's weights reloaded into a fresh model",
-          check_qlora, "30: 1-4", "cuda", "bitsandbytes' 4-bit path under test is the CUDA one", gpu_s=30),
+          check_qlora, "30: 1-4", gpu_s=30, cpu_s=25),
     Check("adamw8bit", "optimizer='adamw8bit': bitsandbytes' 8-bit moments, the model learns", check_adamw8bit, "30",
           gpu_s=20, cpu_s=15),
     Check("adamw_kahan", "optimizer='adamw-kahan' in bf16: pure bf16 weights move as far as fp32 masters",
