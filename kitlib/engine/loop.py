@@ -413,6 +413,7 @@ class Loop:
                 autocast=self.precision.autocast,
                 to_device=self.stepper.to_device,
                 env=self.env,
+                device=self.device,
                 max_batches=self.cfg.eval_max_batches,
             )
 
