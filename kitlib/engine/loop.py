@@ -193,7 +193,8 @@ class Loop:
             total_steps=self.data.windows_per_epoch * cfg.epochs, loader_batch=train_loader.batch_size,
             loss_fn=loss_fn or hf_loss, count_fn=count_fn or default_count_fn(model), timer=self.timer,
         )  # fmt: skip
-        self.last_room = checkpoint.room_for_last(self.out, model, cfg.optimizer) if self.output.writes else None
+        out = self.out if self.output.writes else None
+        self.last_room = checkpoint.room_for_last(out, model, cfg.optimizer) if out is not None else None
         if self.last_room and (cfg.save_last or cfg.save_every_steps):
             raise CheckpointError(
                 f"{self.last_room}. Fix: no last/ (TrainConfig(save_last=False, save_every_steps=None); in the "
