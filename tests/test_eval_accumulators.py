@@ -26,3 +26,16 @@ def test_a_rank_without_eval_batches_all_reduces_tensors_on_the_device(monkeypat
         autocast=contextlib.nullcontext, to_device=lambda b: b, env=DistEnv(1, 1, 2, 2), device=device,
     )  # fmt: skip
     assert reduced == [device, device] and loss != loss  # no items on this rank: nan here, the all-reduce decides
+
+
+def test_ddp_eval_shards_keep_every_batch_where_training_shards_stay_even() -> None:
+    """A 1-batch validation set on 2 ranks was cut to 0 batches (training's multiple-of-W rule): no eval_loss, no
+    best/. The eval's sums are all-reduced once, so its ranks may take different counts."""
+    from kitlib.engine.batches import ShardBatches
+
+    for n in (1, 5):
+        batches: Any = [[i] for i in range(n)]
+        evals = [ShardBatches(batches, rank, 2, even=False) for rank in (0, 1)]
+        assert sorted([*evals[0], *evals[1]]) == batches and [len(e) for e in evals] == [len(list(e)) for e in evals]
+        train = [list(ShardBatches(batches, rank, 2)) for rank in (0, 1)]
+        assert len(train[0]) == len(train[1]) == n // 2
