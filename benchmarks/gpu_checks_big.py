@@ -364,11 +364,11 @@ def check_grad_checkpointing(ctx: Ctx) -> None:
 
 BIG_CHECKS: list[Check] = [
     Check("lora", "LoRA on a tiny Llama: adapters train, the base stays, the loss falls", check_lora, "30",
-          gpu_s=20, cpu_s=15),
+          gpu_s=20, cpu_s=30),
     Check("qlora", "QLoRA: 4-bit NF4 load, bf16 base dtype, fit, rank 0's weights reloaded into a fresh model",
-          check_qlora, "30: 1-4", gpu_s=30, cpu_s=25),
+          check_qlora, "30: 1-4", gpu_s=30, cpu_s=60),
     Check("adamw8bit", "optimizer='adamw8bit': bitsandbytes' 8-bit moments, the model learns", check_adamw8bit, "30",
-          gpu_s=20, cpu_s=15),
+          gpu_s=20, cpu_s=40),
     Check("adamw_kahan", "optimizer='adamw-kahan' in bf16: pure bf16 weights move as far as fp32 masters",
           check_adamw_kahan, "30", gpu_s=25, cpu_s=20),
     Check("chunked_loss", "the chunked LM loss: equal loss and gradients, less memory at a 32k vocab",
