@@ -326,10 +326,14 @@ def step_peak(
     saved = activation_elements(shape, seq_len, task, chunked, checkpointing=s.checkpointing, device=device)
     activations = saved * tokens * s.act_bytes
     loss = loss_transient(shape, tokens, task, chunked, grads_of_head=s.grads > 0)
+    held, transient = activations, loss
+    if s.checkpointing:  # the block recomputed in backward is alive after the loss's transient is gone: the larger
+        block = _saved_per_token(shape, seq_len, task, chunked, device)[0] * tokens * s.act_bytes
+        held, transient = activations - block, max(loss, block)
     if accum > 1:
-        peak = weights + optimizer + grads + activations + loss
+        peak = weights + optimizer + grads + held + transient
     else:
-        peak = weights + optimizer + max(activations + loss, grads)
+        peak = weights + optimizer + max(held + transient, grads)
     return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True)
 
 
@@ -345,6 +349,14 @@ def activation_elements(
     eager, T5, and CPU sdpa with attention dropout (the math path) keep the scores, probabilities and mask (3nL).
     Gradient checkpointing keeps each block's input (h) and recomputes one block at a time in backward.
     """
+    block, rest, blocks = _saved_per_token(shape, seq_len, task, chunked, device)
+    if checkpointing:
+        return blocks * shape.hidden * (2 if shape.family == "t5" else 1) + rest + block
+    return blocks * block + rest
+
+
+def _saved_per_token(shape: Shape, seq_len: int, task: str, chunked: bool, device: str) -> tuple[float, float, int]:
+    """(elements one block saves, the rest outside the blocks, the blocks) per token (activation_elements)."""
     h, i, n, L = shape.hidden, shape.intermediate, shape.heads, seq_len
     scores = shape.eager or shape.family == "t5" or (device == "cpu" and shape.attention_dropout > 0)
     attention = 3 * n * L if scores else n
@@ -360,9 +372,7 @@ def activation_elements(
     blocks = shape.layers // 2 if shape.family == "t5" else shape.layers
     if task in GENERATING:
         rest += h if chunked else shape.vocab  # chunked: the target tokens' hidden states; else log-softmax (V)
-    if checkpointing:
-        return blocks * h * (2 if shape.family == "t5" else 1) + rest + block
-    return blocks * block + rest
+    return block, rest, blocks
 
 
 def loss_transient(shape: Shape, tokens: int, task: str, chunked: bool, *, grads_of_head: bool) -> float:
