@@ -1,7 +1,8 @@
 """The memory plan (kitlib.plan_memory) against a measured peak: kitlib's own optimizer step on this CPU in fp32,
-its live tensor bytes tracked op by op (kitlib.doctor.live_bytes), for three model sizes x each measurable strategy (LoRA and QLoRA included).
+its live tensor bytes tracked op by op (kitlib.doctor.live_bytes), for four model sizes x each measurable strategy
+(MEASURABLE: LoRA and QLoRA, 4-bit through bitsandbytes' CPU backend, included).
 
-    nice -n 5 python benchmarks/bench_memory_plan.py          # ~1-2 min on 2 busy cores
+    nice -n 5 python benchmarks/bench_memory_plan.py          # ~10-25 min on 2 busy cores
 
 Prints the plan and the measurement side by side, and their ratio; the house rule is within 15% (issue #30).
 """
