@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from gpu_checks_base import Check, Ctx
+from gpu_checks_big import BIG_CHECKS  # issue #30: LoRA, QLoRA, the lean optimizers, the memory savers
 from gpu_models import (
     StepClock,
     bare_speed,
@@ -1159,4 +1160,5 @@ CHECKS: list[Check] = [
             ("custom", 40, 15),
         )
     ),
+    *BIG_CHECKS,
 ]

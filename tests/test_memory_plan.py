@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from kitlib.doctor.live_bytes import MEASURABLE
 from kitlib.doctor.memory_plan import plan_memory
 
 
@@ -19,21 +20,23 @@ def _llama_7b() -> Any:
     )
 
 
-@pytest.mark.parametrize("strategy", ["fp32 full fine-tune", "fp32 full fine-tune + checkpointing",
-                                      "frozen embeddings + fp32", "fp32 + 8-bit AdamW"])  # fmt: skip
+@pytest.mark.parametrize("strategy", MEASURABLE)
 def test_plan_matches_the_measured_peak_of_kitlibs_step(strategy: str) -> None:
+    """Within 15%: QLoRA through the notebooks' 4-bit loading (bitsandbytes' CPU backend), its fp32 residual stream
+    and fp32 embeddings and head counted (issue #30 item 5: planned 2.15x too low)."""
     from transformers import LlamaConfig
 
     from kitlib.doctor.live_bytes import planned_and_measured
 
-    if "8-bit" in strategy:
+    pytest.importorskip("peft")
+    if "8-bit" in strategy or "QLoRA" in strategy:
         pytest.importorskip("bitsandbytes", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
     config = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=4000)  # fmt: skip
     planned, measured = planned_and_measured(
         config, model_kind="decoder", seq_len=128, micro_batch=2, accum=2, strategy=strategy
     )
-    assert 0.8 <= planned / measured <= 1.2, (strategy, planned, measured)
+    assert 0.85 <= planned / measured <= 1.15, (strategy, planned, measured)
 
 
 def test_7b_at_1536_tokens_fits_h100_and_t4_only_with_the_right_strategy() -> None:
@@ -44,7 +47,8 @@ def test_7b_at_1536_tokens_fits_h100_and_t4_only_with_the_right_strategy() -> No
         assert fp32 and not any(f.fits for f in fp32)  # ~16 bytes/parameter: 108 GB before activations
         assert plan.choice is not None
         assert plan.choice.peak <= plan.budget and plan.choice.micro_batch * plan.choice.accum >= 32
-    assert "QLoRA" in t4.choice.strategy.name  # type: ignore[union-attr]
+    # QLoRA's fp32 residual stream: at 1 x 32 it needs ~25 GB, so a T4 takes it with checkpointing (issue #30 item 5)
+    assert t4.choice.strategy.name == "QLoRA (LoRA on 4-bit weights) + checkpointing"  # type: ignore[union-attr]
     assert t4.line().startswith("fits: ~") and "QLoRA" in t4.line()
     # the least compromise that fits: a full fine-tune of pure bf16 weights, with the optimizer that keeps updates
     assert h100.choice.strategy.name == "bf16 weights + Kahan AdamW + checkpointing"  # type: ignore[union-attr]

@@ -33,6 +33,8 @@ from kitlib.engine.timing import PhaseTimer
 from kitlib.machine.distributed import DistEnv
 from kitlib.machine.hardware import fake_profile
 from kitlib.machine.precision import Precision, decide_precision
+from kitlib.models.adapters import add_adapter, quantization
+from kitlib.models.loading import from_pretrained
 
 
 class LiveBytes(TorchDispatchMode):
@@ -112,7 +114,8 @@ def step_peak(
 
 # the plan's strategies that run on this CPU in fp32 (its step_peak measures them), as the plan names them there
 MEASURABLE = ("fp32 full fine-tune", "fp32 full fine-tune + checkpointing", "frozen embeddings + fp32",
-              "fp32 + 8-bit AdamW")  # fmt: skip
+              "fp32 + 8-bit AdamW", "LoRA r=16, fp32 base", "QLoRA (LoRA on 4-bit weights)",
+              "QLoRA (LoRA on 4-bit weights) + checkpointing")  # fmt: skip
 
 
 def planned_and_measured(
@@ -127,6 +130,9 @@ def planned_and_measured(
     planned, chosen = fit.peak, fit.strategy
     torch.manual_seed(seed)
     model = _meta_model(config, model_kind)  # on the CPU here: real (random) weights
+    if chosen.adapter == "qlora":  # 4-bit NF4 through the notebooks' loading path (bitsandbytes' CPU backend)
+        model = _reloaded(model, quantization("qlora", "cpu"))
+    model = add_adapter(model, chosen.adapter, generating=model_kind in GENERATING, seed=seed)
     vocab = int(config.vocab_size)
     window = []
     for _ in range(accum):
@@ -136,3 +142,16 @@ def planned_and_measured(
     peak = step_peak(model, window, gradient_checkpointing=chosen.checkpointing, freeze=chosen.freeze,
                      optimizer_name=chosen.optimizer_name)  # fmt: skip
     return planned, peak
+
+
+def _reloaded(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """``model`` saved and loaded back through kitlib.models.loading with ``kwargs`` (a quantization config)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    auto = AutoModelForSeq2SeqLM if getattr(model.config, "is_encoder_decoder", False) else AutoModelForCausalLM
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)  # type: ignore[operator]
+        loaded: torch.nn.Module = from_pretrained(auto, folder, **kwargs)
+    return loaded

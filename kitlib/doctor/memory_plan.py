@@ -164,8 +164,8 @@ class MemoryPlan:
         head = (
             f"memory plan: {self.model} ({self.shape.params / 1e9:.2f} B parameters, {self.shape.family}-shaped), "
             f"{self.model_kind} model, {self.seq_len} tokens/row, effective batch {self.effective_batch}, "
-            f"on {self.hardware} "
-            f"({self.capacity / _GB:.1f} GB; plans within {self.budget / _GB:.1f} GB)"
+            f"on {self.hardware} ({self.capacity / _GB:.1f} GB; plans within {self.budget / _GB:.1f} GB: {HEADROOM:.0%} "
+            "kept free for the allocator's fragmentation and longer batches)"
         )
         rows = [f"{'strategy':<48} {'weights':>8} {'grads':>7} {'optim':>7} {'activ':>7} {'peak':>7}  batch  fits"]
         for f in self.fits:
@@ -243,7 +243,14 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool =
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
-    nf4 = (NF4_BYTES * shape.linear_params + 2 * (P - shape.linear_params)) / P  # 4-bit blocks, bf16 elsewhere
+    # QLoRA: kitlib loads fp32 and peft's prepare_model_for_kbit_training keeps every weight that is not 4-bit in fp32
+    # (embeddings, norms, head: ~1 GB of a 7B model), so the residual stream is fp32 too, and bitsandbytes returns
+    # each 4-bit matmul in its input's dtype: 4 bytes a saved element (measured on CPU: bench_memory_plan.py). On a
+    # GPU each 4-bit layer also saves its input cast to the compute dtype: 2 bytes for the 4 distinct inputs of a
+    # Llama block, 3h + i of its 8h + 2kv + 4i saved elements (reasoned, not measured).
+    nf4 = (NF4_BYTES * shape.linear_params + 4 * (P - shape.linear_params)) / P
+    h, i = shape.hidden, shape.intermediate
+    qlora_act = 4.0 + (2.0 * (3 * h + i) / (8 * h + 2 * shape.kv_dim + 4 * i) if amp else 0.0)
     cast_cache = 2.0 * (shape.linear_params + shape.head_params) / P  # autocast's half copy of each matmul weight
     act = AMP_ACT_BYTES if amp else 4.0
     out: list[Strategy] = []
@@ -267,13 +274,14 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool =
         out.append(Strategy("fp32 full fine-tune (no AMP)", 4, 4, 8, 4.0, False, amp=False))
     base = 2.0 if bf16 and half_base else 4.0
     lean = (  # least compromise first: adapters on full weights, then on 4-bit weights (fp32 adapters + AdamW)
-        (f"LoRA r={LORA_RANK}, {'bf16' if base == 2.0 else 'fp32'} base", "lora", base + 4 * lora),
-        ("QLoRA (LoRA on 4-bit weights)", "qlora", nf4 + 4 * lora),
-    )
-    for name, adapter, weights in lean:
+        (f"LoRA r={LORA_RANK}, {'bf16' if base == 2.0 else 'fp32'} base", "lora", base + 4 * lora,
+         2.0 if base == 2.0 else act),
+        ("QLoRA (LoRA on 4-bit weights)", "qlora", nf4 + 4 * lora, qlora_act),
+    )  # fmt: skip
+    for name, adapter, weights, saved in lean:
         for ckpt in (False, True):
             tag = " + checkpointing" if ckpt else ""
-            out.append(Strategy(name + tag, weights, 4 * lora, 8 * lora, 2.0, ckpt, adapter=adapter))
+            out.append(Strategy(name + tag, weights, 4 * lora, 8 * lora, saved, ckpt, adapter=adapter))
     return out
 
 
@@ -323,10 +331,14 @@ def step_peak(
     saved = activation_elements(shape, seq_len, model_kind, chunked, checkpointing=s.checkpointing, device=device)
     activations = saved * tokens * s.act_bytes
     loss = loss_transient(shape, tokens, model_kind, chunked, grads_of_head=s.grads > 0)
+    held, transient = activations, loss
+    if s.checkpointing:  # the block recomputed in backward is alive after the loss's transient is gone: the larger
+        block = _saved_per_token(shape, seq_len, model_kind, chunked, device)[0] * tokens * s.act_bytes
+        held, transient = activations - block, max(loss, block)
     if accum > 1:
-        peak = weights + optimizer + grads + activations + loss
+        peak = weights + optimizer + grads + held + transient
     else:
-        peak = weights + optimizer + max(activations + loss, grads)
+        peak = weights + optimizer + max(held + transient, grads)
     return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True)
 
 
@@ -342,6 +354,16 @@ def activation_elements(
     eager, T5, and CPU sdpa with attention dropout (the math path) keep the scores, probabilities and mask (3nL).
     Gradient checkpointing keeps each block's input (h) and recomputes one block at a time in backward.
     """
+    block, rest, blocks = _saved_per_token(shape, seq_len, model_kind, chunked, device)
+    if checkpointing:
+        return blocks * shape.hidden * (2 if shape.family == "t5" else 1) + rest + block
+    return blocks * block + rest
+
+
+def _saved_per_token(
+    shape: Shape, seq_len: int, model_kind: str, chunked: bool, device: str
+) -> tuple[float, float, int]:
+    """(elements one block saves, the rest outside the blocks, the blocks) per token (activation_elements)."""
     h, i, n, L = shape.hidden, shape.intermediate, shape.heads, seq_len
     scores = shape.eager or shape.family == "t5" or (device == "cpu" and shape.attention_dropout > 0)
     attention = 3 * n * L if scores else n
@@ -357,9 +379,7 @@ def activation_elements(
     blocks = shape.layers // 2 if shape.family == "t5" else shape.layers
     if model_kind in GENERATING:
         rest += h if chunked else shape.vocab  # chunked: the target tokens' hidden states; else log-softmax (V)
-    if checkpointing:
-        return blocks * h * (2 if shape.family == "t5" else 1) + rest + block
-    return blocks * block + rest
+    return block, rest, blocks
 
 
 def loss_transient(shape: Shape, tokens: int, model_kind: str, chunked: bool, *, grads_of_head: bool) -> float:

@@ -86,17 +86,19 @@ class ShardBatches(Sampler[list[int]]):
 
     Interleaving (not contiguous blocks) means the W micro-batches that DDP averages in one synchronised step are
     consecutive batches of the single-process order: a run on W ranks with accumulation A equals a single-process
-    run with accumulation A*W. The batch count is cut to a multiple of W so every rank takes the same number of
-    steps (an extra step on one rank would hang the others in all-reduce).
+    run with accumulation A*W. For training (``even``) the batch count is cut to a multiple of W so every rank takes
+    the same number of steps (an extra step on one rank would hang the others in all-reduce). An eval keeps every
+    batch: its sums are all-reduced once at the end, so ranks may take different counts (a 1-batch validation set
+    on 2 ranks was dropped whole, and best/ never chosen).
     """
 
-    def __init__(self, inner: Sampler[list[int]], rank: int, world_size: int) -> None:
+    def __init__(self, inner: Sampler[list[int]], rank: int, world_size: int, *, even: bool = True) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world_size {world_size}")
-        self.inner, self.rank, self.world_size = inner, rank, world_size
+        self.inner, self.rank, self.world_size, self.even = inner, rank, world_size, even
 
     def __iter__(self) -> Iterator[list[int]]:
-        usable = len(self) * self.world_size
+        usable = len(self.inner) // self.world_size * self.world_size if self.even else len(self.inner)  # type: ignore[arg-type]
         for i, batch in enumerate(self.inner):
             if i >= usable:
                 return
@@ -104,7 +106,8 @@ class ShardBatches(Sampler[list[int]]):
                 yield batch
 
     def __len__(self) -> int:
-        return len(self.inner) // self.world_size  # type: ignore[arg-type]
+        total = len(self.inner)  # type: ignore[arg-type]
+        return total // self.world_size if self.even else len(range(self.rank, total, self.world_size))
 
 
 def skip_batches(loader: DataLoader[Any], skip: int) -> DataLoader[Any]:
@@ -120,10 +123,10 @@ def is_sharded(loader: DataLoader[Any]) -> bool:
     return False
 
 
-def shard_batches(loader: DataLoader[Any], rank: int, world_size: int) -> DataLoader[Any]:
+def shard_batches(loader: DataLoader[Any], rank: int, world_size: int, *, even: bool = True) -> DataLoader[Any]:
     if world_size <= 1 or is_sharded(loader):
         return loader
-    return rebuild_loader(loader, ShardBatches(_batch_sampler(loader), rank, world_size))
+    return rebuild_loader(loader, ShardBatches(_batch_sampler(loader), rank, world_size, even=even))
 
 
 class DataViews:
@@ -134,7 +137,7 @@ class DataViews:
                  grad_accum_steps: int, eval_every_steps: int | None) -> None:  # fmt: skip
         self.base = train_loader
         self.train = shard_batches(train_loader, env.rank, env.world_size)
-        self.eval = shard_batches(eval_loader, env.rank, env.world_size) if eval_loader else None
+        self.eval = shard_batches(eval_loader, env.rank, env.world_size, even=False) if eval_loader else None
         if eval_every_steps and self.eval is None:
             raise ValueError(f"eval_every_steps={eval_every_steps} needs an eval_loader: pass fit(eval_loader=...)")
         self.windows_per_epoch = math.ceil(len(self.train) / grad_accum_steps)

@@ -39,6 +39,7 @@ from kitlib._files import (
     FileMismatch,
     check_file,
     explain_disk_full,
+    free_bytes,
     fsync_dir,
     fsync_file,
     record_file,
@@ -420,6 +421,27 @@ def _check_space(directory: Path, needed: int) -> None:
             f"{free / 1e9:.2f} GB free on {directory.parent}. Fix: delete old runs/checkpoints, save fewer "
             "checkpoints, or point the run directory at a bigger disk."
         )
+
+
+# Optimizer state a trainable parameter adds to last/, per byte of the parameter: AdamW's two moments in its dtype,
+# Kahan AdamW's compensation too, 8-bit AdamW's two 1-byte moments (of a 4-byte weight; block scales ignored).
+STATE_PER_WEIGHT_BYTE = {"adamw": 2.0, "adamw-kahan": 3.0, "adamw8bit": 0.5}
+
+
+def room_for_last(directory: Path, model: torch.nn.Module, optimizer: str) -> str | None:
+    """None when ``directory`` has room for ``last/`` (the weights a checkpoint holds and the optimizer's state, twice:
+    the old copy stays until the new one is complete) beside ``best/`` (twice too), else why not. Checked before the
+    first step: a 7B full fine-tune's last/ is ~56 GB (bf16 weights + Kahan state), and finding that out when a
+    time budget stops the run, hours later, loses the hours."""
+    weights = sum(t.nbytes for t in _dedupe(saved_state(model))[0].values())
+    state = sum(p.nbytes for p in model.parameters() if p.requires_grad) * STATE_PER_WEIGHT_BYTE.get(optimizer, 2.0)
+    needed = 2 * (2 * weights + state) + 4 * _HEADROOM
+    free, where = free_bytes(directory)
+    if free >= needed:
+        return None
+    return (f"last/ (weights and {optimizer} state, {(weights + state) / 1e9:.1f} GB) and best/ ({weights / 1e9:.1f} "
+            f"GB), each twice while it is replaced, need ~{needed / 1e9:.1f} GB and {where} has {free / 1e9:.1f} GB "
+            "free")  # fmt: skip
 
 
 def _write_files(snap: Snapshot, tmp: Path, unique: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:

@@ -58,13 +58,16 @@ def evaluate_loss(
     autocast: Callable[[], Any],
     to_device: Callable[[Batch], Batch],
     env: DistEnv,
+    device: torch.device,
     max_batches: int | None = None,
 ) -> float:
     """Item-weighted mean loss over (at most ``max_batches`` of) the batches: no autograd, eval mode."""
     was_training = model.training
     model.eval()
-    total_loss = torch.zeros((), dtype=torch.float64)
-    total_items = torch.zeros((), dtype=torch.float64)
+    # On the device from the start: a rank without a single eval batch (n // world = 0) still all-reduces a device
+    # tensor, and NCCL cannot reduce CPU ones.
+    total_loss = torch.zeros((), dtype=torch.float64, device=device)
+    total_items = torch.zeros((), dtype=torch.float64, device=device)
     try:
         with torch.no_grad():
             for batch in itertools.islice(batches, max_batches):
@@ -73,8 +76,8 @@ def evaluate_loss(
                     loss = loss_fn(model, batch)
                 items = count_fn(batch)
                 # Accumulate on the loss's device and read it once at the end: one host sync per eval, not per batch.
-                total_loss = total_loss.to(loss.device) + loss.detach().double() * items
-                total_items = total_items.to(loss.device) + items
+                total_loss = total_loss + loss.detach().double() * items
+                total_items = total_items + items
     finally:
         model.train(was_training)
     total_loss, total_items = all_reduce_sum(total_loss, env), all_reduce_sum(total_items, env)

@@ -193,6 +193,15 @@ class Loop:
             total_steps=self.data.windows_per_epoch * cfg.epochs, loader_batch=train_loader.batch_size,
             loss_fn=loss_fn or hf_loss, count_fn=count_fn or default_count_fn(model), timer=self.timer,
         )  # fmt: skip
+        out = self.out if self.output.writes else None
+        self.last_room = checkpoint.room_for_last(out, model, cfg.optimizer) if out is not None else None
+        if self.last_room and (cfg.save_last or cfg.save_every_steps):
+            raise CheckpointError(
+                f"{self.last_room}. Fix: no last/ (TrainConfig(save_last=False, save_every_steps=None); in the "
+                "notebooks checkpoints = 'best'), or a run directory on a bigger disk"
+            )
+        if self.last_room:  # last/ is saved only when a time budget or SIGTERM stops the run: best/ is kept instead
+            print(f"fit: a stop by the time budget or SIGTERM will not save last/ (not resumable): {self.last_room}")
         self.model = distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
         if cfg.compile:
             if compile_note and self.env.is_main:
@@ -323,7 +332,7 @@ class Loop:
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
         # Every rank joins: rank 0 saves each rank's own streams (dropout masks etc. differ per rank).
         rngs = distributed.gather_object(checkpoint.rng_state(), self.env)
-        if not self.env.is_main:
+        if not self.env.is_main or self.last_room:  # no room (room_for_last, said at the start)
             return
 
         def take() -> checkpoint.Snapshot:
@@ -413,6 +422,7 @@ class Loop:
                 autocast=self.precision.autocast,
                 to_device=self.stepper.to_device,
                 env=self.env,
+                device=self.device,
                 max_batches=self.cfg.eval_max_batches,
             )
 

@@ -69,6 +69,13 @@ class RunFacts:
     # Out-of-memory back-offs (fit halved the micro-batch and doubled the accumulation): {"step", "micro_batch":
     # [from, to], "grad_accum_steps": [from, to], "error"} each; micro_batch_size/grad_accum_steps are the last ones.
     oom_backoffs: list[dict[str, Any]] = field(default_factory=list)
+    # What trained, read off the live objects (not the config): the optimizer's package.class ("torch.AdamW",
+    # "bitsandbytes.AdamW8bit", "optimi.AdamW"), the adapter ("none", "lora", "qlora": 4-bit frozen weights), and the
+    # dtypes of the trained and the frozen weights ("float32", "bfloat16", "nf4"; None: none frozen).
+    optimizer: str | None = None
+    adapter: str | None = None
+    trained_dtype: str | None = None
+    frozen_dtype: str | None = None
     # Written by runs outside fit() (benchmarks/seed_replays.py's plain loops) for the doctor: the fixed padded length
     # and the longest training row in tokens, the seconds spent featurising in this session and whether they came from
     # a cache, and the full evals made (a step cadence does not follow from full_eval_every and the epochs).
@@ -144,6 +151,7 @@ class RunRecorder(Callback):
 
             peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loop.hw.ram_bytes  # Linux: KiB
         eval_batches = loop.data.eval
+        ran = _what_ran(loop.raw_model, loop.optimizer)
         return RunFacts(
             steps=loop.state.step,
             epochs_planned=cfg.epochs,
@@ -179,6 +187,10 @@ class RunRecorder(Callback):
             else 0,
             stop_reason=loop.stop_reason,
             oom_backoffs=list(loop.stepper.backoff.changes),
+            optimizer=ran[0],
+            adapter=ran[1],
+            trained_dtype=ran[2],
+            frozen_dtype=ran[3],
             features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
             **self._compile_facts(),
             **model_facts(loop.raw_model),
@@ -204,3 +216,17 @@ def _compile_times() -> list[float]:
         return []
     times: list[float] = compilation_time_metrics.get("_compile.compile_inner", [])
     return times
+
+
+def _what_ran(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[str, str, str | None, str | None]:
+    """RunFacts' optimizer, adapter and weight dtypes, from the model and optimizer that trained."""
+
+    def dtypes(trained: bool) -> str | None:
+        found = {"nf4" if type(p).__name__ == "Params4bit" else str(p.dtype).removeprefix("torch.")
+                 for p in model.parameters() if p.requires_grad == trained}  # fmt: skip
+        return ", ".join(sorted(found)) or None
+
+    frozen = dtypes(False)
+    adapter = "none" if not hasattr(model, "peft_config") else "qlora" if "nf4" in (frozen or "") else "lora"
+    kind = type(optimizer)
+    return f"{kind.__module__.split('.')[0]}.{kind.__name__}", adapter, dtypes(True), frozen

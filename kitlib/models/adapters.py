@@ -74,26 +74,36 @@ def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -
     )
 
 
-def quantization(adapter: str) -> dict[str, Any]:
-    """``from_pretrained`` keyword arguments for ``adapter``: qlora's 4-bit NF4 weights with double-quantised scales
-    computing in bf16 (QLoRA paper's recipe; ~0.51 bytes per weight), else none."""
+def quantization(adapter: str, device: str = "cuda") -> dict[str, Any]:
+    """``from_pretrained`` keyword arguments for ``adapter`` on ``device`` ("cuda" or "cpu": the run's device type):
+    qlora's 4-bit NF4 weights with double-quantised scales (QLoRA paper's recipe; ~0.51 bytes per weight), else none.
+
+    On CUDA each DDP rank loads onto its own GPU (LOCAL_RANK, as accelerate's and TRL's recipes: the current device
+    is still cuda:0 when the task builds the model) and computes in bf16 where the GPU has it natively, else fp16 (a
+    T4 emulates bf16, and bitsandbytes' fast 4-bit kernels are fp16 there). On the CPU (a rehearsal, or the DDP
+    parent reloading rank 0's adapters without touching CUDA) bitsandbytes' CPU backend computes in fp32."""
     if adapter != "qlora":
         return {}
+    import os
+
     import torch
 
-    if importlib.util.find_spec("bitsandbytes") is None or not torch.cuda.is_available():
+    cuda = device == "cuda"
+    if importlib.util.find_spec("bitsandbytes") is None or (cuda and not torch.cuda.is_available()):
+        missing = "no CUDA GPU" if cuda and importlib.util.find_spec("bitsandbytes") else "no bitsandbytes"
         raise SetupError(
-            "adapter = 'qlora' loads 4-bit weights with bitsandbytes on a CUDA GPU, and this machine has "
-            f"{'no CUDA GPU' if not torch.cuda.is_available() else 'no bitsandbytes'}. Fix: run on a CUDA GPU with "
-            "pip install bitsandbytes, or adapter = 'lora'"
+            f"adapter = 'qlora' loads 4-bit weights with bitsandbytes, and this machine has {missing}. Fix: pip "
+            "install bitsandbytes (on a CUDA GPU, or rehearse = True on a CPU), or adapter = 'lora'"
         )
     from transformers import BitsAndBytesConfig
 
-    compute = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
+    bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
+    compute = torch.bfloat16 if bf16 else torch.float16 if cuda else torch.float32
     config = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
     )
-    return {"quantization_config": config, "device_map": {"": torch.cuda.current_device()}}
+    where: int | str = int(os.environ.get("LOCAL_RANK", 0)) if cuda else "cpu"
+    return {"quantization_config": config, "device_map": {"": where}}
 
 
 def add_adapter(
@@ -117,7 +127,8 @@ def add_adapter(
         raise SetupError(
             f"adapter = {adapter!r}: {type(model).__name__} has no linear layers to adapt. Fix: adapter = 'none'"
         )
-    if base_dtype is not None:
+    quantized = getattr(model, "hf_quantizer", None) is not None  # 4-bit: transformers refuses any .to(dtype)
+    if base_dtype is not None and not quantized:
         model.to(base_dtype)  # the frozen base only: the adapters and heads below are created (or cast) in fp32
     if adapter == "qlora":
         from peft import prepare_model_for_kbit_training

@@ -474,12 +474,14 @@ def train(
     cfg = _train_config(p, feats, stand_in)
     resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
+        from kitlib.engine import checkpoint
         from kitlib.machine.distributed import launch
 
         cpu = stand_in.hw if stand_in is not None else None
         result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
-        model = prepare(p, feats, hw or detect()).model  # on the CPU: this process still has not touched CUDA
-        model.load_state_dict(weights)
+        # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run again
+        model = prepare(p, feats, dataclasses.replace(hw or detect(), accelerators=())).model
+        checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
         return dataclasses.replace(result, model=model)
     return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume)
 
@@ -487,13 +489,16 @@ def train(
 def _train_worker(
     p: Params, cfg: TrainConfig, hw: HardwareInfo | None, callbacks: tuple[object, ...], resume: bool
 ) -> tuple[FitResult, dict[str, Any]]:
-    """Rank 0's result and trained weights (on the CPU): the parent rebuilds the model and loads them. The model
+    """Rank 0's result and trained weights (on the CPU; with an adapter its tensors only, as a checkpoint holds them:
+    a 4-bit base's quantisation state is rebuilt with it): the parent rebuilds the model and loads them. The model
     itself may not cross: a custom task's class comes from a file that only the worker imported. ``hw``: a rehearsal's
     CPU, else None (each worker detects its machine)."""
     import torch
 
+    from kitlib.engine import checkpoint
+
     result = _train(p, load_features(p), cfg, hw=hw, callbacks=callbacks, resume=resume)
-    weights = {name: t.cpu() for name, t in result.model.state_dict().items()}
+    weights = {name: t.cpu() for name, t in checkpoint.saved_state(result.model).items()}
     return dataclasses.replace(result, model=torch.nn.Module()), weights
 
 

@@ -168,7 +168,7 @@ class CausalLMTask(TextGenerationTask):
             make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed
             make_eval_loader(subset(split[1]), cfg, hw, collate=collate),
             make_predict_loader(test, cfg, hw, collate=collate),
-            _build_model(feats.side, seed, y, adapter=feats.run.config.adapter),
+            _build_model(feats.side, seed, y, adapter=feats.run.config.adapter, device=hw.device_type),
         )
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
@@ -274,12 +274,12 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------------------ the model
-def _folder_model(folder: str, adapter: str = "none") -> tuple[Any, Any]:
+def _folder_model(folder: str, adapter: str = "none", device: str = "cuda") -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = from_pretrained(AutoModelForCausalLM, folder, **quantization(adapter))  # qlora: 4-bit weights
+        model = from_pretrained(AutoModelForCausalLM, folder, **quantization(adapter, device))  # qlora: 4-bit weights
     if tokenizer.pad_token is None:  # GPT-2 and Llama ship none: pad with </s> (masked, and -100 in the labels)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model
@@ -292,12 +292,14 @@ def _positions(model: nn.Module) -> int | None:
     return int(limit) if limit else None
 
 
-def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none") -> nn.Module:
+def _build_model(
+    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", device: str = "cuda"
+) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
     its training responses set (``labels``: -100 on the prompt, the response and </s>)."""
     if "model_folder" in side.state:
-        tokenizer, model = _folder_model(side.state["model_folder"], adapter)
+        tokenizer, model = _folder_model(side.state["model_folder"], adapter, device)
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
