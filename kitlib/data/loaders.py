@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from kitlib.data.lengths import suggest_max_length
+from kitlib.data.packing import PackingCollator, PackingSampler
 from kitlib.data.samplers import (
     BucketSampler,
     RandomBatchSampler,
@@ -359,7 +360,7 @@ def make_train_loader(
     rank, world = _rank_world()
     bs = cfg.micro_batch_size
     mode = cfg.batching
-    if mode in ("bucket", "token_budget") and lens is None:
+    if mode in ("bucket", "token_budget", "packed") and lens is None:
         if collate is None:
             warnings.warn(
                 f"kitlib: batching={mode!r} needs row lengths (pass lengths= or a dataset with .lengths); using "
@@ -380,6 +381,10 @@ def make_train_loader(
         sampler = TokenBudgetSampler(
             lens, budget, seed=seed, pad_to_multiple_of=multiple, drop_last=True, rank=rank, world_size=world
         )
+    elif mode == "packed":  # padding-free: whole examples laid end to end, the same peak tokens as fixed padding
+        assert lens is not None
+        sampler = PackingSampler(lens, bs * _width(cfg, lens), seed=seed, rank=rank, world_size=world)
+        collate = PackingCollator()  # a padding collate would undo the packing
     else:
         sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
     if collate is None:
