@@ -381,10 +381,13 @@ def make_train_loader(
         sampler = TokenBudgetSampler(
             lens, budget, seed=seed, pad_to_multiple_of=multiple, drop_last=True, rank=rank, world_size=world
         )
-    elif mode == "packed":  # padding-free: whole examples laid end to end, the same peak tokens as fixed padding
+    elif mode == "packed":  # padding-free: whole examples end to end in rows of the width; the peak of fixed padding
         assert lens is not None
-        sampler = PackingSampler(lens, bs * _width(cfg, lens), seed=seed, rank=rank, world_size=world)
-        collate = PackingCollator()  # a padding collate would undo the packing
+        if not isinstance(collate, PackingCollator):  # a padding collate would undo the packing
+            collate = PackingCollator(_width(cfg, lens), getattr(dataset, "pad_id", 0), multiple)
+        width = collate.width or bs * _width(cfg, lens)  # width None: one row of the whole budget (flash varlen)
+        rows = bs if collate.width else 1
+        sampler = PackingSampler(lens, width, rows, seed=seed, rank=rank, world_size=world)
     else:
         sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
     if collate is None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kitlib.data.samplers import Batches, _EpochBatchSampler, as_lengths
+from kitlib.data.samplers import Batches, _EpochBatchSampler, as_lengths, round_up
 from kitlib.models import IGNORE_INDEX
 
 
@@ -32,55 +32,84 @@ def packing_supported() -> bool:
 
 
 class PackingSampler(_EpochBatchSampler):
-    """Batches of whole examples whose tokens sum to at most ``max_tokens``: first-fit decreasing within shuffled
-    mega-batches of ~50 batches (tight bins, random company), then the batches shuffled. An example longer than
-    ``max_tokens`` gets a batch of its own. Deterministic for (seed, epoch) and DDP-sharded like the other samplers."""
+    """Batches of ``rows`` bins, each bin whole examples whose tokens sum to at most ``width``: first-fit decreasing
+    within shuffled mega-batches of ~50 batches (tight bins, random company), then the bins shuffled. An example
+    longer than ``width`` gets a bin of its own. Deterministic for (seed, epoch) and DDP-sharded like the others."""
 
     def __init__(
-        self, lengths: Sequence[int] | np.ndarray, max_tokens: int, *, seed: int = 0, rank: int = 0, world_size: int = 1
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        width: int,
+        rows: int = 1,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if width < 1 or rows < 1:
+            raise ValueError(f"width and rows must be >= 1, got {width}, {rows}")
         arr = as_lengths(lengths)
         super().__init__(len(arr), seed=seed, shuffle=True, drop_last=False, rank=rank, world_size=world_size,
                          lengths=arr)  # fmt: skip
-        self.max_tokens = max_tokens
-        self.mega_rows = max(1, int(50 * max_tokens / max(float(arr.mean()) if arr.size else 1.0, 1.0)))
+        self.width, self.rows = width, rows
+        self.mega_rows = max(1, int(50 * rows * width / max(float(arr.mean()) if arr.size else 1.0, 1.0)))
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
         assert self.lengths is not None
         order = rng.permutation(self.num_rows)
-        batches: Batches = []
+        bins: Batches = []
         for start in range(0, len(order), self.mega_rows):
             chunk = order[start : start + self.mega_rows]
-            bins: Batches = []
             room: list[int] = []
+            first = len(bins)
             for idx in chunk[np.argsort(-self.lengths[chunk], kind="stable")].tolist():
                 n = max(1, int(self.lengths[idx]))
                 fit = next((b for b, free in enumerate(room) if free >= n), None)
                 if fit is None:
                     bins.append([idx])
-                    room.append(self.max_tokens - n)
+                    room.append(self.width - n)
                 else:
-                    bins[fit].append(idx)
+                    bins[first + fit].append(idx)
                     room[fit] -= n
-            batches.extend(bins)
-        return [batches[i] for i in rng.permutation(len(batches))]
+        bins = [bins[i] for i in rng.permutation(len(bins))]
+        return [[i for b in bins[at : at + self.rows] for i in b] for at in range(0, len(bins), self.rows)]
 
 
 class PackingCollator:
-    """Items ``(ids, labels)`` (labels per token, or None) -> one row: input_ids, position_ids (restarting per
-    example) and labels (-100 on each example's first token), shape (1, total tokens). A class, so spawned workers
-    can pickle it."""
+    """Items ``(ids, labels)`` (labels per token, or None) laid end to end in rows of up to ``width`` tokens (next
+    fit, in the sampler's order: its bins never need more rows), or all in one row (``width=None``: flash-attn's
+    varlen kernel reads packed sequences only from a single row). Yields input_ids, position_ids (restarting per
+    example) and labels (-100 on each example's first token); a row's padding is a segment of its own (positions
+    from 0, labels -100), so nothing attends to it or is scored. A class, so spawned workers can pickle it."""
+
+    def __init__(self, width: int | None = None, pad_id: int = 0, pad_to_multiple_of: int = 1) -> None:
+        self.width, self.pad_id, self.multiple = width, pad_id, max(1, pad_to_multiple_of)
 
     def __call__(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
-        ids = [np.asarray(item[0], dtype=np.int64).reshape(-1) for item in items]
-        positions = np.concatenate([np.arange(len(row), dtype=np.int64) for row in ids])
-        batch = {"input_ids": torch.from_numpy(np.concatenate(ids))[None]}
-        batch["position_ids"] = torch.from_numpy(positions)[None]
-        if items and items[0][1] is not None:
-            labels = np.concatenate([np.asarray(item[1], dtype=np.int64).reshape(-1)[: len(row)]
-                                     for item, row in zip(items, ids, strict=True)])  # fmt: skip
-            labels[positions == 0] = IGNORE_INDEX
-            batch["labels"] = torch.from_numpy(labels)[None]
+        rows: list[list[Any]] = [[]]
+        used = 0
+        for item in items:
+            n = len(item[0])
+            if self.width is not None and rows[-1] and used + n > self.width:
+                rows.append([])
+                used = 0
+            rows[-1].append(item)
+            used += n
+        scored = items[0][1] is not None
+        width = round_up(max(sum(len(item[0]) for item in row) for row in rows), self.multiple)
+        ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        positions = np.zeros((len(rows), width), dtype=np.int64)
+        labels = np.full((len(rows), width), IGNORE_INDEX, dtype=np.int64)
+        for r, row in enumerate(rows):
+            at = 0
+            for item in row:
+                n = len(item[0])
+                ids[r, at : at + n], positions[r, at : at + n] = item[0], np.arange(n)
+                if scored:
+                    labels[r, at + 1 : at + n] = np.asarray(item[1])[1:n]
+                at += n
+            positions[r, at:] = np.arange(width - at)  # the padding: one more segment
+        batch = {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(positions)}
+        if scored:
+            batch["labels"] = torch.from_numpy(labels)
         return batch
