@@ -226,3 +226,27 @@ def test_a_causal_lm_folder_is_fine_tuned_with_its_own_tokenizer(tmp_path: Path,
     assert np.isfinite(result.history["train_loss"]).all()
     stages.train(p, hw=cpu_hw)
     assert len(stages.infer(p, hw=cpu_hw)) == 24
+
+
+@pytest.mark.slow  # ~35 s: 02 trains 1,200-token rows on the CPU
+def test_a_long_example_is_trained_whole_on_a_model_with_the_positions_for_it(tmp_path: Path, cpu_hw) -> None:
+    """Issue #31: a ~1,200-token example on a 2,048-position Llama: nothing cut (the 512 cap is the tiny model's
+    only), and the run's recorded max_length covers it."""
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    train = sft_frame(40, long_response=1_190)
+    data = write_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], positions=2048)
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model=str(folder), task="causal-lm",
+                      text="prompt", target="response", metric="exact_match")  # fmt: skip
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    tokenizer = get_task("causal-lm").load(feats.run, feats.spec, train, p, {})[0]
+    longest = len(tokenizer(train["prompt"][0])["input_ids"]) + len(tokenizer(train["response"][0])["input_ids"]) + 1
+    assert 1_100 <= longest <= 1_500
+    scored = (feats.labels[0] != IGNORE).sum()
+    assert scored == longest - len(tokenizer(train["prompt"][0])["input_ids"])  # the whole response and </s>
+    assert feats.labels.shape[1] == longest and feats.run.config.max_length >= longest
+    stages.train(p, hw=cpu_hw)
+    recorded = json.loads((p.run_dir / "config.json").read_text())
+    assert recorded["config"]["max_length"] >= longest >= 1_100

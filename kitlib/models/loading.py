@@ -168,13 +168,26 @@ def from_pretrained(auto_class: Any, folder: str | Path, **kwargs: Any) -> Any:
 _HALF = {"float16": "fp16", "bfloat16": "bf16"}
 
 
+def config_of(folder: str | Path) -> dict[str, Any]:
+    """A model folder's config.json alone ({} when unreadable): what 00/01 need to know (positions, saved dtype)
+    without loading gigabytes of weights."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def positions_of(config: Mapping[str, Any]) -> int | None:
+    """The most tokens a model (its config, a dict) has positions for; None: no limit stated."""
+    limit = config.get("n_positions") or config.get("max_position_embeddings")
+    return int(limit) if limit else None
+
+
 def _saved_dtype(folder: Path) -> str | None:
     """ "fp16"/"bf16" when config.json says the weights were saved in half precision (what ``dtype="auto"`` reads:
     ``dtype``, or ``torch_dtype`` before transformers 5), else None."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+    config = config_of(folder)
     return _HALF.get(str(config.get("dtype") or config.get("torch_dtype")).removeprefix("torch."))
 
 

@@ -288,24 +288,27 @@ def features(
     workload = get_task(p.task)
     tokenizer, model, identity = workload.load(run, spec, train, p, _model_choice(p))
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
-    full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
+    cap = min(cap, max(512, run.preset.max_length_cap))  # 512 for encoders; a causal LM's preset: its positions
+    full = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache)
+    lengths = workload.lengths(train, p, tokenizer, full.lengths)
     if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
         shown = run  # what 00 showed and saved
         run = presets.resolve(
             run.preset,
             planning_hw(p, hw or detect()),
-            lengths=full.lengths,
+            lengths=lengths,
             overrides=run.overrides,
             world_size=run.world_size,
         )
         run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
         if run.config.max_length != shown.config.max_length:
             log(_max_length_changed(shown, run))
+    run = workload.tune(run, lengths, model)
     _check_enough_rows(train[p.target], spec, run, p)
     if spec.kind == "regression":
         log(describe_objective(spec, data.metric.name, p.objective))
-    max_length = run.config.max_length or min(cap, 512)
-    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
+    max_length = run.config.max_length or cap
+    report = length_report(lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
@@ -576,7 +579,7 @@ def _train(
         hw=hw,
         callbacks=callbacks,
     )
-    result = _judge_baseline(p, feats, result, staging)
+    result = _judge_baseline(p, feats, dataclasses.replace(result, notes=(*result.notes, *prepared.notes)), staging)
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")

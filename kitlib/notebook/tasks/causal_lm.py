@@ -40,7 +40,7 @@ from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.models.causal_lm import tiny_causal_lm
-from kitlib.models.loading import from_pretrained, model_refusals
+from kitlib.models.loading import config_of, from_pretrained, model_refusals, positions_of
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import (
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
+    from kitlib.config import Batching
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
@@ -69,6 +70,7 @@ FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to
 # cores, 40-110 s with other jobs on them (8.4 min for the four notebooks); exact match 0.355 after 5, 0.435 after 10
 # on validation, still rising (test 0.450 vs 0.185 for the most common response).
 FROM_SCRATCH_EPOCHS = 5
+PACKING_MARGIN = 0.05  # packs when the estimate saves >= 5% of the FLOPs: below that, noise of the estimate
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
 
@@ -103,11 +105,13 @@ class CausalLMTask(TextGenerationTask):
         """Every prompt whole up to the cap (01 fits the sequence length itself), all weights trained; from scratch
         (no model folder) a tiny GPT-2 needs a far larger lr and more epochs than the presets' pretrained numbers;
         generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
-        changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": MAX_SEQ_TOKENS}
+        folder = model_folder(p)  # a pretrained model: up to its positions (config.json alone); tiny: its 512
+        cap = (positions_of(config_of(folder)) if folder else None) or MAX_SEQ_TOKENS
+        changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": cap}
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, **changes, full_eval_every=0)
         changes["full_eval_every"] = FULL_EVAL_EVERY
-        if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
+        if folder is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
 
@@ -136,14 +140,25 @@ class CausalLMTask(TextGenerationTask):
         self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
         """Per row, the sequence's labels: -100 on the prompt, the response's tokens and </s>, -100 padding, as wide
-        as the longest sequence (at most MAX_SEQ_TOKENS, or the model's positions when fewer). 02 rebuilds the
-        inputs from them and the prompt tokens."""
-        cap = min(MAX_SEQ_TOKENS, _positions(model) or MAX_SEQ_TOKENS)
+        as the longest sequence (at most the user's max_length, else the model's positions: 512 for the tiny GPT-2).
+        02 rebuilds the inputs from them and the prompt tokens."""
+        cap = _cap(p, model)
         prompts = tokenize_texts([str(v) for v in train[p.text]], tokenizer, max_length=cap, cache=cache).lengths
         responses = _encode_responses([str(v) for v in train[p.target]], tokenizer)
         labels, report = response_labels(prompts, responses, cap)
         print(report)
         return labels
+
+    def lengths(self, train: pd.DataFrame, p: Params, tokenizer: Any, lengths: np.ndarray) -> np.ndarray:
+        """Each row's whole sequence (prompt + response + </s>): what the length must cover, not the prompt alone."""
+        return np.asarray(lengths) + [len(r) for r in _encode_responses([str(v) for v in train[p.target]], tokenizer)]
+
+    def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
+        """Padding-free packing where it computes less than length bucketing (and transformers masks packed rows)."""
+        batching, reason = choose_batching(lengths, run.config, model)
+        print(reason)
+        config = dataclasses.replace(run.config, batching=batching)
+        return dataclasses.replace(run, config=config, reasons=(*run.reasons, reason))
 
     # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(
@@ -164,15 +179,53 @@ class CausalLMTask(TextGenerationTask):
         test_rows = [np.asarray(feats.test_tokens[i], np.int64) for i in range(len(feats.test_tokens))]
         test = SequenceDataset(test_rows, None, pad_id=pad)
         train = subset(split[0])
+        model = _build_model(feats.side, seed, y, adapter=feats.run.config.adapter)
+        cut = _cut_rows(feats.train_tokens, y, int(getattr(model, "kitlib_tokenizer").eos_token_id))  # noqa: B009
         return Prepared(
-            make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed
+            make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed or packed
             make_eval_loader(subset(split[1]), cfg, hw, collate=collate),
             make_predict_loader(test, cfg, hw, collate=collate),
-            _build_model(feats.side, seed, y, adapter=feats.run.config.adapter),
-        )
+            model,
+            notes=(f"warning: {cut} of {len(y)} training examples were longer than max_length {y.shape[1]} and "
+                   "were cut (01 said which part); raise max_length up to the model's positions",) if cut else (),
+        )  # fmt: skip
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         return generate(model, prompts_of(batch), num_beams=num_beams)
+
+
+def choose_batching(lengths: np.ndarray, cfg: Any, model: Any) -> tuple[Batching, str]:
+    """("packed" or "bucket", why): the training FLOPs of epoch 0's batches either way (6N + 12*L*T*d per computed
+    token, kitlib.doctor.flops; padding computed, and SDPA's packed mask attends over the whole row). Packing drops
+    the padding and one row per example but widens attention to the row: it wins where the weights dominate (a 7B
+    at 1,536 tokens), loses where attention does (a tiny model over long rows). Reasoned; the GPU suite's packing
+    check measures tokens/s."""
+    from kitlib.data.packing import PackingSampler, packing_supported
+    from kitlib.data.samplers import BucketSampler
+    from kitlib.doctor.flops import flops_per_token
+    from kitlib.models.facts import model_facts
+
+    if cfg.batching != "bucket" or not packing_supported():  # set by hand, or no packed masks in this transformers
+        return cfg.batching, f"batching {cfg.batching}: " + ("as set" if packing_supported() else "this transformers "
+                                                               "cannot mask packed rows (4.54+ can)")  # fmt: skip
+    facts = model_facts(model)
+    n, layers, width = (facts[k] for k in ("model_non_embedding_params", "model_layers", "model_width"))
+    lens = np.minimum(np.asarray(lengths), cfg.max_length or int(np.max(lengths)))
+    row = int(lens.max())
+
+    def cost(computed: list[tuple[int, int]]) -> float:  # (tokens computed, attention width) per batch
+        return sum(tokens * flops_per_token(n, layers, w, width) for tokens, w in computed)
+
+    buckets = BucketSampler(lens, cfg.micro_batch_size, drop_last=False).batches()
+    bucket = cost([(len(b) * int(lens[b].max()), int(lens[b].max())) for b in buckets])
+    bins = PackingSampler(lens, row, 1).batches()  # one bin = one row of the packed batch, attending over its row
+    packed = cost([(int(lens[b].sum()), int(lens[b].sum())) for b in bins])
+    saving = 1 - packed / bucket
+    choice: Batching = "packed" if saving >= PACKING_MARGIN else "bucket"
+    return choice, (
+        f"batching {choice}: packing examples into rows of {row} tokens computes {abs(saving):.0%} "
+        f"{'fewer' if saving > 0 else 'more'} FLOPs than length buckets of {cfg.micro_batch_size} rows (estimate)"
+    )
 
 
 def response_labels(
@@ -215,6 +268,15 @@ def sequence(prompt: Sequence[int] | np.ndarray, labels: np.ndarray) -> tuple[np
     prompt = prompt[max(0, len(prompt) - room) :]
     response = labels[scored]
     return np.concatenate([prompt, response]), np.concatenate([np.full(len(prompt), IGNORE), response])
+
+
+def _cut_rows(prompts: Any, labels: np.ndarray, end: int) -> int:
+    """Rows whose prompt lost its start, or whose response lost its end (``end``, </s>, not last), to the width."""
+    cut = 0
+    for i, row in enumerate(labels):
+        scored = np.flatnonzero(row != IGNORE)
+        cut += bool(len(scored)) and (len(prompts[i]) > scored[0] or row[scored[-1]] != end)
+    return cut
 
 
 def _encode_responses(responses: list[str], tokenizer: Any) -> list[list[int]]:
@@ -285,11 +347,17 @@ def _folder_model(folder: str, adapter: str = "none") -> tuple[Any, Any]:
     return tokenizer, model
 
 
+def _cap(p: Params, model: nn.Module) -> int:
+    """The most tokens a sequence may have: the user's max_length as given (within the model's positions), else the
+    model's positions (the tiny GPT-2's are MAX_SEQ_TOKENS)."""
+    positions = _positions(model) or MAX_SEQ_TOKENS
+    return min(p.max_length, positions) if p.max_length else positions
+
+
 def _positions(model: nn.Module) -> int | None:
     """The most tokens the model has positions for (None: no limit stated)."""
     config = getattr(model, "config", None)
-    limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    return int(limit) if limit else None
+    return None if config is None else positions_of(config.to_dict())
 
 
 def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none") -> nn.Module:
@@ -301,6 +369,9 @@ def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str =
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
+    # Training needs no cache, and a cache in the forward turns off transformers' packed-row mask (kitlib.data.packing):
+    # an example would attend to the one packed before it. generate() asks for the cache itself.
+    model.config.use_cache = False
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
     model.kitlib_limits = target_limits(labels, tokenizer)
     return model
@@ -330,6 +401,7 @@ def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1)
         attention_mask=mask.to(device),
         num_beams=num_beams,
         do_sample=False,
+        use_cache=True,
         pad_token_id=pad,
         eos_token_id=tokenizer.eos_token_id,
         **hf_limits(limits, start=width),
