@@ -27,7 +27,7 @@ from kitlib.doctor.memory_plan import GENERATING, run_line
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
-from kitlib.models.loading import check_model_dir, pretrained_dir, tiny_requested
+from kitlib.models.loading import check_model_dir, frozen_dtype, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
 
@@ -438,14 +438,12 @@ def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
-    import torch  # not at the top: importing stages must not load torch (0.55 s without it)
 
     classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
     split = _split(feats.n_train, p.seed, classes)
     prepared = get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
     cfg = feats.run.config
-    # A frozen base needs no fp32 master copy: bf16 halves it (fp16 is left alone: T5 overflows in fp16)
-    half = torch.bfloat16 if hw.device_type == "cuda" and cfg.precision == "bf16" else None
+    half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # a frozen base needs no fp32 master copy
     generating = feats.spec.kind == "sequence"
     model = add_adapter(prepared.model, cfg.adapter, generating=generating, base_dtype=half, seed=p.seed)
     return dataclasses.replace(prepared, model=model)

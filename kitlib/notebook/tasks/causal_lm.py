@@ -40,7 +40,7 @@ from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.models.causal_lm import tiny_causal_lm
-from kitlib.models.loading import config_of, from_pretrained, model_refusals, positions_of
+from kitlib.models.loading import config_of, from_pretrained, frozen_dtype, model_refusals, positions_of
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import (
@@ -120,8 +120,8 @@ class CausalLMTask(TextGenerationTask):
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         folder = model_folder(p)
-        if folder is not None:
-            tokenizer, model = _folder_model(folder)
+        if folder is not None:  # the config alone: 01 needs the positions and the shape, not gigabytes of weights
+            tokenizer, model = _folder_model(folder, weights=False)
             identity = str(folder)
         else:
             tokenizer = train_bpe_tokenizer([*map(str, train[p.text]), *map(str, train[p.target])], add_eos=False)
@@ -179,7 +179,8 @@ class CausalLMTask(TextGenerationTask):
         test_rows = [np.asarray(feats.test_tokens[i], np.int64) for i in range(len(feats.test_tokens))]
         test = SequenceDataset(test_rows, None, pad_id=pad)
         train = subset(split[0])
-        model = _build_model(feats.side, seed, y, adapter=feats.run.config.adapter)
+        half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # loaded so: no fp32 copy on the host
+        model = _build_model(feats.side, seed, y, adapter=cfg.adapter, frozen_dtype=half)
         cut = _cut_rows(feats.train_tokens, y, int(getattr(model, "kitlib_tokenizer").eos_token_id))  # noqa: B009
         return Prepared(
             make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed or packed
@@ -336,12 +337,20 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------------------ the model
-def _folder_model(folder: str, adapter: str = "none") -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _folder_model(
+    folder: str, adapter: str = "none", *, frozen_dtype: torch.dtype | None = None, weights: bool = True
+) -> tuple[Any, Any]:
+    """The folder's tokenizer and model: its weights (fp32, or ``frozen_dtype`` for a frozen base), or without
+    them (``weights=False``: on the meta device, from config.json, for 01's lengths and FLOP estimate)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = from_pretrained(AutoModelForCausalLM, folder, **quantization(adapter))  # qlora: 4-bit weights
+        if weights:  # qlora: 4-bit weights
+            model = from_pretrained(AutoModelForCausalLM, folder, frozen_dtype=frozen_dtype, **quantization(adapter))
+        else:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
     if tokenizer.pad_token is None:  # GPT-2 and Llama ship none: pad with </s> (masked, and -100 in the labels)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model
@@ -360,12 +369,14 @@ def _positions(model: nn.Module) -> int | None:
     return None if config is None else positions_of(config.to_dict())
 
 
-def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none") -> nn.Module:
+def _build_model(
+    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", frozen_dtype: torch.dtype | None = None
+) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
     its training responses set (``labels``: -100 on the prompt, the response and </s>)."""
     if "model_folder" in side.state:
-        tokenizer, model = _folder_model(side.state["model_folder"], adapter)
+        tokenizer, model = _folder_model(side.state["model_folder"], adapter, frozen_dtype=frozen_dtype)
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
