@@ -32,8 +32,35 @@ def write_competition(folder: Path, train: pd.DataFrame, n_test: int = 8) -> Pat
     return folder
 
 
+CHATML = (  # ChatML, as Qwen's and many fine-tunes' templates write it
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_chat_competition(folder: Path, train: pd.DataFrame, n_test: int = 8) -> Path:
+    """train.jsonl / test.jsonl of ``messages`` (a system turn, the user's prompt, the assistant's reply)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def turns(prompt: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": prompt}]
+
+    with (folder / "train.jsonl").open("w") as f:
+        for i, (prompt, reply) in enumerate(zip(train["prompt"], train["response"], strict=True)):
+            f.write(json.dumps({"id": i, "messages": [*turns(prompt), {"role": "assistant", "content": reply}]}) + "\n")
+    with (folder / "test.jsonl").open("w") as f:
+        for i in range(n_test):
+            f.write(json.dumps({"id": 10_000 + i, "messages": turns(train["prompt"][i])}) + "\n")
+    ids = range(10_000, 10_000 + n_test)
+    pd.DataFrame({"id": ids, "response": ["yes"] * n_test}).to_csv(folder / "sample_submission.csv", index=False)
+    return folder
+
+
 def llama_folder(folder: Path, texts: list[str], *, positions: int = 2048, chat_template: str | None = None) -> Path:
-    """save_pretrained of a 2-layer Llama (hidden 64) with a byte-level BPE tokenizer trained on ``texts``."""
+    """save_pretrained of a 2-layer Llama (hidden 64) with a byte-level BPE tokenizer trained on ``texts`` (and
+    ChatML's two special tokens with ``chat_template``)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -41,6 +68,7 @@ def llama_folder(folder: Path, texts: list[str], *, positions: int = 2048, chat_
 
     tokenizer = train_bpe_tokenizer(texts, vocab_size=400, add_eos=False)
     if chat_template is not None:
+        tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
         tokenizer.chat_template = chat_template
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -250,3 +250,53 @@ def test_a_long_example_is_trained_whole_on_a_model_with_the_positions_for_it(tm
     stages.train(p, hw=cpu_hw)
     recorded = json.loads((p.run_dir / "config.json").read_text())
     assert recorded["config"]["max_length"] >= longest >= 1_100
+
+
+def _chat_params(tmp_path: Path, **values: object) -> object:
+    from sft_fixtures import CHATML, llama_folder, sft_frame, write_chat_competition
+
+    train = sft_frame(40, long_response=values.pop("long_response", 0))  # type: ignore[arg-type]
+    data = write_chat_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], chat_template=CHATML)
+    return stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model=str(folder),
+                         task="causal-lm", text="prompt", target="response", metric="exact_match",
+                         train_file="train.jsonl", test_file="test.jsonl", **values)  # fmt: skip
+
+
+def test_a_chat_model_learns_the_assistant_turn_only_and_stops_at_its_end_of_turn(tmp_path: Path, cpu_hw) -> None:
+    """JSONL ``messages`` through the tokenizer's chat template: the prompt is the rendered system and user turns up
+    to ``<|im_start|>assistant``, the labels score the reply and ``<|im_end|>`` only, and generation stops there."""
+    from kitlib.notebook.tasks.causal_lm import CausalLMTask, prompts_of
+
+    p = _chat_params(tmp_path)
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    tokenizer = prepared.model.kitlib_tokenizer
+    assert tokenizer.eos_token == "<|im_end|>"  # what a reply ends with and generation stops at
+    from sft_fixtures import sft_frame
+
+    train = sft_frame(40)  # what _chat_params wrote as messages
+    for i in range(3):
+        prompt = tokenizer.decode(feats.train_tokens[i])
+        assert prompt == f"<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n{train['prompt'][i]}" \
+                         "<|im_end|>\n<|im_start|>assistant\n"  # fmt: skip
+        scored = [int(t) for t in feats.labels[i] if t != IGNORE]
+        assert tokenizer.decode(scored) == f"{train['response'][i]}<|im_end|>"  # the assistant's tokens only
+    first_test_prompt = prompts_of(next(iter(prepared.test)))[0]
+    assert tokenizer.decode(first_test_prompt).endswith("<|im_start|>assistant\n")
+
+
+def test_a_malformed_jsonl_line_is_named_and_nothing_is_written(tmp_path: Path, cpu_hw) -> None:
+    p = _chat_params(tmp_path)
+    path = p.data_dir / "train.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][:-5]  # a line cut short
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"train.jsonl, line 3: .*Fix: repair or drop that line"):
+        stages.setup(p, cpu_hw)
+    lines[2] = '{"id": 2, "messages": [{"role": "user"}]}'
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"train.jsonl, line 3: messages must be a list of"):
+        stages.setup(p, cpu_hw)
+    assert not (p.work_dir / "run.json").exists()

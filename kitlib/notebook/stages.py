@@ -287,6 +287,7 @@ def features(
     texts = train[p.text].tolist()
     workload = get_task(p.task)
     tokenizer, model, identity = workload.load(run, spec, train, p, _model_choice(p))
+    texts, test_texts = workload.prompts(texts, tokenizer), workload.prompts(test[p.text].tolist(), tokenizer)
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     cap = min(cap, max(512, run.preset.max_length_cap))  # 512 for encoders; a causal LM's preset: its positions
     full = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache)
@@ -310,9 +311,9 @@ def features(
     max_length = run.config.max_length or cap
     report = length_report(lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
-    test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
+    test_tokens = tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
-    extra = workload.extra(texts, test[p.text].tolist(), encoder)
+    extra = workload.extra(texts, test_texts, encoder)
     feats = Features(
         spec=spec,
         run=run,

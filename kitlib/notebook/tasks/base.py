@@ -171,6 +171,10 @@ class Task:
         target's)."""
         return lengths
 
+    def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
+        """The text column as the model reads it (a chat model: through its chat template)."""
+        return texts
+
     def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
         """The run fitted to the data in 01, adjusted for this task's model (the causal LM picks its batching)."""
         return run

@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -143,15 +144,21 @@ class CausalLMTask(TextGenerationTask):
         as the longest sequence (at most the user's max_length, else the model's positions: 512 for the tiny GPT-2).
         02 rebuilds the inputs from them and the prompt tokens."""
         cap = _cap(p, model)
-        prompts = tokenize_texts([str(v) for v in train[p.text]], tokenizer, max_length=cap, cache=cache).lengths
-        responses = _encode_responses([str(v) for v in train[p.target]], tokenizer)
+        texts = self.prompts([str(v) for v in train[p.text]], tokenizer)
+        prompts = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache).lengths
+        responses = _encode_responses(_responses(train, p, tokenizer), tokenizer)
         labels, report = response_labels(prompts, responses, cap)
         print(report)
         return labels
 
     def lengths(self, train: pd.DataFrame, p: Params, tokenizer: Any, lengths: np.ndarray) -> np.ndarray:
         """Each row's whole sequence (prompt + response + </s>): what the length must cover, not the prompt alone."""
-        return np.asarray(lengths) + [len(r) for r in _encode_responses([str(v) for v in train[p.target]], tokenizer)]
+        return np.asarray(lengths) + [len(r) for r in _encode_responses(_responses(train, p, tokenizer), tokenizer)]
+
+    def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
+        """Each prompt as the model is prompted at inference: through its tokenizer's chat template, up to the
+        assistant's turn; without a template, as written (a JSONL chat: its turns' contents, a paragraph each)."""
+        return [render_prompt(t, tokenizer) for t in texts]
 
     def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
         """Padding-free packing where it computes less than length bucketing (and transformers masks packed rows)."""
@@ -271,6 +278,63 @@ def sequence(prompt: Sequence[int] | np.ndarray, labels: np.ndarray) -> tuple[np
     return np.concatenate([prompt, response]), np.concatenate([np.full(len(prompt), IGNORE), response])
 
 
+def conversation(text: str) -> list[dict[str, Any]]:
+    """A prompt cell as chat turns: the JSON turns read from a JSONL ``messages`` list, else one user turn."""
+    if text.startswith("[{"):
+        try:
+            turns = json.loads(text)
+        except ValueError:
+            turns = None
+        if isinstance(turns, list) and all(isinstance(t, dict) and "role" in t for t in turns):
+            return turns
+    return [{"role": "user", "content": text}]
+
+
+def render_prompt(text: str, tokenizer: Any) -> str:
+    turns = conversation(text)
+    if not getattr(tokenizer, "chat_template", None):
+        return text if turns[0].get("content") == text else "\n\n".join(str(t["content"]) for t in turns)
+    rendered = str(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True))
+    bos = tokenizer.bos_token  # the tokenizer adds its BOS itself: a template that writes it too would double it
+    adds_bos = bos is not None and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]
+    return rendered[len(bos) :] if adds_bos and rendered.startswith(bos) else rendered
+
+
+def _responses(train: pd.DataFrame, p: Params, tokenizer: Any) -> list[str]:
+    """Each reply as the chat template writes the assistant's turn, up to its end-of-turn (which _encode_responses
+    appends: the chat tokenizer's eos, _chat_eos); as written without a template."""
+    replies = [str(v) for v in train[p.target]]
+    if not getattr(tokenizer, "chat_template", None):
+        return replies
+    out = []
+    for prompt, reply in zip(train[p.text], replies, strict=True):
+        turns = conversation(str(prompt))
+        before = str(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True))
+        full = str(tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": reply}], tokenize=False))
+        if not full.startswith(before):
+            raise SetupError(
+                "the tokenizer's chat template writes the conversation differently once the reply is added, so the "
+                "prompt's tokens are not a prefix of the example. Fix: set model to a folder whose chat_template "
+                "renders add_generation_prompt as the start of the assistant's turn"
+            )
+        out.append(full[len(before) :].split(tokenizer.eos_token)[0])
+    return out
+
+
+def _chat_eos(tokenizer: Any) -> None:
+    """Make the template's end-of-turn token the tokenizer's eos: what a reply ends with, the loss scores and
+    generation stops at (Llama 3's <|eot_id|>, ChatML's <|im_end|>), not the end of the whole text."""
+    if not getattr(tokenizer, "chat_template", None):
+        return
+    probe = "kitlib-probe-reply"
+    text = str(tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant",
+                                              "content": probe}], tokenize=False))  # fmt: skip
+    after = text[text.rindex(probe) + len(probe) :]
+    found = sorted((after.index(t), t) for t in tokenizer.all_special_tokens if t and t in after)
+    if found:
+        tokenizer.eos_token = found[0][1]
+
+
 def _cut_rows(prompts: Any, labels: np.ndarray, end: int) -> int:
     """Rows whose prompt lost its start, or whose response lost its end (``end``, </s>, not last), to the width."""
     cut = 0
@@ -346,6 +410,7 @@ def _folder_model(
 
     with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
         tokenizer = AutoTokenizer.from_pretrained(folder)
+        _chat_eos(tokenizer)
         if weights:  # qlora: 4-bit weights
             model = from_pretrained(AutoModelForCausalLM, folder, frozen_dtype=frozen_dtype, **quantization(adapter))
         else:
