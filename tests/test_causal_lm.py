@@ -300,3 +300,28 @@ def test_a_malformed_jsonl_line_is_named_and_nothing_is_written(tmp_path: Path, 
     with pytest.raises(DataError, match=r"train.jsonl, line 3: messages must be a list of"):
         stages.setup(p, cpu_hw)
     assert not (p.work_dir / "run.json").exists()
+
+
+@pytest.mark.slow  # ~2-3 min: the four notebooks in kernels of their own
+def test_the_user_s_sft_route_through_the_four_notebooks(tmp_path: Path) -> None:
+    """Issue #31's route at smoke size on the CPU: a Llama-shaped folder with a chat template, JSONL chats with an
+    example over 512 tokens, LoRA, packed batches; 03 writes a submission, scored here."""
+    from sft_fixtures import CHATML, llama_folder, sft_frame, write_chat_competition
+
+    from kitlib.notebook.runbook import run_notebooks
+
+    train = sft_frame(48, long_response=700)
+    data = write_chat_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], chat_template=CHATML)
+    work = tmp_path / "work"
+    params = {"data_dir": str(data), "work_dir": str(work), "preset": "smoke", "model": str(folder),
+              "task": "causal-lm", "text": "prompt", "target": "response", "metric": "exact_match",
+              "train_file": "train.jsonl", "test_file": "test.jsonl", "adapter": "lora"}  # fmt: skip
+    run_notebooks(work / "executed", parameters=params)
+    config = json.loads((work / "run" / "config.json").read_text())["config"]
+    assert config["batching"] == "packed" and config["adapter"] == "lora" and config["max_length"] > 700
+    submission = pd.read_csv(work / "submission.csv", keep_default_na=False, dtype={"response": str})
+    assert submission["id"].tolist() == list(range(10_000, 10_008))
+    assert submission["response"].map(lambda r: r.strip() != "" and "<|im_end|>" not in r).all()  # ended, decoded
+    exact = float((submission["response"].str.strip() == train["response"][:8].str.strip()).mean())
+    print(f"exact match of the smoke run's submission: {exact:.2f}")
