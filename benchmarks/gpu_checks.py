@@ -633,6 +633,10 @@ def check_packing(ctx: Ctx) -> None:
     best = {k: max(r["real_tokens_per_s"] for r in v) for k, v in runs.items()}
     ratios = {k: round(v / max(1, best["bucket, sdpa"]), 3) for k, v in best.items()}
     ctx.figure("over_bucket", ratios)
+    from kitlib.notebook.tasks.causal_lm import choose_batching
+
+    cfg = _cfg(micro_batch_size=ctx.size(4, 8), max_length=width)
+    ctx.figure("kitlib_choice", choose_batching(data.lengths, cfg, model())[1])  # the FLOP estimate 01 decides by
     ctx.note("real tokens/s over bucketing (best of each): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
 
 
