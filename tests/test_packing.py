@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from kitlib.data.packing import PackingCollator, PackingSampler
+from kitlib.data.packing import PackingCollator
+from kitlib.data.samplers import PackingSampler
 from kitlib.engine.objective import default_count_fn, real_tokens
 from kitlib.models import IGNORE_INDEX
 from kitlib.notebook.tasks.causal_lm import SequenceCollator

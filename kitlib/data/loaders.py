@@ -20,9 +20,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from kitlib.data.lengths import suggest_max_length
-from kitlib.data.packing import PackingCollator, PackingSampler
+from kitlib.data.packing import PackingCollator
 from kitlib.data.samplers import (
     BucketSampler,
+    PackingSampler,
     RandomBatchSampler,
     SortedBatchSampler,
     TokenBudgetSampler,

@@ -208,8 +208,8 @@ def choose_batching(lengths: np.ndarray, cfg: Any, model: Any) -> tuple[Batching
     the padding and one row per example but widens attention to the row: it wins where the weights dominate (a 7B
     at 1,536 tokens), loses where attention does (a tiny model over long rows). Reasoned; the GPU suite's packing
     check measures tokens/s."""
-    from kitlib.data.packing import PackingSampler, packing_supported
-    from kitlib.data.samplers import BucketSampler
+    from kitlib.data.packing import packing_supported
+    from kitlib.data.samplers import BucketSampler, PackingSampler
     from kitlib.doctor.flops import flops_per_token
     from kitlib.models.facts import model_facts
 
