@@ -325,3 +325,22 @@ def test_the_user_s_sft_route_through_the_four_notebooks(tmp_path: Path) -> None
     assert submission["response"].map(lambda r: r.strip() != "" and "<|im_end|>" not in r).all()  # ended, decoded
     exact = float((submission["response"].str.strip() == train["response"][:8].str.strip()).mean())
     print(f"exact match of the smoke run's submission: {exact:.2f}")
+
+
+def test_a_user_s_max_length_is_honoured_and_the_examples_it_cuts_are_counted(tmp_path: Path, cpu_hw, capsys) -> None:
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    from kitlib.notebook.tasks.causal_lm import CausalLMTask
+
+    train = sft_frame(40, long_response=120)
+    data = write_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], positions=2048)
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model=str(folder), task="causal-lm",
+                      text="prompt", target="response", metric="exact_match", max_length=64)  # fmt: skip
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw)
+    assert feats.labels.shape[1] == 64 == feats.run.config.max_length  # as given, not the model's 2,048
+    assert "capped at 64: 1 responses are cut" in capsys.readouterr().out  # 01 says it
+    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    assert prepared.notes == ("warning: 1 of 40 training examples were longer than max_length 64 and were cut (01 "
+                              "said which part); raise max_length up to the model's positions",)  # fmt: skip
