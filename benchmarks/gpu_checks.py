@@ -528,6 +528,119 @@ def check_batching(ctx: Ctx) -> None:
         ctx.claim(all(r["ooms"] == 0 for r in out.values()), "no batching mode runs out of memory")
 
 
+# ------------------------------------------------------------------------------------------------- packing (#31)
+def _sft_rows(lengths: list[int], seed: int = 0) -> Any:
+    """Chat-like SFT examples (ids, labels): the first ~40% of each is its prompt (-100), the rest scored."""
+    from kitlib.models import IGNORE_INDEX
+    from kitlib.notebook.tasks.causal_lm import SequenceDataset
+
+    g = torch.Generator().manual_seed(seed)
+    ids = [torch.randint(5, 8000, (n,), generator=g).numpy() for n in lengths]
+    labels = [row.copy() for row in ids]
+    for row in labels:
+        row[: max(1, int(0.4 * len(row)))] = IGNORE_INDEX
+    return SequenceDataset(ids, labels, pad_id=0)
+
+
+def _isolation(model: Any, data: Any, dtype: torch.dtype | None, width: int | None) -> tuple[float, float]:
+    """(max |logit difference| of example A alone vs packed after example B, |loss difference| of A and B padded in
+    one batch vs packed), on the device, eval mode, in autocast ``dtype`` (None: fp32); packed in rows of ``width``
+    (None: one row)."""
+    from kitlib.data.packing import PackingCollator
+    from kitlib.notebook.tasks.causal_lm import SequenceCollator
+
+    dev = device()
+    a, b = data[0], data[1]
+    packed = {k: v.to(dev) for k, v in PackingCollator(width)([b, a]).items()}
+    padded = {k: v.to(dev) for k, v in SequenceCollator(0)([a, b]).items()}
+    with torch.no_grad(), torch.autocast(dev.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        alone = model(input_ids=torch.as_tensor(a[0], device=dev)[None]).logits[0].float()
+        beside = model(**packed).logits[0, len(b[0]) : len(b[0]) + len(a[0])].float()
+        loss_gap = (model(**packed).loss - model(**padded).loss).abs().item()
+    return (alone - beside).abs().max().item(), loss_gap
+
+
+def check_packing(ctx: Ctx) -> None:
+    """Padding-free packing (kitlib.data.packing) vs length bucketing on a small Llama (4 layers, hidden 512, 2,048
+    positions; chat-like lengths tens to ~1,500 tokens): real tokens/s side by side (interleaved repeats), peak memory,
+    and the isolation claims (an example's logits do not change when another is packed beside it; the token-weighted
+    loss equals the padded batch's). Rows of the width with SDPA; one row with flash-attn's varlen kernel where it is
+    installed."""
+    from kitlib import fit, make_train_loader
+    from kitlib.data.packing import PackingCollator, packing_supported
+    from kitlib.machine.hardware import detect
+    from kitlib.notebook.tasks.causal_lm import SequenceCollator
+
+    hw = detect()
+    ctx.figure("packing_supported", packing_supported())
+    if not packing_supported():
+        ctx.skip("this transformers has no masking_utils.find_packed_sequence_indices (packed masks need 4.54+)")
+    try:
+        import flash_attn  # type: ignore[import-not-found]
+
+        flash = ctx.figure("flash_attn", flash_attn.__version__) if cuda() else None
+    except ImportError:
+        flash = ctx.figure("flash_attn", None)
+    width = ctx.size(128, 1536)  # the user's max_seq_length
+    lengths = variable_lengths(ctx.size(48, 2000), low=ctx.size(8, 20), high=width)
+    data = _sft_rows(lengths)
+    ctx.figure("examples", {"n": len(lengths), "tokens": sum(lengths), "median": sorted(lengths)[len(lengths) // 2],
+                            "max": max(lengths)})  # fmt: skip
+
+    def model(attention: str = "sdpa") -> Any:
+        m = llama(ctx.quick, layers=4)
+        if attention != "sdpa":  # transformers' default where torch has SDPA
+            m.set_attn_implementation(attention)
+        m.config.use_cache = False  # a cache in the forward turns off transformers' packed-sequence mask
+        return m
+
+    probe = model().to(device()).eval()
+    gap, loss_gap = _isolation(probe, data, None, width)
+    ctx.figure("isolation_fp32", {"max_logit_diff": gap, "loss_diff": loss_gap})
+    ctx.claim(gap < 1e-3, f"fp32: example A's logits unchanged by example B packed before it (max diff {gap:.2e})")
+    ctx.claim(loss_gap < 1e-4, f"fp32: packed loss = padded loss of the same two examples (diff {loss_gap:.2e})")
+    half = torch.bfloat16 if cuda() and torch.cuda.is_bf16_supported() else torch.float16
+    if cuda():
+        gap, loss_gap = _isolation(probe, data, half, width)
+        ctx.figure("isolation_half", {"dtype": str(half), "max_logit_diff": gap, "loss_diff": loss_gap})
+    if flash:
+        probe = model("flash_attention_2").to(device()).eval()
+        gap, loss_gap = _isolation(probe, data, half, None)
+        ctx.figure("isolation_flash_half", {"max_logit_diff": gap, "loss_diff": loss_gap})
+    del probe
+
+    contenders: dict[str, tuple[str, str, Any]] = {  # name: (batching, attention, collate)
+        "bucket, sdpa": ("bucket", "sdpa", SequenceCollator(0)),
+        "packed rows, sdpa": ("packed", "sdpa", None),
+    }
+    if flash:
+        contenders["packed one row, flash_attention_2 varlen"] = ("packed", "flash_attention_2", PackingCollator(None))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+    for _ in range(ctx.size(1, 2)):  # interleaved: a drifting clock shifts all alike
+        for name, (batching, attention, collate) in contenders.items():
+            cfg = _cfg(batching=batching, micro_batch_size=ctx.size(4, 8), max_length=width, num_workers=0)
+            reset_memory()
+            clock = StepClock(warm=ctx.size(1, 3))
+            loader_ = make_train_loader(data, cfg, hw, collate=collate, lengths=data.lengths, seed=0)
+            fit(model(attention), loader_, config=cfg, callbacks=[clock])
+            seconds = clock.seconds()
+            runs[name].append({
+                "real_tokens_per_s": round(float(clock.real_tokens) / seconds),
+                "computed_tokens_per_s": round(clock.computed_tokens / seconds),
+                "steps": clock.steps,
+                **memory(),
+            })  # fmt: skip
+    ctx.figure("runs", runs)
+    best = {k: max(r["real_tokens_per_s"] for r in v) for k, v in runs.items()}
+    ratios = {k: round(v / max(1, best["bucket, sdpa"]), 3) for k, v in best.items()}
+    ctx.figure("over_bucket", ratios)
+    from kitlib.notebook.tasks.causal_lm import choose_batching
+
+    cfg = _cfg(micro_batch_size=ctx.size(4, 8), max_length=width)
+    ctx.figure("kitlib_choice", choose_batching(data.lengths, cfg, model())[1])  # the FLOP estimate 01 decides by
+    ctx.note("real tokens/s over bucketing (best of each): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
+
+
 # ------------------------------------------------------------------------------------------------- DataLoader workers
 def check_loader_workers(ctx: Ctx) -> None:
     from torch.utils.data import DataLoader
@@ -1072,6 +1185,15 @@ CHECKS: list[Check] = [
         "a CUDA allocator setting",
         gpu_s=60,
         env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    ),
+    Check(
+        "packing",
+        "padding-free packing vs length bucketing on a small Llama (tokens/s); an example's logits unchanged by its "
+        "packed neighbour",
+        check_packing,
+        "",
+        gpu_s=45,
+        cpu_s=20,
     ),
     Check(
         "loader_workers",

@@ -22,7 +22,7 @@ Schedule = Literal["cosine", "linear", "constant"]
 Optimizer = Literal["adamw", "adamw8bit", "adamw-kahan"]
 Freeze = Literal["none", "embeddings", "encoder"]
 Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or LoRA on 4-bit weights (CUDA)
-Batching = Literal["bucket", "dynamic", "fixed", "token_budget"]
+Batching = Literal["bucket", "dynamic", "fixed", "token_budget", "packed"]  # packed: kitlib.data.packing (causal LM)
 Mode = Literal["min", "max"]
 BackgroundEval = Literal["off", "thread", "process"]
 # The notebooks' controls: TrainConfig field -> its label in the preset picker's "advanced" settings (00_setup). The

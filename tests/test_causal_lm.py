@@ -226,3 +226,121 @@ def test_a_causal_lm_folder_is_fine_tuned_with_its_own_tokenizer(tmp_path: Path,
     assert np.isfinite(result.history["train_loss"]).all()
     stages.train(p, hw=cpu_hw)
     assert len(stages.infer(p, hw=cpu_hw)) == 24
+
+
+@pytest.mark.slow  # ~35 s: 02 trains 1,200-token rows on the CPU
+def test_a_long_example_is_trained_whole_on_a_model_with_the_positions_for_it(tmp_path: Path, cpu_hw) -> None:
+    """Issue #31: a ~1,200-token example on a 2,048-position Llama: nothing cut (the 512 cap is the tiny model's
+    only), and the run's recorded max_length covers it."""
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    train = sft_frame(40, long_response=1_190)
+    data = write_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], positions=2048)
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model=str(folder), task="causal-lm",
+                      text="prompt", target="response", metric="exact_match")  # fmt: skip
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    tokenizer = get_task("causal-lm").load(feats.run, feats.spec, train, p, {})[0]
+    longest = len(tokenizer(train["prompt"][0])["input_ids"]) + len(tokenizer(train["response"][0])["input_ids"]) + 1
+    assert 1_100 <= longest <= 1_500
+    scored = (feats.labels[0] != IGNORE).sum()
+    assert scored == longest - len(tokenizer(train["prompt"][0])["input_ids"])  # the whole response and </s>
+    assert feats.labels.shape[1] == longest and feats.run.config.max_length >= longest
+    stages.train(p, hw=cpu_hw)
+    recorded = json.loads((p.run_dir / "config.json").read_text())
+    assert recorded["config"]["max_length"] >= longest >= 1_100
+
+
+def _chat_params(tmp_path: Path, **values: object) -> object:
+    from sft_fixtures import CHATML, llama_folder, sft_frame, write_chat_competition
+
+    train = sft_frame(40, long_response=values.pop("long_response", 0))  # type: ignore[arg-type]
+    data = write_chat_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], chat_template=CHATML)
+    return stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model=str(folder),
+                         task="causal-lm", text="prompt", target="response", metric="exact_match",
+                         train_file="train.jsonl", test_file="test.jsonl", **values)  # fmt: skip
+
+
+def test_a_chat_model_learns_the_assistant_turn_only_and_stops_at_its_end_of_turn(tmp_path: Path, cpu_hw) -> None:
+    """JSONL ``messages`` through the tokenizer's chat template: the prompt is the rendered system and user turns up
+    to ``<|im_start|>assistant``, the labels score the reply and ``<|im_end|>`` only, and generation stops there."""
+    from kitlib.notebook.tasks.causal_lm import CausalLMTask, prompts_of
+
+    p = _chat_params(tmp_path)
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    tokenizer = prepared.model.kitlib_tokenizer
+    assert tokenizer.eos_token == "<|im_end|>"  # what a reply ends with and generation stops at
+    from sft_fixtures import sft_frame
+
+    train = sft_frame(40)  # what _chat_params wrote as messages
+    for i in range(3):
+        prompt = tokenizer.decode(feats.train_tokens[i])
+        assert prompt == f"<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n{train['prompt'][i]}" \
+                         "<|im_end|>\n<|im_start|>assistant\n"  # fmt: skip
+        scored = [int(t) for t in feats.labels[i] if t != IGNORE]
+        assert tokenizer.decode(scored) == f"{train['response'][i]}<|im_end|>"  # the assistant's tokens only
+    first_test_prompt = prompts_of(next(iter(prepared.test)))[0]
+    assert tokenizer.decode(first_test_prompt).endswith("<|im_start|>assistant\n")
+
+
+def test_a_malformed_jsonl_line_is_named_and_nothing_is_written(tmp_path: Path, cpu_hw) -> None:
+    p = _chat_params(tmp_path)
+    path = p.data_dir / "train.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][:-5]  # a line cut short
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"train.jsonl, line 3: .*Fix: repair or drop that line"):
+        stages.setup(p, cpu_hw)
+    lines[2] = '{"id": 2, "messages": [{"role": "user"}]}'
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"train.jsonl, line 3: messages must be a list of"):
+        stages.setup(p, cpu_hw)
+    assert not (p.work_dir / "run.json").exists()
+
+
+@pytest.mark.slow  # ~2-3 min: the four notebooks in kernels of their own
+def test_the_user_s_sft_route_through_the_four_notebooks(tmp_path: Path) -> None:
+    """Issue #31's route at smoke size on the CPU: a Llama-shaped folder with a chat template, JSONL chats with an
+    example over 512 tokens, LoRA, packed batches; 03 writes a submission, scored here."""
+    from sft_fixtures import CHATML, llama_folder, sft_frame, write_chat_competition
+
+    from kitlib.notebook.runbook import run_notebooks
+
+    train = sft_frame(48, long_response=700)
+    data = write_chat_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], chat_template=CHATML)
+    work = tmp_path / "work"
+    params = {"data_dir": str(data), "work_dir": str(work), "preset": "smoke", "model": str(folder),
+              "task": "causal-lm", "text": "prompt", "target": "response", "metric": "exact_match",
+              "train_file": "train.jsonl", "test_file": "test.jsonl", "adapter": "lora"}  # fmt: skip
+    run_notebooks(work / "executed", parameters=params)
+    config = json.loads((work / "run" / "config.json").read_text())["config"]
+    assert config["batching"] == "packed" and config["adapter"] == "lora" and config["max_length"] > 700
+    submission = pd.read_csv(work / "submission.csv", keep_default_na=False, dtype={"response": str})
+    assert submission["id"].tolist() == list(range(10_000, 10_008))
+    assert submission["response"].map(lambda r: r.strip() != "" and "<|im_end|>" not in r).all()  # ended, decoded
+    exact = float((submission["response"].str.strip() == train["response"][:8].str.strip()).mean())
+    print(f"exact match of the smoke run's submission: {exact:.2f}")
+
+
+def test_a_user_s_max_length_is_honoured_and_the_examples_it_cuts_are_counted(tmp_path: Path, cpu_hw, capsys) -> None:
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    from kitlib.notebook.tasks.causal_lm import CausalLMTask
+
+    train = sft_frame(40, long_response=120)
+    data = write_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], positions=2048)
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model=str(folder), task="causal-lm",
+                      text="prompt", target="response", metric="exact_match", max_length=64)  # fmt: skip
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw)
+    assert feats.labels.shape[1] == 64 == feats.run.config.max_length  # as given, not the model's 2,048
+    assert "capped at 64: 1 responses are cut" in capsys.readouterr().out  # 01 says it
+    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    assert prepared.notes == ("warning: 1 of 40 training examples were longer than max_length 64 and were cut (01 "
+                              "said which part); raise max_length up to the model's positions",)  # fmt: skip

@@ -44,7 +44,7 @@ def test_report_contents_and_table() -> None:
     # fixed at 50: real tokens are 90*4 + 10*50 (truncated) out of 100*50
     assert report.efficiency("fixed") == pytest.approx((360 + 500) / 5000)
     table = report.table()
-    assert list(table.index) == ["fixed", "dynamic", "bucket", "token_budget"]
+    assert list(table.index) == ["fixed", "dynamic", "bucket", "token_budget", "packed"]
     assert {"efficiency", "efficiency_padded", "batches", "mean_rows"} <= set(table.columns)
     text = str(report)
     assert "bucket" in text and "10.00% of rows truncated" in text

@@ -27,7 +27,7 @@ GIVEN: dict[str, Any] = {
     "objective": "mae", "numeric": ["n1"], "categorical": ["c1"], "id": "row", "seed": 7, "train_file": "tr.csv",
     "test_file": "te.csv", "sample_submission": "ss.csv", "hardware": "2xT4", "rehearse": True, "epochs": 2,
     "micro_batch_size": 4, "grad_accum_steps": 3, "lr": 0.002, "max_length": 24, "full_eval_every": 0,
-    "adapter": "lora", "optimizer": "adamw8bit",
+    "adapter": "lora", "optimizer": "adamw8bit", "gradient_checkpointing": True, "compile": True,
 }  # fmt: skip
 CUSTOM: dict[str, Any] = {"task": "custom", "preset": "smoke", "text": "review", "target": "y", "id": "row",
                           "train_file": "tr.csv", "test_file": "te.csv", "sample_submission": "ss.csv"}  # fmt: skip

@@ -20,8 +20,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from kitlib.data.lengths import suggest_max_length
+from kitlib.data.packing import PackingCollator
 from kitlib.data.samplers import (
     BucketSampler,
+    PackingSampler,
     RandomBatchSampler,
     SortedBatchSampler,
     TokenBudgetSampler,
@@ -359,7 +361,7 @@ def make_train_loader(
     rank, world = _rank_world()
     bs = cfg.micro_batch_size
     mode = cfg.batching
-    if mode in ("bucket", "token_budget") and lens is None:
+    if mode in ("bucket", "token_budget", "packed") and lens is None:
         if collate is None:
             warnings.warn(
                 f"kitlib: batching={mode!r} needs row lengths (pass lengths= or a dataset with .lengths); using "
@@ -380,6 +382,13 @@ def make_train_loader(
         sampler = TokenBudgetSampler(
             lens, budget, seed=seed, pad_to_multiple_of=multiple, drop_last=True, rank=rank, world_size=world
         )
+    elif mode == "packed":  # padding-free: whole examples end to end in rows of the width; the peak of fixed padding
+        assert lens is not None
+        if not isinstance(collate, PackingCollator):  # a padding collate would undo the packing
+            collate = PackingCollator(_width(cfg, lens), getattr(dataset, "pad_id", 0), multiple)
+        width = collate.width or bs * _width(cfg, lens)  # width None: one row of the whole budget (flash varlen)
+        rows = bs if collate.width else 1
+        sampler = PackingSampler(lens, width, rows, seed=seed, rank=rank, world_size=world)
     else:
         sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
     if collate is None:

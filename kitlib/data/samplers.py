@@ -1,4 +1,4 @@
-"""Batch samplers that decide which rows share a batch: random, length-bucketed, and token-budget batching.
+"""Batch samplers that decide which rows share a batch: random, length-bucketed, token-budget and packed batching.
 
 All three yield lists of row indices (a DataLoader ``batch_sampler``) and share one contract with fit():
 
@@ -223,6 +223,50 @@ class TokenBudgetSampler(_EpochBatchSampler):
         if current:
             batches.append(current)
         return batches
+
+
+class PackingSampler(_EpochBatchSampler):
+    """Batches of ``rows`` bins, each bin whole examples whose tokens sum to at most ``width``: first-fit decreasing
+    within shuffled mega-batches of ~50 batches (tight bins, random company), then the bins shuffled. An example
+    longer than ``width`` gets a bin of its own. Deterministic for (seed, epoch) and DDP-sharded like the others."""
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        width: int,
+        rows: int = 1,
+        *,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if width < 1 or rows < 1:
+            raise ValueError(f"width and rows must be >= 1, got {width}, {rows}")
+        arr = as_lengths(lengths)
+        super().__init__(len(arr), seed=seed, shuffle=True, drop_last=False, rank=rank, world_size=world_size,
+                         lengths=arr)  # fmt: skip
+        self.width, self.rows = width, rows
+        self.mega_rows = max(1, int(50 * rows * width / max(float(arr.mean()) if arr.size else 1.0, 1.0)))
+
+    def _global_batches(self, rng: np.random.Generator) -> Batches:
+        assert self.lengths is not None
+        order = rng.permutation(self.num_rows)
+        bins: Batches = []
+        for start in range(0, len(order), self.mega_rows):
+            chunk = order[start : start + self.mega_rows]
+            room: list[int] = []
+            first = len(bins)
+            for idx in chunk[np.argsort(-self.lengths[chunk], kind="stable")].tolist():
+                n = max(1, int(self.lengths[idx]))
+                fit = next((b for b, free in enumerate(room) if free >= n), None)
+                if fit is None:
+                    bins.append([idx])
+                    room.append(self.width - n)
+                else:
+                    bins[first + fit].append(idx)
+                    room[fit] -= n
+        bins = [bins[i] for i in rng.permutation(len(bins))]
+        return [[i for b in bins[at : at + self.rows] for i in b] for at in range(0, len(bins), self.rows)]
 
 
 class SortedBatchSampler:

@@ -55,6 +55,33 @@ def _rows(count: int) -> str:
     return f"{count} such row{'' if count == 1 else 's'} in all"
 
 
+def _json_row(line: str, path: Path, n: int) -> dict[str, Any]:
+    """One JSONL line as a row. A chat's ``messages`` (role/content turns) become ``prompt`` (the turns before the
+    last assistant one, as JSON: the causal-lm task renders them through the tokenizer's chat template) and
+    ``response`` (that assistant turn; absent when the chat ends on another turn, as a test row does)."""
+    import json
+
+    try:
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            raise ValueError(f"a JSON {type(row).__name__}, not an object")
+        turns = row.pop("messages", None)
+        if turns is None:
+            return row
+        if not isinstance(turns, list) or not all(
+            isinstance(t, dict) and {"role", "content"} <= t.keys() for t in turns
+        ):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} turns")
+    except ValueError as err:
+        raise DataError(f"{path}, line {n}: {err}. Fix: repair or drop that line (one JSON object a line)") from err
+    last = turns[-1]["role"] == "assistant" if turns else False
+    return (
+        row
+        | {"prompt": json.dumps(turns[:-1] if last else turns)}
+        | ({"response": turns[-1]["content"]} if last else {})
+    )
+
+
 def _read(path: Path) -> pd.DataFrame:
     import pandas as pd  # deferred: `import kitlib.data.tables` stays light
 
@@ -62,7 +89,8 @@ def _read(path: Path) -> pd.DataFrame:
     if ".parquet" in suffixes:
         return pd.read_parquet(path)
     if ".jsonl" in suffixes:
-        return pd.read_json(path, lines=True)
+        return pd.DataFrame([_json_row(line, path, n) for n, line in enumerate(path.open(encoding="utf-8"), 1)
+                             if line.strip()])  # fmt: skip
     sep = "\t" if ".tsv" in suffixes else ","
     return pd.read_csv(path, sep=sep)  # compression (.gz, .bz2, .zip, .xz) is inferred from the suffix
 
@@ -96,6 +124,8 @@ def read_table(
         raise DataError(f"{path} is empty (0 bytes): re-download or re-export it")
     try:
         df = _read(path)
+    except DataError:  # already names the line and the fix
+        raise
     except pd.errors.EmptyDataError as err:
         raise DataError(f"{path} has no columns or rows ({err}): re-download or re-export it") from err
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as err:

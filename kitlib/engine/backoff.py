@@ -100,11 +100,14 @@ class MicroBatchBackoff:
 def next_strategy(cfg: TrainConfig) -> str:
     """What to change when a step does not fit at micro-batch 1 (the back-off's error says it): the next strategy
     of the memory plan's table (``kitlib.doctor.memory_plan.strategies``, least compromise first) not used yet."""
-    steps = (
-        (cfg.gradient_checkpointing, "gradient checkpointing (TrainConfig(gradient_checkpointing=True))"),
-        (cfg.freeze != "none", "frozen embeddings (TrainConfig(freeze='embeddings'))"),
-        (cfg.optimizer != "adamw", "8-bit AdamW (TrainConfig(optimizer='adamw8bit'): 2 bytes of state a parameter)"),
-    )
+    steps = (  # each named as a notebook user sets it (00's parameters), then as fit's TrainConfig
+        (cfg.gradient_checkpointing, "gradient checkpointing (gradient_checkpointing = True in 00's parameters; "
+                                     "TrainConfig(gradient_checkpointing=True))"),
+        (cfg.freeze != "none", "frozen embeddings (TrainConfig(freeze='embeddings'); in the notebooks adapter = "
+                               "'lora' freezes all the pretrained weights)"),
+        (cfg.optimizer != "adamw", "8-bit AdamW (optimizer = 'adamw8bit' in 00's parameters; "
+                                   "TrainConfig(optimizer='adamw8bit'): 2 bytes of state a parameter)"),
+    )  # fmt: skip
     last = "LoRA, or QLoRA on a CUDA card (adapter= in 00's parameters)"
     chosen = next((text for used, text in steps if not used), last)
     return (

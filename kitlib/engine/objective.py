@@ -90,6 +90,9 @@ def computed_tokens(batch: Batch) -> int:
 
 
 def real_tokens(batch: Batch) -> int | torch.Tensor:
-    """Non-padding input tokens of a batch (0 when the batch has no attention mask): for honest tokens/s."""
+    """Non-padding input tokens of a batch (0 when the batch has no attention mask): for honest tokens/s. A packed
+    batch (position_ids, no mask: kitlib.data.packing) has no padding: all its tokens."""
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    return mask.sum() if isinstance(mask, torch.Tensor) else 0
+    if isinstance(mask, torch.Tensor):
+        return mask.sum()
+    return computed_tokens(batch) if isinstance(batch, Mapping) and "position_ids" in batch else 0

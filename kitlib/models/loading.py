@@ -148,33 +148,60 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB
     )
 
 
-def from_pretrained(auto_class: Any, folder: str | Path, **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(folder, **kwargs)`` with fp32 weights, whatever dtype the folder was saved in.
+def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = None, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained(folder, **kwargs)`` with fp32 weights, whatever dtype the folder was saved in, or
+    in ``frozen_dtype`` (bf16) when the weights stay frozen (LoRA): the one place kitlib passes a load dtype.
 
     transformers 5 loads a checkpoint in its saved dtype (``dtype="auto"``). Trained as saved, fp16 weights fail in
     the GradScaler ("Attempting to unscale FP16 gradients"), and bf16 ones lose AdamW's updates below bf16's
     resolution (10 steps at lr 2e-5 changed 0.8% of the weights): no learning, silently. fp32 master weights are
     what autocast expects (it still computes in fp16/bf16); loading straight into fp32 peaks at the fp32 size once.
+    Frozen weights need no master copy: loaded in bf16 straight from the file, the host peak is half the fp32 one
+    (a 7B: ~14 GB, not ~28 GB; tests/test_loading_memory.py measures it). transformers 5 always loads shard by
+    shard; before it, low_cpu_mem_usage asks for that.
     """
     import torch
+    import transformers
 
-    model = auto_class.from_pretrained(folder, dtype=torch.float32, **kwargs)
+    lean = {"low_cpu_mem_usage": True} if int(transformers.__version__.split(".")[0]) < 5 else {}
+    model = auto_class.from_pretrained(folder, dtype=frozen_dtype or torch.float32, **lean, **kwargs)
     saved = _saved_dtype(Path(folder))
-    if saved is not None:
+    if saved is not None and frozen_dtype is None:
         say_fp32_master(f"model {Path(folder).name}", saved)
     return model
+
+
+def frozen_dtype(precision: str, adapter: str, device_type: str) -> Any:
+    """bf16 for the weights an adapter keeps frozen on a bf16 GPU run (no fp32 master copy needed), else None (fp32;
+    fp16 is left alone: T5 overflows in fp16)."""
+    import torch
+
+    return torch.bfloat16 if device_type == "cuda" and precision == "bf16" and adapter != "none" else None
 
 
 _HALF = {"float16": "fp16", "bfloat16": "bf16"}
 
 
+def config_of(folder: str | Path) -> dict[str, Any]:
+    """A model folder's config.json alone ({} when unreadable): what 00/01 need to know (positions, saved dtype)
+    without loading gigabytes of weights."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def positions_of(config: Mapping[str, Any]) -> int | None:
+    """The most tokens a model (its config, a dict) has positions for; None: no limit stated."""
+    limit = config.get("n_positions") or config.get("max_position_embeddings")
+    return int(limit) if limit else None
+
+
 def _saved_dtype(folder: Path) -> str | None:
     """ "fp16"/"bf16" when config.json says the weights were saved in half precision (what ``dtype="auto"`` reads:
     ``dtype``, or ``torch_dtype`` before transformers 5), else None."""
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+    config = config_of(folder)
     return _HALF.get(str(config.get("dtype") or config.get("torch_dtype")).removeprefix("torch."))
 
 

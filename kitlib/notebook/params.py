@@ -109,6 +109,11 @@ class Params:
     optimizer: str | None = declared(None, "adamw | adamw8bit (2 bytes of state a parameter, not 8) | adamw-kahan "
                                      "(pure bf16 weights); None: the plan's", choices=get_args(Optimizer),
                                      training=True, stage="02")  # fmt: skip
+    gradient_checkpointing: bool | None = declared(None, "recompute activations in backward: ~30% more compute for "
+                                                   "~60% less activation memory; None: the plan's", training=True,
+                                                   stage="02")  # fmt: skip
+    compile: bool | None = declared(None, "torch.compile the model (a GPU; the first steps pay ~30-90 s of "
+                                    "compiling); None: the plan's", training=True, stage="02")  # fmt: skip
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
 
     def __repr__(self) -> str:

@@ -43,6 +43,7 @@ class Prepared:
     valid: Any
     test: Any
     model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
+    notes: tuple[str, ...] = ()  # lines for 02's summary (a causal LM's examples cut to the width)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from kitlib.doctor.memory_plan import GENERATING, run_line
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
-from kitlib.models.loading import check_model_dir, pretrained_dir, tiny_requested
+from kitlib.models.loading import check_model_dir, frozen_dtype, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
 
@@ -295,29 +295,33 @@ def features(
     texts = train[p.text].tolist()
     workload = get_task(p.task)
     tokenizer, model, identity = workload.load(run, spec, train, p, _model_choice(p))
+    texts, test_texts = workload.prompts(texts, tokenizer), workload.prompts(test[p.text].tolist(), tokenizer)
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
-    full = tokenize_texts(texts, tokenizer, max_length=min(cap, 512), cache=cache)
+    cap = min(cap, max(512, run.preset.max_length_cap))  # 512 for encoders; a causal LM's preset: its positions
+    full = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache)
+    lengths = workload.lengths(train, p, tokenizer, full.lengths)
     if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
         shown = run  # what 00 showed and saved
         run = presets.resolve(
             run.preset,
             planning_hw(p, hw or detect()),
-            lengths=full.lengths,
+            lengths=lengths,
             overrides=run.overrides,
             world_size=run.world_size,
         )
         run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
         if run.config.max_length != shown.config.max_length:
             log(_max_length_changed(shown, run))
+    run = workload.tune(run, lengths, model)
     _check_enough_rows(train[p.target], spec, run, p)
     if spec.kind == "regression":
         log(describe_objective(spec, data.metric.name, p.objective))
-    max_length = run.config.max_length or min(cap, 512)
-    report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
+    max_length = run.config.max_length or cap
+    report = length_report(lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
-    test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
+    test_tokens = tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
-    extra = workload.extra(texts, test[p.text].tolist(), encoder)
+    extra = workload.extra(texts, test_texts, encoder)
     feats = Features(
         spec=spec,
         run=run,
@@ -443,14 +447,12 @@ def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> 
 def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
-    import torch  # not at the top: importing stages must not load torch (0.55 s without it)
 
     classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
     split = _split(feats.n_train, p.seed, classes)
     prepared = get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
     cfg = feats.run.config
-    # A frozen base needs no fp32 master copy: bf16 halves it (fp16 is left alone: T5 overflows in fp16)
-    half = torch.bfloat16 if hw.device_type == "cuda" and cfg.precision == "bf16" else None
+    half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # a frozen base needs no fp32 master copy
     generating = feats.spec.kind == "sequence"
     model = add_adapter(prepared.model, cfg.adapter, generating=generating, base_dtype=half, seed=p.seed)
     return dataclasses.replace(prepared, model=model)
@@ -589,7 +591,7 @@ def _train(
         hw=hw,
         callbacks=callbacks,
     )
-    result = _judge_baseline(p, feats, result, staging)
+    result = _judge_baseline(p, feats, dataclasses.replace(result, notes=(*result.notes, *prepared.notes)), staging)
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")

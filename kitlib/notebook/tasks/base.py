@@ -74,6 +74,8 @@ class Params(Protocol):
     @property
     def model(self) -> str: ...
     @property
+    def max_length(self) -> int | None: ...
+    @property
     def model_factory(self) -> str: ...
     @property
     def objective(self) -> str: ...
@@ -163,6 +165,19 @@ class Task:
         """The training targets 02 learns (int64 class codes, or float32 transformed values) from the training rows
         and the tokenizer and model ``load`` returned."""
         return spec.encode(train[p.target])
+
+    def lengths(self, train: pd.DataFrame, p: Params, tokenizer: Any, lengths: np.ndarray) -> np.ndarray:
+        """The token counts the run's max_length must cover, from the text column's (a generating task adds its
+        target's)."""
+        return lengths
+
+    def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
+        """The text column as the model reads it (a chat model: through its chat template)."""
+        return texts
+
+    def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
+        """The run fitted to the data in 01, adjusted for this task's model (the causal LM picks its batching)."""
+        return run
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
         """What 01 computes besides the tokens (the head regime's embeddings and n-grams): the regime's."""

@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.models.causal_lm import tiny_causal_lm
-from kitlib.models.loading import from_pretrained, model_refusals
+from kitlib.models.loading import config_of, from_pretrained, frozen_dtype, model_refusals, positions_of
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import (
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
+    from kitlib.config import Batching
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
@@ -69,6 +71,7 @@ FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to
 # cores, 40-110 s with other jobs on them (8.4 min for the four notebooks); exact match 0.355 after 5, 0.435 after 10
 # on validation, still rising (test 0.450 vs 0.185 for the most common response).
 FROM_SCRATCH_EPOCHS = 5
+PACKING_MARGIN = 0.05  # packs when the estimate saves >= 5% of the FLOPs: below that, noise of the estimate
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
 
@@ -103,11 +106,13 @@ class CausalLMTask(TextGenerationTask):
         """Every prompt whole up to the cap (01 fits the sequence length itself), all weights trained; from scratch
         (no model folder) a tiny GPT-2 needs a far larger lr and more epochs than the presets' pretrained numbers;
         generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
-        changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": MAX_SEQ_TOKENS}
+        folder = model_folder(p)  # a pretrained model: up to its positions (config.json alone); tiny: its 512
+        cap = (positions_of(config_of(folder)) if folder else None) or MAX_SEQ_TOKENS
+        changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": cap}
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, **changes, full_eval_every=0)
         changes["full_eval_every"] = FULL_EVAL_EVERY
-        if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
+        if folder is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
 
@@ -116,8 +121,8 @@ class CausalLMTask(TextGenerationTask):
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         folder = model_folder(p)
-        if folder is not None:
-            tokenizer, model = _folder_model(folder)
+        if folder is not None:  # the config alone: 01 needs the positions and the shape, not gigabytes of weights
+            tokenizer, model = _folder_model(folder, weights=False)
             identity = str(folder)
         else:
             tokenizer = train_bpe_tokenizer([*map(str, train[p.text]), *map(str, train[p.target])], add_eos=False)
@@ -136,14 +141,31 @@ class CausalLMTask(TextGenerationTask):
         self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
         """Per row, the sequence's labels: -100 on the prompt, the response's tokens and </s>, -100 padding, as wide
-        as the longest sequence (at most MAX_SEQ_TOKENS, or the model's positions when fewer). 02 rebuilds the
-        inputs from them and the prompt tokens."""
-        cap = min(MAX_SEQ_TOKENS, _positions(model) or MAX_SEQ_TOKENS)
-        prompts = tokenize_texts([str(v) for v in train[p.text]], tokenizer, max_length=cap, cache=cache).lengths
-        responses = _encode_responses([str(v) for v in train[p.target]], tokenizer)
+        as the longest sequence (at most the user's max_length, else the model's positions: 512 for the tiny GPT-2).
+        02 rebuilds the inputs from them and the prompt tokens."""
+        cap = _cap(p, model)
+        texts = self.prompts([str(v) for v in train[p.text]], tokenizer)
+        prompts = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache).lengths
+        responses = _encode_responses(_responses(train, p, tokenizer), tokenizer)
         labels, report = response_labels(prompts, responses, cap)
         print(report)
         return labels
+
+    def lengths(self, train: pd.DataFrame, p: Params, tokenizer: Any, lengths: np.ndarray) -> np.ndarray:
+        """Each row's whole sequence (prompt + response + </s>): what the length must cover, not the prompt alone."""
+        return np.asarray(lengths) + [len(r) for r in _encode_responses(_responses(train, p, tokenizer), tokenizer)]
+
+    def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
+        """Each prompt as the model is prompted at inference: through its tokenizer's chat template, up to the
+        assistant's turn; without a template, as written (a JSONL chat: its turns' contents, a paragraph each)."""
+        return [render_prompt(t, tokenizer) for t in texts]
+
+    def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
+        """Padding-free packing where it computes less than length bucketing (and transformers masks packed rows)."""
+        batching, reason = choose_batching(lengths, run.config, model)
+        print(reason)
+        config = dataclasses.replace(run.config, batching=batching)
+        return dataclasses.replace(run, config=config, reasons=(*run.reasons, reason))
 
     # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(
@@ -164,15 +186,54 @@ class CausalLMTask(TextGenerationTask):
         test_rows = [np.asarray(feats.test_tokens[i], np.int64) for i in range(len(feats.test_tokens))]
         test = SequenceDataset(test_rows, None, pad_id=pad)
         train = subset(split[0])
+        half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # loaded so: no fp32 copy on the host
+        model = _build_model(feats.side, seed, y, adapter=cfg.adapter, frozen_dtype=half, device=hw.device_type)
+        cut = _cut_rows(feats.train_tokens, y, int(getattr(model, "kitlib_tokenizer").eos_token_id))  # noqa: B009
         return Prepared(
-            make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed
+            make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed or packed
             make_eval_loader(subset(split[1]), cfg, hw, collate=collate),
             make_predict_loader(test, cfg, hw, collate=collate),
-            _build_model(feats.side, seed, y, adapter=feats.run.config.adapter, device=hw.device_type),
-        )
+            model,
+            notes=(f"warning: {cut} of {len(y)} training examples were longer than max_length {y.shape[1]} and "
+                   "were cut (01 said which part); raise max_length up to the model's positions",) if cut else (),
+        )  # fmt: skip
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         return generate(model, prompts_of(batch), num_beams=num_beams)
+
+
+def choose_batching(lengths: np.ndarray, cfg: Any, model: Any) -> tuple[Batching, str]:
+    """("packed" or "bucket", why): the training FLOPs of epoch 0's batches either way (6N + 12*L*T*d per computed
+    token, kitlib.doctor.flops; padding computed, and SDPA's packed mask attends over the whole row). Packing drops
+    the padding and one row per example but widens attention to the row: it wins where the weights dominate (a 7B
+    at 1,536 tokens), loses where attention does (a tiny model over long rows). Reasoned; the GPU suite's packing
+    check measures tokens/s."""
+    from kitlib.data.packing import packing_supported
+    from kitlib.data.samplers import BucketSampler, PackingSampler
+    from kitlib.doctor.flops import flops_per_token
+    from kitlib.models.facts import model_facts
+
+    if cfg.batching != "bucket" or not packing_supported():  # set by hand, or no packed masks in this transformers
+        return cfg.batching, f"batching {cfg.batching}: " + ("as set" if packing_supported() else "this transformers "
+                                                               "cannot mask packed rows (4.54+ can)")  # fmt: skip
+    facts = model_facts(model)
+    n, layers, width = (facts[k] for k in ("model_non_embedding_params", "model_layers", "model_width"))
+    lens = np.minimum(np.asarray(lengths), cfg.max_length or int(np.max(lengths)))
+    row = int(lens.max())
+
+    def cost(computed: list[tuple[int, int]]) -> float:  # (tokens computed, attention width) per batch
+        return sum(tokens * flops_per_token(n, layers, w, width) for tokens, w in computed)
+
+    buckets = BucketSampler(lens, cfg.micro_batch_size, drop_last=False).batches()
+    bucket = cost([(len(b) * int(lens[b].max()), int(lens[b].max())) for b in buckets])
+    bins = PackingSampler(lens, row, 1).batches()  # one bin = one row of the packed batch, attending over its row
+    packed = cost([(int(lens[b].sum()), int(lens[b].sum())) for b in bins])
+    saving = 1 - packed / bucket
+    choice: Batching = "packed" if saving >= PACKING_MARGIN else "bucket"
+    return choice, (
+        f"batching {choice}: packing examples into rows of {row} tokens computes {abs(saving):.0%} "
+        f"{'fewer' if saving > 0 else 'more'} FLOPs than length buckets of {cfg.micro_batch_size} rows (estimate)"
+    )
 
 
 def response_labels(
@@ -215,6 +276,72 @@ def sequence(prompt: Sequence[int] | np.ndarray, labels: np.ndarray) -> tuple[np
     prompt = prompt[max(0, len(prompt) - room) :]
     response = labels[scored]
     return np.concatenate([prompt, response]), np.concatenate([np.full(len(prompt), IGNORE), response])
+
+
+def conversation(text: str) -> list[dict[str, Any]]:
+    """A prompt cell as chat turns: the JSON turns read from a JSONL ``messages`` list, else one user turn."""
+    if text.startswith("[{"):
+        try:
+            turns = json.loads(text)
+        except ValueError:
+            turns = None
+        if isinstance(turns, list) and all(isinstance(t, dict) and "role" in t for t in turns):
+            return turns
+    return [{"role": "user", "content": text}]
+
+
+def render_prompt(text: str, tokenizer: Any) -> str:
+    turns = conversation(text)
+    if not getattr(tokenizer, "chat_template", None):
+        return text if turns[0].get("content") == text else "\n\n".join(str(t["content"]) for t in turns)
+    rendered = str(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True))
+    bos = tokenizer.bos_token  # the tokenizer adds its BOS itself: a template that writes it too would double it
+    adds_bos = bos is not None and tokenizer("")["input_ids"][:1] == [tokenizer.bos_token_id]
+    return rendered[len(bos) :] if adds_bos and rendered.startswith(bos) else rendered
+
+
+def _responses(train: pd.DataFrame, p: Params, tokenizer: Any) -> list[str]:
+    """Each reply as the chat template writes the assistant's turn, up to its end-of-turn (which _encode_responses
+    appends: the chat tokenizer's eos, _chat_eos); as written without a template."""
+    replies = [str(v) for v in train[p.target]]
+    if not getattr(tokenizer, "chat_template", None):
+        return replies
+    out = []
+    for prompt, reply in zip(train[p.text], replies, strict=True):
+        turns = conversation(str(prompt))
+        before = str(tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True))
+        full = str(tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": reply}], tokenize=False))
+        if not full.startswith(before):
+            raise SetupError(
+                "the tokenizer's chat template writes the conversation differently once the reply is added, so the "
+                "prompt's tokens are not a prefix of the example. Fix: set model to a folder whose chat_template "
+                "renders add_generation_prompt as the start of the assistant's turn"
+            )
+        out.append(full[len(before) :].split(tokenizer.eos_token)[0])
+    return out
+
+
+def _chat_eos(tokenizer: Any) -> None:
+    """Make the template's end-of-turn token the tokenizer's eos: what a reply ends with, the loss scores and
+    generation stops at (Llama 3's <|eot_id|>, ChatML's <|im_end|>), not the end of the whole text."""
+    if not getattr(tokenizer, "chat_template", None):
+        return
+    probe = "kitlib-probe-reply"
+    text = str(tokenizer.apply_chat_template([{"role": "user", "content": "q"}, {"role": "assistant",
+                                              "content": probe}], tokenize=False))  # fmt: skip
+    after = text[text.rindex(probe) + len(probe) :]
+    found = sorted((after.index(t), t) for t in tokenizer.all_special_tokens if t and t in after)
+    if found:
+        tokenizer.eos_token = found[0][1]
+
+
+def _cut_rows(prompts: Any, labels: np.ndarray, end: int) -> int:
+    """Rows whose prompt lost its start, or whose response lost its end (``end``, </s>, not last), to the width."""
+    cut = 0
+    for i, row in enumerate(labels):
+        scored = np.flatnonzero(row != IGNORE)
+        cut += bool(len(scored)) and (len(prompts[i]) > scored[0] or row[scored[-1]] != end)
+    return cut
 
 
 def _encode_responses(responses: list[str], tokenizer: Any) -> list[list[int]]:
@@ -274,35 +401,65 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
 
 
 # ------------------------------------------------------------------------------------------------------ the model
-def _folder_model(folder: str, adapter: str = "none", device: str = "cuda") -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _folder_model(
+    folder: str,
+    adapter: str = "none",
+    device: str = "cuda",
+    *,
+    frozen_dtype: torch.dtype | None = None,
+    weights: bool = True,
+) -> tuple[Any, Any]:
+    """The folder's tokenizer and model: its weights (fp32, or ``frozen_dtype`` for a frozen base), or without
+    them (``weights=False``: on the meta device, from config.json, for 01's lengths and FLOP estimate)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = from_pretrained(AutoModelForCausalLM, folder, **quantization(adapter, device))  # qlora: 4-bit weights
+        _chat_eos(tokenizer)
+        if weights:  # qlora: 4-bit weights
+            model = from_pretrained(
+                AutoModelForCausalLM, folder, frozen_dtype=frozen_dtype, **quantization(adapter, device)
+            )
+        else:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
     if tokenizer.pad_token is None:  # GPT-2 and Llama ship none: pad with </s> (masked, and -100 in the labels)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer, model
 
 
+def _cap(p: Params, model: nn.Module) -> int:
+    """The most tokens a sequence may have: the user's max_length as given (within the model's positions), else the
+    model's positions (the tiny GPT-2's are MAX_SEQ_TOKENS)."""
+    positions = _positions(model) or MAX_SEQ_TOKENS
+    return min(p.max_length, positions) if p.max_length else positions
+
+
 def _positions(model: nn.Module) -> int | None:
     """The most tokens the model has positions for (None: no limit stated)."""
     config = getattr(model, "config", None)
-    limit = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
-    return int(limit) if limit else None
+    return None if config is None else positions_of(config.to_dict())
 
 
 def _build_model(
-    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", device: str = "cuda"
+    side: SideInputs,
+    seed: int,
+    labels: np.ndarray,
+    adapter: str = "none",
+    frozen_dtype: torch.dtype | None = None,
+    device: str = "cuda",
 ) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
     its training responses set (``labels``: -100 on the prompt, the response and </s>)."""
     if "model_folder" in side.state:
-        tokenizer, model = _folder_model(side.state["model_folder"], adapter, device)
+        tokenizer, model = _folder_model(side.state["model_folder"], adapter, device, frozen_dtype=frozen_dtype)
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
+    # Training needs no cache, and a cache in the forward turns off transformers' packed-row mask (kitlib.data.packing):
+    # an example would attend to the one packed before it. generate() asks for the cache itself.
+    model.config.use_cache = False
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
     model.kitlib_limits = target_limits(labels, tokenizer)
     return model
@@ -332,6 +489,7 @@ def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1)
         attention_mask=mask.to(device),
         num_beams=num_beams,
         do_sample=False,
+        use_cache=True,
         pad_token_id=pad,
         eos_token_id=tokenizer.eos_token_id,
         **hf_limits(limits, start=width),
