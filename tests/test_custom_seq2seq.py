@@ -100,7 +100,7 @@ def test_03_claims_beams_only_when_the_users_generate_takes_them() -> None:
 
     task = CustomSeq2SeqTask()
     batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
-    limits = Limits(min_new_tokens=2, max_new_tokens=7, no_repeat_ngram_size=3, fallback="x")
+    limits = Limits(min_new_tokens=2, max_new_tokens=7, no_repeat_ngram_size=3, max_copies=2, fallback="x")
     plain, full = _GreedyOnly(), _AllOptions()
     for model in (plain, full):
         model.kitlib_limits = limits

@@ -72,11 +72,17 @@ def trivial_baseline(metric: Metric, *, kind: str, train: np.ndarray, valid: np.
     if kind == "regression":
         value, what = _best_constant(metric, train.astype(np.float64))
     else:
-        values, counts = np.unique(train.astype(str) if kind == "sequence" else train, return_counts=True)
-        value = values[int(np.argmax(counts))]
+        value = most_common(np.char.strip(train.astype(str)) if kind == "sequence" else train)
         what = f"the most common training {'target' if kind == 'sequence' else 'class'} {_short(value)}"
     constant = np.full(len(valid), value, dtype=object if kind != "regression" else np.float64)
     return Baseline(what, metric.name, metric.mode, metric(valid, constant))
+
+
+def most_common(values: Any) -> Any:
+    """The most frequent value; ties go to the smallest (sorted order), so 02's baseline and 03's stand-in for a
+    blank output name the same training target whatever the rows' order."""
+    found, counts = np.unique(np.asarray(values), return_counts=True)
+    return found[int(np.argmax(counts))]  # argmax: the first of the most frequent, in sorted order
 
 
 def _best_constant(metric: Metric, y: np.ndarray) -> tuple[float, str]:

@@ -168,7 +168,7 @@ class CausalLMTask(TextGenerationTask):
             make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed
             make_eval_loader(subset(split[1]), cfg, hw, collate=collate),
             make_predict_loader(test, cfg, hw, collate=collate),
-            _build_model(feats.side, seed, y, adapter=feats.run.config.adapter),
+            _build_model(feats.side, seed, y, adapter=feats.run.config.adapter, train_rows=split[0]),
         )
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
@@ -292,7 +292,9 @@ def _positions(model: nn.Module) -> int | None:
     return int(limit) if limit else None
 
 
-def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none") -> nn.Module:
+def _build_model(
+    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", train_rows: np.ndarray | None = None
+) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
     its training responses set (``labels``: -100 on the prompt, the response and </s>)."""
@@ -302,7 +304,7 @@ def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str =
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = target_limits(labels, tokenizer)
+    model.kitlib_limits = target_limits(labels, tokenizer, train_rows)  # fallback: 02 baseline's rows
     return model
 
 

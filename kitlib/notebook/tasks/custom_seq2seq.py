@@ -7,9 +7,14 @@ with kitlib's tokenizer, loaders, fit, generating full eval and submission, as `
         # forward(input_ids, attention_mask, labels) -> an object with .loss (your loss). labels: [batch, T] target
         #     token ids, each row ending in eos_id, -100 on padding (ignore them)
         # generate(input_ids, attention_mask, max_new_tokens, ...) -> LongTensor [batch, <= max_new_tokens]: the new
-        #     tokens only; a row ends at its first eos_id (what follows is ignored). Of num_beams, min_new_tokens and
-        #     no_repeat_ngram_size, kitlib passes those your generate names as parameters: 03 decodes with beams
-        #     (num_beams = 4) only when it takes num_beams, and says so.
+        #     tokens only (what starts your decoder is yours: kitlib never feeds a start token; eos_id or pad_id are
+        #     the usual choice); a row ends at its first eos_id (what follows is ignored). kitlib calls it with the
+        #     model in eval mode under torch.inference_mode. Of num_beams, min_new_tokens, no_repeat_ngram_size,
+        #     max_copies and logits_processor, kitlib passes those your generate names as parameters: 03 decodes with
+        #     beams (num_beams = 4) only when it takes num_beams, and says so. logits_processor(ids, scores) ->
+        #     scores is the loop guard seq2seq and causal-lm decode with (generation.NoLoops; ids: [rows, tokens
+        #     generated so far], scores: [rows, vocab] of the next token): call it on each step's scores. Without it
+        #     03 counts your loops and warns, but does not stop them.
 
 - Tokens: a byte-level BPE trained on the training rows' sources and targets (kitlib.models.bpe, as seq2seq's tiny
   T5): it decodes to the very text it encoded, and a source token is a target token, so a copy mechanism copies ids.
@@ -32,7 +37,7 @@ from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
-from kitlib.notebook.tasks.generation import limits_of, target_limits
+from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
 
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
@@ -50,7 +55,8 @@ if TYPE_CHECKING:
     from kitlib.notebook.tasks.base import Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
-OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size")  # passed to generate only when it names them
+# passed to generate only when it names them
+OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size", "max_copies", "logits_processor")
 # random weights: the presets' 3e-5 to 1e-4 are for pretrained ones; 1e-3 left the demo below its baseline
 FROM_SCRATCH_LR = 3e-3
 FROM_SCRATCH_BATCH = 16  # rows per step at most: a decoder from scratch needs updates (balanced: 360 steps, not 180)
@@ -116,7 +122,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         model = build_model(spec, sizes, seed)
         # plain attributes: not weights, not in the checkpoint
         setattr(model, "kitlib_tokenizer", tokenizer)  # noqa: B010
-        setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer))  # noqa: B010
+        setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer, split[0]))  # noqa: B010
         loaders = FINETUNE.loaders(feats, hw, split, seed)
         _check_model(model, loaders[0], spec)
         return Prepared(*loaders, model)
@@ -125,7 +131,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         model = getattr(model, "module", model)
         limits = limits_of(model)
-        wanted = {"num_beams": num_beams, **dataclasses.asdict(limits)}
+        wanted = {"num_beams": num_beams, **dataclasses.asdict(limits), "logits_processor": NoLoops(limits, start=0)}
         device = next(model.parameters()).device
         return model.generate(  # type: ignore[operator]
             input_ids=batch["input_ids"].to(device),

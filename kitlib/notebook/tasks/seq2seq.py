@@ -163,7 +163,7 @@ class Seq2SeqTask(TextGenerationTask):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter)
+        model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter, train_rows=split[0])
         return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
@@ -204,7 +204,9 @@ def _check_sql(column: pd.Series, p: Params) -> None:
             check_references(gold[p.target], database, source=f"{solution.name} column {p.target!r}")
 
 
-def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none") -> nn.Module:
+def _build_model(
+    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", train_rows: np.ndarray | None = None
+) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny T5 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its
     training targets set."""
@@ -219,5 +221,5 @@ def _build_model(side: SideInputs, seed: int, labels: np.ndarray, adapter: str =
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = target_limits(labels, tokenizer)
+    model.kitlib_limits = target_limits(labels, tokenizer, train_rows)  # fallback: 02 baseline's rows
     return model
