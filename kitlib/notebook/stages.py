@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +37,7 @@ from kitlib.notebook.params import TRAINING, Params, kaggle_input, keep_aside, l
 from kitlib.notebook.regimes import Encoder, Prepared
 from kitlib.notebook.submission import check_sample_submission, write_submission
 from kitlib.notebook.tasks import get_task
-from kitlib.tasks.baseline import Baseline, trivial_baseline
+from kitlib.tasks.baseline import Baseline, BestRows, Gap, compare, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
 from kitlib.tasks.targets import describe_objective
 
@@ -402,9 +403,12 @@ def _baseline(p: Params, data: Competition) -> Baseline:
     return trivial_baseline(data.metric, kind=data.spec.kind, train=y[train_idx], valid=y[valid_idx])
 
 
-def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path) -> FitResult:
+def _judge_baseline(
+    p: Params, feats: Features, result: FitResult, staging: Path, watched: BestRows | None = None
+) -> FitResult:
     """The model's validation score beside the baseline's: in the history (and history.csv), in ``baseline.json``
-    (what 03 warns from) and in 02's summary, with one line saying what to try when the model does not beat it."""
+    (what 03 warns from) and in 02's summary, with the model-minus-baseline interval (``watched``: the validation
+    predictions at the best score) and one line saying what to try when the model does not clearly beat it."""
     from kitlib.machine.distributed import dist_env
 
     if feats.run.baseline is None:  # a run.json from an older kitlib
@@ -413,14 +417,34 @@ def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path
     history = result.history.copy()
     score = _model_score(history, baseline.metric, result.best_epoch)
     history[f"baseline_{baseline.metric}"] = baseline.score
-    verdict = baseline.verdict(score, feats.spec.kind)
+    gap = None
+    if watched is not None and watched.rows is not None and baseline.value is not None:
+        y_true, y_pred = watched.rows
+        gap = compare(watched.metric, y_true, y_pred, baseline.constant(len(y_true)), seed=p.seed)
+    record = baseline.to_dict() | {"model_score": score, "kind": feats.spec.kind, "done": _done(feats)}
+    record |= {"gap": None if gap is None else dataclasses.asdict(gap)}
+    verdict = verdict_of(record)
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
         if (staging / "history.csv").is_file():
             write_atomic(staging / "history.csv", history.to_csv(index=False))
-        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.spec.kind}
+        record |= {"beaten": verdict is None, "verdict": verdict}
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
-    notes = (*result.notes, baseline.line(), *([f"warning: {verdict}"] if verdict else []))
-    return dataclasses.replace(result, history=history, notes=notes)
+    shown = (baseline.line(), *([f"model: {gap.line()}"] if gap else []), *([f"warning: {verdict}"] if verdict else []))
+    return dataclasses.replace(result, history=history, notes=(*result.notes, *shown))
+
+
+def _done(feats: Features) -> list[str]:
+    """What the run did already, as the verdict's advice reads it: the preset's name, the regression loss."""
+    return [feats.run.name, *([feats.spec.loss] if feats.spec.kind == "regression" else [])]
+
+
+def verdict_of(record: Mapping[str, Any]) -> str | None:
+    """The run's verdict from ``baseline.json``'s record (02 writes it; 03 and its summary read it): None when the
+    model clearly beats the trivial baseline, else the line saying so ("unclear" when the model-minus-baseline
+    interval straddles zero) and what to try that the run did not do."""
+    gap = Gap(**record["gap"]) if record.get("gap") else None
+    baseline = Baseline.from_dict(record)
+    return baseline.verdict(record.get("model_score"), str(record.get("kind", "")), gap, record.get("done", ()))
 
 
 def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> float | None:
@@ -564,19 +588,20 @@ def _train(
     prepared = prepare(p, feats, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     staging = _staging(p)
+    watched = BestRows(_run_metric(p, feats))  # the validation predictions the verdict's interval resamples
     result = fit(
         prepared.model,
         prepared.train,
         config=cfg,
         loss_fn=get_task(p.task).loss_fn(feats.spec),
         eval_loader=prepared.valid,
-        full_eval=get_task(p.task).evaluate(feats.spec, _run_metric(p, feats), prepared.valid, device),
+        full_eval=get_task(p.task).evaluate(feats.spec, watched.watching(), prepared.valid, device),
         run_dir=staging,
         resume=resume,
         hw=hw,
         callbacks=callbacks,
     )
-    result = _judge_baseline(p, feats, result, staging)
+    result = _judge_baseline(p, feats, result, staging, watched)
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
@@ -690,8 +715,8 @@ def _warn_unbeaten(run_dir: Path) -> None:
         record = json.loads((run_dir / BASELINE_FILE).read_text())
     except (OSError, ValueError):
         return  # a run from an older kitlib, or trained outside the notebooks
-    if not record.get("beaten", True):
-        verdict = Baseline.from_dict(record).verdict(record.get("model_score"), str(record.get("kind", "")))
+    verdict = verdict_of(record)
+    if verdict:
         # 4: past infer and the contextlib frame of its @cpu_threads, so the box names the 03 cell, not contextlib.py
         warnings.warn(f"{verdict}. The submission is written anyway.", stacklevel=4)
 
