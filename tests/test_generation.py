@@ -3,6 +3,7 @@ cell in a generated submission, even from a model that emits only end-of-sequenc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,16 @@ def test_limits_come_from_the_training_targets() -> None:
     assert (limits.min_new_tokens, limits.max_new_tokens) == (1, 6)
     assert limits.no_repeat_ngram_size == 3 and limits.max_copies == 2 and limits.fallback == "a b"
     assert copies_in_a_row([[4, 5, 4, 5, 2], [2, 2, 2, 3], [2, 3, 4], []]).tolist() == [2, 3, 1, 1]
+    assert limits.cut == 0 and target_limits(labels[:, :-1], _Tokenizer()).cut == 4  # no </s>: cut at the cap
+
+
+def test_the_verdict_says_how_many_training_targets_are_cut() -> None:
+    record = {"what": "the most common training target 'a b'", "metric": "exact_match", "mode": "max", "score": 0.1,
+              "value": "a b", "model_score": 0.4, "kind": "sequence", "cut_targets": 3}  # fmt: skip
+    line = stages.verdict_of(record)
+    assert line.startswith("the model (exact_match 0.4) beats")
+    assert line.endswith("; 3 training targets are cut at the length cap (the score gives them away)")
+    assert "cut" not in stages.verdict_of(record | {"cut_targets": 0})
     assert longest_repeat([4, 5, 4, 5, 2]) == 2 and longest_repeat([2, 3, 4]) == 0
     assert repeats([2, 2], 1) and not repeats([2, 3, 2], 2)
 
@@ -191,6 +202,8 @@ def test_a_generated_submission_never_holds_an_empty_cell(
     target = values["target"]
     assert len(written) == 20 and (written[target].str.strip() != "").all()
     assert "generated 20 texts" in capsys.readouterr().out
+    record = json.loads((p.run_dir / "baseline.json").read_text())
+    assert record["cut_targets"] == 0 and record["gap"]["rows"] > 0  # whole targets; the verdict has its interval
 
 
 def test_blank_outputs_are_replaced_and_blank_looped_and_cut_ones_counted() -> None:

@@ -307,6 +307,7 @@ def features(
         log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or min(cap, 512)
     report = length_report(full.lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
+    report = dataclasses.replace(report, what=f"inputs: the {p.text!r} column, cut at their end")
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test[p.text].tolist(), tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
@@ -421,16 +422,16 @@ def _judge_baseline(
     if watched is not None and watched.rows is not None and baseline.value is not None:
         y_true, y_pred = watched.rows
         gap = compare(watched.metric, y_true, y_pred, baseline.constant(len(y_true)), seed=p.seed)
+    limits = getattr(result.model, "kitlib_limits", None)  # a generating task's: how many training targets are cut
     record = baseline.to_dict() | {"model_score": score, "kind": feats.spec.kind, "done": _done(feats)}
-    record |= {"gap": None if gap is None else dataclasses.asdict(gap)}
-    verdict = verdict_of(record)
+    record |= {"gap": None if gap is None else dataclasses.asdict(gap), "cut_targets": getattr(limits, "cut", 0)}
+    record["beaten"] = baseline.verdict(score, feats.spec.kind, gap) is None
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
         if (staging / "history.csv").is_file():
             write_atomic(staging / "history.csv", history.to_csv(index=False))
-        record |= {"beaten": verdict is None, "verdict": verdict}
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
-    shown = (baseline.line(), *([f"model: {gap.line()}"] if gap else []), *([f"warning: {verdict}"] if verdict else []))
-    return dataclasses.replace(result, history=history, notes=(*result.notes, *shown))
+    verdict = ("verdict: " if record["beaten"] else "warning: ") + verdict_of(record)
+    return dataclasses.replace(result, history=history, notes=(*result.notes, baseline.line(), verdict))
 
 
 def _done(feats: Features) -> list[str]:
@@ -438,13 +439,19 @@ def _done(feats: Features) -> list[str]:
     return [feats.run.name, *([feats.spec.loss] if feats.spec.kind == "regression" else [])]
 
 
-def verdict_of(record: Mapping[str, Any]) -> str | None:
-    """The run's verdict from ``baseline.json``'s record (02 writes it; 03 and its summary read it): None when the
-    model clearly beats the trivial baseline, else the line saying so ("unclear" when the model-minus-baseline
-    interval straddles zero) and what to try that the run did not do."""
+def verdict_of(record: Mapping[str, Any]) -> str:
+    """The run's verdict, one line, from ``baseline.json``'s record (02 writes it; 02's summary, 03 and its summary
+    read it): the model beats the trivial baseline (its model-minus-baseline interval above zero), or is "unclear"
+    (the interval straddles zero), or does not beat it, with what to try that the run did not do; and how many
+    training targets were cut at the length cap (each such row a guaranteed miss)."""
     gap = Gap(**record["gap"]) if record.get("gap") else None
-    baseline = Baseline.from_dict(record)
-    return baseline.verdict(record.get("model_score"), str(record.get("kind", "")), gap, record.get("done", ()))
+    baseline, score = Baseline.from_dict(record), record.get("model_score")
+    line = baseline.verdict(score, str(record.get("kind", "")), gap, record.get("done", ())) or (
+        f"the model ({baseline.metric} {score:.4g}) beats the trivial baseline ({baseline.what}: "
+        f"{baseline.score:.4g})" + (f": {gap.line()}" if gap else "")
+    )
+    cut = int(record.get("cut_targets") or 0)
+    return line + (f"; {cut} training targets are cut at the length cap (the score gives them away)" if cut else "")
 
 
 def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> float | None:
@@ -715,8 +722,8 @@ def _warn_unbeaten(run_dir: Path) -> None:
         record = json.loads((run_dir / BASELINE_FILE).read_text())
     except (OSError, ValueError):
         return  # a run from an older kitlib, or trained outside the notebooks
-    verdict = verdict_of(record)
-    if verdict:
+    if not record.get("beaten", True):
+        verdict = verdict_of(record)
         # 4: past infer and the contextlib frame of its @cpu_threads, so the box names the 03 cell, not contextlib.py
         warnings.warn(f"{verdict}. The submission is written anyway.", stacklevel=4)
 

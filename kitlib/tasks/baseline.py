@@ -103,8 +103,8 @@ class Baseline:
             )
         else:
             head = (
-                f"the model ({shown}) does not beat the trivial baseline ({self.what}: {_rounded(self.score)}): it "
-                "has learnt nothing the metric rewards"
+                f"the model ({shown}) does not beat the trivial baseline ({self.what}: {_rounded(self.score)})"
+                f"{f', {gap.line()}' if gap else ''}: it has learnt nothing the metric rewards"
             )
         options = (*TRIES, ADVICE.get(kind, ("the target column", frozenset[str]())))
         tries = [text for text, did in options if not did & set(done)]
@@ -174,7 +174,6 @@ def trivial_baseline(metric: Metric, *, kind: str, train: np.ndarray, valid: np.
     else:
         value = most_common(np.char.strip(train.astype(str)) if kind == "sequence" else train)
         what = f"the most common training {'target' if kind == 'sequence' else 'class'} {_short(value)}"
-    value = value.item() if isinstance(value, np.generic) else value  # a plain number or text: run.json holds it
     constant = np.full(len(valid), value, dtype=object if kind != "regression" else np.float64)
     return Baseline(what, metric.name, metric.mode, metric(valid, constant), value)
 
@@ -183,7 +182,8 @@ def most_common(values: Any) -> Any:
     """The most frequent value; ties go to the smallest (sorted order), so 02's baseline and 03's stand-in for a
     blank output name the same training target whatever the rows' order."""
     found, counts = np.unique(np.asarray(values), return_counts=True)
-    return found[int(np.argmax(counts))]  # argmax: the first of the most frequent, in sorted order
+    value = found[int(np.argmax(counts))]  # argmax: the first of the most frequent, in sorted order
+    return value.item() if isinstance(value, np.generic) else value  # a plain number or text: run.json holds it
 
 
 def _best_constant(metric: Metric, y: np.ndarray) -> tuple[float, str]:

@@ -56,6 +56,7 @@ class Limits:
     no_repeat_ngram_size: int  # no run of this many generated tokens repeats (99% of training targets never do)
     max_copies: int  # no run of <= MAX_PERIOD tokens follows itself more often in a row (99% of targets stay within)
     fallback: str  # written for an output that decodes to nothing: the most common training target
+    cut: int = 0  # training targets cut at the length cap (no </s>): the model never learns their end
 
 
 @dataclasses.dataclass
@@ -87,6 +88,7 @@ def target_limits(label_rows: np.ndarray, tokenizer: Any, train_rows: np.ndarray
         no_repeat_ngram_size=max(2, int(np.percentile(needed, LOOP_QUANTILE, method="higher"))),
         max_copies=max(2, int(np.percentile(copies_in_a_row(bodies), LOOP_QUANTILE, method="higher"))),
         fallback=most_common(texts),
+        cut=sum(1 for row in rows if not row or row[-1] != eos),
     )
 
 

@@ -150,8 +150,9 @@ class Seq2SeqTask(TextGenerationTask):
             row = tokens[i][:width]
             labels[i, : len(row)] = row
         cut = int(np.sum(lengths > width))
-        note = f"; {cut} longer ones are cut at the cap" if cut else ""
-        print(f"targets: {width} tokens (the longest; median {int(np.median(lengths))}){note}")
+        whole = f"{cut} longer ones cut: each a guaranteed miss, 02's verdict counts them" if cut else "every one whole"
+        longest = "the cap" if cut else "the longest"
+        print(f"targets: {width} tokens, {whole} ({longest}; median {int(np.median(lengths))})")
         return labels
 
     # ---------------------------------------------------------------------------------------------------- 02 train
