@@ -349,7 +349,8 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", help="id column (default: id)")
     p.add_argument(
         "--task",
-        help="auto | classify | regress | tabular-text | seq2seq | causal-lm | custom | module:name (default: auto)",
+        help="auto | classify | regress | tabular-text | seq2seq | causal-lm | custom | custom-seq2seq | module:name "
+        "(default: auto)",
     )
     p.add_argument(
         "--metric",
@@ -358,7 +359,11 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objective", help="regression loss: auto (the metric's) | mse | mae | log_mse | log_mae")
     p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (any text task)")
     p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (any text task)")
-    p.add_argument("--model-factory", help="task custom: file.py:function (a full path) or module:function")
+    p.add_argument(
+        "--model-factory",
+        help="task custom (a class or a number) or custom-seq2seq (a text to generate): your model, file.py:function "
+        "(a full path) or module:function",
+    )
     p.add_argument("--adapter", help="none | lora | qlora (LoRA on 4-bit weights, CUDA): default none")
     p.add_argument("--seed", type=int, help="default: 42")
     p.add_argument("--train-file", help="default: train.csv")

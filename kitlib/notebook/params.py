@@ -71,13 +71,13 @@ class Params:
     model: str = "auto"  # "auto": all-MiniLM-L6-v2 (an error when it is not installed); "tiny"; or a model dir
     text: str = "text"
     target: str = "label"
-    task: str = "auto"  # the workload (kitlib.notebook.tasks: auto, classify, regress, tabular-text, or "module:name")
+    task: str = "auto"  # the workload (kitlib.notebook.tasks: auto, classify, regress, tabular-text, seq2seq, ...)
     metric: str = "auto"  # what best/ and early stopping follow (kitlib.tasks.metrics; auto: accuracy or rmse)
     objective: str = "auto"  # regression: mse | mae | log_mse | log_mae; auto: what the metric rewards (tasks.targets)
     numeric: tuple[str, ...] = ()  # numeric columns used beside the text (task tabular-text)
     categorical: tuple[str, ...] = ()  # categorical columns used beside the text (task tabular-text)
     model_factory: str = (
-        ""  # task custom: "file.py:function" (beside the notebook, or a full path) or "module:function"
+        ""  # task custom, custom-seq2seq: "file.py:function" (beside the notebook, or a full path) or "module:function"
     )
     id: str = "id"
     seed: int = 42
@@ -107,7 +107,8 @@ class Params:
         """A few lines a notebook shows, not the dataclass's one long line of every field."""
         columns = f"text {self.text!r} -> target {self.target!r} (id {self.id!r})"
         beside = [f"{kind} {list(c)}" for kind, c in (("numeric", self.numeric), ("categorical", self.categorical))]
-        run = f"preset {self.preset}, model {self.model}, task {self.task}, metric {self.metric}, seed {self.seed}"
+        model = "yours (model_factory)" if self.task in ("custom", "custom-seq2seq") else self.model
+        run = f"preset {self.preset}, model {model}, task {self.task}, metric {self.metric}, seed {self.seed}"
         lines = [
             f"Params: {run}",
             f"  data  {self.data_dir} ({self.train_file}, {self.test_file}, {self.sample_submission})",

@@ -16,14 +16,16 @@ with kitlib's tokenizer, loaders, fit, generating full eval and submission, as `
         #     generated so far], scores: [rows, vocab] of the next token): call it on each step's scores. Without it
         #     03 counts your loops and warns, but does not stop them.
 
-- Tokens: a byte-level BPE trained on the training rows' sources and targets (kitlib.models.bpe, as seq2seq's tiny
-  T5): it decodes to the very text it encoded, and a source token is a target token, so a copy mechanism copies ids.
+- Tokens: seq2seq's tiny T5's (kitlib.models.seq2seq.data_tokenizer): bytes for short texts (words, codes, phoneme
+  strings), else a byte-level BPE trained on the training rows' sources and targets: it decodes to the very text it
+  encoded, and a source token is a target token, so a copy mechanism copies ids.
 - Targets, lengths, the full eval (generation every ``full_eval_every`` epochs, the metric scored in the background)
   and 03's blank/looped/cut tally are seq2seq's (kitlib.notebook.tasks.generation): a blank output is written as the
   most common training target whatever your decoding does.
 - The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR, at most FROM_SCRATCH_BATCH rows
-  per step and FROM_SCRATCH_EPOCHS x the preset's epochs. A factory file is loaded as ``custom`` loads one
-  (kitlib.notebook.tasks.custom).
+  per step and FROM_SCRATCH_EPOCHS x the preset's epochs; on short texts seq2seq's budget of optimizer steps
+  (seq2seq.short_text_steps: ~12,000 at balanced on a 4,000-row g2p table, not 2,250). A factory file is loaded as
+  ``custom`` loads one (kitlib.notebook.tasks.custom).
 """
 
 from __future__ import annotations
@@ -34,11 +36,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
-from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
+from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
+from kitlib.models.seq2seq import data_tokenizer
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
-from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
+from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps
 
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
@@ -82,26 +85,20 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
         if preset.row_limit is not None:
             return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
-        return dataclasses.replace(
-            preset,
-            freeze="none",
-            freeze_layers=0,
-            lr=FROM_SCRATCH_LR,
-            epochs=preset.epochs * FROM_SCRATCH_EPOCHS,
-            target_effective_batch=min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
-            full_eval_every=FULL_EVAL_EVERY,
-        )
+        changes: dict[str, Any] = {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS,
+                   "target_effective_batch": min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
+                   "full_eval_every": FULL_EVAL_EVERY}  # fmt: skip
+        changes |= short_text_steps(preset, p)  # short texts: seq2seq's steps budget and lr (measured on the T5 only)
+        return dataclasses.replace(preset, freeze="none", freeze_layers=0, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        """The tokenizer only (the model is yours, built in 02): byte-level BPE trained on the training rows."""
-        tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
-        print(
-            f"{self.name}: your model ({p.model_factory}) on a {len(tokenizer)}-token byte-level BPE trained on the "
-            "training rows"
-        )
+        """The tokenizer only (the model is yours, built in 02): seq2seq's choice (bytes for short texts, else a
+        byte-level BPE trained on the training rows)."""
+        tokenizer, how = data_tokenizer([*train[p.text].astype(str), *train[p.target].astype(str)])
+        print(f"{self.name}: your model ({p.model_factory}) on a {len(tokenizer)}-token {how} tokenizer")
         return tokenizer, None, f"custom-{tokenizer_identity(tokenizer)}"
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:

@@ -109,14 +109,7 @@ class Seq2SeqTask(TextGenerationTask):
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
         if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
-            rows = _short_text_rows(p)
-            if rows is not None:
-                batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
-                steps = preset.epochs * SHORT_TEXT_STEPS_PER_EPOCH
-                epochs = max(preset.epochs, math.ceil(steps * batch / rows))
-                every = max(FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
-                changes |= {"target_effective_batch": batch, "epochs": epochs, "lr": SHORT_TEXT_LR,
-                            "full_eval_every": every}  # fmt: skip
+            changes |= short_text_steps(preset, p)
         return dataclasses.replace(preset, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features
@@ -178,6 +171,19 @@ class Seq2SeqTask(TextGenerationTask):
             **hf_limits(limits_of(model), start=1),
         )
         return out[:, 1:]
+
+
+def short_text_steps(preset: Preset, p: Params) -> dict[str, Any]:
+    """The preset's changes for a model from scratch on short texts: a budget of optimizer steps whatever train.csv's
+    rows (SHORT_TEXT_BATCH rows per step, SHORT_TEXT_LR, about SHORT_TEXT_FULL_EVALS generating evals); {} for longer
+    texts. seq2seq's tiny T5 and custom-seq2seq's model of your own get the same."""
+    rows = _short_text_rows(p)
+    if rows is None:
+        return {}
+    batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
+    epochs = max(preset.epochs, math.ceil(preset.epochs * SHORT_TEXT_STEPS_PER_EPOCH * batch / rows))
+    every = max(FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
+    return {"target_effective_batch": batch, "epochs": epochs, "lr": SHORT_TEXT_LR, "full_eval_every": every}
 
 
 def _short_text_rows(p: Params) -> int | None:
