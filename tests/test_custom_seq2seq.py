@@ -270,9 +270,9 @@ def test_the_cli_help_names_custom_seq2seq() -> None:
     from kitlib.cli import _parameter_flags
 
     parser = argparse.ArgumentParser()
-    _parameter_flags(parser)
+    _parameter_flags(parser)  # derived from Params' declarations
     shown = io.StringIO()
     with contextlib.redirect_stdout(shown), contextlib.suppress(SystemExit):
         parser.parse_args(["--help"])
     text = " ".join(shown.getvalue().split())
-    assert "| custom | custom-seq2seq |" in text and "or custom-seq2seq (a text to generate)" in text
+    assert "| custom | custom-seq2seq |" in text and "task custom/custom-seq2seq: your nn.Module" in text
