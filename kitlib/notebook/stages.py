@@ -29,7 +29,7 @@ from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
 from kitlib.models.loading import check_model_dir, pretrained_dir, tiny_requested
-from kitlib.notebook import handoff, presets
+from kitlib.notebook import handoff, presets, trees
 from kitlib.notebook.handoff import BUILT_FROM, Features
 
 # params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
@@ -425,6 +425,7 @@ def _judge_baseline(
     baseline = Baseline.from_dict(feats.run.baseline)
     history = result.history.copy()
     score = _model_score(history, baseline.metric, result.best_epoch)
+    score = watched.score if watched is not None and watched.rows is not None else score  # trees blended in: 03's
     history[f"baseline_{baseline.metric}"] = baseline.score
     gap = None
     if watched is not None and watched.rows is not None and baseline.value is not None:
@@ -440,6 +441,51 @@ def _judge_baseline(
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
     verdict = ("verdict: " if record["beaten"] else "warning: ") + verdict_of(record)
     return dataclasses.replace(result, history=history, notes=(*result.notes, baseline.line(), verdict))
+
+
+def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -> str | None:
+    """02: trees beside the network where the run wants them (kitlib.notebook.trees): fitted on the training split,
+    blended with the network's best validation predictions by the weight the metric scores best there. The weight
+    goes to run/trees.json for 03, the blend into ``watched`` (the verdict judges what 03 will write); 02's line."""
+    from kitlib.machine.distributed import dist_env
+
+    if not trees.wanted(feats) or watched.rows is None:
+        return None
+    kind = feats.spec.kind
+    train_idx, valid_idx = _split(feats.n_train, p.seed, feats.labels if kind != "regression" else None)
+    y_true, net = watched.rows
+    if len(y_true) != len(valid_idx) or not np.array_equal(feats.spec.decode(feats.labels[valid_idx]), y_true):
+        return "trees: skipped (the full eval's rows are not the validation split in order)"
+    fitted = trees.Trees.fit(feats, train_idx, p.seed)
+    if fitted is None:
+        return None
+    metric, by_trees = watched.metric, fitted.predict(feats, valid_idx)
+    weight, score = trees.blend(metric, y_true, net, by_trees, kind)
+    said = {"weight": weight, "network": watched.score, "trees": metric(y_true, by_trees), "blend": score}
+    if dist_env().is_main:
+        write_atomic(staging / trees.TREES_FILE, json.dumps(said, indent=1) + "\n")
+    watched.score, watched.rows = score, (y_true, trees.mix(net, by_trees, weight, kind))
+    return (
+        f"trees (scikit-learn HistGradientBoosting on the columns + text embeddings): validation {metric.name} "
+        f"{said['trees']:.4g}, network {said['network']:.4g}; 03 writes {weight:g} x trees + {1 - weight:g} x network "
+        f"({score:.4g})"
+    )
+
+
+def _with_trees(p: Params, feats: Features, values: np.ndarray) -> np.ndarray:
+    """03: the submission's values blended with the trees by 02's weight (run/trees.json), the trees refitted on the
+    same training rows with the same seed (seconds; nothing pickled)."""
+    try:
+        weight = float(json.loads((p.run_dir / trees.TREES_FILE).read_text())["weight"])
+    except (OSError, ValueError, KeyError):
+        return values  # no trees in this run
+    kind = feats.spec.kind
+    fitted = trees.Trees.fit(feats, _split(feats.n_train, p.seed, feats.labels if kind != "regression" else None)[0],
+                             p.seed) if weight > 0 else None  # fmt: skip
+    if fitted is None:
+        return values
+    print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend, run/{trees.TREES_FILE})")
+    return trees.mix(values, fitted.predict(feats, None), weight, kind)
 
 
 def _done(feats: Features) -> list[str]:
@@ -616,6 +662,8 @@ def _train(
         hw=hw,
         callbacks=callbacks,
     )
+    line = _blend_trees(p, feats, watched, staging)
+    result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
     result = _judge_baseline(p, feats, result, staging, watched)
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
@@ -674,7 +722,7 @@ def infer(
                              interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
     _warn_unbeaten(p.run_dir)
-    values = workload.submission(workload.combine(predictions), feats.spec)
+    values = _with_trees(p, feats, workload.submission(workload.combine(predictions), feats.spec))
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -154,15 +154,13 @@ class BestRows:
         self.rows: tuple[np.ndarray, np.ndarray] | None = None
 
     def watching(self) -> Metric:
-        import dataclasses
-
         def fn(y_true: np.ndarray, y_pred: np.ndarray) -> float:
             score = self.metric(y_true, y_pred)
             if self.score is None or self.metric.better(score, self.score):
                 self.score, self.rows = score, (y_true, y_pred)
             return score
 
-        return dataclasses.replace(self.metric, fn=fn)
+        return replace(self.metric, fn=fn)
 
 
 def trivial_baseline(metric: Metric, *, kind: str, train: np.ndarray, valid: np.ndarray) -> Baseline:

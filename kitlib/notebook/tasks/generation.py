@@ -29,6 +29,7 @@ import numpy as np
 
 from kitlib.models import IGNORE_INDEX
 from kitlib.notebook.tasks.base import Task, each_batch
+from kitlib.tasks.baseline import most_common
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime).
 
@@ -74,8 +75,6 @@ def target_limits(label_rows: np.ndarray, tokenizer: Any, train_rows: np.ndarray
     ``tokenizer``; the fallback is the most common target of ``train_rows`` (indices: 02's training split, the rows
     00's baseline reads; default all). Cost: one pass over the targets' tokens per run length tried (a few ms for 10k
     short targets)."""
-    from kitlib.tasks.baseline import most_common
-
     eos = tokenizer.eos_token_id
     rows = [[int(t) for t in row if t != IGNORE] for row in np.asarray(label_rows)]
     bodies = [row[:-1] if row and row[-1] == eos else row for row in rows]
