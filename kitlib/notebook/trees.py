@@ -26,6 +26,9 @@ WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of a number's blend; c
 EMBEDDING_DIMS = 16  # principal components of the text embeddings the trees split on (384 raw dims overfit 700 rows)
 MAX_ROWS = 20_000  # training rows above which the network goes alone: trees are for the small tables
 TREES_FILE = "trees.json"  # in run/: the blend weight 02 chose on validation (03 refits the trees when above 0)
+# ONE_THREAD: the trees fit and predict on one OpenMP thread. scikit-learn brings its own libgomp beside torch's; in a
+# notebook kernel that had trained, on 2 cores shared with other jobs (load 11), the two runtimes' spinning threads
+# kept a 675-row fit running for over 5 minutes; on one thread such a fit takes about a second.
 
 
 def wanted(feats: Features) -> bool:
@@ -51,6 +54,7 @@ class Trees:
         log1p'ed where it is; absolute error where its loss is); None when scikit-learn is not installed."""
         try:
             from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+            from threadpoolctl import threadpool_limits
         except ImportError:
             print("trees: skipped, scikit-learn is not installed (pip install 'kitlib[trees]')")
             return None
@@ -66,7 +70,8 @@ class Trees:
             trees.model = HistGradientBoostingRegressor(loss=loss, **options)
         else:
             trees.model = HistGradientBoostingClassifier(**options)
-        trees.model.fit(x, feats.labels[rows])
+        with threadpool_limits(1, user_api="openmp"):  # see ONE_THREAD
+            trees.model.fit(x, feats.labels[rows])
         return trees
 
     def inputs(self, embeddings: np.ndarray, side: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -81,13 +86,16 @@ class Trees:
         return np.concatenate([*parts, components], axis=1), categorical
 
     def predict(self, feats: Features, rows: np.ndarray | None) -> np.ndarray:
+        from threadpoolctl import threadpool_limits
+
         """Predictions in the target's units for ``rows`` of the training features, or the test rows (None)."""
         assert feats.embeddings is not None
         if rows is None:
             x, _ = self.inputs(feats.embeddings[1], feats.side.test)
         else:
             x, _ = self.inputs(feats.embeddings[0][rows], {k: v[rows] for k, v in feats.side.train.items()})
-        return feats.spec.decode(self.model.predict(x))
+        with threadpool_limits(1, user_api="openmp"):
+            return feats.spec.decode(self.model.predict(x))
 
 
 def mix(net: np.ndarray, trees: np.ndarray, weight: float, kind: str) -> np.ndarray:
