@@ -425,7 +425,8 @@ def _judge_baseline(
     baseline = Baseline.from_dict(feats.run.baseline)
     history = result.history.copy()
     score = _model_score(history, baseline.metric, result.best_epoch)
-    score = watched.score if watched is not None and watched.rows is not None else score  # trees blended in: 03's
+    blended = (staging / trees.TREES_FILE).is_file() and watched is not None and watched.score is not None
+    score = watched.score if blended and watched is not None else score  # the trees' blend: what 03 will write
     history[f"baseline_{baseline.metric}"] = baseline.score
     gap = None
     if watched is not None and watched.rows is not None and baseline.value is not None:
