@@ -57,6 +57,9 @@ def test_a_users_encoder_decoder_trains_and_predicts_through_the_stages(
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     prepared = stages.prepare(p, stages.load_features(p), cpu_hw)
     assert type(prepared.model).__name__ == "PointerGenerator"
+    from kitlib.notebook.tasks.custom_seq2seq import _options
+
+    assert "logits_processor" in _options(prepared.model)  # the demo calls kitlib's loop guard each step
     full_eval = get_task(p.task).evaluate(
         feats.spec, get_metric("rouge_l", "sequence"), prepared.valid, torch.device("cpu")
     )
