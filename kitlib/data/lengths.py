@@ -75,6 +75,7 @@ class LengthReport:
     pad_to_multiple_of: int
     strategies: tuple[StrategyStats, ...]
     used: str | None = None  # the strategy training batches with (TrainConfig.batching), marked in the report
+    what: str = "rows"  # what was counted, in words (01: "rows of the input column 'text'; targets are never cut")
 
     def efficiency(self, name: str) -> float:
         return next(s.efficiency for s in self.strategies if s.name == name)
@@ -88,7 +89,7 @@ class LengthReport:
         pct = ", ".join(f"p{p} {v}" for p, v in self.percentiles.items())
         lines = [
             f"{self.rows} rows; tokens: mean {self.mean:.1f}, {pct}, max {self.max}",
-            f"max_length {self.max_length}: {self.truncated_fraction:.2%} of rows truncated",
+            f"max_length {self.max_length}: {self.truncated_fraction:.2%} of rows truncated ({self.what})",
             f"padding efficiency at batch {self.batch_size} (real tokens / tokens computed; "
             f"'x{self.pad_to_multiple_of}' = width rounded up to a multiple of {self.pad_to_multiple_of}):",
         ]

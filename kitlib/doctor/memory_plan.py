@@ -164,8 +164,8 @@ class MemoryPlan:
         head = (
             f"memory plan: {self.model} ({self.shape.params / 1e9:.2f} B parameters, {self.shape.family}-shaped), "
             f"{self.model_kind} model, {self.seq_len} tokens/row, effective batch {self.effective_batch}, "
-            f"on {self.hardware} ({self.capacity / _GB:.1f} GB; plans within {self.budget / _GB:.1f} GB: {HEADROOM:.0%} "
-            "kept free for the allocator's fragmentation and longer batches)"
+            f"on {self.hardware} ({self.capacity / _GB:.1f} GB; plans within {self.budget / _GB:.1f} GB: "
+            f"{HEADROOM:.0%} kept free for the allocator's fragmentation and longer batches)"
         )
         rows = [f"{'strategy':<48} {'weights':>8} {'grads':>7} {'optim':>7} {'activ':>7} {'peak':>7}  batch  fits"]
         for f in self.fits:

@@ -120,7 +120,8 @@ class Params:
         """A few lines a notebook shows, not the dataclass's one long line of every field."""
         columns = f"text {self.text!r} -> target {self.target!r} (id {self.id!r})"
         beside = [f"{kind} {list(c)}" for kind, c in (("numeric", self.numeric), ("categorical", self.categorical))]
-        run = f"preset {self.preset}, model {self.model}, task {self.task}, metric {self.metric}, seed {self.seed}"
+        model = "yours (model_factory)" if self.task in ("custom", "custom-seq2seq") else self.model
+        run = f"preset {self.preset}, model {model}, task {self.task}, metric {self.metric}, seed {self.seed}"
         lines = [
             f"Params: {run}",
             f"  data  {self.data_dir} ({self.train_file}, {self.test_file}, {self.sample_submission})",

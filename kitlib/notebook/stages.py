@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
 from kitlib.models.loading import check_model_dir, frozen_dtype, pretrained_dir, tiny_requested
-from kitlib.notebook import handoff, presets
+from kitlib.notebook import handoff, presets, trees
 from kitlib.notebook.handoff import BUILT_FROM, Features
 
 # params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
@@ -44,7 +45,7 @@ from kitlib.notebook.params import (  # noqa: F401
 from kitlib.notebook.regimes import Encoder, Prepared
 from kitlib.notebook.submission import check_sample_submission, write_submission
 from kitlib.notebook.tasks import get_task, task_entry
-from kitlib.tasks.baseline import Baseline, trivial_baseline
+from kitlib.tasks.baseline import Baseline, BestRows, Gap, compare, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
 from kitlib.tasks.targets import describe_objective
 
@@ -318,6 +319,7 @@ def features(
         log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or cap
     report = length_report(lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
+    report = dataclasses.replace(report, what=f"inputs: the {p.text!r} column, cut at their end")
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache)
     encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
@@ -414,9 +416,12 @@ def _baseline(p: Params, data: Competition) -> Baseline:
     return trivial_baseline(data.metric, kind=data.spec.kind, train=y[train_idx], valid=y[valid_idx])
 
 
-def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path) -> FitResult:
+def _judge_baseline(
+    p: Params, feats: Features, result: FitResult, staging: Path, watched: BestRows | None = None
+) -> FitResult:
     """The model's validation score beside the baseline's: in the history (and history.csv), in ``baseline.json``
-    (what 03 warns from) and in 02's summary, with one line saying what to try when the model does not beat it."""
+    (what 03 warns from) and in 02's summary, with the model-minus-baseline interval (``watched``: the validation
+    predictions at the best score) and one line saying what to try when the model does not clearly beat it."""
     from kitlib.machine.distributed import dist_env
 
     if feats.run.baseline is None:  # a run.json from an older kitlib
@@ -424,15 +429,88 @@ def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path
     baseline = Baseline.from_dict(feats.run.baseline)
     history = result.history.copy()
     score = _model_score(history, baseline.metric, result.best_epoch)
+    blended = (staging / trees.TREES_FILE).is_file() and watched is not None and watched.score is not None
+    score = watched.score if blended and watched is not None else score  # the trees' blend: what 03 will write
     history[f"baseline_{baseline.metric}"] = baseline.score
-    verdict = baseline.verdict(score, feats.spec.kind)
+    gap = None
+    if watched is not None and watched.rows is not None and baseline.value is not None:
+        y_true, y_pred = watched.rows
+        gap = compare(watched.metric, y_true, y_pred, baseline.constant(len(y_true)), seed=p.seed)
+    limits = getattr(result.model, "kitlib_limits", None)  # a generating task's: how many training targets are cut
+    record = baseline.to_dict() | {"model_score": score, "kind": feats.spec.kind, "done": _done(feats)}
+    record |= {"gap": None if gap is None else dataclasses.asdict(gap), "cut_targets": getattr(limits, "cut", 0)}
+    record["beaten"] = baseline.verdict(score, feats.spec.kind, gap) is None
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
         if (staging / "history.csv").is_file():
             write_atomic(staging / "history.csv", history.to_csv(index=False))
-        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.spec.kind}
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
-    notes = (*result.notes, baseline.line(), *([f"warning: {verdict}"] if verdict else []))
-    return dataclasses.replace(result, history=history, notes=notes)
+    verdict = ("verdict: " if record["beaten"] else "warning: ") + verdict_of(record)
+    return dataclasses.replace(result, history=history, notes=(*result.notes, baseline.line(), verdict))
+
+
+def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -> str | None:
+    """02: trees beside the network where the run wants them (kitlib.notebook.trees): fitted on the training split,
+    blended with the network's best validation predictions by the weight the metric scores best there. The weight
+    goes to run/trees.json for 03, the blend into ``watched`` (the verdict judges what 03 will write); 02's line."""
+    from kitlib.machine.distributed import dist_env
+
+    if not trees.wanted(feats) or watched.rows is None:
+        return None
+    kind = feats.spec.kind
+    train_idx, valid_idx = _split(feats.n_train, p.seed, feats.labels if kind != "regression" else None)
+    y_true, net = watched.rows
+    if len(y_true) != len(valid_idx) or not np.array_equal(feats.spec.decode(feats.labels[valid_idx]), y_true):
+        return "trees: skipped (the full eval's rows are not the validation split in order)"
+    fitted = trees.Trees.fit(feats, train_idx, p.seed)
+    if fitted is None:
+        return None
+    metric, by_trees = watched.metric, fitted.predict(feats, valid_idx)
+    weight, score = trees.blend(metric, y_true, net, by_trees, kind)
+    said = {"weight": weight, "network": watched.score, "trees": metric(y_true, by_trees), "blend": score}
+    if dist_env().is_main:
+        write_atomic(staging / trees.TREES_FILE, json.dumps(said, indent=1) + "\n")
+    watched.score, watched.rows = score, (y_true, trees.mix(net, by_trees, weight, kind))
+    return (
+        f"trees (scikit-learn HistGradientBoosting on the columns + text embeddings): validation {metric.name} "
+        f"{said['trees']:.4g}, network {said['network']:.4g}; 03 writes {weight:g} x trees + {1 - weight:g} x network "
+        f"({score:.4g})"
+    )
+
+
+def _with_trees(p: Params, feats: Features, values: np.ndarray) -> np.ndarray:
+    """03: the submission's values blended with the trees by 02's weight (run/trees.json), the trees refitted on the
+    same training rows with the same seed (seconds; nothing pickled)."""
+    try:
+        weight = float(json.loads((p.run_dir / trees.TREES_FILE).read_text())["weight"])
+    except (OSError, ValueError, KeyError):
+        return values  # no trees in this run
+    kind = feats.spec.kind
+    fitted = trees.Trees.fit(feats, _split(feats.n_train, p.seed, feats.labels if kind != "regression" else None)[0],
+                             p.seed) if weight > 0 else None  # fmt: skip
+    if fitted is None:
+        return values
+    print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend, run/{trees.TREES_FILE})")
+    return trees.mix(values, fitted.predict(feats, None), weight, kind)
+
+
+def _done(feats: Features) -> list[str]:
+    """What the run did already, as the verdict's advice reads it: the preset's name, the regression loss."""
+    return [feats.run.name, *([feats.spec.loss] if feats.spec.kind == "regression" else [])]
+
+
+def verdict_of(record: Mapping[str, Any]) -> str:
+    """The run's verdict, one line, from ``baseline.json``'s record (02 writes it; 02's summary, 03 and its summary
+    read it): the model beats the trivial baseline (its model-minus-baseline interval above zero), or is "unclear"
+    (the interval straddles zero), or does not beat it, with what to try that the run did not do; and how many
+    training targets were cut at the length cap (each such row a guaranteed miss)."""
+    gap = Gap(**record["gap"]) if record.get("gap") else None
+    baseline, score = Baseline.from_dict(record), record.get("model_score")
+    line = baseline.verdict(score, str(record.get("kind", "")), gap, record.get("done", ())) or (
+        f"the model ({baseline.metric} {score:.4g}) beats the trivial baseline ({baseline.what}: "
+        f"{baseline.score:.4g})" + (f": {gap.line()}" if gap else "")
+    )
+    cut = int(record.get("cut_targets") or 0)
+    return line + (f"; {cut} training targets are cut at the length cap (the score gives them away)" if cut else "")
 
 
 def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> float | None:
@@ -579,19 +657,23 @@ def _train(
     prepared = prepare(p, feats, hw)
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     staging = _staging(p)
+    watched = BestRows(_run_metric(p, feats))  # the validation predictions the verdict's interval resamples
     result = fit(
         prepared.model,
         prepared.train,
         config=cfg,
         loss_fn=get_task(p.task).loss_fn(feats.spec),
         eval_loader=prepared.valid,
-        full_eval=get_task(p.task).evaluate(feats.spec, _run_metric(p, feats), prepared.valid, device),
+        full_eval=get_task(p.task).evaluate(feats.spec, watched.watching(), prepared.valid, device),
         run_dir=staging,
         resume=resume,
         hw=hw,
         callbacks=callbacks,
     )
-    result = _judge_baseline(p, feats, dataclasses.replace(result, notes=(*result.notes, *prepared.notes)), staging)
+    result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
+    line = _blend_trees(p, feats, watched, staging)
+    result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
+    result = _judge_baseline(p, feats, result, staging, watched)
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
@@ -649,7 +731,7 @@ def infer(
                              interactive=hw.interactive, desc=f"predict ({run_dir.name})")
         )  # fmt: skip
     _warn_unbeaten(p.run_dir)
-    values = workload.submission(workload.combine(predictions), feats.spec)
+    values = _with_trees(p, feats, workload.submission(workload.combine(predictions), feats.spec))
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 
@@ -706,7 +788,7 @@ def _warn_unbeaten(run_dir: Path) -> None:
     except (OSError, ValueError):
         return  # a run from an older kitlib, or trained outside the notebooks
     if not record.get("beaten", True):
-        verdict = Baseline.from_dict(record).verdict(record.get("model_score"), str(record.get("kind", "")))
+        verdict = verdict_of(record)
         # 4: past infer and the contextlib frame of its @cpu_threads, so the box names the 03 cell, not contextlib.py
         warnings.warn(f"{verdict}. The submission is written anyway.", stacklevel=4)
 

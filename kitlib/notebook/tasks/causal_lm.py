@@ -187,7 +187,9 @@ class CausalLMTask(TextGenerationTask):
         test = SequenceDataset(test_rows, None, pad_id=pad)
         train = subset(split[0])
         half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # loaded so: no fp32 copy on the host
-        model = _build_model(feats.side, seed, y, adapter=cfg.adapter, frozen_dtype=half, device=hw.device_type)
+        model = _build_model(
+            feats.side, seed, y, adapter=cfg.adapter, frozen_dtype=half, device=hw.device_type, train_rows=split[0]
+        )
         cut = _cut_rows(feats.train_tokens, y, int(getattr(model, "kitlib_tokenizer").eos_token_id))  # noqa: B009
         return Prepared(
             make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed or packed
@@ -448,6 +450,7 @@ def _build_model(
     adapter: str = "none",
     frozen_dtype: torch.dtype | None = None,
     device: str = "cuda",
+    train_rows: np.ndarray | None = None,
 ) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
@@ -461,7 +464,7 @@ def _build_model(
     # an example would attend to the one packed before it. generate() asks for the cache itself.
     model.config.use_cache = False
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = target_limits(labels, tokenizer)
+    model.kitlib_limits = target_limits(labels, tokenizer, train_rows)  # fallback: 02 baseline's rows
     return model
 
 

@@ -7,18 +7,25 @@ with kitlib's tokenizer, loaders, fit, generating full eval and submission, as `
         # forward(input_ids, attention_mask, labels) -> an object with .loss (your loss). labels: [batch, T] target
         #     token ids, each row ending in eos_id, -100 on padding (ignore them)
         # generate(input_ids, attention_mask, max_new_tokens, ...) -> LongTensor [batch, <= max_new_tokens]: the new
-        #     tokens only; a row ends at its first eos_id (what follows is ignored). Of num_beams, min_new_tokens and
-        #     no_repeat_ngram_size, kitlib passes those your generate names as parameters: 03 decodes with beams
-        #     (num_beams = 4) only when it takes num_beams, and says so.
+        #     tokens only (what starts your decoder is yours: kitlib never feeds a start token; eos_id or pad_id are
+        #     the usual choice); a row ends at its first eos_id (what follows is ignored). kitlib calls it with the
+        #     model in eval mode under torch.inference_mode. Of num_beams, min_new_tokens, no_repeat_ngram_size,
+        #     max_copies and logits_processor, kitlib passes those your generate names as parameters: 03 decodes with
+        #     beams (num_beams = 4) only when it takes num_beams, and says so. logits_processor(ids, scores) ->
+        #     scores is the loop guard seq2seq and causal-lm decode with (generation.NoLoops; ids: [rows, tokens
+        #     generated so far], scores: [rows, vocab] of the next token): call it on each step's scores. Without it
+        #     03 counts your loops and warns, but does not stop them.
 
-- Tokens: a byte-level BPE trained on the training rows' sources and targets (kitlib.models.bpe, as seq2seq's tiny
-  T5): it decodes to the very text it encoded, and a source token is a target token, so a copy mechanism copies ids.
+- Tokens: seq2seq's tiny T5's (kitlib.models.seq2seq.data_tokenizer): bytes for short texts (words, codes, phoneme
+  strings), else a byte-level BPE trained on the training rows' sources and targets: it decodes to the very text it
+  encoded, and a source token is a target token, so a copy mechanism copies ids.
 - Targets, lengths, the full eval (generation every ``full_eval_every`` epochs, the metric scored in the background)
   and 03's blank/looped/cut tally are seq2seq's (kitlib.notebook.tasks.generation): a blank output is written as the
   most common training target whatever your decoding does.
 - The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR, at most FROM_SCRATCH_BATCH rows
-  per step and FROM_SCRATCH_EPOCHS x the preset's epochs. A factory file is loaded as ``custom`` loads one
-  (kitlib.notebook.tasks.custom).
+  per step and FROM_SCRATCH_EPOCHS x the preset's epochs; on short texts seq2seq's budget of optimizer steps
+  (seq2seq.short_text_steps: ~12,000 at balanced on a 4,000-row g2p table, not 2,250). A factory file is loaded as
+  ``custom`` loads one (kitlib.notebook.tasks.custom).
 """
 
 from __future__ import annotations
@@ -29,11 +36,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
-from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
+from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
+from kitlib.models.seq2seq import data_tokenizer
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
-from kitlib.notebook.tasks.generation import limits_of, target_limits
-from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
+from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
+from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps
 
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
@@ -50,7 +58,8 @@ if TYPE_CHECKING:
     from kitlib.notebook.tasks.base import Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
-OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size")  # passed to generate only when it names them
+# passed to generate only when it names them
+OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size", "max_copies", "logits_processor")
 # random weights: the presets' 3e-5 to 1e-4 are for pretrained ones; 1e-3 left the demo below its baseline
 FROM_SCRATCH_LR = 3e-3
 FROM_SCRATCH_BATCH = 16  # rows per step at most: a decoder from scratch needs updates (balanced: 360 steps, not 180)
@@ -76,26 +85,20 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
         if preset.row_limit is not None:
             return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
-        return dataclasses.replace(
-            preset,
-            freeze="none",
-            freeze_layers=0,
-            lr=FROM_SCRATCH_LR,
-            epochs=preset.epochs * FROM_SCRATCH_EPOCHS,
-            target_effective_batch=min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
-            full_eval_every=FULL_EVAL_EVERY,
-        )
+        changes: dict[str, Any] = {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS,
+                   "target_effective_batch": min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
+                   "full_eval_every": FULL_EVAL_EVERY}  # fmt: skip
+        changes |= short_text_steps(preset, p)  # short texts: seq2seq's steps budget and lr (measured on the T5 only)
+        return dataclasses.replace(preset, freeze="none", freeze_layers=0, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        """The tokenizer only (the model is yours, built in 02): byte-level BPE trained on the training rows."""
-        tokenizer = train_bpe_tokenizer([*train[p.text], *train[p.target].astype(str)])
-        print(
-            f"{self.name}: your model ({p.model_factory}) on a {len(tokenizer)}-token byte-level BPE trained on the "
-            "training rows"
-        )
+        """The tokenizer only (the model is yours, built in 02): seq2seq's choice (bytes for short texts, else a
+        byte-level BPE trained on the training rows)."""
+        tokenizer, how = data_tokenizer([*train[p.text].astype(str), *train[p.target].astype(str)])
+        print(f"{self.name}: your model ({p.model_factory}) on a {len(tokenizer)}-token {how} tokenizer")
         return tokenizer, None, f"custom-{tokenizer_identity(tokenizer)}"
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
@@ -116,7 +119,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         model = build_model(spec, sizes, seed)
         # plain attributes: not weights, not in the checkpoint
         setattr(model, "kitlib_tokenizer", tokenizer)  # noqa: B010
-        setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer))  # noqa: B010
+        setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer, split[0]))  # noqa: B010
         loaders = FINETUNE.loaders(feats, hw, split, seed)
         _check_model(model, loaders[0], spec)
         return Prepared(*loaders, model)
@@ -125,7 +128,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         model = getattr(model, "module", model)
         limits = limits_of(model)
-        wanted = {"num_beams": num_beams, **dataclasses.asdict(limits)}
+        wanted = {"num_beams": num_beams, **dataclasses.asdict(limits), "logits_processor": NoLoops(limits, start=0)}
         device = next(model.parameters()).device
         return model.generate(  # type: ignore[operator]
             input_ids=batch["input_ids"].to(device),

@@ -109,14 +109,7 @@ class Seq2SeqTask(TextGenerationTask):
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
         if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
-            rows = _short_text_rows(p)
-            if rows is not None:
-                batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
-                steps = preset.epochs * SHORT_TEXT_STEPS_PER_EPOCH
-                epochs = max(preset.epochs, math.ceil(steps * batch / rows))
-                every = max(FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
-                changes |= {"target_effective_batch": batch, "epochs": epochs, "lr": SHORT_TEXT_LR,
-                            "full_eval_every": every}  # fmt: skip
+            changes |= short_text_steps(preset, p)
         return dataclasses.replace(preset, **changes)
 
     # ------------------------------------------------------------------------------------------------- 01 features
@@ -150,8 +143,9 @@ class Seq2SeqTask(TextGenerationTask):
             row = tokens[i][:width]
             labels[i, : len(row)] = row
         cut = int(np.sum(lengths > width))
-        note = f"; {cut} longer ones are cut at the cap" if cut else ""
-        print(f"targets: {width} tokens (the longest; median {int(np.median(lengths))}){note}")
+        whole = f"{cut} longer ones cut: each a guaranteed miss, 02's verdict counts them" if cut else "every one whole"
+        longest = "the cap" if cut else "the longest"
+        print(f"targets: {width} tokens, {whole} ({longest}; median {int(np.median(lengths))})")
         return labels
 
     # ---------------------------------------------------------------------------------------------------- 02 train
@@ -163,7 +157,7 @@ class Seq2SeqTask(TextGenerationTask):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
-        model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter, hw.device_type)
+        model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter, hw.device_type, split[0])
         return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
@@ -177,6 +171,19 @@ class Seq2SeqTask(TextGenerationTask):
             **hf_limits(limits_of(model), start=1),
         )
         return out[:, 1:]
+
+
+def short_text_steps(preset: Preset, p: Params) -> dict[str, Any]:
+    """The preset's changes for a model from scratch on short texts: a budget of optimizer steps whatever train.csv's
+    rows (SHORT_TEXT_BATCH rows per step, SHORT_TEXT_LR, about SHORT_TEXT_FULL_EVALS generating evals); {} for longer
+    texts. seq2seq's tiny T5 and custom-seq2seq's model of your own get the same."""
+    rows = _short_text_rows(p)
+    if rows is None:
+        return {}
+    batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
+    epochs = max(preset.epochs, math.ceil(preset.epochs * SHORT_TEXT_STEPS_PER_EPOCH * batch / rows))
+    every = max(FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
+    return {"target_effective_batch": batch, "epochs": epochs, "lr": SHORT_TEXT_LR, "full_eval_every": every}
 
 
 def _short_text_rows(p: Params) -> int | None:
@@ -205,7 +212,12 @@ def _check_sql(column: pd.Series, p: Params) -> None:
 
 
 def _build_model(
-    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", device: str = "cuda"
+    side: SideInputs,
+    seed: int,
+    labels: np.ndarray,
+    adapter: str = "none",
+    device: str = "cuda",
+    train_rows: np.ndarray | None = None,
 ) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny T5 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its
@@ -221,5 +233,5 @@ def _build_model(
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = target_limits(labels, tokenizer)
+    model.kitlib_limits = target_limits(labels, tokenizer, train_rows)  # fallback: 02 baseline's rows
     return model

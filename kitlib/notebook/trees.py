@@ -1,0 +1,116 @@
+"""Gradient-boosted trees beside the head regime's network, for text + tabular tables of a few hundred to a few
+thousand rows: scikit-learn's HistGradientBoosting on the numeric and categorical columns and the frozen text
+embeddings (their first EMBEDDING_DIMS principal components), blended with the network on the validation rows in 02
+and refitted by 03 from the same rows and seed (a fit takes seconds at these sizes, so nothing is pickled).
+
+    trees = Trees.fit(feats, train_idx, seed)        # None without scikit-learn (pip install 'kitlib[trees]')
+    weight, score = blend(metric, y_valid, net_valid, trees.predict(feats, valid_idx), kind)
+    values = mix(net_test, trees.predict(feats, None), weight, kind)   # 03: None = the test rows
+
+On an 844-row text + tabular SMAPE table a network over frozen embeddings barely ranked the truth (Spearman 0.03 on
+test at `fast`); trees over the columns are the usual winner on such tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from kitlib.notebook.handoff import Features
+    from kitlib.tasks.metrics import Metric
+
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of a number's blend; classes: the network or the trees
+EMBEDDING_DIMS = 16  # principal components of the text embeddings the trees split on (384 raw dims overfit 700 rows)
+MAX_ROWS = 20_000  # training rows above which the network goes alone: trees are for the small tables
+TREES_FILE = "trees.json"  # in run/: the blend weight 02 chose on validation (03 refits the trees when above 0)
+# ONE_THREAD: the trees fit and predict on one OpenMP thread. scikit-learn brings its own libgomp beside torch's; in a
+# notebook kernel that had trained, on 2 cores shared with other jobs (load 11), the two runtimes' spinning threads
+# kept a 675-row fit running for over 5 minutes; on one thread such a fit takes about a second.
+
+
+def wanted(feats: Features) -> bool:
+    """Whether a run gets trees beside its network: the head regime (frozen embeddings, ``fast``), a class or number
+    target, numeric or categorical columns, a small table."""
+    return (
+        feats.embeddings is not None
+        and feats.spec.kind in ("regression", "binary", "multiclass")
+        and bool(feats.side.train)
+        and feats.n_train <= MAX_ROWS
+    )
+
+
+@dataclass
+class Trees:
+    model: Any  # a fitted HistGradientBoostingRegressor or -Classifier
+    mean: np.ndarray  # the embeddings' training mean and principal axes, for the test rows' components
+    axes: np.ndarray
+
+    @classmethod
+    def fit(cls, feats: Features, rows: np.ndarray, seed: int) -> Trees | None:
+        """Trees on ``rows`` of the training features, on the target as the network learns it (standardised,
+        log1p'ed where it is; absolute error where its loss is); None when scikit-learn is not installed."""
+        try:
+            from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            print("trees: skipped, scikit-learn is not installed (pip install 'kitlib[trees]')")
+            return None
+        assert feats.embeddings is not None
+        embedded = feats.embeddings[0][rows].astype(np.float64)
+        mean = embedded.mean(0)
+        axes = np.linalg.svd(embedded - mean, full_matrices=False)[2][:EMBEDDING_DIMS]  # deterministic: same rows
+        trees = cls(None, mean, axes)
+        x, categorical = trees.inputs(feats.embeddings[0][rows], {k: v[rows] for k, v in feats.side.train.items()})
+        options = {"categorical_features": categorical, "random_state": seed, "max_iter": 300, "learning_rate": 0.05}
+        if feats.spec.kind == "regression":
+            loss = "absolute_error" if feats.spec.loss == "mae" else "squared_error"
+            trees.model = HistGradientBoostingRegressor(loss=loss, **options)
+        else:
+            trees.model = HistGradientBoostingClassifier(**options)
+        with threadpool_limits(1, user_api="openmp"):  # see ONE_THREAD
+            trees.model.fit(x, feats.labels[rows])
+        return trees
+
+    def inputs(self, embeddings: np.ndarray, side: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The trees' columns: numeric inputs, category ids, embedding components; and which are categories."""
+        parts = [np.asarray(side["numeric"], np.float64)] if "numeric" in side else []
+        parts += [np.asarray(side["categorical"], np.float64)] if "categorical" in side else []
+        categorical = np.zeros(sum(p.shape[1] for p in parts) + len(self.axes), dtype=bool)
+        if "categorical" in side:
+            start = parts[0].shape[1] if "numeric" in side else 0
+            categorical[start : start + side["categorical"].shape[1]] = True
+        components = (embeddings.astype(np.float64) - self.mean) @ self.axes.T
+        return np.concatenate([*parts, components], axis=1), categorical
+
+    def predict(self, feats: Features, rows: np.ndarray | None) -> np.ndarray:
+        from threadpoolctl import threadpool_limits
+
+        """Predictions in the target's units for ``rows`` of the training features, or the test rows (None)."""
+        assert feats.embeddings is not None
+        if rows is None:
+            x, _ = self.inputs(feats.embeddings[1], feats.side.test)
+        else:
+            x, _ = self.inputs(feats.embeddings[0][rows], {k: v[rows] for k, v in feats.side.train.items()})
+        with threadpool_limits(1, user_api="openmp"):
+            return feats.spec.decode(self.model.predict(x))
+
+
+def mix(net: np.ndarray, trees: np.ndarray, weight: float, kind: str) -> np.ndarray:
+    """The blend in the target's units: a weighted mean of numbers; for classes the trees' labels when chosen."""
+    if kind == "regression":
+        return (1.0 - weight) * np.asarray(net, np.float64) + weight * np.asarray(trees, np.float64)
+    return trees if weight >= 0.5 else net
+
+
+def blend(metric: Metric, y_true: np.ndarray, net: np.ndarray, trees: np.ndarray, kind: str) -> tuple[float, float]:
+    """(the trees' weight, its score): the WEIGHTS (classes: 0 or 1) the metric scores best on the validation rows;
+    a tie keeps the smaller weight (the network, which 02 already judged)."""
+    weights = WEIGHTS if kind == "regression" else (0.0, 1.0)
+    scores = [metric(y_true, mix(net, trees, w, kind)) for w in weights]
+    best = 0
+    for i, score in enumerate(scores):
+        best = i if metric.better(score, scores[best]) else best
+    return weights[best], scores[best]
