@@ -467,7 +467,8 @@ def test_gradient_checkpointing_for_plain_modules_and_wrappers_gives_the_same_lo
         assert (model.blocks[1].calls, twin.blocks[1].calls) == (1, 2)
         assert set(twin.state_dict()) == set(model.state_dict())  # checkpoints keep their names
     else:
-        assert twin.text.is_activation_checkpointing
+        # transformers 5 calls it is_activation_checkpointing, 4.x is_gradient_checkpointing
+        assert getattr(twin.text, "is_activation_checkpointing", None) or twin.text.is_gradient_checkpointing
 
 
 def test_gradient_checkpointing_through_fit_and_the_error_naming_the_fix(cpu_hw) -> None:
