@@ -141,7 +141,8 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     lines: dict[tuple[Any, ...], str] = {}
 
     def line(run: ResolvedRun) -> str:
-        key = (run.config.max_length, run.effective_batch_size, run.preset.regime, run.preset.max_length_cap)
+        cfg = run.config
+        key = (cfg.max_length, cfg.micro_batch_size, cfg.grad_accum_steps, run.preset.regime, run.preset.max_length_cap)
         if key not in lines:
             lines[key] = run_line(p.model, task, hw, run)
         return lines[key]
