@@ -7,6 +7,7 @@ there, and an unthrottled bar turns an executed notebook into megabytes of progr
 
 from __future__ import annotations
 
+import math
 import sys
 from types import MappingProxyType
 from typing import Any
@@ -17,6 +18,20 @@ from tqdm import tqdm
 # samples (real tokens, no padding) per second of training wall time, evals and checkpoints between epochs left
 # out: the epoch's so far in the bar, each epoch's in the history, all epochs' together in the doctor.
 THROUGHPUT = MappingProxyType({"samples_per_s": "samples/s", "tokens_per_s": "tokens/s"})
+
+
+def figure(value: float) -> str:
+    """The one rule for a figure a person reads (tables, bars, plots, verdicts): at most 4 significant digits, no
+    padding: 0.5095, 0.005628, 935.2, 14380, 1.235e-05; "" for NaN (a figure not measured)."""
+    if math.isnan(value):
+        return ""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    if abs(value) >= 1e4:  # whole: "14380", not 1.438e+04
+        return f"{round(value, 3 - math.floor(math.log10(abs(value)))):.0f}"
+    return f"{value:.4g}"  # positional down to 1e-4, then scientific
+
+
 HEADLESS_INTERVAL_S = 30.0  # one saved line per 30 s: a 1-hour run adds ~120 lines (~12 kB) to the notebook
 # tqdm's format without its own rate: a bar counting optimizer steps would read "it/s" beside the samples/s it sets
 NO_RATE = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"

@@ -419,17 +419,13 @@ def _judge_baseline(p: Params, feats: Features, result: FitResult, staging: Path
     if feats.run.baseline is None:  # a run.json from an older kitlib
         return result
     baseline = Baseline.from_dict(feats.run.baseline)
-    history = result.history.copy()
-    score = _model_score(history, baseline.metric, result.best_epoch)
-    history[f"baseline_{baseline.metric}"] = baseline.score
-    verdict = baseline.verdict(score, feats.spec.kind)
+    score = _model_score(result.history, baseline.metric, result.best_epoch)
+    verdict, beaten = baseline.verdict(score, feats.spec.kind), baseline.beaten_by(score)
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
-        if (staging / "history.csv").is_file():
-            write_atomic(staging / "history.csv", history.to_csv(index=False))
-        record = baseline.to_dict() | {"model_score": score, "beaten": verdict is None, "kind": feats.spec.kind}
+        record = baseline.to_dict() | {"model_score": score, "beaten": beaten, "kind": feats.spec.kind}
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
-    notes = (*result.notes, baseline.line(), *([f"warning: {verdict}"] if verdict else []))
-    return dataclasses.replace(result, history=history, notes=notes)
+    notes = (*result.notes, baseline.line(), verdict if beaten else f"warning: {verdict}")
+    return dataclasses.replace(result, notes=notes)
 
 
 def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> float | None:

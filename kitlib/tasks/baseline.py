@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kitlib.progress import figure
+
 if TYPE_CHECKING:
     from kitlib.tasks.metrics import Metric
 
@@ -44,15 +46,19 @@ class Baseline:
         return model_score > self.score if self.mode == "max" else model_score < self.score
 
     def line(self) -> str:
-        return f"trivial baseline ({self.what}): {self.metric} {_rounded(self.score)} on the same validation rows"
+        return f"trivial baseline ({self.what}): {self.metric} {figure(self.score)} on the same validation rows"
 
-    def verdict(self, model_score: float | None, kind: str) -> str | None:
-        """One line when the model does not beat the constant, with what to try; None when it does."""
+    def verdict(self, model_score: float | None, kind: str) -> str:
+        """One line: by how much the model beats the constant, or that it does not, with what to try."""
         if self.beaten_by(model_score):
-            return None
-        shown = "no score" if model_score is None else f"{self.metric} {_rounded(model_score)}"
+            assert model_score is not None
+            return (
+                f"the model ({self.metric} {figure(model_score)}) beats the trivial baseline ({self.what}: "
+                f"{figure(self.score)}) by {figure(abs(model_score - self.score))}"
+            )
+        shown = "no score" if model_score is None else f"{self.metric} {figure(model_score)}"
         return (
-            f"the model ({shown}) does not beat the trivial baseline ({self.what}: {_rounded(self.score)}): it has "
+            f"the model ({shown}) does not beat the trivial baseline ({self.what}: {figure(self.score)}): it has "
             f"learnt nothing the metric rewards. Try: the preset (balanced or best), more epochs or a larger lr, "
             f"{ADVICE.get(kind, 'the target column')}; check the inputs can predict the target"
         )
@@ -95,7 +101,3 @@ def _best_constant(metric: Metric, y: np.ndarray) -> tuple[float, str]:
 def _short(value: Any) -> str:
     text = str(value)
     return repr(text if len(text) <= 40 else text[:37] + "...")
-
-
-def _rounded(value: float) -> str:
-    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.4g}"
