@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from types import MappingProxyType
 from typing import Any
 
@@ -18,6 +19,18 @@ from tqdm import tqdm
 # samples (real tokens, no padding) per second of training wall time, evals and checkpoints between epochs left
 # out: the epoch's so far in the bar, each epoch's in the history, all epochs' together in the doctor.
 THROUGHPUT = MappingProxyType({"samples_per_s": "samples/s", "tokens_per_s": "tokens/s"})
+
+
+def advise(message: str, category: type[Warning] = UserWarning, stacklevel: int = 1) -> None:
+    """``warnings.warn`` for a warning a person reads in a notebook, shown as ``UserWarning: message`` alone: by
+    default Python prefixes the caller's file, which in a notebook is the kernel's temporary one
+    (``/tmp/ipykernel_NNN/123.py:1:``), and echoes the cell's source line. Filters and pytest.warns see it as ever
+    (``stacklevel`` counts from the caller of ``advise``)."""
+    plain, warnings.formatwarning = warnings.formatwarning, lambda m, c, *_, **__: f"{c.__name__}: {m}\n"
+    try:
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
+    finally:
+        warnings.formatwarning = plain
 
 
 def figure(value: float) -> str:

@@ -253,3 +253,16 @@ def test_the_bar_ends_each_epoch_on_its_history_rows_throughput(cpu_hw, tmp_path
     rows = result.history["samples_per_s"].round(1).tolist()
     assert len(rows) == 2 and all(any(abs(v - r) < 0.051 for v in shown) for r in rows), (shown, rows)
     assert shown[-1] == pytest.approx(rows[-1], abs=0.051)  # the bar's last word is the last row's figure
+
+
+def test_a_warning_for_a_person_shows_no_temporary_file_path() -> None:
+    """03's warnings read `/tmp/ipykernel_NNN/123.py:1: UserWarning: ...` plus the echoed cell line."""
+    import subprocess
+    import sys
+
+    code = "import pandas as pd\nfrom kitlib.notebook import views\n" + (
+        "views.prediction_summary(pd.DataFrame({'id': range(3), 'label': [1, 1, 1]}), 'id')"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert shown.startswith("UserWarning: every one of the 3 rows predicts label = 1") and ".py:" not in shown
+    assert "prediction_summary(" not in shown  # no echoed source line

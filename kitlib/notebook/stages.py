@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ from kitlib.notebook.params import (  # noqa: F401
 from kitlib.notebook.regimes import Encoder, Prepared
 from kitlib.notebook.submission import check_sample_submission, write_submission
 from kitlib.notebook.tasks import get_task
+from kitlib.progress import advise
 from kitlib.tasks.baseline import Baseline, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
 from kitlib.tasks.targets import describe_objective
@@ -383,7 +383,7 @@ def _check_enough_rows(target: pd.Series, spec: TaskSpec, run: ResolvedRun, p: P
             "task = 'regress', 'seq2seq' or 'causal-lm')"
         )
     if len(rare):  # a competition's rows cannot be added: the class is learned, and left out of the metric
-        warnings.warn(
+        advise(
             f"{p.train_file}: class {rare.index[0]!r} has {int(rare.iloc[0])} row ({len(rare)} class(es) with fewer "
             f"than {MIN_CLASS_ROWS} rows, of {len(counts)} classes in {len(target)} rows): their rows all train, "
             "and the validation metric never sees those classes",
@@ -698,7 +698,7 @@ def _warn_unbeaten(run_dir: Path) -> None:
     if not record.get("beaten", True):
         verdict = Baseline.from_dict(record).verdict(record.get("model_score"), str(record.get("kind", "")))
         # 4: past infer and the contextlib frame of its @cpu_threads, so the box names the 03 cell, not contextlib.py
-        warnings.warn(f"{verdict}. The submission is written anyway.", stacklevel=4)
+        advise(f"{verdict}. The submission is written anyway.", stacklevel=4)
 
 
 def _trained_checkpoint(run_dir: Path, p: Params) -> Path:

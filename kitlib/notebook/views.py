@@ -5,12 +5,11 @@ The notebooks call these and print or display what they return; nothing here tra
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from kitlib.progress import THROUGHPUT, figure
+from kitlib.progress import THROUGHPUT, advise, figure
 
 # lazy: matplotlib (+0.4 s): only drawing a chart needs it (python -X importtime).
 
@@ -79,7 +78,7 @@ def prediction_summary(submission: pd.DataFrame, id_column: str) -> str:
         column = submission[name]
         distinct = column.nunique(dropna=False)
         if distinct == 1 and len(column) > 1:
-            warnings.warn(
+            advise(
                 f"every one of the {len(column)} rows predicts {name} = {column.tolist()[0]!r}: the model learnt a "
                 "constant. Check the run's metric in 02 (a smoke run is too short to learn), the target column, and "
                 "the class balance of train.csv",
