@@ -289,7 +289,10 @@ def features(
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
     run = run or presets.load_run(p.work_dir)
     log = (lambda _msg: None) if quiet else print
-    cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=log)  # seeds: the inputs' caches, as data
+    # one line for the whole stage at the end, not one per entry (the token tables alone are three: lengths, train,
+    # test); seeds: the inputs' caches, as data
+    summed = cache is None
+    cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=None)
     data = read_competition(p, run)
 
     train, test, spec = data.train, data.test, data.spec
@@ -337,6 +340,8 @@ def features(
         report=report,
     )
     handoff.save(feats, p.work_dir, built_from(p))
+    if summed:
+        log(str(cache.stats))
     return feats
 
 
