@@ -62,7 +62,10 @@ def progress_bar(
 ) -> tqdm[Any]:
     """``counts``: what one update is. "samples" (rows): tqdm's rate reads samples/s, the one throughput name;
     "steps" (the training bar, which sets samples/s in its postfix): no rate of its own."""
-    style: dict[str, str] = {"unit": " samples"} if counts == "samples" else {"bar_format": NO_RATE}
+    # smoothing 0: the rate is the samples over the bar's wall time (tqdm's default, a moving average of the last
+    # updates, said 789 samples/s for a pass of 10,227 rows in 83 s); unit_scale: 3 significant digits (1.23k)
+    rate = {"unit": " samples", "unit_scale": True, "smoothing": 0}
+    style: dict[str, Any] = rate if counts == "samples" else {"bar_format": NO_RATE}
     if interactive and not disable:
         try:
             import ipywidgets  # noqa: F401  (tqdm.auto silently falls back to text without it)
