@@ -32,7 +32,7 @@ all. After each notebook it takes a screenshot and fails on:
 
 One line per finding (with the screenshot's name), exit status 1 when there is any, 0 when clean, 2 when the check
 itself could not run. ``--docs`` copies close-ups of 00's picker (with the whole-run estimate) and of 02's history
-table and loss plot to docs/browser_estimate.png and docs/browser_history.png.
+table and loss plot, the picker and 03's summary to docs/browser_{estimate,history,picker,infer}.png.
 """
 
 from __future__ import annotations
@@ -853,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
                     check_throughput(nb, findings, shots[name])
                     if name == "03_infer":
                         check_predictions(nb, findings, shots[name])
+                        shots["infer"] = nb.shot_cells([nb.index_of("stages.infer(")], f"{name}_summary.png")
                     if name == "02_train":
                         page.evaluate("() => 0")
                         bars = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .progress-bar").count()
@@ -880,7 +881,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.docs:
             small_png(out / shots["estimate"], REPO / "docs" / "browser_estimate.png")
             small_png(out / shots["history"], REPO / "docs" / "browser_history.png")
-            log("copied docs/browser_estimate.png and docs/browser_history.png")
+            small_png(out / shots["picker"], REPO / "docs" / "browser_picker.png")
+            small_png(out / shots["infer"], REPO / "docs" / "browser_infer.png")
+            log("copied docs/browser_{estimate,history,picker,infer}.png")
     except Exception as err:
         if not isinstance(err, CheckError):
             import traceback
