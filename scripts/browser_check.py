@@ -32,7 +32,7 @@ all. After each notebook it takes a screenshot and fails on:
 
 One line per finding (with the screenshot's name), exit status 1 when there is any, 0 when clean, 2 when the check
 itself could not run. ``--docs`` copies close-ups of 00's picker (with the whole-run estimate) and of 02's history
-table and loss plot to docs/browser_estimate.png and docs/browser_history.png.
+table and loss plot, the picker and 03's summary to docs/browser_{estimate,history,picker,infer}.png.
 """
 
 from __future__ import annotations
@@ -631,7 +631,7 @@ def drive_setup(
     page = nb.page
     nb.run_all()
     i_picker = nb.index_of("preset_picker(")
-    i_setup = nb.index_of("stages.setup(")
+    i_setup = nb.index_of("picker.save()")
     cell = nb.cell(i_picker)
     cell.scroll_into_view_if_needed()
     shot = f"{nb.name}.png"
@@ -645,8 +645,7 @@ def drive_setup(
         return shot, shot, {}
     labels = [b.strip() for b in buttons.all_inner_texts()]
     log(f"{nb.name}: picker buttons {labels}")
-    other = next((n for n in ("fast", "balanced", "smoke") if n in labels and n != preset), None)
-    steps = [other, preset] if other else [preset]
+    steps = [*(n for n in labels if n != preset), preset]  # every preset the picker offers, then the chosen one
     estimate: dict[str, float] = {}
     for name in steps:
         if name not in labels:
@@ -696,6 +695,14 @@ def drive_setup(
         estimate = more or estimate
     time.sleep(0.5)
     picker_shot = nb.shot_cells([i_picker], f"{nb.name}_picker.png")
+    try:  # Run All saved the run; each click after it saves again: run.json is what the picker shows, unrun
+        clicked = json.loads((work / "run.json").read_text())
+        got = (clicked["preset"]["name"], clicked["config"]["epochs"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        got = ("?", f"? ({type(err).__name__}: {err})")
+    if got != (preset, epochs):
+        findings.add(nb.name, f"the picker shows {preset}/{epochs} but run.json (what 01 reads) holds {got[0]}, "
+                     f"epochs {got[1]}, before the save cell is run again", shot)  # fmt: skip
     nb.run_cell(i_setup)
     try:  # what the setup cell saved for 01-03 (it prints only the preset's name)
         saved = json.loads((work / "run.json").read_text())
@@ -846,6 +853,7 @@ def main(argv: list[str] | None = None) -> int:
                     check_throughput(nb, findings, shots[name])
                     if name == "03_infer":
                         check_predictions(nb, findings, shots[name])
+                        shots["infer"] = nb.shot_cells([nb.index_of("stages.infer(")], f"{name}_summary.png")
                     if name == "02_train":
                         page.evaluate("() => 0")
                         bars = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .progress-bar").count()
@@ -873,7 +881,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.docs:
             small_png(out / shots["estimate"], REPO / "docs" / "browser_estimate.png")
             small_png(out / shots["history"], REPO / "docs" / "browser_history.png")
-            log("copied docs/browser_estimate.png and docs/browser_history.png")
+            small_png(out / shots["picker"], REPO / "docs" / "browser_picker.png")
+            small_png(out / shots["infer"], REPO / "docs" / "browser_infer.png")
+            log("copied docs/browser_{estimate,history,picker,infer}.png")
     except Exception as err:
         if not isinstance(err, CheckError):
             import traceback

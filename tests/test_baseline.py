@@ -4,6 +4,7 @@ rows, 00 saves it in run.json, 02 shows it beside the model's score, and 02 and 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pandas as pd
 import pytest
 
 from kitlib.notebook import stages
+from kitlib.progress import figure
 from kitlib.tasks.baseline import compare, trivial_baseline
 from kitlib.tasks.metrics import get_metric
 
@@ -29,7 +31,8 @@ def test_the_constant_is_the_one_the_metric_rewards_chosen_on_train() -> None:
     labels = np.array(["a"] * 6 + ["b"] * 3 + ["c"])
     majority = trivial_baseline(get_metric("accuracy", "multiclass"), kind="multiclass", train=labels, valid=labels)
     assert (majority.score, "'a'" in majority.what) == (0.6, True)
-    assert majority.beaten_by(0.61) and not majority.beaten_by(0.6) and majority.verdict(0.7, "multiclass") is None
+    assert majority.beaten_by(0.61) and not majority.beaten_by(0.6)
+    assert majority.verdict(0.7, "multiclass") is None  # beaten: stages.verdict_of says by how much, with its interval
 
 
 def test_the_smape_constant_is_found_by_a_search_not_read_off_the_percentiles() -> None:
@@ -95,10 +98,10 @@ def test_a_target_the_inputs_cannot_predict_is_flagged_in_02_and_03(tmp_path: Pa
     result = stages.train(p, hw=cpu_hw)
     summary = result.summary()
     print(summary)
-    assert f"trivial baseline (the most common training class 'no'): accuracy {saved['score']:.4f}" in summary
+    assert f"trivial baseline (the most common training class 'no'): accuracy {figure(saved['score'])}" in summary
     assert "does not beat the trivial baseline" in summary and "Try:" in summary
-    history = pd.read_csv(p.run_dir / "history.csv")
-    assert (history["baseline_accuracy"] == saved["score"]).all() and "baseline_accuracy" in result.history
+    history = pd.read_csv(p.run_dir / "history.csv")  # one constant: said once (summary, baseline.json), not per row
+    assert not [c for c in [*history, *result.history] if c.startswith("baseline")]
     record = json.loads((p.run_dir / "baseline.json").read_text())
     assert record["beaten"] is False and record["model_score"] <= saved["score"]
     assert record["gap"]["high"] <= 0 and f"over {record['gap']['rows']} validation rows" in summary  # interval
@@ -116,7 +119,13 @@ def test_a_model_that_beats_the_baseline_gets_no_warning(tmp_path: Path, cpu_hw)
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
     result = stages.train(p, hw=cpu_hw)
-    assert "trivial baseline" in result.summary() and "does not beat" not in result.summary()
+    summary = result.summary()
+    assert "does not beat" not in summary and "warning" not in summary
+    beats = re.search(
+        r"the model \(accuracy ([\d.]+)\) beats the trivial baseline \(.*: ([\d.]+)\) by ([\d.]+)", summary
+    )
+    assert beats, summary
+    assert abs(float(beats[1]) - float(beats[2]) - float(beats[3])) < 2e-3  # the margin said, 4 digits each
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         stages.infer(p, hw=cpu_hw)

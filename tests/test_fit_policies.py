@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from kitlib import TrainConfig, fit
 from kitlib.engine import checkpoint
 from kitlib.engine.loop import NonFiniteLossError
+from kitlib.progress import figure
 
 
 def _data(n: int = 64, seed: int = 0) -> TensorDataset:
@@ -170,7 +171,8 @@ def test_the_summary_names_the_stop_the_metric_rounded_and_its_1_based_epoch(cpu
                  config=cfg, loss_fn=_mse, hw=cpu_hw)  # fmt: skip
     best = result.history["eval_loss"].iloc[0]
     assert result.summary() == (
-        f"stopped: early stop (patience 2) after 3 of 10 epochs; best eval_loss {best:.4f} at epoch 1; precision fp32"
+        f"stopped: early stop (patience 2) after 3 of 10 epochs; best eval_loss {figure(best)} at epoch 1; "
+        "precision fp32"
     )
     completed = fit(nn.Linear(4, 1), DataLoader(_data(), batch_size=8), config=_cfg(epochs=2), loss_fn=_mse,
                     hw=cpu_hw)  # fmt: skip
@@ -467,7 +469,8 @@ def test_gradient_checkpointing_for_plain_modules_and_wrappers_gives_the_same_lo
         assert (model.blocks[1].calls, twin.blocks[1].calls) == (1, 2)
         assert set(twin.state_dict()) == set(model.state_dict())  # checkpoints keep their names
     else:
-        assert twin.text.is_activation_checkpointing
+        # transformers 5 calls it is_activation_checkpointing, 4.x is_gradient_checkpointing
+        assert getattr(twin.text, "is_activation_checkpointing", None) or twin.text.is_gradient_checkpointing
 
 
 def test_gradient_checkpointing_through_fit_and_the_error_naming_the_fix(cpu_hw) -> None:

@@ -137,10 +137,13 @@ def _loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Calla
 
         folder = _bert_folder(tmp_path, dtype)
         module = tmp_path / f"factory_{str(dtype)[6:]}.py"
+        # in half precision: transformers 5 loads the saved dtype by default, 4.x fp32 unless asked
+        (keyword,) = loading.dtype_kwarg(dtype)
         module.write_text(
-            "from transformers import BertForSequenceClassification\n"
+            "import torch\nfrom transformers import BertForSequenceClassification\n"
             f"def build(vocab_size, num_labels, pad_id):\n"
-            f"    return BertForSequenceClassification.from_pretrained({str(folder)!r}, num_labels=num_labels)\n"
+            f"    return BertForSequenceClassification.from_pretrained({str(folder)!r}, num_labels=num_labels, "
+            f"{keyword}={dtype})\n"
         )
 
         @dataclasses.dataclass
@@ -206,11 +209,11 @@ def test_a_half_folder_trains_bit_for_bit_as_its_fp32_twin(dtype: torch.dtype, t
     # value is exact in fp32), so with fp32 master weights the two runs are one computation, equal bit for bit.
     from transformers import AutoTokenizer, BertModel
 
-    from kitlib.models.loading import load_text_classifier
+    from kitlib.models.loading import dtype_kwarg, load_text_classifier
 
     half = _bert_folder(tmp_path, dtype)
     twin = tmp_path / "fp32-twin"
-    BertModel.from_pretrained(half, dtype=torch.float32).save_pretrained(twin)
+    BertModel.from_pretrained(half, **dtype_kwarg(torch.float32)).save_pretrained(twin)
     AutoTokenizer.from_pretrained(half).save_pretrained(twin)
     models = []
     for folder in (half, twin):

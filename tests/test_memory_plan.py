@@ -108,6 +108,29 @@ def test_00s_picker_shows_the_memory_line(tmp_path: Path) -> None:
     assert "no plan" in preset_picker(hw, memory=stages.memory_line(scratch, hw)).memory_text()
 
 
+@pytest.mark.parametrize("hardware", ["T4", "CPU"])
+def test_the_pickers_batch_row_and_memory_row_name_one_split(hardware: str, tmp_path: Path) -> None:
+    """balanced/best said "16 x 2 accum" in the batch row and "micro-batch 32 x accumulation 1" in the memory row."""
+    import dataclasses
+    import re
+
+    from kitlib.machine.hardware import fake_profile
+    from kitlib.notebook import stages
+    from kitlib.notebook.params import Params
+    from kitlib.notebook.presets import PRESETS
+    from kitlib.notebook.widgets import preset_picker
+
+    hw = fake_profile(hardware, interactive=False)
+    p = dataclasses.replace(Params(data_dir=tmp_path, work_dir=tmp_path), model="minilm", task="classify")
+    for name in PRESETS:
+        picker = preset_picker(hw, default=name, memory=stages.memory_line(p, hw))
+        cfg, line = picker.config, picker.memory_text()
+        said = re.search(r"micro-batch (\d+) x accumulation (\d+)", line)
+        if picker.resolved.preset.regime != "head":
+            assert said, line
+            assert (int(said[1]), int(said[2])) == (cfg.micro_batch_size, cfg.grad_accum_steps), (name, line)
+
+
 @pytest.mark.parametrize("hardware", ["T4", "2xT4", "P100", "L4", "A100-80", "H100", "CPU", "CPU-AMX"])
 def test_every_strategy_the_plan_can_choose_is_one_kitlib_runs(hardware: str) -> None:
     """What the plan may choose (a row without a why_not) is settings 00 accepts and fit runs: the Params checks,

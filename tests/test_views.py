@@ -20,7 +20,8 @@ def _history() -> pd.DataFrame:
     return pd.DataFrame({
         "epoch": [1, 2, 3], "train_loss": [0.693147, 0.512345678, 0.40000123], "eval_loss": [0.6, 0.55, 0.58],
         "accuracy": [float("nan"), 0.712345, 0.70111], "lr": [2e-5, 1.23456e-5, 0.0],
-        "samples_per_s": [405.123456, 1423.987654, 21.262387], "never": [float("nan")] * 3,
+        "samples_per_s": [405.123456, 1423.987654, 21.262387], "tokens_per_s": [14379.0, 16711.0, 0.0056284],
+        "never": [float("nan")] * 3,
     })  # fmt: skip
 
 
@@ -28,10 +29,12 @@ def test_history_table_is_rounded_with_1_based_epochs_and_no_other_index() -> No
     table = views.history_table(_history())
     assert table.index.name == "epoch" and table.index.tolist() == [1, 2, 3]  # the index is the epoch itself
     assert "epoch" not in table.columns and "never" not in table.columns
-    assert table["train_loss"].tolist() == [0.6931, 0.5123, 0.4]
-    assert table["samples/s"].tolist() == [405.1, 1424.0, 21.26]  # the bar's and the doctor's name
+    # at most 4 significant digits, as text: a float column was padded to one width (0.509500) and 14379.0 kept 5
+    assert table["train_loss"].tolist() == ["0.6931", "0.5123", "0.4"]
+    assert table["samples/s"].tolist() == ["405.1", "1424", "21.26"]  # the bar's and the doctor's name
+    assert table["tokens/s"].tolist() == ["14380", "16710", "0.005628"]
     assert table["lr"].tolist() == ["2.0e-05", "1.2e-05", "0.0e+00"]
-    assert table["accuracy"].tolist() == ["", 0.7123, 0.7011]  # not measured in epoch 1: blank, not NaN
+    assert table["accuracy"].tolist() == ["", "0.7123", "0.7011"]  # not measured in epoch 1: blank, not NaN
 
 
 def test_the_plot_puts_both_losses_on_one_axis_and_marks_the_kept_epoch() -> None:
@@ -48,13 +51,17 @@ def test_the_plot_puts_both_losses_on_one_axis_and_marks_the_kept_epoch() -> Non
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "kept: epoch 2 (best accuracy 0.7123)" in legend and "accuracy" in legend
     assert all(float(t).is_integer() for t in ax.get_xticks())  # whole epochs, never 1.2
+    ax.figure.canvas.draw()
+    renderer = ax.figure.canvas.get_renderer()  # type: ignore[attr-defined]
+    # below the plot: "best" placed it over the kept-epoch line (it weighs only the loss axis' own lines)
+    assert ax.get_legend().get_window_extent(renderer).y1 <= ax.get_window_extent(renderer).y0
 
 
 def test_prediction_summary_counts_and_warns_when_every_row_gets_one_answer() -> None:
     varied = pd.DataFrame({"id": range(6), "label": ["pos", "neg", "pos", "pos", "neg", "pos"]})
     assert views.prediction_summary(varied, "id") == "label: 'pos' 4 (67%), 'neg' 2 (33%) (6 rows, 2 distinct)"
     numbers = pd.DataFrame({"id": range(101), "price": [float(i) for i in range(101)]})
-    assert views.prediction_summary(numbers, "id").startswith("price: min 0.0, q1 25.0, median 50.0")
+    assert views.prediction_summary(numbers, "id").startswith("price: min 0, q1 25, median 50")
     constant = pd.DataFrame({"id": range(2581), "label": [1] * 2581})
     with pytest.warns(UserWarning, match="every one of the 2581 rows predicts label = 1"):
         views.prediction_summary(constant, "id")
@@ -246,3 +253,16 @@ def test_the_bar_ends_each_epoch_on_its_history_rows_throughput(cpu_hw, tmp_path
     rows = result.history["samples_per_s"].round(1).tolist()
     assert len(rows) == 2 and all(any(abs(v - r) < 0.051 for v in shown) for r in rows), (shown, rows)
     assert shown[-1] == pytest.approx(rows[-1], abs=0.051)  # the bar's last word is the last row's figure
+
+
+def test_a_warning_for_a_person_shows_no_temporary_file_path() -> None:
+    """03's warnings read `/tmp/ipykernel_NNN/123.py:1: UserWarning: ...` plus the echoed cell line."""
+    import subprocess
+    import sys
+
+    code = "import pandas as pd\nfrom kitlib.notebook import views\n" + (
+        "views.prediction_summary(pd.DataFrame({'id': range(3), 'label': [1, 1, 1]}), 'id')"
+    )
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert shown.startswith("UserWarning: every one of the 3 rows predicts label = 1") and ".py:" not in shown
+    assert "prediction_summary(" not in shown  # no echoed source line

@@ -236,3 +236,31 @@ def test_a_training_bar_stopped_early_closes_green_and_full(displayed: list[Any]
     widget = stopped.container.children[1]
     assert (stopped.n, stopped.total, widget.value, widget.max, widget.bar_style) == (28, 28, 28, 28, "success")
     assert crashed.container.children[1].bar_style == "danger"
+
+
+def test_a_click_after_run_all_is_what_01_runs(notebook: Notebook, tmp_path: Path, monkeypatch: Any) -> None:
+    """Run All of 00 saved preset balanced before the user picked; a click on fast then showed fast while run.json
+    (what 01 reads) still said balanced. 00's own cells run here, then a click; 01's loader must read the click."""
+    import dataclasses
+    import json
+
+    import kitlib
+    from kitlib.notebook import presets, stages
+    from kitlib.tools.demo import make_demo
+
+    pytest.importorskip("ipywidgets")
+    make_demo(tmp_path / "data")
+    hw = dataclasses.replace(kitlib.detect(), interactive=True)  # a person at a screen: the live widget
+    monkeypatch.setattr(kitlib, "detect", lambda: hw)
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "00_setup.ipynb").read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    notebook.run(code[0])  # the parameters cell, then the user's paths
+    notebook.run(f"data_dir, work_dir, model = {str(tmp_path / 'data')!r}, {str(tmp_path / 'work')!r}, 'tiny'")
+    for cell in code[1:]:  # Run All
+        notebook.run(cell)
+    picker = notebook.ns["picker"]
+    assert presets.load_run(tmp_path / "work").name == notebook.ns["preset"] != "fast"
+    picker.controls["preset"].value = "fast"  # the click, after Run All
+    assert picker.error is None and "saved: preset fast" in picker._table_html.value  # the screen says it
+    p = stages.load_params(tmp_path / "work")  # 01's parameters cell
+    assert (p.preset, presets.load_run(p.work_dir).name) == ("fast", "fast")  # 01 runs the clicked preset

@@ -156,7 +156,8 @@ def test_gpt2_causal_lm_with_gradient_checkpointing(cpu_hw) -> None:
         epochs=4, micro_batch_size=16, grad_accum_steps=2, lr=3e-3, precision="fp32", gradient_checkpointing=True
     )
     result = fit(model, DataLoader(data, batch_size=16, shuffle=True), config=cfg, hw=cpu_hw)
-    assert result.model.is_activation_checkpointing
+    # transformers 5 calls it is_activation_checkpointing, 4.x is_gradient_checkpointing
+    assert getattr(result.model, "is_activation_checkpointing", None) or result.model.is_gradient_checkpointing
     _falls(result.history)
 
 

@@ -488,12 +488,17 @@ def _classifier_params(model: nn.Module) -> int:
 def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
     """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` as ``model_kind``: what
     the picker and ``python -m kitlib presets`` show. A plan that cannot be made says why in the line."""
-    length = run.config.max_length or run.preset.max_length_cap
+    length, cfg = run.config.max_length or run.preset.max_length_cap, run.config
+    # the run's own split, so the line and the picker's batch row say one micro-batch x accumulation
+    split = {"micro_batch": cfg.micro_batch_size, "accum": cfg.grad_accum_steps}
+    sized = {"hardware": hw, "seq_len": length, "model_kind": model_kind, "effective_batch": run.effective_batch_size}
     try:
-        batch = run.effective_batch_size
-        plan = plan_memory(model, hardware=hw, seq_len=length, model_kind=model_kind, effective_batch=batch)
+        plan = plan_memory(model, **sized, **split)
+        if run.preset.regime == "head":  # the encoder runs once without gradients; the head trains on cached vectors
+            return f"~{4 * plan.shape.params / _GB:.1f} GB of fp32 weights for the encoder's forward pass (head regime)"
+        if plan.choice is None:  # that split fits nowhere: what would (a smaller micro-batch, more accumulation)
+            free = plan_memory(model, **sized)
+            return f"{length} tokens/row: micro-batch {cfg.micro_batch_size} does not fit; {free.line()}"
     except KitError as err:
         return f"no plan: {err}"
-    if run.preset.regime == "head":  # the encoder runs once without gradients; the head trains on cached vectors
-        return f"~{4 * plan.shape.params / _GB:.1f} GB of fp32 weights for the encoder's forward pass (head regime)"
     return f"{length} tokens/row: {plan.line()}"

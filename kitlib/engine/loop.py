@@ -49,6 +49,7 @@ from kitlib.machine import distributed
 from kitlib.machine.backends import flags_for, speed_flags
 from kitlib.machine.hardware import check_compile, cpu_threads, detect
 from kitlib.machine.precision import Precision, check_master_weights, decide_precision
+from kitlib.progress import figure
 
 # lazy: pandas (+0.2 s), after numpy: only _finish builds the history frame; importing FitResult never needs it.
 
@@ -87,7 +88,7 @@ class FitResult:
         if self.best_metric is None:
             best = f"no best {self.monitor} (never reported)"
         else:
-            best = f"best {self.monitor} {_rounded(self.best_metric)} at epoch {self.best_epoch}"
+            best = f"best {self.monitor} {figure(self.best_metric)} at epoch {self.best_epoch}"
         return "\n".join([f"stopped: {self._stop_text()}; {best}; precision {self.precision.dtype}", *self.notes])
 
     def _stop_text(self) -> str:
@@ -102,11 +103,6 @@ class FitResult:
         if self.stop_reason == "sigterm":
             return f"SIGTERM after {planned} (last/ saved: run again to continue)"
         return f"{self.stop_reason} after {planned}"
-
-
-def _rounded(value: float) -> str:
-    """A metric for reading: 4 decimals (0.6822), or 4 significant digits when that would hide it (1.235e-05)."""
-    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.4g}"
 
 
 @dataclass

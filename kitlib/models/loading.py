@@ -11,6 +11,7 @@ the training text. ``identity`` names exactly what was loaded, for cache keys an
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -164,7 +165,7 @@ def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = 
     import transformers
 
     lean = {"low_cpu_mem_usage": True} if int(transformers.__version__.split(".")[0]) < 5 else {}
-    model = auto_class.from_pretrained(folder, dtype=frozen_dtype or torch.float32, **lean, **kwargs)
+    model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **lean, **kwargs)
     saved = _saved_dtype(Path(folder))
     if saved is not None and frozen_dtype is None:
         say_fp32_master(f"model {Path(folder).name}", saved)
@@ -196,6 +197,21 @@ def positions_of(config: Mapping[str, Any]) -> int | None:
     """The most tokens a model (its config, a dict) has positions for; None: no limit stated."""
     limit = config.get("n_positions") or config.get("max_position_embeddings")
     return int(limit) if limit else None
+
+
+@functools.cache
+def _dtype_keyword() -> str:
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
+
+
+def dtype_kwarg(dtype: Any) -> dict[str, Any]:
+    """``from_pretrained``'s dtype keyword for the installed transformers: ``dtype`` from 4.56 on (``torch_dtype`` is
+    deprecated there), ``torch_dtype`` before (4.46-4.55 hand an unknown ``dtype`` to the model's ``__init__``: a
+    TypeError). ``from_pretrained(folder, **dtype_kwarg(torch.float32))``."""
+    return {_dtype_keyword(): dtype}
 
 
 def _saved_dtype(folder: Path) -> str | None:
@@ -250,12 +266,18 @@ def model_refusals(path: str | Path) -> Iterator[None]:
     weights_only unpickling refused a pytorch_model.bin (it holds more than tensors), or remote code was asked for."""
     try:
         yield
-    except pickle.UnpicklingError as err:
+    except (pickle.UnpicklingError, OSError) as err:
+        # transformers < 4.57 wraps the refusal in an OSError ("Unable to load weights ...") raised while handling it
+        refusal: BaseException | None = err
+        while refusal is not None and not isinstance(refusal, pickle.UnpicklingError):
+            refusal = refusal.__cause__ or refusal.__context__
+        if refusal is None:
+            raise
         raise RefusedModelError(
             f"model {path}: its pickled weights (pytorch_model.bin) hold more than tensors, and unpickling them would "
-            f"run code, so they were not loaded ({str(err).splitlines()[0]}). Fix: convert the folder to safetensors "
-            "where you trust the file (model.save_pretrained(folder) writes model.safetensors), or set model to "
-            "another folder, 'auto' or 'tiny'"
+            f"run code, so they were not loaded ({str(refusal).splitlines()[0]}). Fix: convert the folder to "
+            "safetensors where you trust the file (model.save_pretrained(folder) writes model.safetensors), or set "
+            "model to another folder, 'auto' or 'tiny'"
         ) from err
     except ValueError as err:
         if "trust_remote_code" not in str(err):

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import os
 import shutil
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,7 @@ from kitlib.notebook.params import (  # noqa: F401
 from kitlib.notebook.regimes import Encoder, Prepared
 from kitlib.notebook.submission import check_sample_submission, write_submission
 from kitlib.notebook.tasks import get_task, task_entry
+from kitlib.progress import advise
 from kitlib.tasks.baseline import Baseline, BestRows, Gap, compare, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
 from kitlib.tasks.targets import describe_objective
@@ -150,7 +150,8 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     lines: dict[tuple[Any, ...], str] = {}
 
     def line(run: ResolvedRun) -> str:
-        key = (run.config.max_length, run.effective_batch_size, run.preset.regime, run.preset.max_length_cap)
+        cfg = run.config
+        key = (cfg.max_length, cfg.micro_batch_size, cfg.grad_accum_steps, run.preset.regime, run.preset.max_length_cap)
         if key not in lines:
             lines[key] = run_line(p.model, kind, hw, run)
         return lines[key]
@@ -289,7 +290,10 @@ def features(
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
     run = run or presets.load_run(p.work_dir)
     log = (lambda _msg: None) if quiet else print
-    cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=log)  # seeds: the inputs' caches, as data
+    # one line for the whole stage at the end, not one per entry (the token tables alone are three: lengths, train,
+    # test); seeds: the inputs' caches, as data
+    summed = cache is None
+    cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=None)
     data = read_competition(p, run)
 
     train, test, spec = data.train, data.test, data.spec
@@ -342,6 +346,8 @@ def features(
         report=report,
     )
     handoff.save(feats, p.work_dir, built_from(p))
+    if summed:
+        log(str(cache.stats))
     return feats
 
 
@@ -388,7 +394,7 @@ def _check_enough_rows(target: pd.Series, spec: TaskSpec, run: ResolvedRun, p: P
             "task = 'regress', 'seq2seq' or 'causal-lm')"
         )
     if len(rare):  # a competition's rows cannot be added: the class is learned, and left out of the metric
-        warnings.warn(
+        advise(
             f"{p.train_file}: class {rare.index[0]!r} has {int(rare.iloc[0])} row ({len(rare)} class(es) with fewer "
             f"than {MIN_CLASS_ROWS} rows, of {len(counts)} classes in {len(target)} rows): their rows all train, "
             "and the validation metric never sees those classes",
@@ -419,7 +425,7 @@ def _baseline(p: Params, data: Competition) -> Baseline:
 def _judge_baseline(
     p: Params, feats: Features, result: FitResult, staging: Path, watched: BestRows | None = None
 ) -> FitResult:
-    """The model's validation score beside the baseline's: in the history (and history.csv), in ``baseline.json``
+    """The model's validation score beside the baseline's: in ``baseline.json``
     (what 03 warns from) and in 02's summary, with the model-minus-baseline interval (``watched``: the validation
     predictions at the best score) and one line saying what to try when the model does not clearly beat it."""
     from kitlib.machine.distributed import dist_env
@@ -427,11 +433,9 @@ def _judge_baseline(
     if feats.run.baseline is None:  # a run.json from an older kitlib
         return result
     baseline = Baseline.from_dict(feats.run.baseline)
-    history = result.history.copy()
-    score = _model_score(history, baseline.metric, result.best_epoch)
+    score = _model_score(result.history, baseline.metric, result.best_epoch)
     blended = (staging / trees.TREES_FILE).is_file() and watched is not None and watched.score is not None
     score = watched.score if blended and watched is not None else score  # the trees' blend: what 03 will write
-    history[f"baseline_{baseline.metric}"] = baseline.score
     gap = None
     if watched is not None and watched.rows is not None and baseline.value is not None:
         y_true, y_pred = watched.rows
@@ -441,11 +445,9 @@ def _judge_baseline(
     record |= {"gap": None if gap is None else dataclasses.asdict(gap), "cut_targets": getattr(limits, "cut", 0)}
     record["beaten"] = baseline.verdict(score, feats.spec.kind, gap) is None
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
-        if (staging / "history.csv").is_file():
-            write_atomic(staging / "history.csv", history.to_csv(index=False))
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
     verdict = ("verdict: " if record["beaten"] else "warning: ") + verdict_of(record)
-    return dataclasses.replace(result, history=history, notes=(*result.notes, baseline.line(), verdict))
+    return dataclasses.replace(result, notes=(*result.notes, baseline.line(), verdict))
 
 
 def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -> str | None:
@@ -790,7 +792,7 @@ def _warn_unbeaten(run_dir: Path) -> None:
     if not record.get("beaten", True):
         verdict = verdict_of(record)
         # 4: past infer and the contextlib frame of its @cpu_threads, so the box names the 03 cell, not contextlib.py
-        warnings.warn(f"{verdict}. The submission is written anyway.", stacklevel=4)
+        advise(f"{verdict}. The submission is written anyway.", stacklevel=4)
 
 
 def _trained_checkpoint(run_dir: Path, p: Params) -> Path:

@@ -5,13 +5,11 @@ The notebooks call these and print or display what they return; nothing here tra
 
 from __future__ import annotations
 
-import math
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from kitlib.progress import THROUGHPUT
+from kitlib.progress import THROUGHPUT, advise, figure
 
 # lazy: matplotlib (+0.4 s): only drawing a chart needs it (python -X importtime).
 
@@ -32,16 +30,10 @@ def history_table(history: pd.DataFrame) -> pd.DataFrame:
         if name == "lr":
             shown[name] = column.map(lambda v: f"{v:.1e}")
         elif pd.api.types.is_float_dtype(column):  # blank, not NaN, where the full metric's cadence skipped it
-            shown[name] = column.map(lambda v: "" if pd.isna(v) else _significant(v))
+            shown[name] = column.map(figure)  # text: pandas would pad a float column to one width (0.509500)
         else:
             shown[name] = column
     return pd.DataFrame(shown, index=table.index).rename(columns=dict(THROUGHPUT))
-
-
-def _significant(value: float, digits: int = 4) -> float:
-    if not math.isfinite(value) or value == 0:
-        return value
-    return round(value, max(0, digits - 1 - math.floor(math.log10(abs(value)))))
 
 
 def plot_history(result: FitResult) -> Any:
@@ -68,10 +60,11 @@ def plot_history(result: FitResult) -> Any:
         more, names = other.get_legend_handles_labels()
         lines, labels = lines + more, labels + names
     if result.best_epoch is not None:
-        best = "" if result.best_metric is None else f" {_significant(result.best_metric)}"
+        best = "" if result.best_metric is None else f" {figure(result.best_metric)}"
         kept = ax.axvline(result.best_epoch, color="grey", linestyle="--")
         lines, labels = [*lines, kept], [*labels, f"kept: epoch {result.best_epoch} (best {monitor}{best})"]
-    ax.legend(lines, labels, loc="best")
+    # below the axes: inside, "best" weighs only ax's own lines, and sat on the kept-epoch line or the metric's
+    ax.legend(lines, labels, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
     ax.set_title(f"training history; checkpoint kept by {monitor}")
     fig.tight_layout()
     return ax
@@ -85,7 +78,7 @@ def prediction_summary(submission: pd.DataFrame, id_column: str) -> str:
         column = submission[name]
         distinct = column.nunique(dropna=False)
         if distinct == 1 and len(column) > 1:
-            warnings.warn(
+            advise(
                 f"every one of the {len(column)} rows predicts {name} = {column.tolist()[0]!r}: the model learnt a "
                 "constant. Check the run's metric in 02 (a smoke run is too short to learn), the target column, and "
                 "the class balance of train.csv",
@@ -94,7 +87,7 @@ def prediction_summary(submission: pd.DataFrame, id_column: str) -> str:
         if pd.api.types.is_numeric_dtype(column) and distinct > 20:
             q = column.quantile([0.0, 0.25, 0.5, 0.75, 1.0])
             names = ("min", "q1", "median", "q3", "max")
-            figures = ", ".join(f"{k} {_significant(float(v))}" for k, v in zip(names, q, strict=True))
+            figures = ", ".join(f"{k} {figure(float(v))}" for k, v in zip(names, q, strict=True))
             lines.append(f"{name}: {figures} ({len(column)} rows)")
         else:
             counts = column.value_counts(dropna=False)

@@ -1,15 +1,18 @@
 """The preset picker: ipywidgets buttons and an "advanced" section that only ever produce a ResolvedRun.
 
-It never trains: the next cell reads ``picker.resolved`` (or ``picker.config``). A cell ending in ``picker`` shows
-it: the live widget when interactive, and nothing else (a text copy beside it would go stale on the first click).
-Headless (Kaggle batch runs, nbconvert/papermill, CI) or without ipywidgets, nothing blocks: the picker holds the
-default preset (the notebook's ``preset`` parameter) and the cell prints its summary once, so the log shows what ran.
+It never trains: the next cell saves its choice (``picker.save()``: run.json, what 01 reads), and from then on each
+accepted click saves again and says so in the widget, so what the picker shows is what runs. A cell ending in
+``picker`` shows it: the live widget when interactive, and nothing else (a text copy beside it would go stale on
+the first click). Headless (Kaggle batch runs, nbconvert/papermill, CI) or without ipywidgets, nothing blocks: the
+picker holds the default preset (the notebook's ``preset`` parameter) and the cell prints its summary once, so the
+log shows what ran.
 
 >>> data = stages.data_facts(p)
->>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, n_test=data.n_test, lengths=data.lengths)
+>>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, n_test=data.n_test, lengths=data.lengths,
+...                        save=lambda run: stages.setup(p, hw, resolved=run))
 >>> picker
 >>> # next cell
->>> run = stages.setup(p, hw, resolved=picker.resolved)
+>>> run = picker.save()
 
 This is the only kitlib module that imports ipywidgets, and only inside ``preset_picker``.
 """
@@ -54,8 +57,11 @@ class PresetPicker:
         adjust: Callable[[Preset], Preset] | None = None,
         overrides: Mapping[str, Any] | None = None,
         memory: Callable[[ResolvedRun], str] | None = None,
+        save: Callable[[ResolvedRun], ResolvedRun] | None = None,
     ) -> None:
         self._hw = hw
+        self._save = save  # writes a run where 01 reads it (stages.setup) and returns what it wrote
+        self.saved: ResolvedRun | None = None  # the last run saved; None before the first save()
         self._memory = memory  # the memory plan's line for a run (stages.memory_line): None shows none
         self._adjust = adjust or (lambda preset: preset)  # the task's way of training a preset (stages.task_preset)
         self._lengths = lengths
@@ -83,6 +89,19 @@ class PresetPicker:
     @property
     def config(self) -> TrainConfig:
         return self._resolved.config
+
+    def save(self) -> ResolvedRun:
+        """Save the current choice with ``save`` (run.json); every accepted change after this saves again."""
+        if self._save is None:
+            raise ValueError("this picker has no save: build it with preset_picker(..., save=...)")
+        self.saved = self._save(self._resolved)
+        self._render()
+        return self.saved
+
+    def saved_text(self) -> str:
+        if self.saved is None:
+            return "not saved yet: run the next cell (it saves this choice; later clicks save again)"
+        return f"saved: preset {self.saved.name}, what 01 runs"
 
     def estimate_text(self) -> str:
         if self._n_rows is None:
@@ -178,6 +197,11 @@ class PresetPicker:
             self._render()
             return
         self._preset, self._overrides, self._resolved, self.error = preset, overrides, resolved, None
+        if self.saved is not None:
+            try:
+                self.save()
+            except Exception as err:  # a widget callback's error reaches no cell: show it, keep the last saved run
+                self.error = f"not saved ({err}); run.json still holds preset {self.saved.name}"
         self._sync()
 
     def _adjusted(self, preset: str | Preset) -> Preset:
@@ -216,6 +240,7 @@ class PresetPicker:
         )
         rows = [*self._resolved.table_rows(), ("time", self.estimate_text())]
         rows += [("memory", self.memory_text())] if self._memory is not None else []
+        rows += [("run.json", self.saved_text())] if self._save is not None else []
         cells = "".join(
             f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
             for k, v in rows
@@ -235,6 +260,7 @@ def preset_picker(
     adjust: Callable[[Preset], Preset] | None = None,
     overrides: Mapping[str, Any] | None = None,
     memory: Callable[[ResolvedRun], str] | None = None,
+    save: Callable[[ResolvedRun], ResolvedRun] | None = None,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
     never starts training.
@@ -247,10 +273,12 @@ def preset_picker(
     (``stages.task_preset(p)``: e.g. seq2seq's from-scratch lr and eval cadence), so the table shows what 02 runs.
     ``overrides``: the parameters' training settings (``p.training()``), the advanced fields' starting values.
     ``memory``: the memory plan's line for the chosen run (``stages.memory_line(p, hw)``: "fits: ~X of Y GB").
+    ``save``: writes a run where 01 reads it (``lambda run: stages.setup(p, hw, resolved=run)``): ``picker.save()``
+    calls it, and each accepted change after that.
     """
     picker = PresetPicker(
         hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust, overrides=overrides,
-        memory=memory,
+        memory=memory, save=save,
     )  # fmt: skip
     if hw.interactive:
         try:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kitlib.progress import figure
+
 if TYPE_CHECKING:
     from kitlib.tasks.metrics import Metric
 
@@ -85,7 +87,7 @@ class Baseline:
         return model_score > self.score if self.mode == "max" else model_score < self.score
 
     def line(self) -> str:
-        return f"trivial baseline ({self.what}): {self.metric} {_rounded(self.score)} on the same validation rows"
+        return f"trivial baseline ({self.what}): {self.metric} {figure(self.score)} on the same validation rows"
 
     def verdict(
         self, model_score: float | None, kind: str, gap: Gap | None = None, done: Collection[str] = ()
@@ -95,15 +97,15 @@ class Baseline:
         does (without ``gap``: when its score is better)."""
         if (gap.low > 0) if gap is not None else self.beaten_by(model_score):
             return None
-        shown = "no score" if model_score is None else f"{self.metric} {_rounded(model_score)}"
+        shown = "no score" if model_score is None else f"{self.metric} {figure(model_score)}"
         if gap is not None and gap.high > 0:  # a tie (0 to 0: the constant itself) is no win
             head = (
                 f"unclear whether the model ({shown}) beats the trivial baseline ({self.what}: "
-                f"{_rounded(self.score)}): {gap.line()}, a difference the validation rows cannot tell from noise"
+                f"{figure(self.score)}): {gap.line()}, a difference the validation rows cannot tell from noise"
             )
         else:
             head = (
-                f"the model ({shown}) does not beat the trivial baseline ({self.what}: {_rounded(self.score)})"
+                f"the model ({shown}) does not beat the trivial baseline ({self.what}: {figure(self.score)})"
                 f"{f', {gap.line()}' if gap else ''}: it has learnt nothing the metric rewards"
             )
         options = (*TRIES, ADVICE.get(kind, ("the target column", frozenset[str]())))
@@ -211,8 +213,4 @@ def _short(value: Any) -> str:
 
 
 def _signed(value: float) -> str:
-    return ("+" if value >= 0 else "-") + _rounded(abs(value))
-
-
-def _rounded(value: float) -> str:
-    return f"{value:.4f}" if value == 0 or 1e-3 <= abs(value) < 1e6 else f"{value:.4g}"
+    return ("+" if value >= 0 else "-") + figure(abs(value))

