@@ -34,7 +34,9 @@ def progress_bar(
 ) -> tqdm[Any]:
     """``counts``: what one update is. "samples" (rows): tqdm's rate reads samples/s, the one throughput name;
     "steps" (the training bar, which sets samples/s in its postfix): no rate of its own."""
-    style: dict[str, str] = {"unit": " samples"} if counts == "samples" else {"bar_format": NO_RATE}
+    style: dict[str, Any] = {"unit": " samples"} if counts == "samples" else {"bar_format": NO_RATE, "smoothing": 0}
+    # smoothing 0 (steps): the remaining time at the run's average pace so far, evals and saves between epochs
+    # included, so it converges on the real end; tqdm's default (recent steps) jumps at each eval, then forgets it.
     if interactive and not disable:
         try:
             import ipywidgets  # noqa: F401  (tqdm.auto silently falls back to text without it)

@@ -245,7 +245,7 @@ def test_a_cpu_plans_bf16_where_the_probe_measured_it_faster_and_fp32_where_not(
 def test_the_notebooks_probe_only_a_cpu_with_bf16_instructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """00 (stages.measured) times bf16 against fp32 on the model's block where the CPU has bf16 instructions; an
     AVX2-only CPU keeps fp32 without a probe (bf16 is emulated there), and a GPU keeps its capability rule."""
-    from kitlib.machine import precision
+    from kitlib.machine import speed
     from kitlib.notebook import stages
 
     calls: list[tuple[int, ...]] = []
@@ -254,7 +254,8 @@ def test_the_notebooks_probe_only_a_cpu_with_bf16_instructions(tmp_path: Path, m
         calls.append(block)
         return _probe(2.0)
 
-    monkeypatch.setattr(precision, "probe_cpu_bf16", fake)
+    monkeypatch.setattr(speed, "probe_cpu_bf16", fake)
+    monkeypatch.setattr(speed, "measure_cpu_step", lambda *block: 1e9)
     p = stages.params(environ={}, data_dir=tmp_path, work_dir=tmp_path / "work", model="tiny")
     avx2 = stages.measured(p, fake_profile("CPU"))
     assert avx2.cpu_bf16_probe is None and decide_precision(avx2).dtype == "fp32" and not calls
@@ -267,7 +268,7 @@ def test_the_notebooks_probe_only_a_cpu_with_bf16_instructions(tmp_path: Path, m
 def test_the_probe_times_both_precisions_checks_the_loss_and_is_kept_per_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kitlib.machine.precision import probe_cpu_bf16
+    from kitlib.machine.speed import probe_cpu_bf16
 
     rng = torch.get_rng_state()
     probe = probe_cpu_bf16(64, 128, 4, 16, budget_s=0.05, cache_dir=tmp_path)

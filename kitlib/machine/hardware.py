@@ -112,6 +112,7 @@ class HardwareInfo:
     cpu_avx512_fp16: bool = False  # native fp16 arithmetic on CPU (Sapphire Rapids+)
     cpu_amx_fp16: bool = False  # AMX-FP16 tiles (Granite Rapids+)
     cpu_bf16_probe: MathProbe | None = None  # measured on this CPU for the run's model (stages.measured); None: not
+    cpu_flops_now: float | None = None  # fp32 training FLOP/s (6N) of the model's block, measured as 00 ran
 
     @property
     def device_type(self) -> DeviceType:

@@ -12,16 +12,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, get_args
 
 import torch
 
-from kitlib._files import write_atomic
 from kitlib.config import Dtype, Requested
 from kitlib.errors import PrecisionError, UnsupportedGPUError
 from kitlib.machine.hardware import Accelerator, DeviceType, HardwareInfo, MathProbe, check_torch_supports
@@ -36,7 +32,6 @@ __all__ = [
     "check_master_weights",
     "decide_precision",
     "decide_stage_precision",
-    "probe_cpu_bf16",
 ]
 
 # bf16 autocast on a CPU must win by this much to be planned: it rounds every matmul's inputs to 8 bits of mantissa,
@@ -168,7 +163,7 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
             why = "CPU with AMX-BF16 tiles: bf16 autocast runs matmuls natively (not measured); no GradScaler"
             return PrecisionPlan("bf16", "cpu", False, False, why)
         why = (
-            f"CPU with {isa}: fp32 (bf16 not measured here: kitlib.machine.precision.probe_cpu_bf16)"
+            f"CPU with {isa}: fp32 (bf16 not measured here: kitlib.machine.speed.probe_cpu_bf16)"
             if native
             else "CPU without bf16 instructions (AMX-BF16/AVX512-BF16): bf16 would be emulated and slower (measured "
             "57x slower than fp32 on an AVX2 EPYC, 1.8x on an AVX512F Xeon); fp32"
@@ -197,84 +192,6 @@ def _probe_loses(probe: MathProbe) -> str:
     if probe.loss_gap > BF16_LOSS_AGREEMENT:
         return f"fp32 (the losses disagree by more than {BF16_LOSS_AGREEMENT:.0%})"
     return f"fp32 (bf16 must be >= {BF16_MIN_SPEEDUP:g}x faster to be worth its rounding)"
-
-
-def probe_cpu_bf16(
-    width: int = 384,
-    ffn: int = 1536,
-    heads: int = 12,
-    seq_len: int = 128,
-    *,
-    budget_s: float = 1.0,
-    cache_dir: Path | None = None,
-) -> MathProbe:
-    """Time one training step (forward + backward) of a transformer block of this shape in fp32 and under bf16
-    autocast, side by side on this CPU with torch's current threads, and check that both steps' losses agree.
-
-    Cost: about ``budget_s`` of full-core work (the best of interleaved repeats, so a neighbour's burst counts
-    against both). A bf16 step more than 4x slower than fp32 (emulated bf16) ends the probe after one row. Kept in
-    ``cache_dir``/precision_probe.json per CPU model, torch version, threads and shape: once per machine.
-    """
-    import time
-
-    from torch import nn
-
-    threads = torch.get_num_threads()
-    key = f"{_cpu_model()} | torch {torch.__version__} | {threads} threads | {width}/{ffn}/{heads}/{seq_len}"
-    file = None if cache_dir is None else Path(cache_dir) / "precision_probe.json"
-    known = _read_json(file)
-    if key in known:
-        return MathProbe(**known[key])
-    with torch.random.fork_rng(devices=[]):  # the user's random stream is not advanced by the probe
-        torch.manual_seed(0)
-        block = nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, batch_first=True)
-        head = nn.Linear(width, 8)
-        x, y = torch.randn(8, seq_len, width), torch.randint(0, 8, (8, seq_len))
-
-    def step(dtype: torch.dtype, rows: int) -> tuple[float, float]:
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            logits = head(block(x[:rows]))
-            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), y[:rows].flatten())
-        loss.backward()
-        return time.perf_counter() - start, float(loss.detach())
-
-    def best(rows: int, repeats: int) -> tuple[float, float, float, float]:
-        runs = [(step(torch.float32, rows), step(torch.bfloat16, rows)) for _ in range(repeats)]  # interleaved
-        (_, fp32_loss), (_, bf16_loss) = runs[0]
-        return min(r[0][0] for r in runs), min(r[1][0] for r in runs), fp32_loss, bf16_loss
-
-    best(1, 1)  # warm-up: oneDNN builds its kernels for each dtype and shape
-    fp32_s, bf16_s, fp32_loss, bf16_loss = best(1, 1)
-    rows = 1
-    if bf16_s < 4 * fp32_s:  # worth measuring at a batch: as many rows (up to 8) and repeats as the budget allows
-        rows = max(1, min(8, int(budget_s / 3 / (fp32_s + bf16_s))))
-        repeats = max(1, min(5, int(budget_s / (rows * (fp32_s + bf16_s)))))
-        fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, repeats)
-    shape = f"width {width}, ffn {ffn}, {heads} heads, {rows} x {seq_len} tokens"
-    probe = MathProbe(shape, fp32_s, bf16_s, abs(bf16_loss - fp32_loss) / max(abs(fp32_loss), 1e-12))
-    if file is not None:
-        write_atomic(file, json.dumps({**known, key: dataclasses.asdict(probe)}, indent=1) + "\n")
-    return probe
-
-
-def _cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere): the probe's result is this CPU's."""
-    import platform
-
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
-
-
-def _read_json(file: Path | None) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text()) if file is not None else {}
-    except (OSError, ValueError):
-        return {}  # none yet, or damaged: measured again and rewritten
-    return data if isinstance(data, dict) else {}
 
 
 def check_master_weights(

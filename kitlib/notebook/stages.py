@@ -94,17 +94,22 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     return run
 
 
-def measured(p: Params, hw: HardwareInfo | None = None) -> HardwareInfo:
+def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) -> HardwareInfo:
     """This machine (``hw``, else detected) with its CPU's bf16 autocast timed against fp32 on a block of ``p``'s
-    model (kitlib.machine.precision.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and
-    torch version), which decides the plan's precision. Only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
-    probed: a GPU's rules are known, and without them bf16 is emulated."""
-    from kitlib.machine.precision import probe_cpu_bf16
+    model (kitlib.machine.speed.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and torch
+    version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
+    probed: a GPU's rules are known, and without them bf16 is emulated. ``now`` (00): also the CPU's fp32 training
+    speed at this moment (``measure_cpu_step``, never cached: a busy machine is priced into the run's estimate)."""
+    from kitlib.machine import speed
 
     hw = hw or detect()
-    if hw.device_type != "cpu" or hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
+    if hw.device_type != "cpu":
         return hw
-    return dataclasses.replace(hw, cpu_bf16_probe=probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir))
+    if now and hw.cpu_flops_now is None:
+        hw = dataclasses.replace(hw, cpu_flops_now=speed.measure_cpu_step(*_block(p)))
+    if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
+        return hw
+    return dataclasses.replace(hw, cpu_bf16_probe=speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir))
 
 
 def _block(p: Params) -> tuple[int, int, int]:
