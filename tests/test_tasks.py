@@ -514,3 +514,21 @@ def test_the_loss_follows_the_metric_unless_overridden(metric: str, objective: s
     spec = read_target(prices, "auto", metric, objective)
     assert (spec.log, spec.loss) == (log, loss)
     assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it
+
+
+@pytest.mark.parametrize("name", ["auto", "classify", "regress", "tabular-text"])
+def test_a_text_model_from_random_weights_trains_unfrozen_at_a_from_scratch_lr(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The presets' lr and frozen embeddings are a pretrained encoder's: a model built from random weights (the
+    price replay's tiny BERT) keeps nothing frozen and trains at 1e-3; a pretrained one, and smoke, as they are."""
+    from kitlib.notebook.presets import PRESETS
+    from kitlib.notebook.tasks.text import FROM_SCRATCH_LR
+
+    monkeypatch.delenv("KIT_MODEL", raising=False)
+    balanced, smoke = PRESETS["balanced"], PRESETS["smoke"]
+    tiny = stages.task_preset(stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny"))
+    assert (tiny(balanced).freeze, tiny(balanced).lr) == ("none", FROM_SCRATCH_LR) and balanced.freeze != "none"
+    assert tiny(PRESETS["fast"]).lr == PRESETS["fast"].lr and tiny(smoke) == smoke  # the head regime; plumbing
+    pretrained = stages.task_preset(stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name))
+    assert pretrained(balanced) == balanced
