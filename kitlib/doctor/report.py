@@ -129,7 +129,8 @@ class Report:
 
 
 def _flops(rate: float) -> str:
-    return f"{rate / 1e12:.1f} TFLOP/s" if rate >= 1e12 else f"{rate / 1e9:.1f} GFLOP/s"
+    unit, scale = next((u, s) for u, s in (("T", 1e12), ("G", 1e9), ("M", 1e6)) if rate >= s or u == "M")
+    return f"{rate / scale:.1f} {unit}FLOP/s"
 
 
 # ---------------------------------------------------------------------------------------------------- the run record
