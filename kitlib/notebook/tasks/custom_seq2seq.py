@@ -33,7 +33,7 @@ from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import limits_of, target_limits
-from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
+from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, summary_source
 
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
@@ -76,7 +76,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
         if preset.row_limit is not None:
             return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
-        return dataclasses.replace(
+        scratch = dataclasses.replace(
             preset,
             freeze="none",
             freeze_layers=0,
@@ -85,6 +85,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
             target_effective_batch=min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
             full_eval_every=FULL_EVAL_EVERY,
         )
+        return summary_source(scratch, p)
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
