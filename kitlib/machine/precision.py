@@ -166,7 +166,7 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
             f"CPU with {isa}: fp32 (bf16 not measured here: kitlib.machine.speed.probe_cpu_bf16)"
             if native
             else "CPU without bf16 instructions (AMX-BF16/AVX512-BF16): bf16 would be emulated and slower (measured "
-            "57x slower than fp32 on an AVX2 EPYC, 1.8x on an AVX512F Xeon); fp32"
+            "57x slower than fp32 on an AVX2 EPYC, 1.1-1.7x on an AVX512F Xeon); fp32"
         )
         return PrecisionPlan("fp32", "cpu", False, False, why)
     if requested == "bf16":
