@@ -43,7 +43,7 @@ from kitlib.notebook.params import (  # noqa: F401
 )
 from kitlib.notebook.regimes import Encoder, Prepared
 from kitlib.notebook.submission import check_sample_submission, write_submission
-from kitlib.notebook.tasks import get_task
+from kitlib.notebook.tasks import get_task, task_entry
 from kitlib.tasks.baseline import Baseline, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
 from kitlib.tasks.targets import describe_objective
@@ -126,8 +126,7 @@ def _block(p: Params) -> tuple[int, int, int]:
     from kitlib.doctor.memory_plan import model_config
 
     minilm = (384, 1536, 12)
-    scratch = p.model == "tiny" or (p.model == "auto" and (p.task in GENERATING or tiny_requested()))
-    if scratch or p.task == "custom":
+    if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
         return minilm
     try:
         _, config = model_config(pretrained_dir() if p.model == "auto" else p.model)
@@ -174,21 +173,27 @@ def task_preset(p: Params) -> Callable[[Preset], Preset]:
     return adjust
 
 
+def _built_by_task(p: Params) -> bool:
+    """``p``'s model is built by its task, with no config to read: "tiny", "auto" for a generating task (built
+    from scratch), or a task's own model (custom)."""
+    kind = task_entry(p.task).model_kind
+    return not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING)
+
+
 def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     """The picker's ``memory``: the memory plan (kitlib.plan_memory) of ``p``'s model and task for a run on the
     machine 02 will train on (``planning_hw``), one plan per length and batch kept, so clicking through the presets
     rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
     own has no config to plan from."""
-    scratch = p.model == "tiny" or (p.model == "auto" and p.task in GENERATING)
-    if scratch or p.task not in ("auto", "classify", "regress", "tabular-text", *GENERATING):
+    if _built_by_task(p):
         return lambda run: f"no plan for model={p.model!r}, task={p.task!r}: it is built by the task, not from a config"
-    task, hw = (p.task if p.task in GENERATING else "classify"), planning_hw(p, hw)
+    kind, hw = task_entry(p.task).model_kind, planning_hw(p, hw)
     lines: dict[tuple[Any, ...], str] = {}
 
     def line(run: ResolvedRun) -> str:
         key = (run.config.max_length, run.effective_batch_size, run.preset.regime, run.preset.max_length_cap)
         if key not in lines:
-            lines[key] = run_line(p.model, task, hw, run)
+            lines[key] = run_line(p.model, kind, hw, run)
         return lines[key]
 
     return line
