@@ -158,12 +158,14 @@ def orchestrate(args: argparse.Namespace) -> int:
         results[name] = run_contender(name, args, data, out)
         print("    " + results[name].pop("note", ""), flush=True)
     results = with_ratios(results)
-    print(f"\n{'contender':18} {'wall s':>8} {'x kitlib':>8} {'acc %':>7} {'d pts':>6} {'samples/s':>9} {'pad eff':>7}")
+    head = f"{'contender':18} {'precision':>9} {'wall s':>8} {'x kitlib':>8} {'acc %':>7} {'d pts':>6}"
+    print(f"\n{head} {'samples/s':>9} {'pad eff':>7}")
     for name, r in results.items():
         ratio, delta = r["ratios_to_kitlib"]["wall_s"], r["accuracy_delta_pts"]
         print(
-            f"{name:18} {r['wall_s']:8.1f} {ratio if ratio is not None else '-':>8} {100 * r['accuracy']:7.2f} "
-            f"{delta if delta is not None else '-':>6} {r['samples_per_s']:9.1f} {r['padding_efficiency']:7.3f}"
+            f"{name:18} {r['precision']:>9} {r['wall_s']:8.1f} {ratio if ratio is not None else '-':>8} "
+            f"{100 * r['accuracy']:7.2f} {delta if delta is not None else '-':>6} {r['samples_per_s']:9.1f} "
+            f"{r['padding_efficiency']:7.3f}"
         )
     summary = {
         "benchmark": "bench_vs_trainer",
@@ -211,7 +213,7 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, 
     from kitlib.notebook import stages as workflow
 
     p = workflow.params(data_dir=data, work_dir=work / "work", preset="balanced", model="tiny" if tiny else "auto")
-    hw = detect()
+    hw = workflow.measured(p, detect())  # as 00 measures it for a user: a bf16 CPU's precision is probed
     overrides: dict[str, Any] = {"max_length_cap": MAX_LENGTH}  # the shared 128-token cap (balanced caps at 256)
     if epochs != presets.get_preset("balanced").epochs:
         overrides["epochs"] = epochs
@@ -223,6 +225,7 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, 
     facts = result.timing["run"]
     cfg = run.config
     return {
+        "precision": cfg.precision,
         "submission": str(p.work_dir / "submission.csv"),
         "train_s": sum(facts["epoch_train_s"]),
         "samples": facts["samples"],
@@ -283,6 +286,7 @@ def worker_naive(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, A
     sub = write_submission(test, torch.cat(preds).numpy(), work)
     note = f"fp32, batch {NAIVE_BATCH}, lr {LR:g}, padding max_length={MAX_LENGTH}, eval + 2 saves per epoch"
     return {
+        "precision": "fp32",  # what the tutorials' loop runs
         "submission": str(sub),
         "train_s": train_s,
         "samples": samples,
@@ -290,6 +294,36 @@ def worker_naive(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, A
         "computed_tokens": computed,
         "note": note,
     }
+
+
+def user_precision(data: Path, work: Path, tiny: bool) -> Any:
+    """The precision a user tuning by hand would pick on this machine: kitlib's plan for it (a GPU's by its
+    capability, a CPU's measured by 00's probe where it has bf16 instructions)."""
+    from kitlib.machine.precision import decide_precision
+    from kitlib.notebook import stages
+
+    p = stages.params(data_dir=data, work_dir=work / "plan", model="tiny" if tiny else "auto")
+    return decide_precision(stages.measured(p))
+
+
+def tuned_settings(dtype: str, *, cuda: bool) -> dict[str, Any]:
+    """Trainer's arguments as a user tunes them: half precision where the machine runs it fast, batches grouped by
+    length, eval and one checkpoint per epoch. On a CPU Trainer runs bf16 autocast only with use_cpu=True
+    (without it TrainingArguments refuses bf16=True: "Your setup doesn't support bf16/gpu")."""
+    return dict(
+        learning_rate=LR,
+        per_device_train_batch_size=TUNED_BATCH,
+        per_device_eval_batch_size=4 * TUNED_BATCH,
+        bf16=dtype == "bf16",
+        fp16=dtype == "fp16",
+        use_cpu=not cuda,
+        train_sampling_strategy="group_by_length",
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        save_total_limit=1,
+        dataloader_num_workers=0,  # 2 cores: a worker would steal a core from the matmuls (kitlib decides 0 too)
+        dataloader_pin_memory=cuda,
+    )
 
 
 def worker_trainer(data: Path, work: Path, epochs: int, tiny: bool, tuned: bool) -> dict[str, Any]:
@@ -333,29 +367,15 @@ def worker_trainer(data: Path, work: Path, epochs: int, tiny: bool, tuned: bool)
     ]
     train_ds, valid_ds = [rows[i] for i in train_idx], [rows[i] for i in valid_idx]
     if tuned:
-        from kitlib.machine.hardware import detect
-        from kitlib.machine.precision import decide_precision
-
-        plan = decide_precision(detect())
+        plan = user_precision(data, work, tiny)
         print(f"tuned Trainer precision: {plan.dtype} ({plan.reason})", flush=True)
         for r in train_ds:
             r["length"] = len(r["input_ids"])  # precomputed; without `datasets` Trainer re-derives it from input_ids
-        settings: dict[str, Any] = dict(
-            learning_rate=LR,
-            per_device_train_batch_size=TUNED_BATCH,
-            per_device_eval_batch_size=4 * TUNED_BATCH,
-            bf16=plan.dtype == "bf16",
-            fp16=plan.dtype == "fp16",
-            train_sampling_strategy="group_by_length",
-            eval_strategy="epoch",
-            save_strategy="epoch",
-            save_total_limit=1,
-            dataloader_num_workers=0,  # 2 cores: a worker would steal a core from the matmuls (kitlib decides 0 too)
-            dataloader_pin_memory=torch.cuda.is_available(),
-        )
+        settings = tuned_settings(plan.dtype, cuda=torch.cuda.is_available())
         note = f"{plan.dtype}, batch {TUNED_BATCH} (eval x4), lr {LR:g}, group_by_length, eval+save per epoch"
     else:
         settings, note = {}, "defaults: fp32, batch 8, lr 5e-5, save every 500 steps, eval at the end"
+        plan = None
     args = TrainingArguments(output_dir=str(work / "trainer"), num_train_epochs=epochs, report_to="none", **settings)
     trainer = CountingTrainer(
         model=model,
@@ -380,6 +400,7 @@ def worker_trainer(data: Path, work: Path, epochs: int, tiny: bool, tuned: bool)
     logits = trainer.predict(test_rows).predictions
     sub = write_submission(test, logits.argmax(-1), work)
     return {
+        "precision": plan.dtype if plan is not None else "fp32",
         "submission": str(sub),
         "train_s": train_s,
         "samples": len(train_ds) * epochs,
@@ -414,6 +435,7 @@ def worker(args: argparse.Namespace) -> int:
         "samples_per_s": round(r["samples"] / r["train_s"], 2),
         "padding_efficiency": round(r["real_tokens"] / max(r["computed_tokens"], 1), 4),
         "train_s": round(r["train_s"], 2),
+        "precision": r["precision"],  # what this contender ran, as it would for a user on this machine
         "samples": r["samples"],
         "note": r["note"],
     }

@@ -63,9 +63,11 @@ def progress_bar(
     """``counts``: what one update is. "samples" (rows): tqdm's rate reads samples/s, the one throughput name;
     "steps" (the training bar, which sets samples/s in its postfix): no rate of its own."""
     # smoothing 0: the rate is the samples over the bar's wall time (tqdm's default, a moving average of the last
-    # updates, said 789 samples/s for a pass of 10,227 rows in 83 s); unit_scale: 3 significant digits (1.23k)
+    # updates, said 789 samples/s for a pass of 10,227 rows in 83 s); unit_scale: 3 significant digits (1.23k).
+    # Steps: the remaining time at the run's average pace so far, evals and saves between epochs included, so it
+    # converges on the real end; tqdm's default (recent steps) jumps at each eval, then forgets it.
     rate = {"unit": " samples", "unit_scale": True, "smoothing": 0}
-    style: dict[str, Any] = rate if counts == "samples" else {"bar_format": NO_RATE}
+    style: dict[str, Any] = rate if counts == "samples" else {"bar_format": NO_RATE, "smoothing": 0}
     if interactive and not disable:
         try:
             import ipywidgets  # noqa: F401  (tqdm.auto silently falls back to text without it)

@@ -615,3 +615,26 @@ def test_full_evals_on_a_step_cadence_are_counted_as_made() -> None:
     finding = _only(diagnose(timing, CPU), "full_eval")
     assert finding.estimated_saving_s == pytest.approx(3.5)  # 8 evals of 0.5 s -> 1, at the end
     assert "a step cadence" in finding.evidence
+
+
+def test_the_doctor_prints_achieved_flops_against_the_measured_cpu_peak_for_the_runs_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A CPU run read where it ran (no hw given): its model FLOP/s against this CPU's matmul peak in the run's
+    precision, measured now; a GPU run against its datasheet peak. Both printed, with what the peak is."""
+    from kitlib.doctor import report as doctor
+    from kitlib.doctor.flops import flops_per_token
+
+    measured: list[torch.dtype] = []
+    monkeypatch.setattr(doctor, "measure_cpu_peak", lambda dtype: measured.append(dtype) or 1e11)
+    shape: dict[str, Any] = {"model_non_embedding_params": 10_000_000, "model_layers": 6, "model_width": 384}
+    achieved = 100_000 / 9.8 * flops_per_token(10_000_000, 6, round(105_000 / 3200), 384)
+    report = diagnose(_record(precision="bf16", **shape))
+    assert measured == [torch.bfloat16] and report.summary["mfu"] == pytest.approx(achieved / 1e11)
+    line = (
+        f"compute: {achieved / 1e9:.1f} GFLOP/s achieved of 100.0 GFLOP/s (bf16 matmul peak measured now on this CPU)"
+    )
+    assert f"{line}: MFU {achieved / 1e11:.1%}" in str(report)
+    gpu = diagnose(_record(device_type="cuda", device_name="Tesla T4", precision="fp16", **shape))
+    assert "of 65.0 TFLOP/s (fp16 datasheet peak)" in str(gpu) and len(measured) == 1
+    assert diagnose(_record(**shape), CPU).summary["mfu"] is None and len(measured) == 1  # advice for another CPU

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from kitlib.machine.hardware import fake_profile
+from kitlib.machine.hardware import MathProbe, fake_profile
 from kitlib.notebook import presets
 from kitlib.notebook.estimate import estimate_run
 from kitlib.notebook.widgets import preset_picker
@@ -42,6 +42,32 @@ def test_the_picker_shows_the_whole_run_with_test_rows() -> None:
     assert text.startswith("~") and "for the whole run: 01 embedding pass" in text and "1000 test rows" in text
     assert "02 training" in text and "03 predict" in text
     assert "for the whole run" in repr(picker)
+
+
+def test_the_estimate_runs_at_the_speed_00_measured_and_says_so() -> None:
+    """On a CPU 00 measures (stages.measured(now=True)): a machine measured 4x slower (other work on it) gets a
+    training estimate 4x longer, its fixed costs priced in too; bf16 planned by its probe runs at the probe's
+    speed-up. The text says what it assumed."""
+    balanced = presets.resolve("balanced", CPU, lengths=LENGTHS)
+    quiet = estimate_run(balanced, 4000, 1000, dataclasses.replace(CPU, cpu_flops_now=80e9))
+    busy = estimate_run(balanced, 4000, 1000, dataclasses.replace(CPU, cpu_flops_now=20e9))
+    assert 3.9 < busy.train_s / quiet.train_s <= 4.0 and busy.features_s > quiet.features_s
+    assert "assumes this CPU measured now at 80 GFLOP/s)" in quiet.text()
+    assert "assumes this CPU measured now at 20 GFLOP/s, fixed costs x 3.5 (busy))" in busy.text()
+    assert "not measured" in estimate_run(balanced, 4000, 1000, CPU).text()
+    probe = MathProbe("width 384, ffn 1536, 12 heads, 4 x 128 tokens", 1.0, 0.5, 0.001)
+    bf16_cpu = dataclasses.replace(CPU, cpu_avx512_bf16=True, cpu_bf16_probe=probe, cpu_flops_now=80e9)
+    bf16 = presets.resolve("balanced", bf16_cpu, lengths=LENGTHS)
+    assert bf16.config.precision == "bf16"
+    fast = estimate_run(bf16, 4000, 1000, bf16_cpu)
+    assert 1.9 < quiet.epoch_s / fast.epoch_s <= 2.0 and "x 2.0 for bf16 (its probe)" in fast.text()
+
+
+def test_the_cpu_speed_is_measured_on_the_models_block() -> None:
+    from kitlib.machine.speed import measure_cpu_step
+
+    flops = measure_cpu_step(64, 128, 4, 16, rows=1, repeats=1)
+    assert 0 < flops < float("inf")  # 6N FLOPs per token of the block over the step's seconds (no speed asserted)
 
 
 # Against the real run: benchmarks/bench_estimate.py prints estimate/measured per task and preset (a ratio, on a

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
-from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
+from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, MathProbe, fake_profile
 from kitlib.machine.precision import (
     Precision,
     PrecisionError,
@@ -12,6 +15,7 @@ from kitlib.machine.precision import (
     UnsupportedGPUError,
     decide_precision,
 )
+from kitlib.notebook import presets
 
 # (profile, dtype, grad scaler, tf32, what the reason must name)
 TABLE = [
@@ -215,3 +219,63 @@ def test_state_dict_round_trip() -> None:
     fresh = Precision(_plan("fp16", scaler=True))
     fresh.load_state_dict(plain.state_dict())
     assert fresh.scale == 2.0**16
+
+
+# ------------------------------------------------------------------------ a CPU's precision, measured by the probe
+ZEN4 = dataclasses.replace(fake_profile("CPU"), cpu_avx512_bf16=True)  # AVX512-BF16, no AMX (AMD Zen 4/5)
+
+
+def _probe(speedup: float, loss_gap: float = 0.001) -> MathProbe:
+    return MathProbe("width 384, ffn 1536, 12 heads, 4 x 128 tokens", 0.5, 0.5 / speedup, loss_gap)
+
+
+@pytest.mark.parametrize("cpu", [ZEN4, fake_profile("CPU-AMX")], ids=["avx512-bf16", "amx"])
+def test_a_cpu_plans_bf16_where_the_probe_measured_it_faster_and_fp32_where_not(cpu: HardwareInfo) -> None:
+    """The plan follows the measurement, not the ISA flag, and says which won and by how much: the same CPU plans
+    bf16 with a 2.5x faster probe and fp32 with a slower one, a marginal one, or one whose losses disagree."""
+    wins = presets.resolve("balanced", dataclasses.replace(cpu, cpu_bf16_probe=_probe(2.5)), lengths=[30] * 500)
+    assert wins.config.precision == "bf16"
+    assert "bf16 autocast measured 2.5x faster than fp32 (200 vs 500 ms" in wins.precision_reason
+    assert any(r.startswith("precision bf16: ") and "2.5x faster" in r for r in wins.reasons)
+    for probe, says in ((_probe(0.6), "1.7x slower"), (_probe(1.05), ">= 1.1x faster"), (_probe(3, 0.1), "disagree")):
+        plan = decide_precision(dataclasses.replace(cpu, cpu_bf16_probe=probe))
+        assert plan.dtype == "fp32" and says in plan.reason, plan.reason
+
+
+def test_the_notebooks_probe_only_a_cpu_with_bf16_instructions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """00 (stages.measured) times bf16 against fp32 on the model's block where the CPU has bf16 instructions; an
+    AVX2-only CPU keeps fp32 without a probe (bf16 is emulated there), and a GPU keeps its capability rule."""
+    from kitlib.machine import speed
+    from kitlib.notebook import stages
+
+    calls: list[tuple[int, ...]] = []
+
+    def fake(*block: int, cache_dir: Path | None = None) -> MathProbe:
+        calls.append(block)
+        return _probe(2.0)
+
+    monkeypatch.setattr(speed, "probe_cpu_bf16", fake)
+    monkeypatch.setattr(speed, "measure_cpu_step", lambda *block: 1e9)
+    p = stages.params(environ={}, data_dir=tmp_path, work_dir=tmp_path / "work", model="tiny")
+    avx2 = stages.measured(p, fake_profile("CPU"))
+    assert avx2.cpu_bf16_probe is None and decide_precision(avx2).dtype == "fp32" and not calls
+    assert stages.measured(p, fake_profile("A100")).cpu_bf16_probe is None and not calls
+    zen4 = stages.measured(p, ZEN4)
+    assert calls == [(384, 1536, 12)] and decide_precision(zen4).dtype == "bf16"
+    assert stages.measured(p, zen4) is zen4 and len(calls) == 1  # measured once per run of 00
+
+
+def test_the_probe_times_both_precisions_checks_the_loss_and_is_kept_per_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kitlib.machine.speed import probe_cpu_bf16
+
+    rng = torch.get_rng_state()
+    probe = probe_cpu_bf16(64, 128, 4, 16, budget_s=0.05, cache_dir=tmp_path)
+    assert torch.equal(torch.get_rng_state(), rng)  # the user's random stream is untouched
+    assert probe.fp32_s > 0 and probe.bf16_s > 0 and probe.loss_gap < 0.02  # the same step, in two precisions
+    assert "width 64, ffn 128, 4 heads" in probe.shape and "x 16 tokens" in probe.shape
+    monkeypatch.setattr(nn, "TransformerEncoderLayer", None)  # a second probe of this shape measures nothing
+    assert probe_cpu_bf16(64, 128, 4, 16, cache_dir=tmp_path) == probe
+    with pytest.raises(TypeError):  # another shape is measured again
+        probe_cpu_bf16(64, 128, 2, 16, cache_dir=tmp_path)

@@ -237,3 +237,21 @@ def test_the_freeze_row_says_what_does_not_train() -> None:
     assert rows["balanced"] == "embeddings" and rows["best"] == "none"
     layers = resolve("best", cpu, overrides={"freeze": "embeddings", "freeze_layers": 2})
     assert dict(layers.table_rows())["freeze"] == "embeddings + first 2 blocks"
+
+
+def test_the_plan_says_what_share_of_rows_max_length_cuts_and_offers_the_lossless_length() -> None:
+    """Inputs are cut at the length that covers the preset's share of rows: the plan, the run.json it saves and the
+    picker's table say what share that cuts and which max_length cuts nothing (the picker's max_length field)."""
+    from kitlib.notebook.widgets import preset_picker
+
+    cpu = fake_profile("CPU", interactive=False)
+    lengths = [20] * 995 + [100] * 5  # 0.5% of rows are long: balanced covers 99%
+    run = resolve("balanced", cpu, lengths=lengths)
+    assert run.config.max_length == 24 and run.rows_cut == pytest.approx(0.005) and run.longest_tokens == 100
+    assert dict(run.table_rows())["max_length"] == "24 tokens (cuts 0.5% of rows; lossless: 100)"
+    assert any("0.5% cut; lossless: max_length 100, the longest" in r for r in run.reasons)
+    assert ResolvedRun.from_dict(run.to_dict()) == run
+    lossless = resolve("balanced", cpu, lengths=lengths, overrides={"max_length": 100})
+    assert dict(lossless.table_rows())["max_length"] == "100 tokens (cuts no row)"
+    picker = preset_picker(cpu, default="balanced", n_rows=1000, n_test=100, lengths=lengths, show=False)
+    assert "24 tokens (cuts 0.5% of rows; lossless: 100)" in repr(picker)

@@ -514,3 +514,40 @@ def test_the_loss_follows_the_metric_unless_overridden(metric: str, objective: s
     spec = read_target(prices, "auto", metric, objective)
     assert (spec.log, spec.loss) == (log, loss)
     assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it
+
+
+@pytest.mark.parametrize("name", ["auto", "classify", "regress", "tabular-text"])
+def test_a_text_model_from_random_weights_trains_unfrozen_at_a_from_scratch_lr(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The presets' lr and frozen embeddings are a pretrained encoder's: a model built from random weights (the
+    price replay's tiny BERT) keeps nothing frozen and trains at 1e-3; a pretrained one, and smoke, as they are."""
+    from kitlib.notebook.presets import PRESETS
+    from kitlib.notebook.tasks.text import FROM_SCRATCH_LR
+
+    monkeypatch.delenv("KIT_MODEL", raising=False)
+    balanced, smoke = PRESETS["balanced"], PRESETS["smoke"]
+    tiny = stages.task_preset(stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny"))
+    assert (tiny(balanced).freeze, tiny(balanced).lr) == ("none", FROM_SCRATCH_LR) and balanced.freeze != "none"
+    assert tiny(PRESETS["fast"]).lr == PRESETS["fast"].lr and tiny(smoke) == smoke  # the head regime; plumbing
+    pretrained = stages.task_preset(stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name))
+    assert pretrained(balanced) == balanced
+
+
+@pytest.mark.parametrize("name", ["seq2seq", "custom-seq2seq"])
+def test_a_summarisers_source_is_cut_at_its_median_length_and_the_plan_says_what_that_cuts(
+    tmp_path: Path, name: str, cpu_hw
+) -> None:
+    """A task scored by ROUGE summarises: its source is cut at the median source length (a stated percentile), not
+    fitted to 99% of rows, and the plan says what share of rows that cuts and the lossless length. A source scored
+    otherwise (text-to-SQL's question) is fitted as before."""
+    from kitlib.notebook.presets import PRESETS, resolve
+    from kitlib.notebook.tasks.seq2seq import SUMMARY_SOURCE_COVERAGE
+
+    lengths = list(range(1, 201))  # source tokens per row
+    summary = stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny", metric="rouge_l")
+    run = resolve(stages.task_preset(summary)(PRESETS["balanced"]), cpu_hw, lengths=lengths)
+    assert run.preset.length_coverage == SUMMARY_SOURCE_COVERAGE and run.config.max_length == 104
+    assert dict(run.table_rows())["max_length"] == "104 tokens (cuts 48.0% of rows; lossless: 200)"
+    sql = stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny", metric="record_f1")
+    assert resolve(stages.task_preset(sql)(PRESETS["balanced"]), cpu_hw, lengths=lengths).config.max_length == 200

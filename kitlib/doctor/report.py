@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, peak_flops
+from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, measure_cpu_peak, peak_flops
 from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
@@ -88,10 +88,13 @@ class Report:
             facts.append(f"{s['real_tokens_per_s']:.0f} {THROUGHPUT['tokens_per_s']}")
         if s.get("padding_efficiency") is not None:
             facts.append(f"padding efficiency {s['padding_efficiency']:.2f}")
-        if s.get("mfu") is not None:
-            facts.append(f"MFU {s['mfu']:.1%}")
         if facts:
             lines.append("throughput: " + ", ".join(facts))
+        if s.get("mfu") is not None:  # model FLOPs only: padding and recomputation are not credited
+            lines.append(
+                f"compute: {_flops(s['achieved_flops'])} achieved of {_flops(s['peak_flops'])} "
+                f"({s['peak_basis']}): MFU {s['mfu']:.1%}"
+            )
         if not self.findings:
             lines.append(NO_FINDING)
         for i, f in enumerate(self.findings, 1):
@@ -123,6 +126,11 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), default=str)
+
+
+def _flops(rate: float) -> str:
+    unit, scale = next((u, s) for u, s in (("T", 1e12), ("G", 1e9), ("M", 1e6)) if rate >= s or u == "M")
+    return f"{rate / scale:.1f} {unit}FLOP/s"
 
 
 # ---------------------------------------------------------------------------------------------------- the run record
@@ -158,37 +166,50 @@ def _hardware_for(run: RunRecord) -> HardwareInfo:
     return detect()
 
 
-def _mfu(run: RunRecord, tokens_per_s: float | None, peak: float | None) -> float | None:
-    """Model FLOPs utilisation when the run recorded its model's shape (kitlib.models.facts.model_facts) and a peak
-    is known: the GPU's datasheet peak for the run's precision, or ``peak_flops`` (measure_cpu_peak() for a CPU run)."""
+def _compute(run: RunRecord, tokens_per_s: float | None, peak: float | None, measure: bool) -> dict[str, Any]:
+    """Achieved model FLOP/s against the peak for the run's precision, and their ratio (MFU), when the run recorded
+    its model's shape (kitlib.models.facts.model_facts): a GPU's datasheet peak, or for a CPU run this CPU's matmul
+    peak in the run's precision measured now (``measure``: the record is read on the machine it ran on; ~0.5 s), or
+    the ``peak`` given."""
     facts = run.facts
     params, samples = facts.model_non_embedding_params, facts.samples or 0
     if not params or not tokens_per_s or not samples:
-        return None
+        return {"mfu": None}
+    dtype = cast("PeakDtype", facts.precision or "fp32")
+    basis = "given"
     if peak is None and facts.device_type == "cuda":
-        dtype = cast("PeakDtype", facts.precision or "fp32")
         mode: PeakDtype = "tf32" if dtype == "fp32" and facts.tf32 else dtype  # fp32 matmuls on TF32 cores
-        peak = peak_flops(str(facts.device_name or ""), mode)
-    if not peak:
-        return None
+        peak, basis = peak_flops(str(facts.device_name or ""), mode), f"{mode} datasheet peak"
+    elif peak is None and facts.device_type == "cpu" and measure:
+        import torch
+
+        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        peak, basis = measure_cpu_peak(torch_dtype), f"{dtype} matmul peak measured now on this CPU"
     width = round((facts.computed_tokens or 0) / samples)  # mean padded row length: the attention context
-    per_token = flops_per_token(int(params), int(facts.model_layers or 0), width, int(facts.model_width or 0))
-    return tokens_per_s * per_token / peak
+    achieved = tokens_per_s * flops_per_token(
+        int(params), int(facts.model_layers or 0), width, int(facts.model_width or 0)
+    )
+    if not peak:
+        return {"mfu": None, "achieved_flops": achieved}
+    return {"mfu": achieved / peak, "achieved_flops": achieved, "peak_flops": peak, "peak_basis": basis}
 
 
-def _summary(run: RunRecord, peak: float | None) -> dict[str, Any]:
+def _summary(run: RunRecord, peak: float | None, measure: bool) -> dict[str, Any]:
     facts = run.facts
     train_s = sum(facts.epoch_train_s or []) or run.wall
     real, computed, world = facts.real_tokens or 0, facts.computed_tokens or 0, facts.world_size or 1
     keys = ("steps", "epochs_done", "epochs_planned", "device_name", "precision", "micro_batch_size", "stop_reason")
     tokens_per_s = real / train_s if train_s and real else None  # this rank's: MFU is per device
-    return {k: getattr(facts, k) for k in keys} | {
-        # as the history computes them: every rank's rows and tokens (this rank's x world size) per training second
-        "samples_per_s": (facts.samples or 0) * world / train_s if train_s else None,
-        "real_tokens_per_s": tokens_per_s * world if tokens_per_s else None,
-        "padding_efficiency": real / computed if computed else None,
-        "mfu": _mfu(run, tokens_per_s, peak),
-    }
+    return (
+        {k: getattr(facts, k) for k in keys}
+        | {
+            # as the history computes them: every rank's rows and tokens (this rank's x world size) per training second
+            "samples_per_s": (facts.samples or 0) * world / train_s if train_s else None,
+            "real_tokens_per_s": tokens_per_s * world if tokens_per_s else None,
+            "padding_efficiency": real / computed if computed else None,
+        }
+        | _compute(run, tokens_per_s, peak, measure)
+    )
 
 
 def diagnose(
@@ -197,7 +218,8 @@ def diagnose(
     """A run's time breakdown and ranked findings; ``run`` is a run_dir, a FitResult or ``{"timing", "config"}``.
 
     ``hw`` is the hardware the advice is for (default: the run's GPU profile when recorded, else ``detect()``).
-    ``peak_flops`` overrides the datasheet peak for MFU (pass ``kitlib.doctor.flops.measure_cpu_peak()`` for a CPU run).
+    ``peak_flops`` overrides the peak for MFU: by default a GPU's datasheet peak for the run's precision, and for a
+    CPU run read without ``hw`` (on the machine it ran on) this CPU's matmul peak in that precision, measured now.
     ``probe``: ``kitlib.doctor.probe.probe_micro_batch(model, batch, ...)`` measured on the run's model: the
     micro-batch advice then uses (and prints) the measured speed-up instead of a rough one. A run_dir's own probe
     (``kitlib.doctor.probe.save_probe``) is read with it; ``probe`` replaces it.
@@ -207,13 +229,13 @@ def diagnose(
     record = _load(run)
     if probe is not None:
         record = dataclasses.replace(record, probes={"micro_batch": probe})
-    hw = hw or _hardware_for(record)
+    given, hw = hw, hw or _hardware_for(record)
     breakdown = {name: round(record.seconds(name), 4) for name in PHASES if record.seconds(name) > 0}
     breakdown["other"] = round(max(0.0, record.wall - sum(breakdown.values())), 4)
     findings = [f for rule in RULES if (f := rule(record, hw)) is not None]
     findings = [f for f in findings if f.saving_share >= MIN_SHARE or f.rule == "time_budget"]
     findings.sort(key=lambda f: f.estimated_saving_s, reverse=True)
-    summary = _summary(record, peak_flops)
+    summary = _summary(record, peak_flops, measure=given is None)
     return Report(
         wall_seconds=record.wall,
         breakdown=breakdown,

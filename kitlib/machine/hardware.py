@@ -70,6 +70,29 @@ class Accelerator:
 
 
 @dataclass(frozen=True)
+class MathProbe:
+    """bf16 autocast against fp32, measured side by side on this CPU for one transformer block of a run's shape
+    (``kitlib.machine.precision.probe_cpu_bf16``): what decides a CPU's precision where its ISA does not settle it."""
+
+    shape: str  # what ran: "width 384, ffn 1536, 12 heads, 4 x 128 tokens"
+    fp32_s: float  # best seconds of one forward + backward
+    bf16_s: float
+    loss_gap: float  # |bf16 loss - fp32 loss| / |fp32 loss| of the same step (weights and inputs)
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster bf16 ran (below 1: slower)."""
+        return self.fp32_s / self.bf16_s
+
+    def line(self) -> str:
+        ratio = f"{self.speedup:.1f}x faster" if self.speedup >= 1 else f"{1 / self.speedup:.1f}x slower"
+        return (
+            f"bf16 autocast measured {ratio} than fp32 ({self.bf16_s * 1e3:.0f} vs {self.fp32_s * 1e3:.0f} ms a "
+            f"step on {self.shape}; losses differ by {self.loss_gap:.2%})"
+        )
+
+
+@dataclass(frozen=True)
 class HardwareInfo:
     platform: Platform
     interactive: bool  # False for Kaggle batch runs, nbconvert/papermill/headless runs, CI
@@ -88,6 +111,8 @@ class HardwareInfo:
     shm_bytes: int | None  # size of /dev/shm; DataLoader workers pass batches through it
     cpu_avx512_fp16: bool = False  # native fp16 arithmetic on CPU (Sapphire Rapids+)
     cpu_amx_fp16: bool = False  # AMX-FP16 tiles (Granite Rapids+)
+    cpu_bf16_probe: MathProbe | None = None  # measured on this CPU for the run's model (stages.measured); None: not
+    cpu_flops_now: float | None = None  # fp32 training FLOP/s (6N) of the model's block, measured as 00 ran
 
     @property
     def device_type(self) -> DeviceType:

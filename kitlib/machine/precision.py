@@ -20,7 +20,7 @@ import torch
 
 from kitlib.config import Dtype, Requested
 from kitlib.errors import PrecisionError, UnsupportedGPUError
-from kitlib.machine.hardware import Accelerator, DeviceType, HardwareInfo, check_torch_supports
+from kitlib.machine.hardware import Accelerator, DeviceType, HardwareInfo, MathProbe, check_torch_supports
 
 __all__ = [
     "Dtype",
@@ -33,6 +33,11 @@ __all__ = [
     "decide_precision",
     "decide_stage_precision",
 ]
+
+# bf16 autocast on a CPU must win by this much to be planned: it rounds every matmul's inputs to 8 bits of mantissa,
+# and a 10% gain is about what a busy machine's noise can fake in a one-second probe.
+BF16_MIN_SPEEDUP = 1.1
+BF16_LOSS_AGREEMENT = 0.02  # relative: bf16's rounding moves a loss by ~0.1-0.5%; more means a broken kernel
 
 
 _TORCH_DTYPES: dict[Dtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -147,12 +152,21 @@ def _decide_mps(requested: Requested) -> PrecisionPlan:
 
 def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
     if requested == "auto":
+        probe, native = hw.cpu_bf16_probe, hw.cpu_amx or hw.cpu_avx512_bf16
+        isa = "AMX-BF16" if hw.cpu_amx else "AVX512-BF16"
+        if probe is not None and native:  # measured: the ISA says bf16 can be fast, not that it is for this shape
+            wins = probe.speedup >= BF16_MIN_SPEEDUP and probe.loss_gap <= BF16_LOSS_AGREEMENT
+            verdict = "bf16 autocast, no GradScaler" if wins else _probe_loses(probe)
+            return PrecisionPlan("bf16" if wins else "fp32", "cpu", False, False, f"CPU with {isa}: {probe.line()}; "
+                                 f"{verdict}")  # fmt: skip
         if hw.cpu_amx:
-            why = "CPU with AMX-BF16 tiles: bf16 autocast runs matmuls natively; no GradScaler"
+            why = "CPU with AMX-BF16 tiles: bf16 autocast runs matmuls natively (not measured); no GradScaler"
             return PrecisionPlan("bf16", "cpu", False, False, why)
         why = (
-            "CPU without AMX: bf16 would be emulated and slower (bf16 autocast measured 57x slower than fp32 on an "
-            "AVX2 EPYC); fp32"
+            f"CPU with {isa}: fp32 (bf16 not measured here: kitlib.machine.speed.probe_cpu_bf16)"
+            if native
+            else "CPU without bf16 instructions (AMX-BF16/AVX512-BF16): bf16 would be emulated and slower (measured "
+            "57x slower than fp32 on an AVX2 EPYC, 1.1-1.7x on an AVX512F Xeon); fp32"
         )
         return PrecisionPlan("fp32", "cpu", False, False, why)
     if requested == "bf16":
@@ -172,6 +186,12 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
         isa = "AMX-FP16" if hw.cpu_amx_fp16 else "AVX512-FP16"
         return PrecisionPlan("fp16", "cpu", True, False, f"CPU with {isa}: fp16 autocast + GradScaler as requested")
     return PrecisionPlan("fp32", "cpu", False, False, "CPU: fp32 as requested")
+
+
+def _probe_loses(probe: MathProbe) -> str:
+    if probe.loss_gap > BF16_LOSS_AGREEMENT:
+        return f"fp32 (the losses disagree by more than {BF16_LOSS_AGREEMENT:.0%})"
+    return f"fp32 (bf16 must be >= {BF16_MIN_SPEEDUP:g}x faster to be worth its rounding)"
 
 
 def check_master_weights(

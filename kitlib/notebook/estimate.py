@@ -1,5 +1,6 @@
-"""Rough times for a resolved run (expect +-2x): per epoch, and for the whole run the picker shows (01 features on
-train and test rows, 02 training, 03 inference). Planning numbers from kitlib's cost model, not promises.
+"""Rough times for a resolved run: per epoch, and for the whole run the picker shows (01 features on train and test
+rows, 02 training, 03 inference). Planning numbers from kitlib's cost model, not promises: at the speed 00 measured
+on a CPU (``HardwareInfo.cpu_flops_now``: the machine as it is, busy or not), else an assumed one (expect +-2x).
 
     est = estimate_run(run, n_rows=10227, n_test=2581, hw=hw)
     print(est.text())   # ~3 min for the whole run: 01 features 2 min, 02 training 20 s, 03 predict 1 s, ...
@@ -27,6 +28,7 @@ MINILM_MATMUL_PARAMS = 10.6e6
 # Measured on this project's 2-core AVX2 CI box: MiniLM-L6 fp32 fwd+bwd ~1,000-1,300 tokens/s and forward ~3,300
 # tokens/s on 2 threads, i.e. ~35 GFLOP/s per core by the 6N/2N rule; 30 leaves room for a busy machine.
 _CPU_FLOPS_PER_CORE = {"fp32": 30e9, "bf16": 120e9, "fp16": 60e9}  # bf16/fp16 only on AMX/AVX512 CPUs (assumed 4x/2x)
+_QUIET_CPU_FLOPS_PER_CORE = 35e9  # that box quiet: the fixed costs below were measured there
 _GPU_UTILISATION = 0.3  # small encoders at 64-256 tokens are launch/memory-bound: ~20-40% of tensor peak (assumed)
 _UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
 _MPS_FLOPS = 1.5e12  # Apple M-series GPU, fp32, achieved (assumed)
@@ -41,20 +43,37 @@ _TOKENIZE_ROWS_PER_S = 5_000.0
 _STEP_OVERHEAD_S = 0.005
 
 
-def _device_flops(hw: HardwareInfo, dtype: str) -> float:
+def _device_flops(hw: HardwareInfo, dtype: str) -> tuple[float, str]:
+    """Achieved FLOP/s (6N per trained token) of one process on ``hw`` in ``dtype``, and what that assumes."""
     device = hw.primary
+    if device is None and hw.cpu_flops_now:  # measured by 00 (stages.measured): this CPU as it is, load included
+        probe = hw.cpu_bf16_probe
+        speedup = probe.speedup if dtype == "bf16" and probe is not None else 1.0
+        bf16 = f" x {speedup:.1f} for bf16 (its probe)" if speedup != 1.0 else ""
+        return hw.cpu_flops_now * speedup, f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{bf16}"
     if device is None:
-        return _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count
+        flops = _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count
+        return flops, f"{flops / 1e9:.0f} GFLOP/s for {hw.cpu_count} CPU cores (not measured: a quiet machine)"
     if device.device_type == "mps":
-        return _MPS_FLOPS
+        return _MPS_FLOPS, f"{_MPS_FLOPS / 1e12:.1f} TFLOP/s for an Apple GPU (not measured)"
     peak = compute_peak_flops(device.name, dtype)  # the one datasheet table (kitlib.machine.peaks)
-    return _UNKNOWN_GPU_FLOPS if peak is None else peak * _GPU_UTILISATION
+    if peak is None:
+        return _UNKNOWN_GPU_FLOPS, f"{_UNKNOWN_GPU_FLOPS / 1e12:.0f} TFLOP/s for an unknown GPU (T4-class)"
+    return peak * _GPU_UTILISATION, f"{_GPU_UTILISATION:.0%} of the {device.name}'s {dtype} datasheet peak"
+
+
+def _cpu_slowdown(hw: HardwareInfo) -> float:
+    """How much slower this CPU ran when 00 measured it than the quiet 2-core box the fixed costs (tokenising,
+    stage starts, per-step Python) were measured on: they run on the same busy cores. 1 when not measured."""
+    if not hw.cpu_flops_now:
+        return 1.0
+    return max(1.0, _QUIET_CPU_FLOPS_PER_CORE * hw.cpu_count / hw.cpu_flops_now)
 
 
 def _throughput(resolved: ResolvedRun, hw: HardwareInfo) -> float:
     """Achieved FLOP/s of the run's processes together."""
     world = resolved.world_size
-    return _device_flops(hw, resolved.config.precision) * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
+    return _device_flops(hw, resolved.config.precision)[0] * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
 
 
 def _tokens_per_row(resolved: ResolvedRun) -> float:
@@ -104,6 +123,7 @@ class RunEstimate:
     n_test: int
     features_label: str  # what dominates 01: "tokenising" or "embedding pass"
     epoch_s: float  # 02's time per epoch
+    assumed: str = ""  # the device speed it planned by: measured, or assumed for the device class
 
     @property
     def total_s(self) -> float:
@@ -115,7 +135,8 @@ class RunEstimate:
             f"01 {self.features_label} {duration(self.features_s)}, 02 training {duration(self.train_s)} "
             f"({duration(self.epoch_s)} per epoch), 03 predict {duration(self.infer_s)}"
         )
-        return f"~{duration(self.total_s)} for the whole run: {parts}; {rows}, {self.n_test} test rows (rough, +-2x)"
+        assumed = f"; assumes {self.assumed}" if self.assumed else ""
+        return f"~{duration(self.total_s)} for the whole run: {parts}; {rows}, {self.n_test} test rows (rough{assumed})"
 
 
 def estimate_run(
@@ -146,13 +167,18 @@ def estimate_run(
     n_train = rows - n_valid
     forward = 2 * model_params * _tokens_per_row(resolved) / _throughput(resolved, hw)  # seconds per row
     steps = math.ceil(n_train / (cfg.micro_batch_size * resolved.world_size)) if n_train else 0
-    tokenize = (rows * 2 + n_test) / _TOKENIZE_ROWS_PER_S
+    slow = _cpu_slowdown(hw)  # tokenising, starts and per-step Python run on the CPU, however busy it is
+    tokenize, step_overhead, start = (
+        (rows * 2 + n_test) / _TOKENIZE_ROWS_PER_S * slow,
+        _STEP_OVERHEAD_S * slow,
+        _STAGE_START_S * slow,
+    )
     if regime.features_need_accelerator:  # 01 runs the encoder over every row
         features = tokenize + (rows + n_test) * forward
-        epoch, evals, infer = steps * _STEP_OVERHEAD_S, 0.0, 0.0
+        epoch, evals, infer = steps * step_overhead, 0.0, 0.0
     else:
         features = tokenize
-        epoch = n_train * forward * regime.matmuls_per_param / 2 + steps * _STEP_OVERHEAD_S
+        epoch = n_train * forward * regime.matmuls_per_param / 2 + steps * step_overhead
         batch = cfg.micro_batch_size * cfg.eval_batch_factor
         cheap = n_valid if cfg.eval_max_batches is None else min(n_valid, cfg.eval_max_batches * batch)
         evals = sum(
@@ -161,14 +187,15 @@ def estimate_run(
         )
         infer = n_test * forward
     return RunEstimate(
-        features_s=_STAGE_START_S + features,
-        train_s=_STAGE_START_S + cfg.epochs * epoch + evals,
-        infer_s=_STAGE_START_S + infer,
+        features_s=start + features,
+        train_s=start + cfg.epochs * epoch + evals,
+        infer_s=start + infer,
         rows=rows,
         n_rows=n_rows,
         n_test=n_test,
         features_label=regime.estimate_label if regime.features_need_accelerator else "tokenising",
         epoch_s=epoch,
+        assumed=_device_flops(hw, cfg.precision)[1] + (f", fixed costs x {slow:.1f} (busy)" if slow > 1 else ""),
     )
 
 

@@ -178,6 +178,8 @@ class ResolvedRun:
     reasons: tuple[str, ...]  # one per choice, printed by 00_setup
     overrides: Mapping[str, Any] = field(default_factory=dict)  # what the user changed (read-only by convention)
     mean_tokens: float | None = None  # mean row length after truncation, when lengths were given
+    rows_cut: float | None = None  # share of rows longer than max_length (their ends cut), when lengths were given
+    longest_tokens: int | None = None  # the longest row: max_length for no cut at all (the lossless choice)
     kitlib_version: str = ""
     task: str = "auto"  # the workload (kitlib.notebook.tasks), as 00's parameters name it
     metric: str = "auto"  # what best/ follows, resolved for the target by 00 (kitlib.tasks.metrics)
@@ -216,11 +218,19 @@ class ResolvedRun:
             ),
             ("epochs", str(cfg.epochs)),
             ("lr", f"{cfg.lr:g}"),
-            ("max_length", "loader decides" if cfg.max_length is None else f"{cfg.max_length} tokens"),
+            ("max_length", "loader decides" if cfg.max_length is None else f"{cfg.max_length} tokens{self._cut()}"),
             ("freeze", frozen),
             ("eval", f"full {full_eval}; cheap loss eval otherwise"),
             ("checkpoints", ckpt[self.preset.checkpoints]),
         ]
+
+    def _cut(self) -> str:
+        """What max_length cuts, and the lossless choice (the picker's max_length field takes it)."""
+        if self.rows_cut is None or self.longest_tokens is None:
+            return ""
+        if not self.rows_cut:
+            return " (cuts no row)"
+        return f" (cuts {self.rows_cut:.1%} of rows; lossless: {self.longest_tokens})"
 
     def summary(self) -> str:
         width = max(len(k) for k, _ in self.table_rows())
@@ -239,6 +249,8 @@ class ResolvedRun:
             "reasons": list(self.reasons),
             "overrides": dict(self.overrides),
             "mean_tokens": self.mean_tokens,
+            "rows_cut": self.rows_cut,
+            "longest_tokens": self.longest_tokens,
             "task": self.task,
             "metric": self.metric,
             "baseline": None if self.baseline is None else dict(self.baseline),
@@ -258,6 +270,8 @@ class ResolvedRun:
             reasons=tuple(data["reasons"]),
             overrides=dict(data.get("overrides") or {}),
             mean_tokens=data.get("mean_tokens"),
+            rows_cut=data.get("rows_cut"),
+            longest_tokens=data.get("longest_tokens"),
             kitlib_version=str(data.get("kitlib_version", "")),
             task=str(data.get("task", "auto")),
             metric=str(data.get("metric", "auto")),
@@ -331,7 +345,7 @@ def resolve(
     reasons.append(f"precision {plan.dtype}: {plan.reason}")
 
     world = _world_size(hw, p, world_size, reasons)
-    max_length, mean_tokens = _max_length(p, lengths, late.pop("max_length", None), reasons)
+    max_length, mean_tokens, cut = _max_length(p, lengths, late.pop("max_length", None), reasons)
     # lengths may be the whole train.csv's (the picker in 00); the preset trains on at most row_limit of them
     target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), reasons)
     micro, accum = _batch(hw, p, target, world, max_length, late.pop("micro_batch_size", None), late, reasons)
@@ -374,6 +388,8 @@ def resolve(
         reasons=tuple(reasons),
         overrides=overrides,
         mean_tokens=mean_tokens,
+        rows_cut=None if cut is None else cut[0],
+        longest_tokens=None if cut is None else cut[1],
         kitlib_version=__version__,
     )
 
@@ -405,7 +421,8 @@ def _world_size(hw: HardwareInfo, p: Preset, requested: int | None, reasons: lis
 
 def _max_length(
     p: Preset, lengths: Sequence[int] | np.ndarray | None, forced: int | None, reasons: list[str]
-) -> tuple[int, float | None]:
+) -> tuple[int, float | None, tuple[float, int] | None]:
+    """max_length, the mean row length under it, and (the share of rows it cuts, the longest row) given lengths."""
     import numpy as np  # deferred: a dependency anyway, but keeps `import kitlib.notebook.presets` instant
 
     arr = None if lengths is None else np.asarray(lengths, dtype=np.int64).reshape(-1)
@@ -424,12 +441,13 @@ def _max_length(
         kept = float(np.mean(arr <= length))
         reasons.append(
             f"max_length {length}: covers {p.length_coverage:.0%} of {arr.size} rows{capped} "
-            f"({kept:.1%} fit untruncated; longest {int(arr.max())} tokens)"
+            f"({kept:.1%} fit untruncated, {1 - kept:.1%} cut; lossless: max_length {int(arr.max())}, the longest)"
         )
     if length < 1:
         raise ValueError(f"max_length must be >= 1, got {length}")
-    mean = None if arr is None or arr.size == 0 else float(np.minimum(arr, length).mean())
-    return length, mean
+    if arr is None or arr.size == 0:
+        return length, None, None
+    return length, float(np.minimum(arr, length).mean()), (float(np.mean(arr > length)), int(arr.max()))
 
 
 def _base_micro_batch(hw: HardwareInfo) -> tuple[int, str]:

@@ -24,7 +24,7 @@ from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
 from kitlib.doctor.memory_plan import GENERATING, run_line
-from kitlib.errors import CheckpointError, MissingRunError, SetupError
+from kitlib.errors import CheckpointError, KitError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
 from kitlib.models.loading import check_model_dir, frozen_dtype, pretrained_dir, tiny_requested
@@ -82,7 +82,7 @@ SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | None = None) -> ResolvedRun:
     """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
 
-    hw = hw or detect()
+    hw = measured(p, hw)
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     run = resolved or presets.resolve(p.preset, planning_hw(p, hw), overrides=p.training())
     # The parameters' training settings, under what the picker changed (a picker built without them lacks them)
@@ -101,6 +101,42 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
     dataclasses.replace(p, preset=run.name, **chosen).save()  # the picker's choice: params.json and run.json agree
     return run
+
+
+def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) -> HardwareInfo:
+    """This machine (``hw``, else detected) with its CPU's bf16 autocast timed against fp32 on a block of ``p``'s
+    model (kitlib.machine.speed.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and torch
+    version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
+    probed: a GPU's rules are known, and without them bf16 is emulated. ``now`` (00): also the CPU's fp32 training
+    speed at this moment (``measure_cpu_step``, never cached: a busy machine is priced into the run's estimate)."""
+    from kitlib.machine import speed
+
+    hw = hw or detect()
+    if hw.device_type != "cpu":
+        return hw
+    if now and hw.cpu_flops_now is None:
+        hw = dataclasses.replace(hw, cpu_flops_now=speed.measure_cpu_step(*_block(p)))
+    if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
+        return hw
+    return dataclasses.replace(hw, cpu_bf16_probe=speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir))
+
+
+def _block(p: Params) -> tuple[int, int, int]:
+    """(width, FFN width, heads) of ``p``'s model from its config.json (no weights); MiniLM's for a model the task
+    builds from scratch (a generating task's "auto", "tiny", a model_factory)."""
+    from kitlib.doctor.memory_plan import model_config
+
+    minilm = (384, 1536, 12)
+    if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
+        return minilm
+    try:
+        _, config = model_config(pretrained_dir() if p.model == "auto" else p.model)
+    except KitError:
+        return minilm  # _check_model says what is wrong with the model
+    width = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or minilm[0])
+    ffn = getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or 4 * width
+    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads", 0) or width // 64)
+    return width, int(ffn), heads
 
 
 @dataclass(frozen=True)
@@ -138,15 +174,21 @@ def task_preset(p: Params) -> Callable[[Preset], Preset]:
     return adjust
 
 
+def _built_by_task(p: Params) -> bool:
+    """``p``'s model is built by its task, with no config to read: "tiny", "auto" for a generating task (built
+    from scratch), or a task's own model (custom)."""
+    kind = task_entry(p.task).model_kind
+    return not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING)
+
+
 def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     """The picker's ``memory``: the memory plan (kitlib.plan_memory) of ``p``'s model and task for a run on the
     machine 02 will train on (``planning_hw``), one plan per length and batch kept, so clicking through the presets
     rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
     own has no config to plan from."""
-    kind = task_entry(p.task).model_kind
-    if not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING):
+    if _built_by_task(p):
         return lambda run: f"no plan for model={p.model!r}, task={p.task!r}: it is built by the task, not from a config"
-    hw = planning_hw(p, hw)
+    kind, hw = task_entry(p.task).model_kind, planning_hw(p, hw)
     lines: dict[tuple[Any, ...], str] = {}
 
     def line(run: ResolvedRun) -> str:
@@ -289,6 +331,7 @@ def features(
     """Read and validate the data (sample submission included), fit max_length to it, tokenize (and embed, for the
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
     run = run or presets.load_run(p.work_dir)
+    hw = measured(p, hw)  # the precision 00 measured (a cache hit), for the plan and the head regime's encoder pass
     log = (lambda _msg: None) if quiet else print
     # one line for the whole stage at the end, not one per entry (the token tables alone are three: lengths, train,
     # test); seeds: the inputs' caches, as data
@@ -309,7 +352,7 @@ def features(
         shown = run  # what 00 showed and saved
         run = presets.resolve(
             run.preset,
-            planning_hw(p, hw or detect()),
+            planning_hw(p, hw),
             lengths=lengths,
             overrides=run.overrides,
             world_size=run.world_size,
@@ -326,7 +369,7 @@ def features(
     report = dataclasses.replace(report, what=f"inputs: the {p.text!r} column, cut at their end")
     train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
     test_tokens = tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache)
-    encoder = Encoder(tokenizer, model, max_length, run, hw or detect(), cache, progress=not quiet)
+    encoder = Encoder(tokenizer, model, max_length, run, hw, cache, progress=not quiet)
     extra = workload.extra(texts, test_texts, encoder)
     feats = Features(
         spec=spec,

@@ -41,7 +41,7 @@ from kitlib.models.seq2seq import data_tokenizer
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
-from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps
+from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps, summary_source
 
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
@@ -89,7 +89,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
                    "target_effective_batch": min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
                    "full_eval_every": FULL_EVAL_EVERY}  # fmt: skip
         changes |= short_text_steps(preset, p)  # short texts: seq2seq's steps budget and lr (measured on the T5 only)
-        return dataclasses.replace(preset, freeze="none", freeze_layers=0, **changes)
+        return summary_source(dataclasses.replace(preset, freeze="none", freeze_layers=0, **changes), p)
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(

@@ -1,0 +1,122 @@
+"""This CPU's speed, measured on a transformer block of the run's model: bf16 autocast against fp32 (what decides a
+CPU's precision; kept per machine) and the fp32 training throughput now (what the whole-run estimate plans by).
+
+    probe = probe_cpu_bf16(384, 1536, 12, cache_dir=p.cache_dir)   # MathProbe: which won, by how much
+    flops = measure_cpu_step(384, 1536, 12)                          # achieved FLOP/s (6N per token), this moment
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kitlib._files import write_atomic
+from kitlib.machine.hardware import MathProbe
+
+__all__ = ["MathProbe", "measure_cpu_step", "probe_cpu_bf16"]
+
+Step = Callable[[torch.dtype, int], tuple[float, float]]  # (dtype, rows) -> (seconds, loss)
+
+
+def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
+    """One training step (forward, loss, backward) of a transformer encoder block of this shape on up to 8 rows of
+    ``seq_len`` tokens, in fp32 or under bf16 autocast; the same weights and inputs every call."""
+    from torch import nn
+
+    with torch.random.fork_rng(devices=[]):  # the user's random stream is not advanced by a probe
+        torch.manual_seed(0)
+        block = nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, batch_first=True)
+        head = nn.Linear(width, 8)
+        x, y = torch.randn(8, seq_len, width), torch.randint(0, 8, (8, seq_len))
+
+    def step(dtype: torch.dtype, rows: int) -> tuple[float, float]:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = head(block(x[:rows]))
+            loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), y[:rows].flatten())
+        loss.backward()
+        return time.perf_counter() - start, float(loss.detach())
+
+    return step
+
+
+def probe_cpu_bf16(
+    width: int = 384,
+    ffn: int = 1536,
+    heads: int = 12,
+    seq_len: int = 128,
+    *,
+    budget_s: float = 1.0,
+    cache_dir: Path | None = None,
+) -> MathProbe:
+    """Time one training step of a transformer block of this shape in fp32 and under bf16 autocast, side by side
+    on this CPU with torch's current threads, and check that both steps' losses agree.
+
+    Cost: about ``budget_s`` of full-core work (the best of interleaved repeats, so a neighbour's burst counts
+    against both). A bf16 step more than 4x slower than fp32 (emulated bf16) ends the probe after one row. Kept in
+    ``cache_dir``/precision_probe.json per CPU model, torch version, threads and shape: once per machine.
+    """
+    threads = torch.get_num_threads()
+    key = f"{_cpu_model()} | torch {torch.__version__} | {threads} threads | {width}/{ffn}/{heads}/{seq_len}"
+    file = None if cache_dir is None else Path(cache_dir) / "precision_probe.json"
+    known = _read_json(file)
+    if key in known:
+        return MathProbe(**known[key])
+    step = _block(width, ffn, heads, seq_len)
+
+    def best(rows: int, repeats: int) -> tuple[float, float, float, float]:
+        runs = [(step(torch.float32, rows), step(torch.bfloat16, rows)) for _ in range(repeats)]  # interleaved
+        (_, fp32_loss), (_, bf16_loss) = runs[0]
+        return min(r[0][0] for r in runs), min(r[1][0] for r in runs), fp32_loss, bf16_loss
+
+    best(1, 1)  # warm-up: oneDNN builds its kernels for each dtype and shape
+    fp32_s, bf16_s, fp32_loss, bf16_loss = best(1, 1)
+    rows = 1
+    if bf16_s < 4 * fp32_s:  # worth measuring at a batch: as many rows (up to 8) and repeats as the budget allows
+        rows = max(1, min(8, int(budget_s / 3 / (fp32_s + bf16_s))))
+        repeats = max(1, min(5, int(budget_s / (rows * (fp32_s + bf16_s)))))
+        fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, repeats)
+    shape = f"width {width}, ffn {ffn}, {heads} heads, {rows} x {seq_len} tokens"
+    probe = MathProbe(shape, fp32_s, bf16_s, abs(bf16_loss - fp32_loss) / max(abs(fp32_loss), 1e-12))
+    if file is not None:
+        write_atomic(file, json.dumps({**known, key: dataclasses.asdict(probe)}, indent=1) + "\n")
+    return probe
+
+
+def measure_cpu_step(
+    width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128, *, rows: int = 4, repeats: int = 2
+) -> float:
+    """Achieved FLOP/s of an fp32 training step of this block on this CPU now, counted as the estimate counts a
+    model (6 x matmul weights per token; attention, norms and softmax are the overhead it runs at): the mean of
+    ``repeats`` steps after one warm-up. A mean, not a best: a busy machine's speed is what the run will get.
+    Never cached (the load changes). Cost: ~0.5 s on an idle 2-core Xeon, longer on a busy one."""
+    step = _block(width, ffn, heads, seq_len)
+    step(torch.float32, rows)  # warm-up: kernels, page faults
+    seconds = sum(step(torch.float32, rows)[0] for _ in range(repeats)) / repeats
+    return 6.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / seconds
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere): the probe's result is this CPU's."""
+    import platform
+
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def _read_json(file: Path | None) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text()) if file is not None else {}
+    except (OSError, ValueError):
+        return {}  # none yet, or damaged: measured again and rewritten
+    return data if isinstance(data, dict) else {}
