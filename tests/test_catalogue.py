@@ -173,6 +173,26 @@ def _full_disk_in(start: str, files_over: int = 0, code: int = errno.ENOSPC) -> 
     return act
 
 
+def _file_size_limit_in(start: str, limit: int) -> Callable[[Path, object], None]:
+    """A real file-size limit (ulimit -f; FAT32's 4 GB): every write past ``limit`` bytes fails with EFBIG, which
+    safetensors' writer reports as its own SafetensorError ("... File too large (os error 27)")."""
+
+    def act(root: Path, hw: object) -> None:
+        import resource
+        import signal
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # Python ignores it already; said here, not assumed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            _run(_values(root), start, hw)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, old)
+
+    return act
+
+
 def _auto_without_pretrained(root: Path, hw: object) -> None:
     with mock.patch("kitlib.models.loading.minilm_dir", lambda: None), mock.patch.dict(os.environ):
         os.environ.pop("KITLIB_TINY_MODEL", None)
@@ -790,6 +810,13 @@ CATALOGUE = [
         r"Fix: free space .*file-size limit",
         act=_full_disk_in("train", files_over=100_000, code=errno.EFBIG),
     ),
+    Case(
+        "a file-size limit while 02 checkpoints (safetensors' own error)",
+        "train",
+        r"no space left writing checkpoint .*run\.new/(best|last) .*File too large",
+        r"Fix: free space .*file-size limit",
+        act=_file_size_limit_in("train", 100_000),
+    ),
 ]
 
 
@@ -1069,3 +1096,42 @@ def test_a_users_metric_that_fails_mid_training_is_kitlibs_error_not_a_runtime_e
     with pytest.raises(SetupError, match=r"metric = 'kit_user_metrics:inverse_error' failed on 3 rows"):
         fit(torch.nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
             run_dir=tmp_path / "run", hw=cpu_hw, loss_fn=loss, full_eval=full_eval)  # fmt: skip
+
+
+# ----------------------------------------------------------------- the commands: one kitlib line, nothing written
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from kitlib import cli
+
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _notebook(folder: Path, *cells: str) -> Path:
+    import nbformat
+
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbformat.write(nb, folder / "broken.ipynb")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "pd.read_csv(io.StringIO(''))",  # raised in pandas' frames while the cell runs
+        # raised while IPython displays the cell's result
+        "class Shown:\n    def __repr__(self):\n        return str(pd.read_csv(io.StringIO('')))\nShown()",
+    ],
+    ids=["in the cell", "while displaying its result"],
+)
+def test_the_notebook_runner_carries_each_notebooks_own_error_to_the_prompt(tmp_path: Path, cell: str) -> None:
+    """An error raised in a third-party frame, also one raised by IPython's display formatters (the kernel's reply
+    then says "NoneType: None"), reaches the prompt as the notebook's own words."""
+    from kitlib.notebook.runbook import NotebookFailed, run_notebooks
+
+    source = _notebook(tmp_path / "nb", "import io\nimport pandas as pd", cell)
+    with pytest.raises(NotebookFailed) as caught:
+        run_notebooks(tmp_path / "executed", names=["broken.ipynb"], source_dir=source, timeout_s=120)
+    said = str(caught.value)
+    assert re.search(r"broken\.ipynb stopped in cell 2: EmptyDataError: No columns to parse from file", said), said

@@ -143,13 +143,16 @@ def run_notebooks(
 
 
 def _failure(nb: Any, name: str, target: Path, err: Any) -> str:
-    """One paragraph: which notebook and cell, the error as kitlib (or Python) worded it, where the rest is."""
-    numbers = [
-        i for i, c in enumerate(nb.cells, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    """One paragraph: which notebook and cell, the error as kitlib (or Python) worded it, where the rest is. The
+    words come from the cell's own error output: the kernel's reply loses them when the error was raised while
+    displaying a result (IPython's formatters: the reply then says "NoneType: None")."""
+    errors = [
+        (i, o) for i, c in enumerate(nb.cells, 1) for o in c.get("outputs", []) if o.get("output_type") == "error"
     ]
-    cell = f"cell {numbers[0]}" if numbers else "a cell"
+    cell, ename, evalue = (f"cell {errors[0][0]}", errors[0][1].ename, errors[0][1].evalue) if errors else (
+        "a cell", err.ename, err.evalue)  # fmt: skip
     return (
-        f"{name} stopped in {cell}: {err.ename}: {err.evalue}\n(the executed notebook, with the full traceback: "
+        f"{name} stopped in {cell}: {ename}: {evalue}\n(the executed notebook, with the full traceback: "
         f"{target}; {TRACEBACK_ENV}=1 shows it here)"
     )
 

@@ -23,7 +23,7 @@ from kitlib.data.cache import Cache
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
-from kitlib.doctor.memory_plan import GENERATING, run_line
+from kitlib.doctor.memory_plan import GENERATING, PLANNED, run_line
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
@@ -135,7 +135,7 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
     own has no config to plan from."""
     scratch = p.model == "tiny" or (p.model == "auto" and p.task in GENERATING)
-    if scratch or p.task not in ("auto", "classify", "regress", "tabular-text", *GENERATING):
+    if scratch or p.task not in ("auto", *PLANNED):
         return lambda run: f"no plan for model={p.model!r}, task={p.task!r}: it is built by the task, not from a config"
     task, hw = (p.task if p.task in GENERATING else "classify"), planning_hw(p, hw)
     lines: dict[tuple[Any, ...], str] = {}
