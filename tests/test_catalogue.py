@@ -569,6 +569,13 @@ CATALOGUE = [
     ),
     # --- the parameters cell
     Case(
+        "a metric of numbers on a 0/1 target",
+        "setup",
+        r"metric = 'smape' scores numbers, but target column 'label' holds two values \(0, 1\)",
+        r"Fix: metric = 'accuracy'.*or task = 'regress'",
+        values={"metric": "smape"},
+    ),
+    Case(
         "task misspelt",
         "setup",
         r"task = 'classification' is not one of",
@@ -1135,3 +1142,70 @@ def test_the_notebook_runner_carries_each_notebooks_own_error_to_the_prompt(tmp_
         run_notebooks(tmp_path / "executed", names=["broken.ipynb"], source_dir=source, timeout_s=120)
     said = str(caught.value)
     assert re.search(r"broken\.ipynb stopped in cell 2: EmptyDataError: No columns to parse from file", said), said
+
+
+def test_kaggle_build_refuses_a_metric_that_contradicts_the_target_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    data = _competition(tmp_path / "data")
+    (data / "params.json").write_text(json.dumps({"preset": "smoke", "metric": "rmse"}))
+    before = _snapshot(tmp_path)
+    code, _, err = _cli(["kaggle", "build", "--username", "me", "--competition", "comp", "--params",
+                         str(data / "params.json"), "--out", str(tmp_path / "kaggle")], capsys)  # fmt: skip
+    assert code == 2, err
+    assert re.search(r"metric = 'rmse' scores numbers, but target column 'label' holds two values .*Fix", err), err
+    assert _snapshot(tmp_path) == before and not (tmp_path / "kaggle").exists()
+
+
+@pytest.fixture
+def lora_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What 00-02 leave for export-merged (a gpt2 folder, a lora run's best/), as test_lora builds it."""
+    from types import SimpleNamespace
+
+    import torch
+    import transformers as tf
+
+    from kitlib.engine import checkpoint
+    from kitlib.models.adapters import add_adapter
+
+    torch.manual_seed(0)
+    folder = tmp_path / "gpt2-folder"
+    tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=64)).save_pretrained(
+        folder
+    )
+
+    def adapted() -> Any:  # each export builds its own (the merge folds the adapter into the model it gets)
+        return add_adapter(tf.GPT2LMHeadModel.from_pretrained(folder), "lora", generating=True)
+
+    p = SimpleNamespace(model="tiny", run_dir=tmp_path / "work" / "run", work_dir=tmp_path / "work")
+    checkpoint.write(checkpoint.snapshot(adapted()), p.run_dir / "best")
+    monkeypatch.setattr(stages, "load_params", lambda work_dir: p)
+    monkeypatch.setattr(stages, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
+        config=SimpleNamespace(adapter="lora"))))  # fmt: skip
+    monkeypatch.setattr(stages, "prepare", lambda p, feats, hw: SimpleNamespace(model=adapted()))
+    monkeypatch.setattr("kitlib.notebook.stages.detect", lambda: None)
+    return tmp_path / "work"
+
+
+def test_export_merged_never_writes_over_a_folder_it_did_not_make_and_keeps_its_own_earlier_export(
+    lora_work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "my-model"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"model_type": "bert"}')
+    (mine / "model.safetensors").write_bytes(b"the user's weights")
+    before = _snapshot(tmp_path)
+    code, _, err = _cli(["export-merged", str(lora_work), str(mine)], capsys)
+    assert code == 2 and re.search(r"my-model already holds \['config\.json', 'model\.safetensors'\]", err), err
+    assert "Fix: name a new or empty folder" in err
+    assert _snapshot(tmp_path) == before
+
+    out = tmp_path / "merged"
+    assert _cli(["export-merged", str(lora_work), str(out)], capsys)[0] == 0
+    first = _snapshot(out)
+    code, said, err = _cli(["export-merged", str(lora_work), str(out)], capsys)
+    assert code == 0, err
+    assert f"the earlier export in {out} is kept as {out}.prev" in said
+    assert _snapshot(tmp_path / "merged.prev") == first

@@ -639,6 +639,9 @@ def infer(
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 
 
+EXPORT_MARK = "kitlib-export.json"  # in a folder export-merged wrote: the only kind it moves aside to write again
+
+
 def export_merged(
     work_dir: str | os.PathLike[str], out: str | os.PathLike[str], hw: HardwareInfo | None = None
 ) -> Path:
@@ -649,6 +652,14 @@ def export_merged(
 
     from kitlib.engine import checkpoint
 
+    target = Path(out)
+    made = (target / EXPORT_MARK).is_file()
+    if target.is_file() or (target.is_dir() and any(target.iterdir()) and not made):
+        held = sorted(f.name for f in target.iterdir())[:5] if target.is_dir() else "a file"
+        raise SetupError(
+            f"export-merged's folder {target} already holds {held}, not written by export-merged: writing there would "
+            "replace them. Fix: name a new or empty folder for the merged model"
+        )
     p = load_params(work_dir)
     feats = load_features(p)
     adapter = feats.run.config.adapter
@@ -663,8 +674,11 @@ def export_merged(
         )
     model = prepare(p, feats, hw).model
     checkpoint.restore_model(model, checkpoint.load(_trained_checkpoint(p.run_dir, p)))
-    merged, target = merge_adapter(model), Path(out)
+    merged = merge_adapter(model)
+    if made:  # an earlier export: kept, never written over
+        print(f"the earlier export in {target} is kept as {keep_aside(target)}")
     target.mkdir(parents=True, exist_ok=True)
+    (target / EXPORT_MARK).write_text(json.dumps({"work_dir": str(p.work_dir), "adapter": adapter}) + "\n")
     save = getattr(merged, "save_pretrained", None)
     if callable(save):
         save(target)

@@ -146,10 +146,12 @@ def build_kernels(
     first = {**common, "data_dir": data, **(parameters or {})}
     if not single and "hardware" not in first and _gpu_only_from_training(notebooks, gpu):
         first["hardware"] = "2xT4"  # 00/01 on CPU plan precision, processes and batch for 02's T4 x2
-    check_parameters(
+    p = check_parameters(
         {k: v for k, v in first.items() if k not in ("work_dir", "data_dir", "wheels_dir")},
         data_dir=None if local_data is None else Path(local_data),
     )
+    if local_data is not None and p.task in ("auto", "classify", "regress", "tabular-text"):  # what 00 will refuse
+        _check_metric_on(Path(local_data) / p.train_file, p)
     if not wheels_dataset:
         warnings.warn(
             "no wheels dataset named (--wheels-dataset): Kaggle's image lacks kitlib, so every kernel's install cell "
@@ -230,6 +232,20 @@ def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_metric_on(train: Path, p: Any) -> None:
+    """00's metric/target check on the local copy of train.csv, before a kernel is built to fail on Kaggle."""
+    import pandas as pd
+
+    from kitlib.tasks.metrics import check_metric_fits
+
+    try:
+        column = pd.read_csv(train, usecols=[p.target])[p.target].dropna()
+    except (OSError, ValueError):
+        return  # no such file or column here: 00 names it, with its fix
+    rule = p.task if p.task in ("classify", "regress") else "auto"
+    check_metric_fits(column.tolist(), p.target, rule, str(p.metric))
 
 
 def _edited(notebook: Path, text: str) -> bool:
