@@ -1109,7 +1109,10 @@ def test_a_users_metric_that_fails_mid_training_is_kitlibs_error_not_a_runtime_e
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     from kitlib import cli
 
-    code = cli.main(argv)
+    try:
+        code = cli.main(argv)
+    except SystemExit as stop:  # argparse's refusal of a bad argument
+        code = int(stop.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -1209,3 +1212,58 @@ def test_export_merged_never_writes_over_a_folder_it_did_not_make_and_keeps_its_
     assert code == 0, err
     assert f"the earlier export in {out} is kept as {out}.prev" in said
     assert _snapshot(tmp_path / "merged.prev") == first
+
+
+BAD_ARGUMENTS = [  # (a command line with one bad argument, what the message must say): {d} is an existing folder
+    ("detect --precision fp99", r"argument --precision: invalid choice: 'fp99'"),
+    ("doctor {d} --profile Q99", r"argument --profile: unknown profile 'Q99'; choose one of: T4"),
+    ("doctor {d}/nowhere", r"nowhere/timing\.json not found: pass the run_dir"),
+    ("cache clear --older-than-days -1 --yes --dir {d}", r"argument --older-than-days: '-1': give a number >= 0"),
+    ("cache wipe", r"argument action: invalid choice: 'wipe'"),
+    ("demo {d}/demo --test-fraction 0", r"argument --test-fraction: '0' is not a fraction between 0 and 1"),
+    ("demo {d}/demo --seed -1", r"argument --seed: '-1': give a whole number >= 0"),
+    ("demo {d}/demo --task sql", r"argument --task: invalid choice: 'sql'"),
+    ("score {d}/nowhere.csv {d}/nowhere.csv", r"no solution file at .*nowhere\.csv"),
+    ("presets --profile Q99", r"argument --profile: unknown profile 'Q99'"),
+    ("presets --rows 0", r"argument --rows: '0': give a whole number >= 1"),
+    ("plan --model gpt2 --task foo", r"task 'foo' has no memory plan: one of classify, .*Fix: --task"),
+    ("plan --model gpt2 --micro-batch 0", r"argument --micro-batch: '0': give a whole number >= 1"),
+    ("plan --model gpt2 --accum -2", r"argument --accum: '-2': give a whole number >= 1"),
+    ("plan --model gpt2 --hardware Q99", r"argument --hardware: unknown profile 'Q99'"),
+    ("plan --model {d}/nowhere", r"model '.*nowhere' is neither a config\.json, a folder holding one"),
+    ("export-merged {d}/nowhere {d}/out", r"no params\.json in .*nowhere: run notebooks/00_setup"),
+    ("kaggle build --username me --competition c --gpu 09 --out {d}/k", r"gpu names \['09'\], no notebook"),
+    ("kaggle build --username me --competition c --epochs 0 --out {d}/k", r"epochs = 0 is not a whole number >= 1"),
+    ("kaggle build --username me --competition c --chain some --out {d}/k", r"argument --chain: invalid choice"),
+    ("kaggle build --username me --competition c --notebooks-dir {d}/nowhere", r"--notebooks-dir: .*nowhere is not a"),
+    ("kaggle build --username me --competition c --params {d}/nowhere.json", r"--params .*nowhere\.json: .*Fix"),
+    ("kaggle wheels --out {d}/w --dry-run --python-version abc", r"'abc' is not a Python version such as 3\.12"),
+    ("kaggle push {d}/nowhere", r"no kernel-metadata\.json in .*nowhere: run `python -m kitlib kaggle build`"),
+    ("kaggle push {d} --timeout -1", r"argument --timeout: '-1': give a whole number >= 1"),
+    ("kaggle status me/k --wait -1", r"argument --wait: '-1': give a number >= 0"),
+    ("kaggle status me/k --poll 0", r"argument --poll: '0': give a number >= 1"),
+    ("kaggle output me/k --dest {d}/o --pattern (", r"argument --pattern: '\(' is not a regular expression"),
+    ("notebooks run --data {d}/nowhere --work {d}/w", r"argument --data: .*nowhere is not a folder"),
+    ("notebooks run --data {d} --work {d}/w --micro-batch-size 0", r"micro_batch_size = 0 is not a whole number"),
+    ("notebooks run --data {d} --work {d}/w --epochs -1", r"epochs = -1 is not a whole number >= 1"),
+    ("notebooks run --data {d} --work {d}/w --task foo", r"task = 'foo' is not one of"),
+    ("notebooks run --data {d} --work {d}/w --optimizer sgd", r"argument --optimizer: invalid choice: 'sgd'"),
+    ("notebooks strip --notebooks {d}/nowhere", r"argument --notebooks: .*nowhere is not a folder"),
+    ("notebooks build", r"argument action: invalid choice: 'build'"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_ARGUMENTS, ids=[line for line, _ in BAD_ARGUMENTS])
+def test_every_command_refuses_a_bad_argument_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    """An unknown choice, a zero, a negative or a missing path: exit 2, one message naming the argument, no
+    traceback, nothing written (and no kernel started, no network asked)."""
+    data = _competition(tmp_path / "data")
+    before = sorted(tmp_path.rglob("*"))
+    with mock.patch("kitlib.notebook.runbook.run_notebooks") as run_notebooks:
+        code, _, err = _cli(line.format(d=data).split(), capsys)
+    assert code == 2 and not run_notebooks.called, err
+    assert re.search(message, err), err
+    assert "Traceback" not in err
+    assert sorted(tmp_path.rglob("*")) == before

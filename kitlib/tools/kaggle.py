@@ -129,6 +129,9 @@ def build_kernels(
         raise ValueError(f"chain={chain!r}: use 'previous' or 'all'")
     if gpu is None:
         gpu = gpu_notebooks((parameters or {}).get("preset"))
+    names = {n.stem for n in notebooks} | {n.stem[:2] for n in notebooks}
+    if not isinstance(gpu, bool) and (unknown := sorted(set(gpu) - names)):
+        raise ValueError(f"gpu names {unknown}, no notebook of {folder_in}: name them as 02 or 02_train (--gpu 02,03)")
     sources = [*dataset_sources, *([wheels_dataset] if wheels_dataset else [])]
     data = data_dir or (
         mount_path("competitions", competition)
