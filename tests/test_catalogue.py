@@ -1267,3 +1267,50 @@ def test_every_command_refuses_a_bad_argument_before_any_work(
     assert re.search(message, err), err
     assert "Traceback" not in err
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_kaggle_build_never_writes_over_a_kernel_folder_file_it_did_not_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own kernel-metadata.json (hand-written, no build record beside it) is refused; --force keeps it as
+    .prev and says so."""
+    out = tmp_path / "kaggle"
+    (out / "00_setup").mkdir(parents=True)
+    mine = out / "00_setup" / "kernel-metadata.json"
+    mine.write_text('{"id": "me/my-own-kernel", "title": "mine"}\n')
+    before = _snapshot(tmp_path)
+    build = ["kaggle", "build", "--username", "me", "--competition", "comp", "--wheels-dataset", "me/w",
+             "--out", str(out)]  # fmt: skip
+    code, _, err = _cli(build, capsys)
+    assert code == 2 and re.search(r"00_setup/kernel-metadata\.json changed since kitlib built it .*--force", err), err
+    assert _snapshot(tmp_path) == before
+    code, _, err = _cli([*build, "--force"], capsys)
+    assert code == 0, err
+    assert f"kept your {mine} as {mine}.prev" in err
+    assert (out / "00_setup" / "kernel-metadata.json.prev").read_bytes() == before[mine.relative_to(tmp_path)]
+    assert _cli(build, capsys)[0] == 0  # kitlib's own folders: a new build replaces them
+
+
+def test_notebooks_run_never_writes_over_a_notebook_it_did_not_execute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """WORK/executed/ holds the executed copies: a file of the user's by one of their names stops the run before
+    any kernel starts; a copy this runner executed is replaced."""
+    from kitlib.notebook.runbook import EXECUTED_MARK
+
+    data = _competition(tmp_path / "data")
+    executed = tmp_path / "work" / "executed"
+    executed.mkdir(parents=True)
+    (executed / "02_train.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    before = _snapshot(tmp_path)
+    line = ["notebooks", "run", "--data", str(data), "--work", str(tmp_path / "work"), "--preset", "smoke"]
+    with mock.patch("nbclient.NotebookClient", side_effect=RuntimeError("a kernel was started")):
+        code, _, err = _cli(line, capsys)
+    assert code == 2 and re.search(r"executed/02_train\.ipynb: not a notebook this runner executed.*Fix: move", err)
+    assert _snapshot(tmp_path) == before
+    import json
+
+    (executed / "02_train.ipynb").write_text(json.dumps({"metadata": {EXECUTED_MARK: "02_train.ipynb"}}))
+    started = pytest.raises(RuntimeError, match="a kernel was started")  # its own copy: the run goes ahead
+    with mock.patch("nbclient.NotebookClient", side_effect=RuntimeError("a kernel was started")), started:
+        _cli(line, capsys)

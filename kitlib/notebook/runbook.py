@@ -22,6 +22,7 @@ from kitlib.errors import TRACEBACK_ENV, KitError
 # read by the CLI and 00 (python -X importtime).
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
+EXECUTED_MARK = "kitlib_executed"  # in an executed copy's metadata: the only kind a later run writes over
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
 # Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
 # to the executed notebook's folder, so a relative path must be made absolute before the kernel sees it.
@@ -111,6 +112,12 @@ def run_notebooks(
     parameters = absolute_parameters(parameters or {})
     kernel_env = {"KIT_HEADLESS": "1", **(env or {})}
     kernel_env |= absolute_environment({**os.environ, **kernel_env})
+    theirs = [out_dir / n for n in names if (out_dir / n).exists() and not _executed_here(out_dir / n)]
+    if theirs:  # before any kernel: an executed copy replaces only an executed copy
+        raise NotebookFailed(
+            f"{', '.join(map(str, theirs))}: not a notebook this runner executed, and the run would write its "
+            f"executed copy there. Fix: move it out of {out_dir}, or pick another work dir"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     saved = dict(os.environ)
@@ -131,6 +138,7 @@ def run_notebooks(
                     raise
                 raise NotebookFailed(_failure(nb, name, target, err)) from None
             finally:
+                nb.metadata[EXECUTED_MARK] = name
                 nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
             size = target.stat().st_size
             if size > MAX_EXECUTED_BYTES:
@@ -140,6 +148,15 @@ def run_notebooks(
         os.environ.clear()
         os.environ.update(saved)
     return results
+
+
+def _executed_here(path: Path) -> bool:
+    import json
+
+    try:
+        return bool(json.loads(path.read_text()).get("metadata", {}).get(EXECUTED_MARK))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _failure(nb: Any, name: str, target: Path, err: Any) -> str:

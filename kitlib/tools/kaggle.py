@@ -200,28 +200,29 @@ def build_kernels(
             values = first if not kernels else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
             nb = set_parameters(_clean(json.loads(notebook.read_text())), values)
             kernels.append((notebook.stem, nb, meta_for(notebook.stem, use_gpu, mounted)))
-    texts = {
-        Path(out_dir) / name / m["code_file"]: json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    files = {  # per kernel folder: the notebook and its metadata, as this build writes them
+        Path(out_dir) / name: {
+            m["code_file"]: json.dumps(nb, indent=1, ensure_ascii=False) + "\n",
+            METADATA_FILE: json.dumps(m, indent=2) + "\n",
+        }
         for name, nb, m in kernels
     }
-    edited = [notebook for notebook, text in texts.items() if _edited(notebook, text)]
+    edited = [folder / n for folder, texts in files.items() for n, text in texts.items() if _edited(folder / n, text)]
     if edited and not force:
         raise KernelFolderError(
-            f"{', '.join(map(str, edited))} changed since kitlib built it: building again would overwrite your "
-            "edits. Fix: put the values in the build's options (--params FILE, --text, ...) and rebuild with --force "
-            "(the edited copy is kept as .ipynb.prev), or build into another --out"
+            f"{', '.join(map(str, edited))} changed since kitlib built it (or kitlib did not write it): building "
+            "again would overwrite your edits. Fix: put the values in the build's options (--params FILE, --text, "
+            "...) and rebuild with --force (the edited copy is kept as .prev), or build into another --out"
         )
-    folders = []
-    for (_, _, meta), (notebook, text) in zip(kernels, texts.items(), strict=True):
-        folder = notebook.parent
+    for folder, texts in files.items():
         folder.mkdir(parents=True, exist_ok=True)
-        if notebook in edited:
-            keep_aside(notebook)  # <name>.ipynb.prev: the user's edits survive a forced build
-        notebook.write_text(text)
-        (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        (folder / BUILD_FILE).write_text(json.dumps({meta["code_file"]: _digest(text)}) + "\n")
-        folders.append(folder)
-    return folders
+        for name, text in texts.items():
+            if folder / name in edited:
+                aside = keep_aside(folder / name)  # a forced build loses no edit, and says where it is
+                warnings.warn(f"kept your {folder / name} as {aside}", stacklevel=2)
+            (folder / name).write_text(text)
+        (folder / BUILD_FILE).write_text(json.dumps({n: _digest(t) for n, t in texts.items()}) + "\n")
+    return list(files)
 
 
 def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
@@ -251,14 +252,16 @@ def _check_metric_on(train: Path, p: Any) -> None:
     check_metric_fits(column.tolist(), p.target, rule, str(p.metric))
 
 
-def _edited(notebook: Path, text: str) -> bool:
-    """Whether ``notebook`` exists and differs both from ``text`` and from what the last build wrote there."""
-    if not notebook.is_file() or (current := notebook.read_text()) == text:
+def _edited(path: Path, text: str) -> bool:
+    """Whether ``path`` exists and differs both from ``text`` and from what the last build wrote there. A build
+    before the metadata was recorded left its metadata unrecorded: that one counts as kitlib's."""
+    if not path.is_file() or (current := path.read_text()) == text:
         return False
     try:
-        built = json.loads((notebook.parent / BUILD_FILE).read_text()).get(notebook.name)
+        record = json.loads((path.parent / BUILD_FILE).read_text())
+        built = record.get(path.name, _digest(current) if path.name == METADATA_FILE else None)
     except (OSError, json.JSONDecodeError, AttributeError):
-        built = None  # no record of a build here: the notebook is someone's
+        built = None  # no record of a build here: the file is someone's
     return built != _digest(current)
 
 
