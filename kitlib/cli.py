@@ -305,7 +305,7 @@ def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _cmd_notebooks(args: argparse.Namespace) -> int:
-    from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks, strip_outputs
+    from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, run_notebooks, strip_outputs
 
     source = Path(args.notebooks) if args.notebooks else notebooks_dir()
     if args.action == "strip":
@@ -315,6 +315,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
     from kitlib.notebook.params import ENV, check_parameters, check_work_dir, env_value
+    from kitlib.notebook.stages import outcome
 
     values, _ = _parameters(args)
     given = {k: str(values[k]) for k in ENV if k in values}
@@ -328,8 +329,11 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     values |= {"data_dir": args.data, "work_dir": args.work}
     check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
     check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel
-    for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
-        print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
+    done = run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source)
+    for one in done:
+        print(f"{one.path.name}: {one.seconds:.1f} s, {one.size_bytes / 1e3:.0f} kB executed")
+    said = raised_warnings([one.path for one in done])
+    print("\nresult:\n  " + "\n  ".join([*outcome(args.work), f"warnings: {len(said) or 'none'}", *said]))
     return 0
 
 

@@ -1314,3 +1314,40 @@ def test_notebooks_run_never_writes_over_a_notebook_it_did_not_execute(
     started = pytest.raises(RuntimeError, match="a kernel was started")  # its own copy: the run goes ahead
     with mock.patch("nbclient.NotebookClient", side_effect=RuntimeError("a kernel was started")), started:
         _cli(line, capsys)
+
+
+def test_a_headless_run_ends_with_its_result_the_verdict_the_kept_epoch_the_submission_and_every_warning(
+    good_run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last lines of ``notebooks run`` are what the run recorded (run/baseline.json as 02 judged it, best/'s
+    epoch, submission.csv) and each warning the notebooks printed, so a Kaggle log or CI shows the result."""
+    import json
+
+    import nbformat
+
+    from kitlib.notebook.runbook import Executed
+    from kitlib.tasks.baseline import Baseline
+
+    root, pristine = good_run
+    shutil.rmtree(root)
+    shutil.copytree(pristine, root)
+    work = root / "work"
+    executed = tmp_path / "03_infer.ipynb"
+    cell = nbformat.v4.new_code_cell("stages.infer(p)")
+    warning = "/x/stages.py:12: UserWarning: every one of the 40 rows predicts label = 0: the model learnt a constant\n"
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=warning + "  warnings.warn(\n")]
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), executed)
+    ran = [Executed(executed, 1.0, executed.stat().st_size)]
+    with mock.patch("kitlib.notebook.runbook.run_notebooks", return_value=ran):
+        code, out, err = _cli(["notebooks", "run", "--data", str(root / "data"), "--work", str(work)], capsys)
+    assert code == 0, err
+    record = json.loads((work / "run" / "baseline.json").read_text())
+    baseline = Baseline.from_dict(record)
+    verdict = baseline.verdict(record["model_score"], record["kind"]) or "the model beats the trivial baseline"
+    epoch = json.loads((work / "run" / "best" / "meta.json").read_text())["epoch"]
+    last = out.strip().splitlines()[-6:]
+    assert last[0].strip() == f"validation accuracy: {record['model_score']:.4g}, {baseline.line()}", out
+    assert last[1].strip() == f"verdict: {verdict}"
+    assert last[2].strip() == f"kept: the checkpoint of epoch {epoch} ({work / 'run' / 'best'})"
+    assert last[3].strip() == f"submission: {work / 'submission.csv'}"
+    assert last[4:] == ["  warnings: 1", f"  03_infer: UserWarning: {warning.split('UserWarning: ')[1].strip()}"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from kitlib.errors import TRACEBACK_ENV, KitError
 # read by the CLI and 00 (python -X importtime).
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
+# the first line warnings.showwarning prints: "file:line: Category: message"
+_WARNING = re.compile(r"^\S.*?:\d+: (\w*Warning): (.*)$", re.M)
 EXECUTED_MARK = "kitlib_executed"  # in an executed copy's metadata: the only kind a later run writes over
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
 # Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
@@ -148,6 +151,21 @@ def run_notebooks(
         os.environ.clear()
         os.environ.update(saved)
     return results
+
+
+def raised_warnings(paths: Sequence[Path]) -> list[str]:
+    """Every warning the executed notebooks at ``paths`` printed (``<notebook>: <Category>: <message>``), each once,
+    in order: what a headless user would otherwise find only inside the .ipynb files."""
+    import json
+
+    found: dict[str, None] = {}
+    for path in paths:
+        cells = json.loads(path.read_text()).get("cells", [])
+        for out in (o for c in cells for o in c.get("outputs", []) if o.get("name") == "stderr"):
+            text = "".join(out.get("text", ""))
+            for category, message in _WARNING.findall(text):
+                found[f"{path.stem}: {category}: {message.strip()}"] = None
+    return list(found)
 
 
 def _executed_here(path: Path) -> bool:

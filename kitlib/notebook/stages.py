@@ -698,6 +698,30 @@ def export_merged(
     return target
 
 
+def outcome(work_dir: str | os.PathLike[str]) -> list[str]:
+    """What a finished run recorded, in a few lines: the validation score beside the trivial baseline's and the
+    verdict (run/baseline.json, as 02 judged it), the kept epoch (best/), where the submission is. 03's last cell
+    and the end of ``python -m kitlib notebooks run`` print them."""
+    run, lines = Path(work_dir) / "run", []
+    try:
+        record = json.loads((run / BASELINE_FILE).read_text())
+        baseline, score = Baseline.from_dict(record), record.get("model_score")
+        shown = "no score" if score is None else f"{score:.4g}"
+        lines.append(f"validation {baseline.metric}: {shown}, {baseline.line()}")
+        verdict = baseline.verdict(score, str(record.get("kind", "")))
+        lines.append(f"verdict: {verdict}" if verdict else "verdict: the model beats the trivial baseline")
+    except (OSError, ValueError, KeyError):
+        lines.append(f"verdict: none recorded ({run / BASELINE_FILE} is missing: 02 did not finish)")
+    try:
+        epoch = json.loads((run / "best" / "meta.json").read_text())["epoch"]
+        lines.append(f"kept: the checkpoint of epoch {epoch} ({run / 'best'})")
+    except (OSError, ValueError, KeyError):
+        lines.append(f"kept: no best/ checkpoint in {run}")
+    submission = Path(work_dir) / "submission.csv"
+    lines.append(f"submission: {submission}" if submission.is_file() else "submission: none written")
+    return lines
+
+
 def _warn_unbeaten(run_dir: Path) -> None:
     """A UserWarning before the submission is written when 02 found the model no better than a constant."""
     try:
