@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
@@ -329,7 +330,8 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     values |= {"data_dir": args.data, "work_dir": args.work}
     check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
     check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel
-    done = run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source)
+    again = f"python -m kitlib {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["notebooks"] else "the same command"
+    done = run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source, resume=again)
     for one in done:
         print(f"{one.path.name}: {one.seconds:.1f} s, {one.size_bytes / 1e3:.0f} kB executed")
     said = raised_warnings([one.path for one in done])

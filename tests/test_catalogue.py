@@ -1351,3 +1351,102 @@ def test_a_headless_run_ends_with_its_result_the_verdict_the_kept_epoch_the_subm
     assert last[2].strip() == f"kept: the checkpoint of epoch {epoch} ({work / 'run' / 'best'})"
     assert last[3].strip() == f"submission: {work / 'submission.csv'}"
     assert last[4:] == ["  warnings: 1", f"  03_infer: UserWarning: {warning.split('UserWarning: ')[1].strip()}"]
+
+
+TRAINING_CELL = """
+import pathlib, signal, time
+here = pathlib.Path({here!r})
+stop = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))  # as SigtermStop: save, then return
+(here / "started").touch()
+while not stop:
+    time.sleep(0.05)
+time.sleep(1.0)  # the save takes a moment
+(here / "saved").write_text("last")
+"""
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_whole_headless_run_saves_like_a_signal_to_the_kernel(tmp_path: Path, signame: str) -> None:
+    """SIGTERM or SIGINT to the runner's process group (a container stop, Ctrl-C): the running notebook's kernel
+    gets SIGTERM and finishes its save, the next notebook never starts, and the run ends with one kitlib message
+    naming the signal and the command that resumes; no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source = _notebook(tmp_path / "nb", TRAINING_CELL.format(here=str(tmp_path)))
+    (source / "broken.ipynb").rename(source / "a.ipynb")
+    shutil.copy(source / "a.ipynb", source / "b.ipynb")
+    script = (
+        "import sys; from kitlib.errors import KitError; from kitlib.notebook.runbook import run_notebooks\n"
+        f"try: run_notebooks({str(tmp_path / 'executed')!r}, names=['a.ipynb', 'b.ipynb'], "
+        f"source_dir={str(source)!r}, resume='python -m kitlib notebooks run AGAIN')\n"
+        "except KitError as err: sys.exit(f'notebooks: {err}')\n"
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.1)
+    assert (tmp_path / "started").exists(), run.stderr.read() if run.stderr else ""
+    os.killpg(run.pid, getattr(signal, signame))
+    _, err = run.communicate(timeout=60)
+    assert (tmp_path / "saved").read_text() == "last", err
+    assert re.search(rf"notebooks: stopped by {signame} during a\.ipynb .*up to 30 s to save.*Resume: python -m "
+                     r"kitlib notebooks run AGAIN", err), err  # fmt: skip
+    assert run.returncode == 1 and "Traceback" not in err
+    assert not (tmp_path / "executed" / "b.ipynb").exists()
+
+
+LAUNCHED = """
+import os, pathlib, signal, sys, time
+from kitlib.machine.distributed import launch
+here = pathlib.Path(sys.argv[1])
+
+def train():  # as fit under SigtermStop: a SIGTERM asks for a save at the end of the step, then fit returns
+    stop = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    rank = os.environ["RANK"]
+    (here / f"started-{rank}").touch()
+    while not stop:
+        time.sleep(0.05)
+    (here / f"saved-{rank}").touch()
+    return rank
+
+print("rank 0 returned", launch(train, nprocs=2))
+"""
+
+
+def test_sigterm_to_the_kernel_reaches_both_workers_which_save_and_return(tmp_path: Path) -> None:
+    """Two forked workers (the notebooks' launch): SIGTERM to their parent (the kernel, as the headless runner or a
+    hosted session sends it) goes on to both, each saves, and launch returns rank 0's result."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = subprocess.Popen([sys.executable, "-c", LAUNCHED, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    out, _ = run.communicate(timeout=60)
+    assert run.returncode == 0 and "rank 0 returned 0" in out
+    assert sorted(f.name for f in tmp_path.glob("saved-*")) == ["saved-0", "saved-1"]
+
+
+def _die_on_rank_1() -> None:
+    import signal
+    import time
+
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)
+
+
+def test_a_killed_worker_ends_launch_with_one_kitlib_message_naming_it_and_the_fix() -> None:
+    from kitlib.machine.distributed import WorkerDied, launch
+
+    with pytest.raises(WorkerDied, match=r"worker 1 of 2 \(pid \d+\) ended with signal SIGKILL.*Fix: .*run again"):
+        launch(_die_on_rank_1, nprocs=2)

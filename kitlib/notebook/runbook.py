@@ -25,6 +25,7 @@ from kitlib.errors import TRACEBACK_ENV, KitError
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "file:line: Category: message"
 _WARNING = re.compile(r"^\S.*?:\d+: (\w*Warning): (.*)$", re.M)
+GRACE_S = 30  # seconds a stopped kernel gets to save last/ (one checkpoint write: seconds on a local disk)
 EXECUTED_MARK = "kitlib_executed"  # in an executed copy's metadata: the only kind a later run writes over
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
 # Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
@@ -99,9 +100,14 @@ def run_notebooks(
     source_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: int = 3600,
+    resume: str = "run the same command again",
 ) -> list[Executed]:
     """Execute the notebooks in order; each executed copy is saved to ``out_dir``. Stops at the first failure
     (nbclient's CellExecutionError names the cell and the error).
+
+    SIGTERM or SIGINT to this process (a container stop, Ctrl-C, a hosted session ending) is passed on to the
+    running notebook's kernel as SIGTERM, whose training saves ``last/`` and stops; after that notebook (at most
+    GRACE_S later) the run ends with a RunStopped naming what was saved and ``resume``, the command that continues.
 
     Relative paths (``out_dir``, ``source_dir``, the path parameters and KIT_* path variables) are taken against
     this process's working directory, as a user typing them expects, not against the kernels' working directory.
@@ -125,6 +131,7 @@ def run_notebooks(
     results = []
     saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
+    stop = _Stop(parameters.get("work_dir"), resume)
     try:
         for name in names:
             nb = nbformat.read(source_dir / name, as_version=4)
@@ -133,16 +140,21 @@ def run_notebooks(
             start = time.perf_counter()
             target = out_dir / name
             try:
-                NotebookClient(
-                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}}
-                ).execute()
-            except CellExecutionError as err:
-                if os.environ.get(TRACEBACK_ENV) == "1":
+                stop.client = NotebookClient(
+                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}},
+                    on_notebook_start=stop.arm,
+                )  # fmt: skip
+                with stop:
+                    stop.client.execute()
+            except Exception as err:
+                stop.check(name)  # stopped by a signal: that, not the error the stop caused, is the message
+                if not isinstance(err, CellExecutionError) or os.environ.get(TRACEBACK_ENV) == "1":
                     raise
                 raise NotebookFailed(_failure(nb, name, target, err)) from None
             finally:
                 nb.metadata[EXECUTED_MARK] = name
                 nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
+            stop.check(name)
             size = target.stat().st_size
             if size > MAX_EXECUTED_BYTES:
                 raise RuntimeError(f"{target} is {size / 1e6:.1f} MB: some output is not throttled for headless runs")
@@ -151,6 +163,72 @@ def run_notebooks(
         os.environ.clear()
         os.environ.update(saved)
     return results
+
+
+class RunStopped(KitError, RuntimeError):
+    """The headless run was stopped by a signal; the message says what was saved and how to continue."""
+
+
+class _Stop:
+    """The runner's SIGTERM/SIGINT handler while a kernel runs: the kernel (in a session of its own, so a signal to
+    this process group never reaches it) gets SIGTERM once, and SIGKILL if its notebook is still running GRACE_S
+    later; ``check`` then ends the run with one message."""
+
+    def __init__(self, work_dir: Any, resume: str) -> None:
+        self.work_dir, self.resume, self.signum, self.client = work_dir, resume, 0, None
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self.previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def arm(self, **_: Any) -> None:
+        """Once the kernel runs: nbclient's own handlers (they shut the kernel down at once) give way to ours."""
+        import asyncio
+        import signal
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_event_loop().add_signal_handler(signum, self._stop, signum, None)
+
+    def _kernel(self, signum: int) -> None:
+        process = getattr(getattr(getattr(self.client, "km", None), "provisioner", None), "process", None)
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signum)
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        import signal
+        import threading
+
+        if not self.signum:  # a second signal (Ctrl-C twice) changes nothing: the grace timer ends the wait
+            self.signum = signum
+            self._kernel(signal.SIGTERM)
+            timer = threading.Timer(GRACE_S, self._kernel, (signal.SIGKILL,))
+            timer.daemon = True
+            timer.start()
+
+    def check(self, name: str) -> None:
+        if not self.signum:
+            return
+        import signal
+
+        from kitlib.engine.checkpoint import latest
+
+        staged = Path(self.work_dir or ".") / "run.new"
+        kept = [str(c) for n in ("last", "best") if (c := latest(staged, n)) is not None]
+        what = f"{', '.join(kept)} saved" if kept else "no training checkpoint of this attempt"
+        raise RunStopped(
+            f"stopped by {signal.Signals(self.signum).name} during {name} (the kernel got SIGTERM and up to "
+            f"{GRACE_S} s to save): {what}; the notebooks before it are done. Resume: {self.resume}"
+        )
 
 
 def raised_warnings(paths: Sequence[Path]) -> list[str]:

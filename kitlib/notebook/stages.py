@@ -466,10 +466,20 @@ def train(
     cfg = _train_config(p, feats, stand_in)
     resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
-        from kitlib.machine.distributed import launch
+        from kitlib.engine import checkpoint
+        from kitlib.machine.distributed import WorkerDied, launch
 
         cpu = stand_in.hw if stand_in is not None else None
-        result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
+        try:
+            result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
+        except WorkerDied as err:
+            kept = [str(c) for n in ("last", "best") if (c := checkpoint.latest(_staging(p), n)) is not None]
+            saved = ", ".join(kept) or "no checkpoint of this attempt yet"
+            raise WorkerDied(
+                f"{str(err).partition('. Fix:')[0]}. Saved: {saved}. Fix: run "
+                "notebooks/02_train.ipynb again (headless: the same `python -m kitlib notebooks run` command): it "
+                f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
+            ) from None
         model = prepare(p, feats, hw or detect()).model  # on the CPU: this process still has not touched CUDA
         model.load_state_dict(weights)
         return dataclasses.replace(result, model=model)
