@@ -688,7 +688,7 @@ def export_merged(
     if made:  # an earlier export: kept, never written over
         print(f"the earlier export in {target} is kept as {keep_aside(target)}")
     target.mkdir(parents=True, exist_ok=True)
-    (target / EXPORT_MARK).write_text(json.dumps({"work_dir": str(p.work_dir), "adapter": adapter}) + "\n")
+    (target / EXPORT_MARK).write_text(json.dumps({"work_dir": str(work_dir), "adapter": adapter}) + "\n")
     save = getattr(merged, "save_pretrained", None)
     if callable(save):
         save(target)
