@@ -14,11 +14,12 @@ import warnings
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin, get_type_hints
 
 from kitlib._version import __version__
 from kitlib.config import Requested
 from kitlib.errors import KitError, PrecisionError, SetupError
+from kitlib.notebook.params import PARAMETERS, Params  # the parser's flags derive from the declaration
 
 # lazy: kitlib (+0.025 s): each command imports its kitlib modules when it runs. With all of them at the top,
 # `python -m kitlib --help` took 88 ms instead of 63 ms (min of 20 runs): the notebook, doctor and machine modules it
@@ -265,13 +266,6 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
     return 0
 
 
-# 00's parameters a command line may set, beside --params FILE; `kaggle build` and `notebooks run` take them all.
-NAMED = ("preset", "model", "text", "target", "id", "task", "metric", "objective", "numeric", "categorical",
-         "model_factory", "seed", "train_file", "test_file", "sample_submission", "hardware", "epochs",
-         "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every", "adapter",
-         "optimizer")  # fmt: skip
-
-
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     """00's parameters by one rule: an explicit flag > ``--params FILE`` (a demo's demo.json holds them under
     "parameters"; a user's params.json is flat) > 00's own defaults (not written here: the notebook's cell has them).
@@ -296,7 +290,7 @@ def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             raise SetupError(f"--params {path}: {err}") from None
         values |= found
         local = path.parent if (path.parent / values.get("train_file", "train.csv")).is_file() else None
-    flags = {k: v for k in NAMED if (v := getattr(args, k, None)) is not None}
+    flags = {k: v for k in flag_names() if (v := getattr(args, k, None)) is not None}
     values |= flags
     if values:
         origin = {k: "flag" if k in flags else "file" for k in values}
@@ -345,40 +339,29 @@ PARAMS_HELP = (
 )
 
 
+def flag_names() -> tuple[str, ...]:
+    """00's parameters a command line sets, beside --params FILE (data_dir and work_dir are --data and --work)."""
+    return tuple(name for name in PARAMETERS if name not in ("data_dir", "work_dir"))
+
+
 def _parameter_flags(p: argparse.ArgumentParser) -> None:
-    """A flag per 00 parameter (``NAMED``); none has a default here, so an unset flag never hides --params FILE's
-    value (00's parameters cell holds the defaults)."""
-    p.add_argument("--preset", help="smoke | fast | balanced | best (default: balanced)")
-    p.add_argument("--model", help="auto | tiny | a model folder (default: auto)")
-    p.add_argument("--text", help="text column (default: text); seq2seq: the source, causal-lm: the prompt")
-    p.add_argument("--target", help="target column (default: label); seq2seq/causal-lm: the text to generate")
-    p.add_argument("--id", help="id column (default: id)")
-    p.add_argument(
-        "--task",
-        help="auto | classify | regress | tabular-text | seq2seq | causal-lm | custom | module:name (default: auto)",
-    )
-    p.add_argument(
-        "--metric",
-        help="auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | exact_match | record_f1 | module:function",
-    )
-    p.add_argument("--objective", help="regression loss: auto (the metric's) | mse | mae | log_mse | log_mae")
-    p.add_argument("--numeric", help="numeric columns beside the text, comma-separated (any text task)")
-    p.add_argument("--categorical", help="categorical columns beside the text, comma-separated (any text task)")
-    p.add_argument("--model-factory", help="task custom: file.py:function (a full path) or module:function")
-    p.add_argument("--adapter", help="none | lora | qlora (LoRA on 4-bit weights, CUDA): default none")
-    p.add_argument("--seed", type=int, help="default: 42")
-    p.add_argument("--train-file", help="default: train.csv")
-    p.add_argument("--test-file", help="default: test.csv")
-    p.add_argument("--sample-submission", help="default: sample_submission.csv")
-    p.add_argument("--hardware", help="plan for this accelerator, e.g. 2xT4 (a chain's 00/01 run without it)")
-    p.add_argument("--epochs", type=int, help="default: the preset's")
-    p.add_argument("--micro-batch-size", type=int, help="rows per forward pass, per GPU (default: the preset's)")
-    p.add_argument("--grad-accum-steps", type=int, help="micro-batches per optimizer step (default: derived)")
-    p.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
-    p.add_argument("--max-length", type=int, help="tokens per row (default: fitted to the data)")
-    p.add_argument("--full-eval-every", type=int, help="epochs between full evaluations, 0: at the end only")
-    p.add_argument("--optimizer", choices=("adamw", "adamw8bit", "adamw-kahan"),
-                   help="adamw8bit: 8-bit AdamW; adamw-kahan: for pure bf16 weights (both: kitlib[lean])")  # fmt: skip
+    """A flag per declared parameter (kitlib.notebook.params.Params), its help the declaration's; none has a default
+    here, so an unset flag never hides --params FILE's value (00's parameters cell holds the defaults)."""
+    hints = get_type_hints(Params)
+    for name in flag_names():
+        f, hint = PARAMETERS[name], hints[name]
+        kind = next((t for t in get_args(hint) if t is not type(None)), hint)
+        default = "the preset's" if f.default is None else repr(f.default)
+        options: dict[str, Any] = {"help": f"{f.metadata['doc'] or name} (default: {default})", "default": None}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif kind in (int, float):
+            options["type"] = kind
+        elif f.metadata["choices"]:  # checked by 00's rule (a kitlib error naming the fix), not argparse's
+            options["help"] = f"{' | '.join(f.metadata['choices'])}: {options['help']}"
+        elif get_origin(hint) is tuple:
+            options["help"] += "; comma-separated"
+        p.add_argument(f"--{name.replace('_', '-')}", **options)
 
 
 # Argument types: a bad value stops at parsing (argparse's one line naming the flag, exit 2), before any work.

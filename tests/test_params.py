@@ -218,5 +218,5 @@ def test_training_parameters_reach_run_json_and_start_the_picker(tmp_path: Path,
     assert stages.load_params(p.work_dir, environ={}).training() == expected  # 01-03 see them in params.json
     with pytest.raises(SetupError, match=r"micro_batch_size = 0 is not a whole number >= 1"):
         stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, micro_batch_size=0)
-    with pytest.raises(SetupError, match=r"optimizer = 'adam' is not one of \('adamw', 'adamw8bit', 'adamw-kahan'\)"):
+    with pytest.raises(SetupError, match=r"optimizer = 'adam' is not one of \['adamw', 'adamw8bit', 'adamw-kahan'\]"):
         stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, optimizer="adam")

@@ -14,16 +14,16 @@ import json
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin, get_type_hints
 
 from kitlib._files import explain_disk_full, write_atomic
 from kitlib.config import Adapter, Optimizer
 from kitlib.errors import MissingDataError, MissingRunError, SetupError, damaged_file
 from kitlib.machine.hardware import fake_profile, switch
 from kitlib.models.adapters import GENERATING_TASKS
-from kitlib.notebook.presets import DEFAULT_PRESET, RUN_FILE, get_preset
+from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, RUN_FILE, get_preset
 from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 
 # lazy: numpy (+0.1 s): the task and metric modules load numpy; `import kitlib.notebook.params` stays at 0.05 s for the
@@ -34,73 +34,82 @@ RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.
 # What a later stage needs from earlier ones; a Kaggle kernel carries them forward. Folders before the files that
 # name them (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
 HANDOFF = ("features", RUN_NAME, "params.json", "run.json", "features.json")
-ENV = {
-    "preset": "KIT_PRESET",
-    "task": "KIT_TASK",
-    "metric": "KIT_METRIC",
-    "data_dir": "KIT_DATA_DIR",
-    "model": "KIT_MODEL",
-    "rehearse": "KIT_REHEARSE",
-    "adapter": "KIT_ADAPTER",
-}
-# Training settings beside the preset, as 00's parameters (None: the preset decides): set in the parameters cell, a
-# params file or on the command line, they are the picker's starting values and resolve()'s overrides.
-TRAINING = (
-    "epochs",
-    "micro_batch_size",
-    "grad_accum_steps",
-    "lr",
-    "max_length",
-    "full_eval_every",
-    "adapter",
-    "optimizer",
-)
-SWITCHES = ("rehearse",)  # on/off parameters: their KIT_* variable reads 1/true/yes/on or 0/false/no/off
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
 _WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
 
 
+def declared(
+    default: Any,
+    doc: str,
+    *,
+    choices: tuple[str, ...] = (),
+    least: int | None = None,
+    env: str = "",
+    training: bool = False,
+    stage: str = "00",
+) -> Any:
+    """One parameter, declared once. 00's parameters cell, ``notebooks run``'s flags, ``--params`` and ``kaggle
+    build`` checks, the picker's overrides and the README's table derive from these fields (tests/test_params.py
+    checks each entry point against them).
+
+    ``choices``: the only values allowed; ``least``: the smallest whole number allowed; ``env``: its KIT_* variable;
+    ``training``: None means "the preset decides", a value is the picker's start and the resolver's override;
+    ``stage``: the notebook that first reads it (00 setup, 01 features, 02 train, 03 infer).
+    """
+    meta = {"doc": doc, "choices": choices, "least": least, "env": env, "training": training, "stage": stage}
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class Params:
-    """What 00's ``parameters`` cell holds. Environment variables win (for headless runs)."""
+    """00's ``parameters`` cell: every notebook parameter, declared once. Environment variables win (headless)."""
 
-    data_dir: Path
-    work_dir: Path
-    preset: str = DEFAULT_PRESET
-    model: str = "auto"  # "auto": all-MiniLM-L6-v2 (an error when it is not installed); "tiny"; or a model dir
-    text: str = "text"
-    target: str = "label"
-    task: str = "auto"  # the workload (kitlib.notebook.tasks: auto, classify, regress, tabular-text, or "module:name")
-    metric: str = "auto"  # what best/ and early stopping follow (kitlib.tasks.metrics; auto: accuracy or rmse)
-    objective: str = "auto"  # regression: mse | mae | log_mse | log_mae; auto: what the metric rewards (tasks.targets)
-    numeric: tuple[str, ...] = ()  # numeric columns used beside the text (task tabular-text)
-    categorical: tuple[str, ...] = ()  # categorical columns used beside the text (task tabular-text)
-    model_factory: str = (
-        ""  # task custom: "file.py:function" (beside the notebook, or a full path) or "module:function"
-    )
-    id: str = "id"
-    seed: int = 42
-    train_file: str = "train.csv"
-    test_file: str = "test.csv"
-    sample_submission: str = "sample_submission.csv"
-    # Plan precision, processes and batch for this accelerator (a kitlib.machine.hardware.fake_profile name, e.g.
-    # "2xT4") instead of the machine 00 and 01 run on: a Kaggle chain gives only 02 and 03 the GPU. "" = this one.
-    hardware: str = ""
-    # TRAINING: None = the preset's value (max_length: fitted to the data's lengths by the preset's coverage)
-    epochs: int | None = None
-    micro_batch_size: int | None = None  # rows per forward pass (per GPU)
-    grad_accum_steps: int | None = None  # micro-batches per optimizer step: effective batch = micro x accum x GPUs
-    lr: float | None = None
-    max_length: int | None = None  # tokens per row
-    full_eval_every: int | None = None  # epochs between full evaluations (the metric); 0: only at the end
-    # none | lora | qlora: train low-rank adapters beside the frozen pretrained weights (kitlib.models.adapters;
-    # checkpoints hold the adapters only); qlora keeps those weights in 4 bits (CUDA, causal-lm and seq2seq)
-    adapter: str = "none"
-    optimizer: str | None = None  # adamw | adamw8bit (2 bytes of state a parameter, not 8) | adamw-kahan (bf16 weights)
-    # Rehearse the plan for ``hardware`` on this machine before spending GPU quota: where it has fewer GPUs, 02 trains
-    # in as many gloo processes on its CPU as the plan has GPUs, in the precision the CPU runs, and 03 predicts there.
-    rehearse: bool = False
+    data_dir: Path = declared(Path("/kaggle/input/my-competition"), "train.csv, test.csv, sample_submission.csv",
+                              env="KIT_DATA_DIR")  # fmt: skip
+    work_dir: Path = declared(Path("/kaggle/working"), "run.json, features.json, the feature cache, run/, "
+                              "submission.csv", env="KIT_WORK_DIR")  # fmt: skip
+    preset: str = declared(DEFAULT_PRESET, "the speed/accuracy preset", choices=tuple(PRESETS), env="KIT_PRESET")
+    model: str = declared("auto", "auto: all-MiniLM-L6-v2 (an error when not installed); tiny (no download); or a "
+                          "model folder", env="KIT_MODEL")  # fmt: skip
+    text: str = declared("text", "the text column; seq2seq: the source text, causal-lm: the prompt", stage="01")
+    target: str = declared("label", "the target column; seq2seq/causal-lm: the text to generate", stage="01")
+    # task and metric are open (module:name of your own): their docs list the registries' names (a test checks)
+    task: str = declared("auto", "auto | classify | regress | tabular-text | seq2seq | causal-lm | custom | "
+                         "custom-seq2seq | module:name (a Task of your own)", env="KIT_TASK")  # fmt: skip
+    metric: str = declared("auto", "what best/ follows: auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | "
+                           "exact_match | rouge_l | record_f1 | module:function", env="KIT_METRIC")  # fmt: skip
+    objective: str = declared("auto", "regression loss: auto (what the metric rewards) | mse | mae | log_mse | log_mae",
+                              stage="02")  # fmt: skip
+    numeric: tuple[str, ...] = declared((), "numeric columns beside the text, e.g. ['year', 'runtime']", stage="01")
+    categorical: tuple[str, ...] = declared((), "categorical columns beside the text, e.g. ['genre']", stage="01")
+    model_factory: str = declared("", "task custom/custom-seq2seq: your nn.Module, file.py:function (beside the "
+                                  "notebook, or a full path) or module:function", stage="02")  # fmt: skip
+    id: str = declared("id", "the id column", stage="01")
+    seed: int = declared(42, "seeds the split, the weights' initialisation and the batch order", least=0)
+    train_file: str = declared("train.csv", "file names in data_dir", stage="01")
+    test_file: str = declared("test.csv", "", stage="01")
+    sample_submission: str = declared("sample_submission.csv", "", stage="03")
+    # A Kaggle chain gives only 02 and 03 the GPU: 00 and 01 plan for it by name.
+    hardware: str = declared("", "plan for this accelerator (a kitlib.machine.hardware profile, e.g. 2xT4) instead "
+                             "of this machine; '' = this one")  # fmt: skip
+    rehearse: bool = declared(False, "rehearse the plan for hardware on this machine's CPU (as many gloo processes "
+                              "as it has GPUs) before spending GPU quota", env="KIT_REHEARSE")  # fmt: skip
+    epochs: int | None = declared(None, "passes over the training rows", least=1, training=True, stage="02")
+    micro_batch_size: int | None = declared(None, "rows per forward pass, per GPU", least=1, training=True)
+    grad_accum_steps: int | None = declared(None, "micro-batches per optimizer step: effective batch = micro x accum "
+                                            "x GPUs", least=1, training=True)  # fmt: skip
+    lr: float | None = declared(None, "peak learning rate", training=True, stage="02")
+    max_length: int | None = declared(None, "tokens per row; None: fitted to the data", least=1, training=True,
+                                      stage="01")  # fmt: skip
+    full_eval_every: int | None = declared(None, "epochs between full evaluations (the metric); 0: only at the end",
+                                           least=0, training=True, stage="02")  # fmt: skip
+    # checkpoints hold the adapters only; qlora keeps the frozen weights in 4 bits (kitlib.models.adapters)
+    adapter: str = declared("none", "none | lora (low-rank adapters, the pretrained weights frozen) | qlora (on 4-bit "
+                            "weights)", choices=get_args(Adapter), env="KIT_ADAPTER", training=True)  # fmt: skip
+    optimizer: str | None = declared(None, "adamw | adamw8bit (2 bytes of state a parameter, not 8) | adamw-kahan "
+                                     "(pure bf16 weights); None: the plan's", choices=get_args(Optimizer),
+                                     training=True, stage="02")  # fmt: skip
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
 
     def __repr__(self) -> str:
@@ -148,6 +157,14 @@ class Params:
         return write_atomic(self.work_dir / PARAMS_FILE, json.dumps(values, indent=2) + "\n")
 
 
+# Derived from the declaration, never typed again.
+PARAMETERS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Params) if f.metadata}
+ENV = {name: f.metadata["env"] for name, f in PARAMETERS.items() if f.metadata["env"]}
+TRAINING = tuple(name for name, f in PARAMETERS.items() if f.metadata["training"])
+# on/off parameters: their KIT_* variable reads 1/true/yes/on or 0/false/no/off
+SWITCHES = tuple(name for name, f in PARAMETERS.items() if isinstance(f.default, bool))
+
+
 def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     """Build Params from 00's parameters cell (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL,
     KIT_TASK, KIT_METRIC and KIT_REHEARSE override them."""
@@ -168,6 +185,12 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     p = Params(**values)
     _check(p)
     return p
+
+
+def from_cell(namespace: Mapping[str, Any]) -> Params:
+    """00's call: ``Params`` from the parameters cell's names (papermill's injected cell included), taken by their
+    declared names, so a parameter added to the declaration reaches the run without being typed again."""
+    return params(**{name: namespace[name] for name in PARAMETERS if name in namespace})
 
 
 def load_params(
@@ -315,19 +338,8 @@ def _check_values(p: Params, *, task: bool) -> None:
     workload = get_task(p.task)  # an unknown task, or a module:name that does not import
     if task:
         workload.check(p)  # columns it needs, a model_factory it imports
-    _check_training(p)
-    for f in dataclasses.fields(p):
-        if f.name in ("data_dir", "work_dir", "task", "inputs", "hardware", "model_factory", *TRAINING, *SWITCHES):
-            continue
-        if f.name in ("numeric", "categorical"):
-            bad = [c for c in getattr(p, f.name) if not isinstance(c, str) or not c]
-            if bad:
-                raise SetupError(f"{f.name} = {getattr(p, f.name)!r}: list column names (strings), e.g. ['price']")
-            continue
-        value, kind = getattr(p, f.name), int if f.name == "seed" else str
-        if not isinstance(value, kind) or isinstance(value, bool) or value == "":
-            wanted = "a whole number" if kind is int else "a non-empty string"
-            raise SetupError(f"{f.name} = {value!r} is not {wanted}: fix it in the parameters cell")
+    _check_declared(p)
+    _check_adapter(p)
     from kitlib.tasks.targets import OBJECTIVES
 
     if p.objective not in OBJECTIVES:
@@ -338,9 +350,6 @@ def _check_values(p: Params, *, task: bool) -> None:
         except ValueError as err:
             fix = "or '' (this machine), in the parameters cell"
             raise SetupError(f"hardware = {p.hardware!r}: {err}; {fix}") from None
-    for name in SWITCHES:
-        if not isinstance(getattr(p, name), bool):
-            raise SetupError(f"{name} = {getattr(p, name)!r} is not True or False: fix it in the parameters cell")
     if p.rehearse and not p.hardware:
         raise SetupError(
             "rehearse = True rehearses the plan for another accelerator on this machine, but hardware = '' plans for "
@@ -348,30 +357,40 @@ def _check_values(p: Params, *, task: bool) -> None:
         )
 
 
-def _check_training(p: Params) -> None:
-    """The training settings: None (the preset's), or a number in the range TrainConfig accepts."""
-    _check_adapter(p)
-    for name in TRAINING:
+def _check_declared(p: Params) -> None:
+    """Each parameter against its declaration: type, choices, least value (None where it means the preset's)."""
+    hints = get_type_hints(Params)
+    for name, f in PARAMETERS.items():
         value = getattr(p, name)
-        if value is None or name == "adapter":
+        if (value is None and f.default is None) or name in ("data_dir", "work_dir"):
             continue
-        if name == "lr":
-            ok, wanted = isinstance(value, int | float) and value > 0, "a number > 0"
-        elif name == "optimizer":
-            ok, wanted = value in get_args(Optimizer), f"one of {get_args(Optimizer)}"
-        else:
-            least = 0 if name == "full_eval_every" else 1
-            ok, wanted = isinstance(value, int) and value >= least, f"a whole number >= {least}"
-        if not ok or isinstance(value, bool):
-            raise SetupError(
-                f"{name} = {value!r} is not {wanted}: fix it in the parameters cell (or None: the preset's value)"
-            )
+        wanted = _wanted(value, hints[name], f)
+        if wanted:
+            preset = " (or None: the preset's value)" if f.default is None else ""
+            raise SetupError(f"{name} = {value!r} is not {wanted}: fix it in the parameters cell{preset}")
+
+
+def _wanted(value: Any, hint: Any, f: dataclasses.Field[Any]) -> str:
+    """What ``value`` should have been ("" when it is fine), by the declared type, choices and least value."""
+    if get_origin(hint) is tuple:  # column names
+        ok = not isinstance(value, str) and all(isinstance(c, str) and c for c in value)
+        return "" if ok else "a list of column names (strings), e.g. ['price']"
+    kind = next((t for t in get_args(hint) if t is not type(None)), hint)  # int | None -> int
+    choices, least = f.metadata["choices"], f.metadata["least"]
+    if choices:
+        return "" if value in choices else f"one of {list(choices)}"
+    if kind is bool:
+        return "" if isinstance(value, bool) else "True or False"
+    if isinstance(value, bool):
+        return "a number" if kind in (int, float) else f"a {kind.__name__}"
+    if kind is int:
+        return "" if isinstance(value, int) and value >= (least or 0) else f"a whole number >= {least or 0}"
+    if kind is float:
+        return "" if isinstance(value, int | float) and value > 0 else "a number > 0"
+    return "" if isinstance(value, str) and (value or f.default == "") else "a non-empty string"
 
 
 def _check_adapter(p: Params) -> None:
-    if p.adapter not in get_args(Adapter):
-        choices = list(get_args(Adapter))
-        raise SetupError(f"adapter = {p.adapter!r} is not one of {choices}: fix it in the parameters cell")
     if p.adapter == "none":
         return
     if p.task.startswith("custom") or ":" in p.task:

@@ -32,7 +32,15 @@ from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
 
 # params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
-from kitlib.notebook.params import TRAINING, Params, kaggle_input, keep_aside, load_params, params  # noqa: F401
+from kitlib.notebook.params import (  # noqa: F401
+    TRAINING,
+    Params,
+    from_cell,
+    kaggle_input,
+    keep_aside,
+    load_params,
+    params,
+)
 from kitlib.notebook.regimes import Encoder, Prepared
 from kitlib.notebook.submission import check_sample_submission, write_submission
 from kitlib.notebook.tasks import get_task

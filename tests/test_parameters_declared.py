@@ -1,0 +1,164 @@
+"""Each parameter is declared once (kitlib.notebook.params.Params): every entry point derives from it, and a
+non-default value given through any of them is what the run records."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from kitlib import cli
+from kitlib.errors import SetupError
+from kitlib.notebook import params as params_module
+from kitlib.notebook import stages
+from kitlib.notebook.params import PARAMETERS, TRAINING
+from kitlib.notebook.runbook import inject_parameters, notebooks_dir
+
+NOT_PARAMETERS = {"wheels_dir"}  # 00's install cell reads it before kitlib is importable
+
+# A non-default value for every declared parameter, consistent with each other. model_factory needs a custom task,
+# so it rides in a second set.
+GIVEN: dict[str, Any] = {
+    "preset": "smoke", "model": "tiny", "text": "review", "target": "y", "task": "classify", "metric": "macro_f1",
+    "objective": "mae", "numeric": ["n1"], "categorical": ["c1"], "id": "row", "seed": 7, "train_file": "tr.csv",
+    "test_file": "te.csv", "sample_submission": "ss.csv", "hardware": "2xT4", "rehearse": True, "epochs": 2,
+    "micro_batch_size": 4, "grad_accum_steps": 3, "lr": 0.002, "max_length": 24, "full_eval_every": 0,
+    "adapter": "lora", "optimizer": "adamw8bit",
+}  # fmt: skip
+CUSTOM: dict[str, Any] = {"task": "custom", "preset": "smoke", "text": "review", "target": "y", "id": "row",
+                          "train_file": "tr.csv", "test_file": "te.csv", "sample_submission": "ss.csv"}  # fmt: skip
+
+
+def _competition(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    rows = pd.DataFrame({"row": range(60), "review": [f"a {'good' if i % 2 else 'bad'} film" for i in range(60)]})
+    rows = rows.assign(n1=range(60), c1=["a", "b", "c"] * 20)
+    rows.assign(y=[i % 2 for i in range(60)]).iloc[:50].to_csv(folder / "tr.csv", index=False)
+    rows.iloc[50:].to_csv(folder / "te.csv", index=False)
+    rows.iloc[50:][["row"]].assign(y=0).to_csv(folder / "ss.csv", index=False)
+    (folder / "net.py").write_text(
+        "import torch\n\ndef make(vocab_size, num_labels, **_):\n"
+        "    return torch.nn.Sequential(torch.nn.EmbeddingBag(vocab_size, 8), torch.nn.Linear(8, num_labels))\n"
+    )
+    return folder
+
+
+def _cell(nb_path: Path) -> str:
+    nb = json.loads(nb_path.read_text())
+    return "".join(next(c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", []))["source"])
+
+
+def test_00s_parameters_cell_holds_every_declared_parameter_with_its_default() -> None:
+    assigned = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse(_cell(notebooks_dir() / "00_setup.ipynb")).body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+    assert set(assigned) - NOT_PARAMETERS == set(PARAMETERS)
+    for name, f in PARAMETERS.items():
+        default = str(f.default) if isinstance(f.default, Path) else f.default
+        expected = list(default) if isinstance(default, tuple) else default
+        assert assigned[name] == expected, name
+
+
+def test_each_command_has_one_flag_per_declared_parameter_with_its_doc() -> None:
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for command in (commands["notebooks"], commands["kaggle"]._subparsers._group_actions[0].choices["build"]):
+        flags = {a.dest: a for a in command._actions}
+        for name in cli.flag_names():
+            assert name in flags, name
+            assert PARAMETERS[name].metadata["doc"] in (flags[name].help or ""), name
+    assert set(cli.flag_names()) == set(PARAMETERS) - {"data_dir", "work_dir"}
+
+
+def test_the_open_parameters_docs_list_every_registered_name() -> None:
+    from kitlib.notebook.tasks import TASKS
+    from kitlib.tasks.metrics import METRICS
+
+    assert all(name in PARAMETERS["task"].metadata["doc"] for name in TASKS)
+    assert all(name in PARAMETERS["metric"].metadata["doc"] for name in METRICS)
+
+
+def test_an_undeclared_name_is_an_error_listing_the_declared_ones() -> None:
+    with pytest.raises(SetupError, match=r"unknown parameter\(s\) \['optimiser'\]: .*'optimizer'"):
+        params_module.check_parameters({"optimiser": "adamw8bit"})
+
+
+def _through_the_cell(values: dict[str, Any], data: Path, work: Path) -> params_module.Params:
+    """As papermill/nbconvert run 00: the parameters cell, the injected cell after it, then 00's call."""
+    import nbformat
+
+    nb = inject_parameters(nbformat.read(notebooks_dir() / "00_setup.ipynb", as_version=4), values)
+    namespace: dict[str, Any] = {}
+    for cell in nb["cells"]:
+        tags = cell["metadata"].get("tags", [])
+        if "parameters" in tags or "injected-parameters" in tags:
+            exec("".join(cell["source"]), namespace)
+    call = next("".join(c["source"]) for c in nb["cells"] if "stages.from_cell" in "".join(c["source"]))
+    exec(call.replace("globals()", "namespace"), {"namespace": namespace, "kitlib": None, "stages": stages})
+    return stages.from_cell(namespace)
+
+
+def _through_flags(values: dict[str, Any], data: Path, work: Path, tmp: Path) -> params_module.Params:
+    flags = []
+    for name, value in values.items():
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, bool):
+            flags += [flag if value else f"--no-{flag[2:]}"]
+        else:
+            flags += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+    args = cli.build_parser().parse_args(["notebooks", "run", "--data", str(data), "--work", str(work), *flags])
+    parsed, _ = cli._parameters(args)
+    return stages.params(environ={}, data_dir=data, work_dir=work, **parsed)
+
+
+def _through_a_params_file(values: dict[str, Any], data: Path, work: Path, tmp: Path) -> params_module.Params:
+    (tmp / "given.json").write_text(json.dumps(values))
+    args = cli.build_parser().parse_args(
+        ["notebooks", "run", "--data", str(data), "--work", str(work), "--params", str(tmp / "given.json")]
+    )
+    parsed, _ = cli._parameters(args)
+    return stages.params(environ={}, data_dir=data, work_dir=work, **parsed)
+
+
+def _through_kaggle_build(values: dict[str, Any], data: Path, work: Path, tmp: Path) -> params_module.Params:
+    (tmp / "given.json").write_text(json.dumps(values))
+    out = tmp / "kernels"
+    args = ["kaggle", "build", "--username", "me", "--competition", "c", "--out", str(out)]
+    assert cli.main([*args, "--wheels-dataset", "me/w", "--params", str(tmp / "given.json")]) == 0
+    namespace: dict[str, Any] = {}
+    exec(_cell(next(out.glob("00*/*.ipynb"))), namespace)  # the built kernel's own cell, as Kaggle runs it
+    namespace |= {"data_dir": str(data), "work_dir": str(work)}  # the mounts, as they are on Kaggle
+    return stages.from_cell(namespace)
+
+
+ENTRY_POINTS = {
+    "cell": lambda v, d, w, t: _through_the_cell(v | {"data_dir": str(d), "work_dir": str(w)}, d, w),
+    "flag": _through_flags,
+    "params-file": _through_a_params_file,
+    "kaggle-build": _through_kaggle_build,
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_a_non_default_value_of_every_parameter_reaches_the_run_record(entry: str, tmp_path: Path, cpu_hw) -> None:
+    """Fails on a main whose 00 cell dropped ``optimizer``: the run trained plain AdamW while the CLI echoed 8-bit."""
+    assert set(GIVEN) | set(CUSTOM) | {"model_factory", "data_dir", "work_dir"} == set(PARAMETERS)
+    data = _competition(tmp_path / "data")
+    for i, values in enumerate((GIVEN, CUSTOM | {"model_factory": str(data / "net.py") + ":make"})):
+        work = tmp_path / f"work{i}"
+        p = ENTRY_POINTS[entry](values, data, work, tmp_path)
+        run = stages.setup(p, cpu_hw)
+        saved = stages.load_params(work, environ={})  # what 01-03 read back (params.json)
+        for name, value in values.items():
+            got = getattr(saved, name)
+            assert (list(got) if isinstance(got, tuple) else got) == value, (entry, name)
+        for name in TRAINING:  # the resolved run that 02 trains by (run.json's config)
+            if name in values:
+                assert getattr(run.config, name) == values[name], (entry, name)
+        assert json.loads((work / "run.json").read_text())["config"]["optimizer"] == values.get("optimizer", "adamw")
