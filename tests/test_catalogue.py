@@ -1247,7 +1247,7 @@ BAD_ARGUMENTS = [  # (a command line with one bad argument, what the message mus
     ("notebooks run --data {d} --work {d}/w --micro-batch-size 0", r"micro_batch_size = 0 is not a whole number"),
     ("notebooks run --data {d} --work {d}/w --epochs -1", r"epochs = -1 is not a whole number >= 1"),
     ("notebooks run --data {d} --work {d}/w --task foo", r"task = 'foo' is not one of"),
-    ("notebooks run --data {d} --work {d}/w --optimizer sgd", r"argument --optimizer: invalid choice: 'sgd'"),
+    ("notebooks run --data {d} --work {d}/w --optimizer sgd", r"optimizer = 'sgd' is not one of \['adamw'"),
     ("notebooks strip --notebooks {d}/nowhere", r"argument --notebooks: .*nowhere is not a folder"),
     ("notebooks build", r"argument action: invalid choice: 'build'"),
 ]

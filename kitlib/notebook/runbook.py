@@ -175,7 +175,8 @@ class _Stop:
     later; ``check`` then ends the run with one message."""
 
     def __init__(self, work_dir: Any, resume: str) -> None:
-        self.work_dir, self.resume, self.signum, self.client = work_dir, resume, 0, None
+        self.work_dir, self.resume, self.signum = work_dir, resume, 0
+        self.client: Any = None  # the running notebook's NotebookClient
 
     def __enter__(self) -> None:
         import signal

@@ -248,7 +248,7 @@ def _check_metric_on(train: Path, p: Any) -> None:
         column = pd.read_csv(train, usecols=[p.target])[p.target].dropna()
     except (OSError, ValueError):
         return  # no such file or column here: 00 names it, with its fix
-    rule = p.task if p.task in ("classify", "regress") else "auto"
+    rule: Any = p.task if p.task in ("classify", "regress") else "auto"
     check_metric_fits(column.tolist(), p.target, rule, str(p.metric))
 
 
