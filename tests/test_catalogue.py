@@ -1269,6 +1269,7 @@ def test_every_command_refuses_a_bad_argument_before_any_work(
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.slow  # a kernel (or three builds) each: ~25 s on the shared 2 cores
 def test_kaggle_build_never_writes_over_a_kernel_folder_file_it_did_not_make(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -1366,6 +1367,7 @@ time.sleep(1.0)  # the save takes a moment
 """
 
 
+@pytest.mark.slow  # a kernel (or three builds) each: ~25 s on the shared 2 cores
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_whole_headless_run_saves_like_a_signal_to_the_kernel(tmp_path: Path, signame: str) -> None:
     """SIGTERM or SIGINT to the runner's process group (a container stop, Ctrl-C): the running notebook's kernel
