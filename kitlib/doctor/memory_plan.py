@@ -211,12 +211,15 @@ def plan_memory(
     for the generating kinds, as kitlib trains them) counts the LM head's logits one chunk at a time."""
     from kitlib.machine.precision import decide_precision
 
-    if seq_len < 1 or effective_batch < 1:
-        raise SetupError(f"seq_len ({seq_len}) and effective_batch ({effective_batch}) must be >= 1")
+    counts = {"seq_len": seq_len, "effective_batch": effective_batch, "micro_batch": micro_batch, "accum": accum}
+    if low := [f"{k} = {v}" for k, v in counts.items() if v is not None and v < 1]:
+        raise SetupError(f"{', '.join(low)}: each must be >= 1 (rows or tokens). Fix: a positive whole number")
     if model_kind not in MODEL_KINDS:
         raise SetupError(f"model_kind {model_kind!r} is not one of {list(MODEL_KINDS)}")
-    # a build with Pascal kernels: the plan is about memory, not about which torch Kaggle's image ships
-    hw = fake_profile(hardware, torch_cuda_arch_list=ARCH_LIST_WITH_SM60) if isinstance(hardware, str) else hardware
+    try:  # a build with Pascal kernels: the plan is about memory, not about which torch Kaggle's image ships
+        hw = fake_profile(hardware, torch_cuda_arch_list=ARCH_LIST_WITH_SM60) if isinstance(hardware, str) else hardware
+    except ValueError as err:
+        raise SetupError(f"hardware: {err}. Fix: --hardware with one of those names") from None
     hw_name = hardware if isinstance(hardware, str) else hw.device_name
     name, config = model_config(model)
     shape = model_shape(config, model_kind, hw.device_type)
@@ -409,10 +412,17 @@ def model_config(model: Any) -> tuple[str, Any]:
         kind, kwargs = KNOWN_MODELS[key]
         return key, AutoConfig.for_model(kind, **kwargs)
     path = Path(text)
-    if path.is_file() and path.suffix == ".json":
-        return path.parent.name or path.name, AutoConfig.from_pretrained(str(path))
-    if (path / "config.json").is_file():
-        return path.name, AutoConfig.from_pretrained(str(path), local_files_only=True)
+    file = path if path.is_file() and path.suffix == ".json" else path / "config.json"
+    if file.is_file():
+        try:  # transformers reads it: an unknown model_type is its ValueError, a broken file its OSError
+            name = (path.parent.name or path.name) if file == path else path.name
+            return name, AutoConfig.from_pretrained(str(path), local_files_only=True)
+        except (ValueError, KeyError, OSError) as err:
+            raise SetupError(
+                f"model {text!r}: transformers cannot read its config.json ({type(err).__name__}: "
+                f"{str(err).splitlines()[0]}). Fix: a model folder of an architecture this transformers ships "
+                "(save_pretrained of a built-in model class), or upgrade transformers"
+            ) from None
     raise SetupError(
         f"model {text!r} is neither a config.json, a folder holding one, nor a known name ({', '.join(KNOWN_MODELS)}). "
         "Fix: --model path/to/model_folder (its config.json is all the plan reads)"

@@ -6,6 +6,7 @@ the tests exercise it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import os
@@ -194,6 +195,34 @@ def cuda_driver_initialised() -> bool:
     return int(libcuda.cuDeviceGetCount(ctypes.byref(ctypes.c_int()))) == 0
 
 
+class WorkerDied(DistributedError):
+    """A worker process of ``launch`` was killed; the message says which and how."""
+
+
+@contextmanager
+def _forwarding_sigterm(pids: list[int]) -> Iterator[None]:
+    """SIGTERM to this process (the kernel: a hosted session ending, the headless runner's stop) goes on to the
+    workers, whose training saves ``last/`` and returns (kitlib.engine.policies.SigtermStop); this process keeps
+    waiting for them. Signals reach the main thread only: elsewhere nothing is changed."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any:
     """Run ``fn(*args)`` on ``nprocs`` processes (default: one per GPU) and return rank 0's result.
 
@@ -216,9 +245,20 @@ def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any
     threads = threads_per_worker(nprocs)
     with tempfile.TemporaryDirectory(prefix="kitlib-launch-") as tmp:
         out = os.path.join(tmp, "rank0.pkl")
-        mp.start_processes(
-            _worker, args=(fn, args, nprocs, free_port(), out, threads), nprocs=nprocs, start_method="fork"
+        workers = mp.start_processes(
+            _worker, args=(fn, args, nprocs, free_port(), out, threads), nprocs=nprocs, start_method="fork", join=False
         )
+        with _forwarding_sigterm([p.pid for p in workers.processes]):
+            try:
+                while not workers.join():
+                    pass
+            except mp.ProcessExitedException as err:  # killed (SIGKILL, the OOM killer): its peers cannot go on
+                how = f"signal {err.signal_name}" if err.signal_name else f"exit code {err.exit_code}"
+                raise WorkerDied(
+                    f"worker {err.error_index} of {nprocs} (pid {err.error_pid}) ended with {how}, and the others were "
+                    "stopped with it: nothing after the last checkpoint write was saved. Fix: see what killed it (the "
+                    "out-of-memory killer: dmesg; a host stop), then run again: fit(resume='auto') continues from last/"
+                ) from None
         if not os.path.exists(out):
             raise RuntimeError("rank 0 ended without a result")
         with open(out, "rb") as f:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ from kitlib.errors import TRACEBACK_ENV, KitError
 # read by the CLI and 00 (python -X importtime).
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
+# the first line warnings.showwarning prints: "file:line: Category: message"
+_WARNING = re.compile(r"^\S.*?:\d+: (\w*Warning): (.*)$", re.M)
+GRACE_S = 30  # seconds a stopped kernel gets to save last/ (one checkpoint write: seconds on a local disk)
+EXECUTED_MARK = "kitlib_executed"  # in an executed copy's metadata: the only kind a later run writes over
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
 # Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
 # to the executed notebook's folder, so a relative path must be made absolute before the kernel sees it.
@@ -95,9 +100,14 @@ def run_notebooks(
     source_dir: Path | None = None,
     env: Mapping[str, str] | None = None,
     timeout_s: int = 3600,
+    resume: str = "run the same command again",
 ) -> list[Executed]:
     """Execute the notebooks in order; each executed copy is saved to ``out_dir``. Stops at the first failure
     (nbclient's CellExecutionError names the cell and the error).
+
+    SIGTERM or SIGINT to this process (a container stop, Ctrl-C, a hosted session ending) is passed on to the
+    running notebook's kernel as SIGTERM, whose training saves ``last/`` and stops; after that notebook (at most
+    GRACE_S later) the run ends with a RunStopped naming what was saved and ``resume``, the command that continues.
 
     Relative paths (``out_dir``, ``source_dir``, the path parameters and KIT_* path variables) are taken against
     this process's working directory, as a user typing them expects, not against the kernels' working directory.
@@ -111,10 +121,17 @@ def run_notebooks(
     parameters = absolute_parameters(parameters or {})
     kernel_env = {"KIT_HEADLESS": "1", **(env or {})}
     kernel_env |= absolute_environment({**os.environ, **kernel_env})
+    theirs = [out_dir / n for n in names if (out_dir / n).exists() and not _executed_here(out_dir / n)]
+    if theirs:  # before any kernel: an executed copy replaces only an executed copy
+        raise NotebookFailed(
+            f"{', '.join(map(str, theirs))}: not a notebook this runner executed, and the run would write its "
+            f"executed copy there. Fix: move it out of {out_dir}, or pick another work dir"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
+    stop = _Stop(parameters.get("work_dir"), resume)
     try:
         for name in names:
             nb = nbformat.read(source_dir / name, as_version=4)
@@ -123,15 +140,21 @@ def run_notebooks(
             start = time.perf_counter()
             target = out_dir / name
             try:
-                NotebookClient(
-                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}}
-                ).execute()
-            except CellExecutionError as err:
-                if os.environ.get(TRACEBACK_ENV) == "1":
+                stop.client = NotebookClient(
+                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}},
+                    on_notebook_start=stop.arm,
+                )  # fmt: skip
+                with stop:
+                    stop.client.execute()
+            except Exception as err:
+                stop.check(name)  # stopped by a signal: that, not the error the stop caused, is the message
+                if not isinstance(err, CellExecutionError) or os.environ.get(TRACEBACK_ENV) == "1":
                     raise
                 raise NotebookFailed(_failure(nb, name, target, err)) from None
             finally:
+                nb.metadata[EXECUTED_MARK] = name
                 nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
+            stop.check(name)
             size = target.stat().st_size
             if size > MAX_EXECUTED_BYTES:
                 raise RuntimeError(f"{target} is {size / 1e6:.1f} MB: some output is not throttled for headless runs")
@@ -142,14 +165,108 @@ def run_notebooks(
     return results
 
 
+class RunStopped(KitError, RuntimeError):
+    """The headless run was stopped by a signal; the message says what was saved and how to continue."""
+
+
+class _Stop:
+    """The runner's SIGTERM/SIGINT handler while a kernel runs: the kernel (in a session of its own, so a signal to
+    this process group never reaches it) gets SIGTERM once, and SIGKILL if its notebook is still running GRACE_S
+    later; ``check`` then ends the run with one message."""
+
+    def __init__(self, work_dir: Any, resume: str) -> None:
+        self.work_dir, self.resume, self.signum = work_dir, resume, 0
+        self.client: Any = None  # the running notebook's NotebookClient
+
+    def __enter__(self) -> None:
+        import signal
+        import threading
+
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+            self.previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def __exit__(self, *exc: object) -> None:
+        import signal
+
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def arm(self, **_: Any) -> None:
+        """Once the kernel runs: nbclient's own handlers (they shut the kernel down at once) give way to ours."""
+        import asyncio
+        import signal
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_event_loop().add_signal_handler(signum, self._stop, signum, None)
+
+    def _kernel(self, signum: int) -> None:
+        process = getattr(getattr(getattr(self.client, "km", None), "provisioner", None), "process", None)
+        if process is not None and process.poll() is None:
+            os.kill(process.pid, signum)
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        import signal
+        import threading
+
+        if not self.signum:  # a second signal (Ctrl-C twice) changes nothing: the grace timer ends the wait
+            self.signum = signum
+            self._kernel(signal.SIGTERM)
+            timer = threading.Timer(GRACE_S, self._kernel, (signal.SIGKILL,))
+            timer.daemon = True
+            timer.start()
+
+    def check(self, name: str) -> None:
+        if not self.signum:
+            return
+        import signal
+
+        from kitlib.engine.checkpoint import latest
+
+        staged = Path(self.work_dir or ".") / "run.new"
+        kept = [str(c) for n in ("last", "best") if (c := latest(staged, n)) is not None]
+        what = f"{', '.join(kept)} saved" if kept else "no training checkpoint of this attempt"
+        raise RunStopped(
+            f"stopped by {signal.Signals(self.signum).name} during {name} (the kernel got SIGTERM and up to "
+            f"{GRACE_S} s to save): {what}; the notebooks before it are done. Resume: {self.resume}"
+        )
+
+
+def raised_warnings(paths: Sequence[Path]) -> list[str]:
+    """Every warning the executed notebooks at ``paths`` printed (``<notebook>: <Category>: <message>``), each once,
+    in order: what a headless user would otherwise find only inside the .ipynb files."""
+    import json
+
+    found: dict[str, None] = {}
+    for path in paths:
+        cells = json.loads(path.read_text()).get("cells", [])
+        for out in (o for c in cells for o in c.get("outputs", []) if o.get("name") == "stderr"):
+            text = "".join(out.get("text", ""))
+            for category, message in _WARNING.findall(text):
+                found[f"{path.stem}: {category}: {message.strip()}"] = None
+    return list(found)
+
+
+def _executed_here(path: Path) -> bool:
+    import json
+
+    try:
+        return bool(json.loads(path.read_text()).get("metadata", {}).get(EXECUTED_MARK))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _failure(nb: Any, name: str, target: Path, err: Any) -> str:
-    """One paragraph: which notebook and cell, the error as kitlib (or Python) worded it, where the rest is."""
-    numbers = [
-        i for i, c in enumerate(nb.cells, 1) if any(o.get("output_type") == "error" for o in c.get("outputs", []))
+    """One paragraph: which notebook and cell, the error as kitlib (or Python) worded it, where the rest is. The
+    words come from the cell's own error output: the kernel's reply loses them when the error was raised while
+    displaying a result (IPython's formatters: the reply then says "NoneType: None")."""
+    errors = [
+        (i, o) for i, c in enumerate(nb.cells, 1) for o in c.get("outputs", []) if o.get("output_type") == "error"
     ]
-    cell = f"cell {numbers[0]}" if numbers else "a cell"
+    cell, ename, evalue = (f"cell {errors[0][0]}", errors[0][1].ename, errors[0][1].evalue) if errors else (
+        "a cell", err.ename, err.evalue)  # fmt: skip
     return (
-        f"{name} stopped in {cell}: {err.ename}: {err.evalue}\n(the executed notebook, with the full traceback: "
+        f"{name} stopped in {cell}: {ename}: {evalue}\n(the executed notebook, with the full traceback: "
         f"{target}; {TRACEBACK_ENV}=1 shows it here)"
     )
 

@@ -600,10 +600,19 @@ def train(
     resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.engine import checkpoint
-        from kitlib.machine.distributed import launch
+        from kitlib.machine.distributed import WorkerDied, launch
 
         cpu = stand_in.hw if stand_in is not None else None
-        result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
+        try:
+            result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
+        except WorkerDied as err:
+            kept = [str(c) for n in ("last", "best") if (c := checkpoint.latest(_staging(p), n)) is not None]
+            saved = ", ".join(kept) or "no checkpoint of this attempt yet"
+            raise WorkerDied(
+                f"{str(err).partition('. Fix:')[0]}. Saved: {saved}. Fix: run "
+                "notebooks/02_train.ipynb again (headless: the same `python -m kitlib notebooks run` command): it "
+                f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
+            ) from None
         # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run again
         model = prepare(p, feats, dataclasses.replace(hw or detect(), accelerators=())).model
         checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
@@ -781,6 +790,9 @@ def infer(
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
 
 
+EXPORT_MARK = "kitlib-export.json"  # in a folder export-merged wrote: the only kind it moves aside to write again
+
+
 def export_merged(
     work_dir: str | os.PathLike[str], out: str | os.PathLike[str], hw: HardwareInfo | None = None
 ) -> Path:
@@ -791,6 +803,14 @@ def export_merged(
 
     from kitlib.engine import checkpoint
 
+    target = Path(out)
+    made = (target / EXPORT_MARK).is_file()
+    if target.is_file() or (target.is_dir() and any(target.iterdir()) and not made):
+        held = sorted(f.name for f in target.iterdir())[:5] if target.is_dir() else "a file"
+        raise SetupError(
+            f"export-merged's folder {target} already holds {held}, not written by export-merged: writing there would "
+            "replace them. Fix: name a new or empty folder for the merged model"
+        )
     p = load_params(work_dir)
     feats = load_features(p)
     adapter = feats.run.config.adapter
@@ -805,8 +825,11 @@ def export_merged(
         )
     model = prepare(p, feats, hw).model
     checkpoint.restore_model(model, checkpoint.load(_trained_checkpoint(p.run_dir, p)))
-    merged, target = merge_adapter(model), Path(out)
+    merged = merge_adapter(model)
+    if made:  # an earlier export: kept, never written over
+        print(f"the earlier export in {target} is kept as {keep_aside(target)}")
     target.mkdir(parents=True, exist_ok=True)
+    (target / EXPORT_MARK).write_text(json.dumps({"work_dir": str(work_dir), "adapter": adapter}) + "\n")
     save = getattr(merged, "save_pretrained", None)
     if callable(save):
         save(target)
@@ -824,6 +847,30 @@ def export_merged(
     print(f"merged: the {adapter} adapter of {p.run_dir.name}/ folded into {p.model}: {target} ({size / 1e6:.1f} MB, "
           f"{weights / 1e6:.1f} M weights; loads without peft)")  # fmt: skip
     return target
+
+
+def outcome(work_dir: str | os.PathLike[str]) -> list[str]:
+    """What a finished run recorded, in a few lines: the validation score beside the trivial baseline's and the
+    verdict (run/baseline.json, as 02 judged it), the kept epoch (best/), where the submission is. 03's last cell
+    and the end of ``python -m kitlib notebooks run`` print them."""
+    run, lines = Path(work_dir) / "run", []
+    try:
+        record = json.loads((run / BASELINE_FILE).read_text())
+        baseline, score = Baseline.from_dict(record), record.get("model_score")
+        shown = "no score" if score is None else f"{score:.4g}"
+        lines.append(f"validation {baseline.metric}: {shown}, {baseline.line()}")
+        verdict = baseline.verdict(score, str(record.get("kind", "")))
+        lines.append(f"verdict: {verdict}" if verdict else "verdict: the model beats the trivial baseline")
+    except (OSError, ValueError, KeyError):
+        lines.append(f"verdict: none recorded ({run / BASELINE_FILE} is missing: 02 did not finish)")
+    try:
+        epoch = json.loads((run / "best" / "meta.json").read_text())["epoch"]
+        lines.append(f"kept: the checkpoint of epoch {epoch} ({run / 'best'})")
+    except (OSError, ValueError, KeyError):
+        lines.append(f"kept: no best/ checkpoint in {run}")
+    submission = Path(work_dir) / "submission.csv"
+    lines.append(f"submission: {submission}" if submission.is_file() else "submission: none written")
+    return lines
 
 
 def _warn_unbeaten(run_dir: Path) -> None:

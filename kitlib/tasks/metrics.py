@@ -204,6 +204,20 @@ def target_rule(rule: TargetRule, metric: str) -> TargetRule:
     return "regress" if kinds == _NUMBERS else "classify" if kinds == _CLASSES else rule
 
 
+def check_metric_fits(target: Sequence[Any], name: str, rule: TargetRule, metric: str) -> None:
+    """A metric of numbers on a target of two values (0/1, yes/no) is a contradiction kitlib will not settle: read as
+    numbers, a classification would be trained as a regression and submit decimals (1.0129). An explicit task
+    settles it; so does another metric."""
+    if rule != "auto" or target_rule(rule, metric) != "regress" or len(values := sorted(set(target), key=str)) != 2:
+        return
+    raise SetupError(
+        f"metric = {metric!r} scores numbers, but target column {name!r} holds two values ({values[0]!r}, "
+        f"{values[1]!r}): a class to predict. Fix: metric = 'accuracy' or 'macro_f1' (or 'auto') to predict the class, "
+        "or task = 'regress' if the target really is a number to predict as decimals (00_setup's parameters cell; "
+        "--metric / --task headless)"
+    )
+
+
 def check_metric(metric: Metric, target: Sequence[Any]) -> None:
     """A user's metric called once on the first training targets as a perfect prediction (about a millisecond):
     one that cannot score fails in 00, not after the first epoch of training."""

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kitlib.data.tables import infer_task
-from kitlib.tasks.metrics import LOG_TARGET_METRICS, target_rule
+from kitlib.tasks.metrics import LOG_TARGET_METRICS, check_metric_fits, target_rule
 
 # lazy: torch (+1.0 s): only the regression loss needs it; the target rules are read in 01 without torch (python -X
 # importtime).
@@ -74,6 +74,7 @@ def regression_loss(spec: TaskSpec) -> Callable[[torch.Tensor, torch.Tensor], to
 def read_target(column: pd.Series, rule: TargetRule, metric: str, objective: str = "auto") -> TaskSpec:
     """The target's kind and classes (kitlib.data.tables.infer_task: a DataError asking for task= when ambiguous),
     with the regression transform and loss (``objective_for``) fitted on ``column``."""
+    check_metric_fits(column.dropna().tolist(), str(column.name), rule, metric)
     spec = infer_task(column, target_rule(rule, metric))  # smape: a number, whole or not; accuracy: classes
     if spec.kind != "regression":
         return spec

@@ -169,11 +169,17 @@ def read_scored(
         raise DataError(f"the {role} file {path} is empty")
     # text: no 'NA'/'NULL' -> NaN guessing, so every prediction is scored as written
     df = pd.read_csv(path, dtype={target: str, id: str}, keep_default_na=False) if text else pd.read_csv(path)
-    missing = [c for c in (id, target) if c not in df.columns]
+    missing = [name for name, c in (("id", id), ("target", target)) if c not in df.columns]
+    if missing and role == "solution":  # the answers lack it: the column asked for is the wrong one
+        name = missing[0]
+        raise DataError(
+            f"the solution file {path} has no column {(id, target)[name == 'target']!r} (the {name} asked for); its "
+            f"columns: {list(df.columns)}. Fix: --{name} one of them (score(..., {name}=...) in Python)"
+        )
     if missing:
         raise DataError(
-            f"the {role} file {path} has no {missing[0]!r} column; available columns: {list(df.columns)}. "
-            f"A submission needs the columns {id},{target} (see sample_submission.csv)."
+            f"the {role} file {path} has no {(id, target)[missing[0] == 'target']!r} column; available columns: "
+            f"{list(df.columns)}. A submission needs the columns {id},{target} (see sample_submission.csv)."
         )
     df = df[[id, target]].rename(columns={id: "id"})
     df = df.assign(id=df["id"].astype(str))  # '12' and 12 are the same id

@@ -132,6 +132,9 @@ def build_kernels(
         raise ValueError(f"chain={chain!r}: use 'previous' or 'all'")
     if gpu is None:
         gpu = gpu_notebooks((parameters or {}).get("preset"))
+    names = {n.stem for n in notebooks} | {n.stem[:2] for n in notebooks}
+    if not isinstance(gpu, bool) and (unknown := sorted(set(gpu) - names)):
+        raise ValueError(f"gpu names {unknown}, no notebook of {folder_in}: name them as 02 or 02_train (--gpu 02,03)")
     sources = [*dataset_sources, *([wheels_dataset] if wheels_dataset else [])]
     data = data_dir or (
         mount_path("competitions", competition)
@@ -149,10 +152,12 @@ def build_kernels(
     first = {**common, "data_dir": data, **(parameters or {})}
     if not single and "hardware" not in first and _gpu_only_from_training(notebooks, gpu):
         first["hardware"] = "2xT4"  # 00/01 on CPU plan precision, processes and batch for 02's T4 x2
-    check_parameters(
+    p = check_parameters(
         {k: v for k, v in first.items() if k not in ("work_dir", "data_dir", "wheels_dir")},
         data_dir=None if local_data is None else Path(local_data),
     )
+    if local_data is not None and p.task in ("auto", "classify", "regress", "tabular-text"):  # what 00 will refuse
+        _check_metric_on(Path(local_data) / p.train_file, p)
     if not wheels_dataset:
         warnings.warn(
             "no wheels dataset named (--wheels-dataset): Kaggle's image lacks kitlib, so every kernel's install cell "
@@ -201,28 +206,29 @@ def build_kernels(
             values = first if not kernels else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
             nb = set_parameters(_clean(json.loads(notebook.read_text())), values)
             kernels.append((notebook.stem, nb, meta_for(notebook.stem, use_gpu, mounted)))
-    texts = {
-        Path(out_dir) / name / m["code_file"]: json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+    files = {  # per kernel folder: the notebook and its metadata, as this build writes them
+        Path(out_dir) / name: {
+            m["code_file"]: json.dumps(nb, indent=1, ensure_ascii=False) + "\n",
+            METADATA_FILE: json.dumps(m, indent=2) + "\n",
+        }
         for name, nb, m in kernels
     }
-    edited = [notebook for notebook, text in texts.items() if _edited(notebook, text)]
+    edited = [folder / n for folder, texts in files.items() for n, text in texts.items() if _edited(folder / n, text)]
     if edited and not force:
         raise KernelFolderError(
-            f"{', '.join(map(str, edited))} changed since kitlib built it: building again would overwrite your "
-            "edits. Fix: put the values in the build's options (--params FILE, --text, ...) and rebuild with --force "
-            "(the edited copy is kept as .ipynb.prev), or build into another --out"
+            f"{', '.join(map(str, edited))} changed since kitlib built it (or kitlib did not write it): building "
+            "again would overwrite your edits. Fix: put the values in the build's options (--params FILE, --text, "
+            "...) and rebuild with --force (the edited copy is kept as .prev), or build into another --out"
         )
-    folders = []
-    for (_, _, meta), (notebook, text) in zip(kernels, texts.items(), strict=True):
-        folder = notebook.parent
+    for folder, texts in files.items():
         folder.mkdir(parents=True, exist_ok=True)
-        if notebook in edited:
-            keep_aside(notebook)  # <name>.ipynb.prev: the user's edits survive a forced build
-        notebook.write_text(text)
-        (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        (folder / BUILD_FILE).write_text(json.dumps({meta["code_file"]: _digest(text)}) + "\n")
-        folders.append(folder)
-    return folders
+        for name, text in texts.items():
+            if folder / name in edited:
+                aside = keep_aside(folder / name)  # a forced build loses no edit, and says where it is
+                warnings.warn(f"kept your {folder / name} as {aside}", stacklevel=2)
+            (folder / name).write_text(text)
+        (folder / BUILD_FILE).write_text(json.dumps({n: _digest(t) for n, t in texts.items()}) + "\n")
+    return list(files)
 
 
 def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
@@ -238,14 +244,30 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _edited(notebook: Path, text: str) -> bool:
-    """Whether ``notebook`` exists and differs both from ``text`` and from what the last build wrote there."""
-    if not notebook.is_file() or (current := notebook.read_text()) == text:
+def _check_metric_on(train: Path, p: Any) -> None:
+    """00's metric/target check on the local copy of train.csv, before a kernel is built to fail on Kaggle."""
+    import pandas as pd
+
+    from kitlib.tasks.metrics import check_metric_fits
+
+    try:
+        column = pd.read_csv(train, usecols=[p.target])[p.target].dropna()
+    except (OSError, ValueError):
+        return  # no such file or column here: 00 names it, with its fix
+    rule: Any = p.task if p.task in ("classify", "regress") else "auto"
+    check_metric_fits(column.tolist(), p.target, rule, str(p.metric))
+
+
+def _edited(path: Path, text: str) -> bool:
+    """Whether ``path`` exists and differs both from ``text`` and from what the last build wrote there. A build
+    before the metadata was recorded left its metadata unrecorded: that one counts as kitlib's."""
+    if not path.is_file() or (current := path.read_text()) == text:
         return False
     try:
-        built = json.loads((notebook.parent / BUILD_FILE).read_text()).get(notebook.name)
+        record = json.loads((path.parent / BUILD_FILE).read_text())
+        built = record.get(path.name, _digest(current) if path.name == METADATA_FILE else None)
     except (OSError, json.JSONDecodeError, AttributeError):
-        built = None  # no record of a build here: the notebook is someone's
+        built = None  # no record of a build here: the file is someone's
     return built != _digest(current)
 
 
