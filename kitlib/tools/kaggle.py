@@ -34,6 +34,7 @@ from kitlib.notebook.params import check_parameters, keep_aside
 from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
 from kitlib.notebook.regimes import REGIMES
 from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
+from kitlib.notebook.tasks import task_entry
 
 # lazy: importlib.metadata (+0.016 s): read only where pyproject.toml is absent (python -X importtime).
 
@@ -156,7 +157,7 @@ def build_kernels(
         {k: v for k, v in first.items() if k not in ("work_dir", "data_dir", "wheels_dir")},
         data_dir=None if local_data is None else Path(local_data),
     )
-    if local_data is not None and p.task in ("auto", "classify", "regress", "tabular-text"):  # what 00 will refuse
+    if local_data is not None and task_entry(p.task).model_kind == "encoder":  # a class or a number: 00 checks it
         _check_metric_on(Path(local_data) / p.train_file, p)
     if not wheels_dataset:
         warnings.warn(
