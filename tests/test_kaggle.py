@@ -643,7 +643,7 @@ def test_the_readmes_colab_cell_mounts_drive_and_sets_every_path(monkeypatch: py
     from kitlib.notebook.runbook import PATH_PARAMETERS
 
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("### On Colab", 1)[1]
+    section = readme.split("## On Colab", 1)[1]
     cell = section.split("```python\n", 1)[1].split("```", 1)[0]
     mounted: list[str] = []
     drive = types.SimpleNamespace(mount=mounted.append)

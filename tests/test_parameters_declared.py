@@ -74,6 +74,7 @@ def test_each_command_has_one_flag_per_declared_parameter_with_its_doc() -> None
             assert name in flags, name
             assert PARAMETERS[name].metadata["doc"] in (flags[name].help or ""), name
     assert set(cli.flag_names()) == set(PARAMETERS) - {"data_dir", "work_dir"}
+    assert all(f.metadata["doc"] for f in PARAMETERS.values())  # every parameter says what it does
 
 
 def test_the_open_parameters_docs_list_every_registered_name() -> None:
@@ -162,3 +163,29 @@ def test_a_non_default_value_of_every_parameter_reaches_the_run_record(entry: st
             if name in values:
                 assert getattr(run.config, name) == values[name], (entry, name)
         assert json.loads((work / "run.json").read_text())["config"]["optimizer"] == values.get("optimizer", "adamw")
+
+
+STAGES = {"00": "00 setup", "01": "01 features", "02": "02 train", "03": "03 infer"}
+
+
+def parameters_table() -> str:
+    """The README's parameter table, rendered from the declaration (the README holds this text between markers)."""
+    rows = ["| parameter | default | allowed | what it does | first read by |", "| --- | --- | --- | --- | --- |"]
+    for name, f in PARAMETERS.items():
+        meta = f.metadata
+        value = str(f.default) if isinstance(f.default, Path) else list(f.default) if f.default == () else f.default
+        default = "the preset's" if f.default is None else f"`{value!r}`"
+        allowed = " \\| ".join(f"`{c}`" for c in meta["choices"]) or (
+            f">= {meta['least']}" if meta["least"] is not None else ""
+        )
+        what = (meta["doc"] or "").replace("|", "\\|") + (f" (`{meta['env']}`)" if meta["env"] else "")
+        rows.append(f"| `{name}` | {default} | {allowed} | {what} | {STAGES[meta['stage']]} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_the_readmes_parameter_table_is_the_declarations() -> None:
+    readme = (notebooks_dir().parent / "README.md").read_text()
+    begin, end = "<!-- parameters: begin -->\n", "<!-- parameters: end -->"
+    assert begin in readme and end in readme
+    shown = readme.split(begin, 1)[1].split(end, 1)[0]
+    assert shown == parameters_table(), "paste this table into the README:\n" + parameters_table()

@@ -159,8 +159,8 @@ def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Op
         import bitsandbytes
     except ImportError as error:
         raise SetupError(
-            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: pip install 'kitlib[lean]' (or bitsandbytes), "
-            "or optimizer='adamw'"
+            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: pip install bitsandbytes (a checkout: pip "
+            "install -e '.[lean]'), or optimizer='adamw'"
         ) from error
     optimizer: torch.optim.Optimizer = bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
     return optimizer
@@ -175,8 +175,8 @@ def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.O
         import optimi
     except ImportError as error:
         raise SetupError(
-            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: pip install 'kitlib[lean]' (or "
-            "torch-optimi), or optimizer='adamw' with fp32 weights (model.float())"
+            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: pip install torch-optimi (a checkout: pip "
+            "install -e '.[lean]'), or optimizer='adamw' with fp32 weights (model.float())"
         ) from error
     optimizer: torch.optim.Optimizer = optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
     return optimizer

@@ -1,4 +1,4 @@
-"""LoRA adapters (``peft``, an optional dependency: ``pip install kitlib[lora]``): the pretrained weights stay frozen,
+"""LoRA adapters (``peft``, an optional dependency: ``pip install peft``): the pretrained weights stay frozen,
 low-rank matrices beside every linear layer of the blocks train, and checkpoints hold only what trains.
 
     model = add_adapter(model, "lora", generating=True)   # a PeftModel; checkpoints hold adapter_keys(model) only
@@ -38,7 +38,7 @@ LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models
 # The adapters' least lr: B starts at zero and a rank-16 update needs a larger step than a full fine-tune's (~10x;
 # unsloth's notebooks and the QLoRA paper use 2e-4 for 7-13B models, where the presets' 3e-5 to 1e-4 are full-FT's)
 LORA_LR = 2e-4
-_INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
+_INSTALL = "pip install peft (a checkout: pip install -e '.[lora]')"
 
 
 def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -> str | None:

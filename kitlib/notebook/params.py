@@ -86,9 +86,9 @@ class Params:
                                   "notebook, or a full path) or module:function", stage="02")  # fmt: skip
     id: str = declared("id", "the id column", stage="01")
     seed: int = declared(42, "seeds the split, the weights' initialisation and the batch order", least=0)
-    train_file: str = declared("train.csv", "file names in data_dir", stage="01")
-    test_file: str = declared("test.csv", "", stage="01")
-    sample_submission: str = declared("sample_submission.csv", "", stage="03")
+    train_file: str = declared("train.csv", "the training rows, in data_dir", stage="01")
+    test_file: str = declared("test.csv", "the rows to predict, in data_dir", stage="01")
+    sample_submission: str = declared("sample_submission.csv", "the submission's layout, in data_dir", stage="03")
     # A Kaggle chain gives only 02 and 03 the GPU: 00 and 01 plan for it by name.
     hardware: str = declared("", "plan for this accelerator (a kitlib.machine.hardware profile, e.g. 2xT4) instead "
                              "of this machine; '' = this one")  # fmt: skip

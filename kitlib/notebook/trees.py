@@ -3,7 +3,7 @@ thousand rows: scikit-learn's HistGradientBoosting on the numeric and categorica
 embeddings (their first EMBEDDING_DIMS principal components), blended with the network on the validation rows in 02
 and refitted by 03 from the same rows and seed (a fit takes seconds at these sizes, so nothing is pickled).
 
-    trees = Trees.fit(feats, train_idx, seed)        # None without scikit-learn (pip install 'kitlib[trees]')
+    trees = Trees.fit(feats, train_idx, seed)        # None without scikit-learn (pip install scikit-learn)
     weight, score = blend(metric, y_valid, net_valid, trees.predict(feats, valid_idx), kind)
     values = mix(net_test, trees.predict(feats, None), weight, kind)   # 03: None = the test rows
 
@@ -56,7 +56,7 @@ class Trees:
             from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
             from threadpoolctl import threadpool_limits
         except ImportError:
-            print("trees: skipped, scikit-learn is not installed (pip install 'kitlib[trees]')")
+            print("trees: skipped, scikit-learn is not installed (pip install scikit-learn)")
             return None
         assert feats.embeddings is not None
         embedded = feats.embeddings[0][rows].astype(np.float64)
