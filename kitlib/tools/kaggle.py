@@ -153,7 +153,7 @@ def build_kernels(
         {k: v for k, v in first.items() if k not in ("work_dir", "data_dir", "wheels_dir")},
         data_dir=None if local_data is None else Path(local_data),
     )
-    if local_data is not None and p.task in ("auto", "classify", "regress", "tabular-text"):  # what 00 will refuse
+    if local_data is not None and ":" not in p.task:  # what 00 will refuse (a Task of one's own is imported there)
         _check_metric_on(Path(local_data) / p.train_file, p)
     if not wheels_dataset:
         warnings.warn(
@@ -248,7 +248,9 @@ def _check_metric_on(train: Path, p: Any) -> None:
         column = pd.read_csv(train, usecols=[p.target])[p.target].dropna()
     except (OSError, ValueError):
         return  # no such file or column here: 00 names it, with its fix
-    rule: Any = p.task if p.task in ("classify", "regress") else "auto"
+    from kitlib.notebook.tasks import get_task
+
+    rule = getattr(get_task(p.task), "target_rule", "auto")  # as the task reads its target in 00
     check_metric_fits(column.tolist(), p.target, rule, str(p.metric))
 
 
