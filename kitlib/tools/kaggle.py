@@ -255,7 +255,9 @@ def _check_metric_on(train: Path, p: Any) -> None:
         column = pd.read_csv(train, usecols=[p.target])[p.target].dropna()
     except (OSError, ValueError):
         return  # no such file or column here: 00 names it, with its fix
-    rule: Any = p.task if p.task in ("classify", "regress") else "auto"
+    from kitlib.notebook.tasks import get_task
+
+    rule = getattr(get_task(p.task), "target_rule", "auto")  # as the task reads its target in 00
     check_metric_fits(column.tolist(), p.target, rule, str(p.metric))
 
 
