@@ -582,7 +582,13 @@ CATALOGUE = [
         r"parameters cell",
         values={"task": "classification"},
     ),
-    Case("unknown preset", "setup", r"unknown preset 'fastest'", r"choose one of", values={"preset": "fastest"}),
+    Case(
+        "unknown preset",
+        "setup",
+        r"preset = 'fastest' is not one of",
+        r"fix it in the parameters cell",
+        values={"preset": "fastest"},
+    ),
     Case("seed not a number", "setup", r"seed", r"parameters cell", values={"seed": "forty-two"}),
     Case(
         "work_dir is the data_dir",
