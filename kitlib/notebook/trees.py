@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+# lazy: sklearn (+14 s on this 2-core CPU at load 14), threadpoolctl (+0.1 s): the optional dependency (kitlib[trees])
+# only a run with trees imports (python -X importtime).
+
 if TYPE_CHECKING:
     from kitlib.notebook.handoff import Features
     from kitlib.tasks.metrics import Metric
