@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import sys
 import warnings
@@ -19,15 +20,26 @@ from typing import Any, get_args, get_origin, get_type_hints
 from kitlib._version import __version__
 from kitlib.config import Requested
 from kitlib.errors import KitError, PrecisionError, SetupError
-from kitlib.notebook.params import PARAMETERS, Params  # the parser's flags derive from the declaration
+from kitlib.machine.hardware import detect, fake_profile
+from kitlib.notebook.params import (  # the parser's flags derive from the declaration
+    ENV,
+    PARAMETERS,
+    PARAMS_FILE,
+    Params,
+    check_names,
+    check_parameters,
+    check_work_dir,
+    env_value,
+)
+from kitlib.notebook.presets import PRESETS, RUN_FILE, resolve
+from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, run_notebooks, strip_outputs
 
-# lazy: kitlib (+0.025 s): each command imports its kitlib modules when it runs. With all of them at the top,
-# `python -m kitlib --help` took 88 ms instead of 63 ms (min of 20 runs): the notebook, doctor and machine modules it
-# would load. None of them imports torch.
+# lazy: kitlib (+0.025 s): each command imports the rest of its kitlib modules (doctor, data, tools) when it runs.
+# The parameters' declaration, the presets and the hardware profiles are at the top: the parser's flags and
+# checks need them for every command. None of these imports torch.
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
-    from kitlib.machine.hardware import detect
     from kitlib.machine.precision import decide_precision
 
     hw = detect()
@@ -71,9 +83,6 @@ def _cmd_score(args: argparse.Namespace) -> int:
         found |= {k: v for k, v in demo.get("parameters", {}).items() if k in ("target", "id", "metric")}
         found |= {"metric": demo["metric"]} if "metric" in demo else {}
     if args.work:  # the run that wrote the submission: its columns and the metric it trained for
-        from kitlib.notebook.params import PARAMS_FILE
-        from kitlib.notebook.presets import RUN_FILE
-
         work = Path(args.work)
         try:
             saved = json.loads((work / PARAMS_FILE).read_text())
@@ -93,7 +102,6 @@ def _cmd_score(args: argparse.Namespace) -> int:
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from kitlib.doctor.report import diagnose
-    from kitlib.machine.hardware import fake_profile
 
     hw = fake_profile(args.profile, interactive=False) if args.profile else None
     try:
@@ -138,9 +146,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
     from kitlib.doctor.memory_plan import run_line
-    from kitlib.machine.hardware import detect, fake_profile
     from kitlib.notebook.estimate import estimate_epoch_seconds
-    from kitlib.notebook.presets import PRESETS, resolve
 
     hw = fake_profile(args.profile) if args.profile else detect()
     kind = _model_kind(args.task)
@@ -262,7 +268,6 @@ def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     "parameters"; a user's params.json is flat) > 00's own defaults (not written here: the notebook's cell has them).
     An unknown name in the file is an error listing the valid ones. Prints what was set, and where, once. Also
     returns the folder of the file when it holds the data (for checks reading it)."""
-    from kitlib.notebook.params import check_names
 
     values: dict[str, Any] = {}
     local = None
@@ -291,7 +296,6 @@ def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _cmd_notebooks(args: argparse.Namespace) -> int:
-    from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, run_notebooks, strip_outputs
 
     source = Path(args.notebooks) if args.notebooks else notebooks_dir()
     if args.action == "strip":
@@ -300,7 +304,6 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
-    from kitlib.notebook.params import ENV, check_parameters, check_work_dir, env_value
     from kitlib.notebook.stages import outcome
 
     values, _ = _parameters(args)
@@ -377,7 +380,6 @@ def _fraction(text: str) -> float:
 
 
 def _profile(text: str) -> str:
-    from kitlib.machine.hardware import fake_profile
 
     try:
         fake_profile(text)
@@ -387,7 +389,6 @@ def _profile(text: str) -> str:
 
 
 def _regex(text: str) -> str:
-    import re
 
     try:
         re.compile(text)

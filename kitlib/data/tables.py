@@ -10,6 +10,7 @@ fix; nothing is cached or trained on a table that failed here.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +60,6 @@ def _json_row(line: str, path: Path, n: int) -> dict[str, Any]:
     """One JSONL line as a row. A chat's ``messages`` (role/content turns) become ``prompt`` (the turns before the
     last assistant one, as JSON: the causal-lm task renders them through the tokenizer's chat template) and
     ``response`` (that assistant turn; absent when the chat ends on another turn, as a test row does)."""
-    import json
 
     try:
         row = json.loads(line)

@@ -15,6 +15,7 @@ before (weights, optimizer states) are counted with ``hold``. Kernels' private s
 
 from __future__ import annotations
 
+import tempfile
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from kitlib.config import TrainConfig
 from kitlib.doctor.memory_plan import GENERATING, _meta_model, plan_memory
@@ -146,9 +148,6 @@ def planned_and_measured(
 
 def _reloaded(model: torch.nn.Module, kwargs: dict[str, Any]) -> torch.nn.Module:
     """``model`` saved and loaded back through kitlib.models.loading with ``kwargs`` (a quantization config)."""
-    import tempfile
-
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     auto = AutoModelForSeq2SeqLM if getattr(model.config, "is_encoder_decoder", False) else AutoModelForCausalLM
     with tempfile.TemporaryDirectory() as folder:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import torch
+
 from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, measure_cpu_peak, peak_flops
 from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
@@ -181,8 +183,6 @@ def _compute(run: RunRecord, tokens_per_s: float | None, peak: float | None, mea
         mode: PeakDtype = "tf32" if dtype == "fp32" and facts.tf32 else dtype  # fp32 matmuls on TF32 cores
         peak, basis = peak_flops(str(facts.device_name or ""), mode), f"{mode} datasheet peak"
     elif peak is None and facts.device_type == "cpu" and measure:
-        import torch
-
         torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
         peak, basis = measure_cpu_peak(torch_dtype), f"{dtype} matmul peak measured now on this CPU"
     width = round((facts.computed_tokens or 0) / samples)  # mean padded row length: the attention context

@@ -11,8 +11,10 @@ import ctypes
 import datetime
 import os
 import pickle
+import signal
 import socket
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -204,8 +206,6 @@ def _forwarding_sigterm(pids: list[int]) -> Iterator[None]:
     """SIGTERM to this process (the kernel: a hosted session ending, the headless runner's stop) goes on to the
     workers, whose training saves ``last/`` and returns (kitlib.engine.policies.SigtermStop); this process keeps
     waiting for them. Signals reach the main thread only: elsewhere nothing is changed."""
-    import signal
-    import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield

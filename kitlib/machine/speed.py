@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from kitlib._files import write_atomic
 from kitlib.machine.hardware import MathProbe
@@ -28,7 +30,6 @@ Step = Callable[[torch.dtype, int], tuple[float, float]]  # (dtype, rows) -> (se
 def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
     """One training step (forward, loss, backward) of a transformer encoder block of this shape on up to 8 rows of
     ``seq_len`` tokens, in fp32 or under bf16 autocast; the same weights and inputs every call."""
-    from torch import nn
 
     with torch.random.fork_rng(devices=[]):  # the user's random stream is not advanced by a probe
         torch.manual_seed(0)
@@ -105,7 +106,6 @@ def measure_cpu_step(
 
 def _cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere): the probe's result is this CPU's."""
-    import platform
 
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():

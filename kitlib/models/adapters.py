@@ -18,6 +18,7 @@ low-rank matrices beside every linear layer of the blocks train, and checkpoints
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
@@ -84,7 +85,6 @@ def quantization(adapter: str, device: str = "cuda") -> dict[str, Any]:
     parent reloading rank 0's adapters without touching CUDA) bitsandbytes' CPU backend computes in fp32."""
     if adapter != "qlora":
         return {}
-    import os
 
     import torch
 

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from packaging.version import Version
+
 from kitlib.errors import MissingModelError, RefusedModelError
 
 # lazy: torch (+1.0 s), transformers (+0.6 s), tokenizers (+0.02 s): only loading a model needs them; the folder checks
@@ -202,7 +204,6 @@ def positions_of(config: Mapping[str, Any]) -> int | None:
 @functools.cache
 def _dtype_keyword() -> str:
     import transformers
-    from packaging.version import Version
 
     return "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
 

@@ -8,9 +8,13 @@ KIT_HEADLESS=1 (no widgets, throttled plain-text progress) and the KIT_* variabl
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import json
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,8 +23,9 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: nbformat (+0.1 s), nbclient (+0.2 s): only reading or running notebooks needs them; the names and paths here are
-# read by the CLI and 00 (python -X importtime).
+# lazy: nbformat (+0.1 s), nbclient (+0.2 s): only reading or running notebooks needs them; kitlib.engine (+1.0 s):
+# torch, only to name a stopped run's checkpoint. The names and paths here are read by the CLI and 00 (python -X
+# importtime).
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "file:line: Category: message"
@@ -179,23 +184,18 @@ class _Stop:
         self.client: Any = None  # the running notebook's NotebookClient
 
     def __enter__(self) -> None:
-        import signal
-        import threading
 
         self.previous = {}
         if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
             self.previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def __exit__(self, *exc: object) -> None:
-        import signal
 
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
     def arm(self, **_: Any) -> None:
         """Once the kernel runs: nbclient's own handlers (they shut the kernel down at once) give way to ours."""
-        import asyncio
-        import signal
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_event_loop().add_signal_handler(signum, self._stop, signum, None)
@@ -206,8 +206,6 @@ class _Stop:
             os.kill(process.pid, signum)
 
     def _stop(self, signum: int, frame: Any) -> None:
-        import signal
-        import threading
 
         if not self.signum:  # a second signal (Ctrl-C twice) changes nothing: the grace timer ends the wait
             self.signum = signum
@@ -219,7 +217,6 @@ class _Stop:
     def check(self, name: str) -> None:
         if not self.signum:
             return
-        import signal
 
         from kitlib.engine.checkpoint import latest
 
@@ -235,7 +232,6 @@ class _Stop:
 def raised_warnings(paths: Sequence[Path]) -> list[str]:
     """Every warning the executed notebooks at ``paths`` printed (``<notebook>: <Category>: <message>``), each once,
     in order: what a headless user would otherwise find only inside the .ipynb files."""
-    import json
 
     found: dict[str, None] = {}
     for path in paths:
@@ -248,7 +244,6 @@ def raised_warnings(paths: Sequence[Path]) -> list[str]:
 
 
 def _executed_here(path: Path) -> bool:
-    import json
 
     try:
         return bool(json.loads(path.read_text()).get("metadata", {}).get(EXECUTED_MARK))

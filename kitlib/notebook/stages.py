@@ -23,7 +23,7 @@ from kitlib.data.cache import Cache
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
-from kitlib.doctor.memory_plan import GENERATING, run_line
+from kitlib.doctor.memory_plan import GENERATING, model_config, run_line
 from kitlib.errors import CheckpointError, KitError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
@@ -124,7 +124,6 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) ->
 def _block(p: Params) -> tuple[int, int, int]:
     """(width, FFN width, heads) of ``p``'s model from its config.json (no weights); MiniLM's for a model the task
     builds from scratch (a generating task's "auto", "tiny", a model_factory)."""
-    from kitlib.doctor.memory_plan import model_config
 
     minilm = (384, 1536, 12)
     if _built_by_task(p) or (p.model == "auto" and tiny_requested()):

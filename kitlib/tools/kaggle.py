@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import pandas as pd
+
 from kitlib.errors import KaggleCLIError, KernelFolderError, KernelMetadataError
 from kitlib.notebook.params import check_parameters, keep_aside
 from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
 from kitlib.notebook.regimes import REGIMES
 from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
-from kitlib.notebook.tasks import task_entry
+from kitlib.notebook.tasks import get_task, task_entry
+from kitlib.tasks.metrics import check_metric_fits
 
 # lazy: importlib.metadata (+0.016 s): read only where pyproject.toml is absent (python -X importtime).
 
@@ -247,15 +250,11 @@ def _digest(text: str) -> str:
 
 def _check_metric_on(train: Path, p: Any) -> None:
     """00's metric/target check on the local copy of train.csv, before a kernel is built to fail on Kaggle."""
-    import pandas as pd
-
-    from kitlib.tasks.metrics import check_metric_fits
 
     try:
         column = pd.read_csv(train, usecols=[p.target])[p.target].dropna()
     except (OSError, ValueError):
         return  # no such file or column here: 00 names it, with its fix
-    from kitlib.notebook.tasks import get_task
 
     rule = getattr(get_task(p.task), "target_rule", "auto")  # as the task reads its target in 00
     check_metric_fits(column.tolist(), p.target, rule, str(p.metric))

@@ -36,11 +36,15 @@ from torch.utils.data import Dataset
 
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.loaders import make_eval_loader, make_predict_loader, make_train_loader
+from kitlib.data.packing import packing_supported
+from kitlib.data.samplers import BucketSampler, PackingSampler
 from kitlib.data.tables import DataError, TaskSpec
+from kitlib.doctor.flops import flops_per_token
 from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.models.causal_lm import tiny_causal_lm
+from kitlib.models.facts import model_facts
 from kitlib.models.loading import config_of, from_pretrained, frozen_dtype, model_refusals, positions_of
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
@@ -210,10 +214,6 @@ def choose_batching(lengths: np.ndarray, cfg: Any, model: Any) -> tuple[Batching
     the padding and one row per example but widens attention to the row: it wins where the weights dominate (a 7B
     at 1,536 tokens), loses where attention does (a tiny model over long rows). Reasoned; the GPU suite's packing
     check measures tokens/s."""
-    from kitlib.data.packing import packing_supported
-    from kitlib.data.samplers import BucketSampler, PackingSampler
-    from kitlib.doctor.flops import flops_per_token
-    from kitlib.models.facts import model_facts
 
     if cfg.batching != "bucket" or not packing_supported():  # set by hand, or no packed masks in this transformers
         return cfg.batching, f"batching {cfg.batching}: " + ("as set" if packing_supported() else "this transformers "
