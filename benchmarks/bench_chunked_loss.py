@@ -37,7 +37,7 @@ def main() -> None:
 
     fit = {}
     for chunked in (False, True):
-        plan = plan_memory(CONFIG, hardware="CPU", seq_len=TOKENS, task="causal-lm", micro_batch=ROWS, accum=1,
+        plan = plan_memory(CONFIG, hardware="CPU", seq_len=TOKENS, model_kind="decoder", micro_batch=ROWS, accum=1,
                            chunked_loss=chunked)  # fmt: skip
         fit[chunked] = next(f.peak for f in plan.fits if f.strategy.name == "fp32 full fine-tune")
     print(f"Llama-shaped, hidden 128 x 2 blocks, vocab {VOCAB:,}, {ROWS} rows x {TOKENS} tokens, one step, fp32 AdamW")

@@ -16,14 +16,14 @@ from kitlib.doctor.live_bytes import MEASURABLE, planned_and_measured
 
 CASES = [  # (label, config, task, seq_len, micro-batch, accumulation)
     ("Llama h128 x2", LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=4, vocab_size=8000), "causal-lm", 256, 2, 1),
+                                  num_key_value_heads=4, vocab_size=8000), "decoder", 256, 2, 1),
     ("Llama h256 x4", LlamaConfig(hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
-                                  num_key_value_heads=8, vocab_size=8000), "causal-lm", 256, 2, 2),
+                                  num_key_value_heads=8, vocab_size=8000), "decoder", 256, 2, 2),
     ("Llama h384 x6", LlamaConfig(hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
                                   num_attention_heads=6, num_key_value_heads=6, vocab_size=16000),
-     "causal-lm", 512, 1, 2),
+     "decoder", 512, 1, 2),
     ("BERT h384 x6", BertConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=12,
-                                vocab_size=30522), "classify", 128, 8, 1),
+                                vocab_size=30522), "encoder", 128, 8, 1),
 ]  # fmt: skip
 
 
@@ -34,7 +34,7 @@ def main() -> None:
         for strategy in MEASURABLE:
             start = time.perf_counter()
             planned, measured = planned_and_measured(
-                config, task=task, seq_len=seq_len, micro_batch=micro, accum=accum, strategy=strategy
+                config, model_kind=task, seq_len=seq_len, micro_batch=micro, accum=accum, strategy=strategy
             )
             ratio = planned / measured
             worst = max(worst, abs(ratio - 1))

@@ -40,37 +40,16 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_maker(task: str) -> Any:
-    if task == "tabular-text":
-        from kitlib.tools.demo_price import make_price_demo
-
-        return make_price_demo
-    if task == "custom":
-        from kitlib.tools.demo_custom import make_custom_demo
-
-        return make_custom_demo
-    if task == "custom-seq2seq":
-        from kitlib.tools.demo_summary import make_summary_demo
-
-        return make_summary_demo
-    if task == "seq2seq":
-        from kitlib.tools.demo_sql import make_sql_demo
-
-        return lambda dir, *, seed, test_fraction, force: make_sql_demo(dir, seed=seed, force=force)
-    if task == "causal-lm":
-        from kitlib.tools.demo_sft import make_sft_demo
-
-        return make_sft_demo
-    from kitlib.tools.demo import make_demo
-
-    return make_demo
-
-
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from kitlib.notebook.tasks import TASKS
+    from kitlib.tasks.metrics import import_object
     from kitlib.tools.demo import ABOUT_FILE
 
+    if args.task not in TASKS:
+        raise SetupError(f"--task {args.task!r}: no such task. Fix: one of {list(TASKS)}")
+    make = import_object(TASKS[args.task].demo, "demo")
     # DemoDataMissing, or files of the user's in the folder: one line, exit 2
-    paths = _demo_maker(args.task)(args.dir, seed=args.seed, test_fraction=args.test_fraction, force=args.force)
+    paths = make(args.dir, seed=args.seed, test_fraction=args.test_fraction, force=args.force)
     for path in (paths.train, paths.test, paths.sample_submission, paths.solution, paths.root / ABOUT_FILE):
         print(path)
     if args.task != "auto":
@@ -163,6 +142,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     from kitlib.notebook.presets import PRESETS, resolve
 
     hw = fake_profile(args.profile) if args.profile else detect()
+    kind = _model_kind(args.task)
     print(hw.summary() if args.profile is None else f"profile {args.profile} (fake)")
     resolved, errors = 0, set()
     for name in PRESETS:
@@ -175,11 +155,22 @@ def _cmd_presets(args: argparse.Namespace) -> int:
             continue
         resolved += 1
         print(run.summary())
-        print(f"memory: {args.model}, {run_line(args.model, args.task, hw, run)}")
+        print(f"memory: {args.model}, {run_line(args.model, kind, hw, run)}")
         if args.rows is not None:
             seconds = estimate_epoch_seconds(run, args.rows, hw)
             print(f"estimate: ~{seconds:.0f} s per epoch for {args.rows} rows (rough, +-2x)")
     return 0 if resolved else 2
+
+
+def _model_kind(task: str) -> str:
+    """The model a task trains, as the memory plan sizes it (the task's registry entry says)."""
+    from kitlib.notebook.tasks import TASKS
+
+    entry = TASKS.get(task)
+    if entry is None or not entry.model_kind:
+        sized = [name for name, e in TASKS.items() if e.model_kind]
+        raise SetupError(f"--task {task!r}: the memory plan sizes the models of {sized}. Fix: one of those")
+    return entry.model_kind
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -190,7 +181,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         args.model,
         hardware=args.hardware,
         seq_len=args.seq_len,
-        task=args.task,
+        model_kind=_model_kind(args.task),
         effective_batch=args.effective_batch,
         micro_batch=args.micro_batch,
         accum=args.accum,
@@ -389,11 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task",
         default="auto",
-        choices=["auto", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq"],
-        help="auto: reviews, accuracy; tabular-text: film box office, SMAPE; seq2seq: text-to-SQL, record F1; "
-        "causal-lm: questions about reviews (instruction tuning), exact match; custom: the reviews with your own "
-        "BiLSTM (bilstm.py); custom-seq2seq: film synopses summarised by your own BiLSTM pointer-generator "
-        "(pointer_generator.py), ROUGE-L",
+        help="the task whose demo competition to write (a name of 00's task parameter; auto: the reviews)",
     )
     p.set_defaults(func=_cmd_demo)
 

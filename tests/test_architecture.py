@@ -161,3 +161,24 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     )
     problems = _problems("kitlib.data.bad", bad, fake)
     assert [p.split(":")[0] for p in problems] == ["line 1", "line 3", "line 4"], problems
+
+
+# Where a built-in task's name may be written: its own module, the registry, its demo (the demo is the task's), and
+# the parameters' doc (a test pins it to the registry). Everything else asks the registry (TASKS[name].family,
+# .generates, .demo), so a new task is its module, one registry line and its tests.
+TASK_NAMES_MAY_APPEAR = ("notebook/tasks/", "tools/demo")
+
+
+def test_no_task_name_is_hard_coded_outside_its_module_and_the_registry() -> None:
+    from kitlib.notebook.tasks import TASKS
+
+    names = [n for n in TASKS if "-" in n or n in ("seq2seq", "custom")]  # auto/classify/regress: target rules too
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        where = str(path.relative_to(ROOT))
+        if where.startswith(TASK_NAMES_MAY_APPEAR) or where == "notebook/params.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{where}:{node.lineno} {node.value!r}")
+    assert not found, "task names outside their module and the registry (ask TASKS instead):\n" + "\n".join(found)

@@ -223,7 +223,7 @@ def test_a_runaway_query_is_cut_by_the_time_limit(db: Path) -> None:
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
     start = time.perf_counter()
     assert record_f1(endless, "SELECT 1", db, timeout=0.2) == 0.0
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 10.0  # cut (an endless query never returns), with room for a busy machine
     rows = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"  # endless rows
     conn = connect_readonly(db)
     try:

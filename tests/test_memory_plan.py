@@ -31,14 +31,14 @@ def test_plan_matches_the_measured_peak_of_kitlibs_step(strategy: str) -> None:
     config = LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=4, vocab_size=4000)  # fmt: skip
     planned, measured = planned_and_measured(
-        config, task="causal-lm", seq_len=128, micro_batch=2, accum=2, strategy=strategy
+        config, model_kind="decoder", seq_len=128, micro_batch=2, accum=2, strategy=strategy
     )
     assert 0.8 <= planned / measured <= 1.2, (strategy, planned, measured)
 
 
 def test_7b_at_1536_tokens_fits_h100_and_t4_only_with_the_right_strategy() -> None:
-    h100 = plan_memory(_llama_7b(), hardware="H100", seq_len=1536, task="causal-lm")
-    t4 = plan_memory(_llama_7b(), hardware="T4", seq_len=1536, task="causal-lm")
+    h100 = plan_memory(_llama_7b(), hardware="H100", seq_len=1536, model_kind="decoder")
+    t4 = plan_memory(_llama_7b(), hardware="T4", seq_len=1536, model_kind="decoder")
     for plan in (h100, t4):
         fp32 = [f for f in plan.fits if f.strategy.name.startswith("fp32 full fine-tune")]
         assert fp32 and not any(f.fits for f in fp32)  # ~16 bytes/parameter: 108 GB before activations
@@ -52,9 +52,9 @@ def test_7b_at_1536_tokens_fits_h100_and_t4_only_with_the_right_strategy() -> No
 
 
 def test_qlora_is_refused_off_cuda_and_small_models_fit_with_what_kitlib_offers() -> None:
-    cpu = plan_memory(_llama_7b(), hardware="CPU", seq_len=256, task="causal-lm")
+    cpu = plan_memory(_llama_7b(), hardware="CPU", seq_len=256, model_kind="decoder")
     assert all(f.why_not == "CUDA only" and not f.fits for f in cpu.fits if f.strategy.name.startswith("QLoRA"))
-    small = plan_memory("minilm", hardware="T4", seq_len=128, task="classify", effective_batch=32)
+    small = plan_memory("minilm", hardware="T4", seq_len=128, model_kind="encoder", effective_batch=32)
     assert small.choice is not None
     assert small.line().startswith("fits: ~")
 
@@ -64,7 +64,7 @@ def test_8bit_adamw_is_offered_and_chosen_where_fp32_adamw_does_not_fit() -> Non
 
     config = LlamaConfig(hidden_size=2048, intermediate_size=5530, num_hidden_layers=24, num_attention_heads=16,
                          vocab_size=32000)  # 1.35 B parameters  # fmt: skip
-    plan = plan_memory(config, hardware="L4", seq_len=512, task="causal-lm")
+    plan = plan_memory(config, hardware="L4", seq_len=512, model_kind="decoder")
     by_name = {f.strategy.name: f for f in plan.fits}
     assert not by_name["fp32 weights + AMP"].fits and not by_name["fp32 weights + AMP + checkpointing"].fits
     assert plan.choice is by_name["fp32 weights + AMP + 8-bit AdamW"]
@@ -139,11 +139,13 @@ def test_every_strategy_the_plan_can_choose_is_one_kitlib_runs(hardware: str) ->
     from kitlib.models.adapters import add_adapter
     from kitlib.notebook import presets
     from kitlib.notebook.params import check_parameters
+    from kitlib.notebook.tasks import task_entry
 
     hw = fake_profile(hardware, platform="local", interactive=False, torch_cuda_arch_list=ARCH_LIST_WITH_SM60)
     config = GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=64)
     for task in ("causal-lm", "classify"):
-        plan = plan_memory(config, hardware=hw, seq_len=16, task=task, effective_batch=4)
+        kind = task_entry(task).model_kind
+        plan = plan_memory(config, hardware=hw, seq_len=16, model_kind=kind, effective_batch=4)
         choosable = [f.strategy for f in plan.fits if not f.why_not]
         assert len(choosable) >= 6, [f.strategy.name for f in plan.fits]
         for strategy in choosable:
@@ -173,7 +175,7 @@ def test_loras_frozen_base_is_planned_in_the_dtype_02_keeps_it() -> None:
     the plan counts 2 bytes a base weight there and 4 elsewhere."""
     names = {}
     for hardware in ("H100", "T4", "CPU-AMX"):
-        plan = plan_memory("gpt2", hardware=hardware, seq_len=128, task="causal-lm")
+        plan = plan_memory("gpt2", hardware=hardware, seq_len=128, model_kind="decoder")
         lora = next(f for f in plan.fits if f.strategy.adapter == "lora")
         names[hardware] = lora.strategy.name
         assert lora.strategy.weights == pytest.approx(2.0 if hardware == "H100" else 4.0, abs=0.1), hardware

@@ -24,7 +24,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kitlib.config import TrainConfig
-from kitlib.doctor.memory_plan import _meta_model, plan_memory
+from kitlib.doctor.memory_plan import GENERATING, _meta_model, plan_memory
 from kitlib.engine.objective import default_count_fn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.optim import freeze as freeze_part
@@ -116,22 +116,22 @@ MEASURABLE = ("fp32 full fine-tune", "fp32 full fine-tune + checkpointing", "fro
 
 
 def planned_and_measured(
-    config: Any, *, task: str, seq_len: int, micro_batch: int, accum: int, strategy: str, seed: int = 0
+    config: Any, *, model_kind: str, seq_len: int, micro_batch: int, accum: int, strategy: str, seed: int = 0
 ) -> tuple[float, int]:
     """(the plan's peak bytes, the measured peak of kitlib's step) for ``strategy`` (a MEASURABLE name) training a
     model built from ``config`` with random weights on random tokens, on this CPU in fp32, with the strategy's own
     settings (``Strategy.settings``)."""
-    plan = plan_memory(config, hardware="CPU", seq_len=seq_len, task=task, micro_batch=micro_batch, accum=accum,
-                       chunked_loss=False)  # fmt: skip
+    plan = plan_memory(config, hardware="CPU", seq_len=seq_len, model_kind=model_kind, micro_batch=micro_batch,
+                       accum=accum, chunked_loss=False)  # fmt: skip
     fit = next(f for f in plan.fits if f.strategy.name == strategy)
     planned, chosen = fit.peak, fit.strategy
     torch.manual_seed(seed)
-    model = _meta_model(config, task)  # on the CPU here: real (random) weights
+    model = _meta_model(config, model_kind)  # on the CPU here: real (random) weights
     vocab = int(config.vocab_size)
     window = []
     for _ in range(accum):
         ids = torch.randint(4, vocab, (micro_batch, seq_len))
-        labels = ids if task in ("causal-lm", "seq2seq") else torch.randint(0, 2, (micro_batch,))
+        labels = ids if model_kind in GENERATING else torch.randint(0, 2, (micro_batch,))
         window.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels})
     peak = step_peak(model, window, gradient_checkpointing=chosen.checkpointing, freeze=chosen.freeze,
                      optimizer_name=chosen.optimizer_name)  # fmt: skip

@@ -1,6 +1,6 @@
 """A memory plan before training: bytes of weights, gradients, optimizer states and activations per strategy.
 
-    plan = plan_memory("llama-7b", hardware="T4", seq_len=1536, task="causal-lm")
+    plan = plan_memory("llama-7b", hardware="T4", seq_len=1536, model_kind="decoder")
     print(plan.table())   # every strategy, its peak, whether it fits, the micro-batch x accumulation it needs
     print(plan.line())    # "fits: ~X of Y GB with ..." or what to change
 
@@ -77,7 +77,10 @@ _FAMILIES = {
     **dict.fromkeys(("bert", "roberta", "xlm-roberta", "electra"), "bert"),
     **dict.fromkeys(("t5", "mt5"), "t5"),
 }
-GENERATING = ("causal-lm", "seq2seq")
+# The model kinds the plan sizes (kitlib.notebook.tasks.TaskEntry.model_kind): a classifier's encoder, or a
+# generating LM; the generating ones train with an LM head over the vocabulary.
+MODEL_KINDS = ("encoder", "decoder", "encoder-decoder")
+GENERATING = ("decoder", "encoder-decoder")
 # bitsandbytes' AdamW8bit state a parameter: two 8-bit moments and an fp32 absmax per 256-element block
 ADAMW_8BIT_BYTES = 2 + 2 * 4 / 256
 
@@ -143,7 +146,7 @@ class Fit:
 @dataclass(frozen=True)
 class MemoryPlan:
     model: str
-    task: str
+    model_kind: str
     hardware: str
     budget: float  # bytes usable after the context and headroom
     capacity: float  # bytes of the device (or RAM)
@@ -160,7 +163,8 @@ class MemoryPlan:
     def table(self) -> str:
         head = (
             f"memory plan: {self.model} ({self.shape.params / 1e9:.2f} B parameters, {self.shape.family}-shaped), "
-            f"task {self.task}, {self.seq_len} tokens/row, effective batch {self.effective_batch}, on {self.hardware} "
+            f"{self.model_kind} model, {self.seq_len} tokens/row, effective batch {self.effective_batch}, "
+            f"on {self.hardware} "
             f"({self.capacity / _GB:.1f} GB; plans within {self.budget / _GB:.1f} GB)"
         )
         rows = [f"{'strategy':<48} {'weights':>8} {'grads':>7} {'optim':>7} {'activ':>7} {'peak':>7}  batch  fits"]
@@ -194,27 +198,29 @@ def plan_memory(
     *,
     hardware: str | HardwareInfo = "T4",
     seq_len: int = 512,
-    task: str = "classify",
+    model_kind: str = "encoder",
     effective_batch: int = 32,
     micro_batch: int | None = None,
     accum: int | None = None,
     chunked_loss: bool | None = None,
 ) -> MemoryPlan:
     """The memory plan of training ``model`` (a config, a config.json, a model folder or a name in KNOWN_MODELS)
-    for ``task`` at ``seq_len`` tokens per row on ``hardware`` (a fake_profile name such as "T4", "A100-80", "CPU",
-    or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the largest micro-batch that fits
-    keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on for the generating tasks, as
-    kitlib trains them) counts the LM head's logits one chunk at a time."""
+    as ``model_kind`` (``MODEL_KINDS``) at ``seq_len`` tokens per row on ``hardware`` (a fake_profile name such as
+    "T4", "A100-80", "CPU", or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the
+    largest micro-batch that fits keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on
+    for the generating kinds, as kitlib trains them) counts the LM head's logits one chunk at a time."""
     from kitlib.machine.precision import decide_precision
 
     if seq_len < 1 or effective_batch < 1:
         raise SetupError(f"seq_len ({seq_len}) and effective_batch ({effective_batch}) must be >= 1")
+    if model_kind not in MODEL_KINDS:
+        raise SetupError(f"model_kind {model_kind!r} is not one of {list(MODEL_KINDS)}")
     # a build with Pascal kernels: the plan is about memory, not about which torch Kaggle's image ships
     hw = fake_profile(hardware, torch_cuda_arch_list=ARCH_LIST_WITH_SM60) if isinstance(hardware, str) else hardware
     hw_name = hardware if isinstance(hardware, str) else hw.device_name
     name, config = model_config(model)
-    shape = model_shape(config, task, hw.device_type)
-    chunked = task in GENERATING if chunked_loss is None else chunked_loss
+    shape = model_shape(config, model_kind, hw.device_type)
+    chunked = model_kind in GENERATING if chunked_loss is None else chunked_loss
     world = max(1, hw.num_gpus)
     capacity = float(hw.primary.memory_bytes if hw.primary is not None else hw.ram_bytes)
     budget = (capacity - (CUDA_CONTEXT if hw.device_type == "cuda" else 0.0)) * (1 - HEADROOM)
@@ -222,10 +228,10 @@ def plan_memory(
     amp = dtype != "fp32"
     per_device = max(1, math.ceil(effective_batch / world))
     fits = tuple(
-        _fit(s, shape, hw, seq_len, task, chunked, per_device, micro_batch, accum, budget)
+        _fit(s, shape, hw, seq_len, model_kind, chunked, per_device, micro_batch, accum, budget)
         for s in strategies(shape, amp=amp, bf16=dtype == "bf16", half_base=hw.device_type == "cuda")
     )
-    return MemoryPlan(name, task, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
+    return MemoryPlan(name, model_kind, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
 
 
 def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool = True) -> list[Strategy]:
@@ -276,7 +282,7 @@ def _fit(
     shape: Shape,
     hw: HardwareInfo,
     seq_len: int,
-    task: str,
+    model_kind: str,
     chunked: bool,
     rows: int,
     micro_batch: int | None,
@@ -286,7 +292,7 @@ def _fit(
     why_not = ""
     if s.adapter == "qlora":
         primary = hw.primary
-        if task not in GENERATING:  # 00 refuses it too (kitlib.notebook.params): the 7B-class models generate
+        if model_kind not in GENERATING:  # 00 refuses it too (kitlib.notebook.params): the 7B-class models generate
             why_not = "causal-lm/seq2seq only"
         elif hw.device_type != "cuda" or primary is None:
             why_not = "CUDA only"
@@ -299,7 +305,7 @@ def _fit(
     fit = None
     for m in candidates:
         k = accum if accum is not None else math.ceil(rows / m)
-        fit = step_peak(s, shape, hw.device_type, seq_len, task, chunked, m, k)
+        fit = step_peak(s, shape, hw.device_type, seq_len, model_kind, chunked, m, k)
         if fit.peak <= budget:
             return dataclasses.replace(fit, fits=not why_not, why_not=why_not)
     assert fit is not None
@@ -307,16 +313,16 @@ def _fit(
 
 
 def step_peak(
-    s: Strategy, shape: Shape, device: str, seq_len: int, task: str, chunked: bool, micro_batch: int, accum: int
+    s: Strategy, shape: Shape, device: str, seq_len: int, model_kind: str, chunked: bool, micro_batch: int, accum: int
 ) -> Fit:
     """The planned peak bytes of one step of ``s`` at ``micro_batch`` rows of ``seq_len`` tokens (see the module
     docstring for the formula)."""
     P = shape.params
     weights, grads, optimizer = s.weights * P, s.grads * P, s.optimizer * P
     tokens = micro_batch * seq_len
-    saved = activation_elements(shape, seq_len, task, chunked, checkpointing=s.checkpointing, device=device)
+    saved = activation_elements(shape, seq_len, model_kind, chunked, checkpointing=s.checkpointing, device=device)
     activations = saved * tokens * s.act_bytes
-    loss = loss_transient(shape, tokens, task, chunked, grads_of_head=s.grads > 0)
+    loss = loss_transient(shape, tokens, model_kind, chunked, grads_of_head=s.grads > 0)
     if accum > 1:
         peak = weights + optimizer + grads + activations + loss
     else:
@@ -325,7 +331,7 @@ def step_peak(
 
 
 def activation_elements(
-    shape: Shape, seq_len: int, task: str, chunked: bool, *, checkpointing: bool, device: str
+    shape: Shape, seq_len: int, model_kind: str, chunked: bool, *, checkpointing: bool, device: str
 ) -> float:
     """Elements autograd saves for backward per token (per source token for seq2seq, with targets as long).
 
@@ -349,18 +355,18 @@ def activation_elements(
     else:
         block, rest = 10 * h + 2 * i + attention, 3 * h
     blocks = shape.layers // 2 if shape.family == "t5" else shape.layers
-    if task in GENERATING:
+    if model_kind in GENERATING:
         rest += h if chunked else shape.vocab  # chunked: the target tokens' hidden states; else log-softmax (V)
     if checkpointing:
         return blocks * h * (2 if shape.family == "t5" else 1) + rest + block
     return blocks * block + rest
 
 
-def loss_transient(shape: Shape, tokens: int, task: str, chunked: bool, *, grads_of_head: bool) -> float:
+def loss_transient(shape: Shape, tokens: int, model_kind: str, chunked: bool, *, grads_of_head: bool) -> float:
     """Bytes alive for a moment at the start of backward: the loss's gradients over the logits (the incoming and
     the log-softmax's, 2 V fp32 per token; one chunk's when chunked) and the output layer's weight gradient."""
     head = 4.0 * shape.head_params if grads_of_head else 0.0
-    if task not in GENERATING:
+    if model_kind not in GENERATING:
         return head
     from kitlib.engine.chunked_loss import chunk_tokens
 
@@ -393,8 +399,8 @@ def model_config(model: Any) -> tuple[str, Any]:
     )
 
 
-def model_shape(config: Any, task: str, device: str = "cuda") -> Shape:
-    """The Shape of ``config`` trained for ``task``: parameter counts from the model built on the meta device."""
+def model_shape(config: Any, model_kind: str, device: str = "cuda") -> Shape:
+    """The Shape of ``config`` trained as ``model_kind``: parameter counts from the model built on the meta device."""
     import torch
 
     from kitlib.engine.optim import freeze
@@ -402,7 +408,7 @@ def model_shape(config: Any, task: str, device: str = "cuda") -> Shape:
     kind = getattr(config, "model_type", "")
     family = _FAMILIES.get(kind, "llama" if hasattr(config, "num_key_value_heads") else "bert")
     with torch.device("meta"):
-        model = _meta_model(config, task)
+        model = _meta_model(config, model_kind)
     total = sum(p.numel() for p in model.parameters())
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
@@ -429,12 +435,12 @@ def model_shape(config: Any, task: str, device: str = "cuda") -> Shape:
                  eager, total, embedding, linear, dims, head_params)  # fmt: skip
 
 
-def _meta_model(config: Any, task: str) -> nn.Module:
+def _meta_model(config: Any, model_kind: str) -> nn.Module:
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-    if task == "causal-lm":
+    if model_kind == "decoder":
         return AutoModelForCausalLM.from_config(config)
-    if task == "seq2seq":
+    if model_kind == "encoder-decoder":
         return AutoModelForSeq2SeqLM.from_config(config)
     return AutoModelForSequenceClassification.from_config(config)
 
@@ -459,19 +465,19 @@ def _classifier_params(model: nn.Module) -> int:
     return sum(p.numel() for m in found for p in m.parameters())
 
 
-def run_line(model: Any, task: str, hw: HardwareInfo, run: Any) -> str:
-    """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` and ``task``: what
+def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
+    """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` as ``model_kind``: what
     the picker and ``python -m kitlib presets`` show. A plan that cannot be made says why in the line."""
     length, cfg = run.config.max_length or run.preset.max_length_cap, run.config
     # the run's own split, so the line and the picker's batch row say one micro-batch x accumulation
     split = {"micro_batch": cfg.micro_batch_size, "accum": cfg.grad_accum_steps}
+    sized = {"hardware": hw, "seq_len": length, "model_kind": model_kind, "effective_batch": run.effective_batch_size}
     try:
-        plan = plan_memory(model, hardware=hw, seq_len=length, task=task, effective_batch=run.effective_batch_size,
-                           **split)  # fmt: skip
+        plan = plan_memory(model, **sized, **split)
         if run.preset.regime == "head":  # the encoder runs once without gradients; the head trains on cached vectors
             return f"~{4 * plan.shape.params / _GB:.1f} GB of fp32 weights for the encoder's forward pass (head regime)"
         if plan.choice is None:  # that split fits nowhere: what would (a smaller micro-batch, more accumulation)
-            free = plan_memory(model, hardware=hw, seq_len=length, task=task, effective_batch=run.effective_batch_size)
+            free = plan_memory(model, **sized)
             return f"{length} tokens/row: micro-batch {cfg.micro_batch_size} does not fit; {free.line()}"
     except KitError as err:
         return f"no plan: {err}"

@@ -38,7 +38,6 @@ LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models
 # The adapters' least lr: B starts at zero and a rank-16 update needs a larger step than a full fine-tune's (~10x;
 # unsloth's notebooks and the QLoRA paper use 2e-4 for 7-13B models, where the presets' 3e-5 to 1e-4 are full-FT's)
 LORA_LR = 2e-4
-GENERATING_TASKS = ("causal-lm", "seq2seq")  # where 4-bit weights are offered: the big pretrained models
 _INSTALL = "pip install 'kitlib[lora]' (or pip install peft)"
 
 

@@ -22,7 +22,6 @@ from kitlib._files import explain_disk_full, write_atomic
 from kitlib.config import Adapter, Optimizer
 from kitlib.errors import MissingDataError, MissingRunError, SetupError, damaged_file
 from kitlib.machine.hardware import fake_profile, switch
-from kitlib.models.adapters import GENERATING_TASKS
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, RUN_FILE, get_preset
 from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 
@@ -391,16 +390,20 @@ def _wanted(value: Any, hint: Any, f: dataclasses.Field[Any]) -> str:
 
 
 def _check_adapter(p: Params) -> None:
+    from kitlib.notebook.tasks import TASKS, task_entry
+
+    entry = task_entry(p.task)
     if p.adapter == "none":
         return
-    if p.task.startswith("custom") or ":" in p.task:
+    if not entry.model_kind:  # a model_factory's model, or a Task of one's own
         raise SetupError(
             f"adapter = {p.adapter!r} adapts the pretrained models kitlib builds, and task {p.task!r} builds its own. "
             "Fix: adapter = 'none' (add peft adapters inside your model_factory if you want them)"
         )
-    if p.adapter == "qlora" and p.task not in GENERATING_TASKS:
+    generating = [name for name, e in TASKS.items() if e.generates and e.model_kind]
+    if p.adapter == "qlora" and not entry.generates:
         raise SetupError(
-            f"adapter = 'qlora' (4-bit weights) is offered for {' and '.join(GENERATING_TASKS)}, and task is "
+            f"adapter = 'qlora' (4-bit weights) is offered for {' and '.join(generating)}, and task is "
             f"{p.task!r}. Fix: adapter = 'lora'"
         )
 

@@ -42,7 +42,7 @@ from kitlib.notebook.params import (  # noqa: F401
 )
 from kitlib.notebook.regimes import Encoder, Prepared
 from kitlib.notebook.submission import check_sample_submission, write_submission
-from kitlib.notebook.tasks import get_task
+from kitlib.notebook.tasks import get_task, task_entry
 from kitlib.progress import advise
 from kitlib.tasks.baseline import Baseline, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
@@ -142,17 +142,17 @@ def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
     machine 02 will train on (``planning_hw``), one plan per length and batch kept, so clicking through the presets
     rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
     own has no config to plan from."""
-    scratch = p.model == "tiny" or (p.model == "auto" and p.task in GENERATING)
-    if scratch or p.task not in ("auto", "classify", "regress", "tabular-text", *GENERATING):
+    kind = task_entry(p.task).model_kind
+    if not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING):
         return lambda run: f"no plan for model={p.model!r}, task={p.task!r}: it is built by the task, not from a config"
-    task, hw = (p.task if p.task in GENERATING else "classify"), planning_hw(p, hw)
+    hw = planning_hw(p, hw)
     lines: dict[tuple[Any, ...], str] = {}
 
     def line(run: ResolvedRun) -> str:
         cfg = run.config
         key = (cfg.max_length, cfg.micro_batch_size, cfg.grad_accum_steps, run.preset.regime, run.preset.max_length_cap)
         if key not in lines:
-            lines[key] = run_line(p.model, task, hw, run)
+            lines[key] = run_line(p.model, kind, hw, run)
         return lines[key]
 
     return line

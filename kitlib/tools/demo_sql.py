@@ -477,6 +477,7 @@ def make_sql_demo(
     n_test: int = 300,
     split: Split = "questions",
     force: bool = False,
+    test_fraction: float | None = None,  # unused: the test rows are n_test (the CLI passes it to every demo)
 ) -> SqlDemoPaths:
     """Write shop.sqlite, train.csv, test.csv, sample_submission.csv and solution.csv into ``dir`` (~0.3 s;
     deterministic for ``seed``). A folder holding a user's own files is refused unless ``force``.
