@@ -2,14 +2,16 @@
 # kitlib at the LOWER BOUNDS it declares, as a hosted notebook image carries them: a fresh venv with transformers
 # 4.46.3 (pyproject's lowest; Kaggle and Colab images through 2025), Colab's ipywidgets 7.7.1, Kaggle's nbconvert
 # 6.4.5 (and the nbclient it allows), WITHOUT the optional kaggle package. (numpy 1.26 + pandas 2.2, Kaggle's 2025
-# pair, are left out: as constraints beside these, pip's resolver backtracked for 10+ minutes here.) The newest versions are what scripts/demo.sh and scripts/test.sh install, so CI runs
-# both ends of every range it can. torch stays 2.13.0: the only CPU wheel pip can have here; torch 2.4-2.12 come as
-# CUDA builds only (several GB of nvidia-* wheels), so torch>=2.4 is reasoned, not run (README, "Versions").
+# pair, are left out: as constraints beside these, pip's resolver backtracked for 10+ minutes here.) The newest
+# versions are what scripts/demo.sh and scripts/test.sh install, so CI runs both ends of every range it can. torch
+# stays 2.13.0: the only CPU wheel pip can have here; torch 2.4-2.12 come as CUDA builds only (several GB of
+# nvidia-* wheels), so torch>=2.4 is reasoned, not run (README, "Versions").
 # It runs 1. the smoke main job (demo, the four notebooks, score) and 2. the tests whose subject the pins change
 # (model loading, precision, widgets, notebooks, the Kaggle route without its package), in REVERSE order
 # (pytest-reverse), not slow ones. Dropped for the CI budget (30 min on 2 cores; ~28 before this step ran the main
 # job too): the rest of the suite in reverse order, which ran whole here before; scripts/test.sh runs all of it at
-# the newest versions. ~1 min install + ~2 min main job + the subset.
+# the newest versions. Measured 2026-11-26 on a machine at load ~14 (2 cores shared): 48 min in all, the tests
+# 20 min of it: time it on an idle machine before counting on the CI budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=$(mktemp -d /tmp/kitlib-pins.XXXXXX)
