@@ -410,8 +410,10 @@ class Loop:
         """The cheap loss-only eval on the eval set (at most ``eval_max_batches`` batches), timed as "eval"."""
         assert self.data.eval is not None
         with self.timer.phase("eval"):
+            # The unwrapped model: DDP's forward broadcasts buffers (a collective) on every call, and eval shards keep
+            # every batch, so ranks may run different counts; one collective per eval, at its end, is the only one.
             return evaluate_loss(
-                self.model,
+                self.raw_model,
                 self.data.eval,
                 loss_fn=self.stepper.loss_fn,
                 count_fn=self.stepper.count_fn,
