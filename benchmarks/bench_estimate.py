@@ -48,10 +48,11 @@ def cpu_seconds() -> float:
 
 def demo(task: str, root: Path, rows: int | None, test_rows: int | None) -> tuple[Path, dict[str, Any]]:
     """The task's demo competition cut to ``rows``/``test_rows`` (the same rows every preset), and 00's parameters."""
-    from kitlib.cli import _demo_maker
+    from kitlib.notebook.tasks import TASKS
+    from kitlib.tasks.metrics import import_object
 
     if not (root / "train.csv").is_file():
-        _demo_maker(task)(root, seed=0, test_fraction=0.2, force=True)
+        import_object(TASKS[task].demo, "demo")(root, seed=0, test_fraction=0.2, force=True)
         for name, keep in (("train", rows), ("test", test_rows), ("sample_submission", test_rows),
                            ("solution", test_rows)):  # fmt: skip
             path = root / f"{name}.csv"

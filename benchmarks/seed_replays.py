@@ -159,9 +159,10 @@ WORKLOADS: dict[str, Workload] = {
 
 # ----------------------------------------------------------------------------------------------------- data
 def make_demo(w: Workload, root: Path) -> Any:
-    from kitlib.cli import _demo_maker
+    from kitlib.notebook.tasks import TASKS
+    from kitlib.tasks.metrics import import_object
 
-    return _demo_maker(w.demo)(root, seed=SEED, test_fraction=0.2, force=True)
+    return import_object(TASKS[w.demo].demo, "demo")(root, seed=SEED, test_fraction=0.2, force=True)
 
 
 def make_data(w: Workload, root: Path, rows: tuple[int, int], made: Path | None = None) -> Path:

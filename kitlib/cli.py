@@ -21,6 +21,7 @@ from kitlib._version import __version__
 from kitlib.config import Requested
 from kitlib.errors import KitError, PrecisionError, SetupError
 from kitlib.machine.hardware import detect, fake_profile
+from kitlib.notebook import runbook  # runbook.run_notebooks by its module: tests stand a fake in for it
 from kitlib.notebook.params import (  # the parser's flags derive from the declaration
     ENV,
     PARAMETERS,
@@ -32,7 +33,7 @@ from kitlib.notebook.params import (  # the parser's flags derive from the decla
     env_value,
 )
 from kitlib.notebook.presets import PRESETS, RUN_FILE, resolve
-from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, run_notebooks, strip_outputs
+from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, strip_outputs
 
 # lazy: kitlib (+0.025 s): each command imports the rest of its kitlib modules (doctor, data, tools) when it runs.
 # The parameters' declaration, the presets and the hardware profiles are at the top: the parser's flags and
@@ -319,7 +320,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
     check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel
     again = f"python -m kitlib {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["notebooks"] else "the same command"
-    done = run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source, resume=again)
+    done = runbook.run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source, resume=again)
     for one in done:
         print(f"{one.path.name}: {one.seconds:.1f} s, {one.size_bytes / 1e3:.0f} kB executed")
     said = raised_warnings([one.path for one in done])
@@ -346,7 +347,8 @@ def _parameter_flags(p: argparse.ArgumentParser) -> None:
         f, hint = PARAMETERS[name], hints[name]
         kind = next((t for t in get_args(hint) if t is not type(None)), hint)
         default = "the preset's" if f.default is None else repr(f.default)
-        options: dict[str, Any] = {"help": f"{f.metadata['doc'] or name} (default: {default})", "default": None}
+        doc = f.metadata["doc"].replace("%", "%%")  # argparse formats help with %
+        options: dict[str, Any] = {"help": f"{doc} (default: {default})", "default": None}
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         elif kind in (int, float):

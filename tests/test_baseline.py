@@ -122,7 +122,7 @@ def test_a_model_that_beats_the_baseline_gets_no_warning(tmp_path: Path, cpu_hw)
     summary = result.summary()
     assert "does not beat" not in summary and "warning" not in summary
     beats = re.search(
-        r"the model \(accuracy ([\d.]+)\) beats the trivial baseline \(.*: ([\d.]+)\) by ([\d.]+)", summary
+        r"the model \(accuracy ([\d.]+)\) beats the trivial baseline \(.*: ([\d.]+)\): \+([\d.]+) better", summary
     )
     assert beats, summary
     assert abs(float(beats[1]) - float(beats[2]) - float(beats[3])) < 2e-3  # the margin said, 4 digits each

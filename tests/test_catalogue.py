@@ -1350,7 +1350,7 @@ def test_a_headless_run_ends_with_its_result_the_verdict_the_kept_epoch_the_subm
     assert code == 0, err
     record = json.loads((work / "run" / "baseline.json").read_text())
     baseline = Baseline.from_dict(record)
-    verdict = baseline.verdict(record["model_score"], record["kind"]) or "the model beats the trivial baseline"
+    verdict = stages.verdict_of(record)
     epoch = json.loads((work / "run" / "best" / "meta.json").read_text())["epoch"]
     last = out.strip().splitlines()[-6:]
     assert last[0].strip() == f"validation accuracy: {record['model_score']:.4g}, {baseline.line()}", out

@@ -72,7 +72,7 @@ def test_each_command_has_one_flag_per_declared_parameter_with_its_doc() -> None
         flags = {a.dest: a for a in command._actions}
         for name in cli.flag_names():
             assert name in flags, name
-            assert PARAMETERS[name].metadata["doc"] in (flags[name].help or ""), name
+            assert PARAMETERS[name].metadata["doc"].replace("%", "%%") in (flags[name].help or ""), name
     assert set(cli.flag_names()) == set(PARAMETERS) - {"data_dir", "work_dir"}
     assert all(f.metadata["doc"] for f in PARAMETERS.values())  # every parameter says what it does
 

@@ -305,7 +305,8 @@ def test_the_price_demo_scores_better_with_the_transformed_target_than_raw(tmp_p
         scores[how] = score_price(paths.solution, p.work_dir / "submission.csv")
     print(f"price demo SMAPE (fast, tiny model): transformed {scores['transformed']:.1f}, raw {scores['raw']:.1f}, "
           f"train median {median_baseline(paths):.1f}")  # fmt: skip
-    assert scores["transformed"] < scores["raw"] - 10 and scores["transformed"] < median_baseline(paths)
+    # 5 points: measured 78.5 vs 87.5 since the from-scratch text model trains unfrozen (#34; 107-117 raw before)
+    assert scores["transformed"] < scores["raw"] - 5 and scores["transformed"] < median_baseline(paths)
 
 
 # ------------------------------------------------------------------------------------------ seq2seq (text-to-SQL)

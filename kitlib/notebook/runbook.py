@@ -29,7 +29,8 @@ from kitlib.errors import TRACEBACK_ENV, KitError
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "file:line: Category: message"
-_WARNING = re.compile(r"^\S.*?:\d+: (\w*Warning): (.*)$", re.M)
+# "path:line: UserWarning: ..." (warnings.warn), or "UserWarning: ..." (kitlib.progress.advise: no kernel file path)
+_WARNING = re.compile(r"^(?:\S.*?:\d+: )?(\w*Warning): (.*)$", re.M)
 GRACE_S = 30  # seconds a stopped kernel gets to save last/ (one checkpoint write: seconds on a local disk)
 EXECUTED_MARK = "kitlib_executed"  # in an executed copy's metadata: the only kind a later run writes over
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled

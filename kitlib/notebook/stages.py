@@ -858,8 +858,7 @@ def outcome(work_dir: str | os.PathLike[str]) -> list[str]:
         baseline, score = Baseline.from_dict(record), record.get("model_score")
         shown = "no score" if score is None else f"{score:.4g}"
         lines.append(f"validation {baseline.metric}: {shown}, {baseline.line()}")
-        verdict = baseline.verdict(score, str(record.get("kind", "")))
-        lines.append(f"verdict: {verdict}" if verdict else "verdict: the model beats the trivial baseline")
+        lines.append(f"verdict: {verdict_of(record)}")
     except (OSError, ValueError, KeyError):
         lines.append(f"verdict: none recorded ({run / BASELINE_FILE} is missing: 02 did not finish)")
     try:
