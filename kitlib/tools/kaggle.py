@@ -250,13 +250,12 @@ def _digest(text: str) -> str:
 
 def _check_metric_on(train: Path, p: Any) -> None:
     """00's metric/target check on the local copy of train.csv, before a kernel is built to fail on Kaggle."""
-
     try:
         column = pd.read_csv(train, usecols=[p.target])[p.target].dropna()
     except (OSError, ValueError):
         return  # no such file or column here: 00 names it, with its fix
 
-    rule = getattr(get_task(p.task), "target_rule", "auto")  # as the task reads its target in 00
+    rule: Any = getattr(get_task(p.task), "target_rule", "auto")  # as the task reads its target in 00
     check_metric_fits(column.tolist(), p.target, rule, str(p.metric))
 
 
