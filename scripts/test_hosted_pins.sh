@@ -51,3 +51,6 @@ python -m pytest -q -p no:cacheprovider --reverse -m "not slow and not kaggle_gr
   tests/test_models.py tests/test_gpu_precision.py tests/test_lora.py tests/test_memory_plan.py \
   tests/test_widgets.py tests/test_views.py tests/test_presets.py tests/test_notebooks.py \
   tests/test_kaggle.py tests/test_kaggle_sim.py "$@"
+# The Kaggle route at the pins: the smoke rows of the simulation (marked slow for the test command, so named here).
+python -m pytest -q -p no:cacheprovider \
+  "tests/test_kaggle_sim.py::test_the_chain_planned_for_2xt4_runs_to_a_submission_rehearsed_on_cpu[smoke]"

@@ -1323,6 +1323,7 @@ def test_notebooks_run_never_writes_over_a_notebook_it_did_not_execute(
         _cli(line, capsys)
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_a_headless_run_ends_with_its_result_the_verdict_the_kept_epoch_the_submission_and_every_warning(
     good_run: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -6,11 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 JOBS = Path(__file__).with_name("_jobs.py")
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_two_process_gloo_ddp_matches_single_process(tmp_path: Path) -> None:
     out = tmp_path / "ddp.pt"
     proc = subprocess.run([sys.executable, str(JOBS), "ddp", str(out)], capture_output=True, text=True, timeout=300)

@@ -81,6 +81,7 @@ def _checks_module() -> Any:
     return gpu_checks
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_a_check_that_raises_crashes_or_hangs_is_reported_failed_and_the_suite_goes_on(tmp_path: Path) -> None:
     (tmp_path / "fake_checks.py").write_text(FAKE_CHECKS)
     out = tmp_path / "report"

@@ -359,6 +359,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_ddp_ranks_wait_together_for_a_long_full_eval(tmp_path: Any) -> None:
     """Two gloo ranks, a 3 s collective timeout, rank 0's background metric takes 6 s: the other rank must wait for it
     at a barrier with no timeout risk, not in a collective (main: it waits in one and the job dies of the timeout)."""

@@ -181,6 +181,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(JOBS), *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_a_killed_lora_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) -> None:
     full = _run("lora_resume", str(tmp_path / "full"), "0", "0")
     assert full.returncode == 0, full.stderr[-3000:]
@@ -246,6 +247,7 @@ def test_lora_trains_at_the_adapters_lr_once_and_a_users_lr_wins(tmp_path: Path,
     assert stages.setup(p, cpu_hw).config.lr == 3e-5
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, cpu_hw: Any) -> None:
     """Must-show 3: the SFT demo through 00-03 headless with adapter = "lora" on a model folder; best/ holds the
     adapter only, and 03's model is the folder's weights plus that adapter."""

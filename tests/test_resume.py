@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 JOBS = Path(__file__).with_name("_jobs.py")
@@ -18,6 +19,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(JOBS), *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_kill_at_random_step_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     full = _run("resume", str(tmp_path / "full"), "0", "0")
     assert full.returncode == 0, full.stderr
@@ -79,6 +81,7 @@ def test_resume_from_an_epoch_end_checkpoint_with_a_plain_shuffled_loader_is_exa
         assert torch.equal(tensor, got[name]), f"{name} differs after resuming from the epoch-end checkpoint"
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_sigterm_finishes_the_step_saves_last_and_resumes_exactly(tmp_path: Path) -> None:
     full = _run("resume", str(tmp_path / "full"), "0", "0")
     assert full.returncode == 0, full.stderr

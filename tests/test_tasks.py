@@ -287,6 +287,7 @@ class RawTargetTask(TabularTextTask):
         return TaskSpec("regression", 1)
 
 
+@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_the_price_demo_scores_better_with_the_transformed_target_than_raw(tmp_path: Path, cpu_hw) -> None:
     """The seed user's price regression trained MSE on raw prices (SMAPE 107-117); the log+standardised target is
     kitlib's default for a heavy-tailed target scored by SMAPE. Same data, preset, model and seed: both printed."""
