@@ -625,6 +625,15 @@ def wait_table(cell: Any, key: str, want: str, timeout_s: float = 15) -> dict[st
     return table
 
 
+def _saved_run(work: Path) -> tuple[Any, Any]:
+    """(preset name, epochs) of work/run.json, what 01 reads; ("?", the reason) when it cannot be read."""
+    try:
+        saved = json.loads((work / "run.json").read_text())
+        return saved["preset"]["name"], saved["config"]["epochs"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return "?", f"? ({type(err).__name__}: {err})"
+
+
 def drive_setup(
     nb: Notebook, findings: Findings, preset: str, epochs: int, work: Path
 ) -> tuple[str, str, dict[str, float]]:
@@ -695,20 +704,12 @@ def drive_setup(
         estimate = more or estimate
     time.sleep(0.5)
     picker_shot = nb.shot_cells([i_picker], f"{nb.name}_picker.png")
-    try:  # Run All saved the run; each click after it saves again: run.json is what the picker shows, unrun
-        clicked = json.loads((work / "run.json").read_text())
-        got = (clicked["preset"]["name"], clicked["config"]["epochs"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        got = ("?", f"? ({type(err).__name__}: {err})")
+    got = _saved_run(work)  # Run All saved the run; each click after it saves again: run.json is what the picker shows
     if got != (preset, epochs):
         findings.add(nb.name, f"the picker shows {preset}/{epochs} but run.json (what 01 reads) holds {got[0]}, "
                      f"epochs {got[1]}, before the save cell is run again", shot)  # fmt: skip
     nb.run_cell(i_setup)
-    try:  # what the setup cell saved for 01-03 (it prints only the preset's name)
-        saved = json.loads((work / "run.json").read_text())
-        got = (saved["preset"]["name"], saved["config"]["epochs"])
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        got = ("?", f"? ({type(err).__name__}: {err})")
+    got = _saved_run(work)  # what the setup cell saved for 01-03 (it prints only the preset's name)
     if got != (preset, epochs):
         findings.add(nb.name, f"stale run: the setup cell saved preset {got[0]}, epochs {got[1]}; the picker showed "
                      f"{preset}/{epochs}", shot)  # fmt: skip

@@ -162,15 +162,7 @@ def test_02s_baseline_and_03s_fallback_name_the_same_most_common_target() -> Non
 
 def _only_eos(model: torch.nn.Module) -> None:
     """Make ``model`` put all its weight on </s> at every position: left alone, it generates nothing."""
-    eos = int(getattr(model, "kitlib_tokenizer").eos_token_id)  # noqa: B009
-
-    def hook(module: Any, args: Any, output: Any) -> Any:
-        logits = torch.zeros_like(output.logits)
-        logits[..., eos] = 30.0
-        output.logits = logits
-        return output
-
-    model.register_forward_hook(hook)
+    _loops_on(model, int(getattr(model, "kitlib_tokenizer").eos_token_id))  # noqa: B009
 
 
 @pytest.mark.parametrize("task", ["seq2seq", "causal-lm"])

@@ -247,6 +247,28 @@ def test_lora_trains_at_the_adapters_lr_once_and_a_users_lr_wins(tmp_path: Path,
     assert stages.setup(p, cpu_hw).config.lr == 3e-5
 
 
+def sft_demo_and_model_folder(root: Path, *, n_train: int, n_test: int) -> tuple[Any, Path]:
+    """The SFT demo under ``root/data`` and a tiny GPT-2 folder (``root/gpt2-folder``) with a BPE tokenizer trained
+    on its prompts and responses; skips when the demo's data is not installed."""
+    import pandas as pd
+
+    from kitlib.errors import DemoDataMissing
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.models.causal_lm import tiny_causal_lm
+    from kitlib.tools.demo_sft import make_sft_demo
+
+    try:
+        demo = make_sft_demo(root / "data", n_train=n_train, n_test=n_test)
+    except DemoDataMissing as err:
+        pytest.skip(str(err))
+    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
+    tokenizer = train_bpe_tokenizer([*train["prompt"], *train["response"]], vocab_size=400, add_eos=False)
+    folder = root / "gpt2-folder"
+    tiny_causal_lm(tokenizer, seed=1, n_positions=256).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return demo, folder
+
+
 @pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
 def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, cpu_hw: Any) -> None:
     """Must-show 3: the SFT demo through 00-03 headless with adapter = "lora" on a model folder; best/ holds the
@@ -255,22 +277,14 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
 
     import pandas as pd
     from safetensors.torch import load_file
+    from transformers import AutoTokenizer
 
-    from kitlib.errors import DemoDataMissing
-    from kitlib.models.bpe import train_bpe_tokenizer
-    from kitlib.models.causal_lm import tiny_causal_lm
     from kitlib.notebook import stages
-    from kitlib.tools.demo_sft import PARAMETERS, make_sft_demo
+    from kitlib.tools.demo_sft import PARAMETERS
 
-    try:
-        demo = make_sft_demo(tmp_path / "data", n_train=96, n_test=12)
-    except DemoDataMissing as err:
-        pytest.skip(str(err))
+    demo, folder = sft_demo_and_model_folder(tmp_path, n_train=96, n_test=12)
     train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
-    tokenizer = train_bpe_tokenizer([*train["prompt"], *train["response"]], vocab_size=400, add_eos=False)
-    folder = tmp_path / "gpt2-folder"
-    tiny_causal_lm(tokenizer, seed=1, n_positions=256).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # the folder's: what 01-03 and the export read
     work = tmp_path / "work"
     flags = [f"--{k}={v}" for k, v in PARAMETERS.items()]
     command = [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", str(demo.root), "--work", str(work),

@@ -30,23 +30,9 @@ OPTIMIZERS = {"adamw": "torch.AdamW", "adamw8bit": "bitsandbytes.AdamW8bit", "ad
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the SFT demo's data, a tiny GPT-2 model folder with its tokenizer)."""
-    import pandas as pd
+    from test_lora import sft_demo_and_model_folder
 
-    from kitlib.errors import DemoDataMissing
-    from kitlib.models.bpe import train_bpe_tokenizer
-    from kitlib.models.causal_lm import tiny_causal_lm
-    from kitlib.tools.demo_sft import make_sft_demo
-
-    tmp = tmp_path_factory.mktemp("sft")
-    try:
-        demo = make_sft_demo(tmp / "data", n_train=48, n_test=8)
-    except DemoDataMissing as err:
-        pytest.skip(str(err))
-    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
-    tokenizer = train_bpe_tokenizer([*train["prompt"], *train["response"]], vocab_size=400, add_eos=False)
-    folder = tmp / "gpt2-folder"
-    tiny_causal_lm(tokenizer, seed=1, n_positions=256).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    demo, folder = sft_demo_and_model_folder(tmp_path_factory.mktemp("sft"), n_train=48, n_test=8)
     return demo.root, folder
 
 
