@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import resource
 import sys
@@ -74,7 +75,7 @@ def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Pa
     facts = stages.data_facts(p)
     picker = preset_picker(
         stages.planning_hw(p, hw), default=preset, n_rows=facts.n_rows, n_test=facts.n_test, lengths=facts.lengths,
-        adjust=stages.task_preset(p), overrides=p.training(), show=False,
+        resolve=functools.partial(stages.resolve_run, p, hw), show=False,
     )  # fmt: skip
     estimate = estimate_run(picker.resolved, facts.n_rows, facts.n_test, hw)
     stages.setup(p, hw, resolved=picker.resolved)

@@ -61,16 +61,10 @@ _EXPORTS: dict[str, str] = {
     "score": "kitlib.tools.demo",
 }
 
-# Old module names (`from kitlib import workflow`) -> the one name the module has now: an error naming the import.
-_RENAMED: dict[str, str] = {"workflow": "from kitlib.notebook import stages"}
-
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _RENAMED:
-        # ImportError: `from kitlib import workflow` shows it (an AttributeError there becomes a bare "cannot import")
-        raise ImportError(f"kitlib.{name} is gone: the notebooks' stages have one name. Fix: {_RENAMED[name]}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
     else:

@@ -32,7 +32,7 @@ from kitlib.notebook.params import (  # the parser's flags derive from the decla
     check_work_dir,
     env_value,
 )
-from kitlib.notebook.presets import PRESETS, RUN_FILE, resolve
+from kitlib.notebook.presets import PRESETS, RUN_FILE
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, strip_outputs
 
 # lazy: kitlib (+0.025 s): each command imports the rest of its kitlib modules (doctor, data, tools) when it runs.
@@ -148,15 +148,17 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
     from kitlib.doctor.memory_plan import run_line
     from kitlib.notebook.estimate import estimate_epoch_seconds
+    from kitlib.notebook.stages import resolve_run
 
     hw = fake_profile(args.profile) if args.profile else detect()
+    p = Params(task=args.task, model=args.model)  # the preset as this task trains it, as 00's picker shows it
     kind = _model_kind(args.task)
     print(hw.summary() if args.profile is None else f"profile {args.profile} (fake)")
     resolved, errors = 0, set()
     for name in PRESETS:
         print(f"\n=== {name}")
         try:
-            run = resolve(name, hw)
+            run = resolve_run(p, hw, preset=name)
         except PrecisionError as err:
             print("unusable here: same as above" if str(err) in errors else f"unusable here: {err}")
             errors.add(str(err))

@@ -4,6 +4,7 @@ text, a task of one's own without touching kitlib, and one clear error for each 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -413,7 +414,7 @@ def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_h
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "w", preset="balanced", model="tiny", **PARAMETERS)
-    picker = preset_picker(cpu_hw, default="balanced", adjust=stages.task_preset(p))
+    picker = preset_picker(cpu_hw, default="balanced", resolve=functools.partial(stages.resolve_run, p, cpu_hw))
     cfg = picker.resolved.config
     assert (cfg.epochs, cfg.lr, cfg.full_eval_every, cfg.freeze) == (20, 1e-3, 5, "none")
     assert ("eval", "full every 5 epoch(s); cheap loss eval otherwise") in picker.resolved.table_rows()
@@ -471,15 +472,15 @@ class DoublingTask(TabularTextTask):
 
 
 def test_setup_after_the_picker_applies_the_tasks_preset_once(tmp_path: Path, cpu_hw) -> None:
-    """The picker shows the task's preset (adjust=task_preset) and setup checks it again: one adjustment in all, as
-    setup alone makes it (2 x balanced's epochs, not 4 x)."""
+    """The picker shows the task's preset (resolve=stages.resolve_run) and setup checks it: one adjustment in all,
+    as setup alone makes it (2 x balanced's epochs, not 4 x)."""
     from kitlib.notebook.presets import PRESETS
     from kitlib.notebook.widgets import preset_picker
 
     data = _competition(tmp_path / "data")
     p = stages.params(data_dir=data, work_dir=tmp_path / "w", preset="balanced", model="tiny",
                       task="test_tasks:DoublingTask")  # fmt: skip
-    picker = preset_picker(cpu_hw, default="balanced", adjust=stages.task_preset(p))
+    picker = preset_picker(cpu_hw, default="balanced", resolve=functools.partial(stages.resolve_run, p, cpu_hw))
     assert picker.resolved.config.epochs == 2 * PRESETS["balanced"].epochs
     assert stages.setup(p, cpu_hw, resolved=picker.resolved).config.epochs == 2 * PRESETS["balanced"].epochs
     assert stages.setup(p, cpu_hw).config.epochs == 2 * PRESETS["balanced"].epochs

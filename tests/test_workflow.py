@@ -448,9 +448,3 @@ def test_features_say_why_max_length_differs_from_what_00_showed(
         f"max_length {feats.max_length} tokens, not the {shown} 00 showed: 00 estimated lengths from word counts" in out
     )
     assert "counted every row with the model's tokenizer (covers 90% of 240 rows" in out
-
-
-def test_the_old_workflow_name_is_an_error_naming_the_one_import() -> None:
-    """kitlib.workflow was a second name for the stages: an old notebook's import says which import replaced it."""
-    with pytest.raises(ImportError, match=r"Fix: from kitlib\.notebook import stages"):
-        from kitlib import workflow  # noqa: F401

@@ -36,10 +36,10 @@ class MicroBatchBackoff:
     ``changes``: one record per back-off, for the run's facts (timing.json's "run": oom_backoffs).
     """
 
-    def __init__(self, cfg: TrainConfig, *, loader_batch: int | None, optimizer: torch.optim.Optimizer,
-                 precision: Precision, device: torch.device, distributed: bool, next_strategy: str,
+    def __init__(self, cfg: TrainConfig, *, optimizer: torch.optim.Optimizer, precision: Precision,
+                 device: torch.device, distributed: bool, next_strategy: str,
                  say: Callable[[str], None]) -> None:  # fmt: skip
-        self.accum, self.loader_batch = cfg.grad_accum_steps, loader_batch or cfg.micro_batch_size
+        self.accum, self.batch = cfg.grad_accum_steps, cfg.micro_batch_size  # the run's: fit checked the loader
         self.optimizer, self.precision, self.device = optimizer, precision, device
         self.distributed, self.next_strategy, self.say = distributed, next_strategy, say
         self.parts = 1
@@ -48,7 +48,7 @@ class MicroBatchBackoff:
     @property
     def micro_batch(self) -> int:
         """Rows per forward pass now (the largest piece of a full loaded batch)."""
-        return math.ceil(self.loader_batch / self.parts)
+        return math.ceil(self.batch / self.parts)
 
     def run(self, window: list[Batch], train: Callable[[list[Batch]], T], *, step: int) -> T:
         """``train(micro_batches)`` for ``window`` at the current micro-batch, halving it until the step fits."""

@@ -85,7 +85,7 @@ class Callback:
 class Events:
     """Calls one event on every callback that defines it, sorted by ``order`` (stable: list order between equals).
     Objects that do not subclass Callback work too (the hooks they define are called, order 0 unless they have
-    one), so callbacks written for earlier kitlib versions keep working."""
+    one): a callback need not import kitlib."""
 
     def __init__(self, callbacks: Sequence[object]) -> None:
         self.callbacks = tuple(sorted(callbacks, key=lambda cb: getattr(cb, "order", 0)))

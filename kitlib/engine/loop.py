@@ -186,7 +186,7 @@ class Loop:
         self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.stepper = Stepper(
             model, cfg, plan=plan, precision=Precision(plan), env=self.env, device=self.device,
-            total_steps=self.data.windows_per_epoch * cfg.epochs, loader_batch=train_loader.batch_size,
+            total_steps=self.data.windows_per_epoch * cfg.epochs,
             loss_fn=loss_fn or hf_loss, count_fn=count_fn or default_count_fn(model), timer=self.timer,
         )  # fmt: skip
         out = self.out if self.output.writes else None
@@ -487,7 +487,14 @@ def fit(
 
         result = fit(model, train_loader, eval_loader=val_loader, config=TrainConfig(epochs=3), run_dir="runs/a")
     """
-    cfg = config or TrainConfig()
+    loaded = getattr(train_loader.batch_sampler, "batch_size", None)  # a DataLoader's batch_size, kitlib's samplers'
+    cfg = config or TrainConfig(**({"micro_batch_size": loaded} if loaded else {}))
+    if loaded is not None and loaded != cfg.micro_batch_size:  # one number, one source: the run's (the config)
+        raise ValueError(
+            f"the train loader's batches hold {loaded} rows, config.micro_batch_size is {cfg.micro_batch_size}: build "
+            f"the loader from the config (kitlib.make_train_loader(dataset, config, hw)), or set micro_batch_size="
+            f"{loaded} in the config"
+        )
     if resume and run_dir is None:
         raise ValueError(f"resume={resume!r} needs the run_dir of the run to continue")
     loop = Loop(model, train_loader, cfg, hw=hw or detect(), eval_loader=eval_loader, loss_fn=loss_fn,

@@ -157,7 +157,7 @@ class RunRecorder(Callback):
             epochs_planned=cfg.epochs,
             epochs_done=len(loop.state.history),
             world_size=env.world_size,
-            micro_batch_size=loop.stepper.backoff.micro_batch,  # the loader's batch, or its pieces after OOM back-offs
+            micro_batch_size=loop.stepper.backoff.micro_batch,  # the config's, or its pieces after OOM back-offs
             grad_accum_steps=cfg.grad_accum_steps * loop.stepper.backoff.parts,
             num_workers=loader.num_workers,
             persistent_workers=loader.persistent_workers,

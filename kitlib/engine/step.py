@@ -205,7 +205,7 @@ class Stepper:
     ``window_applied``: the outcome of the window ``settle`` read last."""
 
     def __init__(self, model: nn.Module, cfg: TrainConfig, *, plan: PrecisionPlan, precision: Precision,
-                 env: distributed.DistEnv, device: torch.device, total_steps: int, loader_batch: int | None,
+                 env: distributed.DistEnv, device: torch.device, total_steps: int,
                  loss_fn: LossFn, count_fn: CountFn, timer: PhaseTimer) -> None:  # fmt: skip
         self.cfg, self.env, self.plan, self.precision, self.timer = cfg, env, plan, precision, timer
         self.loss_fn, self.count_fn, self.to_device = loss_fn, count_fn, to_device(device)
@@ -213,7 +213,7 @@ class Stepper:
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)
         self.backoff = MicroBatchBackoff(
-            cfg, loader_batch=loader_batch, optimizer=self.optimizer, precision=precision, device=device,
+            cfg, optimizer=self.optimizer, precision=precision, device=device,
             distributed=env.enabled, next_strategy=next_strategy(cfg), say=print if env.is_main else lambda line: None,
         )  # fmt: skip
         self.ledger = StepLedger(self.scheduler, total_steps, device)

@@ -295,9 +295,13 @@ class Precision:
 
     def forget_unscale(self) -> None:
         """Forget that ``unscale_`` ran in a step abandoned midway (an out-of-memory replay): the replay unscales its
-        own gradients (GradScaler refuses a second unscale_ before update()). The loss scale is kept."""
+        own gradients (GradScaler refuses a second unscale_ before update()). The loss scale and its growth count are
+        kept: a fresh scaler loads the old one's state (public API; the unscale record itself is GradScaler's private
+        state). One host sync (state_dict reads the scale), on the out-of-memory path only."""
         if self._scaler.is_enabled():  # a disabled scaler keeps no per-optimizer record
-            self._scaler._per_optimizer_states.clear()  # update()'s own reset (a defaultdict: it refills)
+            state = self._scaler.state_dict()
+            self._scaler = torch.amp.GradScaler(self.plan.device_type)
+            self._scaler.load_state_dict(state)
 
     @property
     def scale(self) -> float:

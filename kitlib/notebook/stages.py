@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,12 +84,12 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
 
     hw = measured(p, hw)
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
-    run = resolved or presets.resolve(p.preset, planning_hw(p, hw), overrides=p.training())
-    # The parameters' training settings, under what the picker changed (a picker built without them lacks them)
-    overrides = p.training() | dict(run.overrides)
-    preset = task_preset(p)(run.preset)  # as it is when the picker (adjust=task_preset(p)) did it already
-    if preset != run.preset or overrides != run.overrides:  # the task's way, then the user's settings on top
-        run = presets.resolve(preset, planning_hw(p, hw), overrides=overrides, world_size=run.world_size)
+    run = resolved or resolve_run(p, hw)
+    if task_preset(p)(run.preset) != run.preset or not p.training().keys() <= run.overrides.keys():
+        raise SetupError(
+            f"the run to save was not resolved for these parameters (task {p.task!r}'s preset, the training "
+            f"parameters {sorted(p.training())}): resolve it with stages.resolve_run(p, hw), as the picker does"
+        )
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
@@ -101,6 +101,27 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
     dataclasses.replace(p, preset=run.name, **chosen).save()  # the picker's choice: params.json and run.json agree
     return run
+
+
+def resolve_run(
+    p: Params,
+    hw: HardwareInfo,
+    lengths: Sequence[int] | np.ndarray | None = None,
+    *,
+    preset: str | Preset | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> ResolvedRun:
+    """The run ``p`` trains: the one function from parameters + hardware + data lengths to a ResolvedRun, called by
+    the picker (every click), 00's setup (without a picker) and 01 (with the tokenizer's lengths) alike.
+
+    ``preset``: the picker's choice or 01's saved one (default ``p.preset``), as ``p``'s task trains it
+    (``task_preset``, applied once); ``hw``: this machine, planned as the one 02 trains on (``planning_hw``);
+    ``lengths``: tokens per training row (max_length covers the preset's share of them); ``overrides``: the picker's
+    advanced fields (or 01's saved run's) over ``p``'s training parameters: the one place the two merge."""
+    chosen = p.preset if preset is None else preset
+    base = presets.get_preset(chosen) if isinstance(chosen, str) else chosen
+    settings = p.training() | dict(overrides or {})
+    return presets.resolve(task_preset(p)(base), planning_hw(p, hw), lengths=lengths, overrides=settings)
 
 
 def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) -> HardwareInfo:
@@ -347,18 +368,11 @@ def features(
     cap = min(cap, max(512, run.preset.max_length_cap))  # 512 for encoders; a causal LM's preset: its positions
     full = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache)
     lengths = workload.lengths(train, p, tokenizer, full.lengths)
-    if "max_length" not in run.overrides:  # 00 had rough lengths or none: now the tokenizer's decide
-        shown = run  # what 00 showed and saved
-        run = presets.resolve(
-            run.preset,
-            planning_hw(p, hw),
-            lengths=lengths,
-            overrides=run.overrides,
-            world_size=run.world_size,
-        )
-        run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
-        if run.config.max_length != shown.config.max_length:
-            log(_max_length_changed(shown, run))
+    shown = run  # what 00 showed and saved, fitted to 00's rough lengths (or none): now the tokenizer's decide
+    run = resolve_run(p, hw, lengths, preset=run.preset, overrides=run.overrides)
+    run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
+    if run.config.max_length != shown.config.max_length:
+        log(_max_length_changed(shown, run))
     run = workload.tune(run, lengths, model)
     _check_enough_rows(train[p.target], spec, run, p)
     if spec.kind == "regression":

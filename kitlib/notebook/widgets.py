@@ -9,6 +9,7 @@ log shows what ran.
 
 >>> data = stages.data_facts(p)
 >>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, n_test=data.n_test, lengths=data.lengths,
+...                        resolve=functools.partial(stages.resolve_run, p, hw),
 ...                        save=lambda run: stages.setup(p, hw, resolved=run))
 >>> picker
 >>> # next cell
@@ -26,7 +27,8 @@ from typing import TYPE_CHECKING, Any, get_args
 from kitlib.config import PICKER_LABELS, Adapter, Requested
 from kitlib.errors import PrecisionError
 from kitlib.notebook.estimate import duration, estimate_epoch_seconds, estimate_run
-from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun, resolve
+from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun
+from kitlib.notebook.presets import resolve as resolve_preset
 
 # lazy: IPython (+0.3 s), ipywidgets (+0.3 s), torch (+1.0 s): only showing the picker needs them, so
 # `import kitlib.notebook.widgets` stays at 0.05 s (tests/test_presets.py::test_import_is_cheap; python -X importtime).
@@ -54,7 +56,7 @@ class PresetPicker:
         lengths: Sequence[int] | np.ndarray | None = None,
         n_rows: int | None = None,
         n_test: int | None = None,
-        adjust: Callable[[Preset], Preset] | None = None,
+        resolve: Callable[..., ResolvedRun] | None = None,
         overrides: Mapping[str, Any] | None = None,
         memory: Callable[[ResolvedRun], str] | None = None,
         save: Callable[[ResolvedRun], ResolvedRun] | None = None,
@@ -63,17 +65,18 @@ class PresetPicker:
         self._save = save  # writes a run where 01 reads it (stages.setup) and returns what it wrote
         self.saved: ResolvedRun | None = None  # the last run saved; None before the first save()
         self._memory = memory  # the memory plan's line for a run (stages.memory_line): None shows none
-        self._adjust = adjust or (lambda preset: preset)  # the task's way of training a preset (stages.task_preset)
+        # the run for (preset, overrides, lengths): stages.resolve_run for a notebook's parameters, else the preset's
+        self._resolve = resolve or (
+            lambda *, preset, overrides, lengths: resolve_preset(preset, hw, lengths=lengths, overrides=overrides)
+        )
         self._lengths = lengths
         self._n_rows = n_rows
         self._n_test = n_test
         self._preset: str | Preset = default
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
-        self._base = dict(overrides or {})  # the parameters' training settings: every preset starts from them
+        self._base = dict(overrides or {})  # the advanced fields every preset starts from
         self._overrides: dict[str, Any] = dict(self._base)
-        self._resolved = resolve(
-            self._adjusted(default), hw, lengths=lengths, overrides=self._overrides
-        )  # errors: loud
+        self._resolved = self._resolve(preset=default, overrides=self._overrides, lengths=lengths)  # errors: loud
         self._syncing = False  # True while the picker writes derived values back into its own controls
         self.error: str | None = None  # the last rejected change, shown in the widget
         self.note: str | None = None  # why there is no widget although the session is interactive
@@ -189,7 +192,7 @@ class PresetPicker:
 
     def _apply(self, preset: str | Preset, overrides: dict[str, Any], revert: tuple[str, Any] | None) -> None:
         try:
-            resolved = resolve(self._adjusted(preset), self._hw, lengths=self._lengths, overrides=overrides)
+            resolved = self._resolve(preset=preset, overrides=overrides, lengths=self._lengths)
         except (ValueError, PrecisionError) as err:  # keep the last valid run; say why this one was refused
             self.error = f"{err} (kept the previous value)"
             if revert is not None:
@@ -203,9 +206,6 @@ class PresetPicker:
             except Exception as err:  # a widget callback's error reaches no cell: show it, keep the last saved run
                 self.error = f"not saved ({err}); run.json still holds preset {self.saved.name}"
         self._sync()
-
-    def _adjusted(self, preset: str | Preset) -> Preset:
-        return self._adjust(PRESETS[preset] if isinstance(preset, str) and preset in PRESETS else preset)  # type: ignore[arg-type]
 
     def _set(self, key: str, value: Any) -> None:
         self._syncing = True
@@ -257,7 +257,7 @@ def preset_picker(
     n_rows: int | None = None,
     n_test: int | None = None,
     show: bool = False,
-    adjust: Callable[[Preset], Preset] | None = None,
+    resolve: Callable[..., ResolvedRun] | None = None,
     overrides: Mapping[str, Any] | None = None,
     memory: Callable[[ResolvedRun], str] | None = None,
     save: Callable[[ResolvedRun], ResolvedRun] | None = None,
@@ -269,15 +269,16 @@ def preset_picker(
     now instead, for a cell that goes on after it. ``n_rows`` (train.csv's rows; each preset's ``row_limit`` is
     applied) and ``n_test`` (test.csv's) give the time estimate of the whole run (01-03; per epoch without
     ``n_test``); ``lengths`` (tokens per row) fits max_length to the data:
-    ``kitlib.notebook.stages.data_facts`` returns both. ``adjust``: how the task trains a preset
-    (``stages.task_preset(p)``: e.g. seq2seq's from-scratch lr and eval cadence), so the table shows what 02 runs.
-    ``overrides``: the parameters' training settings (``p.training()``), the advanced fields' starting values.
+    ``kitlib.notebook.stages.data_facts`` returns both. ``resolve(preset=, overrides=, lengths=)``: the run for a
+    choice, ``functools.partial(stages.resolve_run, p, hw)`` in 00 (the task's preset, the parameters' training
+    settings under the advanced fields: the run setup and 01 resolve too); default: the preset alone on ``hw``.
+    ``overrides``: the advanced fields' starting values.
     ``memory``: the memory plan's line for the chosen run (``stages.memory_line(p, hw)``: "fits: ~X of Y GB").
     ``save``: writes a run where 01 reads it (``lambda run: stages.setup(p, hw, resolved=run)``): ``picker.save()``
     calls it, and each accepted change after that.
     """
     picker = PresetPicker(
-        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust, overrides=overrides,
+        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, resolve=resolve, overrides=overrides,
         memory=memory, save=save,
     )  # fmt: skip
     if hw.interactive:
