@@ -194,7 +194,7 @@ def _ddp_worker(folder: str, vocab: int, steps: int, fake_one_gpu: bool) -> dict
     torch.set_num_threads(1)
     model = load_classifier(2, vocab_size=vocab, pad_token_id=0, model_dir=folder)
     batches = class_batches(2 * steps, 8, 32, vocab=vocab)
-    result = fit(model, row_loader(batches), config=_cfg(log_every_steps=1))
+    result = fit(model, row_loader(batches), config=_cfg(log_every_steps=1, micro_batch_size=8))  # the rows' batch
     return {"steps": result.steps, "model": type(result.model).__name__}
 
 
@@ -666,7 +666,7 @@ def check_loader_workers(ctx: Ctx) -> None:
             persistent_workers=persistent,
             collate_fn=PaddingCollator(0, 8),
         )
-        result = fit(bert_classifier(ctx.quick), dl, config=_cfg(epochs=2))
+        result = fit(bert_classifier(ctx.quick), dl, config=_cfg(epochs=2, micro_batch_size=dl.batch_size))
         phases = result.timing["phases"]
         epochs = [round(v, 3) for v in result.history["epoch_s"]] if "epoch_s" in result.history else None
         out[f"workers={workers} pin={pin} persistent={persistent}"] = {

@@ -38,7 +38,7 @@ _EXPORTS: dict[str, str] = {
     "suggest_max_length": "kitlib.data.lengths",
     "length_report": "kitlib.data.lengths",
     "read_table": "kitlib.data.tables",
-    "infer_task": "kitlib.data.tables",
+    "infer_target": "kitlib.data.tables",
     "DataError": "kitlib.data.tables",
     "load_text_classifier": "kitlib.models.loading",
     "load_text_encoder": "kitlib.models.loading",

@@ -81,7 +81,7 @@ def test_the_logits_are_never_materialised() -> None:
 
 @pytest.mark.parametrize("task", ["causal-lm", "seq2seq"])
 def test_generating_tasks_train_with_the_chunked_loss(task: str) -> None:
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.notebook.tasks import get_task
 
-    assert get_task(task).loss_fn(TaskSpec("sequence", 0)) is chunked_lm_loss
+    assert get_task(task).loss_fn(TargetSpec("sequence", 0)) is chunked_lm_loss

@@ -19,7 +19,7 @@ from kitlib.data.featurize import (
     numeric_features,
     tokenize_texts,
 )
-from kitlib.data.tables import DataError, infer_task, read_table
+from kitlib.data.tables import DataError, infer_target, read_table
 
 WORDS = (
     "the",
@@ -181,7 +181,7 @@ def test_every_bad_input_is_one_data_error_naming_it_and_the_cache_is_untouched(
         "missing column (file)": (lambda: featurise(csv("a.csv", "id,body\n1,x\n"), text="review"), "'review'"),
         "empty file": (lambda: featurise(csv("empty.csv", "")), "empty.csv"),
         "NaN target (file)": (lambda: featurise(csv("b.csv", "text,label\na,1\nb,\n"), target="label"), "'label'"),
-        "NaN target (series)": (lambda: infer_task(pd.Series([1.0, np.nan], name="label")), "'label'"),
+        "NaN target (series)": (lambda: infer_target(pd.Series([1.0, np.nan], name="label")), "'label'"),
         "non-numeric target": (lambda: featurise(csv("c.csv", "text,y\na,1\nb,2\nc,x\n"), target="y"), "'y'"),
         "non-numeric feature": (
             lambda: numeric_features(good.assign(price=["1", "2", "cheap", "4", "5", "6"]), ["price"], cache=cache),

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kitlib.data.tables import DataError, TaskSpec, infer_task, read_table
+from kitlib.data.tables import DataError, TargetSpec, infer_target, read_table
 
 
 def write(tmp_path: Path, name: str, content: str) -> Path:
@@ -30,7 +30,7 @@ def test_a_good_table_reads_and_keeps_strings(tmp_path: Path) -> None:
         ("id,text,y\n1,a,1\n", {"target": "label"}, r"no column 'label' \(the target column\)"),
         ("id,text,label\n1,a,1\n2,b,\n", {"target": "label"}, r"target column 'label' is missing at row 1 \(line 3"),
         ("id,text,label\n1,a,1.5\n2,b,abc\n", {"target": "label"}, r"column 'label' is not numeric at row 1.*'abc'"),
-        ("id,text,label\n1,a,x\n", {"target": "label", "task": "regress"}, r"'label' is not numeric at row 0"),
+        ("id,text,label\n1,a,x\n", {"target": "label", "rule": "regress"}, r"'label' is not numeric at row 0"),
         ("id,text,label\n1,5,1\n2,6,0\n", {}, r"text column 'text' holds int 5 at row 0 .*astype\(str\)"),
         ("id,text\n1,a\n1,b\n", {"id": "id"}, r"id column 'id' repeats 1 at row 1"),
     ],
@@ -74,12 +74,12 @@ def test_unknown_path_lists_what_is_there(tmp_path: Path) -> None:
 def test_class_names_are_a_valid_target(tmp_path: Path) -> None:
     path = write(tmp_path, "t.csv", "text,label\na,fresh\nb,rotten\nc,fresh\n")
     df = read_table(path, target="label")
-    task = infer_task(df["label"])
-    assert task == TaskSpec("binary", 2, ("fresh", "rotten"))
-    assert task.encode(df["label"]).tolist() == [0, 1, 0]
-    assert task.decode(np.array([1, 0])).tolist() == ["rotten", "fresh"]
+    spec = infer_target(df["label"])
+    assert spec == TargetSpec("binary", 2, ("fresh", "rotten"))
+    assert spec.encode(df["label"]).tolist() == [0, 1, 0]
+    assert spec.decode(np.array([1, 0])).tolist() == ["rotten", "fresh"]
     with pytest.raises(DataError, match=r"'meh'.*not one of the classes"):
-        task.encode(["meh"])
+        spec.encode(["meh"])
 
 
 @pytest.mark.parametrize(
@@ -94,26 +94,26 @@ def test_class_names_are_a_valid_target(tmp_path: Path) -> None:
         (list(range(100)), "regression", 1, ()),  # many distinct integers: a quantity, not classes
     ],
 )
-def test_infer_task(values: list, kind: str, num_labels: int, classes: tuple) -> None:
-    task = infer_task(pd.Series(values, name="y"))
-    assert (task.kind, task.num_labels, task.classes) == (kind, num_labels, classes)
-    encoded = task.encode(values)
+def test_infer_target(values: list, kind: str, num_labels: int, classes: tuple) -> None:
+    spec = infer_target(pd.Series(values, name="y"))
+    assert (spec.kind, spec.num_labels, spec.classes) == (kind, num_labels, classes)
+    encoded = spec.encode(values)
     assert encoded.dtype == (np.float32 if kind == "regression" else np.int64)
-    assert task.to_dict()["num_labels"] == num_labels
+    assert spec.to_dict()["num_labels"] == num_labels
 
 
-def test_infer_task_rejects_a_single_class_and_honours_hints() -> None:
+def test_infer_target_rejects_a_single_class_and_honours_hints() -> None:
     with pytest.raises(DataError, match="single value"):
-        infer_task(pd.Series([1, 1, 1], name="y"))
-    assert infer_task(pd.Series([0, 1, 2]), task="regress").kind == "regression"
-    assert infer_task(pd.Series(["1", "2", "x"]), task="classify").num_labels == 3
+        infer_target(pd.Series([1, 1, 1], name="y"))
+    assert infer_target(pd.Series([0, 1, 2]), rule="regress").kind == "regression"
+    assert infer_target(pd.Series(["1", "2", "x"]), rule="classify").num_labels == 3
 
 
 def test_whole_numbers_that_could_be_codes_or_a_quantity_ask_for_task() -> None:
     codes = pd.Series(np.repeat(np.arange(100, 150), 10), name="category")  # 50 category codes, 10 rows each
     with pytest.raises(DataError, match=r"'category' holds 50 distinct whole numbers over 500 rows.*task = 'classify'"):
-        infer_task(codes)
-    as_classes = infer_task(codes, task="classify")
+        infer_target(codes)
+    as_classes = infer_target(codes, rule="classify")
     assert as_classes.kind == "multiclass" and as_classes.num_labels == 50 and as_classes.classes[0] == 100
-    assert infer_task(codes, task="regress").kind == "regression"
-    assert infer_task(pd.Series(np.arange(500) * 3, name="price")).kind == "regression"  # mostly distinct
+    assert infer_target(codes, rule="regress").kind == "regression"
+    assert infer_target(pd.Series(np.arange(500) * 3, name="price")).kind == "regression"  # mostly distinct

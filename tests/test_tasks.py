@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from kitlib.data.tables import DataError, TaskSpec
+from kitlib.data.tables import DataError, TargetSpec
 from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
 from kitlib.notebook import stages
@@ -79,7 +79,7 @@ def test_a_heavy_tailed_or_smape_scored_target_is_learned_as_standardised_log() 
     assert read_target(ratings.abs(), "auto", "smape").log  # SMAPE scores relative errors: log, when non-negative
     assert read_target(ratings, "auto", "smape").log is False  # negative values: no log1p
     spec = read_target(prices, "auto", "smape")
-    assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it
+    assert TargetSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it
 
 
 class _Constant(nn.Module):
@@ -201,10 +201,10 @@ class ShoutingTask(Task):
     name = "shouting"
     target_rule = "classify"
 
-    def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
+    def model(self, text_model: nn.Module, spec: TargetSpec, side: SideInputs, seed: int) -> nn.Module:
         return Counting(text_model)
 
-    def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
+    def submission(self, outputs: np.ndarray, spec: TargetSpec) -> np.ndarray:
         return np.array([str(v).upper() for v in super().submission(outputs, spec)], dtype=object)
 
 
@@ -284,8 +284,8 @@ class RawTargetTask(TabularTextTask):
     def __init__(self) -> None:
         super().__init__("raw-target", "auto")
 
-    def target(self, column: pd.Series, p: Any, metric: str) -> TaskSpec:
-        return TaskSpec("regression", 1)
+    def target(self, column: pd.Series, p: Any, metric: str) -> TargetSpec:
+        return TargetSpec("regression", 1)
 
 
 @pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
@@ -516,7 +516,7 @@ def test_the_loss_follows_the_metric_unless_overridden(metric: str, objective: s
     prices = pd.Series(np.random.default_rng(0).lognormal(3.8, 1.2, 500))
     spec = read_target(prices, "auto", metric, objective)
     assert (spec.log, spec.loss) == (log, loss)
-    assert TaskSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it
+    assert TargetSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec  # as features.json carries it
 
 
 @pytest.mark.parametrize("name", ["auto", "classify", "regress", "tabular-text"])

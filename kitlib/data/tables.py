@@ -1,8 +1,8 @@
-"""Read a competition table and check it before any work is spent on it; infer the task from the target column.
+"""Read a competition table and check it before any work is spent on it; read its target column (a TargetSpec).
 
     df = read_table("train.csv", text="text", target="label", id="id")
-    task = infer_task(df["label"])          # TaskSpec(kind='binary', num_labels=2, classes=(0, 1))
-    y = task.encode(df["label"])            # int64 codes (classification) or float32 values (regression)
+    spec = infer_target(df["label"])        # TargetSpec(kind='binary', num_labels=2, classes=(0, 1))
+    y = spec.encode(df["label"])            # int64 codes (classification) or float32 values (regression)
 
 Every problem raises one ``DataError`` (a ValueError) that names the file, the column, the first bad row and the
 fix; nothing is cached or trained on a table that failed here.
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from kitlib.config import TargetRule
 
-TaskKind = Literal["binary", "multiclass", "regression", "sequence"]  # sequence: a text to generate (seq2seq)
+TargetKind = Literal["binary", "multiclass", "regression", "sequence"]  # sequence: a text to generate (seq2seq)
 
 MAX_INT_CLASSES = 20  # integer targets with at most this many distinct values are classes (ratings 1-5, ids 0-9)
 # A text cell above this many characters is an export accident (a whole file in one cell): models read at most a
@@ -101,7 +101,7 @@ def read_table(
     text: str | Sequence[str] = "text",
     target: str | None = None,
     id: str | None = None,
-    task: TargetRule = "auto",
+    rule: TargetRule = "auto",
 ) -> pd.DataFrame:
     """Read a CSV/TSV/Parquet/JSONL table and validate the columns kitlib will use.
 
@@ -147,7 +147,7 @@ def read_table(
     if id is not None:
         check_unique_ids(df, id, path)
     if target is not None:
-        _check_target(df[target], path, target, task)
+        _check_target(df[target], path, target, rule)
     return df
 
 
@@ -195,7 +195,7 @@ def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
     return col.astype(str)
 
 
-def _check_target(col: pd.Series, path: Path | str, name: str, task: TargetRule) -> None:
+def _check_target(col: pd.Series, path: Path | str, name: str, rule: TargetRule) -> None:
     import pandas as pd
 
     missing = col.isna()
@@ -207,16 +207,17 @@ def _check_target(col: pd.Series, path: Path | str, name: str, task: TargetRule)
         )
     if col.dtype.kind == "f":
         check_finite(col, path, name, "target")
-    if col.dtype.kind in "biuf" or task == "classify":
+    if col.dtype.kind in "biuf" or rule == "classify":
         return
     numeric = pd.to_numeric(col, errors="coerce")
     bad = numeric.isna()
     # All class names ('fresh'/'rotten') is classification; some numbers and some not is a dirty numeric column.
-    if task == "regress" or not bad.all():
+    if rule == "regress" or not bad.all():
         first = bad.idxmax()
         raise DataError(
             f"{path}: target column {name!r} is not numeric at {_row(first)}: {_value(col[first])}. Fix the value, "
-            "or set task='classify' if the column holds class names."
+            "or set task = 'classify' in the parameters cell (read_table(rule='classify') in Python) if the column "
+            "holds class names."
         )
 
 
@@ -233,8 +234,8 @@ def check_finite(values: pd.Series, path: Path | str, name: str, role: str) -> N
 
 
 @dataclass(frozen=True)
-class TaskSpec:
-    kind: TaskKind
+class TargetSpec:
+    kind: TargetKind
     num_labels: int  # model outputs: classes, or 1 for regression
     classes: tuple[Any, ...] = ()  # original label of each code 0..k-1; empty for regression
     # Regression only: what the model learns is (log1p(y) if log else y), minus center, over scale; ``decode`` inverts
@@ -276,7 +277,7 @@ class TaskSpec:
         return {"kind": self.kind, "num_labels": self.num_labels, "classes": classes, **transform}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> TaskSpec:
+    def from_dict(cls, d: Mapping[str, Any]) -> TargetSpec:
         transform = {k: d[k] for k in ("log", "center", "scale", "loss") if k in d}
         return cls(d["kind"], int(d["num_labels"]), tuple(d["classes"]), **transform)
 
@@ -288,24 +289,24 @@ def texts_to_generate(series: pd.Series) -> bool:
     return series.dtype.kind not in "biuf" and k > MAX_INT_CLASSES and 2 * k > len(series)
 
 
-def infer_task(series: pd.Series, task: TargetRule = "auto") -> TaskSpec:
+def infer_target(series: pd.Series, rule: TargetRule = "auto") -> TargetSpec:
     """Binary / multi-class / regression from a target column; class names or sparse ids get codes 0..k-1."""
     import pandas as pd
 
     name = series.name if series.name is not None else "target"
-    _check_target(series, "target", str(name), task)
+    _check_target(series, "target", str(name), rule)
     is_int_valued = series.dtype.kind in "biu" or (
         series.dtype.kind == "f" and bool(np.all(np.mod(series.to_numpy(dtype=np.float64), 1) == 0))
     )
     uniques = pd.unique(series)
-    if task == "regress":
-        return TaskSpec("regression", 1)
-    if task == "auto" and series.dtype.kind in "iuf":
+    if rule == "regress":
+        return TargetSpec("regression", 1)
+    if rule == "auto" and series.dtype.kind in "iuf":
         if not is_int_valued:
-            return TaskSpec("regression", 1)  # fractions: a quantity
+            return TargetSpec("regression", 1)  # fractions: a quantity
         k, n = len(uniques), len(series)
         if k > MAX_INT_CLASSES and 2 * k > n:
-            return TaskSpec("regression", 1)  # most rows have their own value: a count or price, not class ids
+            return TargetSpec("regression", 1)  # most rows have their own value: a count or price, not class ids
         if k > MAX_INT_CLASSES:  # e.g. 50 category codes over 500 rows, or a 0-100 score: both are plausible
             raise DataError(
                 f"target column {name!r} holds {k} distinct whole numbers over {n} rows (~{n / k:.0f} rows each): "
@@ -315,7 +316,7 @@ def infer_task(series: pd.Series, task: TargetRule = "auto") -> TaskSpec:
             )
     classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
     k, n = len(classes), len(series)
-    if task == "auto" and texts_to_generate(series):
+    if rule == "auto" and texts_to_generate(series):
         example = max(classes, key=lambda c: len(str(c)))
         raise DataError(
             f"target column {name!r} holds {k} distinct texts over {n} rows (e.g. {str(example)[:80]!r}): most rows "
@@ -330,4 +331,4 @@ def infer_task(series: pd.Series, task: TargetRule = "auto") -> TaskSpec:
             f"target column {name!r} has a single value ({classes[0]!r}) in every row: there is nothing to learn. Fix: "
             "check that target names the label column and that the file holds all the training rows"
         )
-    return TaskSpec("binary" if len(classes) == 2 else "multiclass", len(classes), classes)
+    return TargetSpec("binary" if len(classes) == 2 else "multiclass", len(classes), classes)

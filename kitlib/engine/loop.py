@@ -485,7 +485,8 @@ def fit(
 
     Example::
 
-        result = fit(model, train_loader, eval_loader=val_loader, config=TrainConfig(epochs=3), run_dir="runs/a")
+        result = fit(model, train_loader, eval_loader=val_loader, config=TrainConfig(epochs=3, micro_batch_size=16),
+                     run_dir="runs/a")  # train_loader: batches of 16 rows (fit refuses another size)
     """
     loaded = getattr(train_loader.batch_sampler, "batch_size", None)  # a DataLoader's batch_size, kitlib's samplers'
     cfg = config or TrainConfig(**({"micro_batch_size": loaded} if loaded else {}))

@@ -25,7 +25,7 @@ import numpy as np
 from kitlib._files import FileMismatch, read_checked, record_bytes, record_file, write_atomic
 from kitlib.data.featurize import TokenizedTexts
 from kitlib.data.ngrams import NgramBags
-from kitlib.data.tables import TaskSpec
+from kitlib.data.tables import TargetSpec
 from kitlib.errors import DataError, MissingRunError, damaged_file
 from kitlib.notebook.presets import RUN_FILE, ResolvedRun
 from kitlib.notebook.tasks.base import SideInputs
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 FEATURES_FILE = "features.json"
 FEATURES_DIR = "features"
-FORMAT = 1
+FORMAT = 2  # 2: the target's spec under "spec" (1: "task")
 NPY_HEADER_MAX = 65_546  # bytes: a format 1.0 .npy header is at most 10 + 65535 (its length is a uint16)
 # The parameters the saved features depend on: a later stage with other values would train on the wrong thing.
 BUILT_FROM = (
@@ -48,7 +48,7 @@ BUILT_FROM = (
 class Features:
     """The features of one competition for one run: everything 02 and 03 need, nothing they must recompute."""
 
-    spec: TaskSpec  # the target as read (kind, classes, transform): kitlib.data.tables
+    spec: TargetSpec  # the target as read (kind, classes, transform): kitlib.data.tables
     run: ResolvedRun  # the run fitted to the data (max_length by coverage, the batch by row count)
     model_identity: str
     max_length: int
@@ -110,7 +110,7 @@ def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> P
         records[f"{name}.npy"] = {**record, "file": file}
     summary = {
         "format": FORMAT,
-        "task": features.spec.to_dict(),  # the key saved work dirs already hold
+        "spec": features.spec.to_dict(),
         "run": features.run.to_dict(),
         "model": features.model_identity,
         "regime": features.run.regime.name,
@@ -161,7 +161,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
             for split in ("train", "test")
         )
     return Features(
-        spec=TaskSpec.from_dict(summary["task"]),
+        spec=TargetSpec.from_dict(summary["spec"]),
         run=ResolvedRun.from_dict(summary["run"]),
         model_identity=summary["model"],
         max_length=int(summary["max_length"]),

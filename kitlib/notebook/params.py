@@ -295,7 +295,7 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
             f"metric = {metric!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own"
         )
     factory_file = p.model_factory.partition(":")[0].endswith(".py")
-    _check_values(p, task=data_dir is not None or not factory_file)
+    _check_values(p, with_task=data_dir is not None or not factory_file)
     return p
 
 
@@ -326,7 +326,7 @@ def _columns(given: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def _check(p: Params) -> None:
-    _check_values(p, task=True)
+    _check_values(p, with_task=True)
     if not p.data_dir.is_dir():
         problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
         raise MissingDataError(
@@ -336,12 +336,12 @@ def _check(p: Params) -> None:
     check_work_dir(p.work_dir, p.data_dir)
 
 
-def _check_values(p: Params, *, task: bool) -> None:
-    """The parameters' own checks, no folder read; ``task``: also the task's (which may import a file of data_dir)."""
+def _check_values(p: Params, *, with_task: bool) -> None:
+    """The parameters' own checks, no folder read; ``with_task``: also the task's (it may import a data_dir file)."""
     from kitlib.notebook.tasks import get_task
 
     workload = get_task(p.task)  # an unknown task, or a module:name that does not import
-    if task:
+    if with_task:
         workload.check(p)  # columns it needs, a model_factory it imports
     _check_declared(p)
     _check_adapter(p)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from kitlib.config import TrainConfig
     from kitlib.data.cache import Cache
     from kitlib.data.ngrams import NgramBags
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import ResolvedRun
@@ -83,7 +83,7 @@ class Regime:
         """What of the encoder does not train, as the picker's ``freeze`` row says it."""
         return cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")
 
-    def load(self, spec: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         """(tokenizer, model, identity) for 01."""
         raise NotImplementedError
 
@@ -109,7 +109,7 @@ class Finetune(Regime):
     estimate_label = "per epoch"
     gains_from_ddp = True
 
-    def load(self, spec: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         return load_text_classifier(spec.num_labels, train_texts=texts, seed=seed, **choice)
 
     def prepare(
@@ -161,7 +161,7 @@ class Head(Regime):
     def frozen(self, cfg: TrainConfig) -> str:
         return "the whole encoder (it runs once, in 01, to cache embeddings; only the head trains)"
 
-    def load(self, spec: TaskSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         return load_text_encoder(train_texts=texts, seed=seed, **choice)
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:

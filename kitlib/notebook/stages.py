@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kitlib.config import TrainConfig
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.machine.precision import PrecisionPlan
@@ -230,7 +230,7 @@ class Competition:
     test: pd.DataFrame
     test_ids: list[Any]  # Python ints/strs, in test.csv's order
     columns: tuple[str, ...]  # sample_submission.csv's
-    spec: TaskSpec  # decided on every training row, before any row limit
+    spec: TargetSpec  # decided on every training row, before any row limit
     metric: Metric  # the metric parameter, checked against the target's kind
     side: SideInputs  # the task's inputs besides the text (numeric and categorical columns), fitted on train
 
@@ -261,7 +261,7 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
 def _read_train(p: Params) -> pd.DataFrame:
     """train.csv, every row, with its columns checked (kitlib.data.tables.read_table)."""
     rule = get_task(p.task).target_rule
-    return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, task=rule)
+    return read_table(p.data_dir / p.train_file, text=p.text, target=p.target, id=p.id, rule=rule)
 
 
 def planning_hw(p: Params, hw: HardwareInfo) -> HardwareInfo:
@@ -427,7 +427,7 @@ def load_features(p: Params) -> Features:
 
 
 # ------------------------------------------------------------------------------------------------------ 02 train
-def _check_enough_rows(target: pd.Series, spec: TaskSpec, run: ResolvedRun, p: Params) -> None:
+def _check_enough_rows(target: pd.Series, spec: TargetSpec, run: ResolvedRun, p: Params) -> None:
     """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
     validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
     n_train = len(target) - len(_split(len(target), p.seed)[1])

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kitlib.data.tables import infer_task
+from kitlib.data.tables import infer_target
 from kitlib.tasks.metrics import LOG_TARGET_METRICS, check_metric_fits, target_rule
 
 # lazy: torch (+1.0 s): only the regression loss needs it; the target rules are read in 01 without torch (python -X
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from kitlib.config import TargetRule
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
 
 HEAVY_TAIL_RATIO = 10.0  # p99 / median above this: a heavy right tail (prices, counts, sales)
 OBJECTIVES = ("auto", "mse", "mae", "log_mse", "log_mae")  # 00's ``objective``: the regression loss, and log1p or not
@@ -53,7 +53,7 @@ def objective_for(metric: str, y: np.ndarray, objective: str = "auto") -> tuple[
     return bool(log and y.min() >= 0), loss
 
 
-def describe_objective(spec: TaskSpec, metric: str, objective: str = "auto") -> str:
+def describe_objective(spec: TargetSpec, metric: str, objective: str = "auto") -> str:
     """01's line about what a regression target trains on, and why."""
     on = "log1p(target)" if spec.log else "the target"
     why = f"set by objective = {objective!r}" if objective != "auto" else f"what {metric} rewards"
@@ -63,7 +63,7 @@ def describe_objective(spec: TaskSpec, metric: str, objective: str = "auto") -> 
     )
 
 
-def regression_loss(spec: TaskSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def regression_loss(spec: TargetSpec) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The training loss of a regression target: squared or absolute error on one output, in fp32."""
     import torch.nn.functional as F
 
@@ -71,11 +71,11 @@ def regression_loss(spec: TaskSpec) -> Callable[[torch.Tensor, torch.Tensor], to
     return lambda logits, labels: fn(logits.squeeze(-1).float(), labels.float())
 
 
-def read_target(column: pd.Series, rule: TargetRule, metric: str, objective: str = "auto") -> TaskSpec:
-    """The target's kind and classes (kitlib.data.tables.infer_task: a DataError asking for task= when ambiguous),
+def read_target(column: pd.Series, rule: TargetRule, metric: str, objective: str = "auto") -> TargetSpec:
+    """The target's kind and classes (kitlib.data.tables.infer_target: a DataError asking for task= when ambiguous),
     with the regression transform and loss (``objective_for``) fitted on ``column``."""
     check_metric_fits(column.dropna().tolist(), str(column.name), rule, metric)
-    spec = infer_task(column, target_rule(rule, metric))  # smape: a number, whole or not; accuracy: classes
+    spec = infer_target(column, target_rule(rule, metric))  # smape: a number, whole or not; accuracy: classes
     if spec.kind != "regression":
         return spec
     y = column.to_numpy(dtype=np.float64)

@@ -4,7 +4,7 @@ The stages (kitlib.notebook.stages) read and check the files, tokenize, cache, t
 submission the same way for every task; a task says only what is its own:
 
     00  check(p), columns(p)        parameters and input columns it needs, checked before anything is written
-        target(column, p, metric)   how the target column is read and learned (a TaskSpec: classes, a transform)
+        target(column, p, metric)   how the target column is read and learned (a TargetSpec: classes, a transform)
         side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
         preset(preset, p)           how it trains a preset (applied once, by stages.task_preset)
     01  load(run, spec, ...)        the tokenizer and model (default: the preset's regime decides)
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.config import TargetRule
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
@@ -135,7 +135,7 @@ class Task:
     """The text-to-label task (today's default): one text column to a class or a number."""
 
     name: str = "auto"
-    target_rule: TargetRule = "auto"  # how kitlib.data.tables.infer_task reads the target column
+    target_rule: TargetRule = "auto"  # how kitlib.data.tables.infer_target reads the target column
     regimes: tuple[str, ...] = ("head", "finetune")  # the preset regimes (kitlib.notebook.regimes) it can train in
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
@@ -145,7 +145,7 @@ class Task:
     def columns(self, p: Params) -> tuple[str, ...]:
         return ()
 
-    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         return read_target(column, self.target_rule, metric, p.objective)
 
     def side_inputs(self, p: Params, train: pd.DataFrame, test: pd.DataFrame) -> SideInputs:
@@ -158,13 +158,13 @@ class Task:
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         """(tokenizer, model, identity) for 01: the preset's regime loads them for the text column."""
         return run.regime.load(spec, train[p.text].tolist(), p.seed, choice)
 
     def labels(
-        self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
+        self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
         """The training targets 02 learns (int64 class codes, or float32 transformed values) from the training rows
         and the tokenizer and model ``load`` returned."""
@@ -205,10 +205,10 @@ class Task:
         prepared = feats.run.regime.prepare(feats, hw, split, seed, choice)
         return dataclasses.replace(prepared, model=self.model(prepared.model, feats.spec, feats.side, seed))
 
-    def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
+    def model(self, text_model: nn.Module, spec: TargetSpec, side: SideInputs, seed: int) -> nn.Module:
         return text_model
 
-    def loss_fn(self, spec: TaskSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
+    def loss_fn(self, spec: TargetSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
         """fit's ``loss_fn`` (None: the model's own ``.loss``): a regression target's objective from its spec
         (kitlib.tasks.targets: squared or absolute error, whatever loss the model computes itself)."""
         if spec.kind != "regression":
@@ -221,7 +221,7 @@ class Task:
 
         return objective
 
-    def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
+    def evaluate(self, spec: TargetSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
         """The full evaluation: the metric, in the target's own units (predictions decoded as the submission is),
         and the loss over every validation row, in one pass (fit then skips its loss-only pass; it runs this under
         no_grad + autocast)."""
@@ -248,7 +248,7 @@ class Task:
         return evaluate
 
     # ---------------------------------------------------------------------------------------------------- 03 infer
-    def outputs(self, logits: torch.Tensor, spec: TaskSpec) -> torch.Tensor:
+    def outputs(self, logits: torch.Tensor, spec: TargetSpec) -> torch.Tensor:
         """One batch's logits -> what ``combine`` averages: class probabilities, or one value per row."""
         out = logits.float()
         return out.squeeze(-1) if spec.kind == "regression" else out.softmax(-1)
@@ -260,7 +260,7 @@ class Task:
         *,
         precision: Any,
         device: torch.device,
-        spec: TaskSpec,
+        spec: TargetSpec,
         interactive: bool = False,
         desc: str = "predict",
     ) -> np.ndarray:
@@ -282,6 +282,6 @@ class Task:
         """Several runs' outputs (an ensemble of seeds or machines) -> one: their mean."""
         return np.mean(predictions, axis=0)
 
-    def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
+    def submission(self, outputs: np.ndarray, spec: TargetSpec) -> np.ndarray:
         """Combined outputs (class probabilities, or one value per row) -> the submission's values."""
         return spec.decode(outputs if spec.kind == "regression" else outputs.argmax(-1))

@@ -38,7 +38,7 @@ from kitlib.data.featurize import tokenize_texts
 from kitlib.data.loaders import make_eval_loader, make_predict_loader, make_train_loader
 from kitlib.data.packing import packing_supported
 from kitlib.data.samplers import BucketSampler, PackingSampler
-from kitlib.data.tables import DataError, TaskSpec
+from kitlib.data.tables import DataError, TargetSpec
 from kitlib.doctor.flops import flops_per_token
 from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
@@ -95,7 +95,7 @@ class CausalLMTask(TextGenerationTask):
                 f"{p.text!r}. Fix: text = the prompt column, target = the response column in 00_setup's parameters"
             )
 
-    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         blank = column.map(lambda v: v is None or (isinstance(v, float) and np.isnan(v)) or str(v).strip() == "")
         if blank.any():
             first = blank.idxmax()
@@ -104,7 +104,7 @@ class CausalLMTask(TextGenerationTask):
                 "all): causal-lm learns to generate the response, so every response must be a non-empty text. Fix: "
                 "drop or fill those rows, or check target"
             )
-        return TaskSpec("sequence", 0)
+        return TargetSpec("sequence", 0)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
         """Every prompt whole up to the cap (01 fits the sequence length itself), all weights trained; from scratch
@@ -122,7 +122,7 @@ class CausalLMTask(TextGenerationTask):
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         folder = model_folder(p)
         if folder is not None:  # the config alone: 01 needs the positions and the shape, not gigabytes of weights
@@ -142,7 +142,7 @@ class CausalLMTask(TextGenerationTask):
         return tokenizer, model, identity
 
     def labels(
-        self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
+        self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
         """Per row, the sequence's labels: -100 on the prompt, the response's tokens and </s>, -100 padding, as wide
         as the longest sequence (at most the user's max_length, else the model's positions: 512 for the tiny GPT-2).

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset
@@ -60,7 +60,7 @@ class CustomTask(TextTask):
     def check(self, p: Params) -> None:
         check_factory(p, "custom", "(vocab_size, num_labels, pad_id)")
 
-    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         if texts_to_generate(column):
             raise SetupError(
                 f"task = 'custom' trains your module to predict a class or a number, but target {column.name!r} holds "

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
@@ -93,7 +93,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         """The tokenizer only (the model is yours, built in 02): seq2seq's choice (bytes for short texts, else a
         byte-level BPE trained on the training rows)."""

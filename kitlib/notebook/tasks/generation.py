@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
     from kitlib.notebook.tasks.base import FullEval, Params
     from kitlib.tasks.metrics import Metric
@@ -242,7 +242,7 @@ class TextGenerationTask(Task):
         rows = self.generate_batch(model, batch, num_beams=num_beams)
         return read_outputs(rows, tokenizer_of(model), limits_of(model), tally)
 
-    def loss_fn(self, spec: TaskSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
+    def loss_fn(self, spec: TargetSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
         """The LM head and cross-entropy in chunks over the target tokens: no batch x length x vocab logits."""
         from kitlib.engine.chunked_loss import chunked_lm_loss
 
@@ -253,7 +253,7 @@ class TextGenerationTask(Task):
         folder = model_folder(p)
         return {"model_folder": folder} if folder is not None else {"tokenizer": tokenizer.backend_tokenizer.to_str()}
 
-    def evaluate(self, spec: TaskSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
+    def evaluate(self, spec: TargetSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
         """Generation and the metric, placed where they cost training least (``generated_eval``); fit makes its own
         loss pass beside a split full eval, so this one does not. Blank outputs are scored as 03 writes them (the
         most common training target)."""
@@ -276,7 +276,7 @@ class TextGenerationTask(Task):
         *,
         precision: Any,
         device: torch.device,
-        spec: TaskSpec,
+        spec: TargetSpec,
         interactive: bool = False,
         desc: str = "predict",
     ) -> np.ndarray:
@@ -308,7 +308,7 @@ class TextGenerationTask(Task):
         voted = [collections.Counter(row).most_common(1)[0][0] for row in zip(*predictions, strict=True)]
         return np.array(voted, dtype=object)
 
-    def submission(self, outputs: np.ndarray, spec: TaskSpec) -> np.ndarray:
+    def submission(self, outputs: np.ndarray, spec: TargetSpec) -> np.ndarray:
         return outputs
 
 

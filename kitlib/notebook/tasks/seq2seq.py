@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.data.featurize import tokenize_texts
-from kitlib.data.tables import DataError, TaskSpec, read_table
+from kitlib.data.tables import DataError, TargetSpec, read_table
 from kitlib.models.adapters import quantization
 from kitlib.models.loading import from_pretrained, model_refusals
 from kitlib.models.seq2seq import (
@@ -102,7 +102,7 @@ class Seq2SeqTask(TextGenerationTask):
         self.name = name
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
-    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         not_text = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
         if not_text.any():
             first = not_text.idxmax()
@@ -112,7 +112,7 @@ class Seq2SeqTask(TextGenerationTask):
             )
         if metric == "record_f1":
             _check_sql(column, p)
-        return TaskSpec("sequence", 0)
+        return TargetSpec("sequence", 0)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
         """From scratch (no seq2seq model folder), a tiny T5 needs a far larger lr and more epochs than the presets'
@@ -128,7 +128,7 @@ class Seq2SeqTask(TextGenerationTask):
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         folder = model_folder(p)
         if folder is not None:
@@ -145,7 +145,7 @@ class Seq2SeqTask(TextGenerationTask):
         return tokenizer, tiny_seq2seq(tokenizer, seed=p.seed), f"tiny-t5-{tokenizer_identity(tokenizer)}"
 
     def labels(
-        self, spec: TaskSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
+        self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
         # Every target whole (up to the cap): a cut target teaches the model never to finish, and a cut reference
         # would be scored as if it were the answer. Padding to the longest costs decoder work on -100 positions only.
@@ -206,7 +206,7 @@ def _short_text_rows(p: Params) -> int | None:
     path = p.data_dir / p.train_file
     if not path.is_file():
         return None
-    train = read_table(path, text=p.text, target=p.target, task=Seq2SeqTask.target_rule)
+    train = read_table(path, text=p.text, target=p.target, rule=Seq2SeqTask.target_rule)
     short, _ = short_texts([*train[p.text].astype(str), *train[p.target].astype(str)])
     return len(train) if short else None
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
-    from kitlib.data.tables import TaskSpec
+    from kitlib.data.tables import TargetSpec
     from kitlib.notebook.presets import Preset
 
 # A text model built from random weights (model "tiny"): the presets' 3e-5 to 1e-4 are for pretrained encoders. On the
@@ -55,7 +55,7 @@ class TextTask(Task):
         cols = fit_columns(train, numeric=p.numeric, categorical=p.categorical, path=train_path)
         return SideInputs(cols.transform(train, path=train_path), cols.transform(test, path=test_path), cols.to_dict())
 
-    def model(self, text_model: nn.Module, spec: TaskSpec, side: SideInputs, seed: int) -> nn.Module:
+    def model(self, text_model: nn.Module, spec: TargetSpec, side: SideInputs, seed: int) -> nn.Module:
         import torch
 
         from kitlib.models.tabular import TabularNet, WithTabular
@@ -74,7 +74,7 @@ class TabularTextTask(TextTask):
     have (kitlib.data.tables.MAX_INT_CLASSES) is a quantity here, whole numbers included (counts, prices in whole
     dollars): it regresses where ``auto`` would ask. A named metric or task classify/regress decides first."""
 
-    def target(self, column: pd.Series, p: Params, metric: str) -> TaskSpec:
+    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         quantity = column.dtype.kind in "iuf" and column.nunique() > MAX_INT_CLASSES and metric not in METRICS
         return read_target(column, "regress" if quantity else self.target_rule, metric)
 
