@@ -222,7 +222,8 @@ def _fit_tiny(run_dir: Path, *, resume: bool, hw: object, lr: float = 0.01) -> N
 
     x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
-    cfg = TrainConfig(epochs=1, lr=lr, precision="fp32", save_best=False, save_last=True, full_eval_at_end=False)
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, lr=lr, precision="fp32", save_best=False, save_last=True,
+                      full_eval_at_end=False)  # fmt: skip
 
     def loss(model: torch.nn.Module, batch: list[torch.Tensor]) -> torch.Tensor:
         return torch.nn.functional.mse_loss(model(batch[0]), batch[1])

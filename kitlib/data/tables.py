@@ -216,8 +216,8 @@ def _check_target(col: pd.Series, path: Path | str, name: str, rule: TargetRule)
         first = bad.idxmax()
         raise DataError(
             f"{path}: target column {name!r} is not numeric at {_row(first)}: {_value(col[first])}. Fix the value, "
-            "or set task = 'classify' in the parameters cell (read_table(rule='classify') in Python) if the column "
-            "holds class names."
+            "or set task='classify' (the parameters cell; read_table(rule='classify') in Python) if the column holds "
+            "class names."
         )
 
 

@@ -403,12 +403,13 @@ def _describe(hw: HardwareInfo) -> str:
 
 
 def _world_size(hw: HardwareInfo, p: Preset, requested: int | None, reasons: list[str]) -> int:
-    if requested is not None:
-        if requested < 1:
-            raise ValueError(f"world_size must be >= 1, got {requested}")
+    if requested is not None and requested < 1:
+        raise ValueError(f"world_size must be >= 1, got {requested}")
+    ddp = hw.num_gpus > 1 and REGIMES[p.regime].gains_from_ddp
+    if requested is not None and requested != (hw.num_gpus if ddp else 1):  # the derived one keeps its reason (01)
         reasons.append(f"world size {requested}: as requested")
         return requested
-    if hw.num_gpus > 1 and REGIMES[p.regime].gains_from_ddp:
+    if ddp:
         reasons.append(
             f"world size {hw.num_gpus}: DDP over all {hw.num_gpus} GPUs (kitlib.machine.distributed.launch), each a "
             "micro-batch"

@@ -110,6 +110,7 @@ def resolve_run(
     *,
     preset: str | Preset | None = None,
     overrides: Mapping[str, Any] | None = None,
+    world_size: int | None = None,
 ) -> ResolvedRun:
     """The run ``p`` trains: the one function from parameters + hardware + data lengths to a ResolvedRun, called by
     the picker (every click), 00's setup (without a picker) and 01 (with the tokenizer's lengths) alike.
@@ -117,11 +118,14 @@ def resolve_run(
     ``preset``: the picker's choice or 01's saved one (default ``p.preset``), as ``p``'s task trains it
     (``task_preset``, applied once); ``hw``: this machine, planned as the one 02 trains on (``planning_hw``);
     ``lengths``: tokens per training row (max_length covers the preset's share of them); ``overrides``: the picker's
-    advanced fields (or 01's saved run's) over ``p``'s training parameters: the one place the two merge."""
+    advanced fields (or 01's saved run's) over ``p``'s training parameters: the one place the two merge;
+    ``world_size``: processes per step (None: every GPU of the planned machine; 01 keeps the saved run's)."""
     chosen = p.preset if preset is None else preset
     base = presets.get_preset(chosen) if isinstance(chosen, str) else chosen
     settings = p.training() | dict(overrides or {})
-    return presets.resolve(task_preset(p)(base), planning_hw(p, hw), lengths=lengths, overrides=settings)
+    return presets.resolve(
+        task_preset(p)(base), planning_hw(p, hw), lengths=lengths, overrides=settings, world_size=world_size
+    )
 
 
 def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) -> HardwareInfo:
@@ -369,7 +373,7 @@ def features(
     full = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache)
     lengths = workload.lengths(train, p, tokenizer, full.lengths)
     shown = run  # what 00 showed and saved, fitted to 00's rough lengths (or none): now the tokenizer's decide
-    run = resolve_run(p, hw, lengths, preset=run.preset, overrides=run.overrides)
+    run = resolve_run(p, hw, lengths, preset=run.preset, overrides=run.overrides, world_size=run.world_size)
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
     if run.config.max_length != shown.config.max_length:
         log(_max_length_changed(shown, run))
