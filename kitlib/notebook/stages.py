@@ -23,7 +23,7 @@ from kitlib.data.cache import Cache
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
-from kitlib.doctor.memory_plan import GENERATING, model_config, run_line
+from kitlib.doctor.memory_plan import GENERATING, checkpointing_needed, model_config, run_line
 from kitlib.errors import CheckpointError, KitError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
@@ -96,6 +96,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     data = read_competition(p, run)
     _check_enough_rows(data.train[p.target], data.spec, run, p)
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
+    run = planned_checkpointing(p, hw, run)
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
     chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
@@ -178,6 +179,26 @@ def _built_by_task(p: Params) -> bool:
     from scratch), or a task's own model (custom)."""
     kind = task_entry(p.task).model_kind
     return not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING)
+
+
+def planned_checkpointing(p: Params, hw: HardwareInfo, run: ResolvedRun) -> ResolvedRun:
+    """``run`` with gradient checkpointing on where the memory plan says it fits only so (``gradient_checkpointing``
+    left at None: the plan's; kitlib.doctor.memory_plan.checkpointing_needed), the reason among its reasons; else
+    ``run``. A model the task builds has no config to plan from."""
+    cfg = run.config
+    if cfg.gradient_checkpointing or "gradient_checkpointing" in run.overrides or run.preset.regime == "head":
+        return run
+    if _built_by_task(p):
+        return run
+    try:
+        why = checkpointing_needed(p.model, task_entry(p.task).model_kind, planning_hw(p, hw), run)
+    except KitError:  # no plan for this model: memory_line says why in the picker
+        return run
+    if not why:
+        return run
+    print(why)
+    config = dataclasses.replace(cfg, gradient_checkpointing=True)
+    return dataclasses.replace(run, config=config, reasons=(*run.reasons, why))
 
 
 def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
@@ -359,6 +380,7 @@ def features(
         run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
         if run.config.max_length != shown.config.max_length:
             log(_max_length_changed(shown, run))
+        run = planned_checkpointing(p, hw, run)  # at the tokenizer's length
     run = workload.tune(run, lengths, model)
     _check_enough_rows(train[p.target], spec, run, p)
     if spec.kind == "regression":
