@@ -618,6 +618,10 @@ def train(
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
     cfg = _train_config(p, feats, stand_in)
+    prepared = None
+    if feats.run.world_size == 1 or stand_in is not None:  # this process reaches the device that trains
+        prepared = prepare(p, feats, hw or detect())
+        cfg, prepared = measured_batching(p, feats, cfg, prepared, hw or detect())
     resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.engine import checkpoint
@@ -638,7 +642,52 @@ def train(
         model = prepare(p, feats, dataclasses.replace(hw or detect(), accelerators=())).model
         checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
         return dataclasses.replace(result, model=model)
-    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume)
+    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
+
+
+BATCHING_PROBE_FILE = "batching_probe.json"  # in the cache dir: 02's measured tokens/s per batching, machine and run
+
+
+def measured_batching(
+    p: Params, feats: Features, cfg: TrainConfig, prepared: Prepared, hw: HardwareInfo
+) -> tuple[TrainConfig, Prepared]:
+    """The faster of the task's batchings on the device that trains (``prepared.choices`` against ``train``: a causal
+    LM's packed rows against length buckets; kitlib.doctor.probe.probe_batching, a few steps' time), as ``cfg``'s
+    batching with the tokens/s it measured (run/config.json and timing.json record both), and its loader as
+    ``train``. Kept in the cache dir per machine, model and run shape, so a resumed run batches as it began. CUDA
+    DDP measures nothing (the parent must not touch CUDA): its workers train 01's batching."""
+    import torch
+
+    from kitlib.doctor.probe import probe_batching
+    from kitlib.engine.step import enable_activation_checkpointing
+    from kitlib.machine.precision import Precision, decide_precision
+
+    if not prepared.choices:
+        return cfg, prepared
+    loaders = {**prepared.choices, cfg.batching: prepared.train}  # packed first: the token budget the others match
+    plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)
+    threads = torch.get_num_threads() if plan.device_type == "cpu" else ""
+    shape = (feats.model_identity, cfg.adapter, plan.dtype, cfg.gradient_checkpointing, cfg.max_length,
+             cfg.micro_batch_size, feats.n_train)  # fmt: skip
+    key = " | ".join(str(v) for v in (hw.device_name, threads, torch.__version__, *shape))
+    file = p.cache_dir / BATCHING_PROBE_FILE
+    try:
+        known = json.loads(file.read_text())
+    except (OSError, ValueError):
+        known = {}
+    measured: dict[str, float] | None = known.get(key)
+    if measured is None:
+        model = prepared.model.to(plan.device_type)
+        if cfg.gradient_checkpointing:  # as fit trains it: the probe fits where training does
+            enable_activation_checkpointing(model, cfg.checkpoint_modules)
+        measured = probe_batching(model, loaders, loss_fn=get_task(p.task).loss_fn(feats.spec),
+                                  autocast=Precision(plan).autocast)  # fmt: skip
+        write_atomic(file, json.dumps({**known, key: measured}, indent=1) + "\n")
+    chosen = max(measured, key=lambda b: measured[b])
+    said = ", ".join(f"{b} {v:,.0f}" for b, v in sorted(measured.items(), key=lambda kv: -kv[1]))
+    print(f"batching {chosen}: measured real tokens/s on {hw.device_name}: {said}")
+    cfg = dataclasses.replace(cfg, batching=chosen, batching_measured=tuple(sorted(measured.items())))  # type: ignore[arg-type]
+    return cfg, dataclasses.replace(prepared, train=loaders[chosen], choices={})
 
 
 def _train_worker(
@@ -722,6 +771,7 @@ def _train(
     hw: HardwareInfo | None,
     callbacks: tuple[object, ...],
     resume: bool,
+    prepared: Prepared | None = None,
 ) -> FitResult:
     import torch
 
@@ -729,7 +779,10 @@ def _train(
     from kitlib.machine.distributed import dist_env
 
     hw = hw or detect()
-    prepared = prepare(p, feats, hw)
+    prepared = prepared or prepare(p, feats, hw)
+    if prepared.choices:  # a DDP worker: the batching the parent measured (cfg), or 01's
+        chosen = prepared.choices.get(cfg.batching)
+        prepared = dataclasses.replace(prepared, train=chosen or prepared.train, choices={})
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     staging = _staging(p)
     watched = BestRows(_run_metric(p, feats))  # the validation predictions the verdict's interval resamples
