@@ -154,3 +154,25 @@ def test_with_flash_attn_the_model_and_the_packed_loader_follow_the_one_choice(
     packed = next(iter(prepared.choices["packed"]))
     assert packed["input_ids"].shape[0] == 1 and "attention_mask" not in packed
     assert "attention_mask" in next(iter(prepared.train))
+
+
+def test_a_probe_out_of_device_memory_leaves_01s_batching_to_fits_back_off(
+    tmp_path, cpu_hw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    import kitlib.doctor.probe
+    from kitlib import TrainConfig
+    from kitlib.notebook import stages
+    from kitlib.notebook.regimes import Prepared
+
+    def out_of_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(kitlib.doctor.probe, "probe_batching", out_of_memory)
+    p = SimpleNamespace(cache_dir=tmp_path, task="causal-lm")
+    feats = SimpleNamespace(model_identity="m", n_train=8, spec=None)
+    prepared = Prepared("bucketed", None, None, torch.nn.Linear(2, 2), choices={"packed": "packed rows"})
+    cfg, out = stages.measured_batching(p, feats, TrainConfig(precision="fp32"), prepared, cpu_hw)  # type: ignore[arg-type]
+    assert (cfg.batching, cfg.batching_measured, out.train, out.choices) == ("bucket", (), "bucketed", {})
+    assert not (tmp_path / stages.BATCHING_PROBE_FILE).exists()  # nothing kept: measured again next time

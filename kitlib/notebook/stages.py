@@ -680,8 +680,13 @@ def measured_batching(
         model = prepared.model.to(plan.device_type)
         if cfg.gradient_checkpointing:  # as fit trains it: the probe fits where training does
             enable_activation_checkpointing(model, cfg.checkpoint_modules)
-        measured = probe_batching(model, loaders, loss_fn=get_task(p.task).loss_fn(feats.spec),
-                                  autocast=Precision(plan).autocast)  # fmt: skip
+        try:
+            measured = probe_batching(model, loaders, loss_fn=get_task(p.task).loss_fn(feats.spec),
+                                      autocast=Precision(plan).autocast)  # fmt: skip
+        except torch.OutOfMemoryError:  # fit's back-off halves the micro-batch; the probe does not: 01's batching
+            torch.cuda.empty_cache()
+            print(f"batching {cfg.batching}: not measured (the probe ran out of device memory)")
+            return cfg, dataclasses.replace(prepared, choices={})
         write_atomic(file, json.dumps({**known, key: measured}, indent=1) + "\n")
     chosen = max(measured, key=lambda b: measured[b])
     said = ", ".join(f"{b} {v:,.0f}" for b, v in sorted(measured.items(), key=lambda kv: -kv[1]))
