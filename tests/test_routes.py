@@ -109,7 +109,7 @@ def test_lora_on_the_classifier(tmp_path: Path, cpu_hw: Any) -> None:
     _says_what_ran(p.work_dir, "lora", "adamw", 1, rows, json.loads((p.work_dir / "run.json").read_text())["metric"])
 
 
-def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, cpu_hw: Any) -> None:
+def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, cpu_hw: Any, cpu_4bit: None) -> None:
     """seq2seq's QLoRA route: a T5 folder (built from a config, its tokenizer trained on the SQL demo) in 4 bits
     (bitsandbytes' CPU backend, rehearsing a T4), 8-bit AdamW; the record says so and 03 writes a scored submission."""
     import pandas as pd
