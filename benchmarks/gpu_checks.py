@@ -6,6 +6,8 @@ A claim is what the finding's fix must make true: on today's main several are ex
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -634,10 +636,17 @@ def check_packing(ctx: Ctx) -> None:
     best = {k: max(r["real_tokens_per_s"] for r in v) for k, v in runs.items()}
     ratios = {k: round(v / max(1, best["bucket, sdpa"]), 3) for k, v in best.items()}
     ctx.figure("over_bucket", ratios)
-    from kitlib.notebook.tasks.causal_lm import choose_batching
+    from kitlib.doctor.probe import probe_batching
 
-    cfg = _cfg(micro_batch_size=ctx.size(4, 8), max_length=width)
-    ctx.figure("kitlib_choice", choose_batching(data.lengths, cfg, model())[1])  # the FLOP estimate 01 decides by
+    cfg = _cfg(micro_batch_size=ctx.size(4, 8), max_length=width, num_workers=0)
+    probes = {b: make_train_loader(data, dataclasses.replace(cfg, batching=b), hw, collate=c, lengths=data.lengths,
+                                   seed=0) for b, c in (("packed", None), ("bucket", SequenceCollator(0)))}  # fmt: skip
+
+    def autocast() -> Any:
+        return torch.autocast("cuda", dtype=half) if cuda() else contextlib.nullcontext()
+
+    measured = probe_batching(model().to(device()), probes, autocast=autocast)  # what 02 decides by
+    ctx.figure("kitlib_probe_tokens_per_s", {k: round(v) for k, v in measured.items()})
     ctx.note("real tokens/s over bucketing (best of each): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
 
 

@@ -128,3 +128,17 @@ def test_pure_bf16_with_kahan_summed_adamw_resumes_exactly(tmp_path: Path) -> No
     got = _bf16_fit("adamw-kahan", _model().to(torch.bfloat16), tmp_path, resume=True, **save).model.state_dict()
     for name, tensor in expected.items():
         assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, got[name]), f"{name} differs after resume"
+
+
+@pytest.mark.parametrize("hardware", ["T4", "CPU"])
+def test_kahan_adamw_is_refused_where_the_plan_trains_no_bf16_weights(hardware: str) -> None:
+    """On an fp16 card or an fp32 CPU the weights stay fp32 and Kahan summation adds nothing: 00 refuses it, naming
+    adamw; a bf16 plan (H100) takes it."""
+    from kitlib.errors import SetupError
+    from kitlib.machine.hardware import fake_profile
+    from kitlib.notebook.presets import resolve
+
+    with pytest.raises(SetupError, match=r"adamw-kahan.*trains in (fp16|fp32).*Fix: optimizer = 'adamw'"):
+        resolve("smoke", fake_profile(hardware), overrides={"optimizer": "adamw-kahan"})
+    run = resolve("smoke", fake_profile("H100"), overrides={"optimizer": "adamw-kahan"})
+    assert (run.config.optimizer, run.config.precision) == ("adamw-kahan", "bf16")

@@ -186,3 +186,36 @@ def test_loras_frozen_base_is_planned_in_the_dtype_02_keeps_it() -> None:
         names[hardware] = lora.strategy.name
         assert lora.strategy.weights == pytest.approx(2.0 if hardware == "H100" else 4.0, abs=0.1), hardware
     assert names == {"H100": "LoRA r=16, bf16 base", "T4": "LoRA r=16, fp32 base", "CPU-AMX": "LoRA r=16, fp32 base"}
+
+
+def test_the_plan_turns_gradient_checkpointing_on_where_the_run_fits_only_so(tmp_path: Path) -> None:
+    """#31: gradient_checkpointing left at None (the plan's): a ~0.3 B Llama at 8 x 1,536 tokens on a T4 plans
+    ~14.8 GB without it (over the budget) and ~5 GB with it, so 00/01's run trains with it and says why; at 2 rows
+    it fits without; a user's False is kept."""
+    import dataclasses
+
+    from transformers import LlamaConfig
+
+    from kitlib.machine.hardware import fake_profile
+    from kitlib.notebook import stages
+    from kitlib.notebook.params import Params
+    from kitlib.notebook.presets import resolve
+
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
+                         num_key_value_heads=16, vocab_size=32000, max_position_embeddings=2048)  # fmt: skip
+    config.save_pretrained(tmp_path / "llama")
+    p = dataclasses.replace(Params(data_dir=tmp_path, work_dir=tmp_path), model=str(tmp_path / "llama"),
+                            task="causal-lm")  # fmt: skip
+    hw = fake_profile("T4", interactive=False)
+
+    def planned(**overrides: Any) -> Any:
+        return stages.planned_checkpointing(p, hw, resolve("smoke", hw, overrides={"max_length": 1536, **overrides}))
+
+    run = planned(micro_batch_size=8)
+    assert run.config.gradient_checkpointing
+    assert any(r.startswith("gradient checkpointing on (the memory plan)") and "over the" in r for r in run.reasons)
+    assert not planned(micro_batch_size=2).config.gradient_checkpointing  # fits without
+    assert not planned(micro_batch_size=8, gradient_checkpointing=False).config.gradient_checkpointing  # the user's
+    tiny = dataclasses.replace(p, model="tiny")  # built by the task: no config to plan from
+    scratch = stages.planned_checkpointing(tiny, hw, resolve("smoke", hw, overrides={"micro_batch_size": 8}))
+    assert not scratch.config.gradient_checkpointing

@@ -69,3 +69,110 @@ def test_the_sampler_packs_every_example_once_within_the_width() -> None:
     assert batches == list(PackingSampler(lengths, 128, rows=4, seed=3))  # deterministic for (seed, epoch)
     sampler.set_epoch(1)
     assert list(sampler) != batches
+
+
+@pytest.mark.parametrize("faster", ["packed", "bucket"])
+def test_02_trains_the_batching_it_measured_faster_and_records_the_figures(
+    faster: str, tmp_path, cpu_hw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#31: packing on by default where it measures faster. The probe (faked either way) decides what trains: the
+    loader, run/config.json and timing.json say the choice and the tokens/s it measured; a rerun reads the cache."""
+    import json
+
+    from test_causal_lm import _chat_params  # type: ignore[import-not-found]
+
+    import kitlib.doctor.probe
+    from kitlib.notebook import stages
+    from kitlib.notebook.tasks.causal_lm import PackingCollator as Packs
+
+    speeds = {"packed": 900.0, "bucket": 300.0} if faster == "packed" else {"packed": 200.0, "bucket": 800.0}
+    probed: list[set[str]] = []
+
+    def fake(model, loaders, **kwargs):  # type: ignore[no-untyped-def]
+        probed.append(set(loaders))
+        batches = {name: next(iter(loader)) for name, loader in loaders.items()}
+        assert "position_ids" in batches["packed"] and "attention_mask" in batches["bucket"]  # the two ways
+        return speeds
+
+    monkeypatch.setattr(kitlib.doctor.probe, "probe_batching", fake)
+    p = _chat_params(tmp_path)
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    assert feats.run.config.batching == "bucket"  # 01 leaves it to 02's measurement
+    cfg, prepared = stages.measured_batching(p, feats, feats.run.config, stages.prepare(p, feats, cpu_hw), cpu_hw)
+    assert probed == [{"packed", "bucket"}] and cfg.batching == faster
+    assert isinstance(prepared.train.collate_fn, Packs) == (faster == "packed")
+    stages.train(p, feats, hw=cpu_hw)
+    assert len(probed) == 1  # the second time (train itself) from the cache: a resumed run batches as it began
+    record = json.loads((p.run_dir / "timing.json").read_text())["run"]
+    assert record["batching"] == faster and record["batching_tokens_per_s"] == {k: round(v) for k, v in speeds.items()}
+    assert json.loads((p.run_dir / "config.json").read_text())["config"]["batching"] == faster
+
+
+@pytest.mark.parametrize(("device", "installed", "chosen"), [("cuda", True, "flash_attention_2"),
+                         ("cuda", False, "sdpa"), ("cpu", True, "sdpa")])  # fmt: skip
+def test_packed_rows_use_flash_attns_varlen_kernel_only_where_installed_on_a_gpu(
+    device: str, installed: bool, chosen: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one choice (kitlib.data.packing.packed_attention), flash_attn faked present or absent; on a GPU it is
+    reasoned, not measured. With flash, a packed batch is one row (its varlen path reads a batch of 1 only)."""
+    import importlib.util
+
+    from transformers import PreTrainedModel  # noqa: F401  # loaded before find_spec is faked (its lazy import asks it)
+
+    from kitlib.data import packing
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" and installed
+                        else None if name == "flash_attn" else real(name, *a))  # fmt: skip
+    assert packing.packed_attention(device) == chosen
+    items = [_example(30, 10, 1), _example(20, 5, 2), _example(25, 5, 3)]
+    one_row = PackingCollator(None)(items)
+    assert one_row["input_ids"].shape == (1, 75) and one_row["position_ids"][0, 30].item() == 0
+
+
+def test_with_flash_attn_the_model_and_the_packed_loader_follow_the_one_choice(
+    tmp_path, cpu_hw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where packed_attention says flash (faked: no GPU here), 02's model switches to it and packed batches are one
+    row; the bucketed loader stays padded rows (flash-attn unpads them itself)."""
+    from test_causal_lm import _chat_params  # type: ignore[import-not-found]
+    from transformers import PreTrainedModel
+
+    from kitlib.notebook import stages
+    from kitlib.notebook.tasks import causal_lm
+
+    switched: list[str] = []
+    monkeypatch.setattr(causal_lm, "packed_attention", lambda device: "flash_attention_2")
+    monkeypatch.setattr(PreTrainedModel, "set_attn_implementation", lambda self, name: switched.append(name),
+                        raising=False)  # fmt: skip
+    p = _chat_params(tmp_path)
+    stages.setup(p, cpu_hw)
+    feats = stages.features(p, hw=cpu_hw, quiet=True)
+    prepared = stages.prepare(p, feats, cpu_hw)
+    assert switched == ["flash_attention_2"]
+    packed = next(iter(prepared.choices["packed"]))
+    assert packed["input_ids"].shape[0] == 1 and "attention_mask" not in packed
+    assert "attention_mask" in next(iter(prepared.train))
+
+
+def test_a_probe_out_of_device_memory_leaves_01s_batching_to_fits_back_off(
+    tmp_path, cpu_hw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    import kitlib.doctor.probe
+    from kitlib import TrainConfig
+    from kitlib.notebook import stages
+    from kitlib.notebook.regimes import Prepared
+
+    def out_of_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(kitlib.doctor.probe, "probe_batching", out_of_memory)
+    p = SimpleNamespace(cache_dir=tmp_path, task="causal-lm")
+    feats = SimpleNamespace(model_identity="m", n_train=8, spec=None)
+    prepared = Prepared("bucketed", None, None, torch.nn.Linear(2, 2), choices={"packed": "packed rows"})
+    cfg, out = stages.measured_batching(p, feats, TrainConfig(precision="fp32"), prepared, cpu_hw)  # type: ignore[arg-type]
+    assert (cfg.batching, cfg.batching_measured, out.train, out.choices) == ("bucket", (), "bucketed", {})
+    assert not (tmp_path / stages.BATCHING_PROBE_FILE).exists()  # nothing kept: measured again next time

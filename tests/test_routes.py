@@ -3,7 +3,9 @@ actually trained (adapter, optimizer, weight dtypes, world size, micro-batch) an
 
 Covered (the combinations offered; the refusals in 00 are tests/test_lora.py's, qlora off CUDA and for classifiers):
   through the four notebooks, 2 gloo workers rehearsing 2xT4: qlora x adamw8bit (the Kaggle 7B route)
-  in process, 1 process:  qlora x adamw (rehearsing a T4), lora x adamw-kahan, none x adamw8bit, lora on the classifier
+  in process, 1 process:  qlora x adamw (rehearsing a T4), lora x adamw-kahan (rehearsing an H100: refused without
+                          bf16 weights), none x adamw8bit, lora on the classifier,
+                          qlora x adamw8bit on seq2seq (a tiny T5 folder, rehearsing a T4)
   elsewhere: none x adamw (every notebook test), lora x adamw through the notebooks (tests/test_lora.py)
 Cost: ~2-4 minutes on 2 cores, hence slow.
 """
@@ -73,12 +75,13 @@ def test_qlora_with_8bit_adamw_on_2_rehearsed_gloo_workers_through_the_four_note
 
 @pytest.mark.parametrize(
     ("adapter", "optimizer", "hardware"),
-    [("qlora", "adamw", "T4"), ("lora", "adamw-kahan", ""), ("none", "adamw8bit", "")],
+    [("qlora", "adamw", "T4"), ("lora", "adamw-kahan", "H100"), ("none", "adamw8bit", "")],
 )
 def test_a_causal_lm_route_in_one_process(
     adapter: str, optimizer: str, hardware: str, sft: tuple[Path, Path], tmp_path: Path, cpu_hw: Any
 ) -> None:
-    """qlora on a CPU only as a rehearsal of a GPU plan (``hardware``, ``rehearse``); the rest on the CPU itself."""
+    """qlora on a CPU only as a rehearsal of a GPU plan (``hardware``, ``rehearse``), adamw-kahan as one of a bf16 plan;
+    the rest on the CPU itself."""
     from kitlib.notebook import stages
     from kitlib.tools.demo_sft import PARAMETERS
 
@@ -104,3 +107,27 @@ def test_lora_on_the_classifier(tmp_path: Path, cpu_hw: Any) -> None:
     stages.infer(p, hw=cpu_hw)
     rows = len(__import__("pandas").read_csv(demo.test))
     _says_what_ran(p.work_dir, "lora", "adamw", 1, rows, json.loads((p.work_dir / "run.json").read_text())["metric"])
+
+
+def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, cpu_hw: Any, cpu_4bit: None) -> None:
+    """seq2seq's QLoRA route: a T5 folder (built from a config, its tokenizer trained on the SQL demo) in 4 bits
+    (bitsandbytes' CPU backend, rehearsing a T4), 8-bit AdamW; the record says so and 03 writes a scored submission."""
+    import pandas as pd
+
+    from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq
+    from kitlib.notebook import stages
+    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
+
+    demo = make_sql_demo(tmp_path / "data", n_train=48, n_test=8)
+    train = pd.read_csv(demo.train)
+    tokenizer, _ = data_tokenizer([*train["question"], *train["query"]])
+    folder = tmp_path / "t5-folder"
+    tiny_seq2seq(tokenizer, seed=1).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model=str(folder),
+                      adapter="qlora", optimizer="adamw8bit", hardware="T4", rehearse=True, **PARAMETERS)  # fmt: skip
+    stages.setup(p, cpu_hw)
+    stages.features(p, hw=cpu_hw, quiet=True)
+    stages.train(p, hw=cpu_hw)
+    stages.infer(p, hw=cpu_hw)
+    _says_what_ran(p.work_dir, "qlora", "adamw8bit", 1, 8, "record_f1")

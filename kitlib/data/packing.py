@@ -12,6 +12,7 @@ fit's default_count_fn exactly as for padded rows.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ import torch
 from kitlib.data.samplers import round_up
 from kitlib.models import IGNORE_INDEX
 
+# lazy: transformers (+0.6 s): only asked whether it masks packed rows or switches a model's attention.
+
 
 def packing_supported() -> bool:
     """Whether this transformers builds the per-example mask from position_ids (4.54+: masking_utils)."""
@@ -29,6 +32,22 @@ def packing_supported() -> bool:
     except ImportError:
         return False
     return True
+
+
+FLASH = "flash_attention_2"  # transformers' name for flash-attn 2's kernels (varlen for packed sequences)
+
+
+def packed_attention(device_type: str) -> str:
+    """The attention packed rows train through, chosen here alone: flash-attn 2's varlen kernel where the flash_attn
+    package is installed and the run trains on a CUDA GPU (transformers derives cu_seqlens from the position_ids
+    restarts of a one-row batch, ``PackingCollator(width=None)``, and computes no attention across examples), else
+    SDPA with the block-diagonal mask transformers builds from the same position_ids. The GPU side is reasoned, not
+    measured: no GPU with flash_attn installed has run it (benchmarks/gpu_checks.py's packing check would)."""
+    if device_type != "cuda" or importlib.util.find_spec("flash_attn") is None:
+        return "sdpa"
+    from transformers import PreTrainedModel
+
+    return FLASH if hasattr(PreTrainedModel, "set_attn_implementation") else "sdpa"  # 4.56+ switches a built model
 
 
 class PackingCollator:

@@ -512,3 +512,29 @@ def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
     except KitError as err:
         return f"no plan: {err}"
     return f"{length} tokens/row: {plan.line()}"
+
+
+def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
+    """Why ``run`` (a resolved preset, kitlib.notebook.presets.ResolvedRun) must recompute activations in backward:
+    its strategy (optimizer, adapter, freeze, precision) at its micro-batch, accumulation and length fits ``hw``'s
+    budget with gradient checkpointing and not without; "" when it fits without, fits neither way (the picker's line
+    says what would), or the plan has no such strategy."""
+    cfg = run.config
+    sized = {"seq_len": cfg.max_length or run.preset.max_length_cap, "model_kind": model_kind}
+    plan = plan_memory(model, hardware=hw, effective_batch=run.effective_batch_size, micro_batch=cfg.micro_batch_size,
+                       accum=cfg.grad_accum_steps, **sized)  # fmt: skip
+    forced_fp32 = cfg.precision == "fp32" and any(not f.strategy.amp for f in plan.fits)  # fp32 asked on an AMP card
+    same = {}
+    for f in reversed(plan.fits):  # the first row of each (least compromise) wins
+        s = f.strategy
+        if (s.optimizer_name, s.adapter, s.freeze, s.amp) == (cfg.optimizer, cfg.adapter, cfg.freeze, not forced_fp32):
+            same[s.checkpointing] = f
+    without, with_ = same.get(False), same.get(True)
+    if without is None or with_ is None or without.fits or not with_.fits:
+        return ""
+    return (
+        f"gradient checkpointing on (the memory plan): {without.strategy.name} at micro-batch {cfg.micro_batch_size} "
+        f"x {sized['seq_len']} tokens needs ~{without.peak / _GB:.1f} GB, over the {plan.budget / _GB:.1f} GB "
+        f"planned on {plan.hardware}; ~{with_.peak / _GB:.1f} GB recomputing activations (~30% more compute; "
+        "gradient_checkpointing = False to refuse)"
+    )

@@ -10,10 +10,12 @@ The model is left as it was: its gradients, train/eval mode and the RNG streams 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,9 +25,18 @@ from torch import nn
 
 from kitlib._files import write_atomic
 from kitlib.engine.objective import Batch, LossFn, hf_loss, rows
+from kitlib.engine.step import to_device
 from kitlib.errors import DataError
 
-__all__ = ["PROBES_FILE", "MicroBatchProbe", "load_probes", "probe_micro_batch", "save_probe"]
+__all__ = [
+    "PROBES_FILE",
+    "MicroBatchProbe",
+    "best_passes",
+    "load_probes",
+    "probe_batching",
+    "probe_micro_batch",
+    "save_probe",
+]
 
 PROBES_FILE = "probes.json"  # beside a run's timing.json: measurements on its model that diagnose(run_dir) reads
 
@@ -81,38 +92,86 @@ def probe_micro_batch(
             f"probe_micro_batch needs micro_batch_size >= 1, factor >= 2 and a batch of >= {need} rows "
             f"(micro_batch_size x factor); got {micro_batch_size}, {factor} and {have} rows"
         )
+    small = [_rows(batch, i * micro_batch_size, (i + 1) * micro_batch_size) for i in range(factor)]
+    best = best_passes(model, {"small": small, "big": [_rows(batch, 0, need)]}, loss_fn=loss_fn, repeats=repeats)
+    return MicroBatchProbe(micro_batch_size, factor, best["small"], best["big"])
+
+
+def best_passes(
+    model: nn.Module, groups: Mapping[str, list[Batch]], *, loss_fn: LossFn | None = None, repeats: int = 3
+) -> dict[str, float]:
+    """The best seconds of forward+backward through each group's batches (moved to the model's device): a warm-up
+    pass of each first (first-call allocations, kernel selection per shape), then ``repeats`` passes interleaved, so
+    a neighbour's burst or a drifting clock counts against every group alike. Gradients, train/eval mode and the RNG
+    streams are put back; the weights never change."""
     loss_fn = loss_fn or hf_loss
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    small = [_rows(batch, i * micro_batch_size, (i + 1) * micro_batch_size) for i in range(factor)]
-    big = [_rows(batch, 0, need)]
+    move = to_device(device)
 
     def passes(batches: list[Batch]) -> float:
+        for p in params:  # accumulated within a pass, as over a window's micro-batches; none held between passes
+            p.grad = None
         sync()
         begin = time.perf_counter()
         for part in batches:
-            loss_fn(model, part).backward()
+            loss_fn(model, move(part)).backward()
         sync()
         return time.perf_counter() - begin
 
     grads = [p.grad for p in params]  # kept aside, not accumulated into: backward() adds to an existing .grad in place
-    for p in params:
-        p.grad = None
     was_training = model.training
     devices = [device] if device.type == "cuda" else []
+    best = dict.fromkeys(groups, float("inf"))
     try:
         with torch.random.fork_rng(devices=devices):
             model.train()
-            passes(small[:1])  # warm-up: first-call allocations and kernel selection for each shape
-            passes(big)
-            small_s = min(passes(small) for _ in range(repeats))
-            big_s = min(passes(big) for _ in range(repeats))
+            for batches in groups.values():
+                passes(batches[:1])
+            for _ in range(repeats):
+                for name, batches in groups.items():
+                    best[name] = min(best[name], passes(batches))
     finally:
         model.train(was_training)
         for p, g in zip(params, grads, strict=True):
             p.grad = g
-    return MicroBatchProbe(micro_batch_size, factor, small_s, big_s)
+    return best
+
+
+def probe_batching(
+    model: nn.Module,
+    loaders: Mapping[str, Any],
+    *,
+    loss_fn: LossFn | None = None,
+    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
+    batches: int = 2,
+    repeats: int = 2,
+) -> dict[str, float]:
+    """Real tokens per second (the examples' own, padding aside) of forward+backward on ``model`` as it trains, for
+    each training loader by its batching (kitlib.data.loaders.make_train_loader: "packed", "bucket"): the first
+    loader's first ``batches`` batches, and as many of each other's as hold as many example tokens, in epoch 0's
+    order (``best_passes``: warm-up, interleaved repeats). Items are ``(ids, labels)`` as kitlib's sequence datasets
+    yield them. A few training steps' time, once per machine and run (02 keeps it)."""
+    groups: dict[str, list[Batch]] = {}
+    tokens: dict[str, int] = {}
+    for name, loader in loaders.items():
+        budget = next(iter(tokens.values()), None)  # the first loader's tokens: the others match them
+        groups[name], tokens[name] = [], 0
+        for indices in loader.batch_sampler:
+            items = [loader.dataset[int(i)] for i in indices]
+            groups[name].append(loader.collate_fn(items))
+            tokens[name] += sum(len(item[0]) for item in items)
+            if (budget is None and len(groups[name]) >= batches) or (budget is not None and tokens[name] >= budget):
+                break
+    loss = loss_fn or hf_loss
+
+    def under_autocast(m: nn.Module, batch: Batch) -> torch.Tensor:
+        with autocast():
+            return loss(m, batch)
+
+    seconds = best_passes(model, groups, loss_fn=under_autocast, repeats=repeats)
+    return {name: tokens[name] / seconds[name] for name in groups}
 
 
 def save_probe(run_dir: str | Path, probe: MicroBatchProbe) -> Path:

@@ -47,6 +47,7 @@ class RunFacts:
     save_last: bool | None = None
     save_every_steps: int | None = None
     batching: str | None = None
+    batching_tokens_per_s: dict[str, float] | None = None  # what chose it: real tokens/s measured per batching
     cudnn_benchmark: bool | None = None
     samples: int | None = None
     real_tokens: int | None = None
@@ -174,6 +175,7 @@ class RunRecorder(Callback):
             save_last=cfg.save_last,
             save_every_steps=cfg.save_every_steps,
             batching=cfg.batching,
+            batching_tokens_per_s={k: round(v) for k, v in cfg.batching_measured} or None,
             cudnn_benchmark=bool(loop.timer.extra.get("cudnn_benchmark")),
             samples=self.samples,
             real_tokens=self.real_tokens or None,  # None: no token inputs (a head on cached vectors), not 0 tokens/s

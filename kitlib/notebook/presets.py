@@ -343,6 +343,13 @@ def resolve(
             )
     plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
     reasons.append(f"precision {plan.dtype}: {plan.reason}")
+    if late.get("optimizer") == "adamw-kahan" and plan.dtype != "bf16":  # refused: asked for, it would do nothing
+        raise SetupError(
+            f"optimizer = 'adamw-kahan' keeps the updates of pure bf16 weights, and this run trains in {plan.dtype} "
+            f"on {_describe(hw)}: its weights stay fp32, where Kahan summation adds nothing but a slower optimizer. "
+            "Fix: optimizer = 'adamw' (or 'adamw8bit' for 2 bytes of state a weight), or plan for a bf16 GPU "
+            "(hardware = 'A100', 'L4', 'H100')"
+        )
 
     world = _world_size(hw, p, world_size, reasons)
     max_length, mean_tokens, cut = _max_length(p, lengths, late.pop("max_length", None), reasons)

@@ -9,7 +9,7 @@ what 02 and 03 build) asks the run's regime instead of testing its name.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,6 +44,9 @@ class Prepared:
     test: Any
     model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
     notes: tuple[str, ...] = ()  # lines for 02's summary (a causal LM's examples cut to the width)
+    # Other training loaders by their batching (TrainConfig.batching), which 02 measures against ``train`` on the
+    # training device before it trains the faster (stages.measured_batching): a causal LM's packed rows
+    choices: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

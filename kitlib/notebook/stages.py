@@ -23,7 +23,7 @@ from kitlib.data.cache import Cache
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
-from kitlib.doctor.memory_plan import GENERATING, model_config, run_line
+from kitlib.doctor.memory_plan import GENERATING, checkpointing_needed, model_config, run_line
 from kitlib.errors import CheckpointError, KitError, MissingRunError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
@@ -96,6 +96,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     data = read_competition(p, run)
     _check_enough_rows(data.train[p.target], data.spec, run, p)
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
+    run = planned_checkpointing(p, hw, run)
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
     chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
@@ -203,6 +204,26 @@ def _built_by_task(p: Params) -> bool:
     from scratch), or a task's own model (custom)."""
     kind = task_entry(p.task).model_kind
     return not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING)
+
+
+def planned_checkpointing(p: Params, hw: HardwareInfo, run: ResolvedRun) -> ResolvedRun:
+    """``run`` with gradient checkpointing on where the memory plan says it fits only so (``gradient_checkpointing``
+    left at None: the plan's; kitlib.doctor.memory_plan.checkpointing_needed), the reason among its reasons; else
+    ``run``. A model the task builds has no config to plan from."""
+    cfg = run.config
+    if cfg.gradient_checkpointing or "gradient_checkpointing" in run.overrides or run.preset.regime == "head":
+        return run
+    if _built_by_task(p):
+        return run
+    try:
+        why = checkpointing_needed(p.model, task_entry(p.task).model_kind, planning_hw(p, hw), run)
+    except KitError:  # no plan for this model: memory_line says why in the picker
+        return run
+    if not why:
+        return run
+    print(why)
+    config = dataclasses.replace(cfg, gradient_checkpointing=True)
+    return dataclasses.replace(run, config=config, reasons=(*run.reasons, why))
 
 
 def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
@@ -377,6 +398,7 @@ def features(
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
     if run.config.max_length != shown.config.max_length:
         log(_max_length_changed(shown, run))
+    run = planned_checkpointing(p, hw, run)  # at the tokenizer's length
     run = workload.tune(run, lengths, model)
     _check_enough_rows(train[p.target], spec, run, p)
     if spec.kind == "regression":
@@ -614,6 +636,10 @@ def train(
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
     cfg = _train_config(p, feats, stand_in)
+    prepared = None
+    if feats.run.world_size == 1 or stand_in is not None:  # this process reaches the device that trains
+        prepared = prepare(p, feats, hw or detect())
+        cfg, prepared = measured_batching(p, feats, cfg, prepared, hw or detect())
     resume = _stage(p, cfg)  # here, once, before any DDP worker exists
     if feats.run.world_size > 1:
         from kitlib.engine import checkpoint
@@ -634,7 +660,57 @@ def train(
         model = prepare(p, feats, dataclasses.replace(hw or detect(), accelerators=())).model
         checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
         return dataclasses.replace(result, model=model)
-    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume)
+    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
+
+
+BATCHING_PROBE_FILE = "batching_probe.json"  # in the cache dir: 02's measured tokens/s per batching, machine and run
+
+
+def measured_batching(
+    p: Params, feats: Features, cfg: TrainConfig, prepared: Prepared, hw: HardwareInfo
+) -> tuple[TrainConfig, Prepared]:
+    """The faster of the task's batchings on the device that trains (``prepared.choices`` against ``train``: a causal
+    LM's packed rows against length buckets; kitlib.doctor.probe.probe_batching, a few steps' time), as ``cfg``'s
+    batching with the tokens/s it measured (run/config.json and timing.json record both), and its loader as
+    ``train``. Kept in the cache dir per machine, model and run shape, so a resumed run batches as it began. CUDA
+    DDP measures nothing (the parent must not touch CUDA): its workers train 01's batching."""
+    import torch
+
+    from kitlib.doctor.probe import probe_batching
+    from kitlib.engine.step import enable_activation_checkpointing
+    from kitlib.machine.precision import Precision, decide_precision
+
+    if not prepared.choices:
+        return cfg, prepared
+    loaders = {**prepared.choices, cfg.batching: prepared.train}  # packed first: the token budget the others match
+    plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)
+    threads = torch.get_num_threads() if plan.device_type == "cpu" else ""
+    shape = (feats.model_identity, cfg.adapter, plan.dtype, cfg.gradient_checkpointing, cfg.max_length,
+             cfg.micro_batch_size, feats.n_train)  # fmt: skip
+    key = " | ".join(str(v) for v in (hw.device_name, threads, torch.__version__, *shape))
+    file = p.cache_dir / BATCHING_PROBE_FILE
+    try:
+        known = json.loads(file.read_text())
+    except (OSError, ValueError):
+        known = {}
+    measured: dict[str, float] | None = known.get(key)
+    if measured is None:
+        model = prepared.model.to(plan.device_type)
+        if cfg.gradient_checkpointing:  # as fit trains it: the probe fits where training does
+            enable_activation_checkpointing(model, cfg.checkpoint_modules)
+        try:
+            measured = probe_batching(model, loaders, loss_fn=get_task(p.task).loss_fn(feats.spec),
+                                      autocast=Precision(plan).autocast)  # fmt: skip
+        except torch.OutOfMemoryError:  # fit's back-off halves the micro-batch; the probe does not: 01's batching
+            torch.cuda.empty_cache()
+            print(f"batching {cfg.batching}: not measured (the probe ran out of device memory)")
+            return cfg, dataclasses.replace(prepared, choices={})
+        write_atomic(file, json.dumps({**known, key: measured}, indent=1) + "\n")
+    chosen = max(measured, key=lambda b: measured[b])
+    said = ", ".join(f"{b} {v:,.0f}" for b, v in sorted(measured.items(), key=lambda kv: -kv[1]))
+    print(f"batching {chosen}: measured real tokens/s on {hw.device_name}: {said}")
+    cfg = dataclasses.replace(cfg, batching=chosen, batching_measured=tuple(sorted(measured.items())))  # type: ignore[arg-type]
+    return cfg, dataclasses.replace(prepared, train=loaders[chosen], choices={})
 
 
 def _train_worker(
@@ -718,6 +794,7 @@ def _train(
     hw: HardwareInfo | None,
     callbacks: tuple[object, ...],
     resume: bool,
+    prepared: Prepared | None = None,
 ) -> FitResult:
     import torch
 
@@ -725,7 +802,10 @@ def _train(
     from kitlib.machine.distributed import dist_env
 
     hw = hw or detect()
-    prepared = prepare(p, feats, hw)
+    prepared = prepared or prepare(p, feats, hw)
+    if prepared.choices:  # a DDP worker: the batching the parent measured (cfg), or 01's
+        chosen = prepared.choices.get(cfg.batching)
+        prepared = dataclasses.replace(prepared, train=chosen or prepared.train, choices={})
     device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
     staging = _staging(p)
     watched = BestRows(_run_metric(p, feats))  # the validation predictions the verdict's interval resamples

@@ -36,15 +36,12 @@ from torch.utils.data import Dataset
 
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.loaders import make_eval_loader, make_predict_loader, make_train_loader
-from kitlib.data.packing import packing_supported
-from kitlib.data.samplers import BucketSampler, PackingSampler
+from kitlib.data.packing import FLASH, PackingCollator, packed_attention, packing_supported
 from kitlib.data.tables import DataError, TargetSpec
-from kitlib.doctor.flops import flops_per_token
 from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.models.causal_lm import tiny_causal_lm
-from kitlib.models.facts import model_facts
 from kitlib.models.loading import config_of, from_pretrained, frozen_dtype, model_refusals, positions_of
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
@@ -75,7 +72,6 @@ FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to
 # cores, 40-110 s with other jobs on them (8.4 min for the four notebooks); exact match 0.355 after 5, 0.435 after 10
 # on validation, still rising (test 0.450 vs 0.185 for the most common response).
 FROM_SCRATCH_EPOCHS = 5
-PACKING_MARGIN = 0.05  # packs when the estimate saves >= 5% of the FLOPs: below that, noise of the estimate
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
 
@@ -165,11 +161,11 @@ class CausalLMTask(TextGenerationTask):
         return [render_prompt(t, tokenizer) for t in texts]
 
     def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
-        """Padding-free packing where it computes less than length bucketing (and transformers masks packed rows)."""
-        batching, reason = choose_batching(lengths, run.config, model)
-        print(reason)
-        config = dataclasses.replace(run.config, batching=batching)
-        return dataclasses.replace(run, config=config, reasons=(*run.reasons, reason))
+        """Batching left to 02 where packing can run: it measures packed against length-bucketed batches on the
+        training device (``prepare``'s ``choices``; kitlib.doctor.probe.probe_batching) and trains the faster."""
+        if run.config.batching == "bucket" and packing_supported():
+            print("batching: 02 measures packed rows against length buckets on the training device, the faster trains")
+        return run
 
     # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(
@@ -191,51 +187,33 @@ class CausalLMTask(TextGenerationTask):
         test = SequenceDataset(test_rows, None, pad_id=pad)
         train = subset(split[0])
         half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # loaded so: no fp32 copy on the host
-        model = _build_model(
-            feats.side, seed, y, adapter=cfg.adapter, frozen_dtype=half, device=hw.device_type, train_rows=split[0]
+        # batching "bucket" is the default: 02 measures it against packed rows (stages), so both are offered
+        offered: tuple[Batching, ...] = (
+            ("packed",) if cfg.batching in ("bucket", "packed") and packing_supported() else ()
         )
+        attention = packed_attention(hw.device_type) if offered else "sdpa"
+        model = _build_model(feats.side, seed, y, adapter=cfg.adapter, frozen_dtype=half, device=hw.device_type,
+                             train_rows=split[0], attention=attention)  # fmt: skip
         cut = _cut_rows(feats.train_tokens, y, int(getattr(model, "kitlib_tokenizer").eos_token_id))  # noqa: B009
+        packs = PackingCollator(None, pad) if attention == FLASH else collate  # flash varlen: one row a batch
+
+        def loader(batching: Batching) -> Any:
+            chosen = dataclasses.replace(cfg, batching=batching)
+            together = packs if batching == "packed" else collate
+            return make_train_loader(train, chosen, hw, collate=together, lengths=train.lengths, seed=seed)
+
         return Prepared(
-            make_train_loader(train, cfg, hw, collate=collate, lengths=train.lengths, seed=seed),  # bucketed or packed
+            loader(cfg.batching),
             make_eval_loader(subset(split[1]), cfg, hw, collate=collate),
             make_predict_loader(test, cfg, hw, collate=collate),
             model,
             notes=(f"warning: {cut} of {len(y)} training examples were longer than max_length {y.shape[1]} and "
                    "were cut (01 said which part); raise max_length up to the model's positions",) if cut else (),
+            choices={b: loader(b) for b in offered if b != cfg.batching},
         )  # fmt: skip
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         return generate(model, prompts_of(batch), num_beams=num_beams)
-
-
-def choose_batching(lengths: np.ndarray, cfg: Any, model: Any) -> tuple[Batching, str]:
-    """("packed" or "bucket", why): the training FLOPs of epoch 0's batches either way (6N + 12*L*T*d per computed
-    token, kitlib.doctor.flops; padding computed, and SDPA's packed mask attends over the whole row). Packing drops
-    the padding and one row per example but widens attention to the row: it wins where the weights dominate (a 7B
-    at 1,536 tokens), loses where attention does (a tiny model over long rows). Reasoned; the GPU suite's packing
-    check measures tokens/s."""
-
-    if cfg.batching != "bucket" or not packing_supported():  # set by hand, or no packed masks in this transformers
-        return cfg.batching, f"batching {cfg.batching}: " + ("as set" if packing_supported() else "this transformers "
-                                                               "cannot mask packed rows (4.54+ can)")  # fmt: skip
-    facts = model_facts(model)
-    n, layers, width = (facts[k] for k in ("model_non_embedding_params", "model_layers", "model_width"))
-    lens = np.minimum(np.asarray(lengths), cfg.max_length or int(np.max(lengths)))
-    row = int(lens.max())
-
-    def cost(computed: list[tuple[int, int]]) -> float:  # (tokens computed, attention width) per batch
-        return sum(tokens * flops_per_token(n, layers, w, width) for tokens, w in computed)
-
-    buckets = BucketSampler(lens, cfg.micro_batch_size, drop_last=False).batches()
-    bucket = cost([(len(b) * int(lens[b].max()), int(lens[b].max())) for b in buckets])
-    bins = PackingSampler(lens, row, 1).batches()  # one bin = one row of the packed batch, attending over its row
-    packed = cost([(int(lens[b].sum()), int(lens[b].sum())) for b in bins])
-    saving = 1 - packed / bucket
-    choice: Batching = "packed" if saving >= PACKING_MARGIN else "bucket"
-    return choice, (
-        f"batching {choice}: packing examples into rows of {row} tokens computes {abs(saving):.0%} "
-        f"{'fewer' if saving > 0 else 'more'} FLOPs than length buckets of {cfg.micro_batch_size} rows (estimate)"
-    )
 
 
 def response_labels(
@@ -451,15 +429,19 @@ def _build_model(
     frozen_dtype: torch.dtype | None = None,
     device: str = "cuda",
     train_rows: np.ndarray | None = None,
+    attention: str = "sdpa",
 ) -> nn.Module:
     """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
     the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
-    its training responses set (``labels``: -100 on the prompt, the response and </s>)."""
+    its training responses set (``labels``: -100 on the prompt, the response and </s>). ``attention``: transformers'
+    implementation (kitlib.data.packing.packed_attention: flash-attn's varlen kernel for packed rows on a GPU)."""
     if "model_folder" in side.state:
         tokenizer, model = _folder_model(side.state["model_folder"], adapter, device, frozen_dtype=frozen_dtype)
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
+    if attention != "sdpa":  # transformers' default where torch has SDPA
+        model.set_attn_implementation(attention)
     # Training needs no cache, and a cache in the forward turns off transformers' packed-row mask (kitlib.data.packing):
     # an example would attend to the one packed before it. generate() asks for the cache itself.
     model.config.use_cache = False
