@@ -45,6 +45,10 @@ python -m kitlib demo "$work/demo" --task auto
 python -m kitlib notebooks run --data "$work/demo" --work "$work/run" --params "$work/demo/demo.json" --preset smoke
 python -m kitlib score "$work/demo/solution.csv" "$work/run/submission.csv"
 echo "main job (smoke) passed at the lower bounds: transformers $(python -c 'import transformers; print(transformers.__version__)')"
+# The browser check with Colab's ipywidgets 7.7.1 (under JupyterLab 3.6), its kernel on this venv's packages: the
+# picker's rows for every preset, then smoke through 01-03 on a cut demo (scripts/browser_check.sh keeps its venv of
+# JupyterLab + Playwright in ~/.cache between runs; 0 findings or this script fails).
+PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --preset smoke --rows 2000
 # The Kaggle simulation's later grid rows (-m kaggle_grid: fast, balanced, tabular-text) test kitlib's presets and
 # tasks, not the pins; scripts/test.sh runs them.
 python -m pytest -q -p no:cacheprovider --reverse -m "not slow and not kaggle_grid" \
