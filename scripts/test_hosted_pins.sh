@@ -4,8 +4,8 @@
 # 6.4.5 (and the nbclient it allows), WITHOUT the optional kaggle package. (numpy 1.26 + pandas 2.2, Kaggle's 2025
 # pair, are left out: as constraints beside these, pip's resolver backtracked for 10+ minutes here.) The newest
 # versions are what scripts/demo.sh and scripts/test.sh install, so CI runs both ends of every range it can. torch
-# stays 2.13.0: the only CPU wheel pip can have here; torch 2.4-2.12 come as CUDA builds only (several GB of
-# nvidia-* wheels), so torch>=2.4 is reasoned, not run (README, "Versions").
+# stays 2.13.0, the CPU wheel here: torch 2.4.1 comes from PyPI only as its CUDA build (2.7 GB of wheels with its
+# nvidia-* ones); run once by hand, the smoke main job passed on it (README, "Versions").
 # It runs 1. the smoke main job (demo, the four notebooks, score) and 2. the tests whose subject the pins change
 # (model loading, precision, widgets, notebooks, the Kaggle route without its package), in REVERSE order
 # (pytest-reverse), not slow ones. Dropped for the CI budget (30 min on 2 cores; ~28 before this step ran the main
