@@ -10,15 +10,30 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from tqdm import tqdm
 
-# The history's throughput columns and the one name every display gives them (the bar, 02's table, the doctor):
-# samples (real tokens, no padding) per second of training wall time, evals and checkpoints between epochs left
-# out: the epoch's so far in the bar, each epoch's in the history, all epochs' together in the doctor.
+# The history's throughput columns and the one name every display gives them (the bars, 02's table, the doctor).
 THROUGHPUT = MappingProxyType({"samples_per_s": "samples/s", "tokens_per_s": "tokens/s"})
+
+
+def throughput(rows: float, tokens: float, seconds: float, world: int = 1) -> dict[str, float]:
+    """The one throughput computation: every process's rows, and real tokens (no padding), per second of the pass's
+    wall time, data loading included (``world``: processes, each counting its own rows). The training bar's is the
+    epoch's so far, the history's the epoch's, the doctor reads the history's; a row bar's is its pass's so far.
+    No tokens/s when no tokens were counted (a head on cached vectors): 0.0 would read as stalled."""
+    rates = {"samples_per_s": rows * world / seconds}
+    if tokens:
+        rates["tokens_per_s"] = float(tokens) * world / seconds
+    return rates
+
+
+def shown(rates: Mapping[str, float]) -> dict[str, str]:
+    """Throughput figures as every display shows them: under THROUGHPUT's names, by ``figure``."""
+    return {THROUGHPUT[k]: figure(v) for k, v in rates.items() if k in THROUGHPUT}
 
 
 def advise(message: str, category: type[Warning] = UserWarning, stacklevel: int = 1) -> None:
@@ -46,7 +61,8 @@ def figure(value: float) -> str:
 
 
 HEADLESS_INTERVAL_S = 30.0  # one saved line per 30 s: a 1-hour run adds ~120 lines (~12 kB) to the notebook
-# tqdm's format without its own rate: a bar counting optimizer steps would read "it/s" beside the samples/s it sets
+# tqdm's format without its own rate (smoothed, and named it/s or in tqdm's 3 digits): every bar shows the samples/s
+# of ``throughput`` in its postfix instead (the training bar's is the history's, a row bar's its rows over its time)
 NO_RATE = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
 
 
@@ -57,17 +73,12 @@ def progress_bar(
     interactive: bool,
     disable: bool = False,
     initial: int = 0,
-    counts: str = "samples",
     headless_interval_s: float = HEADLESS_INTERVAL_S,
 ) -> tqdm[Any]:
-    """``counts``: what one update is. "samples" (rows): tqdm's rate reads samples/s, the one throughput name;
-    "steps" (the training bar, which sets samples/s in its postfix): no rate of its own."""
-    # smoothing 0: the rate is the samples over the bar's wall time (tqdm's default, a moving average of the last
-    # updates, said 789 samples/s for a pass of 10,227 rows in 83 s); unit_scale: 3 significant digits (1.23k).
-    # Steps: the remaining time at the run's average pace so far, evals and saves between epochs included, so it
-    # converges on the real end; tqdm's default (recent steps) jumps at each eval, then forgets it.
-    rate = {"unit": " samples", "unit_scale": True, "smoothing": 0}
-    style: dict[str, Any] = rate if counts == "samples" else {"bar_format": NO_RATE, "smoothing": 0}
+    """A bar of optimizer steps (the training bar) or of rows (updated by ``advance``)."""
+    # smoothing 0: the remaining time at the average pace so far, evals and saves between epochs included, so it
+    # converges on the real end; tqdm's default (recent updates) jumps at each eval, then forgets it.
+    style: dict[str, Any] = {"bar_format": NO_RATE, "smoothing": 0}
     if interactive and not disable:
         try:
             import ipywidgets  # noqa: F401  (tqdm.auto silently falls back to text without it)
@@ -88,6 +99,16 @@ def progress_bar(
         maxinterval=headless_interval_s * 4,
         **style,
     )
+
+
+def advance(bar: tqdm[Any], rows: int, tokens: float = 0.0) -> None:
+    """``rows`` more rows (``tokens`` real tokens) done on a row bar: its samples/s (and tokens/s) are the pass's so
+    far, ``throughput`` of its rows over its wall time since it opened."""
+    bar.update(rows)
+    if not bar.disable:
+        bar.tokens = getattr(bar, "tokens", 0.0) + tokens
+        seconds = bar.format_dict["elapsed"] or 1e-9  # the first update can come within the clock's resolution
+        bar.set_postfix(shown(throughput(bar.n, bar.tokens, seconds)), refresh=False)
 
 
 def close_as_done(bar: tqdm[Any]) -> None:

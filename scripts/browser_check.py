@@ -1,6 +1,7 @@
 """Real-browser check of the four notebooks: JupyterLab + headless Chromium, driven like a person would.
 
-Opt-in and slow (~3-4 minutes with the default smoke preset); not part of scripts/test.sh or CI. Run it through
+CI runs it (.ci/run: ``--preset smoke,fast --rows 2000``; scripts/test_hosted_pins.sh: smoke with ipywidgets
+7.7.1); not part of scripts/test.sh. Run it through
 scripts/browser_check.sh, which makes a venv with JupyterLab and Playwright (no browser download: Debian's chromium
 is used) and, with IPYWIDGETS=7.7.1, the old ipywidgets that Colab ships:
 
@@ -11,9 +12,11 @@ is used) and, with IPYWIDGETS=7.7.1, the old ipywidgets that Colab ships:
 What it does: builds the offline demo competition, copies notebooks/00-03 into a temp folder with the parameters
 cell set to it (data_dir, work_dir, preset, model; the repo's notebooks are never edited), starts JupyterLab on a
 free port with a token and a kernel that imports this checkout's kitlib, then in Chromium: opens 00_setup, runs all,
-clicks the preset buttons ("fast", then back to the chosen preset), changes the advanced epochs value, checks the
-picker's summary follows every click, runs the setup cell and checks what it saved; then opens 01, 02, 03 and runs
-all. After each notebook it takes a screenshot and fails on:
+clicks every preset button the picker offers (then back to the chosen preset), checks each preset's rows without
+training it (the summary follows the click, the batch and memory rows agree, figures rounded, run.json holds the
+click), changes the advanced epochs value, runs the setup cell and checks what it saved; then opens 01, 02, 03 and
+runs all. Several presets (``--preset smoke,fast``) share one JupyterLab server and one browser.
+After each notebook it takes a screenshot and fails on:
 
 - a Python error (an error output) or any red stderr box (warnings included: a user sees a red box either way);
 - a missing or broken widget (the picker in 00, the progress bar in 02; "Error displaying widget", a text repr);
@@ -23,7 +26,8 @@ all. After each notebook it takes a screenshot and fails on:
 - an unrounded number (7+ decimals) in printed text;
 - what the run shows: the picker's time row not an estimate of the whole run (01 features, 02 training, 03 predict;
   02's share must not fall when epochs go up); a throughput on screen under another name than samples/s or tokens/s
-  (sps=, samples_per_s, tqdm's it/s), or missing from the bar, 02's history table or the doctor; 02's history table
+  (sps=, samples_per_s, tqdm's it/s), or missing from the bar, 02's history table or the doctor, or a doctor whose
+  samples/s are not the history table's; 02's history table
   with a figure past 4 significant digits, or not indexed by the 1-based epoch alone; 02's loss plot not drawn, without
   train and eval loss in one legend, without "kept: epoch N (best metric x)" matching the summary line, or with
   fractional epoch ticks (the kernel sends SVG beside PNG, so the figure's text can be read); 03 without a summary of
@@ -111,7 +115,8 @@ def write_settings(root: Path) -> Path:
     """JupyterLab user settings: every cell in the DOM (no windowing), no news/update toasts over the screenshots."""
     settings = root / "lab-settings"
     files = {
-        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+        # recordTiming: each cell's start and end in its metadata, for the log of where a notebook's time went
+        "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none", "recordTiming": True},
         "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
             "fetchNews": "false",
             "checkForUpdates": False,
@@ -228,20 +233,21 @@ JS_OUTPUTS = """() => {
   const cells = [];
   for (let i = 0; i < nb.model.cells.length; i++) {
     const c = nb.model.cells.get(i);
+    const timing = c.getMetadata ? c.getMetadata('execution') : c.metadata.get('execution');  // JupyterLab 4 : 3
     cells.push({type: c.type, source: c.sharedModel.getSource(),
-                outputs: c.type === 'code' ? c.outputs.toJSON() : []});
+                outputs: c.type === 'code' ? c.outputs.toJSON() : [], execution: timing || null});
   }
   return cells;
 }"""
 
 
 class Notebook:
-    def __init__(self, page: Any, name: str, out: Path, timeout_s: float) -> None:
-        self.page, self.name, self.out, self.timeout_s = page, name, out, timeout_s
+    def __init__(self, page: Any, name: str, out: Path, timeout_s: float, folder: str) -> None:
+        self.page, self.name, self.out, self.timeout_s, self.folder = page, name, out, timeout_s, folder
 
     def open(self, base: str, token: str) -> None:
         page = self.page
-        page.goto(f"{base}/lab/tree/{self.name}.ipynb?token={token}&reset")
+        page.goto(f"{base}/lab/tree/{self.folder}/{self.name}.ipynb?token={token}&reset")
         page.wait_for_function("() => !!window.jupyterapp", timeout=90_000)
         page.wait_for_selector(".jp-NotebookPanel .jp-Notebook .jp-Cell", timeout=90_000)
         self.wait_idle(90, what="kernel start")
@@ -272,7 +278,23 @@ class Notebook:
         page.locator('.lm-Menu-item[data-command="runmenu:run-all"]').click()
         time.sleep(1.0)
         self.wait_idle(self.timeout_s, what="run all")
-        return time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        log(f"{self.name}: run all {took:.0f} s; cells {self.cell_seconds()}")
+        return took
+
+    def cell_seconds(self) -> str:
+        """Each code cell's seconds (JupyterLab's recordTiming), "cell: s" for those over 1 s."""
+        from datetime import datetime
+
+        def at(stamp: str) -> float:
+            return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+        took = {}
+        for i, cell in enumerate(self.cells()):
+            run = cell.get("execution") or {}
+            if "iopub.execute_input" in run and "shell.execute_reply" in run:
+                took[i] = at(run["shell.execute_reply"]) - at(run["iopub.execute_input"])
+        return ", ".join(f"{i}: {t:.0f}" for i, t in took.items() if t >= 1) or "-"
 
     def run_cell(self, index: int) -> None:
         cell = self.cell(index)
@@ -335,10 +357,17 @@ class Notebook:
         """A clip around some cells, or around a part of each (``part``: a selector, e.g. ".jp-OutputArea")."""
         page = self.page
         size = self.tall()
-        nodes = [self.cell(i).locator(part).first if part else self.cell(i) for i in indices]
-        boxes = [b for b in (n.bounding_box() for n in nodes) if b]
-        x0, y0 = min(b["x"] for b in boxes), min(b["y"] for b in boxes)
-        x1, y1 = max(b["x"] + b["width"] for b in boxes), max(b["y"] + b["height"] for b in boxes)
+        for _ in range(5):  # under load the layout may still be settling at the new size: measure again
+            nodes = [self.cell(i).locator(part).first if part else self.cell(i) for i in indices]
+            boxes = [b for b in (n.bounding_box() for n in nodes) if b]
+            view = page.viewport_size
+            x0, y0 = max(0.0, min(b["x"] for b in boxes)), max(0.0, min(b["y"] for b in boxes))
+            x1 = min(float(view["width"]), max(b["x"] + b["width"] for b in boxes))
+            y1 = min(float(view["height"]), max(b["y"] + b["height"] for b in boxes))
+            if x1 - x0 >= 1 and y1 - y0 >= 1:
+                break
+            time.sleep(1.0)
+            self.tall()
         page.screenshot(path=str(self.out / name), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
         page.set_viewport_size(size)
         return name
@@ -460,6 +489,27 @@ def check_estimate(
     return {k: seconds(v) for k, v in m.groupdict().items()}
 
 
+def check_picker_rows(
+    nb: Notebook, findings: Findings, table: dict[str, str], clicked: str, work: Path, shot: str
+) -> None:
+    """Each preset's picker rows, without training it: the batch row and the memory row name one micro-batch and
+    accumulation, no figure past 4 significant digits, and run.json (what 01 reads) holds the clicked preset."""
+    batch = re.match(r"(\d+) x (\d+) accum", table.get("batch", ""))
+    memory = re.search(r"micro-batch (\d+) x accumulation (\d+)", table.get("memory", ""))
+    if batch and memory and batch.groups() != memory.groups():
+        findings.add(nb.name, f"{clicked}: the batch row says {batch.group(0)!r}, the memory row {memory.group(0)!r}",
+                     shot)  # fmt: skip
+    for row, text in table.items():
+        for figure in re.findall(r"(?<![\w.])\d+\.\d{5,}(?![\d])", text):
+            findings.add(nb.name, f"{clicked}: an unrounded figure {figure} in the picker's {row} row", shot)
+    deadline = time.time() + 10  # the click's save runs in the kernel: give it a moment
+    while (got := _saved_run(work))[0] != clicked and time.time() < deadline:
+        time.sleep(0.3)
+    if got[0] != clicked:
+        findings.add(nb.name, f"clicked {clicked!r} after Run All; run.json (what 01 reads) holds {got[0]!r}", shot)
+    log(f"{nb.name}: {clicked}: batch {table.get('batch', '?')!r}; memory {table.get('memory', '?')[:60]!r}")
+
+
 def all_text(nb: Notebook) -> list[tuple[int, str]]:
     """(cell, text) of every output as kernel sent it (stream, plain, HTML) and as the browser drew it (widgets)."""
     found = []
@@ -504,6 +554,17 @@ def check_train_outputs(nb: Notebook, findings: Findings, shot: str) -> int | No
     for where, text in (("progress bar", bar_text), ("history table", " ".join(head)), ("doctor", doctor)):
         if not any(name in text for name in THROUGHPUT):
             findings.add(nb.name, f"the {where} names no throughput as {' or '.join(THROUGHPUT)}: {text[:120]!r}", shot)
+    # one figure per fact: the doctor says the history table's samples/s, epoch by epoch (2 + ... + 2 past 5 epochs)
+    column = (
+        [r.locator("td").nth(head.index("samples/s") - 1).inner_text().strip() for r in table.locator("tbody tr").all()]
+        if "samples/s" in head
+        else []
+    )
+    said = re.search(r"throughput by epoch: (.*?) samples/s", doctor)
+    want = column if len(column) <= 5 else [*column[:2], "...", *column[-2:]]
+    if not said or said.group(1).split(", ") != want:
+        findings.add(nb.name, f"the doctor's samples/s ({said.group(1) if said else None!r}) are not the history "
+                     f"table's ({want})", shot)  # fmt: skip
     # rounded, 1-based epochs, no extra index column
     index_names = [t.strip() for t in table.locator("thead tr").nth(1).locator("th").all_inner_texts()]
     rows = table.locator("tbody tr").all()
@@ -667,6 +728,7 @@ def drive_setup(
             findings.add(nb.name, f"stale summary: clicked {name!r}, the picker's table shows {shown!r}", shot)
         for problem in stale_text(nb.cells()[i_picker]["outputs"], name, None):
             findings.add(nb.name, f"stale summary after clicking {name!r}: {problem}", shot)
+        check_picker_rows(nb, findings, table, name, work, shot)
         estimate = check_estimate(nb, findings, table, name, shot)
     # the advanced section: open it, change epochs
     header = cell.locator('[class*="Collapse-header"], .p-Accordion-child .p-Collapse-header', has_text="advanced")
@@ -768,25 +830,107 @@ def versions() -> dict[str, str]:
     return found
 
 
+def cut_demo(data: Path, rows: int) -> None:
+    """The demo's first ``rows`` training rows and ``rows // 4`` test rows (its submission files: the same ids)."""
+    import pandas as pd
+
+    pd.read_csv(data / "train.csv").head(rows).to_csv(data / "train.csv", index=False)
+    test = pd.read_csv(data / "test.csv").head(rows // 4)
+    test.to_csv(data / "test.csv", index=False)
+    for name in ("sample_submission.csv", "solution.csv"):
+        table = pd.read_csv(data / name)
+        table[table["id"].isin(test["id"])].to_csv(data / name, index=False)
+    log(f"demo cut to {rows} training and {len(test)} test rows")
+
+
+def check_preset(
+    page: Any, base: str, token: str, root: Path, out: Path, findings: Findings, args: Any, preset: str, data: Path
+) -> dict[str, str]:
+    """One preset's pass: 00 driven (every preset clicked, ending on ``preset``), then 01-03 run all; its notebooks
+    in root/nb/<preset>, its work_dir root/work-<preset>. Returns the screenshots' names (in ``out``)."""
+    from kitlib.notebook.presets import PRESETS
+
+    epochs = args.epochs or PRESETS[preset].epochs + 1
+    (root / "nb" / preset).mkdir(parents=True)
+    work = root / f"work-{preset}"
+    for name in NOTEBOOKS:
+        dst = root / "nb" / preset / f"{name}.ipynb"
+        shutil.copyfile(REPO / "notebooks" / f"{name}.ipynb", dst)
+        if name == "00_setup":
+            set_parameters(
+                dst, {"data_dir": str(data.resolve()), "work_dir": str(work), "preset": preset, "model": args.model}
+            )
+        else:
+            set_parameters(dst, {"work_dir": str(work)})
+    shots: dict[str, str] = {}
+    estimate: dict[str, float] = {}
+    measured: dict[str, float] = {}
+    for name in NOTEBOOKS:
+        nb = Notebook(page, name, out, args.timeout, preset)
+        t0 = time.perf_counter()
+        log(f"{preset} {name}: open")
+        nb.open(base, token)
+        if name == "00_setup":
+            shots[name], shots["picker"], estimate = drive_setup(nb, findings, preset, epochs, work)
+            i_picker = nb.index_of("preset_picker(")
+            shots["estimate"] = nb.shot_cells([i_picker], f"{name}_estimate.png", ".jp-OutputArea")
+        else:
+            measured[name] = nb.run_all()
+            reason = stop_reason_of(nb) if name == "02_train" else None
+            if name == "02_train":
+                log(f"{name}: stopped: {reason}")
+            shots[name] = nb.screenshot()
+            check_common(nb, findings, shots[name], stop_reason=reason)
+            check_throughput(nb, findings, shots[name])
+            if name == "03_infer":
+                check_predictions(nb, findings, shots[name])
+                shots["infer"] = nb.shot_cells([nb.index_of("stages.infer(")], f"{name}_summary.png")
+            if name == "02_train":
+                page.evaluate("() => 0")
+                bars = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .progress-bar").count()
+                if bars == 0:
+                    findings.add(name, "no progress-bar widget drawn for training", shots[name])
+                i_train = nb.index_of("stages.train(")
+                plot = [i_train + 1] if i_train + 1 < len(nb.cells()) else []
+                shots["train"] = nb.shot_cells([i_train, *plot], f"{name}_train.png")
+                check_train_outputs(nb, findings, shots[name])
+                shots["history"] = nb.shot_cells(
+                    [i_train, nb.index_of("plot_history(")], f"{name}_history.png", ".jp-OutputArea"
+                )
+        log(f"{preset} {name}: done in {time.perf_counter() - t0:.0f} s (screenshot {shots[name]})")
+        nb.shutdown()
+    if estimate:  # a log line, not a finding: the browser's own overhead and a shared CPU are in "measured"
+        log(
+            f"{preset}: whole-run estimate ~{estimate['total']:.0f} s (01 {estimate['features']:.0f}, "
+            f"02 {estimate['train']:.0f}, 03 {estimate['predict']:.0f}); measured: run all of 01-03 "
+            f"{sum(measured.values()):.0f} s "
+            f"({', '.join(f'{k[:2]} {v:.0f}' for k, v in measured.items())}; kernel start and browser included)"
+        )
+    return shots
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="screenshots and logs (default: a new temp folder)")
     ap.add_argument("--data", type=Path, help="a competition folder (default: python -m kitlib demo into the temp)")
-    ap.add_argument("--preset", default="smoke", help="the preset to end on and train with (default smoke)")
+    ap.add_argument("--preset", default="smoke", help="the preset(s) to end on and train with, comma-separated: "
+                    "one JupyterLab and one browser for all of them (default smoke)")  # fmt: skip
+    ap.add_argument("--rows", type=int, help="keep the demo's first N training rows and N/4 test rows (CI: the screen "
+                    "is the subject, not the scale; default: all)")  # fmt: skip
     ap.add_argument("--model", default="tiny", help="the model parameter (default tiny: no download)")
     ap.add_argument("--epochs", type=int, help="the advanced epochs value to set (default: the preset's + 1)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
     ap.add_argument("--timeout", type=float, default=900, help="seconds per notebook run (default 900)")
-    ap.add_argument("--docs", action="store_true", help="copy the estimate and history close-ups into docs/")
+    ap.add_argument("--docs", action="store_true", help="copy the last preset's close-ups into docs/")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (notebooks, work_dir)")
     args = ap.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
     from kitlib.notebook.presets import PRESETS
 
-    if args.preset not in PRESETS:
-        ap.error(f"--preset must be one of {list(PRESETS)}")
-    epochs = args.epochs or PRESETS[args.preset].epochs + 1
+    presets = args.preset.split(",")
+    if unknown := [p for p in presets if p not in PRESETS]:
+        ap.error(f"--preset {unknown}: each must be one of {list(PRESETS)}")
     if not args.chromium:
         print("no chromium found: apt-get install -y chromium, or pass --chromium PATH", file=sys.stderr)
         return 2
@@ -802,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
     out = (args.out or root / "shots").resolve()
     out.mkdir(parents=True, exist_ok=True)
     log(f"versions: {vers}; chromium {args.chromium}; temp {root}; screenshots {out}")
-    findings = Findings(label)
+    counts: dict[str, int] = {}
     t_start = time.perf_counter()
     try:
         data = args.data
@@ -811,22 +955,9 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run(
                 [sys.executable, "-m", "kitlib", "demo", str(data)], check=True, cwd=REPO, stdout=subprocess.DEVNULL
             )
+            if args.rows:
+                cut_demo(data, args.rows)
         (root / "nb").mkdir()
-        work = root / "work"
-        for name in NOTEBOOKS:
-            dst = root / "nb" / f"{name}.ipynb"
-            shutil.copyfile(REPO / "notebooks" / f"{name}.ipynb", dst)
-            if name == "00_setup":
-                set_parameters(
-                    dst,
-                    {"data_dir": str(data.resolve()), "work_dir": str(work), "preset": args.preset,
-                     "model": args.model},
-                )  # fmt: skip
-            else:
-                set_parameters(dst, {"work_dir": str(work)})
-        shots: dict[str, str] = {}
-        estimate: dict[str, float] = {}
-        measured: dict[str, float] = {}
         with jupyterlab(root, out) as (base, token), sync_playwright() as pw:
             browser = pw.chromium.launch(
                 executable_path=args.chromium, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
@@ -835,56 +966,18 @@ def main(argv: list[str] | None = None) -> int:
             console = open(out / "browser-console.log", "w")  # noqa: SIM115
             page.on("console", lambda m: console.write(f"{m.type}: {m.text}\n"))
             page.on("pageerror", lambda e: console.write(f"pageerror: {e}\n"))
-            for name in NOTEBOOKS:
-                nb = Notebook(page, name, out, args.timeout)
-                t0 = time.perf_counter()
-                log(f"{name}: open")
-                nb.open(base, token)
-                if name == "00_setup":
-                    shots[name], shots["picker"], estimate = drive_setup(nb, findings, args.preset, epochs, work)
-                    i_picker = nb.index_of("preset_picker(")
-                    shots["estimate"] = nb.shot_cells([i_picker], f"{name}_estimate.png", ".jp-OutputArea")
-                else:
-                    measured[name] = nb.run_all()
-                    reason = stop_reason_of(nb) if name == "02_train" else None
-                    if name == "02_train":
-                        log(f"{name}: stopped: {reason}")
-                    shots[name] = nb.screenshot()
-                    check_common(nb, findings, shots[name], stop_reason=reason)
-                    check_throughput(nb, findings, shots[name])
-                    if name == "03_infer":
-                        check_predictions(nb, findings, shots[name])
-                        shots["infer"] = nb.shot_cells([nb.index_of("stages.infer(")], f"{name}_summary.png")
-                    if name == "02_train":
-                        page.evaluate("() => 0")
-                        bars = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .progress-bar").count()
-                        if bars == 0:
-                            findings.add(name, "no progress-bar widget drawn for training", shots[name])
-                        i_train = nb.index_of("stages.train(")
-                        plot = [i_train + 1] if i_train + 1 < len(nb.cells()) else []
-                        shots["train"] = nb.shot_cells([i_train, *plot], f"{name}_train.png")
-                        check_train_outputs(nb, findings, shots[name])
-                        shots["history"] = nb.shot_cells(
-                            [i_train, nb.index_of("plot_history(")], f"{name}_history.png", ".jp-OutputArea"
-                        )
-                log(f"{name}: done in {time.perf_counter() - t0:.0f} s (screenshot {shots[name]})")
-                nb.shutdown()
+            for preset in presets:
+                t0, findings = time.perf_counter(), Findings(f"{label}, preset {preset}")
+                (out / preset).mkdir(exist_ok=True)
+                shots = check_preset(page, base, token, root, out / preset, findings, args, preset, data)
+                counts[preset] = len(findings.items)
+                log(f"preset {preset}: {counts[preset]} finding(s) in {time.perf_counter() - t0:.0f} s")
             console.close()
             browser.close()
-        if estimate:  # a log line, not a finding: the browser's own overhead and a shared CPU are in "measured"
-            took_01_03 = sum(measured.values())
-            log(
-                f"whole-run estimate ~{estimate['total']:.0f} s (01 {estimate['features']:.0f}, "
-                f"02 {estimate['train']:.0f}, 03 {estimate['predict']:.0f}); measured: run all of 01-03 "
-                f"{took_01_03:.0f} s "
-                f"({', '.join(f'{k[:2]} {v:.0f}' for k, v in measured.items())}; kernel start and browser included)"
-            )
         if args.docs:
-            small_png(out / shots["estimate"], REPO / "docs" / "browser_estimate.png")
-            small_png(out / shots["history"], REPO / "docs" / "browser_history.png")
-            small_png(out / shots["picker"], REPO / "docs" / "browser_picker.png")
-            small_png(out / shots["infer"], REPO / "docs" / "browser_infer.png")
-            log("copied docs/browser_{estimate,history,picker,infer}.png")
+            for shot in ("estimate", "history", "picker", "infer"):
+                small_png(out / presets[-1] / shots[shot], REPO / "docs" / f"browser_{shot}.png")
+            log(f"copied docs/browser_{{estimate,history,picker,infer}}.png (preset {presets[-1]})")
     except Exception as err:
         if not isinstance(err, CheckError):
             import traceback
@@ -894,13 +987,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:
         if not args.keep:
-            shutil.rmtree(root / "nb", ignore_errors=True)
-            shutil.rmtree(root / "work", ignore_errors=True)
-            shutil.rmtree(root / "demo", ignore_errors=True)
+            for folder in ("nb", "demo", *(f"work-{p}" for p in presets)):
+                shutil.rmtree(root / folder, ignore_errors=True)
     took = time.perf_counter() - t_start
-    print(f"browser check [{label}, preset {args.preset}]: {len(findings.items)} finding(s) in {took:.0f} s; "
-          f"screenshots in {out}")  # fmt: skip
-    return 1 if findings.items else 0
+    said = ", ".join(f"preset {p}: {n} finding(s)" for p, n in counts.items())
+    print(f"browser check [{label}]: {said} in {took:.0f} s; screenshots in {out}")
+    return 1 if any(counts.values()) else 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Opt-in real-browser check of notebooks 00-03 (JupyterLab + Debian's headless chromium, driven by Playwright);
-# ~2-4 minutes, not run by scripts/test.sh or CI. See scripts/browser_check.py for what it checks.
+# Real-browser check of notebooks 00-03 (JupyterLab + Debian's headless chromium, driven by Playwright). CI runs
+# `--preset smoke,fast --rows 2000` (.ci/run) and, with IPYWIDGETS=7.7.1, `--preset smoke --rows 2000`
+# (scripts/test_hosted_pins.sh). See scripts/browser_check.py for what it checks.
 #
 #   bash scripts/browser_check.sh                              # ipywidgets as the Python has it (8.x)
 #   IPYWIDGETS=7.7.1 bash scripts/browser_check.sh             # ipywidgets 7.7.1 (Colab's) in its own venv
-#   bash scripts/browser_check.sh --preset fast                # the early-stopping path (~4-5 minutes)
+#   bash scripts/browser_check.sh --preset smoke,fast          # both presets, one JupyterLab and one browser
+#   bash scripts/browser_check.sh --rows 2000                  # the demo cut to 2000 training rows (CI's)
 #   bash scripts/browser_check.sh --out shots --docs           # keep screenshots in ./shots, refresh docs/browser_*.png
 #   IPYWIDGETS=7.7.1 JUPYTERLAB=4 bash scripts/browser_check.sh  # 7.7.1 under JupyterLab 4: its widgets cannot draw
 #
@@ -52,7 +54,12 @@ fi
 CALLER_SITE=$("$PYTHON" -c 'import site, sysconfig; print(repr(sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})))')
 VENV_SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 echo "import site; list(map(site.addsitedir, $CALLER_SITE))" > "$VENV_SITE/kitlib-caller-site.pth"
-"$VENV/bin/python" -m pip install -q "${want[@]}"
+# pip's no-op check costs ~20 s on a busy 2-core machine: skipped while the venv holds what this list asked for
+stamp="$VENV/kitlib-browser-want.txt"
+if [ "$(cat "$stamp" 2>/dev/null)" != "${want[*]}" ]; then
+  "$VENV/bin/python" -m pip install -q "${want[@]}"
+  echo "${want[*]}" >"$stamp"
+fi
 "$VENV/bin/python" -c "import ipywidgets, jupyterlab; print('browser_check venv:', '$VENV', 'ipywidgets', ipywidgets.__version__, 'jupyterlab', jupyterlab.__version__)"
 
 PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" exec "$VENV/bin/python" scripts/browser_check.py "$@"

@@ -4,8 +4,8 @@
 # 6.4.5 (and the nbclient it allows), WITHOUT the optional kaggle package. (numpy 1.26 + pandas 2.2, Kaggle's 2025
 # pair, are left out: as constraints beside these, pip's resolver backtracked for 10+ minutes here.) The newest
 # versions are what scripts/demo.sh and scripts/test.sh install, so CI runs both ends of every range it can. torch
-# stays 2.13.0: the only CPU wheel pip can have here; torch 2.4-2.12 come as CUDA builds only (several GB of
-# nvidia-* wheels), so torch>=2.4 is reasoned, not run (README, "Versions").
+# stays 2.13.0, the CPU wheel here: torch 2.4.1 comes from PyPI only as its CUDA build (2.7 GB of wheels with its
+# nvidia-* ones); run once by hand, the smoke main job passed on it (README, "Versions").
 # It runs 1. the smoke main job (demo, the four notebooks, score) and 2. the tests whose subject the pins change
 # (model loading, precision, widgets, notebooks, the Kaggle route without its package), in REVERSE order
 # (pytest-reverse), not slow ones. Dropped for the CI budget (30 min on 2 cores; ~28 before this step ran the main
@@ -45,6 +45,10 @@ python -m kitlib demo "$work/demo" --task auto
 python -m kitlib notebooks run --data "$work/demo" --work "$work/run" --params "$work/demo/demo.json" --preset smoke
 python -m kitlib score "$work/demo/solution.csv" "$work/run/submission.csv"
 echo "main job (smoke) passed at the lower bounds: transformers $(python -c 'import transformers; print(transformers.__version__)')"
+# The browser check with Colab's ipywidgets 7.7.1 (under JupyterLab 3.6), its kernel on this venv's packages: the
+# picker's rows for every preset, then smoke through 01-03 on a cut demo (scripts/browser_check.sh keeps its venv of
+# JupyterLab + Playwright in ~/.cache between runs; 0 findings or this script fails).
+PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --preset smoke --rows 2000
 # The Kaggle simulation's later grid rows (-m kaggle_grid: fast, balanced, tabular-text) test kitlib's presets and
 # tasks, not the pins; scripts/test.sh runs them.
 python -m pytest -q -p no:cacheprovider --reverse -m "not slow and not kaggle_grid" \

@@ -85,3 +85,31 @@ def test_load_classifier_rebuilds_the_same_model_without_a_tokenizer(tiny: bool)
     theirs = again.state_dict()
     assert model.state_dict().keys() == theirs.keys()
     assert all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items())
+
+
+def test_transformers_4_loads_without_accelerate(tmp_path, monkeypatch) -> None:
+    """transformers 4.x's low_cpu_mem_usage needs accelerate (optional): without it, kitlib[notebook] at transformers
+    4.46 stopped in 01 with ImportError; the load is whole then, and shard by shard only where accelerate is."""
+    import importlib.util
+
+    import transformers
+
+    (tmp_path / "config.json").write_text("{}")
+    asked: list[dict[str, object]] = []
+
+    class Auto:
+        @staticmethod
+        def from_pretrained(folder: object, **kwargs: object) -> object:
+            asked.append(kwargs)
+            return torch.nn.Linear(1, 1)
+
+    monkeypatch.setattr(transformers, "__version__", "4.46.3")
+    real = importlib.util.find_spec
+    for present in (False, True):
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a, p=present: (real("json") if p else None) if name == "accelerate" else real(name, *a),
+        )
+        models.from_pretrained(Auto, tmp_path)
+    assert ["low_cpu_mem_usage" in kw for kw in asked] == [False, True]

@@ -434,7 +434,7 @@ def _build_embeddings(
 ) -> npt.NDArray[np.float32]:
     import torch
 
-    from kitlib.progress import progress_bar
+    from kitlib.progress import advance, progress_bar
 
     tokens = _build_tokens(texts, tokenizer, max_length, batch_size=1000)
     lengths = tokens.lengths
@@ -469,7 +469,7 @@ def _build_embeddings(
                 if out is None:
                     out = np.empty((len(texts), pooled.shape[-1]), dtype=np.float32)
                 out[rows] = pooled.cpu().numpy()  # .cpu() syncs with the GPU once per batch
-                bar.update(len(rows))
+                advance(bar, len(rows), int(mask.sum()))
     finally:
         bar.close()
         model.train(was_training)

@@ -24,7 +24,7 @@ from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
 from kitlib.machine.hardware import detect, fake_profile
-from kitlib.progress import THROUGHPUT
+from kitlib.progress import THROUGHPUT, figure, throughput
 
 # lazy: pandas (+0.2 s): only the tables need it (python -X importtime).
 
@@ -84,17 +84,17 @@ class Report:
             lines.append(f"  {name:<12} {seconds:9.3f} s {share:6.1%}  {'#' * round(40 * share)}")
         if self.epoch_gaps_s:
             lines.append(f"  between epochs (eval, checkpoint, loader restart): {sum(self.epoch_gaps_s):.3f} s")
-        # the history's figures (kitlib.progress.THROUGHPUT), over every epoch's training wall time
-        facts = [f"{s['samples_per_s']:.1f} {THROUGHPUT['samples_per_s']}"] if s.get("samples_per_s") else []
-        if s.get("real_tokens_per_s"):
-            facts.append(f"{s['real_tokens_per_s']:.0f} {THROUGHPUT['tokens_per_s']}")
+        rates = s.get("throughput") or [{}]  # 02's history rows' figures, by epoch (an older record: the run's)
+        facts = [f"{_listed([r[k] for r in rates])} {name}" for k, name in THROUGHPUT.items() if k in rates[-1]]
         if s.get("padding_efficiency") is not None:
-            facts.append(f"padding efficiency {s['padding_efficiency']:.2f}")
+            facts.append(f"padding efficiency {figure(s['padding_efficiency'])}")
+        over = "by epoch" if s.get("by_epoch") else "over the run"
         if facts:
-            lines.append("throughput: " + ", ".join(facts))
+            lines.append(f"throughput {over}: " + "; ".join(facts))
         if s.get("mfu") is not None:  # model FLOPs only: padding and recomputation are not credited
             lines.append(
-                f"compute: {_flops(s['achieved_flops'])} achieved of {_flops(s['peak_flops'])} "
+                f"compute{' in the last epoch' if s.get('by_epoch') else ''}: {_flops(s['achieved_flops'])} "
+                f"achieved of {_flops(s['peak_flops'])} "
                 f"({s['peak_basis']}): MFU {s['mfu']:.1%}"
             )
         if not self.findings:
@@ -199,17 +199,21 @@ def _summary(run: RunRecord, peak: float | None, measure: bool) -> dict[str, Any
     train_s = sum(facts.epoch_train_s or []) or run.wall
     real, computed, world = facts.real_tokens or 0, facts.computed_tokens or 0, facts.world_size or 1
     keys = ("steps", "epochs_done", "epochs_planned", "device_name", "precision", "micro_batch_size", "stop_reason")
-    tokens_per_s = real / train_s if train_s and real else None  # this rank's: MFU is per device
+    # the history rows' own figures; a record from before they were kept: the run's, by the same function
+    rates = facts.epoch_throughput or ([throughput(facts.samples or 0, real, train_s, world)] if train_s else [])
+    tokens_per_s = rates[-1].get("tokens_per_s", 0) / world if rates else None  # this rank's: MFU is per device
     return (
         {k: getattr(facts, k) for k in keys}
-        | {
-            # as the history computes them: every rank's rows and tokens (this rank's x world size) per training second
-            "samples_per_s": (facts.samples or 0) * world / train_s if train_s else None,
-            "real_tokens_per_s": tokens_per_s * world if tokens_per_s else None,
-            "padding_efficiency": real / computed if computed else None,
-        }
+        | {"throughput": rates, "by_epoch": bool(facts.epoch_throughput)}
+        | {"padding_efficiency": real / computed if computed else None}
         | _compute(run, tokens_per_s, peak, measure)
     )
+
+
+def _listed(values: list[float]) -> str:
+    """Figures by ``figure``, at most 5: the first two and the last two around an ellipsis."""
+    shown = [figure(v) for v in values]
+    return ", ".join(shown if len(shown) <= 5 else [*shown[:2], "...", *shown[-2:]])
 
 
 def diagnose(

@@ -49,7 +49,7 @@ from kitlib.machine import distributed
 from kitlib.machine.backends import flags_for, speed_flags
 from kitlib.machine.hardware import check_compile, cpu_threads, detect
 from kitlib.machine.precision import Precision, check_master_weights, decide_precision
-from kitlib.progress import figure
+from kitlib.progress import figure, throughput
 
 # lazy: pandas (+0.2 s), after numpy: only _finish builds the history frame; importing FitResult never needs it.
 
@@ -363,24 +363,16 @@ class Loop:
         (samples, and real tokens when the batches count them, per second of its training wall time). One sync."""
         with self.timer.phase("logging"):
             loss = self.stepper.epoch_loss.since_mark()
-            seconds, world = time.perf_counter() - epoch_start, self.env.world_size
-            logs = {
-                "step": self.state.step,
-                "loss": loss,
-                "lr": self.stepper.applied_lr(self.state),
-                "samples_per_s": samples * world / seconds,
-            }
-            if real := float(tokens):  # real tokens, no padding; none without attention masks (a head)
-                logs["tokens_per_s"] = real * world / seconds
-        return logs
+            seconds = time.perf_counter() - epoch_start
+            logs = {"step": self.state.step, "loss": loss, "lr": self.stepper.applied_lr(self.state)}
+            return logs | throughput(samples, float(tokens), seconds, self.env.world_size)
 
     def epoch_record(self, epoch: int, seconds: float, samples: int, tokens: Any) -> dict[str, Any]:
         """Epoch ``epoch``'s (1-based) history row: training stats, the cheap eval, and the full eval when due (its
-        score maybe queued in the background: its metrics then arrive through ``collect``). ``tokens_per_s`` only
-        when the batches had token counts (attention masks): a head on cached vectors has none, and 0.0 would read
-        as stalled."""
+        score maybe queued in the background: its metrics then arrive through ``collect``), its throughput by
+        ``kitlib.progress.throughput``."""
         self.settle()
-        cfg, env, real = self.cfg, self.env, float(tokens)
+        cfg, env = self.cfg, self.env
         record: dict[str, Any] = {
             "epoch": epoch,
             "step": self.state.step,
@@ -388,10 +380,7 @@ class Loop:
             "lr": self.stepper.applied_lr(self.state),
             "skipped_steps": self.state.skipped,
             "epoch_s": seconds,
-            "samples_per_s": samples * env.world_size / seconds,
-        }
-        if real:
-            record["tokens_per_s"] = real * env.world_size / seconds
+        } | throughput(samples, float(tokens), seconds, env.world_size)
         self.state.history.append(record)
         due = full_eval_due(epoch, cfg.full_eval_every, cfg.full_eval_at_end, cfg.epochs)
         measured = None

@@ -19,7 +19,7 @@ from kitlib.engine import checkpoint
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.errors import NonFiniteLossError
 from kitlib.machine import distributed
-from kitlib.progress import THROUGHPUT, close_as_done, figure, progress_bar
+from kitlib.progress import close_as_done, progress_bar, shown
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
@@ -69,7 +69,7 @@ class ProgressLog(Policy):
         done = state.epoch * per_epoch + math.ceil(state.batch_in_epoch / loop.cfg.grad_accum_steps)
         self.bar = progress_bar(
             per_epoch * loop.cfg.epochs, desc="train", interactive=loop.hw.interactive, disable=not loop.env.is_main,
-            initial=done, counts="steps",
+            initial=done,
         )  # fmt: skip
 
     def on_step_end(self, step: StepEnd) -> None:
@@ -78,20 +78,14 @@ class ProgressLog(Policy):
     def on_log(self, metrics: Mapping[str, float]) -> None:
         if "loss" not in metrics:  # a step eval's
             return
-        postfix = {"loss": f"{metrics['loss']:.4f}", "lr": f"{metrics['lr']:.2e}"}
-        postfix[THROUGHPUT["samples_per_s"]] = figure(metrics["samples_per_s"])
-        if "tokens_per_s" in metrics:
-            postfix[THROUGHPUT["tokens_per_s"]] = f"{metrics['tokens_per_s']:.0f}"
+        postfix = {"loss": f"{metrics['loss']:.4f}", "lr": f"{metrics['lr']:.2e}"} | shown(metrics)
         self.bar.set_postfix(postfix, refresh=False)
         self.postfix = postfix
 
     def on_epoch_end(self, record: Mapping[str, Any]) -> None:
         # The history row is the epoch's throughput; the last log step came before the epoch's tail (up to
         # log_every_steps - 1 steps and the last fetch), so the bar ends the epoch on the row's figure, not its own.
-        postfix = {**getattr(self, "postfix", {}), THROUGHPUT["samples_per_s"]: figure(record["samples_per_s"])}
-        if "tokens_per_s" in record:
-            postfix[THROUGHPUT["tokens_per_s"]] = f"{record['tokens_per_s']:.0f}"
-        self.postfix = postfix
+        self.postfix = postfix = {**getattr(self, "postfix", {}), **shown(record)}
         self.bar.set_postfix(postfix)
 
     def on_fit_end(self, loop: Loop) -> None:

@@ -17,6 +17,7 @@ import torch
 
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.models.facts import model_facts
+from kitlib.progress import THROUGHPUT
 
 # lazy: resource (+0.1 ms): POSIX only (a Windows machine has none); only a CPU run's peak RSS reads it.
 
@@ -55,6 +56,7 @@ class RunFacts:
     distinct_input_shapes: int | None = None
     epoch_gaps_s: list[float] = field(default_factory=list)  # eval, checkpoint, loader restart between epochs
     epoch_train_s: list[float] = field(default_factory=list)
+    epoch_throughput: list[dict[str, float]] = field(default_factory=list)  # each history row's, as the row has it
     first_batch_wait_s: list[float] = field(default_factory=list)  # worker start-up lands here
     eval_batches_per_eval: int | None = None
     stop_reason: str | None = None
@@ -103,6 +105,7 @@ class RunRecorder(Callback):
     def __init__(self) -> None:
         self.gaps: list[float] = []
         self.train_s: list[float] = []
+        self.rates: list[dict[str, float]] = []
         self.first_waits: list[float] = []
         self.shapes: set[tuple[int, ...]] = set()
         self.samples, self.real_tokens, self.computed_tokens = 0, 0, 0
@@ -141,6 +144,7 @@ class RunRecorder(Callback):
     def on_epoch_end(self, record: Mapping[str, Any]) -> None:
         self.gap_start = self.epoch_start + record["epoch_s"]  # training ended here; eval and saving came after
         self.train_s.append(record["epoch_s"])
+        self.rates.append({k: record[k] for k in THROUGHPUT if k in record})
         self.real_tokens, self.epoch_tokens = self.real_tokens + int(self.epoch_tokens), 0
 
     def facts(self, loop: Loop) -> RunFacts:
@@ -182,7 +186,8 @@ class RunRecorder(Callback):
             computed_tokens=self.computed_tokens or None,
             distinct_input_shapes=len(self.shapes),
             epoch_gaps_s=[round(g, 4) for g in self.gaps],
-            epoch_train_s=list(self.train_s),  # unrounded: the doctor's throughput is the history's to the digit
+            epoch_train_s=list(self.train_s),
+            epoch_throughput=list(self.rates),
             first_batch_wait_s=[round(t, 4) for t in self.first_waits],
             eval_batches_per_eval=min(len(eval_batches), cfg.eval_max_batches or len(eval_batches))
             if eval_batches is not None

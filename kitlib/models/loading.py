@@ -161,12 +161,14 @@ def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = 
     what autocast expects (it still computes in fp16/bf16); loading straight into fp32 peaks at the fp32 size once.
     Frozen weights need no master copy: loaded in bf16 straight from the file, the host peak is half the fp32 one
     (a 7B: ~14 GB, not ~28 GB; tests/test_loading_memory.py measures it). transformers 5 always loads shard by
-    shard; before it, low_cpu_mem_usage asks for that.
+    shard; before it, low_cpu_mem_usage asks for that, and it needs accelerate (an optional package: without it
+    transformers 4.x raises ImportError, so the load is whole there, at a higher host peak).
     """
     import torch
     import transformers
 
-    lean = {"low_cpu_mem_usage": True} if int(transformers.__version__.split(".")[0]) < 5 else {}
+    old = int(transformers.__version__.split(".")[0]) < 5
+    lean = {"low_cpu_mem_usage": True} if old and importlib.util.find_spec("accelerate") else {}
     model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **lean, **kwargs)
     if lean and any(p.is_meta for p in model.parameters()):
         # transformers 4.46 (Kaggle/Colab 2025) leaves a new head's weight on the meta device under

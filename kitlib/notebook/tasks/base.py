@@ -115,7 +115,7 @@ def each_batch(
     import torch
 
     from kitlib.engine.step import to_device
-    from kitlib.progress import progress_bar
+    from kitlib.progress import advance, progress_bar
 
     move = to_device(device)
     model.to(device).eval()
@@ -125,7 +125,9 @@ def each_batch(
         with torch.inference_mode(), precision.autocast():
             for batch in loader:
                 results.append(predict(move(batch)))
-                bar.update(len(batch["input_ids"]) if "input_ids" in batch else len(next(iter(batch.values()))))
+                mask = batch.get("attention_mask")  # real tokens, when the batch has them
+                rows = len(batch["input_ids"]) if "input_ids" in batch else len(next(iter(batch.values())))
+                advance(bar, rows, 0 if mask is None else int(mask.sum()))
     finally:
         bar.close()  # short of its total (red in a notebook) only when predicting raised
     return results
