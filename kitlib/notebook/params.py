@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -391,7 +392,8 @@ def _wanted(value: Any, hint: Any, f: dataclasses.Field[Any]) -> str:
     if kind is int:
         return "" if isinstance(value, int) and value >= (least or 0) else f"a whole number >= {least or 0}"
     if kind is float:
-        return "" if isinstance(value, int | float) and value > 0 else "a number > 0"
+        # finite: an injected `lr = inf` is a NameError in the kernel (papermill writes float("inf"), we repr)
+        return "" if isinstance(value, int | float) and 0 < value < math.inf else "a finite number > 0"
     return "" if isinstance(value, str) and (value or f.default == "") else "a non-empty string"
 
 
