@@ -58,6 +58,7 @@ class PresetPicker:
         overrides: Mapping[str, Any] | None = None,
         memory: Callable[[ResolvedRun], str] | None = None,
         save: Callable[[ResolvedRun], ResolvedRun] | None = None,
+        folds: int = 1,
     ) -> None:
         self._hw = hw
         self._save = save  # writes a run where 01 reads it (stages.setup) and returns what it wrote
@@ -67,6 +68,7 @@ class PresetPicker:
         self._lengths = lengths
         self._n_rows = n_rows
         self._n_test = n_test
+        self.folds = folds  # 00's folds parameter: the estimate's 02 and 03 train and predict this many models
         self._preset: str | Preset = default
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
         self._base = dict(overrides or {})  # the parameters' training settings: every preset starts from them
@@ -107,7 +109,7 @@ class PresetPicker:
         if self._n_rows is None:
             return "no row count: pass n_rows= (stages.data_facts) for a time estimate"
         if self._n_test is not None:
-            return estimate_run(self._resolved, self._n_rows, self._n_test, self._hw).text()
+            return estimate_run(self._resolved, self._n_rows, self._n_test, self._hw, folds=self.folds).text()
         seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw)
         what = self._resolved.regime.estimate_label
         used = self._resolved.preset.rows_used(self._n_rows)
@@ -261,6 +263,7 @@ def preset_picker(
     overrides: Mapping[str, Any] | None = None,
     memory: Callable[[ResolvedRun], str] | None = None,
     save: Callable[[ResolvedRun], ResolvedRun] | None = None,
+    folds: int = 1,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
     never starts training.
@@ -274,11 +277,12 @@ def preset_picker(
     ``overrides``: the parameters' training settings (``p.training()``), the advanced fields' starting values.
     ``memory``: the memory plan's line for the chosen run (``stages.memory_line(p, hw)``: "fits: ~X of Y GB").
     ``save``: writes a run where 01 reads it (``lambda run: stages.setup(p, hw, resolved=run)``): ``picker.save()``
-    calls it, and each accepted change after that.
+    calls it, and each accepted change after that. ``folds``: 00's folds parameter (the estimate counts k models;
+    with 1 on small data it offers folds and their cost).
     """
     picker = PresetPicker(
         hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, adjust=adjust, overrides=overrides,
-        memory=memory, save=save,
+        memory=memory, save=save, folds=folds,
     )  # fmt: skip
     if hw.interactive:
         try:
