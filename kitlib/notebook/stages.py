@@ -601,17 +601,22 @@ def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -
 
 def _with_trees(p: Params, feats: Features, values: np.ndarray) -> np.ndarray:
     """03: the submission's values blended with the trees by 02's weight (run/trees.json), the trees refitted on the
-    same training rows with the same seed (seconds; nothing pickled)."""
-    try:
-        weight = float(json.loads((p.run_dir / trees.TREES_FILE).read_text())["weight"])
-    except (OSError, ValueError, KeyError):
-        return values  # no trees in this run
-    kind = feats.spec.kind
-    fitted = trees.Trees.fit(feats, _splits(p, feats)[0][0], p.seed) if weight > 0 else None
-    if fitted is None:
+    same training rows with the same seed (seconds; nothing pickled). With folds, each fold's trees by its weight,
+    the blends averaged (classes: fold 1's)."""
+    blends = []
+    for fold, (train_idx, _) in enumerate(_splits(p, feats)):
+        try:
+            run_dir = dataclasses.replace(p, fold=fold).run_dir
+            weight = float(json.loads((run_dir / trees.TREES_FILE).read_text())["weight"])
+        except (OSError, ValueError, KeyError):
+            continue  # no trees in this run
+        fitted = trees.Trees.fit(feats, train_idx, p.seed) if weight > 0 else None
+        if fitted is not None:
+            print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend: {run_dir.name}/trees.json)")
+            blends.append(trees.mix(values, fitted.predict(feats, None), weight, feats.spec.kind))
+    if not blends:
         return values
-    print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend, run/{trees.TREES_FILE})")
-    return trees.mix(values, fitted.predict(feats, None), weight, kind)
+    return np.mean(blends, axis=0) if feats.spec.kind == "regression" else blends[0]
 
 
 def _done(feats: Features) -> list[str]:
