@@ -147,6 +147,7 @@ class DataFacts:
     n_rows: int  # train.csv's rows; each preset trains on at most its row_limit of them (the estimate applies it)
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
     n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
+    model_params: float | None = None  # matmul weights a token passes (the estimate's FLOPs); None: MiniLM's
 
 
 def data_facts(p: Params) -> DataFacts:
@@ -155,10 +156,11 @@ def data_facts(p: Params) -> DataFacts:
     the CSVs. No tokenizer or
     model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
     train = _read_train(p)
+    lengths, weights = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
     words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
-    lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
+    lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS if lengths is None else lengths
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
-    return DataFacts(n_rows=len(train), lengths=lengths, n_test=len(test))
+    return DataFacts(len(train), lengths, len(test), weights)
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:

@@ -91,6 +91,10 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         changes |= short_text_steps(preset, p)  # short texts: seq2seq's steps budget and lr (measured on the T5 only)
         return summary_source(dataclasses.replace(preset, freeze="none", freeze_layers=0, **changes), p)
 
+    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
+        """seq2seq's tokens per row; your model's weights are unknown before 02 builds it (MiniLM's are assumed)."""
+        return super().rough_cost(train, p)[0], None
+
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: ResolvedRun, spec: TaskSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
