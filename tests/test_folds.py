@@ -99,3 +99,16 @@ def test_two_folds_through_the_notebooks_route_oof_verdict_and_03_averages_both(
     stages.infer(p, hw=cpu_hw)
     assert combined == [2]  # run/ and run-fold2/, averaged
     assert "out of fold (2 folds)" in "\n".join(stages.outcome(p.work_dir))
+
+
+@pytest.mark.slow
+def test_folds_through_the_four_notebooks_headless(tmp_path: Path) -> None:
+    from kitlib.notebook.runbook import run_notebooks
+
+    data, work = _classes(tmp_path / "data"), tmp_path / "work"
+    params = {"data_dir": str(data), "work_dir": str(work), "preset": "smoke", "model": "tiny", "folds": 2}
+    run_notebooks(work / "executed", parameters=params)
+    oof = pd.read_csv(work / "run" / stages.OOF_FILE)
+    assert oof["row"].tolist() == list(range(96)) and (work / "run-fold2" / "best").is_dir()
+    assert len(pd.read_csv(work / "submission.csv")) == 20
+    assert "out of fold (2 folds)" in "\n".join(stages.outcome(work))
