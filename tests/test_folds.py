@@ -87,7 +87,9 @@ def test_two_folds_through_the_notebooks_route_oof_verdict_and_03_averages_both(
     result = stages.train(p, hw=cpu_hw)
     oof = pd.read_csv(p.run_dir / stages.OOF_FILE)
     assert oof["row"].tolist() == list(range(feats.n_train)) and set(oof["fold"]) == {1, 2}  # every row, once
-    shops = pd.read_csv(data / "train.csv")["shop"].to_numpy()
+    train = pd.read_csv(data / "train.csv")
+    assert np.array_equal(oof["target"], train["label"].to_numpy()[oof["row"]])  # beside its row's truth
+    shops = train["shop"].to_numpy()
     assert all(oof.groupby(shops[oof["row"]])["fold"].nunique() == 1)  # a shop's rows in one fold
     record = json.loads((p.run_dir / stages.BASELINE_FILE).read_text())
     assert record["folds"] == 2 and record["gap"]["rows"] == feats.n_train  # judged on every row, out of fold
