@@ -114,3 +114,14 @@ def test_folds_through_the_four_notebooks_headless(tmp_path: Path) -> None:
     assert oof["row"].tolist() == list(range(96)) and (work / "run-fold2" / "best").is_dir()
     assert len(pd.read_csv(work / "submission.csv")) == 20
     assert "out of fold (2 folds)" in "\n".join(stages.outcome(work))
+
+
+def test_a_kaggle_chain_carries_every_folds_run_to_03(tmp_path: Path) -> None:
+    from kitlib.notebook.params import carry_forward
+
+    earlier = tmp_path / "earlier"  # 02's kernel output, mounted read-only in 03's
+    for run in ("run", "run-fold2", "run-fold3"):
+        (earlier / run / "best").mkdir(parents=True)
+        (earlier / run / "best" / "model.safetensors").write_bytes(b"w")
+    assert {"run", "run-fold2", "run-fold3"} <= set(carry_forward([earlier], tmp_path / "work"))
+    assert (tmp_path / "work" / "run-fold3" / "best" / "model.safetensors").is_file()
