@@ -33,3 +33,17 @@ def cpu_hw():
     from kitlib.machine.hardware import fake_profile
 
     return fake_profile("CPU", platform="local", interactive=False)
+
+
+@pytest.fixture
+def cpu_4bit():  # type: ignore[no-untyped-def]
+    """Skips where this transformers refuses bitsandbytes' CPU backend (4.46-4.5x: kitlib says so with the fix, see
+    test_lora.py::test_an_old_transformers_refusing_cpu_4bit_gets_the_fix); the newest runs the QLoRA rehearsal."""
+    pytest.importorskip("bitsandbytes")
+    from kitlib.errors import SetupError
+    from kitlib.models.adapters import _cpu_backend_admitted
+
+    try:
+        _cpu_backend_admitted()
+    except SetupError as error:
+        pytest.skip(str(error))

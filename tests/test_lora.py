@@ -323,3 +323,21 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
     base = model.unload().state_dict()  # the adapters taken out, unmerged: the base as 03 built it
     for name, tensor in load_file(folder / "model.safetensors").items():  # the folder's weights, untouched
         assert torch.equal(base[name], tensor), name
+
+
+def test_an_old_transformers_refusing_cpu_4bit_gets_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers 4.46-4.50 (Kaggle/Colab 2025) crash in their bitsandbytes check on a CPU-only machine
+    ("'frozenset' object has no attribute 'discard'"): the CPU 4-bit load says so with the fix instead."""
+    pytest.importorskip("bitsandbytes")
+    import transformers.integrations.bitsandbytes as bnb_integration
+
+    from kitlib.errors import SetupError
+    from kitlib.models.adapters import quantization
+
+    def crash(raise_exception: bool = False) -> bool:
+        frozenset({"cpu"}).discard("cpu")  # type: ignore[attr-defined]
+        return True
+
+    monkeypatch.setattr(bnb_integration, "validate_bnb_backend_availability", crash, raising=False)
+    with pytest.raises(SetupError, match=r"pip install -U transformers.*adapter = 'lora'"):
+        quantization("qlora", "cpu")

@@ -12,6 +12,7 @@ import torch
 
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
+pytestmark = pytest.mark.usefixtures("cpu_4bit")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ low-rank matrices beside every linear layer of the blocks train, and checkpoints
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
@@ -97,6 +98,8 @@ def quantization(adapter: str, device: str = "cuda") -> dict[str, Any]:
         )
     from transformers import BitsAndBytesConfig
 
+    if not cuda:
+        _cpu_backend_admitted()
     bf16 = cuda and torch.cuda.is_bf16_supported(including_emulation=False)
     compute = torch.bfloat16 if bf16 else torch.float16 if cuda else torch.float32
     config = BitsAndBytesConfig(
@@ -104,6 +107,24 @@ def quantization(adapter: str, device: str = "cuda") -> dict[str, Any]:
     )
     where: int | str = int(os.environ.get("LOCAL_RANK", 0)) if cuda else "cpu"
     return {"quantization_config": config, "device_map": {"": where}}
+
+
+def _cpu_backend_admitted() -> None:
+    """transformers before ~4.5x refuses bitsandbytes' CPU backend (4.46-4.50 crash on a frozenset in the check; later
+    ones admit only Intel's IPEX): a kitlib error naming the fix instead. On a CUDA GPU those versions load fine."""
+    import transformers.integrations.bitsandbytes as bnb_integration
+
+    check = getattr(bnb_integration, "validate_bnb_backend_availability", None)
+    try:
+        if check is not None:
+            check(raise_exception=True)
+    except Exception as error:  # AttributeError (4.46-4.50) or RuntimeError (no IPEX): either way, no CPU 4-bit
+        version = importlib.metadata.version("transformers")
+        raise SetupError(
+            f"4-bit weights on the CPU (a QLoRA rehearsal, or reloading adapters without CUDA) need bitsandbytes' "
+            f"CPU backend, which transformers {version} refuses ({type(error).__name__}: {error}). Fix: pip install "
+            "-U transformers (kitlib rehearses QLoRA on CPU with the newest), run on a CUDA GPU, or adapter = 'lora'"
+        ) from error
 
 
 def add_adapter(

@@ -168,6 +168,10 @@ def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = 
 
     lean = {"low_cpu_mem_usage": True} if int(transformers.__version__.split(".")[0]) < 5 else {}
     model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **lean, **kwargs)
+    if lean and any(p.is_meta for p in model.parameters()):
+        # transformers 4.46 (Kaggle/Colab 2025) leaves a new head's weight on the meta device under
+        # low_cpu_mem_usage (BertForSequenceClassification's classifier.weight): load again without it (2x time).
+        model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **kwargs)
     saved = _saved_dtype(Path(folder))
     if saved is not None and frozen_dtype is None:
         say_fp32_master(f"model {Path(folder).name}", saved)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -542,8 +543,6 @@ def _requirement_names(project_dir: Path) -> list[str]:
 
         deps = tomllib.loads((project_dir / "pyproject.toml").read_text())["project"]["dependencies"]
     except (ImportError, OSError, KeyError, ValueError):
-        import importlib.metadata
-
         deps = [r for r in importlib.metadata.requires("kitlib") or [] if "extra ==" not in r]
     return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in deps]
 
