@@ -95,6 +95,14 @@ def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm
     assert facts.model_params == tiny_t5_matmul_params(BYTE_VOCAB) < MINILM_MATMUL_PARAMS / 10
     assert facts.lengths[:3].tolist() == [6 + 11 + 2, 7 + 17 + 2, 3 + 7 + 2]  # source and target bytes, each </s>
     assert stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "w2")).model_params is None  # MiniLM's
+    (data / "net.py").write_text(
+        "from torch import nn\n\ndef build(vocab_size, pad_id, eos_id):\n"
+        "    return nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size))\n"
+    )
+    mine = stages.params(
+        data_dir=data, work_dir=tmp_path / "w3", task="custom-seq2seq", model_factory=f"{data}/net.py:build"
+    )
+    assert stages.data_facts(mine).model_params == 8 * 259 + 259  # your model's weights, its lookup table left out
     run = presets.resolve("balanced", CPU, lengths=facts.lengths)
     cheaper = estimate_run(run, 4000, 1000, CPU, model_params=tiny_t5_matmul_params(BYTE_VOCAB))
     assert cheaper.train_s < estimate_run(run, 4000, 1000, CPU).train_s / 3  # 02's FLOPs follow the model's weights
