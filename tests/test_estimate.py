@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,36 @@ def test_the_cpu_speed_is_measured_on_the_models_block() -> None:
 
 # Against the real run: benchmarks/bench_estimate.py prints estimate/measured per task and preset (a ratio, on a
 # machine whose load it states); a timed assertion here failed whenever the machine was busy.
+
+
+def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm(tmp_path: Path) -> None:
+    """Issue 32: 00 said ~17 min for g2p runs that took 313-355 s: it counted a word as 1.3 tokens through MiniLM's
+    10.6 M weights, where the tiny T5 reads every byte of the word and of its phonemes through 0.69 M."""
+    import pandas as pd
+
+    from kitlib.models.seq2seq import BYTE_VOCAB, tiny_t5_matmul_params
+    from kitlib.notebook import stages
+    from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS
+
+    data = tmp_path / "data"
+    data.mkdir()
+    words = pd.DataFrame({"id": range(60), "text": ["lepper", "abilene", "cat"] * 20,
+                          "label": ["L EH1 P ER0", "AE1 B IH0 L IY2 N", "K AE1 T"] * 20})  # fmt: skip
+    words.to_csv(data / "train.csv", index=False)
+    words[["id", "text"]].to_csv(data / "test.csv", index=False)
+    words[["id"]].assign(label="x").to_csv(data / "sample_submission.csv", index=False)
+    facts = stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "work", task="seq2seq"))
+    assert facts.model_params == tiny_t5_matmul_params(BYTE_VOCAB) < MINILM_MATMUL_PARAMS / 10
+    assert facts.lengths[:3].tolist() == [6 + 11 + 2, 7 + 17 + 2, 3 + 7 + 2]  # source and target bytes, each </s>
+    assert stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "w2")).model_params is None  # MiniLM's
+    (data / "net.py").write_text(
+        "from torch import nn\n\ndef build(vocab_size, pad_id, eos_id):\n"
+        "    return nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, vocab_size))\n"
+    )
+    mine = stages.params(
+        data_dir=data, work_dir=tmp_path / "w3", task="custom-seq2seq", model_factory=f"{data}/net.py:build"
+    )
+    assert stages.data_facts(mine).model_params == 8 * 259 + 259  # your model's weights, its lookup table left out
+    run = presets.resolve("balanced", CPU, lengths=facts.lengths)
+    cheaper = estimate_run(run, 4000, 1000, CPU, model_params=tiny_t5_matmul_params(BYTE_VOCAB))
+    assert cheaper.train_s < estimate_run(run, 4000, 1000, CPU).train_s / 3  # 02's FLOPs follow the model's weights

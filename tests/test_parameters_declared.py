@@ -25,7 +25,8 @@ NOT_PARAMETERS = {"wheels_dir"}  # 00's install cell reads it before kitlib is i
 GIVEN: dict[str, Any] = {
     "preset": "smoke", "model": "tiny", "text": "review", "target": "y", "task": "classify", "metric": "macro_f1",
     "objective": "mae", "numeric": ["n1"], "categorical": ["c1"], "id": "row", "seed": 7, "train_file": "tr.csv",
-    "test_file": "te.csv", "sample_submission": "ss.csv", "hardware": "2xT4", "rehearse": True, "epochs": 2,
+    "test_file": "te.csv", "sample_submission": "ss.csv", "folds": 2, "group_column": "c1",
+    "hardware": "2xT4", "rehearse": True, "epochs": 2,
     "micro_batch_size": 4, "grad_accum_steps": 3, "lr": 0.002, "max_length": 24, "full_eval_every": 0,
     "adapter": "lora", "optimizer": "adamw8bit", "gradient_checkpointing": True, "compile": True,
 }  # fmt: skip

@@ -41,6 +41,7 @@ _PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths 
 _STAGE_START_S = 2.0
 _TOKENIZE_ROWS_PER_S = 5_000.0
 _STEP_OVERHEAD_S = 0.005
+SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
 def _device_flops(hw: HardwareInfo, dtype: str) -> tuple[float, str]:
@@ -124,6 +125,7 @@ class RunEstimate:
     features_label: str  # what dominates 01: "tokenising" or "embedding pass"
     epoch_s: float  # 02's time per epoch
     assumed: str = ""  # the device speed it planned by: measured, or assumed for the device class
+    folds: int = 1  # models trained (02) and predicting (03): k-fold's k
 
     @property
     def total_s(self) -> float:
@@ -136,6 +138,11 @@ class RunEstimate:
             f"({duration(self.epoch_s)} per epoch), 03 predict {duration(self.infer_s)}"
         )
         assumed = f"; assumes {self.assumed}" if self.assumed else ""
+        if self.folds > 1:
+            parts += f"; {self.folds} folds: 02 and 03 x {self.folds}"
+        elif self.n_rows <= SMALL_ROWS:  # few rows: one hold-out's verdict is noisy, k models affordable
+            fold = self.features_s + 5 * (self.train_s + self.infer_s)
+            parts += f"; small data: folds = 5 (00's parameters) validates every row, ~{duration(fold)} in all"
         return f"~{duration(self.total_s)} for the whole run: {parts}; {rows}, {self.n_test} test rows (rough{assumed})"
 
 
@@ -146,6 +153,7 @@ def estimate_run(
     hw: HardwareInfo,
     *,
     model_params: float = MINILM_MATMUL_PARAMS,
+    folds: int = 1,
 ) -> RunEstimate:
     """Rough seconds for 01, 02 and 03 of ``resolved`` on ``n_rows`` training rows (the preset's row_limit applied)
     and ``n_test`` test rows, on ``hw`` (expect +-2x).
@@ -155,7 +163,7 @@ def estimate_run(
     regime's (``Regime.features_need_accelerator``): the head regime embeds train and test once in 01, then trains
     and predicts with a head that costs only its steps; fine-tuning trains it in 02 (with evals on the held-out rows)
     and runs it forward over the test rows in 03. Each stage adds its start (files, model), each optimizer step its
-    overhead.
+    overhead. ``folds``: 02 trains and 03 predicts that many models.
     """
     from kitlib.notebook.stages import VALID_FRACTION
 
@@ -188,13 +196,14 @@ def estimate_run(
         infer = n_test * forward
     return RunEstimate(
         features_s=start + features,
-        train_s=start + cfg.epochs * epoch + evals,
-        infer_s=start + infer,
+        train_s=(start + cfg.epochs * epoch + evals) * folds,
+        infer_s=(start + infer) * folds,
         rows=rows,
         n_rows=n_rows,
         n_test=n_test,
         features_label=regime.estimate_label if regime.features_need_accelerator else "tokenising",
         epoch_s=epoch,
+        folds=folds,
         assumed=_device_flops(hw, cfg.precision)[1] + (f", fixed costs x {slow:.1f} (busy)" if slow > 1 else ""),
     )
 

@@ -41,6 +41,7 @@ NPY_HEADER_MAX = 65_546  # bytes: a format 1.0 .npy header is at most 10 + 65535
 BUILT_FROM = (
     *("model", "text", "target", "task", "objective", "id", "seed", "train_file", "test_file", "sample_submission"),
     *("numeric", "categorical", "model_factory"),  # the side inputs' columns; the factory 02 builds from
+    "group_column",  # the rows' groups (Features.groups), which the folds keep together
 )
 
 
@@ -64,6 +65,7 @@ class Features:
     side: SideInputs = field(
         default_factory=SideInputs
     )  # the task's per-row inputs besides the tokens (kitlib.notebook.tasks.base)
+    groups: np.ndarray | None = None  # int64 group code per training row (group_column), else None
     report: LengthReport | None = None  # the length report, in the process that built the features (01's display)
 
     @property
@@ -75,7 +77,7 @@ class Features:
         return len(self.test_ids)
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        arrays = {"labels": self.labels}
+        arrays = {"labels": self.labels} | ({"train_groups": self.groups} if self.groups is not None else {})
         for split, tokens in (("train", self.train_tokens), ("test", self.test_tokens)):
             arrays |= {f"{split}_token_ids": tokens.ids, f"{split}_token_offsets": tokens.offsets}
         if self.embeddings is not None:
@@ -175,6 +177,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         embeddings=embeddings,
         ngrams=ngrams,  # type: ignore[arg-type]
         side=SideInputs(_side(arrays, "train"), _side(arrays, "test"), summary.get("side_state") or {}),
+        groups=arrays.get("train_groups"),
     )
 
 

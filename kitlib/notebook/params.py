@@ -87,6 +87,11 @@ class Params:
                                   "notebook, or a full path) or module:function", stage="02")  # fmt: skip
     id: str = declared("id", "the id column", stage="01")
     seed: int = declared(42, "seeds the split, the weights' initialisation and the batch order", least=0)
+    folds: int = declared(1, "k-fold: k models, each validated on its own 1/k of the rows (classes stratified); 02 "
+                          "saves run/oof.csv and judges the verdict out of fold, 03 averages the k models; k x the "
+                          "training time. 1: one 10% hold-out", least=1)  # fmt: skip
+    group_column: str = declared("", "grouped data: rows sharing this column's value are validated together (one "
+                                 "fold, or the hold-out); '' = rows are independent", stage="01")  # fmt: skip
     train_file: str = declared("train.csv", "the training rows, in data_dir", stage="01")
     test_file: str = declared("test.csv", "the rows to predict, in data_dir", stage="01")
     sample_submission: str = declared("sample_submission.csv", "the submission's layout, in data_dir", stage="03")
@@ -116,6 +121,7 @@ class Params:
     compile: bool | None = declared(None, "torch.compile the model (a GPU; the first steps pay ~30-90 s of "
                                     "compiling); None: the plan's", training=True, stage="02")  # fmt: skip
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
+    fold: int = 0  # the fold 02 trains (or 03 predicts with) now, 0-based: its run_dir (not saved: 02 loops over them)
 
     def __repr__(self) -> str:
         """A few lines a notebook shows, not the dataclass's one long line of every field."""
@@ -123,6 +129,8 @@ class Params:
         beside = [f"{kind} {list(c)}" for kind, c in (("numeric", self.numeric), ("categorical", self.categorical))]
         model = "yours (model_factory)" if self.task in ("custom", "custom-seq2seq") else self.model
         run = f"preset {self.preset}, model {model}, task {self.task}, metric {self.metric}, seed {self.seed}"
+        run += f", {self.folds} folds" if self.folds > 1 else ""
+        run += f", grouped by {self.group_column!r}" if self.group_column else ""
         lines = [
             f"Params: {run}",
             f"  data  {self.data_dir} ({self.train_file}, {self.test_file}, {self.sample_submission})",
@@ -153,12 +161,13 @@ class Params:
 
     @property
     def run_dir(self) -> Path:
-        return self.work_dir / RUN_NAME
+        """run/ (fold 1's with folds, which also holds the out-of-fold verdict), run-fold2/ ... for the others."""
+        return self.work_dir / (RUN_NAME if self.fold == 0 else f"{RUN_NAME}-fold{self.fold + 1}")
 
     def save(self) -> Path:
         """``work_dir/params.json``: what 01-03 read (paths absolute, ``work_dir`` and ``inputs`` left out)."""
         values = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
-        for kernel_specific in ("work_dir", "inputs"):
+        for kernel_specific in ("work_dir", "inputs", "fold"):
             values.pop(kernel_specific)
         return write_atomic(self.work_dir / PARAMS_FILE, json.dumps(values, indent=2) + "\n")
 
@@ -222,7 +231,7 @@ def load_params(
             "attach the previous kernel's output and list its folder in inputs)"
         )
     with damaged_file(path, "00_setup"):
-        known = {f.name for f in dataclasses.fields(Params)} - {"work_dir", "inputs"}
+        known = {f.name for f in dataclasses.fields(Params)} - {"work_dir", "inputs", "fold"}
         values = {k: v for k, v in json.loads(path.read_text()).items() if k in known}
     overrides = _from_environment(env, with_work_dir=False)
     if "data_dir" in overrides:
@@ -303,7 +312,7 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
 def check_names(values: Mapping[str, Any], *, allowed: set[str] | frozenset[str] = frozenset()) -> None:
     """Every name in ``values`` is one of 00's parameters (``allowed``: others this caller takes): a misspelt or
     unsupported key is an error listing the valid ones, never a value silently left unused."""
-    known = {f.name for f in dataclasses.fields(Params)} - {"inputs"}
+    known = {f.name for f in dataclasses.fields(Params)} - {"inputs", "fold"}
     unknown = sorted(set(values) - known - allowed)
     if unknown:
         raise SetupError(f"unknown parameter(s) {unknown}: 00_setup's parameters are {sorted(known)}")
@@ -464,7 +473,8 @@ def carry_forward(inputs: Sequence[Path], work_dir: Path) -> list[str]:
     _check_inputs(inputs)
     copied = []
     for folder in inputs:
-        for name in HANDOFF:
+        folds = sorted(d.name for d in folder.glob(f"{RUN_NAME}-fold*"))  # 02's other fold runs, for 03
+        for name in (*HANDOFF[:2], *folds, *HANDOFF[2:]):
             source, target = folder / name, work_dir / name
             if source.exists() and not _same(source, target):
                 with explain_disk_full(target, "a copy of the earlier stage's"):

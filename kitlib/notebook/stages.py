@@ -69,6 +69,8 @@ if TYPE_CHECKING:
     from kitlib.tasks.metrics import Metric
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
+VALID_FILE = "valid.json"  # in each fold's run dir: its validation rows' truth and predictions (the out-of-fold parts)
+OOF_FILE = "oof.csv"  # in run/ with folds: every training row's out-of-fold prediction (row, fold, target, prediction)
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
 MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
@@ -171,6 +173,7 @@ class DataFacts:
     n_rows: int  # train.csv's rows; each preset trains on at most its row_limit of them (the estimate applies it)
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
     n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
+    model_params: float | None = None  # matmul weights a token passes (the estimate's FLOPs); None: MiniLM's
 
 
 def data_facts(p: Params) -> DataFacts:
@@ -179,10 +182,11 @@ def data_facts(p: Params) -> DataFacts:
     the CSVs. No tokenizer or
     model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
     train = _read_train(p)
+    lengths, weights = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
     words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
-    lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS
+    lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS if lengths is None else lengths
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
-    return DataFacts(n_rows=len(train), lengths=lengths, n_test=len(test))
+    return DataFacts(len(train), lengths, len(test), weights)
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
@@ -280,7 +284,44 @@ def read_competition(p: Params, run: ResolvedRun) -> Competition:
     test_ids = [i.item() if isinstance(i, np.generic) else i for i in test[p.id]]
     columns = check_sample_submission(p.data_dir / p.sample_submission, test_ids, id=p.id, target=p.target)
     side = workload.side_inputs(p, train, test)
+    _check_folds(p, train, spec)
     return Competition(train, test, test_ids, columns, spec, metric, side)
+
+
+def _check_folds(p: Params, train: pd.DataFrame, spec: TargetSpec) -> None:
+    """The fold parameters against the rows that train: the group column exists, and each fold can validate a whole
+    group (folds <= groups) or, stratified, a row of every class (folds <= the rarest class's rows)."""
+    if p.group_column and p.group_column not in train.columns:
+        raise DataError(
+            f"group_column {p.group_column!r} is not a column of {p.train_file}: its columns are "
+            f"{list(train.columns)}. Fix: group_column in 00's parameters ('' for independent rows)"
+        )
+    if p.folds == 1:
+        return
+    if p.group_column:
+        groups = train[p.group_column].nunique(dropna=False)
+        if groups < p.folds:
+            raise DataError(
+                f"folds = {p.folds}, but {p.train_file} has {groups} groups in {p.group_column!r}: each fold validates "
+                f"whole groups. Fix: folds <= {groups} in 00's parameters"
+            )
+    elif spec.kind in ("binary", "multiclass"):
+        counts = train[p.target].value_counts()
+        if counts.iloc[-1] < p.folds:
+            raise DataError(
+                f"folds = {p.folds}, but class {counts.index.tolist()[-1]!r} has {int(counts.iloc[-1])} rows: "
+                f"stratified folds put each class in every fold. Fix: folds <= {int(counts.iloc[-1])} in 00's "
+                "parameters, or merge the rare classes"
+            )
+    if len(train) < 2 * p.folds:
+        raise DataError(f"folds = {p.folds} needs at least {2 * p.folds} training rows; there are {len(train)}")
+
+
+def _groups(p: Params, train: pd.DataFrame) -> np.ndarray | None:
+    """A code per training row for group_column's value (None without one): what the folds keep together."""
+    if not p.group_column:
+        return None
+    return np.unique(train[p.group_column].astype(str).to_numpy(), return_inverse=True)[1].astype(np.int64)
 
 
 def _read_train(p: Params) -> pd.DataFrame:
@@ -425,6 +466,7 @@ def features(
         embeddings=extra.embeddings,
         ngrams=extra.ngrams,
         side=dataclasses.replace(data.side, state={**data.side.state, **workload.saved_state(tokenizer, p)}),
+        groups=_groups(p, train),
         report=report,
     )
     handoff.save(feats, p.work_dir, built_from(p))
@@ -497,19 +539,56 @@ def _split(n: int, seed: int, labels: np.ndarray | None = None) -> tuple[np.ndar
     return np.sort(order[n_valid:]), np.sort(order[:n_valid])
 
 
+def splits(
+    n: int, seed: int, folds: int = 1, labels: np.ndarray | None = None, groups: np.ndarray | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, validation) row indices, seeded, one pair per fold. ``folds`` = 1: the VALID_FRACTION hold-out
+    (``_split``); k > 1: every row validated by exactly one fold, each class (``labels``: class codes) spread evenly
+    over the folds. ``groups`` (a code per row): a group's rows all in one fold, the largest groups placed first on
+    the fold with fewest rows (classes are then not stratified); with folds = 1 the hold-out is one of
+    1/VALID_FRACTION such folds."""
+    if groups is None and folds == 1:
+        return [_split(n, seed, labels)]
+    rng, k = np.random.default_rng(seed), folds if folds > 1 else round(1 / VALID_FRACTION)
+    fold = np.empty(n, dtype=np.int64)
+    if groups is not None:
+        inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)[1:]
+        order = rng.permutation(len(sizes))
+        rows, of_group = np.zeros(k, dtype=np.int64), np.empty(len(sizes), dtype=np.int64)
+        for g in order[np.argsort(-sizes[order], kind="stable")]:  # largest first, ties in seeded order
+            of_group[g] = int(np.argmin(rows))
+            rows[of_group[g]] += sizes[g]
+        fold = of_group[inverse.ravel()]
+    else:
+        order = rng.permutation(n)
+        if labels is not None:
+            order = order[np.argsort(labels[order], kind="stable")]  # class by class, shuffled within: dealt out
+        fold[order] = np.arange(n) % k
+    return [(np.flatnonzero(fold != f), np.flatnonzero(fold == f)) for f in range(folds)]
+
+
+def _splits(p: Params, feats: Features) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The run's (train, validation) rows per fold (``p.fold`` picks the one a stage trains or predicts with)."""
+    classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
+    return splits(feats.n_train, p.seed, p.folds, classes, feats.groups)
+
+
 def _baseline(p: Params, data: Competition) -> Baseline:
-    """The trivial baseline's score on the validation rows 02 will hold out (the same seeded split), in 00."""
+    """The trivial baseline's score on the validation rows 02 will hold out (the same seeded split), in 00; with
+    folds, on every row (each is validated out of fold), the constant chosen on them all."""
     y = data.train[p.target].to_numpy()
-    train_idx, valid_idx = _split(len(y), p.seed)
+    every = np.arange(len(y))
+    train_idx, valid_idx = splits(len(y), p.seed, 1, None, _groups(p, data.train))[0] if p.folds == 1 else (every,) * 2
     return trivial_baseline(data.metric, kind=data.spec.kind, train=y[train_idx], valid=y[valid_idx])
 
 
 def _judge_baseline(
-    p: Params, feats: Features, result: FitResult, staging: Path, watched: BestRows | None = None
+    p: Params, feats: Features, result: FitResult, staging: Path, watched: BestRows | None = None, oof: bool = False
 ) -> FitResult:
     """The model's validation score beside the baseline's: in ``baseline.json``
     (what 03 warns from) and in 02's summary, with the model-minus-baseline interval (``watched``: the validation
-    predictions at the best score) and one line saying what to try when the model does not clearly beat it."""
+    predictions at the best score; ``oof``: every fold's, out of fold) and one line saying what to try when the
+    model does not clearly beat it."""
     from kitlib.machine.distributed import dist_env
 
     if feats.run.baseline is None:  # a run.json from an older kitlib
@@ -517,7 +596,7 @@ def _judge_baseline(
     baseline = Baseline.from_dict(feats.run.baseline)
     score = _model_score(result.history, baseline.metric, result.best_epoch)
     blended = (staging / trees.TREES_FILE).is_file() and watched is not None and watched.score is not None
-    score = watched.score if blended and watched is not None else score  # the trees' blend: what 03 will write
+    score = watched.score if (blended or oof) and watched is not None else score  # the blend: what 03 will write
     gap = None
     if watched is not None and watched.rows is not None and baseline.value is not None:
         y_true, y_pred = watched.rows
@@ -525,6 +604,7 @@ def _judge_baseline(
     limits = getattr(result.model, "kitlib_limits", None)  # a generating task's: how many training targets are cut
     record = baseline.to_dict() | {"model_score": score, "kind": feats.spec.kind, "done": _done(feats)}
     record |= {"gap": None if gap is None else dataclasses.asdict(gap), "cut_targets": getattr(limits, "cut", 0)}
+    record |= {"folds": p.folds} if oof else {}
     record["beaten"] = baseline.verdict(score, feats.spec.kind, gap) is None
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
@@ -541,7 +621,7 @@ def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -
     if not trees.wanted(feats) or watched.rows is None:
         return None
     kind = feats.spec.kind
-    train_idx, valid_idx = _split(feats.n_train, p.seed, feats.labels if kind != "regression" else None)
+    train_idx, valid_idx = _splits(p, feats)[p.fold]
     y_true, net = watched.rows
     if len(y_true) != len(valid_idx) or not np.array_equal(feats.spec.decode(feats.labels[valid_idx]), y_true):
         return "trees: skipped (the full eval's rows are not the validation split in order)"
@@ -563,18 +643,22 @@ def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -
 
 def _with_trees(p: Params, feats: Features, values: np.ndarray) -> np.ndarray:
     """03: the submission's values blended with the trees by 02's weight (run/trees.json), the trees refitted on the
-    same training rows with the same seed (seconds; nothing pickled)."""
-    try:
-        weight = float(json.loads((p.run_dir / trees.TREES_FILE).read_text())["weight"])
-    except (OSError, ValueError, KeyError):
-        return values  # no trees in this run
-    kind = feats.spec.kind
-    fitted = trees.Trees.fit(feats, _split(feats.n_train, p.seed, feats.labels if kind != "regression" else None)[0],
-                             p.seed) if weight > 0 else None  # fmt: skip
-    if fitted is None:
+    same training rows with the same seed (seconds; nothing pickled). With folds, each fold's trees by its weight,
+    the blends averaged (classes: fold 1's)."""
+    blends = []
+    for fold, (train_idx, _) in enumerate(_splits(p, feats)):
+        try:
+            run_dir = dataclasses.replace(p, fold=fold).run_dir
+            weight = float(json.loads((run_dir / trees.TREES_FILE).read_text())["weight"])
+        except (OSError, ValueError, KeyError):
+            continue  # no trees in this run
+        fitted = trees.Trees.fit(feats, train_idx, p.seed) if weight > 0 else None
+        if fitted is not None:
+            print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend: {run_dir.name}/trees.json)")
+            blends.append(trees.mix(values, fitted.predict(feats, None), weight, feats.spec.kind))
+    if not blends:
         return values
-    print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend, run/{trees.TREES_FILE})")
-    return trees.mix(values, fitted.predict(feats, None), weight, kind)
+    return np.mean(blends, axis=0) if feats.spec.kind == "regression" else blends[0]
 
 
 def _done(feats: Features) -> list[str]:
@@ -594,6 +678,7 @@ def verdict_of(record: Mapping[str, Any]) -> str:
         f"{baseline.score:.4g})" + (f": {gap.line()}" if gap else "")
     )
     cut = int(record.get("cut_targets") or 0)
+    line = f"out of fold ({record['folds']} folds): {line}" if record.get("folds") else line
     return line + (f"; {cut} training targets are cut at the length cap (the score gives them away)" if cut else "")
 
 
@@ -610,9 +695,7 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
 
-    classes = feats.labels if feats.spec.kind in ("binary", "multiclass") else None
-    split = _split(feats.n_train, p.seed, classes)
-    prepared = get_task(p.task).prepare(feats, hw, split, p.seed, _model_choice(p))
+    prepared = get_task(p.task).prepare(feats, hw, _splits(p, feats)[p.fold], p.seed, _model_choice(p))
     cfg = feats.run.config
     half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # a frozen base needs no fp32 master copy
     generating = feats.spec.kind == "sequence"
@@ -627,12 +710,52 @@ def train(
     hw: HardwareInfo | None = None,
     callbacks: tuple[object, ...] = (),
 ) -> FitResult:
-    """fit() the model of the features' run (the one fitted to the data); artifacts land in ``p.run_dir``.
+    """fit() the model of the features' run (the one fitted to the data); artifacts land in ``p.run_dir``. With
+    ``folds`` > 1, once per fold (run/, run-fold2/, ...), then the verdict on the out-of-fold predictions
+    (``run/oof.csv``, ``run/baseline.json``); the result is fold 1's with every fold's lines.
 
     A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers, each loading the saved
     features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
     """
     feats = feats or load_features(p)
+    results = []
+    for fold in range(p.folds):
+        if p.folds > 1:
+            print(f"fold {fold + 1} of {p.folds}: {dataclasses.replace(p, fold=fold).run_dir}")
+        results.append(_train_fold(dataclasses.replace(p, fold=fold), feats, hw, callbacks))
+        if results[-1].stop_reason == "sigterm":  # 02 again continues this fold (its run.new/ is kept)
+            return results[-1]
+    return results[0] if p.folds == 1 else _out_of_fold(p, feats, results)
+
+
+def _out_of_fold(p: Params, feats: Features, results: list[FitResult]) -> FitResult:
+    """Every fold's validation predictions as one out-of-fold set: run/oof.csv, and the verdict judged on it (the
+    interval over every training row) in run/baseline.json, what 03 and ``outcome`` read."""
+    import pandas as pd
+
+    parts, notes = [], []
+    for fold, ((_, valid_idx), result) in enumerate(zip(_splits(p, feats), results, strict=True)):
+        try:
+            rows = json.loads((dataclasses.replace(p, fold=fold).run_dir / VALID_FILE).read_text())
+        except OSError:  # background_eval = "process" scores elsewhere and keeps no rows here
+            why = f"no out-of-fold verdict: fold {fold + 1} kept no validation predictions"
+            return dataclasses.replace(results[0], notes=(*results[0].notes, why))
+        if len(rows["prediction"]) != len(valid_idx):
+            raise CheckpointError(f"fold {fold + 1}: {len(rows['prediction'])} predictions for {len(valid_idx)} rows")
+        parts.append(pd.DataFrame({"row": valid_idx, "fold": fold + 1} | rows))
+        notes.append(f"fold {fold + 1}: {next((n for n in result.notes if n.startswith(('verdict', 'warning'))), '')}")
+    oof = pd.concat(parts).sort_values("row")
+    write_atomic(p.run_dir / OOF_FILE, oof.to_csv(index=False))
+    watched = BestRows(_run_metric(p, feats))
+    watched.rows = (oof["target"].to_numpy(), oof["prediction"].to_numpy())
+    watched.score = watched.metric(*watched.rows)
+    judged = _judge_baseline(p, feats, results[0], p.run_dir, watched, oof=True)
+    notes.append(f"out-of-fold predictions: {p.run_dir / OOF_FILE}")
+    return dataclasses.replace(judged, notes=(*judged.notes, *notes))
+
+
+def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: tuple[object, ...]) -> FitResult:
+    """One fold's training (``p.fold``; the whole run without folds) into its run dir."""
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
     cfg = _train_config(p, feats, stand_in)
@@ -825,6 +948,9 @@ def _train(
     line = _blend_trees(p, feats, watched, staging)
     result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
     result = _judge_baseline(p, feats, result, staging, watched)
+    if p.folds > 1 and watched.rows is not None and dist_env().is_main:  # this fold's part of the out-of-fold rows
+        rows = {"target": watched.rows[0].tolist(), "prediction": watched.rows[1].tolist()}
+        write_atomic(staging / VALID_FILE, json.dumps(rows) + "\n")
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
@@ -875,7 +1001,8 @@ def infer(
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
     predictions = []
     workload = get_task(p.task)
-    for run_dir in [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]:
+    runs = [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]
+    for run_dir in runs + [d for d in _fold_dirs(p) if d not in runs]:  # the k fold models, averaged
         checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
         predictions.append(
             workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.spec,
@@ -981,6 +1108,10 @@ def _warn_unbeaten(run_dir: Path) -> None:
         advise(f"{verdict}. The submission is written anyway.", stacklevel=4)
 
 
+def _fold_dirs(p: Params) -> list[Path]:
+    return [dataclasses.replace(p, fold=fold).run_dir for fold in range(1, p.folds)]
+
+
 def _trained_checkpoint(run_dir: Path, p: Params) -> Path:
     """``run_dir``'s best (else last) checkpoint, trained on the features 01 saved; else an error naming the fix."""
     from kitlib.engine import checkpoint
@@ -1002,7 +1133,7 @@ def _trained_checkpoint(run_dir: Path, p: Params) -> Path:
                 "Fix: run notebooks/02_train.ipynb again; it continues from there"
             )
         raise MissingRunError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
-    if run_dir != p.run_dir:  # an extra run to ensemble (another seed or machine): the strict restore checks shapes
+    if run_dir not in (p.run_dir, *_fold_dirs(p)):  # an extra run (another seed or machine): the restore checks shapes
         return found
     try:
         trained_on = json.loads((run_dir / INPUTS_FILE).read_text())["features"]

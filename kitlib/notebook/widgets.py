@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from kitlib.config import PICKER_LABELS, Adapter, Requested
 from kitlib.errors import PrecisionError
-from kitlib.notebook.estimate import duration, estimate_epoch_seconds, estimate_run
+from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS, duration, estimate_epoch_seconds, estimate_run
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun
 from kitlib.notebook.presets import resolve as resolve_preset
 
@@ -60,6 +60,8 @@ class PresetPicker:
         overrides: Mapping[str, Any] | None = None,
         memory: Callable[[ResolvedRun], str] | None = None,
         save: Callable[[ResolvedRun], ResolvedRun] | None = None,
+        folds: int = 1,
+        model_params: float | None = None,
     ) -> None:
         self._hw = hw
         self._save = save  # writes a run where 01 reads it (stages.setup) and returns what it wrote
@@ -72,6 +74,8 @@ class PresetPicker:
         self._lengths = lengths
         self._n_rows = n_rows
         self._n_test = n_test
+        self.folds = folds  # 00's folds parameter: the estimate's 02 and 03 train and predict this many models
+        self.model_params = model_params or MINILM_MATMUL_PARAMS  # matmul weights (stages.data_facts): FLOPs a token
         self._preset: str | Preset = default
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
         self._base = dict(overrides or {})  # the advanced fields every preset starts from
@@ -110,8 +114,9 @@ class PresetPicker:
         if self._n_rows is None:
             return "no row count: pass n_rows= (stages.data_facts) for a time estimate"
         if self._n_test is not None:
-            return estimate_run(self._resolved, self._n_rows, self._n_test, self._hw).text()
-        seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw)
+            run, hw, params = self._resolved, self._hw, self.model_params
+            return estimate_run(run, self._n_rows, self._n_test, hw, model_params=params, folds=self.folds).text()
+        seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw, model_params=self.model_params)
         what = self._resolved.regime.estimate_label
         used = self._resolved.preset.rows_used(self._n_rows)
         rows = f"{used} rows" if used == self._n_rows else f"{used} of {self._n_rows} rows (the preset's row limit)"
@@ -261,6 +266,8 @@ def preset_picker(
     overrides: Mapping[str, Any] | None = None,
     memory: Callable[[ResolvedRun], str] | None = None,
     save: Callable[[ResolvedRun], ResolvedRun] | None = None,
+    folds: int = 1,
+    model_params: float | None = None,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
     never starts training.
@@ -275,11 +282,13 @@ def preset_picker(
     ``overrides``: the advanced fields' starting values.
     ``memory``: the memory plan's line for the chosen run (``stages.memory_line(p, hw)``: "fits: ~X of Y GB").
     ``save``: writes a run where 01 reads it (``lambda run: stages.setup(p, hw, resolved=run)``): ``picker.save()``
-    calls it, and each accepted change after that.
+    calls it, and each accepted change after that. ``folds``: 00's folds parameter (the estimate counts k models;
+    with 1 on small data it offers folds and their cost); ``model_params``: the model's matmul weights
+    (``data_facts(p).model_params``: the tiny T5's for seq2seq from scratch), the estimate's FLOPs per token.
     """
     picker = PresetPicker(
         hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, resolve=resolve, overrides=overrides,
-        memory=memory, save=save,
+        memory=memory, save=save, folds=folds, model_params=model_params,
     )  # fmt: skip
     if hw.interactive:
         try:

@@ -31,9 +31,11 @@ from kitlib.data.tables import DataError, TargetSpec, read_table
 from kitlib.models.adapters import quantization
 from kitlib.models.loading import from_pretrained, model_refusals
 from kitlib.models.seq2seq import (
+    BYTE_VOCAB,
     data_tokenizer,
     short_texts,
     tiny_seq2seq,
+    tiny_t5_matmul_params,
     tokenizer_from_json,
     tokenizer_identity,
 )
@@ -125,6 +127,14 @@ class Seq2SeqTask(TextGenerationTask):
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
             changes |= short_text_steps(preset, p)
         return summary_source(dataclasses.replace(preset, **changes), p)
+
+    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
+        """From scratch on short texts: a byte per token (and </s>) of the source and of the target, which the decoder
+        reads too, through the tiny T5's weights (every token through them all: up to 2x high); else the default."""
+        texts, targets = train[p.text].astype(str), train[p.target].astype(str)
+        if model_folder(p) is not None or not short_texts([*texts, *targets])[0]:
+            return None, None
+        return (texts.str.len() + targets.str.len() + 2).to_numpy(np.int64), float(tiny_t5_matmul_params(BYTE_VOCAB))
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
