@@ -51,7 +51,7 @@ echo "main job (smoke) passed at the lower bounds: transformers $(python -c 'imp
 PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --preset smoke --rows 2000
 # The Kaggle simulation's later grid rows (-m kaggle_grid: fast, balanced, tabular-text) test kitlib's presets and
 # tasks, not the pins; scripts/test.sh runs them.
-python -m pytest -q -p no:cacheprovider --reverse -m "not slow and not kaggle_grid" \
+python -m pytest -q -p no:cacheprovider -n 2 --reverse -m "not slow and not kaggle_grid" \
   tests/test_models.py tests/test_gpu_precision.py tests/test_lora.py tests/test_memory_plan.py \
   tests/test_widgets.py tests/test_views.py tests/test_presets.py tests/test_notebooks.py \
   tests/test_kaggle.py tests/test_kaggle_sim.py "$@"
