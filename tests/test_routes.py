@@ -1,17 +1,28 @@
 """Issue #30's route matrix: each big-model route runs 00 -> 03 smoke-sized on the CPU and its run record says what
 actually trained (adapter, optimizer, weight dtypes, world size, micro-batch) and 03 writes a scored submission.
 
-Covered (the combinations offered; the refusals in 00 are tests/test_lora.py's, qlora off CUDA and for classifiers):
-  through the four notebooks, 2 gloo workers rehearsing 2xT4: qlora x adamw8bit (the Kaggle 7B route)
-  in process, 1 process:  qlora x adamw (rehearsing a T4), lora x adamw-kahan (rehearsing an H100: refused without
-                          bf16 weights), none x adamw8bit, lora on the classifier,
-                          qlora x adamw8bit on seq2seq (a tiny T5 folder, rehearsing a T4)
-  elsewhere: none x adamw (every notebook test), lora x adamw through the notebooks (tests/test_lora.py)
-Cost: ~2-4 minutes on 2 cores, hence slow.
+Covered: every adapter x optimizer offered (Params' choices) x 1 process / 2 gloo workers for causal-lm, in process
+(ROUTES, REFUSED; test_the_matrix_covers_... fails on a choice without a row). Processes come from the planned GPUs:
+2 is 2xT4, rehearsed as 2 gloo workers through 02's own launch. "cpu": this CPU's own plan; a profile: rehearsed.
+
+  processes  adapter  adamw   adamw8bit  adamw-kahan
+  1          none     cpu     cpu        H100 (refused on the CPU: fp32 weights)
+  1          lora     cpu     cpu        H100 (refused on the CPU: fp32 weights)
+  1          qlora    T4      T4         H100 (each refused on the CPU: 4 bits need CUDA or a rehearsal)
+  2          none     2xT4    2xT4       refused in 00: 2xT4 trains in fp16, Kahan summation adds nothing
+  2          lora     2xT4    2xT4       refused in 00 (the same)
+  2          qlora    2xT4    2xT4       refused in 00 (the same)
+
+Also: qlora x adamw8bit on 2 rehearsed gloo workers through the four notebooks (`notebooks run`, the Kaggle 7B
+route), lora on the classifier, qlora x adamw8bit on seq2seq (a tiny T5 folder, rehearsing a T4); the other
+refusals in 00 are tests/test_lora.py's (qlora for classifiers, adapters on a model_factory's model).
+Cost: ~3 minutes with -n 2 on 2 busy cores (the notebooks run ~2 of them), hence slow.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -73,26 +84,97 @@ def test_qlora_with_8bit_adamw_on_2_rehearsed_gloo_workers_through_the_four_note
     _says_what_ran(work, "qlora", "adamw8bit", 2, 8, "exact_match")
 
 
-@pytest.mark.parametrize(
-    ("adapter", "optimizer", "hardware"),
-    [("qlora", "adamw", "T4"), ("lora", "adamw-kahan", "H100"), ("none", "adamw8bit", "")],
-)
-def test_a_causal_lm_route_in_one_process(
-    adapter: str, optimizer: str, hardware: str, sft: tuple[Path, Path], tmp_path: Path, cpu_hw: Any
+# Issue #30's matrix for causal-lm: (adapter, optimizer, processes) -> the plan that runs it here ("": this CPU's own;
+# a GPU profile: rehearsed on this CPU, as many gloo workers as it has GPUs), or the reason 00 refuses it. Processes
+# come from the plan's GPUs (world size is not a parameter): 2 is 2xT4, the one multi-GPU plan offered.
+ROUTES = {
+    ("none", "adamw", 1): "",
+    ("none", "adamw8bit", 1): "",
+    ("none", "adamw-kahan", 1): "H100",  # refused on this CPU (fp32 weights): a bf16 plan rehearsed
+    ("lora", "adamw", 1): "",
+    ("lora", "adamw8bit", 1): "",
+    ("lora", "adamw-kahan", 1): "H100",
+    ("qlora", "adamw", 1): "T4",  # refused on this CPU: 4 bits on CUDA, or rehearsing one (bnb CPU backend)
+    ("qlora", "adamw8bit", 1): "T4",
+    ("qlora", "adamw-kahan", 1): "H100",  # item 1: qlora on a bf16 plan
+    ("none", "adamw", 2): "2xT4",
+    ("none", "adamw8bit", 2): "2xT4",
+    ("lora", "adamw", 2): "2xT4",
+    ("lora", "adamw8bit", 2): "2xT4",
+    ("qlora", "adamw", 2): "2xT4",
+    ("qlora", "adamw8bit", 2): "2xT4",  # also through the four notebooks, above
+}
+KAHAN_ON_FP16 = r"optimizer = 'adamw-kahan' keeps the updates of pure bf16 weights, and this run trains in fp16.*Fix:"
+REFUSED = {(adapter, "adamw-kahan", 2): ("2xT4", KAHAN_ON_FP16) for adapter in ("none", "lora", "qlora")}
+REFUSED_ON_THIS_CPU = {  # what 00 says without the rehearsal a cell needs (checked in the same test)
+    "qlora": r"adapter = 'qlora' keeps the weights in 4 bits .* trains on CPU\. Fix: adapter = 'lora'",
+    "adamw-kahan": r"optimizer = 'adamw-kahan' .* this run trains in fp32 .*Fix: optimizer = 'adamw'",
+}
+MATRIX = [(*cell, hardware, "") for cell, hardware in ROUTES.items()] + [
+    (*cell, hardware, reason) for cell, (hardware, reason) in REFUSED.items()
+]
+
+
+def _cell(adapter: str, optimizer: str, world: int, hardware: str, refused: str) -> Any:
+    where = f"{hardware or 'cpu'}{'-refused' * bool(refused)}"
+    return pytest.param(adapter, optimizer, world, hardware, refused, id=f"{adapter}-{optimizer}-{world}x-{where}")
+
+
+@pytest.mark.parametrize(("adapter", "optimizer", "world", "hardware", "refused"), [_cell(*row) for row in MATRIX])
+def test_a_causal_lm_route_in_process(
+    adapter: str,
+    optimizer: str,
+    world: int,
+    hardware: str,
+    refused: str,
+    sft: tuple[Path, Path],
+    tmp_path: Path,
+    cpu_hw: Any,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """qlora on a CPU only as a rehearsal of a GPU plan (``hardware``, ``rehearse``), adamw-kahan as one of a bf16 plan;
-    the rest on the CPU itself."""
+    """Each cell runs 00 -> 03 in process (2 workers: 02's own launch forks 2 gloo ranks, and the parent reloads
+    rank 0's adapters), or 00 refuses it with the reason; a cell that needs a GPU plan is refused without it."""
+    from kitlib.errors import SetupError
     from kitlib.notebook import stages
     from kitlib.tools.demo_sft import PARAMETERS
 
     data, folder = sft
-    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model=str(folder), adapter=adapter,
-                      optimizer=optimizer, hardware=hardware, rehearse=bool(hardware), **PARAMETERS)  # fmt: skip
+
+    def params(hardware: str) -> Any:
+        return stages.params(data_dir=data, work_dir=tmp_path / f"work{hardware}", preset="smoke", model=str(folder),
+                             adapter=adapter, optimizer=optimizer, hardware=hardware, rehearse=bool(hardware),
+                             **PARAMETERS)  # fmt: skip
+
+    here = [REFUSED_ON_THIS_CPU[k] for k in (adapter, optimizer) if k in REFUSED_ON_THIS_CPU]
+    if here:  # the first check that fails names it: the adapter's, then the optimizer's
+        with pytest.raises(SetupError, match=here[0]):
+            stages.setup(params(""), cpu_hw)
+    p = params(hardware)
+    if refused:
+        with pytest.raises(SetupError, match=refused):
+            stages.setup(p, cpu_hw)
+        assert not (p.work_dir / "run.json").exists()  # refused before anything is written
+        return
+    if adapter == "qlora":
+        request.getfixturevalue("cpu_4bit")
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
     stages.train(p, hw=cpu_hw)
     stages.infer(p, hw=cpu_hw)
-    _says_what_ran(p.work_dir, adapter, optimizer, 1, 8, "exact_match")
+    _says_what_ran(p.work_dir, adapter, optimizer, world, 8, "exact_match")
+
+
+def test_the_matrix_covers_every_adapter_and_optimizer_offered_at_every_world_size() -> None:
+    """Adding a choice to ``Params`` (00, the CLI, the README and the picker derive theirs from it) or a multi-GPU
+    profile fails here until the matrix runs or refuses its routes."""
+    from kitlib.machine.hardware import _PROFILES
+    from kitlib.notebook.params import Params
+
+    choices = {f.name: f.metadata.get("choices") for f in dataclasses.fields(Params)}
+    worlds = {1} | {len(profile.gpus) for profile in _PROFILES.values()}
+    offered = set(itertools.product(choices["adapter"], choices["optimizer"], worlds - {0}))
+    assert [cell[:3] for cell in MATRIX] == list(ROUTES) + list(REFUSED) and not ROUTES.keys() & REFUSED.keys()
+    assert set(ROUTES) | set(REFUSED) == offered
 
 
 def test_lora_on_the_classifier(tmp_path: Path, cpu_hw: Any) -> None:
