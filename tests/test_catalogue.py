@@ -1189,7 +1189,7 @@ def lora_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     def adapted() -> Any:  # each export builds its own (the merge folds the adapter into the model it gets)
         return add_adapter(tf.GPT2LMHeadModel.from_pretrained(folder), "lora", generating=True)
 
-    p = SimpleNamespace(model="tiny", run_dir=tmp_path / "work" / "run")
+    p = SimpleNamespace(model="tiny", run_dir=tmp_path / "work" / "run", folds=1)
     checkpoint.write(checkpoint.snapshot(adapted()), p.run_dir / "best")
     monkeypatch.setattr(stages, "load_params", lambda work_dir: p)
     monkeypatch.setattr(stages, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(

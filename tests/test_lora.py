@@ -163,7 +163,7 @@ def test_the_merged_export_carries_the_folders_whole_tokenizer(
     assert (folder / "chat_template.jinja").is_file() or "chat_template" in config
     adapted = add_adapter(tf.GPT2LMHeadModel.from_pretrained(folder), "lora", generating=True)
     checkpoint.write(checkpoint.snapshot(adapted), run_dir / "best")
-    p = SimpleNamespace(model=str(folder), run_dir=run_dir)  # what 00-02 leave: the params, features and model
+    p = SimpleNamespace(model=str(folder), run_dir=run_dir, folds=1)  # what 00-02 leave: the params, features and model
     monkeypatch.setattr(stages, "load_params", lambda work_dir: p)
     monkeypatch.setattr(stages, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
         config=SimpleNamespace(adapter="lora"))))  # fmt: skip
