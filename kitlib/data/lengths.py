@@ -24,6 +24,7 @@ from kitlib.data.samplers import (
     RandomBatchSampler,
     TokenBudgetSampler,
     as_lengths,
+    packing_layout,
     round_up,
 )
 
@@ -155,8 +156,9 @@ def length_report(
                 len(lens) / len(batches),
             )
         )
-    bins = PackingSampler(lens, max_length, seed=seed).batches()  # one row each; a batch: batch_size rows
-    rows = [bins[i : i + batch_size] for i in range(0, len(bins), batch_size)]
+    tokens, per = packing_layout(lens, batch_size, max_length)  # the loader's layout: bins of tokens, per batch
+    bins = PackingSampler(lens, tokens, seed=seed).batches()  # one bin each (a row)
+    rows = [bins[i : i + per] for i in range(0, len(bins), per)]
     packed = float(lens.sum()) / sum(len(b) * max(int(lens[r].sum()) for r in b) for b in rows)
     stats.append(StrategyStats("packed", packed, packed, len(rows), len(lens) / len(rows)))  # padding: rows' ends
     return LengthReport(

@@ -28,6 +28,7 @@ from kitlib.data.samplers import (
     SortedBatchSampler,
     TokenBudgetSampler,
     as_lengths,
+    packing_layout,
     round_up,
 )
 from kitlib.machine.distributed import dist_env
@@ -382,13 +383,12 @@ def make_train_loader(
         sampler = TokenBudgetSampler(
             lens, budget, seed=seed, pad_to_multiple_of=multiple, drop_last=True, rank=rank, world_size=world
         )
-    elif mode == "packed":  # padding-free: whole examples end to end in rows of the width; the peak of fixed padding
-        assert lens is not None
+    elif mode == "packed":  # padding-free: whole examples end to end in rows of the width, as many example tokens
+        assert lens is not None  # as a bucketed batch (packing_layout: as many optimizer steps per epoch)
         if not isinstance(collate, PackingCollator):  # a padding collate would undo the packing
             collate = PackingCollator(_width(cfg, lens), getattr(dataset, "pad_id", 0), multiple)
-        width = collate.width or bs * _width(cfg, lens)  # width None: one row of the whole budget (flash varlen)
-        rows = bs if collate.width else 1
-        sampler = PackingSampler(lens, width, rows, seed=seed, rank=rank, world_size=world)
+        tokens, rows = packing_layout(lens, bs, collate.width)  # width None: one row (flash varlen)
+        sampler = PackingSampler(lens, tokens, rows, seed=seed, rank=rank, world_size=world)
     else:
         sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
     if collate is None:

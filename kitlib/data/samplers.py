@@ -13,6 +13,7 @@ Numpy only (no torch import), so the length report can replay the exact batches 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -223,6 +224,18 @@ class TokenBudgetSampler(_EpochBatchSampler):
         if current:
             batches.append(current)
         return batches
+
+
+def packing_layout(lengths: Sequence[int] | np.ndarray, batch_size: int, width: int | None) -> tuple[int, int]:
+    """(tokens per bin, bins per micro-batch) of packed batches in rows of ``width`` (None: one row, flash varlen).
+    Packing changes the layout, not the optimisation: a batch holds the example tokens of ``batch_size`` bucketed
+    rows on average (``batch_size`` full rows held ~5x the examples on chat SFT data, mean ~300 of 1,536 tokens: ~5x
+    fewer optimizer steps per epoch, a worse loss at equal epochs; #31). An example longer than a bin gets a bin of
+    its own, so a batch's peak stays <= batch_size x width (the memory plan's count: rows <= batch_size)."""
+    arr = as_lengths(lengths)
+    budget = max(1, math.ceil(batch_size * float(arr.mean()))) if arr.size else batch_size
+    rows = min(batch_size, -(-budget // width)) if width else 1
+    return min(width or budget, -(-budget // rows)), rows
 
 
 class PackingSampler(_EpochBatchSampler):

@@ -330,7 +330,7 @@ def step_peak(
     docstring for the formula)."""
     P = shape.params
     weights, grads, optimizer = s.weights * P, s.grads * P, s.optimizer * P
-    tokens = micro_batch * seq_len
+    tokens = micro_batch * seq_len  # every batching's largest batch; packed: <= this (samplers.packing_layout)
     saved = activation_elements(shape, seq_len, model_kind, chunked, checkpointing=s.checkpointing, device=device)
     activations = saved * tokens * s.act_bytes
     loss = loss_transient(shape, tokens, model_kind, chunked, grads_of_head=s.grads > 0)

@@ -786,7 +786,9 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
     return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
 
 
-BATCHING_PROBE_FILE = "batching_probe.json"  # in the cache dir: 02's measured tokens/s per batching, machine and run
+# In the cache dir: 02's measured tokens/s per batching, machine and run. v2: packed batches hold a bucketed batch's
+# tokens since #31 (v1 measured batch_size full rows), so a v1 figure would pick by a layout no longer trained.
+BATCHING_PROBE_FILE = "batching_probe_v2.json"
 
 
 def measured_batching(
