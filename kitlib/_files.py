@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO, TypedDict
+from typing import Any, BinaryIO, TypedDict
 
 from kitlib.errors import DiskFullError
 
@@ -162,3 +163,13 @@ def read_checked(path: Path, record: Mapping[str, object]) -> bytearray:
     if hashlib.sha256(blob).hexdigest() != record["sha256"]:
         raise FileMismatch(f"{path.name} fails its sha256 check (corrupted)")
     return blob
+
+
+def read_json_object(path: Path | None) -> dict[str, Any]:
+    """A JSON object file's contents (a cache of measurements keyed per machine); {} when there is none, or it is
+    damaged or not an object: measured again and rewritten by its owner."""
+    try:
+        data = json.loads(path.read_text()) if path is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

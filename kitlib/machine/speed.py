@@ -14,12 +14,11 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from kitlib._files import write_atomic
+from kitlib._files import read_json_object, write_atomic
 from kitlib.machine.hardware import MathProbe
 
 __all__ = ["MathProbe", "measure_cpu_step", "probe_cpu_bf16"]
@@ -67,7 +66,7 @@ def probe_cpu_bf16(
     threads = torch.get_num_threads()
     key = f"{_cpu_model()} | torch {torch.__version__} | {threads} threads | {width}/{ffn}/{heads}/{seq_len}"
     file = None if cache_dir is None else Path(cache_dir) / "precision_probe.json"
-    known = _read_json(file)
+    known = read_json_object(file)
     if key in known:
         return MathProbe(**known[key])
     step = _block(width, ffn, heads, seq_len)
@@ -112,11 +111,3 @@ def _cpu_model() -> str:
             if line.startswith("model name"):
                 return line.partition(":")[2].strip()
     return platform.processor() or platform.machine()
-
-
-def _read_json(file: Path | None) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text()) if file is not None else {}
-    except (OSError, ValueError):
-        return {}  # none yet, or damaged: measured again and rewritten
-    return data if isinstance(data, dict) else {}

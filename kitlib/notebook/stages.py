@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kitlib._files import record_file, write_atomic
+from kitlib._files import read_json_object, record_file, write_atomic
 from kitlib.data.cache import Cache
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
@@ -814,10 +814,7 @@ def measured_batching(
              cfg.micro_batch_size, feats.n_train)  # fmt: skip
     key = " | ".join(str(v) for v in (hw.device_name, threads, torch.__version__, *shape))
     file = p.cache_dir / BATCHING_PROBE_FILE
-    try:
-        known = json.loads(file.read_text())
-    except (OSError, ValueError):
-        known = {}
+    known = read_json_object(file)
     measured: dict[str, float] | None = known.get(key)
     if measured is None:
         model = prepared.model.to(plan.device_type)
