@@ -656,6 +656,8 @@ def _with_trees(p: Params, feats: Features, values: np.ndarray) -> np.ndarray:
         if fitted is not None:
             print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend: {run_dir.name}/trees.json)")
             blends.append(trees.mix(values, fitted.predict(feats, None), weight, feats.spec.kind))
+            if feats.spec.kind != "regression":
+                break  # classes take the first fold's blend: the other folds' trees need not be fitted
     if not blends:
         return values
     return np.mean(blends, axis=0) if feats.spec.kind == "regression" else blends[0]
