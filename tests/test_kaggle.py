@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from kitlib.tools import kaggle as kg
+from kitlib.cli import kernel_tool
+
+kg = kernel_tool()  # kaggle/kernels.py of the checkout, as `python -m kitlib kaggle` loads it
 
 NOTEBOOKS = ("00_setup", "01_features", "02_train", "03_infer")
 SECRET = "s3cr3t0123456789abcdef0123456789"

@@ -14,8 +14,9 @@ import kaggle_sim
 import pandas as pd
 import pytest
 
-from kitlib.tools import kaggle as kg
+from kitlib.cli import kernel_tool
 
+kg = kernel_tool()  # kaggle/kernels.py of the checkout
 REASON = kaggle_sim.available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"Kaggle simulation: {REASON}")
 N_TRAIN, N_TEST = 200, 40
