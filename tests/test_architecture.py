@@ -182,3 +182,16 @@ def test_no_task_name_is_hard_coded_outside_its_module_and_the_registry() -> Non
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 found.append(f"{where}:{node.lineno} {node.value!r}")
     assert not found, "task names outside their module and the registry (ask TASKS instead):\n" + "\n".join(found)
+
+
+def test_the_package_never_imports_the_checkouts_demos() -> None:
+    """kitlib's wheel holds kitlib/ alone: no module imports demos/ (the registry names each task's demo by a string
+    that `python -m kitlib demo` resolves in the checkout), so nothing a notebook or a kernel runs needs it."""
+    found = [
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "demos")
+        or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "demos" for a in node.names))
+    ]
+    assert not found, f"kitlib imports the checkout's demos: {found}"
