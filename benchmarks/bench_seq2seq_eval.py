@@ -16,18 +16,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
+
 import torch
 
+from demos.sql import PARAMETERS, make_sql_demo
 from kitlib.engine.loop import fit
 from kitlib.machine.hardware import fake_profile
 from kitlib.notebook import stages
 from kitlib.notebook.tasks import get_task
 from kitlib.tasks.metrics import get_metric
-from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
 
 
 def main() -> None:

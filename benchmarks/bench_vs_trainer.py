@@ -5,7 +5,7 @@
 
 Same data (the demo competition, optionally subsampled), model (all-MiniLM-L6-v2, or the tiny fallback with --tiny;
 the contenders put Hugging Face's [CLS] classifier on it, kitlib the checkpoint's own mean pooling), train/validation
-split (kitlib.notebook.stages._split), epochs, 128-token cap and scoring (kitlib.tools.demo.score on the held-out
+split (kitlib.notebook.stages._split), epochs, 128-token cap and scoring (kitlib.tasks.scoring.score on the held-out
 test) for every contender. Each contender runs in its own subprocess, one after another, so threads, allocator caches
 and imports do not leak between them. Wall time is end to end inside the worker (tokenize, train, eval, save, predict,
 write submission.csv), after the heavy imports. Goals (issue 5): kitlib >= 2x faster than Trainer defaults, >= 1.3x
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
+
 import numpy as np
 import pandas as pd
 
@@ -37,7 +39,7 @@ TUNED_BATCH = 16
 # ------------------------------------------------------------------------------------------------- orchestrator
 def prepare_data(demo: Path, dest: Path, rows: int | None, test_rows: int | None) -> Path:
     """One copy of the (subsampled) competition that every contender reads: identical inputs by construction."""
-    from kitlib.tools.demo import make_demo
+    from demos.reviews import make_demo
 
     if not (demo / "train.csv").is_file():
         make_demo(demo)
@@ -415,7 +417,7 @@ def worker(args: argparse.Namespace) -> int:
     import transformers  # noqa: F401
 
     import kitlib.engine.loop  # noqa: F401
-    from kitlib.tools.demo import score
+    from kitlib.tasks.scoring import score
 
     if args.contender.startswith("trainer"):
         from transformers import Trainer  # noqa: F401  -- pulls in accelerate

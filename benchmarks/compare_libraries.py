@@ -178,7 +178,9 @@ def launch() -> None:
 
 
 def kaggle() -> None:
-    from kitlib.tools.kaggle import _problems, kaggle_loader_check
+    from kitlib.cli import kernel_tool
+
+    _problems, kaggle_loader_check = kernel_tool()._problems, kernel_tool().kaggle_loader_check
 
     good = {"id": "alice/kitlib-train", "title": "kitlib train", "code_file": "02_train.ipynb", "language": "python",
             "kernel_type": "notebook", "enable_internet": False, "enable_gpu": True, "machine_shape": "NvidiaTeslaT4",

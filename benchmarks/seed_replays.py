@@ -60,6 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
+
 import numpy as np
 import pandas as pd
 
@@ -168,7 +170,8 @@ def make_demo(w: Workload, root: Path) -> Any:
 def make_data(w: Workload, root: Path, rows: tuple[int, int], made: Path | None = None) -> Path:
     """The workload's demo in ``root``, cut to ``rows`` (train, test) rows; the same files for all contenders.
     ``made``: a folder written by ``--make-data`` (the same demo and seed), copied when it holds this workload."""
-    from kitlib.tools.demo import ABOUT_FILE, DemoPaths
+    from demos import DemoPaths
+    from kitlib.tasks.scoring import ABOUT_FILE
 
     if made is not None and (made / w.name / ABOUT_FILE).is_file():
         shutil.copytree(made / w.name, root, dirs_exist_ok=True)
@@ -191,7 +194,7 @@ def about(data: Path) -> dict[str, Any]:
 
 
 def score(data: Path, submission: Path) -> float:
-    from kitlib.tools.demo import score as demo_score
+    from kitlib.tasks.scoring import score as demo_score
 
     p = about(data)
     return float(demo_score(data / "solution.csv", submission, target=p["target"], metric=p["metric"]))
@@ -298,8 +301,8 @@ class Sql(Adapter):
 
 class Summary(Adapter):
     def build(self, tok: Any, train: pd.DataFrame) -> Any:
+        from demos.summary import parameters
         from kitlib.notebook.tasks.custom import factory
-        from kitlib.tools.demo_summary import parameters
 
         build = factory(parameters(self.data)["model_factory"])  # the demo folder's pointer_generator.py:build
         return build(len(tok), tok.pad_token_id, tok.eos_token_id)
@@ -603,7 +606,7 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
     hw = detect()
     params = about(data)
     if w.demo == "custom-seq2seq":
-        from kitlib.tools.demo_summary import parameters
+        from demos.summary import parameters
 
         params = parameters(data)
     p = stages.params(data_dir=data, work_dir=out, preset="balanced", model="tiny", epochs=w.after.epochs,

@@ -57,8 +57,7 @@ _EXPORTS: dict[str, str] = {
     "preset_picker": "kitlib.notebook.widgets",
     "PresetPicker": "kitlib.notebook.widgets",
     "diagnose": "kitlib.doctor.report",
-    "make_demo": "kitlib.tools.demo",
-    "score": "kitlib.tools.demo",
+    "score": "kitlib.tasks.scoring",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

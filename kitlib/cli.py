@@ -6,6 +6,7 @@ instant (no torch import). A kitlib error (``kitlib.errors.KitError``) prints as
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import warnings
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from types import ModuleType
 from typing import Any, get_args, get_origin, get_type_hints
 
 from kitlib._version import __version__
@@ -35,7 +37,7 @@ from kitlib.notebook.params import (  # the parser's flags derive from the decla
 from kitlib.notebook.presets import PRESETS, RUN_FILE
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, strip_outputs
 
-# lazy: kitlib (+0.025 s): each command imports the rest of its kitlib modules (doctor, data, tools) when it runs.
+# lazy: kitlib (+0.025 s): each command imports the rest of its kitlib modules (doctor, data, tasks) when it runs.
 # The parameters' declaration, the presets and the hardware profiles are at the top: the parser's flags and
 # checks need them for every command. None of these imports torch.
 
@@ -54,13 +56,47 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
+KERNEL_TOOL = "kitlib_kaggle_kernels"  # kaggle/kernels.py's name in sys.modules
+
+
+def checkout(relative: str) -> Path:
+    """A file of the kitlib checkout this kitlib runs from (installed editable, as scripts/install.sh does): the
+    demos/ and the Kaggle kernel tool (kaggle/) sit beside the package and its notebooks, and its wheel leaves them
+    out (no notebook imports them). Run from a wheel: a SetupError naming the fix."""
+    root = notebooks_dir().parent
+    if not (root / "pyproject.toml").is_file() or not (root / relative).is_file():
+        raise SetupError(
+            f"no {relative} beside this kitlib ({root}): the demos and the Kaggle kernel tool are in kitlib's "
+            "checkout, not in its wheel. Fix: run this from a clone of kitlib, installed with bash scripts/install.sh"
+        )
+    return root / relative
+
+
+def kernel_tool() -> ModuleType:
+    """The checkout's Kaggle kernel tool, kaggle/kernels.py, imported from its file once. Not by name: a folder kaggle/
+    without __init__.py loses to the kaggle CLI's package, which the tool imports, and one with it would hide it."""
+    if KERNEL_TOOL not in sys.modules:
+        spec = importlib.util.spec_from_file_location(KERNEL_TOOL, checkout("kaggle/kernels.py"))
+        assert spec is not None and spec.loader is not None  # a .py file always has a spec and a loader
+        sys.modules[KERNEL_TOOL] = module = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[KERNEL_TOOL]  # a failed import is not cached, as Python's own import does
+            raise
+    return sys.modules[KERNEL_TOOL]
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from kitlib.notebook.tasks import TASKS
     from kitlib.tasks.metrics import import_object
-    from kitlib.tools.demo import ABOUT_FILE
+    from kitlib.tasks.scoring import ABOUT_FILE
 
     if args.task not in TASKS:
         raise SetupError(f"--task {args.task!r}: no such task. Fix: one of {list(TASKS)}")
+    root = str(checkout("demos/__init__.py").parent.parent)  # the registry names demos.<module>:<function>
+    if root not in sys.path:  # a command typed outside the checkout
+        sys.path.insert(0, root)
     make = import_object(TASKS[args.task].demo, "demo")
     # DemoDataMissing, or files of the user's in the folder: one line, exit 2
     paths = make(args.dir, seed=args.seed, test_fraction=args.test_fraction, force=args.force)
@@ -75,7 +111,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     """Any competition: the target and id columns and the metric from the flags, else from a work dir's params.json
     and run.json (--work), else from a demo's demo.json beside the solution, else label / id / accuracy."""
     from kitlib.tasks.metrics import METRICS
-    from kitlib.tools.demo import ABOUT_FILE, score
+    from kitlib.tasks.scoring import ABOUT_FILE, score
 
     found: dict[str, Any] = {}
     about = Path(args.solution).with_name(ABOUT_FILE)
@@ -209,8 +245,7 @@ def _cmd_export_merged(args: argparse.Namespace) -> int:
 
 
 def _cmd_kaggle(args: argparse.Namespace) -> int:
-    from kitlib.tools import kaggle
-
+    kaggle = kernel_tool()
     try:
         if args.kaggle_action == "build":
             choices: dict[str, bool | None] = {"all": True, "none": False, "auto": None}

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
-ruff check kitlib tests benchmarks
-ruff format --check kitlib tests benchmarks
+ruff check kitlib demos kaggle tests benchmarks
+ruff format --check kitlib demos kaggle tests benchmarks
 mypy
 python -m pytest -q -n "${KITLIB_TEST_WORKERS:-2}" -m "not slow" "$@"

@@ -21,7 +21,6 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"tasks"}),  # the workloads: their targets, inputs, models and metrics, over data/engine/models
     frozenset({"doctor"}),
     frozenset({"notebook"}),
-    frozenset({"tools"}),
     frozenset({"cli", "__main__", "__init__"}),
 )
 SIBLINGS_APART = ("data", "engine")
@@ -163,10 +162,11 @@ def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     assert [p.split(":")[0] for p in problems] == ["line 1", "line 3", "line 4"], problems
 
 
-# Where a built-in task's name may be written: its own module, the registry, its demo (the demo is the task's), and
-# the parameters' doc (a test pins it to the registry). Everything else asks the registry (TASKS[name].family,
-# .generates, .demo), so a new task is its module, one registry line and its tests.
-TASK_NAMES_MAY_APPEAR = ("notebook/tasks/", "tools/demo")
+# Where a built-in task's name may be written in kitlib/: its own module, the registry and the parameters' doc (a test
+# pins it to the registry). Its demo, which names it too, is the checkout's demos/<module>.py, outside the package.
+# Everything else asks the registry (TASKS[name].model_kind, .generates, .demo), so a new task is its module, one
+# registry line, its demo and its tests.
+TASK_NAMES_MAY_APPEAR = ("notebook/tasks/",)
 
 
 def test_no_task_name_is_hard_coded_outside_its_module_and_the_registry() -> None:
@@ -182,3 +182,16 @@ def test_no_task_name_is_hard_coded_outside_its_module_and_the_registry() -> Non
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 found.append(f"{where}:{node.lineno} {node.value!r}")
     assert not found, "task names outside their module and the registry (ask TASKS instead):\n" + "\n".join(found)
+
+
+def test_the_package_never_imports_the_checkouts_demos() -> None:
+    """kitlib's wheel holds kitlib/ alone: no module imports demos/ (the registry names each task's demo by a string
+    that `python -m kitlib demo` resolves in the checkout), so nothing a notebook or a kernel runs needs it."""
+    found = [
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "demos")
+        or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "demos" for a in node.names))
+    ]
+    assert not found, f"kitlib imports the checkout's demos: {found}"

@@ -495,8 +495,8 @@ def test_01_says_what_the_cache_did_in_one_line(
     tmp_path: Path, cpu_hw: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """01 printed `cache miss tokens[...] built in 0.5 s, stored 1.2 MB` once per token table (three of them)."""
+    from demos.reviews import make_demo
     from kitlib.notebook import stages
-    from kitlib.tools.demo import make_demo
 
     make_demo(tmp_path / "data")
     p = stages.params(data_dir=tmp_path / "data", work_dir=tmp_path / "work", preset="smoke", model="tiny")

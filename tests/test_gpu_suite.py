@@ -163,8 +163,8 @@ def test_the_custom_demo_names_its_factory_where_its_data_lies(
 ) -> None:
     """00 accepts the custom demo's parameters, synthetic or carried from the machine that made the data (the
     factory file's full path is only known where the data lies)."""
+    from demos.custom import PARAMETERS
     from kitlib.notebook import stages
-    from kitlib.tools.demo_custom import PARAMETERS
 
     checks = _checks_module()
     monkeypatch.setenv(checks.DATA_ENV, str(tmp_path / "carried"))

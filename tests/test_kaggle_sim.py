@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 from _demos import cut_demo
 
-from kitlib.tools import kaggle as kg
+from kitlib.cli import kernel_tool
 
+kg = kernel_tool()  # kaggle/kernels.py of the checkout
 REASON = kaggle_sim.available()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"Kaggle simulation: {REASON}")
 N_TRAIN, N_TEST = 200, 40

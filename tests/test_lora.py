@@ -202,9 +202,9 @@ def test_a_killed_lora_run_resumes_to_the_uninterrupted_weights(tmp_path: Path) 
 
 
 def test_qlora_off_cuda_is_refused_in_00_naming_lora(tmp_path: Path, cpu_hw: Any) -> None:
+    from demos.reviews import make_demo
     from kitlib.errors import SetupError
     from kitlib.notebook import presets, stages
-    from kitlib.tools.demo import make_demo
 
     with pytest.raises(SetupError, match=r"CUDA.*Fix: adapter = 'lora'"):
         presets.resolve("smoke", cpu_hw, overrides={"adapter": "qlora"})
@@ -222,9 +222,9 @@ def test_lora_trains_at_the_adapters_lr_once_and_a_users_lr_wins(tmp_path: Path,
     """The presets' lrs are full fine-tuning's (1e-4 at balanced); adapters take at least LORA_LR (2e-4, the peers'
     usual), said in one line; an lr the user sets is kept; 00's setup (the task's preset, then resolve again) applies
     it once."""
+    from demos.reviews import make_demo
     from kitlib.models.adapters import LORA_LR
     from kitlib.notebook import presets, stages
-    from kitlib.tools.demo import make_demo
 
     for name in presets.PRESETS:
         if presets.PRESETS[name].regime != "finetune":
@@ -252,10 +252,10 @@ def sft_demo_and_model_folder(root: Path, *, n_train: int, n_test: int) -> tuple
     on its prompts and responses; skips when the demo's data is not installed."""
     import pandas as pd
 
+    from demos.sft import make_sft_demo
     from kitlib.errors import DemoDataMissing
     from kitlib.models.bpe import train_bpe_tokenizer
     from kitlib.models.causal_lm import tiny_causal_lm
-    from kitlib.tools.demo_sft import make_sft_demo
 
     try:
         demo = make_sft_demo(root / "data", n_train=n_train, n_test=n_test)
@@ -279,8 +279,8 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
+    from demos.sft import PARAMETERS
     from kitlib.notebook import stages
-    from kitlib.tools.demo_sft import PARAMETERS
 
     demo, folder = sft_demo_and_model_folder(tmp_path, n_train=96, n_test=12)
     train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})

@@ -43,7 +43,8 @@ def test_committed_notebooks_are_thin_runbooks_without_outputs() -> None:
 def test_demo_end_to_end_headless_with_relative_paths_from_another_cwd(tmp_path: Path) -> None:
     """What README's main job does, from a folder that is neither the repo nor the notebooks' folder: relative
     --data/--work mean relative to where the command ran, not to the kernels' working directory."""
-    from kitlib.tools.demo import make_demo, score
+    from demos.reviews import make_demo
+    from kitlib.tasks.scoring import score
 
     demo = make_demo(tmp_path / "competition" / "demo")
     cut_demo(demo.root, 600)  # the paths are under test, not the demo's size
@@ -110,7 +111,7 @@ def test_notebooks_run_unchanged_on_another_csv_with_other_column_names(tmp_path
 
 def test_plain_nbconvert_with_environment_variables(tmp_path: Path) -> None:
     """What a user types: jupyter nbconvert --execute, parameters through KIT_* variables."""
-    from kitlib.tools.demo import make_demo
+    from demos.reviews import make_demo
 
     make_demo(tmp_path / "demo")
     env = {
@@ -147,7 +148,7 @@ def test_plain_nbconvert_with_environment_variables(tmp_path: Path) -> None:
 
 
 def test_a_failing_notebook_is_one_short_message_naming_the_notebook_the_cell_and_the_fix(tmp_path: Path) -> None:
-    from kitlib.tools.demo import make_demo
+    from demos.reviews import make_demo
 
     make_demo(tmp_path / "demo")
     done = subprocess.run(

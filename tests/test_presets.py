@@ -215,8 +215,8 @@ def test_cli_presets(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_import_is_cheap() -> None:
     heavy = "{'torch', 'ipywidgets', 'kaggle'}"
-    modules = "kitlib.notebook.presets, kitlib.notebook.widgets, kitlib.tools.kaggle"
-    code = f"import {modules}, sys; print(sorted({heavy} & set(sys.modules)))"
+    modules = "kitlib.notebook.presets, kitlib.notebook.widgets, kitlib.cli"
+    code = f"import {modules}, sys; kitlib.cli.kernel_tool(); print(sorted({heavy} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

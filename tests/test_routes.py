@@ -71,7 +71,7 @@ def test_qlora_with_8bit_adamw_on_2_rehearsed_gloo_workers_through_the_four_note
 ) -> None:
     """Must-show 1: the Kaggle 2xT4 route rehearsed: 4-bit base (bitsandbytes' CPU backend), rank 0's adapters
     reloaded by the parent (item 2), 8-bit AdamW from --optimizer (item 8), a scored submission."""
-    from kitlib.tools.demo_sft import PARAMETERS
+    from demos.sft import PARAMETERS
 
     data, folder = sft
     work = tmp_path / "work"
@@ -134,9 +134,9 @@ def test_a_causal_lm_route_in_process(
 ) -> None:
     """Each cell runs 00 -> 03 in process (2 workers: 02's own launch forks 2 gloo ranks, and the parent reloads
     rank 0's adapters), or 00 refuses it with the reason; a cell that needs a GPU plan is refused without it."""
+    from demos.sft import PARAMETERS
     from kitlib.errors import SetupError
     from kitlib.notebook import stages
-    from kitlib.tools.demo_sft import PARAMETERS
 
     data, folder = sft
 
@@ -178,8 +178,8 @@ def test_the_matrix_covers_every_adapter_and_optimizer_offered_at_every_world_si
 
 
 def test_lora_on_the_classifier(tmp_path: Path, cpu_hw: Any) -> None:
+    from demos.reviews import make_demo
     from kitlib.notebook import stages
-    from kitlib.tools.demo import make_demo
 
     demo = make_demo(tmp_path / "demo")
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", adapter="lora")
@@ -196,9 +196,9 @@ def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, 
     (bitsandbytes' CPU backend, rehearsing a T4), 8-bit AdamW; the record says so and 03 writes a scored submission."""
     import pandas as pd
 
+    from demos.sql import PARAMETERS, make_sql_demo
     from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq
     from kitlib.notebook import stages
-    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
 
     demo = make_sql_demo(tmp_path / "data", n_train=48, n_test=8)
     train = pd.read_csv(demo.train)

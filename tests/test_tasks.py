@@ -293,7 +293,7 @@ def test_the_price_demo_scores_better_with_the_transformed_target_than_raw(tmp_p
     """The seed user's price regression trained MSE on raw prices (SMAPE 107-117); the log+standardised target is
     kitlib's default for a heavy-tailed target scored by SMAPE. Same data, preset, model and seed: both printed."""
     pytest.importorskip("bokeh_sampledata")
-    from kitlib.tools.demo_price import PARAMETERS, make_price_demo, median_baseline, score_price
+    from demos.price import PARAMETERS, make_price_demo, median_baseline, score_price
 
     paths = make_price_demo(tmp_path / "price")
     scores = {}
@@ -316,7 +316,7 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     """The text-to-SQL demo through the stages: targets kept whole, a tiny T5 built from a config with a byte-level
     BPE tokenizer (01 saves it in features.json), the executing metric's full eval handed to the background (a
     callable), 03's generated queries in the submission, scored by record F1 on the demo's database."""
-    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo, score_sql
+    from demos.sql import PARAMETERS, make_sql_demo, score_sql
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
@@ -344,7 +344,7 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
 
 
 def test_seq2seq_refuses_the_head_regime_and_empty_targets(tmp_path: Path, cpu_hw) -> None:
-    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
+    from demos.sql import PARAMETERS, make_sql_demo
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="fast", model="tiny", **PARAMETERS)
@@ -362,7 +362,7 @@ def test_seq2seq_refuses_the_head_regime_and_empty_targets(tmp_path: Path, cpu_h
 def test_custom_trains_the_users_module_from_a_file_it_names(tmp_path: Path, cpu_hw) -> None:
     """task="custom": bilstm.py (named by model_factory, full path) is built under the run's seed, trained by fit
     with its own loss, checkpointed and used by 03, on kitlib's loaders."""
-    from kitlib.tools.demo_custom import make_custom_demo, parameters
+    from demos.custom import make_custom_demo, parameters
 
     paths = make_custom_demo(tmp_path / "custom")
     values = parameters(paths.root)
@@ -397,7 +397,7 @@ def test_custom_trains_the_users_module_from_a_file_it_names(tmp_path: Path, cpu
 def test_a_custom_factory_that_does_not_load_is_one_clear_error(
     tmp_path: Path, cpu_hw, factory: str, expected: str
 ) -> None:
-    from kitlib.tools.demo_custom import make_custom_demo
+    from demos.custom import make_custom_demo
 
     paths = make_custom_demo(tmp_path / "custom")
     columns = {"numeric": ["id"]} if "tokens only" in expected else {}
@@ -409,8 +409,8 @@ def test_a_custom_factory_that_does_not_load_is_one_clear_error(
 def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_hw) -> None:
     """seq2seq trains a from-scratch model 10x longer at lr 1e-3 and scores generation every 5 epochs: the picker's
     table says so before setup, and setup keeps exactly what the picker showed (the adjustment is idempotent)."""
+    from demos.sql import PARAMETERS, make_sql_demo
     from kitlib.notebook.widgets import preset_picker
-    from kitlib.tools.demo_sql import PARAMETERS, make_sql_demo
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "w", preset="balanced", model="tiny", **PARAMETERS)

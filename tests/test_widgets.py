@@ -245,8 +245,8 @@ def test_a_click_after_run_all_is_what_01_runs(notebook: Notebook, tmp_path: Pat
     import json
 
     import kitlib
+    from demos.reviews import make_demo
     from kitlib.notebook import presets, stages
-    from kitlib.tools.demo import make_demo
 
     pytest.importorskip("ipywidgets")
     make_demo(tmp_path / "data")

@@ -38,6 +38,7 @@ from kitlib.tasks.targets import read_target, regression_loss
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import TypeAlias
 
     import pandas as pd
     import torch
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from kitlib.tasks.metrics import Metric
 
     # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
-    FullEval = Callable[[nn.Module], Any] | SplitEval
+    FullEval: TypeAlias = Callable[[nn.Module], Any] | SplitEval
 
 
 class Params(Protocol):

@@ -1,4 +1,4 @@
-"""The custom-model demo: the reviews competition (kitlib.tools.demo) plus ``bilstm.py``, a model of one's own that
+"""The custom-model demo: the reviews competition (demos.reviews) plus ``bilstm.py``, a model of one's own that
 00's ``model_factory`` names (``task = "custom"``): a bidirectional LSTM over the tokenizer's ids, max-pooled, with
 its own loss (cross-entropy with label smoothing 0.1). It stands for any module a user brings: kitlib tokenizes,
 batches by length, trains it with fit (accumulation, precision, checkpoints) and predicts with it.
@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from demos import DemoPaths
+from demos.reviews import make_demo
 from kitlib._files import write_atomic
-from kitlib.tools.demo import ABOUT_FILE, DemoPaths, make_demo
+from kitlib.tasks.scoring import ABOUT_FILE
 
 FACTORY_FILE = "bilstm.py"
 PARAMETERS = {"task": "custom", "metric": "accuracy"}  # + model_factory: the full path of the demo's bilstm.py

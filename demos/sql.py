@@ -29,9 +29,10 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from demos import DemoPaths, prepare_demo_dir, write_csv
 from kitlib._files import fsync_dir, fsync_file
+from kitlib.tasks.scoring import check_same_ids, read_scored
 from kitlib.tasks.sql_metric import mean_record_f1
-from kitlib.tools.demo import DemoPaths, check_same_ids, prepare_demo_dir, read_scored, write_csv
 
 DB_FILE = "shop.sqlite"
 PARAMETERS = {"task": "seq2seq", "metric": "record_f1", "text": "question", "target": "query"}  # 00's, demo.json

@@ -8,6 +8,10 @@ kaggle CLI: nothing here reads them, passes them on a command line, copies them,
 redacted of the KAGGLE_* secrets in the environment before it is returned or raised).
 
 Field rules follow shared/notes/kaggle-and-headless.md §1 (kaggle 2.2.4's ``kernels_push``).
+
+This file is the checkout's, not the wheel's: ``python -m kitlib kaggle ...`` imports it by its path
+(``kitlib.cli.kernel_tool()``, which tests use too), since a folder named kaggle is not importable beside the kaggle
+package this tool runs.
 """
 
 from __future__ import annotations

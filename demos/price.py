@@ -32,9 +32,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from demos import DemoPaths, write_competition
 from kitlib.errors import DemoDataMissing
 from kitlib.tasks.metrics import smape
-from kitlib.tools.demo import DemoPaths, score, write_competition
+from kitlib.tasks.scoring import score
 
 PACKAGE = "bokeh_sampledata"  # import name; on PyPI: bokeh-sampledata
 MIN_VERSION = (2026, 1)  # earlier releases carry a different, larger movies.db (OMDb-era, no such box-office column)
@@ -167,7 +168,7 @@ def _smape(y_true: np.ndarray | list[float], y_pred: np.ndarray | list[float]) -
 
 def score_price(solution_csv: str | Path, submission_csv: str | Path) -> float:
     """SMAPE (percent, lower is better) of a submission against the held-out solution, matched by id
-    (kitlib.tools.demo.score: mismatched ids, row counts, missing or non-numeric predictions raise a DataError)."""
+    (kitlib.tasks.scoring.score: mismatched ids, row counts, missing or non-numeric predictions raise a DataError)."""
     return score(solution_csv, submission_csv, target=TARGET, metric="smape")
 
 

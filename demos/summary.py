@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from demos import DemoPaths, write_competition
+from demos.reviews import corpus_path
 from kitlib._files import write_atomic
 from kitlib.tasks.metrics import rouge_l
-from kitlib.tools.demo import ABOUT_FILE, DemoPaths, check_same_ids, corpus_path, read_scored, write_competition
+from kitlib.tasks.scoring import ABOUT_FILE, check_same_ids, read_scored
 
 FACTORY_FILE = "pointer_generator.py"
 PARAMETERS = {"task": "custom-seq2seq", "metric": "rouge_l", "text": "text", "target": "summary"}  # + model_factory
