@@ -209,7 +209,7 @@ def write_submission(test: pd.DataFrame, labels: np.ndarray, work: Path) -> Path
 
 def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, Any]:
     from kitlib.machine.hardware import detect
-    from kitlib.notebook import presets
+    from kitlib.notebook import presets, training
     from kitlib.notebook import stages as workflow
 
     p = workflow.params(data_dir=data, work_dir=work / "work", preset="balanced", model="tiny" if tiny else "auto")
@@ -220,8 +220,8 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, 
     run = workflow.setup(p, hw, resolved=presets.resolve("balanced", hw, overrides=overrides))
     feats = workflow.features(p, run)
     run = feats.run  # re-fitted to the data: max_length by coverage, smaller steps for a short run
-    result = workflow.train(p, feats, hw=hw)
-    workflow.infer(p, feats, hw=hw)
+    result = training.train(p, feats, hw=hw)
+    training.infer(p, feats, hw=hw)
     facts = result.timing["run"]
     cfg = run.config
     return {

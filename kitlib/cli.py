@@ -19,9 +19,11 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from kitlib._version import __version__
 from kitlib.config import Requested
+from kitlib.doctor.memory_plan import plan_memory, run_line
 from kitlib.errors import KitError, PrecisionError, SetupError
 from kitlib.machine.hardware import detect, fake_profile
 from kitlib.notebook import runbook  # runbook.run_notebooks by its module: tests stand a fake in for it
+from kitlib.notebook.estimate import estimate_epoch_seconds
 from kitlib.notebook.params import (  # the parser's flags derive from the declaration
     ENV,
     PARAMETERS,
@@ -146,8 +148,6 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
-    from kitlib.doctor.memory_plan import run_line
-    from kitlib.notebook.estimate import estimate_epoch_seconds
     from kitlib.notebook.stages import resolve_run
 
     hw = fake_profile(args.profile) if args.profile else detect()
@@ -185,8 +185,6 @@ def _model_kind(task: str) -> str:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     """The memory plan's table: every strategy's bytes, whether it fits, and the choice; exit 1 when nothing fits."""
-    from kitlib.doctor.memory_plan import plan_memory
-
     plan = plan_memory(
         args.model,
         hardware=args.hardware,
@@ -201,8 +199,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_merged(args: argparse.Namespace) -> int:
-    """03's model with its adapter merged in, as one model folder (kitlib.notebook.stages.export_merged)."""
-    from kitlib.notebook.stages import export_merged
+    """03's model with its adapter merged in, as one model folder (kitlib.notebook.training.export_merged)."""
+    from kitlib.notebook.training import export_merged
 
     export_merged(args.work_dir, args.out)
     return 0

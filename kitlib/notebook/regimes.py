@@ -45,7 +45,7 @@ class Prepared:
     model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
     notes: tuple[str, ...] = ()  # lines for 02's summary (a causal LM's examples cut to the width)
     # Other training loaders by their batching (TrainConfig.batching), which 02 measures against ``train`` on the
-    # training device before it trains the faster (stages.measured_batching): a causal LM's packed rows
+    # training device before it trains the faster (training.measured_batching): a causal LM's packed rows
     choices: Mapping[str, Any] = field(default_factory=dict)
 
 
