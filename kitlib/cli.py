@@ -1,6 +1,7 @@
 """``python -m kitlib``: the one command-line front door. Every argparse definition and every line a command prints
-lives here; the modules below return data. Each command imports what it needs only when it runs, so ``--help`` is
-instant (no torch import). A kitlib error (``kitlib.errors.KitError``) prints as one line and exits 2.
+lives here; the modules below return data. What imports torch (or the demos and the Kaggle tooling) a command
+imports only when it runs, so ``--help`` loads no torch (tests/test_imports_at_top.py). A kitlib error
+(``kitlib.errors.KitError``) prints as one line and exits 2.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from kitlib._version import __version__
 from kitlib.config import Requested
+from kitlib.data.cache import Cache
 from kitlib.doctor.memory_plan import plan_memory, run_line
 from kitlib.errors import KitError, PrecisionError, SetupError
 from kitlib.machine.hardware import detect, fake_profile
@@ -36,10 +38,13 @@ from kitlib.notebook.params import (  # the parser's flags derive from the decla
 )
 from kitlib.notebook.presets import PRESETS, RUN_FILE
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, strip_outputs
+from kitlib.notebook.stages import outcome, resolve_run
+from kitlib.notebook.tasks import TASKS
+from kitlib.tasks.metrics import METRICS, import_object
 
-# lazy: kitlib (+0.025 s): each command imports the rest of its kitlib modules (doctor, data, tools) when it runs.
-# The parameters' declaration, the presets and the hardware profiles are at the top: the parser's flags and
-# checks need them for every command. None of these imports torch.
+# lazy: kitlib (+0.025 s): each command imports its kitlib modules that load torch, transformers or pandas (precision,
+# doctor, training) and the tools when it runs. What is at the top (the parameters' declaration, the presets, the
+# stages 00 and 01 run, the tasks' registry, numpy) imports none of those.
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -57,8 +62,6 @@ def _cmd_detect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from kitlib.notebook.tasks import TASKS
-    from kitlib.tasks.metrics import import_object
     from kitlib.tools.demo import ABOUT_FILE
 
     if args.task not in TASKS:
@@ -76,7 +79,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_score(args: argparse.Namespace) -> int:
     """Any competition: the target and id columns and the metric from the flags, else from a work dir's params.json
     and run.json (--work), else from a demo's demo.json beside the solution, else label / id / accuracy."""
-    from kitlib.tasks.metrics import METRICS
     from kitlib.tools.demo import ABOUT_FILE, score
 
     found: dict[str, Any] = {}
@@ -117,8 +119,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from kitlib.data.cache import Cache
-
     cache = Cache(args.dir, log=None)
     if args.action == "size":
         print(f"{len(cache.list())} entries, {cache.size_bytes() / 1e6:.1f} MB in {cache.dir}")
@@ -148,8 +148,6 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
-    from kitlib.notebook.stages import resolve_run
-
     hw = fake_profile(args.profile) if args.profile else detect()
     p = Params(task=args.task, model=args.model)  # the preset as this task trains it, as 00's picker shows it
     kind = _model_kind(args.task)
@@ -174,8 +172,6 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 def _model_kind(task: str) -> str:
     """The model a task trains, as the memory plan sizes it (the task's registry entry says)."""
-    from kitlib.notebook.tasks import TASKS
-
     entry = TASKS.get(task)
     if entry is None or not entry.model_kind:
         sized = [name for name, e in TASKS.items() if e.model_kind]
@@ -305,7 +301,6 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
-    from kitlib.notebook.stages import outcome
 
     values, _ = _parameters(args)
     given = {k: str(values[k]) for k in ENV if k in values}

@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
+from kitlib.data.featurize import embed_texts
+from kitlib.data.ngrams import NgramVectorizer
 from kitlib.models.loading import load_classifier, load_text_classifier, load_text_encoder
 
-# lazy: torch (+1.0 s), numpy (+0.1 s): only building models and loaders needs them; the regime names are read by the
-# CLI and the Kaggle tooling (python -X importtime).
+# lazy: torch (+1.0 s): only building models and loaders needs it; the regime names are read by the CLI and the
+# Kaggle tooling (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -168,8 +170,6 @@ class Head(Regime):
         return load_text_encoder(train_texts=texts, seed=seed, **choice)
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
-        from kitlib.data.featurize import embed_texts
-        from kitlib.data.ngrams import NgramVectorizer
         from kitlib.machine.precision import Precision, decide_stage_precision
 
         e = encoder

@@ -15,14 +15,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from kitlib.data.tables import check_finite
 from kitlib.errors import DataError
 from kitlib.tasks.targets import heavy_tailed
+
+# lazy: pandas (+0.2 s): only fitting columns on a DataFrame needs it (python -X importtime).
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MIN_CATEGORY_ROWS = 2  # a value seen once cannot be both learned and generalised: it joins "other" (id 0)
 
@@ -111,6 +115,8 @@ def fit_columns(train: pd.DataFrame, *, numeric: Sequence[str], categorical: Seq
 
 def numeric_values(df: pd.DataFrame, name: str, path: Path | str) -> np.ndarray:
     """float64 values of a numeric column (NaN where blank); text in it is a DataError naming the row and fix."""
+    import pandas as pd
+
     _require(df, name, path, "numeric")
     col = df[name]
     values = pd.to_numeric(col, errors="coerce")
