@@ -140,7 +140,7 @@ def machine(hw: Any) -> str:
 
 def orchestrate(args: argparse.Namespace) -> int:
     from kitlib.machine.hardware import detect
-    from kitlib.models.loading import tiny_requested
+    from kitlib.models.folders import tiny_requested
 
     args.tiny = args.tiny or tiny_requested() or os.environ.get("KIT_MODEL") == "tiny"
     out = args.out.resolve()

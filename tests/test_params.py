@@ -156,7 +156,7 @@ def _ran(run: dict, saved: dict) -> dict:
 def test_a_params_file_is_what_runs_and_each_explicit_flag_overrides_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kitlib.models.loading import pretrained_dir
+    from kitlib.models.folders import pretrained_dir
 
     pretrained_dir()  # model "auto" below: the installed all-MiniLM-L6-v2 (00 checks it is there, loads nothing)
     data = _competition(tmp_path / "data")

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kitlib.data.featurize import embed_texts
 from kitlib.data.ngrams import NgramVectorizer
-from kitlib.models.loading import load_classifier, load_text_classifier, load_text_encoder
 
-# lazy: torch (+1.0 s): only building models and loaders needs it; the regime names are read by the CLI and the
-# Kaggle tooling (python -X importtime).
+# lazy: torch (+1.0 s), transformers (+0.6 s): only building models and loaders needs them (kitlib.models.loading);
+# the regime names are read by the CLI, the picker and the Kaggle tooling (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,6 +114,8 @@ class Finetune(Regime):
     gains_from_ddp = True
 
     def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        from kitlib.models.loading import load_text_classifier
+
         return load_text_classifier(spec.num_labels, train_texts=texts, seed=seed, **choice)
 
     def prepare(
@@ -125,6 +126,8 @@ class Finetune(Regime):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
+        from kitlib.models.loading import load_classifier
+
         model = load_classifier(
             feats.spec.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
         )
@@ -167,6 +170,8 @@ class Head(Regime):
         return "the whole encoder (it runs once, in 01, to cache embeddings; only the head trains)"
 
     def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        from kitlib.models.loading import load_text_encoder
+
         return load_text_encoder(train_texts=texts, seed=seed, **choice)
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 from safetensors.torch import save_model
+from transformers import AutoTokenizer
 
 from kitlib._files import read_json_object, record_file, write_atomic
 from kitlib.doctor.probe import probe_batching
@@ -46,9 +47,6 @@ from kitlib.notebook.tasks import get_task
 from kitlib.progress import advise
 from kitlib.tasks.baseline import Baseline, BestRows, compare
 from kitlib.tasks.metrics import get_metric
-
-# lazy: transformers (+0.6 s): only export_merged loads it, to save the model folder's tokenizer; a task's own
-# module trains without it (python -X importtime).
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
@@ -499,8 +497,6 @@ def export_merged(
         save_model(merged, str(target / "model.safetensors"))
     folder = Path(p.model)
     if folder.is_dir():  # saved by transformers, so every file it loads from comes along (chat_template.jinja, ...)
-        from transformers import AutoTokenizer
-
         AutoTokenizer.from_pretrained(folder).save_pretrained(target)
     size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
     weights = sum(t.numel() for t in merged.state_dict().values() if isinstance(t, torch.Tensor))
