@@ -252,9 +252,11 @@ def test_a_read_only_work_dir_fails_in_the_first_cell(tmp_path: Path) -> None:
 
 
 class _Progress:
-    """Records every bar made through kitlib.progress.progress_bar (the stages import it when they run)."""
+    """Records every bar made through kitlib.progress.progress_bar, wherever a kitlib module imported it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import sys
+
         from kitlib import progress
 
         self.bars: list[tuple[str, bool, object]] = []  # (desc, shown: not disabled when made, bar)
@@ -265,7 +267,9 @@ class _Progress:
             self.bars.append((str(kw["desc"]), not kw.get("disable", False), bar))
             return bar
 
-        monkeypatch.setattr(progress, "progress_bar", record)
+        for module in [m for name, m in sys.modules.items() if name.startswith("kitlib")]:
+            if getattr(module, "progress_bar", None) is make:  # its own name for the function, bound at import
+                monkeypatch.setattr(module, "progress_bar", record)
 
     def named(self, prefix: str) -> list[tuple[int, int, bool]]:
         """(total, n, shown) of the bars whose description starts with ``prefix``, in the order they were made."""
