@@ -65,7 +65,7 @@ def demo(task: str, root: Path, rows: int | None, test_rows: int | None) -> tupl
 
 def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Path) -> dict[str, Any]:
     """00's estimate for (task, preset), then 01-03 timed: what a user would plan by and what it cost."""
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
     from kitlib.notebook.estimate import estimate_run
     from kitlib.notebook.widgets import preset_picker
 
@@ -83,8 +83,8 @@ def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Pa
     with threads(hw.cpu_count):
         start, cpu = time.perf_counter(), cpu_seconds()
         stages.features(p, hw=hw, quiet=True)
-        stages.train(p, hw=hw)
-        stages.infer(p, hw=hw)
+        training.train(p, hw=hw)
+        training.infer(p, hw=hw)
         wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
     return {
         "task": task,

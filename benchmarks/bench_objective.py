@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from outside_data import score, superstore
 
 from kitlib.machine.hardware import fake_profile
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 
 
 def test_smape(data: Path, work: Path, parameters: dict[str, object], objective: str, preset: str, model: str) -> float:
@@ -28,8 +28,8 @@ def test_smape(data: Path, work: Path, parameters: dict[str, object], objective:
     p = stages.params(data_dir=data, work_dir=work, preset=preset, model=model, objective=objective, **parameters)
     stages.setup(p, hw)
     stages.features(p, hw=hw, quiet=True)
-    print(stages.train(p, hw=hw).summary())
-    stages.infer(p, hw=hw)
+    print(training.train(p, hw=hw).summary())
+    training.infer(p, hw=hw)
     return score(data, work / "submission.csv")["smape"]
 
 

@@ -28,7 +28,7 @@ import torch
 from demos.sql import PARAMETERS, make_sql_demo
 from kitlib.engine.loop import fit
 from kitlib.machine.hardware import fake_profile
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.tasks import get_task
 from kitlib.tasks.metrics import get_metric
 
@@ -49,11 +49,11 @@ def main() -> None:
         stages.features(p, hw=hw, quiet=True)
         feats = stages.load_features(p)
         task, metric = get_task(p.task), get_metric("record_f1", "sequence", data_dir=paths.root)
-        base = dataclasses.replace(stages._train_config(p, feats), epochs=args.epochs, save_best=False)
+        base = dataclasses.replace(training._train_config(p, feats), epochs=args.epochs, save_best=False)
         # Generation costs what the model generates: a fresh model stops at once. Train first, then time each way
         # from those weights, in the order A B C C B A (drift on a shared machine hits every side alike).
-        warm = stages.prepare(p, feats, hw).model
-        fit(warm, stages.prepare(p, feats, hw).train, config=dataclasses.replace(base, epochs=args.warmup,
+        warm = training.prepare(p, feats, hw).model
+        fit(warm, training.prepare(p, feats, hw).train, config=dataclasses.replace(base, epochs=args.warmup,
             full_eval_every=0, monitor="train_loss"), hw=hw)  # fmt: skip
         trained = {k: v.clone() for k, v in warm.state_dict().items()}
         runs = {
@@ -67,7 +67,7 @@ def main() -> None:
         gaps: dict[str, list[float]] = {name: [] for name in runs}
         f1s: dict[str, float] = {}
         for name in [*runs, *reversed(runs)]:
-            prepared = stages.prepare(p, feats, hw)
+            prepared = training.prepare(p, feats, hw)
             prepared.model.load_state_dict(trained)
             started = time.perf_counter()
             result = fit(

@@ -142,7 +142,7 @@ def machine(hw: Any) -> str:
 
 def orchestrate(args: argparse.Namespace) -> int:
     from kitlib.machine.hardware import detect
-    from kitlib.models.loading import tiny_requested
+    from kitlib.models.folders import tiny_requested
 
     args.tiny = args.tiny or tiny_requested() or os.environ.get("KIT_MODEL") == "tiny"
     out = args.out.resolve()
@@ -211,7 +211,7 @@ def write_submission(test: pd.DataFrame, labels: np.ndarray, work: Path) -> Path
 
 def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, Any]:
     from kitlib.machine.hardware import detect
-    from kitlib.notebook import presets
+    from kitlib.notebook import presets, training
     from kitlib.notebook import stages as workflow
 
     p = workflow.params(data_dir=data, work_dir=work / "work", preset="balanced", model="tiny" if tiny else "auto")
@@ -222,8 +222,8 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, 
     run = workflow.setup(p, hw, resolved=presets.resolve("balanced", hw, overrides=overrides))
     feats = workflow.features(p, run)
     run = feats.run  # re-fitted to the data: max_length by coverage, smaller steps for a short run
-    result = workflow.train(p, feats, hw=hw)
-    workflow.infer(p, feats, hw=hw)
+    result = training.train(p, feats, hw=hw)
+    training.infer(p, feats, hw=hw)
     facts = result.timing["run"]
     cfg = run.config
     return {

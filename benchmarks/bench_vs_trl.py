@@ -93,7 +93,7 @@ def eval_loss(model: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> float:
 
 
 def run_kitlib(work: Path, data: Path, folder: Path, hp: dict[str, Any]) -> dict[str, Any]:
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
 
     p = stages.params(data_dir=data, work_dir=work, preset="balanced", model=str(folder), task="causal-lm",
                       text="prompt", target="response", metric="exact_match", train_file="train.jsonl",
@@ -102,7 +102,7 @@ def run_kitlib(work: Path, data: Path, folder: Path, hp: dict[str, Any]) -> dict
     stages.setup(p)
     feats = stages.features(p, quiet=True)
     started = time.perf_counter()
-    result = stages.train(p)
+    result = training.train(p)
     wall = time.perf_counter() - started
     timing = json.loads((p.run_dir / "timing.json").read_text())["run"]
     config = json.loads((p.run_dir / "config.json").read_text())["config"]

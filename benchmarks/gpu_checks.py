@@ -801,7 +801,7 @@ def _demo(task: str) -> Any:
         import pandas as pd
 
         from kitlib.machine.hardware import detect
-        from kitlib.notebook import presets, stages
+        from kitlib.notebook import presets, stages, training
 
         data, params, source = demo_inputs(task, ctx.scratch, ctx.size(80, 2000))
         ctx.figure("data", source)
@@ -814,9 +814,9 @@ def _demo(task: str) -> Any:
         stages.features(p, hw=hw, quiet=True)
         t1 = time.perf_counter()
         clock = StepClock(warm=10**9)
-        result = stages.train(p, hw=hw, callbacks=(clock,))
+        result = training.train(p, hw=hw, callbacks=(clock,))
         t2 = time.perf_counter()
-        submission = stages.infer(p, hw=hw)
+        submission = training.infer(p, hw=hw)
         t3 = time.perf_counter()
         history = result.history.iloc[-1].to_dict()
         ctx.figure("preset", f"{preset}, 1 epoch, model tiny")
@@ -839,7 +839,7 @@ def check_seq2seq_eval(ctx: Ctx) -> None:
     import statistics
 
     from kitlib.machine.hardware import detect
-    from kitlib.notebook import presets, stages
+    from kitlib.notebook import presets, stages, training
 
     data = ctx.scratch / "data"
     params = synthetic_competition("seq2seq", data, ctx.size(200, 1500))
@@ -872,7 +872,7 @@ def check_seq2seq_eval(ctx: Ctx) -> None:
                 self.end_peak[self.epoch] = torch.cuda.max_memory_allocated() / 2**20
 
     watch = Watch()
-    result = stages.train(p, hw=hw, callbacks=(watch,))
+    result = training.train(p, hw=hw, callbacks=(watch,))
     medians = {e: round(1000 * statistics.median(s[1:] or s), 2) for e, s in watch.by_epoch.items()}
     ctx.figure("median_step_ms_by_epoch", medians)
     ctx.figure("full_evals", int(result.history.get("record_f1", result.history.iloc[:, 0]).notna().sum()))

@@ -157,7 +157,7 @@ def check_qlora(ctx: Ctx) -> None:
     ctx.figure("four_bit_tensors", len(four_bit))
     linear = 7 * base.config.num_hidden_layers  # q k v o gate up down per block
     ctx.claim(len(four_bit) == linear, f"every linear layer of the blocks is 4-bit ({len(four_bit)} of {linear})")
-    half = torch.bfloat16 if native_bf16 else None  # what 02 passes on a bf16 GPU (stages.prepare)
+    half = torch.bfloat16 if native_bf16 else None  # what 02 passes on a bf16 GPU (training.prepare)
     try:
         model = adapters.add_adapter(base, "qlora", generating=True, base_dtype=half)
     except Exception as e:  # item 1: transformers refuses .to(dtype) on a bitsandbytes model

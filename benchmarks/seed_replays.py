@@ -600,7 +600,7 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
     """kitlib's defaults through the notebooks' stage calls (00 setup, 01 features, 02 train, 03 infer)."""
     from kitlib.engine.record import RunFacts
     from kitlib.machine.hardware import detect
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
 
     start = time.perf_counter()
     hw = detect()
@@ -619,10 +619,10 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
         if os.environ.get("SEED_REPLAYS_WARM"):
             return {}
         t = time.perf_counter()
-        result = stages.train(p, hw=hw)
+        result = training.train(p, hw=hw)
         train_stage = time.perf_counter() - t
         t = time.perf_counter()
-        stages.infer(p, hw=hw)
+        training.infer(p, hw=hw)
         infer = time.perf_counter() - t
     wall = time.perf_counter() - start
     facts, phases = RunFacts.from_dict(result.timing.get("run")), result.timing.get("phases") or {}

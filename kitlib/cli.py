@@ -1,6 +1,7 @@
 """``python -m kitlib``: the one command-line front door. Every argparse definition and every line a command prints
-lives here; the modules below return data. Each command imports what it needs only when it runs, so ``--help`` is
-instant (no torch import). A kitlib error (``kitlib.errors.KitError``) prints as one line and exits 2.
+lives here; the modules below return data. What imports torch (or the demos and the Kaggle tooling) a command
+imports only when it runs, so ``--help`` loads no torch (tests/test_imports_at_top.py). A kitlib error
+(``kitlib.errors.KitError``) prints as one line and exits 2.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 from kitlib._version import __version__
 from kitlib.config import Requested
+from kitlib.data.cache import Cache
+from kitlib.doctor.memory_plan import plan_memory, run_line
 from kitlib.errors import KitError, PrecisionError, SetupError
 from kitlib.machine.hardware import detect, fake_profile
 from kitlib.notebook import runbook  # runbook.run_notebooks by its module: tests stand a fake in for it
+from kitlib.notebook.estimate import estimate_epoch_seconds
 from kitlib.notebook.params import (  # the parser's flags derive from the declaration
     ENV,
     PARAMETERS,
@@ -36,10 +40,13 @@ from kitlib.notebook.params import (  # the parser's flags derive from the decla
 )
 from kitlib.notebook.presets import PRESETS, RUN_FILE
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, strip_outputs
+from kitlib.notebook.stages import outcome, resolve_run
+from kitlib.notebook.tasks import TASKS
+from kitlib.tasks.metrics import METRICS, import_object
 
-# lazy: kitlib (+0.025 s): each command imports the rest of its kitlib modules (doctor, data, tasks) when it runs.
-# The parameters' declaration, the presets and the hardware profiles are at the top: the parser's flags and
-# checks need them for every command. None of these imports torch.
+# lazy: kitlib (+0.025 s): each command imports its kitlib modules that load torch, transformers or pandas
+# (precision, doctor, training, scoring) and the checkout's demos and kernel tool when it runs. What is at the top
+# (the parameters' declaration, the presets, the stages 00 and 01 run, the tasks' registry, numpy) imports none.
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
@@ -88,8 +95,6 @@ def kernel_tool() -> ModuleType:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from kitlib.notebook.tasks import TASKS
-    from kitlib.tasks.metrics import import_object
     from kitlib.tasks.scoring import ABOUT_FILE
 
     if args.task not in TASKS:
@@ -110,7 +115,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_score(args: argparse.Namespace) -> int:
     """Any competition: the target and id columns and the metric from the flags, else from a work dir's params.json
     and run.json (--work), else from a demo's demo.json beside the solution, else label / id / accuracy."""
-    from kitlib.tasks.metrics import METRICS
     from kitlib.tasks.scoring import ABOUT_FILE, score
 
     found: dict[str, Any] = {}
@@ -151,8 +155,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from kitlib.data.cache import Cache
-
     cache = Cache(args.dir, log=None)
     if args.action == "size":
         print(f"{len(cache.list())} entries, {cache.size_bytes() / 1e6:.1f} MB in {cache.dir}")
@@ -182,10 +184,6 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
-    from kitlib.doctor.memory_plan import run_line
-    from kitlib.notebook.estimate import estimate_epoch_seconds
-    from kitlib.notebook.stages import resolve_run
-
     hw = fake_profile(args.profile) if args.profile else detect()
     p = Params(task=args.task, model=args.model)  # the preset as this task trains it, as 00's picker shows it
     kind = _model_kind(args.task)
@@ -210,8 +208,6 @@ def _cmd_presets(args: argparse.Namespace) -> int:
 
 def _model_kind(task: str) -> str:
     """The model a task trains, as the memory plan sizes it (the task's registry entry says)."""
-    from kitlib.notebook.tasks import TASKS
-
     entry = TASKS.get(task)
     if entry is None or not entry.model_kind:
         sized = [name for name, e in TASKS.items() if e.model_kind]
@@ -221,8 +217,6 @@ def _model_kind(task: str) -> str:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     """The memory plan's table: every strategy's bytes, whether it fits, and the choice; exit 1 when nothing fits."""
-    from kitlib.doctor.memory_plan import plan_memory
-
     plan = plan_memory(
         args.model,
         hardware=args.hardware,
@@ -237,8 +231,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_merged(args: argparse.Namespace) -> int:
-    """03's model with its adapter merged in, as one model folder (kitlib.notebook.stages.export_merged)."""
-    from kitlib.notebook.stages import export_merged
+    """03's model with its adapter merged in, as one model folder (kitlib.notebook.training.export_merged)."""
+    from kitlib.notebook.training import export_merged
 
     export_merged(args.work_dir, args.out)
     return 0
@@ -342,7 +336,6 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if not args.data or not args.work:
         print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
         return 2
-    from kitlib.notebook.stages import outcome
 
     values, _ = _parameters(args)
     given = {k: str(values[k]) for k in ENV if k in values}

@@ -538,7 +538,7 @@ def check_train_outputs(nb: Notebook, findings: Findings, shot: str) -> int | No
     """02: samples/s named in the bar, the history table and the doctor; the history table rounded, indexed by the
     1-based epoch with no other index column; the plot drawn with the kept epoch marked and its metric named.
     Returns the kept epoch the summary line names."""
-    i_train, i_plot, i_doctor = nb.index_of("stages.train("), nb.index_of("plot_history("), nb.index_of("diagnose(")
+    i_train, i_plot, i_doctor = nb.index_of("training.train("), nb.index_of("plot_history("), nb.index_of("diagnose(")
     cells = nb.cells()
     summary = "\n".join(output_text(o) for o in cells[i_train]["outputs"])
     kept = re.search(r"best (\S+) \S+ at epoch (\d+)", summary)
@@ -625,7 +625,7 @@ def check_train_outputs(nb: Notebook, findings: Findings, shot: str) -> int | No
 def check_predictions(nb: Notebook, findings: Findings, shot: str) -> None:
     """03 prints a summary of its predictions (class counts or quantiles), and warns exactly when every row gets
     the same answer."""
-    i_infer = nb.index_of("stages.infer(")
+    i_infer = nb.index_of("training.infer(")
     outputs = nb.cells()[i_infer]["outputs"]
     stdout = "\n".join(output_text(o) for o in outputs if o.get("name") == "stdout")
     stderr = "\n".join(output_text(o) for o in outputs if o.get("name") == "stderr")
@@ -884,13 +884,13 @@ def check_preset(
             check_throughput(nb, findings, shots[name])
             if name == "03_infer":
                 check_predictions(nb, findings, shots[name])
-                shots["infer"] = nb.shot_cells([nb.index_of("stages.infer(")], f"{name}_summary.png")
+                shots["infer"] = nb.shot_cells([nb.index_of("training.infer(")], f"{name}_summary.png")
             if name == "02_train":
                 page.evaluate("() => 0")
                 bars = page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook .progress-bar").count()
                 if bars == 0:
                     findings.add(name, "no progress-bar widget drawn for training", shots[name])
-                i_train = nb.index_of("stages.train(")
+                i_train = nb.index_of("training.train(")
                 plot = [i_train + 1] if i_train + 1 < len(nb.cells()) else []
                 shots["train"] = nb.shot_cells([i_train, *plot], f"{name}_train.png")
                 check_train_outputs(nb, findings, shots[name])

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.progress import figure
 from kitlib.tasks.baseline import compare, trivial_baseline
 from kitlib.tasks.metrics import get_metric
@@ -95,7 +95,7 @@ def test_a_target_the_inputs_cannot_predict_is_flagged_in_02_and_03(tmp_path: Pa
     saved = json.loads((p.work_dir / "run.json").read_text())["baseline"]
     assert saved["metric"] == "accuracy" and 0.5 < saved["score"] < 1 and "'no'" in saved["what"]
     stages.features(p, hw=cpu_hw, quiet=True)
-    result = stages.train(p, hw=cpu_hw)
+    result = training.train(p, hw=cpu_hw)
     summary = result.summary()
     print(summary)
     assert f"trivial baseline (the most common training class 'no'): accuracy {figure(saved['score'])}" in summary
@@ -106,7 +106,7 @@ def test_a_target_the_inputs_cannot_predict_is_flagged_in_02_and_03(tmp_path: Pa
     assert record["beaten"] is False and record["model_score"] <= saved["score"]
     assert record["gap"]["high"] <= 0 and f"over {record['gap']['rows']} validation rows" in summary  # interval
     with pytest.warns(UserWarning, match="does not beat the trivial baseline") as warned:
-        stages.infer(p, hw=cpu_hw)
+        training.infer(p, hw=cpu_hw)
     assert (p.work_dir / "submission.csv").is_file()
     # the red box names the caller's line (a notebook cell's), not kitlib's or contextlib's frames
     assert [Path(w.filename).name for w in warned] == [Path(__file__).name]
@@ -118,7 +118,7 @@ def test_a_model_that_beats_the_baseline_gets_no_warning(tmp_path: Path, cpu_hw)
     p = stages.params(data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work", preset="fast", model="tiny")
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    result = stages.train(p, hw=cpu_hw)
+    result = training.train(p, hw=cpu_hw)
     summary = result.summary()
     assert "does not beat" not in summary and "warning" not in summary
     beats = re.search(
@@ -128,4 +128,4 @@ def test_a_model_that_beats_the_baseline_gets_no_warning(tmp_path: Path, cpu_hw)
     assert abs(float(beats[1]) - float(beats[2]) - float(beats[3])) < 2e-3  # the margin said, 4 digits each
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
-        stages.infer(p, hw=cpu_hw)
+        training.infer(p, hw=cpu_hw)

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 
 from kitlib.errors import KitError
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.presets import load_run
 
 STAGES = ("setup", "features", "train", "infer")
@@ -54,9 +54,9 @@ def _run(values: dict[str, Any], start: str, hw: object) -> None:
         elif stage == "features":
             stages.features(p, hw=hw, quiet=True)  # type: ignore[arg-type]
         elif stage == "train":
-            stages.train(p, hw=hw)  # type: ignore[arg-type]
+            training.train(p, hw=hw)  # type: ignore[arg-type]
         else:
-            stages.infer(p, hw=hw)  # type: ignore[arg-type]
+            training.infer(p, hw=hw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def _file_size_limit_in(start: str, limit: int) -> Callable[[Path, object], None
 
 
 def _auto_without_pretrained(root: Path, hw: object) -> None:
-    with mock.patch("kitlib.models.loading.minilm_dir", lambda: None), mock.patch.dict(os.environ):
+    with mock.patch("kitlib.models.folders.minilm_dir", lambda: None), mock.patch.dict(os.environ):
         os.environ.pop("KITLIB_TINY_MODEL", None)
         _run(_values(root, model="auto"), "setup", hw)
 
@@ -1191,11 +1191,11 @@ def lora_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
     p = SimpleNamespace(model="tiny", run_dir=tmp_path / "work" / "run", folds=1)
     checkpoint.write(checkpoint.snapshot(adapted()), p.run_dir / "best")
-    monkeypatch.setattr(stages, "load_params", lambda work_dir: p)
-    monkeypatch.setattr(stages, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
+    monkeypatch.setattr(training, "load_params", lambda work_dir: p)
+    monkeypatch.setattr(training, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
         config=SimpleNamespace(adapter="lora"))))  # fmt: skip
-    monkeypatch.setattr(stages, "prepare", lambda p, feats, hw: SimpleNamespace(model=adapted()))
-    monkeypatch.setattr("kitlib.notebook.stages.detect", lambda: None)
+    monkeypatch.setattr(training, "prepare", lambda p, feats, hw: SimpleNamespace(model=adapted()))
+    monkeypatch.setattr("kitlib.notebook.training.detect", lambda: None)
     return tmp_path / "work"
 
 
@@ -1342,7 +1342,7 @@ def test_a_headless_run_ends_with_its_result_the_verdict_the_kept_epoch_the_subm
     shutil.copytree(pristine, root)
     work = root / "work"
     executed = tmp_path / "03_infer.ipynb"
-    cell = nbformat.v4.new_code_cell("stages.infer(p)")
+    cell = nbformat.v4.new_code_cell("training.infer(p)")
     warning = "/x/stages.py:12: UserWarning: every one of the 40 rows predicts label = 0: the model learnt a constant\n"
     cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=warning + "  warnings.warn(\n")]
     nbformat.write(nbformat.v4.new_notebook(cells=[cell]), executed)

@@ -14,7 +14,7 @@ import torch
 from kitlib.data.tables import DataError
 from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.tasks import get_task
 from kitlib.notebook.tasks.causal_lm import (
     IGNORE,
@@ -92,7 +92,7 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
     train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
     width = feats.labels.shape[1]
     assert "tokenizer" in feats.side.state and feats.labels.ndim == 2
-    prepared = stages.prepare(p, stages.load_features(p), cpu_hw)
+    prepared = training.prepare(p, stages.load_features(p), cpu_hw)
     tokenizer = prepared.model.kitlib_tokenizer
     prompt_lengths = np.array([len(tokenizer(t)["input_ids"]) for t in train["prompt"]])
     response_lengths = np.array([len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in train["response"]])
@@ -109,8 +109,8 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
     scored = full_eval.score(measured)
     assert set(scored) == {"exact_match"} and 0.0 <= scored["exact_match"] <= 1.0  # fit makes the loss pass
 
-    stages.train(p, hw=cpu_hw)
-    submission = stages.infer(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
+    submission = training.infer(p, hw=cpu_hw)
     assert len(submission) == 24 and submission["response"].map(lambda r: isinstance(r, str)).all()
     assert 0.0 <= score_sft(demo.solution, p.work_dir / "submission.csv") <= 1.0
     assert most_common_response(demo.train) in {"fresh", "rotten", "yes", "no"}
@@ -224,8 +224,8 @@ def test_a_causal_lm_folder_is_fine_tuned_with_its_own_tokenizer(tmp_path: Path,
                       full_eval_at_end=False, save_best=False)  # fmt: skip
     result = fit(prepared.model, prepared.train, config=cfg, hw=cpu_hw)
     assert np.isfinite(result.history["train_loss"]).all()
-    stages.train(p, hw=cpu_hw)
-    assert len(stages.infer(p, hw=cpu_hw)) == 24
+    training.train(p, hw=cpu_hw)
+    assert len(training.infer(p, hw=cpu_hw)) == 24
 
 
 @pytest.mark.slow  # ~35 s: 02 trains 1,200-token rows on the CPU
@@ -247,7 +247,7 @@ def test_a_long_example_is_trained_whole_on_a_model_with_the_positions_for_it(tm
     scored = (feats.labels[0] != IGNORE).sum()
     assert scored == longest - len(tokenizer(train["prompt"][0])["input_ids"])  # the whole response and </s>
     assert feats.labels.shape[1] == longest and feats.run.config.max_length >= longest
-    stages.train(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
     recorded = json.loads((p.run_dir / "config.json").read_text())
     assert recorded["config"]["max_length"] >= longest >= 1_100
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from kitlib.data.tables import DataError
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 
 WORDS = {"pos": ["great", "lovely", "superb"], "neg": ["awful", "dull", "boring"], "odd": ["strange"]}
 
@@ -40,8 +40,8 @@ def _run(data: Path, work: Path, cpu_hw, **values) -> pd.DataFrame:  # type: ign
                       **{"preset": "smoke", **values})  # fmt: skip
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    stages.train(p, hw=cpu_hw)
-    return stages.infer(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
+    return training.infer(p, hw=cpu_hw)
 
 
 @pytest.mark.parametrize("preset", ["smoke", "fast"])

@@ -15,7 +15,7 @@ from torch import nn
 
 from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.tasks import get_task
 from kitlib.tasks.metrics import get_metric, rouge_l
 
@@ -55,7 +55,7 @@ def test_a_users_encoder_decoder_trains_and_predicts_through_the_stages(
     run = stages.setup(p, cpu_hw)
     assert (run.task, run.metric) == ("custom-seq2seq", "rouge_l")
     feats = stages.features(p, hw=cpu_hw, quiet=True)
-    prepared = stages.prepare(p, stages.load_features(p), cpu_hw)
+    prepared = training.prepare(p, stages.load_features(p), cpu_hw)
     assert type(prepared.model).__name__ == "PointerGenerator"
     from kitlib.notebook.tasks.custom_seq2seq import _options
 
@@ -66,9 +66,9 @@ def test_a_users_encoder_decoder_trains_and_predicts_through_the_stages(
     assert isinstance(full_eval, SplitEval)  # the metric scored in the background
     assert 0.0 <= full_eval.score(full_eval.measure(prepared.model))["rouge_l"] <= 1.0
 
-    result = stages.train(p, hw=cpu_hw)
+    result = training.train(p, hw=cpu_hw)
     assert type(result.model).__name__ == "PointerGenerator"
-    submission = stages.infer(p, hw=cpu_hw)
+    submission = training.infer(p, hw=cpu_hw)
     assert "generated 12 texts (4 beams)" in capsys.readouterr().out
     written = pd.read_csv(p.work_dir / "submission.csv", keep_default_na=False, dtype=str)
     assert len(submission) == len(written) == 12 and (written["summary"].str.strip() != "").all()
@@ -156,7 +156,7 @@ def test_a_model_without_generate_is_one_clear_error(tmp_path: Path, cpu_hw: Any
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
     with pytest.raises(SetupError, match=r"the model has no generate method. Fix: give it generate\(input_ids"):
-        stages.prepare(p, stages.load_features(p), cpu_hw)
+        training.prepare(p, stages.load_features(p), cpu_hw)
 
 
 @pytest.mark.slow

@@ -220,10 +220,10 @@ def test_the_embedding_bars_rate_is_its_rows_over_its_wall_time(tokenizer: Any, 
     import time
     from unittest import mock
 
-    from kitlib import progress
+    from kitlib.data import featurize
 
     made: list[Any] = []
-    real_bar = progress.progress_bar
+    real_bar = featurize.progress_bar
 
     def bar(*args: Any, **kwargs: Any) -> Any:
         made.append(real_bar(*args, **{**kwargs, "interactive": False, "headless_interval_s": 0}))
@@ -232,7 +232,7 @@ def test_the_embedding_bars_rate_is_its_rows_over_its_wall_time(tokenizer: Any, 
     texts = corpus(24, seed=3)
     slow = model.register_forward_pre_hook(lambda *_: time.sleep(0.1))  # 3 batches: the pass takes >= 0.3 s
     try:
-        with mock.patch.object(progress, "progress_bar", bar):
+        with mock.patch.object(featurize, "progress_bar", bar):  # embed_texts' own name for it
             begin = time.perf_counter()
             embed_texts(texts, tokenizer, model, batch_size=8, max_length=24, cache=False, progress="embed train")
             wall = time.perf_counter() - begin

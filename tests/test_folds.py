@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from kitlib.data.tables import DataError
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.estimate import estimate_run
 from kitlib.notebook.presets import resolve
 
@@ -84,8 +84,8 @@ def test_two_folds_through_the_notebooks_route_oof_verdict_and_03_averages_both(
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     assert feats.groups is not None and len(np.unique(feats.groups)) == 6
-    result = stages.train(p, hw=cpu_hw)
-    oof = pd.read_csv(p.run_dir / stages.OOF_FILE)
+    result = training.train(p, hw=cpu_hw)
+    oof = pd.read_csv(p.run_dir / training.OOF_FILE)
     assert oof["row"].tolist() == list(range(feats.n_train)) and set(oof["fold"]) == {1, 2}  # every row, once
     train = pd.read_csv(data / "train.csv")
     assert np.array_equal(oof["target"], train["label"].to_numpy()[oof["row"]])  # beside its row's truth
@@ -97,8 +97,8 @@ def test_two_folds_through_the_notebooks_route_oof_verdict_and_03_averages_both(
     task, combined = stages.get_task(p.task), []
     combine = task.combine
     monkeypatch.setattr(task, "combine", lambda predictions: combined.append(len(predictions)) or combine(predictions))
-    monkeypatch.setattr(stages, "get_task", lambda name: task)
-    stages.infer(p, hw=cpu_hw)
+    monkeypatch.setattr(training, "get_task", lambda name: task)
+    training.infer(p, hw=cpu_hw)
     assert combined == [2]  # run/ and run-fold2/, averaged
     assert "out of fold (2 folds)" in "\n".join(stages.outcome(p.work_dir))
 
@@ -110,7 +110,7 @@ def test_folds_through_the_four_notebooks_headless(tmp_path: Path) -> None:
     data, work = _classes(tmp_path / "data"), tmp_path / "work"
     params = {"data_dir": str(data), "work_dir": str(work), "preset": "smoke", "model": "tiny", "folds": 2}
     run_notebooks(work / "executed", parameters=params)
-    oof = pd.read_csv(work / "run" / stages.OOF_FILE)
+    oof = pd.read_csv(work / "run" / training.OOF_FILE)
     assert oof["row"].tolist() == list(range(96)) and (work / "run-fold2" / "best").is_dir()
     assert len(pd.read_csv(work / "submission.csv")) == 20
     assert "out of fold (2 folds)" in "\n".join(stages.outcome(work))

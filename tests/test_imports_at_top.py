@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from functools import cache
@@ -196,3 +197,15 @@ def test_the_checker_sees_a_hidden_import(tmp_path: Path) -> None:
     _, problems = checker(fake)
     assert [p.split(":")[1] for p in problems("kitlib.mod")] == ["4", "5", "8", "9", "13"], problems("kitlib.mod")
     assert [p.split(":")[1] for p in problems("kitlib.cli")] == ["4"], problems("kitlib.cli")  # mod: not declared
+
+
+def test_the_light_modules_import_without_torch() -> None:
+    """The split the rule leans on: the CLI's parser, 00/01's stages and the parameters import without torch,
+    transformers or pandas (each loads them only in what runs); 02/03's module imports torch at its top."""
+    heavy = ("torch", "transformers", "pandas")
+    code = "import sys, {}; print(sorted(m for m in {} if m in sys.modules))"
+    light = "kitlib.cli, kitlib.notebook.stages, kitlib.notebook.params, kitlib.notebook.widgets"
+    run = [sys.executable, "-c", code.format(light, heavy)]
+    assert subprocess.run(run, capture_output=True, text=True, check=True, timeout=120).stdout.strip() == "[]"
+    run = [sys.executable, "-c", code.format("kitlib.notebook.training", heavy)]
+    assert "torch" in subprocess.run(run, capture_output=True, text=True, check=True, timeout=120).stdout

@@ -150,7 +150,7 @@ def test_the_merged_export_carries_the_folders_whole_tokenizer(
     from kitlib.engine import checkpoint
     from kitlib.models.adapters import add_adapter
     from kitlib.models.bpe import train_bpe_tokenizer
-    from kitlib.notebook import stages
+    from kitlib.notebook import training
 
     model, _ = _tiny("gpt2")
     folder, run_dir = tmp_path / "gpt2-folder", tmp_path / "work" / "run"
@@ -164,12 +164,12 @@ def test_the_merged_export_carries_the_folders_whole_tokenizer(
     adapted = add_adapter(tf.GPT2LMHeadModel.from_pretrained(folder), "lora", generating=True)
     checkpoint.write(checkpoint.snapshot(adapted), run_dir / "best")
     p = SimpleNamespace(model=str(folder), run_dir=run_dir, folds=1)  # what 00-02 leave: the params, features and model
-    monkeypatch.setattr(stages, "load_params", lambda work_dir: p)
-    monkeypatch.setattr(stages, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
+    monkeypatch.setattr(training, "load_params", lambda work_dir: p)
+    monkeypatch.setattr(training, "load_features", lambda p: SimpleNamespace(run=SimpleNamespace(
         config=SimpleNamespace(adapter="lora"))))  # fmt: skip
-    monkeypatch.setattr(stages, "prepare", lambda p, feats, hw: SimpleNamespace(model=adapted))
+    monkeypatch.setattr(training, "prepare", lambda p, feats, hw: SimpleNamespace(model=adapted))
 
-    out = stages.export_merged(tmp_path / "work", tmp_path / "merged", cpu_hw)
+    out = training.export_merged(tmp_path / "work", tmp_path / "merged", cpu_hw)
     shipped, original = tf.AutoTokenizer.from_pretrained(out), tf.AutoTokenizer.from_pretrained(folder)
     assert shipped.get_vocab() == original.get_vocab()
     messages = [{"role": "user", "content": "hi"}]
@@ -280,7 +280,7 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
     from transformers import AutoTokenizer
 
     from demos.sft import PARAMETERS
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
 
     demo, folder = sft_demo_and_model_folder(tmp_path, n_train=96, n_test=12)
     train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
@@ -300,7 +300,7 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
     assert len(pd.read_csv(work / "submission.csv")) == 12
 
     p = stages.load_params(work)
-    model = stages.prepare(p, stages.load_features(p), cpu_hw).model  # what 03 builds, then restores best/ into
+    model = training.prepare(p, stages.load_features(p), cpu_hw).model  # what 03 builds, then restores best/ into
     from kitlib.engine import checkpoint
 
     checkpoint.restore_model(model, checkpoint.load(work / "run" / "best"))

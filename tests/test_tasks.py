@@ -18,7 +18,7 @@ from torch import nn
 from kitlib.data.tables import DataError, TargetSpec
 from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.notebook.presets import Preset
 from kitlib.notebook.tasks import get_task
 from kitlib.notebook.tasks.base import SideInputs, Task
@@ -217,10 +217,10 @@ def test_a_task_of_ones_own_runs_through_the_stages_by_module_and_name(tmp_path:
     run = json.loads((p.work_dir / "run.json").read_text())
     assert (run["task"], run["metric"]) == ("test_tasks:ShoutingTask", "macro_f1")
     stages.features(p, hw=cpu_hw, quiet=True)
-    result = stages.train(p, hw=cpu_hw)
+    result = training.train(p, hw=cpu_hw)
     assert isinstance(result.model, Counting) and int(result.model.calls) > 0
     assert "macro_f1" in result.history.columns
-    submission = stages.infer(p, hw=cpu_hw)
+    submission = training.infer(p, hw=cpu_hw)
     assert set(submission["label"]) <= {"YES", "NO"} and len(submission) == 40
 
 
@@ -302,8 +302,8 @@ def test_the_price_demo_scores_better_with_the_transformed_target_than_raw(tmp_p
         p = stages.params(data_dir=paths.root, work_dir=tmp_path / how, preset="fast", model="tiny", **values)
         stages.setup(p, cpu_hw)
         stages.features(p, hw=cpu_hw, quiet=True)
-        stages.train(p, hw=cpu_hw)
-        stages.infer(p, hw=cpu_hw)
+        training.train(p, hw=cpu_hw)
+        training.infer(p, hw=cpu_hw)
         scores[how] = score_price(paths.solution, p.work_dir / "submission.csv")
     print(f"price demo SMAPE (fast, tiny model): transformed {scores['transformed']:.1f}, raw {scores['raw']:.1f}, "
           f"train median {median_baseline(paths):.1f}")  # fmt: skip
@@ -325,7 +325,7 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     queries = pd.read_csv(paths.train)["query"]
     assert feats.labels.ndim == 2 and feats.labels.shape[1] >= 10 and "tokenizer" in feats.side.state
-    prepared = stages.prepare(p, stages.load_features(p), cpu_hw)
+    prepared = training.prepare(p, stages.load_features(p), cpu_hw)
     tokenizer = prepared.model.kitlib_tokenizer
     first = [int(t) for t in feats.labels[0] if t != -100]
     assert tokenizer.decode(first, skip_special_tokens=True) in set(queries)  # a whole target, decoded exactly
@@ -337,8 +337,8 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
         measured = full_eval.measure(prepared.model)
     scored = full_eval.score(measured)
     assert set(scored) == {"record_f1"} and 0.0 <= scored["record_f1"] <= 1.0  # fit makes the loss pass
-    stages.train(p, hw=cpu_hw)
-    submission = stages.infer(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
+    submission = training.infer(p, hw=cpu_hw)
     assert len(submission) == 20 and submission["query"].map(lambda q: isinstance(q, str)).all()
     assert 0.0 <= score_sql(paths.solution, p.work_dir / "submission.csv", paths.db) <= 1.0
 
@@ -369,18 +369,18 @@ def test_custom_trains_the_users_module_from_a_file_it_names(tmp_path: Path, cpu
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **values)
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    result = stages.train(p, hw=cpu_hw)
+    result = training.train(p, hw=cpu_hw)
     assert type(result.model).__name__ == "BiLSTMClassifier" and result.model.lstm.bidirectional
-    again = stages.prepare(p, stages.load_features(p), cpu_hw).model
+    again = training.prepare(p, stages.load_features(p), cpu_hw).model
     assert all(
         torch.equal(a, b)
         for a, b in zip(
             again.state_dict().values(),
-            stages.prepare(p, stages.load_features(p), cpu_hw).model.state_dict().values(),
+            training.prepare(p, stages.load_features(p), cpu_hw).model.state_dict().values(),
             strict=True,
         )
     )  # seeded: the same build
-    submission = stages.infer(p, hw=cpu_hw)
+    submission = training.infer(p, hw=cpu_hw)
     assert set(submission["label"]) <= {0, 1} and len(submission) == len(pd.read_csv(paths.test))
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kitlib.notebook import stages
+from kitlib.notebook import stages, training
 from kitlib.tasks.metrics import get_metric
 
 pytest.importorskip("sklearn")
@@ -45,14 +45,14 @@ def test_trees_learn_what_the_columns_say_at_fast_and_03_writes_the_blend(
                       target="price", metric="smape", numeric=("size",), categorical=("brand",))  # fmt: skip
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
-    result = stages.train(p, hw=cpu_hw)
+    result = training.train(p, hw=cpu_hw)
     said = json.loads((p.run_dir / "trees.json").read_text())
     assert said["weight"] > 0 and said["blend"] <= min(said["network"], said["trees"]) + 1e-9, said
     assert "trees (scikit-learn HistGradientBoosting" in result.summary()
     record = json.loads((p.run_dir / "baseline.json").read_text())
     assert record["model_score"] == pytest.approx(said["blend"]) and record["beaten"], record  # the verdict: the blend
     capsys.readouterr()
-    stages.infer(p, hw=cpu_hw)
+    training.infer(p, hw=cpu_hw)
     assert "trees: " in capsys.readouterr().out
     solution = pd.read_csv(data / "solution.csv")
     written = pd.read_csv(p.work_dir / "submission.csv").set_index("id").loc[solution["id"], "price"]

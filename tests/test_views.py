@@ -171,7 +171,7 @@ def test_the_two_embedding_bars_say_train_and_test(monkeypatch: pytest.MonkeyPat
     """The head regime embeds train then test in 01: each bar is named for its rows."""
     import numpy as np
 
-    from kitlib.data import featurize
+    from kitlib.notebook import regimes
     from kitlib.notebook.regimes import REGIMES, Encoder
 
     bars: list[object] = []
@@ -180,7 +180,7 @@ def test_the_two_embedding_bars_say_train_and_test(monkeypatch: pytest.MonkeyPat
         bars.append(kw["progress"])
         return np.zeros((len(texts), 4), dtype=np.float32)
 
-    monkeypatch.setattr(featurize, "embed_texts", embed)
+    monkeypatch.setattr(regimes, "embed_texts", embed)  # the head regime's own name for it
     run = types.SimpleNamespace(
         preset=types.SimpleNamespace(precision="fp32"), config=types.SimpleNamespace(precision="fp32")
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kitlib.notebook import presets
+from kitlib.notebook import presets, training
 from kitlib.notebook import stages as workflow
 
 
@@ -74,7 +74,7 @@ def test_in_process_stages_train_with_the_data_fitted_run_not_the_stale_one(tmp_
     feats = workflow.features(p, stale, hw=cpu_hw, quiet=True)
     assert feats.run.effective_batch_size < stale.effective_batch_size  # 240 rows / 60 steps: 32 -> 8
     assert feats.run.config.max_length != stale.config.max_length
-    workflow.train(p, feats, hw=cpu_hw)
+    training.train(p, feats, hw=cpu_hw)
     used = json.loads((p.run_dir / "config.json").read_text())
     trained = used.get("config", used)
     assert trained["micro_batch_size"] * trained["grad_accum_steps"] == feats.run.effective_batch_size
@@ -87,7 +87,7 @@ def test_missing_earlier_stage_names_the_notebook_to_run(tmp_path: Path, cpu_hw)
         workflow.features(p, hw=cpu_hw)
     workflow.setup(p, cpu_hw)
     with pytest.raises(FileNotFoundError, match="01_features"):
-        workflow.train(p, hw=cpu_hw)
+        training.train(p, hw=cpu_hw)
 
 
 @pytest.mark.slow
@@ -95,10 +95,10 @@ def test_a_run_resolved_for_two_devices_trains_in_two_ddp_workers(tmp_path: Path
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
     workflow.setup(p, cpu_hw, resolved=presets.resolve("smoke", cpu_hw, world_size=2))
     workflow.features(p, hw=cpu_hw, quiet=True)
-    result = workflow.train(p)  # forks 2 gloo workers; rank 0's result comes back
+    result = training.train(p)  # forks 2 gloo workers; rank 0's result comes back
     assert result.timing["run"]["world_size"] == 2
     assert (p.run_dir / "best" / "model.safetensors").exists()
-    submission = workflow.infer(p, hw=cpu_hw)
+    submission = training.infer(p, hw=cpu_hw)
     assert len(submission) == 40
 
 
@@ -112,16 +112,16 @@ def test_best_checkpoint_follows_the_task_metric_when_every_epoch_computes_it() 
         get_metric("smape", "regression"),
     )
     every_epoch = TrainConfig(full_eval_every=1)
-    chosen = workflow._monitor_task_metric(every_epoch, labels)
+    chosen = training._monitor_task_metric(every_epoch, labels)
     assert (chosen.monitor, chosen.mode) == ("accuracy", "max")
-    chosen = workflow._monitor_task_metric(every_epoch, numbers)
+    chosen = training._monitor_task_metric(every_epoch, numbers)
     assert (chosen.monitor, chosen.mode) == ("rmse", "min")
-    chosen = workflow._monitor_task_metric(every_epoch, smape)
+    chosen = training._monitor_task_metric(every_epoch, smape)
     assert (chosen.monitor, chosen.mode) == ("smape", "min")
     at_end_only = TrainConfig(full_eval_every=0)  # epochs without the metric: the loss decides
-    assert workflow._monitor_task_metric(at_end_only, labels) == at_end_only
+    assert training._monitor_task_metric(at_end_only, labels) == at_end_only
     by_hand = TrainConfig(full_eval_every=1, monitor="train_loss")
-    assert workflow._monitor_task_metric(by_hand, labels) == by_hand
+    assert training._monitor_task_metric(by_hand, labels) == by_hand
 
 
 def test_paths_become_absolute_relative_to_where_the_user_ran_the_command(
@@ -171,8 +171,8 @@ def test_train_and_infer_load_what_features_saved_without_csvs_or_tokenizers(
         (featurize, "tokenize_texts"),
     ]:
         monkeypatch.setattr(owner, name, forbidden(name))
-    workflow.train(p, hw=cpu_hw)
-    submission = workflow.infer(p, hw=cpu_hw)
+    training.train(p, hw=cpu_hw)
+    submission = training.infer(p, hw=cpu_hw)
     assert calls == []
     assert len(submission) == 40 and list(submission.columns) == ["id", "label"]
     assert submission["id"].tolist() == list(range(240, 280))  # ints stay ints, in test.csv's order
@@ -187,7 +187,7 @@ def test_features_built_for_another_run_or_parameters_are_refused(tmp_path: Path
     workflow.features(p, hw=cpu_hw, quiet=True)
     workflow.setup(workflow.params(data_dir=data, work_dir=p.work_dir, preset="fast", model="tiny"), cpu_hw)
     with pytest.raises(MissingRunError, match=r"run.json changed .* re-run notebooks/01_features"):
-        workflow.train(p, hw=cpu_hw)
+        training.train(p, hw=cpu_hw)
     workflow.setup(p, cpu_hw)
     other = workflow.params(data_dir=data, work_dir=p.work_dir, preset="smoke", model="tiny", seed=7)
     with pytest.raises(MissingRunError, match=r"other parameters \(seed: 42 -> 7\)"):
@@ -252,9 +252,11 @@ def test_a_read_only_work_dir_fails_in_the_first_cell(tmp_path: Path) -> None:
 
 
 class _Progress:
-    """Records every bar made through kitlib.progress.progress_bar (the stages import it when they run)."""
+    """Records every bar made through kitlib.progress.progress_bar, wherever a kitlib module imported it."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import sys
+
         from kitlib import progress
 
         self.bars: list[tuple[str, bool, object]] = []  # (desc, shown: not disabled when made, bar)
@@ -265,7 +267,9 @@ class _Progress:
             self.bars.append((str(kw["desc"]), not kw.get("disable", False), bar))
             return bar
 
-        monkeypatch.setattr(progress, "progress_bar", record)
+        for module in [m for name, m in sys.modules.items() if name.startswith("kitlib")]:
+            if getattr(module, "progress_bar", None) is make:  # its own name for the function, bound at import
+                monkeypatch.setattr(module, "progress_bar", record)
 
     def named(self, prefix: str) -> list[tuple[int, int, bool]]:
         """(total, n, shown) of the bars whose description starts with ``prefix``, in the order they were made."""
@@ -310,10 +314,10 @@ def test_the_head_regime_runs_all_four_stages_from_the_saved_features(
     writable = _writable_only(monkeypatch)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*NumPy array is not writable")
-        result = workflow.train(p, hw=cpu_hw)
+        result = training.train(p, hw=cpu_hw)
         for array in saved._arrays().values():  # as np.load(mmap_mode="r") or np.frombuffer(bytes) would give them
             array.setflags(write=False)
-        submission = workflow.infer(p, saved, hw=cpu_hw)
+        submission = training.infer(p, saved, hw=cpu_hw)
     assert writable and all(writable)
     assert result.steps > 0 and "accuracy" in result.history
     assert "tokens_per_s" not in result.history and result.timing["run"]["real_tokens"] is None
@@ -327,7 +331,7 @@ def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, 
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
     workflow.setup(p, cpu_hw)
     workflow.features(p, hw=cpu_hw, quiet=True)
-    first = workflow.train(p, hw=cpu_hw)
+    first = training.train(p, hw=cpu_hw)
     assert first.run_dir == p.run_dir and (p.run_dir / "best" / "model.safetensors").is_file()
     good = {f.relative_to(p.run_dir): f.read_bytes() for f in p.run_dir.rglob("*") if f.is_file()}
 
@@ -336,9 +340,9 @@ def test_a_failed_training_run_never_replaces_the_last_good_one(tmp_path: Path, 
             raise RuntimeError("the session died")
 
     with pytest.raises(RuntimeError, match="the session died"):
-        workflow.train(p, hw=cpu_hw, callbacks=(Crash(),))
+        training.train(p, hw=cpu_hw, callbacks=(Crash(),))
     assert {f.relative_to(p.run_dir): f.read_bytes() for f in p.run_dir.rglob("*") if f.is_file()} == good
-    workflow.train(p, hw=cpu_hw)  # a finished run replaces run/, the previous one kept one step back
+    training.train(p, hw=cpu_hw)  # a finished run replaces run/, the previous one kept one step back
     assert (p.run_dir.with_name("run.prev") / "best" / "model.safetensors").read_bytes() == good[
         Path("best/model.safetensors")
     ]
@@ -390,7 +394,7 @@ def test_a_sigtermed_training_keeps_run_and_the_next_one_continues_it_exactly(tm
         workflow.features(p, hw=cpu_hw, quiet=True)
         return p
 
-    whole = workflow.train(stages_to_features(tmp_path / "whole"), hw=cpu_hw)
+    whole = training.train(stages_to_features(tmp_path / "whole"), hw=cpu_hw)
     assert whole.steps >= 4
 
     class Term(Callback):
@@ -402,11 +406,11 @@ def test_a_sigtermed_training_keeps_run_and_the_next_one_continues_it_exactly(tm
             self.loop = loop
 
     p = stages_to_features(tmp_path / "cut")
-    stopped = workflow.train(p, hw=cpu_hw, callbacks=(Term(),))
+    stopped = training.train(p, hw=cpu_hw, callbacks=(Term(),))
     # signalled after step 3's policies ran: kitlib finishes the step in flight (4), saves last/, stops
     assert stopped.stop_reason == "sigterm" and stopped.steps == 4
     assert not p.run_dir.exists() and (p.run_dir.with_name("run.new") / "last" / "manifest.json").is_file()
-    resumed = workflow.train(p, hw=cpu_hw)
+    resumed = training.train(p, hw=cpu_hw)
     assert resumed.run_dir == p.run_dir and (p.run_dir / "best").is_dir()
     expected, got = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(t, got[n]) for n, t in expected.items())
@@ -423,7 +427,7 @@ def test_an_interrupted_attempt_with_other_inputs_is_not_continued(tmp_path: Pat
     inputs = {"config": {"lr": 1.0}, "features": "another"}
     (staging / "inputs.json").write_text(json.dumps(inputs))
     (staging / "last").mkdir()
-    workflow.train(p, hw=cpu_hw)  # fresh: the other attempt is superseded, and the run finishes
+    training.train(p, hw=cpu_hw)  # fresh: the other attempt is superseded, and the run finishes
     assert (p.run_dir / "best").is_dir() and not staging.exists()
 
 

@@ -29,8 +29,9 @@ import numpy.typing as npt
 from kitlib.data.cache import Cache, cached
 from kitlib.errors import FeatureInputError
 from kitlib.machine.hardware import is_interactive
+from kitlib.progress import advance, progress_bar
 
-# lazy: torch (+1.0 s), pandas (+0.2 s), tqdm (+0.02 s): only embedding and DataFrame inputs need them;
+# lazy: torch (+1.0 s), pandas (+0.2 s): only embedding and DataFrame inputs need them (tqdm, 0.02 s, is not lazy);
 # `import kitlib.data.featurize` stays at 0.3 s (numpy). Measured with python -X importtime.
 
 if TYPE_CHECKING:
@@ -433,8 +434,6 @@ def _build_embeddings(
     progress: bool | str,
 ) -> npt.NDArray[np.float32]:
     import torch
-
-    from kitlib.progress import advance, progress_bar
 
     tokens = _build_tokens(texts, tokenizer, max_length, batch_size=1000)
     lengths = tokens.lengths

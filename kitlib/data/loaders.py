@@ -248,7 +248,7 @@ class KitDataLoader(DataLoader[Any]):
     first batch of an iteration: typically a too-small /dev/shm. Errors raised by the dataset's own code propagate.
     """
 
-    workers_reason: str = ""  # why this many workers; shown by describe_loader()
+    workers_reason: str = ""  # why this many workers (the loader's own record of the choice)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return super().__iter__() if self.num_workers == 0 else self._iter_with_fallback()
@@ -448,17 +448,6 @@ def restore_order(loader: DataLoader[Any], outputs: Any) -> Any:
     if isinstance(outputs, torch.Tensor):
         return outputs[torch.from_numpy(inverse)]
     return np.asarray(outputs)[inverse]
-
-
-def describe_loader(loader: DataLoader[Any]) -> str:
-    """One line: batching, batches, workers and why; printed by the notebooks."""
-    sampler = loader.batch_sampler
-    reason = getattr(loader, "workers_reason", "")
-    return (
-        f"{type(sampler).__name__}: {len(loader)} batches, num_workers={loader.num_workers}"
-        + (f" ({reason})" if reason else "")
-        + f", pin_memory={loader.pin_memory}"
-    )
 
 
 # -------------------------------------------------------------------------------------------------------- resume

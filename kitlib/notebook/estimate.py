@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING
 
 from kitlib.config import full_eval_due
 from kitlib.machine.peaks import compute_peak_flops
-
-# lazy: numpy (+0.1 s): kitlib.notebook.stages is imported for VALID_FRACTION only, which keeps
-# `import kitlib.notebook.estimate` (the CLI's presets command, the picker) at 0.03 s (python -X importtime).
+from kitlib.notebook.stages import VALID_FRACTION
 
 if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
@@ -165,8 +163,6 @@ def estimate_run(
     and runs it forward over the test rows in 03. Each stage adds its start (files, model), each optimizer step its
     overhead. ``folds``: 02 trains and 03 predicts that many models.
     """
-    from kitlib.notebook.stages import VALID_FRACTION
-
     if n_rows < 0 or n_test < 0:
         raise ValueError(f"n_rows and n_test must be >= 0, got {n_rows} and {n_test}")
     cfg, regime = resolved.config, resolved.regime

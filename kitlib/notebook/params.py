@@ -25,9 +25,10 @@ from kitlib.errors import MissingDataError, MissingRunError, SetupError, damaged
 from kitlib.machine.hardware import fake_profile, switch
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, RUN_FILE, get_preset
 from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
-
-# lazy: numpy (+0.1 s): the task and metric modules load numpy; `import kitlib.notebook.params` stays at 0.05 s for the
-# CLI's parameter checks (python -X importtime).
+from kitlib.notebook.tasks import TASKS, get_task, task_entry
+from kitlib.notebook.tasks.custom import factory_path
+from kitlib.tasks.metrics import METRICS
+from kitlib.tasks.targets import OBJECTIVES
 
 PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
@@ -191,8 +192,6 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
         values["model"] = str(kaggle_input(Path(values["model"])))
     values["work_dir"] = Path(values["work_dir"])
     if values.get("model_factory"):  # a file relative to the notebook's folder: every later stage loads that one
-        from kitlib.notebook.tasks.custom import factory_path
-
         values["model_factory"] = factory_path(str(values["model_factory"]), Path.cwd())
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
     for columns in ("numeric", "categorical"):
@@ -290,8 +289,6 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
     ``data_dir``: a local copy of the competition, where a ``model_factory = "file.py:function"`` is looked up;
     without one, that import (like the metric's fit to the target and the folders) waits for 00.
     """
-    from kitlib.tasks.metrics import METRICS
-
     check_names(values)
     get_preset(str(values.get("preset", DEFAULT_PRESET)))
     given = {k: v for k, v in values.items() if k not in ("data_dir", "work_dir")}
@@ -348,14 +345,11 @@ def _check(p: Params) -> None:
 
 def _check_values(p: Params, *, with_task: bool) -> None:
     """The parameters' own checks, no folder read; ``with_task``: also the task's (it may import a data_dir file)."""
-    from kitlib.notebook.tasks import get_task
-
     workload = get_task(p.task)  # an unknown task, or a module:name that does not import
     if with_task:
         workload.check(p)  # columns it needs, a model_factory it imports
     _check_declared(p)
     _check_adapter(p)
-    from kitlib.tasks.targets import OBJECTIVES
 
     if p.objective not in OBJECTIVES:
         raise SetupError(f"objective = {p.objective!r} is not one of {list(OBJECTIVES)}: fix it in the parameters cell")
@@ -407,8 +401,6 @@ def _wanted(value: Any, hint: Any, f: dataclasses.Field[Any]) -> str:
 
 
 def _check_adapter(p: Params) -> None:
-    from kitlib.notebook.tasks import TASKS, task_entry
-
     entry = task_entry(p.task)
     if p.adapter == "none":
         return

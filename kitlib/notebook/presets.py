@@ -20,16 +20,18 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+import numpy as np
+
 from kitlib._files import write_atomic
 from kitlib._version import __version__
 from kitlib.config import Freeze, Requested, TrainConfig
+from kitlib.data.lengths import suggest_max_length
 from kitlib.errors import MissingRunError, SetupError, damaged_file
 from kitlib.machine.hardware import check_compile
 from kitlib.models.adapters import LORA_LR, check_adapter
 from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
 
-# lazy: torch (+1.0 s), numpy (+0.1 s): presets resolve without either, so the picker and `python -m kitlib presets`
-# stay at 0.04 s (python -X importtime).
+# lazy: torch (+1.0 s): presets resolve without it, so the picker imports without torch (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -431,8 +433,6 @@ def _max_length(
     p: Preset, lengths: Sequence[int] | np.ndarray | None, forced: int | None, reasons: list[str]
 ) -> tuple[int, float | None, tuple[float, int] | None]:
     """max_length, the mean row length under it, and (the share of rows it cuts, the longest row) given lengths."""
-    import numpy as np  # deferred: a dependency anyway, but keeps `import kitlib.notebook.presets` instant
-
     arr = None if lengths is None else np.asarray(lengths, dtype=np.int64).reshape(-1)
     if forced is not None:
         length = int(forced)
@@ -441,8 +441,6 @@ def _max_length(
         length = p.max_length_cap
         reasons.append(f"max_length {length}: the preset's cap (no row lengths given; pass lengths= to fit the data)")
     else:
-        from kitlib.data.lengths import suggest_max_length
-
         covered = suggest_max_length(arr, coverage=p.length_coverage, multiple_of=_PAD_MULTIPLE)
         length = min(covered, p.max_length_cap)
         capped = f", capped at {p.max_length_cap}" if covered > p.max_length_cap else ""

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from kitlib.models.loading import load_classifier, load_text_classifier, load_text_encoder
+from kitlib.data.featurize import embed_texts
+from kitlib.data.ngrams import NgramVectorizer
 
-# lazy: torch (+1.0 s), numpy (+0.1 s): only building models and loaders needs them; the regime names are read by the
-# CLI and the Kaggle tooling (python -X importtime).
+# lazy: torch (+1.0 s), transformers (+0.6 s): only building models and loaders needs them (kitlib.models.loading);
+# the regime names are read by the CLI, the picker and the Kaggle tooling (python -X importtime).
 
 if TYPE_CHECKING:
     import numpy as np
@@ -45,7 +46,7 @@ class Prepared:
     model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
     notes: tuple[str, ...] = ()  # lines for 02's summary (a causal LM's examples cut to the width)
     # Other training loaders by their batching (TrainConfig.batching), which 02 measures against ``train`` on the
-    # training device before it trains the faster (stages.measured_batching): a causal LM's packed rows
+    # training device before it trains the faster (training.measured_batching): a causal LM's packed rows
     choices: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -113,6 +114,8 @@ class Finetune(Regime):
     gains_from_ddp = True
 
     def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        from kitlib.models.loading import load_text_classifier
+
         return load_text_classifier(spec.num_labels, train_texts=texts, seed=seed, **choice)
 
     def prepare(
@@ -123,6 +126,8 @@ class Finetune(Regime):
         seed: int,
         choice: Mapping[str, Any],
     ) -> Prepared:
+        from kitlib.models.loading import load_classifier
+
         model = load_classifier(
             feats.spec.num_labels, vocab_size=feats.vocab_size, pad_token_id=feats.pad_id, seed=seed, **choice
         )
@@ -165,11 +170,11 @@ class Head(Regime):
         return "the whole encoder (it runs once, in 01, to cache embeddings; only the head trains)"
 
     def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
+        from kitlib.models.loading import load_text_encoder
+
         return load_text_encoder(train_texts=texts, seed=seed, **choice)
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
-        from kitlib.data.featurize import embed_texts
-        from kitlib.data.ngrams import NgramVectorizer
         from kitlib.machine.precision import Precision, decide_stage_precision
 
         e = encoder

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kitlib._files import write_atomic
+from kitlib.data.tables import check_unique_ids, read_table
 from kitlib.errors import DataError
-
-# lazy: numpy (+0.1 s): only reading the tables needs it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -19,8 +18,6 @@ if TYPE_CHECKING:
 def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: str, target: str) -> tuple[str, ...]:
     """sample_submission.csv's columns, after checking what 03 would otherwise find after training: it exists, its
     columns are the id and target parameters, and its ids are exactly test.csv's."""
-    from kitlib.data.tables import check_unique_ids, read_table
-
     if not sample_path.is_file():
         raise DataError(f"no sample submission at {sample_path}: set sample_submission in the parameters cell")
     sample = read_table(sample_path, text=())  # empty, header-only and unparsable files: named, with the fix

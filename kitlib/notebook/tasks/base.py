@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from kitlib.progress import advance, progress_bar
 from kitlib.tasks.targets import read_target, regression_loss
 
-# lazy: torch (+1.0 s), tqdm (+0.02 s): the task classes are read (names, presets) without training or a progress bar
+# lazy: torch (+1.0 s): the task classes are read (names, presets) without training; tqdm (0.02 s) is not lazy
 # (python -X importtime).
 
 if TYPE_CHECKING:
@@ -116,7 +117,6 @@ def each_batch(
     import torch
 
     from kitlib.engine.step import to_device
-    from kitlib.progress import advance, progress_bar
 
     move = to_device(device)
     model.to(device).eval()

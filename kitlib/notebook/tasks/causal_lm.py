@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.loaders import make_eval_loader, make_predict_loader, make_train_loader
@@ -42,7 +43,8 @@ from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 from kitlib.models.causal_lm import tiny_causal_lm
-from kitlib.models.loading import config_of, from_pretrained, frozen_dtype, model_refusals, positions_of
+from kitlib.models.folders import config_of, model_refusals, positions_of
+from kitlib.models.loading import from_pretrained, frozen_dtype
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, SideInputs
 from kitlib.notebook.tasks.generation import (
@@ -53,8 +55,6 @@ from kitlib.notebook.tasks.generation import (
     model_folder,
     target_limits,
 )
-
-# lazy: transformers (+0.6 s): only loading a pretrained model needs it (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -391,8 +391,6 @@ def _folder_model(
 ) -> tuple[Any, Any]:
     """The folder's tokenizer and model: its weights (fp32, or ``frozen_dtype`` for a frozen base), or without
     them (``weights=False``: on the meta device, from config.json, for 01's lengths and FLOP estimate)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
         tokenizer = AutoTokenizer.from_pretrained(folder)
         _chat_eos(tokenizer)

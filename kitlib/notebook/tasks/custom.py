@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kitlib.data.tables import texts_to_generate
 from kitlib.errors import SetupError
-from kitlib.models.loading import fp32_master_weights
 from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.regimes import FINETUNE, Prepared
 from kitlib.notebook.tasks.text import TextTask
@@ -120,6 +119,8 @@ def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: b
     name) under ``seed`` (the caller's RNG untouched), in fp32 master weights; a SetupError naming the fix when the
     call raises or gives no nn.Module."""
     import torch
+
+    from kitlib.models.loading import fp32_master_weights
 
     build = factory(spec)
     with torch.random.fork_rng(devices=[]):

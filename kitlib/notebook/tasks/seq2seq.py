@@ -29,7 +29,7 @@ import numpy as np
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.tables import DataError, TargetSpec, read_table
 from kitlib.models.adapters import quantization
-from kitlib.models.loading import from_pretrained, model_refusals
+from kitlib.models.folders import model_refusals
 from kitlib.models.seq2seq import (
     BYTE_VOCAB,
     data_tokenizer,
@@ -144,6 +144,8 @@ class Seq2SeqTask(TextGenerationTask):
         if folder is not None:
             from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+            from kitlib.models.loading import from_pretrained
+
             with model_refusals(folder):
                 model = from_pretrained(AutoModelForSeq2SeqLM, folder)
                 return AutoTokenizer.from_pretrained(folder), model, str(folder)
@@ -248,6 +250,8 @@ def _build_model(
     training targets set."""
     if "model_folder" in side.state:
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        from kitlib.models.loading import from_pretrained
 
         folder = side.state["model_folder"]
         with model_refusals(folder):

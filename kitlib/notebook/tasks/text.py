@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from kitlib.data.tables import MAX_INT_CLASSES
 from kitlib.errors import SetupError
-from kitlib.models.loading import tiny_requested
+from kitlib.models.folders import tiny_requested
 from kitlib.notebook.tasks.base import Params, SideInputs, Task
 from kitlib.tasks.metrics import METRICS
 from kitlib.tasks.tabular import Columns, fit_columns

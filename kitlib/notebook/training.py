@@ -1,0 +1,556 @@
+"""02 and 03 as functions: train the features' run (each fold), then predict the test set; export-merged.
+
+The stages that need torch, split from kitlib.notebook.stages so that 00, 01 and the CLI import without it: every
+import sits at the top here. What both read (the split, the verdict, the run's files) stays in stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+from safetensors.torch import save_model
+from transformers import AutoTokenizer
+
+from kitlib._files import read_json_object, record_file, write_atomic
+from kitlib.doctor.probe import probe_batching
+from kitlib.engine import checkpoint
+from kitlib.engine.loop import fit
+from kitlib.engine.step import enable_activation_checkpointing
+from kitlib.errors import CheckpointError, MissingRunError, SetupError
+from kitlib.machine.distributed import WorkerDied, dist_env, launch
+from kitlib.machine.hardware import cpu_threads, detect
+from kitlib.machine.precision import Precision, decide_precision
+from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
+from kitlib.models.loading import frozen_dtype
+from kitlib.notebook import handoff, trees
+from kitlib.notebook.params import Params, kaggle_input, keep_aside, load_params
+from kitlib.notebook.regimes import Prepared
+from kitlib.notebook.stages import (
+    BASELINE_FILE,
+    StandIn,
+    _machine_for_plan,
+    _model_choice,
+    _splits,
+    load_features,
+    verdict_of,
+)
+from kitlib.notebook.submission import write_submission
+from kitlib.notebook.tasks import get_task
+from kitlib.progress import advise
+from kitlib.tasks.baseline import Baseline, BestRows, compare
+from kitlib.tasks.metrics import get_metric
+
+if TYPE_CHECKING:
+    from kitlib.config import TrainConfig
+    from kitlib.engine.loop import FitResult
+    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.notebook.handoff import Features
+    from kitlib.tasks.metrics import Metric
+
+VALID_FILE = "valid.json"  # in each fold's run dir: its validation rows' truth and predictions (the out-of-fold parts)
+OOF_FILE = "oof.csv"  # in run/ with folds: every training row's out-of-fold prediction (row, fold, target, prediction)
+INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
+
+
+def _judge_baseline(
+    p: Params, feats: Features, result: FitResult, staging: Path, watched: BestRows | None = None, oof: bool = False
+) -> FitResult:
+    """The model's validation score beside the baseline's: in ``baseline.json``
+    (what 03 warns from) and in 02's summary, with the model-minus-baseline interval (``watched``: the validation
+    predictions at the best score; ``oof``: every fold's, out of fold) and one line saying what to try when the
+    model does not clearly beat it."""
+
+    if feats.run.baseline is None:  # a run.json from an older kitlib
+        return result
+    baseline = Baseline.from_dict(feats.run.baseline)
+    score = _model_score(result.history, baseline.metric, result.best_epoch)
+    blended = (staging / trees.TREES_FILE).is_file() and watched is not None and watched.score is not None
+    score = watched.score if (blended or oof) and watched is not None else score  # the blend: what 03 will write
+    gap = None
+    if watched is not None and watched.rows is not None and baseline.value is not None:
+        y_true, y_pred = watched.rows
+        gap = compare(watched.metric, y_true, y_pred, baseline.constant(len(y_true)), seed=p.seed)
+    limits = getattr(result.model, "kitlib_limits", None)  # a generating task's: how many training targets are cut
+    record = baseline.to_dict() | {"model_score": score, "kind": feats.spec.kind, "done": _done(feats)}
+    record |= {"gap": None if gap is None else dataclasses.asdict(gap), "cut_targets": getattr(limits, "cut", 0)}
+    record |= {"folds": p.folds} if oof else {}
+    record["beaten"] = baseline.verdict(score, feats.spec.kind, gap) is None
+    if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
+        write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
+    verdict = ("verdict: " if record["beaten"] else "warning: ") + verdict_of(record)
+    return dataclasses.replace(result, notes=(*result.notes, baseline.line(), verdict))
+
+
+def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -> str | None:
+    """02: trees beside the network where the run wants them (kitlib.notebook.trees): fitted on the training split,
+    blended with the network's best validation predictions by the weight the metric scores best there. The weight
+    goes to run/trees.json for 03, the blend into ``watched`` (the verdict judges what 03 will write); 02's line."""
+
+    if not trees.wanted(feats) or watched.rows is None:
+        return None
+    kind = feats.spec.kind
+    train_idx, valid_idx = _splits(p, feats)[p.fold]
+    y_true, net = watched.rows
+    if len(y_true) != len(valid_idx) or not np.array_equal(feats.spec.decode(feats.labels[valid_idx]), y_true):
+        return "trees: skipped (the full eval's rows are not the validation split in order)"
+    fitted = trees.Trees.fit(feats, train_idx, p.seed)
+    if fitted is None:
+        return None
+    metric, by_trees = watched.metric, fitted.predict(feats, valid_idx)
+    weight, score = trees.blend(metric, y_true, net, by_trees, kind)
+    said = {"weight": weight, "network": watched.score, "trees": metric(y_true, by_trees), "blend": score}
+    if dist_env().is_main:
+        write_atomic(staging / trees.TREES_FILE, json.dumps(said, indent=1) + "\n")
+    watched.score, watched.rows = score, (y_true, trees.mix(net, by_trees, weight, kind))
+    return (
+        f"trees (scikit-learn HistGradientBoosting on the columns + text embeddings): validation {metric.name} "
+        f"{said['trees']:.4g}, network {said['network']:.4g}; 03 writes {weight:g} x trees + {1 - weight:g} x network "
+        f"({score:.4g})"
+    )
+
+
+def _with_trees(p: Params, feats: Features, values: np.ndarray) -> np.ndarray:
+    """03: the submission's values blended with the trees by 02's weight (run/trees.json), the trees refitted on the
+    same training rows with the same seed (seconds; nothing pickled). With folds, each fold's trees by its weight,
+    the blends averaged (classes: fold 1's)."""
+    blends = []
+    for fold, (train_idx, _) in enumerate(_splits(p, feats)):
+        try:
+            run_dir = dataclasses.replace(p, fold=fold).run_dir
+            weight = float(json.loads((run_dir / trees.TREES_FILE).read_text())["weight"])
+        except (OSError, ValueError, KeyError):
+            continue  # no trees in this run
+        fitted = trees.Trees.fit(feats, train_idx, p.seed) if weight > 0 else None
+        if fitted is not None:
+            print(f"trees: {weight:g} x trees + {1 - weight:g} x network (02's blend: {run_dir.name}/trees.json)")
+            blends.append(trees.mix(values, fitted.predict(feats, None), weight, feats.spec.kind))
+            if feats.spec.kind != "regression":
+                break  # classes take the first fold's blend: the other folds' trees need not be fitted
+    if not blends:
+        return values
+    return np.mean(blends, axis=0) if feats.spec.kind == "regression" else blends[0]
+
+
+def _done(feats: Features) -> list[str]:
+    """What the run did already, as the verdict's advice reads it: the preset's name, the regression loss."""
+    return [feats.run.name, *([feats.spec.loss] if feats.spec.kind == "regression" else [])]
+
+
+def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> float | None:
+    """The kept checkpoint's metric: its epoch's, else the last one computed (a metric scored at the end only)."""
+    if metric not in history or history[metric].isna().all():
+        return None
+    scored = history.dropna(subset=[metric])
+    kept = scored[scored["epoch"] == best_epoch] if best_epoch is not None else scored.iloc[0:0]
+    return float((kept if len(kept) else scored.tail(1))[metric].iloc[0])
+
+
+def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
+    """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
+    model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
+
+    prepared = get_task(p.task).prepare(feats, hw, _splits(p, feats)[p.fold], p.seed, _model_choice(p))
+    cfg = feats.run.config
+    half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # a frozen base needs no fp32 master copy
+    generating = feats.spec.kind == "sequence"
+    model = add_adapter(prepared.model, cfg.adapter, generating=generating, base_dtype=half, seed=p.seed)
+    return dataclasses.replace(prepared, model=model)
+
+
+def train(
+    p: Params,
+    feats: Features | None = None,
+    *,
+    hw: HardwareInfo | None = None,
+    callbacks: tuple[object, ...] = (),
+) -> FitResult:
+    """fit() the model of the features' run (the one fitted to the data); artifacts land in ``p.run_dir``. With
+    ``folds`` > 1, once per fold (run/, run-fold2/, ...), then the verdict on the out-of-fold predictions
+    (``run/oof.csv``, ``run/baseline.json``); the result is fold 1's with every fold's lines.
+
+    A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers, each loading the saved
+    features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
+    """
+    feats = feats or load_features(p)
+    results = []
+    for fold in range(p.folds):
+        if p.folds > 1:
+            print(f"fold {fold + 1} of {p.folds}: {dataclasses.replace(p, fold=fold).run_dir}")
+        results.append(_train_fold(dataclasses.replace(p, fold=fold), feats, hw, callbacks))
+        if results[-1].stop_reason == "sigterm":  # 02 again continues this fold (its run.new/ is kept)
+            return results[-1]
+    return results[0] if p.folds == 1 else _out_of_fold(p, feats, results)
+
+
+def _out_of_fold(p: Params, feats: Features, results: list[FitResult]) -> FitResult:
+    """Every fold's validation predictions as one out-of-fold set: run/oof.csv, and the verdict judged on it (the
+    interval over every training row) in run/baseline.json, what 03 and ``outcome`` read."""
+
+    parts, notes = [], []
+    for fold, ((_, valid_idx), result) in enumerate(zip(_splits(p, feats), results, strict=True)):
+        try:
+            rows = json.loads((dataclasses.replace(p, fold=fold).run_dir / VALID_FILE).read_text())
+        except OSError:  # background_eval = "process" scores elsewhere and keeps no rows here
+            why = f"no out-of-fold verdict: fold {fold + 1} kept no validation predictions"
+            return dataclasses.replace(results[0], notes=(*results[0].notes, why))
+        if len(rows["prediction"]) != len(valid_idx):
+            raise CheckpointError(f"fold {fold + 1}: {len(rows['prediction'])} predictions for {len(valid_idx)} rows")
+        parts.append(pd.DataFrame({"row": valid_idx, "fold": fold + 1} | rows))
+        notes.append(f"fold {fold + 1}: {next((n for n in result.notes if n.startswith(('verdict', 'warning'))), '')}")
+    oof = pd.concat(parts).sort_values("row")
+    write_atomic(p.run_dir / OOF_FILE, oof.to_csv(index=False))
+    watched = BestRows(_run_metric(p, feats))
+    watched.rows = (oof["target"].to_numpy(), oof["prediction"].to_numpy())
+    watched.score = watched.metric(*watched.rows)
+    judged = _judge_baseline(p, feats, results[0], p.run_dir, watched, oof=True)
+    notes.append(f"out-of-fold predictions: {p.run_dir / OOF_FILE}")
+    return dataclasses.replace(judged, notes=(*judged.notes, *notes))
+
+
+def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: tuple[object, ...]) -> FitResult:
+    """One fold's training (``p.fold``; the whole run without folds) into its run dir."""
+    stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
+    hw = stand_in.hw if stand_in is not None else hw
+    cfg = _train_config(p, feats, stand_in)
+    prepared = None
+    if feats.run.world_size == 1 or stand_in is not None:  # this process reaches the device that trains
+        prepared = prepare(p, feats, hw or detect())
+        cfg, prepared = measured_batching(p, feats, cfg, prepared, hw or detect())
+    resume = _stage(p, cfg)  # here, once, before any DDP worker exists
+    if feats.run.world_size > 1:
+        cpu = stand_in.hw if stand_in is not None else None
+        try:
+            result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
+        except WorkerDied as err:
+            kept = [str(c) for n in ("last", "best") if (c := checkpoint.latest(_staging(p), n)) is not None]
+            saved = ", ".join(kept) or "no checkpoint of this attempt yet"
+            raise WorkerDied(
+                f"{str(err).partition('. Fix:')[0]}. Saved: {saved}. Fix: run "
+                "notebooks/02_train.ipynb again (headless: the same `python -m kitlib notebooks run` command): it "
+                f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
+            ) from None
+        # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run again
+        model = prepare(p, feats, dataclasses.replace(hw or detect(), accelerators=())).model
+        checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
+        return dataclasses.replace(result, model=model)
+    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
+
+
+# In the cache dir: 02's measured tokens/s per batching, machine and run. v2: packed batches hold a bucketed batch's
+# tokens since #31 (v1 measured batch_size full rows), so a v1 figure would pick by a layout no longer trained.
+BATCHING_PROBE_FILE = "batching_probe_v2.json"
+
+
+def measured_batching(
+    p: Params, feats: Features, cfg: TrainConfig, prepared: Prepared, hw: HardwareInfo
+) -> tuple[TrainConfig, Prepared]:
+    """The faster of the task's batchings on the device that trains (``prepared.choices`` against ``train``: a causal
+    LM's packed rows against length buckets; kitlib.doctor.probe.probe_batching, a few steps' time), as ``cfg``'s
+    batching with the tokens/s it measured (run/config.json and timing.json record both), and its loader as
+    ``train``. Kept in the cache dir per machine, model and run shape, so a resumed run batches as it began. CUDA
+    DDP measures nothing (the parent must not touch CUDA): its workers train 01's batching."""
+
+    if not prepared.choices:
+        return cfg, prepared
+    loaders = {**prepared.choices, cfg.batching: prepared.train}  # packed first: the token budget the others match
+    plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)
+    threads = torch.get_num_threads() if plan.device_type == "cpu" else ""
+    shape = (feats.model_identity, cfg.adapter, plan.dtype, cfg.gradient_checkpointing, cfg.max_length,
+             cfg.micro_batch_size, feats.n_train)  # fmt: skip
+    key = " | ".join(str(v) for v in (hw.device_name, threads, torch.__version__, *shape))
+    file = p.cache_dir / BATCHING_PROBE_FILE
+    known = read_json_object(file)
+    measured: dict[str, float] | None = known.get(key)
+    if measured is None:
+        model = prepared.model.to(plan.device_type)
+        if cfg.gradient_checkpointing:  # as fit trains it: the probe fits where training does
+            enable_activation_checkpointing(model, cfg.checkpoint_modules)
+        try:
+            measured = probe_batching(model, loaders, loss_fn=get_task(p.task).loss_fn(feats.spec),
+                                      autocast=Precision(plan).autocast)  # fmt: skip
+        except torch.OutOfMemoryError:  # fit's back-off halves the micro-batch; the probe does not: 01's batching
+            torch.cuda.empty_cache()
+            print(f"batching {cfg.batching}: not measured (the probe ran out of device memory)")
+            return cfg, dataclasses.replace(prepared, choices={})
+        write_atomic(file, json.dumps({**known, key: measured}, indent=1) + "\n")
+    chosen = max(measured, key=lambda b: measured[b])
+    said = ", ".join(f"{b} {v:,.0f}" for b, v in sorted(measured.items(), key=lambda kv: -kv[1]))
+    print(f"batching {chosen}: measured real tokens/s on {hw.device_name}: {said}")
+    cfg = dataclasses.replace(cfg, batching=chosen, batching_measured=tuple(sorted(measured.items())))  # type: ignore[arg-type]
+    return cfg, dataclasses.replace(prepared, train=loaders[chosen], choices={})
+
+
+def _train_worker(
+    p: Params, cfg: TrainConfig, hw: HardwareInfo | None, callbacks: tuple[object, ...], resume: bool
+) -> tuple[FitResult, dict[str, Any]]:
+    """Rank 0's result and trained weights (on the CPU; with an adapter its tensors only, as a checkpoint holds them:
+    a 4-bit base's quantisation state is rebuilt with it): the parent rebuilds the model and loads them. The model
+    itself may not cross: a custom task's class comes from a file that only the worker imported. ``hw``: a rehearsal's
+    CPU, else None (each worker detects its machine)."""
+
+    result = _train(p, load_features(p), cfg, hw=hw, callbacks=callbacks, resume=resume)
+    weights = {name: t.cpu() for name, t in checkpoint.saved_state(result.model).items()}
+    return dataclasses.replace(result, model=torch.nn.Module()), weights
+
+
+def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
+    """Keep the checkpoint the competition would score best: the metric, whenever a cadence computes it (every N
+    epochs: best/ and patience judge those epochs only, the ones in between carry the loss alone).
+
+    Loss and accuracy part ways as a classifier grows confident: on the demo, ``best`` (4 epochs) had its lowest
+    validation loss after epoch 2 (accuracy 0.827) and its highest accuracy after epoch 4 (0.839).
+    """
+    if cfg.full_eval_every < 1 or cfg.monitor != "eval_loss":  # the metric only at the end, or chosen by hand
+        return cfg
+    return dataclasses.replace(cfg, monitor=metric.name, mode=metric.mode)
+
+
+def _run_metric(p: Params, feats: Features) -> Metric:
+
+    return get_metric(feats.run.metric, feats.spec.kind, data_dir=p.data_dir)
+
+
+def _train_config(p: Params, feats: Features, stand_in: StandIn | None = None) -> TrainConfig:
+    """The config 02 trains: run.json's, seeded, following the task's metric; a rehearsal's in the CPU's precision
+    (what ran is then what run/config.json and timing.json record)."""
+    cfg = dataclasses.replace(feats.run.config, seed=p.seed)
+    if stand_in is not None:
+        cfg = dataclasses.replace(cfg, precision=stand_in.precision.dtype, tf32=stand_in.precision.tf32)
+    return _monitor_task_metric(cfg, _run_metric(p, feats))
+
+
+def _staging(p: Params) -> Path:
+    return p.run_dir.with_name(p.run_dir.name + ".new")  # this run's files until it finishes
+
+
+def _stage(p: Params, cfg: TrainConfig) -> bool:
+    """Prepare ``run.new/``; True when it holds an interrupted attempt (killed, or stopped by SIGTERM) with the same
+    config and features and a complete ``last/`` checkpoint: 02 continues it, so a restarted session picks up where
+    the last one ended. Anything else there is superseded by this run."""
+
+    staging = _staging(p)
+    inputs = {"config": cfg.to_dict(), "features": record_file(p.work_dir / handoff.FEATURES_FILE)["sha256"]}
+    inputs = json.loads(json.dumps(inputs, default=str))  # as it reads back (tuples -> lists)
+    try:
+        saved = json.loads((staging / INPUTS_FILE).read_text())
+    except (OSError, ValueError):
+        saved = None
+    resumable = checkpoint.latest(staging, "last") is not None
+    if saved == inputs and resumable:
+        print(f"continuing the interrupted run in {staging} from its last checkpoint (same config, same features)")
+        return True
+    if saved is not None and resumable:  # resumable, but not this run: kept
+        changed = sorted(k for k in inputs["config"] if inputs["config"][k] != saved.get("config", {}).get(k))
+        why = f"config: {', '.join(changed)}" if changed else "the features changed (01 ran again)"
+        aside = keep_aside(staging)
+        print(f"an interrupted run with other inputs ({why}) was not continued: kept as {aside}; this run starts fresh")
+    shutil.rmtree(staging, ignore_errors=True)
+    write_atomic(staging / INPUTS_FILE, json.dumps(inputs, indent=1) + "\n")
+    return False
+
+
+def _train(
+    p: Params,
+    feats: Features,
+    cfg: TrainConfig,
+    *,
+    hw: HardwareInfo | None,
+    callbacks: tuple[object, ...],
+    resume: bool,
+    prepared: Prepared | None = None,
+) -> FitResult:
+
+    hw = hw or detect()
+    prepared = prepared or prepare(p, feats, hw)
+    if prepared.choices:  # a DDP worker: the batching the parent measured (cfg), or 01's
+        chosen = prepared.choices.get(cfg.batching)
+        prepared = dataclasses.replace(prepared, train=chosen or prepared.train, choices={})
+    device = torch.device("cuda" if hw.device_type == "cuda" else hw.device_type)
+    staging = _staging(p)
+    watched = BestRows(_run_metric(p, feats))  # the validation predictions the verdict's interval resamples
+    result = fit(
+        prepared.model,
+        prepared.train,
+        config=cfg,
+        loss_fn=get_task(p.task).loss_fn(feats.spec),
+        eval_loader=prepared.valid,
+        full_eval=get_task(p.task).evaluate(feats.spec, watched.watching(), prepared.valid, device),
+        run_dir=staging,
+        resume=resume,
+        hw=hw,
+        callbacks=callbacks,
+    )
+    result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
+    line = _blend_trees(p, feats, watched, staging)
+    result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
+    result = _judge_baseline(p, feats, result, staging, watched)
+    if p.folds > 1 and watched.rows is not None and dist_env().is_main:  # this fold's part of the out-of-fold rows
+        rows = {"target": watched.rows[0].tolist(), "prediction": watched.rows[1].tolist()}
+        write_atomic(staging / VALID_FILE, json.dumps(rows) + "\n")
+    best = staging / "best" / "model.safetensors"
+    if cfg.adapter != "none" and best.is_file():
+        print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
+    if result.stop_reason == "sigterm":  # not a finished run: run/ stays as it was; the next 02 continues this one
+        print(f"stopped by SIGTERM: {staging}/last saved; run 02_train again to continue from there")
+        return dataclasses.replace(result, run_dir=staging)
+    if dist_env().is_main:
+        _publish(staging, p.run_dir)
+    return dataclasses.replace(result, run_dir=p.run_dir)
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """A finished run replaces ``run/``; the one before stays as ``run.prev/``. A run that raised never gets here,
+    so the last good run/ (best/ checkpoint included) is never destroyed by a failed one."""
+    previous = final.with_name(final.name + ".prev")
+    if final.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        os.rename(final, previous)
+    os.rename(staging, final)
+
+
+# ------------------------------------------------------------------------------------------------------ 03 infer
+@cpu_threads()  # predicting on the CPU: this process's share of the CPUs, restored after
+def infer(
+    p: Params,
+    feats: Features | None = None,
+    *,
+    run_dirs: list[Path] | None = None,
+    hw: HardwareInfo | None = None,
+) -> pd.DataFrame:
+    """Predict the test set with the best checkpoint of each run dir (mean of their predictions), check the
+    submission against what 01 saw in sample_submission.csv, and write ``work_dir/submission.csv``."""
+
+    hw = hw or detect()
+    feats = feats or load_features(p)
+    stand_in = _machine_for_plan(p, feats, hw, processes=1)  # prediction runs in this process
+    if stand_in is not None:
+        hw, plan = stand_in.hw, stand_in.precision
+    else:
+        plan = decide_precision(hw, feats.run.config.precision)
+    precision = Precision(plan)
+    device = torch.device(precision.plan.device_type)
+    prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight
+    predictions = []
+    workload = get_task(p.task)
+    runs = [kaggle_input(Path(d)) for d in run_dirs or []] or [p.run_dir]
+    for run_dir in runs + [d for d in _fold_dirs(p) if d not in runs]:  # the k fold models, averaged
+        checkpoint.restore_model(prepared.model, checkpoint.load(_trained_checkpoint(run_dir, p)))
+        predictions.append(
+            workload.predict(prepared.model, prepared.test, precision=precision, device=device, spec=feats.spec,
+                             interactive=hw.interactive, desc=f"predict ({run_dir.name})")
+        )  # fmt: skip
+    _warn_unbeaten(p.run_dir)
+    values = _with_trees(p, feats, workload.submission(workload.combine(predictions), feats.spec))
+    submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
+    return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
+
+
+EXPORT_MARK = "kitlib-export.json"  # in a folder export-merged wrote: the only kind it moves aside to write again
+
+
+def export_merged(
+    work_dir: str | os.PathLike[str], out: str | os.PathLike[str], hw: HardwareInfo | None = None
+) -> Path:
+    """One model folder at ``out``: 03's model (the model folder's weights + best/'s adapter) with the adapter
+    merged in (kitlib.models.adapters.merge_adapter), and the model folder's tokenizer files beside it; a
+    transformers ``from_pretrained`` loads it without peft. ``python -m kitlib export-merged WORK_DIR OUT``."""
+
+    target = Path(out)
+    made = (target / EXPORT_MARK).is_file()
+    if target.is_file() or (target.is_dir() and any(target.iterdir()) and not made):
+        held = sorted(f.name for f in target.iterdir())[:5] if target.is_dir() else "a file"
+        raise SetupError(
+            f"export-merged's folder {target} already holds {held}, not written by export-merged: writing there would "
+            "replace them. Fix: name a new or empty folder for the merged model"
+        )
+    p = load_params(work_dir)
+    feats = load_features(p)
+    adapter = feats.run.config.adapter
+    if adapter == "none":
+        raise SetupError(f"{p.run_dir} trained without an adapter: best/ is already the whole model. Fix: use it as is")
+    hw = hw or detect()
+    if adapter == "qlora" and hw.device_type != "cuda":
+        raise SetupError(
+            "this run trained qlora adapters on 4-bit weights: merging rebuilds that 4-bit model and dequantises it, "
+            "with bitsandbytes on a CUDA GPU, and this machine has none. Fix: export on a CUDA machine, or keep base "
+            "+ adapter (03 loads them)"
+        )
+    model = prepare(p, feats, hw).model
+    checkpoint.restore_model(model, checkpoint.load(_trained_checkpoint(p.run_dir, p)))
+    merged = merge_adapter(model)
+    if made:  # an earlier export: kept, never written over
+        print(f"the earlier export in {target} is kept as {keep_aside(target)}")
+    target.mkdir(parents=True, exist_ok=True)
+    (target / EXPORT_MARK).write_text(json.dumps({"work_dir": str(work_dir), "adapter": adapter}) + "\n")
+    save = getattr(merged, "save_pretrained", None)
+    if callable(save):
+        save(target)
+    else:  # a task's own module around the pretrained model: its state_dict, for the model 03 builds
+        save_model(merged, str(target / "model.safetensors"))
+    folder = Path(p.model)
+    if folder.is_dir():  # saved by transformers, so every file it loads from comes along (chat_template.jinja, ...)
+        AutoTokenizer.from_pretrained(folder).save_pretrained(target)
+    size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
+    weights = sum(t.numel() for t in merged.state_dict().values() if isinstance(t, torch.Tensor))
+    print(f"merged: the {adapter} adapter of {p.run_dir.name}/ folded into {p.model}: {target} ({size / 1e6:.1f} MB, "
+          f"{weights / 1e6:.1f} M weights; loads without peft)")  # fmt: skip
+    return target
+
+
+def _warn_unbeaten(run_dir: Path) -> None:
+    """A UserWarning before the submission is written when 02 found the model no better than a constant."""
+    try:
+        record = json.loads((run_dir / BASELINE_FILE).read_text())
+    except (OSError, ValueError):
+        return  # a run from an older kitlib, or trained outside the notebooks
+    if not record.get("beaten", True):
+        verdict = verdict_of(record)
+        # 4: past infer and the contextlib frame of its @cpu_threads, so the box names the 03 cell, not contextlib.py
+        advise(f"{verdict}. The submission is written anyway.", stacklevel=4)
+
+
+def _fold_dirs(p: Params) -> list[Path]:
+    return [dataclasses.replace(p, fold=fold).run_dir for fold in range(1, p.folds)]
+
+
+def _trained_checkpoint(run_dir: Path, p: Params) -> Path:
+    """``run_dir``'s best (else last) checkpoint, trained on the features 01 saved; else an error naming the fix."""
+
+    found = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
+    if found is None:
+        for name in ("best", "last"):
+            if (run_dir / name).exists():
+                try:
+                    checkpoint.load(run_dir / name)  # fails, saying what is wrong with it
+                except CheckpointError as err:
+                    raise CheckpointError(
+                        f"{err} In the notebooks: run 02_train again ({run_dir.name}.prev/ holds the run before)"
+                    ) from None
+        interrupted = _staging(p)
+        if run_dir == p.run_dir and checkpoint.latest(interrupted, "last") is not None:
+            raise MissingRunError(
+                f"no finished training run in {run_dir}: the last one was interrupted ({interrupted}/last is saved). "
+                "Fix: run notebooks/02_train.ipynb again; it continues from there"
+            )
+        raise MissingRunError(f"no checkpoint in {run_dir}: run notebooks/02_train.ipynb first")
+    if run_dir not in (p.run_dir, *_fold_dirs(p)):  # an extra run (another seed or machine): the restore checks shapes
+        return found
+    try:
+        trained_on = json.loads((run_dir / INPUTS_FILE).read_text())["features"]
+    except (OSError, ValueError, KeyError):
+        return found  # a run from an older kitlib, or trained outside the notebooks: nothing to compare
+    if trained_on != record_file(p.work_dir / handoff.FEATURES_FILE)["sha256"]:
+        raise CheckpointError(
+            f"{run_dir} was trained on other features than the ones 01_features saved since (another preset, model, "
+            "data or parameters). Fix: run notebooks/02_train.ipynb again, or re-run 01 with the settings that run "
+            "was trained with"
+        )
+    return found
