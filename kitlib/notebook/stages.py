@@ -367,7 +367,7 @@ def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, proce
     if planned.num_gpus == gpus:
         return None
     if p.rehearse and gpus < planned.num_gpus:
-        cpu = dataclasses.replace(hw or detect(), accelerators=())
+        cpu = _cpu(hw)
         stand_in = StandIn(cpu, decide_stage_precision(cpu, feats.run.preset.precision))
         print(stand_in.line(p.hardware, feats.run, processes))
         return stand_in
@@ -740,7 +740,8 @@ def train(
             return results[fold]
     if p.folds == 1:
         return results[0]
-    first = results[0] if 0 in results else _finished_result(p, feats, hw or detect())
+    cpu = feats.run.world_size > 1  # DDP: this process must not touch CUDA (02 again launches), as _train_fold
+    first = results[0] if 0 in results else _finished_result(p, feats, _cpu(hw) if cpu else hw or detect())
     judged = _out_of_fold(p, feats, first)
     return dataclasses.replace(judged, notes=(*judged.notes, said)) if kept else judged
 
@@ -767,6 +768,10 @@ def _finished_folds(p: Params, feats: Features) -> list[int]:
         if alike and rows == valid_idx.tolist() and checkpoint.latest(run_dir, "best") and not staging.exists():
             kept.append(fold)
     return kept
+
+
+def _cpu(hw: HardwareInfo | None) -> HardwareInfo:
+    return dataclasses.replace(hw or detect(), accelerators=())
 
 
 def _finished_result(p: Params, feats: Features, hw: HardwareInfo) -> FitResult:
@@ -844,7 +849,7 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
                 f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
             ) from None
         # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run again
-        model = prepare(p, feats, dataclasses.replace(hw or detect(), accelerators=())).model
+        model = prepare(p, feats, _cpu(hw)).model
         checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
         return dataclasses.replace(result, model=model)
     return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
