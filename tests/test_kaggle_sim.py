@@ -13,6 +13,7 @@ from typing import Any
 import kaggle_sim
 import pandas as pd
 import pytest
+from _demos import cut_demo
 
 from kitlib.tools import kaggle as kg
 
@@ -165,6 +166,9 @@ def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, P
     _check_submission(run.working, kaggle["data"])
 
 
+DEMO_ROWS = 600  # training rows a demo row keeps (a quarter as many test rows)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["auto", pytest.param("tabular-text", marks=GRID)])
 def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
@@ -176,6 +180,7 @@ def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
     root = kaggle["root"] / f"demo-{task}"
     data = root / "data"
     assert main(["demo", str(data), "--task", task]) == 0
+    cut_demo(data, DEMO_ROWS)  # whole, a row took 6-7 min under CI load
     slug = f"demo-{task}"
     build = ["kaggle", "build", "--username", "me", "--competition", slug, "--params", str(data / "demo.json"),
              "--preset", "smoke", "--gpu", "none", "--wheels-dataset", "me/kitlib-wheels",

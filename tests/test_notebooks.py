@@ -11,6 +11,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
+from _demos import cut_demo
 
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks
 
@@ -45,6 +46,7 @@ def test_demo_end_to_end_headless_with_relative_paths_from_another_cwd(tmp_path:
     from kitlib.tools.demo import make_demo, score
 
     demo = make_demo(tmp_path / "competition" / "demo")
+    cut_demo(demo.root, 600)  # the paths are under test, not the demo's size
     work = tmp_path / "competition" / "work"
     command = [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", "demo", "--work", "work"]
     proc = subprocess.run(
