@@ -125,3 +125,51 @@ def test_a_kaggle_chain_carries_every_folds_run_to_03(tmp_path: Path) -> None:
         (earlier / run / "best" / "model.safetensors").write_bytes(b"w")
     assert {"run", "run-fold2", "run-fold3"} <= set(carry_forward([earlier], tmp_path / "work"))
     assert (tmp_path / "work" / "run-fold3" / "best" / "model.safetensors").is_file()
+
+
+def test_02_interrupted_in_fold_3_keeps_folds_1_and_2_and_ends_as_an_uninterrupted_run(
+    tmp_path: Path, cpu_hw: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#32: SIGTERM during fold 3, then 02 again: folds 1 and 2 are not trained again (their best/ untouched), fold 3
+    continues from its last/, and oof.csv and the verdict equal an uninterrupted run's."""
+    import os
+    import signal
+
+    from kitlib import Callback
+
+    data = _classes(tmp_path / "data")
+
+    def ready(work: Path) -> Any:
+        p = stages.params(data_dir=data, work_dir=work, preset="smoke", model="tiny", task="classify", folds=3)
+        stages.setup(p, cpu_hw)
+        stages.features(p, hw=cpu_hw, quiet=True)
+        return p
+
+    whole = ready(tmp_path / "whole")
+    training.train(whole, hw=cpu_hw)
+
+    class Term(Callback):  # as a session's end: SIGTERM at fold 3's first step, kitlib saves last/ and stops
+        def on_fit_start(self, loop: Any) -> None:
+            self.loop = loop
+
+        def on_step_end(self, step: object) -> None:
+            if self.loop.out.name == "run-fold3.new" and self.loop.state.step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    p = ready(tmp_path / "cut")
+    assert training.train(p, hw=cpu_hw, callbacks=(Term(),)).stop_reason == "sigterm"
+    assert (p.work_dir / "run-fold3.new" / "last").is_dir() and not (p.run_dir / stages.OOF_FILE).exists()
+    finished = [f for run in ("run", "run-fold2") for f in (p.work_dir / run / "best").iterdir()]
+    when = [f.stat().st_mtime_ns for f in finished]
+    trained, train_fold = [], training._train_fold
+    monkeypatch.setattr(training, "_train_fold", lambda q, *a: trained.append(q.fold) or train_fold(q, *a))
+    capsys.readouterr()
+    result = training.train(p, hw=cpu_hw)
+    assert trained == [2] and [f.stat().st_mtime_ns for f in finished] == when  # folds 1 and 2 kept as they were
+    said = capsys.readouterr().out
+    assert "folds 1, 2 of 3 kept" in said and "folds 1, 2 of 3 kept" in result.summary()
+    assert "continuing the interrupted run in" in said and "run-fold3.new" in said, said  # from its last/
+    expected = pd.read_csv(whole.run_dir / stages.OOF_FILE)
+    pd.testing.assert_frame_equal(pd.read_csv(p.run_dir / stages.OOF_FILE), expected)
+    verdict = [json.loads((q.run_dir / stages.BASELINE_FILE).read_text()) for q in (whole, p)]
+    assert verdict[0] == verdict[1] and result.best_epoch is not None and len(result.history)

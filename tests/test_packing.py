@@ -55,7 +55,25 @@ def test_the_packed_loss_is_the_padded_loss_token_weighted() -> None:
     assert int(count(packed)) == int(count(padded)) == sum(int((y[1:] != IGNORE_INDEX).sum()) for _, y in items)
     with torch.no_grad():
         assert torch.allclose(model(**packed).loss, model(**padded).loss, atol=1e-5)
-    assert int(real_tokens(packed)) == packed["input_ids"].numel()  # no attention mask: fit counts every token
+    assert int(real_tokens(packed)) == int(real_tokens(padded)) == 60  # the examples' own tokens, one rule (#31)
+
+
+@pytest.mark.parametrize("width", [None, 64])
+def test_tokens_per_s_counts_the_examples_not_the_row_end_padding(width: int | None, cpu_hw) -> None:  # type: ignore[no-untyped-def]
+    """fit's run record counts each packed example's tokens once per epoch: the row-end padding (and the rounding to
+    a multiple of 8) is computed but not real, as in a padded batch (#31: it was counted, tokens/s ~8% high)."""
+    import pickle
+
+    from torch.utils.data import DataLoader
+
+    from kitlib import TrainConfig, fit
+
+    items = [_example(n, 3, n) for n in (20, 33, 7, 41, 12, 50)]
+    batch = PackingCollator(width, pad_to_multiple_of=8)(items[:3])
+    assert batch["input_ids"].numel() > 60 and real_tokens(pickle.loads(pickle.dumps(batch))) == 60  # via workers
+    loader = DataLoader(items, batch_size=3, collate_fn=PackingCollator(width, pad_to_multiple_of=8))
+    run = fit(_llama().train(), loader, config=TrainConfig(epochs=2, micro_batch_size=3), hw=cpu_hw).timing["run"]
+    assert run["real_tokens"] == 2 * sum(len(ids) for ids, _ in items) < run["computed_tokens"], run
 
 
 def test_the_sampler_packs_every_example_once_within_the_width() -> None:

@@ -7,7 +7,8 @@ transformers then derives a block-diagonal causal mask from the restarts (SDPA, 
 or cu_seqlens for flash-attn's varlen kernel, so no token attends across examples (tests/test_packing.py proves it
 on logits). The first label of every example is -100: the token before it belongs to the previous example, and the
 model's own one-position shift would otherwise score it. The loss stays the mean over scored tokens, counted by
-fit's default_count_fn exactly as for padded rows.
+fit's default_count_fn exactly as for padded rows; tokens/s counts the examples' own tokens (``PackedBatch``), not
+the row-end padding, as a padded batch's attention mask does.
 """
 
 from __future__ import annotations
@@ -50,6 +51,20 @@ def packed_attention(device_type: str) -> str:
     return FLASH if hasattr(PreTrainedModel, "set_attn_implementation") else "sdpa"  # 4.56+ switches a built model
 
 
+class PackedBatch(dict[str, torch.Tensor]):
+    """A packed batch's tensors, and ``real_tokens``: its examples' own tokens, row-end padding not counted (no
+    tensor can say it: an attention mask would turn transformers' packed-row mask off, and the padding's position_ids
+    segment looks like an example's). model(**batch) sees only the tensors; DataLoader workers (pickle) and pinning
+    (the loader calls a batch's own pin_memory) keep the count."""
+
+    real_tokens: int | None = None
+
+    def pin_memory(self) -> PackedBatch:
+        pinned = PackedBatch({k: v.pin_memory() for k, v in self.items()})
+        pinned.real_tokens = self.real_tokens
+        return pinned
+
+
 class PackingCollator:
     """Items ``(ids, labels)`` (labels per token, or None) laid end to end in rows of up to ``width`` tokens (next
     fit, in the sampler's order: its bins never need more rows), or all in one row (``width=None``: flash-attn's
@@ -60,7 +75,7 @@ class PackingCollator:
     def __init__(self, width: int | None = None, pad_id: int = 0, pad_to_multiple_of: int = 1) -> None:
         self.width, self.pad_id, self.multiple = width, pad_id, max(1, pad_to_multiple_of)
 
-    def __call__(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
+    def __call__(self, items: Sequence[Any]) -> PackedBatch:
         rows: list[list[Any]] = [[]]
         used = 0
         for item in items:
@@ -84,7 +99,8 @@ class PackingCollator:
                     labels[r, at + 1 : at + n] = np.asarray(item[1])[1:n]
                 at += n
             positions[r, at:] = np.arange(width - at)  # the padding: one more segment
-        batch = {"input_ids": torch.from_numpy(ids), "position_ids": torch.from_numpy(positions)}
+        batch = PackedBatch(input_ids=torch.from_numpy(ids), position_ids=torch.from_numpy(positions))
+        batch.real_tokens = sum(len(item[0]) for item in items)
         if scored:
             batch["labels"] = torch.from_numpy(labels)
         return batch

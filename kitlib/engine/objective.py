@@ -90,9 +90,11 @@ def computed_tokens(batch: Batch) -> int:
 
 
 def real_tokens(batch: Batch) -> int | torch.Tensor:
-    """Non-padding input tokens of a batch (0 when the batch has no attention mask): for honest tokens/s. A packed
-    batch (position_ids, no mask: kitlib.data.packing) has no padding: all its tokens."""
+    """The examples' own input tokens, padding not counted (0 when the batch cannot say): for honest tokens/s. A
+    padded batch says it with its attention mask, a packed one (kitlib.data.packing.PackedBatch: no mask) counted
+    them when it was laid out."""
+    counted = getattr(batch, "real_tokens", None)
+    if counted is not None:
+        return int(counted)
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    if isinstance(mask, torch.Tensor):
-        return mask.sum()
-    return computed_tokens(batch) if isinstance(batch, Mapping) and "position_ids" in batch else 0
+    return mask.sum() if isinstance(mask, torch.Tensor) else 0

@@ -344,6 +344,10 @@ class StandIn:
         )
 
 
+def _cpu(hw: HardwareInfo | None) -> HardwareInfo:
+    return dataclasses.replace(hw or detect(), accelerators=())
+
+
 def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, processes: int) -> StandIn | None:
     """02 and 03 on the accelerator run.json was planned for: a chain kernel without it would train (or predict)
     with settings made for another machine, unless the user rehearses the plan here (``rehearse``: a StandIn, and
@@ -358,7 +362,7 @@ def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, proce
     if planned.num_gpus == gpus:
         return None
     if p.rehearse and gpus < planned.num_gpus:
-        cpu = dataclasses.replace(hw or detect(), accelerators=())
+        cpu = _cpu(hw)
         stand_in = StandIn(cpu, decide_stage_precision(cpu, feats.run.preset.precision))
         print(stand_in.line(p.hardware, feats.run, processes))
         return stand_in

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,14 +21,15 @@ from safetensors.torch import save_model
 from transformers import AutoTokenizer
 
 from kitlib._files import read_json_object, record_file, write_atomic
+from kitlib.config import TrainConfig
 from kitlib.doctor.probe import probe_batching
 from kitlib.engine import checkpoint
-from kitlib.engine.loop import fit
+from kitlib.engine.loop import FitResult, fit
 from kitlib.engine.step import enable_activation_checkpointing
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.distributed import WorkerDied, dist_env, launch
 from kitlib.machine.hardware import cpu_threads, detect
-from kitlib.machine.precision import Precision, decide_precision
+from kitlib.machine.precision import Precision, PrecisionPlan, decide_precision
 from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
 from kitlib.models.loading import frozen_dtype
 from kitlib.notebook import handoff, trees
@@ -36,6 +38,7 @@ from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.stages import (
     BASELINE_FILE,
     StandIn,
+    _cpu,
     _machine_for_plan,
     _model_choice,
     _splits,
@@ -49,8 +52,6 @@ from kitlib.tasks.baseline import Baseline, BestRows, compare
 from kitlib.tasks.metrics import get_metric
 
 if TYPE_CHECKING:
-    from kitlib.config import TrainConfig
-    from kitlib.engine.loop import FitResult
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.tasks.metrics import Metric
@@ -85,8 +86,13 @@ def _judge_baseline(
     record["beaten"] = baseline.verdict(score, feats.spec.kind, gap) is None
     if dist_env().is_main:  # under DDP only rank 0 writes: the others' staging folder is rank 0's, moved when done
         write_atomic(staging / BASELINE_FILE, json.dumps(record, indent=1) + "\n")
-    verdict = ("verdict: " if record["beaten"] else "warning: ") + verdict_of(record)
-    return dataclasses.replace(result, notes=(*result.notes, baseline.line(), verdict))
+    return dataclasses.replace(result, notes=(*result.notes, baseline.line(), _verdict_line(record)))
+
+
+def _verdict_line(record: Mapping[str, Any]) -> str:
+    """02's verdict line from a baseline.json record: "verdict: ..." when the model beats the baseline, else
+    "warning: ..."."""
+    return ("verdict: " if record["beaten"] else "warning: ") + verdict_of(record)
 
 
 def _blend_trees(p: Params, feats: Features, watched: BestRows, staging: Path) -> str | None:
@@ -174,43 +180,92 @@ def train(
 ) -> FitResult:
     """fit() the model of the features' run (the one fitted to the data); artifacts land in ``p.run_dir``. With
     ``folds`` > 1, once per fold (run/, run-fold2/, ...), then the verdict on the out-of-fold predictions
-    (``run/oof.csv``, ``run/baseline.json``); the result is fold 1's with every fold's lines.
+    (``run/oof.csv``, ``run/baseline.json``); the result is fold 1's with every fold's lines. After an interruption
+    02 again keeps the folds it finished (``_finished_folds``), continues the interrupted one and trains the rest.
 
     A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers, each loading the saved
     features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
     """
     feats = feats or load_features(p)
-    results = []
-    for fold in range(p.folds):
+    kept = _finished_folds(p, feats)
+    said = f"folds {', '.join(str(fold + 1) for fold in kept)} of {p.folds} kept: an earlier 02 finished them"
+    if kept:
+        print(f"{said} with these inputs (best/ and out-of-fold predictions saved); the others train, an interrupted "
+              "one continuing from its last/")  # fmt: skip
+    results: dict[int, FitResult] = {}
+    for fold in (fold for fold in range(p.folds) if fold not in kept):
         if p.folds > 1:
             print(f"fold {fold + 1} of {p.folds}: {dataclasses.replace(p, fold=fold).run_dir}")
-        results.append(_train_fold(dataclasses.replace(p, fold=fold), feats, hw, callbacks))
-        if results[-1].stop_reason == "sigterm":  # 02 again continues this fold (its run.new/ is kept)
-            return results[-1]
-    return results[0] if p.folds == 1 else _out_of_fold(p, feats, results)
+        results[fold] = _train_fold(dataclasses.replace(p, fold=fold), feats, hw, callbacks)
+        if results[fold].stop_reason == "sigterm":  # 02 again continues this fold (its run.new/ is kept)
+            return results[fold]
+    if p.folds == 1:
+        return results[0]
+    cpu = feats.run.world_size > 1  # DDP: this process must not touch CUDA (02 again launches), as _train_fold
+    first = results[0] if 0 in results else _finished_result(p, feats, _cpu(hw) if cpu else hw or detect())
+    judged = _out_of_fold(p, feats, first)
+    return dataclasses.replace(judged, notes=(*judged.notes, said)) if kept else judged
 
 
-def _out_of_fold(p: Params, feats: Features, results: list[FitResult]) -> FitResult:
+def _finished_folds(p: Params, feats: Features) -> list[int]:
+    """The folds an interrupted 02 finished, which 02 keeps (``folds`` > 1): while the folds' run is unfinished
+    (no run/oof.csv, its last file), a fold whose run dir holds best/ and its predictions for this split's
+    validation rows, trained on these features with this config (what the machine decides aside: the batching it
+    measured, a rehearsal's precision), and no later attempt at it begun (a run.new/, which 02 continues)."""
+    if p.folds == 1 or (p.run_dir / OOF_FILE).exists():
+        return []
+    wanted, kept = _inputs(p, _train_config(p, feats)), []
+    machine = ("batching", "batching_measured", "precision", "tf32")
+    for fold, (_, valid_idx) in enumerate(_splits(p, feats)):
+        run_dir, staging = dataclasses.replace(p, fold=fold).run_dir, _staging(dataclasses.replace(p, fold=fold))
+        saved = read_json_object(run_dir / INPUTS_FILE)
+        config = {k: v for k, v in saved.get("config", {}).items() if k not in machine}
+        alike = saved.get("features") == wanted["features"] and config == {
+            k: v for k, v in wanted["config"].items() if k not in machine
+        }
+        rows = read_json_object(run_dir / VALID_FILE).get("row")
+        if alike and rows == valid_idx.tolist() and checkpoint.latest(run_dir, "best") and not staging.exists():
+            kept.append(fold)
+    return kept
+
+
+def _finished_result(p: Params, feats: Features, hw: HardwareInfo) -> FitResult:
+    """Fold 1's FitResult, read back from run/ when an earlier 02 finished that fold: the model at best/, and the
+    history, timing and config its fit wrote (what 02's later cells show and diagnose)."""
+    ran, timing = read_json_object(p.run_dir / "config.json"), read_json_object(p.run_dir / "timing.json")
+    model, best = prepare(p, feats, hw).model, checkpoint.load(_trained_checkpoint(p.run_dir, p))
+    checkpoint.restore_model(model, best)
+    history, monitor = pd.read_csv(p.run_dir / "history.csv"), ran["monitor"]
+    return FitResult(model=model, history=history, stop_reason=timing["run"]["stop_reason"],
+                     best_metric=best.meta["metrics"].get(monitor), best_epoch=best.meta["epoch"],
+                     steps=timing["run"]["steps"], skipped_steps=int(history["skipped_steps"].iloc[-1]),
+                     precision=PrecisionPlan(**ran["precision"]), timing=timing, run_dir=p.run_dir, monitor=monitor,
+                     config=TrainConfig.from_dict(ran["config"]))  # fmt: skip
+
+
+def _out_of_fold(p: Params, feats: Features, first: FitResult) -> FitResult:
     """Every fold's validation predictions as one out-of-fold set: run/oof.csv, and the verdict judged on it (the
-    interval over every training row) in run/baseline.json, what 03 and ``outcome`` read."""
-
+    interval over every training row) in run/baseline.json, what 03 and ``outcome`` read; ``first``: fold 1's result,
+    the one 02 returns, with each fold's verdict (its run dir's baseline.json) under it."""
     parts, notes = [], []
-    for fold, ((_, valid_idx), result) in enumerate(zip(_splits(p, feats), results, strict=True)):
+    for fold, (_, valid_idx) in enumerate(_splits(p, feats)):
+        run_dir = dataclasses.replace(p, fold=fold).run_dir
         try:
-            rows = json.loads((dataclasses.replace(p, fold=fold).run_dir / VALID_FILE).read_text())
+            rows = json.loads((run_dir / VALID_FILE).read_text())
         except OSError:  # background_eval = "process" scores elsewhere and keeps no rows here
             why = f"no out-of-fold verdict: fold {fold + 1} kept no validation predictions"
-            return dataclasses.replace(results[0], notes=(*results[0].notes, why))
+            return dataclasses.replace(first, notes=(*first.notes, why))
         if len(rows["prediction"]) != len(valid_idx):
             raise CheckpointError(f"fold {fold + 1}: {len(rows['prediction'])} predictions for {len(valid_idx)} rows")
         parts.append(pd.DataFrame({"row": valid_idx, "fold": fold + 1} | rows))
-        notes.append(f"fold {fold + 1}: {next((n for n in result.notes if n.startswith(('verdict', 'warning'))), '')}")
+        record = read_json_object(run_dir / BASELINE_FILE)
+        notes.append(f"fold {fold + 1}: {_verdict_line(record) if record else ''}")
     oof = pd.concat(parts).sort_values("row")
     write_atomic(p.run_dir / OOF_FILE, oof.to_csv(index=False))
     watched = BestRows(_run_metric(p, feats))
     watched.rows = (oof["target"].to_numpy(), oof["prediction"].to_numpy())
     watched.score = watched.metric(*watched.rows)
-    judged = _judge_baseline(p, feats, results[0], p.run_dir, watched, oof=True)
+    judged = _judge_baseline(p, feats, first, p.run_dir, watched, oof=True)
     notes.append(f"out-of-fold predictions: {p.run_dir / OOF_FILE}")
     return dataclasses.replace(judged, notes=(*judged.notes, *notes))
 
@@ -238,7 +293,7 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
                 f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
             ) from None
         # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run again
-        model = prepare(p, feats, dataclasses.replace(hw or detect(), accelerators=())).model
+        model = prepare(p, feats, _cpu(hw)).model
         checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
         return dataclasses.replace(result, model=model)
     return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
@@ -331,14 +386,18 @@ def _staging(p: Params) -> Path:
     return p.run_dir.with_name(p.run_dir.name + ".new")  # this run's files until it finishes
 
 
+def _inputs(p: Params, cfg: TrainConfig) -> dict[str, Any]:
+    """What a run trains on, as its inputs.json keeps it (read back: tuples are lists): the config, the features."""
+    inputs = {"config": cfg.to_dict(), "features": record_file(p.work_dir / handoff.FEATURES_FILE)["sha256"]}
+    return dict(json.loads(json.dumps(inputs, default=str)))
+
+
 def _stage(p: Params, cfg: TrainConfig) -> bool:
     """Prepare ``run.new/``; True when it holds an interrupted attempt (killed, or stopped by SIGTERM) with the same
     config and features and a complete ``last/`` checkpoint: 02 continues it, so a restarted session picks up where
     the last one ended. Anything else there is superseded by this run."""
 
-    staging = _staging(p)
-    inputs = {"config": cfg.to_dict(), "features": record_file(p.work_dir / handoff.FEATURES_FILE)["sha256"]}
-    inputs = json.loads(json.dumps(inputs, default=str))  # as it reads back (tuples -> lists)
+    staging, inputs = _staging(p), _inputs(p, cfg)
     try:
         saved = json.loads((staging / INPUTS_FILE).read_text())
     except (OSError, ValueError):
@@ -393,7 +452,8 @@ def _train(
     result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
     result = _judge_baseline(p, feats, result, staging, watched)
     if p.folds > 1 and watched.rows is not None and dist_env().is_main:  # this fold's part of the out-of-fold rows
-        rows = {"target": watched.rows[0].tolist(), "prediction": watched.rows[1].tolist()}
+        rows = {"row": _splits(p, feats)[p.fold][1].tolist(), "target": watched.rows[0].tolist(),
+                "prediction": watched.rows[1].tolist()}  # fmt: skip
         write_atomic(staging / VALID_FILE, json.dumps(rows) + "\n")
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
