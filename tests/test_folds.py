@@ -158,7 +158,7 @@ def test_02_interrupted_in_fold_3_keeps_folds_1_and_2_and_ends_as_an_uninterrupt
 
     p = ready(tmp_path / "cut")
     assert training.train(p, hw=cpu_hw, callbacks=(Term(),)).stop_reason == "sigterm"
-    assert (p.work_dir / "run-fold3.new" / "last").is_dir() and not (p.run_dir / stages.OOF_FILE).exists()
+    assert (p.work_dir / "run-fold3.new" / "last").is_dir() and not (p.run_dir / training.OOF_FILE).exists()
     finished = [f for run in ("run", "run-fold2") for f in (p.work_dir / run / "best").iterdir()]
     when = [f.stat().st_mtime_ns for f in finished]
     trained, train_fold = [], training._train_fold
@@ -169,7 +169,7 @@ def test_02_interrupted_in_fold_3_keeps_folds_1_and_2_and_ends_as_an_uninterrupt
     said = capsys.readouterr().out
     assert "folds 1, 2 of 3 kept" in said and "folds 1, 2 of 3 kept" in result.summary()
     assert "continuing the interrupted run in" in said and "run-fold3.new" in said, said  # from its last/
-    expected = pd.read_csv(whole.run_dir / stages.OOF_FILE)
-    pd.testing.assert_frame_equal(pd.read_csv(p.run_dir / stages.OOF_FILE), expected)
+    expected = pd.read_csv(whole.run_dir / training.OOF_FILE)
+    pd.testing.assert_frame_equal(pd.read_csv(p.run_dir / training.OOF_FILE), expected)
     verdict = [json.loads((q.run_dir / stages.BASELINE_FILE).read_text()) for q in (whole, p)]
     assert verdict[0] == verdict[1] and result.best_epoch is not None and len(result.history)

@@ -122,7 +122,6 @@ def test_02_trains_the_batching_it_measured_faster_and_records_the_figures(
 
     from test_causal_lm import _chat_params  # type: ignore[import-not-found]
 
-    import kitlib.doctor.probe
     from kitlib.notebook import stages, training
     from kitlib.notebook.tasks.causal_lm import PackingCollator as Packs
 
@@ -135,7 +134,7 @@ def test_02_trains_the_batching_it_measured_faster_and_records_the_figures(
         assert "position_ids" in batches["packed"] and "attention_mask" in batches["bucket"]  # the two ways
         return speeds
 
-    monkeypatch.setattr(kitlib.doctor.probe, "probe_batching", fake)
+    monkeypatch.setattr(training, "probe_batching", fake)
     p = _chat_params(tmp_path)
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
@@ -202,7 +201,6 @@ def test_a_probe_out_of_device_memory_leaves_01s_batching_to_fits_back_off(
 ) -> None:
     from types import SimpleNamespace
 
-    import kitlib.doctor.probe
     from kitlib import TrainConfig
     from kitlib.notebook import training
     from kitlib.notebook.regimes import Prepared
@@ -210,7 +208,7 @@ def test_a_probe_out_of_device_memory_leaves_01s_batching_to_fits_back_off(
     def out_of_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    monkeypatch.setattr(kitlib.doctor.probe, "probe_batching", out_of_memory)
+    monkeypatch.setattr(training, "probe_batching", out_of_memory)
     p = SimpleNamespace(cache_dir=tmp_path, task="causal-lm")
     feats = SimpleNamespace(model_identity="m", n_train=8, spec=None)
     prepared = Prepared("bucketed", None, None, torch.nn.Linear(2, 2), choices={"packed": "packed rows"})
