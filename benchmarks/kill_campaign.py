@@ -413,11 +413,12 @@ def nb_reference(root: Path, data: Path, ddp: bool, oom: int) -> Route:
 class NbTrial:
     fault: str
     outcome: str  # exact | mismatched | corrupt | failed-to-resume | finished-before-fault
-    submission: bool  # the resumed run ended with a submission that scores, within the budget
+    submission: bool  # the resumed run ended with a submission.csv that scores, every test id in it
     seconds: float  # the faulted run plus the resume, wall
     continued: bool  # the resume continued 02 from last/ (else 02 started again)
     detail: str = ""
     during_write: bool = False  # a checkpoint write was in progress when the fault came
+    budget: float = 0.0  # the seconds the faulted run and its resume may take: 2 x the uninterrupted run + 60 s
 
 
 def nb_trial(
@@ -446,8 +447,8 @@ def nb_trial(
         kernel = _children(proc.pid)
         during = _writing(work / "run.new")
 
-        def out(*fields: Any) -> NbTrial:
-            return NbTrial(fault, *fields, during_write=during)
+        def ended(*fields: Any) -> NbTrial:  # the faulted run's work is at most one run, the resume (00->03 again,
+            return NbTrial(fault, *fields, during_write=during, budget=2 * ref.seconds + 60.0)  # 02 continuing) another
 
         if proc.poll() is None and fault != "full-disk":
             if fault in ("sigterm-group", "oom"):
@@ -462,19 +463,19 @@ def nb_trial(
             proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            return out("failed-to-resume", False, 0.0, False, "the faulted run did not stop in 180 s")
+            return ended("failed-to-resume", False, 0.0, False, "the faulted run did not stop in 180 s")
     said = log.read_text()
     if proc.returncode == 0 and fault != "sigterm-kernel":
-        return out("finished-before-fault", True, 0.0, False)
+        return ended("finished-before-fault", True, 0.0, False)
     if "Traceback (most recent call last)" in said:
-        return out("failed-to-resume", False, 0.0, False, f"a traceback, not kitlib's words: {said[-300:]}")
+        return ended("failed-to-resume", False, 0.0, False, f"a traceback, not kitlib's words: {said[-300:]}")
     if fault == "full-disk" and "no space left writing checkpoint" not in said:
-        return out("failed-to-resume", False, 0.0, False, f"no DiskFullError: {said.strip()[-300:]}")
+        return ended("failed-to-resume", False, 0.0, False, f"no DiskFullError: {said.strip()[-300:]}")
     signalled = fault in ("sigterm-group", "sigterm-kernel", "oom")  # the kernel's training got SIGTERM: it saves
     if signalled and training and not (work / "run.new" / "last").is_dir() and not (work / "run").is_dir():
-        return out("failed-to-resume", False, 0.0, False, f"SIGTERM left no last/: {said.strip()[-300:]}")
+        return ended("failed-to-resume", False, 0.0, False, f"SIGTERM left no last/: {said.strip()[-300:]}")
     if problem := _corrupt(work / "run.new"):
-        return out("corrupt", False, 0.0, False, problem)
+        return ended("corrupt", False, 0.0, False, problem)
     again = next((line.split("Resume: ", 1)[1] for line in said.splitlines() if "Resume: " in line), None)
     if again is not None:  # the command the run's own message names
         import shlex
@@ -485,13 +486,12 @@ def nb_trial(
     resumed = log.with_suffix(".resume.log").read_text()
     continued = "continuing the interrupted run" in (work / "executed" / "02_train.ipynb").read_text()
     if code != 0:
-        return out("failed-to-resume", False, seconds, continued, resumed.strip()[-300:])
+        return ended("failed-to-resume", False, seconds, continued, resumed.strip()[-300:])
     problem = _scored(data, work)
     expected, got = _weights(ref.work), _weights(work)
     worst = max(float((expected[k] - got[k]).abs().max()) for k in expected)  # type: ignore[operator]
     same = (work / "submission.csv").read_bytes() == (ref.work / "submission.csv").read_bytes()
-    budget = 2 * ref.seconds + 60.0  # the faulted run's work, at most one run; the resume, at most one more
-    return out("exact" if worst == 0.0 and same else "mismatched", not problem and seconds <= budget,
+    return ended("exact" if worst == 0.0 and same else "mismatched", not problem,
                    seconds, continued, problem or f"max |diff| {worst:.3g}, same submission {same}")  # fmt: skip
 
 
@@ -510,13 +510,15 @@ def nb_campaign(kills: int, faults: list[str], workers: int) -> None:
         with ThreadPoolExecutor(workers) as pool:
             for t in pool.map(lambda job: nb_trial(*job, root, data, refs), plan):
                 trials.append(t)
-                print(f"  trial {len(trials) - 1} ({t.fault}): {t.outcome}, submission {t.submission}, "
-                      f"{t.seconds:.0f} s, continued from last/ {t.continued}; {t.detail}", flush=True)  # fmt: skip
+                print(f"  trial {len(trials) - 1} ({t.fault}): {t.outcome}, submission {t.submission}, {t.seconds:.0f} "
+                      f"s ({t.seconds / t.budget:.2f} of the budget), continued from last/ {t.continued}; {t.detail}",
+                      flush=True)  # fmt: skip
     for fault in [*faults, "all"]:
         chosen = [t for t in trials if fault in ("all", t.fault)]
         lost = sum(not t.submission for t in chosen if t.outcome != "finished-before-fault")
+        over = sum(t.seconds > t.budget for t in chosen if t.outcome != "finished-before-fault")
         print(
-            f"{fault:>18}: {_line(chosen)}; lost submissions {lost}; "  # type: ignore[arg-type]
+            f"{fault:>18}: {_line(chosen)}; lost submissions {lost}, over the time budget {over}; "  # type: ignore[arg-type]
             f"continued from last/ {sum(t.continued for t in chosen)}"
         )
 
