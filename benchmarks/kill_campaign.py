@@ -1,8 +1,9 @@
 """Faults over a checkpointing fit(), each followed by a resume: is every resume exact?
 
-    python benchmarks/kill_campaign.py --kills 100            # ~10 min on 2 cores
+    python benchmarks/kill_campaign.py --kills 100            # ~10 min on 2 cores (~1 min a trial at load 9-16)
     python benchmarks/kill_campaign.py --kills 10 --workers 1 # a quick look
     python benchmarks/kill_campaign.py --kills 18 --faults ddp-kill-worker,sigterm-group,oom,full-disk
+    python benchmarks/kill_campaign.py --route notebooks --kills 9 --workers 3  # ~33 min at load 9-16 on 2 cores
 
 Each trial starts a training job (its own process, in a session of its own) with ``resume="auto"`` and ``last/``
 every 3 optimizer steps, written in the background, and injects one fault (``--faults``, in turn):
