@@ -1,8 +1,9 @@
 """Faults over a checkpointing fit(), each followed by a resume: is every resume exact?
 
-    python benchmarks/kill_campaign.py --kills 100            # ~10 min on 2 cores
+    python benchmarks/kill_campaign.py --kills 100            # ~10 min on 2 cores (~1 min a trial at load 9-16)
     python benchmarks/kill_campaign.py --kills 10 --workers 1 # a quick look
     python benchmarks/kill_campaign.py --kills 18 --faults ddp-kill-worker,sigterm-group,oom,full-disk
+    python benchmarks/kill_campaign.py --route notebooks --kills 9 --workers 3  # ~33 min at load 9-16 on 2 cores
 
 Each trial starts a training job (its own process, in a session of its own) with ``resume="auto"`` and ``last/``
 every 3 optimizer steps, written in the background, and injects one fault (``--faults``, in turn):
@@ -26,6 +27,23 @@ between a user's plain ``DataLoader(shuffle=True)`` and kitlib's own ``make_trai
 so the RNG streams must be restored too.
 
 Prints ``kills N, exact R, mismatched M, corrupt C, failed-to-resume F`` and one such line per fault.
+
+``--route notebooks`` takes the route a user runs instead: ``python -m kitlib notebooks run`` (00->03, the demo cut
+to 300 training and 40 test rows, ``--preset smoke --model tiny``) with one fault during 02's training, then the
+resume the run's own message names (``Resume: ...``; the same command where the message names none):
+
+    sigterm-group     SIGTERM to the runner's process group (a container stop): the kernel must save last/
+    sigterm-kernel    SIGTERM to 02's kernel alone (a hosted session ending): 02 saves last/, 03 refuses to predict
+    kill-kernel       SIGKILL of 02's kernel (the out-of-memory killer): a kitlib message, then 02 starts again
+    ddp-kill-worker   --hardware 2xT4, rehearsed (KIT_REHEARSE=1: 2 gloo workers through 02's launch): SIGKILL of one
+    oom               an out-of-memory error at step 9 (the back-off halves the micro-batch), SIGTERM later
+    full-disk         ENOSPC on the fsync of 02's checkpoint weights: kitlib's DiskFullError; the resume has room
+
+The faults reach the kernels through IPython's startup folder (IPYTHONDIR), not through kitlib. Each resumed run
+must continue 02 from last/ where the fault saved one, end with a submission.csv that `python -m kitlib score`
+accepts with every test id, within a budget of twice the uninterrupted run + 60 s, and give the uninterrupted
+run's best/ weights and submission bit for bit (the CPU route is deterministic: same seeds, same threads).
+Prints the same counts per fault, plus lost submissions and how many resumes continued from last/.
 """
 
 from __future__ import annotations
@@ -44,6 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 LOADERS = ("plain", "kitlib")
 FAULTS = ("kill", "kill-in-write", "ddp-kill-worker", "ddp-kill-parent", "sigterm-kernel", "sigterm-group",
@@ -267,11 +286,256 @@ def _line(trials: list[Trial]) -> str:
     )
 
 
+# ---------------------------------------------------------------------------- the notebooks' route (--route notebooks)
+NB_FAULTS = ("sigterm-group", "sigterm-kernel", "kill-kernel", "ddp-kill-worker", "oom", "full-disk")
+NB_OOM_STEPS = (9,)  # the optimizer step an injected OOM hits in 02 (a smoke run has ~29): a reference each
+NB_PARAMS = ("--preset", "smoke", "--model", "tiny")
+# Injected into every notebook kernel through IPython's startup folder (IPYTHONDIR): no hook inside kitlib. OOM: the
+# back-off's window of step >= N raises while the micro-batch is whole (its `parts`, resume state, is 1); full disk:
+# the fsync of checkpoint write number N's weights (in a .tmp- folder) fails with ENOSPC.
+STARTUP = """
+import errno, os
+if os.environ.get("CAMPAIGN_OOM_STEP"):
+    import torch
+    from kitlib.engine import backoff
+    _oom, _run = int(os.environ["CAMPAIGN_OOM_STEP"]), backoff.MicroBatchBackoff.run
+    def run(self, window, train, *, step):
+        def failing(pieces):
+            if step >= _oom and self.parts == 1:
+                open(os.environ["CAMPAIGN_MARK"], "a").close()  # the parent's clock for the later SIGTERM
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+            return train(pieces)
+        return _run(self, window, failing, step=step)
+    backoff.MicroBatchBackoff.run = run
+if os.environ.get("CAMPAIGN_FULL_WRITE"):
+    _fsync, _writes = os.fsync, [0]
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if ".tmp-" in path and path.endswith(".safetensors"):
+            _writes[0] += 1
+            if _writes[0] == int(os.environ["CAMPAIGN_FULL_WRITE"]):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        _fsync(fd)
+    os.fsync = fsync
+"""
+
+
+@dataclass
+class Route:
+    """An uninterrupted notebooks run: its wall seconds, 02's training seconds, what it left to compare."""
+
+    seconds: float
+    train_seconds: float
+    work: Path
+
+
+def small_demo(root: Path, train_rows: int = 300, test_rows: int = 40) -> Path:
+    """The reviews demo cut to a smoke run's size (the preset trains on 256 rows at most)."""
+    import pandas as pd
+
+    full, data = root / "demo-full", root / "data"
+    subprocess.run([sys.executable, "-m", "kitlib", "demo", str(full)], check=True, capture_output=True)
+    data.mkdir()
+    pd.read_csv(full / "train.csv").head(train_rows).to_csv(data / "train.csv", index=False)
+    test = pd.read_csv(full / "test.csv").head(test_rows)
+    test.to_csv(data / "test.csv", index=False)
+    for name in ("sample_submission.csv", "solution.csv"):
+        rows = pd.read_csv(full / name)
+        rows[rows["id"].isin(test["id"])].to_csv(data / name, index=False)
+    return data
+
+
+def _nb_command(data: Path, work: Path, ddp: bool) -> list[str]:
+    hardware = ["--hardware", "2xT4"] if ddp else []  # rehearsed: 2 gloo workers through 02's launch (KIT_REHEARSE)
+    return [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", str(data), "--work", str(work),
+            *NB_PARAMS, *hardware]  # fmt: skip
+
+
+def _nb_env(root: Path, work: Path, ddp: bool, oom: int, full_write: int) -> dict[str, str]:
+    ipython = root / "ipython"
+    if not ipython.exists():
+        (ipython / "profile_default" / "startup").mkdir(parents=True)
+        (ipython / "profile_default" / "startup" / "00-campaign.py").write_text(STARTUP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "CAMPAIGN_"))}
+    env |= {"IPYTHONDIR": str(ipython), "CAMPAIGN_MARK": str(work) + ".oom"}
+    env |= {"KIT_REHEARSE": "1"} if ddp else {}
+    env |= {"CAMPAIGN_OOM_STEP": str(oom)} if oom else {}
+    return env | ({"CAMPAIGN_FULL_WRITE": str(full_write)} if full_write else {})
+
+
+def _nb_run(command: list[str], env: dict[str, str], log: Path, work: Path | None = None) -> tuple[int, float, float]:
+    """(exit code, wall seconds, 02's training seconds) of one ``notebooks run``: from 02 staging run.new/ to its
+    publishing run/ (0 when ``work`` is None, not watched)."""
+    t0, staged, published = time.monotonic(), 0.0, 0.0
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        while proc.poll() is None:
+            if work is not None:
+                staged = staged or (time.monotonic() if (work / "run.new" / "inputs.json").exists() else 0.0)
+                published = published or (time.monotonic() if (work / "run").exists() else 0.0)
+            time.sleep(0.05)
+    return proc.returncode, time.monotonic() - t0, published - staged if staged and published else 0.0
+
+
+def _weights(work: Path) -> dict[str, object]:
+    from safetensors.torch import load_file
+
+    return load_file(work / "run" / "best" / "model.safetensors")
+
+
+def _scored(data: Path, work: Path) -> str:
+    """'' when work's submission.csv scores against the held-out answers (every id, no extra), else the problem."""
+    import pandas as pd
+
+    submission = work / "submission.csv"
+    if not submission.is_file():
+        return "no submission.csv"
+    got, want = pd.read_csv(submission), pd.read_csv(data / "solution.csv")
+    if sorted(got["id"]) != sorted(want["id"]) or got.isna().any().any():
+        return f"submission has {len(got)} rows for {len(want)} ids (or empty cells)"
+    score = subprocess.run([sys.executable, "-m", "kitlib", "score", str(data / "solution.csv"), str(submission)],
+                           capture_output=True, text=True)  # fmt: skip
+    return "" if score.returncode == 0 else f"score failed: {(score.stdout + score.stderr).strip()[-200:]}"
+
+
+def _ref_key(ddp: bool, oom: int) -> str:
+    return f"{'2xT4' if ddp else 'cpu'}-oom{oom}"
+
+
+def nb_reference(root: Path, data: Path, ddp: bool, oom: int) -> Route:
+    work = root / f"reference-{_ref_key(ddp, oom)}"
+    code, seconds, train = _nb_run(_nb_command(data, work, ddp), _nb_env(root, work, ddp, oom, 0),
+                                   work.with_suffix(".log"), work)  # fmt: skip
+    assert code == 0 and not _scored(data, work), work.with_suffix(".log").read_text()[-3000:]
+    return Route(seconds, train, work)
+
+
+@dataclass
+class NbTrial:
+    fault: str
+    outcome: str  # exact | mismatched | corrupt | failed-to-resume | finished-before-fault
+    submission: bool  # the resumed run ended with a submission.csv that scores, every test id in it
+    seconds: float  # the faulted run plus the resume, wall
+    continued: bool  # the resume continued 02 from last/ (else 02 started again)
+    detail: str = ""
+    during_write: bool = False  # a checkpoint write was in progress when the fault came
+    budget: float = 0.0  # the seconds the faulted run and its resume may take: 2 x the uninterrupted run + 60 s
+
+
+def nb_trial(
+    index: int, fault: str, root: Path, data: Path, refs: dict[str, Route], moment: float | None = None
+) -> NbTrial:
+    """One fault during 02, at ``moment`` (a fraction of 02's training time; random when None), then the resume."""
+    rng = random.Random(index)
+    ddp, oom = fault.startswith("ddp-"), NB_OOM_STEPS[index % len(NB_OOM_STEPS)] if fault == "oom" else 0
+    ref = refs[_ref_key(ddp, oom)]
+    work = root / f"nb-{index:03d}"
+    full_write = 1 if fault == "full-disk" else 0  # a smoke run writes one checkpoint (best/ at the epoch's end)
+    command, log = _nb_command(data, work, ddp), work.with_suffix(".log")
+    t0 = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=_nb_env(root, work, ddp, oom, full_write), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        started = work / "run.new" / "inputs.json"  # 02 is staging its training
+        while proc.poll() is None and not started.exists():
+            time.sleep(0.05)
+        if oom:  # the SIGTERM comes after the back-off (the injection marks it)
+            while proc.poll() is None and not Path(str(work) + ".oom").exists():
+                time.sleep(0.05)
+        at = rng.uniform(0.0, 0.6 if oom else 1.0) if moment is None else moment
+        time.sleep(at * ref.train_seconds)
+        training = (work / "run.new").is_dir()  # 02 has not published run/ yet
+        kernel = _children(proc.pid)
+        during = _writing(work / "run.new")
+
+        def ended(*fields: Any) -> NbTrial:  # the faulted run's work is at most one run, the resume (00->03 again,
+            return NbTrial(fault, *fields, during_write=during, budget=2 * ref.seconds + 60.0)  # 02 continuing) another
+
+        if proc.poll() is None and fault != "full-disk":
+            if fault in ("sigterm-group", "oom"):
+                os.killpg(proc.pid, signal.SIGTERM)
+            elif kernel and fault == "sigterm-kernel":
+                os.kill(kernel[0], signal.SIGTERM)
+            elif kernel and fault == "kill-kernel":
+                os.kill(kernel[0], signal.SIGKILL)
+            elif kernel and fault == "ddp-kill-worker" and (workers := _children(kernel[0])):
+                os.kill(rng.choice(workers), signal.SIGKILL)
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return ended("failed-to-resume", False, 0.0, False, "the faulted run did not stop in 180 s")
+    said = log.read_text()
+    if proc.returncode == 0 and fault != "sigterm-kernel":
+        return ended("finished-before-fault", True, 0.0, False)
+    if "Traceback (most recent call last)" in said:
+        return ended("failed-to-resume", False, 0.0, False, f"a traceback, not kitlib's words: {said[-300:]}")
+    if fault == "full-disk" and "no space left writing checkpoint" not in said:
+        return ended("failed-to-resume", False, 0.0, False, f"no DiskFullError: {said.strip()[-300:]}")
+    signalled = fault in ("sigterm-group", "sigterm-kernel", "oom")  # the kernel's training got SIGTERM: it saves
+    if signalled and training and not (work / "run.new" / "last").is_dir() and not (work / "run").is_dir():
+        return ended("failed-to-resume", False, 0.0, False, f"SIGTERM left no last/: {said.strip()[-300:]}")
+    if problem := _corrupt(work / "run.new"):
+        return ended("corrupt", False, 0.0, False, problem)
+    again = next((line.split("Resume: ", 1)[1] for line in said.splitlines() if "Resume: " in line), None)
+    if again is not None:  # the command the run's own message names
+        import shlex
+
+        command = [sys.executable, *shlex.split(again)[1:]] if again.startswith("python ") else shlex.split(again)
+    code, _, _ = _nb_run(command, _nb_env(root, work, ddp, oom, 0), log.with_suffix(".resume.log"))
+    seconds = time.monotonic() - t0
+    resumed = log.with_suffix(".resume.log").read_text()
+    continued = "continuing the interrupted run" in (work / "executed" / "02_train.ipynb").read_text()
+    if code != 0:
+        return ended("failed-to-resume", False, seconds, continued, resumed.strip()[-300:])
+    problem = _scored(data, work)
+    expected, got = _weights(ref.work), _weights(work)
+    worst = max(float((expected[k] - got[k]).abs().max()) for k in expected)  # type: ignore[operator]
+    same = (work / "submission.csv").read_bytes() == (ref.work / "submission.csv").read_bytes()
+    return ended("exact" if worst == 0.0 and same else "mismatched", not problem,
+                   seconds, continued, problem or f"max |diff| {worst:.3g}, same submission {same}")  # fmt: skip
+
+
+def nb_campaign(kills: int, faults: list[str], workers: int) -> None:
+    plan = [(i, faults[i % len(faults)]) for i in range(kills)]
+    with tempfile.TemporaryDirectory(prefix="kill-campaign-nb-") as tmp:
+        root = Path(tmp)
+        data = small_demo(root)
+        keys = {(f.startswith("ddp-"), NB_OOM_STEPS[i % len(NB_OOM_STEPS)] if f == "oom" else 0) for i, f in plan}
+        with ThreadPoolExecutor(workers) as pool:  # the uninterrupted runs, side by side as the trials will run
+            runs = pool.map(lambda k: nb_reference(root, data, *k), sorted(keys))
+            refs = {_ref_key(*k): run for k, run in zip(sorted(keys), runs, strict=True)}
+        shown = ", ".join(f"{k} {r.seconds:.0f} s (02 trains {r.train_seconds:.0f} s)" for k, r in refs.items())
+        print(f"uninterrupted notebooks runs: {shown}; budget: twice that + 60 s; {kills} faults", flush=True)
+        trials: list[NbTrial] = []
+        with ThreadPoolExecutor(workers) as pool:
+            for t in pool.map(lambda job: nb_trial(*job, root, data, refs), plan):
+                trials.append(t)
+                print(f"  trial {len(trials) - 1} ({t.fault}): {t.outcome}, submission {t.submission}, {t.seconds:.0f} "
+                      f"s ({t.seconds / t.budget:.2f} of the budget), continued from last/ {t.continued}; {t.detail}",
+                      flush=True)  # fmt: skip
+    for fault in [*faults, "all"]:
+        chosen = [t for t in trials if fault in ("all", t.fault)]
+        lost = sum(not t.submission for t in chosen if t.outcome != "finished-before-fault")
+        over = sum(t.seconds > t.budget for t in chosen if t.outcome != "finished-before-fault")
+        print(
+            f"{fault:>18}: {_line(chosen)}; lost submissions {lost}, over the time budget {over}; "  # type: ignore[arg-type]
+            f"continued from last/ {sum(t.continued for t in chosen)}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=100, help="faults in all, spread over --faults in turn")
     parser.add_argument("--faults", default="kill,kill-in-write", help=f"comma-separated, of: {', '.join(FAULTS)}")
     parser.add_argument("--workers", type=int, default=2, help="trials at once (each job uses one thread a process)")
+    parser.add_argument(
+        "--route",
+        choices=("fit", "notebooks"),
+        default="fit",
+        help="fit: the faults above over a "
+        "fit(); notebooks: `notebooks run` 00->03 with a fault during 02, then its resume",
+    )
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--loader", choices=LOADERS, default="plain", help=argparse.SUPPRESS)
     parser.add_argument("--procs", type=int, default=1, help=argparse.SUPPRESS)
@@ -282,8 +546,12 @@ def main() -> None:
         job(args.job, args.loader, args.procs, args.oom_step, args.full_write)
         return
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
-    if unknown := sorted(set(faults) - set(FAULTS)):
-        parser.error(f"unknown fault(s) {unknown}: choose from {', '.join(FAULTS)}")
+    offered = NB_FAULTS if args.route == "notebooks" else FAULTS
+    if unknown := sorted(set(faults) - set(offered)):
+        parser.error(f"unknown fault(s) {unknown}: choose from {', '.join(offered)}")
+    if args.route == "notebooks":
+        nb_campaign(args.kills, faults, args.workers)
+        return
     plan = [(i, faults[i % len(faults)]) for i in range(args.kills)]
     with tempfile.TemporaryDirectory(prefix="kill-campaign-") as tmp:
         root = Path(tmp)
@@ -309,9 +577,8 @@ def main() -> None:
         trials: list[Trial] = []
         with ThreadPoolExecutor(args.workers) as pool:
             for t in pool.map(lambda job: trial(*job, root, seconds, reference), plan):
-                trials.append(t)
-                if t.outcome not in ("exact", "finished-before-fault"):
-                    print(f"  trial {len(trials) - 1} ({t.fault}, {t.loader}): {t.outcome} {t.detail}", flush=True)
+                trials.append(t)  # each trial's line as it ends: a campaign cut short still says what it found
+                print(f"  trial {len(trials) - 1} ({t.fault}, {t.loader}): {t.outcome} {t.detail}", flush=True)
     for fault in faults:
         print(f"{fault:>18}: {_line([t for t in trials if t.fault == fault])}")
     print(f"{'all':>18}: {_line(trials)}")

@@ -1409,6 +1409,62 @@ def test_a_signal_to_the_whole_headless_run_saves_like_a_signal_to_the_kernel(tm
     assert not (tmp_path / "executed" / "b.ipynb").exists()
 
 
+def _runner(tmp_path: Path, source: Path, names: list[str]) -> list[str]:
+    """A headless run of ``names`` in ``source`` in its own process, kitlib's errors as the CLI prints them."""
+    import sys
+
+    script = (
+        "import sys; from kitlib.errors import KitError; from kitlib.notebook.runbook import run_notebooks\n"
+        f"try: run_notebooks({str(tmp_path / 'executed')!r}, names={names!r}, source_dir={str(source)!r}, "
+        "resume='python -m kitlib notebooks run AGAIN')\n"
+        "except KitError as err: sys.exit(f'notebooks: {err}')\n"
+    )
+    return [sys.executable, "-c", script]
+
+
+def test_a_signal_while_a_kernel_starts_ends_the_run_with_the_kitlib_message(tmp_path: Path) -> None:
+    """SIGTERM to the run while a notebook's kernel is still starting (seconds each, on a loaded machine: the fault
+    campaign hit it): the run ends with RunStopped naming the resume, not nbclient's shutdown and a CancelledError
+    traceback."""
+    import signal
+    import subprocess
+    import time
+
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)  # the kernel's IPython runs this before it answers: a slow start, made observable
+    (startup / "slow.py").write_text(f"import pathlib, time\npathlib.Path({str(tmp_path)!r}, 'starting').touch()\n"
+                                     "time.sleep(60)\n")  # fmt: skip
+    source = _notebook(tmp_path / "nb", "1 + 1")
+    (source / "broken.ipynb").rename(source / "a.ipynb")
+    env = os.environ | {"IPYTHONDIR": str(tmp_path / "ipython")}
+    run = subprocess.Popen(_runner(tmp_path, source, ["a.ipynb"]), env=env, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "starting").exists() and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 1 and "Traceback" not in err, err
+    assert re.search(r"notebooks: stopped by SIGTERM during a\.ipynb .*Resume: python -m kitlib notebooks run AGAIN",
+                     err), err  # fmt: skip
+
+
+def test_a_killed_kernel_ends_the_run_with_a_kitlib_message_naming_the_resume(tmp_path: Path) -> None:
+    """The kernel SIGKILLed (the out-of-memory killer, a kill -9): one kitlib message naming the notebook and the
+    command that resumes, not nbclient's DeadKernelError traceback; the next notebook never starts."""
+    import subprocess
+
+    source = _notebook(tmp_path / "nb", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    (source / "broken.ipynb").rename(source / "a.ipynb")
+    shutil.copy(source / "a.ipynb", source / "b.ipynb")
+    run = subprocess.run(_runner(tmp_path, source, ["a.ipynb", "b.ipynb"]), capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert re.search(r"notebooks: a\.ipynb: its kernel died \(killed: .*SIGKILL\): no training checkpoint of this "
+                     r"attempt; .*Resume: python -m kitlib notebooks run AGAIN", run.stderr), run.stderr  # fmt: skip
+    assert not (tmp_path / "executed" / "b.ipynb").exists()
+
+
 LAUNCHED = """
 import os, pathlib, signal, sys, time
 from kitlib.machine.distributed import launch

@@ -9,6 +9,7 @@ KIT_HEADLESS=1 (no widgets, throttled plain-text progress) and the KIT_* variabl
 from __future__ import annotations
 
 import asyncio
+import atexit
 import copy
 import json
 import os
@@ -16,7 +17,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,13 +115,14 @@ def run_notebooks(
     SIGTERM or SIGINT to this process (a container stop, Ctrl-C, a hosted session ending) is passed on to the
     running notebook's kernel as SIGTERM, whose training saves ``last/`` and stops; after that notebook (at most
     GRACE_S later) the run ends with a RunStopped naming what was saved and ``resume``, the command that continues.
+    A kernel that dies (SIGKILL: the out-of-memory killer) ends it with a NotebookFailed that says the same.
 
     Relative paths (``out_dir``, ``source_dir``, the path parameters and KIT_* path variables) are taken against
     this process's working directory, as a user typing them expects, not against the kernels' working directory.
     """
     import nbformat
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
 
     out_dir = Path(out_dir).resolve()
     source_dir = Path(source_dir or notebooks_dir()).resolve()
@@ -138,8 +140,11 @@ def run_notebooks(
     saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
     stop = _Stop(parameters.get("work_dir"), resume)
+    stop.keep_handlers()
     try:
         for name in names:
+            stop.listen()  # again: nbclient's end of the last notebook set the default handlers back
+            stop.check(name)  # a signal between two notebooks: the next one does not start
             nb = nbformat.read(source_dir / name, as_version=4)
             if parameters:
                 nb = inject_parameters(nb, parameters)
@@ -147,17 +152,22 @@ def run_notebooks(
             target = out_dir / name
             try:
                 stop.client = NotebookClient(
-                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}},
-                    on_notebook_start=stop.arm,
-                )  # fmt: skip
-                with stop:
-                    stop.client.execute()
+                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}}
+                )
+                stop.client.async_start_new_kernel = stop.arming(stop.client.async_start_new_kernel)
+                stop.client.execute()
             except Exception as err:
                 stop.check(name)  # stopped by a signal: that, not the error the stop caused, is the message
-                if not isinstance(err, CellExecutionError) or os.environ.get(TRACEBACK_ENV) == "1":
+                if os.environ.get(TRACEBACK_ENV) == "1" or not isinstance(err, CellExecutionError | DeadKernelError):
                     raise
+                if isinstance(err, DeadKernelError):  # killed: the out-of-memory killer, a kill -9
+                    raise NotebookFailed(
+                        f"{name}: its kernel died (killed: out of host memory, or SIGKILL): "
+                        f"{stop.saved()}; the notebooks before it are done. Resume: {resume}"
+                    ) from None
                 raise NotebookFailed(_failure(nb, name, target, err)) from None
             finally:
+                atexit.unregister(stop.client._cleanup_kernel)  # left registered when the kernel failed to start
                 nb.metadata[EXECUTED_MARK] = name
                 nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
             stop.check(name)
@@ -166,6 +176,7 @@ def run_notebooks(
                 raise RuntimeError(f"{target} is {size / 1e6:.1f} MB: some output is not throttled for headless runs")
             results.append(Executed(target, time.perf_counter() - start, size))
     finally:
+        stop.restore_handlers()
         os.environ.clear()
         os.environ.update(saved)
     return results
@@ -184,22 +195,34 @@ class _Stop:
         self.work_dir, self.resume, self.signum = work_dir, resume, 0
         self.client: Any = None  # the running notebook's NotebookClient
 
-    def __enter__(self) -> None:
+    def keep_handlers(self) -> None:
 
-        self.previous = {}
-        if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-            self.previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+        self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
 
-    def __exit__(self, *exc: object) -> None:
+    def restore_handlers(self) -> None:
 
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
-    def arm(self, **_: Any) -> None:
-        """Once the kernel runs: nbclient's own handlers (they shut the kernel down at once) give way to ours."""
+    def listen(self) -> None:
+        """This process's SIGTERM/SIGINT go to ``_stop`` (between notebooks; ``arming`` covers a running one)."""
 
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_event_loop().add_signal_handler(signum, self._stop, signum, None)
+        for signum in self.previous:
+            signal.signal(signum, self._stop)
+
+    def arming(self, start: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        """Wraps nbclient's kernel start: nbclient has just set its own handlers (they shut the kernel down at once,
+        and a signal while the kernel starts ended the run in asyncio's CancelledError); ours replace them first."""
+
+        async def started(**kwargs: Any) -> None:
+            for signum in self.previous:
+                asyncio.get_event_loop().add_signal_handler(signum, self._stop, signum, None)
+            await start(**kwargs)
+            if self.signum:  # the signal came before the kernel's process existed
+                self._kernel(signal.SIGTERM)
+
+        return started
 
     def _kernel(self, signum: int) -> None:
         process = getattr(getattr(getattr(self.client, "km", None), "provisioner", None), "process", None)
@@ -218,16 +241,19 @@ class _Stop:
     def check(self, name: str) -> None:
         if not self.signum:
             return
+        raise RunStopped(
+            f"stopped by {signal.Signals(self.signum).name} during {name} (the kernel got SIGTERM and up to "
+            f"{GRACE_S} s to save): {self.saved()}; the notebooks before it are done. Resume: {self.resume}"
+        )
+
+    def saved(self) -> str:
+        """What the stopped attempt left to continue from (02's run.new/)."""
 
         from kitlib.engine.checkpoint import latest
 
         staged = Path(self.work_dir or ".") / "run.new"
         kept = [str(c) for n in ("last", "best") if (c := latest(staged, n)) is not None]
-        what = f"{', '.join(kept)} saved" if kept else "no training checkpoint of this attempt"
-        raise RunStopped(
-            f"stopped by {signal.Signals(self.signum).name} during {name} (the kernel got SIGTERM and up to "
-            f"{GRACE_S} s to save): {what}; the notebooks before it are done. Resume: {self.resume}"
-        )
+        return f"{', '.join(kept)} saved" if kept else "no training checkpoint of this attempt"
 
 
 def raised_warnings(paths: Sequence[Path]) -> list[str]:
