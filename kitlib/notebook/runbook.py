@@ -150,6 +150,7 @@ def run_notebooks(
                 nb = inject_parameters(nb, parameters)
             start = time.perf_counter()
             target = out_dir / name
+            stop.client = None
             try:
                 stop.client = NotebookClient(
                     nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}}
@@ -167,7 +168,8 @@ def run_notebooks(
                     ) from None
                 raise NotebookFailed(_failure(nb, name, target, err)) from None
             finally:
-                atexit.unregister(stop.client._cleanup_kernel)  # left registered when the kernel failed to start
+                if stop.client is not None:  # left registered when the kernel failed to start
+                    atexit.unregister(stop.client._cleanup_kernel)
                 nb.metadata[EXECUTED_MARK] = name
                 nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
             stop.check(name)
