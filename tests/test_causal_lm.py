@@ -346,32 +346,3 @@ def test_a_user_s_max_length_is_honoured_and_the_examples_it_cuts_are_counted(tm
     prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
     assert prepared.notes == ("warning: 1 of 40 training examples were longer than max_length 64 and were cut (01 "
                               "said which part); raise max_length up to the model's positions",)  # fmt: skip
-
-
-def test_a_word_of_the_prompt_is_the_same_tokens_where_the_response_repeats_it(tmp_path: Path, cpu_hw) -> None:
-    """#32's airports-qa (exact match 0 from scratch): prompt and reply are read as one running text ("... in?
-    Savoonga"), so the city the prompt names is the same tokens in the response and a model can copy it. Encoded
-    alone, the byte-level BPE gave the reply's first word other tokens ("Sav" "oonga" for the prompt's " Savoonga")."""
-    cities = ["Savoonga", "Abilene", "Dillingham", "Freeland", "Kotzebue", "Bethel"] * 4
-    frame = pd.DataFrame({"id": range(24), "prompt": [f"Which city is {c} Airport in?" for c in cities],
-                          "response": cities})  # fmt: skip
-    data = tmp_path / "data"
-    data.mkdir()
-    frame.to_csv(data / "train.csv", index=False)
-    frame[["id", "prompt"]].to_csv(data / "test.csv", index=False)
-    frame[["id", "response"]].to_csv(data / "sample_submission.csv", index=False)
-    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", task="causal-lm",
-                      text="prompt", target="response", metric="exact_match")  # fmt: skip
-    run = stages.setup(p, cpu_hw)
-    task = get_task(p.task)
-    spec = task.target(frame["response"], p, "exact_match")
-    tokenizer, model, _ = task.load(run, spec, frame, p, {})
-    labels = task.labels(spec, frame, p, tokenizer, model, None)
-    prompts = [tokenizer(q, add_special_tokens=False)["input_ids"] for q in frame["prompt"]]
-    for row, prompt, city in zip(labels, prompts, cities, strict=True):
-        reply = row[row != IGNORE].tolist()
-        assert reply[-1] == tokenizer.eos_token_id and tokenizer.decode(reply[:-1]).strip() == city
-        n = len(reply) - 1
-        assert any(prompt[i : i + n] == reply[:-1] for i in range(len(prompt))), (city, prompt, reply)  # copyable
-    lengths = task.lengths(frame, p, tokenizer, np.array([len(q) for q in prompts]))
-    assert lengths.tolist() == [len(q) + int((row != IGNORE).sum()) for q, row in zip(prompts, labels, strict=True)]

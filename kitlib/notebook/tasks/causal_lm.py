@@ -146,14 +146,14 @@ class CausalLMTask(TextGenerationTask):
         cap = _cap(p, model)
         texts = self.prompts([str(v) for v in train[p.text]], tokenizer)
         prompts = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache).lengths
-        responses = _response_ids(train, p, tokenizer)
+        responses = _encode_responses(_responses(train, p, tokenizer), tokenizer)
         labels, report = response_labels(prompts, responses, cap)
         print(report)
         return labels
 
     def lengths(self, train: pd.DataFrame, p: Params, tokenizer: Any, lengths: np.ndarray) -> np.ndarray:
         """Each row's whole sequence (prompt + response + </s>): what the length must cover, not the prompt alone."""
-        return np.asarray(lengths) + [len(r) for r in _response_ids(train, p, tokenizer)]
+        return np.asarray(lengths) + [len(r) for r in _encode_responses(_responses(train, p, tokenizer), tokenizer)]
 
     def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
         """Each prompt as the model is prompted at inference: through its tokenizer's chat template, up to the
@@ -281,7 +281,7 @@ def render_prompt(text: str, tokenizer: Any) -> str:
 
 
 def _responses(train: pd.DataFrame, p: Params, tokenizer: Any) -> list[str]:
-    """Each reply as the chat template writes the assistant's turn, up to its end-of-turn (which _response_ids
+    """Each reply as the chat template writes the assistant's turn, up to its end-of-turn (which _encode_responses
     appends: the chat tokenizer's eos, _chat_eos); as written without a template."""
     replies = [str(v) for v in train[p.target]]
     if not getattr(tokenizer, "chat_template", None):
@@ -324,28 +324,11 @@ def _cut_rows(prompts: Any, labels: np.ndarray, end: int) -> int:
     return cut
 
 
-def _response_ids(train: pd.DataFrame, p: Params, tokenizer: Any) -> list[list[int]]:
-    """Each response's tokens and </s>, as the model reads them after its prompt: the chat template's assistant turn;
-    without a template, the reply as running text after the prompt and a space (the tokens of "prompt reply" past the
-    prompt's own). Encoded alone, a reply's first word would be other tokens than the same word in the prompt (a
-    byte-level BPE: "Savoonga" -> "Sav" "oonga" at a text's start, " Savoonga" one token after a space), and a model
-    could not copy it from the prompt token for token (outside_data's airports-qa: exact match 0 from scratch)."""
-    eos, replies = tokenizer.eos_token_id, _responses(train, p, tokenizer)
+def _encode_responses(responses: list[str], tokenizer: Any) -> list[list[int]]:
+    eos = tokenizer.eos_token_id
     if eos is None:
         raise SetupError(f"the tokenizer ({type(tokenizer).__name__}) has no eos token: a response could never end")
-
-    def encode(texts: list[str]) -> list[list[int]]:
-        return list(tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"])
-
-    if getattr(tokenizer, "chat_template", None):
-        return [[*row, eos] for row in encode(replies)]
-    prompts = [render_prompt(str(v), tokenizer) for v in train[p.text]]
-    spaced = [r if q[-1:].isspace() or r[:1].isspace() else f" {r}" for q, r in zip(prompts, replies, strict=True)]
-    wholes = encode([q + r for q, r in zip(prompts, spaced, strict=True)])
-    ids = []
-    for alone, whole, reply in zip(encode(prompts), wholes, spaced, strict=True):
-        # a prompt whose last token would merge with the reply's first (no word-splitting tokenizer does): the reply
-        ids.append(whole[len(alone) :] if whole[: len(alone)] == alone else encode([reply])[0])
+    ids = tokenizer(responses, add_special_tokens=False, return_attention_mask=False)["input_ids"]
     return [[*row, eos] for row in ids]
 
 
