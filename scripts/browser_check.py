@@ -830,19 +830,6 @@ def versions() -> dict[str, str]:
     return found
 
 
-def cut_demo(data: Path, rows: int) -> None:
-    """The demo's first ``rows`` training rows and ``rows // 4`` test rows (its submission files: the same ids)."""
-    import pandas as pd
-
-    pd.read_csv(data / "train.csv").head(rows).to_csv(data / "train.csv", index=False)
-    test = pd.read_csv(data / "test.csv").head(rows // 4)
-    test.to_csv(data / "test.csv", index=False)
-    for name in ("sample_submission.csv", "solution.csv"):
-        table = pd.read_csv(data / name)
-        table[table["id"].isin(test["id"])].to_csv(data / name, index=False)
-    log(f"demo cut to {rows} training and {len(test)} test rows")
-
-
 def check_preset(
     page: Any, base: str, token: str, root: Path, out: Path, findings: Findings, args: Any, preset: str, data: Path
 ) -> dict[str, str]:
@@ -956,7 +943,10 @@ def main(argv: list[str] | None = None) -> int:
                 [sys.executable, "-m", "kitlib", "demo", str(data)], check=True, cwd=REPO, stdout=subprocess.DEVNULL
             )
             if args.rows:
+                from demos import cut_demo  # the checkout's demos (REPO is on sys.path above)
+
                 cut_demo(data, args.rows)
+                log(f"demo cut to {args.rows} training and {args.rows // 4} test rows")
         (root / "nb").mkdir()
         with jupyterlab(root, out) as (base, token), sync_playwright() as pw:
             browser = pw.chromium.launch(

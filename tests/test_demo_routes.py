@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from _demos import cut_demo
 
+from demos import cut_demo
 from kitlib.notebook.tasks import TASKS
 
 COVERED = ("auto", "tabular-text")  # driven whole elsewhere (above)

@@ -13,8 +13,8 @@ from typing import Any
 import kaggle_sim
 import pandas as pd
 import pytest
-from _demos import cut_demo
 
+from demos import cut_demo
 from kitlib.cli import kernel_tool
 
 kg = kernel_tool()  # kaggle/kernels.py of the checkout

@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 import pytest
-from _demos import cut_demo
 
+from demos import cut_demo
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, run_notebooks
 
 pytestmark = pytest.mark.slow
