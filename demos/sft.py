@@ -22,7 +22,6 @@ movie, as in kitlib's review demo: no test review's movie has a review in train.
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ import pandas as pd
 
 from demos import DemoPaths, write_competition
 from demos.reviews import load_reviews, split_by_movie
+from kitlib.tasks.baseline import most_common
 from kitlib.tasks.metrics import exact_match
 from kitlib.tasks.scoring import check_same_ids, read_scored, score
 
@@ -164,9 +164,9 @@ def kind_of(prompt: str) -> str:
 
 
 def most_common_response(train_csv: str | Path) -> str:
-    """The training response seen most often (ties: the alphabetically first): the trivial baseline's one answer."""
-    counts = Counter(pd.read_csv(train_csv, dtype={"response": str}, keep_default_na=False)["response"])
-    return min(counts, key=lambda response: (-counts[response], response))
+    """The training response seen most often (ties: the alphabetically first): the trivial baseline's one answer,
+    by 02's rule (kitlib.tasks.baseline.most_common)."""
+    return str(most_common(pd.read_csv(train_csv, dtype={"response": str}, keep_default_na=False)["response"]))
 
 
 def baseline_exact_match(paths: DemoPaths) -> float:

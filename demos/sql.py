@@ -20,7 +20,6 @@ import os
 import sqlite3
 import string
 import tempfile
-from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import pandas as pd
 
 from demos import DemoPaths, prepare_demo_dir, write_csv
 from kitlib._files import fsync_dir, fsync_file
+from kitlib.tasks.baseline import most_common
 from kitlib.tasks.scoring import check_same_ids, read_scored
 from kitlib.tasks.sql_metric import mean_record_f1
 
@@ -519,9 +519,9 @@ def score_sql(solution_csv: str | Path, submission_csv: str | Path, db: str | Pa
 
 
 def most_common_query(train_csv: str | Path) -> str:
-    """The training query seen most often (ties: the alphabetically first): the trivial baseline's one answer."""
-    counts = Counter(pd.read_csv(train_csv, dtype={"query": str}, keep_default_na=False)["query"])
-    return min(counts, key=lambda query: (-counts[query], query))
+    """The training query seen most often (ties: the alphabetically first): the trivial baseline's one answer,
+    by 02's rule (kitlib.tasks.baseline.most_common)."""
+    return str(most_common(pd.read_csv(train_csv, dtype={"query": str}, keep_default_na=False)["query"]))
 
 
 def baseline_f1(paths: SqlDemoPaths) -> float:
