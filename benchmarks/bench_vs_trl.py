@@ -8,8 +8,11 @@ Both train the same Llama-shaped model built from a config (saved as a folder wi
 data), on the same training rows (kitlib's own split: TRL gets kitlib's training rows), for the same epochs, batch
 and lr, loss on the assistant's tokens only. Each contender runs as its user would: kitlib through the notebooks'
 stages (00 setup, 01 features, 02 train: its length, batching and precision choices, its end-of-run generating eval
-included in the wall time); TRL with SFTTrainer's defaults (prompt-completion chats: completion-only loss), and with
-packing=True (TRL's "bfd" packing, padding-free) where this machine runs it. Reported per contender: wall seconds,
+included in the wall time); TRL's SFTTrainer (prompt-completion chats: completion-only loss) three ways: "tuned"
+(fp32 and no gradient checkpointing: what a CPU without bf16 instructions runs fastest), its defaults (bf16 autocast
+and gradient checkpointing), and tuned with packing=True (TRL's "bfd" packing, padding-free). On a CPU the last two
+run --cap and --cap/3 steps (tokens/s only: a whole epoch of the defaults took ~67 min here, and padding-free rows
+attend over the whole flattened batch without flash-attn). Reported per contender: wall seconds,
 trained tokens/s (real tokens of the training rows per wall second of training), and the eval loss of every
 contender's final weights on kitlib's validation rows, computed by one function here (token-weighted mean cross-entropy
 on the assistant's tokens). Ratios are within one repeat; the table gives the median over repeats.
@@ -130,9 +133,17 @@ def _hash_or_random() -> None:
 
 
 def run_trl(
-    work: Path, folder: Path, rows: list[dict[str, Any]], hp: dict[str, Any], packing: bool, max_steps: int = 0
+    work: Path,
+    folder: Path,
+    rows: list[dict[str, Any]],
+    hp: dict[str, Any],
+    packing: bool,
+    tuned: bool,
+    max_steps: int = 0,
 ) -> dict[str, Any]:
-    """max_steps > 0 stops after that many optimizer steps: tokens/s from those steps, no comparable eval loss."""
+    """tuned: what this machine runs fastest, not SFTConfig's defaults (bf16 autocast and gradient checkpointing, which
+    a CPU without bf16 instructions emulates and recomputes). max_steps > 0 stops after that many optimizer steps:
+    tokens/s from those steps, no comparable eval loss."""
     _hash_or_random()
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -145,7 +156,8 @@ def run_trl(
                      gradient_accumulation_steps=1, learning_rate=hp["lr"], max_length=hp["max_length"],
                      packing=packing, report_to=[], save_strategy="no", logging_steps=50,
                      use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
-                     max_steps=max_steps or -1)  # fmt: skip
+                     max_steps=max_steps or -1, **({"bf16": False, "gradient_checkpointing": False} if tuned
+                     else {}))  # fmt: skip
     trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
     started = time.perf_counter()
     out = trainer.train()
@@ -159,8 +171,9 @@ def run_trl(
         "wall_s": wall,
         "tokens": tokens,
         "train_s": out.metrics["train_runtime"],
-        "batching": "packed (bfd)" if packing else "padded",
-        "precision": "fp32",
+        "batching": ("packed (bfd)" if packing else "padded")
+        + (", gradient checkpointing" if args.gradient_checkpointing else ""),
+        "precision": "bf16 autocast" if args.bf16 else "fp32",
         "split": len(rows),
     }
 
@@ -170,12 +183,13 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="160 chats of 10-300 words, a 2-layer hidden-128 Llama")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
-        "--trl-packing-steps",
+        "--cap",
         type=int,
         default=None,
-        help="stop TRL's packing run after this many steps: its tokens/s only (default: 8 on a CPU, where "
-        "its padding-free rows ran 4-5x slower than its padded default at --small; 0: the whole epoch)",
+        help="stop TRL's default and packing runs after this many steps: their tokens/s only (default on a CPU: 10 "
+        "steps, where the defaults' emulated bf16 ran an epoch in ~67 min; 0: whole epochs)",
     )
+    ap.add_argument("--minutes", type=float, default=0, help="begin no repeat that would end past this (0: no limit)")
     args = ap.parse_args()
     n, low, high = (160, 10, 300) if args.small else (2000, 10, 740)  # ~2 tokens a word here: tens to ~1,500 tokens
     hp = {"epochs": 1, "batch": 8, "lr": 1e-3 if args.small else 2e-4, "max_length": 2048}
@@ -195,14 +209,20 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    cap = args.trl_packing_steps if args.trl_packing_steps is not None else (0 if torch.cuda.is_available() else 8)
-    contenders = {
+    cap = args.cap if args.cap is not None else (0 if torch.cuda.is_available() else 10)
+    contenders = {  # packing padding-free flattens a batch into one row: on a CPU (no flash-attn) fewer steps
         "kitlib": lambda k: run_kitlib(root / f"kit{k}", data, folder, hp),
-        "trl defaults": lambda k: run_trl(root / f"trl{k}", folder, train_rows, hp, packing=False),
-        "trl packing": lambda k: run_trl(root / f"trlp{k}", folder, train_rows, hp, packing=True, max_steps=cap),
+        "trl tuned": lambda k: run_trl(root / f"trlt{k}", folder, train_rows, hp, packing=False, tuned=True),
+        "trl defaults": lambda k: run_trl(root / f"trl{k}", folder, train_rows, hp, False, False, max_steps=cap),
+        "trl packing": lambda k: run_trl(root / f"trlp{k}", folder, train_rows, hp, True, True, max_steps=cap // 3),
     }
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+    began = time.perf_counter()
     for k in range(args.repeats):  # interleaved: the machine's load shifts every contender alike
+        spent = time.perf_counter() - began
+        if args.minutes and k and spent / k + spent > args.minutes * 60:
+            print(f"repeat {k + 1} not begun: {k} took {spent / 60:.0f} min of --minutes {args.minutes:.0f}")
+            break
         for name, run in contenders.items():
             try:
                 r = run(k)
@@ -214,7 +234,7 @@ def main() -> None:
             results[name].append(r)
             print(name, k, {key: v for key, v in r.items() if key != "model"}, flush=True)
     print(f"\n{n} chats ({low}-{high} words), {len(train_rows)} trained, {len(valid_rows)} held out; "
-          f"epochs {hp['epochs']}, batch {hp['batch']}, lr {hp['lr']}; {args.repeats} interleaved repeats; "
+          f"epochs {hp['epochs']}, batch {hp['batch']}, lr {hp['lr']}; {len(results['kitlib'])} interleaved repeats; "
           f"device {'cuda' if torch.cuda.is_available() else 'cpu'}")  # fmt: skip
     print(f"{'contender':<14} {'wall s':>8} {'tokens/s':>9} {'eval loss':>9}  batching")
     best_trl = None
