@@ -339,7 +339,6 @@ def test_background_submit_returns_before_the_write(tmp_path: Path, monkeypatch:
         gate.set()
         w.wait()
     assert w.writes == 1
-    assert w.bytes_written == sum(p.stat().st_size for p in (tmp_path / "last").iterdir()) > 256 * 256 * 4
     with pytest.raises(CheckpointError, match="after close"):
         w.submit(_snap(2), tmp_path / "last")
 

@@ -379,7 +379,6 @@ class Cache:
         params = {k: _summary(v) for k, v in _bind(fn, args, kwargs).items() if k not in ignore}
         size = self._store(
             entry,
-            key,
             result,
             {
                 "format": FORMAT_VERSION,
@@ -435,7 +434,7 @@ class Cache:
         tmp.mkdir()
         return tmp
 
-    def _store(self, entry: str, key: str, result: Any, manifest: dict[str, Any], stale: str | None) -> int | None:
+    def _store(self, entry: str, result: Any, manifest: dict[str, Any], stale: str | None) -> int | None:
         tmp: Path | None = None
         try:
             tmp = self._tmp(entry)

@@ -160,15 +160,6 @@ def _split_item(item: Any) -> tuple[Any, Any]:
     return item, None
 
 
-def count_tokens(batch: Mapping[str, torch.Tensor]) -> tuple[int, int]:
-    """(real tokens, computed tokens) of a padded batch, for throughput and padding efficiency.
-
-    Call it on the CPU batch before ``.to(device)``: on a GPU tensor ``.sum()`` + ``int()`` is a host sync.
-    """
-    mask = batch["attention_mask"]
-    return int(mask.sum()), mask.numel()
-
-
 # ------------------------------------------------------------------------------------------------------- workers
 def seed_worker(worker_id: int) -> None:
     """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (base seed + worker id).

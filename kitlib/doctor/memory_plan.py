@@ -222,7 +222,7 @@ def plan_memory(
         raise SetupError(f"hardware: {err}. Fix: --hardware with one of those names") from None
     hw_name = hardware if isinstance(hardware, str) else hw.device_name
     name, config = model_config(model)
-    shape = model_shape(config, model_kind, hw.device_type)
+    shape = model_shape(config, model_kind)
     chunked = model_kind in GENERATING if chunked_loss is None else chunked_loss
     world = max(1, hw.num_gpus)
     capacity = float(hw.primary.memory_bytes if hw.primary is not None else hw.ram_bytes)
@@ -429,7 +429,7 @@ def model_config(model: Any) -> tuple[str, Any]:
     )
 
 
-def model_shape(config: Any, model_kind: str, device: str = "cuda") -> Shape:
+def model_shape(config: Any, model_kind: str) -> Shape:
     """The Shape of ``config`` trained as ``model_kind``: parameter counts from the model built on the meta device."""
     import torch
 

@@ -606,7 +606,6 @@ class BackgroundWriter:
         self._errors: list[BaseException] = []
         self._thread: threading.Thread | None = None  # started on first submit: no thread if never used
         self._busy = 0.0
-        self._bytes = 0
         self._writes = 0
 
     def _raise_error(self) -> None:  # caller holds the lock
@@ -638,10 +637,9 @@ class BackgroundWriter:
                 snap = self._pending.pop(directory)
                 self._active = True
             start = time.perf_counter()
-            nbytes, error = 0, None
+            error = None
             try:
-                path = write(snap, directory)
-                nbytes = sum(p.stat().st_size for p in path.iterdir())
+                write(snap, directory)
             except BaseException as e:  # reported to the training thread, never swallowed
                 error = e
             elapsed = time.perf_counter() - start
@@ -650,7 +648,6 @@ class BackgroundWriter:
                 self._active = False
                 self._busy += elapsed
                 if error is None:
-                    self._bytes += nbytes
                     self._writes += 1
                 else:
                     self._errors.append(error)
@@ -695,11 +692,6 @@ class BackgroundWriter:
         """Wall seconds the worker spent in write() (serialise + hash + fsync + swap)."""
         with self._cond:
             return self._busy
-
-    @property
-    def bytes_written(self) -> int:
-        with self._cond:
-            return self._bytes
 
     @property
     def writes(self) -> int:

@@ -97,6 +97,10 @@ class RunFacts:
         return cls(**{k: v for k, v in (data or {}).items() if k in known and v is not None})
 
 
+# The TrainConfig fields a run's facts repeat as they are.
+_CONFIG_FACTS = ("time_budget_s", "full_eval_every", "save_best", "save_last", "save_every_steps", "batching")
+
+
 class RunRecorder(Callback):
     """Collects the run's facts for timing.json as fit runs: after kitlib's policies, before the user's callbacks."""
 
@@ -156,7 +160,6 @@ class RunRecorder(Callback):
 
             peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loop.hw.ram_bytes  # Linux: KiB
         eval_batches = loop.data.eval
-        ran = _what_ran(loop.raw_model, loop.optimizer)
         return RunFacts(
             steps=loop.state.step,
             epochs_planned=cfg.epochs,
@@ -173,12 +176,7 @@ class RunRecorder(Callback):
             device_name=loop.hw.device_name,
             peak_memory_bytes=peak,
             memory_total_bytes=total,
-            time_budget_s=cfg.time_budget_s,
-            full_eval_every=cfg.full_eval_every,
-            save_best=cfg.save_best,
-            save_last=cfg.save_last,
-            save_every_steps=cfg.save_every_steps,
-            batching=cfg.batching,
+            **{k: getattr(cfg, k) for k in _CONFIG_FACTS},
             batching_tokens_per_s={k: round(v) for k, v in cfg.batching_measured} or None,
             cudnn_benchmark=bool(loop.timer.extra.get("cudnn_benchmark")),
             samples=self.samples,
@@ -194,10 +192,7 @@ class RunRecorder(Callback):
             else 0,
             stop_reason=loop.stop_reason,
             oom_backoffs=list(loop.stepper.backoff.changes),
-            optimizer=ran[0],
-            adapter=ran[1],
-            trained_dtype=ran[2],
-            frozen_dtype=ran[3],
+            **_what_ran(loop.raw_model, loop.optimizer),
             features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
             **self._compile_facts(),
             **model_facts(loop.raw_model),
@@ -225,7 +220,7 @@ def _compile_times() -> list[float]:
     return times
 
 
-def _what_ran(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[str, str, str | None, str | None]:
+def _what_ran(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """RunFacts' optimizer, adapter and weight dtypes, from the model and optimizer that trained."""
 
     def dtypes(trained: bool) -> str | None:
@@ -235,5 +230,5 @@ def _what_ran(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple
 
     frozen = dtypes(False)
     adapter = "none" if not hasattr(model, "peft_config") else "qlora" if "nf4" in (frozen or "") else "lora"
-    kind = type(optimizer)
-    return f"{kind.__module__.split('.')[0]}.{kind.__name__}", adapter, dtypes(True), frozen
+    kind = f"{type(optimizer).__module__.split('.')[0]}.{type(optimizer).__name__}"
+    return {"optimizer": kind, "adapter": adapter, "trained_dtype": dtypes(True), "frozen_dtype": frozen}

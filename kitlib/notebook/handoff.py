@@ -151,7 +151,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         raise MissingRunError(f"{path} was written by another kitlib version: re-run notebooks/01_features.ipynb")
     _check_built_from(summary["built_from"], {"run_json_sha256": run_fingerprint(work_dir), **dict(built_from)}, path)
     arrays = {
-        name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / record.get("file", name), record, path)
+        name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / record.get("file", name), record)
         for name, record in summary["files"].items()
     }
     embeddings = ngrams = None
@@ -208,7 +208,7 @@ def _check_built_from(saved: Mapping[str, Any], now: Mapping[str, Any], path: Pa
     raise MissingRunError(f"{path.name} was built with other parameters ({what}): re-run notebooks/01_features.ipynb")
 
 
-def _load_array(path: Path, record: Mapping[str, Any], manifest: Path) -> np.ndarray:
+def _load_array(path: Path, record: Mapping[str, Any]) -> np.ndarray:
     try:
         blob = read_checked(path, record)
     except FileMismatch as err:

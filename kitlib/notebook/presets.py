@@ -240,21 +240,13 @@ class ResolvedRun:
         return "\n".join([*lines, "why:", *(f"  - {r}" for r in self.reasons)])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return values | {
             "format": _FORMAT,
-            "kitlib_version": self.kitlib_version,
             "preset": dataclasses.asdict(self.preset),
             "config": self.config.to_dict(),
-            "world_size": self.world_size,
-            "precision_reason": self.precision_reason,
-            "hardware": self.hardware,
             "reasons": list(self.reasons),
             "overrides": dict(self.overrides),
-            "mean_tokens": self.mean_tokens,
-            "rows_cut": self.rows_cut,
-            "longest_tokens": self.longest_tokens,
-            "task": self.task,
-            "metric": self.metric,
             "baseline": None if self.baseline is None else dict(self.baseline),
         }
 
@@ -263,21 +255,15 @@ class ResolvedRun:
         if data.get("format") != _FORMAT:
             found = data.get("format")
             raise SetupError(f"saved run.json has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup")
+        known = {f.name for f in dataclasses.fields(cls)}  # the fields a run.json holds as they are, and:
         return cls(
-            preset=Preset(**data["preset"]),
-            config=TrainConfig.from_dict(data["config"]),
-            world_size=int(data["world_size"]),
-            precision_reason=str(data["precision_reason"]),
-            hardware=str(data["hardware"]),
-            reasons=tuple(data["reasons"]),
-            overrides=dict(data.get("overrides") or {}),
-            mean_tokens=data.get("mean_tokens"),
-            rows_cut=data.get("rows_cut"),
-            longest_tokens=data.get("longest_tokens"),
-            kitlib_version=str(data.get("kitlib_version", "")),
-            task=str(data.get("task", "auto")),
-            metric=str(data.get("metric", "auto")),
-            baseline=data.get("baseline"),
+            **{k: v for k, v in data.items() if k in known}
+            | {
+                "preset": Preset(**data["preset"]),
+                "config": TrainConfig.from_dict(data["config"]),
+                "reasons": tuple(data["reasons"]),
+                "overrides": dict(data.get("overrides") or {}),
+            }
         )
 
     def save(self, path: str | Path) -> Path:
