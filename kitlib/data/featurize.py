@@ -368,7 +368,7 @@ def embed_texts(
     single forward pass.
 
     Texts are batched by token length (longest first) so each batch pads little, then put back in order.
-    ``precision``: None (fp32), a ``kitlib.machine.precision.Precision`` (anything with ``.autocast()``), or a
+    ``precision``: None (fp32), a ``kitlib.machine.amp.Precision`` (anything with ``.autocast()``), or a
     factory of context managers such as ``lambda: torch.autocast("cuda", dtype=torch.float16)``. ``device``: None
     keeps the model where it is; otherwise the model is moved there. ``progress``: a bar, named by the string given
     (e.g. "embed train"; True: "embed").

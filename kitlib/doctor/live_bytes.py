@@ -32,11 +32,13 @@ from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.optim import freeze as freeze_part
 from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device, train_window
 from kitlib.engine.timing import PhaseTimer
+from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import DistEnv
 from kitlib.machine.hardware import fake_profile
-from kitlib.machine.precision import Precision, decide_precision
-from kitlib.models.adapters import add_adapter, quantization
+from kitlib.machine.precision import decide_precision
+from kitlib.models.adapters import quantization
 from kitlib.models.loading import from_pretrained
+from kitlib.models.lora import add_adapter
 
 
 class LiveBytes(TorchDispatchMode):

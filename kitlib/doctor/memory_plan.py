@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import KitError, SetupError
 from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
+from kitlib.machine.precision import decide_precision
 from kitlib.models.adapters import BITSANDBYTES_MIN_SM, LORA_RANK  # adapters on every linear layer of the blocks
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): plans come from config numbers alone; only the meta-model count and the
@@ -209,7 +210,6 @@ def plan_memory(
     "T4", "A100-80", "CPU", or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the
     largest micro-batch that fits keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on
     for the generating kinds, as kitlib trains them) counts the LM head's logits one chunk at a time."""
-    from kitlib.machine.precision import decide_precision
 
     counts = {"seq_len": seq_len, "effective_batch": effective_batch, "micro_batch": micro_batch, "accum": accum}
     if low := [f"{k} = {v}" for k, v in counts.items() if v is not None and v < 1]:
