@@ -26,7 +26,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from kitlib.config import TrainConfig
-from kitlib.doctor.memory_plan import GENERATING, _meta_model, plan_memory
+from kitlib.doctor.memory_plan import GENERATING, plan_memory
+from kitlib.doctor.meta_count import _meta_model
 from kitlib.engine.objective import default_count_fn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.optim import freeze as freeze_part
