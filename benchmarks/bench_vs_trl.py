@@ -1,15 +1,18 @@
 """kitlib vs TRL's SFTTrainer on the same chat SFT run (issue #31), side by side, interleaved repeats.
 
     python benchmarks/bench_vs_trl.py                  # full: 2,000 chats of tens to ~1,500 tokens, 4-layer Llama
-    python benchmarks/bench_vs_trl.py --small          # a busy CPU's size: 160 chats of 10 to ~300 tokens
+    python benchmarks/bench_vs_trl.py --small          # a busy CPU's size: 160 chats of 10 to ~300 words
     PYTHONPATH=/path/to/trl_and_datasets python benchmarks/bench_vs_trl.py ...   # TRL installed aside
 
 Both train the same Llama-shaped model built from a config (saved as a folder with a ChatML tokenizer trained on the
 data), on the same training rows (kitlib's own split: TRL gets kitlib's training rows), for the same epochs, batch
 and lr, loss on the assistant's tokens only. Each contender runs as its user would: kitlib through the notebooks'
 stages (00 setup, 01 features, 02 train: its length, batching and precision choices, its end-of-run generating eval
-included in the wall time); TRL with SFTTrainer's defaults (prompt-completion chats: completion-only loss), and with
-packing=True (TRL's "bfd" packing, padding-free) where this machine runs it. Reported per contender: wall seconds,
+included in the wall time); TRL's SFTTrainer (prompt-completion chats: completion-only loss) three ways: "tuned"
+(fp32 and no gradient checkpointing: what a CPU without bf16 instructions runs fastest), its defaults (bf16 autocast
+and gradient checkpointing), and tuned with packing=True (TRL's "bfd" packing, padding-free). On a CPU the last two
+run --cap and --cap/3 steps (tokens/s only: a whole epoch of the defaults took ~67 min here, and padding-free rows
+attend over the whole flattened batch without flash-attn). Reported per contender: wall seconds,
 trained tokens/s (real tokens of the training rows per wall second of training), and the eval loss of every
 contender's final weights on kitlib's validation rows, computed by one function here (token-weighted mean cross-entropy
 on the assistant's tokens). Ratios are within one repeat; the table gives the median over repeats.
@@ -19,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -130,7 +132,18 @@ def _hash_or_random() -> None:
     fingerprint.Hasher.hash = classmethod(safe)  # type: ignore[assignment]
 
 
-def run_trl(work: Path, folder: Path, rows: list[dict[str, Any]], hp: dict[str, Any], packing: bool) -> dict[str, Any]:
+def run_trl(
+    work: Path,
+    folder: Path,
+    rows: list[dict[str, Any]],
+    hp: dict[str, Any],
+    packing: bool,
+    tuned: bool,
+    max_steps: int = 0,
+) -> dict[str, Any]:
+    """tuned: what this machine runs fastest, not SFTConfig's defaults (bf16 autocast and gradient checkpointing, which
+    a CPU without bf16 instructions emulates and recomputes). max_steps > 0 stops after that many optimizer steps:
+    tokens/s from those steps, no comparable eval loss."""
     _hash_or_random()
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -142,19 +155,25 @@ def run_trl(work: Path, folder: Path, rows: list[dict[str, Any]], hp: dict[str, 
     args = SFTConfig(output_dir=str(work), num_train_epochs=hp["epochs"], per_device_train_batch_size=hp["batch"],
                      gradient_accumulation_steps=1, learning_rate=hp["lr"], max_length=hp["max_length"],
                      packing=packing, report_to=[], save_strategy="no", logging_steps=50,
-                     use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0)  # fmt: skip
+                     use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+                     max_steps=max_steps or -1, **({"bf16": False, "gradient_checkpointing": False} if tuned
+                     else {}))  # fmt: skip
     trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
     started = time.perf_counter()
     out = trainer.train()
     wall = time.perf_counter() - started
     tokens = sum(len(x) for x in trainer.train_dataset["input_ids"]) * hp["epochs"]
+    if max_steps:  # the tokens those steps trained (TRL's own count: attention-mask sum, or the flattened row)
+        tokens = int(trainer._total_train_tokens)
     return {
+        "capped": max_steps,
         "model": trainer.model,
         "wall_s": wall,
         "tokens": tokens,
         "train_s": out.metrics["train_runtime"],
-        "batching": "packed (bfd)" if packing else "padded",
-        "precision": "fp32",
+        "batching": ("packed (bfd)" if packing else "padded")
+        + (", gradient checkpointing" if args.gradient_checkpointing else ""),
+        "precision": "bf16 autocast" if args.bf16 else "fp32",
         "split": len(rows),
     }
 
@@ -163,8 +182,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="160 chats of 10-300 words, a 2-layer hidden-128 Llama")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--cap",
+        type=int,
+        default=None,
+        help="stop TRL's default and packing runs after this many steps: their tokens/s only (default on a CPU: 10 "
+        "steps, where the defaults' emulated bf16 ran an epoch in ~67 min; 0: whole epochs)",
+    )
+    ap.add_argument("--minutes", type=float, default=0, help="begin no repeat that would end past this (0: no limit)")
     args = ap.parse_args()
-    n, low, high = (160, 10, 300) if args.small else (2000, 20, 1500)
+    n, low, high = (160, 10, 300) if args.small else (2000, 10, 740)  # ~2 tokens a word here: tens to ~1,500 tokens
     hp = {"epochs": 1, "batch": 8, "lr": 1e-3 if args.small else 2e-4, "max_length": 2048}
     from kitlib.notebook import stages
 
@@ -182,24 +209,32 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    contenders = {
+    cap = args.cap if args.cap is not None else (0 if torch.cuda.is_available() else 10)
+    contenders = {  # packing padding-free flattens a batch into one row: on a CPU (no flash-attn) fewer steps
         "kitlib": lambda k: run_kitlib(root / f"kit{k}", data, folder, hp),
-        "trl defaults": lambda k: run_trl(root / f"trl{k}", folder, train_rows, hp, packing=False),
-        "trl packing": lambda k: run_trl(root / f"trlp{k}", folder, train_rows, hp, packing=True),
+        "trl tuned": lambda k: run_trl(root / f"trlt{k}", folder, train_rows, hp, packing=False, tuned=True),
+        "trl defaults": lambda k: run_trl(root / f"trl{k}", folder, train_rows, hp, False, False, max_steps=cap),
+        "trl packing": lambda k: run_trl(root / f"trlp{k}", folder, train_rows, hp, True, True, max_steps=cap // 3),
     }
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
+    began = time.perf_counter()
     for k in range(args.repeats):  # interleaved: the machine's load shifts every contender alike
+        spent = time.perf_counter() - began
+        if args.minutes and k and spent / k + spent > args.minutes * 60:
+            print(f"repeat {k + 1} not begun: {k} took {spent / 60:.0f} min of --minutes {args.minutes:.0f}")
+            break
         for name, run in contenders.items():
             try:
                 r = run(k)
-                r["eval_loss"] = eval_loss(r.pop("model"), tokenizer, valid_rows)
+                model = r.pop("model")  # a capped run's loss is not at equal epochs: not compared
+                r["eval_loss"] = float("nan") if r.get("capped") else eval_loss(model, tokenizer, valid_rows)
                 r["tokens_per_s"] = (r["tokens"] or 0) / r["train_s"]
             except Exception as e:  # a contender this machine cannot run: said, not hidden
                 r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             results[name].append(r)
             print(name, k, {key: v for key, v in r.items() if key != "model"}, flush=True)
     print(f"\n{n} chats ({low}-{high} words), {len(train_rows)} trained, {len(valid_rows)} held out; "
-          f"epochs {hp['epochs']}, batch {hp['batch']}, lr {hp['lr']}; {args.repeats} interleaved repeats; "
+          f"epochs {hp['epochs']}, batch {hp['batch']}, lr {hp['lr']}; {len(results['kitlib'])} interleaved repeats; "
           f"device {'cuda' if torch.cuda.is_available() else 'cpu'}")  # fmt: skip
     print(f"{'contender':<14} {'wall s':>8} {'tokens/s':>9} {'eval loss':>9}  batching")
     best_trl = None
@@ -209,21 +244,26 @@ def main() -> None:
             print(f"{name:<14} did not run: {runs[0]['error']}")
             continue
         med = {key: statistics.median(r[key] for r in ok) for key in ("wall_s", "tokens_per_s", "eval_loss")}
-        print(
-            f"{name:<14} {med['wall_s']:8.1f} {med['tokens_per_s']:9.0f} {med['eval_loss']:9.3f}  {ok[0]['batching']}"
-        )
+        capped = f", stopped after {ok[0]['capped']} steps: tokens/s only" if ok[0].get("capped") else ""
+        print(f"{name:<14} {med['wall_s']:8.1f} {med['tokens_per_s']:9.0f} {med['eval_loss']:9.3f}  "
+              f"{ok[0]['batching']}{capped}")  # fmt: skip
         if name.startswith("trl") and (best_trl is None or med["tokens_per_s"] > best_trl[1]["tokens_per_s"]):
             best_trl = (name, med)
     kit = [r for r in results["kitlib"] if "error" not in r]
-    if kit and best_trl:
-        ratios = [k["tokens_per_s"] / t["tokens_per_s"] for k, t in zip(results["kitlib"], results[best_trl[0]],
-                  strict=True) if "error" not in k and "error" not in t]  # fmt: skip
-        walls = [t["wall_s"] / k["wall_s"] for k, t in zip(results["kitlib"], results[best_trl[0]], strict=True)
-                 if "error" not in k and "error" not in t]  # fmt: skip
-        print(f"kitlib / {best_trl[0]}: tokens/s x{statistics.median(ratios):.2f} (per repeat "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}), wall x{statistics.median(walls):.2f} faster; eval loss "
-              f"{statistics.median(k['eval_loss'] for k in kit):.3f} vs {best_trl[1]['eval_loss']:.3f}"
-              f"{'' if math.isfinite(best_trl[1]['eval_loss']) else ' (TRL loss not finite)'}")  # fmt: skip
+    for name in (n for n in results if n != "kitlib"):  # every TRL contender; the best by tokens/s is marked
+        both = zip(results["kitlib"], results[name], strict=True)
+        pairs = [(k, t) for k, t in both if "error" not in k and "error" not in t]
+        if not pairs:
+            continue
+        ratios = [k["tokens_per_s"] / t["tokens_per_s"] for k, t in pairs]
+        line = (f"kitlib / {name}{' (TRL best)' if best_trl and name == best_trl[0] else ''}: tokens/s "
+                f"x{statistics.median(ratios):.2f} (per repeat {', '.join(f'{r:.2f}' for r in ratios)})")  # fmt: skip
+        if not pairs[0][1].get("capped"):  # a capped run's wall and loss are not at equal epochs
+            walls = [t["wall_s"] / k["wall_s"] for k, t in pairs]
+            line += (f", wall x{statistics.median(walls):.2f} faster; eval loss "
+                     f"{statistics.median(k['eval_loss'] for k in kit):.3f} vs "
+                     f"{statistics.median(t['eval_loss'] for _, t in pairs):.3f}")  # fmt: skip
+        print(line)
 
 
 if __name__ == "__main__":
