@@ -40,8 +40,9 @@ from kitlib.data.featurize import tokenize_texts
 from kitlib.data.loaders import TokenDataset, default_num_workers, make_train_loader
 from kitlib.data.tables import read_table
 from kitlib.engine.optim import build_optimizer
+from kitlib.machine.amp import Precision
 from kitlib.machine.hardware import detect
-from kitlib.machine.precision import Precision, decide_precision
+from kitlib.machine.precision import decide_precision
 from kitlib.models.loading import load_text_classifier
 
 GOAL = 10.0  # loader samples/s over model samples/s

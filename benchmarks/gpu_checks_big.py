@@ -121,7 +121,7 @@ def _train_adapter(ctx: Ctx, model: Any, adapter: str, batches: list[dict[str, A
 
 # ------------------------------------------------------------------------------------------------- LoRA, QLoRA
 def check_lora(ctx: Ctx) -> None:
-    from kitlib.models.adapters import add_adapter
+    from kitlib.models.lora import add_adapter
 
     model = add_adapter(llama(ctx.quick, hidden=256, layers=4), "lora", generating=True)
     _train_adapter(ctx, model, "lora", _patterns(4, 8, ctx.size(32, 128)))
@@ -135,7 +135,7 @@ def check_qlora(ctx: Ctx) -> None:
     from transformers import AutoModelForCausalLM
 
     from kitlib.engine import checkpoint
-    from kitlib.models import adapters
+    from kitlib.models import adapters, lora
     from kitlib.models.loading import from_pretrained
 
     folder = ctx.scratch / "llama"
@@ -159,7 +159,7 @@ def check_qlora(ctx: Ctx) -> None:
     ctx.claim(len(four_bit) == linear, f"every linear layer of the blocks is 4-bit ({len(four_bit)} of {linear})")
     half = torch.bfloat16 if native_bf16 else None  # what 02 passes on a bf16 GPU (training.prepare)
     try:
-        model = adapters.add_adapter(base, "qlora", generating=True, base_dtype=half)
+        model = lora.add_adapter(base, "qlora", generating=True, base_dtype=half)
     except Exception as e:  # item 1: transformers refuses .to(dtype) on a bitsandbytes model
         ctx.claim(False, f"add_adapter(4-bit model, 'qlora', base_dtype={half}) works ({type(e).__name__}: {e})")
         return
@@ -170,7 +170,7 @@ def check_qlora(ctx: Ctx) -> None:
     sent = checkpoint.saved_state(model)
     ctx.figure("sent_tensors", len(sent))
     ctx.claim(not any("absmax" in k or "quant_" in k for k in sent), "no bitsandbytes quant state crosses")
-    fresh = adapters.add_adapter(load(), "qlora", generating=True, base_dtype=half, seed=1)
+    fresh = lora.add_adapter(load(), "qlora", generating=True, base_dtype=half, seed=1)
     try:
         checkpoint.restore_model(fresh, checkpoint.Snapshot({k: v.cpu() for k, v in sent.items()}, None, {}))
     except Exception as e:

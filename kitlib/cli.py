@@ -26,6 +26,7 @@ from kitlib.data.cache import Cache
 from kitlib.doctor.memory_plan import plan_memory, run_line
 from kitlib.errors import KitError, PrecisionError, SetupError
 from kitlib.machine.hardware import detect, fake_profile
+from kitlib.machine.precision import decide_precision
 from kitlib.notebook import runbook  # runbook.run_notebooks by its module: tests stand a fake in for it
 from kitlib.notebook.estimate import estimate_epoch_seconds
 from kitlib.notebook.params import (  # the parser's flags derive from the declaration
@@ -50,7 +51,6 @@ from kitlib.tasks.metrics import METRICS, import_object
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
-    from kitlib.machine.precision import decide_precision
 
     hw = detect()
     print(hw.summary())

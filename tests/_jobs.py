@@ -94,7 +94,7 @@ def lora_model() -> nn.Module:
     """A tiny GPT-2 (seeded, as a pretrained folder would give the same weights in every process) with LoRA."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from kitlib.models.adapters import add_adapter
+    from kitlib.models.lora import add_adapter
 
     torch.manual_seed(1)
     base = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=64))

@@ -1178,7 +1178,7 @@ def lora_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     import transformers as tf
 
     from kitlib.engine import checkpoint
-    from kitlib.models.adapters import add_adapter
+    from kitlib.models.lora import add_adapter
 
     torch.manual_seed(0)
     folder = tmp_path / "gpt2-folder"

@@ -55,7 +55,8 @@ def test_only_the_adapter_trains_and_best_holds_it_alone(arch: str, tmp_path: Pa
 
     from kitlib import TrainConfig, fit
     from kitlib.engine import checkpoint
-    from kitlib.models.adapters import adapter_keys, add_adapter
+    from kitlib.models.adapters import adapter_keys
+    from kitlib.models.lora import add_adapter
 
     base, generating = _tiny(arch)
     model = add_adapter(base, "lora", generating=generating)
@@ -95,7 +96,7 @@ def test_a_merged_model_computes_what_base_plus_adapter_does(arch: str, tmp_path
     import transformers as tf
 
     from kitlib.errors import SetupError
-    from kitlib.models.adapters import add_adapter, merge_adapter
+    from kitlib.models.lora import add_adapter, merge_adapter
 
     model = add_adapter(_tiny(arch)[0], "lora", generating=True)
     with torch.no_grad():
@@ -124,7 +125,7 @@ def test_a_4bit_model_is_not_merged_off_cuda() -> None:
     """qlora's merge dequantises the 4-bit weights on CUDA; off CUDA it is refused with the fix."""
     bnb = pytest.importorskip("bitsandbytes")
     from kitlib.errors import SetupError
-    from kitlib.models.adapters import add_adapter, merge_adapter
+    from kitlib.models.lora import add_adapter, merge_adapter
 
     model, _ = _tiny("llama")
     for name, linear in list(model.named_modules()):
@@ -148,8 +149,8 @@ def test_the_merged_export_carries_the_folders_whole_tokenizer(
     import transformers as tf
 
     from kitlib.engine import checkpoint
-    from kitlib.models.adapters import add_adapter
     from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.models.lora import add_adapter
     from kitlib.notebook import training
 
     model, _ = _tiny("gpt2")

@@ -142,7 +142,7 @@ def test_every_strategy_the_plan_can_choose_is_one_kitlib_runs(hardware: str) ->
 
     from kitlib import TrainConfig, fit
     from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
-    from kitlib.models.adapters import add_adapter
+    from kitlib.models.lora import add_adapter
     from kitlib.notebook import presets
     from kitlib.notebook.params import check_parameters
     from kitlib.notebook.tasks import task_entry

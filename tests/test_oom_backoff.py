@@ -124,7 +124,8 @@ def test_split_batch_cuts_rows_and_keeps_the_rest() -> None:
 def test_a_replayed_step_may_unscale_again_under_a_grad_scaler() -> None:
     """fp16 on a T4: an out-of-memory error in the optimizer phase (its state's first allocation) comes after
     unscale_; the replay unscales its own gradients, which GradScaler refuses unless the back-off made it forget."""
-    from kitlib.machine.precision import Precision, PrecisionPlan
+    from kitlib.machine.amp import Precision
+    from kitlib.machine.precision import PrecisionPlan
 
     precision = Precision(PrecisionPlan("fp16", "cpu", True, False, "a GradScaler, on the CPU for the test"))
     model = nn.Linear(4, 1)

@@ -19,7 +19,8 @@ from torch import nn
 import kitlib
 from kitlib.engine.chunked_loss import _head_input
 from kitlib.engine.step import _recompute_in_backward
-from kitlib.machine.precision import Precision, PrecisionPlan
+from kitlib.machine.amp import Precision
+from kitlib.machine.precision import PrecisionPlan
 
 
 def test_kitlib_reads_no_private_grad_scaler_state() -> None:

@@ -40,7 +40,7 @@ def _four_bit(folder: Path) -> Any:
 
 def test_a_4bit_model_takes_qlora_adapters_with_a_bf16_base_dtype(folder: Path) -> None:
     """Item 1: 02 passes base_dtype=bf16 on a bf16 GPU; transformers refuses .to() on a bitsandbytes model."""
-    from kitlib.models.adapters import add_adapter
+    from kitlib.models.lora import add_adapter
 
     model = add_adapter(_four_bit(folder), "qlora", generating=True, base_dtype=torch.bfloat16)
     four_bit = [n for n, p in model.named_parameters() if type(p).__name__ == "Params4bit"]
@@ -54,7 +54,7 @@ def test_rank_0s_qlora_tensors_load_into_a_fresh_4bit_model(folder: Path) -> Non
     """Item 2: what a worker sends (the adapter's tensors) loads into the parent's rebuilt 4-bit model, which then
     computes what rank 0's did; the whole state dict (bitsandbytes' quant-state keys) is not what crosses."""
     from kitlib.engine import checkpoint
-    from kitlib.models.adapters import add_adapter
+    from kitlib.models.lora import add_adapter
 
     trained = add_adapter(_four_bit(folder), "qlora", generating=True, seed=1)
     for name, p in trained.named_parameters():

@@ -368,7 +368,7 @@ def embed_texts(
     single forward pass.
 
     Texts are batched by token length (longest first) so each batch pads little, then put back in order.
-    ``precision``: None (fp32), a ``kitlib.machine.precision.Precision`` (anything with ``.autocast()``), or a
+    ``precision``: None (fp32), a ``kitlib.machine.amp.Precision`` (anything with ``.autocast()``), or a
     factory of context managers such as ``lambda: torch.autocast("cuda", dtype=torch.float16)``. ``device``: None
     keeps the model where it is; otherwise the model is moved there. ``progress``: a bar, named by the string given
     (e.g. "embed train"; True: "embed").
@@ -435,6 +435,8 @@ def _build_embeddings(
 ) -> npt.NDArray[np.float32]:
     import torch
 
+    from kitlib.models.heads import masked_mean
+
     tokens = _build_tokens(texts, tokenizer, max_length, batch_size=1000)
     lengths = tokens.lengths
     # Longest first: the batch that needs the most memory runs first, so an OOM shows in seconds, not at the end.
@@ -464,7 +466,10 @@ def _build_embeddings(
                 with autocast():
                     more = {"output_hidden_states": True} if layers > 1 else {}
                     output = model(input_ids=ids_t, attention_mask=mask_t, **more)
-                pooled = torch.cat([_mean_pool(h, mask_t, normalize) for h in _top_layers(output, layers)], dim=-1)
+                pools = [masked_mean(h.float(), mask_t) for h in _top_layers(output, layers)]  # fp32 under autocast
+                pooled = torch.cat(
+                    [torch.nn.functional.normalize(p, dim=-1) for p in pools] if normalize else pools, -1
+                )
                 if out is None:
                     out = np.empty((len(texts), pooled.shape[-1]), dtype=np.float32)
                 out[rows] = pooled.cpu().numpy()  # .cpu() syncs with the GPU once per batch
@@ -486,12 +491,3 @@ def _top_layers(output: Any, layers: int) -> list[Any]:
         have = 0 if states is None else len(states) - 1
         raise FeatureInputError(f"layers={layers}: the encoder returned {have} hidden layers; use layers <= {have}")
     return list(states[::-1][:layers])
-
-
-def _mean_pool(hidden: Any, mask: Any, normalize: bool) -> Any:
-    import torch
-
-    from kitlib.models.heads import masked_mean
-
-    pooled = masked_mean(hidden.float(), mask)  # pool in fp32 even under autocast
-    return torch.nn.functional.normalize(pooled, dim=-1) if normalize else pooled

@@ -26,17 +26,20 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from kitlib.config import TrainConfig
-from kitlib.doctor.memory_plan import GENERATING, _meta_model, plan_memory
+from kitlib.doctor.memory_plan import GENERATING, plan_memory
+from kitlib.doctor.meta_count import _meta_model
 from kitlib.engine.objective import default_count_fn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.optim import freeze as freeze_part
 from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device, train_window
 from kitlib.engine.timing import PhaseTimer
+from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import DistEnv
 from kitlib.machine.hardware import fake_profile
-from kitlib.machine.precision import Precision, decide_precision
-from kitlib.models.adapters import add_adapter, quantization
+from kitlib.machine.precision import decide_precision
+from kitlib.models.adapters import quantization
 from kitlib.models.loading import from_pretrained
+from kitlib.models.lora import add_adapter
 
 
 class LiveBytes(TorchDispatchMode):

@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import KitError, SetupError
 from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, fake_profile
+from kitlib.machine.precision import decide_precision
 from kitlib.models.adapters import BITSANDBYTES_MIN_SM, LORA_RANK  # adapters on every linear layer of the blocks
 
-# lazy: torch (+1.0 s), transformers (+0.6 s): plans come from config numbers alone; only the meta-model count and the
-# live check build a model, so `import kitlib.doctor.memory_plan` stays at 0.03 s for the CLI (python -X importtime).
+# lazy: torch (+1.0 s), transformers (+0.6 s): plans come from config numbers alone; only the meta-model count
+# (kitlib.doctor.meta_count) and the live check build a model, so `import kitlib.doctor.memory_plan` stays at 0.03 s
+# for the CLI (python -X importtime).
 
 if TYPE_CHECKING:
-    from torch import nn
-
     from kitlib.machine.hardware import HardwareInfo
 
 _GB = 1e9  # the table speaks decimal GB, as cards are sold (an "80 GB" H100 holds 79.6 GiB usable)
@@ -209,7 +209,6 @@ def plan_memory(
     "T4", "A100-80", "CPU", or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the
     largest micro-batch that fits keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on
     for the generating kinds, as kitlib trains them) counts the LM head's logits one chunk at a time."""
-    from kitlib.machine.precision import decide_precision
 
     counts = {"seq_len": seq_len, "effective_batch": effective_batch, "micro_batch": micro_batch, "accum": accum}
     if low := [f"{k} = {v}" for k, v in counts.items() if v is not None and v < 1]:
@@ -431,20 +430,11 @@ def model_config(model: Any) -> tuple[str, Any]:
 
 def model_shape(config: Any, model_kind: str) -> Shape:
     """The Shape of ``config`` trained as ``model_kind``: parameter counts from the model built on the meta device."""
-    import torch
-
-    from kitlib.engine.optim import freeze
+    from kitlib.doctor.meta_count import parameter_counts  # builds the model: torch and transformers
 
     kind = getattr(config, "model_type", "")
     family = _FAMILIES.get(kind, "llama" if hasattr(config, "num_key_value_heads") else "bert")
-    with torch.device("meta"):
-        model = _meta_model(config, model_kind)
-    total = sum(p.numel() for p in model.parameters())
-    get_head = getattr(model, "get_output_embeddings", None)
-    head = get_head() if callable(get_head) else None
-    head_params = int(head.weight.numel()) if head is not None else _classifier_params(model)
-    linear, dims = _linear_layers(model, exclude=head)
-    embedding = int(freeze(model, "embeddings"))
+    total, embedding, linear, dims, head_params = parameter_counts(config, model_kind)
     hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model"))  # noqa: B009
     heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads"))  # noqa: B009
     head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or hidden // heads)
@@ -463,36 +453,6 @@ def model_shape(config: Any, model_kind: str) -> Shape:
     eager = getattr(config, "_attn_implementation", None) == "eager"
     return Shape(family, hidden, intermediate, layers, heads, kv_heads * head_dim, int(config.vocab_size), dropout,
                  eager, total, embedding, linear, dims, head_params)  # fmt: skip
-
-
-def _meta_model(config: Any, model_kind: str) -> nn.Module:
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
-
-    if model_kind == "decoder":
-        return AutoModelForCausalLM.from_config(config)
-    if model_kind == "encoder-decoder":
-        return AutoModelForSeq2SeqLM.from_config(config)
-    return AutoModelForSequenceClassification.from_config(config)
-
-
-def _linear_layers(model: nn.Module, *, exclude: nn.Module | None) -> tuple[int, int]:
-    """(weights, in + out features summed) of the nn.Linear and GPT-2 Conv1D layers, the output layer left out."""
-    from torch import nn
-    from transformers.pytorch_utils import Conv1D
-
-    weights = dims = 0
-    for module in model.modules():
-        if module is exclude or not isinstance(module, nn.Linear | Conv1D):
-            continue
-        weight = module.weight
-        weights += weight.numel()
-        dims += sum(weight.shape)
-    return weights, dims
-
-
-def _classifier_params(model: nn.Module) -> int:
-    found = [m for name, m in model.named_children() if name in ("classifier", "score", "qa_outputs")]
-    return sum(p.numel() for m in found for p in m.parameters())
 
 
 def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:

@@ -23,7 +23,7 @@ from kitlib.errors import DoesNotFitError
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
-    from kitlib.machine.precision import Precision
+    from kitlib.machine.amp import Precision
 
 T = TypeVar("T")
 

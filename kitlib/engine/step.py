@@ -26,7 +26,8 @@ from kitlib.machine import distributed
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
     from kitlib.engine.loop import RunState
-    from kitlib.machine.precision import Precision, PrecisionPlan
+    from kitlib.machine.amp import Precision
+    from kitlib.machine.precision import PrecisionPlan
 
 
 def to_device(device: torch.device) -> Callable[[Batch], Batch]:

@@ -9,13 +9,11 @@ Nothing here is pretrained: what the model knows comes from the training rows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-# lazy: torch (+1.0 s), transformers (+0.6 s): only building the tiny model needs them (python -X importtime).
-
-if TYPE_CHECKING:
-    from torch import nn
-    from transformers import PreTrainedTokenizerFast
+import torch  # the one importer, kitlib.notebook.tasks.causal_lm, loads torch and transformers at its top
+from torch import nn
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 TINY_GPT2: dict[str, Any] = {"n_embd": 128, "n_layer": 4, "n_head": 4, "n_inner": 512}
 
@@ -24,9 +22,6 @@ def tiny_causal_lm(tokenizer: PreTrainedTokenizerFast, *, seed: int, n_positions
     """A freshly initialised tiny GPT-2 (``TINY_GPT2``) for ``tokenizer``'s vocabulary and sequences of at most
     ``n_positions`` tokens, seeded; the caller's RNG stream is left as it was. </s> ends a response (and is the BOS
     generation would use); <pad> pads."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     config = GPT2Config(
         vocab_size=len(tokenizer), n_positions=n_positions, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,

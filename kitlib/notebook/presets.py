@@ -28,6 +28,7 @@ from kitlib.config import Freeze, Requested, TrainConfig
 from kitlib.data.lengths import suggest_max_length
 from kitlib.errors import MissingRunError, SetupError, damaged_file
 from kitlib.machine.hardware import check_compile
+from kitlib.machine.precision import decide_precision
 from kitlib.models.adapters import LORA_LR, check_adapter
 from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
 
@@ -306,7 +307,6 @@ def resolve(
     ``world_size``: processes per step; None = every GPU (DDP via kitlib.machine.distributed.launch) for fine-tuning,
     else 1.
     """
-    from kitlib.machine.precision import decide_precision
 
     base = get_preset(preset) if isinstance(preset, str) else preset
     overrides = dict(overrides or {})

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kitlib.data.featurize import embed_texts
 from kitlib.data.ngrams import NgramVectorizer
+from kitlib.machine.precision import decide_stage_precision
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): only building models and loaders needs them (kitlib.models.loading);
 # the regime names are read by the CLI, the picker and the Kaggle tooling (python -X importtime).
@@ -175,7 +176,7 @@ class Head(Regime):
         return load_text_encoder(train_texts=texts, seed=seed, **choice)
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
-        from kitlib.machine.precision import Precision, decide_stage_precision
+        from kitlib.machine.amp import Precision
 
         e = encoder
         # Decided here, for the machine 01 runs on: run.json's precision is 02's (a Kaggle chain plans it for the T4

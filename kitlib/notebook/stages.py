@@ -25,6 +25,7 @@ from kitlib.data.tables import DataError, read_table
 from kitlib.doctor.memory_plan import GENERATING, checkpointing_needed, model_config, run_line
 from kitlib.errors import KitError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
+from kitlib.machine.precision import PrecisionPlan, decide_stage_precision
 from kitlib.models.folders import check_model_dir, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 
     from kitlib.data.tables import TargetSpec
     from kitlib.machine.hardware import HardwareInfo
-    from kitlib.machine.precision import PrecisionPlan
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import SideInputs
     from kitlib.tasks.metrics import Metric
@@ -353,7 +353,6 @@ def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, proce
     with settings made for another machine, unless the user rehearses the plan here (``rehearse``: a StandIn, and
     one printed line; None when this is the planned machine). Without ``hw``, counts GPUs the way that does not
     initialise CUDA (a DDP launch must follow in a process that has not touched it)."""
-    from kitlib.machine.precision import decide_stage_precision
 
     if not p.hardware:
         return None

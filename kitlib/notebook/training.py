@@ -27,11 +27,12 @@ from kitlib.engine import checkpoint
 from kitlib.engine.loop import FitResult, fit
 from kitlib.engine.step import enable_activation_checkpointing
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
+from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import WorkerDied, dist_env, launch
 from kitlib.machine.hardware import cpu_threads, detect
-from kitlib.machine.precision import Precision, PrecisionPlan, decide_precision
-from kitlib.models.adapters import add_adapter, describe_size, merge_adapter
+from kitlib.machine.precision import PrecisionPlan, decide_precision
 from kitlib.models.loading import frozen_dtype
+from kitlib.models.lora import add_adapter, describe_size, merge_adapter
 from kitlib.notebook import handoff, trees
 from kitlib.notebook.params import Params, kaggle_input, keep_aside, load_params
 from kitlib.notebook.regimes import Prepared
@@ -520,7 +521,7 @@ def export_merged(
     work_dir: str | os.PathLike[str], out: str | os.PathLike[str], hw: HardwareInfo | None = None
 ) -> Path:
     """One model folder at ``out``: 03's model (the model folder's weights + best/'s adapter) with the adapter
-    merged in (kitlib.models.adapters.merge_adapter), and the model folder's tokenizer files beside it; a
+    merged in (kitlib.models.lora.merge_adapter), and the model folder's tokenizer files beside it; a
     transformers ``from_pretrained`` loads it without peft. ``python -m kitlib export-merged WORK_DIR OUT``."""
 
     target = Path(out)

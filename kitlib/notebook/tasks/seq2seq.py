@@ -142,13 +142,7 @@ class Seq2SeqTask(TextGenerationTask):
     ) -> tuple[Any, Any, str]:
         folder = model_folder(p)
         if folder is not None:
-            from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-            from kitlib.models.loading import from_pretrained
-
-            with model_refusals(folder):
-                model = from_pretrained(AutoModelForSeq2SeqLM, folder)
-                return AutoTokenizer.from_pretrained(folder), model, str(folder)
+            return *_pretrained(folder), str(folder)
         tokenizer, how = data_tokenizer([*train[p.text].astype(str), *train[p.target].astype(str)])
         print(
             f"seq2seq: a tiny T5 built from a config (random weights, a {len(tokenizer)}-token {how} tokenizer from "
@@ -237,6 +231,17 @@ def _check_sql(column: pd.Series, p: Params) -> None:
             check_references(gold[p.target], database, source=f"{solution.name} column {p.target!r}")
 
 
+def _pretrained(folder: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """(tokenizer, model) of a pretrained seq2seq model folder, its refusals (pickled weights, remote code) named."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from kitlib.models.loading import from_pretrained
+
+    with model_refusals(folder):
+        model = from_pretrained(AutoModelForSeq2SeqLM, folder, **kwargs)  # the weights' refusals before the tokenizer's
+        return AutoTokenizer.from_pretrained(folder), model
+
+
 def _build_model(
     side: SideInputs,
     seed: int,
@@ -249,14 +254,7 @@ def _build_model(
     the tiny T5 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its
     training targets set."""
     if "model_folder" in side.state:
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-        from kitlib.models.loading import from_pretrained
-
-        folder = side.state["model_folder"]
-        with model_refusals(folder):
-            model = from_pretrained(AutoModelForSeq2SeqLM, folder, **quantization(adapter, device))  # qlora: 4 bits
-            tokenizer = AutoTokenizer.from_pretrained(folder)
+        tokenizer, model = _pretrained(side.state["model_folder"], **quantization(adapter, device))  # qlora: 4 bits
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)

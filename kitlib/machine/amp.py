@@ -1,0 +1,135 @@
+"""The precision plan at work: one small object the loop calls unconditionally (autocast + GradScaler), and the
+check that the weights it trains are fp32 masters. kitlib.machine.precision decides the plan without torch.
+
+>>> precision = Precision(decide_precision(fake_profile("2xT4")))
+>>> with precision.autocast():
+...     loss = model(x).loss
+>>> precision.backward(loss)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from kitlib.config import Dtype
+from kitlib.errors import PrecisionError
+from kitlib.machine.precision import PrecisionPlan
+
+_TORCH_DTYPES: dict[Dtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_HALF_DTYPES: dict[torch.dtype, Dtype] = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def check_master_weights(
+    named_params: Iterable[tuple[str, torch.nn.Parameter]], *, keeps_bf16_updates: bool = False
+) -> None:
+    """A PrecisionError naming the fix when a trainable weight is fp16/bf16: kitlib trains fp32 master weights and
+    lets autocast compute in half precision. Trained as they are, fp16 weights stop the GradScaler ("Attempting to
+    unscale FP16 gradients") and bf16 ones lose every AdamW update below bf16's resolution: no learning, silently.
+    ``keeps_bf16_updates``: the optimizer keeps them (Kahan summation), so bf16 weights may train as they are."""
+    refused = set(_HALF_DTYPES) - ({torch.bfloat16} if keeps_bf16_updates else set())
+    half = [(name, p.dtype) for name, p in named_params if p.requires_grad and p.dtype in refused]
+    if not half:
+        return
+    dtypes = "/".join(sorted({_HALF_DTYPES[dtype] for _, dtype in half}))
+    raise PrecisionError(
+        f"{len(half)} trainable weight(s) are {dtypes} (e.g. {half[0][0]!r}): kitlib trains fp32 master weights "
+        f"under fp16/bf16 autocast, and {dtypes} weights would not learn (updates below their resolution are lost; "
+        "a GradScaler refuses fp16 gradients). Fix: model.float() before fit (autocast still computes in half "
+        "precision; kitlib's loaders do this for a half-precision checkpoint), or, for bf16 weights, "
+        "TrainConfig(optimizer='adamw-kahan'): it keeps the updates (Kahan summation)"
+    )
+
+
+class Precision:
+    """One small object: autocast context + GradScaler (a disabled no-op scaler when not fp16).
+
+    The loop calls every method unconditionally; for fp32 they reduce to a plain backward() and step().
+    """
+
+    def __init__(self, plan: PrecisionPlan) -> None:
+        self.plan = plan
+        # torch.amp.GradScaler(device) works for cuda, cpu and mps; enabled=False makes every call a pass-through.
+        self._scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.use_grad_scaler)
+
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        """Context for the forward pass and loss; a null context for fp32."""
+        if self.plan.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.plan.device_type, dtype=_TORCH_DTYPES[self.plan.dtype])
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._scaler.scale(loss).backward()
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the grads by the loss scale in place; call before clipping so the clip norm is in real units."""
+        self._scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, grads_finite: bool) -> bool:
+        """Apply the optimizer step; False if it was skipped for inf/nan grads. Does not zero_grad. Host-side, for a
+        hand-written loop (one or two syncs a step); fit uses the sync-free ``found_inf`` + ``apply``.
+
+        With a scaler the scaler decides (it checks the grads itself); without one, ``grads_finite`` (from the clip
+        norm the loop computed) decides.
+        """
+        if not self._scaler.is_enabled():
+            if not grads_finite:
+                return False
+            optimizer.step()
+            return True
+        # The scaler skips the step and halves the scale on inf/nan grads. get_scale() is a .item() (a CPU-GPU sync),
+        # but scaler.step() has already synced on found_inf, so this costs microseconds per optimizer step.
+        before = self._scaler.get_scale()
+        self._scaler.step(optimizer)
+        self._scaler.update()
+        return self._scaler.get_scale() >= before
+
+    def found_inf(self, norm: torch.Tensor) -> torch.Tensor:
+        """1.0 where this step's gradients hold inf/nan (the step must be skipped), else 0.0; on the device, no host
+        sync. ``norm``: the clip norm of the unscaled gradients, non-finite exactly when one of them is (the check
+        GradScaler makes in ``unscale_``, read without its private per-optimizer state)."""
+        return (~torch.isfinite(norm)).float()
+
+    def apply(self, optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
+        """The optimizer step, skipped on the device where ``found_inf`` is 1, then the loss scale's update (halved on
+        inf/nan, on the device). No host sync with an optimizer that takes ``found_inf`` (fused Adam/AdamW, kitlib's
+        default: its kernel skips the update and reverts its step count); any other needs one sync to decide on the
+        host. Call after ``unscale_``. Does not zero_grad."""
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            # GradScaler.step's protocol for these optimizers: the gradients are unscaled already (grad_scale None)
+            optimizer.grad_scale, optimizer.found_inf = None, found_inf  # type: ignore[attr-defined]
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
+        elif not bool(found_inf):  # the one host sync: this optimizer cannot skip on the device
+            optimizer.step()
+        self._scaler.update()  # a no-op without a scaler
+
+    def forget_unscale(self) -> None:
+        """Forget that ``unscale_`` ran in a step abandoned midway (an out-of-memory replay): the replay unscales its
+        own gradients (GradScaler refuses a second unscale_ before update()). The loss scale and its growth count are
+        kept: a fresh scaler loads the old one's state (public API; the unscale record itself is GradScaler's private
+        state). One host sync (state_dict reads the scale), on the out-of-memory path only."""
+        if self._scaler.is_enabled():  # a disabled scaler keeps no per-optimizer record
+            state = self._scaler.state_dict()
+            self._scaler = torch.amp.GradScaler(self.plan.device_type)
+            self._scaler.load_state_dict(state)
+
+    @property
+    def scale(self) -> float:
+        """Current loss scale; 1.0 without a scaler."""
+        return float(self._scaler.get_scale()) if self._scaler.is_enabled() else 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dtype": self.plan.dtype, "scaler": self._scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the loss scale. A checkpoint from another precision (T4 fp16 resumed on an A100 in bf16, or the
+        reverse) is fine: the scaler state is ignored, or the scaler starts fresh (init scale 2**16)."""
+        scaler_state = state.get("scaler") or {}
+        if self._scaler.is_enabled() and scaler_state:
+            self._scaler.load_state_dict(scaler_state)
