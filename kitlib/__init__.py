@@ -19,7 +19,7 @@ _EXPORTS: dict[str, str] = {
     "plan_memory": "kitlib.doctor.memory_plan",
     "MemoryPlan": "kitlib.doctor.memory_plan",
     "decide_precision": "kitlib.machine.precision",
-    "Precision": "kitlib.machine.precision",
+    "Precision": "kitlib.machine.amp",
     "PrecisionPlan": "kitlib.machine.precision",
     "speed_flags": "kitlib.machine.backends",
     "TrainConfig": "kitlib.config",
