@@ -195,3 +195,11 @@ def test_the_package_never_imports_the_checkouts_demos() -> None:
         or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "demos" for a in node.names))
     ]
     assert not found, f"kitlib imports the checkout's demos: {found}"
+
+
+def test_every_public_name_resolves_to_the_module_that_defines_it() -> None:
+    """``kitlib.X`` is resolved lazily from ``_EXPORTS``: a move of X to another module must move its entry too."""
+    import kitlib
+
+    unresolved = [name for name in kitlib.__all__ if not hasattr(kitlib, name)]
+    assert not unresolved, f"kitlib._EXPORTS names modules that no longer define: {unresolved}"
