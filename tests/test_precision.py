@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, MathProbe, fake_profile
 from kitlib.machine.amp import Precision
+from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, MathProbe, fake_profile
 from kitlib.machine.precision import (
     PrecisionError,
     PrecisionPlan,
