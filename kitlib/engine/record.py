@@ -160,6 +160,7 @@ class RunRecorder(Callback):
 
             peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loop.hw.ram_bytes  # Linux: KiB
         eval_batches = loop.data.eval
+        shape: dict[str, Any] = model_facts(loop.raw_model)  # ints: mypy would try them against every ** field
         return RunFacts(
             steps=loop.state.step,
             epochs_planned=cfg.epochs,
@@ -195,7 +196,7 @@ class RunRecorder(Callback):
             **_what_ran(loop.raw_model, loop.optimizer),
             features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
             **self._compile_facts(),
-            **model_facts(loop.raw_model),
+            **shape,
         )
 
     def _compile_facts(self) -> dict[str, Any]:
