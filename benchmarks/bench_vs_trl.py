@@ -162,9 +162,9 @@ def run_trl(
     started = time.perf_counter()
     out = trainer.train()
     wall = time.perf_counter() - started
-    tokens = sum(len(x) for x in trainer.train_dataset["input_ids"]) * hp["epochs"]
-    if max_steps:  # the tokens those steps trained (TRL's own count: attention-mask sum, or the flattened row)
-        tokens = int(trainer._total_train_tokens)
+    # capped: the tokens those steps trained (TRL's own count: attention-mask sum, or the flattened row)
+    tokens = (int(trainer._total_train_tokens) if max_steps
+              else sum(map(len, trainer.train_dataset["input_ids"])) * hp["epochs"])  # fmt: skip
     return {
         "capped": max_steps,
         "model": trainer.model,
@@ -213,8 +213,12 @@ def main() -> None:
     contenders = {  # packing padding-free flattens a batch into one row: on a CPU (no flash-attn) fewer steps
         "kitlib": lambda k: run_kitlib(root / f"kit{k}", data, folder, hp),
         "trl tuned": lambda k: run_trl(root / f"trlt{k}", folder, train_rows, hp, packing=False, tuned=True),
-        "trl defaults": lambda k: run_trl(root / f"trl{k}", folder, train_rows, hp, False, False, max_steps=cap),
-        "trl packing": lambda k: run_trl(root / f"trlp{k}", folder, train_rows, hp, True, True, max_steps=cap // 3),
+        "trl defaults": lambda k: run_trl(
+            root / f"trl{k}", folder, train_rows, hp, packing=False, tuned=False, max_steps=cap
+        ),
+        "trl packing": lambda k: run_trl(
+            root / f"trlp{k}", folder, train_rows, hp, packing=True, tuned=True, max_steps=cap // 3
+        ),
     }
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in contenders}
     began = time.perf_counter()

@@ -51,7 +51,6 @@ from kitlib.tasks.metrics import METRICS, import_object
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
-
     hw = detect()
     print(hw.summary())
     try:

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from kitlib.config import TrainConfig
 from kitlib.doctor.memory_plan import GENERATING, plan_memory
-from kitlib.doctor.meta_count import _meta_model
+from kitlib.doctor.meta_count import meta_model
 from kitlib.engine.objective import default_count_fn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.optim import freeze as freeze_part
@@ -131,7 +131,7 @@ def planned_and_measured(
     fit = next(f for f in plan.fits if f.strategy.name == strategy)
     planned, chosen = fit.peak, fit.strategy
     torch.manual_seed(seed)
-    model = _meta_model(config, model_kind)  # on the CPU here: real (random) weights
+    model = meta_model(config, model_kind)  # on the CPU here: real (random) weights
     if chosen.adapter == "qlora":  # 4-bit NF4 through the notebooks' loading path (bitsandbytes' CPU backend)
         model = _reloaded(model, quantization("qlora", "cpu"))
     model = add_adapter(model, chosen.adapter, generating=model_kind in GENERATING, seed=seed)

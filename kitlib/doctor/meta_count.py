@@ -18,7 +18,7 @@ def parameter_counts(config: Any, model_kind: str) -> tuple[int, int, int, int, 
     """(all weights, the embeddings', the linear layers', their in + out features summed, the output layer's) of
     ``config`` built as ``model_kind`` on the meta device."""
     with torch.device("meta"):
-        model = _meta_model(config, model_kind)
+        model = meta_model(config, model_kind)
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if callable(get_head) else None
     head_params = int(head.weight.numel()) if head is not None else _classifier_params(model)
@@ -26,7 +26,9 @@ def parameter_counts(config: Any, model_kind: str) -> tuple[int, int, int, int, 
     return sum(p.numel() for p in model.parameters()), int(freeze(model, "embeddings")), linear, dims, head_params
 
 
-def _meta_model(config: Any, model_kind: str) -> nn.Module:
+def meta_model(config: Any, model_kind: str) -> nn.Module:
+    """``config``'s transformers model for ``model_kind``, built on the current device: the meta device when counting,
+    the CPU in the doctor's live check (kitlib.doctor.live_bytes)."""
     if model_kind == "decoder":
         return AutoModelForCausalLM.from_config(config)
     if model_kind == "encoder-decoder":

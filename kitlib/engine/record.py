@@ -194,7 +194,7 @@ class RunRecorder(Callback):
             stop_reason=loop.stop_reason,
             oom_backoffs=list(loop.stepper.backoff.changes),
             **_what_ran(loop.raw_model, loop.optimizer),
-            features_cached=None,  # fit() featurises nothing (and **model_facts below holds ints only)
+            features_cached=None,  # fit() featurises nothing (and **shape below holds ints only)
             **self._compile_facts(),
             **shape,
         )
