@@ -66,18 +66,19 @@ def demo(task: str, root: Path, rows: int | None, test_rows: int | None) -> tupl
 def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Path) -> dict[str, Any]:
     """00's estimate for (task, preset), then 01-03 timed: what a user would plan by and what it cost."""
     from kitlib.notebook import stages, training
-    from kitlib.notebook.estimate import estimate_run
     from kitlib.notebook.widgets import preset_picker
 
     p = stages.params(environ={}, data_dir=data, work_dir=work, preset=preset, **parameters)
     start_00 = time.perf_counter()
     hw = dataclasses.replace(stages.measured(p, now=True), interactive=False)  # as 00 measures it, now
     facts = stages.data_facts(p)
-    picker = preset_picker(
+    picker = preset_picker(  # as 00's cell builds it: the model's own weights and the folds priced
         stages.planning_hw(p, hw), default=preset, n_rows=facts.n_rows, n_test=facts.n_test, lengths=facts.lengths,
-        resolve=functools.partial(stages.resolve_run, p, hw), show=False,
+        model_params=facts.model_params, folds=p.folds, resolve=functools.partial(stages.resolve_run, p, hw),
+        show=False,
     )  # fmt: skip
-    estimate = estimate_run(picker.resolved, facts.n_rows, facts.n_test, hw)
+    estimate = picker.estimate()
+    assert estimate is not None  # n_rows and n_test given
     stages.setup(p, hw, resolved=picker.resolved)
     setup_s = time.perf_counter() - start_00
     with threads(hw.cpu_count):

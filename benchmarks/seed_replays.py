@@ -3,6 +3,7 @@
     python benchmarks/seed_replays.py --all              # the four workloads (minutes on an idle 2-core CPU)
     python benchmarks/seed_replays.py --workload sql     # one workload;  --quick: a smoke-sized run of it
     python benchmarks/seed_replays.py --all --repeats 2  # contenders interleaved, each repeat in a fresh process
+    python benchmarks/seed_replays.py --all --full --repeats 3 --threads 1   # issue 34's size: a minute or more each
     python benchmarks/seed_replays.py --all --threads 1  # every contender's intra-op threads (OMP_NUM_THREADS)
     python benchmarks/seed_replays.py --all --device cuda  # on the GPU (default auto: cuda when there is one)
     python benchmarks/seed_replays.py --make-data DIR    # the demos, for a machine without their packages:
@@ -103,6 +104,8 @@ class Workload:
     before: Knobs
     after: Knobs
     quick: tuple[int, int]  # rows for --quick
+    full: tuple[int, int]  # rows for --full: every contender a minute or more on one core (issue 34)
+    full_epochs: tuple[int, int] | None = None  # before's, after's epochs for --full where the demo has too few rows
 
 
 WORKLOADS: dict[str, Workload] = {
@@ -114,6 +117,7 @@ WORKLOADS: dict[str, Workload] = {
         Knobs(epochs=2, micro=16, accum=1, src_len=64, tgt_len=64, full_eval_every_epochs=1, save_last=True, beams=5),
         Knobs(epochs=2, micro=16, accum=1, src_len=64, tgt_len=64, full_eval_every_epochs=2, beams=5),
         (64, 8),
+        (1500, 100),
     ),
     "summary": Workload(
         "summary",
@@ -125,6 +129,7 @@ WORKLOADS: dict[str, Workload] = {
         Knobs(epochs=1, micro=1, accum=16, src_len=128, tgt_len=32, full_eval_every_steps=2, beams=4),
         Knobs(epochs=1, micro=4, accum=4, src_len=85, tgt_len=25, full_eval_every_steps=4, workers=2, beams=4),
         (48, 6),
+        (640, 60),
     ),
     "sft": Workload(
         "sft",
@@ -145,6 +150,7 @@ WORKLOADS: dict[str, Workload] = {
             tf32=True,
         ),
         (48, 8),
+        (1000, 100),
     ),
     "price": Workload(
         "price",
@@ -155,6 +161,8 @@ WORKLOADS: dict[str, Workload] = {
         Knobs(epochs=7, micro=8, accum=1, src_len=128, lr=1e-3),  # 35/20 epochs scaled to 7/4
         Knobs(epochs=4, micro=8, accum=4, src_len=128, workers=2, pin=True, cached_features=True, lr=1e-3),
         (48, 8),
+        (800, 160),  # the whole demo: 800 films with a box office
+        (16, 9),  # the user's 35 -> 20 epochs, scaled so kitlib (after's epochs) trains a minute here
     ),
 }
 
@@ -723,14 +731,14 @@ def about_metric(w: Workload) -> str:
     return {"sql": "record_f1", "summary": "rouge_l", "sft": "exact_match", "price": "smape"}[w.name]
 
 
-def replay(names: list[str], repeats: int, quick: bool, root: Path, device: str, made: Path | None = None
+def replay(names: list[str], repeats: int, size: str, root: Path, device: str, made: Path | None = None
            ) -> list[str]:  # fmt: skip
     """Each workload's table; also ``root/seed_replays.json``: per workload, every run's result and the ratios."""
     lines: list[str] = []
     summary: dict[str, Any] = {}
     for name in names:
         w = WORKLOADS[name]
-        data = make_data(w, root / name / "data", w.quick if quick else w.rows, made)
+        data = make_data(w, root / name / "data", getattr(w, size), made)
         results: dict[str, list[dict[str, Any]]] = {c: [] for c in CONTENDERS}
         for r in range(repeats):
             for c in ("after", "kitlib"):  # the users' "after" and kitlib keep features from an earlier session
@@ -740,6 +748,8 @@ def replay(names: list[str], repeats: int, quick: bool, root: Path, device: str,
                 print(f"[{name}] repeat {r + 1}/{repeats}: {c} ...", file=sys.stderr, flush=True)
                 results[c].append(run_one(c, name, data, root / name / f"{c}-{r}", device))
         lines += table(w, results)
+        rows = [len(pd.read_csv(data / f, usecols=["id"])) for f in ("train.csv", "test.csv")]
+        lines.append(f"  rows: {rows[0]} train (validation split from them), {rows[1]} test")
         before, after = ratios(results)
         summary[name] = {"before/kitlib": before, "after/kitlib": after, "results": results}
         (root / "seed_replays.json").write_text(json.dumps(summary, indent=1))
@@ -749,9 +759,22 @@ def replay(names: list[str], repeats: int, quick: bool, root: Path, device: str,
     return lines
 
 
-def shrink(k: Knobs) -> Knobs:
-    """--quick: one epoch, evals and saves still on their cadence (every step for a step cadence)."""
-    return dataclasses.replace(k, epochs=1, full_eval_every_steps=min(k.full_eval_every_steps, 1))
+def sized(w: Workload, size: str) -> Workload:
+    """The workload's knobs at ``size`` (``rows``: as written). --quick: one epoch, evals and saves still on their
+    cadence (every step for a step cadence). --full: a step cadence grows with the rows, so the user's few evals an
+    epoch stay a few (the summariser's 500 -> 1000 steps are a share of their epoch, not a count of steps)."""
+
+    def knobs(k: Knobs) -> Knobs:
+        if size == "quick":
+            return dataclasses.replace(k, epochs=1, full_eval_every_steps=min(k.full_eval_every_steps, 1))
+        if size == "full":
+            return dataclasses.replace(k, full_eval_every_steps=k.full_eval_every_steps * w.full[0] // w.rows[0])
+        return k
+
+    before, after = knobs(w.before), knobs(w.after)
+    if size == "full" and w.full_epochs:
+        before, after = (dataclasses.replace(k, epochs=e) for k, e in zip((before, after), w.full_epochs, strict=True))
+    return dataclasses.replace(w, before=before, after=after)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -759,6 +782,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="the four workloads")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), action="append", help="one workload (repeatable)")
     ap.add_argument("--quick", action="store_true", help="smoke size: a few rows, one epoch")
+    ap.add_argument("--full", action="store_true", help="every contender a minute or more on one core")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--root", type=Path, help="where data and runs go (default: a temporary folder)")
     ap.add_argument("--threads", type=int, help="intra-op threads of every contender (default: as torch picks)")
@@ -777,24 +801,25 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         ap.error("--device cuda: torch sees no CUDA device here. Fix: --device auto (or cpu), or run on a GPU machine")
     if args.contender:
-        if os.environ.get("SEED_REPLAYS_QUICK"):
-            w = WORKLOADS[args.workload[0]]
-            WORKLOADS[w.name] = dataclasses.replace(w, before=shrink(w.before), after=shrink(w.after))
+        name = args.workload[0]
+        WORKLOADS[name] = sized(WORKLOADS[name], os.environ.get("SEED_REPLAYS_SIZE", "rows"))
         print(json.dumps(contender(args.contender, args.workload[0], args.data, args.out, device)))
         return 0
     names = sorted(WORKLOADS) if args.all else (args.workload or [])
     if not names:
         ap.error("name a --workload or pass --all")
-    if args.quick:
-        os.environ["SEED_REPLAYS_QUICK"] = "1"  # the children read it: one epoch
+    if args.quick and args.full:
+        ap.error("--quick or --full, not both")
+    size = "quick" if args.quick else "full" if args.full else "rows"
+    os.environ["SEED_REPLAYS_SIZE"] = size  # the children read it
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # torch sizes its pool from it at import, in each child
     threads = f"{args.threads} intra-op threads per process" if args.threads else "torch threads as torch picks"
     with tempfile.TemporaryDirectory(prefix="seed-replays-") as tmp:
         root = args.root or Path(tmp)
-        print(f"seed replays: {', '.join(names)}; device {device}; {os.cpu_count()} CPUs, load average "
-              f"{os.getloadavg()[0]:.1f}; {threads}")  # fmt: skip
-        print("\n".join(replay(names, args.repeats, args.quick, root, device, args.demo_data)))
+        print(f"seed replays: {', '.join(names)}; size {size}; device {device}; {os.cpu_count()} CPUs (this process "
+              f"may use {len(os.sched_getaffinity(0))}), load average {os.getloadavg()[0]:.1f}; {threads}")  # fmt: skip
+        print("\n".join(replay(names, args.repeats, size, root, device, args.demo_data)))
     return 0
 
 

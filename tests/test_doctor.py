@@ -621,17 +621,27 @@ def test_the_doctor_prints_achieved_flops_against_the_measured_cpu_peak_for_the_
     precision, measured now; a GPU run against its datasheet peak. Both printed, with what the peak is."""
     from kitlib.doctor import report as doctor
     from kitlib.doctor.flops import flops_per_token
+    from kitlib.doctor.report import _flops
 
-    measured: list[torch.dtype] = []
-    monkeypatch.setattr(doctor, "measure_cpu_peak", lambda dtype: measured.append(dtype) or 1e11)
     shape: dict[str, Any] = {"model_non_embedding_params": 10_000_000, "model_layers": 6, "model_width": 384}
     achieved = 100_000 / 9.8 * flops_per_token(10_000_000, 6, round(105_000 / 3200), 384)
-    report = diagnose(_record(precision="bf16", **shape))
-    assert measured == [torch.bfloat16] and report.summary["mfu"] == pytest.approx(achieved / 1e11)
-    line = (
-        f"compute: {achieved / 1e9:.1f} GFLOP/s achieved of 100.0 GFLOP/s (bf16 matmul peak measured now on this CPU)"
-    )
-    assert f"{line}: MFU {achieved / 1e11:.1%}" in str(report)
+    measured: list[tuple[torch.dtype, int]] = []
+
+    def peak(dtype: torch.dtype, value: float = 2 * achieved) -> float:
+        measured.append((dtype, torch.get_num_threads()))
+        return value
+
+    monkeypatch.setattr(doctor, "measure_cpu_peak", peak)
+    threads = torch.get_num_threads()
+    report = diagnose(_record(precision="bf16", intra_op_threads=1, **shape))  # the run's threads, not the doctor's
+    assert measured == [(torch.bfloat16, 1)] and report.summary["mfu"] == pytest.approx(0.5)
+    assert torch.get_num_threads() == threads  # restored
+    basis = "bf16 matmul peak measured now on this CPU, 1 thread"
+    line = f"compute: {_flops(achieved)} achieved of {_flops(2 * achieved)} ({basis}): MFU 50.0%"
+    assert line in str(report) and "over 100%" not in str(report)
+    monkeypatch.setattr(doctor, "measure_cpu_peak", lambda dtype: achieved / 2)  # MFU 200%: a busy CPU's peak
+    assert "over 100%: the peak was measured on a busier CPU" in str(diagnose(_record(**shape)))
+    monkeypatch.setattr(doctor, "measure_cpu_peak", peak)
     gpu = diagnose(_record(device_type="cuda", device_name="Tesla T4", precision="fp16", **shape))
     assert "of 65.0 TFLOP/s (fp16 datasheet peak)" in str(gpu) and len(measured) == 1
     assert diagnose(_record(**shape), CPU).summary["mfu"] is None and len(measured) == 1  # advice for another CPU

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from kitlib.config import PICKER_LABELS, Adapter, Requested
 from kitlib.errors import PrecisionError
-from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS, duration, estimate_epoch_seconds, estimate_run
+from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS, RunEstimate, duration, estimate_epoch_seconds, estimate_run
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun
 from kitlib.notebook.presets import resolve as resolve_preset
 
@@ -110,12 +110,19 @@ class PresetPicker:
             return "not saved yet: run the next cell (it saves this choice; later clicks save again)"
         return f"saved: preset {self.saved.name}, what 01 runs"
 
+    def estimate(self) -> RunEstimate | None:
+        """The whole run's estimate for the current choice (what the picker shows), or None without the row counts."""
+        if self._n_rows is None or self._n_test is None:
+            return None
+        run, hw, params = self._resolved, self._hw, self.model_params
+        return estimate_run(run, self._n_rows, self._n_test, hw, model_params=params, folds=self.folds)
+
     def estimate_text(self) -> str:
         if self._n_rows is None:
             return "no row count: pass n_rows= (stages.data_facts) for a time estimate"
-        if self._n_test is not None:
-            run, hw, params = self._resolved, self._hw, self.model_params
-            return estimate_run(run, self._n_rows, self._n_test, hw, model_params=params, folds=self.folds).text()
+        whole = self.estimate()
+        if whole is not None:
+            return whole.text()
         seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw, model_params=self.model_params)
         what = self._resolved.regime.estimate_label
         used = self._resolved.preset.rows_used(self._n_rows)
