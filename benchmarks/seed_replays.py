@@ -201,6 +201,22 @@ def about(data: Path) -> dict[str, Any]:
     return parameters
 
 
+def metric_gap(data: Path, kitlib: Path, after: Path) -> Any:
+    """kitlib's test score minus the after's (> 0: kitlib better, whatever the metric's mode), with its 90% paired
+    bootstrap interval over the test rows (kitlib.tasks.baseline.compare): "equal" is an interval that holds 0."""
+    from kitlib.tasks.baseline import compare
+    from kitlib.tasks.metrics import get_metric
+
+    p = about(data)
+    solution = pd.read_csv(data / "solution.csv")
+    metric = get_metric(p["metric"], "regression" if p["metric"] == "smape" else "sequence", data_dir=data)
+
+    def predicted(submission: Path) -> Any:
+        return pd.read_csv(submission).set_index("id").loc[solution["id"], p["target"]].to_numpy()
+
+    return compare(metric, solution[p["target"]].to_numpy(), predicted(kitlib), predicted(after))
+
+
 def score(data: Path, submission: Path) -> float:
     from kitlib.tasks.scoring import score as demo_score
 
@@ -617,8 +633,9 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
         from demos.summary import parameters
 
         params = parameters(data)
-    p = stages.params(data_dir=data, work_dir=out, preset="balanced", model="tiny", epochs=w.after.epochs,
-                      seed=SEED, **params)  # fmt: skip
+    epochs = int(os.environ.get("SEED_REPLAYS_KITLIB_EPOCHS") or w.after.epochs)  # --kitlib-epochs: a lever
+    p = stages.params(data_dir=data, work_dir=out, preset="balanced", model="tiny", epochs=epochs, seed=SEED,
+                      **params)  # fmt: skip
     with contextlib.redirect_stdout(sys.stderr):  # the stages' reports: keep stdout for the result line
         stages.setup(p, hw)
         t = time.perf_counter()
@@ -748,6 +765,10 @@ def replay(names: list[str], repeats: int, size: str, root: Path, device: str, m
                 print(f"[{name}] repeat {r + 1}/{repeats}: {c} ...", file=sys.stderr, flush=True)
                 results[c].append(run_one(c, name, data, root / name / f"{c}-{r}", device))
         lines += table(w, results)
+        gap = metric_gap(data, root / name / "kitlib-0" / "submission.csv", root / name / "after-0" / "submission.csv")
+        word = "better" if gap.low > 0 else "worse" if gap.high < 0 else "equal within the interval"
+        lines.append(f"  metric, kitlib - after (> 0: kitlib better): {gap.gain:+.4f} (90% interval {gap.low:+.4f} to "
+                     f"{gap.high:+.4f} over {gap.rows} test rows, repeat 1): {word}")  # fmt: skip
         rows = [len(pd.read_csv(data / f, usecols=["id"])) for f in ("train.csv", "test.csv")]
         lines.append(f"  rows: {rows[0]} train (validation split from them), {rows[1]} test")
         before, after = ratios(results)
@@ -783,6 +804,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", choices=sorted(WORKLOADS), action="append", help="one workload (repeatable)")
     ap.add_argument("--quick", action="store_true", help="smoke size: a few rows, one epoch")
     ap.add_argument("--full", action="store_true", help="every contender a minute or more on one core")
+    ap.add_argument("--kitlib-epochs", type=int, help="kitlib trains this many epochs, not the after's (a lever)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--root", type=Path, help="where data and runs go (default: a temporary folder)")
     ap.add_argument("--threads", type=int, help="intra-op threads of every contender (default: as torch picks)")
@@ -812,6 +834,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--quick or --full, not both")
     size = "quick" if args.quick else "full" if args.full else "rows"
     os.environ["SEED_REPLAYS_SIZE"] = size  # the children read it
+    if args.kitlib_epochs:
+        os.environ["SEED_REPLAYS_KITLIB_EPOCHS"] = str(args.kitlib_epochs)
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # torch sizes its pool from it at import, in each child
     threads = f"{args.threads} intra-op threads per process" if args.threads else "torch threads as torch picks"
