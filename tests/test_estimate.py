@@ -106,3 +106,41 @@ def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm
     run = presets.resolve("balanced", CPU, lengths=facts.lengths)
     cheaper = estimate_run(run, 4000, 1000, CPU, model_params=tiny_t5_matmul_params(BYTE_VOCAB))
     assert cheaper.train_s < estimate_run(run, 4000, 1000, CPU).train_s / 3  # 02's FLOPs follow the model's weights
+
+
+def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_and_block(tmp_path: Path) -> None:
+    """Issue 34: bench_estimate measured causal-lm at 3.4x and custom at 57x its estimate: both were priced through
+    MiniLM's 10.6 M weights, and the CPU timed on MiniLM's 384-wide block. The tiny GPT-2 counts its own weights
+    (block and output layer) over prompt + response tokens, and the CPU is timed on its 128-wide block; a user's
+    module counts the weights it builds."""
+    import pandas as pd
+
+    from kitlib.models.bpe import BPE_VOCAB
+    from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm_matmul_params
+    from kitlib.notebook import stages
+    from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS
+    from kitlib.notebook.tasks.causal_lm import CHARS_PER_TOKEN
+
+    data = tmp_path / "data"
+    data.mkdir()
+    chats = pd.DataFrame({"id": range(40), "prompt": ["What is two and two?"] * 40, "response": ["Four."] * 40})
+    chats.to_csv(data / "train.csv", index=False)
+    chats[["id", "prompt"]].to_csv(data / "test.csv", index=False)
+    chats[["id"]].assign(response="x").to_csv(data / "sample_submission.csv", index=False)
+    p = stages.params(data_dir=data, work_dir=tmp_path / "w", task="causal-lm", text="prompt", target="response")
+    facts = stages.data_facts(p)
+    gpt2 = tiny_causal_lm_matmul_params(BPE_VOCAB)
+    assert facts.model_params == gpt2 and gpt2 < MINILM_MATMUL_PARAMS / 10
+    assert facts.lengths[0] == -(-len("What is two and two?Four.") // CHARS_PER_TOKEN) + 1  # prompt + response + </s>
+    assert stages._block(p) == (TINY_GPT2["n_embd"], TINY_GPT2["n_inner"], TINY_GPT2["n_head"])
+    assert stages._block(stages.params(data_dir=data, work_dir=tmp_path / "w2")) == (384, 1536, 12)  # MiniLM's
+
+    (data / "net.py").write_text(
+        "from torch import nn\n\ndef build(vocab_size, num_labels, pad_id):\n"
+        "    return nn.Sequential(nn.Embedding(vocab_size, 8), nn.Linear(8, num_labels))\n"
+    )
+    words = pd.DataFrame({"id": range(40), "text": ["good film", "bad film"] * 20, "label": ["pos", "neg"] * 20})
+    words.to_csv(data / "train.csv", index=False)
+    words[["id", "text"]].to_csv(data / "test.csv", index=False)
+    mine = stages.params(data_dir=data, work_dir=tmp_path / "w3", task="custom", model_factory=f"{data}/net.py:build")
+    assert stages.data_facts(mine).model_params == 8 * 2 + 2  # two classes: your Linear, the lookup table left out

@@ -25,10 +25,11 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 SPECIALS = ("<pad>", "</s>", "<unk>")  # padding (T5's decoder start token too), end of sequence, unknown
+BPE_VOCAB = 2000  # tokens of a BPE trained on the rows (the from-scratch models' vocabulary)
 
 
 def train_bpe_tokenizer(
-    texts: Iterable[str], *, vocab_size: int = 2000, add_eos: bool = True
+    texts: Iterable[str], *, vocab_size: int = BPE_VOCAB, add_eos: bool = True
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer fitted to ``texts`` (~1 s for 3,000 short texts). ``add_eos``: every encoding
     ends in </s> (an encoder-decoder's source and target); without it texts encode bare (a causal LM's prompt,

@@ -141,12 +141,12 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) ->
 
 
 def _block(p: Params) -> tuple[int, int, int]:
-    """(width, FFN width, heads) of ``p``'s model from its config.json (no weights); MiniLM's for a model the task
-    builds from scratch (a generating task's "auto", "tiny", a model_factory)."""
+    """(width, FFN width, heads) of ``p``'s model from its config.json (no weights); for a model the task builds
+    from scratch, the task's (``Task.block``), else MiniLM's (a model_factory's, "tiny")."""
 
     minilm = (384, 1536, 12)
     if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
-        return minilm
+        return get_task(p.task).block(p) or minilm
     try:
         _, config = model_config(pretrained_dir() if p.model == "auto" else p.model)
     except KitError:

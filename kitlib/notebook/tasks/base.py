@@ -183,6 +183,12 @@ class Task:
         knows better than whitespace words x 1.3 through MiniLM's 10.6 M weights (None: those)."""
         return None, None
 
+    def block(self, p: Params) -> tuple[int, int, int] | None:
+        """(width, FFN width, heads) of the model this task builds for ``p`` from scratch, the shape 00 times the CPU
+        on (kitlib.machine.speed.measure_cpu_step: a 128-wide block runs at a fraction of a 384-wide one's FLOP/s);
+        None: the model's config.json, or MiniLM's."""
+        return None
+
     def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
         """The text column as the model reads it (a chat model: through its chat template)."""
         return texts

@@ -41,8 +41,8 @@ from kitlib.data.packing import FLASH, PackingCollator, packed_attention, packin
 from kitlib.data.tables import DataError, TargetSpec
 from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
-from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
-from kitlib.models.causal_lm import tiny_causal_lm
+from kitlib.models.bpe import BPE_VOCAB, tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
+from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm, tiny_causal_lm_matmul_params
 from kitlib.models.folders import config_of, model_refusals, positions_of
 from kitlib.models.loading import from_pretrained, frozen_dtype
 from kitlib.notebook.regimes import Prepared
@@ -66,6 +66,8 @@ if TYPE_CHECKING:
     from kitlib.notebook.presets import Preset, ResolvedRun
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
+# The BPE trained on the rows, measured on the demo: 148 characters of prompt + response a row, 74 tokens.
+CHARS_PER_TOKEN = 2.0
 FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
 # x the preset's epochs: nothing is pretrained, every pattern comes from the rows. 5, not seq2seq's 10, to keep
 # balanced within ~8 min on a 2-core CPU: on the SFT demo (1,800 training rows) its 10 epochs took 13 s each on idle
@@ -115,6 +117,20 @@ class CausalLMTask(TextGenerationTask):
         if folder is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
+
+    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
+        """From scratch: the tiny GPT-2 reads the prompt, the response and </s>, at CHARS_PER_TOKEN of its BPE,
+        through its block weights and its output layer (0.79 M + 0.26 M: a tenth of MiniLM's); a folder's model:
+        the default."""
+        if model_folder(p) is not None:
+            return None, None
+        chars = train[p.text].astype(str).str.len() + train[p.target].astype(str).str.len()
+        return (np.ceil(chars / CHARS_PER_TOKEN) + 1).to_numpy(np.int64), float(tiny_causal_lm_matmul_params(BPE_VOCAB))
+
+    def block(self, p: Params) -> tuple[int, int, int] | None:
+        if model_folder(p) is not None:
+            return None
+        return TINY_GPT2["n_embd"], TINY_GPT2["n_inner"], TINY_GPT2["n_head"]
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(

@@ -39,7 +39,7 @@ from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
 from kitlib.models.seq2seq import BYTE_VOCAB, data_tokenizer
 from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
+from kitlib.notebook.tasks.custom import build_model, check_factory, matmul_weights, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps, summary_source
 
@@ -94,14 +94,12 @@ class CustomSeq2SeqTask(Seq2SeqTask):
     def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
         """On short texts seq2seq's bytes per row, through your model's weights: built once for the byte vocabulary
         (milliseconds for a small model; 02 builds it again), its embeddings left out (a lookup is no matmul)."""
-        from torch import nn
-
         lengths = super().rough_cost(train, p)[0]
         if lengths is None:
             return None, None
-        model = build_model(p.model_factory, {"vocab_size": BYTE_VOCAB, "pad_id": 0, "eos_id": 1}, p.seed)
-        lookups = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
-        return lengths, float(sum(w.numel() for w in model.parameters()) - lookups)
+        return lengths, matmul_weights(
+            build_model(p.model_factory, {"vocab_size": BYTE_VOCAB, "pad_id": 0, "eos_id": 1}, p.seed)
+        )
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
