@@ -18,16 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
-import torch
 
 from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, measure_cpu_peak, peak_flops
 from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
+from kitlib.machine.amp import TORCH_DTYPES
 from kitlib.machine.hardware import cpu_threads, detect, fake_profile
 from kitlib.progress import THROUGHPUT, figure, throughput
 
 if TYPE_CHECKING:
+    from kitlib.config import Dtype
     from kitlib.machine.hardware import HardwareInfo
 
 __all__ = ["Finding", "Report", "diagnose"]
@@ -178,7 +179,7 @@ def _compute(run: RunRecord, tokens_per_s: float | None, peak: float | None, mea
         mode: PeakDtype = "tf32" if dtype == "fp32" and facts.tf32 else dtype  # fp32 matmuls on TF32 cores
         peak, basis = peak_flops(str(facts.device_name or ""), mode), f"{mode} datasheet peak"
     elif peak is None and facts.device_type == "cpu" and measure:
-        torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        torch_dtype = TORCH_DTYPES[cast("Dtype", dtype)]  # a CPU run's precision: fp32, bf16 or fp16
         # The peak of the threads the run had (1 thread: about half of 2): the doctor's own pool may differ.
         threads = (run.timing.get("run") or {}).get("intra_op_threads")
         with cpu_threads(int(threads) if threads else None) as n:

@@ -19,7 +19,7 @@ from kitlib.config import Dtype
 from kitlib.errors import PrecisionError
 from kitlib.machine.precision import PrecisionPlan
 
-_TORCH_DTYPES: dict[Dtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TORCH_DTYPES: dict[Dtype, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _HALF_DTYPES: dict[torch.dtype, Dtype] = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -59,7 +59,7 @@ class Precision:
         """Context for the forward pass and loss; a null context for fp32."""
         if self.plan.dtype == "fp32":
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.plan.device_type, dtype=_TORCH_DTYPES[self.plan.dtype])
+        return torch.autocast(device_type=self.plan.device_type, dtype=TORCH_DTYPES[self.plan.dtype])
 
     def backward(self, loss: torch.Tensor) -> None:
         self._scaler.scale(loss).backward()
