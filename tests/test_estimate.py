@@ -144,3 +144,28 @@ def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_a
     words[["id", "text"]].to_csv(data / "test.csv", index=False)
     mine = stages.params(data_dir=data, work_dir=tmp_path / "w3", task="custom", model_factory=f"{data}/net.py:build")
     assert stages.data_facts(mine).model_params == 8 * 2 + 2  # two classes: your Linear, the lookup table left out
+
+
+def test_00_counts_tokens_with_the_models_own_tokenizer_where_it_has_one(tmp_path: Path) -> None:
+    """Issue 34: the price demo's estimate was 0.6x its run: its film descriptions (names, numbers) ran 1.9 MiniLM
+    tokens a word, where 00 assumed 1.3. 00 now asks the model's tokenizer on a sample of rows; a model the task
+    builds (no tokenizer yet) keeps the rule of thumb."""
+    import pandas as pd
+    import pytest
+
+    from kitlib.models.folders import minilm_dir
+    from kitlib.notebook import stages
+
+    if minilm_dir() is None:
+        pytest.skip("needs all-MiniLM-L6-v2 (the README's set-up installs it)")
+    data = tmp_path / "data"
+    data.mkdir()
+    rare = "Zbigniew Brzezinski's Xochimilco-Tlahuac 1987 symposium"  # 5 words, many word pieces
+    rows = pd.DataFrame({"id": range(40), "text": [rare] * 40, "label": ["a", "b"] * 20})
+    rows.to_csv(data / "train.csv", index=False)
+    rows[["id", "text"]].to_csv(data / "test.csv", index=False)
+    rows[["id"]].assign(label="a").to_csv(data / "sample_submission.csv", index=False)
+    asked = stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "w"))
+    assert asked.lengths[0] > 5 * stages.TOKENS_PER_WORD + stages.SPECIAL_TOKENS + 5  # the tokenizer's count
+    built = stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "w2", model="tiny"))
+    assert built.lengths[0] == -(-5 * stages.TOKENS_PER_WORD // 1) + stages.SPECIAL_TOKENS  # no tokenizer: the rule

@@ -65,9 +65,12 @@ if TYPE_CHECKING:
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
 MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
-# Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4). Good enough for
-# the picker's time estimate and a first max_length; 01 measures the real lengths with the model's tokenizer.
+# Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4), where 00 has no
+# tokenizer to ask (a model the task builds); 01 measures the real lengths with the model's tokenizer. A model folder's
+# own tokenizer is asked on TOKEN_SAMPLE_ROWS rows: film descriptions with names ran 1.9 tokens a word (issue 34: the
+# estimate of the price demo was 0.6x the run at 1.3).
 TOKENS_PER_WORD = 1.3
+TOKEN_SAMPLE_ROWS = 500  # ~0.1 s for a fast tokenizer, plus ~0.3 s to load it
 SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 
 
@@ -174,10 +177,29 @@ def data_facts(p: Params) -> DataFacts:
     model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
     train = _read_train(p)
     lengths, weights = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
-    words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
-    lengths = np.ceil(words * TOKENS_PER_WORD).astype(np.int64) + SPECIAL_TOKENS if lengths is None else lengths
+    if lengths is None:
+        words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
+        lengths = np.ceil(words * _tokens_per_word(p, train[p.text])).astype(np.int64) + SPECIAL_TOKENS
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
     return DataFacts(len(train), lengths, len(test), weights)
+
+
+def _tokens_per_word(p: Params, texts: Any) -> float:
+    """Tokens per whitespace word of ``p``'s model's own tokenizer on the first TOKEN_SAMPLE_ROWS texts (its files
+    alone, no weights); TOKENS_PER_WORD where the task builds the model, or the tokenizer does not load (00's model
+    check says why)."""
+    if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
+        return TOKENS_PER_WORD
+    from transformers import AutoTokenizer
+
+    sample = [str(t) for t in texts.iloc[:TOKEN_SAMPLE_ROWS]]
+    words = sum(len(t.split()) for t in sample)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(pretrained_dir() if p.model == "auto" else p.model)
+    except (KitError, OSError, ValueError):
+        return TOKENS_PER_WORD
+    tokens = sum(map(len, tokenizer(sample, add_special_tokens=False, verbose=False)["input_ids"]))
+    return tokens / words if words else TOKENS_PER_WORD
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
