@@ -49,7 +49,8 @@ from kitlib.tasks.metrics import check_metric, get_metric
 from kitlib.tasks.targets import describe_objective
 
 # lazy: torch (+1.0 s), pandas (+0.2 s): importing the stages loads neither (0.3 s with numpy), so notebooks 00 and 01
-# and the CLI that only read data and the run never pay for them (python -X importtime).
+# and the CLI that only read data and the run never pay for them (python -X importtime). transformers (+0.6 s): 00
+# reads the model's tokenizer for its estimate only.
 
 if TYPE_CHECKING:
     from collections.abc import Callable
