@@ -196,7 +196,8 @@ def _tokens_per_word(p: Params, texts: Any) -> float:
     sample = [str(t) for t in texts.iloc[:TOKEN_SAMPLE_ROWS]]
     words = sum(len(t.split()) for t in sample)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(pretrained_dir() if p.model == "auto" else p.model)
+        folder = pretrained_dir() if p.model == "auto" else p.model
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # never the network
     except (KitError, OSError, ValueError):
         return TOKENS_PER_WORD
     tokens = sum(map(len, tokenizer(sample, add_special_tokens=False, verbose=False)["input_ids"]))
