@@ -149,16 +149,26 @@ def _block(p: Params) -> tuple[int, int, int]:
     from scratch, the task's (``Task.block``), else MiniLM's (a model_factory's, "tiny")."""
 
     minilm = (384, 1536, 12)
-    if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
-        return get_task(p.task).block(p) or minilm
     try:
-        _, config = model_config(pretrained_dir() if p.model == "auto" else p.model)
+        folder = _model_dir(p)
+        if folder is None:
+            return get_task(p.task).block(p) or minilm
+        _, config = model_config(folder)
     except KitError:
         return minilm  # _check_model says what is wrong with the model
     width = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or minilm[0])
     ffn = getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or 4 * width
     heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads", 0) or width // 64)
     return width, int(ffn), heads
+
+
+def _model_dir(p: Params) -> str | Path | None:
+    """The folder of ``p``'s model (its config.json and tokenizer files), or None where the task builds the model
+    from scratch (a generating task's "auto", "tiny", a model_factory). "auto" without MiniLM installed: its
+    MissingModelError."""
+    if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
+        return None
+    return pretrained_dir() if p.model == "auto" else p.model
 
 
 @dataclass(frozen=True)
@@ -174,8 +184,8 @@ class DataFacts:
 def data_facts(p: Params) -> DataFacts:
     """train.csv's row count and rough token lengths, and test.csv's row count, for the picker before anything is
     written: read and checked as ``setup`` reads them (its DataError, a cell earlier), in about the time of reading
-    the CSVs. No tokenizer or
-    model is loaded (that costs seconds to minutes on a large train.csv; 01 does it and re-fits max_length)."""
+    the CSVs. No model weights are loaded (seconds to minutes; 01 loads them and re-fits max_length): a model folder's
+    tokenizer reads TOKEN_SAMPLE_ROWS rows, and a task may build a small model of its own (Task.rough_cost)."""
     train = _read_train(p)
     lengths, weights = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
     if lengths is None:
@@ -189,16 +199,19 @@ def _tokens_per_word(p: Params, texts: Any) -> float:
     """Tokens per whitespace word of ``p``'s model's own tokenizer on the first TOKEN_SAMPLE_ROWS texts (its files
     alone, no weights); TOKENS_PER_WORD where the task builds the model, or the tokenizer does not load (00's model
     check says why)."""
-    if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
+    try:
+        folder = _model_dir(p)
+    except KitError:
+        return TOKENS_PER_WORD
+    if folder is None:
         return TOKENS_PER_WORD
     from transformers import AutoTokenizer
 
     sample = [str(t) for t in texts.iloc[:TOKEN_SAMPLE_ROWS]]
     words = sum(len(t.split()) for t in sample)
     try:
-        folder = pretrained_dir() if p.model == "auto" else p.model
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # never the network
-    except (KitError, OSError, ValueError):
+    except (OSError, ValueError):
         return TOKENS_PER_WORD
     tokens = sum(map(len, tokenizer(sample, add_special_tokens=False, verbose=False)["input_ids"]))
     return tokens / words if words else TOKENS_PER_WORD

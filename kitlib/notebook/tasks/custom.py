@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kitlib.data.tables import texts_to_generate
+from kitlib.doctor.memory_plan import KNOWN_MODELS
 from kitlib.errors import SetupError
 from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.regimes import FINETUNE, Prepared
@@ -48,7 +49,6 @@ T = TypeVar("T")
 
 FROM_SCRATCH_LR = 1e-3  # a module of one's own starts from random weights: the presets' lrs are for pretrained ones
 FROM_SCRATCH_EPOCHS = 4  # x the preset's: the demo's BiLSTM scored 0.656 after balanced's 2 epochs
-MINILM_VOCAB = 30522  # the tokenizer 01 gives your model (all-MiniLM-L6-v2's): the estimate's model is built with it
 
 
 class CustomTask(TextTask):
@@ -85,7 +85,8 @@ class CustomTask(TextTask):
         builds it again) for MiniLM's tokenizer and the target's classes, its embeddings left out (a lookup is no
         matmul)."""
         spec = self.target(train[p.target], p, p.metric)
-        sizes = {"vocab_size": MINILM_VOCAB, "num_labels": spec.num_labels, "pad_id": 0}
+        vocab = KNOWN_MODELS["minilm"][1]["vocab_size"]  # the tokenizer 01 gives your model: all-MiniLM-L6-v2's
+        sizes = {"vocab_size": vocab, "num_labels": spec.num_labels, "pad_id": 0}
         return None, matmul_weights(build_model(p.model_factory, sizes, p.seed, positional=True))
 
     def prepare(
