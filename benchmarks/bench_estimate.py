@@ -84,9 +84,12 @@ def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Pa
     with threads(hw.cpu_count):
         start, cpu = time.perf_counter(), cpu_seconds()
         stages.features(p, hw=hw, quiet=True)
+        features = time.perf_counter()
         training.train(p, hw=hw)
+        trained = time.perf_counter()
         training.infer(p, hw=hw)
-        wall, cpu = time.perf_counter() - start, cpu_seconds() - cpu
+        end = time.perf_counter()
+        wall, cpu = end - start, cpu_seconds() - cpu
     return {
         "task": task,
         "preset": preset,
@@ -95,6 +98,15 @@ def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Pa
         "ratio": round(estimate.total_s / wall, 3),
         "load": round(cpu / (wall * hw.cpu_count), 2),
         "setup_s": round(setup_s, 1),
+        # each stage, estimate against measured: which part of the cost model is off
+        "stages_s": {
+            name: [round(est, 1), round(meas, 1)]
+            for name, est, meas in (
+                ("01", estimate.features_s, features - start),
+                ("02", estimate.train_s, trained - features),
+                ("03", estimate.infer_s, end - trained),
+            )
+        },
         "assumed": estimate.assumed,
         "estimate": estimate.text(),
     }

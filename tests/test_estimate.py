@@ -80,7 +80,8 @@ def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm
     10.6 M weights, where the tiny T5 reads every byte of the word and of its phonemes through 0.69 M."""
     import pandas as pd
 
-    from kitlib.models.seq2seq import BYTE_VOCAB, tiny_t5_matmul_params
+    from kitlib.models.facts import non_embedding_params
+    from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq
     from kitlib.notebook import stages
     from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS
 
@@ -92,8 +93,10 @@ def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm
     words[["id", "text"]].to_csv(data / "test.csv", index=False)
     words[["id"]].assign(label="x").to_csv(data / "sample_submission.csv", index=False)
     facts = stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "work", task="seq2seq"))
-    assert facts.model_params == tiny_t5_matmul_params(BYTE_VOCAB) < MINILM_MATMUL_PARAMS / 10
-    assert facts.lengths[:3].tolist() == [6 + 11 + 2, 7 + 17 + 2, 3 + 7 + 2]  # source and target bytes, each </s>
+    tokenizer = data_tokenizer([*words.text, *words.label])[0]  # bytes: what 01 trains on these short texts
+    t5 = non_embedding_params(tiny_seq2seq(tokenizer, seed=0))
+    assert facts.model_params == t5 < MINILM_MATMUL_PARAMS / 10
+    assert facts.lengths[:3].tolist() == [6 + 1, 7 + 1, 3 + 1]  # source bytes and </s> (targets: timed in 00's step)
     assert stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "w2")).model_params is None  # MiniLM's
     (data / "net.py").write_text(
         "from torch import nn\n\ndef build(vocab_size, pad_id, eos_id):\n"
@@ -103,8 +106,9 @@ def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm
         data_dir=data, work_dir=tmp_path / "w3", task="custom-seq2seq", model_factory=f"{data}/net.py:build"
     )
     assert stages.data_facts(mine).model_params == 8 * 259 + 259  # your model's weights, its lookup table left out
+    assert stages.measured(mine, CPU, now=True).model_flops_now is None  # no loss to time: 02's try on rows says so
     run = presets.resolve("balanced", CPU, lengths=facts.lengths)
-    cheaper = estimate_run(run, 4000, 1000, CPU, model_params=tiny_t5_matmul_params(BYTE_VOCAB))
+    cheaper = estimate_run(run, 4000, 1000, CPU, model_params=t5)
     assert cheaper.train_s < estimate_run(run, 4000, 1000, CPU).train_s / 3  # 02's FLOPs follow the model's weights
 
 
@@ -115,11 +119,11 @@ def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_a
     module counts the weights it builds."""
     import pandas as pd
 
-    from kitlib.models.bpe import BPE_VOCAB
-    from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm_matmul_params
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm
+    from kitlib.models.facts import non_embedding_params
     from kitlib.notebook import stages
     from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS
-    from kitlib.notebook.tasks.causal_lm import CHARS_PER_TOKEN
 
     data = tmp_path / "data"
     data.mkdir()
@@ -129,9 +133,11 @@ def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_a
     chats[["id"]].assign(response="x").to_csv(data / "sample_submission.csv", index=False)
     p = stages.params(data_dir=data, work_dir=tmp_path / "w", task="causal-lm", text="prompt", target="response")
     facts = stages.data_facts(p)
-    gpt2 = tiny_causal_lm_matmul_params(BPE_VOCAB)
+    bpe = train_bpe_tokenizer([*chats.prompt, *chats.response], add_eos=False)  # the tokenizer 01 trains
+    gpt2 = non_embedding_params(tiny_causal_lm(bpe, seed=p.seed, n_positions=512))
     assert facts.model_params == gpt2 and gpt2 < MINILM_MATMUL_PARAMS / 10
-    assert facts.lengths[0] == -(-len("What is two and two?Four.") // CHARS_PER_TOKEN) + 1  # prompt + response + </s>
+    counts = [len(bpe(text)["input_ids"]) for text in ("What is two and two?", "Four.")]
+    assert facts.lengths[0] == sum(counts) + 1  # prompt + response + </s>, as its own BPE reads them
     assert stages._block(p) == (TINY_GPT2["n_embd"], TINY_GPT2["n_inner"], TINY_GPT2["n_head"])
     assert stages._block(stages.params(data_dir=data, work_dir=tmp_path / "w2")) == (384, 1536, 12)  # MiniLM's
 
@@ -144,6 +150,77 @@ def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_a
     words[["id", "text"]].to_csv(data / "test.csv", index=False)
     mine = stages.params(data_dir=data, work_dir=tmp_path / "w3", task="custom", model_factory=f"{data}/net.py:build")
     assert stages.data_facts(mine).model_params == 8 * 2 + 2  # two classes: your Linear, the lookup table left out
+
+
+def test_00_times_one_real_step_of_a_model_its_task_builds_and_the_estimate_runs_at_that_speed(
+    tmp_path: Path,
+) -> None:
+    """Issue 34: a 128-wide block timed at 4 rows priced the tiny T5 at twice its speed and your LSTM at a rate it
+    never runs at. 00 now times a training step of the model itself on the preset's micro-batch, its FLOPs counted
+    as the estimate counts them (6 x the weights x the batch's tokens), and the estimate plans by that rate."""
+    import pandas as pd
+
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.notebook import stages
+    from kitlib.notebook.tasks import get_task
+
+    data = tmp_path / "data"
+    data.mkdir()
+    chats = pd.DataFrame({"id": range(40), "prompt": ["What is two and two?"] * 40, "response": ["Four."] * 40})
+    chats.to_csv(data / "train.csv", index=False)
+    chats[["id", "prompt"]].to_csv(data / "test.csv", index=False)
+    chats[["id"]].assign(response="x").to_csv(data / "sample_submission.csv", index=False)
+    p = stages.params(data_dir=data, work_dir=tmp_path / "w", task="causal-lm", text="prompt", target="response")
+    cost = get_task(p.task).rough_cost(chats, p)
+    assert cost is not None and cost.step is not None and cost.lengths is not None
+    model, batch, flops, loss = cost.step(3, 7)
+    assert batch["input_ids"].shape == (3, 7)  # the rows asked, each as long as the run keeps it (max_length 7)
+    assert flops == 6 * cost.weights * 3 * 7  # counted as the estimate counts a token
+    assert (
+        loss is not None and float(loss(model, batch).detach()) > 0
+    )  # fit's loss on a batch of the model the run builds
+    bpe = train_bpe_tokenizer([*chats.prompt, *chats.response], add_eos=False)  # the tokenizer 01 trains
+    prompt, response = (len(bpe(text)["input_ids"]) for text in ("What is two and two?", "Four."))
+    scored = (batch["labels"] != -100).sum(1)  # the prompt's share is not scored, as in training
+    assert scored.tolist() == [7 - round(7 * prompt / (prompt + response + 1))] * 3
+
+    sql = chats.rename(columns={"prompt": "question", "response": "query"})
+    s2s = stages.params(data_dir=data, work_dir=tmp_path / "s", task="seq2seq", text="question", target="query")
+    cost = get_task("seq2seq").rough_cost(sql, s2s)
+    assert cost is not None and cost.step is not None
+    model, batch, flops, loss = cost.step(3, 4)
+    assert batch["input_ids"].shape == (3, 4) and flops == 6 * cost.weights * 3 * 4  # the source is what is counted
+    assert batch["labels"].shape[1] == len("Four.") + 1  # the mean target (bytes, </s>): timed, not counted
+
+    hw = stages.measured(p, CPU, now=True)
+    assert hw.model_flops_now is not None and hw.model_flops_now > 0 and hw.cpu_flops_now is not None
+    minilm = stages.params(data_dir=data, work_dir=tmp_path / "w2", text="prompt", target="response")
+    assert stages.measured(minilm, CPU, now=True).model_flops_now is None  # a pretrained model: its block's rate
+
+    run = presets.resolve("balanced", CPU, lengths=LENGTHS)
+    block = dataclasses.replace(CPU, cpu_flops_now=80e9)
+    slower = estimate_run(run, 4000, 1000, dataclasses.replace(block, model_flops_now=20e9))
+    assert 3.9 < slower.epoch_s / estimate_run(run, 4000, 1000, block).epoch_s <= 4.0
+    assert "a training step of the model timed now on this CPU" in slower.text()
+    assert "fixed costs" not in slower.text()  # the block, not the model's rate, says whether the CPU is busy
+
+
+def test_rough_tokens_counts_a_sample_and_reads_the_rest_at_its_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tokenizer is fitted to the first ROUGH_ROWS rows (as 01 fits it to all of them) and counts them; the
+    other rows are priced from their characters at those rows' tokens per character."""
+    import numpy as np
+    import pandas as pd
+
+    from kitlib.models.bpe import train_bpe_tokenizer
+    from kitlib.notebook.tasks import generation
+
+    monkeypatch.setattr(generation, "ROUGH_ROWS", 4)
+    texts = pd.Series(["one two three", "four five", "six", "seven eight nine ten", "x" * 30, "y" * 3])
+    tokenizer, (counts,) = generation.rough_tokens([texts], lambda rows: train_bpe_tokenizer(rows, add_eos=False))
+    counted = [len(ids) for ids in tokenizer(list(texts[:4]))["input_ids"]]
+    assert counts[:4].tolist() == counted
+    rate = sum(counted) / sum(map(len, texts[:4]))
+    assert counts[4:].tolist() == np.ceil(np.array([30, 3]) * rate).astype(int).tolist()
 
 
 def test_00_counts_tokens_with_the_models_own_tokenizer_where_it_has_one(tmp_path: Path) -> None:

@@ -21,9 +21,10 @@ from torch import nn
 from kitlib._files import read_json_object, write_atomic
 from kitlib.machine.hardware import MathProbe
 
-__all__ = ["MathProbe", "measure_cpu_step", "probe_cpu_bf16"]
+__all__ = ["MathProbe", "measure_cpu_step", "measure_model_step", "probe_cpu_bf16"]
 
 Step = Callable[[torch.dtype, int], tuple[float, float]]  # (dtype, rows) -> (seconds, loss)
+Loss = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]  # fit's loss_fn: (model, batch) -> loss
 
 
 def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
@@ -98,9 +99,45 @@ def measure_cpu_step(
     ``repeats`` steps after one warm-up. A mean, not a best: a busy machine's speed is what the run will get.
     Never cached (the load changes). Cost: ~0.5 s on an idle 2-core Xeon, longer on a busy one."""
     step = _block(width, ffn, heads, seq_len)
-    step(torch.float32, rows)  # warm-up: kernels, page faults
-    seconds = sum(step(torch.float32, rows)[0] for _ in range(repeats)) / repeats
-    return 6.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / seconds
+    return (
+        6.0
+        * (4 * width * width + 2 * width * ffn)
+        * rows
+        * seq_len
+        / _mean_s(lambda: step(torch.float32, rows)[0], repeats)
+    )
+
+
+def measure_model_step(
+    model: nn.Module, batch: dict[str, torch.Tensor], flops: float, loss: Loss | None = None, *, budget_s: float = 1.0
+) -> float:
+    """Achieved FLOP/s of fp32 training steps of ``model`` itself on ``batch`` on this CPU now (forward, ``loss``
+    as fit computes it (default: the model's own ``.loss``), backward and an AdamW update), where one step counts
+    ``flops`` as the estimate counts it: what the count leaves out (a tiny model's output layer, an LSTM's time
+    steps) is timed in. The mean of the steps that fit in ``budget_s`` (2 to 20) after half as long warming up: two
+    steps of a tiny T5 after one read 20 to 32 GFLOP/s on one core. The model's weights change: build one for it."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # fused, as fit's (kitlib.engine.optim)
+    model.train()
+
+    def step() -> float:
+        start = time.perf_counter()
+        (model(**batch).loss if loss is None else loss(model, batch)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    first = step()  # kernels, the allocator's first blocks
+    for _ in range(max(1, min(10, int(budget_s / 2 / first)))):  # a fresh process runs ~20% slow for a few steps
+        step()
+    repeats = max(2, min(20, int(budget_s / first)))
+    return flops / (sum(step() for _ in range(repeats)) / repeats)
+
+
+def _mean_s(step: Callable[[], float], repeats: int) -> float:
+    """The mean seconds of ``repeats`` calls of ``step`` after one warm-up (kernels, page faults): a mean, not a best,
+    because a busy machine's speed is what the run will get."""
+    step()
+    return sum(step() for _ in range(repeats)) / repeats
 
 
 def _cpu_model() -> str:

@@ -18,13 +18,6 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 TINY_GPT2: dict[str, Any] = {"n_embd": 128, "n_layer": 4, "n_head": 4, "n_inner": 512}
 
 
-def tiny_causal_lm_matmul_params(vocab: int) -> int:
-    """Matmul weights a token passes in TINY_GPT2 (the time estimate's FLOPs per token): 4 attention projections
-    and 2 FFN matrices a layer, and the output layer over ``vocab``."""
-    d, inner = TINY_GPT2["n_embd"], TINY_GPT2["n_inner"]
-    return int(TINY_GPT2["n_layer"] * (4 * d * d + 2 * d * inner) + d * vocab)
-
-
 def tiny_causal_lm(tokenizer: PreTrainedTokenizerFast, *, seed: int, n_positions: int) -> nn.Module:
     """A freshly initialised tiny GPT-2 (``TINY_GPT2``) for ``tokenizer``'s vocabulary and sequences of at most
     ``n_positions`` tokens, seeded; the caller's RNG stream is left as it was. </s> ends a response (and is the BOS

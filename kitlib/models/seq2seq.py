@@ -53,14 +53,6 @@ BPE_VOCAB = 2000  # merges for longer texts (queries, sentences): fewer, longer 
 BYTE_VOCAB = 259  # a short texts' tokenizer (data_tokenizer): the 256 bytes, <pad>, </s> and <unk>
 
 
-def tiny_t5_matmul_params(vocab: int) -> int:
-    """Matmul weights of TINY_T5 (the time estimate's FLOPs per token): 4 projections an attention, 2 matrices an FFN,
-    the encoder's blocks, the decoder's (with cross-attention) and the output layer: 0.69 M over 259 byte tokens."""
-    d, inner, ff = TINY_T5["d_model"], TINY_T5["num_heads"] * TINY_T5["d_kv"], TINY_T5["d_ff"]
-    attention, ffn = 4 * d * inner, 2 * d * ff
-    return TINY_T5["num_layers"] * (attention + ffn) + TINY_T5["num_decoder_layers"] * (2 * attention + ffn) + d * vocab
-
-
 def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:
     """The tokenizer the rows call for, and how it was chosen (01 says it). Short texts (words, codes, phoneme
     strings) get bytes alone: BPE merges learnt from a few thousand short rows make most tokens rare (a 2,000-token

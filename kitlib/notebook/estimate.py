@@ -1,6 +1,7 @@
 """Rough times for a resolved run: per epoch, and for the whole run the picker shows (01 features on train and test
 rows, 02 training, 03 inference). Planning numbers from kitlib's cost model, not promises: at the speed 00 measured
-on a CPU (``HardwareInfo.cpu_flops_now``: the machine as it is, busy or not), else an assumed one (expect +-2x).
+on a CPU (``HardwareInfo.cpu_flops_now``: the machine as it is, busy or not; ``model_flops_now``: one step of a model
+its task builds), else an assumed one (expect +-2x).
 
     est = estimate_run(run, n_rows=10227, n_test=2581, hw=hw)
     print(est.text())   # ~3 min for the whole run: 01 features 2 min, 02 training 20 s, 03 predict 1 s, ...
@@ -49,6 +50,8 @@ def _device_flops(hw: HardwareInfo, dtype: str) -> tuple[float, str]:
         probe = hw.cpu_bf16_probe
         speedup = probe.speedup if dtype == "bf16" and probe is not None else 1.0
         bf16 = f" x {speedup:.1f} for bf16 (its probe)" if speedup != 1.0 else ""
+        if hw.model_flops_now:  # a step of the model itself: its FLOPs as counted, whatever the count leaves out
+            return hw.model_flops_now * speedup, f"a training step of the model timed now on this CPU{bf16}"
         return hw.cpu_flops_now * speedup, f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{bf16}"
     if device is None:
         flops = _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count

@@ -131,17 +131,37 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) ->
     model (kitlib.machine.speed.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and torch
     version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
     probed: a GPU's rules are known, and without them bf16 is emulated. ``now`` (00): also the CPU's fp32 training
-    speed at this moment (``measure_cpu_step``, never cached: a busy machine is priced into the run's estimate)."""
+    speed at this moment (``measure_cpu_step``, never cached: a busy machine is priced into the run's estimate), and
+    a model its task builds timed itself (``_model_step``)."""
     from kitlib.machine import speed
 
     hw = hw or detect()
     if hw.device_type != "cpu":
         return hw
     if now and hw.cpu_flops_now is None:
-        hw = dataclasses.replace(hw, cpu_flops_now=speed.measure_cpu_step(*_block(p)))
+        hw = dataclasses.replace(
+            hw, cpu_flops_now=speed.measure_cpu_step(*_block(p)), model_flops_now=_model_step(p, hw)
+        )
     if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
         return hw
     return dataclasses.replace(hw, cpu_bf16_probe=speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir))
+
+
+def _model_step(p: Params, hw: HardwareInfo) -> float | None:
+    """FLOP/s of one real fp32 training step of the model ``p``'s task builds (``Task.rough_cost``'s step: a tiny
+    model from scratch, your seq2seq module) on a micro-batch of ``p``'s preset as long as the rows, counted as the
+    estimate counts them: ~1-3 s on a 2-core CPU, once in 00. None where the task has no step to time (a pretrained
+    model: its block's speed) or the rows do not read (data_facts, a cell later, says why)."""
+    from kitlib.machine import speed
+
+    try:
+        cost = get_task(p.task).rough_cost(_read_train(p), p)
+        if cost is None or cost.step is None:
+            return None
+        run = resolve_run(p, hw, cost.lengths)  # as p's preset trains it on this machine
+        return speed.measure_model_step(*cost.step(run.config.micro_batch_size, run.config.max_length))
+    except Exception:  # a KitError, or your module's own: data_facts and 02's try on rows name the fix
+        return None
 
 
 def _block(p: Params) -> tuple[int, int, int]:
@@ -187,7 +207,8 @@ def data_facts(p: Params) -> DataFacts:
     the CSVs. No model weights are loaded (seconds to minutes; 01 loads them and re-fits max_length): a model folder's
     tokenizer reads TOKEN_SAMPLE_ROWS rows, and a task may build a small model of its own (Task.rough_cost)."""
     train = _read_train(p)
-    lengths, weights = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
+    cost = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
+    lengths, weights = (None, None) if cost is None else (cost.lengths, cost.weights)
     if lengths is None:
         words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
         lengths = np.ceil(words * _tokens_per_word(p, train[p.text])).astype(np.int64) + SPECIAL_TOKENS

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from kitlib.notebook.regimes import Encoder, Extra, Prepared
     from kitlib.tasks.metrics import Metric
 
+    ProbeStep: TypeAlias = tuple[nn.Module, dict[str, torch.Tensor], float, Callable[..., torch.Tensor] | None]
     # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
     FullEval: TypeAlias = Callable[[nn.Module], Any] | SplitEval
 
@@ -134,6 +135,18 @@ def each_batch(
     return results
 
 
+@dataclass(frozen=True)
+class RoughCost:
+    """What 00's estimate reads of a model a task knows: its rows' tokens and weights, and a step to time."""
+
+    lengths: np.ndarray | None  # tokens per row as the model reads them; None: whitespace words x its tokenizer's rate
+    weights: float  # matmul weights a token passes (embedding lookups left out): 6 x that in FLOPs to train it
+    # (rows, the run's max_length) -> the model, a micro-batch of that many rows as long as the data's, its FLOPs as
+    # counted above and fit's loss: 00 times one real training step on it (kitlib.machine.speed.measure_model_step),
+    # so what the count leaves out (a decoder's targets, padding, an RNN's steps) is timed in
+    step: Callable[[int, int | None], ProbeStep] | None = None
+
+
 class Task:
     """The text-to-label task (today's default): one text column to a class or a number."""
 
@@ -178,10 +191,10 @@ class Task:
         target's)."""
         return lengths
 
-    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
-        """00's time estimate before any tokenizer: (tokens per row, matmul weights a token passes) where this task
-        knows better than whitespace words x 1.3 through MiniLM's 10.6 M weights (None: those)."""
-        return None, None
+    def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
+        """00's time estimate where this task knows its model better than whitespace words through MiniLM's 10.6 M
+        weights at the speed of MiniLM's block (None: those)."""
+        return None
 
     def block(self, p: Params) -> tuple[int, int, int] | None:
         """(width, FFN width, heads) of the model this task builds for ``p`` from scratch, the shape 00 times the CPU

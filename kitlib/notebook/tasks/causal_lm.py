@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,18 +42,21 @@ from kitlib.data.packing import FLASH, PackingCollator, packed_attention, packin
 from kitlib.data.tables import DataError, TargetSpec
 from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
-from kitlib.models.bpe import BPE_VOCAB, tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
-from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm, tiny_causal_lm_matmul_params
+from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
+from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm
+from kitlib.models.facts import non_embedding_params
 from kitlib.models.folders import config_of, model_refusals, positions_of
 from kitlib.models.loading import from_pretrained, frozen_dtype
 from kitlib.notebook.regimes import Prepared
-from kitlib.notebook.tasks.base import Params, SideInputs
+from kitlib.notebook.tasks.base import Params, RoughCost, SideInputs
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     TextGenerationTask,
     hf_limits,
     limits_of,
     model_folder,
+    probe_ids,
+    rough_tokens,
     target_limits,
 )
 
@@ -64,10 +68,9 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.tasks.base import ProbeStep
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
-# The BPE trained on the rows, measured on the demo: 148 characters of prompt + response a row, 74 tokens.
-CHARS_PER_TOKEN = 2.0
 FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
 # x the preset's epochs: nothing is pretrained, every pattern comes from the rows. 5, not seq2seq's 10, to keep
 # balanced within ~8 min on a 2-core CPU: on the SFT demo (1,800 training rows) its 10 epochs took 13 s each on idle
@@ -118,14 +121,26 @@ class CausalLMTask(TextGenerationTask):
             changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
         return dataclasses.replace(preset, **changes)
 
-    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
-        """From scratch: the tiny GPT-2 reads the prompt, the response and </s>, at CHARS_PER_TOKEN of its BPE,
-        through its block weights and its output layer (0.79 M + 0.26 M: a tenth of MiniLM's); a folder's model:
-        the default."""
+    def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
+        """From scratch: each row's prompt, response and </s> by the BPE 01 trains, through the tiny GPT-2 built for
+        it (milliseconds), with a micro-batch of the rows' mean length for 00 to time; a folder's model: the default."""
         if model_folder(p) is not None:
-            return None, None
-        chars = train[p.text].astype(str).str.len() + train[p.target].astype(str).str.len()
-        return (np.ceil(chars / CHARS_PER_TOKEN) + 1).to_numpy(np.int64), float(tiny_causal_lm_matmul_params(BPE_VOCAB))
+            return None
+        fit = functools.partial(train_bpe_tokenizer, add_eos=False)
+        tokenizer, (prompts, responses) = rough_tokens([train[p.text], train[p.target]], fit)
+        model = tiny_causal_lm(tokenizer, seed=p.seed, n_positions=MAX_SEQ_TOKENS)
+        lengths = np.minimum(prompts + responses + 1, MAX_SEQ_TOKENS)
+        weights = non_embedding_params(model)
+
+        def step(rows: int, cap: int | None) -> ProbeStep:
+            tokens = round(float(np.minimum(lengths, cap or MAX_SEQ_TOKENS).mean()))  # buckets: rows alike
+            ids, mask = probe_ids(len(tokenizer), np.full(rows, tokens))
+            labels = ids.clone()
+            labels[:, : round(tokens * prompts.mean() / lengths.mean())] = IGNORE  # fit's loss scores responses alone
+            batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+            return model, batch, 6.0 * weights * ids.numel(), self.loss_fn(self.target(train[p.target], p, p.metric))
+
+        return RoughCost(lengths, weights, step)
 
     def block(self, p: Params) -> tuple[int, int, int] | None:
         if model_folder(p) is not None:

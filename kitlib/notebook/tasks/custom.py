@@ -29,6 +29,7 @@ from kitlib.doctor.memory_plan import KNOWN_MODELS
 from kitlib.errors import SetupError
 from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.regimes import FINETUNE, Prepared
+from kitlib.notebook.tasks.base import RoughCost
 from kitlib.notebook.tasks.text import TextTask
 from kitlib.tasks.metrics import import_object
 
@@ -80,14 +81,16 @@ class CustomTask(TextTask):
             preset, lr=FROM_SCRATCH_LR, epochs=epochs, freeze="none", freeze_layers=0, patience=preset.patience or 2
         )
 
-    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
+    def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """The text's rough tokens through your model's weights: built once (milliseconds for a small model; 02
         builds it again) for MiniLM's tokenizer and the target's classes, its embeddings left out (a lookup is no
         matmul)."""
+        from kitlib.models.facts import non_embedding_params
+
         spec = self.target(train[p.target], p, p.metric)
         vocab = KNOWN_MODELS["minilm"][1]["vocab_size"]  # the tokenizer 01 gives your model: all-MiniLM-L6-v2's
         sizes = {"vocab_size": vocab, "num_labels": spec.num_labels, "pad_id": 0}
-        return None, matmul_weights(build_model(p.model_factory, sizes, p.seed, positional=True))
+        return RoughCost(None, non_embedding_params(build_model(p.model_factory, sizes, p.seed, positional=True)))
 
     def prepare(
         self,
@@ -122,14 +125,6 @@ def check_factory(p: Params, task: str, arguments: str) -> None:
             "categorical from the parameters, or use task = 'tabular-text'"
         )
     factory(p.model_factory)  # imports now: a wrong name fails in 00, not after 01's tokenizing
-
-
-def matmul_weights(model: nn.Module) -> float:
-    """The weights a token passes through (the estimate's FLOPs per token): all but the embeddings' lookups."""
-    from torch import nn
-
-    lookups = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Embedding))
-    return float(sum(w.numel() for w in model.parameters()) - lookups)
 
 
 def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: bool = False) -> nn.Module:

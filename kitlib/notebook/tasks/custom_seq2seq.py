@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
-from kitlib.models.seq2seq import BYTE_VOCAB, data_tokenizer
+from kitlib.models.seq2seq import data_tokenizer
 from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.custom import build_model, check_factory, matmul_weights, try_on_rows
+from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps, summary_source
 
@@ -91,15 +91,9 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         changes |= short_text_steps(preset, p)  # short texts: seq2seq's steps budget and lr (measured on the T5 only)
         return summary_source(dataclasses.replace(preset, freeze="none", freeze_layers=0, **changes), p)
 
-    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
-        """On short texts seq2seq's bytes per row, through your model's weights: built once for the byte vocabulary
-        (milliseconds for a small model; 02 builds it again), its embeddings left out (a lookup is no matmul)."""
-        lengths = super().rough_cost(train, p)[0]
-        if lengths is None:
-            return None, None
-        return lengths, matmul_weights(
-            build_model(p.model_factory, {"vocab_size": BYTE_VOCAB, "pad_id": 0, "eos_id": 1}, p.seed)
-        )
+    def scratch_model(self, tokenizer: Any, p: Params) -> nn.Module:
+        """Your model, as 02 builds it for ``tokenizer``."""
+        return build_model(p.model_factory, _sizes(tokenizer), p.seed)
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
@@ -125,8 +119,7 @@ class CustomSeq2SeqTask(Seq2SeqTask):
     ) -> Prepared:
         tokenizer = tokenizer_from_json(feats.side.state["tokenizer"])
         spec = feats.side.state["model_factory"]
-        sizes = {"vocab_size": len(tokenizer), "pad_id": tokenizer.pad_token_id, "eos_id": tokenizer.eos_token_id}
-        model = build_model(spec, sizes, seed)
+        model = build_model(spec, _sizes(tokenizer), seed)
         # plain attributes: not weights, not in the checkpoint
         setattr(model, "kitlib_tokenizer", tokenizer)  # noqa: B010
         setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer, split[0]))  # noqa: B010
@@ -154,6 +147,11 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         if "num_beams" in _options(getattr(model, "module", model)):
             return super().decoding(model)
         return "your model's own decoding: its generate takes no num_beams"
+
+
+def _sizes(tokenizer: Any) -> dict[str, int]:
+    """What your factory is called with (ARGUMENTS)."""
+    return {"vocab_size": len(tokenizer), "pad_id": tokenizer.pad_token_id, "eos_id": tokenizer.eos_token_id}
 
 
 def _options(model: nn.Module) -> set[str]:

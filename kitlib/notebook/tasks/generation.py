@@ -34,6 +34,7 @@ from kitlib.tasks.baseline import most_common
 # lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime).
 
 if TYPE_CHECKING:
+    import pandas as pd
     import torch
     from torch import nn
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 IGNORE = IGNORE_INDEX  # label positions the loss skips (kitlib.models: Hugging Face's convention)
 LOOP_QUANTILE = 99  # the no-repeat run and the copies in a row: what this percent of training targets stay within
 MAX_PERIOD = 16  # tokens: the longest run whose copies in a row are counted (a word in bytes, a phrase in BPE)
+ROUGH_ROWS = 2_000  # rows 00 fits a from-scratch tokenizer to for the estimate's token counts (BPE: ~0.5 s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +163,33 @@ class NoLoops:
             if banned:
                 scores[row, sorted(banned)] = -float("inf")
         return scores
+
+
+def rough_tokens(columns: Sequence[pd.Series], fit: Callable[[list[str]], Any]) -> tuple[Any, list[np.ndarray]]:
+    """The tokenizer ``fit`` builds from the first ROUGH_ROWS rows of ``columns`` (01 fits it to them all), and each
+    column's tokens per row as it encodes them: counted on those rows, the rest from their characters at those rows'
+    tokens per character (the demos' BPE ran 3.3 characters a token, where 00 assumed 2)."""
+    heads = [[str(v) for v in column.iloc[:ROUGH_ROWS]] for column in columns]
+    tokenizer = fit([text for head in heads for text in head])
+    counts = []
+    for column, head in zip(columns, heads, strict=True):
+        counted = np.array([len(ids) for ids in tokenizer(head)["input_ids"]], dtype=np.int64)
+        chars = column.astype(str).str.len().to_numpy(np.int64)
+        per_char = counted.sum() / max(1, chars[: len(head)].sum())
+        counts.append(np.concatenate([counted, np.ceil(chars[len(head) :] * per_char).astype(np.int64)]))
+    return tokenizer, counts
+
+
+def probe_ids(vocab: int, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random token ids for 00's timed micro-batch of a model built from scratch, one row per entry of ``lengths``
+    (each at least 1), padded to the longest, and the attention mask that says so; the caller's RNG untouched."""
+    import torch
+
+    lengths = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(vocab, (len(lengths), int(lengths.max())), generator=generator)
+    mask = (torch.arange(ids.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]).long()
+    return ids * mask, mask
 
 
 def hf_limits(limits: Limits, start: int) -> dict[str, Any]:

@@ -31,29 +31,29 @@ from kitlib.data.tables import DataError, TargetSpec, read_table
 from kitlib.models.adapters import quantization
 from kitlib.models.folders import model_refusals
 from kitlib.models.seq2seq import (
-    BYTE_VOCAB,
     data_tokenizer,
     short_texts,
     tiny_seq2seq,
-    tiny_t5_matmul_params,
     tokenizer_from_json,
     tokenizer_identity,
 )
 from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.base import Params, SideInputs
+from kitlib.notebook.tasks.base import Params, RoughCost, SideInputs
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     TextGenerationTask,
     hf_limits,
     limits_of,
     model_folder,
+    probe_ids,
+    rough_tokens,
     target_limits,
 )
 from kitlib.tasks.metrics import database_in
 from kitlib.tasks.sql_metric import check_references
 
-# lazy: transformers (+0.6 s), pandas (+0.2 s): only loading a pretrained model or reading the databases needs them
-# (python -X importtime).
+# lazy: transformers (+0.6 s), pandas (+0.2 s), torch (+1.0 s): only loading a model, reading the databases or timing
+# a step needs them (python -X importtime).
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.tasks.base import ProbeStep
 
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
@@ -128,13 +129,34 @@ class Seq2SeqTask(TextGenerationTask):
             changes |= short_text_steps(preset, p)
         return summary_source(dataclasses.replace(preset, **changes), p)
 
-    def rough_cost(self, train: pd.DataFrame, p: Params) -> tuple[np.ndarray | None, float | None]:
-        """From scratch on short texts: a byte per token (and </s>) of the source and of the target, which the decoder
-        reads too, through the tiny T5's weights (every token through them all: up to 2x high); else the default."""
-        texts, targets = train[p.text].astype(str), train[p.target].astype(str)
-        if model_folder(p) is not None or not short_texts([*texts, *targets])[0]:
-            return None, None
-        return (texts.str.len() + targets.str.len() + 2).to_numpy(np.int64), float(tiny_t5_matmul_params(BYTE_VOCAB))
+    def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
+        """From scratch: each row's source tokens (with </s>; what max_length cuts) by the tokenizer 01 trains,
+        through the model built for it (milliseconds); 00 times a step whose targets are as long as a micro-batch's
+        longest, which the count leaves out. A folder's model: the default (its tokenizer's rate, its block)."""
+        from kitlib.models.facts import non_embedding_params
+
+        if model_folder(p) is not None:
+            return None
+        texts, targets = train[p.text], train[p.target]
+        tokenizer, (sources, outputs) = rough_tokens([texts, targets], lambda rows: data_tokenizer(rows)[0])
+        model, spec = self.scratch_model(tokenizer, p), self.target(targets, p, p.metric)
+        weights = non_embedding_params(model)
+
+        def step(rows: int, cap: int | None) -> ProbeStep:
+            # Buckets group sources (alike in a batch); the decoder runs over the batch's longest target: of `rows`
+            # rows drawn, about the rows/(rows+1) quantile.
+            kept = np.minimum(sources, cap) if cap else sources
+            source, mask = probe_ids(len(tokenizer), np.full(rows, round(float(kept.mean()))))
+            padded = round(float(np.quantile(outputs, rows / (rows + 1))))
+            target = probe_ids(len(tokenizer), np.full(rows, padded))[0]
+            batch = {"input_ids": source, "attention_mask": mask, "labels": target}
+            return model, batch, 6.0 * weights * int(mask.sum()), self.loss_fn(spec)
+
+        return RoughCost(sources, weights, step)
+
+    def scratch_model(self, tokenizer: Any, p: Params) -> nn.Module:
+        """The model 02 trains when no folder is named: a tiny T5 for ``tokenizer``, seeded."""
+        return tiny_seq2seq(tokenizer, seed=p.seed)
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
@@ -148,7 +170,7 @@ class Seq2SeqTask(TextGenerationTask):
             f"seq2seq: a tiny T5 built from a config (random weights, a {len(tokenizer)}-token {how} tokenizer from "
             "the training rows): no pretrained seq2seq model is installed. For a pretrained one set model to its folder"
         )
-        return tokenizer, tiny_seq2seq(tokenizer, seed=p.seed), f"tiny-t5-{tokenizer_identity(tokenizer)}"
+        return tokenizer, self.scratch_model(tokenizer, p), f"tiny-t5-{tokenizer_identity(tokenizer)}"
 
     def labels(
         self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
