@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +113,22 @@ def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm
     assert cheaper.train_s < estimate_run(run, 4000, 1000, CPU).train_s / 3  # 02's FLOPs follow the model's weights
 
 
+def _chats(tmp_path: Path) -> tuple[Path, Any, Any]:
+    """A chat competition of 40 alike rows, and causal-lm's parameters for it."""
+    import pandas as pd
+
+    from kitlib.notebook import stages
+
+    data = tmp_path / "data"
+    data.mkdir()
+    chats = pd.DataFrame({"id": range(40), "prompt": ["What is two and two?"] * 40, "response": ["Four."] * 40})
+    chats.to_csv(data / "train.csv", index=False)
+    chats[["id", "prompt"]].to_csv(data / "test.csv", index=False)
+    chats[["id"]].assign(response="x").to_csv(data / "sample_submission.csv", index=False)
+    p = stages.params(data_dir=data, work_dir=tmp_path / "w", task="causal-lm", text="prompt", target="response")
+    return data, chats, p
+
+
 def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_and_block(tmp_path: Path) -> None:
     """Issue 34: bench_estimate measured causal-lm at 3.4x and custom at 57x its estimate: both were priced through
     MiniLM's 10.6 M weights, and the CPU timed on MiniLM's 384-wide block. The tiny GPT-2 counts its own weights
@@ -125,13 +142,7 @@ def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_a
     from kitlib.notebook import stages
     from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS
 
-    data = tmp_path / "data"
-    data.mkdir()
-    chats = pd.DataFrame({"id": range(40), "prompt": ["What is two and two?"] * 40, "response": ["Four."] * 40})
-    chats.to_csv(data / "train.csv", index=False)
-    chats[["id", "prompt"]].to_csv(data / "test.csv", index=False)
-    chats[["id"]].assign(response="x").to_csv(data / "sample_submission.csv", index=False)
-    p = stages.params(data_dir=data, work_dir=tmp_path / "w", task="causal-lm", text="prompt", target="response")
+    data, chats, p = _chats(tmp_path)
     facts = stages.data_facts(p)
     bpe = train_bpe_tokenizer([*chats.prompt, *chats.response], add_eos=False)  # the tokenizer 01 trains
     gpt2 = non_embedding_params(tiny_causal_lm(bpe, seed=p.seed, n_positions=512))
@@ -158,19 +169,12 @@ def test_00_times_one_real_step_of_a_model_its_task_builds_and_the_estimate_runs
     """Issue 34: a 128-wide block timed at 4 rows priced the tiny T5 at twice its speed and your LSTM at a rate it
     never runs at. 00 now times a training step of the model itself on the preset's micro-batch, its FLOPs counted
     as the estimate counts them (6 x the weights x the batch's tokens), and the estimate plans by that rate."""
-    import pandas as pd
 
     from kitlib.models.bpe import train_bpe_tokenizer
     from kitlib.notebook import stages
     from kitlib.notebook.tasks import get_task
 
-    data = tmp_path / "data"
-    data.mkdir()
-    chats = pd.DataFrame({"id": range(40), "prompt": ["What is two and two?"] * 40, "response": ["Four."] * 40})
-    chats.to_csv(data / "train.csv", index=False)
-    chats[["id", "prompt"]].to_csv(data / "test.csv", index=False)
-    chats[["id"]].assign(response="x").to_csv(data / "sample_submission.csv", index=False)
-    p = stages.params(data_dir=data, work_dir=tmp_path / "w", task="causal-lm", text="prompt", target="response")
+    data, chats, p = _chats(tmp_path)
     cost = get_task(p.task).rough_cost(chats, p)
     assert cost is not None and cost.step is not None and cost.lengths is not None
     model, batch, flops, loss = cost.step(3, 7)
