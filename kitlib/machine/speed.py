@@ -99,13 +99,9 @@ def measure_cpu_step(
     ``repeats`` steps after one warm-up. A mean, not a best: a busy machine's speed is what the run will get.
     Never cached (the load changes). Cost: ~0.5 s on an idle 2-core Xeon, longer on a busy one."""
     step = _block(width, ffn, heads, seq_len)
-    return (
-        6.0
-        * (4 * width * width + 2 * width * ffn)
-        * rows
-        * seq_len
-        / _mean_s(lambda: step(torch.float32, rows)[0], repeats)
-    )
+    step(torch.float32, rows)  # warm-up: kernels, page faults
+    seconds = sum(step(torch.float32, rows)[0] for _ in range(repeats)) / repeats
+    return 6.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / seconds
 
 
 def measure_model_step(
@@ -131,13 +127,6 @@ def measure_model_step(
         step()
     repeats = max(2, min(20, int(budget_s / first)))
     return flops / (sum(step() for _ in range(repeats)) / repeats)
-
-
-def _mean_s(step: Callable[[], float], repeats: int) -> float:
-    """The mean seconds of ``repeats`` calls of ``step`` after one warm-up (kernels, page faults): a mean, not a best,
-    because a busy machine's speed is what the run will get."""
-    step()
-    return sum(step() for _ in range(repeats)) / repeats
 
 
 def _cpu_model() -> str:

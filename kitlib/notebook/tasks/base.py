@@ -143,7 +143,7 @@ class RoughCost:
     weights: float  # matmul weights a token passes (embedding lookups left out): 6 x that in FLOPs to train it
     # (rows, the run's max_length) -> the model, a micro-batch of that many rows as long as the data's, its FLOPs as
     # counted above and fit's loss: 00 times one real training step on it (kitlib.machine.speed.measure_model_step),
-    # so what the count leaves out (a decoder's targets, padding, an RNN's steps) is timed in
+    # so what the count leaves out (a decoder's targets, an RNN's steps, the output layer) is timed in
     step: Callable[[int, int | None], ProbeStep] | None = None
 
 

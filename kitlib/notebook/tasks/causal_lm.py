@@ -134,10 +134,10 @@ class CausalLMTask(TextGenerationTask):
 
         def step(rows: int, cap: int | None) -> ProbeStep:
             tokens = round(float(np.minimum(lengths, cap or MAX_SEQ_TOKENS).mean()))  # buckets: rows alike
-            ids, mask = probe_ids(len(tokenizer), np.full(rows, tokens))
+            ids = probe_ids(len(tokenizer), rows, tokens)
             labels = ids.clone()
             labels[:, : round(tokens * prompts.mean() / lengths.mean())] = IGNORE  # fit's loss scores responses alone
-            batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+            batch = {"input_ids": ids, "attention_mask": ids.new_ones(ids.shape), "labels": labels}
             return model, batch, 6.0 * weights * ids.numel(), self.loss_fn(self.target(train[p.target], p, p.metric))
 
         return RoughCost(lengths, weights, step)

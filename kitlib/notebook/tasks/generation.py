@@ -180,16 +180,12 @@ def rough_tokens(columns: Sequence[pd.Series], fit: Callable[[list[str]], Any]) 
     return tokenizer, counts
 
 
-def probe_ids(vocab: int, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random token ids for 00's timed micro-batch of a model built from scratch, one row per entry of ``lengths``
-    (each at least 1), padded to the longest, and the attention mask that says so; the caller's RNG untouched."""
+def probe_ids(vocab: int, rows: int, length: int) -> torch.Tensor:
+    """Random token ids for 00's timed micro-batch of a model built from scratch: ``rows`` x ``length`` (at least
+    1); the caller's RNG untouched."""
     import torch
 
-    lengths = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(vocab, (len(lengths), int(lengths.max())), generator=generator)
-    mask = (torch.arange(ids.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]).long()
-    return ids * mask, mask
+    return torch.randint(vocab, (rows, max(1, length)), generator=torch.Generator().manual_seed(0))
 
 
 def hf_limits(limits: Limits, start: int) -> dict[str, Any]:

@@ -146,11 +146,10 @@ class Seq2SeqTask(TextGenerationTask):
             # Buckets group sources (alike in a batch); the decoder runs over the batch's longest target: of `rows`
             # rows drawn, about the rows/(rows+1) quantile.
             kept = np.minimum(sources, cap) if cap else sources
-            source, mask = probe_ids(len(tokenizer), np.full(rows, round(float(kept.mean()))))
-            padded = round(float(np.quantile(outputs, rows / (rows + 1))))
-            target = probe_ids(len(tokenizer), np.full(rows, padded))[0]
-            batch = {"input_ids": source, "attention_mask": mask, "labels": target}
-            return model, batch, 6.0 * weights * int(mask.sum()), self.loss_fn(spec)
+            source = probe_ids(len(tokenizer), rows, round(float(kept.mean())))
+            target = probe_ids(len(tokenizer), rows, round(float(np.quantile(outputs, rows / (rows + 1)))))
+            batch = {"input_ids": source, "attention_mask": source.new_ones(source.shape), "labels": target}
+            return model, batch, 6.0 * weights * source.numel(), self.loss_fn(spec)
 
         return RoughCost(sources, weights, step)
 
