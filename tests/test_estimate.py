@@ -66,10 +66,29 @@ def test_the_estimate_runs_at_the_speed_00_measured_and_says_so() -> None:
 
 
 def test_the_cpu_speed_is_measured_on_the_models_block() -> None:
-    from kitlib.machine.speed import measure_cpu_step
+    from kitlib.machine.speed import measure_cpu_forward, measure_cpu_step
 
     flops = measure_cpu_step(64, 128, 4, 16, rows=1, repeats=1)
     assert 0 < flops < float("inf")  # 6N FLOPs per token of the block over the step's seconds (no speed asserted)
+    assert 0 < measure_cpu_forward(64, 128, 4, 16, rows=1, repeats=1) < float("inf")  # 2N per token, no autograd
+
+
+def test_forward_passes_run_at_the_forward_rate_00_measured_and_01s_sorted_pass_is_not_padded() -> None:
+    """A CPU whose forward pass 00 measured at 2x its training rate: the head regime's embedding pass (01) and the
+    fine-tuned run's evals and predictions halve, its training does not. 01 embeds longest first, so its batches
+    pay no bucket padding (the 1.1 of a training epoch)."""
+    measured = dataclasses.replace(CPU, cpu_flops_now=80e9)  # quiet: fixed costs x 1
+    faster = dataclasses.replace(measured, cpu_forward_flops_now=160e9)
+    fast = presets.resolve("fast", CPU, lengths=LENGTHS)
+    base, fwd = estimate_run(fast, 4000, 1000, measured), estimate_run(fast, 4000, 1000, faster)
+    fixed = 2.0 + (4000 * 2 + 1000) / 5000  # the stage start and tokenising, which no FLOP rate changes
+    assert (base.features_s - fixed) / (fwd.features_s - fixed) == pytest.approx(2.0)
+    embed_s = 5000 * 2 * 10.6e6 * 30 / 160e9  # 4000 + 1000 rows of 30 tokens, 2N each, unpadded
+    assert fwd.features_s - fixed == pytest.approx(embed_s)
+    assert "forward passes x 2.0" in fwd.text()
+    balanced = presets.resolve("balanced", CPU, lengths=LENGTHS)
+    base, fwd = estimate_run(balanced, 4000, 1000, measured), estimate_run(balanced, 4000, 1000, faster)
+    assert fwd.epoch_s == base.epoch_s and fwd.infer_s < base.infer_s and fwd.train_s < base.train_s
 
 
 # Against the real run: benchmarks/bench_estimate.py prints estimate/measured per task and preset (a ratio, on a

@@ -113,6 +113,7 @@ class HardwareInfo:
     cpu_amx_fp16: bool = False  # AMX-FP16 tiles (Granite Rapids+)
     cpu_bf16_probe: MathProbe | None = None  # measured on this CPU for the run's model (stages.measured); None: not
     cpu_flops_now: float | None = None  # fp32 training FLOP/s (6N) of the model's block, measured as 00 ran
+    cpu_forward_flops_now: float | None = None  # the same block's forward alone (2N): embedding passes, evals
     # the same for one step of the run's own model, where its task builds it (a tiny T5 ran at half its block's rate)
     model_flops_now: float | None = None
 

@@ -1,7 +1,7 @@
 """Rough times for a resolved run: per epoch, and for the whole run the picker shows (01 features on train and test
 rows, 02 training, 03 inference). Planning numbers from kitlib's cost model, not promises: at the speed 00 measured
-on a CPU (``HardwareInfo.cpu_flops_now``: the machine as it is, busy or not; ``model_flops_now``: one step of a model
-its task builds), else an assumed one (expect +-2x).
+on a CPU (``HardwareInfo.cpu_flops_now``: the machine as it is, busy or not; ``cpu_forward_flops_now``: its forward
+passes; ``model_flops_now``: one step of a model its task builds), else an assumed one (expect +-2x).
 
     est = estimate_run(run, n_rows=10227, n_test=2581, hw=hw)
     print(est.text())   # ~3 min for the whole run: 01 features 2 min, 02 training 20 s, 03 predict 1 s, ...
@@ -43,16 +43,21 @@ _STEP_OVERHEAD_S = 0.005
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
-def _device_flops(hw: HardwareInfo, dtype: str) -> tuple[float, str]:
-    """Achieved FLOP/s (6N per trained token) of one process on ``hw`` in ``dtype``, and what that assumes."""
+def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tuple[float, str]:
+    """Achieved FLOP/s (6N per trained token; 2N per token of a ``forward`` pass) of one process on ``hw`` in
+    ``dtype``, and what that assumes."""
     device = hw.primary
     if device is None and hw.cpu_flops_now:  # measured by 00 (stages.measured): this CPU as it is, load included
         probe = hw.cpu_bf16_probe
         speedup = probe.speedup if dtype == "bf16" and probe is not None else 1.0
         bf16 = f" x {speedup:.1f} for bf16 (its probe)" if speedup != 1.0 else ""
+        # a forward pass runs at the block's measured forward/training ratio (1.1-1.2 on one Xeon core)
+        ratio = hw.cpu_forward_flops_now / hw.cpu_flops_now if hw.cpu_forward_flops_now else 1.0
+        speedup *= ratio if forward else 1.0
+        fwd = f", forward passes x {ratio:.1f}" if ratio != 1.0 else ""
         if hw.model_flops_now:  # a step of the model itself: its FLOPs as counted, whatever the count leaves out
-            return hw.model_flops_now * speedup, f"a training step of the model timed now on this CPU{bf16}"
-        return hw.cpu_flops_now * speedup, f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{bf16}"
+            return hw.model_flops_now * speedup, f"a training step of the model timed now on this CPU{bf16}{fwd}"
+        return hw.cpu_flops_now * speedup, f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{bf16}{fwd}"
     if device is None:
         flops = _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count
         return flops, f"{flops / 1e9:.0f} GFLOP/s for {hw.cpu_count} CPU cores (not measured: a quiet machine)"
@@ -72,17 +77,18 @@ def _cpu_slowdown(hw: HardwareInfo) -> float:
     return max(1.0, _QUIET_CPU_FLOPS_PER_CORE * hw.cpu_count / hw.cpu_flops_now)
 
 
-def _throughput(resolved: ResolvedRun, hw: HardwareInfo) -> float:
-    """Achieved FLOP/s of the run's processes together."""
+def _throughput(resolved: ResolvedRun, hw: HardwareInfo, *, forward: bool = False) -> float:
+    """Achieved FLOP/s of the run's processes together (of a forward pass alone: ``forward``)."""
     world = resolved.world_size
-    return _device_flops(hw, resolved.config.precision)[0] * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
+    flops = _device_flops(hw, resolved.config.precision, forward=forward)[0]
+    return flops * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
 
 
-def _tokens_per_row(resolved: ResolvedRun) -> float:
-    """Mean tokens per row after truncation (half of max_length when no lengths were given), padding included."""
+def _tokens_per_row(resolved: ResolvedRun, padding: float = _PADDING_OVERHEAD) -> float:
+    """Mean tokens per row after truncation (half of max_length when no lengths were given), ``padding`` included."""
     max_length = resolved.config.max_length or resolved.preset.max_length_cap
     mean = resolved.mean_tokens if resolved.mean_tokens is not None else max_length / 2
-    return mean * _PADDING_OVERHEAD
+    return mean * padding
 
 
 def estimate_epoch_seconds(
@@ -160,7 +166,8 @@ def estimate_run(
     and ``n_test`` test rows, on ``hw`` (expect +-2x).
 
     Encoder FLOPs per token are 2N forward and 6N to train (N = matmul weights), over rows x mean tokens x 1.1
-    padding, at ``estimate_epoch_seconds``'s achieved FLOP/s for the device. Where the encoder runs is the
+    padding (none for 01's longest-first pass), at ``estimate_epoch_seconds``'s achieved FLOP/s for the device (a
+    CPU's forward passes at the rate 00 measured for them). Where the encoder runs is the
     regime's (``Regime.features_need_accelerator``): the head regime embeds train and test once in 01, then trains
     and predicts with a head that costs only its steps; fine-tuning trains it in 02 (with evals on the held-out rows)
     and runs it forward over the test rows in 03. Each stage adds its start (files, model), each optimizer step its
@@ -172,7 +179,8 @@ def estimate_run(
     rows = resolved.preset.rows_used(n_rows)
     n_valid = max(1, round(VALID_FRACTION * rows)) if rows else 0
     n_train = rows - n_valid
-    forward = 2 * model_params * _tokens_per_row(resolved) / _throughput(resolved, hw)  # seconds per row
+    flops_per_row = 2 * model_params * _tokens_per_row(resolved)  # a forward pass; training costs 3x
+    forward = flops_per_row / _throughput(resolved, hw, forward=True)  # seconds per row
     steps = math.ceil(n_train / (cfg.micro_batch_size * resolved.world_size)) if n_train else 0
     slow = _cpu_slowdown(hw)  # tokenising, starts and per-step Python run on the CPU, however busy it is
     tokenize, step_overhead, start = (
@@ -180,12 +188,13 @@ def estimate_run(
         _STEP_OVERHEAD_S * slow,
         _STAGE_START_S * slow,
     )
-    if regime.features_need_accelerator:  # 01 runs the encoder over every row
-        features = tokenize + (rows + n_test) * forward
+    if regime.features_need_accelerator:  # 01 runs the encoder over every row, longest first: batches barely pad
+        features = tokenize + (rows + n_test) * forward / _PADDING_OVERHEAD
         epoch, evals, infer = steps * step_overhead, 0.0, 0.0
     else:
         features = tokenize
-        epoch = n_train * forward * regime.matmuls_per_param / 2 + steps * step_overhead
+        train_row = flops_per_row * regime.matmuls_per_param / 2 / _throughput(resolved, hw)
+        epoch = n_train * train_row + steps * step_overhead
         batch = cfg.micro_batch_size * cfg.eval_batch_factor
         cheap = n_valid if cfg.eval_max_batches is None else min(n_valid, cfg.eval_max_batches * batch)
         evals = sum(
