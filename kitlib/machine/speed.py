@@ -94,36 +94,37 @@ def probe_cpu_bf16(
 
 
 def measure_cpu_step(
-    width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128, *, rows: int = 4, repeats: int = 2
+    width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128, *, rows: int = 4, budget_s: float = 1.0
 ) -> float:
     """Achieved FLOP/s of an fp32 training step of this block on this CPU now, counted as the estimate counts a
-    model (6 x matmul weights per token; attention, norms and softmax are the overhead it runs at): the mean of
-    ``repeats`` steps after one warm-up. A mean, not a best: a busy machine's speed is what the run will get.
-    Never cached (the load changes). Cost: ~0.5 s on an idle 2-core Xeon, longer on a busy one."""
+    model (6 x matmul weights per token; attention, norms and softmax are the overhead it runs at), timed as
+    ``_mean_step_s`` times a step. A mean, not a best: a busy machine's speed is what the run will get. Never cached
+    (the load changes). Two steps after one warm-up read 59 to 78 GFLOP/s on one Xeon core across 00 runs whose
+    training ran alike."""
     step = _block(width, ffn, heads, seq_len)
-    step(torch.float32, rows)  # warm-up: kernels, page faults
-    seconds = sum(step(torch.float32, rows)[0] for _ in range(repeats)) / repeats
+    seconds = _mean_step_s(lambda: step(torch.float32, rows)[0], budget_s)
     return 6.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / seconds
 
 
 def measure_cpu_forward(
-    width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128, *, rows: int = 8, repeats: int = 3
+    width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128, *, rows: int = 8, budget_s: float = 0.5
 ) -> float:
     """Achieved FLOP/s of this block's forward pass alone (2 x matmul weights per token, no autograd) on this CPU
-    now, the mean of ``repeats`` after one warm-up: the rate of 01's embedding pass, evals and predictions. On one
-    core of a Xeon it read 1.1-1.2x the training step's (a backward adds weight gradients and transposed matmuls),
-    and matched MiniLM's own forward at 64 rows of 28 tokens. Never cached. Cost: ~0.3 s on one idle core."""
+    now, timed as ``_mean_step_s`` times a step: the rate of 01's embedding pass, evals and predictions. On one core
+    of a Xeon it read 1.1-1.2x the training step's (a backward adds weight gradients and transposed matmuls), and
+    matched MiniLM's own forward at 64 rows of 28 tokens. Never cached."""
     with torch.random.fork_rng(devices=[]):  # the user's random stream is not advanced by a probe
         torch.manual_seed(0)
         block = nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, batch_first=True).eval()
         x = torch.randn(rows, seq_len, width)
-    with torch.inference_mode():
-        block(x)  # warm-up: kernels, page faults
+
+    def forward() -> float:
         start = time.perf_counter()
-        for _ in range(repeats):
+        with torch.inference_mode():
             block(x)
-        seconds = (time.perf_counter() - start) / repeats
-    return 2.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / seconds
+        return time.perf_counter() - start
+
+    return 2.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / _mean_step_s(forward, budget_s)
 
 
 def measure_model_step(
@@ -132,8 +133,8 @@ def measure_model_step(
     """Achieved FLOP/s of fp32 training steps of ``model`` itself on ``batch`` on this CPU now (forward, ``loss``
     as fit computes it (default: the model's own ``.loss``), backward and an AdamW update), where one step counts
     ``flops`` as the estimate counts it: what the count leaves out (a tiny model's output layer, an LSTM's time
-    steps) is timed in. The mean of the steps that fit in ``budget_s`` (2 to 20) after half as long warming up: two
-    steps of a tiny T5 after one read 20 to 32 GFLOP/s on one core. The model's weights change: build one for it."""
+    steps) is timed in. Timed as ``_mean_step_s`` times a step: two steps of a tiny T5 after one read 20 to 32
+    GFLOP/s on one core. The model's weights change: build one for it."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # fused, as fit's (kitlib.engine.optim)
     model.train()
 
@@ -144,11 +145,18 @@ def measure_model_step(
         optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
-    first = step()  # kernels, the allocator's first blocks
-    for _ in range(max(1, min(10, int(budget_s / 2 / first)))):  # a fresh process runs ~20% slow for a few steps
+    return flops / _mean_step_s(step, budget_s)
+
+
+def _mean_step_s(step: Callable[[], float], budget_s: float) -> float:
+    """Seconds of one ``step`` (it returns its own time): the mean of the steps that fit in ``budget_s`` (2 to 20)
+    after half as long warming up (at least two steps: kernels, the allocator's first blocks, and a fresh process's
+    first steps, which run ~20% slow)."""
+    first = step()
+    for _ in range(max(1, min(10, int(budget_s / 2 / first)))):
         step()
     repeats = max(2, min(20, int(budget_s / first)))
-    return flops / (sum(step() for _ in range(repeats)) / repeats)
+    return sum(step() for _ in range(repeats)) / repeats
 
 
 def _cpu_model() -> str:
