@@ -3,8 +3,7 @@ CPU's precision; kept per machine) and the fp32 training and forward throughput 
 plans by).
 
     probe = probe_cpu_bf16(384, 1536, 12, cache_dir=p.cache_dir)   # MathProbe: which won, by how much
-    flops = measure_cpu_step(384, 1536, 12)                          # achieved FLOP/s (6N per token), this moment
-    forward = measure_cpu_forward(384, 1536, 12)                     # the same for a forward pass alone (2N)
+    train, forward = measure_cpu_step(384, 1536, 12)                 # achieved FLOP/s (6N, 2N per token), this moment
 """
 
 from __future__ import annotations
@@ -23,15 +22,16 @@ from torch import nn
 from kitlib._files import read_json_object, write_atomic
 from kitlib.machine.hardware import MathProbe
 
-__all__ = ["MathProbe", "measure_cpu_forward", "measure_cpu_step", "measure_model_step", "probe_cpu_bf16"]
+__all__ = ["MathProbe", "measure_cpu_step", "measure_model_step", "probe_cpu_bf16"]
 
-Step = Callable[[torch.dtype, int], tuple[float, float]]  # (dtype, rows) -> (seconds, loss)
+Step = Callable[..., tuple[float, float]]  # (dtype, rows, train=True) -> (seconds, loss)
 Loss = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]  # fit's loss_fn: (model, batch) -> loss
 
 
 def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
-    """One training step (forward, loss, backward) of a transformer encoder block of this shape on up to 8 rows of
-    ``seq_len`` tokens, in fp32 or under bf16 autocast; the same weights and inputs every call."""
+    """One training step (forward, loss, backward; ``train=False``: the forward and loss alone, no autograd) of a
+    transformer encoder block of this shape on up to 8 rows of ``seq_len`` tokens, in fp32 or under bf16 autocast;
+    the same weights and inputs every call."""
 
     with torch.random.fork_rng(devices=[]):  # the user's random stream is not advanced by a probe
         torch.manual_seed(0)
@@ -39,12 +39,16 @@ def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
         head = nn.Linear(width, 8)
         x, y = torch.randn(8, seq_len, width), torch.randint(0, 8, (8, seq_len))
 
-    def step(dtype: torch.dtype, rows: int) -> tuple[float, float]:
+    def step(dtype: torch.dtype, rows: int, train: bool = True) -> tuple[float, float]:
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        with (
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16),
+            torch.inference_mode(not train),
+        ):
             logits = head(block(x[:rows]))
             loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), y[:rows].flatten())
-        loss.backward()
+        if train:
+            loss.backward()
         return time.perf_counter() - start, float(loss.detach())
 
     return step
@@ -95,36 +99,17 @@ def probe_cpu_bf16(
 
 def measure_cpu_step(
     width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128, *, rows: int = 4, budget_s: float = 1.0
-) -> float:
-    """Achieved FLOP/s of an fp32 training step of this block on this CPU now, counted as the estimate counts a
-    model (6 x matmul weights per token; attention, norms and softmax are the overhead it runs at), timed as
-    ``_mean_step_s`` times a step. A mean, not a best: a busy machine's speed is what the run will get. Never cached
-    (the load changes). Two steps after one warm-up read 59 to 78 GFLOP/s on one Xeon core across 00 runs whose
-    training ran alike."""
+) -> tuple[float, float]:
+    """Achieved FLOP/s of an fp32 training step of this block on this CPU now, and of its forward pass alone (the
+    rate of 01's embedding pass, evals and predictions), counted as the estimate counts a model (6 and 2 x matmul
+    weights per token; attention, norms and softmax are the overhead they run at). The two alternate, so a machine
+    whose speed drifts moves both alike; each is the mean of ``_mean_s``'s repeats. A mean, not a best: a busy
+    machine's speed is what the run will get. Never cached (the load changes). On one Xeon core the forward read
+    1.1-1.2x the training step's rate and matched MiniLM's own forward at 64 rows of 28 tokens."""
     step = _block(width, ffn, heads, seq_len)
-    seconds = _mean_step_s(lambda: step(torch.float32, rows)[0], budget_s)
-    return 6.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / seconds
-
-
-def measure_cpu_forward(
-    width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128, *, rows: int = 8, budget_s: float = 0.5
-) -> float:
-    """Achieved FLOP/s of this block's forward pass alone (2 x matmul weights per token, no autograd) on this CPU
-    now, timed as ``_mean_step_s`` times a step: the rate of 01's embedding pass, evals and predictions. On one core
-    of a Xeon it read 1.1-1.2x the training step's (a backward adds weight gradients and transposed matmuls), and
-    matched MiniLM's own forward at 64 rows of 28 tokens. Never cached."""
-    with torch.random.fork_rng(devices=[]):  # the user's random stream is not advanced by a probe
-        torch.manual_seed(0)
-        block = nn.TransformerEncoderLayer(width, heads, ffn, dropout=0.0, batch_first=True).eval()
-        x = torch.randn(rows, seq_len, width)
-
-    def forward() -> float:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            block(x)
-        return time.perf_counter() - start
-
-    return 2.0 * (4 * width * width + 2 * width * ffn) * rows * seq_len / _mean_step_s(forward, budget_s)
+    train_s, forward_s = _mean_s(lambda: (step(torch.float32, rows)[0], step(torch.float32, rows, False)[0]), budget_s)
+    flops = (4 * width * width + 2 * width * ffn) * rows * seq_len
+    return 6.0 * flops / train_s, 2.0 * flops / forward_s
 
 
 def measure_model_step(
@@ -133,30 +118,30 @@ def measure_model_step(
     """Achieved FLOP/s of fp32 training steps of ``model`` itself on ``batch`` on this CPU now (forward, ``loss``
     as fit computes it (default: the model's own ``.loss``), backward and an AdamW update), where one step counts
     ``flops`` as the estimate counts it: what the count leaves out (a tiny model's output layer, an LSTM's time
-    steps) is timed in. Timed as ``_mean_step_s`` times a step: two steps of a tiny T5 after one read 20 to 32
-    GFLOP/s on one core. The model's weights change: build one for it."""
+    steps) is timed in: the mean of ``_mean_s``'s repeats (two steps of a tiny T5 after one read 20 to 32 GFLOP/s
+    on one core). The model's weights change: build one for it."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # fused, as fit's (kitlib.engine.optim)
     model.train()
 
-    def step() -> float:
+    def step() -> tuple[float]:
         start = time.perf_counter()
         (model(**batch).loss if loss is None else loss(model, batch)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
+        return (time.perf_counter() - start,)
 
-    return flops / _mean_step_s(step, budget_s)
+    return flops / _mean_s(step, budget_s)[0]
 
 
-def _mean_step_s(step: Callable[[], float], budget_s: float) -> float:
-    """Seconds of one ``step`` (it returns its own time): the mean of the steps that fit in ``budget_s`` (2 to 20)
-    after half as long warming up (at least two steps: kernels, the allocator's first blocks, and a fresh process's
-    first steps, which run ~20% slow)."""
-    first = step()
+def _mean_s(step: Callable[[], tuple[float, ...]], budget_s: float) -> tuple[float, ...]:
+    """The mean of each of the seconds ``step`` returns over the repeats that fit in ``budget_s`` (2 to 20), after
+    half as long warming up, at least two steps: kernels, the allocator's first blocks, and a fresh process's first
+    steps, which run ~20% slow."""
+    first = sum(step())
     for _ in range(max(1, min(10, int(budget_s / 2 / first)))):
         step()
     repeats = max(2, min(20, int(budget_s / first)))
-    return sum(step() for _ in range(repeats)) / repeats
+    return tuple(sum(column) / repeats for column in zip(*(step() for _ in range(repeats)), strict=True))
 
 
 def _cpu_model() -> str:

@@ -131,20 +131,17 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) ->
     model (kitlib.machine.speed.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and torch
     version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
     probed: a GPU's rules are known, and without them bf16 is emulated. ``now`` (00): also the CPU's fp32 training
-    and forward speed at this moment (``measure_cpu_step``, ``measure_cpu_forward``, never cached: a busy machine is
-    priced into the run's estimate), and a model its task builds timed itself (``_model_step``)."""
+    and forward speed at this moment (``measure_cpu_step``, never cached: a busy machine is priced into the run's
+    estimate), and a model its task builds timed itself (``_model_step``)."""
     from kitlib.machine import speed
 
     hw = hw or detect()
     if hw.device_type != "cpu":
         return hw
     if now and hw.cpu_flops_now is None:
-        block = _block(p)
+        train, forward = speed.measure_cpu_step(*_block(p))
         hw = dataclasses.replace(
-            hw,
-            cpu_flops_now=speed.measure_cpu_step(*block),
-            cpu_forward_flops_now=speed.measure_cpu_forward(*block),
-            model_flops_now=_model_step(p, hw),
+            hw, cpu_flops_now=train, cpu_forward_flops_now=forward, model_flops_now=_model_step(p, hw)
         )
     if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
         return hw
@@ -251,7 +248,14 @@ def task_preset(p: Params) -> Callable[[Preset], Preset]:
 
     def adjust(preset: Preset) -> Preset:
         adjusted = preset if preset.adjusted_for == p.task else task.preset(preset, p)
-        return preset if adjusted == preset else dataclasses.replace(adjusted, adjusted_for=p.task)
+        if adjusted == preset:
+            return preset
+        # the description says what the task changed: "balanced: ... frozen input embeddings" read as a lie when
+        # causal-lm trains every weight
+        changed = [f"{f.name} {getattr(adjusted, f.name)}" for f in dataclasses.fields(preset)
+                   if getattr(adjusted, f.name) != getattr(preset, f.name)]  # fmt: skip
+        description = f"{preset.description}; as task {p.task!r} trains it: {', '.join(changed)}"
+        return dataclasses.replace(adjusted, adjusted_for=p.task, description=description)
 
     return adjust
 
