@@ -84,11 +84,11 @@ def _throughput(resolved: ResolvedRun, hw: HardwareInfo, *, forward: bool = Fals
     return flops * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
 
 
-def _tokens_per_row(resolved: ResolvedRun, padding: float = _PADDING_OVERHEAD) -> float:
-    """Mean tokens per row after truncation (half of max_length when no lengths were given), ``padding`` included."""
+def _tokens_per_row(resolved: ResolvedRun) -> float:
+    """Mean tokens per row after truncation (half of max_length when no lengths were given), padding included."""
     max_length = resolved.config.max_length or resolved.preset.max_length_cap
     mean = resolved.mean_tokens if resolved.mean_tokens is not None else max_length / 2
-    return mean * padding
+    return mean * _PADDING_OVERHEAD
 
 
 def estimate_epoch_seconds(

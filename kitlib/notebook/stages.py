@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from kitlib.data.cache import Cache
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
-from kitlib.doctor.memory_plan import GENERATING, checkpointing_needed, model_config, run_line
+from kitlib.doctor.memory_plan import GENERATING, KNOWN_MODELS, checkpointing_needed, model_config, run_line
 from kitlib.errors import KitError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
 from kitlib.machine.precision import PrecisionPlan, decide_stage_precision
@@ -169,15 +170,16 @@ def _block(p: Params) -> tuple[int, int, int]:
     """(width, FFN width, heads) of ``p``'s model from its config.json (no weights); for a model the task builds
     from scratch, the task's (``Task.block``), else MiniLM's (a model_factory's, "tiny")."""
 
-    minilm = (384, 1536, 12)
+    config: Any = SimpleNamespace(**KNOWN_MODELS["minilm"][1])  # MiniLM's shape, where nothing names another
     try:
         folder = _model_dir(p)
-        if folder is None:
-            return get_task(p.task).block(p) or minilm
-        _, config = model_config(folder)
+        if folder is None and (block := get_task(p.task).block(p)):
+            return block
+        if folder is not None:
+            _, config = model_config(folder)
     except KitError:
-        return minilm  # _check_model says what is wrong with the model
-    width = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or minilm[0])
+        pass  # _check_model says what is wrong with the model; the estimate plans by MiniLM's shape
+    width = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or 384)
     ffn = getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or 4 * width
     heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads", 0) or width // 64)
     return width, int(ffn), heads
