@@ -67,7 +67,14 @@ import numpy as np
 import pandas as pd
 
 CONTENDERS = ("before", "after", "kitlib")
-SEED = 0
+SEED = 0  # the demos' data; a contender trains (and splits off its validation rows) with train_seed()
+
+
+def train_seed() -> int:
+    """The seed a contender trains with: SEED, or its repeat's with --seeds (the parent sets it per child)."""
+    return int(os.environ.get("SEED_REPLAYS_SEED") or SEED)
+
+
 VAL_SHARE = 0.15  # of train.csv, held out by the plain loops for their eval loss and full eval
 PHASE_COLUMNS = ("featurise", "train", "eval_gaps", "saves", "infer")
 
@@ -320,7 +327,7 @@ class Sql(Adapter):
     def build(self, tok: Any, train: pd.DataFrame) -> Any:
         from kitlib.models.seq2seq import tiny_seq2seq
 
-        return tiny_seq2seq(tok, seed=SEED)
+        return tiny_seq2seq(tok, seed=train_seed())
 
 
 class Summary(Adapter):
@@ -343,7 +350,7 @@ class Sft(Adapter):
     def build(self, tok: Any, train: pd.DataFrame) -> Any:
         from kitlib.models.causal_lm import tiny_causal_lm
 
-        return tiny_causal_lm(tok, seed=SEED, n_positions=512)
+        return tiny_causal_lm(tok, seed=train_seed(), n_positions=512)
 
     def encode(self, tok: Any, df: pd.DataFrame, k: Knobs) -> list[dict[str, Any]]:
         prompts = tok(df[self.p["text"]].astype(str).tolist())["input_ids"]
@@ -396,7 +403,7 @@ class Price(Adapter):
         from kitlib.models.loading import load_text_classifier
         from kitlib.models.tabular import TabularNet, WithTabular
 
-        _, text_model, _ = load_text_classifier(1, train_texts=train["text"].astype(str), tiny=True, seed=SEED)
+        _, text_model, _ = load_text_classifier(1, train_texts=train["text"].astype(str), tiny=True, seed=train_seed())
         cards = [len(self.stats["cats"][c]) for c in self.p["categorical"]]
         return WithTabular(text_model, TabularNet(2 * len(self.p["numeric"]), cards, 1), regression=True)
 
@@ -478,11 +485,11 @@ def plain_run(w: Workload, k: Knobs, data: Path, out: Path, dev: Any, *, tf32: b
     # Kernels run asynchronously on a GPU: the epoch's clock waits for them (once an epoch, as a loss print would).
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     start = time.perf_counter()
-    torch.manual_seed(SEED)
+    torch.manual_seed(train_seed())
     adapter, ph = ADAPTERS[w.name](data), Phases()
     train_df = pd.read_csv(data / "train.csv")
     test_df = pd.read_csv(data / "test.csv")
-    order = np.random.default_rng(SEED).permutation(len(train_df))
+    order = np.random.default_rng(train_seed()).permutation(len(train_df))
     n_val = max(4, int(VAL_SHARE * len(train_df)))
     val_df, fit_df = train_df.iloc[order[:n_val]], train_df.iloc[order[n_val:]]
     cache = data / f"features-{w.name}-{k.src_len}-{k.tgt_len}.pkl"  # an earlier session's, for cached_features
@@ -508,7 +515,7 @@ def plain_run(w: Workload, k: Knobs, data: Path, out: Path, dev: Any, *, tf32: b
         return adapter.collate(b, k, pad)
 
     loader = DataLoader(rows, batch_size=k.micro, shuffle=True, collate_fn=collate, num_workers=k.workers,
-                        pin_memory=k.pin, generator=torch.Generator().manual_seed(SEED))  # fmt: skip
+                        pin_memory=k.pin, generator=torch.Generator().manual_seed(train_seed()))  # fmt: skip
     val_loader = DataLoader(val_rows, batch_size=k.micro * 4, collate_fn=collate)
     step, best, real, computed, samples, train_s, gaps = 0, math.inf, 0, 0, 0, [], []
     scores: list[float] = []
@@ -634,7 +641,7 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
 
         params = parameters(data)
     epochs = int(os.environ.get("SEED_REPLAYS_KITLIB_EPOCHS") or w.after.epochs)  # --kitlib-epochs: a lever
-    p = stages.params(data_dir=data, work_dir=out, preset="balanced", model="tiny", epochs=epochs, seed=SEED,
+    p = stages.params(data_dir=data, work_dir=out, preset="balanced", model="tiny", epochs=epochs, seed=train_seed(),
                       **params)  # fmt: skip
     with contextlib.redirect_stdout(sys.stderr):  # the stages' reports: keep stdout for the result line
         stages.setup(p, hw)
@@ -687,12 +694,19 @@ def contender(name: str, workload: str, data: Path, out: Path, device: str = "cp
 
 
 # ------------------------------------------------------------------------------------------------------ driver
-def run_one(name: str, workload: str, data: Path, out: Path, device: str, *, warm: bool = False) -> dict[str, Any]:
+def run_one(
+    name: str, workload: str, data: Path, out: Path, device: str, *, warm: bool = False, seed: int = SEED
+) -> dict[str, Any]:
     """One contender in a fresh process (its own imports, caches and peak memory): the last stdout line is JSON.
-    ``warm``: only the featurising of an earlier session, which fills the caches of those that keep one."""
+    ``warm``: only the featurising of an earlier session, which fills the caches of those that keep one. ``seed``:
+    the one it trains with."""
     cmd = [sys.executable, __file__, "--contender", name, "--workload", workload, "--data", str(data), "--out",
            str(out), "--device", device]  # fmt: skip
-    env = os.environ | {"KIT_HEADLESS": "1"} | ({"SEED_REPLAYS_WARM": "1"} if warm else {})
+    env = (
+        os.environ
+        | {"KIT_HEADLESS": "1", "SEED_REPLAYS_SEED": str(seed)}
+        | ({"SEED_REPLAYS_WARM": "1"} if warm else {})
+    )
     if device == "cpu":  # kitlib's stages pick the device themselves: a CPU replay hides the GPUs from all three
         env["CUDA_VISIBLE_DEVICES"] = ""
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -748,9 +762,10 @@ def about_metric(w: Workload) -> str:
     return {"sql": "record_f1", "summary": "rouge_l", "sft": "exact_match", "price": "smape"}[w.name]
 
 
-def replay(names: list[str], repeats: int, size: str, root: Path, device: str, made: Path | None = None
-           ) -> list[str]:  # fmt: skip
-    """Each workload's table; also ``root/seed_replays.json``: per workload, every run's result and the ratios."""
+def replay(names: list[str], repeats: int, size: str, root: Path, device: str, made: Path | None = None,
+           seeds: bool = False) -> list[str]:  # fmt: skip
+    """Each workload's table; also ``root/seed_replays.json``: per workload, every run's result and the ratios.
+    ``seeds``: repeat r trains every contender with seed r, and the metric's spread over them is printed."""
     lines: list[str] = []
     summary: dict[str, Any] = {}
     for name in names:
@@ -760,11 +775,15 @@ def replay(names: list[str], repeats: int, size: str, root: Path, device: str, m
         for r in range(repeats):
             for c in ("after", "kitlib"):  # the users' "after" and kitlib keep features from an earlier session
                 if c == "kitlib" or w.after.cached_features:
-                    run_one(c, name, data, root / name / f"{c}-{r}", device, warm=True)
+                    run_one(c, name, data, root / name / f"{c}-{r}", device, warm=True, seed=r if seeds else SEED)
             for c in CONTENDERS:  # interleaved: a machine slowing down hits every contender alike
                 print(f"[{name}] repeat {r + 1}/{repeats}: {c} ...", file=sys.stderr, flush=True)
-                results[c].append(run_one(c, name, data, root / name / f"{c}-{r}", device))
+                results[c].append(run_one(c, name, data, root / name / f"{c}-{r}", device, seed=r if seeds else SEED))
         lines += table(w, results)
+        if seeds:  # a tiny model from scratch: one seed's metric can sit anywhere in a wide spread
+            spread = {c: [r["metric"] for r in results[c]] for c in CONTENDERS}
+            about = [f"{c} mean {np.mean(v):.4f} [{', '.join(f'{x:.4f}' for x in v)}]" for c, v in spread.items()]
+            lines.append(f"  metric by training seed 0..{repeats - 1}: " + "; ".join(about))
         gap = metric_gap(data, root / name / "kitlib-0" / "submission.csv", root / name / "after-0" / "submission.csv")
         word = "better" if gap.low > 0 else "worse" if gap.high < 0 else "equal within the interval"
         lines.append(f"  metric, kitlib - after (> 0: kitlib better): {gap.gain:+.4f} (90% interval {gap.low:+.4f} to "
@@ -806,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="every contender a minute or more on one core")
     ap.add_argument("--kitlib-epochs", type=int, help="kitlib trains this many epochs, not the after's (a lever)")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--seeds", action="store_true", help="repeat r trains with seed r: the metric's spread over seeds")
     ap.add_argument("--root", type=Path, help="where data and runs go (default: a temporary folder)")
     ap.add_argument("--threads", type=int, help="intra-op threads of every contender (default: as torch picks)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="auto: cuda when available")
@@ -843,7 +863,7 @@ def main(argv: list[str] | None = None) -> int:
         root = args.root or Path(tmp)
         print(f"seed replays: {', '.join(names)}; size {size}; device {device}; {os.cpu_count()} CPUs (this process "
               f"may use {len(os.sched_getaffinity(0))}), load average {os.getloadavg()[0]:.1f}; {threads}")  # fmt: skip
-        print("\n".join(replay(names, args.repeats, size, root, device, args.demo_data)))
+        print("\n".join(replay(names, args.repeats, size, root, device, args.demo_data, args.seeds)))
     return 0
 
 
