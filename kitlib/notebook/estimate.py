@@ -33,13 +33,13 @@ _UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
 _MPS_FLOPS = 1.5e12  # Apple M-series GPU, fp32, achieved (assumed)
 _DDP_EFFICIENCY = 0.9  # gradient all-reduce per step over PCIe (Kaggle's 2xT4 have no NVLink)
 _PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths reports the real figure)
-# What FLOPs leave out, measured on the demo (2-core CPU): each stage is a fresh kernel, whose imports (torch 2.1 s,
-# transformers 1.4 s more, kitlib's training 2 s more: 7.1-7.3 s on one quiet Xeon core), the CSVs, the tokenizer
-# and encoder, the hand-off and checkpoints made 02 and 03 of the head demo take 6.5-7.8 s beyond their work; fast
+# What FLOPs leave out, measured on the demos (2-core CPU): each stage is a fresh kernel, whose imports alone (torch
+# 2.1 s, transformers 1.4 s more, kitlib's training 2 s more) take 7.1-7.3 s on one quiet Xeon core; with the CSVs,
+# the model, the hand-off and checkpoints, 02 and 03 of the head and custom demos took 6.5-8.4 s beyond their work; fast
 # tokenizers run ~5k rows/s per pass (01 makes three: full length, then train and test at max_length); each
 # optimizer step adds ~5 ms of Python, optimizer and loader work, which is a head's whole cost (its FLOPs on cached
 # vectors are ~1 MFLOP per row).
-_STAGE_START_S = 6.0
+_STAGE_START_S = 7.0
 _TOKENIZE_ROWS_PER_S = 5_000.0
 _STEP_OVERHEAD_S = 0.005
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
