@@ -98,12 +98,18 @@ def probe_micro_batch(
 
 
 def best_passes(
-    model: nn.Module, groups: Mapping[str, list[Batch]], *, loss_fn: LossFn | None = None, repeats: int = 3
+    model: nn.Module,
+    groups: Mapping[str, list[Batch]],
+    *,
+    loss_fn: LossFn | None = None,
+    repeats: int = 3,
+    budget_s: float = 0.0,
 ) -> dict[str, float]:
     """The best seconds of forward+backward through each group's batches (moved to the model's device): a warm-up
     pass of each first (first-call allocations, kernel selection per shape), then ``repeats`` passes interleaved, so
-    a neighbour's burst or a drifting clock counts against every group alike. Gradients, train/eval mode and the RNG
-    streams are put back; the weights never change."""
+    a neighbour's burst or a drifting clock counts against every group alike, and more (up to 20) while they fit in
+    ``budget_s``: a tiny model's few steps take milliseconds, where one burst decides a best of two. Gradients,
+    train/eval mode and the RNG streams are put back; the weights never change."""
     loss_fn = loss_fn or hf_loss
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
@@ -129,9 +135,11 @@ def best_passes(
             model.train()
             for batches in groups.values():
                 passes(batches[:1])
-            for _ in range(repeats):
+            start, done = time.perf_counter(), 0
+            while done < repeats or (done < 20 and time.perf_counter() - start < budget_s):
                 for name, batches in groups.items():
                     best[name] = min(best[name], passes(batches))
+                done += 1
     finally:
         model.train(was_training)
         for p, g in zip(params, grads, strict=True):
@@ -147,12 +155,14 @@ def probe_batching(
     autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
     batches: int = 2,
     repeats: int = 2,
+    budget_s: float = 1.0,
 ) -> dict[str, float]:
     """Real tokens per second (the examples' own, padding aside) of forward+backward on ``model`` as it trains, for
     each training loader by its batching (kitlib.data.loaders.make_train_loader: "packed", "bucket"): the first
     loader's first ``batches`` batches, and as many of each other's as hold as many example tokens, in epoch 0's
-    order (``best_passes``: warm-up, interleaved repeats). Items are ``(ids, labels)`` as kitlib's sequence datasets
-    yield them. A few training steps' time, once per machine and run (02 keeps it)."""
+    order (``best_passes``: warm-up, interleaved repeats, more while they fit in ``budget_s``). Items are ``(ids,
+    labels)`` as kitlib's sequence datasets yield them. A few training steps' time, or about ``budget_s`` where steps
+    are milliseconds, once per machine and run (02 keeps it)."""
     groups: dict[str, list[Batch]] = {}
     tokens: dict[str, int] = {}
     for name, loader in loaders.items():
@@ -170,7 +180,7 @@ def probe_batching(
         with autocast():
             return loss(m, batch)
 
-    seconds = best_passes(model, groups, loss_fn=under_autocast, repeats=repeats)
+    seconds = best_passes(model, groups, loss_fn=under_autocast, repeats=repeats, budget_s=budget_s)
     return {name: tokens[name] / seconds[name] for name in groups}
 
 
