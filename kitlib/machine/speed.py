@@ -111,8 +111,8 @@ def measure_cpu_step(
     rate of 01's embedding pass, evals and predictions), counted as the estimate counts a model (6 and 2 x matmul
     weights per token; attention, norms and softmax are the overhead they run at). The two alternate, so a machine
     whose speed drifts moves both alike; each is the mean of ``_mean_s``'s repeats. A mean, not a best: a busy
-    machine's speed is what the run will get. Never cached (the load changes). On one Xeon core the forward read
-    1.1-1.2x the training step's rate and matched MiniLM's own forward at 64 rows of 28 tokens."""
+    machine's speed is what the run will get. Never cached (the load changes). On one quiet Xeon core the 16-row
+    forward read 0.9-1.0x the step's rate, and MiniLM's own forward 1.0-1.1x at 64 rows of 28 tokens."""
     step = _block(width, ffn, heads, seq_len)
     train_s, forward_s = _mean_s(
         lambda: (step(torch.float32, rows)[0], step(torch.float32, forward_rows, False)[0]), budget_s

@@ -53,7 +53,7 @@ def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tup
         probe = hw.cpu_bf16_probe
         speedup = probe.speedup if dtype == "bf16" and probe is not None else 1.0
         bf16 = f" x {speedup:.1f} for bf16 (its probe)" if speedup != 1.0 else ""
-        # a forward pass runs at the block's measured forward/training ratio (1.1-1.2 on one Xeon core)
+        # a forward pass runs at the block's measured forward/training ratio (0.9-1.0 on one quiet Xeon core)
         ratio = hw.cpu_forward_flops_now / hw.cpu_flops_now if hw.cpu_forward_flops_now else 1.0
         speedup *= ratio if forward else 1.0
         fwd = f", forward passes x {ratio:.1f}" if ratio != 1.0 else ""
