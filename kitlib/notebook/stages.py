@@ -170,7 +170,8 @@ def _block(p: Params) -> tuple[int, int, int]:
     """(width, FFN width, heads) of ``p``'s model from its config.json (no weights); for a model the task builds
     from scratch, the task's (``Task.block``), else MiniLM's (a model_factory's, "tiny")."""
 
-    config: Any = SimpleNamespace(**KNOWN_MODELS["minilm"][1])  # MiniLM's shape, where nothing names another
+    minilm = SimpleNamespace(**KNOWN_MODELS["minilm"][1])  # MiniLM's shape, where nothing names another
+    config: Any = minilm
     try:
         folder = _model_dir(p)
         if folder is None and (block := get_task(p.task).block(p)):
@@ -179,7 +180,7 @@ def _block(p: Params) -> tuple[int, int, int]:
             _, config = model_config(folder)
     except KitError:
         pass  # _check_model says what is wrong with the model; the estimate plans by MiniLM's shape
-    width = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or 384)
+    width = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or minilm.hidden_size)
     ffn = getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or 4 * width
     heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads", 0) or width // 64)
     return width, int(ffn), heads
