@@ -50,14 +50,21 @@ def test_the_picker_shows_the_whole_run_with_test_rows() -> None:
 
 def test_the_estimate_runs_at_the_speed_00_measured_and_says_so() -> None:
     """On a CPU 00 measures (stages.measured(now=True)): a machine measured 4x slower (other work on it) gets a
-    training estimate 4x longer, its fixed costs priced in too; bf16 planned by its probe runs at the probe's
-    speed-up. The text says what it assumed."""
+    training estimate 4x longer; its fixed costs (starts, tokenising) scale by one thread's plain Python measured
+    now, not by the block's slowdown; bf16 planned by its probe runs at the probe's speed-up. The text says what it
+    assumed."""
+    from kitlib.notebook.estimate import _QUIET_PYTHON_S
+
     balanced = presets.resolve("balanced", CPU, lengths=LENGTHS)
-    quiet = estimate_run(balanced, 4000, 1000, dataclasses.replace(CPU, cpu_flops_now=80e9))
-    busy = estimate_run(balanced, 4000, 1000, dataclasses.replace(CPU, cpu_flops_now=20e9))
-    assert 3.9 < busy.train_s / quiet.train_s <= 4.0 and busy.features_s > quiet.features_s
+    quiet = estimate_run(balanced, 4000, 1000, dataclasses.replace(CPU, cpu_flops_now=80e9, cpu_threads_now=2))
+    busy_cpu = dataclasses.replace(CPU, cpu_flops_now=20e9, cpu_threads_now=1, python_s_now=_QUIET_PYTHON_S)
+    busy = estimate_run(balanced, 4000, 1000, busy_cpu)
+    assert 3.9 < busy.epoch_s / quiet.epoch_s <= 4.0 and busy.features_s == quiet.features_s  # 1 core was free
     assert "assumes this CPU measured now at 80 GFLOP/s)" in quiet.text()
-    assert "assumes this CPU measured now at 20 GFLOP/s, fixed costs x 3.5 (busy))" in busy.text()
+    assert "assumes this CPU measured now at 20 GFLOP/s on 1 of 2 threads)" in busy.text()
+    shared = estimate_run(balanced, 4000, 1000, dataclasses.replace(busy_cpu, python_s_now=2 * _QUIET_PYTHON_S))
+    assert shared.features_s == pytest.approx(2 * busy.features_s) and "fixed costs x 2.0)" in shared.text()
+    assert shared.train_s > busy.train_s + START  # its start, and each step's Python
     assert "not measured" in estimate_run(balanced, 4000, 1000, CPU).text()
     probe = MathProbe("width 384, ffn 1536, 12 heads, 4 x 128 tokens", 1.0, 0.5, 0.001)
     bf16_cpu = dataclasses.replace(CPU, cpu_avx512_bf16=True, cpu_bf16_probe=probe, cpu_flops_now=80e9)
@@ -218,6 +225,7 @@ def test_00_times_one_real_step_of_a_model_its_task_builds_and_the_estimate_runs
 
     hw = stages.measured(p, CPU, now=True)
     assert hw.model_flops_now is not None and hw.model_flops_now > 0 and hw.cpu_flops_now is not None
+    assert hw.cpu_threads_now == 1 and hw.python_s_now is not None and hw.python_s_now > 0  # OMP_NUM_THREADS=1: tests
     minilm = stages.params(data_dir=data, work_dir=tmp_path / "w2", text="prompt", target="response")
     assert stages.measured(minilm, CPU, now=True).model_flops_now is None  # a pretrained model: its block's rate
 

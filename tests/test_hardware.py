@@ -326,3 +326,40 @@ def test_fit_trains_on_this_process_share_of_the_usable_cpus_and_restores_the_th
             assert n == torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("busy", "chosen"), [(True, 1), (False, 2)])
+def test_the_stages_train_on_the_thread_count_that_ran_fastest(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], busy: bool, chosen: int
+) -> None:
+    """Another process holds 1 of 2 cores: a step on 2 threads waits for the one not running, so 1 thread runs
+    faster and the stage takes 1 (and says so); quiet, 2 threads win. The step is faked: no test reads this machine's
+    load. The user's OMP_NUM_THREADS is never second-guessed, and torch's count comes back."""
+    from kitlib.machine import hardware, speed
+
+    def block(*shape: int) -> Callable[..., tuple[float, float]]:
+        def step(dtype: torch.dtype, rows: int, train: bool = True) -> tuple[float, float]:
+            threads = torch.get_num_threads()
+            return (0.004 * (4 if busy and threads == 2 else 2 / threads), 1.0)  # seconds: 1 thread = 2x 2 quiet
+
+        return step
+
+    monkeypatch.setattr(speed, "_block", block)
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert speed.fastest_threads(2, budget_s=0.05) == ((1, 2.0) if busy else (2, 1.0))
+        assert torch.get_num_threads() == 2
+        with hardware.cpu_threads(measure=True) as n:
+            assert n == torch.get_num_threads() == chosen
+        assert torch.get_num_threads() == 2
+        said = capsys.readouterr().out
+        assert ("threads: 1 of 2 CPUs (a step on 1 ran 2.0x faster than on 2 just now" in said) is busy
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user chose: no probe
+        monkeypatch.setattr(speed, "fastest_threads", lambda *a, **k: pytest.fail("probed"))
+        with hardware.cpu_threads(measure=True) as n:
+            assert n == 2
+    finally:
+        torch.set_num_threads(before)

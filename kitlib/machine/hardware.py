@@ -114,6 +114,8 @@ class HardwareInfo:
     cpu_bf16_probe: MathProbe | None = None  # measured on this CPU for the run's model (stages.measured); None: not
     cpu_flops_now: float | None = None  # fp32 training FLOP/s (6N) of the model's block, measured as 00 ran
     cpu_forward_flops_now: float | None = None  # the same block's forward alone (2N): embedding passes, evals
+    cpu_threads_now: int | None = None  # the threads those ran on: the count that ran fastest (speed.fastest_threads)
+    python_s_now: float | None = None  # seconds of speed.measure_python_s's plain Python: the fixed costs' speed
     # the same for one step of the run's own model, where its task builds it (a tiny T5 ran at half its block's rate)
     model_flops_now: float | None = None
 
@@ -490,11 +492,13 @@ def local_processes(environ: Mapping[str, str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def cpu_threads(threads: int | None = None) -> Iterator[int]:
+def cpu_threads(threads: int | None = None, *, measure: bool = False) -> Iterator[int]:
     """Compute threads for the block, restored afterwards (also on error): torch's intra-op pool and the tokenizers'
     (RAYON_NUM_THREADS, read when their pool starts). Default: this process's share of the CPUs it may use (its
     affinity and cgroup quota, split between the training processes on this machine: ``threads_per_worker``), never
-    more than torch already has (a lower count set by the user or OMP_NUM_THREADS stays).
+    more than torch already has (a lower count set by the user or OMP_NUM_THREADS stays). ``measure`` (the notebook
+    stages on a CPU): fewer where fewer ran faster just now (kitlib.machine.speed.fastest_threads, ~0.5 s: other
+    processes hold some cores), said in one line; not when OMP_NUM_THREADS is set (the user chose).
 
     torch sizes its pool once, from the cores it sees when it starts: a container whose CPU quota is below the host's
     cores, or a narrowed affinity, leaves more threads than cores, and each parallel region then waits for a thread
@@ -504,6 +508,13 @@ def cpu_threads(threads: int | None = None) -> Iterator[int]:
 
     before = torch.get_num_threads()
     n = threads if threads is not None else min(before, threads_per_worker(max(1, local_processes())))
+    if measure and threads is None and n > 1 and not os.environ.get("OMP_NUM_THREADS"):
+        from kitlib.machine.speed import fastest_threads  # imports torch: kept out of this light module's import
+
+        share, (n, speedup) = n, fastest_threads(n)
+        if n < share:
+            print(f"threads: {n} of {share} CPUs (a step on {n} ran {speedup:.1f}x faster than on {share} just now: "
+                  "other processes hold the rest)")  # fmt: skip
     saved = os.environ.get("RAYON_NUM_THREADS")
     os.environ["RAYON_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)

@@ -22,7 +22,19 @@ from torch import nn
 from kitlib._files import read_json_object, write_atomic
 from kitlib.machine.hardware import MathProbe
 
-__all__ = ["MathProbe", "measure_cpu_step", "measure_model_step", "probe_cpu_bf16"]
+__all__ = [
+    "MathProbe",
+    "fastest_threads",
+    "measure_cpu_step",
+    "measure_model_step",
+    "measure_python_s",
+    "probe_cpu_bf16",
+]
+
+# Fewer threads must beat all of the process's share by this much: on a quiet machine more threads never lose, and a
+# tie keeps them. On 2 Xeon cores with one held by another process, MiniLM's block ran 4.3x faster on 1 thread than
+# on 2 (85 against 20 GFLOP/s): each parallel region waits for the thread that is not running (2026-11-27).
+THREADS_MARGIN = 1.2
 
 Step = Callable[..., tuple[float, float]]  # (dtype, rows, train=True) -> (seconds, loss)
 Loss = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]  # fit's loss_fn: (model, batch) -> loss
@@ -140,6 +152,45 @@ def measure_model_step(
         return (time.perf_counter() - start,)
 
     return flops / _mean_s(step, budget_s)[0]
+
+
+def fastest_threads(most: int, *, budget_s: float = 0.5) -> tuple[int, float]:
+    """The intra-op thread count, of ``most`` (this process's share of the CPUs), ``most - 1`` and half of it, whose
+    fp32 training step of MiniLM's block ran fastest on this CPU now, and how many times faster than ``most``
+    threads. The counts alternate step by step (``_mean_s``), so a neighbour's burst counts against all; fewer
+    threads win only by ``THREADS_MARGIN``. Costs about ``budget_s``; torch's count is restored."""
+    candidates = sorted({most, most - 1, (most + 1) // 2} - {0}, reverse=True)
+    if len(candidates) == 1:
+        return most, 1.0
+    step, before = _block(384, 1536, 12, 128), torch.get_num_threads()
+
+    def each() -> tuple[float, ...]:
+        seconds = []
+        for n in candidates:
+            torch.set_num_threads(n)
+            seconds.append(step(torch.float32, 2)[0])
+        return tuple(seconds)
+
+    try:
+        seconds = _mean_s(each, budget_s)
+    finally:
+        torch.set_num_threads(before)
+    best = min(range(len(candidates)), key=seconds.__getitem__)
+    speedup = seconds[0] / seconds[best]
+    return (candidates[best], speedup) if speedup >= THREADS_MARGIN else (most, 1.0)
+
+
+def measure_python_s(budget_s: float = 0.3) -> float:
+    """Seconds of a fixed piece of plain Python (a dict of 5,000 formatted strings, then a sort: the kind of work
+    imports, tokenizer set-up and a step's bookkeeping do) on one thread now: how much of a core one thread gets.
+    Run it before torch's threads have worked in this process: their spinning after a parallel region competes."""
+
+    def work() -> tuple[float]:
+        start = time.perf_counter()
+        sorted({f"k{i}": [str(i)] * 3 for i in range(5000)}, key=len)
+        return (time.perf_counter() - start,)
+
+    return _mean_s(work, budget_s)[0]
 
 
 def _mean_s(step: Callable[[], tuple[float, ...]], budget_s: float) -> tuple[float, ...]:

@@ -27,7 +27,6 @@ MINILM_MATMUL_PARAMS = 10.6e6
 # Measured on this project's 2-core AVX2 CI box: MiniLM-L6 fp32 fwd+bwd ~1,000-1,300 tokens/s and forward ~3,300
 # tokens/s on 2 threads, i.e. ~35 GFLOP/s per core by the 6N/2N rule; 30 leaves room for a busy machine.
 _CPU_FLOPS_PER_CORE = {"fp32": 30e9, "bf16": 120e9, "fp16": 60e9}  # bf16/fp16 only on AMX/AVX512 CPUs (assumed 4x/2x)
-_QUIET_CPU_FLOPS_PER_CORE = 35e9  # that box quiet: the fixed costs below were measured there
 _GPU_UTILISATION = 0.3  # small encoders at 64-256 tokens are launch/memory-bound: ~20-40% of tensor peak (assumed)
 _UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
 _MPS_FLOPS = 1.5e12  # Apple M-series GPU, fp32, achieved (assumed)
@@ -40,6 +39,9 @@ _PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths 
 # optimizer step adds ~5 ms of Python, optimizer and loader work, which is a head's whole cost (its FLOPs on cached
 # vectors are ~1 MFLOP per row).
 _STAGE_START_S = 7.0
+# That Xeon core ran kitlib.machine.speed.measure_python_s's plain Python in 6.7-6.8 ms, quiet or beside a process
+# holding the other core: the fixed costs scale by one thread's Python now against this (2026-11-27).
+_QUIET_PYTHON_S = 6.8e-3
 _TOKENIZE_ROWS_PER_S = 5_000.0
 _STEP_OVERHEAD_S = 0.005
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
@@ -59,7 +61,9 @@ def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tup
         fwd = f", forward passes x {ratio:.1f}" if ratio != 1.0 else ""
         if hw.model_flops_now:  # a step of the model itself: its FLOPs as counted, whatever the count leaves out
             return hw.model_flops_now * speedup, f"a training step of the model timed now on this CPU{bf16}{fwd}"
-        return hw.cpu_flops_now * speedup, f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{bf16}{fwd}"
+        threads = f" on {hw.cpu_threads_now} of {hw.cpu_count} threads" if hw.cpu_threads_now != hw.cpu_count else ""
+        measured = f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{threads}"
+        return hw.cpu_flops_now * speedup, f"{measured}{bf16}{fwd}"
     if device is None:
         flops = _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count
         return flops, f"{flops / 1e9:.0f} GFLOP/s for {hw.cpu_count} CPU cores (not measured: a quiet machine)"
@@ -72,11 +76,10 @@ def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tup
 
 
 def _cpu_slowdown(hw: HardwareInfo) -> float:
-    """How much slower this CPU ran when 00 measured it than the quiet 2-core box the fixed costs (tokenising,
-    stage starts, per-step Python) were measured on: they run on the same busy cores. 1 when not measured."""
-    if not hw.cpu_flops_now:
-        return 1.0
-    return max(1.0, _QUIET_CPU_FLOPS_PER_CORE * hw.cpu_count / hw.cpu_flops_now)
+    """How much slower one thread's plain Python ran when 00 measured it than on the quiet core the fixed costs
+    (tokenising, stage starts, per-step Python) were measured on, 1 when not measured. Not the block's slowdown:
+    beside a process holding 1 of 2 cores, the block on 2 threads ran 5x slower and the imports 1.0x (one thread)."""
+    return max(0.5, hw.python_s_now / _QUIET_PYTHON_S) if hw.python_s_now else 1.0
 
 
 def _throughput(resolved: ResolvedRun, hw: HardwareInfo, *, forward: bool = False) -> float:
@@ -214,7 +217,7 @@ def estimate_run(
         features_label=regime.estimate_label if regime.features_need_accelerator else "tokenising",
         epoch_s=epoch,
         folds=folds,
-        assumed=_device_flops(hw, cfg.precision)[1] + (f", fixed costs x {slow:.1f} (busy)" if slow > 1 else ""),
+        assumed=_device_flops(hw, cfg.precision)[1] + (f", fixed costs x {slow:.1f}" if round(slow, 1) != 1 else ""),
     )
 
 

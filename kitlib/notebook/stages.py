@@ -132,18 +132,21 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) ->
     model (kitlib.machine.speed.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and torch
     version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
     probed: a GPU's rules are known, and without them bf16 is emulated. ``now`` (00): also the CPU's fp32 training
-    and forward speed at this moment (``measure_cpu_step``, never cached: a busy machine is priced into the run's
-    estimate), and a model its task builds timed itself (``_model_step``)."""
+    and forward speed at this moment on the threads that ran fastest (``measure_cpu_step``, never cached: a busy
+    machine is priced into the run's estimate), a model its task builds timed itself (``_model_step``), and one
+    thread's plain Python (``measure_python_s``: imports and other fixed costs)."""
     from kitlib.machine import speed
 
     hw = hw or detect()
     if hw.device_type != "cpu":
         return hw
     if now and hw.cpu_flops_now is None:
-        train, forward = speed.measure_cpu_step(*_block(p))
-        hw = dataclasses.replace(
-            hw, cpu_flops_now=train, cpu_forward_flops_now=forward, model_flops_now=_model_step(p, hw)
-        )
+        python_s = speed.measure_python_s()  # first: torch's threads spin a while after they work
+        with cpu_threads(measure=True) as threads:  # the count 01-03 will choose on this machine as it is
+            train, forward = speed.measure_cpu_step(*_block(p))
+            model = _model_step(p, hw)
+        hw = dataclasses.replace(hw, cpu_flops_now=train, cpu_forward_flops_now=forward, model_flops_now=model,
+                                 cpu_threads_now=threads, python_s_now=python_s)  # fmt: skip
     if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
         return hw
     return dataclasses.replace(hw, cpu_bf16_probe=speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir))
@@ -468,7 +471,7 @@ def built_from(p: Params) -> dict[str, Any]:
     return values | {"test_sha256": record_file(test)["sha256"] if test.is_file() else None}
 
 
-@cpu_threads()  # tokenizing, and the head regime's encoder pass: this process's share of the CPUs, restored after
+@cpu_threads(measure=True)  # tokenizing, the head regime's encoder pass: the CPUs that ran fastest, restored after
 def features(
     p: Params,
     run: ResolvedRun | None = None,

@@ -275,29 +275,33 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
     """One fold's training (``p.fold``; the whole run without folds) into its run dir."""
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
-    cfg = _train_config(p, feats, stand_in)
-    prepared = None
-    if feats.run.world_size == 1 or stand_in is not None:  # this process reaches the device that trains
-        prepared = prepare(p, feats, hw or detect())
-        cfg, prepared = measured_batching(p, feats, cfg, prepared, hw or detect())
-    resume = _stage(p, cfg)  # here, once, before any DDP worker exists
-    if feats.run.world_size > 1:
-        cpu = stand_in.hw if stand_in is not None else None
-        try:
-            result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
-        except WorkerDied as err:
-            kept = [str(c) for n in ("last", "best") if (c := checkpoint.latest(_staging(p), n)) is not None]
-            saved = ", ".join(kept) or "no checkpoint of this attempt yet"
-            raise WorkerDied(
-                f"{str(err).partition('. Fix:')[0]}. Saved: {saved}. Fix: run "
-                "notebooks/02_train.ipynb again (headless: the same `python -m kitlib notebooks run` command): it "
-                f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
-            ) from None
-        # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run again
-        model = prepare(p, feats, _cpu(hw)).model
-        checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
-        return dataclasses.replace(result, model=model)
-    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
+    # a CPU that trains here: on the threads that ran fastest just now (other processes may hold some cores)
+    measure = feats.run.world_size == 1 and (hw := hw or detect()).device_type == "cpu"
+    with cpu_threads(measure=measure):
+        cfg = _train_config(p, feats, stand_in)
+        prepared = None
+        if feats.run.world_size == 1 or stand_in is not None:  # this process reaches the device that trains
+            prepared = prepare(p, feats, hw or detect())
+            cfg, prepared = measured_batching(p, feats, cfg, prepared, hw or detect())
+        resume = _stage(p, cfg)  # here, once, before any DDP worker exists
+        if feats.run.world_size > 1:
+            cpu = stand_in.hw if stand_in is not None else None
+            try:
+                result, weights = launch(_train_worker, p, cfg, cpu, callbacks, resume, nprocs=feats.run.world_size)
+            except WorkerDied as err:
+                kept = [str(c) for n in ("last", "best") if (c := checkpoint.latest(_staging(p), n)) is not None]
+                saved = ", ".join(kept) or "no checkpoint of this attempt yet"
+                raise WorkerDied(
+                    f"{str(err).partition('. Fix:')[0]}. Saved: {saved}. Fix: run "
+                    "notebooks/02_train.ipynb again (headless: the same `python -m kitlib notebooks run` command): it "
+                    f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
+                ) from None
+            # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run
+            # again
+            model = prepare(p, feats, _cpu(hw)).model
+            checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
+            return dataclasses.replace(result, model=model)
+        return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
 
 
 # In the cache dir: 02's measured tokens/s per batching, machine and run. v2: packed batches hold a bucketed batch's
@@ -493,7 +497,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
-@cpu_threads()  # predicting on the CPU: this process's share of the CPUs, restored after
+@cpu_threads(measure=True)  # predicting on the CPU: the CPUs that ran fastest just now, restored after
 def infer(
     p: Params,
     feats: Features | None = None,
