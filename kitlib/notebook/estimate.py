@@ -39,9 +39,9 @@ _PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths 
 # optimizer step adds ~5 ms of Python, optimizer and loader work, which is a head's whole cost (its FLOPs on cached
 # vectors are ~1 MFLOP per row).
 _STAGE_START_S = 7.0
-# That Xeon core ran kitlib.machine.speed.measure_python_s's plain Python in 6.7-6.8 ms, quiet or beside a process
+# That Xeon core ran kitlib.machine.speed.measure_python_s's plain Python in 32-39 ms, quiet or beside a process
 # holding the other core: the fixed costs scale by one thread's Python now against this (2026-11-27).
-_QUIET_PYTHON_S = 6.8e-3
+_QUIET_PYTHON_S = 33e-3
 _TOKENIZE_ROWS_PER_S = 5_000.0
 _STEP_OVERHEAD_S = 0.005
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
