@@ -178,14 +178,14 @@ def score(root: Path, submission: Path) -> dict[str, object]:
     the model-minus-baseline gain on test with its 90% bootstrap interval, and 02's verdict from validation."""
     from kitlib.notebook.stages import verdict_of
     from kitlib.tasks.baseline import compare, trivial_baseline
+    from kitlib.tasks.scoring import read_matched
 
     params = json.loads((root / "params.json").read_text())
     target, metric_name = params["target"], params["metric"]
-    train, solution = pd.read_csv(root / "train.csv"), pd.read_csv(root / "solution.csv")
-    predicted = pd.read_csv(submission).set_index("id").loc[solution["id"], target].to_numpy()
     kind = {"smape": "regression", "accuracy": "multiclass", "exact_match": "sequence"}[metric_name]
-    metric = get_metric(metric_name, kind)
-    y_true = solution[target].to_numpy()
+    matched = read_matched(root / "solution.csv", submission, target, text=kind == "sequence")
+    y_true, predicted = matched[f"{target}_true"].to_numpy(), matched[f"{target}_pred"].to_numpy()
+    train, metric = pd.read_csv(root / "train.csv"), get_metric(metric_name, kind)
     base = trivial_baseline(metric, kind=kind, train=train[target].to_numpy(), valid=y_true)
     gap = compare(metric, y_true, predicted, base.constant(len(y_true)))
     out: dict[str, object] = {metric_name: metric(y_true, predicted), "baseline": base.score, "what": base.what}

@@ -213,15 +213,14 @@ def metric_gap(data: Path, kitlib: Path, after: Path) -> Any:
     bootstrap interval over the test rows (kitlib.tasks.baseline.compare): "equal" is an interval that holds 0."""
     from kitlib.tasks.baseline import compare
     from kitlib.tasks.metrics import get_metric
+    from kitlib.tasks.scoring import read_matched
 
     p = about(data)
-    solution = pd.read_csv(data / "solution.csv")
-    metric = get_metric(p["metric"], "regression" if p["metric"] == "smape" else "sequence", data_dir=data)
-
-    def predicted(submission: Path) -> Any:
-        return pd.read_csv(submission).set_index("id").loc[solution["id"], p["target"]].to_numpy()
-
-    return compare(metric, solution[p["target"]].to_numpy(), predicted(kitlib), predicted(after))
+    texts = p["metric"] != "smape"  # smape scores numbers; the others, texts as written
+    metric = get_metric(p["metric"], "sequence" if texts else "regression", data_dir=data)
+    ours, theirs = (read_matched(data / "solution.csv", s, p["target"], text=texts) for s in (kitlib, after))
+    true, pred = f"{p['target']}_true", f"{p['target']}_pred"
+    return compare(metric, ours[true].to_numpy(), ours[pred].to_numpy(), theirs[pred].to_numpy())
 
 
 def score(data: Path, submission: Path) -> float:

@@ -31,7 +31,7 @@ from demos import DemoPaths, write_competition
 from demos.reviews import load_reviews, split_by_movie
 from kitlib.tasks.baseline import most_common
 from kitlib.tasks.metrics import exact_match
-from kitlib.tasks.scoring import check_same_ids, read_scored, score
+from kitlib.tasks.scoring import read_matched, read_scored, score
 
 PARAMETERS = {"task": "causal-lm", "metric": "exact_match", "text": "prompt", "target": "response"}  # 00's
 PLACEHOLDER_RESPONSE = "answer"  # sample_submission.csv: a response no row has
@@ -142,11 +142,8 @@ def score_sft(solution_csv: str | Path, submission_csv: str | Path) -> float:
 
 def score_by_kind(paths: DemoPaths, submission_csv: str | Path) -> dict[str, float]:
     """Exact match per question kind (read back from test.csv's prompts): which skills the model learned."""
-    solution = read_scored(paths.solution, "solution", "response", text=True)
-    submission = read_scored(submission_csv, "submission", "response", text=True)
-    check_same_ids(solution, submission)
     test = pd.read_csv(paths.test, dtype={"id": str}, keep_default_na=False)
-    merged = solution.merge(submission, on="id", suffixes=("_true", "_pred")).merge(test, on="id")
+    merged = read_matched(paths.solution, submission_csv, "response", text=True).merge(test, on="id")
     merged["kind"] = merged["prompt"].map(kind_of)
     return {
         kind: exact_match(rows["response_true"].to_numpy(), rows["response_pred"].to_numpy())

@@ -31,7 +31,7 @@ import pandas as pd
 from demos import DemoPaths, prepare_demo_dir, write_csv
 from kitlib._files import fsync_dir, fsync_file
 from kitlib.tasks.baseline import most_common
-from kitlib.tasks.scoring import check_same_ids, read_scored
+from kitlib.tasks.scoring import read_matched, read_scored
 from kitlib.tasks.sql_metric import mean_record_f1
 
 DB_FILE = "shop.sqlite"
@@ -511,10 +511,7 @@ def make_sql_demo(
 def score_sql(solution_csv: str | Path, submission_csv: str | Path, db: str | Path) -> float:
     """Mean record F1 of a submission (id, query) against the solution, executing both on ``db`` read-only.
     Mismatched ids or row counts raise a DataError; a blank or failing query scores 0 for its row."""
-    solution = read_scored(solution_csv, "solution", "query", text=True)
-    submission = read_scored(submission_csv, "submission", "query", text=True)
-    check_same_ids(solution, submission)
-    merged = solution.merge(submission, on="id", suffixes=("_true", "_pred"))
+    merged = read_matched(solution_csv, submission_csv, "query", text=True)
     return mean_record_f1(merged["query_pred"].tolist(), merged["query_true"].tolist(), db)
 
 

@@ -29,7 +29,7 @@ from demos import DemoPaths, write_competition
 from demos.reviews import corpus_path
 from kitlib._files import write_atomic
 from kitlib.tasks.metrics import rouge_l
-from kitlib.tasks.scoring import ABOUT_FILE, check_same_ids, read_scored
+from kitlib.tasks.scoring import ABOUT_FILE, read_matched, read_scored
 
 FACTORY_FILE = "pointer_generator.py"
 PARAMETERS = {"task": "custom-seq2seq", "metric": "rouge_l", "text": "text", "target": "summary"}  # + model_factory
@@ -241,10 +241,7 @@ def parameters(root: Path) -> dict[str, str]:
 
 def score_summary(solution_csv: str | Path, submission_csv: str | Path) -> float:
     """ROUGE-L F1 of a submission (id, summary) against the solution; mismatched ids or rows raise a DataError."""
-    solution = read_scored(solution_csv, "solution", "summary", text=True)
-    submission = read_scored(submission_csv, "submission", "summary", text=True)
-    check_same_ids(solution, submission)
-    merged = solution.merge(submission, on="id", suffixes=("_true", "_pred"))
+    merged = read_matched(solution_csv, submission_csv, "summary", text=True)
     return rouge_l(merged["summary_true"].to_numpy(), merged["summary_pred"].to_numpy())
 
 

@@ -49,7 +49,7 @@ def test_the_picker_shows_the_whole_run_with_test_rows() -> None:
 
 
 def test_the_estimate_runs_at_the_speed_00_measured_and_says_so() -> None:
-    """On a CPU 00 measures (stages.measured(now=True)): a machine measured 4x slower (other work on it) gets a
+    """On a CPU 00 measures (stages.measured(facts=)): a machine measured 4x slower (other work on it) gets a
     training estimate 4x longer; its fixed costs (starts, tokenising) scale by one thread's plain Python measured
     now, not by the block's slowdown; bf16 planned by its probe runs at the probe's speed-up. The text says what it
     assumed."""
@@ -133,8 +133,9 @@ def test_short_text_seq2seq_is_estimated_in_bytes_through_the_tiny_t5_not_minilm
     mine = stages.params(
         data_dir=data, work_dir=tmp_path / "w3", task="custom-seq2seq", model_factory=f"{data}/net.py:build"
     )
-    assert stages.data_facts(mine).model_params == 8 * 259 + 259  # your model's weights, its lookup table left out
-    assert stages.measured(mine, CPU, now=True).model_flops_now is None  # no loss to time: 02's try on rows says so
+    yours = stages.data_facts(mine)
+    assert yours.model_params == 8 * 259 + 259  # your model's weights, its lookup table left out
+    assert stages.measured(mine, CPU, facts=yours).model_flops_now is None  # no loss to time: 02's try on rows says so
     run = presets.resolve("balanced", CPU, lengths=facts.lengths)
     cheaper = estimate_run(run, 4000, 1000, CPU, model_params=t5)
     assert cheaper.train_s < estimate_run(run, 4000, 1000, CPU).train_s / 3  # 02's FLOPs follow the model's weights
@@ -223,11 +224,12 @@ def test_00_times_one_real_step_of_a_model_its_task_builds_and_the_estimate_runs
     assert batch["input_ids"].shape == (3, 4) and flops == 6 * cost.weights * 3 * 4  # the source is what is counted
     assert batch["labels"].shape[1] == len("Four.") + 1  # the mean target (bytes, </s>): timed, not counted
 
-    hw = stages.measured(p, CPU, now=True)
+    hw = stages.measured(p, CPU, facts=stages.data_facts(p))
     assert hw.model_flops_now is not None and hw.model_flops_now > 0 and hw.cpu_flops_now is not None
     assert hw.cpu_threads_now == 1 and hw.python_s_now is not None and hw.python_s_now > 0  # OMP_NUM_THREADS=1: tests
     minilm = stages.params(data_dir=data, work_dir=tmp_path / "w2", text="prompt", target="response")
-    assert stages.measured(minilm, CPU, now=True).model_flops_now is None  # a pretrained model: its block's rate
+    pretrained = stages.measured(minilm, CPU, facts=stages.data_facts(minilm))
+    assert pretrained.model_flops_now is None  # a pretrained model: its block's rate
 
     run = presets.resolve("balanced", CPU, lengths=LENGTHS)
     block = dataclasses.replace(CPU, cpu_flops_now=80e9)
@@ -235,6 +237,28 @@ def test_00_times_one_real_step_of_a_model_its_task_builds_and_the_estimate_runs
     assert 3.9 < slower.epoch_s / estimate_run(run, 4000, 1000, block).epoch_s <= 4.0
     assert "a training step of the model timed now on this CPU" in slower.text()
     assert "fixed costs" not in slower.text()  # the block, not the model's rate, says whether the CPU is busy
+
+
+def test_a_00_run_builds_its_tasks_rough_cost_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: the task's rough cost (a BPE tokenizer fitted to the sample rows, ~0.5 s, and a model built) ran
+    in data_facts and again in measured's model step. 00's own cells, run top to bottom, build it once and time the
+    step data_facts kept."""
+    import json
+
+    from kitlib.notebook.tasks import get_task
+
+    data, _, p = _chats(tmp_path)
+    task, calls = type(get_task(p.task)), []
+    real = task.rough_cost
+    monkeypatch.setattr(task, "rough_cost", lambda self, *args: calls.append(args) or real(self, *args))
+    cells = json.loads((Path(__file__).parents[1] / "notebooks" / "00_setup.ipynb").read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    ns: dict[str, Any] = {}
+    exec(code[0], ns)  # the parameters cell, then the chat competition's
+    ns.update(data_dir=str(data), work_dir=str(p.work_dir), task=p.task, text=p.text, target=p.target, preset="smoke")
+    for cell in code[1:]:
+        exec(cell, ns)
+    assert len(calls) == 1 and ns["hw"].model_flops_now is not None  # the step it returned was timed
 
 
 def test_rough_tokens_counts_a_sample_and_reads_the_rest_at_its_rate(monkeypatch: pytest.MonkeyPatch) -> None:

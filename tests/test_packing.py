@@ -154,10 +154,10 @@ def test_another_batching_must_beat_01s_by_the_margin_the_probe_cannot_fake() ->
     what a step trains: within the margin 01's batching stays, whichever read faster."""
     from kitlib.notebook.training import BATCHING_MARGIN, choose_batching
 
-    assert choose_batching({"bucket": 2_200.0, "packed": 2_700.0}, "bucket") == "bucket"  # 1.23x: noise
-    assert choose_batching({"bucket": 2_200.0, "packed": 1_600.0}, "bucket") == "bucket"
-    assert choose_batching({"bucket": 1_000.0, "packed": 1_000.0 * BATCHING_MARGIN}, "bucket") == "packed"
-    assert choose_batching({"bucket": 3_000.0, "packed": 1_000.0}, "packed") == "bucket"  # 3x: not noise
+    assert choose_batching({"bucket": 2_200.0, "packed": 2_700.0}, "bucket") == ("bucket", True)  # 1.23x: noise, kept
+    assert choose_batching({"bucket": 2_200.0, "packed": 1_600.0}, "bucket") == ("bucket", False)
+    assert choose_batching({"bucket": 1_000.0, "packed": 1_000.0 * BATCHING_MARGIN}, "bucket") == ("packed", False)
+    assert choose_batching({"bucket": 3_000.0, "packed": 1_000.0}, "packed") == ("bucket", False)  # 3x: not noise
 
 
 @pytest.mark.parametrize(("device", "installed", "chosen"), [("cuda", True, "flash_attention_2"),

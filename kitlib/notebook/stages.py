@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TargetSpec
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.tasks.base import SideInputs
+    from kitlib.notebook.tasks.base import ProbeStep, SideInputs
     from kitlib.tasks.metrics import Metric
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
@@ -127,24 +127,24 @@ def resolve_run(
     )
 
 
-def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) -> HardwareInfo:
+def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | None = None) -> HardwareInfo:
     """This machine (``hw``, else detected) with its CPU's bf16 autocast timed against fp32 on a block of ``p``'s
     model (kitlib.machine.speed.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and torch
     version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
-    probed: a GPU's rules are known, and without them bf16 is emulated. ``now`` (00): also the CPU's fp32 training
-    and forward speed at this moment on the threads that ran fastest (``measure_cpu_step``, never cached: a busy
-    machine is priced into the run's estimate), a model its task builds timed itself (``_model_step``), and one
-    thread's plain Python (``measure_python_s``: imports and other fixed costs)."""
+    probed: a GPU's rules are known, and without them bf16 is emulated. ``facts`` (00's data_facts, a cell later): also
+    the CPU's fp32 training and forward speed at this moment on the threads that ran fastest (``measure_cpu_step``,
+    never cached: a busy machine is priced into the run's estimate), a model its task builds timed itself
+    (``_model_step``), and one thread's plain Python (``measure_python_s``: imports and other fixed costs)."""
     from kitlib.machine import speed
 
     hw = hw or detect()
     if hw.device_type != "cpu":
         return hw
-    if now and hw.cpu_flops_now is None:
+    if facts is not None and hw.cpu_flops_now is None:
         python_s = speed.measure_python_s()  # first: torch's threads spin a while after they work
         with cpu_threads(measure=True) as threads:  # the count 01-03 will choose on this machine as it is
             train, forward = speed.measure_cpu_step(*_block(p))
-            model = _model_step(p, hw)
+            model = _model_step(p, hw, facts)
         hw = dataclasses.replace(hw, cpu_flops_now=train, cpu_forward_flops_now=forward, model_flops_now=model,
                                  cpu_threads_now=threads, python_s_now=python_s)  # fmt: skip
     if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
@@ -152,20 +152,19 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, now: bool = False) ->
     return dataclasses.replace(hw, cpu_bf16_probe=speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir))
 
 
-def _model_step(p: Params, hw: HardwareInfo) -> float | None:
-    """FLOP/s of one real fp32 training step of the model ``p``'s task builds (``Task.rough_cost``'s step: a tiny
-    model from scratch, your seq2seq module) on a micro-batch of ``p``'s preset as long as the rows, counted as the
-    estimate counts them: ~1-3 s on a 2-core CPU, once in 00. None where the task has no step to time (a pretrained
-    model: its block's speed) or the rows do not read (data_facts, a cell later, says why)."""
+def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> float | None:
+    """FLOP/s of one real fp32 training step of the model ``p``'s task builds (``Task.rough_cost``'s step, which
+    data_facts kept: a tiny model from scratch, your seq2seq module) on a micro-batch of ``p``'s preset as long as the
+    rows, counted as the estimate counts them: ~1-3 s on a 2-core CPU, once in 00. None where the task has no step to
+    time (a pretrained model: its block's speed)."""
     from kitlib.machine import speed
 
+    if facts.step is None:
+        return None
     try:
-        cost = get_task(p.task).rough_cost(_read_train(p), p)
-        if cost is None or cost.step is None:
-            return None
-        run = resolve_run(p, hw, cost.lengths)  # as p's preset trains it on this machine
-        return speed.measure_model_step(*cost.step(run.config.micro_batch_size, run.config.max_length))
-    except Exception:  # a KitError, or your module's own: data_facts and 02's try on rows name the fix
+        run = resolve_run(p, hw, facts.lengths)  # as p's preset trains it on this machine
+        return speed.measure_model_step(*facts.step(run.config.micro_batch_size, run.config.max_length))
+    except Exception:  # a KitError, or your module's own: 02's try on rows names the fix
         return None
 
 
@@ -206,6 +205,7 @@ class DataFacts:
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
     n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
     model_params: float | None = None  # matmul weights a token passes (the estimate's FLOPs); None: MiniLM's
+    step: Callable[[int, int | None], ProbeStep] | None = None  # the task's model's (RoughCost.step): measured times it
 
 
 def data_facts(p: Params) -> DataFacts:
@@ -215,12 +215,12 @@ def data_facts(p: Params) -> DataFacts:
     tokenizer reads TOKEN_SAMPLE_ROWS rows, and a task may build a small model of its own (Task.rough_cost)."""
     train = _read_train(p)
     cost = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
-    lengths, weights = (None, None) if cost is None else (cost.lengths, cost.weights)
+    lengths, weights, step = (None, None, None) if cost is None else (cost.lengths, cost.weights, cost.step)
     if lengths is None:
         words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
         lengths = np.ceil(words * _tokens_per_word(p, train[p.text])).astype(np.int64) + SPECIAL_TOKENS
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
-    return DataFacts(len(train), lengths, len(test), weights)
+    return DataFacts(len(train), lengths, len(test), weights, step)
 
 
 def _tokens_per_word(p: Params, texts: Any) -> float:

@@ -315,11 +315,12 @@ BATCHING_PROBE_FILE = "batching_probe_v2.json"
 BATCHING_MARGIN = 1.25
 
 
-def choose_batching(measured: Mapping[str, float], default: str) -> str:
+def choose_batching(measured: Mapping[str, float], default: str) -> tuple[str, bool]:
     """The batching to train: the fastest of ``measured`` (tokens/s by batching) where it beats ``default`` (01's)
-    by BATCHING_MARGIN, else ``default``."""
+    by BATCHING_MARGIN, else ``default``; and whether that kept ``default`` though another measured faster."""
     fastest = max(measured, key=measured.__getitem__)
-    return fastest if measured[fastest] >= BATCHING_MARGIN * measured.get(default, 0.0) else default
+    chosen = fastest if measured[fastest] >= BATCHING_MARGIN * measured.get(default, 0.0) else default
+    return chosen, chosen != fastest
 
 
 def measured_batching(
@@ -355,9 +356,9 @@ def measured_batching(
             print(f"batching {cfg.batching}: not measured (the probe ran out of device memory)")
             return cfg, dataclasses.replace(prepared, choices={})
         write_atomic(file, json.dumps({**known, key: measured}, indent=1) + "\n")
-    chosen = choose_batching(measured, cfg.batching)
+    chosen, slower = choose_batching(measured, cfg.batching)
     said = ", ".join(f"{b} {v:,.0f}" for b, v in sorted(measured.items(), key=lambda kv: -kv[1]))
-    kept = "" if chosen == max(measured, key=measured.__getitem__) else f" (kept: not {BATCHING_MARGIN:g}x faster)"
+    kept = f" (kept: not {BATCHING_MARGIN:g}x faster)" if slower else ""
     print(f"batching {chosen}{kept}: measured real tokens/s on {hw.device_name}: {said}")
     cfg = dataclasses.replace(cfg, batching=chosen, batching_measured=tuple(sorted(measured.items())))  # type: ignore[arg-type]
     return cfg, dataclasses.replace(prepared, train=loaders[chosen], choices={})

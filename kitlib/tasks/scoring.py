@@ -1,11 +1,12 @@
 """Scoring a submission against a competition's held-out answers (``python -m kitlib score``): any competition's
 files, matched by id, by any metric of kitlib.tasks.metrics (or ``module:function``). The demos' own scorers
-(the checkout's demos/) read their files with ``read_scored`` and ``check_same_ids`` too.
+(the checkout's demos/) and the benchmarks read their files with ``read_matched`` and ``read_scored`` too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -17,11 +18,12 @@ ABOUT_FILE = "demo.json"  # the demo's task, metric and the notebooks' parameter
 
 
 def read_scored(
-    path: str | Path, role: str, target: str = "label", *, text: bool = False, id: str = "id"
+    path: str | Path, role: str, target: str = "label", *, text: bool = False, id: str = "id", blank: bool = True
 ) -> pd.DataFrame:
     """A solution or submission file: columns id (as str, named "id" whatever ``id`` is) and ``target``; a missing
     file or column, a repeated id or an empty target raises a DataError naming the fix. A text target (``text=True``,
-    e.g. an SQL query, or labels compared as written) is read verbatim, blanks as ''."""
+    e.g. an SQL query, or labels compared as written) is read verbatim, blanks as '' (``blank=False``: a blank cell
+    is a missing label, not a text)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no {role} file at {path}")
@@ -46,7 +48,7 @@ def read_scored(
     dup = df["id"].duplicated()
     if dup.any():
         raise DataError(f"the {role} file {path} repeats id {df['id'][dup.idxmax()]!r}; each id must appear once")
-    nan = df[target].isna()
+    nan = df[target].isna() | (not blank and df[target].astype(str).str.strip() == "")
     if nan.any():
         first = int(nan.idxmax())
         raise DataError(
@@ -54,6 +56,16 @@ def read_scored(
             f"{int(nan.sum())} missing in all): predict every row"
         )
     return df
+
+
+def read_matched(
+    solution_csv: str | Path, submission_csv: str | Path, target: str = "label", **read: Any
+) -> pd.DataFrame:
+    """The solution's and the submission's ``target`` matched by id (read_scored's checks, ``read`` its text, id and
+    blank; then check_same_ids'): columns id, {target}_true and {target}_pred, in the solution's order."""
+    solution = read_scored(solution_csv, "solution", target, **read)
+    check_same_ids(solution, submission := read_scored(submission_csv, "submission", target, **read))
+    return solution.merge(submission, on="id", suffixes=("_true", "_pred"))
 
 
 def check_same_ids(solution: pd.DataFrame, submission: pd.DataFrame) -> None:
@@ -83,22 +95,10 @@ def score(
     strings; numbers as numbers, so 1 and 1.0 agree); a number metric needs finite numbers. Mismatched ids, row
     counts, missing values or probabilities where classes belong raise a DataError saying what to fix.
     ``data_dir``: where record_f1 finds the database (default: the solution's folder)."""
-    solution = read_scored(solution_csv, "solution", target, text=True, id=id)
-    submission = read_scored(submission_csv, "submission", target, text=True, id=id)
-    check_same_ids(solution, submission)
-    merged = solution.merge(submission, on="id", suffixes=("_true", "_pred"))
-    y_true, y_pred = merged[f"{target}_true"], merged[f"{target}_pred"]
     kinds = METRICS[metric].kinds if metric in METRICS else frozenset({"binary", "regression"})
-    texts = "sequence" in kinds
-    if not texts:  # a blank cell is a missing prediction here, not a label
-        for frame, role, path in ((solution, "solution", solution_csv), (submission, "submission", submission_csv)):
-            blank = frame[target].str.strip() == ""
-            if blank.any():
-                first = int(blank.to_numpy().argmax())
-                raise DataError(
-                    f"the {role} file {path} has no {target} for id {frame['id'].iloc[first]!r} (row {first}, "
-                    f"{int(blank.sum())} blank in all): predict every row"
-                )
+    texts = "sequence" in kinds  # else a blank cell is a missing prediction, not a label
+    merged = read_matched(solution_csv, submission_csv, target, id=id, text=True, blank=texts)
+    y_true, y_pred = merged[f"{target}_true"], merged[f"{target}_pred"]
     true_numbers, pred_numbers = pd.to_numeric(y_true, errors="coerce"), pd.to_numeric(y_pred, errors="coerce")
     numbers = not texts and bool(true_numbers.notna().all())
     if kinds == frozenset({"regression"}) or (numbers and "regression" in kinds and pred_numbers.notna().all()):
