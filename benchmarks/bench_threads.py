@@ -2,6 +2,7 @@
 competing process: torch's own count against kitlib's (``kitlib.machine.hardware.cpu_threads``), side by side.
 
     python benchmarks/bench_threads.py [--rounds 5] [--steps 10] [--width 1024]
+    python benchmarks/bench_threads.py --neighbour      # every CPU usable; a busy round has one neighbour thread
 
 torch sizes its thread pool once, for the cores it sees when it starts. A process that may use fewer (a container
 whose CPU quota is below the host's cores, an affinity narrowed after start, DDP ranks sharing the machine) keeps
@@ -15,6 +16,11 @@ batch 64) under each setting, alternating, so both see the same machine; "busy" 
 (matmuls on every CPU with torch's default threads, as another notebook or job would) started before and stopped
 after them. Reported: the median seconds per step of each setting and the ratio torch's / kitlib's (above 1: kitlib
 is faster), one JSON line at the end.
+
+``--neighbour``: the affinity stays whole, and the busy rounds' competitor is one process on one thread, holding one
+core (another notebook's tokenizer, a job beside the run); kitlib's setting is what the notebook stages run in,
+``cpu_threads(measure=True)``: each round it times torch's count against fewer and takes the fastest
+(``kitlib.machine.speed.fastest_threads``, ~0.5 s, not in the step times).
 """
 
 from __future__ import annotations
@@ -55,13 +61,14 @@ def _step_timer(width: int, steps: int) -> Callable[[], float]:
     return seconds_per_step
 
 
-def _rounds(timer: Callable[[], float], rounds: int) -> dict[str, list[float]]:
-    """Alternating rounds: torch's pool as it is, then inside kitlib's cpu_threads()."""
-    times: dict[str, list[float]] = {"torch": [], "kitlib": []}
+def _rounds(timer: Callable[[], float], rounds: int, measure: bool) -> dict[str, list[float]]:
+    """Alternating rounds: torch's pool as it is, then inside kitlib's cpu_threads(); the counts kitlib took."""
+    times: dict[str, list[float]] = {"torch": [], "kitlib": [], "kitlib_threads": []}
     for _ in range(rounds):
         times["torch"].append(timer())
-        with cpu_threads():
+        with cpu_threads(measure=measure) as n:
             times["kitlib"].append(timer())
+        times["kitlib_threads"].append(n)
     return times
 
 
@@ -70,22 +77,27 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--neighbour", action="store_true", help="one competing thread; kitlib measures its count")
     args = parser.parse_args()
+    if args.neighbour and os.environ.get("OMP_NUM_THREADS"):
+        parser.error("--neighbour: unset OMP_NUM_THREADS (kitlib keeps a count the user set, and measures none)")
 
     torch_threads = torch.get_num_threads()  # sized at start, for every CPU this process could see
     cpus = sorted(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, cpus[: max(1, len(cpus) // 2)])  # now it may use half of them; torch does not notice
+    if not args.neighbour:
+        os.sched_setaffinity(0, cpus[: max(1, len(cpus) // 2)])  # now it may use half of them; torch does not notice
     with cpu_threads() as kitlib_threads:
         pass
     print(f"torch {torch.__version__}: {len(cpus)} CPUs seen at start, {usable_cpus()} usable after narrowing")
     print(f"threads: torch keeps {torch_threads}, kitlib's cpu_threads() takes {kitlib_threads}")
     timer = _step_timer(args.width, args.steps)
-    results = {"idle": _rounds(timer, args.rounds)}
+    results = {"idle": _rounds(timer, args.rounds, args.neighbour)}
     own_threads = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torch's default: every CPU
-    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=own_threads)
+    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR],
+                                  env=own_threads | ({"OMP_NUM_THREADS": "1"} if args.neighbour else {}))  # fmt: skip
     try:
         time.sleep(2.0)  # its torch import and first matmuls: it competes from the first timed round on
-        results["busy"] = _rounds(timer, args.rounds)
+        results["busy"] = _rounds(timer, args.rounds, args.neighbour)
     finally:
         competitor.terminate()
         competitor.wait()
@@ -95,7 +107,7 @@ def main() -> int:
         torch_s, kitlib_s = statistics.median(times["torch"]), statistics.median(times["kitlib"])
         ratio = torch_s / kitlib_s
         print(f"{case:6} {torch_s:13.4f} {kitlib_s:14.4f} {ratio:7.2f}")
-        spread = {k: [round(t, 4) for t in v] for k, v in times.items()}
+        spread = {k: [round(t, 4) for t in v] for k, v in times.items()}  # and the counts kitlib took
         summary[case] = {"torch_s": torch_s, "kitlib_s": kitlib_s, "ratio": ratio, "rounds": spread}
     print(json.dumps(summary))
     return 0
