@@ -1,5 +1,5 @@
 """Intra-op threads when the process may use fewer cores than torch sized its pool for, with and without a
-competing process: torch's own count against kitlib's (``kitlib.machine.hardware.cpu_threads``), side by side.
+competing process: torch's own count against kitlib's (``kitlib.machine.threads.cpu_threads``), side by side.
 
     python benchmarks/bench_threads.py [--rounds 5] [--steps 10] [--width 1024]
     python benchmarks/bench_threads.py --neighbour      # every CPU usable; a busy round has one neighbour thread
@@ -37,7 +37,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from kitlib.machine.hardware import cpu_threads, usable_cpus
+from kitlib.machine.hardware import usable_cpus
+from kitlib.machine.threads import cpu_threads
 
 COMPETITOR = "import torch\na = torch.randn(1024, 1024)\nwhile True:\n    a = (a @ a).tanh()\n"
 

@@ -297,7 +297,7 @@ def test_fit_trains_on_this_process_share_of_the_usable_cpus_and_restores_the_th
 
     from kitlib import TrainConfig, fit
     from kitlib.engine.events import Callback
-    from kitlib.machine import hardware
+    from kitlib.machine import hardware, threads
 
     seen: list[tuple[int, str | None]] = []
 
@@ -318,11 +318,11 @@ def test_fit_trains_on_this_process_share_of_the_usable_cpus_and_restores_the_th
         result = fit(nn.Linear(4, 1), loader, config=cfg, loss_fn=mse, hw=cpu_hw, callbacks=[Threads()])
         assert set(seen) == {(1, "1")} and result.timing["run"]["intra_op_threads"] == 1
         assert torch.get_num_threads() == 2 and "RAYON_NUM_THREADS" not in os.environ
-        with pytest.raises(RuntimeError, match="boom"), hardware.cpu_threads():
+        with pytest.raises(RuntimeError, match="boom"), threads.cpu_threads():
             raise RuntimeError("boom")
         assert torch.get_num_threads() == 2
         torch.set_num_threads(1)  # a lower count set by the user stays
-        with hardware.cpu_threads() as n:
+        with threads.cpu_threads() as n:
             assert n == torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -335,7 +335,7 @@ def test_the_stages_train_on_the_thread_count_that_ran_fastest(
     """Another process holds 1 of 2 cores: a step on 2 threads waits for the one not running, so 1 thread runs
     faster and the stage takes 1 (and says so); quiet, 2 threads win. The step is faked: no test reads this machine's
     load. The user's OMP_NUM_THREADS is never second-guessed, and torch's count comes back."""
-    from kitlib.machine import hardware, speed
+    from kitlib.machine import hardware, speed, threads
 
     def block(*shape: int) -> Callable[..., tuple[float, float]]:
         def step(dtype: torch.dtype, rows: int, train: bool = True) -> tuple[float, float]:
@@ -352,14 +352,14 @@ def test_the_stages_train_on_the_thread_count_that_ran_fastest(
     try:
         assert speed.fastest_threads(2, budget_s=0.05) == ((1, 2.0) if busy else (2, 1.0))
         assert torch.get_num_threads() == 2
-        with hardware.cpu_threads(measure=True) as n:
+        with threads.cpu_threads(measure=True) as n:
             assert n == torch.get_num_threads() == chosen
         assert torch.get_num_threads() == 2
         said = capsys.readouterr().out
         assert ("threads: 1 of 2 CPUs (a step on 1 ran 2.0x faster than on 2 just now" in said) is busy
         monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user chose: no probe
         monkeypatch.setattr(speed, "fastest_threads", lambda *a, **k: pytest.fail("probed"))
-        with hardware.cpu_threads(measure=True) as n:
+        with threads.cpu_threads(measure=True) as n:
             assert n == 2
     finally:
         torch.set_num_threads(before)

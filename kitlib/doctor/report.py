@@ -24,7 +24,8 @@ from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
 from kitlib.machine.amp import TORCH_DTYPES
-from kitlib.machine.hardware import cpu_threads, detect, fake_profile
+from kitlib.machine.hardware import detect, fake_profile
+from kitlib.machine.threads import cpu_threads
 from kitlib.progress import THROUGHPUT, figure, throughput
 
 if TYPE_CHECKING:

@@ -49,8 +49,9 @@ from kitlib.errors import CheckpointError, DistributedError, NonFiniteLossError
 from kitlib.machine import distributed
 from kitlib.machine.amp import Precision, check_master_weights
 from kitlib.machine.backends import flags_for, speed_flags
-from kitlib.machine.hardware import check_compile, cpu_threads, detect
+from kitlib.machine.hardware import check_compile, detect
 from kitlib.machine.precision import decide_precision
+from kitlib.machine.threads import cpu_threads
 from kitlib.progress import figure, throughput
 
 if TYPE_CHECKING:

@@ -25,8 +25,9 @@ from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
 from kitlib.doctor.memory_plan import GENERATING, KNOWN_MODELS, checkpointing_needed, model_config, run_line
 from kitlib.errors import KitError, SetupError
-from kitlib.machine.hardware import check_torch_supports, cpu_threads, cuda_devices, detect, fake_profile
+from kitlib.machine.hardware import check_torch_supports, cuda_devices, detect, fake_profile
 from kitlib.machine.precision import PrecisionPlan, decide_stage_precision
+from kitlib.machine.threads import cpu_threads
 from kitlib.models.folders import check_model_dir, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
 from kitlib.notebook.handoff import BUILT_FROM, Features

@@ -29,8 +29,9 @@ from kitlib.engine.step import enable_activation_checkpointing
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import WorkerDied, dist_env, launch
-from kitlib.machine.hardware import cpu_threads, detect
+from kitlib.machine.hardware import detect
 from kitlib.machine.precision import PrecisionPlan, decide_precision
+from kitlib.machine.threads import cpu_threads
 from kitlib.models.loading import frozen_dtype
 from kitlib.models.lora import add_adapter, describe_size, merge_adapter
 from kitlib.notebook import handoff, trees

@@ -1,0 +1,53 @@
+"""The compute threads a block of work runs on: torch's intra-op pool and the tokenizers', set and restored.
+
+with cpu_threads(measure=True) as n:   # the notebook stages on a CPU: the count that ran fastest just now
+    ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from kitlib.machine.hardware import local_processes, threads_per_worker
+
+# lazy: torch (+1.0 s) and kitlib.machine.speed (imports torch): the stages decorate with cpu_threads and stay light
+# to import (python -X importtime).
+
+
+@contextlib.contextmanager
+def cpu_threads(threads: int | None = None, *, measure: bool = False) -> Iterator[int]:
+    """Compute threads for the block, restored afterwards (also on error): torch's intra-op pool and the tokenizers'
+    (RAYON_NUM_THREADS, read when their pool starts). Default: this process's share of the CPUs it may use (its
+    affinity and cgroup quota, split between the training processes on this machine: ``threads_per_worker``), never
+    more than torch already has (a lower count set by the user or OMP_NUM_THREADS stays). ``measure`` (the notebook
+    stages on a CPU): fewer where fewer ran faster just now (kitlib.machine.speed.fastest_threads, ~0.5 s: other
+    processes hold some cores), said in one line; not when OMP_NUM_THREADS is set (the user chose).
+
+    torch sizes its pool once, from the cores it sees when it starts: a container whose CPU quota is below the host's
+    cores, or a narrowed affinity, leaves more threads than cores, and each parallel region then waits for a thread
+    that is not running (benchmarks/bench_threads.py measures it under a competing process). Yields the count.
+    """
+    import torch
+
+    from kitlib.machine import speed
+
+    before = torch.get_num_threads()
+    n = threads if threads is not None else min(before, threads_per_worker(max(1, local_processes())))
+    if measure and threads is None and n > 1 and not os.environ.get("OMP_NUM_THREADS"):
+        share, (n, speedup) = n, speed.fastest_threads(n)
+        if n < share:
+            print(f"threads: {n} of {share} CPUs (a step on {n} ran {speedup:.1f}x faster than on {share} just now: "
+                  "other processes hold the rest)")  # fmt: skip
+    saved = os.environ.get("RAYON_NUM_THREADS")
+    os.environ["RAYON_NUM_THREADS"] = str(n)
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
+        if saved is None:
+            os.environ.pop("RAYON_NUM_THREADS", None)
+        else:
+            os.environ["RAYON_NUM_THREADS"] = saved
