@@ -75,8 +75,8 @@ def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Pa
     hw = dataclasses.replace(stages.measured(p, facts=facts), interactive=False)  # as 00 measures it, now
     picker = preset_picker(  # as 00's cell builds it: the model's own weights and the folds priced
         stages.planning_hw(p, hw), default=preset, n_rows=facts.n_rows, n_test=facts.n_test, lengths=facts.lengths,
-        model_params=facts.model_params, folds=p.folds, resolve=functools.partial(stages.resolve_run, p, hw),
-        show=False,
+        model_params=facts.model_params, folds=p.folds, trees=facts.trees,
+        resolve=functools.partial(stages.resolve_run, p, hw), show=False,
     )  # fmt: skip
     estimate = picker.estimate()
     assert estimate is not None  # n_rows and n_test given

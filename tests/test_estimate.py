@@ -39,6 +39,17 @@ def test_the_estimate_covers_features_training_and_inference_where_each_regime_d
     assert estimate_run(smoke, 4000, 1000, CPU).train_s == estimate_run(smoke, 40000, 1000, CPU).train_s
 
 
+def test_trees_beside_the_head_are_priced_in_02_and_03() -> None:
+    """The head regime fits trees beside its network on a small table with columns beside the text (02, and 03
+    refits them): their import and fits are in the estimate; fine-tuning fits none."""
+    from kitlib.notebook.estimate import _TREES_S
+
+    for preset, trees_s in (("fast", _TREES_S), ("balanced", 0.0)):
+        run = presets.resolve(preset, CPU, lengths=LENGTHS)
+        plain, trees = estimate_run(run, 2000, 500, CPU), estimate_run(run, 2000, 500, CPU, trees=True)
+        assert trees.train_s - plain.train_s == pytest.approx(trees_s) == trees.infer_s - plain.infer_s
+
+
 def test_the_picker_shows_the_whole_run_with_test_rows() -> None:
     picker = preset_picker(CPU, default="fast", n_rows=4000, n_test=1000, lengths=LENGTHS, show=False)
     text = picker.estimate_text()
@@ -189,6 +200,19 @@ def test_a_causal_lm_and_a_users_model_are_estimated_through_their_own_weights_a
     words[["id", "text"]].to_csv(data / "test.csv", index=False)
     mine = stages.params(data_dir=data, work_dir=tmp_path / "w3", task="custom", model_factory=f"{data}/net.py:build")
     assert stages.data_facts(mine).model_params == 8 * 2 + 2  # two classes: your Linear, the lookup table left out
+    (data / "rnn.py").write_text(  # a recurrent model: its weights' count leaves out the time steps, so 00 times it
+        "from types import SimpleNamespace\nfrom torch import nn\n\nclass Net(nn.Module):\n"
+        "    def __init__(self, vocab_size, num_labels):\n        super().__init__()\n"
+        "        self.emb, self.rnn = nn.Embedding(vocab_size, 8), nn.GRU(8, 8, batch_first=True)\n"
+        "        self.out = nn.Linear(8, num_labels)\n\n"
+        "    def forward(self, input_ids, attention_mask=None, labels=None):\n"
+        "        logits = self.out(self.rnn(self.emb(input_ids))[0][:, -1])\n"
+        "        return SimpleNamespace(logits=logits, loss=nn.functional.cross_entropy(logits, labels))\n\n"
+        "def build(vocab_size, num_labels, pad_id):\n    return Net(vocab_size, num_labels)\n"
+    )
+    rnn = stages.params(data_dir=data, work_dir=tmp_path / "w4", task="custom", model_factory=f"{data}/rnn.py:build")
+    facts = stages.data_facts(rnn)
+    assert facts.step is not None and stages.measured(rnn, CPU, facts=facts).model_flops_now > 0
 
 
 def test_00_times_one_real_step_of_a_model_its_task_builds_and_the_estimate_runs_at_that_speed(

@@ -363,3 +363,41 @@ def test_the_stages_train_on_the_thread_count_that_ran_fastest(
             assert n == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_long_run_measures_its_thread_count_again(monkeypatch: pytest.MonkeyPatch, cpu_hw) -> None:
+    """ThreadCount (what 02 adds where it measured): when its interval is up, the count is measured again and set
+    for the steps after, the change is in the run record, and the kernel's count comes back when fit returns. The
+    measurement is faked (a neighbour started: 1 thread is faster), as no test reads this machine's load."""
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from kitlib import TrainConfig, fit
+    from kitlib.engine.events import Callback
+    from kitlib.engine.policies import ThreadCount
+    from kitlib.machine import hardware, speed
+
+    seen: list[int] = []
+
+    class Threads(Callback):  # order 0: after ThreadCount's -20 in the same step
+        def on_step_end(self, step: object) -> None:
+            seen.append(torch.get_num_threads())
+
+    probes: list[int] = []
+    monkeypatch.setattr(speed, "fastest_threads", lambda most: (probes.append(most), (1, 4.0))[1])
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hardware, "usable_cpus", lambda: 2)
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    cfg = TrainConfig(epochs=1, micro_batch_size=8, precision="fp32", save_best=False)
+    mse = lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1])  # noqa: E731
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        callbacks = [ThreadCount(2, every_s=0.0), Threads()]
+        result = fit(nn.Linear(4, 1), loader, config=cfg, loss_fn=mse, hw=cpu_hw, callbacks=callbacks)
+        assert probes == [2] * 4 and seen == [1] * 4  # measured at each step's end (interval 0), set from the first
+        assert result.timing["run"]["intra_op_threads"] == 2 and result.timing["run"]["thread_changes"] == [[1, 1]]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -16,14 +16,27 @@ from kitlib.machine.hardware import local_processes, threads_per_worker
 # to import (python -X importtime).
 
 
+def share() -> int:
+    """This process's share of the CPUs it may use (its affinity and cgroup quota, split between the training
+    processes on this machine: ``threads_per_worker``), never more than torch already has."""
+    import torch
+
+    return min(torch.get_num_threads(), threads_per_worker(max(1, local_processes())))
+
+
+def measurable(most: int) -> bool:
+    """Whether a count up to ``most`` is chosen by measuring: more than one thread to choose from, and no
+    OMP_NUM_THREADS (the user chose)."""
+    return most > 1 and not os.environ.get("OMP_NUM_THREADS")
+
+
 @contextlib.contextmanager
 def cpu_threads(threads: int | None = None, *, measure: bool = False) -> Iterator[int]:
     """Compute threads for the block, restored afterwards (also on error): torch's intra-op pool and the tokenizers'
-    (RAYON_NUM_THREADS, read when their pool starts). Default: this process's share of the CPUs it may use (its
-    affinity and cgroup quota, split between the training processes on this machine: ``threads_per_worker``), never
-    more than torch already has (a lower count set by the user or OMP_NUM_THREADS stays). ``measure`` (the notebook
-    stages on a CPU): fewer where fewer ran faster just now (kitlib.machine.speed.fastest_threads, ~0.5 s: other
-    processes hold some cores), said in one line; not when OMP_NUM_THREADS is set (the user chose).
+    (RAYON_NUM_THREADS, read when their pool starts). Default: this process's ``share`` (a lower count set by the
+    user or OMP_NUM_THREADS stays). ``measure`` (the notebook stages on a CPU): fewer where fewer ran faster just now
+    (kitlib.machine.speed.fastest_threads, ~0.5 s: other processes hold some cores), said in one line; where
+    ``measurable``.
 
     torch sizes its pool once, from the cores it sees when it starts: a container whose CPU quota is below the host's
     cores, or a narrowed affinity, leaves more threads than cores, and each parallel region then waits for a thread
@@ -34,11 +47,11 @@ def cpu_threads(threads: int | None = None, *, measure: bool = False) -> Iterato
     from kitlib.machine import speed
 
     before = torch.get_num_threads()
-    n = threads if threads is not None else min(before, threads_per_worker(max(1, local_processes())))
-    if measure and threads is None and n > 1 and not os.environ.get("OMP_NUM_THREADS"):
-        share, (n, speedup) = n, speed.fastest_threads(n)
-        if n < share:
-            print(f"threads: {n} of {share} CPUs (a step on {n} ran {speedup:.1f}x faster than on {share} just now: "
+    n = threads if threads is not None else share()
+    if measure and threads is None and measurable(n):
+        share_, (n, speedup) = n, speed.fastest_threads(n)
+        if n < share_:
+            print(f"threads: {n} of {share_} CPUs (a step on {n} ran {speedup:.1f}x faster than on {share_} just now: "
                   "other processes hold the rest)")  # fmt: skip
     saved = os.environ.get("RAYON_NUM_THREADS")
     os.environ["RAYON_NUM_THREADS"] = str(n)

@@ -44,6 +44,9 @@ _STAGE_START_S = 7.0
 _QUIET_PYTHON_S = 33e-3
 _TOKENIZE_ROWS_PER_S = 5_000.0
 _STEP_OVERHEAD_S = 0.005
+# Trees beside the head regime's network (kitlib.notebook.trees): scikit-learn's import (~3 s) and a fit, in 02 and
+# again in 03 (it refits); the price demo's 02 and 03 took 5-8 s each beyond the estimate without them (2026-11-27).
+_TREES_S = 6.0
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
@@ -166,6 +169,7 @@ def estimate_run(
     *,
     model_params: float = MINILM_MATMUL_PARAMS,
     folds: int = 1,
+    trees: bool = False,
 ) -> RunEstimate:
     """Rough seconds for 01, 02 and 03 of ``resolved`` on ``n_rows`` training rows (the preset's row_limit applied)
     and ``n_test`` test rows, on ``hw`` (expect +-2x).
@@ -176,7 +180,8 @@ def estimate_run(
     regime's (``Regime.features_need_accelerator``): the head regime embeds train and test once in 01, then trains
     and predicts with a head that costs only its steps; fine-tuning trains it in 02 (with evals on the held-out rows)
     and runs it forward over the test rows in 03. Each stage adds its start (files, model), each optimizer step its
-    overhead. ``folds``: 02 trains and 03 predicts that many models.
+    overhead. ``folds``: 02 trains and 03 predicts that many models. ``trees``: the head regime fits trees beside
+    its network in 02 and 03 (kitlib.notebook.trees: small tables with numeric or categorical columns).
     """
     if n_rows < 0 or n_test < 0:
         raise ValueError(f"n_rows and n_test must be >= 0, got {n_rows} and {n_test}")
@@ -193,6 +198,7 @@ def estimate_run(
         _STEP_OVERHEAD_S * slow,
         _STAGE_START_S * slow,
     )
+    trees_s = _TREES_S * slow if trees and regime.name == "head" else 0.0
     if regime.features_need_accelerator:  # 01 runs the encoder over every row, longest first: batches barely pad
         features = tokenize + (rows + n_test) * forward / _PADDING_OVERHEAD
         epoch, evals, infer = steps * step_overhead, 0.0, 0.0
@@ -209,8 +215,8 @@ def estimate_run(
         infer = n_test * forward
     return RunEstimate(
         features_s=start + features,
-        train_s=(start + cfg.epochs * epoch + evals) * folds,
-        infer_s=(start + infer) * folds,
+        train_s=(start + cfg.epochs * epoch + evals + trees_s) * folds,
+        infer_s=(start + infer + trees_s) * folds,
         rows=rows,
         n_rows=n_rows,
         n_test=n_test,

@@ -25,13 +25,14 @@ from kitlib.config import TrainConfig
 from kitlib.doctor.probe import probe_batching
 from kitlib.engine import checkpoint
 from kitlib.engine.loop import FitResult, fit
+from kitlib.engine.policies import ThreadCount
 from kitlib.engine.step import enable_activation_checkpointing
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import WorkerDied, dist_env, launch
 from kitlib.machine.hardware import detect
 from kitlib.machine.precision import PrecisionPlan, decide_precision
-from kitlib.machine.threads import cpu_threads
+from kitlib.machine.threads import cpu_threads, measurable, share
 from kitlib.models.loading import frozen_dtype
 from kitlib.models.lora import add_adapter, describe_size, merge_adapter
 from kitlib.notebook import handoff, trees
@@ -276,8 +277,12 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
     """One fold's training (``p.fold``; the whole run without folds) into its run dir."""
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
-    # a CPU that trains here: on the threads that ran fastest just now (other processes may hold some cores)
-    measure = feats.run.world_size == 1 and (hw := hw or detect()).device_type == "cpu"
+    # a CPU that trains here: on the threads that ran fastest just now (other processes may hold some cores), and
+    # again every two minutes (ThreadCount): a neighbour may start or end during a long run
+    here = feats.run.world_size == 1 and (hw := hw or detect()).device_type == "cpu"
+    most = share() if here else 1
+    measure = here and measurable(most)
+    callbacks = (*callbacks, ThreadCount(most)) if measure else callbacks
     with cpu_threads(measure=measure):
         cfg = _train_config(p, feats, stand_in)
         prepared = None

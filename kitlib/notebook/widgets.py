@@ -62,6 +62,7 @@ class PresetPicker:
         save: Callable[[ResolvedRun], ResolvedRun] | None = None,
         folds: int = 1,
         model_params: float | None = None,
+        trees: bool = False,
     ) -> None:
         self._hw = hw
         self._save = save  # writes a run where 01 reads it (stages.setup) and returns what it wrote
@@ -76,6 +77,7 @@ class PresetPicker:
         self._n_test = n_test
         self.folds = folds  # 00's folds parameter: the estimate's 02 and 03 train and predict this many models
         self.model_params = model_params or MINILM_MATMUL_PARAMS  # matmul weights (stages.data_facts): FLOPs a token
+        self.trees = trees  # the head regime fits trees beside its network (stages.data_facts): 02 and 03 pay them
         self._preset: str | Preset = default
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
         self._base = dict(overrides or {})  # the advanced fields every preset starts from
@@ -115,7 +117,9 @@ class PresetPicker:
         if self._n_rows is None or self._n_test is None:
             return None
         run, hw, params = self._resolved, self._hw, self.model_params
-        return estimate_run(run, self._n_rows, self._n_test, hw, model_params=params, folds=self.folds)
+        return estimate_run(
+            run, self._n_rows, self._n_test, hw, model_params=params, folds=self.folds, trees=self.trees
+        )
 
     def estimate_text(self) -> str:
         if self._n_rows is None:
@@ -275,6 +279,7 @@ def preset_picker(
     save: Callable[[ResolvedRun], ResolvedRun] | None = None,
     folds: int = 1,
     model_params: float | None = None,
+    trees: bool = False,
 ) -> PresetPicker:
     """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
     never starts training.
@@ -291,11 +296,12 @@ def preset_picker(
     ``save``: writes a run where 01 reads it (``lambda run: stages.setup(p, hw, resolved=run)``): ``picker.save()``
     calls it, and each accepted change after that. ``folds``: 00's folds parameter (the estimate counts k models;
     with 1 on small data it offers folds and their cost); ``model_params``: the model's matmul weights
-    (``data_facts(p).model_params``: the tiny T5's for seq2seq from scratch), the estimate's FLOPs per token.
+    (``data_facts(p).model_params``: the tiny T5's for seq2seq from scratch), the estimate's FLOPs per token;
+    ``trees``: whether the head regime's runs fit trees beside the network (``data_facts(p).trees``).
     """
     picker = PresetPicker(
         hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, resolve=resolve, overrides=overrides,
-        memory=memory, save=save, folds=folds, model_params=model_params,
+        memory=memory, save=save, folds=folds, model_params=model_params, trees=trees,
     )  # fmt: skip
     if hw.interactive:
         try:
