@@ -15,11 +15,13 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from kitlib._version import __version__
 from kitlib.engine import checkpoint
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.errors import NonFiniteLossError
-from kitlib.machine import distributed
+from kitlib.machine import distributed, speed
 from kitlib.progress import close_as_done, progress_bar, shown
 
 if TYPE_CHECKING:
@@ -224,11 +226,7 @@ class ThreadCount(Policy):
     def on_step_end(self, step: StepEnd) -> None:
         if time.perf_counter() < self.due:
             return
-        import torch
-
-        from kitlib.machine.speed import fastest_threads
-
-        before, (n, _) = torch.get_num_threads(), fastest_threads(self.most)
+        before, (n, _) = torch.get_num_threads(), speed.fastest_threads(self.most)
         if n != before:
             torch.set_num_threads(n)  # fit's cpu_threads restores the kernel's count when it returns
             self.loop.timer.extra.setdefault("thread_changes", []).append([self.loop.state.step, n])
