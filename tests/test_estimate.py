@@ -43,11 +43,16 @@ def test_trees_beside_the_head_are_priced_in_02_and_03() -> None:
     """The head regime fits trees beside its network on a small table with columns beside the text (02, and 03
     refits them): their import and fits are in the estimate; fine-tuning fits none."""
     from kitlib.notebook.estimate import _TREES_S
+    from kitlib.notebook.trees import MAX_ROWS
 
-    for preset, trees_s in (("fast", _TREES_S), ("balanced", 0.0)):
+    for preset, rows, trees_s in (("fast", 2000, _TREES_S), ("balanced", 2000, 0.0), ("fast", 4 * MAX_ROWS, 0.0)):
         run = presets.resolve(preset, CPU, lengths=LENGTHS)
-        plain, trees = estimate_run(run, 2000, 500, CPU), estimate_run(run, 2000, 500, CPU, trees=True)
+        plain, trees = estimate_run(run, rows, 500, CPU), estimate_run(run, rows, 500, CPU, trees=True)
         assert trees.train_s - plain.train_s == pytest.approx(trees_s) == trees.infer_s - plain.infer_s
+    fast = presets.resolve("fast", CPU, lengths=LENGTHS)
+    plain, trees = estimate_run(fast, 2000, 500, CPU, folds=3), estimate_run(fast, 2000, 500, CPU, folds=3, trees=True)
+    assert trees.train_s - plain.train_s == pytest.approx(3 * _TREES_S)  # each fold fits its trees
+    assert trees.infer_s - plain.infer_s == pytest.approx(_TREES_S)  # 03: one import, refits where 02 kept them
 
 
 def test_the_picker_shows_the_whole_run_with_test_rows() -> None:
@@ -96,7 +101,7 @@ def test_forward_passes_run_at_the_forward_rate_00_measured_and_01s_sorted_pass_
     """A CPU whose forward pass 00 measured at 2x its training rate: the head regime's embedding pass (01) and the
     fine-tuned run's evals and predictions halve, its training does not. 01 embeds longest first, so its batches
     pay no bucket padding (the 1.1 of a training epoch)."""
-    measured = dataclasses.replace(CPU, cpu_flops_now=80e9)  # quiet: fixed costs x 1
+    measured = dataclasses.replace(CPU, cpu_flops_now=80e9)  # no Python timed: fixed costs x 1
     faster = dataclasses.replace(measured, cpu_forward_flops_now=160e9)
     fast = presets.resolve("fast", CPU, lengths=LENGTHS)
     base, fwd = estimate_run(fast, 4000, 1000, measured), estimate_run(fast, 4000, 1000, faster)
@@ -259,8 +264,9 @@ def test_00_times_one_real_step_of_a_model_its_task_builds_and_the_estimate_runs
     block = dataclasses.replace(CPU, cpu_flops_now=80e9)
     slower = estimate_run(run, 4000, 1000, dataclasses.replace(block, model_flops_now=20e9))
     assert 3.9 < slower.epoch_s / estimate_run(run, 4000, 1000, block).epoch_s <= 4.0
-    assert "a training step of the model timed now on this CPU" in slower.text()
-    assert "fixed costs" not in slower.text()  # the block, not the model's rate, says whether the CPU is busy
+    assert "a training step of the model timed now on this CPU" in slower.text() and "threads" not in slower.text()
+    fewer = estimate_run(run, 4000, 1000, dataclasses.replace(block, model_flops_now=20e9, cpu_threads_now=1))
+    assert "a training step of the model timed now on this CPU on 1 of 2 threads" in fewer.text()  # the load's count
 
 
 def test_a_00_run_builds_its_tasks_rough_cost_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

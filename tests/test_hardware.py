@@ -357,8 +357,12 @@ def test_the_stages_train_on_the_thread_count_that_ran_fastest(
         assert torch.get_num_threads() == 2
         said = capsys.readouterr().out
         assert ("threads: 1 of 2 CPUs (a step on 1 ran 2.0x faster than on 2 just now" in said) is busy
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user chose: no probe
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU does the compute: no probe
         monkeypatch.setattr(speed, "fastest_threads", lambda *a, **k: pytest.fail("probed"))
+        with threads.cpu_threads(measure=True) as n:
+            assert n == 2
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user chose: no probe
         with threads.cpu_threads(measure=True) as n:
             assert n == 2
     finally:

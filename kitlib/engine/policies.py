@@ -211,7 +211,7 @@ class SigtermStop(Policy):
 class ThreadCount(Policy):
     """On a CPU whose thread count was measured (kitlib.machine.threads.cpu_threads(measure=True)), the count
     measured again every ``every_s`` of training and set: a process that starts or ends beside a long run moves the
-    fastest count (1 of 2 cores held: 4x). ~0.5 s a time, 0.4% of two minutes; each change is in the run record
+    fastest count (1 of 2 cores held: 4x). ~0.8 s a time, 0.6% of two minutes; each change is in the run record
     (timing.json's ``thread_changes``: step, count). 02 adds it where it measured; not a default of fit."""
 
     order = -20

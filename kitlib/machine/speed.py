@@ -81,10 +81,11 @@ def probe_cpu_bf16(
 
     Cost: about ``budget_s`` of full-core work (the best of interleaved repeats, so a neighbour's burst counts
     against both). A bf16 step more than 4x slower than fp32 (emulated bf16) ends the probe after one row. Kept in
-    ``cache_dir``/precision_probe.json per CPU model, torch version, threads and shape: once per machine.
+    ``cache_dir``/precision_probe.json per CPU model, torch version and shape: once per machine.
     """
-    threads = torch.get_num_threads()
-    key = f"{_cpu_model()} | torch {torch.__version__} | {threads} threads | {width}/{ffn}/{heads}/{seq_len}"
+    # not keyed by the thread count: 00 probes on torch's, 01 inside the count the load left (kitlib.machine.threads),
+    # and the precision is the machine's (a probe per count would re-run, and could decide otherwise, in 01)
+    key = f"{_cpu_model()} | torch {torch.__version__} | {width}/{ffn}/{heads}/{seq_len}"
     file = None if cache_dir is None else Path(cache_dir) / "precision_probe.json"
     known = read_json_object(file)
     if key in known:
@@ -159,7 +160,8 @@ def fastest_threads(most: int, *, budget_s: float = 0.5) -> tuple[int, float]:
     """The intra-op thread count, of ``most`` (this process's share of the CPUs), ``most - 1`` and half of it, whose
     fp32 training step of MiniLM's block ran fastest on this CPU now, and how many times faster than ``most``
     threads. The counts alternate step by step (``_mean_s``), so a neighbour's burst counts against all; fewer
-    threads win only by ``THREADS_MARGIN``. Costs about ``budget_s``; torch's count is restored."""
+    threads win only by ``THREADS_MARGIN``. Costs about 1.5 x ``budget_s`` (half as long warming up); torch's count
+    is restored."""
     candidates = sorted({most, most - 1, (most + 1) // 2} - {0}, reverse=True)
     if len(candidates) == 1:
         return most, 1.0

@@ -25,9 +25,13 @@ def share() -> int:
 
 
 def measurable(most: int) -> bool:
-    """Whether a count up to ``most`` is chosen by measuring: more than one thread to choose from, and no
-    OMP_NUM_THREADS (the user chose)."""
-    return most > 1 and not os.environ.get("OMP_NUM_THREADS")
+    """Whether a count up to ``most`` is chosen by measuring: more than one thread to choose from, no
+    OMP_NUM_THREADS (the user chose), and no GPU in this process (its compute is there, the CPU's threads feed it)."""
+    import torch
+
+    if most < 2 or os.environ.get("OMP_NUM_THREADS"):
+        return False
+    return not (torch.cuda.is_available() or torch.backends.mps.is_available())
 
 
 @contextlib.contextmanager
@@ -35,7 +39,7 @@ def cpu_threads(threads: int | None = None, *, measure: bool = False) -> Iterato
     """Compute threads for the block, restored afterwards (also on error): torch's intra-op pool and the tokenizers'
     (RAYON_NUM_THREADS, read when their pool starts). Default: this process's ``share`` (a lower count set by the
     user or OMP_NUM_THREADS stays). ``measure`` (the notebook stages on a CPU): fewer where fewer ran faster just now
-    (kitlib.machine.speed.fastest_threads, ~0.5 s: other processes hold some cores), said in one line; where
+    (kitlib.machine.speed.fastest_threads, ~0.8 s: other processes hold some cores), said in one line; where
     ``measurable``.
 
     torch sizes its pool once, from the cores it sees when it starts: a container whose CPU quota is below the host's

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from kitlib.config import full_eval_due
 from kitlib.machine.peaks import compute_peak_flops
 from kitlib.notebook.stages import VALID_FRACTION
+from kitlib.notebook.trees import MAX_ROWS as TREE_ROWS
 
 if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
@@ -44,8 +45,9 @@ _STAGE_START_S = 7.0
 _QUIET_PYTHON_S = 33e-3
 _TOKENIZE_ROWS_PER_S = 5_000.0
 _STEP_OVERHEAD_S = 0.005
-# Trees beside the head regime's network (kitlib.notebook.trees): scikit-learn's import (~3 s) and a fit, in 02 and
-# again in 03 (it refits); the price demo's 02 and 03 took 5-8 s each beyond the estimate without them (2026-11-27).
+# Trees beside the head regime's network (kitlib.notebook.trees): scikit-learn's import (~3 s) and a fit, in 02 (each
+# fold) and once in 03 (it refits where 02 kept them: an upper bound); the price demo's 02 and 03 took 5-8 s each
+# beyond the estimate without them (2026-11-27).
 _TREES_S = 6.0
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
@@ -62,9 +64,11 @@ def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tup
         ratio = hw.cpu_forward_flops_now / hw.cpu_flops_now if hw.cpu_forward_flops_now else 1.0
         speedup *= ratio if forward else 1.0
         fwd = f", forward passes x {ratio:.1f}" if ratio != 1.0 else ""
+        fewer = hw.cpu_threads_now not in (None, hw.cpu_count)  # other processes held some cores (threads.py)
+        threads = f" on {hw.cpu_threads_now} of {hw.cpu_count} threads" if fewer else ""
         if hw.model_flops_now:  # a step of the model itself: its FLOPs as counted, whatever the count leaves out
-            return hw.model_flops_now * speedup, f"a training step of the model timed now on this CPU{bf16}{fwd}"
-        threads = f" on {hw.cpu_threads_now} of {hw.cpu_count} threads" if hw.cpu_threads_now != hw.cpu_count else ""
+            step = f"a training step of the model timed now on this CPU{threads}"
+            return hw.model_flops_now * speedup, f"{step}{bf16}{fwd}"
         measured = f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{threads}"
         return hw.cpu_flops_now * speedup, f"{measured}{bf16}{fwd}"
     if device is None:
@@ -198,7 +202,7 @@ def estimate_run(
         _STEP_OVERHEAD_S * slow,
         _STAGE_START_S * slow,
     )
-    trees_s = _TREES_S * slow if trees and regime.name == "head" else 0.0
+    trees_s = _TREES_S * slow if trees and regime.name == "head" and n_train <= TREE_ROWS else 0.0
     if regime.features_need_accelerator:  # 01 runs the encoder over every row, longest first: batches barely pad
         features = tokenize + (rows + n_test) * forward / _PADDING_OVERHEAD
         epoch, evals, infer = steps * step_overhead, 0.0, 0.0
@@ -216,7 +220,7 @@ def estimate_run(
     return RunEstimate(
         features_s=start + features,
         train_s=(start + cfg.epochs * epoch + evals + trees_s) * folds,
-        infer_s=(start + infer + trees_s) * folds,
+        infer_s=(start + infer) * folds + trees_s,
         rows=rows,
         n_rows=n_rows,
         n_test=n_test,

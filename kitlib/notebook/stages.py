@@ -46,7 +46,6 @@ from kitlib.notebook.params import (  # noqa: F401
 from kitlib.notebook.regimes import Encoder
 from kitlib.notebook.submission import check_sample_submission
 from kitlib.notebook.tasks import get_task, task_entry
-from kitlib.notebook.trees import MAX_ROWS as MAX_TREE_ROWS
 from kitlib.progress import advise
 from kitlib.tasks.baseline import Baseline, Gap, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric
@@ -209,7 +208,7 @@ class DataFacts:
     n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
     model_params: float | None = None  # matmul weights a token passes (the estimate's FLOPs); None: MiniLM's
     step: Callable[[int, int | None], ProbeStep] | None = None  # the task's model's (RoughCost.step): measured times it
-    trees: bool = False  # columns beside the text, a small table, scikit-learn installed: the head regime fits trees
+    trees: bool = False  # columns beside the text, scikit-learn installed: the head regime fits trees on small tables
 
 
 def data_facts(p: Params) -> DataFacts:
@@ -224,7 +223,7 @@ def data_facts(p: Params) -> DataFacts:
         words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
         lengths = np.ceil(words * _tokens_per_word(p, train[p.text])).astype(np.int64) + SPECIAL_TOKENS
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
-    trees = bool(p.numeric or p.categorical) and len(train) <= MAX_TREE_ROWS and find_spec("sklearn") is not None
+    trees = bool(p.numeric or p.categorical) and find_spec("sklearn") is not None  # the estimate applies MAX_ROWS
     return DataFacts(len(train), lengths, len(test), weights, step, trees)
 
 

@@ -6,6 +6,7 @@ import sits at the top here. What both read (the split, the verdict, the run's f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -281,9 +282,8 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
     # again every two minutes (ThreadCount): a neighbour may start or end during a long run
     here = feats.run.world_size == 1 and (hw := hw or detect()).device_type == "cpu"
     most = share() if here else 1
-    measure = here and measurable(most)
-    callbacks = (*callbacks, ThreadCount(most)) if measure else callbacks
-    with cpu_threads(measure=measure):
+    callbacks = (*callbacks, ThreadCount(most)) if here and measurable(most) else callbacks
+    with cpu_threads(measure=True) if here else contextlib.nullcontext():  # DDP: each worker sets its own
         cfg = _train_config(p, feats, stand_in)
         prepared = None
         if feats.run.world_size == 1 or stand_in is not None:  # this process reaches the device that trains
@@ -302,8 +302,8 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
                     "notebooks/02_train.ipynb again (headless: the same `python -m kitlib notebooks run` command): it "
                     f"continues from {_staging(p).name}/last when one is saved, else it starts this run again"
                 ) from None
-            # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can run
-            # again
+            # Rebuilt on the CPU (a qlora base in 4 bits there too): this process must not touch CUDA, so 02 can
+            # run again
             model = prepare(p, feats, _cpu(hw)).model
             checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
             return dataclasses.replace(result, model=model)

@@ -99,7 +99,8 @@ class CustomTask(TextTask):
         weights = non_embedding_params(model)
 
         def step(rows: int, cap: int | None) -> ProbeStep:
-            # a rate, not a length: an RNN's seconds grow with its time steps as the counted FLOPs do
+            # a rate, not a length: an RNN's seconds grow with its time steps as the counted FLOPs do, so the run's
+            # max_length serves (none given: 128 tokens)
             ids, seeded = probe_ids(vocab, rows, cap or 128), torch.Generator().manual_seed(0)
             draw = torch.randn if spec.kind == "regression" else functools.partial(torch.randint, spec.num_labels)
             labels = draw((rows,), generator=seeded)
