@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import types
 from pathlib import Path
 
 import nbformat
@@ -165,3 +167,25 @@ def test_a_failing_notebook_is_one_short_message_naming_the_notebook_the_cell_an
     # scrolling the executed notebook counts
     assert message.startswith("notebooks: 00_setup.ipynb stopped in cell 7: DataError:"), message
     assert "'sentiment'" in message and "work/executed/00_setup.ipynb" in message, message
+
+
+def test_a_stop_silences_the_stopped_kernels_socket_noise_until_the_run_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a signal the runner's kitlib message is the one thing said: zmq's log of the stopped kernel's closed
+    sockets (a traceback, once in CI under load) is off from the signal until the run ends, then as it was; with
+    KITLIB_TRACEBACK=1 it stays on. The kernel is faked away (no client): the handler runs as a signal would."""
+    import logging
+    import signal
+
+    from kitlib.notebook.runbook import _Stop
+
+    noise = logging.getLogger("tornado.general")
+    monkeypatch.setattr(threading, "Timer", lambda *a: types.SimpleNamespace(daemon=False, start=lambda: None))
+    for traceback_env, off in (("", True), ("1", False)):
+        monkeypatch.setenv("KITLIB_TRACEBACK", traceback_env)
+        stop = _Stop(None, "again")
+        stop.keep_handlers()
+        assert not noise.disabled
+        stop._stop(signal.SIGTERM, None)
+        assert noise.disabled is off
+        stop.restore_handlers()
+        assert not noise.disabled
