@@ -15,6 +15,8 @@ Needs root with CAP_SYS_ADMIN (``unshare -m -n``, bind mounts, chroot); ``availa
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,7 +62,12 @@ def build_wheels(project: Path, out: Path) -> Path:
     """kitlib's wheel, as `python -m kitlib kaggle wheels` builds it (the rest of the image is already there)."""
     out.mkdir(parents=True)
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out)]
-    subprocess.run([*command, str(project)], check=True)
+    # setuptools builds in the checkout's build/ folder: two test processes building at once collided there
+    # ("File exists: build/bdist.linux-x86_64/wheel/kitlib-0.1.0.dist-info"), so one builds at a time
+    lock = Path(tempfile.gettempdir()) / f"kitlib-wheel-{hashlib.sha1(str(project).encode()).hexdigest()[:12]}.lock"
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        subprocess.run([*command, str(project)], check=True)
     return out
 
 

@@ -260,6 +260,8 @@ def test_the_notebooks_probe_only_a_cpu_with_bf16_instructions(tmp_path: Path, m
     avx2 = stages.measured(p, fake_profile("CPU"))
     assert avx2.cpu_bf16_probe is None and decide_precision(avx2).dtype == "fp32" and not calls
     assert stages.measured(p, fake_profile("A100")).cpu_bf16_probe is None and not calls
+    chain = dataclasses.replace(p, hardware="2xT4")  # 00 on a Kaggle CPU kernel planning 02's GPUs: this CPU is moot
+    assert stages.measured(chain, ZEN4) is ZEN4 and not calls  # and nothing lands in 00's output (the cache dir)
     zen4 = stages.measured(p, ZEN4)
     assert calls == [(384, 1536, 12)] and decide_precision(zen4).dtype == "bf16"
     assert stages.measured(p, zen4) is zen4 and len(calls) == 1  # measured once per run of 00

@@ -140,7 +140,7 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | No
     from kitlib.machine import speed
 
     hw = hw or detect()
-    if hw.device_type != "cpu":
+    if hw.device_type != "cpu" or p.hardware:  # a plan for another machine (a chain's GPU): nothing here decides it
         return hw
     if facts is not None and hw.cpu_flops_now is None:
         python_s = speed.measure_python_s()  # first: torch's threads spin a while after they work
