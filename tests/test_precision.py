@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -265,6 +266,41 @@ def test_the_notebooks_probe_only_a_cpu_with_bf16_instructions(tmp_path: Path, m
     zen4 = stages.measured(p, ZEN4)
     assert calls == [(384, 1536, 12)] and decide_precision(zen4).dtype == "bf16"
     assert stages.measured(p, zen4) is zen4 and len(calls) == 1  # measured once per run of 00
+
+
+@pytest.mark.parametrize("model_speedup", [0.9, 1.5])
+def test_a_model_the_task_builds_decides_its_precision_on_its_own_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_speedup: float
+) -> None:
+    """A block of the model's width is no stand-in for a model the task builds (on an AMX core the block ran bf16 1.4x
+    faster, the demo's BiLSTM 0.92x): where 00 times that model (facts.step), its own fp32 and bf16 steps decide,
+    either way, and 01 (measured without facts) reads the same verdict from the cache."""
+    from kitlib.machine import speed
+    from kitlib.notebook import stages
+
+    monkeypatch.setattr(speed, "probe_cpu_bf16", lambda *block, cache_dir=None: _probe(1.5))  # the block: bf16 wins
+    monkeypatch.setattr(speed, "measure_cpu_step", lambda *block: (1e9, 1e9))
+    monkeypatch.setattr(speed, "measure_python_s", lambda: 0.033)
+    timed: list[str] = []
+
+    def own(model: torch.nn.Module, batch: dict[str, torch.Tensor], flops: float, loss: object = None) -> tuple:
+        timed.append("both")
+        return 2e9, MathProbe("the task's own model, 16 x 12 tokens", 0.5, 0.5 / model_speedup, 0.001)
+
+    monkeypatch.setattr(speed, "probe_model_bf16", own)
+    monkeypatch.setattr(speed, "measure_model_step", lambda *step: timed.append("fp32") or 3e9)
+    step = lambda rows, cap: (torch.nn.Linear(4, 4), {"input_ids": torch.zeros(rows, 12)}, 1.0, None)  # noqa: E731
+    p = stages.params(environ={}, data_dir=tmp_path, work_dir=tmp_path / "work", model="tiny", epochs=1)
+    facts = stages.DataFacts(100, np.full(100, 12), step=step)
+    hw = stages.measured(p, stages.measured(p, ZEN4), facts=facts)  # 00: cell 1 (the block), then cell 2
+    wins = model_speedup >= 1.1
+    assert (
+        decide_precision(hw).dtype == ("bf16" if wins else "fp32") and "the task's own model" in hw.cpu_bf16_probe.shape
+    )
+    assert hw.model_flops_now == 2e9 and timed == ["both"]
+    assert decide_precision(stages.measured(p, ZEN4)).dtype == ("bf16" if wins else "fp32")  # 01: the kept verdict
+    again = stages.measured(p, stages.measured(p, ZEN4), facts=facts)  # 00 run again: fp32 timed, the verdict kept
+    assert timed == ["both", "fp32"] and again.cpu_bf16_probe == hw.cpu_bf16_probe and again.model_flops_now == 3e9
 
 
 def test_the_probe_times_both_precisions_checks_the_loss_and_is_kept_per_machine(

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kitlib.data.tables import TargetSpec
-    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.machine.hardware import HardwareInfo, MathProbe
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep, SideInputs
     from kitlib.tasks.metrics import Metric
@@ -136,7 +136,8 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | No
     probed: a GPU's rules are known, and without them bf16 is emulated. ``facts`` (00's data_facts, a cell later): also
     the CPU's fp32 training and forward speed at this moment on the threads that ran fastest (``measure_cpu_step``,
     never cached: a busy machine is priced into the run's estimate), a model its task builds timed itself
-    (``_model_step``), and one thread's plain Python (``measure_python_s``: imports and other fixed costs)."""
+    (``_model_step``: on a bf16 CPU, in both precisions, which then decides in place of the block), and one thread's
+    plain Python (``measure_python_s``: imports and other fixed costs)."""
     from kitlib.machine import speed
 
     hw = hw or detect()
@@ -146,28 +147,42 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | No
         python_s = speed.measure_python_s()  # first: torch's threads spin a while after they work
         with cpu_threads(measure=True) as threads:  # the count 01-03 will choose on this machine as it is
             train, forward = speed.measure_cpu_step(*_block(p))
-            model = _model_step(p, hw, facts)
+            model, probe = _model_step(p, hw, facts)
         hw = dataclasses.replace(hw, cpu_flops_now=train, cpu_forward_flops_now=forward, model_flops_now=model,
-                                 cpu_threads_now=threads, python_s_now=python_s)  # fmt: skip
+                                 cpu_threads_now=threads, python_s_now=python_s,
+                                 cpu_bf16_probe=probe or hw.cpu_bf16_probe)  # fmt: skip
     if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
         return hw
-    return dataclasses.replace(hw, cpu_bf16_probe=speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir))
+    probe = speed.kept_probe(_model_key(p), p.cache_dir) or speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir)
+    return dataclasses.replace(hw, cpu_bf16_probe=probe)
 
 
-def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> float | None:
+def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> tuple[float | None, MathProbe | None]:
     """FLOP/s of one real fp32 training step of the model ``p``'s task builds (``Task.rough_cost``'s step, which
     data_facts kept: a tiny model from scratch, your seq2seq module) on a micro-batch of ``p``'s preset as long as the
-    rows, counted as the estimate counts them: ~1-3 s on a 2-core CPU, once in 00. None where the task has no step to
-    time (a pretrained model: its block's speed)."""
+    rows, counted as the estimate counts them: ~1-3 s on a 2-core CPU, once in 00. On a CPU with bf16 instructions,
+    also bf16 autocast against fp32 on those steps, which decides the precision in place of a block of the model's
+    width (kept in the cache dir like the block's: 01 and a second run of 00 read it). (None, None) where the task has
+    no step to time (a pretrained model: its block's speed)."""
     from kitlib.machine import speed
 
     if facts.step is None:
-        return None
+        return None, None
     try:
         run = resolve_run(p, hw, facts.lengths)  # as p's preset trains it on this machine
-        return speed.measure_model_step(*facts.step(run.config.micro_batch_size, run.config.max_length))
+        step = facts.step(run.config.micro_batch_size, run.config.max_length)
+        kept = speed.kept_probe(_model_key(p), p.cache_dir)
+        if kept is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):  # emulated bf16 (AVX2): not worth timing
+            return speed.measure_model_step(*step), kept
+        flops, probe = speed.probe_model_bf16(*step)
+        return flops, speed.keep_probe(_model_key(p), p.cache_dir, probe)
     except Exception:  # a KitError, or your module's own: 02's try on rows names the fix
-        return None
+        return None, None
+
+
+def _model_key(p: Params) -> str:
+    """What the bf16 probe of the model ``p``'s task builds is kept under (beside the CPU and torch version)."""
+    return f"the {p.task} task's model {p.model} {p.model_factory}".rstrip()
 
 
 def _block(p: Params) -> tuple[int, int, int]:
