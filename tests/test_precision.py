@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -317,3 +318,28 @@ def test_the_probe_times_both_precisions_checks_the_loss_and_is_kept_per_machine
     assert probe_cpu_bf16(64, 128, 4, 16, cache_dir=tmp_path) == probe
     with pytest.raises(TypeError):  # another shape is measured again
         probe_cpu_bf16(64, 128, 2, 16, cache_dir=tmp_path)
+
+
+def test_02_keeps_the_cpu_precision_verdict_beside_its_record_for_the_doctor(tmp_path: Path, cpu_hw) -> None:
+    """02 on a CPU with bf16 instructions keeps 00's verdict (here: bf16 lost, fp32 planned) in run/probes.json, and
+    the doctor reading the run then gives no precision advice; a CPU without bf16 instructions keeps nothing."""
+    from test_tasks import _competition
+
+    from kitlib.doctor.probe import load_probes
+    from kitlib.doctor.report import diagnose
+    from kitlib.notebook import stages, training
+
+    lost = MathProbe("the task's own model, 16 x 107 tokens", 0.199, 0.218, 0.0)
+    for name, hw in (("zen4", dataclasses.replace(ZEN4, cpu_bf16_probe=lost)), ("avx2", cpu_hw)):
+        p = stages.params(data_dir=_competition(tmp_path / name), work_dir=tmp_path / f"work-{name}", preset="smoke",
+                          model="tiny")  # fmt: skip
+        stages.setup(p, hw)
+        stages.features(p, hw=hw, quiet=True)
+        training.train(p, hw=hw)
+        kept = load_probes(p.run_dir)
+        if name == "zen4":
+            assert kept == {"precision": lost} and json.loads((p.work_dir / "run.json").read_text())["config"][
+                "precision"] == "fp32"  # fmt: skip
+            assert not [f for f in diagnose(p.run_dir, ZEN4).findings if f.rule == "precision"]
+        else:
+            assert kept == {}

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from kitlib._files import read_json_object, record_file, write_atomic
 from kitlib.config import TrainConfig
-from kitlib.doctor.probe import probe_batching
+from kitlib.doctor.probe import probe_batching, save_probe
 from kitlib.engine import checkpoint
 from kitlib.engine.loop import FitResult, fit
 from kitlib.engine.policies import ThreadCount
@@ -47,6 +47,7 @@ from kitlib.notebook.stages import (
     _model_choice,
     _splits,
     load_features,
+    measured,
     verdict_of,
 )
 from kitlib.notebook.submission import write_submission
@@ -475,6 +476,8 @@ def _train(
         callbacks=callbacks,
     )
     result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
+    if hw.device_type == "cpu" and dist_env().is_main and (verdict := measured(p, hw).cpu_bf16_probe) is not None:
+        save_probe(staging, verdict)  # 00's bf16-against-fp32 verdict (a cache hit): the doctor's precision advice
     line = _blend_trees(p, feats, watched, staging)
     result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
     result = _judge_baseline(p, feats, result, staging, watched)
