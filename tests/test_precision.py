@@ -343,3 +343,43 @@ def test_02_keeps_the_cpu_precision_verdict_beside_its_record_for_the_doctor(tmp
             assert not [f for f in diagnose(p.run_dir, ZEN4).findings if f.rule == "precision"]
         else:
             assert kept == {}
+
+
+def test_the_model_probe_times_a_real_module_in_both_precisions_and_it_still_trains() -> None:
+    """speed.probe_model_bf16 on a real (tiny) module: fp32 and bf16 steps both timed, the losses compared on the same
+    weights, the shape read from input_ids (wherever it sits in the batch), and the module trains on afterwards."""
+    from kitlib.machine.speed import probe_model_bf16
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Flatten(), nn.Linear(16 * 7, 3))
+    batch = {"labels": torch.randint(0, 3, (4,)), "input_ids": torch.randint(0, 50, (4, 7))}
+
+    def loss(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(b["input_ids"]).float(), b["labels"])
+
+    before = model[2].weight.detach().clone()
+    flops, probe = probe_model_bf16(model, batch, 1e6, loss, budget_s=0.05)
+    assert flops > 0 and probe.fp32_s > 0 and probe.bf16_s > 0 and 0 <= probe.loss_gap < 0.05
+    assert probe.shape == "the task's own model, 4 x 7 tokens" and model.training
+    assert not torch.equal(before, model[2].weight)  # its steps updated the weights (documented: build one for it)
+    loss(model, batch).backward()
+    assert all(w.grad is not None for w in model.parameters())  # grads zeroed to None by the probe, then fresh ones
+
+
+def test_02_reads_the_kept_verdict_and_never_measures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What 02 keeps for the doctor is read from the cache (stages.kept_verdict): with nothing kept, nothing is
+    measured after training (a block's probe there would stand in for a model the task builds)."""
+    from kitlib.machine import speed
+    from kitlib.notebook import stages
+
+    def never(*args: object, **kwargs: object) -> MathProbe:
+        raise AssertionError("02 measured a probe")
+
+    monkeypatch.setattr(speed, "probe_cpu_bf16", never)
+    p = stages.params(environ={}, data_dir=tmp_path, work_dir=tmp_path / "work", model="tiny")
+    assert stages.kept_verdict(p, ZEN4) is None
+    block = speed.keep_probe(speed.block_key(384, 1536, 12), p.cache_dir, _probe(1.5))
+    assert stages.kept_verdict(p, ZEN4) == block
+    own = speed.keep_probe(stages._model_key(p), p.cache_dir, _probe(0.9))
+    assert stages.kept_verdict(p, ZEN4) == own  # the model's own verdict before the block's
+    assert stages.kept_verdict(p, dataclasses.replace(ZEN4, cpu_bf16_probe=block)) == block  # the one hw carries

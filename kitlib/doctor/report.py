@@ -227,13 +227,14 @@ def diagnose(
     CPU run read without ``hw`` (on the machine it ran on) this CPU's matmul peak in that precision, measured now.
     ``probe``: ``kitlib.doctor.probe.probe_micro_batch(model, batch, ...)`` measured on the run's model: the
     micro-batch advice then uses (and prints) the measured speed-up instead of a rough one. A run_dir's own probe
-    (``kitlib.doctor.probe.save_probe``) is read with it; ``probe`` replaces it.
+    (``kitlib.doctor.probe.save_probe``) is read with it; ``probe`` replaces its micro-batch one (a CPU precision
+    verdict kept there stays).
 
     >>> print(diagnose("runs/a"))  # doctest: +SKIP
     """
     record = _load(run)
     if probe is not None:
-        record = dataclasses.replace(record, probes={"micro_batch": probe})
+        record = dataclasses.replace(record, probes={**record.probes, "micro_batch": probe})
     given, hw = hw, hw or _hardware_for(record)
     breakdown = {name: round(record.seconds(name), 4) for name in PHASES if record.seconds(name) > 0}
     breakdown["other"] = round(max(0.0, record.wall - sum(breakdown.values())), 4)

@@ -70,11 +70,12 @@ class Accelerator:
 
 @dataclass(frozen=True)
 class MathProbe:
-    """bf16 autocast against fp32, measured side by side on this CPU for one transformer block of a run's shape
-    (``kitlib.machine.precision.probe_cpu_bf16``): what decides a CPU's precision where its ISA does not settle it."""
+    """bf16 autocast against fp32, measured side by side on this CPU, for one transformer block of a run's shape
+    (``kitlib.machine.speed.probe_cpu_bf16``) or for the model a task builds itself (``speed.probe_model_bf16``):
+    what decides a CPU's precision where its ISA does not settle it."""
 
-    shape: str  # what ran: "width 384, ffn 1536, 12 heads, 4 x 128 tokens"
-    fp32_s: float  # best seconds of one forward + backward
+    shape: str  # what ran: "width 384, ffn 1536, 12 heads, 4 x 128 tokens", "the task's own model, 16 x 107 tokens"
+    fp32_s: float  # seconds of a step: a block's best forward + backward, a model's mean step with its update
     bf16_s: float
     loss_gap: float  # |bf16 loss - fp32 loss| / |fp32 loss| of the same step (weights and inputs)
 

@@ -25,6 +25,7 @@ from kitlib.machine.hardware import MathProbe
 
 __all__ = [
     "MathProbe",
+    "block_key",
     "fastest_threads",
     "keep_probe",
     "kept_probe",
@@ -91,7 +92,7 @@ def probe_cpu_bf16(
     """
     # not keyed by the thread count: 00 probes on torch's, 01 inside the count the load left (kitlib.machine.threads),
     # and the precision is the machine's (a probe per count would re-run, and could decide otherwise, in 01)
-    key = f"{width}/{ffn}/{heads}/{seq_len}"
+    key = block_key(width, ffn, heads, seq_len)
     if (known := kept_probe(key, cache_dir)) is not None:
         return known
     step = _block(width, ffn, heads, seq_len)
@@ -110,6 +111,11 @@ def probe_cpu_bf16(
         fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, repeats)
     shape = f"width {width}, ffn {ffn}, {heads} heads, {rows} x {seq_len} tokens"
     return keep_probe(key, cache_dir, MathProbe(shape, fp32_s, bf16_s, _gap(fp32_loss, bf16_loss)))
+
+
+def block_key(width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128) -> str:
+    """What ``probe_cpu_bf16`` keeps a block's verdict under (beside the CPU and torch version)."""
+    return f"{width}/{ffn}/{heads}/{seq_len}"
 
 
 def kept_probe(key: str, cache_dir: Path | None) -> MathProbe | None:
@@ -177,14 +183,16 @@ def probe_model_bf16(
     """``measure_model_step``'s fp32 FLOP/s, and bf16 autocast against fp32 on the same model's own steps: the two
     alternate (a drifting machine moves both alike), after the losses are compared on the same weights. Twice the
     cost. A transformer block of the model's width is no stand-in for it: on an AMX Xeon core the block ran bf16
-    1.4x faster while a tiny T5 gained 1.07x and the demo's BiLSTM summariser ran 0.92x (2026-11-27)."""
+    1.4x faster while a tiny T5 gained 1.07x and the demo's BiLSTM summariser ran 0.92x (2026-11-27). The model's
+    weights change and it is left in train mode: build one for it."""
     step = _model_step(model, batch, loss)
     model.eval()  # no dropout: both precisions see the same function
     with torch.no_grad():
         losses = [float(_loss(model, batch, loss, bf16)) for bf16 in (False, True)]
     fp32_s, bf16_s = _mean_s(lambda: (step(False)[0], step(True)[0]), budget_s)
-    rows, tokens = next(iter(batch.values())).shape[:2]
-    probe = MathProbe(f"the task's own model, {rows} x {tokens} tokens", fp32_s, bf16_s, _gap(*losses))
+    ids = batch.get("input_ids", next(iter(batch.values())))
+    shape = " x ".join(str(n) for n in ids.shape[:2])  # rows x tokens
+    probe = MathProbe(f"the task's own model, {shape} tokens", fp32_s, bf16_s, _gap(*losses))
     return flops / fp32_s, probe
 
 

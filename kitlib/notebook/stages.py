@@ -8,6 +8,7 @@ the working dir and says which notebook to run first when it is missing.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -141,7 +142,7 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | No
     from kitlib.machine import speed
 
     hw = hw or detect()
-    if hw.device_type != "cpu" or p.hardware:  # a plan for another machine (a chain's GPU): nothing here decides it
+    if hw.device_type != "cpu" or planning_hw(p, hw).device_type != "cpu":  # a chain's GPU: this CPU decides nothing
         return hw
     if facts is not None and hw.cpu_flops_now is None:
         python_s = speed.measure_python_s()  # first: torch's threads spin a while after they work
@@ -180,9 +181,21 @@ def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> tuple[float | 
         return None, None
 
 
+def kept_verdict(p: Params, hw: HardwareInfo) -> MathProbe | None:
+    """The bf16-against-fp32 verdict that planned ``p``'s precision on this CPU, read, never measured: ``hw``'s, else
+    the one kept for the model ``p``'s task builds, else the block's (the cache dir); None where none was made."""
+    from kitlib.machine import speed
+
+    kept = speed.kept_probe(_model_key(p), p.cache_dir)
+    return hw.cpu_bf16_probe or kept or speed.kept_probe(speed.block_key(*_block(p)), p.cache_dir)
+
+
 def _model_key(p: Params) -> str:
-    """What the bf16 probe of the model ``p``'s task builds is kept under (beside the CPU and torch version)."""
-    return f"the {p.task} task's model {p.model} {p.model_factory}".rstrip()
+    """What the bf16 probe of the model ``p``'s task builds is kept under (beside the CPU and torch version): the
+    task, the model and your factory, with its file's contents where it names one (an edited module is probed again)."""
+    source = Path(p.model_factory.partition(":")[0])
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12] if source.suffix == ".py" and source.is_file() else ""
+    return f"the {p.task} task's model {p.model} {p.model_factory} {digest}".rstrip()
 
 
 def _block(p: Params) -> tuple[int, int, int]:

@@ -46,8 +46,8 @@ from kitlib.notebook.stages import (
     _machine_for_plan,
     _model_choice,
     _splits,
+    kept_verdict,
     load_features,
-    measured,
     verdict_of,
 )
 from kitlib.notebook.submission import write_submission
@@ -476,8 +476,10 @@ def _train(
         callbacks=callbacks,
     )
     result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
-    if hw.device_type == "cpu" and dist_env().is_main and (verdict := measured(p, hw).cpu_bf16_probe) is not None:
-        save_probe(staging, verdict)  # 00's bf16-against-fp32 verdict (a cache hit): the doctor's precision advice
+    if hw.device_type == "cpu" and dist_env().is_main and (verdict := kept_verdict(p, hw)) is not None:
+        save_probe(
+            staging, verdict
+        )  # 00's bf16-against-fp32 verdict, read from the cache: the doctor's precision advice
     line = _blend_trees(p, feats, watched, staging)
     result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
     result = _judge_baseline(p, feats, result, staging, watched)
