@@ -171,12 +171,12 @@ def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> tuple[float | 
         return None, None
     try:
         run = resolve_run(p, hw, facts.lengths)  # as p's preset trains it on this machine
-        step = facts.step(run.config.micro_batch_size, run.config.max_length)
-        kept = speed.kept_probe(_model_key(p), p.cache_dir)
+        step, key = facts.step(run.config.micro_batch_size, run.config.max_length), _model_key(p)
+        kept = speed.kept_probe(key, p.cache_dir)
         if kept is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):  # emulated bf16 (AVX2): not worth timing
             return speed.measure_model_step(*step), kept
         flops, probe = speed.probe_model_bf16(*step)
-        return flops, speed.keep_probe(_model_key(p), p.cache_dir, probe)
+        return flops, speed.keep_probe(key, p.cache_dir, probe)
     except Exception:  # a KitError, or your module's own: 02's try on rows names the fix
         return None, None
 
@@ -186,8 +186,11 @@ def kept_verdict(p: Params, hw: HardwareInfo) -> MathProbe | None:
     the one kept for the model ``p``'s task builds, else the block's (the cache dir); None where none was made."""
     from kitlib.machine import speed
 
-    kept = speed.kept_probe(_model_key(p), p.cache_dir)
-    return hw.cpu_bf16_probe or kept or speed.kept_probe(speed.block_key(*_block(p)), p.cache_dir)
+    return (
+        hw.cpu_bf16_probe
+        or speed.kept_probe(_model_key(p), p.cache_dir)
+        or speed.kept_probe(speed.block_key(*_block(p)), p.cache_dir)
+    )
 
 
 def _model_key(p: Params) -> str:

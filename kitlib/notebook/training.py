@@ -476,10 +476,9 @@ def _train(
         callbacks=callbacks,
     )
     result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
+    # 00's bf16-against-fp32 verdict, read from the cache, beside the record: what the doctor's precision advice quotes
     if hw.device_type == "cpu" and dist_env().is_main and (verdict := kept_verdict(p, hw)) is not None:
-        save_probe(
-            staging, verdict
-        )  # 00's bf16-against-fp32 verdict, read from the cache: the doctor's precision advice
+        save_probe(staging, verdict)
     line = _blend_trees(p, feats, watched, staging)
     result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
     result = _judge_baseline(p, feats, result, staging, watched)
