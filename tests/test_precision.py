@@ -366,6 +366,34 @@ def test_the_model_probe_times_a_real_module_in_both_precisions_and_it_still_tra
     assert all(w.grad is not None for w in model.parameters())  # grads zeroed to None by the probe, then fresh ones
 
 
+def test_a_module_that_fails_under_bf16_loses_the_probe_and_keeps_its_fp32_speed() -> None:
+    """A user's module that raises under bf16 autocast (here: it asserts fp32 activations, as a hand-written kernel
+    may) is a verdict, not a lost measurement: its fp32 step is still timed, bf16 loses, and the plan says why; the
+    old code raised out of the probe, the fp32 timing was lost, and the block's verdict could plan bf16 for it."""
+    from kitlib.machine.speed import probe_model_bf16
+
+    class Fp32Only(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.out = nn.Embedding(50, 16), nn.Linear(16, 3)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            hidden = self.out(self.embed(input_ids).mean(1))
+            assert hidden.dtype == torch.float32, f"fp32 kernels only, got {hidden.dtype}"
+            return hidden
+
+    def loss(m: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(m(b["input_ids"]), b["labels"])
+
+    batch = {"input_ids": torch.randint(0, 50, (4, 7)), "labels": torch.randint(0, 3, (4,))}
+    flops, probe = probe_model_bf16(Fp32Only(), batch, 1e6, loss, budget_s=0.05)
+    assert flops > 0 and probe.fp32_s > 0 and probe.speedup == 0.0
+    assert "AssertionError: fp32 kernels only, got torch.bfloat16" in probe.error
+    plan = decide_precision(dataclasses.replace(ZEN4, cpu_bf16_probe=probe))
+    assert plan.dtype == "fp32" and "bf16 autocast failed on the task's own model, 4 x 7 tokens" in plan.reason
+    assert "does not run under bf16 autocast" in plan.reason, plan.reason
+
+
 def test_02_reads_the_kept_verdict_and_never_measures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What 02 keeps for the doctor is read from the cache (stages.kept_verdict): with nothing kept, nothing is
     measured after training (a block's probe there would stand in for a model the task builds)."""

@@ -78,13 +78,16 @@ class MathProbe:
     fp32_s: float  # seconds of a step: a block's best forward + backward, a model's mean step with its update
     bf16_s: float
     loss_gap: float  # |bf16 loss - fp32 loss| / |fp32 loss| of the same step (weights and inputs)
+    error: str = ""  # what bf16 autocast raised on the model (a user's module may not run in it): bf16 lost
 
     @property
     def speedup(self) -> float:
-        """How many times faster bf16 ran (below 1: slower)."""
-        return self.fp32_s / self.bf16_s
+        """How many times faster bf16 ran (below 1: slower; 0: it failed)."""
+        return 0.0 if self.error else self.fp32_s / self.bf16_s
 
     def line(self) -> str:
+        if self.error:
+            return f"bf16 autocast failed on {self.shape} ({self.error}); fp32 ran {self.fp32_s * 1e3:.0f} ms a step"
         ratio = f"{self.speedup:.1f}x faster" if self.speedup >= 1 else f"{1 / self.speedup:.1f}x slower"
         return (
             f"bf16 autocast measured {ratio} than fp32 ({self.bf16_s * 1e3:.0f} vs {self.fp32_s * 1e3:.0f} ms a "

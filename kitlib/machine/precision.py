@@ -172,6 +172,8 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
 
 
 def _probe_loses(probe: MathProbe) -> str:
+    if probe.error:
+        return "fp32 (your model does not run under bf16 autocast; precision='bf16' would fail the same way)"
     if probe.loss_gap > BF16_LOSS_AGREEMENT:
         return f"fp32 (the losses disagree by more than {BF16_LOSS_AGREEMENT:.0%})"
     return f"fp32 (bf16 must be >= {BF16_MIN_SPEEDUP:g}x faster to be worth its rounding)"

@@ -183,17 +183,25 @@ def probe_model_bf16(
     """``measure_model_step``'s fp32 FLOP/s, and bf16 autocast against fp32 on the same model's own steps: the two
     alternate (a drifting machine moves both alike), after the losses are compared on the same weights. Twice the
     cost. A transformer block of the model's width is no stand-in for it: on an AMX Xeon core the block ran bf16
-    1.4x faster while a tiny T5 gained 1.07x and the demo's BiLSTM summariser ran 0.92x (2026-11-27). The model's
-    weights change and it is left in train mode: build one for it."""
+    1.4x faster while a tiny T5 gained 1.07x and the demo's BiLSTM summariser ran 0.92x (2026-11-27). A model that
+    raises under bf16 autocast (a user's module: an op without a bf16 kernel, a dtype it asserts) loses: its fp32
+    speed is kept and the error goes in the verdict. The model's weights change and it is left in train mode: build
+    one for it."""
     step = _model_step(model, batch, loss)
+    ids = batch.get("input_ids", next(iter(batch.values())))
+    shape = f"the task's own model, {' x '.join(str(n) for n in ids.shape[:2])} tokens"  # rows x tokens
     model.eval()  # no dropout: both precisions see the same function
     with torch.no_grad():
-        losses = [float(_loss(model, batch, loss, bf16)) for bf16 in (False, True)]
+        fp32_loss = float(_loss(model, batch, loss, False))  # fp32 first: its failure is the caller's to report
+    try:
+        with torch.no_grad():
+            bf16_loss = float(_loss(model, batch, loss, True))
+        step(True)  # and its backward and update
+    except Exception as err:  # whatever the user's module raises under bf16 is the verdict
+        fp32_s = _mean_s(lambda: (step(False)[0],), budget_s)[0]
+        return flops / fp32_s, MathProbe(shape, fp32_s, 0.0, 0.0, f"{type(err).__name__}: {err}"[:200])
     fp32_s, bf16_s = _mean_s(lambda: (step(False)[0], step(True)[0]), budget_s)
-    ids = batch.get("input_ids", next(iter(batch.values())))
-    shape = " x ".join(str(n) for n in ids.shape[:2])  # rows x tokens
-    probe = MathProbe(f"the task's own model, {shape} tokens", fp32_s, bf16_s, _gap(*losses))
-    return flops / fp32_s, probe
+    return flops / fp32_s, MathProbe(shape, fp32_s, bf16_s, _gap(fp32_loss, bf16_loss))
 
 
 def _model_step(
