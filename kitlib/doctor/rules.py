@@ -353,8 +353,11 @@ def _precision(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     if target == was:
         return None
     name = hw.device_name
-    new, old = peak_flops(name, target), peak_flops(name, was)  # type: ignore[arg-type]
-    ratio = probe.speedup if probe is not None else new / old if new and old else 2.0
+    if probe is not None:
+        ratio = probe.speedup
+    else:
+        new, old = peak_flops(name, target), peak_flops(name, was)  # type: ignore[arg-type]
+        ratio = new / old if new and old else 2.0
     # Peak ratios (A100 bf16/fp32 = 16x) only bound the matmuls; norms, softmax, the optimizer and data are memory-
     # bound and gain <= 2x. End-to-end AMP gains for BERT-class fine-tuning are commonly 2-3x: cap at 3x.
     speedup = min(ratio, PRECISION_SPEEDUP_CAP)

@@ -154,7 +154,7 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | No
                                  cpu_bf16_probe=probe or hw.cpu_bf16_probe)  # fmt: skip
     if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
         return hw
-    probe = speed.kept_probe(_model_key(p), p.cache_dir) or speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir)
+    probe = kept_verdict(p, hw) or speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir)
     return dataclasses.replace(hw, cpu_bf16_probe=probe)
 
 
