@@ -643,7 +643,7 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
     # 00's measurements, outside the wall as the users' choice of settings is: on a CPU with bf16 instructions, bf16
     # against fp32 on the model itself decides the precision (~2-4 s; kept in out's cache), beside the estimate's speeds
     with contextlib.redirect_stdout(sys.stderr):
-        hw = stages.measured(p, stages.measured(p, detect()), facts=stages.data_facts(p))
+        hw = stages.measured(p, detect(), facts=stages.data_facts(p))
     start = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # the stages' reports: keep stdout for the result line
         stages.setup(p, hw)

@@ -9,6 +9,7 @@ cache entries) list their files in a manifest of ``FileRecord`` dicts, ``{"bytes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -163,6 +164,13 @@ def read_checked(path: Path, record: Mapping[str, object]) -> bytearray:
     if hashlib.sha256(blob).hexdigest() != record["sha256"]:
         raise FileMismatch(f"{path.name} fails its sha256 check (corrupted)")
     return blob
+
+
+def known_fields(cls: Any, saved: Mapping[str, Any]) -> dict[str, Any]:
+    """``saved``'s entries that the dataclass ``cls`` declares: a file a newer kitlib wrote, with fields this one
+    lacks, still reads (its missing fields take their defaults)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in saved.items() if k in names}
 
 
 def read_json_object(path: Path | None) -> dict[str, Any]:

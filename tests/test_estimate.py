@@ -129,8 +129,9 @@ def test_bf16_forward_passes_run_at_the_probes_forward_gain_and_training_at_its_
     old, new = (estimate_run(fast, 4000, 1000, hw) for hw in hws)
     fixed = START + (4000 * 2 + 1000) / 5000  # the stage start and tokenising, which no FLOP rate changes
     assert (old.features_s - fixed) / (new.features_s - fixed) == pytest.approx(2.0)  # 4.0x against 2.0x
-    assert new.epoch_s == old.epoch_s and "x 2.0 for bf16 (its probe), forward passes x 4.0 for bf16)" in (
-        new.text()
+    assert (
+        new.epoch_s == old.epoch_s
+        and "x 2.0 for bf16 (its probe), forward passes x 4.0 for bf16 in place of x 2.0)" in (new.text())
     ), new.text()
 
 

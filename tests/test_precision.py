@@ -293,14 +293,14 @@ def test_a_model_the_task_builds_decides_its_precision_on_its_own_steps(
     step = lambda rows, cap: (torch.nn.Linear(4, 4), {"input_ids": torch.zeros(rows, 12)}, 1.0, None)  # noqa: E731
     p = stages.params(environ={}, data_dir=tmp_path, work_dir=tmp_path / "work", model="tiny", epochs=1)
     facts = stages.DataFacts(100, np.full(100, 12), step=step)
-    hw = stages.measured(p, stages.measured(p, ZEN4), facts=facts)  # 00: cell 1 (the block), then cell 2
+    hw = stages.measured(p, ZEN4, facts=facts)  # 00's picker cell
     wins = model_speedup >= 1.1
     assert (
         decide_precision(hw).dtype == ("bf16" if wins else "fp32") and "the task's own model" in hw.cpu_bf16_probe.shape
     )
     assert hw.model_flops_now == 2e9 and timed == ["both"]
     assert decide_precision(stages.measured(p, ZEN4)).dtype == ("bf16" if wins else "fp32")  # 01: the kept verdict
-    again = stages.measured(p, stages.measured(p, ZEN4), facts=facts)  # 00 run again: fp32 timed, the verdict kept
+    again = stages.measured(p, ZEN4, facts=facts)  # 00 run again: fp32 timed, the verdict kept
     assert timed == ["both", "fp32"] and again.cpu_bf16_probe == hw.cpu_bf16_probe and again.model_flops_now == 3e9
 
 
@@ -392,6 +392,29 @@ def test_a_module_that_fails_under_bf16_loses_the_probe_and_keeps_its_fp32_speed
     plan = decide_precision(dataclasses.replace(ZEN4, cpu_bf16_probe=probe))
     assert plan.dtype == "fp32" and "bf16 autocast failed on the task's own model, 4 x 7 tokens" in plan.reason
     assert "does not run under bf16 autocast" in plan.reason, plan.reason
+    with pytest.raises(PrecisionError, match=r"raised under bf16 autocast.*Fix: use precision='fp32'"):
+        decide_precision(dataclasses.replace(ZEN4, cpu_bf16_probe=probe), "bf16")  # asked for by hand: refused
+
+
+def test_a_verdict_round_trips_through_both_files_and_a_newer_files_fields_are_ignored(tmp_path: Path) -> None:
+    """A failed verdict and a forward gain survive the cache (precision_probe.json) and 02's probes.json; a field a
+    newer kitlib added is ignored, not a TypeError (the cache is re-measured, probes.json named as damaged)."""
+    from kitlib.doctor.probe import PROBES_FILE, load_probes, save_probe
+    from kitlib.machine import speed
+
+    failed = MathProbe("the task's own model, 4 x 7 tokens", 0.002, 0.0, 0.0, "AssertionError: fp32 only")
+    block = dataclasses.replace(_probe(1.3), forward_speedup=2.4)
+    for key, probe in (("model", failed), ("block", block)):
+        assert speed.kept_probe(key, tmp_path) is None and speed.keep_probe(key, tmp_path, probe) == probe
+        assert speed.kept_probe(key, tmp_path) == probe
+        save_probe(tmp_path / "run", probe)
+        assert load_probes(tmp_path / "run") == {"precision": probe}
+    for file in (tmp_path / speed.PROBE_FILE, tmp_path / "run" / PROBES_FILE):
+        saved = json.loads(file.read_text())
+        for entry in saved.values():
+            entry["a_later_field"] = 1
+        file.write_text(json.dumps(saved))
+    assert speed.kept_probe("block", tmp_path) == block and load_probes(tmp_path / "run") == {"precision": block}
 
 
 def test_02_reads_the_kept_verdict_and_never_measures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kitlib._files import write_atomic
+from kitlib._files import known_fields, write_atomic
 from kitlib.engine.objective import Batch, LossFn, hf_loss, rows
 from kitlib.engine.step import to_device
 from kitlib.errors import DataError
@@ -204,7 +204,7 @@ def load_probes(run_dir: str | Path) -> dict[str, Any]:
         return {}
     try:
         saved = json.loads(path.read_text())
-        return {name: kind(**saved[name]) for name, kind in _PROBE_KINDS.items() if name in saved}
+        return {name: kind(**known_fields(kind, saved[name])) for name, kind in _PROBE_KINDS.items() if name in saved}
     except (ValueError, TypeError) as e:  # not JSON, or not the fields save_probe writes
         raise DataError(
             f"{path} is not what save_probe writes ({e}; kitlib.doctor.probe). Fix: delete it, or measure again and "

@@ -76,8 +76,8 @@ class MathProbe:
 
     shape: str  # what ran: "width 384, ffn 1536, 12 heads, 4 x 128 tokens", "the task's own model, 16 x 107 tokens"
     fp32_s: float  # seconds of a step: a block's best forward + backward, a model's mean step with its update
-    bf16_s: float
-    loss_gap: float  # |bf16 loss - fp32 loss| / |fp32 loss| of the same step (weights and inputs)
+    bf16_s: float  # 0.0 where bf16 failed (error)
+    loss_gap: float  # |bf16 loss - fp32 loss| / |fp32 loss| of the same step (weights and inputs); 0.0 on error
     error: str = ""  # what bf16 autocast raised on the model (a user's module may not run in it): bf16 lost
     # bf16's gain on a forward pass alone (no autograd: 01's embedding pass, evals, predictions), which gains more than
     # a training step (a block: 2.0-2.5x against 1.3-1.7x on an AMX core); None: not measured (a model's own probe)

@@ -158,6 +158,11 @@ def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
                 "this CPU has neither AMX-BF16 nor AVX512-BF16, so bf16 is emulated (57x slower than fp32 measured "
                 "on an AVX2 EPYC). Fix: use precision='fp32' or 'auto'"
             )
+        if hw.cpu_bf16_probe is not None and hw.cpu_bf16_probe.error:
+            raise PrecisionError(
+                f"your model raised under bf16 autocast when 00 timed it ({hw.cpu_bf16_probe.error}). Fix: use "
+                "precision='fp32' or 'auto', or make the module run in bf16"
+            )
         isa = "AMX-BF16" if hw.cpu_amx else "AVX512-BF16"
         return PrecisionPlan("bf16", "cpu", False, False, f"CPU with {isa}: bf16 autocast as requested")
     if requested == "fp16":

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kitlib._files import read_json_object, write_atomic
+from kitlib._files import known_fields, read_json_object, write_atomic
 from kitlib.machine.hardware import MathProbe
 
 __all__ = [
@@ -87,8 +87,10 @@ def probe_cpu_bf16(
     on this CPU with torch's current threads, and check that both steps' losses agree.
 
     Cost: about ``budget_s`` of full-core work (the best of interleaved repeats, so a neighbour's burst counts
-    against both). A bf16 step more than 4x slower than fp32 (emulated bf16) ends the probe after one row. Kept in
-    ``cache_dir``/precision_probe.json per CPU model, torch version and shape: once per machine.
+    against both), then ~0.2 s for bf16's gain on a forward pass alone. A bf16 step more than 4x slower than fp32
+    (emulated bf16) ends the probe after one row, forward gain unmeasured. Kept in ``cache_dir``/precision_probe.json
+    per CPU model, torch version and shape: once per machine (a verdict kept before the forward gain was measured
+    keeps pricing forward passes by the step's gain).
     """
     # not keyed by the thread count: 00 probes on torch's, 01 inside the count the load left (kitlib.machine.threads),
     # and the precision is the machine's (a probe per count would re-run, and could decide otherwise, in 01)
@@ -104,19 +106,21 @@ def probe_cpu_bf16(
 
     best(1, 1)  # warm-up: oneDNN builds its kernels for each dtype and shape
     fp32_s, bf16_s, fp32_loss, bf16_loss = best(1, 1)
-    rows = 1
+    rows, forward = 1, None
     if bf16_s < 4 * fp32_s:  # worth measuring at a batch: as many rows (up to 8) and repeats as the budget allows
         rows = max(1, min(8, int(budget_s / 3 / (fp32_s + bf16_s))))
         repeats = max(1, min(5, int(budget_s / (rows * (fp32_s + bf16_s)))))
         fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, repeats)
+        forward = _forward_speedup(step)
     shape = f"width {width}, ffn {ffn}, {heads} heads, {rows} x {seq_len} tokens"
-    probe = MathProbe(shape, fp32_s, bf16_s, _gap(fp32_loss, bf16_loss), forward_speedup=_forward_speedup(step))
+    probe = MathProbe(shape, fp32_s, bf16_s, _gap(fp32_loss, bf16_loss), forward_speedup=forward)
     return keep_probe(key, cache_dir, probe)
 
 
 def _forward_speedup(step: Step, rows: int = 16, repeats: int = 3) -> float:
     """fp32 over bf16 seconds of the block's forward pass alone at ``rows`` rows, the best of interleaved repeats
-    after a warm-up: ~0.2 s on 2 AMX cores (MiniLM's own forward gained 2.0x there, the block's 2.0-2.5x)."""
+    after a warm-up: ~0.2 s on 2 AMX cores, where the block's read 2.4x and MiniLM's own forward as 01 runs it
+    (eval mode, inference_mode) 2.9-3.7x on 2 threads, 2.0x on one: the block errs slow (docs/measurements.md)."""
     runs = [(step(torch.float32, rows, False)[0], step(torch.bfloat16, rows, False)[0]) for _ in range(repeats + 1)]
     return min(r[0] for r in runs[1:]) / min(r[1] for r in runs[1:])
 
@@ -130,7 +134,7 @@ def kept_probe(key: str, cache_dir: Path | None) -> MathProbe | None:
     """The probe kept for ``key`` on this CPU and torch version in ``cache_dir``/precision_probe.json, else None."""
     known = read_json_object(None if cache_dir is None else Path(cache_dir) / PROBE_FILE)
     found = known.get(f"{_cpu_model()} | torch {torch.__version__} | {key}")
-    return None if found is None else MathProbe(**found)
+    return None if found is None else MathProbe(**known_fields(MathProbe, found))
 
 
 def keep_probe(key: str, cache_dir: Path | None, probe: MathProbe) -> MathProbe:
@@ -204,11 +208,13 @@ def probe_model_bf16(
     try:
         with torch.no_grad():
             bf16_loss = float(_loss(model, batch, loss, True))
-        step(True)  # and its backward and update
-    except Exception as err:  # whatever the user's module raises under bf16 is the verdict
+        fp32_s, bf16_s = _mean_s(lambda: (step(False)[0], step(True)[0]), budget_s)
+    except MemoryError:
+        raise  # the machine's state, not the module's: no verdict to keep
+    except Exception as err:  # whatever the user's module raises under bf16, at any of its steps, is the verdict
         fp32_s = _mean_s(lambda: (step(False)[0],), budget_s)[0]
-        return flops / fp32_s, MathProbe(shape, fp32_s, 0.0, 0.0, f"{type(err).__name__}: {err}"[:200])
-    fp32_s, bf16_s = _mean_s(lambda: (step(False)[0], step(True)[0]), budget_s)
+        error = " ".join(f"{type(err).__name__}: {err}".split())[:200]  # one line: it is quoted in the plan's why
+        return flops / fp32_s, MathProbe(shape, fp32_s, 0.0, 0.0, error)
     return flops / fp32_s, MathProbe(shape, fp32_s, bf16_s, _gap(fp32_loss, bf16_loss))
 
 

@@ -58,14 +58,15 @@ def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tup
     device = hw.primary
     if device is None and hw.cpu_flops_now:  # measured by 00 (stages.measured): this CPU as it is, load included
         probe = hw.cpu_bf16_probe if dtype == "bf16" else None
-        speedup = probe.speedup if probe is not None else 1.0
+        speedup = probe.speedup if probe is not None and not probe.error else 1.0
         bf16 = f" x {speedup:.1f} for bf16 (its probe)" if speedup != 1.0 else ""
         # a forward pass runs at the block's measured fp32 forward/training ratio (0.9-1.0 on one quiet Xeon core),
         # in bf16 times the probe's forward gain where it measured one (a forward gains more than a training step)
         ratio = hw.cpu_forward_flops_now / hw.cpu_flops_now if hw.cpu_forward_flops_now else 1.0
         gain = probe.forward_speedup if probe is not None and probe.forward_speedup else speedup
-        parts = ([f"x {ratio:.1f}"] if ratio != 1.0 else []) + ([f"x {gain:.1f} for bf16"] if gain != speedup else [])
-        fwd = f", forward passes {' '.join(parts)}" if parts else ""
+        bf16_fwd = [f"x {gain:.1f} for bf16 in place of x {speedup:.1f}"] if gain != speedup else []
+        parts = ([f"x {ratio:.1f}"] if ratio != 1.0 else []) + bf16_fwd
+        fwd = f", forward passes {', '.join(parts)}" if parts else ""
         speedup = gain * ratio if forward else speedup
         fewer = hw.cpu_threads_now not in (None, hw.cpu_count)  # other processes held some cores (threads.py)
         threads = f" on {hw.cpu_threads_now} of {hw.cpu_count} threads" if fewer else ""
