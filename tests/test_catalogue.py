@@ -1154,6 +1154,25 @@ def test_the_notebook_runner_carries_each_notebooks_own_error_to_the_prompt(tmp_
     assert re.search(r"broken\.ipynb stopped in cell 2: EmptyDataError: No columns to parse from file", said), said
 
 
+@pytest.mark.skipif(os.name == "nt", reason="no ipc transport on Windows: TCP there")
+def test_the_notebook_runners_kernels_talk_over_unix_sockets_that_it_removes(tmp_path: Path) -> None:
+    """Kernels over TCP lost a race for a port ("ZMQError: Address already in use": jupyter_client frees a port it
+    picked before the kernel binds it) when CI's other test process started one at the same moment; the runner's
+    kernels use unix sockets in a folder of the run's own, removed when the run ends."""
+    import json
+
+    import nbformat
+
+    from kitlib.notebook.runbook import run_notebooks
+
+    source = _notebook(tmp_path / "nb", "from ipykernel import get_connection_info\nprint(get_connection_info())")
+    run_notebooks(tmp_path / "executed", names=["broken.ipynb"], source_dir=source, timeout_s=120)
+    printed = nbformat.read(tmp_path / "executed" / "broken.ipynb", as_version=4).cells[0].outputs[0]["text"]
+    info = json.loads(printed)
+    assert info["transport"] == "ipc" and Path(info["ip"]).parent.name.startswith("kitlib-kernel-"), info
+    assert not Path(info["ip"]).parent.exists()  # (other processes' runs may hold folders of their own meanwhile)
+
+
 def test_kaggle_build_refuses_a_metric_that_contradicts_the_target_before_writing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -25,7 +27,8 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: nbformat (+0.1 s), nbclient (+0.2 s): only reading or running notebooks needs them; kitlib.engine (+1.0 s):
+# lazy: nbformat (+0.1 s), nbclient (+0.2 s), traitlets (+0.03 s): only reading or running notebooks needs them;
+# kitlib.engine (+1.0 s):
 # torch, only to name a stopped run's checkpoint. The names and paths here are read by the CLI and 00 (python -X
 # importtime).
 
@@ -124,6 +127,7 @@ def run_notebooks(
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
+    from traitlets.config import Config
 
     out_dir = Path(out_dir).resolve()
     source_dir = Path(source_dir or notebooks_dir()).resolve()
@@ -138,6 +142,7 @@ def run_notebooks(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
+    sockets = _kernel_sockets()
     saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
     stop = _Stop(parameters.get("work_dir"), resume)
@@ -154,8 +159,9 @@ def run_notebooks(
             stop.client = None
             try:
                 stop.client = NotebookClient(
-                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}}
-                )
+                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}},
+                    config=Config(KernelManager=sockets),
+                )  # fmt: skip
                 stop.client.async_start_new_kernel = stop.arming(stop.client.async_start_new_kernel)
                 stop.client.execute()
             except Exception as err:
@@ -182,7 +188,19 @@ def run_notebooks(
         stop.restore_handlers()
         os.environ.clear()
         os.environ.update(saved)
+        if "ip" in sockets:
+            shutil.rmtree(Path(sockets["ip"]).parent, ignore_errors=True)
     return results
+
+
+def _kernel_sockets() -> dict[str, str]:
+    """The kernels' transport: unix sockets in a folder of this run's own where the OS has them. Over TCP (the
+    default), jupyter_client picks free ports by binding and releasing them, and a kernel started at the same moment
+    elsewhere can take one first: CI's two test processes lost a kernel to "ZMQError: Address already in use", and
+    two runs a user starts at once could too. Windows has no ipc transport: TCP there."""
+    if os.name == "nt":
+        return {}
+    return {"transport": "ipc", "ip": str(Path(tempfile.mkdtemp(prefix="kitlib-kernel-")) / "k")}
 
 
 class RunStopped(KitError, RuntimeError):
