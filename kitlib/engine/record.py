@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kitlib._files import known_fields
 from kitlib.engine.events import Callback, StepEnd
 from kitlib.models.facts import model_facts
 from kitlib.progress import THROUGHPUT
@@ -93,8 +94,7 @@ class RunFacts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> RunFacts:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (data or {}).items() if k in known and v is not None})
+        return cls(**{k: v for k, v in known_fields(cls, data or {}).items() if v is not None})
 
 
 # The TrainConfig fields a run's facts repeat as they are.

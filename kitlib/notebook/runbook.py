@@ -142,11 +142,11 @@ def run_notebooks(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    sockets = _kernel_sockets()
     saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
     stop = _Stop(parameters.get("work_dir"), resume)
     stop.keep_handlers()
+    sockets = _kernel_sockets()  # removed in the finally below
     try:
         for name in names:
             stop.listen()  # again: nbclient's end of the last notebook set the default handlers back
