@@ -184,18 +184,25 @@ def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.O
 
 def cast_for_optimizer(model: nn.Module, cfg: TrainConfig, dtype: str) -> str:
     """optimizer="adamw-kahan" in a bf16 run trains pure bf16 weights (the memory plan's "bf16 weights + Kahan
-    AdamW": 2 bytes a weight and its gradient instead of 4): the trainable fp32 parameters are cast to bf16 in place,
-    before they move to the device. Buffers stay as they are (rotary frequencies, norm statistics need fp32).
-    Returns the line fit prints, "" when nothing was cast."""
+    AdamW": 2 bytes a weight and its gradient instead of 4): the fp32 parameters are cast to bf16 in place, before
+    they move to the device, the frozen ones too where no adapter trains. A frozen fp32 part beside bf16 ones
+    (balanced's embeddings and their norm) fed fp32 into the first bf16 LayerNorm, which a CPU refuses under
+    autocast ("mixed dtype (CPU)"); CUDA's autocast runs norms in fp32 and hid it. With an adapter only its weights
+    are cast: the base's dtype is the adapter route's. Buffers stay as they are (rotary frequencies, norm
+    statistics need fp32). Returns the line fit prints, "" when nothing was cast."""
     if cfg.optimizer != "adamw-kahan" or dtype != "bf16":
         return ""
-    cast = [p for p in model.parameters() if p.requires_grad and p.dtype == torch.float32]
+    whole = cfg.adapter == "none"
+    cast = [p for p in model.parameters() if p.dtype == torch.float32 and (p.requires_grad or whole)]
     for param in cast:
         param.data = param.data.to(torch.bfloat16)
-    count = sum(p.numel() for p in cast)
-    if not count:  # the model came in bf16 already
+    trained = sum(p.numel() for p in cast if p.requires_grad)
+    frozen = sum(p.numel() for p in cast) - trained
+    if not trained + frozen:  # the model came in bf16 already
         return ""
-    return f"optimizer='adamw-kahan': {count:,} trainable fp32 weights cast to bf16 (pure bf16, Kahan-summed updates)"
+    also = f", and its {frozen:,} frozen ones (the whole model in bf16)" if frozen else ""
+    what = f"{trained:,} trainable fp32 weights cast to bf16{also}"
+    return f"optimizer='adamw-kahan': {what} (pure bf16, Kahan-summed updates)"
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int) -> LrMultiplier:
