@@ -162,7 +162,7 @@ def test_kahan_adamw_casts_a_frozen_part_too_so_a_cpu_norm_never_sees_fp32_besid
     g = torch.Generator().manual_seed(0)
     labels = torch.arange(64) % 2  # class 1's rows draw their tokens from the upper half of the vocabulary
     ids = torch.randint(1, 32, (64, 12), generator=g) + 32 * labels[:, None]
-    rows = [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": y} for i, y in zip(ids, labels)]
+    rows = [{"input_ids": i, "attention_mask": (i > 0).long(), "labels": y} for i, y in zip(ids, labels, strict=True)]
     cfg = TrainConfig(epochs=4, micro_batch_size=16, lr=3e-3, precision="bf16", save_best=False, seed=1,
                       optimizer="adamw-kahan", freeze="embeddings")  # fmt: skip
     hw = fake_profile("CPU-AMX", platform="local", interactive=False)
