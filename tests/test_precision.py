@@ -304,6 +304,46 @@ def test_a_model_the_task_builds_decides_its_precision_on_its_own_steps(
     assert timed == ["both", "fp32"] and again.cpu_bf16_probe == hw.cpu_bf16_probe and again.model_flops_now == 3e9
 
 
+def test_the_block_probe_keeps_its_batch_on_a_slow_or_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 gains with the batch (an AMX core: 1.0x at 1 row of 128 tokens, 1.3x at 8). The probe sized its rows by
+    the budget, so on a busy machine (a slow 1-row step) it shrank to 1 row and planned fp32; it times 8 rows now,
+    whatever the machine's speed. Faked steps (seconds returned, not measured): no test reads this machine's load."""
+    from kitlib.machine import speed
+
+    def block(*shape: int) -> speed.Step:
+        def step(dtype: torch.dtype, rows: int, train: bool = True) -> tuple[float, float]:
+            fp32 = 0.4 * rows  # a busy machine: 0.4 s a row, so 1 row of each precision fills a third of the budget
+            return (fp32 if dtype == torch.float32 else 0.4 + (fp32 - 0.4) / 1.5), 1.0
+
+        return step
+
+    monkeypatch.setattr(speed, "_block", block)
+    probe = speed.probe_cpu_bf16(budget_s=1.0)
+    assert "8 x 128 tokens" in probe.shape, probe.shape
+    assert probe.speedup == pytest.approx(3.2 / (0.4 + 2.8 / 1.5)) and probe.speedup >= 1.1  # bf16 wins at 8 rows
+
+
+def test_00_probes_the_block_on_the_threads_the_run_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A neighbour holding 1 of 2 cores made torch's 2-thread pool time noise (bf16 read 0.8x on a forward pass that
+    gains 2x): the block is probed inside the count the stages chose (HardwareInfo.cpu_threads_now), and torch's own
+    count comes back afterwards."""
+    from kitlib.machine import speed
+    from kitlib.notebook import stages
+
+    seen: list[int] = []
+    monkeypatch.setattr(
+        speed, "probe_cpu_bf16", lambda *b, cache_dir=None: seen.append(torch.get_num_threads()) or _probe(1.5)
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        p = stages.params(environ={}, data_dir=tmp_path, work_dir=tmp_path / "work", model="tiny")
+        hw = stages.measured(p, dataclasses.replace(ZEN4, cpu_threads_now=1))
+        assert seen == [1] and torch.get_num_threads() == 2 and decide_precision(hw).dtype == "bf16"
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_probe_times_both_precisions_checks_the_loss_and_is_kept_per_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -74,6 +74,9 @@ def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
     return step
 
 
+PROBE_ROWS = 8  # 8 x 128 tokens: about a training micro-batch's tokens (16 rows of ~56 at balanced on the demo)
+
+
 def probe_cpu_bf16(
     width: int = 384,
     ffn: int = 1536,
@@ -86,14 +89,15 @@ def probe_cpu_bf16(
     """Time one training step of a transformer block of this shape in fp32 and under bf16 autocast, side by side
     on this CPU with torch's current threads, and check that both steps' losses agree.
 
-    Cost: about ``budget_s`` of full-core work (the best of interleaved repeats, so a neighbour's burst counts
-    against both), then ~0.2 s for bf16's gain on a forward pass alone. A bf16 step more than 4x slower than fp32
+    Cost: about ``budget_s`` of full-core work at PROBE_ROWS rows (the best of interleaved repeats, so a
+    neighbour's burst counts against both; at least one pair after a warm-up pair, ~0.5 s on an AMX core, more on a
+    slow or busy one), then ~0.2 s for bf16's gain on a forward pass alone. A bf16 step more than 4x slower than fp32
     (emulated bf16) ends the probe after one row, forward gain unmeasured. Kept in ``cache_dir``/precision_probe.json
     per CPU model, torch version and shape: once per machine (a verdict kept before the forward gain was measured
     keeps pricing forward passes by the step's gain).
     """
-    # not keyed by the thread count: 00 probes on torch's, 01 inside the count the load left (kitlib.machine.threads),
-    # and the precision is the machine's (a probe per count would re-run, and could decide otherwise, in 01)
+    # not keyed by the thread count: the stages probe inside the count the load leaves (kitlib.machine.threads), and
+    # the precision is the machine's (a probe per count would re-run, and could decide otherwise, in 01)
     key = block_key(width, ffn, heads, seq_len)
     if (known := kept_probe(key, cache_dir)) is not None:
         return known
@@ -107,10 +111,12 @@ def probe_cpu_bf16(
     best(1, 1)  # warm-up: oneDNN builds its kernels for each dtype and shape
     fp32_s, bf16_s, fp32_loss, bf16_loss = best(1, 1)
     rows, forward = 1, None
-    if bf16_s < 4 * fp32_s:  # worth measuring at a batch: as many rows (up to 8) and repeats as the budget allows
-        rows = max(1, min(8, int(budget_s / 3 / (fp32_s + bf16_s))))
-        repeats = max(1, min(5, int(budget_s / (rows * (fp32_s + bf16_s)))))
-        fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, repeats)
+    if bf16_s < 4 * fp32_s:  # worth measuring at a batch: PROBE_ROWS rows, as many repeats as the budget allows
+        # The rows stay whatever the machine's speed: sized by the budget, a busy machine's probe shrank to 1 row,
+        # where bf16 gains nothing (12 vs 12 ms on an AMX core, 1.3x at 8 rows), and planned fp32 for the run.
+        rows, pair_s = PROBE_ROWS, PROBE_ROWS * (fp32_s + bf16_s)
+        best(rows, 1)  # warm-up at this shape
+        fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, max(1, min(5, int(budget_s / pair_s))))
         forward = _forward_speedup(step)
     shape = f"width {width}, ffn {ffn}, {heads} heads, {rows} x {seq_len} tokens"
     probe = MathProbe(shape, fp32_s, bf16_s, _gap(fp32_loss, bf16_loss), forward_speedup=forward)

@@ -131,14 +131,14 @@ def resolve_run(
 
 
 def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | None = None) -> HardwareInfo:
-    """This machine (``hw``, else detected) with its CPU's bf16 autocast timed against fp32 on a block of ``p``'s
-    model (kitlib.machine.speed.probe_cpu_bf16: a second or two, then kept in the cache dir per machine and torch
-    version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16, AVX512-BF16) is
-    probed: a GPU's rules are known, and without them bf16 is emulated. ``facts`` (00's data_facts, a cell later): also
-    the CPU's fp32 training and forward speed at this moment on the threads that ran fastest (``measure_cpu_step``,
-    never cached: a busy machine is priced into the run's estimate), a model its task builds timed itself
-    (``_model_step``: on a bf16 CPU, in both precisions, which then decides in place of the block), and one thread's
-    plain Python (``measure_python_s``: imports and other fixed costs)."""
+    """This machine (``hw``, else detected) with its CPU's bf16 autocast timed against fp32 on a block of ``p``'s model
+    (kitlib.machine.speed.probe_cpu_bf16: a second or two on the threads the run takes, then kept in the cache dir
+    per machine and torch version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16,
+    AVX512-BF16) is probed: a GPU's rules are known, and without them bf16 is emulated. ``facts`` (00's data_facts,
+    a cell later): also the CPU's fp32 training and forward speed at this moment on the threads that ran fastest
+    (``measure_cpu_step``, never cached: a busy machine is priced into the run's estimate), a model its task builds
+    timed itself (``_model_step``: on a bf16 CPU, in both precisions, which then decides in place of the block), and
+    one thread's plain Python (``measure_python_s``: imports and other fixed costs)."""
     from kitlib.machine import speed
 
     hw = hw or detect()
@@ -154,7 +154,10 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | No
                                  cpu_bf16_probe=probe or hw.cpu_bf16_probe)  # fmt: skip
     if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
         return hw
-    probe = kept_verdict(p, hw) or speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir)
+    probe = kept_verdict(p, hw)
+    if probe is None:  # on the threads the run takes: a pool contended by a neighbour timed noise (bf16 0.8x forward)
+        with cpu_threads(hw.cpu_threads_now, measure=True):
+            probe = speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir)
     return dataclasses.replace(hw, cpu_bf16_probe=probe)
 
 
