@@ -144,31 +144,58 @@ def test_kahan_adamw_is_refused_where_the_plan_trains_no_bf16_weights(hardware: 
     assert (run.config.optimizer, run.config.precision) == ("adamw-kahan", "bf16")
 
 
-def test_kahan_adamw_casts_a_frozen_part_too_so_a_cpu_norm_never_sees_fp32_beside_bf16() -> None:
-    """balanced freezes the input embeddings. adamw-kahan cast only the trainable weights to bf16, so the frozen
-    embeddings' fp32 output met the first bf16 LayerNorm, and a CPU's autocast raised "mixed dtype (CPU)" on the
-    first step (CUDA's runs norms in fp32). The whole model is bf16 now; the frozen weights keep their values."""
-    pytest.importorskip("optimi", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
+def _tiny_bert_classifier_rows() -> tuple[nn.Module, list[dict[str, torch.Tensor]]]:
+    """A 1-layer BERT (embeddings with their LayerNorm, as MiniLM's) under a mean-pool head, and 64 rows whose class
+    a mean of the tokens tells (class 1 draws its tokens from the upper half of the vocabulary)."""
     from transformers import BertConfig, BertModel
 
-    from kitlib.machine.hardware import fake_profile
     from kitlib.models.heads import MeanPoolClassifier
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=32)  # fmt: skip
-    model = MeanPoolClassifier(BertModel(config), num_labels=2)
-    frozen = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters() if "embeddings" in n}
     g = torch.Generator().manual_seed(0)
-    labels = torch.arange(64) % 2  # class 1's rows draw their tokens from the upper half of the vocabulary
+    labels = torch.arange(64) % 2
     ids = torch.randint(1, 32, (64, 12), generator=g) + 32 * labels[:, None]
-    rows = [{"input_ids": i, "attention_mask": (i > 0).long(), "labels": y} for i, y in zip(ids, labels, strict=True)]
-    cfg = TrainConfig(epochs=4, micro_batch_size=16, lr=3e-3, precision="bf16", save_best=False, seed=1,
-                      optimizer="adamw-kahan", freeze="embeddings")  # fmt: skip
+    rows = [
+        {"input_ids": i, "attention_mask": torch.ones_like(i), "labels": y} for i, y in zip(ids, labels, strict=True)
+    ]
+    return MeanPoolClassifier(BertModel(config), num_labels=2), rows
+
+
+def _kahan_fit(model: nn.Module, rows: list[dict[str, torch.Tensor]], **cfg: Any) -> Any:
+    from kitlib.machine.hardware import fake_profile
+
+    config = TrainConfig(epochs=4, micro_batch_size=16, lr=3e-3, precision="bf16", save_best=False, seed=1,
+                         optimizer="adamw-kahan", **cfg)  # fmt: skip
     hw = fake_profile("CPU-AMX", platform="local", interactive=False)
-    result = fit(model, DataLoader(rows, batch_size=16), config=cfg, hw=hw)  # raised on the first step before
+    return fit(model, DataLoader(rows, batch_size=16), config=config, hw=hw)
+
+
+def test_kahan_adamw_casts_a_frozen_part_too_so_a_cpu_norm_never_sees_fp32_beside_bf16() -> None:
+    """balanced freezes the input embeddings. adamw-kahan cast only the trainable weights to bf16, so the frozen
+    embeddings' fp32 output met the first bf16 LayerNorm, and a CPU's autocast raised "mixed dtype (CPU)" on the
+    first step (CUDA's runs norms in fp32). The whole model is bf16 now; the frozen weights keep their values."""
+    pytest.importorskip("optimi", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
+    model, rows = _tiny_bert_classifier_rows()
+    frozen = {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters() if "embeddings" in n}
+    result = _kahan_fit(model, rows, freeze="embeddings")  # raised on the first step before
     params = dict(result.model.named_parameters())
     assert {p.dtype for p in params.values()} == {torch.bfloat16}
     assert frozen and all(torch.equal(params[n], v) for n, v in frozen.items())  # frozen: cast, never updated
     losses = list(result.history["train_loss"])
     assert losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("adapter", ["lora", "none"])
+def test_kahan_adamw_leaves_an_adapters_frozen_base_as_it_is(adapter: str) -> None:
+    """With adapters only they are cast: the frozen base keeps the dtype its route chose (fp32 on a CPU), whether
+    kitlib built the adapters (adapter="lora") or you did and called fit with adapter left at "none"."""
+    pytest.importorskip("optimi", reason="the lean extra (pip install 'kitlib[lean]'; the dev extra has it)")
+    peft = pytest.importorskip("peft")
+    model, rows = _tiny_bert_classifier_rows()
+    model.encoder = peft.get_peft_model(model.encoder, peft.LoraConfig(r=4, target_modules=["query", "value"]))
+    result = _kahan_fit(model, rows, adapter=adapter)
+    dtypes = {n: p.dtype for n, p in result.model.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.bfloat16}
+    assert {d for n, d in dtypes.items() if "encoder" in n and "lora_" not in n} == {torch.float32}

@@ -187,22 +187,27 @@ def cast_for_optimizer(model: nn.Module, cfg: TrainConfig, dtype: str) -> str:
     AdamW": 2 bytes a weight and its gradient instead of 4): the fp32 parameters are cast to bf16 in place, before
     they move to the device, the frozen ones too where no adapter trains. A frozen fp32 part beside bf16 ones
     (balanced's embeddings and their norm) fed fp32 into the first bf16 LayerNorm, which a CPU refuses under
-    autocast ("mixed dtype (CPU)"); CUDA's autocast runs norms in fp32 and hid it. With an adapter only its weights
-    are cast: the base's dtype is the adapter route's. Buffers stay as they are (rotary frequencies, norm
-    statistics need fp32). Returns the line fit prints, "" when nothing was cast."""
+    autocast ("mixed dtype (CPU)"); CUDA's autocast runs norms in fp32 and hid it. With an adapter (kitlib's, or a
+    peft model of your own) only the trained weights are cast: the base's dtype is the adapter route's, and a
+    quantized weight's storage is never reinterpreted. Buffers stay as they are (rotary frequencies, norm statistics
+    need fp32). Returns the line fit prints, "" when nothing was cast."""
     if cfg.optimizer != "adamw-kahan" or dtype != "bf16":
         return ""
-    whole = cfg.adapter == "none"
-    cast = [p for p in model.parameters() if p.dtype == torch.float32 and (p.requires_grad or whole)]
-    for param in cast:
+    # an adapter of your own, at any depth (peft's layers, with or without its PeftModel around the model)
+    whole = cfg.adapter == "none" and not any(type(m).__module__.startswith("peft.") for m in model.modules())
+    fp32 = [p for p in model.parameters() if p.dtype == torch.float32]
+    trained = [p for p in fp32 if p.requires_grad]
+    frozen = [p for p in fp32 if not p.requires_grad and whole and type(p) is nn.Parameter]  # not bitsandbytes'
+    for param in trained + frozen:
         param.data = param.data.to(torch.bfloat16)
-    trained = sum(p.numel() for p in cast if p.requires_grad)
-    frozen = sum(p.numel() for p in cast) - trained
-    if not trained + frozen:  # the model came in bf16 already
+    counts = [(sum(p.numel() for p in part), what) for part, what in ((trained, "trainable"), (frozen, "frozen"))]
+    said = [f"{n:,} {what}" for n, what in counts if n]
+    if not said:  # the model came in bf16 already
         return ""
-    also = f", and its {frozen:,} frozen ones (the whole model in bf16)" if frozen else ""
-    what = f"{trained:,} trainable fp32 weights cast to bf16{also}"
-    return f"optimizer='adamw-kahan': {what} (pure bf16, Kahan-summed updates)"
+    whole_model = " (the whole model in bf16)" if frozen else ""
+    return (
+        f"optimizer='adamw-kahan': {' and '.join(said)} fp32 weights cast to bf16{whole_model} (Kahan-summed updates)"
+    )
 
 
 def lr_lambda(cfg: TrainConfig, total_steps: int) -> LrMultiplier:
