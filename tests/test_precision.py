@@ -304,36 +304,51 @@ def test_a_model_the_task_builds_decides_its_precision_on_its_own_steps(
     assert timed == ["both", "fp32"] and again.cpu_bf16_probe == hw.cpu_bf16_probe and again.model_flops_now == 3e9
 
 
-def test_the_block_probe_keeps_its_batch_on_a_slow_or_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bf16 gains with the batch (an AMX core: 1.0x at 1 row of 128 tokens, 1.3x at 8). The probe sized its rows by
-    the budget, so on a busy machine (a slow 1-row step) it shrank to 1 row and planned fp32; it times 8 rows now,
-    whatever the machine's speed. Faked steps (seconds returned, not measured): no test reads this machine's load."""
+@pytest.mark.parametrize("bf16_row_s", [0.4, 1.0])
+def test_the_block_probe_keeps_its_batch_on_a_slow_or_busy_machine(
+    monkeypatch: pytest.MonkeyPatch, bf16_row_s: float
+) -> None:
+    """bf16 gains with the batch (an AMX core: 1.0x at 1 row of 128 tokens, 1.45-1.6x at 8). The probe sized its rows
+    by the budget, so on a busy machine (a slow 1-row step) it shrank to 1 row and planned fp32; it times 8 rows now,
+    a warm-up and at least 2 pairs whatever the machine's speed, and the forward pass where bf16 won. A bf16 row
+    2.5x slower (0.4 against 1.0 s) cannot win at 8 rows: the probe stops after one row. Faked steps (seconds
+    returned, not measured): no test reads this machine's load."""
     from kitlib.machine import speed
+
+    calls: list[tuple[str, int, bool]] = []
 
     def block(*shape: int) -> speed.Step:
         def step(dtype: torch.dtype, rows: int, train: bool = True) -> tuple[float, float]:
+            calls.append((str(dtype)[6:], rows, train))
             fp32 = 0.4 * rows  # a busy machine: 0.4 s a row, so 1 row of each precision fills a third of the budget
-            return (fp32 if dtype == torch.float32 else 0.4 + (fp32 - 0.4) / 1.5), 1.0
+            return (fp32 if dtype == torch.float32 else bf16_row_s + (fp32 - 0.4) / 1.5), 1.0
 
         return step
 
     monkeypatch.setattr(speed, "_block", block)
     probe = speed.probe_cpu_bf16(budget_s=1.0)
+    one_row = [("float32", 1, True), ("bfloat16", 1, True)] * 2  # a warm-up pair, then the pair that decides
+    if bf16_row_s == 1.0:
+        assert "1 x 128 tokens" in probe.shape and probe.forward_speedup is None and calls == one_row
+        return
     assert "8 x 128 tokens" in probe.shape, probe.shape
     assert probe.speedup == pytest.approx(3.2 / (0.4 + 2.8 / 1.5)) and probe.speedup >= 1.1  # bf16 wins at 8 rows
+    assert calls[:10] == one_row + [("float32", 8, True), ("bfloat16", 8, True)] * 3  # warm-up + 2 pairs
+    assert probe.forward_speedup is not None and {c[1] for c in calls[10:]} == {16}  # the forward pass alone
 
 
 def test_00_probes_the_block_on_the_threads_the_run_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A neighbour holding 1 of 2 cores made torch's 2-thread pool time noise (bf16 read 0.8x on a forward pass that
     gains 2x): the block is probed inside the count the stages chose (HardwareInfo.cpu_threads_now), and torch's own
     count comes back afterwards."""
-    from kitlib.machine import speed
+    from kitlib.machine import speed, threads
     from kitlib.notebook import stages
 
     seen: list[int] = []
     monkeypatch.setattr(
         speed, "probe_cpu_bf16", lambda *b, cache_dir=None: seen.append(torch.get_num_threads()) or _probe(1.5)
     )
+    monkeypatch.setattr(threads, "share", lambda: 2)  # a 2-CPU share on any machine: only the chosen count gives 1
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -75,6 +75,9 @@ def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
 
 
 PROBE_ROWS = 8  # 8 x 128 tokens: about a training micro-batch's tokens (16 rows of ~56 at balanced on the demo)
+# A bf16 step this many times slower than fp32 at one row cannot win at PROBE_ROWS (1 -> 8 rows gained bf16 1.45-1.6x
+# on an AMX core): the probe stops there (bf16 emulated, or a CPU whose bf16 would lose), and costs one row's pair.
+EMULATED = 2.0
 
 
 def probe_cpu_bf16(
@@ -87,14 +90,15 @@ def probe_cpu_bf16(
     cache_dir: Path | None = None,
 ) -> MathProbe:
     """Time one training step of a transformer block of this shape in fp32 and under bf16 autocast, side by side
-    on this CPU with torch's current threads, and check that both steps' losses agree.
+    on this CPU with torch's current threads (the stages: the count the load leaves), and check that both steps'
+    losses agree.
 
-    Cost: about ``budget_s`` of full-core work at PROBE_ROWS rows (the best of interleaved repeats, so a
-    neighbour's burst counts against both; at least one pair after a warm-up pair, ~0.5 s on an AMX core, more on a
-    slow or busy one), then ~0.2 s for bf16's gain on a forward pass alone. A bf16 step more than 4x slower than fp32
-    (emulated bf16) ends the probe after one row, forward gain unmeasured. Kept in ``cache_dir``/precision_probe.json
-    per CPU model, torch version and shape: once per machine (a verdict kept before the forward gain was measured
-    keeps pricing forward passes by the step's gain).
+    Cost: a warm-up pair and 2-5 interleaved pairs at PROBE_ROWS rows (the best of them, so a neighbour's burst counts
+    against both; as many as ``budget_s`` allows, guessed from one row: ~1 s on an AMX core, more on a slow or busy
+    one), then ~0.2 s for bf16's gain on a forward pass alone where bf16 won the step. A bf16 step more than
+    EMULATED x slower than fp32 at one row ends the probe there, forward gain unmeasured. Kept in
+    ``cache_dir``/precision_probe.json per CPU model, torch version and shape: once per machine (a verdict kept
+    before the forward gain was measured keeps pricing forward passes by the step's gain).
     """
     # not keyed by the thread count: the stages probe inside the count the load leaves (kitlib.machine.threads), and
     # the precision is the machine's (a probe per count would re-run, and could decide otherwise, in 01)
@@ -111,13 +115,13 @@ def probe_cpu_bf16(
     best(1, 1)  # warm-up: oneDNN builds its kernels for each dtype and shape
     fp32_s, bf16_s, fp32_loss, bf16_loss = best(1, 1)
     rows, forward = 1, None
-    if bf16_s < 4 * fp32_s:  # worth measuring at a batch: PROBE_ROWS rows, as many repeats as the budget allows
+    if bf16_s < EMULATED * fp32_s:  # worth measuring at a batch: PROBE_ROWS rows, repeats as the budget allows
         # The rows stay whatever the machine's speed: sized by the budget, a busy machine's probe shrank to 1 row,
-        # where bf16 gains nothing (12 vs 12 ms on an AMX core, 1.3x at 8 rows), and planned fp32 for the run.
+        # where bf16 gains nothing (12 vs 12 ms on an AMX core; 1.45-1.6x at 8 rows), and planned fp32 for the run.
         rows, pair_s = PROBE_ROWS, PROBE_ROWS * (fp32_s + bf16_s)
         best(rows, 1)  # warm-up at this shape
-        fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, max(1, min(5, int(budget_s / pair_s))))
-        forward = _forward_speedup(step)
+        fp32_s, bf16_s, fp32_loss, bf16_loss = best(rows, max(2, min(5, int(budget_s / pair_s))))
+        forward = _forward_speedup(step) if bf16_s < fp32_s else None  # prices bf16's forward passes, where it won
     shape = f"width {width}, ffn {ffn}, {heads} heads, {rows} x {seq_len} tokens"
     probe = MathProbe(shape, fp32_s, bf16_s, _gap(fp32_loss, bf16_loss), forward_speedup=forward)
     return keep_probe(key, cache_dir, probe)
@@ -133,7 +137,7 @@ def _forward_speedup(step: Step, rows: int = 16, repeats: int = 3) -> float:
 
 def block_key(width: int = 384, ffn: int = 1536, heads: int = 12, seq_len: int = 128) -> str:
     """What ``probe_cpu_bf16`` keeps a block's verdict under (beside the CPU and torch version)."""
-    return f"{width}/{ffn}/{heads}/{seq_len}"
+    return f"{width}/{ffn}/{heads}/{seq_len}/{PROBE_ROWS}rows"  # a verdict of fewer rows (before 8) is probed again
 
 
 def kept_probe(key: str, cache_dir: Path | None) -> MathProbe | None:
