@@ -28,9 +28,8 @@ from typing import Any
 from kitlib.errors import TRACEBACK_ENV, KitError
 
 # lazy: nbformat (+0.1 s), nbclient (+0.2 s), traitlets (+0.03 s): only reading or running notebooks needs them;
-# kitlib.engine (+1.0 s):
-# torch, only to name a stopped run's checkpoint. The names and paths here are read by the CLI and 00 (python -X
-# importtime).
+# kitlib.engine (+1.0 s): torch, only to name a stopped run's checkpoint. The names and paths here are read by the CLI
+# and 00 (python -X importtime).
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "file:line: Category: message"
