@@ -26,7 +26,8 @@ GIVEN: dict[str, Any] = {
     "preset": "smoke", "model": "tiny", "text": "review", "target": "y", "task": "classify", "metric": "macro_f1",
     "objective": "mae", "numeric": ["n1"], "categorical": ["c1"], "id": "row", "seed": 7, "train_file": "tr.csv",
     "test_file": "te.csv", "sample_submission": "ss.csv", "folds": 2, "group_column": "c1",
-    "hardware": "2xT4", "rehearse": True, "epochs": 2,
+    "hardware": "2xT4", "rehearse": True, "time_budget": 2.5, "inference_limit": 3.0, "strategy": "fsdp",
+    "report_to": "tensorboard", "epochs": 2,
     "micro_batch_size": 4, "grad_accum_steps": 3, "lr": 0.002, "max_length": 24, "full_eval_every": 0,
     "adapter": "lora", "optimizer": "adamw8bit", "gradient_checkpointing": True, "compile": True,
 }  # fmt: skip
@@ -175,7 +176,7 @@ def parameters_table() -> str:
     for name, f in PARAMETERS.items():
         meta = f.metadata
         value = str(f.default) if isinstance(f.default, Path) else list(f.default) if f.default == () else f.default
-        default = "the preset's" if f.default is None else f"`{value!r}`"
+        default = f"`{value!r}`"  # None: the doc says what it means
         allowed = " \\| ".join(f"`{c}`" for c in meta["choices"]) or (
             f">= {meta['least']}" if meta["least"] is not None else ""
         )

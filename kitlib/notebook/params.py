@@ -101,6 +101,19 @@ class Params:
                              "of this machine; '' = this one")  # fmt: skip
     rehearse: bool = declared(False, "rehearse the plan for hardware on this machine's CPU (as many gloo processes "
                               "as it has GPUs) before spending GPU quota", env="KIT_REHEARSE")  # fmt: skip
+    # A Kaggle session ends at its limit (12 h, GPU); a code competition reruns the submitted notebook within its own.
+    time_budget: float | None = declared(None, "hours 02 may train before it saves a resumable last/ and stops (the "
+                                         "next session continues it); None: on Kaggle the session limit less 03's "
+                                         "predicted time and a margin, elsewhere no limit", stage="00")  # fmt: skip
+    inference_limit: float = declared(9.0, "a code competition's limit on the submitted notebook's rerun, hours: "
+                                      "03 predicts its time for the test rows it sees and refuses a run that cannot "
+                                      "fit, before any work", stage="03")  # fmt: skip
+    strategy: str | None = declared(None, "several GPUs: ddp (each holds the whole model) | fsdp (weights, gradients "
+                                    "and optimizer state sharded per block); None: the plan's",
+                                    choices=("ddp", "fsdp"), stage="00")  # fmt: skip
+    report_to: str = declared("none", "where 02 logs each epoch's history row and the verdict: none | tensorboard | "
+                              "wandb (when installed)", choices=("none", "tensorboard", "wandb"),
+                              stage="02")  # fmt: skip
     epochs: int | None = declared(None, "passes over the training rows", least=1, training=True, stage="02")
     micro_batch_size: int | None = declared(None, "rows per forward pass, per GPU", least=1, training=True)
     grad_accum_steps: int | None = declared(None, "micro-batches per optimizer step: effective batch = micro x accum "
