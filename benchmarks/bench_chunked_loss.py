@@ -1,6 +1,6 @@
 """Peak memory of a training step with the model's own LM loss vs kitlib's chunked loss (kitlib.engine.chunked_loss):
 a Llama-shaped causal LM with a 50k vocabulary and a small hidden size (so it runs on a CPU), rows of 1,024 tokens,
-kitlib's own step (fp32, fused AdamW), live tensor bytes tracked op by op (kitlib.doctor.live_bytes).
+kitlib's own step (fp32, fused AdamW), live tensor bytes tracked op by op (benchmarks/live_bytes.py).
 
     nice -n 5 python benchmarks/bench_chunked_loss.py      # ~1 min on 2 busy cores
 
@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 
 import torch
+from live_bytes import step_peak
 from transformers import LlamaConfig
 
-from kitlib.doctor.live_bytes import step_peak
 from kitlib.doctor.memory_plan import plan_memory
 from kitlib.engine.chunked_loss import chunked_lm_loss
 from kitlib.engine.objective import hf_loss

@@ -1,5 +1,5 @@
 """The memory plan (kitlib.plan_memory) against a measured peak: kitlib's own optimizer step on this CPU in fp32,
-its live tensor bytes tracked op by op (kitlib.doctor.live_bytes), for four model sizes x each measurable strategy
+its live tensor bytes tracked op by op (benchmarks/live_bytes.py), for four model sizes x each measurable strategy
 (MEASURABLE: LoRA and QLoRA, 4-bit through bitsandbytes' CPU backend, included).
 
     nice -n 5 python benchmarks/bench_memory_plan.py          # ~10-25 min on 2 busy cores
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import time
 
+from live_bytes import MEASURABLE, planned_and_measured
 from transformers import BertConfig, LlamaConfig
-
-from kitlib.doctor.live_bytes import MEASURABLE, planned_and_measured
 
 CASES = [  # (label, config, task, seq_len, micro-batch, accumulation)
     ("Llama h128 x2", LlamaConfig(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,

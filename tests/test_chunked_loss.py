@@ -65,7 +65,7 @@ def test_chunked_loss_and_gradients_equal_the_models_own(kind: str) -> None:
 
 
 def test_the_logits_are_never_materialised() -> None:
-    from kitlib.doctor.live_bytes import LiveBytes
+    from benchmarks.live_bytes import LiveBytes
 
     model, batch = _model("llama"), _batch("llama")
     logits_bytes = batch["input_ids"].numel() * 97 * 4

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kitlib.doctor.live_bytes import MEASURABLE
+from benchmarks.live_bytes import MEASURABLE
 from kitlib.doctor.memory_plan import plan_memory
 
 
@@ -26,7 +26,7 @@ def test_plan_matches_the_measured_peak_of_kitlibs_step(strategy: str, request: 
     and fp32 embeddings and head counted (issue #30 item 5: planned 2.15x too low)."""
     from transformers import LlamaConfig
 
-    from kitlib.doctor.live_bytes import planned_and_measured
+    from benchmarks.live_bytes import planned_and_measured
 
     pytest.importorskip("peft")
     if "8-bit" in strategy or "QLoRA" in strategy:

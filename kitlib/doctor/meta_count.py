@@ -28,7 +28,7 @@ def parameter_counts(config: Any, model_kind: str) -> tuple[int, int, int, int, 
 
 def meta_model(config: Any, model_kind: str) -> nn.Module:
     """``config``'s transformers model for ``model_kind``, built on the current device: the meta device when counting,
-    the CPU in the doctor's live check (kitlib.doctor.live_bytes)."""
+    the CPU in the memory plan's live check (benchmarks/live_bytes.py)."""
     if model_kind == "decoder":
         return AutoModelForCausalLM.from_config(config)
     if model_kind == "encoder-decoder":
