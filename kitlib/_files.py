@@ -1,10 +1,5 @@
-"""Files that are never half-written, and the one manifest format that proves a folder is complete.
-
-Every file kitlib publishes (run.json, features.json, submission.csv, demo CSVs) goes through ``write_atomic``: the
-bytes go to a temporary sibling, are fsynced, then ``os.replace`` swaps them in, so a reader, a second writer or a
-kill mid-write sees the old file or the new one, never a mix. Folders that must be complete as a whole (checkpoints,
-cache entries) list their files in a manifest of ``FileRecord`` dicts, ``{"bytes": n, "sha256": hex}``, written last.
-"""
+"""Files that are never half-written (``write_atomic``: temp sibling, fsync, ``os.replace``), and the manifest
+of ``FileRecord`` dicts (``{"bytes": n, "sha256": hex}``, written last) that proves a folder is complete."""
 
 from __future__ import annotations
 
@@ -83,10 +78,8 @@ def explain_disk_full(path: Path, what: str) -> Iterator[None]:
 
 
 def write_atomic(path: str | os.PathLike[str], content: str | bytes | memoryview | Callable[[BinaryIO], None]) -> Path:
-    """Write ``content`` (text as UTF-8, bytes, or a function that writes to a binary file) to ``path`` atomically.
-
-    Cost: one fsync of the file (a few ms on a local disk), one of its folder. Returns the path written.
-    """
+    """Write ``content`` (text as UTF-8, bytes, or a function writing a binary file) to ``path`` atomically; returns it.
+    Cost: one fsync of the file (a few ms on a local disk) and one of its folder."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -107,10 +100,7 @@ def write_atomic(path: str | os.PathLike[str], content: str | bytes | memoryview
 
 
 def write_recorded(path: Path, chunks: Iterable[bytes | memoryview]) -> FileRecord:
-    """Write ``chunks`` to a new file (inside a folder that is swapped in as a whole), hashing as it goes.
-
-    Unbuffered: chunks are large array buffers, so each is one write(2) and no copy through Python's buffer.
-    """
+    """Write ``chunks`` to a new file, hashing as it goes; unbuffered (each large chunk is one write(2), no copy)."""
     digest, size = hashlib.sha256(), 0
     with path.open("wb", buffering=0) as f:
         for chunk in chunks:

@@ -1,13 +1,6 @@
-"""Arrays and plain data stored in a form that runs no code when read: JSON for the structure, raw bytes for arrays.
-
-Unpickling can run any code; reading this format cannot. It covers what featurisation returns: numpy arrays and
-torch tensors (any dtype but object), numbers, strings, None, lists, tuples, dicts with string keys, and kitlib's own
-dataclasses (``TokenizedTexts``, ``NumericFeatures``, ...: rebuilt by calling the class, which is kitlib code the user
-already runs). :func:`encode` returns ``None`` for anything else (a DataFrame, a user's class); the cache then falls
-back to a signed pickle.
-
-Long lists of 1-D arrays (e.g. 10k token rows) are stored as one flat array + offsets: two buffers, not 10k.
-"""
+"""Arrays and plain data in a form that runs no code when read: JSON for the structure, raw bytes for arrays
+(numpy/torch arrays, numbers, strings, lists, dicts, kitlib's dataclasses); ``encode`` returns None for anything else.
+Long lists of 1-D arrays are stored as one flat array + offsets."""
 
 from __future__ import annotations
 

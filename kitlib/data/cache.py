@@ -1,21 +1,6 @@
-"""Content-addressed feature cache: compute a featurisation once, reload it in a fraction of a second.
-
-The key hashes everything the result depends on (see :mod:`kitlib.data.fingerprint`): the inputs' content (a file's
-bytes, a DataFrame's values, an array's bytes), the function (module, qualname, source), tokenizer/model identity,
-``kitlib.__version__`` and FORMAT_VERSION. An entry is a directory ``<name>-<key>/`` holding ``buffers.bin`` (the
-arrays' raw bytes, 64-byte aligned), ``manifest.json`` (checksums, build seconds, signature) and either
-``data.json`` (arrays, tensors, numbers, strings, lists/dicts and kitlib's dataclasses: :mod:`kitlib.data.arrays`;
-reading it runs no code) or, for anything else, ``data.pkl`` (pickle protocol 5, the arrays out-of-band). It appears by
-one atomic directory rename, so readers never see half an entry, and a bad checksum means "rebuild", never "load".
-
-Unpickling runs code: only pickles in ``dir`` signed with this machine's key (kept outside the cache folder, see
-:mod:`kitlib.data.signing`) are unpickled; a planted or copied-in pickle is refused and rebuilt. Seed caches (a
-Kaggle input dataset, a previous kernel's output: ``Cache(seed_dirs=[...])``) are data: their array entries load as
-they are, and their pickles are never unpickled (kitlib's own feature entries are never pickles; others rebuild).
-
->>> cache = Cache("/tmp/feats")
->>> tokens = cached(tokenize, Path("train.csv"), tokenizer, cache=cache)  # doctest: +SKIP
-"""
+"""Content-addressed feature cache: an entry ``<name>-<key>/`` (raw buffers, a manifest, ``data.json`` or a signed
+``data.pkl``) appears by one atomic rename; a bad checksum means rebuild. Only pickles signed by this machine's key
+are unpickled; seed caches serve array entries only."""
 
 from __future__ import annotations
 
@@ -283,13 +268,9 @@ def _is_read_only(path: Path) -> bool:
 
 
 class Cache:
-    """A feature cache in ``dir`` (default: :func:`default_cache_dir`). One per notebook; ``.stats`` adds up.
-
-    ``seed_dirs``: read-only caches (e.g. /kaggle/input/my-cache, a previous session's output) looked up after
-    ``dir``. Their array entries load as they are (no code runs); their pickles are never unpickled, whoever wrote
-    them: loading one would run its publisher's code. Hits from seeds are copied into ``dir`` (``copy_seed_hits``) so
-    this session's output is a complete cache again.
-    """
+    """A feature cache in ``dir`` (default: ``default_cache_dir()``); ``.stats`` adds up. ``seed_dirs``: read-only
+    caches looked up after ``dir``: their array entries load, their pickles never; hits are copied into ``dir``
+    (``copy_seed_hits``)."""
 
     def __init__(
         self,
@@ -541,10 +522,8 @@ class Cache:
         return sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file() and not f.is_symlink())
 
     def clear(self, older_than: float | timedelta | None = None, name: str | None = None) -> int:
-        """Delete entries (all, those older than ``older_than`` seconds, or of one ``name``); returns how many.
-
-        Only directories directly inside ``dir`` that look like entries are removed; never ``dir`` itself, never a
-        symlink's target."""
+        """Delete entries (all, older than ``older_than`` seconds, or of one ``name``); returns how many. Only entry
+        folders directly inside ``dir``: never ``dir`` itself, never a symlink's target."""
         max_age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         now, removed = time.time(), 0
         for path, manifest in list(self._entries()):
@@ -583,8 +562,5 @@ def cached(
     ignore: Iterable[str] = (),
     **kwargs: Any,
 ) -> R:
-    """``fn(*args, **kwargs)`` through the cache (a default :class:`Cache` when ``cache`` is None).
-
-    >>> tokens = cached(tokenize, Path("train.csv"), tok, max_length=256, cache=cache)  # doctest: +SKIP
-    """
+    """``fn(*args, **kwargs)`` through the cache (a default ``Cache`` when ``cache`` is None)."""
     return (cache or Cache())._get_or_build(fn, args, kwargs, name=name, identity=identity, ignore=ignore)

@@ -1,18 +1,6 @@
-"""Featurisers for notebook competitions, each cached through :mod:`kitlib.data.cache`.
-
-- :func:`tokenize_texts`: fast-tokenizer ids + lengths, no padding stored (the loader pads per batch).
-- :func:`numeric_features` / :func:`categorical_codes`: table columns as a float32 matrix / int32 codes, with the
-  statistics and vocabularies needed to transform the test set the same way.
-- :func:`embed_texts`: mean-pooled frozen-encoder embeddings, length-sorted batches. The expensive one: MiniLM-L6 on
-  a 2-core CPU does ~100-200 texts/s, a T4 ~3k/s, so a cached re-run saves minutes per session.
-
-Inputs are validated before any hashing or writing: a bad column raises one :class:`FeatureInputError` (a
-:class:`kitlib.data.tables.DataError`) naming it, and the cache is left untouched.
-
->>> cache = Cache()
->>> tokens = tokenize_texts(train["text"], tokenizer, max_length=256, cache=cache)  # doctest: +SKIP
->>> emb = embed_texts(train["text"], tokenizer, model, precision=precision, cache=cache)  # doctest: +SKIP
-"""
+"""Cached featurisers: token ids (``tokenize_texts``), numeric matrices and categorical codes fitted on train,
+and mean-pooled frozen-encoder embeddings (``embed_texts``, the expensive one). Bad input raises one
+``FeatureInputError`` naming the column before anything is hashed or written."""
 
 from __future__ import annotations
 
@@ -169,11 +157,7 @@ def tokenize_texts(
     batch_size: int = 1000,
     cache: CacheArg = None,
 ) -> TokenizedTexts:
-    """Token ids of each text (special tokens added, truncated to ``max_length``, never padded).
-
-    >>> tok = tokenize_texts(df["text"], tokenizer, max_length=256, cache=cache)  # doctest: +SKIP
-    >>> tok.lengths, tok[0]  # doctest: +SKIP
-    """
+    """Token ids of each text (special tokens added, truncated to ``max_length``, never padded)."""
     items = _check_texts(texts)
     _positive(max_length=max_length, batch_size=batch_size)
     return _through(
@@ -223,9 +207,7 @@ def numeric_features(
     cache: CacheArg = None,
 ) -> NumericFeatures:
     """Columns as a float32 matrix: NaN filled, standardised, plus 0/1 missing indicators.
-
-    Fit on train, reuse on test: ``test = numeric_features(test_df, cols, stats=train.stats)``.
-    """
+    Fit on train, reuse on test: ``numeric_features(test_df, cols, stats=train.stats)``."""
     cols = _check_frame(df, columns, "numeric_features")
     if stats is not None and list(stats.columns) != cols:
         raise FeatureInputError(f"numeric_features: stats are for columns {list(stats.columns)}, not {cols}")
@@ -305,11 +287,8 @@ def categorical_codes(
     max_categories: int | None = None,
     cache: CacheArg = None,
 ) -> CategoricalCodes:
-    """Columns as int32 codes: 1.. by descending training frequency, 0 for unknown/rare. NaN is the category
-    ``"<missing>"``; values are compared as strings (so 1 and "1" are one category).
-
-    Fit on train, reuse on test: ``categorical_codes(test_df, cols, vocabs=train.vocabs)``.
-    """
+    """Columns as int32 codes: 1.. by descending training frequency, 0 for unknown/rare, NaN as ``"<missing>"``,
+    values compared as strings. Reuse on test: ``categorical_codes(test_df, cols, vocabs=train.vocabs)``."""
     cols = _check_frame(df, columns, "categorical_codes")
     _positive(min_count=min_count, max_categories=max_categories)
     if vocabs is not None and (absent := [c for c in cols if c not in vocabs]):
@@ -360,21 +339,9 @@ def embed_texts(
     progress: bool | str = False,
     cache: CacheArg = None,
 ) -> npt.NDArray[np.float32]:
-    """Mean-pooled hidden states of a frozen encoder, [n_texts, layers * hidden] float32, in the input order.
-
-    ``layers``: how many of the last hidden layers to pool, concatenated (last layer first). Layers below the last
-    keep word-level detail the final layer averages away: a head on the last three MiniLM layers scored 0.805-0.816
-    on the demo's test set vs 0.789-0.801 on the last alone (same head, n-grams included, three seeds), for the same
-    single forward pass.
-
-    Texts are batched by token length (longest first) so each batch pads little, then put back in order.
-    ``precision``: None (fp32), a ``kitlib.machine.amp.Precision`` (anything with ``.autocast()``), or a
-    factory of context managers such as ``lambda: torch.autocast("cuda", dtype=torch.float16)``. ``device``: None
-    keeps the model where it is; otherwise the model is moved there. ``progress``: a bar, named by the string given
-    (e.g. "embed train"; True: "embed").
-
-    >>> emb = embed_texts(df["text"], tokenizer, model, precision=precision, cache=cache)  # doctest: +SKIP
-    """
+    """Mean-pooled hidden states of a frozen encoder, [n_texts, layers * hidden] float32 in input order, the last
+    ``layers`` concatenated, batched longest first. ``precision``: None, a Precision or an autocast factory;
+    ``device``: None keeps the model where it is; ``progress``: a bar's name (True: "embed")."""
     items = _check_texts(texts)
     _positive(batch_size=batch_size, max_length=max_length, layers=layers)
     autocast = _autocast_factory(precision)

@@ -1,16 +1,6 @@
-"""Input fingerprints: a content hash of everything a computation depends on, for :mod:`kitlib.data.cache` keys.
-
-:func:`fingerprint` hashes files and folders (bytes, streamed), DataFrames/Series/Indexes (vectorised per-row hashes),
-numpy arrays and torch tensors (dtype, shape, raw bytes), functions (qualname + source, or bytecode when there is none,
-plus captured closure variables), tokenizers (vocab/tokenizer.json without per-call padding/truncation state), models
-(config + strided weight samples), containers, dataclasses and anything picklable. Objects may define
-``kitlib_identity()`` to say what identifies them.
-
-Importing this module imports neither torch nor pandas: they are only recognised if the caller already imported them.
-
->>> fingerprint([1, 2, 3]) == fingerprint([1, 2, 3])
-True
-"""
+"""Content hashes of everything a computation depends on (files, frames, arrays, functions, tokenizers, models,
+containers; ``kitlib_identity()`` where an object defines it), for the cache's keys. Imports neither torch nor
+pandas."""
 
 from __future__ import annotations
 

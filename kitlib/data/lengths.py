@@ -1,13 +1,5 @@
-"""How long are the rows, where to truncate them, and how much of each batching strategy's compute is padding.
-
-    report = length_report(tokens.lengths, batch_size=32)
-    print(report)            # percentiles, truncation, and padding efficiency per strategy
-    report.table()           # the same as a DataFrame
-
-Padding efficiency = real tokens / tokens computed (rows x padded width, summed over batches). The strategies are
-replayed with kitlib's own samplers, so the numbers are the ones training will see. Numpy only; pandas is imported
-by ``table()``.
-"""
+"""Row lengths: percentiles, where to truncate, and each batching strategy's padding efficiency (real tokens /
+tokens computed), replayed with kitlib's own samplers. Numpy only; ``table()`` imports pandas."""
 
 from __future__ import annotations
 
@@ -38,11 +30,7 @@ PERCENTILES = (50, 90, 95, 99)
 
 
 def suggest_max_length(lengths: Sequence[int] | np.ndarray, coverage: float = 0.99, multiple_of: int = 8) -> int:
-    """The smallest multiple of ``multiple_of`` that holds ``coverage`` of the rows untruncated.
-
-    >>> suggest_max_length([10, 12, 30, 200], coverage=0.75)
-    32
-    """
+    """The smallest multiple of ``multiple_of`` that holds ``coverage`` of the rows untruncated."""
     if not 0.0 < coverage <= 1.0:
         raise ValueError(f"coverage must be in (0, 1], got {coverage}")
     arr = as_lengths(lengths)
@@ -125,12 +113,8 @@ def length_report(
     seed: int = 0,
     used: str | None = None,
 ) -> LengthReport:
-    """Length percentiles, truncation at ``max_length`` (default: ``suggest_max_length(coverage)``), and padding
-    efficiency of fixed / dynamic / bucket / token-budget batching on epoch 0, every row counted (no drop_last).
-
-    ``max_tokens`` defaults to ``batch_size * max_length``: the same peak tokens as a fixed-padded batch.
-    ``used``: the strategy training batches with (``TrainConfig.batching``), marked in the printed report.
-    """
+    """Length percentiles, truncation at ``max_length`` (default: ``suggest_max_length``) and the padding efficiency
+    of fixed / dynamic / bucket / token-budget batching on epoch 0; ``used`` marks the strategy training uses."""
     raw = as_lengths(lengths)
     if raw.size == 0:
         raise ValueError("no lengths: the dataset is empty")

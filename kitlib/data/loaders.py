@@ -1,10 +1,5 @@
-"""DataLoader factories with hardware-aware defaults, a dynamic-padding collate, and a pre-tokenised dataset.
-
-    train_dl = make_train_loader(TokenDataset(tokens, labels), cfg, hw)   # bucketed, padded to the batch's longest
-    test_dl = make_predict_loader(TokenDataset(test_tokens), cfg, hw)      # length-sorted; restore_order() undoes it
-
-The samplers live in ``kitlib.data.samplers``; this module only decides which one, how many workers, and how to pad.
-"""
+"""DataLoader factories with hardware-aware defaults (sampler, workers), a dynamic-padding collate and a
+pre-tokenised dataset; the samplers live in ``kitlib.data.samplers``."""
 
 from __future__ import annotations
 
@@ -44,12 +39,8 @@ SHM_HEADROOM = 4  # /dev/shm must hold 4x the batches in flight (torch keeps one
 
 # ------------------------------------------------------------------------------------------------ dataset + collate
 class TokenDataset(Dataset[Any]):
-    """Rows of token ids stored flat (one ids array + offsets), with optional labels.
-
-    Takes a ``TokenizedTexts``-like object (``.ids``, ``.offsets``) or a sequence of id sequences. Two flat numpy
-    arrays instead of 10^5 Python lists also matter for workers: forked workers touching Python ints copy their
-    pages (refcounts), numpy buffers stay shared. Items are ``(ids, label)``, or ``ids`` alone without labels.
-    """
+    """Rows of token ids stored flat (ids + offsets: forked workers then share the pages), optional labels.
+    Items are ``(ids, label)``, or ``ids`` alone."""
 
     def __init__(
         self,
@@ -93,13 +84,8 @@ class TokenDataset(Dataset[Any]):
 
 
 class PaddingCollator:
-    """Pad a batch to its longest row (rounded up to ``pad_to_multiple_of``) -> input_ids, attention_mask, labels.
-
-    Items: ``(ids, label)``, ``ids`` alone, or a mapping with ``input_ids`` and ``labels``/``label``. Rows longer
-    than ``max_length`` keep their first ``max_length - 1`` tokens and their last one (the closing [SEP]/</s>).
-    ``fixed_length`` pads every batch to the same width (static shapes for torch.compile/XLA, at a padding cost).
-    A class, not a closure, so spawned workers can pickle it.
-    """
+    """Pad a batch to its longest row (rounded up to ``pad_to_multiple_of``; every batch alike with ``fixed_length``)
+    -> input_ids, attention_mask, labels. Rows over ``max_length`` keep their first tokens and their last one."""
 
     def __init__(
         self,
@@ -162,11 +148,8 @@ def _split_item(item: Any) -> tuple[Any, Any]:
 
 # ------------------------------------------------------------------------------------------------------- workers
 def seed_worker(worker_id: int) -> None:
-    """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (base seed + worker id).
-
-    torch seeds only its own RNG in each worker; forked workers would otherwise share numpy's state and draw
-    identical "random" augmentations.
-    """
+    """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (forked workers would share
+    numpy's)."""
     del worker_id  # already folded into torch.initial_seed()
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
@@ -343,11 +326,8 @@ def make_train_loader(
     lengths: Sequence[int] | np.ndarray | None = None,
     seed: int | None = None,
 ) -> KitDataLoader:
-    """Shuffled training batches of ``cfg.micro_batch_size`` rows, grouped as ``cfg.batching`` says, drop_last.
-
-    Lengths come from ``lengths`` or ``dataset.lengths`` (``TokenDataset`` has them). Under DDP each rank gets
-    its own equal share of the batches. fit() calls ``loader.batch_sampler.set_epoch(epoch)`` every epoch.
-    """
+    """Shuffled training batches of ``cfg.micro_batch_size`` rows, grouped as ``cfg.batching`` says, drop_last; each
+    DDP rank gets an equal share. Lengths from ``lengths`` or ``dataset.lengths``."""
     seed = cfg.seed if seed is None else seed
     lens = _lengths_of(dataset, lengths, cfg)
     rank, world = _rank_world()
@@ -397,11 +377,8 @@ def make_eval_loader(
     collate: Any = None,
     lengths: Sequence[int] | np.ndarray | None = None,
 ) -> KitDataLoader:
-    """Every row once, in batches of ``micro_batch_size * eval_batch_factor`` (no autograd state to keep).
-
-    Longest rows first when lengths are known (less padding, the peak-memory batch first); labels travel with their
-    rows, so losses and metrics are unaffected. ``restore_order(loader, outputs)`` maps outputs back to row order.
-    """
+    """Every row once in batches of ``micro_batch_size * eval_batch_factor``, longest first when lengths are known;
+    ``restore_order(loader, outputs)`` maps outputs back to row order."""
     lens = _lengths_of(dataset, lengths, cfg)
     bs = cfg.micro_batch_size * cfg.eval_batch_factor
     sampler: Any = (

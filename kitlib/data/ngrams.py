@@ -1,17 +1,5 @@
-"""Hashed word n-grams with tf-idf weights: the bag-of-words half of the ``fast`` preset's head.
-
-A frozen sentence encoder knows what a review is about but blurs the words that carry sentiment ("not bad",
-"flat"); a tf-idf bag keeps them. On the demo (2,623 test reviews, split by movie) the frozen MiniLM embeddings alone
-reach 0.780 test accuracy with an MLP head, the bag alone 0.754, and one head trained on both 0.805-0.816 over
-three seeds. The bag costs ~1 s for 13k reviews on one CPU core, so it is not cached.
-
-Grams are hashed into a fixed number of buckets (crc32: stable across processes and machines, unlike ``hash``), so
-there is no vocabulary to store and unseen test words cost nothing. Each row is a fixed-width, zero-padded array of
-bucket ids and weights, ready for ``nn.EmbeddingBag(..., mode="sum")`` with ``per_sample_weights``.
-
->>> vec = NgramVectorizer.fit(train_texts)
->>> bags = vec.transform(test_texts)  # bags.ids, bags.weights: [rows, width]
-"""
+"""Hashed word n-grams with tf-idf weights, the bag-of-words half of the ``fast`` head: crc32 buckets (stable
+across processes, no vocabulary), fixed-width rows of ids and weights for ``nn.EmbeddingBag(mode="sum")``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Padding-free packing for causal-LM training: a batch is its examples laid end to end in one row, no padding.
-
-    loader = make_train_loader(dataset, TrainConfig(batching="packed", ...), hw)  # PackingSampler + PackingCollator
-
-Each example keeps its own positions (``position_ids`` restart at 0), and the batch carries no attention mask:
-transformers then derives a block-diagonal causal mask from the restarts (SDPA, ``find_packed_sequence_indices``),
-or cu_seqlens for flash-attn's varlen kernel, so no token attends across examples (tests/test_packing.py proves it
-on logits). The first label of every example is -100: the token before it belongs to the previous example, and the
-model's own one-position shift would otherwise score it. The loss stays the mean over scored tokens, counted by
-fit's default_count_fn exactly as for padded rows; tokens/s counts the examples' own tokens (``PackedBatch``), not
-the row-end padding, as a padded batch's attention mask does.
-"""
+"""Padding-free packing for causal-LM training: a batch's examples end to end in one row, ``position_ids``
+restarting per example (transformers then masks across examples), each example's first label -100."""
 
 from __future__ import annotations
 
@@ -39,11 +29,8 @@ FLASH = "flash_attention_2"  # transformers' name for flash-attn 2's kernels (va
 
 
 def packed_attention(device_type: str) -> str:
-    """The attention packed rows train through, chosen here alone: flash-attn 2's varlen kernel where the flash_attn
-    package is installed and the run trains on a CUDA GPU (transformers derives cu_seqlens from the position_ids
-    restarts of a one-row batch, ``PackingCollator(width=None)``, and computes no attention across examples), else
-    SDPA with the block-diagonal mask transformers builds from the same position_ids. The GPU side is reasoned, not
-    measured: no GPU with flash_attn installed has run it (benchmarks/gpu_checks.py's packing check would)."""
+    """The attention packed rows train through: flash-attn 2's varlen kernel where flash_attn is installed and the run
+    is on CUDA (reasoned, not measured), else SDPA with transformers' block-diagonal mask."""
     if device_type != "cuda" or importlib.util.find_spec("flash_attn") is None:
         return "sdpa"
     from transformers import PreTrainedModel
@@ -52,10 +39,7 @@ def packed_attention(device_type: str) -> str:
 
 
 class PackedBatch(dict[str, torch.Tensor]):
-    """A packed batch's tensors, and ``real_tokens``: its examples' own tokens, row-end padding not counted (no
-    tensor can say it: an attention mask would turn transformers' packed-row mask off, and the padding's position_ids
-    segment looks like an example's). model(**batch) sees only the tensors; DataLoader workers (pickle) and pinning
-    (the loader calls a batch's own pin_memory) keep the count."""
+    """A packed batch's tensors and ``real_tokens``, the examples' own tokens (row-end padding not counted)."""
 
     real_tokens: int | None = None
 
@@ -66,11 +50,8 @@ class PackedBatch(dict[str, torch.Tensor]):
 
 
 class PackingCollator:
-    """Items ``(ids, labels)`` (labels per token, or None) laid end to end in rows of up to ``width`` tokens (next
-    fit, in the sampler's order: its bins never need more rows), or all in one row (``width=None``: flash-attn's
-    varlen kernel reads packed sequences only from a single row). Yields input_ids, position_ids (restarting per
-    example) and labels (-100 on each example's first token); a row's padding is a segment of its own (positions
-    from 0, labels -100), so nothing attends to it or is scored. A class, so spawned workers can pickle it."""
+    """Items ``(ids, labels)`` laid end to end in rows of up to ``width`` tokens (``None``: one row, for flash varlen),
+    yielding input_ids, position_ids and labels; a row's padding is a segment of its own, never attended or scored."""
 
     def __init__(self, width: int | None = None, pad_id: int = 0, pad_to_multiple_of: int = 1) -> None:
         self.width, self.pad_id, self.multiple = width, pad_id, max(1, pad_to_multiple_of)

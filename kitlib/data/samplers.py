@@ -1,15 +1,6 @@
-"""Batch samplers that decide which rows share a batch: random, length-bucketed, token-budget and packed batching.
-
-All three yield lists of row indices (a DataLoader ``batch_sampler``) and share one contract with fit():
-
-- deterministic for ``(seed, epoch)``: the order is a pure function of the two, so a resumed run (same seed,
-  ``set_epoch(e)``, then ``skip_batches(loader, k)``) replays exactly the remaining batches of epoch ``e``;
-- ``set_epoch(e)`` reshuffles; ``len()`` is this epoch's number of batches on this rank;
-- DDP-aware: rank ``r`` of ``W`` takes global batches ``r, r+W, r+2W, ...`` of the single-process order, cut to a
-  multiple of ``W`` so every rank takes the same number of steps (one extra step on one rank hangs the all-reduce).
-
-Numpy only (no torch import), so the length report can replay the exact batches without loading torch.
-"""
+"""Batch samplers (random, length-bucketed, token-budget, packed): deterministic for ``(seed, epoch)`` so a resume
+replays the remaining batches, ``set_epoch`` reshuffles, and DDP rank r of W takes global batches r, r+W, ...
+(cut to a multiple of W: one extra step hangs the all-reduce). Numpy only."""
 
 from __future__ import annotations
 
@@ -122,15 +113,8 @@ class RandomBatchSampler(_EpochBatchSampler):
 
 
 class BucketSampler(_EpochBatchSampler):
-    """Length-grouped batches: rows of similar length share a batch, so dynamic padding computes few pad tokens.
-
-    Shuffle all rows, cut them into mega-batches of ``mega_batch_factor * batch_size`` rows, sort each mega-batch by
-    length, cut it into batches, then shuffle the batch order. Batches stay random in content across epochs, and
-    the loss does not see a short-to-long curriculum. Cost: an argsort per epoch (~1 ms per 10k rows).
-
-    A larger ``mega_batch_factor`` packs tighter but makes each batch's rows more alike in length (HF's default is
-    50); 50-100 keeps padding efficiency above ~0.95 on typical text.
-    """
+    """Length-grouped batches: shuffled rows in mega-batches of ``mega_batch_factor * batch_size`` sorted by length,
+    cut into batches whose order is shuffled. Cost: an argsort per epoch (~1 ms per 10k rows)."""
 
     def __init__(
         self,
@@ -164,13 +148,8 @@ class BucketSampler(_EpochBatchSampler):
 
 
 class TokenBudgetSampler(_EpochBatchSampler):
-    """Batches of roughly constant *tokens* (rows x padded length <= ``max_tokens``) rather than constant rows.
-
-    For very skewed lengths: short rows travel in large batches and long rows in small ones, so every step costs
-    about the same memory and time, and none of it is padding. Mega-batches of ``mega_batch_rows`` shuffled rows
-    are sorted by length and packed greedily. A single row longer than ``max_tokens`` gets a batch of its own
-    (truncate at tokenisation to avoid that). The batch count varies a little from epoch to epoch.
-    """
+    """Batches of roughly constant tokens (rows x padded length <= ``max_tokens``) from length-sorted mega-batches of
+    ``mega_batch_rows``; a row over ``max_tokens`` gets a batch of its own."""
 
     def __init__(
         self,
@@ -227,11 +206,8 @@ class TokenBudgetSampler(_EpochBatchSampler):
 
 
 def packing_layout(lengths: Sequence[int] | np.ndarray, batch_size: int, width: int | None) -> tuple[int, int]:
-    """(tokens per bin, bins per micro-batch) of packed batches in rows of ``width`` (None: one row, flash varlen).
-    Packing changes the layout, not the optimisation: a batch holds the example tokens of ``batch_size`` bucketed
-    rows on average (``batch_size`` full rows held ~5x the examples on chat SFT data, mean ~300 of 1,536 tokens: ~5x
-    fewer optimizer steps per epoch, a worse loss at equal epochs; #31). An example longer than a bin gets a bin of
-    its own, so a batch's peak stays <= batch_size x width (the memory plan's count: rows <= batch_size)."""
+    """(tokens per bin, bins per micro-batch) of packed batches in rows of ``width`` (None: one row): a batch holds
+    the example tokens of ``batch_size`` bucketed rows on average, and its peak stays <= batch_size x width."""
     arr = as_lengths(lengths)
     budget = max(1, math.ceil(batch_size * float(arr.mean()))) if arr.size else batch_size
     rows = min(batch_size, -(-budget // width)) if width else 1
@@ -283,10 +259,7 @@ class PackingSampler(_EpochBatchSampler):
 
 
 class SortedBatchSampler:
-    """Eval/predict batches in length order (no shuffle): little padding, and ``order`` maps outputs back to rows.
-
-    ``order`` is the row index of each output in yield order: ``out[order] = outputs`` restores the original rows.
-    """
+    """Eval/predict batches in length order; ``out[order] = outputs`` restores the original rows."""
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_size: int, *, descending: bool = True) -> None:
         arr = as_lengths(lengths)

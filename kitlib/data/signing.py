@@ -1,11 +1,5 @@
-"""The key that says "this machine wrote it": cache entries are signed with it, and only signed ones are unpickled.
-
-A checksum written beside a file by whoever wrote the file authenticates nothing: a planted pickle can carry matching
-checksums. An HMAC with a key kept *outside* the cache folder (``~/.config/kitlib/cache.key``, or
-``$KITLIB_CONFIG_DIR``) does: a file planted in the cache folder, or a cache copied from elsewhere, fails the check
-and is never unpickled. Caches from elsewhere (a previous Kaggle kernel's output: ``Cache(seed_dirs=[...])``) serve
-their array entries only; their pickles are never unpickled.
-"""
+"""The key that says "this machine wrote it" (an HMAC key kept outside the cache folder): only signed pickles are
+unpickled, so a planted or copied-in one is refused."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """Read a competition table and check it before any work is spent on it; read its target column (a TargetSpec).
-
-    df = read_table("train.csv", text="text", target="label", id="id")
-    spec = infer_target(df["label"])        # TargetSpec(kind='binary', num_labels=2, classes=(0, 1))
-    y = spec.encode(df["label"])            # int64 codes (classification) or float32 values (regression)
-
-Every problem raises one ``DataError`` (a ValueError) that names the file, the column, the first bad row and the
-fix; nothing is cached or trained on a table that failed here.
-"""
+Every problem raises one ``DataError`` naming the file, column, first bad row and fix."""
 
 from __future__ import annotations
 
@@ -103,12 +96,8 @@ def read_table(
     id: str | None = None,
     rule: TargetRule = "auto",
 ) -> pd.DataFrame:
-    """Read a CSV/TSV/Parquet/JSONL table and validate the columns kitlib will use.
-
-    Checks: the file exists and has rows; ``text``, ``target`` and ``id`` columns exist; text cells are strings
-    (a blank cell becomes '', with a warning);
-    ids are unique; the target has no missing values and, unless it holds class names, is numeric throughout.
-    """
+    """Read a CSV/TSV/Parquet/JSONL table and check the columns kitlib uses: rows exist, the columns exist, text
+    cells are strings (blank -> '', warned), ids unique, the target complete and numeric unless it holds class names."""
     import pandas as pd
 
     path = Path(path)

@@ -1,14 +1,5 @@
-"""FLOPs per token, accelerator peaks, and model FLOPs utilisation (MFU).
-
-    fpt = model_flops_per_token(model, seq_len=128)          # 6N + 12*L*T*d per trained token
-    peak = peak_flops("Tesla T4", "fp16")                     # 65e12, from the datasheet
-    print(f"MFU {mfu(tokens_per_s, fpt, peak):.1%}")
-
-MFU = achieved model FLOP/s / peak FLOP/s (PaLM, Chowdhery et al. 2022, appendix B). Model FLOPs count only the
-matmuls the model needs: recomputation (activation checkpointing) and padding are not credited, so padding and
-recompute show up as *lower* MFU. On a CPU there is no datasheet number: ``measure_cpu_peak`` runs a short matmul
-probe instead (call it once and keep the result; nothing here caches it).
-"""
+"""FLOPs per token, accelerator peaks and model FLOPs utilisation (MFU, PaLM appendix B): only the matmuls the
+model needs count, so padding and recomputation show as lower MFU."""
 
 from __future__ import annotations
 
@@ -41,25 +32,16 @@ __all__ = [
 
 
 def flops_per_token(n_params: int, n_layers: int, seq_len: int, d_model: int, *, training: bool = True) -> float:
-    """Model FLOPs per token: 6N + 12*L*T*d for forward+backward, 2N + 4*L*T*d for forward only.
-
-    N = non-embedding parameters (each is one multiply-add per token forward, two more backward); the attention term
-    is QK^T and AV over a context of T tokens (PaLM appendix B, nanoGPT ``estimate_mfu``). Elementwise ops (norms,
-    softmax, activations) are left out, as in both references: a few % for T << d.
+    """Model FLOPs per token: 6N + 12*L*T*d trained, 2N + 4*L*T*d forward (N: non-embedding parameters).
 
     >>> flops_per_token(10_000_000, 6, 128, 384)
-    63538944.0
-    """
+    63538944.0"""
     forward = 2.0 * n_params + 4.0 * n_layers * seq_len * d_model
     return 3.0 * forward if training else forward
 
 
 def model_flops_per_token(model: nn.Module, seq_len: int, *, training: bool = True) -> float:
-    """flops_per_token for a Hugging Face model (layers and width from ``model.config``) or any nn.Module.
-
-    A model without a config gets no attention term (exact for MLPs and CNN-free token models). Parameters that run
-    once per sequence (a classifier head, BERT's pooler) are counted per token: ~1-2% high for MiniLM at T ~ 40.
-    """
+    """``flops_per_token`` for a Hugging Face model (layers, width from ``model.config``; no attention term without)."""
     facts = model_facts(model)
     return flops_per_token(
         facts["model_non_embedding_params"], facts["model_layers"], seq_len, facts["model_width"], training=training
@@ -67,21 +49,15 @@ def model_flops_per_token(model: nn.Module, seq_len: int, *, training: bool = Tr
 
 
 def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
-    """Model FLOPs utilisation in [0, 1]: tokens/s x FLOPs per token / peak FLOP/s.
-
-    Pass real (non-padding) tokens/s for the honest number; computed tokens/s gives the hardware's view.
-    """
+    """Model FLOPs utilisation in [0, 1]: tokens/s x FLOPs per token / peak FLOP/s (pass real, unpadded tokens/s)."""
     if peak_flops <= 0:
         raise ValueError(f"peak_flops must be > 0, got {peak_flops}")
     return tokens_per_s * flops_per_token / peak_flops
 
 
 def measure_cpu_peak(dtype: torch.dtype = torch.float32, seconds: float = 0.5, size: int = 1024) -> float:
-    """Achievable matmul FLOP/s of this CPU with torch's current thread count: the best of repeated n^3 matmuls.
-
-    Cost: ``seconds`` of full-core work plus one warm-up. 1024^2 fp32 operands (4 MiB each) leave the L2 cache, as
-    a model's weights do; the best repeat filters out a noisy neighbour. Keep the result: it is not cached here.
-    """
+    """Achievable matmul FLOP/s of this CPU with torch's threads: the best of repeated 1024^2 matmuls over ``seconds``
+    plus a warm-up. Not cached: keep the result."""
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
     torch.mm(a, b)  # warm-up: thread pool start, page faults on the output
@@ -124,12 +100,8 @@ def count_flops(
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None,
     training: bool = True,
 ) -> int:
-    """FLOPs torch's FlopCounterMode counts for one forward (+ backward when ``training``) pass over ``batch``.
-
-    The cross-check for ``model_flops_per_token``: it counts the matmuls actually dispatched (padding included), so
-    compare it with ``model_flops_per_token(model, T) * batch_rows * T`` for a batch padded to T. Gradients the pass
-    leaves behind are cleared (set to None).
-    """
+    """FLOPs torch's FlopCounterMode counts for one forward (+ backward when ``training``) pass over ``batch``
+    (padding included); gradients it leaves are set to None."""
     loss_fn = loss_fn or hf_loss
     with FlopCounterMode(display=False, custom_mapping=_sdpa_cpu_formulas()) as counter:
         if training:

@@ -1,12 +1,5 @@
-"""Short measurements on the user's model that back the doctor's advice with numbers (never run on import).
-
-    probe = probe_micro_batch(model, batch, micro_batch_size=1, factor=4, loss_fn=my_loss)
-    print(probe)                                    # 4 passes of 1 row vs 1 pass of 4 rows: 1.52x
-    print(diagnose("runs/a", probe=probe))          # the micro-batch advice quotes the measured ratio
-    save_probe("runs/a", probe)                     # or kept beside the run: diagnose("runs/a") reads it back
-
-The model is left as it was: its gradients, train/eval mode and the RNG streams are put back afterwards.
-"""
+"""Short measurements on the user's model that back the doctor's advice with numbers (never run on import); the
+model's gradients, mode and RNG streams are put back afterwards."""
 
 from __future__ import annotations
 
@@ -106,11 +99,8 @@ def best_passes(
     repeats: int = 3,
     budget_s: float = 0.0,
 ) -> dict[str, float]:
-    """The best seconds of forward+backward through each group's batches (moved to the model's device): a warm-up
-    pass of each first (first-call allocations, kernel selection per shape), then ``repeats`` passes interleaved, so
-    a neighbour's burst or a drifting clock counts against every group alike, and more (up to 20) while they fit in
-    ``budget_s``: a tiny model's few steps take milliseconds, where one burst decides a best of two. Gradients,
-    train/eval mode and the RNG streams are put back; the weights never change."""
+    """The best seconds of forward+backward through each group's batches: a warm-up each, then ``repeats`` interleaved
+    passes (more, up to 20, within ``budget_s``). Gradients, mode and RNG streams are put back; weights never change."""
     loss_fn = loss_fn or hf_loss
     params = [p for p in model.parameters() if p.requires_grad]
     device = params[0].device if params else torch.device("cpu")
@@ -158,12 +148,8 @@ def probe_batching(
     repeats: int = 2,
     budget_s: float = 1.0,
 ) -> dict[str, float]:
-    """Real tokens per second (the examples' own, padding aside) of forward+backward on ``model`` as it trains, for
-    each training loader by its batching (kitlib.data.loaders.make_train_loader: "packed", "bucket"): the first
-    loader's first ``batches`` batches, and as many of each other's as hold as many example tokens, in epoch 0's
-    order (``best_passes``: warm-up, interleaved repeats, more while they fit in ``budget_s``). Items are ``(ids,
-    labels)`` as kitlib's sequence datasets yield them. A few training steps' time, or about ``budget_s`` where steps
-    are milliseconds, once per machine and run (02 keeps it)."""
+    """Real tokens/s of forward+backward on ``model`` for each training loader by its batching ("packed", "bucket"),
+    over batches holding as many example tokens, timed by ``best_passes``."""
     groups: dict[str, list[Batch]] = {}
     tokens: dict[str, int] = {}
     for name, loader in loaders.items():

@@ -1,12 +1,5 @@
-"""The speed doctor: a run's timing record -> where the time went, and ranked changes that would save the most.
-
-    report = diagnose("runs/a")          # or diagnose(fit_result), diagnose(records, hw=fake_profile("T4"))
-    print(report)                        # time breakdown + findings, each with evidence, saving and the exact fix
-    report.table()                       # findings as a DataFrame;  report.plot()  # bar chart (needs matplotlib)
-
-Every saving is estimated from the recorded seconds with a small, stated model (``Finding.basis``), so it can be
-checked by applying the fix and timing the run again (tests/test_doctor.py does this for each planted bottleneck).
-"""
+"""The speed doctor: a run's timing record -> where the time went, and ranked changes that would save the most,
+each saving estimated from the recorded seconds by a stated model (``Finding.basis``)."""
 
 from __future__ import annotations
 
@@ -166,10 +159,8 @@ def _hardware_for(run: RunRecord) -> HardwareInfo:
 
 
 def _compute(run: RunRecord, tokens_per_s: float | None, peak: float | None, measure: bool) -> dict[str, Any]:
-    """Achieved model FLOP/s against the peak for the run's precision, and their ratio (MFU), when the run recorded
-    its model's shape (kitlib.models.facts.model_facts): a GPU's datasheet peak, or for a CPU run this CPU's matmul
-    peak in the run's precision measured now (``measure``: the record is read on the machine it ran on; ~0.5 s), or
-    the ``peak`` given."""
+    """Achieved model FLOP/s, the peak for the run's precision (a GPU's datasheet, a CPU's matmul peak measured now
+    when ``measure``, or ``peak``) and their ratio (MFU), when the run recorded its model's shape."""
     facts = run.facts
     params, samples = facts.model_non_embedding_params, facts.samples or 0
     if not params or not tokens_per_s or not samples:
@@ -221,17 +212,8 @@ def diagnose(
     run: Any, hw: HardwareInfo | None = None, *, peak_flops: float | None = None, probe: MicroBatchProbe | None = None
 ) -> Report:
     """A run's time breakdown and ranked findings; ``run`` is a run_dir, a FitResult or ``{"timing", "config"}``.
-
-    ``hw`` is the hardware the advice is for (default: the run's GPU profile when recorded, else ``detect()``).
-    ``peak_flops`` overrides the peak for MFU: by default a GPU's datasheet peak for the run's precision, and for a
-    CPU run read without ``hw`` (on the machine it ran on) this CPU's matmul peak in that precision, measured now.
-    ``probe``: ``kitlib.doctor.probe.probe_micro_batch(model, batch, ...)`` measured on the run's model: the
-    micro-batch advice then uses (and prints) the measured speed-up instead of a rough one. A run_dir's own probe
-    (``kitlib.doctor.probe.save_probe``) is read with it; ``probe`` replaces its micro-batch one (a CPU precision
-    verdict kept there stays).
-
-    >>> print(diagnose("runs/a"))  # doctest: +SKIP
-    """
+    ``hw``: the hardware the advice is for; ``peak_flops`` overrides MFU's peak; ``probe`` (``probe_micro_batch``)
+    replaces a run_dir's saved micro-batch probe."""
     record = _load(run)
     if probe is not None:
         record = dataclasses.replace(record, probes={**record.probes, "micro_batch": probe})

@@ -1,13 +1,5 @@
-"""Backend speed flags (TF32, cuDNN autotuning, fp32 matmul precision), changed only inside a restoring context.
-
-A notebook kernel outlives the cell that trained: a flag left on leaks into 03_infer and changes its numbers. So
-every flag is snapshotted on entry and the changed ones restored in ``finally``. This is the only module that knows
-both TF32 APIs.
-
->>> plan = decide_precision(detect())
->>> with speed_flags(**flags_for(plan, shapes_vary=True)) as effective:
-...     print(effective)
-"""
+"""Backend speed flags (TF32, cuDNN autotuning, fp32 matmul precision), changed only inside a restoring context
+(a kernel outlives the cell: a leaked flag changes 03's numbers). The only module that knows both TF32 APIs."""
 
 from __future__ import annotations
 
@@ -128,10 +120,8 @@ def speed_flags(
     cudnn_benchmark: bool | None = None,
     matmul_precision: MatmulPrecision | None = None,
 ) -> Iterator[dict[str, object]]:
-    """Set backend flags for the block and restore every one afterwards, also on exception. None = leave alone.
-
-    Yields the effective values, for logging.
-    """
+    """Set backend flags for the block and restore every one afterwards (also on exception); None = leave alone.
+    Yields the effective values."""
     if tf32 is not None and matmul_precision is not None and tf32 != (matmul_precision != "highest"):
         raise ValueError(
             f"tf32={tf32} contradicts matmul_precision={matmul_precision!r} ('high'/'medium' allow TF32 matmuls, "
@@ -225,11 +215,8 @@ def _effective(new_api: bool) -> dict[str, object]:
 
 
 def flags_for(plan: PrecisionPlan, *, shapes_vary: bool) -> SpeedFlagKwargs:
-    """The ``speed_flags`` kwargs for a plan: TF32 as planned; cuDNN autotuning only for fixed shapes on CUDA.
-
-    cudnn.benchmark re-tunes for every new input shape (pytorch#2759), so with unbounded shape variety (dynamic
-    padding) it costs more than it saves; with fixed shapes it was 12 vs 17 min/epoch on a V100 (speechbrain#294).
-    """
+    """The ``speed_flags`` kwargs for a plan: TF32 as planned; cuDNN autotuning only for fixed shapes on CUDA
+    (it re-tunes for every new shape, pytorch#2759)."""
     if plan.device_type != "cuda":
         return {"tf32": None, "cudnn_benchmark": None, "matmul_precision": None}
     return {"tf32": plan.tf32, "cudnn_benchmark": not shapes_vary, "matmul_precision": None}

@@ -1,11 +1,5 @@
-"""Platform and hardware detection: one explicit call, returning a frozen value.
-
-``detect()`` is the only function that probes the machine (torch, /proc, /sys, env); nothing runs at import.
-``fake_profile("T4")`` builds the same value for the hosted machines we target, so decisions are testable on a CPU box.
-
->>> hw = detect()
->>> print(hw.summary())
-"""
+"""Platform and hardware detection: ``detect()`` probes the machine (nothing runs at import) into a frozen value;
+``fake_profile("T4")`` builds the same value for a hosted machine, so decisions are testable on a CPU."""
 
 from __future__ import annotations
 
@@ -145,12 +139,7 @@ class HardwareInfo:
         return sum(a.device_type == "cuda" for a in self.accelerators)
 
     def summary(self, *, data_dir: str | Path | None = None, work_dir: str | Path | None = None) -> str:
-        """Multi-line human-readable description, printed by 00_setup.
-
-        ``data_dir``/``work_dir``: the folders the caller reads and writes (the notebook's parameters), shown on a
-        ``paths:`` line. The platform's usual folders (``input_dir``...) are not shown: a notebook's data lives in a
-        subfolder of /kaggle/input and its work dir is a parameter, so they would be the wrong paths to look in.
-        """
+        """Multi-line description printed by 00_setup; ``data_dir``/``work_dir`` shown on a ``paths:`` line."""
         mode = "interactive" if self.interactive else "headless"
         lines = [f"platform:  {self.platform} ({mode})"]
         if not self.accelerators:
@@ -190,10 +179,8 @@ def detect_platform(environ: Mapping[str, str]) -> Platform:
 
 
 def is_interactive(environ: Mapping[str, str], *, parent_argv: Sequence[str] | None = None) -> bool:
-    """False when nobody is watching: Kaggle batch/rerun, nbconvert/papermill, CI. ``KIT_HEADLESS`` overrides all.
-
-    ``parent_argv`` is the parent process's command line; None reads it from /proc (Linux), ``()`` skips that check.
-    """
+    """False when nobody is watching (Kaggle batch, nbconvert/papermill, CI); ``KIT_HEADLESS`` overrides all.
+    ``parent_argv``: the parent's command line (None reads /proc; ``()`` skips that check)."""
     forced = switch(environ.get("KIT_HEADLESS", ""))
     if forced is not None:
         return not forced
@@ -329,14 +316,8 @@ def _accelerators(ram_bytes: int) -> tuple[Accelerator, ...]:
 
 
 def cuda_devices() -> tuple[Accelerator, ...]:
-    """This machine's visible CUDA GPUs, read without initialising CUDA in this process.
-
-    A process that has run cuInit (``torch.cuda.is_available()`` does, as does ``get_device_properties``) cannot
-    fork workers that use the GPU: 02's DDP launch on Kaggle's 2xT4 forks after 00 ran ``detect()`` in the same
-    kernel. Once CUDA is initialised here, torch answers. Otherwise NVML, the driver's management library, answers
-    (~5 ms; torch counts devices through it for the same reason); where NVML cannot (MIG instances or GPU UUIDs in
-    CUDA_VISIBLE_DEVICES, a container without it) a short child process asks torch (~2 s: it imports torch).
-    """
+    """This machine's visible CUDA GPUs, read without initialising CUDA here (a process that ran cuInit cannot fork
+    GPU workers: 02's DDP launch): torch once CUDA is up, else NVML (~5 ms), else a child process (~2 s)."""
     import torch
 
     if not torch.backends.cuda.is_built():
@@ -356,12 +337,7 @@ _DeviceFacts = tuple[str, tuple[int, int], int]  # name, compute capability, mem
 
 
 def _nvml_devices() -> list[_DeviceFacts] | None:
-    """The GPUs CUDA_VISIBLE_DEVICES leaves visible, from NVML; None where NVML cannot say (no library, MIG, UUIDs).
-
-    NVML lists GPUs in PCI bus order, CUDA (by default) fastest first: the same on machines with one GPU model
-    (Kaggle's 2xT4). NVML's total memory includes what the driver reserves, a little more than CUDA's total
-    (reasoned, not measured).
-    """
+    """The GPUs CUDA_VISIBLE_DEVICES leaves visible, from NVML; None where NVML cannot say (no library, MIG, UUIDs)."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")  # installed with the driver; loading it initialises nothing
     except OSError:
@@ -546,12 +522,8 @@ def _parse_arch(entry: str) -> tuple[str, int, int, bool] | None:
 
 
 def torch_supports(capability: tuple[int, int], arch_list: Sequence[str]) -> bool:
-    """Whether a torch build with ``arch_list`` has kernels that run on a GPU of ``capability``.
-
-    CUDA rules: an sm_XY cubin runs on the same major with minor >= Y (sm_80 runs on sm_86/sm_89); an arch-specific
-    sm_90a cubin only on exactly 9.0; compute_XY PTX is JIT-compiled for any capability >= X.Y. So Kaggle's list
-    (sm_70 and up) cannot run a P100 (sm_60).
-    """
+    """Whether a torch build with ``arch_list`` has kernels for a GPU of ``capability`` (sm_XY runs on the same major
+    with minor >= Y; sm_90a only on 9.0; compute_XY PTX on any capability >= X.Y)."""
     for entry in arch_list:
         parsed = _parse_arch(entry)
         if parsed is None:
@@ -578,11 +550,8 @@ _VOLTA_DROPPED = (2, 11)  # first torch whose cu128/cu129 builds have no sm_70
 
 
 def build_arch_list(torch_version: str, cuda_version: str | None = None) -> tuple[str, ...]:
-    """The kernels (``torch.cuda.get_arch_list()``) of the official pip build ``torch_version`` ("2.10.0+cu128"),
-    from the table above; () when unknown (a CPU build, a CUDA flavour not in it, a source build).
-
-    ``cuda_version`` ("12.8", torch.version.cuda) is used when the version has no ``+cuXYZ`` suffix.
-    """
+    """The kernels of the official pip build ``torch_version`` ("2.10.0+cu128") from the table above; () when unknown.
+    ``cuda_version`` ("12.8") is used when the version has no ``+cuXYZ`` suffix."""
     cuda = _cuda_of(torch_version) or cuda_version
     archs = _BUILD_ARCHS.get(cuda or "", ())
     release = tuple(int(n) for n in re.findall(r"\d+", torch_version.split("+")[0])[:2])
@@ -598,11 +567,7 @@ def _cuda_of(torch_version: str) -> str | None:
 
 
 def check_torch_supports(hw: HardwareInfo) -> None:
-    """Raise UnsupportedGPUError if the installed torch cannot run on one of the GPUs.
-
-    The arch list is the installed build's (``detect()``), else the table's for ``hw.torch_version`` (a planned
-    machine); when neither is known there is nothing to check.
-    """
+    """Raise UnsupportedGPUError if the installed (or planned: ``hw.torch_version``) torch cannot run on a GPU."""
     arch_list = hw.torch_cuda_arch_list or build_arch_list(hw.torch_version, hw.cuda_version)
     if not arch_list:
         return
@@ -627,13 +592,8 @@ def check_torch_supports(hw: HardwareInfo) -> None:
 
 
 def check_compile(hw: HardwareInfo) -> str:
-    """What ``compile=True`` does on ``hw``'s GPUs: a CompileError where it cannot work, else a line to print ("" when
-    there is nothing to say). Reasoned from torch 2.13's and Triton's sources, not measured.
-
-    torch compiles CUDA graphs with Triton and refuses GPUs below capability 7.0: ``CudaInterface.is_triton_capable``
-    (torch/_dynamo/device_interface.py) is ``major >= 7``, and inductor's scheduler raises ``GPUTooOldForTriton``
-    otherwise (torch/_inductor/scheduler.py), which reaches the user as ``BackendCompilerFailed`` mid-step.
-    """
+    """What ``compile=True`` does on ``hw``'s GPUs: a CompileError where it cannot work (Triton needs capability
+    >= 7.0), else a line to print ("" when there is nothing to say). Reasoned from torch's sources."""
     gpus = [a for a in hw.accelerators if a.device_type == "cuda"]
     if not gpus:
         return ""
@@ -703,16 +663,8 @@ def fake_profile(
     torch_cuda_arch_list: Sequence[str] | None = None,
     torch_version: str = KAGGLE_TORCH,
 ) -> HardwareInfo:
-    """A realistic HardwareInfo for a hosted machine, for tests and dry runs on a CPU box.
-
-    Names (case-insensitive): T4, 2xT4, P100, V100, A100, A100-80, L4, H100, MPS, CPU-AMX, CPU. CUDA profiles default to
-    Kaggle's torch (2.10.0+cu128, no sm_60: a P100 there is unusable); ``torch_version`` ("2.11.0+cu128") picks
-    another build, whose kernels come from ``build_arch_list``, and ``torch_cuda_arch_list=ARCH_LIST_WITH_SM60``
-    models one that still runs on a P100.
-
-    >>> fake_profile("2xT4").num_gpus
-    2
-    """
+    """A realistic HardwareInfo for a hosted machine (T4, 2xT4, P100, V100, A100, A100-80, L4, H100, MPS, CPU-AMX,
+    CPU), Kaggle's torch by default; ``torch_version``/``torch_cuda_arch_list`` model another build."""
     profile = _PROFILES.get(name.upper())
     if profile is None:
         raise ValueError(f"unknown profile {name!r}; choose one of: {', '.join(_PROFILES)}")

@@ -1,7 +1,4 @@
-"""The one accelerator table: dense datasheet peaks per GPU and math mode, and the device-name matcher.
-
-Used by the doctor (MFU, "switch to bf16 would raise the ceiling x-fold") and by the presets' time estimate.
-"""
+"""The one accelerator table: dense datasheet peaks per GPU and math mode, and the device-name matcher."""
 
 from __future__ import annotations
 

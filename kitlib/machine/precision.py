@@ -1,10 +1,4 @@
-"""Precision decided once from the hardware, without torch (00's picker and the CLI read it); the object the loop
-calls unconditionally is kitlib.machine.amp's ``Precision(plan)``.
-
->>> plan = decide_precision(fake_profile("2xT4"))
->>> plan.dtype, plan.use_grad_scaler
-('fp16', True)
-"""
+"""Precision decided once from the hardware, without torch; the object the loop calls is amp's ``Precision(plan)``."""
 
 from __future__ import annotations
 
@@ -59,11 +53,8 @@ class PrecisionPlan:
 
 
 def decide_precision(hw: HardwareInfo, requested: Requested = "auto", *, tf32: bool | None = None) -> PrecisionPlan:
-    """The precision for this hardware: 'auto' picks the fastest safe one; explicit requests are checked.
-
-    Raises PrecisionError (naming the fix) for impossible requests, and UnsupportedGPUError when torch has no
-    kernels for the GPU at all (Kaggle's P100 with the current image).
-    """
+    """The precision for this hardware: 'auto' picks the fastest safe one; explicit requests are checked (PrecisionError
+    naming the fix; UnsupportedGPUError where torch has no kernels for the GPU)."""
     if requested not in get_args(Requested):
         raise PrecisionError(f"precision={requested!r} is not valid. Fix: use one of {get_args(Requested)}")
     if hw.device_type == "cuda":

@@ -1,10 +1,5 @@
-"""This CPU's speed, measured on a transformer block of the run's model: bf16 autocast against fp32 (what decides a
-CPU's precision; kept per machine) and the fp32 training and forward throughput now (what the whole-run estimate
-plans by).
-
-    probe = probe_cpu_bf16(384, 1536, 12, cache_dir=p.cache_dir)   # MathProbe: which won, by how much
-    train, forward = measure_cpu_step(384, 1536, 12)                 # achieved FLOP/s (6N, 2N per token), this moment
-"""
+"""This CPU's speed on a transformer block of the run's model: bf16 autocast against fp32 (decides a CPU's
+precision, kept per machine) and the fp32 training and forward FLOP/s now (what the whole-run estimate plans by)."""
 
 from __future__ import annotations
 
@@ -36,9 +31,7 @@ __all__ = [
     "probe_model_bf16",
 ]
 
-# Fewer threads must beat all of the process's share by this much: on a quiet machine more threads never lose, and a
-# tie keeps them. On 2 Xeon cores with one held by another process, MiniLM's block ran 4.3x faster on 1 thread than
-# on 2 (85 against 20 GFLOP/s): each parallel region waits for the thread that is not running (2026-11-27).
+# Fewer threads must beat all of the process's share by this much (a tie keeps more; docs/measurements.md: 4.3x busy)
 THREADS_MARGIN = 1.2
 PROBE_FILE = "precision_probe.json"  # in the cache dir: bf16 against fp32, per CPU model, torch version and shape
 
@@ -58,8 +51,7 @@ def _block(width: int, ffn: int, heads: int, seq_len: int) -> Step:
         x, y = torch.randn(16, seq_len, width), torch.randint(0, 8, (16, seq_len))
 
     def step(dtype: torch.dtype, rows: int, train: bool = True) -> tuple[float, float]:
-        # forward alone under no_grad, not inference_mode: under bf16 autocast and inference_mode this train-mode
-        # layer ran 12x slower on an AMX Xeon core (110 against 9 ms, 8 x 128 tokens), nothing like a model's
+        # no_grad, not inference_mode: bf16 autocast + inference_mode ran this train-mode layer 12x slower (AMX core)
         start = time.perf_counter()
         with (
             torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16),
@@ -89,17 +81,9 @@ def probe_cpu_bf16(
     budget_s: float = 1.0,
     cache_dir: Path | None = None,
 ) -> MathProbe:
-    """Time one training step of a transformer block of this shape in fp32 and under bf16 autocast, side by side
-    on this CPU with torch's current threads (the stages: the count the load leaves), and check that both steps'
-    losses agree.
-
-    Cost: a warm-up pair and 2-5 interleaved pairs at PROBE_ROWS rows (the best of them, so a neighbour's burst counts
-    against both; as many as ``budget_s`` allows, guessed from one row: ~1 s on an AMX core, more on a slow or busy
-    one), then ~0.2 s for bf16's gain on a forward pass alone where bf16 won the step. A bf16 step more than
-    EMULATED x slower than fp32 at one row ends the probe there, forward gain unmeasured. Kept in
-    ``cache_dir``/precision_probe.json per CPU model, torch version and shape: once per machine (a verdict kept
-    before the forward gain was measured keeps pricing forward passes by the step's gain).
-    """
+    """Time a training step of a block of this shape in fp32 and under bf16 autocast, interleaved on this CPU, and check
+    their losses agree; kept in ``cache_dir``/precision_probe.json per CPU, torch and shape. Cost: a warm-up and 2-5
+    pairs at PROBE_ROWS rows within ``budget_s`` (~1 s on an AMX core), ~0.2 s more for the forward gain."""
     # not keyed by the thread count: the stages probe inside the count the load leaves (kitlib.machine.threads), and
     # the precision is the machine's (a probe per count would re-run, and could decide otherwise, in 01)
     key = block_key(width, ffn, heads, seq_len)
@@ -173,12 +157,8 @@ def measure_cpu_step(
     forward_rows: int = 16,
     budget_s: float = 1.0,
 ) -> tuple[float, float]:
-    """Achieved FLOP/s of an fp32 training step of this block on this CPU now, and of its forward pass alone (the
-    rate of 01's embedding pass, evals and predictions), counted as the estimate counts a model (6 and 2 x matmul
-    weights per token; attention, norms and softmax are the overhead they run at). The two alternate, so a machine
-    whose speed drifts moves both alike; each is the mean of ``_mean_s``'s repeats. A mean, not a best: a busy
-    machine's speed is what the run will get. Never cached (the load changes). On one quiet Xeon core the 16-row
-    forward read 0.9-1.0x the step's rate, and MiniLM's own forward 1.0-1.1x at 64 rows of 28 tokens."""
+    """Achieved FLOP/s of an fp32 training step of this block on this CPU now, and of its forward pass alone (6N and
+    2N per token), alternated and averaged (a mean: a busy machine's speed is what the run gets). Never cached."""
     step = _block(width, ffn, heads, seq_len)
     train_s, forward_s = _mean_s(
         lambda: (step(torch.float32, rows)[0], step(torch.float32, forward_rows, False)[0]), budget_s
@@ -190,11 +170,8 @@ def measure_cpu_step(
 def measure_model_step(
     model: nn.Module, batch: dict[str, torch.Tensor], flops: float, loss: Loss | None = None, *, budget_s: float = 1.0
 ) -> float:
-    """Achieved FLOP/s of fp32 training steps of ``model`` itself on ``batch`` on this CPU now (forward, ``loss``
-    as fit computes it (default: the model's own ``.loss``), backward and an AdamW update), where one step counts
-    ``flops`` as the estimate counts it: what the count leaves out (a tiny model's output layer, an LSTM's time
-    steps) is timed in: the mean of ``_mean_s``'s repeats (two steps of a tiny T5 after one read 20 to 32 GFLOP/s
-    on one core). The model's weights change: build one for it."""
+    """Achieved FLOP/s of fp32 training steps of ``model`` on ``batch`` now (forward, ``loss``, backward, AdamW),
+    counting ``flops`` per step. The model's weights change: build one for it."""
     step = _model_step(model, batch, loss)
     return flops / _mean_s(lambda: (step(False)[0],), budget_s)[0]
 
@@ -202,13 +179,9 @@ def measure_model_step(
 def probe_model_bf16(
     model: nn.Module, batch: dict[str, torch.Tensor], flops: float, loss: Loss | None = None, *, budget_s: float = 1.0
 ) -> tuple[float, MathProbe]:
-    """``measure_model_step``'s fp32 FLOP/s, and bf16 autocast against fp32 on the same model's own steps: the two
-    alternate (a drifting machine moves both alike), after the losses are compared on the same weights. Twice the
-    cost. A transformer block of the model's width is no stand-in for it: on an AMX Xeon core the block ran bf16
-    1.4x faster while a tiny T5 gained 1.07x and the demo's BiLSTM summariser ran 0.92x (2026-11-27). A model that
-    raises under bf16 autocast (a user's module: an op without a bf16 kernel, a dtype it asserts) loses: its fp32
-    speed is kept and the error goes in the verdict. The model's weights change and it is left in train mode: build
-    one for it."""
+    """``measure_model_step``'s fp32 FLOP/s and bf16 autocast against fp32 on the model's own steps, alternated, after
+    comparing their losses; a model that raises under bf16 loses (the error in the verdict). Weights change: build one
+    for it."""
     step = _model_step(model, batch, loss)
     ids = batch.get("input_ids", next(iter(batch.values())))
     shape = f"the task's own model, {' x '.join(str(n) for n in ids.shape[:2])} tokens"  # rows x tokens
@@ -253,11 +226,9 @@ def _loss(model: nn.Module, batch: dict[str, torch.Tensor], loss: Loss | None, b
 
 
 def fastest_threads(most: int, *, budget_s: float = 0.5) -> tuple[int, float]:
-    """The intra-op thread count, of ``most`` (this process's share of the CPUs), ``most - 1`` and half of it, whose
-    fp32 training step of MiniLM's block ran fastest on this CPU now, and how many times faster than ``most``
-    threads. The counts alternate step by step (``_mean_s``), so a neighbour's burst counts against all; fewer
-    threads win only by ``THREADS_MARGIN``. Costs about 1.5 x ``budget_s`` (half as long warming up); torch's count
-    is restored."""
+    """The intra-op thread count (``most``, ``most - 1``, half) whose fp32 MiniLM-block step ran fastest now, and its
+    speed-up over ``most``; fewer win only by ``THREADS_MARGIN``. Costs ~1.5 x ``budget_s``; torch's count is
+    restored."""
     candidates = sorted({most, most - 1, (most + 1) // 2} - {0}, reverse=True)
     if len(candidates) == 1:
         return most, 1.0
@@ -280,13 +251,8 @@ def fastest_threads(most: int, *, budget_s: float = 0.5) -> tuple[int, float]:
 
 
 def measure_python_s(budget_s: float = 0.6) -> float:
-    """Seconds of a fixed piece of plain Python (a dict of 40,000 formatted strings, then a sort: the kind of work
-    imports, tokenizer set-up and a step's bookkeeping do) on one thread now: how much of a core one thread gets.
-    Run it before torch's threads have worked in this process: their spinning after a parallel region competes. The
-    garbage collector is off while it runs: its full passes come with the objects a process holds (with torch
-    imported a tenth of it read 6.7 ms, after kitlib's stages 2.6, without collections 2.4-2.5 in both). Each piece
-    takes ~33 ms and the budget holds ~18 after the warm-up: shorter windows ran at full speed beside two
-    processes holding both cores, where the imports ran 1.7x slower (the scheduler favours a task that just woke)."""
+    """Seconds of a fixed piece of plain Python on one thread now (how much of a core one thread gets), with the
+    garbage collector off. Run it before torch's threads have worked in this process (their spinning competes)."""
 
     def work() -> tuple[float]:
         start = time.perf_counter()

@@ -1,8 +1,4 @@
-"""The compute threads a block of work runs on: torch's intra-op pool and the tokenizers', set and restored.
-
-with cpu_threads(measure=True) as n:   # the notebook stages on a CPU: the count that ran fastest just now
-    ...
-"""
+"""The compute threads a block of work runs on: torch's intra-op pool and the tokenizers', set and restored."""
 
 from __future__ import annotations
 
@@ -36,16 +32,9 @@ def measurable(most: int) -> bool:
 
 @contextlib.contextmanager
 def cpu_threads(threads: int | None = None, *, measure: bool = False) -> Iterator[int]:
-    """Compute threads for the block, restored afterwards (also on error): torch's intra-op pool and the tokenizers'
-    (RAYON_NUM_THREADS, read when their pool starts). Default: this process's ``share`` (a lower count set by the
-    user or OMP_NUM_THREADS stays). ``measure`` (the notebook stages on a CPU): fewer where fewer ran faster just now
-    (kitlib.machine.speed.fastest_threads, ~0.8 s: other processes hold some cores), said in one line; where
-    ``measurable``.
-
-    torch sizes its pool once, from the cores it sees when it starts: a container whose CPU quota is below the host's
-    cores, or a narrowed affinity, leaves more threads than cores, and each parallel region then waits for a thread
-    that is not running (benchmarks/bench_threads.py measures it under a competing process). Yields the count.
-    """
+    """Compute threads for the block (torch's pool and RAYON_NUM_THREADS), restored afterwards; yields the count.
+    Default: this process's ``share`` (torch sizes its pool from the host's cores, more than a quota allows);
+    ``measure``: fewer where fewer ran faster just now (``fastest_threads``, ~0.8 s)."""
     import torch
 
     from kitlib.machine import speed

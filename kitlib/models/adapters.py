@@ -1,20 +1,6 @@
-"""LoRA adapters (``peft``, an optional dependency: ``pip install peft``): the pretrained weights stay frozen,
-low-rank matrices beside every linear layer of the blocks train, and checkpoints hold only what trains.
-
-    check_adapter("lora", hw)                               # 00: the reason line, or a SetupError naming the fix
-    model = add_adapter(model, "lora", generating=True)   # kitlib.models.lora; checkpoints hold adapter_keys(model)
-
-- Targets: every linear layer (nn.Linear, GPT-2's Conv1D) of the pretrained model, found by walking it, so any
-  architecture transformers ships works (GPT-2 c_attn/c_proj/c_fc, Llama q/k/v/o/gate/up/down_proj, BERT
-  query/key/value/dense, T5 q/k/v/o/wi/wo); not the output layer (a causal LM's lm_head, tied to the embeddings).
-  All linear layers, not peft's q/v defaults: the QLoRA paper (Dettmers et al. 2023, sec. 4) needed them all to
-  match full fine-tuning.
-- Classifiers: what the task adds to the pretrained base (the classification head, the tabular network) trains in
-  full (peft's ``modules_to_save``); a generating model's head is pretrained and stays frozen.
-- ``qlora``: the same adapters on 4-bit NF4 weights (bitsandbytes), CUDA only. Reasoned, not measured (no GPU was
-  available when it was written): the load goes through transformers' BitsAndBytesConfig and peft's
-  prepare_model_for_kbit_training, their documented QLoRA path.
-"""
+"""LoRA adapters (peft, optional): frozen pretrained weights, low-rank matrices beside every linear layer of the
+blocks (not the output layer; all of them, as QLoRA's paper needed), a classifier's added parts trained in full;
+``qlora``: the same on 4-bit NF4 weights, CUDA only (reasoned, not measured)."""
 
 from __future__ import annotations
 
@@ -77,13 +63,9 @@ def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -
 
 
 def quantization(adapter: str, device: str = "cuda") -> dict[str, Any]:
-    """``from_pretrained`` keyword arguments for ``adapter`` on ``device`` ("cuda" or "cpu": the run's device type):
-    qlora's 4-bit NF4 weights with double-quantised scales (QLoRA paper's recipe; ~0.51 bytes per weight), else none.
-
-    On CUDA each DDP rank loads onto its own GPU (LOCAL_RANK, as accelerate's and TRL's recipes: the current device
-    is still cuda:0 when the task builds the model) and computes in bf16 where the GPU has it natively, else fp16 (a
-    T4 emulates bf16, and bitsandbytes' fast 4-bit kernels are fp16 there). On the CPU (a rehearsal, or the DDP
-    parent reloading rank 0's adapters without touching CUDA) bitsandbytes' CPU backend computes in fp32."""
+    """``from_pretrained`` kwargs for ``adapter`` on ``device`` ("cuda"/"cpu"): qlora's double-quantised 4-bit NF4
+    (~0.51 bytes per weight) on each DDP rank's own GPU, computing in bf16 where native else fp16 (fp32 on the CPU);
+    else none."""
     if adapter != "qlora":
         return {}
 

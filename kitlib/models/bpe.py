@@ -1,14 +1,5 @@
-"""A byte-level BPE tokenizer trained on the data, for the tiny generative models kitlib builds from a config when no
-pretrained one is installed (kitlib.models.seq2seq's T5, kitlib.models.causal_lm's GPT-2).
-
-    tok = train_bpe_tokenizer(questions + queries, vocab_size=2000)          # every encoding ends in </s>
-    tok = train_bpe_tokenizer(prompts + responses, add_eos=False)           # a decoder-only LM: no </s> appended
-    text = tok.decode(ids, skip_special_tokens=True)   # exactly the text that was encoded (cased, spacing kept)
-    tok = tokenizer_from_json(tok.backend_tokenizer.to_str())               # how 02 and 03 rebuild it
-
-Why not MiniLM's tokenizer: its WordPiece lowercases and splits punctuation, so a generated SQL string literal
-('Paris') or a copied word would come back changed. Byte-level BPE decodes to the very bytes it encoded.
-"""
+"""A byte-level BPE tokenizer trained on the data, for the tiny from-config models (T5, GPT-2): it decodes to the
+very bytes it encoded (MiniLM's WordPiece lowercases and splits punctuation, changing SQL literals)."""
 
 from __future__ import annotations
 

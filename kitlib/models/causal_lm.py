@@ -1,11 +1,5 @@
-"""A decoder-only LM for prompt -> response fine-tuning when no pretrained one is installed: a tiny GPT-2 built from a
-config, for a byte-level BPE tokenizer trained on the rows (kitlib.models.bpe, without </s> appended).
-
-    tok = train_bpe_tokenizer(prompts + responses, add_eos=False)
-    model = tiny_causal_lm(tok, seed=0, n_positions=512)    # GPT2LMHeadModel, ~1.1 M weights (tied embeddings)
-
-Nothing here is pretrained: what the model knows comes from the training rows.
-"""
+"""A tiny GPT-2 built from a config, for prompt -> response fine-tuning when no pretrained LM is installed, with a
+byte-level BPE tokenizer trained on the rows (nothing pretrained)."""
 
 from __future__ import annotations
 

@@ -22,10 +22,7 @@ def non_embedding_params(model: nn.Module) -> int:
 
 
 def model_facts(model: nn.Module) -> dict[str, int]:
-    """What FLOPs per token depend on, JSON-able for a run record: non-embedding params, layers, width.
-
-    Layers and width come from a Hugging Face ``model.config`` (0 without one: no attention term).
-    """
+    """What FLOPs per token depend on, JSON-able: non-embedding params, layers and width (0 without a config)."""
     config = getattr(model, "config", None)
     return {
         "model_non_embedding_params": non_embedding_params(model),

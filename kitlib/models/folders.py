@@ -1,7 +1,5 @@
-"""Model folders, read without loading a model (no torch or transformers): which folder ``model='auto'`` and
-``'tiny'`` mean, whether a folder holds a model kitlib loads, what its config.json says. 00, 01 and the CLI check
-the model here; kitlib.models.loading loads it.
-"""
+"""Model folders read without loading a model (no torch/transformers): what ``'auto'``/``'tiny'`` mean, whether a
+folder holds a loadable model, what its config.json says."""
 
 from __future__ import annotations
 

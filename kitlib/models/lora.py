@@ -19,13 +19,9 @@ from kitlib.models.adapters import LORA_ALPHA, LORA_DROPOUT, LORA_RANK, adapter_
 def add_adapter(
     model: nn.Module, adapter: str, *, generating: bool, base_dtype: torch.dtype | None = None, seed: int = 0
 ) -> nn.Module:
-    """``model`` with ``adapter`` ("lora" or "qlora") added (a peft PeftModel), or ``model`` itself for "none".
-
-    ``generating``: a causal LM or seq2seq model (its head stays frozen); else a classifier (what it adds to its
-    pretrained base trains in full). ``base_dtype``: the frozen weights' dtype (bf16 halves their memory on a bf16
-    GPU; the adapters stay fp32 master weights). ``seed``: the adapters' initialisation, the caller's RNG untouched.
-    Says in one line how many weights train.
-    """
+    """``model`` with ``adapter`` ("lora"/"qlora") added (a PeftModel), or ``model`` for "none". ``generating``: the
+    head stays frozen; ``base_dtype``: the frozen weights' dtype; ``seed``: the adapters' init. Says how many weights
+    train."""
     if adapter == "none":
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -63,14 +59,8 @@ def add_adapter(
 
 
 def merge_adapter(model: nn.Module) -> nn.Module:
-    """The model ``model`` (a PeftModel from ``add_adapter``) computes, as one plain transformers model: each LoRA
-    update folded into its layer's weight (W + B A alpha/r, peft's ``merge_and_unload``), the wrappers gone, a
-    classifier's trained head in place. What a user ships when they want one artifact instead of base + adapter.
-
-    4-bit (qlora) weights are dequantised first and the merge kept in the dtype of the model's other weights (its
-    embeddings'): peft's own merge rounds the sum back to NF4, where most of an adapter's update is below a 4-bit
-    step. CUDA only, as qlora's 4-bit loading (``quantization``); reasoned, not measured (no GPU was available when
-    it was written)."""
+    """The PeftModel as one plain transformers model, each LoRA update folded into its weight (``merge_and_unload``).
+    4-bit weights are dequantised first to the embeddings' dtype (a merge back to NF4 loses the update); reasoned."""
     if not hasattr(model, "peft_config"):
         raise SetupError(
             f"{type(model).__name__} carries no adapter (adapter = 'none'): its weights are already one model. Fix: "

@@ -1,14 +1,5 @@
-"""An encoder-decoder for text-to-text tasks when no pretrained one is installed: a byte-level BPE tokenizer trained
-on the data (kitlib.models.bpe, shared with the causal LM's) and a tiny T5 built from a config.
-
-    tok = train_bpe_tokenizer(questions + queries, vocab_size=2000)
-    model = tiny_seq2seq(tok, seed=0)            # T5ForConditionalGeneration, ~1.3 M weights
-    text = tok.decode(ids, skip_special_tokens=True)   # exactly the text that was encoded (cased, spacing kept)
-
-Why not MiniLM: its WordPiece tokenizer lowercases and splits punctuation, so a generated SQL string literal
-('Paris') or an identifier would come back changed, and the query would select nothing. Byte-level BPE decodes to
-the very bytes it encoded. Nothing here is pretrained: what the model knows comes from the training rows.
-"""
+"""A tiny T5 built from a config for text-to-text tasks when no pretrained one is installed, with a byte-level BPE
+tokenizer trained on the data (kitlib.models.bpe). Nothing here is pretrained."""
 
 from __future__ import annotations
 
@@ -54,11 +45,8 @@ BYTE_VOCAB = 259  # a short texts' tokenizer (data_tokenizer): the 256 bytes, <p
 
 
 def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:
-    """The tokenizer the rows call for, and how it was chosen (01 says it). Short texts (words, codes, phoneme
-    strings) get bytes alone: BPE merges learnt from a few thousand short rows make most tokens rare (a 2,000-token
-    vocabulary over 4,000 grapheme-to-phoneme pairs), and a model from scratch then sees each one a few times; 259
-    byte tokens are each seen thousands of times. Longer texts get BPE: a byte per step would make decoding (~length^2)
-    and the model's job longer."""
+    """The tokenizer the rows call for, and how it was chosen: bytes alone for short texts (BPE merges from few short
+    rows make most tokens rare), BPE for longer ones (a byte per step makes decoding long)."""
     short, median = short_texts(texts)
     if short:
         why = f"byte level (median text {median:.0f} characters <= {SHORT_TEXT_CHARS}: short texts)"

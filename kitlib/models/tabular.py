@@ -1,13 +1,5 @@
-"""Numeric and categorical columns beside the text: a small network whose logits are added to the text model's.
-
-    model = WithTabular(text_model, TabularNet(n_numeric=4, cardinalities=(12, 3), num_labels=1), regression=True)
-    model(input_ids=..., attention_mask=..., numeric=..., categorical=..., labels=...)  # .logits, .loss
-
-Late fusion (a sum of logits, as ``TextHead`` adds its n-gram bag): any text model with ``.logits`` takes columns
-without a change to it, in both regimes. It cannot learn interactions between a column and the words (a price that
-depends on the brand only for some product types); a joint MLP on the pooled text would, at the cost of a
-model-specific pooling per architecture.
-"""
+"""Numeric and categorical columns beside the text: a small network whose logits are added to the text model's
+(late fusion: any text model takes columns unchanged; no column-word interactions)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Rough times for a resolved run: per epoch, and for the whole run the picker shows (01 features on train and test
-rows, 02 training, 03 inference). Planning numbers from kitlib's cost model, not promises: at the speed 00 measured
-on a CPU (``HardwareInfo.cpu_flops_now``: the machine as it is, busy or not; ``cpu_forward_flops_now``: its forward
-passes; ``model_flops_now``: one step of a model its task builds), else an assumed one (expect +-2x).
-
-    est = estimate_run(run, n_rows=10227, n_test=2581, hw=hw)
-    print(est.text())   # ~3 min for the whole run: 01 features 2 min, 02 training 20 s, 03 predict 1 s, ...
-"""
+"""Rough times for a resolved run, per epoch and for 01, 02 and 03: planning numbers (expect +-2x) at the speed
+00 measured on a CPU, else an assumed one."""
 
 from __future__ import annotations
 
@@ -33,22 +27,12 @@ _UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
 _MPS_FLOPS = 1.5e12  # Apple M-series GPU, fp32, achieved (assumed)
 _DDP_EFFICIENCY = 0.9  # gradient all-reduce per step over PCIe (Kaggle's 2xT4 have no NVLink)
 _PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths reports the real figure)
-# What FLOPs leave out, measured on the demos (2-core CPU): each stage is a fresh kernel, whose imports alone (torch
-# 2.1 s, transformers 1.4 s more, kitlib's training 2 s more) take 7.1-7.3 s on one quiet Xeon core; with the CSVs,
-# the model, the hand-off and checkpoints, 02 and 03 of the head and custom demos took 6.5-8.4 s beyond their work; fast
-# tokenizers run ~5k rows/s per pass (01 makes three: full length, then train and test at max_length); each
-# optimizer step adds ~5 ms of Python, optimizer and loader work, which is a head's whole cost (its FLOPs on cached
-# vectors are ~1 MFLOP per row).
-_STAGE_START_S = 7.0
-# That Xeon core ran kitlib.machine.speed.measure_python_s's plain Python in 32-39 ms, quiet or beside a process
-# holding the other core: the fixed costs scale by one thread's Python now against this (2026-11-27).
-_QUIET_PYTHON_S = 33e-3
-_TOKENIZE_ROWS_PER_S = 5_000.0
-_STEP_OVERHEAD_S = 0.005
-# Trees beside the head regime's network (kitlib.notebook.trees): scikit-learn's import (~3 s) and a fit, in 02 (each
-# fold) and once in 03 (it refits where 02 kept them: an upper bound); the price demo's 02 and 03 took 5-8 s each
-# beyond the estimate without them (2026-11-27).
-_TREES_S = 6.0
+# What FLOPs leave out, measured on the demos (docs/measurements.md, "kitlib/notebook/estimate.py"):
+_STAGE_START_S = 7.0  # a fresh kernel's imports, CSVs, model, hand-off and checkpoints per stage (one quiet Xeon core)
+_QUIET_PYTHON_S = 33e-3  # measure_python_s on that core: fixed costs scale by one thread's Python now against this
+_TOKENIZE_ROWS_PER_S = 5_000.0  # fast tokenizers, per pass (01 makes three)
+_STEP_OVERHEAD_S = 0.005  # Python, optimizer and loader work per optimizer step: a head's whole cost
+_TREES_S = 6.0  # scikit-learn's import (~3 s) and a fit, in 02 per fold and in 03
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
@@ -115,15 +99,8 @@ def estimate_epoch_seconds(
     samples_per_s: float | None = None,
     model_params: float = MINILM_MATMUL_PARAMS,
 ) -> float:
-    """Rough seconds per epoch (expect +-2x): a planning number for the picker, not a promise.
-
-    Rows are capped at the preset's ``row_limit``. With ``samples_per_s`` (measured, e.g. from ``fit``'s history, over
-    all processes) it is ``n_rows / samples_per_s``.
-    Otherwise: tokens per epoch = rows x mean tokens (truncated; half of max_length when unknown) x 1.1 padding;
-    FLOPs = 6 x matmul params per token for fine-tuning (2 forward + 4 backward, Kaplan et al. 2020), 2 x for the head
-    regime, whose cost is the one-time forward pass that caches embeddings (the head's own epochs take well under a
-    second); throughput = an assumed achieved FLOP/s for the device class and dtype, x world size x 0.9 for DDP.
-    """
+    """Rough seconds per epoch (expect +-2x), rows capped at the preset's ``row_limit``: ``n_rows / samples_per_s``
+    when measured, else tokens x FLOPs per token (6N trained, 2N for the head regime's pass) at an assumed FLOP/s."""
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
     if samples_per_s is not None:
@@ -179,18 +156,9 @@ def estimate_run(
     folds: int = 1,
     trees: bool = False,
 ) -> RunEstimate:
-    """Rough seconds for 01, 02 and 03 of ``resolved`` on ``n_rows`` training rows (the preset's row_limit applied)
-    and ``n_test`` test rows, on ``hw`` (expect +-2x).
-
-    Encoder FLOPs per token are 2N forward and 6N to train (N = matmul weights), over rows x mean tokens x 1.1
-    padding (none for 01's longest-first pass), at ``estimate_epoch_seconds``'s achieved FLOP/s for the device (a
-    CPU's forward passes at the rate 00 measured for them). Where the encoder runs is the
-    regime's (``Regime.features_need_accelerator``): the head regime embeds train and test once in 01, then trains
-    and predicts with a head that costs only its steps; fine-tuning trains it in 02 (with evals on the held-out rows)
-    and runs it forward over the test rows in 03. Each stage adds its start (files, model), each optimizer step its
-    overhead. ``folds``: 02 trains and 03 predicts that many models. ``trees``: the head regime fits trees beside
-    its network in 02 and 03 (kitlib.notebook.trees: small tables with numeric or categorical columns).
-    """
+    """Rough seconds for 01, 02 and 03 of ``resolved`` on ``n_rows`` training and ``n_test`` test rows on ``hw``
+    (expect +-2x): encoder FLOPs where the regime runs the encoder, plus each stage's start and each step's overhead,
+    times ``folds``; ``trees`` adds the blend's fits."""
     if n_rows < 0 or n_test < 0:
         raise ValueError(f"n_rows and n_test must be >= 0, got {n_rows} and {n_test}")
     cfg, regime = resolved.config, resolved.regime

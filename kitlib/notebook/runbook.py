@@ -1,10 +1,5 @@
-"""Run the numbered notebooks headless, in order, the way ``jupyter nbconvert --execute`` does.
-
-Parameters go in papermill's way: a cell tagged ``injected-parameters`` is inserted after the cell tagged
-``parameters``, so the notebook's own defaults stay visible and the injected values win. The kernel also gets
-KIT_HEADLESS=1 (no widgets, throttled plain-text progress) and the KIT_* variables, so a notebook run by plain
-``jupyter nbconvert --execute`` with those variables set behaves the same.
-"""
+"""Run the numbered notebooks headless, in order, as ``jupyter nbconvert --execute`` does, with papermill's
+``injected-parameters`` cell after ``parameters``, and KIT_HEADLESS=1 plus the KIT_* variables in the kernel."""
 
 from __future__ import annotations
 
@@ -45,11 +40,8 @@ MODEL_NAMES = ("auto", "tiny")  # model values that are not folders
 
 
 def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
-    """``value`` of the path parameter ``name`` made absolute against ``base`` (default: this process's cwd).
-
-    ``model`` is a path only when it is not auto/tiny and names something that exists (else it may be a hub id,
-    which ``models`` reports on); ``data_dir``/``work_dir`` are always paths (work_dir may not exist yet).
-    """
+    """``value`` of the path parameter ``name`` made absolute against ``base`` (default: cwd); ``model`` only when it
+    names something that exists (else it may be a hub id)."""
     text = os.fspath(value)
     if not text or (name == "model" and text in MODEL_NAMES):
         return text
@@ -112,17 +104,9 @@ def run_notebooks(
     timeout_s: int = 3600,
     resume: str = "run the same command again",
 ) -> list[Executed]:
-    """Execute the notebooks in order; each executed copy is saved to ``out_dir``. Stops at the first failure
-    (nbclient's CellExecutionError names the cell and the error).
-
-    SIGTERM or SIGINT to this process (a container stop, Ctrl-C, a hosted session ending) is passed on to the
-    running notebook's kernel as SIGTERM, whose training saves ``last/`` and stops; after that notebook (at most
-    GRACE_S later) the run ends with a RunStopped naming what was saved and ``resume``, the command that continues.
-    A kernel that dies (SIGKILL: the out-of-memory killer) ends it with a NotebookFailed that says the same.
-
-    Relative paths (``out_dir``, ``source_dir``, the path parameters and KIT_* path variables) are taken against
-    this process's working directory, as a user typing them expects, not against the kernels' working directory.
-    """
+    """Execute the notebooks in order, each executed copy saved to ``out_dir``; stop at the first failure.
+    SIGTERM/SIGINT goes on to the kernel (which saves ``last/``); after at most GRACE_S a RunStopped names ``resume``.
+    A killed kernel raises NotebookFailed. Relative paths are taken against this process's cwd."""
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError, DeadKernelError
@@ -193,10 +177,8 @@ def run_notebooks(
 
 
 def _kernel_sockets() -> dict[str, str]:
-    """The kernels' transport: unix sockets in a folder of this run's own where the OS has them. Over TCP (the
-    default), jupyter_client picks free ports by binding and releasing them, and a kernel started at the same moment
-    elsewhere can take one first: CI's two test processes lost a kernel to "ZMQError: Address already in use", and
-    two runs a user starts at once could too. Windows has no ipc transport: TCP there."""
+    """The kernels' transport: unix sockets in a folder of this run's own where the OS has them (TCP ports picked by
+    bind-and-release can be taken by a kernel started elsewhere: "Address already in use" in CI); TCP on Windows."""
     if os.name == "nt":
         return {}
     return {"transport": "ipc", "ip": str(Path(tempfile.mkdtemp(prefix="kitlib-kernel-")) / "k")}

@@ -1,15 +1,6 @@
-"""Gradient-boosted trees beside the head regime's network, for text + tabular tables of a few hundred to a few
-thousand rows: scikit-learn's HistGradientBoosting on the numeric and categorical columns and the frozen text
-embeddings (their first EMBEDDING_DIMS principal components), blended with the network on the validation rows in 02
-and refitted by 03 from the same rows and seed (a fit takes seconds at these sizes, so nothing is pickled).
-
-    trees = Trees.fit(feats, train_idx, seed)        # None without scikit-learn (pip install scikit-learn)
-    weight, score = blend(metric, y_valid, net_valid, trees.predict(feats, valid_idx), kind)
-    values = mix(net_test, trees.predict(feats, None), weight, kind)   # 03: None = the test rows
-
-On an 844-row text + tabular SMAPE table a network over frozen embeddings barely ranked the truth (Spearman 0.03 on
-test at `fast`); trees over the columns are the usual winner on such tables.
-"""
+"""Gradient-boosted trees (scikit-learn's HistGradientBoosting on the columns and PCA'd text embeddings) beside
+the head regime's network on small text + tabular tables, blended on the validation rows in 02 and refitted by 03
+from the same rows and seed (seconds; nothing pickled)."""
 
 from __future__ import annotations
 

@@ -1,21 +1,5 @@
-"""The trivial baseline every run is scored against: what a constant answer scores on the run's validation rows, and
-the verdict: whether the model beats it by more than the noise of those rows.
-
-    b = trivial_baseline(metric, kind="regression", train=y[train_idx], valid=y[valid_idx])
-    b.score                      # e.g. smape 81.7 for "the constant 12 (the train value smape scores best)"
-    gap = compare(metric, y_valid, model_predictions, b.constant(len(y_valid)))  # model minus baseline, interval
-    b.verdict(83.4, "regression", gap, done={"balanced", "mae"})  # a line unless it clearly wins: what to try
-
-A model that loses to a constant has learnt nothing the metric rewards; on a text + tabular SMAPE table the model
-scored 85.6 against the train median's 81.7 and nothing on screen said so. The constant is the task's: the majority
-class, the most common training text, or for numbers the training value the metric scores best on the training rows
-(the mean for rmse, the median for mae, for smape the one a 1-D search finds): chosen on train, scored on
-validation.
-
-On 169 validation rows, a model's validation SMAPE beat the median's (83.4 vs 84.2) where test said it lost (85.5 vs
-81.7): a difference that small is noise there. ``compare`` gives the model-minus-baseline difference with a 90%
-bootstrap interval over the validation rows, and the verdict says "unclear" when it straddles zero.
-"""
+"""The trivial baseline every run is scored against (the task's constant, chosen on train, scored on validation)
+and the verdict: whether the model beats it by more than the noise of those rows (a 90% bootstrap interval)."""
 
 from __future__ import annotations
 
@@ -121,10 +105,9 @@ class Baseline:
 
 
 def compare(metric: Metric, y_true: Any, model: Any, baseline: Any, *, seed: int = 0) -> Gap:
-    """The model's score minus the baseline's on the same rows (> 0: the model better, whatever the metric's mode),
-    with its LEVEL% bootstrap interval: ROUNDS paired resamples of the rows. A metric that is a mean of per-row
-    scores (ROW_MEAN) is scored once per row and the numbers resampled (milliseconds); any other (rmse, macro_f1, a
-    user's) is called on each resample, as many rounds as BUDGET_S allows (at least 100)."""
+    """The model's score minus the baseline's on the same rows (> 0: the model better) with its LEVEL% bootstrap
+    interval over ROUNDS paired resamples (per-row scores resampled for ROW_MEAN metrics, else rescored within
+    BUDGET_S)."""
     y_true, model, baseline = np.asarray(y_true), np.asarray(model), np.asarray(baseline)
     sign, n = (1.0 if metric.mode == "max" else -1.0), len(y_true)
     rng = np.random.default_rng(seed)
@@ -145,10 +128,8 @@ def compare(metric: Metric, y_true: Any, model: Any, baseline: Any, *, seed: int
 
 
 class BestRows:
-    """The run's metric, watched: the validation rows' truth and predictions at its best score so far (the epoch
-    whose weights best/ keeps when the metric picks them), which ``compare`` resamples after training. Scoring in a
-    process pool (background_eval = "process") keeps nothing here: ``rows`` stays None and the verdict has no
-    interval."""
+    """The validation truth and predictions at the run's best score so far, which ``compare`` resamples after
+    training (``rows`` stays None under background_eval = "process")."""
 
     def __init__(self, metric: Metric) -> None:
         self.metric = metric

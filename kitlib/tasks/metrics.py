@@ -1,13 +1,5 @@
-"""Competition metrics by name: what 02 monitors for ``best/`` and early stopping, and what ``score`` prints.
-
-    m = get_metric("smape", kind="regression")   # Metric(name='smape', mode='min', ...)
-    m(y_true, y_pred)                            # in the target's own units (after decoding): 24.0
-
-Every metric takes ``(y_true, y_pred)`` as numpy arrays in the competition's units: class labels for the
-classification metrics, numbers for the regression ones (a log/standardised training target is decoded first). A
-user's metric is named ``"module:function"``; it returns a float, and is minimised when the function carries
-``mode = "min"`` (``my_loss.mode = "min"``), maximised otherwise.
-"""
+"""Competition metrics by name (what 02 monitors and ``score`` prints), each ``(y_true, y_pred)`` in the
+competition's units; a user's is ``"module:function"``, minimised when it carries ``mode = "min"``."""
 
 from __future__ import annotations
 
@@ -84,10 +76,8 @@ def exact_match(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 def rouge_l(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    """Mean ROUGE-L F1 (Lin 2004: the longest common subsequence of words) of each generated text against its
-    reference, 0 to 1. Words as Google's rouge-score package finds them by default (lowercased runs of a-z and 0-9,
-    no stemming), so scores match its ``RougeScorer(["rougeL"])``; that package needs nltk and absl, this ~20 lines.
-    Cost: O(words x words) per row, ~1 ms for a 30-word pair."""
+    """Mean ROUGE-L F1 (longest common subsequence of words) of each text against its reference, 0 to 1, words as
+    rouge-score's ``RougeScorer(["rougeL"])`` finds them. ~1 ms for a 30-word pair."""
     scores = []
     for reference, generated in zip(y_true, y_pred, strict=True):
         a, b = _rouge_words(reference), _rouge_words(generated)

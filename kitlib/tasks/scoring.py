@@ -1,7 +1,5 @@
-"""Scoring a submission against a competition's held-out answers (``python -m kitlib score``): any competition's
-files, matched by id, by any metric of kitlib.tasks.metrics (or ``module:function``). The demos' own scorers
-(the checkout's demos/) and the benchmarks read their files with ``read_matched`` and ``read_scored`` too.
-"""
+"""Scoring a submission against held-out answers (``python -m kitlib score``), matched by id, by any metric of
+kitlib.tasks.metrics or ``module:function``."""
 
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ ABOUT_FILE = "demo.json"  # the demo's task, metric and the notebooks' parameter
 def read_scored(
     path: str | Path, role: str, target: str = "label", *, text: bool = False, id: str = "id", blank: bool = True
 ) -> pd.DataFrame:
-    """A solution or submission file: columns id (as str, named "id" whatever ``id`` is) and ``target``; a missing
-    file or column, a repeated id or an empty target raises a DataError naming the fix. A text target (``text=True``,
-    e.g. an SQL query, or labels compared as written) is read verbatim, blanks as '' (``blank=False``: a blank cell
-    is a missing label, not a text)."""
+    """A solution or submission file: columns id (str) and ``target``, or a DataError naming the fix. A text target
+    (``text=True``) is read verbatim, blanks as '' (``blank=False``: a blank is a missing label)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no {role} file at {path}")
@@ -90,11 +86,8 @@ def score(
     metric: str = "accuracy",
     data_dir: str | Path | None = None,
 ) -> float:
-    """``metric`` (a kitlib.tasks.metrics name, or module:function) of a submission against the held-out solution,
-    matched by ``id``, on the ``target`` column: any competition's files. Labels are compared as written (strings stay
-    strings; numbers as numbers, so 1 and 1.0 agree); a number metric needs finite numbers. Mismatched ids, row
-    counts, missing values or probabilities where classes belong raise a DataError saying what to fix.
-    ``data_dir``: where record_f1 finds the database (default: the solution's folder)."""
+    """``metric`` of a submission against the solution, matched by ``id`` on ``target`` (1 and 1.0 agree); mismatches
+    raise a DataError saying what to fix. ``data_dir``: where record_f1 finds the database (default: the solution's)."""
     kinds = METRICS[metric].kinds if metric in METRICS else frozenset({"binary", "regression"})
     texts = "sequence" in kinds  # else a blank cell is a missing prediction, not a label
     merged = read_matched(solution_csv, submission_csv, target, id=id, text=True, blank=texts)

@@ -1,26 +1,6 @@
-"""Execution-based scoring for text-to-SQL: run the predicted and the gold query on the database, compare the rows.
-
-    record_f1("SELECT name FROM customers", gold_sql, "shop.sqlite")           # one pair
-    mean_record_f1(predictions, golds, "shop.sqlite")                          # a submission, one connection
-
-How rows are compared (the choices, in one place):
-
-* As multisets, always order-insensitive, also when the gold query has ORDER BY: the rows a query selects are
-  what it is asked for; ORDER BY ... LIMIT n still counts through *which* n rows come back (the demo's gold
-  queries break ties, so that choice is unique). Duplicates count: ``SELECT city`` is not ``SELECT DISTINCT city``.
-* A row is the tuple of its values: column names and aliases are ignored, the column order is not, and an extra or
-  missing column makes every row differ. Floats are rounded to 6 decimals (a sum added in another order still
-  matches) and 3 equals 3.0; ROUND(x, 2) against an unrounded x does not match.
-* F1 = 2PR/(P+R), P = |pred ∩ gold| / |pred|, R = |pred ∩ gold| / |gold| (multiset intersection); both results
-  empty -> 1.0, exactly one empty -> 0.0.
-
-Safety: a database path is opened read-only (``file:...?mode=ro``), and while a query runs an authorizer allows only
-reading (SELECT, column reads, functions, recursive CTEs): no write, DDL, ATTACH, PRAGMA or transaction even on a
-writable connection handed in. A progress handler cuts a query running longer than ``timeout`` seconds (fetching its
-rows included), and more than ``MAX_ROWS`` rows are refused. A prediction that fails in any way (syntax, unknown
-table, several statements, denied, cut, too many rows, not a query) scores 0; a failing gold query raises DataError.
-``check_references`` runs every gold query once before training (00 and 01), so that error comes in seconds.
-"""
+"""Execution-based text-to-SQL scoring: the predicted and gold queries' rows compared as multisets (order and names
+ignored, floats to 6 decimals), F1 over them; read-only, authorised, timed and row-capped. A failing prediction
+scores 0; a failing gold query raises DataError (``check_references`` runs them before training)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Numeric and categorical columns as model inputs, fitted on the training rows and saved with the features.
-
-    cols = fit_columns(train, numeric=["weight", "year"], categorical=["brand"], path=train_csv)
-    x_num, x_cat = cols.transform(test, path=test_csv)   # float32 [n, 2 * 2], int64 [n, 1]
-
-Numbers: non-negative heavy-tailed columns (99th percentile over 10x the median: prices, counts) are log1p'ed, then
-standardised with the training rows' mean and std; a missing value becomes 0 beside a 0/1 "missing" column.
-Categories: each value seen at least ``MIN_CATEGORY_ROWS`` times in training gets an id from 1; rarer values, new
-ones in test, and blanks share id 0 ("other"), so test rows never fail on a category training did not have.
-The fitted statistics are plain JSON (``to_dict``), saved in features.json: 02 and 03 rebuild nothing.
-"""
+"""Numeric and categorical columns as model inputs, fitted on the training rows and saved (plain JSON) with the
+features: heavy-tailed numbers log1p'ed, then standardised, missing -> 0 plus a flag; rare/unseen categories -> 0."""
 
 from __future__ import annotations
 

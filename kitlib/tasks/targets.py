@@ -1,17 +1,6 @@
-"""How a target column becomes what the model learns: class codes, or a standardised (log) number and its loss.
-
-A raw price (median 47, max 5,925) trained with MSE gave constant or negative predictions (test SMAPE 107-117 on the
-seed user's data); log1p then standardise gave SMAPE 24. So a regression target is always standardised, and the
-objective (transform + loss) follows the metric, so that what the loss is minimised by is what the metric rewards:
-
-    rmse   squared error on the value            (optimum: the conditional mean)
-    mae    absolute error, on log1p when non-negative and heavy-tailed (the median: unchanged by a monotone map)
-    smape  absolute error on log1p               (a relative error; the median in log space)
-    rmsle  squared error on log1p                (exactly what it scores)
-
-A metric of one's own keeps squared error, on log1p when non-negative and heavy-tailed. ``objective`` in 00's
-parameters overrides it: "mse", "mae", "log_mse" or "log_mae".
-"""
+"""How a target column becomes what the model learns: class codes, or a standardised (log) number with the loss its
+metric rewards (rmse: squared; mae: absolute, log1p when heavy-tailed; smape: absolute on log1p; rmsle: squared on
+log1p); ``objective`` overrides it."""
 
 from __future__ import annotations
 
