@@ -106,3 +106,15 @@ def test_private_torch_api_instance_forward_replaces_the_class_forward() -> None
     assert logits.shape == (2, 10) and logits.count_nonzero() == 0  # the placeholder: no logits computed
     assert len(captured) == 1 and torch.equal(captured[0], model.body(x))
     assert "forward" not in vars(model.head) and torch.equal(model(x), model.head(model.body(x)))
+
+
+def test_hardware_detection_reads_no_private_torch_binding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#50: AMX comes from /proc/cpuinfo's flags alone, like every other CPU flag (torch._C._cpu went): no module of
+    kitlib.machine names torch._C, and a machine without /proc reports no AMX (fp32 on the CPU, the safe default)."""
+    from kitlib.machine import hardware
+
+    root = Path(kitlib.__file__).parent / "machine"
+    assert [p.name for p in root.rglob("*.py") if "torch._C" in p.read_text()] == []
+
+    monkeypatch.setattr(hardware, "_cpu_flags", frozenset)  # no /proc/cpuinfo (macOS, Windows)
+    assert hardware.detect({}).cpu_amx is False

@@ -289,7 +289,7 @@ def detect(environ: Mapping[str, str] | None = None) -> HardwareInfo:
         cpu_count=usable_cpus(),
         ram_bytes=ram,
         accelerators=_accelerators(ram),
-        cpu_amx=_has_amx_bf16(flags),
+        cpu_amx="amx_bf16" in flags,  # listed only where the kernel enabled AMX state; no /proc: unknown, fp32
         cpu_avx512_bf16="avx512_bf16" in flags,
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,
@@ -430,17 +430,6 @@ def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
-
-
-def _has_amx_bf16(flags: frozenset[str]) -> bool:
-    # /proc/cpuinfo lists amx_bf16 only when the kernel also enables AMX state, i.e. when it is usable.
-    # torch.backends.cpu.get_cpu_capability() is no help: it tops out at "AVX512" and has no AMX value.
-    if flags:
-        return "amx_bf16" in flags
-    import torch  # no /proc (macOS/Windows): ask torch's cpuinfo binding where this build has it
-
-    probe = getattr(torch._C._cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
 
 
 def usable_cpus() -> int:
