@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from benchmarks.flop_count import count_flops
 from kitlib.doctor.flops import (
     PEAK_TFLOPS,
-    count_flops,
     flops_per_token,
     gpu_key,
     measure_cpu_peak,
