@@ -159,3 +159,47 @@ def imports_kitlib(venv: Path) -> bool:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the kernels run: env -i, no PYTHONPATH
     done = subprocess.run([str(venv / "bin" / "python"), "-c", "import kitlib"], capture_output=True, cwd=venv, env=env)
     return done.returncode == 0
+
+
+_FAKE_CLOCK = '''"""Written by tests/kaggle_sim.py: kitlib's TimeBudget reads a clock that advances {step_s} s a call
+(once when fit starts, once a step), so where 02 stops does not depend on the machine's speed or load."""
+import importlib.abc
+import importlib.util
+import itertools
+import sys
+
+
+class _Clock:
+    def __init__(self):
+        self.calls = itertools.count()
+
+    def __call__(self):
+        return next(self.calls) * {step_s}
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "kitlib.engine.policies":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.TimeBudget.clock = staticmethod(_Clock())
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Hook())
+'''
+
+
+def fake_clock(folder: Path, step_s: float) -> dict[str, str]:
+    """The ``env`` for ``run_kernel`` that gives the kernel's TimeBudget a fake clock: each optimizer step takes
+    ``step_s`` seconds (a sitecustomize on PYTHONPATH patches the class when kitlib imports it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_FAKE_CLOCK.format(step_s=float(step_s)))
+    return {"PYTHONPATH": str(folder)}

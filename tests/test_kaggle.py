@@ -152,13 +152,35 @@ def test_build_options(notebooks: Path, tmp_path: Path) -> None:
 
 
 def test_build_refuses_bad_input(notebooks: Path, tmp_path: Path) -> None:
-    with pytest.raises(kg.KernelMetadataError, match="owner/slug"):
+    with pytest.raises(kg.KernelMetadataError, match=r"--username 'Some User' is not a Kaggle user name"):
         _build(notebooks, tmp_path / "bad", username="Some User")
     assert not (tmp_path / "bad").exists()  # validated before anything is written
     with pytest.raises(FileNotFoundError, match="numbered notebooks"):
         _build(tmp_path, tmp_path / "none")
     with pytest.raises(ValueError, match=r"no data to train on: pass competition= \(--competition\)"):
         _build(notebooks, tmp_path / "nodata", dataset_sources=[])
+
+
+def test_an_id_made_from_a_capitalised_username_is_lower_case(notebooks: Path, tmp_path: Path) -> None:
+    # `kaggle build --username ME` (as the README writes it) failed with a message about the kernel id
+    metas = [_meta(f) for f in _build(notebooks, tmp_path / "k", username="SomeUser")]
+    assert {m["id"].split("/")[0] for m in metas} == {"someuser"}
+
+
+def test_continue_from_builds_the_next_session_attached_to_the_last(notebooks: Path, tmp_path: Path) -> None:
+    (single,) = _build(notebooks, tmp_path / "s2", single=True, continue_from="someuser/kit-demo-data-all-stages")
+    meta, nb = _meta(single), json.loads((single / "all_stages.ipynb").read_text())
+    assert meta["id"] == "someuser/kit-demo-data-all-stages-s2"
+    assert meta["kernel_sources"] == ["someuser/kit-demo-data-all-stages"]
+    cell = "".join(nb["cells"][0]["source"])
+    assert "inputs = ['/kaggle/input/notebooks/someuser/kit-demo-data-all-stages']" in cell
+    (again,) = _build(notebooks, tmp_path / "s3", single=True, continue_from=meta["id"])
+    assert _meta(again)["id"].endswith("-all-stages-s3") and _meta(again)["kernel_sources"] == [meta["id"]]
+    chain = [_meta(f) for f in _build(notebooks, tmp_path / "c", continue_from="someuser/kit-demo-data-02-train")]
+    assert [m["id"] for m in chain] == ["someuser/kit-demo-data-02-train-s2", "someuser/kit-demo-data-03-infer-s2"]
+    assert [m["kernel_sources"] for m in chain] == [["someuser/kit-demo-data-02-train"], [chain[0]["id"]]]
+    with pytest.raises(kg.KernelMetadataError, match="--continue-from"):
+        _build(notebooks, tmp_path / "bad", single=True, continue_from="kit-demo-data-all-stages")
 
 
 GOOD = {

@@ -49,6 +49,10 @@ _STEP_OVERHEAD_S = 0.005
 # fold) and once in 03 (it refits where 02 kept them: an upper bound); the price demo's 02 and 03 took 5-8 s each
 # beyond the estimate without them (2026-11-27).
 _TREES_S = 6.0
+# A Kaggle GPU session ends after 12 h (shared/notes/kaggle-and-headless.md); 02's default time budget leaves 03's
+# predicted time and this margin (the outputs' copy, 03's start, steps slower than the average) inside it.
+KAGGLE_SESSION_S = 12 * 3600.0
+BUDGET_MARGIN_S = 20 * 60.0
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
@@ -154,6 +158,13 @@ class RunEstimate:
     def total_s(self) -> float:
         return self.features_s + self.train_s + self.infer_s
 
+    @property
+    def sessions(self) -> int:
+        """Kaggle GPU sessions the run needs: each trains for 12 h less 03's time and a margin (02's default
+        time_budget there), the last one predicts too."""
+        per_session = max(1.0, KAGGLE_SESSION_S - self.infer_s - BUDGET_MARGIN_S)
+        return max(1, math.ceil((self.features_s + self.train_s) / per_session))
+
     def text(self) -> str:
         rows = f"{self.rows} rows" if self.rows == self.n_rows else f"{self.rows} of {self.n_rows} rows (row limit)"
         parts = (
@@ -166,6 +177,9 @@ class RunEstimate:
         elif self.n_rows <= SMALL_ROWS:  # few rows: one hold-out's verdict is noisy, k models affordable
             fold = self.features_s + 5 * (self.train_s + self.infer_s)
             parts += f"; small data: folds = 5 (00's parameters) validates every row, ~{duration(fold)} in all"
+        if self.sessions > 1:  # 02 stops at its time budget; the next session, attached to this one's output, goes on
+            parts += (f"; on Kaggle {self.sessions} GPU sessions of 12 h (time_budget; the next session: kaggle build "
+                      "--continue-from)")  # fmt: skip
         return f"~{duration(self.total_s)} for the whole run: {parts}; {rows}, {self.n_test} test rows (rough{assumed})"
 
 
