@@ -90,12 +90,16 @@ def run_kernel(
     layout: Layout = "current",
     timeout_s: int = 900,
     env: Mapping[str, str] | None = None,
+    colab_drive: Path | None = None,
 ) -> KernelRun:
     """Run the kernel in ``folder`` (kernel-metadata.json + notebook) as Kaggle would run a pushed version.
 
     ``sources`` maps competition slugs and dataset ids to host folders; kernel sources are the earlier kernels'
     outputs, ``outputs/<slug>``. The kernel's own output goes to ``outputs/<its slug>``. ``env``: more variables
     for the kernel (e.g. KIT_REHEARSE=1), as a user's own runner would set them.
+
+    ``colab_drive``: run the notebook as Colab's kernel instead: no /kaggle, no KAGGLE_* variables, a google.colab
+    module whose ``drive.mount`` links this folder (holding ``MyDrive/``) at the mount point.
     """
     meta = json.loads((folder / "kernel-metadata.json").read_text())
     slug = meta["id"].split("/")[1]
@@ -103,6 +107,9 @@ def run_kernel(
     shutil.rmtree(working, ignore_errors=True)
     working.mkdir(parents=True)
     mounts: list[tuple[Path, str]] = []
+    if colab_drive is not None:
+        meta = {**meta, "competition_sources": [], "dataset_sources": [], "kernel_sources": []}
+        working = colab_drive / "MyDrive" / "kitlib-work"
     for comp in meta.get("competition_sources", []):
         mounts.append((sources[comp], f"competitions/{comp}" if layout == "current" else comp))
     for dataset in meta.get("dataset_sources", []):
@@ -123,25 +130,30 @@ def run_kernel(
         'mount -t tmpfs none "$R"',
         'for d in /*; do [ -d "$d" ] || continue; mkdir -p "$R$d"; mount --rbind "$d" "$R$d"; done',
         'mkdir -p "$R/kaggle/working" "$R/kaggle/src"',
-        f'mount --bind {q(str(working))} "$R/kaggle/working"',
+        f'mount --bind {q(str(working))} "$R/kaggle/working"' if colab_drive is None else 'rmdir "$R/kaggle/working"',
         f'mount --bind {q(str(folder))} "$R/kaggle/src"',
         'mount -o remount,bind,ro "$R/kaggle/src"',
     ]
     for host, inside in mounts:
         target = f'"$R/kaggle/input/"{q(inside)}'
         lines += [f"mkdir -p {target}", f"mount --bind {q(str(host))} {target}", f"mount -o remount,bind,ro {target}"]
+    platform = {"KAGGLE_KERNEL_RUN_TYPE": "Batch", "KAGGLE_URL_BASE": "https://www.kaggle.com"}
+    if colab_drive is not None:
+        platform = {"COLAB_RELEASE_TAG": "release-colab-sim", "FAKE_DRIVE": str(colab_drive),
+                    "PYTHONPATH": str(colab(scratch / "colab"))}  # fmt: skip
+        lines.append('mkdir -p "$R/content"')
     environment = {
         "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": str(home),
-        "KAGGLE_KERNEL_RUN_TYPE": "Batch",
-        "KAGGLE_URL_BASE": "https://www.kaggle.com",
+        **platform,
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         **(env or {}),
     }
+    cwd = "/kaggle/working" if colab_drive is None else "/content"
     run = (
-        "cd /kaggle/working && python -m nbconvert --to notebook --execute "
+        f"cd {cwd} && python -m nbconvert --to notebook --execute "
         f"--ExecutePreprocessor.timeout={timeout_s} --output-dir {q(str(executed))} /kaggle/src/{q(meta['code_file'])}"
     )
     env = " ".join(f"{k}={q(v)}" for k, v in environment.items())
@@ -203,3 +215,28 @@ def fake_clock(folder: Path, step_s: float) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(_FAKE_CLOCK.format(step_s=float(step_s)))
     return {"PYTHONPATH": str(folder)}
+
+
+_COLAB = """\"\"\"Written by tests/kaggle_sim.py: Colab's kernel imported google.colab; drive.mount links
+$FAKE_DRIVE.\"\"\"
+import os
+import sys
+import types
+
+
+def _mount(mountpoint, **_):
+    os.makedirs(os.path.dirname(mountpoint), exist_ok=True)
+    os.symlink(os.environ["FAKE_DRIVE"], mountpoint)
+
+
+colab = types.ModuleType("google.colab")
+colab.drive = types.SimpleNamespace(mount=_mount)
+sys.modules["google.colab"] = colab
+"""
+
+
+def colab(folder: Path) -> Path:
+    """A folder for PYTHONPATH whose sitecustomize stands in for Colab's google.colab (Drive: ``run_kernel``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_COLAB)
+    return folder

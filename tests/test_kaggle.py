@@ -661,27 +661,6 @@ def test_install_cells_name_no_package_the_index_lacks() -> None:
         assert not re.search(r"pip install kitlib\b", "".join(install["source"])), name  # kitlib is not on PyPI
 
 
-def test_the_readmes_colab_cell_mounts_drive_and_sets_every_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-
-    from kitlib.notebook.runbook import PATH_PARAMETERS
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("## On Colab", 1)[1]
-    cell = section.split("```python\n", 1)[1].split("```", 1)[0]
-    mounted: list[str] = []
-    drive = types.SimpleNamespace(mount=mounted.append)
-    colab = types.ModuleType("google.colab")
-    colab.drive = drive  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "google.colab", colab)
-    values: dict[str, Any] = {}
-    exec(cell, values)
-    assert mounted == ["/content/drive"]
-    paths = {name for name in PATH_PARAMETERS if name != "model"} | {"wheels_dir"}  # model: "auto" is no path
-    assert all(str(values[name]).startswith("/content/drive/") for name in paths), paths
-    assert values["inputs"] == []
-
-
 def test_wheels_from_any_folder_build_the_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`python -m kitlib kaggle wheels` outside the checkout ran `pip wheel .`: "Directory '.' is not installable"."""
     checkout = Path(__file__).resolve().parents[1]
