@@ -219,6 +219,7 @@ def fake_clock(folder: Path, step_s: float) -> dict[str, str]:
 
 _COLAB = """\"\"\"Written by tests/kaggle_sim.py: Colab's kernel imported google.colab; drive.mount links
 $FAKE_DRIVE.\"\"\"
+import importlib.machinery
 import os
 import sys
 import types
@@ -230,6 +231,7 @@ def _mount(mountpoint, **_):
 
 
 colab = types.ModuleType("google.colab")
+colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)  # find_spec (accelerate's probe) reads it
 colab.drive = types.SimpleNamespace(mount=_mount)
 sys.modules["google.colab"] = colab
 """
