@@ -135,7 +135,9 @@ def build_kernels(
     (the single one, or 02 and 03 of the chain), named ``...-s2``, ``-s3``..., the first one attached to its output
     (``kernel_sources``), so 02 continues from the carried ``run.new/last`` exactly where it stopped.
     """
-    username = _owner(username)
+    username = _owner(username)  # and every id the README's ME is typed into: Kaggle's ids are lower case
+    dataset_sources = [d.lower() for d in dataset_sources]
+    wheels_dataset, continue_from = (None if i is None else i.lower() for i in (wheels_dataset, continue_from))
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
     notebooks = sorted(folder_in.glob(NOTEBOOK_GLOB))
     session = ""
@@ -641,6 +643,7 @@ def wheels(
     """Run ``wheels_commands`` and, with ``dataset_id`` ("owner/slug"), write dataset-metadata.json so the folder
     uploads with ``kaggle datasets create -p out_dir``. Returns the commands it ran."""
     run = runner or _run
+    dataset_id = dataset_id.lower() if dataset_id else dataset_id  # `--dataset-id ME/kitlib-wheels`: ids are lower case
     dataset_slug = (dataset_id or "").partition("/")[2]
     if dataset_id and not (_SLUG.match(dataset_slug) and 6 <= len(dataset_slug) <= 50):
         raise ValueError(f"dataset_id {dataset_id!r} must be 'owner/slug' with a 6-50 character slug (Kaggle's rule)")

@@ -163,8 +163,9 @@ def test_build_refuses_bad_input(notebooks: Path, tmp_path: Path) -> None:
 
 def test_an_id_made_from_a_capitalised_username_is_lower_case(notebooks: Path, tmp_path: Path) -> None:
     # `kaggle build --username ME` (as the README writes it) failed with a message about the kernel id
-    metas = [_meta(f) for f in _build(notebooks, tmp_path / "k", username="SomeUser")]
+    metas = [_meta(f) for f in _build(notebooks, tmp_path / "k", username="SomeUser", wheels_dataset="SomeUser/w-h")]
     assert {m["id"].split("/")[0] for m in metas} == {"someuser"}
+    assert metas[0]["dataset_sources"] == ["someuser/demo-data", "someuser/w-h"]
 
 
 def test_continue_from_builds_the_next_session_attached_to_the_last(notebooks: Path, tmp_path: Path) -> None:
