@@ -112,6 +112,7 @@ def build_kernels(
     single: bool = False,
     force: bool = False,
     local_data: str | Path | None = None,
+    continue_from: str | None = None,
 ) -> list[Path]:
     """Write ``out_dir/<nn_name>/{kernel-metadata.json, <nn_name>.ipynb}`` per numbered notebook (``single``: one
     ``out_dir/all_stages/`` kernel running the four stages in one session); returns the folders.
@@ -129,9 +130,20 @@ def build_kernels(
     refused unless ``force`` (the edited copy is then kept aside as ``<name>.ipynb.prev``). Kernel ids name the
     competition (or first dataset): ``<prefix>-<competition>-<nn>-<name>``, so two competitions never share one.
     Without ``wheels_dataset`` a warning says that every kernel's install cell will fail on Kaggle.
+
+    ``continue_from``: ``owner/slug`` of a kernel whose 02 stopped at its time budget: the next session's kernels
+    (the single one, or 02 and 03 of the chain), named ``...-s2``, ``-s3``..., the first one attached to its output
+    (``kernel_sources``), so 02 continues from the carried ``run.new/last`` exactly where it stopped.
     """
+    username = _owner(username)  # and every id the README's ME is typed into: Kaggle's ids are lower case
+    dataset_sources = [d.lower() for d in dataset_sources]
+    wheels_dataset, continue_from = (None if i is None else i.lower() for i in (wheels_dataset, continue_from))
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
     notebooks = sorted(folder_in.glob(NOTEBOOK_GLOB))
+    session = ""
+    if continue_from is not None:
+        session = f"-s{_next_session(continue_from)}"
+        notebooks = notebooks if single else [n for n in notebooks if n.stem[:2] >= "02"]  # 00/01's files are carried
     if not notebooks:
         raise FileNotFoundError(
             f"no numbered notebooks ({NOTEBOOK_GLOB}) in {folder_in.resolve()}: pass notebooks_dir (--notebooks-dir) "
@@ -177,10 +189,10 @@ def build_kernels(
     source = competition or (dataset_sources[0].split("/")[-1] if dataset_sources else "")
 
     def meta_for(name: str, use_gpu: bool, kernel_sources: list[str]) -> dict[str, Any]:
-        slug = slugify(f"{slug_prefix}-{source}-{name}")
+        slug = slugify(f"{slug_prefix}-{source}-{name}{session}")
         if len(slug) > TITLE_MAX:  # a long competition slug: cut, and a digest of the whole keeps two apart
-            room = TITLE_MAX - len(slugify(f"{slug_prefix}-{name}")) - len("--abcd")
-            slug = slugify(f"{slug_prefix}-{slugify(source)[:room]}-{_digest(source)[:4]}-{name}")
+            room = TITLE_MAX - len(slugify(f"{slug_prefix}-{name}{session}")) - len("--abcd")
+            slug = slugify(f"{slug_prefix}-{slugify(source)[:room]}-{_digest(source)[:4]}-{name}{session}")
         meta: dict[str, Any] = {
             "id": f"{username}/{slug}",
             "title": slug.replace("-", " "),  # slugify(title) == slug, or Kaggle warns and may pick another URL
@@ -203,16 +215,18 @@ def build_kernels(
         validate_metadata(meta)  # all of them before writing anything: no half-built set of folders
         return meta
 
+    previous = [continue_from] if continue_from else []  # the earlier session's output, carried into work_dir
     if single:
-        nb = _single_notebook(notebooks, {**first, "inputs": [], "run_dirs": []})
-        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME, gpu is not False, []))]  # slug kit-<comp>-all-stages
+        carried = [mount_path("notebooks", k) for k in previous]
+        nb = _single_notebook(notebooks, {**first, "inputs": carried, "run_dirs": []})
+        kernels = [(SINGLE_NAME, nb, meta_for(SINGLE_NAME, gpu is not False, previous))]  # kit-<comp>-all-stages
     else:
         kernels = []
         for notebook in notebooks:
             use_gpu = _wants_gpu(notebook.stem, gpu)
-            earlier = [m["id"] for _, _, m in kernels]
+            earlier = previous + [m["id"] for _, _, m in kernels]
             mounted = earlier if chain == "all" else earlier[-1:]
-            values = first if not kernels else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
+            values = first if not mounted else {**common, "inputs": [mount_path("notebooks", k) for k in mounted]}
             nb = set_parameters(_clean(json.loads(notebook.read_text())), values)
             kernels.append((notebook.stem, nb, meta_for(notebook.stem, use_gpu, mounted)))
     files = {  # per kernel folder: the notebook and its metadata, as this build writes them
@@ -238,6 +252,29 @@ def build_kernels(
             (folder / name).write_text(text)
         (folder / BUILD_FILE).write_text(json.dumps({n: _digest(t) for n, t in texts.items()}) + "\n")
     return list(files)
+
+
+def _owner(username: str) -> str:
+    """The kernel ids' owner: Kaggle's user names are lower case in ids (``--username Me`` -> ``me``)."""
+    owner = username.strip().lower()
+    if not _OWNER.match(owner):
+        raise KernelMetadataError(
+            f"--username {username!r} is not a Kaggle user name (letters, digits, '-' or '_'): pass yours, as in "
+            "your profile's URL kaggle.com/USERNAME"
+        )
+    return owner
+
+
+def _next_session(kernel_id: str) -> int:
+    """The session number after ``owner/slug``'s: ``...-s2`` -> 3, a first session's slug -> 2."""
+    owner, _, slug = kernel_id.partition("/")
+    if not (_OWNER.match(owner) and _SLUG.match(slug)):
+        raise KernelMetadataError(
+            f"--continue-from {kernel_id!r} must be the id of the kernel 02 stopped in, 'owner/slug' (lower case), as "
+            "`python -m kitlib kaggle build` printed it"
+        )
+    found = re.search(r"-s(\d+)$", slug)
+    return int(found.group(1)) + 1 if found else 2
 
 
 def gpu_notebooks(preset: str | None = None) -> frozenset[str]:
@@ -606,6 +643,7 @@ def wheels(
     """Run ``wheels_commands`` and, with ``dataset_id`` ("owner/slug"), write dataset-metadata.json so the folder
     uploads with ``kaggle datasets create -p out_dir``. Returns the commands it ran."""
     run = runner or _run
+    dataset_id = dataset_id.lower() if dataset_id else dataset_id  # `--dataset-id ME/kitlib-wheels`: ids are lower case
     dataset_slug = (dataset_id or "").partition("/")[2]
     if dataset_id and not (_SLUG.match(dataset_slug) and 6 <= len(dataset_slug) <= 50):
         raise ValueError(f"dataset_id {dataset_id!r} must be 'owner/slug' with a 6-50 character slug (Kaggle's rule)")

@@ -253,6 +253,7 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
                     wheels_dataset=args.wheels_dataset, competition=args.competition, gpu=gpu, internet=args.internet,
                     private=not args.public, notebooks_dir=args.notebooks_dir, chain=args.chain,
                     data_dir=args.data_dir, parameters=values, single=args.single, force=args.force, local_data=local,
+                    continue_from=args.continue_from,
                 )  # fmt: skip
             for message in dict.fromkeys(str(w.message) for w in said):  # each once: the check runs per kernel
                 print(f"warning: {message}", file=sys.stderr)
@@ -536,6 +537,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--notebooks-dir", type=_folder, default=None, help="default: the notebooks beside the installed kitlib"
     )
     k.add_argument("--single", action="store_true", help="one kernel running 00-03 in one GPU session")
+    k.add_argument(
+        "--continue-from",
+        default=None,
+        metavar="OWNER/SLUG",
+        help="the kernel whose 02 stopped at its time budget: build the next session's kernels (-s2, -s3...) attached "
+        "to its output; 02 continues where it stopped",
+    )
     k.add_argument(
         "--data-dir", default=None, help="00's data_dir (default: the competition's or first dataset's mount)"
     )

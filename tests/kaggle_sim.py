@@ -90,12 +90,16 @@ def run_kernel(
     layout: Layout = "current",
     timeout_s: int = 900,
     env: Mapping[str, str] | None = None,
+    colab_drive: Path | None = None,
 ) -> KernelRun:
     """Run the kernel in ``folder`` (kernel-metadata.json + notebook) as Kaggle would run a pushed version.
 
     ``sources`` maps competition slugs and dataset ids to host folders; kernel sources are the earlier kernels'
     outputs, ``outputs/<slug>``. The kernel's own output goes to ``outputs/<its slug>``. ``env``: more variables
     for the kernel (e.g. KIT_REHEARSE=1), as a user's own runner would set them.
+
+    ``colab_drive``: run the notebook as Colab's kernel instead: no /kaggle, no KAGGLE_* variables, a google.colab
+    module whose ``drive.mount`` links this folder (holding ``MyDrive/``) at the mount point.
     """
     meta = json.loads((folder / "kernel-metadata.json").read_text())
     slug = meta["id"].split("/")[1]
@@ -103,6 +107,9 @@ def run_kernel(
     shutil.rmtree(working, ignore_errors=True)
     working.mkdir(parents=True)
     mounts: list[tuple[Path, str]] = []
+    if colab_drive is not None:
+        meta = {**meta, "competition_sources": [], "dataset_sources": [], "kernel_sources": []}
+        working = colab_drive / "MyDrive" / "kitlib-work"
     for comp in meta.get("competition_sources", []):
         mounts.append((sources[comp], f"competitions/{comp}" if layout == "current" else comp))
     for dataset in meta.get("dataset_sources", []):
@@ -123,25 +130,30 @@ def run_kernel(
         'mount -t tmpfs none "$R"',
         'for d in /*; do [ -d "$d" ] || continue; mkdir -p "$R$d"; mount --rbind "$d" "$R$d"; done',
         'mkdir -p "$R/kaggle/working" "$R/kaggle/src"',
-        f'mount --bind {q(str(working))} "$R/kaggle/working"',
+        f'mount --bind {q(str(working))} "$R/kaggle/working"' if colab_drive is None else 'rmdir "$R/kaggle/working"',
         f'mount --bind {q(str(folder))} "$R/kaggle/src"',
         'mount -o remount,bind,ro "$R/kaggle/src"',
     ]
     for host, inside in mounts:
         target = f'"$R/kaggle/input/"{q(inside)}'
         lines += [f"mkdir -p {target}", f"mount --bind {q(str(host))} {target}", f"mount -o remount,bind,ro {target}"]
+    platform = {"KAGGLE_KERNEL_RUN_TYPE": "Batch", "KAGGLE_URL_BASE": "https://www.kaggle.com"}
+    if colab_drive is not None:
+        platform = {"COLAB_RELEASE_TAG": "release-colab-sim", "FAKE_DRIVE": str(colab_drive),
+                    "PYTHONPATH": str(colab(scratch / "colab"))}  # fmt: skip
+        lines.append('mkdir -p "$R/content"')
     environment = {
         "PATH": f"{venv}/bin:/usr/local/bin:/usr/bin:/bin",
         "HOME": str(home),
-        "KAGGLE_KERNEL_RUN_TYPE": "Batch",
-        "KAGGLE_URL_BASE": "https://www.kaggle.com",
+        **platform,
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         **(env or {}),
     }
+    cwd = "/kaggle/working" if colab_drive is None else "/content"
     run = (
-        "cd /kaggle/working && python -m nbconvert --to notebook --execute "
+        f"cd {cwd} && python -m nbconvert --to notebook --execute "
         f"--ExecutePreprocessor.timeout={timeout_s} --output-dir {q(str(executed))} /kaggle/src/{q(meta['code_file'])}"
     )
     env = " ".join(f"{k}={q(v)}" for k, v in environment.items())
@@ -159,3 +171,74 @@ def imports_kitlib(venv: Path) -> bool:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as the kernels run: env -i, no PYTHONPATH
     done = subprocess.run([str(venv / "bin" / "python"), "-c", "import kitlib"], capture_output=True, cwd=venv, env=env)
     return done.returncode == 0
+
+
+_FAKE_CLOCK = '''"""Written by tests/kaggle_sim.py: kitlib's TimeBudget reads a clock that advances {step_s} s a call
+(once when fit starts, once a step), so where 02 stops does not depend on the machine's speed or load."""
+import importlib.abc
+import importlib.util
+import itertools
+import sys
+
+
+class _Clock:
+    def __init__(self):
+        self.calls = itertools.count()
+
+    def __call__(self):
+        return next(self.calls) * {step_s}
+
+
+class _Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "kitlib.engine.policies":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            module.TimeBudget.clock = staticmethod(_Clock())
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Hook())
+'''
+
+
+def fake_clock(folder: Path, step_s: float) -> dict[str, str]:
+    """The ``env`` for ``run_kernel`` that gives the kernel's TimeBudget a fake clock: each optimizer step takes
+    ``step_s`` seconds (a sitecustomize on PYTHONPATH patches the class when kitlib imports it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_FAKE_CLOCK.format(step_s=float(step_s)))
+    return {"PYTHONPATH": str(folder)}
+
+
+_COLAB = """\"\"\"Written by tests/kaggle_sim.py: Colab's kernel imported google.colab; drive.mount links
+$FAKE_DRIVE.\"\"\"
+import importlib.machinery
+import os
+import sys
+import types
+
+
+def _mount(mountpoint, **_):
+    os.makedirs(os.path.dirname(mountpoint), exist_ok=True)
+    os.symlink(os.environ["FAKE_DRIVE"], mountpoint)
+
+
+colab = types.ModuleType("google.colab")
+colab.__spec__ = importlib.machinery.ModuleSpec("google.colab", None)  # find_spec (accelerate's probe) reads it
+colab.drive = types.SimpleNamespace(mount=_mount)
+sys.modules["google.colab"] = colab
+"""
+
+
+def colab(folder: Path) -> Path:
+    """A folder for PYTHONPATH whose sitecustomize stands in for Colab's google.colab (Drive: ``run_kernel``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(_COLAB)
+    return folder

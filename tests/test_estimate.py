@@ -352,3 +352,36 @@ def test_00_counts_tokens_with_the_models_own_tokenizer_where_it_has_one(tmp_pat
     assert asked.lengths[0] > 5 * stages.TOKENS_PER_WORD + stages.SPECIAL_TOKENS + 5  # the tokenizer's count
     built = stages.data_facts(stages.params(data_dir=data, work_dir=tmp_path / "w2", model="tiny"))
     assert built.lengths[0] == -(-5 * stages.TOKENS_PER_WORD // 1) + stages.SPECIAL_TOKENS  # no tokenizer: the rule
+
+
+def test_the_estimate_says_how_many_kaggle_sessions_the_run_needs() -> None:
+    from kitlib.notebook.estimate import BUDGET_MARGIN_S, KAGGLE_SESSION_S, RunEstimate
+
+    def run(train_h: float, infer_h: float = 0.5) -> RunEstimate:
+        return RunEstimate(features_s=600, train_s=train_h * 3600, infer_s=infer_h * 3600, rows=511_000,
+                           n_rows=511_000, n_test=50_000, features_label="tokenising", epoch_s=3600)  # fmt: skip
+
+    per_session = KAGGLE_SESSION_S - 0.5 * 3600 - BUDGET_MARGIN_S  # 02's default budget there: 11.2 h
+    assert run(4.6).sessions == 1 and "sessions" not in run(4.6).text()
+    assert run(per_session / 3600 * 2).sessions == 3  # + 01's 10 min
+    assert "on Kaggle 3 GPU sessions of 12 h (time_budget; the next session: kaggle build --continue-from)" in (
+        run(per_session / 3600 * 2).text()
+    )
+
+
+def test_02s_time_budget_is_the_parameter_else_kaggles_session_else_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from kitlib.notebook import training
+    from kitlib.notebook.estimate import BUDGET_MARGIN_S, KAGGLE_SESSION_S
+
+    hw = fake_profile("2xT4")
+    feats: Any = SimpleNamespace(run=None, n_train=1000, n_test=100)
+    monkeypatch.setattr(training, "estimate_run", lambda *a, **k: SimpleNamespace(infer_s=1800.0))
+    monkeypatch.setattr(training, "_process_seconds", lambda: 600.0)
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    p: Any = SimpleNamespace(time_budget=None, folds=1)
+    assert training.time_budget_s(p, feats, hw) is None  # elsewhere: no limit
+    assert training.time_budget_s(SimpleNamespace(time_budget=2.5, folds=1), feats, hw) == 9000.0  # type: ignore[arg-type]
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Batch")
+    assert training.time_budget_s(p, feats, hw) == KAGGLE_SESSION_S - 600 - 1800 - BUDGET_MARGIN_S

@@ -152,13 +152,36 @@ def test_build_options(notebooks: Path, tmp_path: Path) -> None:
 
 
 def test_build_refuses_bad_input(notebooks: Path, tmp_path: Path) -> None:
-    with pytest.raises(kg.KernelMetadataError, match="owner/slug"):
+    with pytest.raises(kg.KernelMetadataError, match=r"--username 'Some User' is not a Kaggle user name"):
         _build(notebooks, tmp_path / "bad", username="Some User")
     assert not (tmp_path / "bad").exists()  # validated before anything is written
     with pytest.raises(FileNotFoundError, match="numbered notebooks"):
         _build(tmp_path, tmp_path / "none")
     with pytest.raises(ValueError, match=r"no data to train on: pass competition= \(--competition\)"):
         _build(notebooks, tmp_path / "nodata", dataset_sources=[])
+
+
+def test_an_id_made_from_a_capitalised_username_is_lower_case(notebooks: Path, tmp_path: Path) -> None:
+    # `kaggle build --username ME` (as the README writes it) failed with a message about the kernel id
+    metas = [_meta(f) for f in _build(notebooks, tmp_path / "k", username="SomeUser", wheels_dataset="SomeUser/w-h")]
+    assert {m["id"].split("/")[0] for m in metas} == {"someuser"}
+    assert metas[0]["dataset_sources"] == ["someuser/demo-data", "someuser/w-h"]
+
+
+def test_continue_from_builds_the_next_session_attached_to_the_last(notebooks: Path, tmp_path: Path) -> None:
+    (single,) = _build(notebooks, tmp_path / "s2", single=True, continue_from="someuser/kit-demo-data-all-stages")
+    meta, nb = _meta(single), json.loads((single / "all_stages.ipynb").read_text())
+    assert meta["id"] == "someuser/kit-demo-data-all-stages-s2"
+    assert meta["kernel_sources"] == ["someuser/kit-demo-data-all-stages"]
+    cell = "".join(nb["cells"][0]["source"])
+    assert "inputs = ['/kaggle/input/notebooks/someuser/kit-demo-data-all-stages']" in cell
+    (again,) = _build(notebooks, tmp_path / "s3", single=True, continue_from=meta["id"])
+    assert _meta(again)["id"].endswith("-all-stages-s3") and _meta(again)["kernel_sources"] == [meta["id"]]
+    chain = [_meta(f) for f in _build(notebooks, tmp_path / "c", continue_from="someuser/kit-demo-data-02-train")]
+    assert [m["id"] for m in chain] == ["someuser/kit-demo-data-02-train-s2", "someuser/kit-demo-data-03-infer-s2"]
+    assert [m["kernel_sources"] for m in chain] == [["someuser/kit-demo-data-02-train"], [chain[0]["id"]]]
+    with pytest.raises(kg.KernelMetadataError, match="--continue-from"):
+        _build(notebooks, tmp_path / "bad", single=True, continue_from="kit-demo-data-all-stages")
 
 
 GOOD = {
@@ -637,27 +660,6 @@ def test_install_cells_name_no_package_the_index_lacks() -> None:
         cells = json.loads((notebooks_dir() / name).read_text())["cells"]
         (install,) = [c for c in cells if "install" in c["metadata"].get("tags", [])]
         assert not re.search(r"pip install kitlib\b", "".join(install["source"])), name  # kitlib is not on PyPI
-
-
-def test_the_readmes_colab_cell_mounts_drive_and_sets_every_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-
-    from kitlib.notebook.runbook import PATH_PARAMETERS
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("## On Colab", 1)[1]
-    cell = section.split("```python\n", 1)[1].split("```", 1)[0]
-    mounted: list[str] = []
-    drive = types.SimpleNamespace(mount=mounted.append)
-    colab = types.ModuleType("google.colab")
-    colab.drive = drive  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "google.colab", colab)
-    values: dict[str, Any] = {}
-    exec(cell, values)
-    assert mounted == ["/content/drive"]
-    paths = {name for name in PATH_PARAMETERS if name != "model"} | {"wheels_dir"}  # model: "auto" is no path
-    assert all(str(values[name]).startswith("/content/drive/") for name in paths), paths
-    assert values["inputs"] == []
 
 
 def test_wheels_from_any_folder_build_the_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +202,101 @@ def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
     capsys.readouterr()
     assert main(["score", str(data / "solution.csv"), str(submission)]) == 0  # scored with the demo's metric
     print(capsys.readouterr().out)
+
+
+def _weights(run_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(run_dir / "best" / "model.safetensors")
+
+
+@pytest.mark.slow  # three single kernels of the balanced preset: ~3-6 min on 2 busy cores
+def test_a_run_split_by_time_budget_over_two_sessions_ends_with_the_uninterrupted_weights(
+    kaggle: dict[str, Path],
+) -> None:
+    # Session 1 stops at its time_budget with run.new/last in its output (balanced keeps no periodic last/); session
+    # 2, built with --continue-from and attached to that output read-only, continues it to the end. The budget is
+    # counted on a fake clock (100 s a step): 3150 s = 0.875 h stop it after step 30 (epoch 2 of 2, 23+ steps each)
+    # whatever the machine's load. Both must give the weights and the submission of one uninterrupted session.
+    params = {"preset": "balanced", "model": "tiny"}
+    sources = {"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]}
+    root = kaggle["root"]
+
+    def run(folder: Path, outputs: str, env: dict[str, str] | None = None) -> kaggle_sim.KernelRun:
+        done = kaggle_sim.run_kernel(folder, sources=sources, outputs=root / outputs, image=kaggle["image"],
+                                     scratch=root / f"scratch-{outputs}", env=env)  # fmt: skip
+        assert done.returncode == 0, f"{folder.name} failed:\n{done.log[-3000:]}"
+        return done
+
+    (whole,) = _build(kaggle, "budget-whole", single=True, parameters=params)
+    reference = run(whole, "outputs-budget-whole")
+    (first,) = _build(kaggle, "budget-s1", single=True, parameters=params | {"time_budget": 0.875})
+    stopped = run(first, "outputs-budget", kaggle_sim.fake_clock(root / "clock", step_s=100))
+    said = _printed(stopped.executed)
+    assert "stopped by the time budget" in said and "no submission in this session" in said
+    assert (stopped.working / "run.new" / "last").is_dir() and not (stopped.working / "run").exists()
+    assert not (stopped.working / "submission.csv").exists()
+    last = json.loads((stopped.working / "run.new" / "last" / "meta.json").read_text())
+    assert last["step"] == 30, last  # the fake clock's stop, not the load's
+
+    kernel = json.loads((first / kg.METADATA_FILE).read_text())["id"]
+    (second,) = _build(kaggle, "budget-s2", single=True, parameters=params | {"time_budget": 0.875},
+                       continue_from=kernel)  # fmt: skip
+    meta = json.loads((second / kg.METADATA_FILE).read_text())
+    assert meta["kernel_sources"] == [kernel] and meta["id"] == f"{kernel}-s2"
+    continued = run(second, "outputs-budget")  # the same outputs/: the earlier session's is mounted read-only
+    assert "continuing the interrupted run" in _printed(continued.executed)
+    _check_submission(continued.working, kaggle["data"])
+    ours, theirs = _weights(continued.working / "run"), _weights(reference.working / "run")
+    assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours)
+    assert (continued.working / "submission.csv").read_bytes() == (reference.working / "submission.csv").read_bytes()
+
+
+def _readme_build(kaggle: dict[str, Path], out: str) -> Path:
+    """The kernel folder of the README's route 1, built by its `kaggle build` command as written (ME and COMP filled
+    in; the smoke preset and the tiny model added, as any parameter may be)."""
+    from kitlib.cli import main
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    route = readme.split("1. **Interactive, on Kaggle.**", 1)[1].split("\n2. ", 1)[0]
+    command = " ".join(route.split("`python -m kitlib ", 1)[1].split("`", 1)[0].split())
+    args = command.replace("ME", "me").replace("COMP", "movie-reviews").split()
+    assert main([*args, "--preset", "smoke", "--model", "tiny", "--out", str(kaggle["root"] / out)]) == 0
+    (folder,) = (kaggle["root"] / out).iterdir()
+    assert (folder / "all_stages.ipynb").is_file()  # the file the README says to import
+    return folder
+
+
+def test_the_readmes_interactive_route_ends_with_a_submission(kaggle: dict[str, Path]) -> None:
+    # Route 1: the all-stages notebook imported on kaggle.com, the competition and the wheels dataset added, Run All
+    # in the editor: an interactive session (the picker shows), not a pushed Batch run.
+    folder = _readme_build(kaggle, "readme-interactive")
+    run = kaggle_sim.run_kernel(
+        folder,
+        sources={"movie-reviews": kaggle["data"], "me/kitlib-wheels": kaggle["wheels"]},
+        outputs=kaggle["root"] / "outputs-readme-interactive",
+        image=kaggle["image"],
+        scratch=kaggle["root"] / "scratch-readme-interactive",
+        env={"KAGGLE_KERNEL_RUN_TYPE": "Interactive"},
+    )
+    assert run.returncode == 0, run.log[-3000:]
+    _check_submission(run.working, kaggle["data"])
+
+
+def test_the_readmes_colab_route_finds_drive_by_itself_and_ends_with_a_submission(kaggle: dict[str, Path]) -> None:
+    # README "On Colab": the data and the wheels uploaded to Drive folders, the same notebook opened in Colab, Run
+    # All. Simulated: Colab's kernel (google.colab imported, COLAB_RELEASE_TAG), drive.mount linking a folder, no
+    # /kaggle. Not simulated: the sign-in, Drive's own file system (its renames), Colab's image and GPU.
+    drive = kaggle["root"] / "colab-drive"
+    shutil.copytree(kaggle["data"], drive / "MyDrive" / "movie-reviews")
+    shutil.copytree(kaggle["wheels"], drive / "MyDrive" / "kitlib-wheels")
+    folder = _readme_build(kaggle, "readme-colab")
+    run = kaggle_sim.run_kernel(folder, sources={}, outputs=kaggle["root"] / "outputs-readme-colab",
+                                image=kaggle["image"], scratch=kaggle["root"] / "scratch-readme-colab",
+                                colab_drive=drive)  # fmt: skip
+    assert run.returncode == 0, run.log[-3000:]
+    mine = "/content/drive/MyDrive"
+    said = f"Colab: data_dir {mine}/movie-reviews, wheels_dir {mine}/kitlib-wheels, work_dir {mine}/kitlib-work"
+    assert said in _printed(run.executed)
+    assert kaggle_sim.imports_kitlib(run.venv)  # installed from the Drive folder's wheels
+    _check_submission(drive / "MyDrive" / "kitlib-work", kaggle["data"])

@@ -164,19 +164,27 @@ class StepEval(Policy):
 
 class TimeBudget(Policy):
     """Stops while one more step, the epoch-end eval and a checkpoint still fit in ``budget_s``, and saves ``last/``
-    at that exact position, so the next session resumes there."""
+    at that exact position, so the next session resumes there (under every preset: no periodic save is needed)."""
 
     order = -40
+    clock = staticmethod(time.perf_counter)  # seconds; a test's fake clock makes the stop independent of the load
 
     def __init__(self, budget_s: float) -> None:
         self.budget_s, self.step_s = budget_s, 0.0  # step_s: moving average of one optimizer window
 
+    def on_fit_start(self, loop: Loop) -> None:
+        super().on_fit_start(loop)
+        self.last = self.clock()
+        self.started = self.last - loop.timer.elapsed  # fit's time before the first step counts too
+
     def on_step_end(self, step: StepEnd) -> None:
-        self.step_s = 0.9 * self.step_s + 0.1 * step.seconds if self.step_s else step.seconds
+        now = self.clock()
+        seconds, self.last = now - self.last, now
+        self.step_s = 0.9 * self.step_s + 0.1 * seconds if self.step_s else seconds
         loop, timer = self.loop, self.loop.timer
         windows = 1 + (loop.cfg.log_every_steps if loop.env.enabled else 1)  # the ranks agree that often (Loop.agree)
         reserve = windows * self.step_s + timer.seconds.get("eval", 0.0) / max(1, timer.counts.get("eval", 0)) + 5.0
-        if loop.agree(timer.elapsed + reserve > self.budget_s):
+        if loop.agree(now - self.started + reserve > self.budget_s):
             self.loop.stop("time_budget")
             self.loop.save_last()  # resumable from this exact position in the next session
 

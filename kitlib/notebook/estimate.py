@@ -33,6 +33,10 @@ _QUIET_PYTHON_S = 33e-3  # measure_python_s on that core: fixed costs scale by o
 _TOKENIZE_ROWS_PER_S = 5_000.0  # fast tokenizers, per pass (01 makes three)
 _STEP_OVERHEAD_S = 0.005  # Python, optimizer and loader work per optimizer step: a head's whole cost
 _TREES_S = 6.0  # scikit-learn's import (~3 s) and a fit, in 02 per fold and in 03
+# A Kaggle GPU session ends after 12 h (shared/notes/kaggle-and-headless.md); 02's default time budget leaves 03's
+# predicted time and this margin (the outputs' copy, 03's start, steps slower than the average) inside it.
+KAGGLE_SESSION_S = 12 * 3600.0
+BUDGET_MARGIN_S = 20 * 60.0
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
@@ -131,6 +135,13 @@ class RunEstimate:
     def total_s(self) -> float:
         return self.features_s + self.train_s + self.infer_s
 
+    @property
+    def sessions(self) -> int:
+        """Kaggle GPU sessions the run needs: each trains for 12 h less 03's time and a margin (02's default
+        time_budget there), the last one predicts too."""
+        per_session = max(1.0, KAGGLE_SESSION_S - self.infer_s - BUDGET_MARGIN_S)
+        return max(1, math.ceil((self.features_s + self.train_s) / per_session))
+
     def text(self) -> str:
         rows = f"{self.rows} rows" if self.rows == self.n_rows else f"{self.rows} of {self.n_rows} rows (row limit)"
         parts = (
@@ -143,6 +154,9 @@ class RunEstimate:
         elif self.n_rows <= SMALL_ROWS:  # few rows: one hold-out's verdict is noisy, k models affordable
             fold = self.features_s + 5 * (self.train_s + self.infer_s)
             parts += f"; small data: folds = 5 (00's parameters) validates every row, ~{duration(fold)} in all"
+        if self.sessions > 1:  # 02 stops at its time budget; the next session, attached to this one's output, goes on
+            parts += (f"; on Kaggle {self.sessions} GPU sessions of 12 h (time_budget; the next session: kaggle build "
+                      "--continue-from)")  # fmt: skip
         return f"~{duration(self.total_s)} for the whole run: {parts}; {rows}, {self.n_test} test rows (rough{assumed})"
 
 

@@ -32,9 +32,10 @@ from kitlib.tasks.targets import OBJECTIVES
 
 PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
-# What a later stage needs from earlier ones; a Kaggle kernel carries them forward. Folders before the files that
-# name them (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
-HANDOFF = ("features", RUN_NAME, "params.json", "run.json", "features.json")
+# What a later stage needs from earlier ones; a Kaggle kernel carries them forward: run.new/ is an attempt 02 stopped
+# at its time budget (or SIGTERM), whose last/ the next session continues. Folders before the files that name them
+# (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
+HANDOFF = ("features", RUN_NAME, f"{RUN_NAME}.new", "params.json", "run.json", "features.json")
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
 _WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
@@ -479,7 +480,7 @@ def carry_forward(inputs: Sequence[Path], work_dir: Path) -> list[str]:
     copied = []
     for folder in inputs:
         folds = sorted(d.name for d in folder.glob(f"{RUN_NAME}-fold*"))  # 02's other fold runs, for 03
-        for name in (*HANDOFF[:2], *folds, *HANDOFF[2:]):
+        for name in (*HANDOFF[:3], *folds, *HANDOFF[3:]):
             source, target = folder / name, work_dir / name
             if source.exists() and not _same(source, target):
                 with explain_disk_full(target, "a copy of the earlier stage's"):

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from kitlib.machine.threads import cpu_threads, measurable, share
 from kitlib.models.loading import frozen_dtype
 from kitlib.models.lora import add_adapter, describe_size, merge_adapter
 from kitlib.notebook import handoff, trees
+from kitlib.notebook.estimate import BUDGET_MARGIN_S, KAGGLE_SESSION_S, duration, estimate_run
 from kitlib.notebook.params import Params, kaggle_input, keep_aside, load_params
 from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.stages import (
@@ -64,6 +66,49 @@ if TYPE_CHECKING:
 VALID_FILE = "valid.json"  # in each fold's run dir: its validation rows' truth and predictions (the out-of-fold parts)
 OOF_FILE = "oof.csv"  # in run/ with folds: every training row's out-of-fold prediction (row, fold, target, prediction)
 INPUTS_FILE = "inputs.json"  # in run.new/: the config and features an attempt trained on (may it be continued?)
+UNFINISHED = ("sigterm", "time_budget")  # stops that leave run.new/last for the next 02 to continue
+
+
+def time_budget_s(p: Params, feats: Features, hw: HardwareInfo | None) -> float | None:
+    """02's training seconds in this session: ``time_budget`` hours; None on Kaggle: the session limit less what this
+    kernel ran already (00/01 in one kernel), 03's predicted time for the test rows and a margin; elsewhere None."""
+    if p.time_budget is not None:
+        return p.time_budget * 3600
+    if "KAGGLE_KERNEL_RUN_TYPE" not in os.environ:
+        return None
+    infer_s = estimate_run(feats.run, feats.n_train, feats.n_test, hw or detect(), folds=p.folds).infer_s
+    return max(60.0, KAGGLE_SESSION_S - _process_seconds() - infer_s - BUDGET_MARGIN_S)
+
+
+def _process_seconds() -> float:
+    """Seconds since this process (the kernel, started with the session) started: Linux's /proc; 0 elsewhere."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22: starttime
+        return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _trained(run_dir: Path) -> bool:
+    return bool(checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last"))
+
+
+def _budget_source(p: Params) -> str:
+    if p.time_budget is not None:
+        return f"time_budget = {p.time_budget:g} h"
+    return "Kaggle's 12 h session less this kernel's time so far, 03's predicted time and 20 min"
+
+
+def unfinished(p: Params) -> str:
+    """Why 03 cannot predict yet when 02 stopped at its time budget (or SIGTERM) with a resumable last/: the line
+    to print instead; "" when no fold waits to be continued."""
+    folds = [dataclasses.replace(p, fold=f) for f in range(p.folds)]
+    waiting = [_staging(f) for f in folds if checkpoint.latest(_staging(f), "last") and not _trained(f.run_dir)]
+    if not waiting:
+        return ""
+    return (f"02 stopped before the end of training ({waiting[0]}/last is saved): no submission in this session. "
+            "Continue it: on Kaggle build the next session with python -m kitlib kaggle build --continue-from "
+            "OWNER/THIS-KERNEL and run it; elsewhere run notebooks/02_train.ipynb again")  # fmt: skip
 
 
 def _judge_baseline(
@@ -198,11 +243,17 @@ def train(
         print(f"{said} with these inputs (best/ and out-of-fold predictions saved); the others train, an interrupted "
               "one continuing from its last/")  # fmt: skip
     results: dict[int, FitResult] = {}
+    budget_s = time_budget_s(p, feats, hw)
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    if budget_s is not None:
+        print(f"time budget: {duration(budget_s)} of training in this session ({_budget_source(p)}); a run that needs "
+              "more stops with a resumable last/ that the next session continues")  # fmt: skip
     for fold in (fold for fold in range(p.folds) if fold not in kept):
         if p.folds > 1:
             print(f"fold {fold + 1} of {p.folds}: {dataclasses.replace(p, fold=fold).run_dir}")
-        results[fold] = _train_fold(dataclasses.replace(p, fold=fold), feats, hw, callbacks)
-        if results[fold].stop_reason == "sigterm":  # 02 again continues this fold (its run.new/ is kept)
+        budget = None if deadline is None else max(1.0, deadline - time.monotonic())  # what the earlier folds left
+        results[fold] = _train_fold(dataclasses.replace(p, fold=fold), feats, hw, callbacks, budget)
+        if results[fold].stop_reason in UNFINISHED:  # 02 again continues this fold (its run.new/ is kept)
             return results[fold]
     if p.folds == 1:
         return results[0]
@@ -275,8 +326,10 @@ def _out_of_fold(p: Params, feats: Features, first: FitResult) -> FitResult:
     return dataclasses.replace(judged, notes=(*judged.notes, *notes))
 
 
-def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: tuple[object, ...]) -> FitResult:
-    """One fold's training (``p.fold``; the whole run without folds) into its run dir."""
+def _train_fold(
+    p: Params, feats: Features, hw: HardwareInfo | None, callbacks: tuple[object, ...], budget_s: float | None = None
+) -> FitResult:
+    """One fold's training (``p.fold``; the whole run without folds) into its run dir, stopping at ``budget_s``."""
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
     # a CPU that trains here: on the threads that ran fastest just now (other processes may hold some cores), and
@@ -291,6 +344,7 @@ def _train_fold(p: Params, feats: Features, hw: HardwareInfo | None, callbacks: 
             prepared = prepare(p, feats, hw or detect())
             cfg, prepared = measured_batching(p, feats, cfg, prepared, hw or detect())
         resume = _stage(p, cfg)  # here, once, before any DDP worker exists
+        cfg = dataclasses.replace(cfg, time_budget_s=budget_s)  # a session's, not the run's: inputs.json leaves it out
         if feats.run.world_size > 1:
             cpu = stand_in.hw if stand_in is not None else None
             try:
@@ -489,8 +543,10 @@ def _train(
     best = staging / "best" / "model.safetensors"
     if cfg.adapter != "none" and best.is_file():
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
-    if result.stop_reason == "sigterm":  # not a finished run: run/ stays as it was; the next 02 continues this one
-        print(f"stopped by SIGTERM: {staging}/last saved; run 02_train again to continue from there")
+    if result.stop_reason in UNFINISHED:  # not a finished run: run/ stays as it was; the next 02 continues this one
+        by = "SIGTERM" if result.stop_reason == "sigterm" else f"the time budget ({duration(cfg.time_budget_s or 0)})"
+        print(f"stopped by {by}: {staging}/last saved; run 02_train again to continue from there (on Kaggle: "
+              "the next session, attached to this output: python -m kitlib kaggle build --continue-from)")  # fmt: skip
         return dataclasses.replace(result, run_dir=staging)
     if dist_env().is_main:
         _publish(staging, p.run_dir)
