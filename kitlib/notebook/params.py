@@ -34,7 +34,7 @@ PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
 # What a later stage needs from earlier ones; a Kaggle kernel carries them forward. Folders before the files that
 # name them (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
-HANDOFF = ("features", RUN_NAME, "params.json", "run.json", "features.json")
+HANDOFF = ("features", RUN_NAME, "params.json", "run.json", "features.json", "tokenizer")
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
 _WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"
