@@ -972,6 +972,8 @@ def build_infer_kernel(
     (``published``: a dataset "owner/slug", or a Kaggle Model "owner/model/framework/variation/version") and the
     wheels; checks the model against the data and the time against ``inference_limit``, tokenizes test.csv, runs
     03. It never trains. ``dataset_sources``: more datasets (a LoRA adapter's base model)."""
+    if not competition:
+        raise ValueError("an inference kernel predicts a competition's test.csv: name it (--competition SLUG)")
     folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
     infer_nb = _clean(json.loads((folder_in / "03_infer.ipynb").read_text()))
     install = next(c for c in infer_nb["cells"] if "install" in _tags(c))
@@ -990,12 +992,14 @@ def build_infer_kernel(
     code = (
         "from kitlib.notebook import inference, training\n\n"
         "# Checks the published model against this data and its time against inference_limit before any work\n"
-        "p = inference.published_run(model_dir, data_dir=data_dir, work_dir=work_dir, inference_limit=inference_limit)\n"
+        "p = inference.published_run(\n"
+        "    model_dir, data_dir=data_dir, work_dir=work_dir, inference_limit=inference_limit\n"
+        ")\n"
         "feats = inference.test_features(p)  # test.csv only, with the published tokenizer: nothing trains\n"
         "submission = training.infer(p, feats)\n"
         "print(f'wrote {inference.written(p)}: {len(submission)} rows')\n"
     )
-    cell = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}
+    cell: dict[str, Any] = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}
     nb = {
         **infer_nb,
         "cells": [
@@ -1015,8 +1019,7 @@ def build_infer_kernel(
         "enable_gpu": gpu,
         "enable_tpu": False,
         "enable_internet": False,  # a code competition's submission must run offline
-        "dataset_sources": [*([] if is_model else [published]), *dataset_sources,
-                            *([wheels_dataset] if wheels_dataset else [])],  # fmt: skip
+        "dataset_sources": [*([] if is_model else [published]), *dataset_sources, *filter(None, [wheels_dataset])],
         "competition_sources": [competition],
         "kernel_sources": [],
         "model_sources": [published] if is_model else [],

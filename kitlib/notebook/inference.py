@@ -89,9 +89,8 @@ def check_against_data(card: Mapping[str, Any], data_dir: Path, params: Mapping[
         raise SetupError(_fix(card, f"reads columns {missing} that {test_path.name} lacks (its columns: {header})"))
     sample = pd.read_csv(sample_path)
     if set(sample.columns) != {card["id"], card["target"]}:
-        raise SetupError(
-            _fix(card, f"writes columns [{card['id']!r}, {card['target']!r}], {sample_path.name} has {list(sample.columns)}")
-        )
+        wanted = [card["id"], card["target"]]
+        raise SetupError(_fix(card, f"writes columns {wanted}, {sample_path.name} has {list(sample.columns)}"))
     values = sample[card["target"]]
     numeric = pd.api.types.is_numeric_dtype(values)
     if card["kind"] == "regression" and not numeric:
@@ -103,7 +102,7 @@ def check_against_data(card: Mapping[str, Any], data_dir: Path, params: Mapping[
             raise SetupError(
                 _fix(card, f"predicts the labels {sorted(labels)}, but {sample_path.name} holds {unknown[:5]}")
             )
-    return int(len(pd.read_csv(test_path, usecols=[card["id"]])))
+    return len(pd.read_csv(test_path, usecols=[card["id"]]))
 
 
 def predicted_seconds(card: Mapping[str, Any], n_test: int) -> tuple[float, str]:
@@ -209,7 +208,6 @@ def test_features(p: Params) -> Features:
         submission_columns=columns,
         side=SideInputs({k: v[:0] for k, v in side.items()}, side, state),
     )
-
 
 
 def written(p: Params) -> Path:
