@@ -567,7 +567,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a code competition's inference kernel (internet off, never trains) attaching this published run: a "
         "dataset owner/slug or a Kaggle Model owner/model/framework/variation/version (kaggle publish made it)",
     )
-    k.add_argument("--inference-limit", type=float, default=None, help="hours (default: the published run's)")
     k = kaggle_sub.add_parser("publish", help="a trained work dir as a Kaggle dataset or Model, for --infer-from")
     k.add_argument("--work", required=True, help="the trained work dir (run/best/, params.json, features.json)")
     k.add_argument("--out", required=True, help="the folder to write (upload it, or --push)")
