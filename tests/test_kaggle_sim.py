@@ -201,3 +201,65 @@ def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
     capsys.readouterr()
     assert main(["score", str(data / "solution.csv"), str(submission)]) == 0  # scored with the demo's metric
     print(capsys.readouterr().out)
+
+
+# ------------------------------------------------------------------------------------ a code competition's rerun
+
+
+def _hidden(folder: Path, data: Path, n: int = 3 * N_TEST) -> Path:
+    """The rerun's data: ``data``'s train.csv, a hidden test set of 3x the rows under new ids, and its answers."""
+    folder.mkdir(parents=True)
+    (folder / "train.csv").write_bytes((data / "train.csv").read_bytes())
+    words = ("great", "lovely", "superb", "awful", "dull", "boring")
+    test = pd.DataFrame({"id": [f"hidden-{i}" for i in range(n)],
+                         "text": [f"a {words[i % 6]} film " + "long " * (i % 4) for i in range(n)]})  # fmt: skip
+    test.to_csv(folder / "test.csv", index=False)
+    test[["id"]].assign(label="pos").to_csv(folder / "sample_submission.csv", index=False)
+    labels = [("pos", "neg")[i % 6 // 3] for i in range(n)]
+    test[["id"]].assign(label=labels).to_csv(folder / "solution.csv", index=False)
+    return folder
+
+
+@pytest.mark.slow  # three kernels (train, then inference on the hidden rows) and a publish: 40-90 s on 2 cores
+@pytest.mark.parametrize("folds", [1, 3])
+def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
+    kaggle: dict[str, Path], folds: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib.cli import main
+
+    root = kaggle["root"] / f"rerun-{folds}"
+    (train,) = _cli_build(kaggle, f"rerun-{folds}/train", "smoke", "--single", "--folds", str(folds))
+    wheels = {"me/kitlib-wheels": kaggle["wheels"]}
+    trained = kaggle_sim.run_kernel(
+        train, sources={"movie-reviews": kaggle["data"], **wheels}, outputs=root / "outputs",
+        image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.log[-3000:]
+    published = root / "published"
+    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published),
+                 "--dataset-id", "me/movie-model"]) == 0  # fmt: skip
+    assert sorted(p.name for p in published.glob("run*/best")) == ["best"] * folds
+    runs = sorted(p.name for p in published.glob("run*") if p.is_dir())
+    assert runs == ["run", *(f"run-fold{k}" for k in range(2, folds + 1))]
+    build = ["kaggle", "build", "--username", "me", "--slug-prefix", "kit", "--competition", "movie-reviews",
+             "--wheels-dataset", "me/kitlib-wheels", "--infer-from", "me/movie-model",
+             "--out", str(root / "k")]  # fmt: skip
+    assert main(build) == 0
+    hidden = _hidden(root / "hidden", kaggle["data"])
+    infer = kaggle_sim.run_kernel(
+        root / "k" / kg.INFER_NAME, sources={"movie-reviews": hidden, "me/movie-model": published, **wheels},
+        outputs=root / "outputs", image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert infer.returncode == 0, infer.log[-3000:]
+    submission = pd.read_csv(infer.working / "submission.csv")  # where Kaggle looks: /kaggle/working
+    assert submission["id"].tolist() == [f"hidden-{i}" for i in range(3 * N_TEST)]
+    assert set(submission["label"]) <= {"pos", "neg"}
+    printed = _printed(infer.executed)
+    assert "inference only (02 does not run): predicted " in printed  # before any work: the first line it prints
+    assert f" for {3 * N_TEST} test rows (measured: " in printed and f"x {folds} model(s)), inference_limit 9 h" in printed
+    assert "train:" not in printed and "epoch" not in printed  # no training progress, no epoch lines
+    assert not list(infer.working.glob("run*/last")) and not list(infer.working.glob("*.new"))  # nothing trained
+    assert sorted(p.name for p in (infer.working / "features").glob("*")) == []  # 01's arrays never built
+    capsys.readouterr()
+    assert main(["score", str(hidden / "solution.csv"), str(infer.working / "submission.csv")]) == 0
+    print(capsys.readouterr().out)
