@@ -256,7 +256,8 @@ def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
     assert set(submission["label"]) <= {"pos", "neg"}
     printed = _printed(infer.executed)
     assert "inference only (02 does not run): predicted " in printed  # before any work: the first line it prints
-    assert f" for {3 * N_TEST} test rows (measured: " in printed and f"x {folds} model(s)), inference_limit 9 h" in printed
+    assert f" for {3 * N_TEST} test rows (measured: " in printed
+    assert f"x {folds} model(s)), inference_limit 9 h" in printed
     assert "train:" not in printed and "epoch" not in printed  # no training progress, no epoch lines
     assert not list(infer.working.glob("run*/last")) and not list(infer.working.glob("*.new"))  # nothing trained
     assert sorted(p.name for p in (infer.working / "features").glob("*")) == []  # 01's arrays never built
