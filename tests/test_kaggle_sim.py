@@ -258,9 +258,66 @@ def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
     assert "inference only (02 does not run): predicted " in printed  # before any work: the first line it prints
     assert f" for {3 * N_TEST} test rows (measured: " in printed
     assert f"x {folds} model(s)), inference_limit 9 h" in printed
-    assert "train:" not in printed and "epoch" not in printed  # no training progress, no epoch lines
+    assert "predict (run" in printed and "train:" not in printed  # predicted; no training progress bar
     assert not list(infer.working.glob("run*/last")) and not list(infer.working.glob("*.new"))  # nothing trained
     assert sorted(p.name for p in (infer.working / "features").glob("*")) == []  # 01's arrays never built
     capsys.readouterr()
     assert main(["score", str(hidden / "solution.csv"), str(infer.working / "submission.csv")]) == 0
+    print(capsys.readouterr().out)
+
+
+@pytest.mark.slow  # a LoRA fine-tune of a 2-layer Llama, then the inference kernel generating: 60-120 s on 2 cores
+def test_a_published_lora_adapter_predicts_a_hidden_test_set_with_its_base_attached(
+    kaggle: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The adapter alone is published (best/ holds the LoRA weights); the base model is a dataset of its own, attached
+    # to both kernels at the same mount, as a user attaches a Kaggle copy of a pretrained model.
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    from kitlib.cli import main
+
+    root = kaggle["root"] / "rerun-lora"
+    frame = sft_frame(48)
+    data = write_competition(root / "data", frame.copy())
+    base = llama_folder(root / "llama", [*frame["prompt"], *frame["response"]], positions=256)
+    common = ["--username", "me", "--slug-prefix", "kit", "--competition", "sft", "--wheels-dataset",
+              "me/kitlib-wheels", "--dataset", "me/base-llama", "--gpu", "none"]  # fmt: skip
+    train = ["kaggle", "build", *common, "--single", "--preset", "smoke", "--task", "causal-lm", "--text", "prompt",
+             "--target", "response", "--metric", "exact_match", "--adapter", "lora",
+             "--model", kg.mount_path("datasets", "me/base-llama"), "--out", str(root / "train")]  # fmt: skip
+    assert main(train) == 0
+    sources = {"me/kitlib-wheels": kaggle["wheels"], "me/base-llama": base}
+    trained = kaggle_sim.run_kernel(
+        root / "train" / kg.SINGLE_NAME, sources={"sft": data, **sources}, outputs=root / "outputs",
+        image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.log[-3000:]
+    published = root / "published"
+    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published),
+                 "--dataset-id", "me/sft-adapter"]) == 0  # fmt: skip
+    card = json.loads((published / "kitlib-model.json").read_text())
+    assert card["adapter"] == "lora" and card["limits"]["fallback"] in {"fresh", "rotten", "yes", "no"}
+    assert main(["kaggle", "build", *common, "--infer-from", "me/sft-adapter", "--out", str(root / "k")]) == 0
+    hidden = root / "hidden"
+    hidden.mkdir()
+    (hidden / "train.csv").write_bytes((data / "train.csv").read_bytes())
+    n = 3 * 8  # 3x the 8 test rows the run saw, new ids
+    test = pd.DataFrame({"id": range(20_000, 20_000 + n), "prompt": frame["prompt"][:n].tolist()})
+    test.to_csv(hidden / "test.csv", index=False)
+    test[["id"]].assign(response="yes").to_csv(hidden / "sample_submission.csv", index=False)
+    test[["id"]].assign(response=frame["response"][:n].tolist()).to_csv(hidden / "solution.csv", index=False)
+    infer = kaggle_sim.run_kernel(
+        root / "k" / kg.INFER_NAME, sources={"sft": hidden, "me/sft-adapter": published, **sources},
+        outputs=root / "outputs", image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert infer.returncode == 0, infer.log[-3000:]
+    submission = pd.read_csv(infer.working / "submission.csv", keep_default_na=False, dtype={"response": str})
+    assert submission["id"].tolist() == list(range(20_000, 20_000 + n))
+    printed = _printed(infer.executed)
+    assert "inference only (02 does not run): predicted " in printed and f" for {n} test rows (measured: " in printed
+    assert "train:" not in printed and not list(infer.working.glob("*.new"))
+    capsys.readouterr()
+    solution = str(hidden / "solution.csv")
+    assert main(["score", solution, str(infer.working / "submission.csv"), "--target", "response",
+                 "--metric", "exact_match"]) == 0  # fmt: skip
     print(capsys.readouterr().out)

@@ -43,6 +43,7 @@ def model_card(work_dir: Path) -> dict[str, Any]:
     n_valid = feats["n_train"] / folds if folds > 1 else max(1, round(VALID_FRACTION * feats["n_train"]))
     rows = full["count"] * n_valid
     return {
+        "limits": _generation_limits(work_dir, params, feats) if spec["kind"] == "sequence" else None,
         "kitlib": __version__,
         "task": params["task"],
         "kind": spec["kind"],
@@ -61,6 +62,23 @@ def model_card(work_dir: Path) -> dict[str, Any]:
         "seconds_per_row": full["seconds"] / rows if rows else None,
         "measured_on": timing.get("run", {}).get("device_type", "unknown"),
     }
+
+
+def _generation_limits(work_dir: Path, params: Mapping[str, Any], feats: Mapping[str, Any]) -> dict[str, Any]:
+    """A generating run's output limits (kitlib.notebook.tasks.generation.Limits), read from its training targets
+    here, so the published run carries them instead of the targets."""
+    import dataclasses
+
+    from kitlib.notebook.handoff import _load_array
+    from kitlib.notebook.stages import splits
+    from kitlib.notebook.tasks.generation import target_limits
+    from transformers import AutoTokenizer
+
+    record = feats["files"]["labels.npy"]
+    labels = _load_array(work_dir / "features" / record.get("file", "labels.npy"), record)
+    tokenizer = AutoTokenizer.from_pretrained(work_dir / TOKENIZER_DIR)
+    rows = splits(len(labels), int(params["seed"]), int(params.get("folds", 1)))[0][0]  # 02's first training split
+    return dataclasses.asdict(target_limits(labels, tokenizer, rows))
 
 
 def _fix(card: Mapping[str, Any], what: str) -> str:
@@ -186,7 +204,8 @@ def test_features(p: Params) -> Features:
     tokenizer = AutoTokenizer.from_pretrained(p.work_dir / TOKENIZER_DIR)
     texts = get_task(p.task).prompts(test[p.text].tolist(), tokenizer)
     max_length = int(summary["max_length"])
-    state = summary.get("side_state") or {}
+    card = json.loads((p.work_dir / CARD_FILE).read_text())
+    state = {**(summary.get("side_state") or {}), **({"limits": card["limits"]} if card.get("limits") else {})}
     side: dict[str, np.ndarray] = {}
     if p.numeric or p.categorical:
         from kitlib.tasks.tabular import Columns
