@@ -236,18 +236,19 @@ def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
     )  # fmt: skip
     assert trained.returncode == 0, trained.log[-3000:]
     published = root / "published"
-    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published),
-                 "--dataset-id", "me/movie-model"]) == 0  # fmt: skip
+    as_model = folds == 1  # one model as a Kaggle Model (model_sources), the fold ensemble as a dataset
+    upload = ["--model-id", "me/movie-model/pyTorch/v1"] if as_model else ["--dataset-id", "me/movie-model"]
+    source = "me/movie-model/pyTorch/v1/1" if as_model else "me/movie-model"  # a Model is attached at a version
+    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published), *upload]) == 0
     assert sorted(p.name for p in published.glob("run*/best")) == ["best"] * folds
     runs = sorted(p.name for p in published.glob("run*") if p.is_dir())
     assert runs == ["run", *(f"run-fold{k}" for k in range(2, folds + 1))]
     build = ["kaggle", "build", "--username", "me", "--slug-prefix", "kit", "--competition", "movie-reviews",
-             "--wheels-dataset", "me/kitlib-wheels", "--infer-from", "me/movie-model",
-             "--out", str(root / "k")]  # fmt: skip
+             "--wheels-dataset", "me/kitlib-wheels", "--infer-from", source, "--out", str(root / "k")]  # fmt: skip
     assert main(build) == 0
     hidden = _hidden(root / "hidden", kaggle["data"])
     infer = kaggle_sim.run_kernel(
-        root / "k" / kg.INFER_NAME, sources={"movie-reviews": hidden, "me/movie-model": published, **wheels},
+        root / "k" / kg.INFER_NAME, sources={"movie-reviews": hidden, source: published, **wheels},
         outputs=root / "outputs", image=kaggle["image"], scratch=root / "scratch",
     )  # fmt: skip
     assert infer.returncode == 0, infer.log[-3000:]
