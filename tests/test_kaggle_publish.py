@@ -175,6 +175,18 @@ def test_a_test_set_that_cannot_be_predicted_within_inference_limit_is_refused_b
     assert "predicted 60 s for 6 test rows (measured: 5.00 ms a row in 02's evaluations on cpu" in said
 
 
+def test_a_model_that_cannot_load_in_this_kernel_s_memory_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "pub"
+    kg.publish(_work(tmp_path), out, dataset_id="me/movie-model")
+    monkeypatch.setattr(inference, "free_memory", lambda: 1)  # bytes
+    work = tmp_path / "kernel-working"
+    with pytest.raises(SetupError, match=r"loading one model .* \(Exceeded Allowed Compute\). Fix: a machine with"):
+        inference.published_run(out, data_dir=_data(tmp_path), work_dir=work)
+    assert not work.exists()
+
+
 # --------------------------------------------------------------------------------------------- the submission's checks
 
 

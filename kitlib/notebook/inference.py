@@ -69,10 +69,11 @@ def _generation_limits(work_dir: Path, params: Mapping[str, Any], feats: Mapping
     here, so the published run carries them instead of the targets."""
     import dataclasses
 
+    from transformers import AutoTokenizer
+
     from kitlib.notebook.handoff import _load_array
     from kitlib.notebook.stages import splits
     from kitlib.notebook.tasks.generation import target_limits
-    from transformers import AutoTokenizer
 
     record = feats["files"]["labels.npy"]
     labels = _load_array(work_dir / "features" / record.get("file", "labels.npy"), record)
@@ -162,13 +163,7 @@ def published_run(
             "Kaggle would stop the rerun (Notebook Timeout). Fix: a faster GPU (machine_shape), fewer folds, a smaller "
             "model or a shorter max_length; or raise inference_limit if the competition allows more"
         )
-    need = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
-    free = shutil.disk_usage(work if work.exists() else work.parent).free
-    if need * 1.2 > free:  # the copy plus the submission and a margin
-        raise SetupError(
-            f"copying the published model ({need / 1e9:.2f} GB) needs more than the {free / 1e9:.2f} GB free in "
-            f"{work} (Exceeded Allowed Compute). Fix: publish fewer folds or a smaller model"
-        )
+    _check_room(model, work, params)
     work.mkdir(parents=True, exist_ok=True)
     for entry in model.iterdir():
         if entry.name == PARAMS_FILE:
@@ -183,6 +178,37 @@ def published_run(
         values["inference_limit"] = inference_limit
     (work / PARAMS_FILE).write_text(json.dumps(values, indent=2) + "\n")
     return load_params(work)
+
+
+def free_memory() -> int:
+    """Bytes of memory available now (Linux: MemAvailable; elsewhere the free pages)."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        return int(next(line for line in lines if line.startswith("MemAvailable:")).split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def _check_room(model: Path, work: Path, params: Mapping[str, Any]) -> None:
+    """Kaggle's "Exceeded Allowed Compute" before any work: the copy of the published run must fit the disk, and one
+    model's weights (a fold's best/, plus a base model folder for an adapter) loaded twice, the file read and the
+    model built, must fit the memory."""
+    need = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
+    free = shutil.disk_usage(work if work.exists() else work.parent).free
+    if need * 1.2 > free:  # the copy plus the submission and a margin
+        raise SetupError(
+            f"copying the published model ({need / 1e9:.2f} GB) needs more than the {free / 1e9:.2f} GB free in "
+            f"{work} (Exceeded Allowed Compute). Fix: publish fewer folds or a smaller model"
+        )
+    base = kaggle_input(Path(str(params.get("model", ""))))
+    weights = [*(model / "run" / "best").glob("*.safetensors"), *(base.glob("*.safetensors") if base.is_dir() else [])]
+    memory, available = 2 * sum(f.stat().st_size for f in weights), free_memory()
+    if memory > available:
+        raise SetupError(
+            f"loading one model ({memory / 2e9:.2f} GB of weights, read and built: {memory / 1e9:.2f} GB) needs more "
+            f"than the {available / 1e9:.2f} GB of memory free here (Exceeded Allowed Compute). Fix: a machine with "
+            "more memory, or a smaller model"
+        )
 
 
 def test_features(p: Params) -> Features:
