@@ -80,10 +80,11 @@ def _check_against_sample(submission: pd.DataFrame, sample: pd.DataFrame, name: 
         )
     for column in sample.columns:
         values = submission[column]
-        if pd.api.types.is_numeric_dtype(sample[column]) and not pd.api.types.is_numeric_dtype(values):
+        numbers = pd.to_numeric(values, errors="coerce")  # an object column of ints (decoded classes) is numbers
+        if pd.api.types.is_numeric_dtype(sample[column]) and numbers.isna().any():
             raise DataError(
                 f"the submission's {column!r} holds text, {name}'s numbers: Kaggle's scorer would fail. Fix: the "
                 "target and task parameters (a class label where a number is scored?)"
             )
-        if pd.api.types.is_float_dtype(values) and not np.isfinite(values.to_numpy()).all():
+        if pd.api.types.is_numeric_dtype(values) and not np.isfinite(numbers.to_numpy(dtype=float)).all():
             raise DataError(f"the submission's {column!r} has inf values: every row needs a finite prediction")
