@@ -867,3 +867,207 @@ def output(
         command += ["--file-pattern", file_pattern]
     _check((runner or _run)(command), command)
     return sorted(p for p in dest.rglob("*") if p.is_file())
+
+
+# --------------------------------------------------------------------------------------------------------- publish
+
+PUBLISH_MARK = ".kitlib-publish.json"  # in a folder publish wrote: the only kind it empties to write again
+INFER_NAME = "infer_published"
+
+
+def publish(
+    work_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    dataset_id: str | None = None,
+    model_id: str | None = None,
+    push: bool = False,
+    runner: Runner | None = None,
+) -> list[Path]:
+    """Write ``out_dir``: what inference needs of the trained run in ``work_dir`` (best/ of every fold, the
+    tokenizer, params.json, run.json, features.json's recipe, the run record, kitlib-model.json) and never
+    optimizer state, last/, the feature arrays or training rows; plus dataset-metadata.json (``dataset_id``
+    "owner/slug") or model-instance-metadata.json (``model_id`` "owner/model/framework/variation"). ``push``: upload
+    it with ``kaggle datasets create`` (``version`` when it exists) or ``kaggle models instances create``.
+    Returns the files written."""
+    from kitlib.notebook import inference
+    from kitlib.notebook.params import PARAMS_FILE
+    from kitlib.notebook.stages import TOKENIZER_DIR
+
+    work, out = Path(work_dir), Path(out_dir)
+    runs = sorted([work / "run", *work.glob("run-fold*")])
+    untrained = [r.name for r in runs if not (r / "best" / "model.safetensors").is_file()]
+    if not (work / "run").is_dir() or untrained:
+        raise KernelFolderError(
+            f"{work} holds no trained best/ checkpoint ({', '.join(untrained) or 'no run/'}): nothing to publish. "
+            "Fix: run 02_train to the end first (or download the training kernel's output: kaggle output KERNEL), "
+            "and publish that folder"
+        )
+    needed = [work / n for n in (PARAMS_FILE, "run.json", "features.json", TOKENIZER_DIR)]
+    if missing := [p.name for p in needed if not p.exists()]:
+        raise KernelFolderError(
+            f"{work} lacks {missing}: 01 of this kitlib saves them (the tokenizer since the inference route). "
+            "Fix: run 01_features and 02_train again with this kitlib, then publish"
+        )
+    if dataset_id and model_id:
+        raise ValueError("publish as a dataset (--dataset-id) or as a Kaggle Model (--model-id), not both")
+    if out.exists() and any(out.iterdir()) and not (out / PUBLISH_MARK).is_file():
+        raise KernelFolderError(
+            f"{out} already holds files publish did not write: writing there would mix them in. Fix: a new --out"
+        )
+    card = inference.model_card(work)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for path in needed:
+        (shutil.copytree if path.is_dir() else shutil.copy2)(path, out / path.name)
+    for run in runs:
+        for name in inference.RUN_FILES:
+            source = run / name
+            if source.is_dir():
+                shutil.copytree(source, out / run.name / name)
+            elif source.is_file():
+                (out / run.name).mkdir(exist_ok=True)
+                shutil.copy2(source, out / run.name / name)
+    (out / inference.CARD_FILE).write_text(json.dumps(card, indent=2) + "\n")
+    described = _describe(card)
+    if model_id:
+        owner, model, framework, variation = _model_parts(model_id)
+        meta = {"ownerSlug": owner, "modelSlug": model, "instanceSlug": variation, "framework": framework,
+                "overview": described, "usage": _usage(), "licenseName": "Apache 2.0", "fineTunable": False,
+                "trainingData": [], "modelInstanceType": "Unspecified", "baseModelInstanceId": 0,
+                "externalBaseModelUrl": ""}  # fmt: skip
+        (out / "model-instance-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+    elif dataset_id:
+        slug = dataset_id.partition("/")[2]
+        if not (_SLUG.match(slug) and 6 <= len(slug) <= 50):
+            raise ValueError(f"dataset_id {dataset_id!r} must be 'owner/slug' with a 6-50 character slug")
+        meta = {"title": slug.replace("-", " "), "id": dataset_id, "subtitle": described[:80],
+                "description": f"{described}\n\n{_usage()}", "licenses": [{"name": "other"}]}  # fmt: skip
+        (out / "dataset-metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (out / PUBLISH_MARK).write_text(json.dumps({"work_dir": str(work)}) + "\n")
+    if push:
+        upload(out, runner=runner)
+    return sorted(p for p in out.rglob("*") if p.is_file())
+
+
+def _model_parts(model_id: str) -> tuple[str, str, str, str]:
+    parts = model_id.split("/")
+    if len(parts) != 4 or not all(parts):
+        raise ValueError(f"model_id {model_id!r} must be owner/model/framework/variation (e.g. me/my-model/pyTorch/v1)")
+    return parts[0], parts[1], parts[2], parts[3]
+
+
+def _describe(card: Mapping[str, Any]) -> str:
+    columns = [card["text"], *card["numeric"], *card["categorical"]]
+    labels = f", labels {card['labels']}" if card["labels"] else ""
+    return (
+        f"kitlib {card['kitlib']} run: task {card['task']} ({card['kind']}) of {card['target']!r}{labels}, metric "
+        f"{card['metric']}; columns text {card['text']!r}, numeric {card['numeric']}, categorical "
+        f"{card['categorical']} (all read from test.csv: {columns}); {card['folds']} fold model(s), model "
+        f"{card['model']}, adapter {card['adapter']}"
+    )
+
+
+def _usage() -> str:
+    return (
+        "Attach to an inference kernel built with `python -m kitlib kaggle build --infer-from THIS_ID "
+        "--competition SLUG`: it predicts test.csv offline and never trains."
+    )
+
+
+def upload(folder: str | Path, *, runner: Runner | None = None) -> str:
+    """Upload a published folder through the kaggle CLI: a new dataset version when the dataset exists, else a
+    new dataset; a Kaggle Model instance (the model must exist: ``kaggle models create``)."""
+    folder, run = Path(folder), runner or _run
+    if (folder / "model-instance-metadata.json").is_file():
+        command = ["kaggle", "models", "instances", "create", "-p", str(folder), "-r", "zip"]
+        return _check(run(command), command)
+    if not (folder / "dataset-metadata.json").is_file():
+        raise KernelFolderError(f"{folder} has no dataset or model metadata: publish with --dataset-id or --model-id")
+    dataset_id = json.loads((folder / "dataset-metadata.json").read_text())["id"]
+    listed = run(["kaggle", "datasets", "files", dataset_id])
+    exists = listed.returncode == 0 and "404" not in (listed.stdout or "") + (listed.stderr or "")
+    command = ["kaggle", "datasets", "version" if exists else "create", "-p", str(folder), "-r", "zip"]
+    command += ["-m", "kitlib publish"] if exists else []
+    return _check(run(command), command)
+
+
+def build_infer_kernel(
+    out_dir: str | Path,
+    *,
+    username: str,
+    slug_prefix: str,
+    competition: str,
+    published: str,
+    wheels_dataset: str | None,
+    dataset_sources: Sequence[str] = (),
+    gpu: bool = True,
+    private: bool = True,
+    inference_limit: float | None = None,
+    notebooks_dir: str | Path | None = None,
+) -> Path:
+    """One internet-off kernel for a code competition's rerun: attaches the competition, the published run
+    (``published``: a dataset "owner/slug", or a Kaggle Model "owner/model/framework/variation/version") and the
+    wheels; checks the model against the data and the time against ``inference_limit``, tokenizes test.csv, runs
+    03. It never trains. ``dataset_sources``: more datasets (a LoRA adapter's base model)."""
+    if not competition:
+        raise ValueError("an inference kernel predicts a competition's test.csv: name it (--competition SLUG)")
+    folder_in = Path(notebooks_dir) if notebooks_dir is not None else repo_notebooks()
+    infer_nb = _clean(json.loads((folder_in / "03_infer.ipynb").read_text()))
+    install = next(c for c in infer_nb["cells"] if "install" in _tags(c))
+    is_model = published.count("/") == 4
+    mount = (
+        f"{KAGGLE_INPUT}/models/{published}" if is_model else mount_path("datasets", published)
+    )  # the model layout: /kaggle/input/models/<owner>/<model>/<framework>/<variation>/<version>
+    values = {
+        "model_dir": mount,
+        "data_dir": mount_path("competitions", competition),
+        "work_dir": KAGGLE_WORKING,  # where Kaggle looks for submission.csv
+        "inference_limit": inference_limit,
+        "wheels_dir": mount_path("datasets", wheels_dataset) if wheels_dataset else "",
+    }
+    source = "\n".join(f"{k} = {v!r}" for k, v in values.items()) + "\n"
+    code = (
+        "from kitlib.notebook import inference, training\n\n"
+        "# Checks the published model against this data and its time against inference_limit before any work\n"
+        "p = inference.published_run(\n"
+        "    model_dir, data_dir=data_dir, work_dir=work_dir, inference_limit=inference_limit\n"
+        ")\n"
+        "feats = inference.test_features(p)  # test.csv only, with the published tokenizer: nothing trains\n"
+        "submission = training.infer(p, feats)\n"
+        "print(f'wrote {inference.written(p)}: {len(submission)} rows')\n"
+    )
+    cell: dict[str, Any] = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}
+    nb = {
+        **infer_nb,
+        "cells": [
+            {**cell, "metadata": {"tags": ["parameters"]}, "source": source},
+            install,
+            {**cell, "source": code},
+        ],
+    }
+    slug = slugify(f"{slug_prefix}-{competition}-infer")[:TITLE_MAX].strip("-")
+    meta: dict[str, Any] = {
+        "id": f"{username}/{slug}",
+        "title": slug.replace("-", " "),
+        "code_file": f"{INFER_NAME}.ipynb",
+        "language": "python",
+        "kernel_type": "notebook",
+        "is_private": private,
+        "enable_gpu": gpu,
+        "enable_tpu": False,
+        "enable_internet": False,  # a code competition's submission must run offline
+        "dataset_sources": [*([] if is_model else [published]), *dataset_sources, *filter(None, [wheels_dataset])],
+        "competition_sources": [competition],
+        "kernel_sources": [],
+        "model_sources": [published] if is_model else [],
+        "keywords": [],
+    }
+    if gpu:
+        meta["machine_shape"] = T4X2
+    validate_metadata(meta)
+    folder = Path(out_dir) / INFER_NAME
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / meta["code_file"]).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    (folder / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return folder

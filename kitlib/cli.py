@@ -240,7 +240,16 @@ def _cmd_export_merged(args: argparse.Namespace) -> int:
 def _cmd_kaggle(args: argparse.Namespace) -> int:
     kaggle = kernel_tool()
     try:
-        if args.kaggle_action == "build":
+        if args.kaggle_action == "build" and args.infer_from:
+            folder = kaggle.build_infer_kernel(
+                args.out, username=args.username, slug_prefix=args.slug_prefix, competition=args.competition,
+                published=args.infer_from, wheels_dataset=args.wheels_dataset, dataset_sources=args.dataset,
+                gpu=args.gpu != "none", private=not args.public, inference_limit=args.inference_limit,
+                notebooks_dir=args.notebooks_dir,
+            )  # fmt: skip
+            kernel = json.loads((folder / kaggle.METADATA_FILE).read_text())["id"]
+            print(f"{folder}  ({kernel}: internet off, never trains)\nnext: python -m kitlib kaggle push {folder}")
+        elif args.kaggle_action == "build":
             choices: dict[str, bool | None] = {"all": True, "none": False, "auto": None}
             gpu = choices[args.gpu] if args.gpu in choices else set(args.gpu.split(","))
             values, local = _parameters(args)
@@ -263,6 +272,13 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
             if len(folders) > 1:
                 print("  (in this order, each after the one before completed: its output is the next one's input)")
             print(f"then: python -m kitlib kaggle output {ids[-1]} --pattern submission  (submission.csv)")
+        elif args.kaggle_action == "publish":
+            files = kaggle.publish(
+                args.work, args.out, dataset_id=args.dataset_id, model_id=args.model_id, push=args.push
+            )
+            print(f"{args.out}: {len(files)} files ({sum(f.stat().st_size for f in files) / 1e6:.1f} MB)")
+            if not args.push:
+                print(f"upload: python -m kitlib kaggle publish --work {args.work} --out {args.out} ... --push")
         elif args.kaggle_action == "wheels":
             target = {"python_version": args.python_version, "with_model": not args.no_model}
             if args.dry_run:
@@ -289,7 +305,7 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
         elif args.kaggle_action == "output":
             for path in kaggle.output(args.kernel_id, args.dest, file_pattern=args.pattern):
                 print(path)
-    except (TimeoutError, FileNotFoundError, ValueError) as err:
+    except (TimeoutError, FileNotFoundError, ValueError, FileExistsError) as err:
         print(f"kaggle {args.kaggle_action}: {err}", file=sys.stderr)
         return 2
     return 0
@@ -552,6 +568,19 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--out", default="kaggle", help="where the kernel folders go")
     k.add_argument("--force", action="store_true", help="overwrite notebooks edited since the last build (kept .prev)")
     k.add_argument("--chain", default="previous", choices=["previous", "all"], help="which earlier outputs to mount")
+    k.add_argument(
+        "--infer-from",
+        default=None,
+        metavar="ID",
+        help="a code competition's inference kernel (internet off, never trains) attaching this published run: a "
+        "dataset owner/slug or a Kaggle Model owner/model/framework/variation/version (kaggle publish made it)",
+    )
+    k = kaggle_sub.add_parser("publish", help="a trained work dir as a Kaggle dataset or Model, for --infer-from")
+    k.add_argument("--work", required=True, help="the trained work dir (run/best/, params.json, features.json)")
+    k.add_argument("--out", required=True, help="the folder to write (upload it, or --push)")
+    k.add_argument("--dataset-id", default=None, help="owner/slug: writes dataset-metadata.json")
+    k.add_argument("--model-id", default=None, help="owner/model/framework/variation: a Kaggle Model instance")
+    k.add_argument("--push", action="store_true", help="upload it with the kaggle CLI (datasets create/version)")
     k = kaggle_sub.add_parser("wheels", help="build an offline wheels folder (kitlib + what Kaggle lacks; no torch)")
     k.add_argument("--out", default="wheels")
     k.add_argument("--project", type=_folder, default=".", help="kitlib's source tree")

@@ -94,9 +94,10 @@ def run_kernel(
 ) -> KernelRun:
     """Run the kernel in ``folder`` (kernel-metadata.json + notebook) as Kaggle would run a pushed version.
 
-    ``sources`` maps competition slugs and dataset ids to host folders; kernel sources are the earlier kernels'
-    outputs, ``outputs/<slug>``. The kernel's own output goes to ``outputs/<its slug>``. ``env``: more variables
-    for the kernel (e.g. KIT_REHEARSE=1), as a user's own runner would set them.
+    ``sources`` maps competition slugs, dataset ids and model ids (with their version) to host folders; kernel
+    sources are the earlier kernels' outputs, ``outputs/<slug>``. The kernel's own output goes to
+    ``outputs/<its slug>``. ``env``: more variables for the kernel (e.g. KIT_REHEARSE=1), as a user's own runner would
+    set them.
 
     ``colab_drive``: run the notebook as Colab's kernel instead: no /kaggle, no KAGGLE_* variables, a google.colab
     module whose ``drive.mount`` links this folder (holding ``MyDrive/``) at the mount point.
@@ -114,6 +115,8 @@ def run_kernel(
         mounts.append((sources[comp], f"competitions/{comp}" if layout == "current" else comp))
     for dataset in meta.get("dataset_sources", []):
         mounts.append((sources[dataset], f"datasets/{dataset}" if layout == "current" else dataset.split("/")[1]))
+    for model in meta.get("model_sources", []):  # owner/model/framework/variation/version
+        mounts.append((sources[model], f"models/{model}" if layout == "current" else model.split("/", 1)[1]))
     for kernel in meta.get("kernel_sources", []):
         earlier = outputs / kernel.split("/")[1]
         mounts.append((earlier, f"notebooks/{kernel}" if layout == "current" else kernel.split("/")[1]))

@@ -300,3 +300,124 @@ def test_the_readmes_colab_route_finds_drive_by_itself_and_ends_with_a_submissio
     assert said in _printed(run.executed)
     assert kaggle_sim.imports_kitlib(run.venv)  # installed from the Drive folder's wheels
     _check_submission(drive / "MyDrive" / "kitlib-work", kaggle["data"])
+
+
+# ------------------------------------------------------------------------------------ a code competition's rerun
+
+
+def _hidden(folder: Path, data: Path, n: int = 3 * N_TEST) -> Path:
+    """The rerun's data: ``data``'s train.csv, a hidden test set of 3x the rows under new ids, and its answers."""
+    folder.mkdir(parents=True)
+    (folder / "train.csv").write_bytes((data / "train.csv").read_bytes())
+    words = ("great", "lovely", "superb", "awful", "dull", "boring")
+    test = pd.DataFrame({"id": [f"hidden-{i}" for i in range(n)],
+                         "text": [f"a {words[i % 6]} film " + "long " * (i % 4) for i in range(n)]})  # fmt: skip
+    test.to_csv(folder / "test.csv", index=False)
+    test[["id"]].assign(label="pos").to_csv(folder / "sample_submission.csv", index=False)
+    labels = [("pos", "neg")[i % 6 // 3] for i in range(n)]
+    test[["id"]].assign(label=labels).to_csv(folder / "solution.csv", index=False)
+    return folder
+
+
+@pytest.mark.slow  # three kernels (train, then inference on the hidden rows) and a publish: 40-90 s on 2 cores
+@pytest.mark.parametrize("folds", [1, 3])
+def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
+    kaggle: dict[str, Path], folds: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kitlib.cli import main
+
+    root = kaggle["root"] / f"rerun-{folds}"
+    (train,) = _cli_build(kaggle, f"rerun-{folds}/train", "smoke", "--single", "--folds", str(folds))
+    wheels = {"me/kitlib-wheels": kaggle["wheels"]}
+    trained = kaggle_sim.run_kernel(
+        train, sources={"movie-reviews": kaggle["data"], **wheels}, outputs=root / "outputs",
+        image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.log[-3000:]
+    published = root / "published"
+    as_model = folds == 1  # one model as a Kaggle Model (model_sources), the fold ensemble as a dataset
+    upload = ["--model-id", "me/movie-model/pyTorch/v1"] if as_model else ["--dataset-id", "me/movie-model"]
+    source = "me/movie-model/pyTorch/v1/1" if as_model else "me/movie-model"  # a Model is attached at a version
+    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published), *upload]) == 0
+    assert sorted(p.name for p in published.glob("run*/best")) == ["best"] * folds
+    runs = sorted(p.name for p in published.glob("run*") if p.is_dir())
+    assert runs == ["run", *(f"run-fold{k}" for k in range(2, folds + 1))]
+    build = ["kaggle", "build", "--username", "me", "--slug-prefix", "kit", "--competition", "movie-reviews",
+             "--wheels-dataset", "me/kitlib-wheels", "--infer-from", source, "--out", str(root / "k")]  # fmt: skip
+    assert main(build) == 0
+    hidden = _hidden(root / "hidden", kaggle["data"])
+    infer = kaggle_sim.run_kernel(
+        root / "k" / kg.INFER_NAME, sources={"movie-reviews": hidden, source: published, **wheels},
+        outputs=root / "outputs", image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert infer.returncode == 0, infer.log[-3000:]
+    submission = pd.read_csv(infer.working / "submission.csv")  # where Kaggle looks: /kaggle/working
+    assert submission["id"].tolist() == [f"hidden-{i}" for i in range(3 * N_TEST)]
+    assert set(submission["label"]) <= {"pos", "neg"}
+    printed = _printed(infer.executed)
+    assert "inference only (02 does not run): predicted " in printed  # before any work: the first line it prints
+    assert f" for {3 * N_TEST} test rows (measured: " in printed
+    assert f"x {folds} model(s)), inference_limit 9 h" in printed
+    assert "predict (run" in printed and "train:" not in printed  # predicted; no training progress bar
+    assert not list(infer.working.glob("run*/last")) and not list(infer.working.glob("*.new"))  # nothing trained
+    assert sorted(p.name for p in (infer.working / "features").glob("*")) == []  # 01's arrays never built
+    capsys.readouterr()
+    assert main(["score", str(hidden / "solution.csv"), str(infer.working / "submission.csv")]) == 0
+    print(capsys.readouterr().out)
+
+
+@pytest.mark.slow  # a LoRA fine-tune of a 2-layer Llama, then the inference kernel generating: 60-120 s on 2 cores
+def test_a_published_lora_adapter_predicts_a_hidden_test_set_with_its_base_attached(
+    kaggle: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The adapter alone is published (best/ holds the LoRA weights); the base model is a dataset of its own, attached
+    # to both kernels at the same mount, as a user attaches a Kaggle copy of a pretrained model.
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    from kitlib.cli import main
+
+    root = kaggle["root"] / "rerun-lora"
+    frame = sft_frame(48)
+    data = write_competition(root / "data", frame.copy())
+    base = llama_folder(root / "llama", [*frame["prompt"], *frame["response"]], positions=256)
+    common = ["--username", "me", "--slug-prefix", "kit", "--competition", "sft", "--wheels-dataset",
+              "me/kitlib-wheels", "--dataset", "me/base-llama", "--gpu", "none"]  # fmt: skip
+    train = ["kaggle", "build", *common, "--single", "--preset", "smoke", "--task", "causal-lm", "--text", "prompt",
+             "--target", "response", "--metric", "exact_match", "--adapter", "lora",
+             "--model", kg.mount_path("datasets", "me/base-llama"), "--out", str(root / "train")]  # fmt: skip
+    assert main(train) == 0
+    sources = {"me/kitlib-wheels": kaggle["wheels"], "me/base-llama": base}
+    trained = kaggle_sim.run_kernel(
+        root / "train" / kg.SINGLE_NAME, sources={"sft": data, **sources}, outputs=root / "outputs",
+        image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.log[-3000:]
+    published = root / "published"
+    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published),
+                 "--dataset-id", "me/sft-adapter"]) == 0  # fmt: skip
+    card = json.loads((published / "kitlib-model.json").read_text())
+    assert card["adapter"] == "lora" and card["limits"]["fallback"] in {"fresh", "rotten", "yes", "no"}
+    assert main(["kaggle", "build", *common, "--infer-from", "me/sft-adapter", "--out", str(root / "k")]) == 0
+    hidden = root / "hidden"
+    hidden.mkdir()
+    (hidden / "train.csv").write_bytes((data / "train.csv").read_bytes())
+    n = 3 * 8  # 3x the 8 test rows the run saw, new ids
+    test = pd.DataFrame({"id": range(20_000, 20_000 + n), "prompt": frame["prompt"][:n].tolist()})
+    test.to_csv(hidden / "test.csv", index=False)
+    test[["id"]].assign(response="yes").to_csv(hidden / "sample_submission.csv", index=False)
+    test[["id"]].assign(response=frame["response"][:n].tolist()).to_csv(hidden / "solution.csv", index=False)
+    infer = kaggle_sim.run_kernel(
+        root / "k" / kg.INFER_NAME, sources={"sft": hidden, "me/sft-adapter": published, **sources},
+        outputs=root / "outputs", image=kaggle["image"], scratch=root / "scratch",
+    )  # fmt: skip
+    assert infer.returncode == 0, infer.log[-3000:]
+    submission = pd.read_csv(infer.working / "submission.csv", keep_default_na=False, dtype={"response": str})
+    assert submission["id"].tolist() == list(range(20_000, 20_000 + n))
+    printed = _printed(infer.executed)
+    assert "inference only (02 does not run): predicted " in printed and f" for {n} test rows (measured: " in printed
+    assert "train:" not in printed and not list(infer.working.glob("*.new"))
+    capsys.readouterr()
+    solution = str(hidden / "solution.csv")
+    assert main(["score", solution, str(infer.working / "submission.csv"), "--target", "response",
+                 "--metric", "exact_match"]) == 0  # fmt: skip
+    print(capsys.readouterr().out)

@@ -35,7 +35,7 @@ RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.
 # What a later stage needs from earlier ones; a Kaggle kernel carries them forward: run.new/ is an attempt 02 stopped
 # at its time budget (or SIGTERM), whose last/ the next session continues. Folders before the files that name them
 # (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
-HANDOFF = ("features", RUN_NAME, f"{RUN_NAME}.new", "params.json", "run.json", "features.json")
+HANDOFF = ("features", RUN_NAME, f"{RUN_NAME}.new", "params.json", "run.json", "features.json", "tokenizer")
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
 _WORK_DIR_FIX = "set work_dir (or KIT_WORK_DIR) to a writable folder of its own, e.g. /kaggle/working on Kaggle"

@@ -76,6 +76,7 @@ MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class tr
 # estimate of the price demo was 0.6x the run at 1.3).
 TOKENS_PER_WORD = 1.3
 TOKEN_SAMPLE_ROWS = 500  # ~0.1 s for a fast tokenizer, plus ~0.3 s to load it
+TOKENIZER_DIR = "tokenizer"  # in work_dir: 01's tokenizer, saved for the inference-only route
 SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 
 
@@ -574,6 +575,8 @@ def features(
         report=report,
     )
     handoff.save(feats, p.work_dir, built_from(p))
+    if callable(save := getattr(tokenizer, "save_pretrained", None)):  # what a published run tokenizes test rows with
+        save(p.work_dir / TOKENIZER_DIR)  # (kitlib.notebook.inference); a tiny model's is trained here: ~100 KB
     if summed:
         log(str(cache.stats))
     return feats

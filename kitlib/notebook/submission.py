@@ -42,9 +42,12 @@ def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: s
     return columns
 
 
-def write_submission(submission: pd.DataFrame, columns: Sequence[str], n_rows: int, path: Path) -> pd.DataFrame:
-    """Check the predictions as Kaggle's scorer would (columns, one row per test row, no missing values) and write
-    them atomically, never a half-written submission. Returns the frame in the sample's column order."""
+def write_submission(
+    submission: pd.DataFrame, columns: Sequence[str], n_rows: int, path: Path, sample: Path | None = None
+) -> pd.DataFrame:
+    """Check the predictions as Kaggle's scorer would (columns, one row per test row, no missing values; with
+    ``sample``, its ids, dtypes and a finite number where it has numbers) and write them atomically, never a
+    half-written submission. Returns the frame in the sample's column order."""
     if set(submission.columns) != set(columns):
         raise DataError(f"submission columns {list(submission.columns)} != {list(columns)} of the sample submission")
     if len(submission) != n_rows:
@@ -52,8 +55,36 @@ def write_submission(submission: pd.DataFrame, columns: Sequence[str], n_rows: i
     if submission.isna().any().any():
         bad = submission.columns[submission.isna().any()].tolist()
         raise DataError(f"submission has missing values in {bad}: every row needs a prediction")
+    if sample is not None and sample.is_file():
+        _check_against_sample(submission, read_table(sample, text=()), sample.name)
     ordered = submission[list(columns)]
     if path.is_file():  # the last good submission stays one step back, never lost to a bad run
         write_atomic(path.with_name(f"{path.stem}.prev{path.suffix}"), path.read_bytes())
     write_atomic(path, ordered.to_csv(index=False))
     return ordered
+
+
+def _check_against_sample(submission: pd.DataFrame, sample: pd.DataFrame, name: str) -> None:
+    """Kaggle's "Submission Scoring Error" classes, before the file is written: other ids than the sample's, a
+    column of text where the sample has numbers, a number that is not finite."""
+    import numpy as np
+    import pandas as pd
+
+    id_column = next((c for c in sample.columns if c in submission.columns), sample.columns[0])
+    ours, theirs = set(submission[id_column].astype(str)), set(sample[id_column].astype(str))
+    if ours != theirs:
+        extra, missing = sorted(ours - theirs)[:3], sorted(theirs - ours)[:3]
+        raise DataError(
+            f"the submission's ids are not {name}'s (e.g. not in it: {extra}; missing: {missing}): Kaggle would not "
+            "score it. Fix: predict the test.csv that came with this sample_submission.csv (re-run 01 on it)"
+        )
+    for column in sample.columns:
+        values = submission[column]
+        numbers = pd.to_numeric(values, errors="coerce")  # an object column of ints (decoded classes) is numbers
+        if pd.api.types.is_numeric_dtype(sample[column]) and numbers.isna().any():
+            raise DataError(
+                f"the submission's {column!r} holds text, {name}'s numbers: Kaggle's scorer would fail. Fix: the "
+                "target and task parameters (a class label where a number is scored?)"
+            )
+        if pd.api.types.is_numeric_dtype(values) and not np.isfinite(numbers.to_numpy(dtype=float)).all():
+            raise DataError(f"the submission's {column!r} has inf values: every row needs a finite prediction")

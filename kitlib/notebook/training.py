@@ -597,7 +597,8 @@ def infer(
     _warn_unbeaten(p.run_dir)
     values = _with_trees(p, feats, workload.submission(workload.combine(predictions), feats.spec))
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
-    return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv")
+    sample = p.data_dir / p.sample_submission
+    return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv", sample)
 
 
 EXPORT_MARK = "kitlib-export.json"  # in a folder export-merged wrote: the only kind it moves aside to write again

@@ -51,6 +51,7 @@ from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.tasks.base import Params, RoughCost, SideInputs
 from kitlib.notebook.tasks.generation import (
     IGNORE,
+    Limits,
     TextGenerationTask,
     hf_limits,
     limits_of,
@@ -475,7 +476,9 @@ def _build_model(
     # an example would attend to the one packed before it. generate() asks for the cache itself.
     model.config.use_cache = False
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = target_limits(labels, tokenizer, train_rows)  # fallback: 02 baseline's rows
+    model.kitlib_limits = (  # a published run (kitlib.notebook.inference) carries them, not its training rows
+        Limits(**side.state["limits"]) if "limits" in side.state else target_limits(labels, tokenizer, train_rows)
+    )  # fallback: 02 baseline's rows
     return model
 
 
