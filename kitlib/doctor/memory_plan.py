@@ -211,9 +211,8 @@ class MemoryPlan:
         notes = ["GB (1e9 bytes) per GPU; batch = micro-batch x accumulation per GPU"]
         if self.world > 1:
             notes.append(f"{self.world} GPUs: rows without FSDP are DDP (each GPU holds all); gather = FSDP's "
-                         "unsharded parameters and gradients of the root and one block at a time")  # fmt: skip
-        why = [self.why_parallel()] if self.why_parallel() else []
-        return "\n".join([head, *rows, *notes, *why, self.line()])
+                         "unsharded root parameters and one block's backward (fsdp_transient)")  # fmt: skip
+        return "\n".join(line for line in [head, *rows, *notes, self.why_parallel(), self.line()] if line)
 
     def line(self) -> str:
         """One line for the picker: what fits, or what to change."""
@@ -393,18 +392,14 @@ def step_peak(
     return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True, gathered=root + one_block)
 
 
-def _root(shape: Shape) -> float:
-    return shape.params - shape.linear_params  # FSDP's root unit: what is outside the blocks' linear layers
-
-
 def fsdp_transient(shape: Shape, world: int, half: float) -> tuple[float, float]:
     """(bytes held, bytes of one block's backward) that FSDP2 adds unsharded, with ``half`` bytes a gathered element
     (MixedPrecisionPolicy's param_dtype; 4: fp32). Held from forward to the end of backward: the root's parameters
     (embeddings, head, norms: not resharded after forward). A block's backward: the head's gradient (the root's are
     reduce-scattered once the embeddings' arrive, at the end), two blocks' parameters (the one running and the one
     prefetched), and one block's gradients with its reduce-scatter input and output in fp32 (reduce_dtype)."""
-    block = shape.linear_params / shape.layers
-    return half * _root(shape), half * shape.head_params + (3 * half + 4.0 * (1 + 1 / world)) * block
+    block, root = shape.linear_params / shape.layers, shape.params - shape.linear_params  # root: all but blocks
+    return half * root, half * shape.head_params + (3 * half + 4.0 * (1 + 1 / world)) * block
 
 
 def activation_elements(
