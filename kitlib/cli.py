@@ -516,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="memory plan: bytes per training strategy for a model, task and GPU; what fits")
     p.add_argument("--model", required=True, help="a config.json, a model folder, or llama-7b, gpt2, t5-small, minilm")
-    p.add_argument("--hardware", type=_profile, default="T4", help="T4, 2xT4, P100, V100, L4, A100, A100-80, H100, CPU")
+    p.add_argument("--hardware", type=_profile, default="T4", help="T4, 2xT4, A100-80, H100, 8xH100, 4xA100-80GB, CPU")
     p.add_argument("--seq-len", type=_least(1), default=512, help="tokens per row (seq2seq: source and target each)")
     p.add_argument("--task", default="classify", help="classify, regress, tabular-text, causal-lm, seq2seq")
     p.add_argument("--effective-batch", type=_least(1), default=32, help="rows per optimizer step to keep")

@@ -219,3 +219,80 @@ def test_the_plan_turns_gradient_checkpointing_on_where_the_run_fits_only_so(tmp
     tiny = dataclasses.replace(p, model="tiny")  # built by the task: no config to plan from
     scratch = stages.planned_checkpointing(tiny, hw, resolve("smoke", hw, overrides={"micro_batch_size": 8}))
     assert not scratch.config.gradient_checkpointing
+
+
+def _full(plan: Any, shards: int) -> list[Any]:
+    """The plan's full fine-tune rows (fp32 weights + AMP, with and without checkpointing) sharded over ``shards``."""
+    return [f for f in plan.fits if f.strategy.shards == shards and "fp32 weights + AMP" in f.strategy.name
+            and f.strategy.optimizer_name == "adamw"]  # fmt: skip
+
+
+def test_7b_full_fine_tune_on_8xh100_is_fsdp_under_80_gb_where_ddp_is_over(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #48: 7B x 16 bytes of weights, gradients and AdamW state is ~108 GB, over one H100; sharded over 8 it
+    trains with fp32 master weights (no LoRA, no bf16 weights), and the plan says so with per-GPU bytes."""
+    from kitlib.cli import main
+
+    plan = plan_memory(_llama_7b(), hardware="8xH100", seq_len=1536, model_kind="decoder")
+    choice = plan.choice
+    assert choice is not None and plan.parallel == "fsdp" and plan.world == 8
+    assert choice.strategy.shards == 8 and choice.strategy.adapter == "none" and choice.strategy.weights == 4
+    assert choice.peak < 80e9 and choice.micro_batch * choice.accum * 8 >= 32
+    ddp = _full(plan, 1)
+    assert len(ddp) == 2 and all(f.peak > 80e9 and not f.fits for f in ddp)
+    assert plan.why_parallel().startswith("fsdp: a full fine-tune replicated (DDP) needs ~1")
+    args = ["plan", "--model", "llama-7b", "--hardware", "8xH100", "--seq-len", "1536", "--task", "causal-lm"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "with FSDP (8 shards): fp32 weights + AMP" in out and "fsdp on 8 GPUs" in out and "per GPU" in out
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fsdp_divides_weights_gradients_and_optimizer_state_by_the_world_size(world: int) -> None:
+    """The invariant: FSDP's sharded parts per GPU are the replicated bytes / N (fp32 master weights, fp32
+    gradients, AdamW's two fp32 moments); what it gathers does not shrink with N (one block, the root)."""
+    plan = plan_memory(_llama_7b(), hardware="8xH100", seq_len=1536, model_kind="decoder", world_size=world)
+    P = plan.shape.params
+    replicated = {f.strategy.checkpointing: f for f in _full(plan, 1)}
+    for f in _full(plan, world):
+        whole = replicated[f.strategy.checkpointing]
+        assert f.weights * world == pytest.approx(4 * P)  # DDP's 40 GB adds autocast's half copies: FSDP gathers
+        assert f.grads * world == pytest.approx(whole.grads) and f.optimizer * world == pytest.approx(whole.optimizer)
+        assert f.grads * world == pytest.approx(4 * P) and f.optimizer * world == pytest.approx(8 * P)
+        assert 0 < f.gathered < 0.05 * 16 * P  # the root and one block, not the model
+    one = plan_memory(_llama_7b(), hardware="H100", seq_len=1536, model_kind="decoder")
+    assert one.world == 1 and one.parallel is None and not any(f.strategy.shards > 1 for f in one.fits)
+
+
+def test_2xt4_and_4xa100_80gb_say_which_strategy_fits_and_why() -> None:
+    """2xT4: even halved, a 7B full fine-tune is ~58 GB a GPU, so QLoRA with DDP; 4 x A100 80 GB: FSDP."""
+    t4 = plan_memory(_llama_7b(), hardware="2xT4", seq_len=1536, model_kind="decoder")
+    assert t4.parallel == "ddp" and not any(f.fits for f in _full(t4, 2))
+    assert t4.choice.strategy.name == "QLoRA (LoRA on 4-bit weights) + checkpointing"  # type: ignore[union-attr]
+    why = t4.why_parallel()
+    assert why.startswith("ddp with QLoRA") and "even sharded over 2 GPUs" in why and why in t4.table()
+    assert t4.line().endswith("ddp on 2 GPUs")
+    a100 = plan_memory(_llama_7b(), hardware="4xA100-80GB", seq_len=1536, model_kind="decoder")
+    assert a100.parallel == "fsdp" and a100.choice.strategy.shards == 4  # type: ignore[union-attr]
+    assert "replicated (DDP) needs" in a100.why_parallel() and "sharded over 4 GPUs" in a100.why_parallel()
+    small = plan_memory("gpt2", hardware="2xT4", seq_len=512, model_kind="decoder")  # fits whole: no sharding
+    assert small.parallel == "ddp" and small.why_parallel().startswith("ddp: a full fine-tune fits whole")
+
+
+def test_planned_parallel_is_the_strategy_parameters_none(tmp_path: Path) -> None:
+    """The value `strategy = None` ("the plan's") stands for: fsdp where the run's settings fit only sharded, ddp
+    where they fit whole (LoRA), None on one GPU."""
+    from kitlib.doctor.memory_plan import planned_parallel
+    from kitlib.machine.hardware import fake_profile
+    from kitlib.notebook.presets import resolve
+
+    config = _llama_7b()
+    config.save_pretrained(tmp_path / "llama")
+
+    def planned(hardware: str, **overrides: Any) -> str | None:
+        hw = fake_profile(hardware, interactive=False)
+        run = resolve("smoke", hw, overrides={"max_length": 1536, **overrides})
+        return planned_parallel(str(tmp_path / "llama"), "decoder", hw, run)
+
+    assert planned("8xH100") == "fsdp"
+    assert planned("8xH100", adapter="lora") == "ddp"
+    assert planned("H100") is None

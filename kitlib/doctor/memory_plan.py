@@ -14,6 +14,13 @@ The peak of a step (kitlib's step: set_to_none gradients, fused AdamW, so the up
     weights + optimizer states + gradients + activations + loss transient      with accumulation > 1
 because backward frees each block's activations as it creates that block's gradients (the two ends are the
 maxima), and with accumulation the previous micro-batches' gradients are still held during the next forward.
+
+On several GPUs the rows are DDP (each GPU holds it all) or FSDP2 (strategy="fsdp": ``fully_shard`` per block then
+the root, MixedPrecisionPolicy(param_dtype=half, reduce_dtype=fp32)): its fp32 weights, gradients and AdamW states
+are divided by the world size, plus what it gathers (``fsdp_transient``). Per torch's fully_shard docs (FSDP2): each
+block's parameters are all-gathered before its forward and backward and freed after; the root is not resharded after
+forward ("the root module is typically required immediately when the backward pass begins"); gradients are
+reduce-scattered after each block's backward (every micro-batch: the plan assumes no unsharded accumulation).
 """
 
 from __future__ import annotations
@@ -117,6 +124,7 @@ class Strategy:
     act_bytes: float  # bytes per saved activation element
     checkpointing: bool
     optimizer_name: str = "adamw"  # TrainConfig.optimizer
+    shards: int = 1  # > 1: FSDP over that many GPUs (weights, grads, optimizer divided); 1: whole on each GPU
     adapter: str = "none"
     freeze: str = "none"
     amp: bool = True  # False: precision "fp32" even where the card has a half precision
@@ -141,6 +149,7 @@ class Fit:
     peak: float
     fits: bool
     why_not: str = ""  # hardware it cannot run on, or "" when it is only too big
+    gathered: float = 0.0  # FSDP: unsharded parameters, gradients and reduce-scatter buffers (fsdp_transient)
 
 
 @dataclass(frozen=True)
@@ -154,11 +163,36 @@ class MemoryPlan:
     effective_batch: int
     shape: Shape
     fits: tuple[Fit, ...]
+    world: int = 1  # GPUs the plan trains on, one process each
 
     @property
     def choice(self) -> Fit | None:
         """The first strategy in the table's order (least compromise first) that fits."""
         return next((f for f in self.fits if f.fits), None)
+
+    @property
+    def parallel(self) -> str | None:
+        """The ``strategy`` parameter's value the choice trains with: "fsdp", "ddp", or None (one device, no fit)."""
+        if self.world == 1 or self.choice is None:
+            return None
+        return "fsdp" if self.choice.strategy.shards > 1 else "ddp"
+
+    def why_parallel(self) -> str:
+        """Why DDP or FSDP on several GPUs: the full fine-tune's bytes per GPU replicated and sharded."""
+        full = [f for f in self.fits if f.strategy.optimizer_name == "adamw" and f.strategy.freeze == "none"
+                and f.strategy.adapter == "none" and f.strategy.amp]  # fmt: skip
+        ddp = min((f for f in full if f.strategy.shards == 1), key=lambda f: f.peak, default=None)
+        fsdp = min((f for f in full if f.strategy.shards > 1), key=lambda f: f.peak, default=None)
+        if self.parallel is None or ddp is None or fsdp is None:
+            return ""
+        gb, budget = (lambda f: f"~{f.peak / _GB:.1f} GB per GPU"), f"the {self.budget / _GB:.1f} GB budget"
+        if ddp.fits:
+            return f"ddp: a full fine-tune fits whole on each GPU ({gb(ddp)}); FSDP would only add communication"
+        if fsdp.fits:
+            return (f"fsdp: a full fine-tune replicated (DDP) needs {gb(ddp)}, over {budget}; sharded over "
+                    f"{self.world} GPUs {gb(fsdp)}")  # fmt: skip
+        return (f"ddp with {self.choice.strategy.name}: a full fine-tune needs {gb(ddp)} replicated and {gb(fsdp)} "  # type: ignore[union-attr]
+                f"even sharded over {self.world} GPUs, over {budget}")  # fmt: skip
 
     def table(self) -> str:
         head = (
@@ -167,17 +201,18 @@ class MemoryPlan:
             f"on {self.hardware} ({self.capacity / _GB:.1f} GB; plans within {self.budget / _GB:.1f} GB: "
             f"{HEADROOM:.0%} kept free for the allocator's fragmentation and longer batches)"
         )
-        rows = [f"{'strategy':<48} {'weights':>8} {'grads':>7} {'optim':>7} {'activ':>7} {'peak':>7}  batch  fits"]
+        cols = ("weights", "grads", "optim", "activ", "gather", "peak")
+        rows = [f"{'strategy':<52} " + " ".join(f"{c:>7}" for c in cols) + "  batch  fits"]
         for f in self.fits:
-            name = f.strategy.name
-            gb = [f"{v / _GB:.1f}" for v in (f.weights, f.grads, f.optimizer, f.activations, f.peak)]
+            gb = (f.weights, f.grads, f.optimizer, f.activations, f.gathered, f.peak)
             verdict = f.why_not or ("yes" if f.fits else "no")
-            rows.append(
-                f"{name:<48} {gb[0]:>8} {gb[1]:>7} {gb[2]:>7} {gb[3]:>7} {gb[4]:>7}  "
-                f"{f.micro_batch:>2}x{f.accum:<3} {verdict}"
-            )
-        notes = ["GB (1e9 bytes); batch = micro-batch x accumulation"]
-        return "\n".join([head, *rows, *notes, self.line()])
+            cells = " ".join(f"{v / _GB:>7.1f}" for v in gb)
+            rows.append(f"{f.strategy.name:<52} {cells}  {f.micro_batch:>2}x{f.accum:<3} {verdict}")
+        notes = ["GB (1e9 bytes) per GPU; batch = micro-batch x accumulation per GPU"]
+        if self.world > 1:
+            notes.append(f"{self.world} GPUs: rows without FSDP are DDP (each GPU holds all); gather = FSDP's "
+                         "unsharded root parameters and one block's backward (fsdp_transient)")  # fmt: skip
+        return "\n".join(line for line in [head, *rows, *notes, self.why_parallel(), self.line()] if line)
 
     def line(self) -> str:
         """One line for the picker: what fits, or what to change."""
@@ -186,6 +221,7 @@ class MemoryPlan:
             return (
                 f"fits: ~{best.peak / _GB:.1f} of {self.capacity / _GB:.0f} GB with {best.strategy.name}, "
                 f"micro-batch {best.micro_batch} x accumulation {best.accum}"
+                + (f", {self.parallel} on {self.world} GPUs" if self.parallel else "")
             )
         return (
             f"fits nowhere on {self.hardware}: even micro-batch 1 with every strategy needs more than "
@@ -203,12 +239,14 @@ def plan_memory(
     micro_batch: int | None = None,
     accum: int | None = None,
     chunked_loss: bool | None = None,
+    world_size: int | None = None,
 ) -> MemoryPlan:
     """The memory plan of training ``model`` (a config, a config.json, a model folder or a name in KNOWN_MODELS)
     as ``model_kind`` (``MODEL_KINDS``) at ``seq_len`` tokens per row on ``hardware`` (a fake_profile name such as
     "T4", "A100-80", "CPU", or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the
     largest micro-batch that fits keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on
-    for the generating kinds, as kitlib trains them) counts the LM head's logits one chunk at a time."""
+    for the generating kinds, as kitlib trains them) counts the LM head's logits one chunk at a time.
+    ``world_size`` (default: the hardware's GPUs) is the number of processes that DDP and FSDP rows plan for."""
 
     counts = {"seq_len": seq_len, "effective_batch": effective_batch, "micro_batch": micro_batch, "accum": accum}
     if low := [f"{k} = {v}" for k, v in counts.items() if v is not None and v < 1]:
@@ -223,7 +261,7 @@ def plan_memory(
     name, config = model_config(model)
     shape = model_shape(config, model_kind)
     chunked = model_kind in GENERATING if chunked_loss is None else chunked_loss
-    world = max(1, hw.num_gpus)
+    world = max(1, hw.num_gpus) if world_size is None else world_size
     capacity = float(hw.primary.memory_bytes if hw.primary is not None else hw.ram_bytes)
     budget = (capacity - (CUDA_CONTEXT if hw.device_type == "cuda" else 0.0)) * (1 - HEADROOM)
     dtype = decide_precision(hw).dtype
@@ -231,17 +269,21 @@ def plan_memory(
     per_device = max(1, math.ceil(effective_batch / world))
     fits = tuple(
         _fit(s, shape, hw, seq_len, model_kind, chunked, per_device, micro_batch, accum, budget)
-        for s in strategies(shape, amp=amp, bf16=dtype == "bf16", half_base=hw.device_type == "cuda")
+        for s in strategies(shape, amp=amp, bf16=dtype == "bf16", half_base=hw.device_type == "cuda", world=world)
     )
-    return MemoryPlan(name, model_kind, hw_name, budget, capacity, seq_len, effective_batch, shape, fits)
+    return MemoryPlan(name, model_kind, hw_name, budget, capacity, seq_len, effective_batch, shape, fits, world)
 
 
-def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool = True) -> list[Strategy]:
+def strategies(
+    shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool = True, world: int = 1
+) -> list[Strategy]:
     """The strategies kitlib runs, in order of least compromise first (speed and fidelity). Bytes per parameter of
     the whole model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so
     pure bf16 weights are offered (with the optimizer that keeps their updates: Kahan-summed AdamW; bitsandbytes'
     8-bit AdamW rounds bf16 weights to nearest and loses the small updates), and LoRA keeps its frozen base in bf16
-    where ``half_base`` (a CUDA card; on an fp16 card or a CPU it stays fp32: kitlib.notebook.training.prepare)."""
+    where ``half_base`` (a CUDA card; on an fp16 card or a CPU it stays fp32: kitlib.notebook.training.prepare).
+    ``world`` > 1 adds the full fine-tune sharded by FSDP after its DDP rows: DDP first where it fits (all-reduce
+    only), FSDP before any strategy that changes the optimizer, the weights' precision or what trains."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
@@ -261,6 +303,9 @@ def strategies(shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool =
     for ckpt in (False, True):
         tag = " + checkpointing" if ckpt else ""
         out.append(Strategy(f"{full}{tag}", weights, 4, 8, act, ckpt))
+    for ckpt in (False, True) if world > 1 else ():  # the policy's half copies are FSDP's gathered bytes: no cache
+        tag = " + checkpointing" if ckpt else ""
+        out.append(Strategy(f"FSDP ({world} shards): {full}{tag}", 4, 4, 8, act, ckpt, shards=world))
     out.append(Strategy(f"frozen embeddings + {'AMP' if amp else 'fp32'}", 4, 4 * trainable, 8 * trainable, act,
                         False, freeze="embeddings"))  # fmt: skip
     for ckpt in (False, True):  # two 8-bit moments and an fp32 absmax per 256-element block
@@ -327,21 +372,34 @@ def step_peak(
 ) -> Fit:
     """The planned peak bytes of one step of ``s`` at ``micro_batch`` rows of ``seq_len`` tokens (see the module
     docstring for the formula)."""
-    P = shape.params
-    weights, grads, optimizer = s.weights * P, s.grads * P, s.optimizer * P
+    P, N = shape.params, s.shards
+    weights, grads, optimizer = s.weights * P / N, s.grads * P / N, s.optimizer * P / N
     tokens = micro_batch * seq_len  # every batching's largest batch; packed: <= this (samplers.packing_layout)
     saved = activation_elements(shape, seq_len, model_kind, chunked, checkpointing=s.checkpointing, device=device)
     activations = saved * tokens * s.act_bytes
-    loss = loss_transient(shape, tokens, model_kind, chunked, grads_of_head=s.grads > 0)
-    held, transient = activations, loss
+    loss = loss_transient(shape, tokens, model_kind, chunked, grads_of_head=s.grads > 0 and N == 1)
+    half = 2.0 if s.amp and device == "cuda" else 4.0  # FSDP's param_dtype: the policy's half on a GPU
+    root, one_block = fsdp_transient(shape, N, half) if N > 1 else (0.0, 0.0)
+    head = half * shape.head_params if N > 1 else 0.0  # FSDP: the head's unsharded gradient, else loss_transient's
+    held, transient = activations + root, max(loss + head, one_block)
     if s.checkpointing:  # the block recomputed in backward is alive after the loss's transient is gone: the larger
         block = _saved_per_token(shape, seq_len, model_kind, chunked, device)[0] * tokens * s.act_bytes
-        held, transient = activations - block, max(loss, block)
+        held, transient = activations + root - block, max(loss + head, block + one_block)
     if accum > 1:
         peak = weights + optimizer + grads + held + transient
     else:
         peak = weights + optimizer + max(held + transient, grads)
-    return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True)
+    return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True, gathered=root + one_block)
+
+
+def fsdp_transient(shape: Shape, world: int, half: float) -> tuple[float, float]:
+    """(bytes held, bytes of one block's backward) that FSDP2 adds unsharded, with ``half`` bytes a gathered element
+    (MixedPrecisionPolicy's param_dtype; 4: fp32). Held from forward to the end of backward: the root's parameters
+    (embeddings, head, norms: not resharded after forward). A block's backward: the head's gradient (the root's are
+    reduce-scattered once the embeddings' arrive, at the end), two blocks' parameters (the one running and the one
+    prefetched), and one block's gradients with its reduce-scatter input and output in fp32 (reduce_dtype)."""
+    block, root = shape.linear_params / shape.layers, shape.params - shape.linear_params  # root: all but blocks
+    return half * root, half * shape.head_params + (3 * half + 4.0 * (1 + 1 / world)) * block
 
 
 def activation_elements(
@@ -498,3 +556,17 @@ def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any
         f"planned on {plan.hardware}; ~{with_.peak / _GB:.1f} GB recomputing activations (~30% more compute; "
         "gradient_checkpointing = False to refuse)"
     )
+
+
+def planned_parallel(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str | None:
+    """The ``strategy`` parameter's None ("the plan's") for ``run`` (a resolved preset) on ``hw``: "fsdp" where its
+    settings fit the GPUs only sharded, "ddp" where they fit whole or fit neither way, None on one device."""
+    cfg = run.config
+    plan = plan_memory(model, hardware=hw, seq_len=cfg.max_length or run.preset.max_length_cap, model_kind=model_kind,
+                       effective_batch=run.effective_batch_size)  # fmt: skip
+    if plan.world == 1:
+        return None
+    mine = [f for f in plan.fits if (f.strategy.optimizer_name, f.strategy.adapter, f.strategy.freeze)
+            == (cfg.optimizer, cfg.adapter, cfg.freeze)]  # fmt: skip
+    whole = any(f.fits for f in mine if f.strategy.shards == 1)
+    return "fsdp" if not whole and any(f.fits for f in mine if f.strategy.shards > 1) else "ddp"

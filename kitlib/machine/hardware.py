@@ -635,6 +635,10 @@ _PROFILES: Mapping[str, _Profile] = MappingProxyType(
         "A100-80": _Profile((("NVIDIA A100-SXM4-80GB", (8, 0), 81920),), 12, 167.0),
         "L4": _Profile((("NVIDIA L4", (8, 9), 23034),), 12, 53.0),
         "H100": _Profile((("NVIDIA H100 80GB HBM3", (9, 0), 81559),), 26, 235.0),
+        # rented nodes beyond Kaggle (issue #48): an 8-GPU HGX H100 (AWS p5.48xlarge), 4 x A100 80 GB (GCP
+        # a2-ultragpu-4g); vCPUs and RAM as those offers list them
+        "8XH100": _Profile((("NVIDIA H100 80GB HBM3", (9, 0), 81559),) * 8, 192, 2048.0),
+        "4XA100-80GB": _Profile((("NVIDIA A100-SXM4-80GB", (8, 0), 81920),) * 4, 48, 633.0),
         "MPS": _Profile((("Apple M2 (MPS)", (0, 0), 16384),), 8, 16.0, device_type="mps"),
         "CPU-AMX": _Profile(
             (), 8, 32.0, device_type="cpu", cpu_isa=frozenset({"amx_bf16", "avx512_bf16", "avx512_fp16"})
@@ -652,8 +656,9 @@ def fake_profile(
     torch_cuda_arch_list: Sequence[str] | None = None,
     torch_version: str = KAGGLE_TORCH,
 ) -> HardwareInfo:
-    """A realistic HardwareInfo for a hosted machine (T4, 2xT4, P100, V100, A100, A100-80, L4, H100, MPS, CPU-AMX,
-    CPU), Kaggle's torch by default; ``torch_version``/``torch_cuda_arch_list`` model another build."""
+    """A realistic HardwareInfo for a hosted machine (T4, 2xT4, P100, V100, A100, A100-80, L4, H100, 8xH100,
+    4xA100-80GB, MPS, CPU-AMX, CPU), Kaggle's torch by default; ``torch_version``/``torch_cuda_arch_list`` model
+    another build."""
     profile = _PROFILES.get(name.upper())
     if profile is None:
         raise ValueError(f"unknown profile {name!r}; choose one of: {', '.join(_PROFILES)}")
