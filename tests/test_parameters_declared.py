@@ -62,9 +62,46 @@ def test_00s_parameters_cell_holds_every_declared_parameter_with_its_default() -
     }
     assert set(assigned) - NOT_PARAMETERS == set(PARAMETERS)
     for name, f in PARAMETERS.items():
-        default = str(f.default) if isinstance(f.default, Path) else f.default
-        expected = list(default) if isinstance(default, tuple) else default
-        assert assigned[name] == expected, name
+        assert assigned[name] == _shown(f.default), name
+
+
+CELL_HEADER = (
+    '# Parameters (papermill-style: tagged "parameters"), the only full set: 01-03 read them from params.json.',
+    "# Rendered from kitlib.notebook.params.Params (a test checks it): a KIT_* variable named beside one overrides it.",
+    "# Headless: python -m kitlib notebooks run --params FILE sets them too (explicit flags > the file > these "
+    "defaults).",
+)
+WHEELS_DOC = 'where kitlib\'s wheels are when it is not installed (a Kaggle dataset); "" = look in /kaggle/input'
+WHEELS_LINE = f'wheels_dir = ""  # {WHEELS_DOC}'
+
+
+def _shown(default: Any) -> Any:
+    return str(default) if isinstance(default, Path) else list(default) if isinstance(default, tuple) else default
+
+
+def parameters_cell() -> str:
+    """00's parameters cell, rendered from the declaration: each name, its default and its doc as the comment."""
+    lines = list(CELL_HEADER)
+    for name, f in PARAMETERS.items():
+        meta, value = f.metadata, _shown(f.default)
+        missing = [c for c in meta["choices"] if c not in meta["doc"]]
+        comment = meta["doc"] + (f": {' | '.join(meta['choices'])}" if missing else "")
+        comment += f" ({meta['env']})" if meta["env"] else ""
+        shown = json.dumps(value) if isinstance(value, str) else repr(value)
+        lines.append(f"{name} = {shown}  # {comment}")
+    return "\n".join([*lines, WHEELS_LINE])
+
+
+def test_00s_parameters_cell_is_the_declarations_rendering() -> None:
+    """Names, defaults and comments: a doc changed in the declaration changes the cell (fails on a cell whose task
+    comment lacks custom-seq2seq)."""
+    shown = _cell(notebooks_dir() / "00_setup.ipynb")
+    assert shown == parameters_cell(), "paste this as 00_setup's parameters cell:\n" + parameters_cell()
+
+
+def test_every_parameter_that_may_be_none_says_what_none_means() -> None:
+    unsaid = [name for name, f in PARAMETERS.items() if f.default is None and "None:" not in f.metadata["doc"]]
+    assert not unsaid, f"say what None means in the doc of {unsaid}"
 
 
 def test_each_command_has_one_flag_per_declared_parameter_with_its_doc() -> None:
