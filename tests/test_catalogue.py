@@ -587,7 +587,7 @@ CATALOGUE = [
         "unknown preset",
         "setup",
         r"preset = 'fastest' is not one of",
-        r"fix it in the parameters cell",
+        r"fix preset in the parameters cell \(--preset\)",
         values={"preset": "fastest"},
     ),
     Case("seed not a number", "setup", r"seed", r"parameters cell", values={"seed": "forty-two"}),

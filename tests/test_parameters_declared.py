@@ -3,6 +3,7 @@ non-default value given through any of them is what the run records."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ from kitlib.notebook import params as params_module
 from kitlib.notebook import stages
 from kitlib.notebook.params import PARAMETERS, TRAINING
 from kitlib.notebook.runbook import inject_parameters, notebooks_dir
+from kitlib.tasks.metrics import METRICS
 
 NOT_PARAMETERS = {"wheels_dir"}  # 00's install cell reads it before kitlib is importable
 
@@ -228,3 +230,29 @@ def test_the_readmes_parameter_table_is_the_declarations() -> None:
     assert begin in readme and end in readme
     shown = readme.split(begin, 1)[1].split(end, 1)[0]
     assert shown == parameters_table(), "paste this table into the README:\n" + parameters_table()
+
+
+def test_the_tasks_view_of_the_parameters_is_the_declarations() -> None:
+    """tasks.base.Params (what a task may read) names declared parameters with the declared types."""
+    from typing import get_type_hints
+
+    from kitlib.notebook.tasks import base
+
+    declared = get_type_hints(params_module.Params)
+    view = {n: get_type_hints(v.fget)["return"] for n, v in vars(base.Params).items() if isinstance(v, property)}
+    assert view and {n: declared[n] for n in view} == view
+
+
+def test_the_command_line_has_one_name_per_concept_and_help_on_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """The declaration's names (--data-dir, --hardware, --max-length...; an old spelling parses, unlisted), help on
+    every flag, and a mistake said by the subcommand's parser (fails on main: --profile, --seq-len, bare flags)."""
+    commands = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    parsers = [*commands.values(), *commands["kaggle"]._subparsers._group_actions[0].choices.values()]
+    listed = {o for p in parsers for a in p._actions if a.help != argparse.SUPPRESS for o in a.option_strings}
+    assert not listed & {"--data", "--work", "--profile", "--seq-len", "--micro-batch", "--accum", "--dest"}
+    bare = [f"{p.prog} {a.dest}" for p in parsers for a in p._actions if not a.help and a.dest != "help"]
+    assert not bare, f"flags without help: {bare}"
+    assert all(name in commands["score"].format_help().replace("\n", " ") for name in METRICS)
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--model", "gpt2", "--bogus"])
+    assert "python -m kitlib plan: error: unrecognized arguments: --bogus" in capsys.readouterr().err

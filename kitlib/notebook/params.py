@@ -407,7 +407,8 @@ def _check_declared(p: Params) -> None:
         wanted = _wanted(value, hints[name], f)
         if wanted:
             preset = " (or None: the preset's value)" if f.default is None else ""
-            raise SetupError(f"{name} = {value!r} is not {wanted}: fix it in the parameters cell{preset}")
+            flag = f"--{name.replace('_', '-')}"
+            raise SetupError(f"{name} = {value!r} is not {wanted}: fix {name} in the parameters cell ({flag}){preset}")
 
 
 def _wanted(value: Any, hint: Any, f: dataclasses.Field[Any]) -> str:
