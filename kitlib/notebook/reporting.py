@@ -12,7 +12,6 @@ from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
-from kitlib.machine.distributed import dist_env
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -43,6 +42,8 @@ class Report:
         self._logged = 0  # the last epoch whose row is logged: metrics for it come late (a background eval)
 
     def on_fit_start(self, loop: Any) -> None:
+        from kitlib.machine.distributed import dist_env  # lazy: torch (+1.0 s); 00 checks report_to without it
+
         if not dist_env().is_main:
             return
         if self.to == "tensorboard":
