@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
 
+# lazy: torch (+1.0 s), wandb (+1 s): only a fit that logs needs them; 00 checks without them (wandb: a guess, not
+# installed here).
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
@@ -42,7 +45,7 @@ class Report:
         self._logged = 0  # the last epoch whose row is logged: metrics for it come late (a background eval)
 
     def on_fit_start(self, loop: Any) -> None:
-        from kitlib.machine.distributed import dist_env  # lazy: torch (+1.0 s); 00 checks report_to without it
+        from kitlib.machine.distributed import dist_env
 
         if not dist_env().is_main:
             return
