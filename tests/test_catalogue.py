@@ -1269,7 +1269,7 @@ BAD_ARGUMENTS = [  # (a command line with one bad argument, what the message mus
     ("kaggle status me/k --wait -1", r"argument --wait: '-1': give a number >= 0"),
     ("kaggle status me/k --poll 0", r"argument --poll: '0': give a number >= 1"),
     ("kaggle output me/k --dest {d}/o --pattern (", r"argument --pattern: '\(' is not a regular expression"),
-    ("notebooks run --data {d}/nowhere --work {d}/w", r"argument --data: .*nowhere is not a folder"),
+    ("notebooks run --data {d}/nowhere --work {d}/w", r"--data-dir .*nowhere is not a folder"),
     ("notebooks run --data {d} --work {d}/w --micro-batch-size 0", r"micro_batch_size = 0 is not a whole number"),
     ("notebooks run --data {d} --work {d}/w --epochs -1", r"epochs = -1 is not a whole number >= 1"),
     ("notebooks run --data {d} --work {d}/w --task foo", r"task = 'foo' is not one of"),
