@@ -38,8 +38,7 @@ import pandas as pd
 
 from kitlib.errors import KaggleCLIError, KernelFolderError, KernelMetadataError
 from kitlib.notebook.params import check_parameters, keep_aside
-from kitlib.notebook.presets import DEFAULT_PRESET, get_preset
-from kitlib.notebook.regimes import REGIMES
+from kitlib.notebook.presets import DEFAULT_PRESET, REGIMES, get_preset
 from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
 from kitlib.notebook.tasks import get_task, task_entry
 from kitlib.tasks.metrics import check_metric_fits

@@ -14,7 +14,7 @@ import re
 import shlex
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +25,7 @@ from kitlib.config import Requested
 from kitlib.data.cache import Cache
 from kitlib.doctor.memory_plan import plan_memory, run_line
 from kitlib.errors import KitError, PrecisionError, SetupError
-from kitlib.machine.hardware import detect, fake_profile
+from kitlib.machine.hardware import PROFILE_NAMES, detect, fake_profile
 from kitlib.machine.precision import decide_precision
 from kitlib.notebook import runbook  # runbook.run_notebooks by its module: tests stand a fake in for it
 from kitlib.notebook.estimate import estimate_epoch_seconds
@@ -107,7 +107,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     for path in (paths.train, paths.test, paths.sample_submission, paths.solution, paths.root / ABOUT_FILE):
         print(path)
     if args.task != "auto":
-        print(f"run it: python -m kitlib notebooks run --data {args.dir} --work WORK --params {args.dir}/{ABOUT_FILE}")
+        run = f"notebooks run --data-dir {args.dir} --work-dir WORK --params {args.dir}/{ABOUT_FILE}"
+        print(f"run it: python -m kitlib {run}")
     return 0
 
 
@@ -122,13 +123,15 @@ def _cmd_score(args: argparse.Namespace) -> int:
         demo = json.loads(about.read_text())
         found |= {k: v for k, v in demo.get("parameters", {}).items() if k in ("target", "id", "metric")}
         found |= {"metric": demo["metric"]} if "metric" in demo else {}
-    if args.work:  # the run that wrote the submission: its columns and the metric it trained for
-        work = Path(args.work)
+    if args.work_dir:  # the run that wrote the submission: its columns and the metric it trained for
+        work = Path(args.work_dir)
         try:
             saved = json.loads((work / PARAMS_FILE).read_text())
             metric = json.loads((work / RUN_FILE).read_text())["metric"]
         except (OSError, ValueError, KeyError) as err:
-            raise SetupError(f"--work {work}: {err}. Fix: the work_dir 00_setup wrote, or --target/--metric") from None
+            raise SetupError(
+                f"--work-dir {work}: {err}. Fix: the work_dir 00_setup wrote, or --target/--metric"
+            ) from None
         found |= {"target": saved.get("target", "label"), "id": saved.get("id", "id"), "metric": metric}
         found |= {"data_dir": saved["data_dir"]} if saved.get("data_dir") else {}
     found |= {k: v for k in ("target", "id", "metric") if (v := getattr(args, k)) is not None}
@@ -143,7 +146,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from kitlib.doctor.report import diagnose
 
-    hw = fake_profile(args.profile, interactive=False) if args.profile else None
+    hw = fake_profile(args.hardware, interactive=False) if args.hardware else None
     try:
         report = diagnose(args.run_dir, hw)
     except (FileNotFoundError, ValueError) as err:
@@ -183,10 +186,10 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def _cmd_presets(args: argparse.Namespace) -> int:
     """Every preset resolved for this machine (or a fake profile), with reasons; exit 2 when none is usable."""
-    hw = fake_profile(args.profile) if args.profile else detect()
+    hw = fake_profile(args.hardware) if args.hardware else detect()
     p = Params(task=args.task, model=args.model)  # the preset as this task trains it, as 00's picker shows it
     kind = _model_kind(args.task)
-    print(hw.summary() if args.profile is None else f"profile {args.profile} (fake)")
+    print(hw.summary() if args.hardware is None else f"profile {args.hardware} (fake)")
     resolved, errors = 0, set()
     for name in PRESETS:
         print(f"\n=== {name}")
@@ -219,11 +222,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     plan = plan_memory(
         args.model,
         hardware=args.hardware,
-        seq_len=args.seq_len,
+        seq_len=args.max_length,
         model_kind=_model_kind(args.task),
         effective_batch=args.effective_batch,
-        micro_batch=args.micro_batch,
-        accum=args.accum,
+        micro_batch=args.micro_batch_size,
+        accum=args.grad_accum_steps,
     )
     print(plan.table())
     return 0 if plan.choice is not None else 1
@@ -274,11 +277,11 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
             print(f"then: python -m kitlib kaggle output {ids[-1]} --pattern submission  (submission.csv)")
         elif args.kaggle_action == "publish":
             files = kaggle.publish(
-                args.work, args.out, dataset_id=args.dataset_id, model_id=args.model_id, push=args.push
+                args.work_dir, args.out, dataset_id=args.dataset_id, model_id=args.model_id, push=args.push
             )
             print(f"{args.out}: {len(files)} files ({sum(f.stat().st_size for f in files) / 1e6:.1f} MB)")
             if not args.push:
-                print(f"upload: python -m kitlib kaggle publish --work {args.work} --out {args.out} ... --push")
+                print(f"upload: python -m kitlib kaggle publish --work-dir {args.work_dir} --out {args.out} ... --push")
         elif args.kaggle_action == "wheels":
             target = {"python_version": args.python_version, "with_model": not args.no_model}
             if args.dry_run:
@@ -303,7 +306,7 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
             print(f"{current.kernel_id}: {current.state}{failure}")
             return 1 if current.state == "error" else 0
         elif args.kaggle_action == "output":
-            for path in kaggle.output(args.kernel_id, args.dest, file_pattern=args.pattern):
+            for path in kaggle.output(args.kernel_id, args.out, file_pattern=args.pattern):
                 print(path)
     except (TimeoutError, FileNotFoundError, ValueError, FileExistsError) as err:
         print(f"kaggle {args.kaggle_action}: {err}", file=sys.stderr)
@@ -349,28 +352,35 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if args.action == "strip":
         print(f"cleared {strip_outputs([source / n for n in NOTEBOOKS])} cell(s) in {source}")
         return 0
-    if not args.data or not args.work:
-        print("notebooks run needs --data DIR and --work DIR", file=sys.stderr)
-        return 2
-
     values, _ = _parameters(args)
     given = {k: str(values[k]) for k in ENV if k in values}
-    clash = [
-        f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}"
+    problems = [  # every independent mistake at once, each naming its flag
+        f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}: the kernel inherits the variable, which wins in 00. Fix: "
+        "unset it"
         for k, v in given.items()
         if os.environ.get(ENV[k]) and str(env_value(k, os.environ[ENV[k]])) != v
     ]
-    if clash:  # 00 would take the variable: the flag or file would be silently overridden
-        raise SetupError(f"{'; '.join(clash)}: the kernel inherits the variable, which wins in 00. Fix: unset it")
-    values |= {"data_dir": args.data, "work_dir": args.work}
-    check_work_dir(Path(args.work).absolute(), Path(args.data).absolute())  # before work/executed is created
-    check_parameters({k: v for k, v in values.items() if k not in ("data_dir", "work_dir")})  # before any kernel
+    problems += [f"--{n.replace('_', '-')} DIR is missing" for n in ("data_dir", "work_dir") if not getattr(args, n)]
+    if args.data_dir and not Path(args.data_dir).is_dir():
+        problems.append(f"--data-dir {args.data_dir} is not a folder")
+    values |= {"data_dir": args.data_dir, "work_dir": args.work_dir}
+    checks: list[Callable[[], object]] = [lambda: check_parameters({k: v for k, v in values.items() if k not in (
+        "data_dir", "work_dir")})]  # fmt: skip
+    if args.data_dir and args.work_dir:  # before work/executed is created
+        checks.append(lambda: check_work_dir(Path(args.work_dir).absolute(), Path(args.data_dir).absolute()))
+    for check in checks:
+        try:
+            check()
+        except SetupError as err:
+            problems.append(str(err))
+    if problems:
+        raise SetupError("; ".join(problems))
     again = f"python -m kitlib {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["notebooks"] else "the same command"
-    done = runbook.run_notebooks(Path(args.work) / "executed", parameters=values, source_dir=source, resume=again)
+    done = runbook.run_notebooks(Path(args.work_dir) / "executed", parameters=values, source_dir=source, resume=again)
     for one in done:
         print(f"{one.path.name}: {one.seconds:.1f} s, {one.size_bytes / 1e3:.0f} kB executed")
     said = raised_warnings([one.path for one in done])
-    print("\nresult:\n  " + "\n  ".join([*outcome(args.work), f"warnings: {len(said) or 'none'}", *said]))
+    print("\nresult:\n  " + "\n  ".join([*outcome(args.work_dir), f"warnings: {len(said) or 'none'}", *said]))
     return 0
 
 
@@ -381,7 +391,7 @@ PARAMS_HELP = (
 
 
 def flag_names() -> tuple[str, ...]:
-    """00's parameters a command line sets, beside --params FILE (data_dir and work_dir are --data and --work)."""
+    """00's parameters a command line sets, beside --params FILE (data_dir and work_dir: --data-dir, --work-dir)."""
     return tuple(name for name in PARAMETERS if name not in ("data_dir", "work_dir"))
 
 
@@ -457,85 +467,84 @@ def _folder(text: str) -> str:
     return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
-    parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+def _renamed(p: argparse.ArgumentParser, old: str, *names: str, **options: Any) -> None:
+    """A flag by its one name (the declaration's where a parameter exists); ``old`` still parses, unlisted."""
+    action = p.add_argument(*names, **options)
+    p.add_argument(
+        old, dest=action.dest, type=options.get("type", str), default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
-    p = sub.add_parser("detect", help="show the platform, hardware and the precision kitlib would use, and why")
-    p.add_argument("--precision", default="auto", choices=get_args(Requested))
-    p.set_defaults(func=_cmd_detect)
 
-    p = sub.add_parser("doctor", help="where a run's time went, and ranked changes that would save the most")
+HARDWARE_HELP = "a hardware profile (kitlib.machine.hardware), one of " + ", ".join(PROFILE_NAMES)
+TASK_HELP = "one of " + " | ".join(TASKS)
+
+
+def _detect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", default="auto", choices=get_args(Requested), help="what to ask for (auto: decided)")
+
+
+def _doctor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="the run_dir given to fit() (holds timing.json and config.json)")
-    p.add_argument("--profile", type=_profile, help="hardware to advise for: T4, 2xT4, P100, V100, A100, L4, H100, CPU")
+    _renamed(p, "--profile", "--hardware", type=_profile, help=f"advise for {HARDWARE_HELP} (default: the run's)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON line")
-    p.set_defaults(func=_cmd_doctor)
 
-    p = sub.add_parser("cache", help="list, size or clear the feature cache")
-    p.add_argument("action", choices=["list", "size", "clear"])
+
+def _cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["list", "size", "clear"], help="list, size or clear the entries")
     p.add_argument("--dir", default=None, help="cache directory (default: $KITLIB_CACHE_DIR, Kaggle working dir, ./)")
     p.add_argument("--name", default=None, help="only entries of this feature name, e.g. tokens")
     p.add_argument(
         "--older-than-days", type=_least(0.0, float), default=None, help="clear: only entries older than this"
     )
     p.add_argument("--yes", action="store_true", help="clear without asking (required when not interactive)")
-    p.set_defaults(func=_cmd_cache)
 
-    p = sub.add_parser("demo", help="write the offline demo competition (Rotten Tomatoes reviews, split by movie)")
+
+def _demo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="folder for train.csv, test.csv, sample_submission.csv, solution.csv")
-    p.add_argument("--seed", type=_least(0), default=0)
-    p.add_argument("--test-fraction", type=_fraction, default=0.2)
+    p.add_argument("--seed", type=_least(0), default=0, help="seeds the split and the sampled rows")
+    p.add_argument("--test-fraction", type=_fraction, default=0.2, help="share of the rows held out as test.csv")
     p.add_argument("--force", action="store_true", help="overwrite a folder that holds other files")
-    p.add_argument(
-        "--task",
-        default="auto",
-        help="the task whose demo competition to write (a name of 00's task parameter; auto: the reviews)",
-    )
-    p.set_defaults(func=_cmd_demo)
+    p.add_argument("--task", default="auto", help=f"the task whose demo competition to write: {TASK_HELP}")
 
-    p = sub.add_parser("score", help="score a submission against a solution file (any competition, or a demo's)")
+
+def _score_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("solution", help="the held-out answers: the id and target columns")
-    p.add_argument("submission")
-    p.add_argument("--target", help="the scored column (default: the --work run's, a demo's, else label)")
-    p.add_argument("--id", help="the id column (default: the --work run's, else id)")
+    p.add_argument("submission", help="the predictions: the id and target columns (submission.csv)")
+    p.add_argument("--target", help="the scored column (default: the --work-dir run's, a demo's, else label)")
+    p.add_argument("--id", help="the id column (default: the --work-dir run's, else id)")
     p.add_argument(
         "--metric",
-        help="accuracy | macro_f1 | rmse | mae | smape | rmsle | exact_match | record_f1 | module:function (default: "
-        "the --work run's, a demo's, else accuracy)",
+        help=f"{' | '.join(METRICS)} | module:function (default: the --work-dir run's, a demo's, else accuracy)",
     )
-    p.add_argument("--work", help="a work_dir of the notebooks: its params.json and run.json give the defaults")
-    p.set_defaults(func=_cmd_score)
+    _renamed(p, "--work", "--work-dir", help="a work_dir of the notebooks: its params.json and run.json give defaults")
 
-    p = sub.add_parser("presets", help="show each preset resolved for this (or a named) machine, with the reasons")
-    p.add_argument("--profile", type=_profile, help="a fake hardware profile, e.g. T4, 2xT4, A100, CPU")
+
+def _presets_args(p: argparse.ArgumentParser) -> None:
+    _renamed(p, "--profile", "--hardware", type=_profile, help=f"resolve for {HARDWARE_HELP} (default: this one)")
     p.add_argument("--rows", type=_least(1), default=None, help="training rows, for a rough time-per-epoch estimate")
     p.add_argument("--model", default="auto", help="for the memory line: a model folder, config.json or known name")
-    p.add_argument("--task", default="classify", help="for the memory line: classify, causal-lm, seq2seq, ...")
-    p.set_defaults(func=_cmd_presets)
+    p.add_argument("--task", default="classify", help=f"for the memory line: {TASK_HELP}")
 
-    p = sub.add_parser("plan", help="memory plan: bytes per training strategy for a model, task and GPU; what fits")
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a config.json, a model folder, or llama-7b, gpt2, t5-small, minilm")
-    p.add_argument("--hardware", type=_profile, default="T4", help="T4, 2xT4, A100-80, H100, 8xH100, 4xA100-80GB, CPU")
-    p.add_argument("--seq-len", type=_least(1), default=512, help="tokens per row (seq2seq: source and target each)")
-    p.add_argument("--task", default="classify", help="classify, regress, tabular-text, causal-lm, seq2seq")
+    p.add_argument("--hardware", type=_profile, default="T4", help=HARDWARE_HELP)
+    _renamed(p, "--seq-len", "--max-length", type=_least(1), default=512,
+             help="tokens per row (seq2seq: source and target each)")  # fmt: skip
+    p.add_argument("--task", default="classify", help=TASK_HELP)
     p.add_argument("--effective-batch", type=_least(1), default=32, help="rows per optimizer step to keep")
-    p.add_argument(
-        "--micro-batch", type=_least(1), default=None, help="rows per forward (default: the largest that fits)"
-    )
-    p.add_argument(
-        "--accum", type=_least(1), default=None, help="accumulation steps (default: effective batch / micro)"
-    )
-    p.set_defaults(func=_cmd_plan)
+    _renamed(p, "--micro-batch", "--micro-batch-size", type=_least(1), default=None,
+             help="rows per forward (default: the largest that fits)")  # fmt: skip
+    _renamed(p, "--accum", "--grad-accum-steps", type=_least(1), default=None,
+             help="accumulation steps (default: effective batch / micro-batch size)")  # fmt: skip
 
-    p = sub.add_parser("export-merged", help="a LoRA run's model with the adapter merged in, as one model folder")
+
+def _export_merged_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("work_dir", help="the notebooks' working dir (params.json, run/best/)")
     p.add_argument("out", help="the folder to write (config.json, model.safetensors, the tokenizer's files)")
-    p.set_defaults(func=_cmd_export_merged)
 
-    p = sub.add_parser("kaggle", help="Kaggle kernels: build folders, offline wheels, push, status, output")
-    kaggle_sub = p.add_subparsers(dest="kaggle_action", metavar="ACTION", required=True)
-    k = kaggle_sub.add_parser("build", help="write kaggle/<nn_name>/ kernel folders for notebooks/NN_*.ipynb")
+
+def _kaggle_build_args(k: argparse.ArgumentParser) -> None:
     k.add_argument("--username", required=True, help="your Kaggle user name (the kernel ids' owner)")
     k.add_argument("--slug-prefix", default="kitlib", help="kernel slugs become <prefix>-<nn>-<name>")
     k.add_argument("--dataset", action="append", default=[], help="owner/slug of a data dataset (repeatable)")
@@ -575,14 +584,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="a code competition's inference kernel (internet off, never trains) attaching this published run: a "
         "dataset owner/slug or a Kaggle Model owner/model/framework/variation/version (kaggle publish made it)",
     )
-    k = kaggle_sub.add_parser("publish", help="a trained work dir as a Kaggle dataset or Model, for --infer-from")
-    k.add_argument("--work", required=True, help="the trained work dir (run/best/, params.json, features.json)")
+
+
+def _kaggle_publish_args(k: argparse.ArgumentParser) -> None:
+    k.add_argument("--work-dir", required=True, help="the trained work dir (run/best/, params.json, features.json)")
     k.add_argument("--out", required=True, help="the folder to write (upload it, or --push)")
     k.add_argument("--dataset-id", default=None, help="owner/slug: writes dataset-metadata.json")
     k.add_argument("--model-id", default=None, help="owner/model/framework/variation: a Kaggle Model instance")
     k.add_argument("--push", action="store_true", help="upload it with the kaggle CLI (datasets create/version)")
-    k = kaggle_sub.add_parser("wheels", help="build an offline wheels folder (kitlib + what Kaggle lacks; no torch)")
-    k.add_argument("--out", default="wheels")
+
+
+def _kaggle_wheels_args(k: argparse.ArgumentParser) -> None:
+    k.add_argument("--out", default="wheels", help="the wheels folder to write")
     k.add_argument("--project", type=_folder, default=".", help="kitlib's source tree")
     k.add_argument("--extra", action="append", default=[], help="another requirement to download (repeatable)")
     k.add_argument("--dataset-id", default=None, help="owner/slug: also write dataset-metadata.json for upload")
@@ -591,37 +604,88 @@ def build_parser() -> argparse.ArgumentParser:
         "--python-version", type=_python_version, default="3.12", help="the target image's Python (Kaggle's: 3.12)"
     )
     k.add_argument("--no-model", action="store_true", help="leave out the all-MiniLM-L6-v2 package (84 MB)")
-    k = kaggle_sub.add_parser(
-        "push", help="validate a kernel folder, then `kaggle kernels push` it (runs it); several: a chain, in order"
-    )
+
+
+def _kaggle_push_args(k: argparse.ArgumentParser) -> None:
     k.add_argument("folder", nargs="+", help="one kernel folder, or a chain (kaggle/0*): each after the last completed")
     k.add_argument("--timeout", type=_least(1), default=None, help="run-time limit in seconds (kaggle -t)")
     k.add_argument("--accelerator", default=None, help="override machine_shape, e.g. NvidiaTeslaT4")
-    k = kaggle_sub.add_parser("status", help="a kernel's status; --wait polls until it is done")
+
+
+def _kaggle_status_args(k: argparse.ArgumentParser) -> None:
     k.add_argument("kernel_id", help="owner/slug")
     k.add_argument("--wait", type=_least(0.0, float), default=0.0, help="seconds to keep polling (0: ask once)")
     k.add_argument("--poll", type=_least(1.0, float), default=30.0, help="seconds between polls")
-    k = kaggle_sub.add_parser("output", help="download a kernel's output files")
-    k.add_argument("kernel_id", help="owner/slug")
-    k.add_argument("--dest", default="kaggle_output")
-    k.add_argument("--pattern", type=_regex, default=None, help="only files whose names match this regex")
-    p.set_defaults(func=_cmd_kaggle)
 
-    p = sub.add_parser("notebooks", help="run the four notebooks headless in order, or strip their outputs")
-    p.add_argument("action", choices=["run", "strip"])
-    p.add_argument("--data", type=_folder, help="data dir (train.csv, test.csv, sample_submission.csv)")
-    p.add_argument("--work", help="working dir (run.json, cache, run/, submission.csv, executed/)")
+
+def _kaggle_output_args(k: argparse.ArgumentParser) -> None:
+    k.add_argument("kernel_id", help="owner/slug")
+    _renamed(k, "--dest", "--out", default="kaggle_output", help="the folder the files go to")
+    k.add_argument("--pattern", type=_regex, default=None, help="only files whose names match this regex")
+
+
+def _notebooks_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["run", "strip"], help="run them headless, or strip their outputs")
+    _renamed(p, "--data", "--data-dir", help=f"00's data_dir: {PARAMETERS['data_dir'].metadata['doc']}")
+    _renamed(p, "--work", "--work-dir", help=f"00's work_dir: {PARAMETERS['work_dir'].metadata['doc']}, executed/")
     _parameter_flags(p)
     p.add_argument("--params", help=PARAMS_HELP)
     p.add_argument("--notebooks", type=_folder, help="folder of the notebooks (default: the repo's notebooks/)")
-    p.set_defaults(func=_cmd_notebooks)
 
+
+# A command is one row: its name, its help, the function adding its arguments, and the one that runs it.
+KAGGLE: dict[str, tuple[str, Any]] = {
+    "build": ("write kaggle/<nn_name>/ kernel folders for notebooks/NN_*.ipynb", _kaggle_build_args),
+    "publish": ("a trained work dir as a Kaggle dataset or Model, for build --infer-from", _kaggle_publish_args),
+    "wheels": ("build an offline wheels folder (kitlib + what Kaggle lacks; no torch)", _kaggle_wheels_args),
+    "push": ("validate a kernel folder, then `kaggle kernels push` it (runs it); several: a chain, in order",
+             _kaggle_push_args),
+    "status": ("a kernel's status; --wait polls until it is done", _kaggle_status_args),
+    "output": ("download a kernel's output files", _kaggle_output_args),
+}  # fmt: skip
+
+
+def _kaggle_args(p: argparse.ArgumentParser) -> None:
+    kaggle_sub = p.add_subparsers(dest="kaggle_action", metavar="ACTION", required=True, help="what to do")
+    for name, (about, arguments) in KAGGLE.items():
+        k = kaggle_sub.add_parser(name, help=about)
+        arguments(k)
+        k.set_defaults(parser=k)
+
+
+COMMANDS: dict[str, tuple[str, Any, Any]] = {
+    "detect": ("show the platform, hardware and the precision kitlib would use, and why", _detect_args, _cmd_detect),
+    "doctor": ("where a run's time went, and ranked changes that would save the most", _doctor_args, _cmd_doctor),
+    "cache": ("list, size or clear the feature cache", _cache_args, _cmd_cache),
+    "demo": ("write the offline demo competition (Rotten Tomatoes reviews, split by movie)", _demo_args, _cmd_demo),
+    "score": ("score a submission against a solution file (any competition, or a demo's)", _score_args, _cmd_score),
+    "presets": ("show each preset resolved for this (or a named) machine, with the reasons", _presets_args,
+                _cmd_presets),
+    "plan": ("memory plan: bytes per training strategy for a model, task and GPU; what fits", _plan_args, _cmd_plan),
+    "export-merged": ("a LoRA run's model with the adapter merged in, as one model folder", _export_merged_args,
+                      _cmd_export_merged),
+    "kaggle": ("Kaggle kernels: build folders, offline wheels, push, status, output", _kaggle_args, _cmd_kaggle),
+    "notebooks": ("run the four notebooks headless in order, or strip their outputs", _notebooks_args,
+                  _cmd_notebooks),
+}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
+    parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (about, arguments, run) in COMMANDS.items():
+        p = sub.add_parser(name, help=about)
+        p.set_defaults(func=run, parser=p)
+        arguments(p)  # after: a kaggle action's own parser replaces the command's
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand's own parser, whose usage lists its flags
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if not hasattr(args, "func"):
         parser.print_help()
         return 0

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Literal, get_args
 
 from kitlib._files import write_atomic
@@ -25,19 +23,6 @@ Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or L
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget", "packed"]  # packed: kitlib.data.packing (causal LM)
 Mode = Literal["min", "max"]
 BackgroundEval = Literal["off", "thread", "process"]
-# The notebooks' controls: TrainConfig field -> its label in the preset picker's "advanced" settings (00_setup). The
-# picker builds its controls from this; the speed doctor names them in its advice.
-PICKER_LABELS: Mapping[str, str] = MappingProxyType(
-    {
-        "epochs": "epochs",
-        "micro_batch_size": "micro-batch",
-        "grad_accum_steps": "accumulation",
-        "precision": "precision",
-        "adapter": "adapter",
-        "max_length": "max length",
-        "full_eval_every": "full eval every (epochs, 0 = end)",
-    }
-)
 # What the target column is: "auto" decides from the values (names: classes; fractions: a number; few distinct
 # integers: classes; integers that are neither clearly codes nor clearly quantities: asks for one of the others).
 TargetRule = Literal["auto", "classify", "regress"]

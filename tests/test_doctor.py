@@ -95,18 +95,17 @@ def test_a_healthy_run_has_no_findings() -> None:
 
 
 def test_advice_names_the_notebook_control_and_the_python_field() -> None:
-    """A notebook has no ``cfg``: each fix names the picker's control (or the preset override for fields it lacks)
-    and the TrainConfig field."""
+    """A notebook has no ``cfg``: each fix names 00's parameter and its ``notebooks run`` flag (or the resolver's
+    override for fields that are none) and the TrainConfig field."""
     gpu: dict[str, Any] = {"device_type": "cuda", "device_name": "Tesla T4", "peak_memory_bytes": 2 * 2**30}
     memory = _only(diagnose(_record(**gpu, micro_batch_size=8, grad_accum_steps=4), fake_profile("T4")), "memory")
     assert memory.fix.startswith(
-        'set "micro-batch" to 32 and "accumulation" to 1 in the picker\'s advanced settings (00_setup'
+        "set micro_batch_size = 32, grad_accum_steps = 1 in 00_setup's parameters cell (notebooks run "
+        "--micro-batch-size 32 --grad-accum-steps 1)"
     )
     assert "TrainConfig(micro_batch_size=32, grad_accum_steps=1)" in memory.fix
     precision = _only(diagnose(_record(**gpu), fake_profile("T4")), "precision")  # tf32 follows precision there
-    assert precision.fix.startswith('set "precision" to auto in the picker') and "TrainConfig(precision='auto'" in (
-        precision.fix
-    )
+    assert "overrides={'precision': 'auto'}" in precision.fix and "TrainConfig(precision='auto'" in precision.fix
     padding = _only(diagnose(_record(real_tokens=30_000, computed_tokens=100_000), CPU), "padding")
     assert "stages.resolve_run(p, hw, overrides={'batching': 'token_budget'})" in padding.fix
     assert "TrainConfig(batching='token_budget')" in padding.fix
@@ -119,6 +118,19 @@ def test_advice_names_the_notebook_control_and_the_python_field() -> None:
     ]
     fixes = [f.fix for r in records for f in diagnose(r, fake_profile("T4")).findings]
     assert len(fixes) >= 5 and all("TrainConfig(" in f and "00_setup" in f and "cfg =" not in f for f in fixes)
+
+
+def test_the_doctors_notebook_parameters_are_the_declared_training_ones() -> None:
+    """Each training parameter's fix names it in 00's cell and as its flag (fails on the picker-label wording, which
+    sent gradient_checkpointing and optimizer to a stages.setup override)."""
+    from kitlib.doctor import rules
+    from kitlib.notebook.params import TRAINING
+
+    assert set(rules.NOTEBOOK_PARAMETERS) == set(TRAINING)
+    for name in TRAINING:
+        fix = rules._fix({name: True} if name in ("compile", "gradient_checkpointing") else {name: 2})
+        flag = f"--{name.replace('_', '-')}"
+        assert f"set {name} = " in fix and "parameters cell" in fix and flag in fix, fix
 
 
 def test_data_bound() -> None:

@@ -96,8 +96,8 @@ def _loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Calla
 
     from kitlib.models import loading
     from kitlib.notebook import regimes
+    from kitlib.notebook.handoff import SideInputs
     from kitlib.notebook.tasks import causal_lm, seq2seq
-    from kitlib.notebook.tasks.base import SideInputs
 
     def text_classifier(dtype: torch.dtype) -> nn.Module:  # auto/classify/regress in 01, and a user's folder
         return loading.load_text_classifier(2, model_dir=_bert_folder(tmp_path, dtype))[1]

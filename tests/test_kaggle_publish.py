@@ -59,7 +59,9 @@ def _work(root: Path, *, folds: int = 1, trained: bool = True) -> Path:
 def test_publish_holds_what_inference_needs_and_no_optimizer_state_last_or_training_rows(tmp_path: Path) -> None:
     work = _work(tmp_path, folds=3)
     out = tmp_path / "pub"
-    assert main(["kaggle", "publish", "--work", str(work), "--out", str(out), "--dataset-id", "me/movie-model"]) == 0
+    assert (
+        main(["kaggle", "publish", "--work-dir", str(work), "--out", str(out), "--dataset-id", "me/movie-model"]) == 0
+    )
     files = sorted(str(f.relative_to(out)) for f in out.rglob("*") if f.is_file())
     per_run = ["best/manifest.json", "best/model.safetensors", "config.json", "history.csv", "timing.json"]
     assert files == sorted(

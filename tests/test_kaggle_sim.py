@@ -338,7 +338,7 @@ def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
     as_model = folds == 1  # one model as a Kaggle Model (model_sources), the fold ensemble as a dataset
     upload = ["--model-id", "me/movie-model/pyTorch/v1"] if as_model else ["--dataset-id", "me/movie-model"]
     source = "me/movie-model/pyTorch/v1/1" if as_model else "me/movie-model"  # a Model is attached at a version
-    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published), *upload]) == 0
+    assert main(["kaggle", "publish", "--work-dir", str(trained.working), "--out", str(published), *upload]) == 0
     assert sorted(p.name for p in published.glob("run*/best")) == ["best"] * folds
     runs = sorted(p.name for p in published.glob("run*") if p.is_dir())
     assert runs == ["run", *(f"run-fold{k}" for k in range(2, folds + 1))]
@@ -393,7 +393,7 @@ def test_a_published_lora_adapter_predicts_a_hidden_test_set_with_its_base_attac
     )  # fmt: skip
     assert trained.returncode == 0, trained.log[-3000:]
     published = root / "published"
-    assert main(["kaggle", "publish", "--work", str(trained.working), "--out", str(published),
+    assert main(["kaggle", "publish", "--work-dir", str(trained.working), "--out", str(published),
                  "--dataset-id", "me/sft-adapter"]) == 0  # fmt: skip
     card = json.loads((published / "kitlib-model.json").read_text())
     assert card["adapter"] == "lora" and card["limits"]["fallback"] in {"fresh", "rotten", "yes", "no"}

@@ -3,6 +3,7 @@ non-default value given through any of them is what the run records."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 from pathlib import Path
@@ -17,6 +18,7 @@ from kitlib.notebook import params as params_module
 from kitlib.notebook import stages
 from kitlib.notebook.params import PARAMETERS, TRAINING
 from kitlib.notebook.runbook import inject_parameters, notebooks_dir
+from kitlib.tasks.metrics import METRICS
 
 NOT_PARAMETERS = {"wheels_dir"}  # 00's install cell reads it before kitlib is importable
 
@@ -62,9 +64,46 @@ def test_00s_parameters_cell_holds_every_declared_parameter_with_its_default() -
     }
     assert set(assigned) - NOT_PARAMETERS == set(PARAMETERS)
     for name, f in PARAMETERS.items():
-        default = str(f.default) if isinstance(f.default, Path) else f.default
-        expected = list(default) if isinstance(default, tuple) else default
-        assert assigned[name] == expected, name
+        assert assigned[name] == _shown(f.default), name
+
+
+CELL_HEADER = (
+    '# Parameters (papermill-style: tagged "parameters"), the only full set: 01-03 read them from params.json.',
+    "# Rendered from kitlib.notebook.params.Params (a test checks it): a KIT_* variable named beside one overrides it.",
+    "# Headless: python -m kitlib notebooks run --params FILE sets them too (explicit flags > the file > these "
+    "defaults).",
+)
+WHEELS_DOC = 'where kitlib\'s wheels are when it is not installed (a Kaggle dataset); "" = look in /kaggle/input'
+WHEELS_LINE = f'wheels_dir = ""  # {WHEELS_DOC}'
+
+
+def _shown(default: Any) -> Any:
+    return str(default) if isinstance(default, Path) else list(default) if isinstance(default, tuple) else default
+
+
+def parameters_cell() -> str:
+    """00's parameters cell, rendered from the declaration: each name, its default and its doc as the comment."""
+    lines = list(CELL_HEADER)
+    for name, f in PARAMETERS.items():
+        meta, value = f.metadata, _shown(f.default)
+        missing = [c for c in meta["choices"] if c not in meta["doc"]]
+        comment = meta["doc"] + (f": {' | '.join(meta['choices'])}" if missing else "")
+        comment += f" ({meta['env']})" if meta["env"] else ""
+        shown = json.dumps(value) if isinstance(value, str) else repr(value)
+        lines.append(f"{name} = {shown}  # {comment}")
+    return "\n".join([*lines, WHEELS_LINE])
+
+
+def test_00s_parameters_cell_is_the_declarations_rendering() -> None:
+    """Names, defaults and comments: a doc changed in the declaration changes the cell (fails on a cell whose task
+    comment lacks custom-seq2seq)."""
+    shown = _cell(notebooks_dir() / "00_setup.ipynb")
+    assert shown == parameters_cell(), "paste this as 00_setup's parameters cell:\n" + parameters_cell()
+
+
+def test_every_parameter_that_may_be_none_says_what_none_means() -> None:
+    unsaid = [name for name, f in PARAMETERS.items() if f.default is None and "None:" not in f.metadata["doc"]]
+    assert not unsaid, f"say what None means in the doc of {unsaid}"
 
 
 def test_each_command_has_one_flag_per_declared_parameter_with_its_doc() -> None:
@@ -191,3 +230,29 @@ def test_the_readmes_parameter_table_is_the_declarations() -> None:
     assert begin in readme and end in readme
     shown = readme.split(begin, 1)[1].split(end, 1)[0]
     assert shown == parameters_table(), "paste this table into the README:\n" + parameters_table()
+
+
+def test_the_tasks_view_of_the_parameters_is_the_declarations() -> None:
+    """tasks.base.Params (what a task may read) names declared parameters with the declared types."""
+    from typing import get_type_hints
+
+    from kitlib.notebook.tasks import base
+
+    declared = get_type_hints(params_module.Params)
+    view = {n: get_type_hints(v.fget)["return"] for n, v in vars(base.Params).items() if isinstance(v, property)}
+    assert view and {n: declared[n] for n in view} == view
+
+
+def test_the_command_line_has_one_name_per_concept_and_help_on_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """The declaration's names (--data-dir, --hardware, --max-length...; an old spelling parses, unlisted), help on
+    every flag, and a mistake said by the subcommand's parser (fails on main: --profile, --seq-len, bare flags)."""
+    commands = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    parsers = [*commands.values(), *commands["kaggle"]._subparsers._group_actions[0].choices.values()]
+    listed = {o for p in parsers for a in p._actions if a.help != argparse.SUPPRESS for o in a.option_strings}
+    assert not listed & {"--data", "--work", "--profile", "--seq-len", "--micro-batch", "--accum", "--dest"}
+    bare = [f"{p.prog} {a.dest}" for p in parsers for a in p._actions if not a.help and a.dest != "help"]
+    assert not bare, f"flags without help: {bare}"
+    assert all(name in commands["score"].format_help().replace("\n", " ") for name in METRICS)
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--model", "gpt2", "--bogus"])
+    assert "python -m kitlib plan: error: unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -19,9 +19,10 @@ from kitlib.data.tables import DataError, TargetSpec
 from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
 from kitlib.notebook import stages, training
+from kitlib.notebook.handoff import SideInputs
 from kitlib.notebook.presets import Preset
 from kitlib.notebook.tasks import get_task
-from kitlib.notebook.tasks.base import SideInputs, Task
+from kitlib.notebook.tasks.base import Task
 from kitlib.notebook.tasks.text import TabularTextTask
 from kitlib.tasks.metrics import get_metric, macro_f1, rmsle, smape
 from kitlib.tasks.tabular import fit_columns

@@ -57,7 +57,7 @@ def test_untouched_picker_is_the_preset(picker: PresetPicker) -> None:
         expected.config.micro_batch_size,
         expected.config.grad_accum_steps,
     )
-    assert c["precision"].value == "auto" and c["max_length"].value == expected.config.max_length
+    assert c["max_length"].value == expected.config.max_length and c["optimizer"].value == expected.config.optimizer
 
 
 def test_click_preset_then_change_advanced(picker: PresetPicker) -> None:
@@ -83,18 +83,28 @@ def test_click_preset_then_change_advanced(picker: PresetPicker) -> None:
     assert picker.config.max_length == resolve("best", fake_profile("T4"), lengths=LENGTHS).config.max_length
     c["full_eval_every"].value = 2
     assert picker.config.full_eval_every == 2
-    c["precision"].value = "fp32"
-    assert picker.config.precision == "fp32"
+    c["lr"].value = 0.002
+    assert picker.config.lr == 0.002
+    c["gradient_checkpointing"].value = True
+    assert picker.config.gradient_checkpointing
+
+
+def test_the_advanced_controls_are_the_declared_training_parameters(picker: PresetPicker) -> None:
+    """Every training parameter 00 declares, nothing else (precision is decided by the plan, no parameter): fails on
+    a picker that offers precision and lacks lr, optimizer, gradient_checkpointing and compile."""
+    from kitlib.notebook.params import TRAINING
+
+    assert set(picker.controls) - {"preset"} == set(TRAINING)
 
 
 def test_invalid_value_shows_error_and_keeps_last_valid(picker: PresetPicker) -> None:
     c = picker.controls
     before = picker.resolved
-    c["precision"].value = "bf16"  # a T4 has no bf16 tensor cores
+    c["optimizer"].value = "adamw-kahan"  # pure bf16 weights: a T4 trains in fp16
     assert picker.resolved is before
-    assert picker.error is not None and "bf16" in picker.error and "fp16" in picker.error  # names the fix
+    assert picker.error is not None and "fp16" in picker.error and "optimizer = 'adamw'" in picker.error  # the fix
     assert "not applied" in picker._error_html.value
-    assert c["precision"].value == "auto"  # the control shows the config that is in force
+    assert c["optimizer"].value == "adamw"  # the control shows the config that is in force
     c["epochs"].value = 0
     assert picker.resolved is before and "epochs" in (picker.error or "") and c["epochs"].value == before.config.epochs
     c["micro_batch_size"].value = -4

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from kitlib.config import PICKER_LABELS, full_eval_due
+from kitlib.config import full_eval_due
 from kitlib.doctor.flops import peak_flops
 from kitlib.engine.record import RunFacts
 from kitlib.engine.timing import STEP_PHASES
@@ -108,26 +108,33 @@ def _finding(
     return Finding(rule, title, evidence, saving, share, fix, basis, dict(changes or {}))
 
 
-def _fix(changes: Mapping[str, Any], note: str = "", *, notebook: Mapping[str, Any] | None = None) -> str:
-    """The one-line fix, for both ways of running kitlib: the notebooks' control first, then the TrainConfig field.
+# TrainConfig fields that are 00's parameters too (kitlib.notebook.params, training=True: a test checks they agree;
+# the doctor sits below the notebooks and cannot import the declaration)
+NOTEBOOK_PARAMETERS = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every",
+                       "adapter", "optimizer", "gradient_checkpointing", "compile")  # fmt: skip
 
-    The preset picker's advanced settings (00_setup) hold a few fields (``config.PICKER_LABELS``); any other field
-    reaches a notebook run as a preset override in 00_setup's setup cell. Either way 01 and 02 then run again (the
-    features are fitted to the run). ``notebook``: the picker-side change when it differs (precision alone: tf32
-    follows it there).
-    """
+
+def _fix(changes: Mapping[str, Any], note: str = "", *, notebook: Mapping[str, Any] | None = None) -> str:
+    """The one-line fix: 00's parameter and ``notebooks run``'s flag where the field is one (else the resolver's
+    override), then the TrainConfig field. ``notebook``: the notebooks' change when it differs."""
     ui = dict(changes if notebook is None else notebook)
-    if all(k in PICKER_LABELS for k in ui):
-        settings = " and ".join(f'"{PICKER_LABELS[k]}" to {v}' for k, v in ui.items())
-        where = f"set {settings} in the picker's advanced settings (00_setup, then re-run 01 and 02)"
+    if all(k in NOTEBOOK_PARAMETERS for k in ui):
+        cell = ", ".join(f"{k} = {v!r}" for k, v in ui.items())
+        flags = " ".join(_flag(k, v) for k, v in ui.items())
+        where = f"set {cell} in 00_setup's parameters cell (notebooks run {flags}), then re-run 01 and 02"
     else:
         overrides = "{" + ", ".join(f"{k!r}: {v!r}" for k, v in ui.items()) + "}"
         where = (
-            f"in 00_setup (no picker control): stages.setup(p, hw, resolved=stages.resolve_run(p, hw, "
+            f"in 00_setup (no parameter): stages.setup(p, hw, resolved=stages.resolve_run(p, hw, "
             f"overrides={overrides})), then re-run 01 and 02"
         )
     args = ", ".join(f"{k}={v!r}" for k, v in changes.items())
     return f"{where}; in Python: TrainConfig({args})" + (f" ({note})" if note else "")
+
+
+def _flag(name: str, value: Any) -> str:
+    flag = name.replace("_", "-")
+    return (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}"
 
 
 def _compute_per_step(run: RunRecord) -> float:
@@ -273,7 +280,7 @@ def _cheap_eval(run: RunRecord, hw: HardwareInfo) -> Finding | None:
     fix = (
         _fix(changes, "a fixed subset ranks epochs as well")
         if current
-        else "in 00_setup (no picker control): stages.setup(p, hw, resolved=stages.resolve_run(p, hw, "
+        else "in 00_setup (no parameter): stages.setup(p, hw, resolved=stages.resolve_run(p, hw, "
         f"overrides={{'eval_max_batches': n}})) with n = len(eval_loader) * {percent} // 100 (at least 1), then re-run "
         f"01 and 02; in Python: TrainConfig(eval_max_batches=max(1, len(eval_loader) * {percent} // 100))"
     )

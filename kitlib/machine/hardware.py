@@ -646,6 +646,7 @@ _PROFILES: Mapping[str, _Profile] = MappingProxyType(
         "CPU": _Profile((), 4, 31.4, device_type="cpu"),  # Kaggle CPU session; AVX2 only
     }
 )
+PROFILE_NAMES = tuple(_PROFILES)  # the names fake_profile takes (case-insensitive), for help texts
 
 
 def fake_profile(

@@ -28,7 +28,6 @@ from kitlib.data.ngrams import NgramBags
 from kitlib.data.tables import TargetSpec
 from kitlib.errors import DataError, MissingRunError, damaged_file
 from kitlib.notebook.presets import RUN_FILE, ResolvedRun
-from kitlib.notebook.tasks.base import SideInputs
 
 if TYPE_CHECKING:
     from kitlib.data.lengths import LengthReport
@@ -37,12 +36,17 @@ FEATURES_FILE = "features.json"
 FEATURES_DIR = "features"
 FORMAT = 2  # 2: the target's spec under "spec" (1: "task")
 NPY_HEADER_MAX = 65_546  # bytes: a format 1.0 .npy header is at most 10 + 65535 (its length is a uint16)
-# The parameters the saved features depend on: a later stage with other values would train on the wrong thing.
-BUILT_FROM = (
-    *("model", "text", "target", "task", "objective", "id", "seed", "train_file", "test_file", "sample_submission"),
-    *("numeric", "categorical", "model_factory"),  # the side inputs' columns; the factory 02 builds from
-    "group_column",  # the rows' groups (Features.groups), which the folds keep together
-)
+
+
+@dataclass(frozen=True)
+class SideInputs:
+    """Per-row model inputs besides the tokens: the arrays are saved by 01 and batched beside the tokens by 02/03
+    (``model(input_ids=..., **side)``); ``state`` is the JSON-able fit (statistics, category lists) 02 rebuilds the
+    model from."""
+
+    train: Mapping[str, np.ndarray] = field(default_factory=dict)
+    test: Mapping[str, np.ndarray] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,9 +66,7 @@ class Features:
     submission_columns: tuple[str, ...]  # sample_submission.csv's header, checked when 01 ran
     embeddings: tuple[np.ndarray, np.ndarray] | None = None  # (train, test): the "head" regime's frozen features
     ngrams: tuple[NgramBags, NgramBags] | None = None
-    side: SideInputs = field(
-        default_factory=SideInputs
-    )  # the task's per-row inputs besides the tokens (kitlib.notebook.tasks.base)
+    side: SideInputs = field(default_factory=SideInputs)  # the task's per-row inputs besides the tokens
     groups: np.ndarray | None = None  # int64 group code per training row (group_column), else None
     report: LengthReport | None = None  # the length report, in the process that built the features (01's display)
 

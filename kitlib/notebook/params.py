@@ -24,6 +24,7 @@ from kitlib.config import Adapter, Optimizer
 from kitlib.errors import MissingDataError, MissingRunError, SetupError, damaged_file
 from kitlib.machine.hardware import fake_profile, switch
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, RUN_FILE, get_preset
+from kitlib.notebook.reporting import check_report_to
 from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 from kitlib.notebook.tasks import TASKS, get_task, task_entry
 from kitlib.notebook.tasks.custom import factory_path
@@ -50,6 +51,7 @@ def declared(
     env: str = "",
     training: bool = False,
     stage: str = "00",
+    features: bool = False,
 ) -> Any:
     """One parameter, declared once. 00's parameters cell, ``notebooks run``'s flags, ``--params`` and ``kaggle
     build`` checks, the picker's overrides and the README's table derive from these fields (tests/test_params.py
@@ -57,9 +59,10 @@ def declared(
 
     ``choices``: the only values allowed; ``least``: the smallest whole number allowed; ``env``: its KIT_* variable;
     ``training``: None means "the preset decides", a value is the picker's start and the resolver's override;
-    ``stage``: the notebook that first reads it (00 setup, 01 features, 02 train, 03 infer).
+    ``stage``: the notebook that first reads it (00 setup, 01 features, 02 train, 03 infer); ``features``: 01's
+    saved features depend on it (a later stage given another value refuses them: handoff.BUILT_FROM).
     """
-    meta = {"doc": doc, "choices": choices, "least": least, "env": env, "training": training, "stage": stage}
+    meta = dict(doc=doc, choices=choices, least=least, env=env, training=training, stage=stage, features=features)
     return field(default=default, metadata=meta)
 
 
@@ -73,30 +76,39 @@ class Params:
                               "submission.csv", env="KIT_WORK_DIR")  # fmt: skip
     preset: str = declared(DEFAULT_PRESET, "the speed/accuracy preset", choices=tuple(PRESETS), env="KIT_PRESET")
     model: str = declared("auto", "auto: all-MiniLM-L6-v2 (an error when not installed); tiny (no download); or a "
-                          "model folder", env="KIT_MODEL")  # fmt: skip
-    text: str = declared("text", "the text column; seq2seq: the source text, causal-lm: the prompt", stage="01")
-    target: str = declared("label", "the target column; seq2seq/causal-lm: the text to generate", stage="01")
+                          "model folder", env="KIT_MODEL", features=True)  # fmt: skip
+    text: str = declared("text", "the text column; seq2seq: the source text, causal-lm: the prompt", stage="01",
+                         features=True)  # fmt: skip
+    target: str = declared("label", "the target column; seq2seq/causal-lm: the text to generate", stage="01",
+                           features=True)  # fmt: skip
     # task and metric are open (module:name of your own): their docs list the registries' names (a test checks)
     task: str = declared("auto", "auto | classify | regress | tabular-text | seq2seq | causal-lm | custom | "
-                         "custom-seq2seq | module:name (a Task of your own)", env="KIT_TASK")  # fmt: skip
+                         "custom-seq2seq | module:name (a Task of your own)", env="KIT_TASK",
+                         features=True)  # fmt: skip
     metric: str = declared("auto", "what best/ follows: auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | "
                            "exact_match | rouge_l | record_f1 | module:function", env="KIT_METRIC")  # fmt: skip
     objective: str = declared("auto", "regression loss: auto (what the metric rewards) | mse | mae | log_mse | log_mae",
-                              stage="02")  # fmt: skip
-    numeric: tuple[str, ...] = declared((), "numeric columns beside the text, e.g. ['year', 'runtime']", stage="01")
-    categorical: tuple[str, ...] = declared((), "categorical columns beside the text, e.g. ['genre']", stage="01")
+                              stage="02", features=True)  # fmt: skip
+    numeric: tuple[str, ...] = declared((), "numeric columns beside the text, e.g. ['year', 'runtime']", stage="01",
+                                        features=True)  # fmt: skip
+    categorical: tuple[str, ...] = declared((), "categorical columns beside the text, e.g. ['genre']", stage="01",
+                                            features=True)  # fmt: skip
     model_factory: str = declared("", "task custom/custom-seq2seq: your nn.Module, file.py:function (beside the "
-                                  "notebook, or a full path) or module:function", stage="02")  # fmt: skip
-    id: str = declared("id", "the id column", stage="01")
-    seed: int = declared(42, "seeds the split, the weights' initialisation and the batch order", least=0)
+                                  "notebook, or a full path) or module:function", stage="02",
+                                  features=True)  # fmt: skip
+    id: str = declared("id", "the id column", stage="01", features=True)
+    seed: int = declared(42, "seeds the split, the weights' initialisation and the batch order", least=0,
+                         features=True)  # fmt: skip
     folds: int = declared(1, "k-fold: k models, each validated on its own 1/k of the rows (classes stratified); 02 "
                           "saves run/oof.csv and judges the verdict out of fold, 03 averages the k models; k x the "
                           "training time. 1: one 10% hold-out", least=1)  # fmt: skip
     group_column: str = declared("", "grouped data: rows sharing this column's value are validated together (one "
-                                 "fold, or the hold-out); '' = rows are independent", stage="01")  # fmt: skip
-    train_file: str = declared("train.csv", "the training rows, in data_dir", stage="01")
-    test_file: str = declared("test.csv", "the rows to predict, in data_dir", stage="01")
-    sample_submission: str = declared("sample_submission.csv", "the submission's layout, in data_dir", stage="03")
+                                 "fold, or the hold-out); '' = rows are independent", stage="01",
+                                 features=True)  # fmt: skip
+    train_file: str = declared("train.csv", "the training rows, in data_dir", stage="01", features=True)
+    test_file: str = declared("test.csv", "the rows to predict, in data_dir", stage="01", features=True)
+    sample_submission: str = declared("sample_submission.csv", "the submission's layout, in data_dir", stage="03",
+                                      features=True)  # fmt: skip
     # A Kaggle chain gives only 02 and 03 the GPU: 00 and 01 plan for it by name.
     hardware: str = declared("", "plan for this accelerator (a kitlib.machine.hardware profile, e.g. 2xT4) instead "
                              "of this machine; '' = this one")  # fmt: skip
@@ -112,29 +124,33 @@ class Params:
     strategy: str | None = declared(None, "several GPUs: ddp (each holds the whole model) | fsdp (weights, gradients "
                                     "and optimizer state sharded per block); None: the plan's",
                                     choices=("ddp", "fsdp"), stage="00")  # fmt: skip
-    report_to: str = declared("none", "where 02 logs each epoch's history row and the verdict: none | tensorboard | "
-                              "wandb (when installed)", choices=("none", "tensorboard", "wandb"),
-                              stage="02")  # fmt: skip
-    epochs: int | None = declared(None, "passes over the training rows", least=1, training=True, stage="02")
-    micro_batch_size: int | None = declared(None, "rows per forward pass, per GPU", least=1, training=True)
+    report_to: str = declared("none", "where 02 logs each epoch's history row and the verdict: none | tensorboard "
+                              "(event files in work_dir/tensorboard) | wandb (when installed)",
+                              choices=("none", "tensorboard", "wandb"), stage="02")  # fmt: skip
+    epochs: int | None = declared(None, "passes over the training rows; None: the preset's", least=1, training=True,
+                                  stage="02")  # fmt: skip
+    micro_batch_size: int | None = declared(None, "rows per forward pass, per GPU; None: the preset's, sized to the "
+                                            "accelerator's memory", least=1, training=True)  # fmt: skip
     grad_accum_steps: int | None = declared(None, "micro-batches per optimizer step: effective batch = micro x accum "
-                                            "x GPUs", least=1, training=True)  # fmt: skip
-    lr: float | None = declared(None, "peak learning rate", training=True, stage="02")
+                                            "x GPUs; None: the preset's effective batch", least=1,
+                                            training=True)  # fmt: skip
+    lr: float | None = declared(None, "peak learning rate; None: the preset's", training=True, stage="02")
     max_length: int | None = declared(None, "tokens per row; None: fitted to the data", least=1, training=True,
                                       stage="01")  # fmt: skip
-    full_eval_every: int | None = declared(None, "epochs between full evaluations (the metric); 0: only at the end",
-                                           least=0, training=True, stage="02")  # fmt: skip
+    full_eval_every: int | None = declared(None, "epochs between full evaluations (the metric); 0: only at the end; "
+                                           "None: the preset's", least=0, training=True, stage="02")  # fmt: skip
     # checkpoints hold the adapters only; qlora keeps the frozen weights in 4 bits (kitlib.models.adapters)
     adapter: str = declared("none", "none | lora (low-rank adapters, the pretrained weights frozen) | qlora (on 4-bit "
                             "weights)", choices=get_args(Adapter), env="KIT_ADAPTER", training=True)  # fmt: skip
+    # 00 reads the next three: the plan refuses adamw-kahan off bf16, sizes the batch with checkpointing and compile
     optimizer: str | None = declared(None, "adamw | adamw8bit (2 bytes of state a parameter, not 8) | adamw-kahan "
-                                     "(pure bf16 weights); None: the plan's", choices=get_args(Optimizer),
-                                     training=True, stage="02")  # fmt: skip
+                                     "(pure bf16 weights); None: adamw", choices=get_args(Optimizer),
+                                     training=True)  # fmt: skip
     gradient_checkpointing: bool | None = declared(None, "recompute activations in backward: ~30% more compute for "
-                                                   "~60% less activation memory; None: the plan's", training=True,
-                                                   stage="02")  # fmt: skip
+                                                   "~60% less activation memory; None: the plan's (on where the "
+                                                   "memory plan needs it)", training=True)  # fmt: skip
     compile: bool | None = declared(None, "torch.compile the model (a GPU; the first steps pay ~30-90 s of "
-                                    "compiling); None: the plan's", training=True, stage="02")  # fmt: skip
+                                    "compiling); None: off", training=True)  # fmt: skip
     inputs: tuple[Path, ...] = ()  # this kernel's read-only folders of earlier outputs (not saved: kernel-specific)
     fold: int = 0  # the fold 02 trains (or 03 predicts with) now, 0-based: its run_dir (not saved: 02 loops over them)
 
@@ -191,6 +207,7 @@ class Params:
 PARAMETERS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Params) if f.metadata}
 ENV = {name: f.metadata["env"] for name, f in PARAMETERS.items() if f.metadata["env"]}
 TRAINING = tuple(name for name, f in PARAMETERS.items() if f.metadata["training"])
+BUILT_FROM = tuple(name for name, f in PARAMETERS.items() if f.metadata["features"])
 # on/off parameters: their KIT_* variable reads 1/true/yes/on or 0/false/no/off
 SWITCHES = tuple(name for name, f in PARAMETERS.items() if isinstance(f.default, bool))
 
@@ -364,6 +381,7 @@ def _check_values(p: Params, *, with_task: bool) -> None:
         workload.check(p)  # columns it needs, a model_factory it imports
     _check_declared(p)
     _check_adapter(p)
+    check_report_to(p.report_to)
 
     if p.objective not in OBJECTIVES:
         raise SetupError(f"objective = {p.objective!r} is not one of {list(OBJECTIVES)}: fix it in the parameters cell")
@@ -390,7 +408,8 @@ def _check_declared(p: Params) -> None:
         wanted = _wanted(value, hints[name], f)
         if wanted:
             preset = " (or None: the preset's value)" if f.default is None else ""
-            raise SetupError(f"{name} = {value!r} is not {wanted}: fix it in the parameters cell{preset}")
+            flag = f"--{name.replace('_', '-')}"
+            raise SetupError(f"{name} = {value!r} is not {wanted}: fix {name} in the parameters cell ({flag}){preset}")
 
 
 def _wanted(value: Any, hint: Any, f: dataclasses.Field[Any]) -> str:

@@ -30,7 +30,6 @@ from kitlib.errors import MissingRunError, SetupError, damaged_file
 from kitlib.machine.hardware import check_compile
 from kitlib.machine.precision import decide_precision
 from kitlib.models.adapters import LORA_LR, check_adapter
-from kitlib.notebook.regimes import REGIMES, Regime, RegimeName
 
 # lazy: torch (+1.0 s): presets resolve without it, so the picker imports without torch (python -X importtime).
 
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
 
 Checkpoints = Literal["best", "best_and_last", "none"]
+RegimeName = Literal["head", "finetune"]
 
 RUN_FILE = "run.json"  # what 00_setup writes into the working dir
 _FORMAT = 1  # bump when ResolvedRun's JSON layout changes incompatibly
@@ -48,6 +48,41 @@ _GIB = 2**30
 _REFERENCE_LENGTH = 128  # tokens; the micro-batch table below is for rows this long
 _PAD_MULTIPLE = 8  # tensor cores want sequence lengths in multiples of 8
 _MIN_EFFECTIVE_BATCH = 8  # below this, per-step overhead and gradient noise cost more than extra steps gain
+
+
+@dataclass(frozen=True)
+class Regime:
+    """What resolving, the picker and the estimate know of a regime, as data; what it builds (01's model, 02's
+    loaders) is kitlib.notebook.regimes'. head: the encoder runs once, without gradients, to cache embeddings; a small
+    head trains on them and on tf-idf n-grams. finetune: the whole model trains on the tokens."""
+
+    name: RegimeName
+    matmuls_per_param: int  # FLOPs per token per weight: 6 to train (2 forward + 4 backward), 2 to embed once
+    estimate_label: str  # what the picker's time estimate measures
+    gains_from_ddp: bool  # worth one process per GPU (a per-step all-reduce of every trainable weight)
+    features_need_accelerator: bool = False  # 01 runs the encoder over every row (not only the tokenizer)
+    reason: str | None = None  # a line for the preset's reasons, when the regime changes what training means
+    whole_step: str = ""  # why one pass takes a whole step (rows per forward = per process); "": sized by memory
+    frozen_text: str = ""  # what of the encoder does not train; "": the config's freeze
+
+    def micro_batch(self, per_process: int) -> tuple[int, str] | None:
+        """Rows per forward pass when the regime decides it (None: size it by accelerator memory)."""
+        return (per_process, self.whole_step) if self.whole_step else None
+
+    def frozen(self, cfg: TrainConfig) -> str:
+        """What of the encoder does not train, as the picker's ``freeze`` row says it."""
+        return self.frozen_text or cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")
+
+
+REGIMES: Mapping[str, Regime] = MappingProxyType({
+    "head": Regime(
+        "head", 2, "embedding pass", gains_from_ddp=False, features_need_accelerator=True,
+        reason="regime head: the encoder runs once (no grad) to cache embeddings; a head trains on them and tf-idf "
+        "n-grams", whole_step="the head's inputs are cached vectors: a whole step fits in one pass",
+        frozen_text="the whole encoder (it runs once, in 01, to cache embeddings; only the head trains)",
+    ),  # 2: the one-time embedding pass; the head's own epochs take well under a second. No DDP: too small to gain
+    "finetune": Regime("finetune", 6, "per epoch", gains_from_ddp=True),
+})  # fmt: skip
 
 
 @dataclass(frozen=True)

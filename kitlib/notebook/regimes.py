@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from kitlib.data.featurize import embed_texts
 from kitlib.data.ngrams import NgramVectorizer
 from kitlib.machine.precision import decide_stage_precision
+from kitlib.notebook.presets import RegimeName
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): only building models and loaders needs them (kitlib.models.loading);
 # the regime names are read by the CLI, the picker and the Kaggle tooling (python -X importtime).
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.config import TrainConfig
     from kitlib.data.cache import Cache
     from kitlib.data.ngrams import NgramBags
     from kitlib.data.tables import TargetSpec
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
     Split = tuple[np.ndarray, np.ndarray]  # (train rows, validation rows) of the training set
 
-RegimeName = Literal["head", "finetune"]
 HEAD_LAYERS = 3  # head: mean-pool MiniLM's last 3 layers (1152 floats per row; see featurize.embed_texts)
 
 
@@ -73,20 +72,9 @@ class Encoder:
 
 
 class Regime:
+    """What a regime builds; what resolving knows of it is data: kitlib.notebook.presets.REGIMES."""
+
     name: RegimeName
-    reason: str | None = None  # a line for the preset's reasons, when the regime changes what training means
-    matmuls_per_param: int  # FLOPs per token per weight: 6 to train (2 forward + 4 backward), 2 to embed once
-    estimate_label: str  # what the picker's time estimate measures
-    gains_from_ddp: bool  # worth one process per GPU (a per-step all-reduce of every trainable weight)
-    features_need_accelerator: bool = False  # 01 runs the encoder over every row (not only the tokenizer)
-
-    def micro_batch(self, per_process: int) -> tuple[int, str] | None:
-        """Rows per forward pass when the regime decides it (None: size it by accelerator memory)."""
-        return None
-
-    def frozen(self, cfg: TrainConfig) -> str:
-        """What of the encoder does not train, as the picker's ``freeze`` row says it."""
-        return cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")
 
     def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         """(tokenizer, model, identity) for 01."""
@@ -110,9 +98,6 @@ class Regime:
 
 class Finetune(Regime):
     name: RegimeName = "finetune"
-    matmuls_per_param = 6
-    estimate_label = "per epoch"
-    gains_from_ddp = True
 
     def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         from kitlib.models.loading import load_text_classifier
@@ -156,19 +141,6 @@ class Finetune(Regime):
 
 class Head(Regime):
     name: RegimeName = "head"
-    reason = (
-        "regime head: the encoder runs once (no grad) to cache embeddings; a head trains on them and tf-idf n-grams"
-    )
-    matmuls_per_param = 2  # the one-time embedding pass; the head's own epochs take well under a second
-    estimate_label = "embedding pass"
-    gains_from_ddp = False  # a head on cached vectors is too small to gain from DDP's per-step all-reduce
-    features_need_accelerator = True  # the embedding pass is the regime's one heavy computation, and it is 01's
-
-    def micro_batch(self, per_process: int) -> tuple[int, str] | None:
-        return per_process, "the head's inputs are cached vectors: a whole step fits in one pass"
-
-    def frozen(self, cfg: TrainConfig) -> str:
-        return "the whole encoder (it runs once, in 01, to cache embeddings; only the head trains)"
 
     def load(self, spec: TargetSpec, texts: list[str], seed: int, choice: Mapping[str, Any]) -> tuple[Any, Any, str]:
         from kitlib.models.loading import load_text_encoder

@@ -32,10 +32,11 @@ from kitlib.machine.precision import PrecisionPlan, decide_stage_precision
 from kitlib.machine.threads import cpu_threads
 from kitlib.models.folders import check_model_dir, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
-from kitlib.notebook.handoff import BUILT_FROM, Features
+from kitlib.notebook.handoff import Features
 
 # params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
 from kitlib.notebook.params import (  # noqa: F401
+    BUILT_FROM,
     TRAINING,
     Params,
     from_cell,
@@ -63,8 +64,9 @@ if TYPE_CHECKING:
 
     from kitlib.data.tables import TargetSpec
     from kitlib.machine.hardware import HardwareInfo, MathProbe
+    from kitlib.notebook.handoff import SideInputs
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.tasks.base import ProbeStep, SideInputs
+    from kitlib.notebook.tasks.base import ProbeStep
     from kitlib.tasks.metrics import Metric
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)

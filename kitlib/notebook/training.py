@@ -41,6 +41,7 @@ from kitlib.notebook import handoff, trees
 from kitlib.notebook.estimate import BUDGET_MARGIN_S, KAGGLE_SESSION_S, duration, estimate_run
 from kitlib.notebook.params import Params, kaggle_input, keep_aside, load_params
 from kitlib.notebook.regimes import Prepared
+from kitlib.notebook.reporting import Report
 from kitlib.notebook.stages import (
     BASELINE_FILE,
     StandIn,
@@ -337,6 +338,8 @@ def _train_fold(
     here = feats.run.world_size == 1 and (hw := hw or detect()).device_type == "cpu"
     most = share() if here else 1
     callbacks = (*callbacks, ThreadCount(most)) if here and measurable(most) else callbacks
+    report = Report(p.report_to, p.run_dir) if p.report_to != "none" else None
+    callbacks = (*callbacks, report) if report is not None else callbacks
     with cpu_threads(measure=True) if here else contextlib.nullcontext():  # DDP: each worker sets its own
         cfg = _train_config(p, feats, stand_in)
         prepared = None
@@ -362,7 +365,10 @@ def _train_fold(
             model = prepare(p, feats, _cpu(hw)).model
             checkpoint.restore_model(model, checkpoint.Snapshot(weights, None, {}))  # an adapter's tensors only
             return dataclasses.replace(result, model=model)
-        return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
+        result = _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=resume, prepared=prepared)
+        if report is not None:
+            report.verdict(result.notes)
+        return result
 
 
 # In the cache dir: 02's measured tokens/s per batching, machine and run. v2: packed batches hold a bucketed batch's

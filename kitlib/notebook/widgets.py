@@ -20,13 +20,14 @@ This is the only kitlib module that imports ipywidgets, and only inside ``preset
 
 from __future__ import annotations
 
+import functools
 import html
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 
-from kitlib.config import PICKER_LABELS, Adapter, Requested
 from kitlib.errors import PrecisionError
 from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS, RunEstimate, duration, estimate_epoch_seconds, estimate_run
+from kitlib.notebook.params import PARAMETERS, TRAINING, Params
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun
 from kitlib.notebook.presets import resolve as resolve_preset
 
@@ -39,10 +40,9 @@ if TYPE_CHECKING:
     from kitlib.config import TrainConfig
     from kitlib.machine.hardware import HardwareInfo
 
-# Advanced controls: TrainConfig/Preset field -> label. Plain IntText (not Bounded*) so an impossible value reaches
-# the config's own validation and its message (which names the fix) instead of being silently clamped.
-_ADVANCED = PICKER_LABELS
-_CHOICES = {"precision": get_args(Requested), "adapter": get_args(Adapter)}  # dropdowns; the rest IntText
+# The advanced controls are 00's training parameters (Params' training=True fields), by their names. Plain Int/FloatText
+# (not Bounded*) so an impossible value reaches the resolver's own check and its message instead of being clamped.
+_ADVANCED = TRAINING
 
 
 class PresetPicker:
@@ -170,12 +170,12 @@ class PresetPicker:
             value=current,
             tooltips=[PRESETS[n].description if n in PRESETS else "custom preset" for n in names],
         )
-        for key, label in _ADVANCED.items():
-            style = {"description_width": "initial"}
-            if key in _CHOICES:
-                self.controls[key] = w.Dropdown(options=_CHOICES[key], description=label, style=style)
-            else:
-                self.controls[key] = w.IntText(description=label, style=style)
+        hints = get_type_hints(Params)
+        for key in _ADVANCED:
+            kind = next(t for t in (*get_args(hints[key]), hints[key]) if t is not type(None))  # int | None -> int
+            choices = PARAMETERS[key].metadata["choices"]
+            make = functools.partial(w.Dropdown, options=choices) if choices else _WIDGETS[kind](w)
+            self.controls[key] = make(description=key, style={"description_width": "initial"})
         self._error_html = w.HTML()
         self._table_html = w.HTML()
         advanced = w.VBox([self.controls[k] for k in _ADVANCED])
@@ -233,16 +233,8 @@ class PresetPicker:
     def _sync(self) -> None:
         """Write the resolved values back into the controls (derived ones such as accumulation change too)."""
         run = self._resolved
-        values = {
-            "preset": run.name,
-            "epochs": run.config.epochs,
-            "micro_batch_size": run.config.micro_batch_size,
-            "grad_accum_steps": run.config.grad_accum_steps,
-            "precision": run.preset.precision,
-            "adapter": run.config.adapter,
-            "max_length": run.config.max_length or 0,
-            "full_eval_every": run.config.full_eval_every,
-        }
+        values = {"preset": run.name, **{k: getattr(run.config, k) for k in _ADVANCED}}
+        values["max_length"] = values["max_length"] or 0  # 0: fitted to the data
         for key, value in values.items():
             if key in self.controls and self.controls[key].value != value:
                 self._set(key, value)
@@ -263,6 +255,9 @@ class PresetPicker:
         )
         why = "".join(f"<li>{html.escape(r)}</li>" for r in self._resolved.reasons)
         self._table_html.value = f"<table>{cells}</table><details><summary>why</summary><ul>{why}</ul></details>"
+
+
+_WIDGETS = {int: lambda w: w.IntText, float: lambda w: w.FloatText, bool: lambda w: w.Checkbox}
 
 
 def preset_picker(

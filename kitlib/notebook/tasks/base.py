@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from kitlib.notebook.handoff import Features, SideInputs
+from kitlib.notebook.regimes import REGIMES, Encoder, Extra, Prepared
 from kitlib.progress import advance, progress_bar
 from kitlib.tasks.targets import read_target, regression_loss
 
@@ -49,9 +51,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.regimes import Encoder, Extra, Prepared
     from kitlib.tasks.metrics import Metric
 
     ProbeStep: TypeAlias = tuple[nn.Module, dict[str, torch.Tensor], float, Callable[..., torch.Tensor] | None]
@@ -90,17 +90,6 @@ class Params(Protocol):
     def adapter(self) -> str: ...
     @property
     def metric(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class SideInputs:
-    """Per-row model inputs besides the tokens: the arrays are saved by 01 and batched beside the tokens by 02/03
-    (``model(input_ids=..., **side)``); ``state`` is the JSON-able fit (statistics, category lists) 02 rebuilds the
-    model from."""
-
-    train: Mapping[str, np.ndarray] = field(default_factory=dict)
-    test: Mapping[str, np.ndarray] = field(default_factory=dict)
-    state: Mapping[str, Any] = field(default_factory=dict)
 
 
 def each_batch(
@@ -177,7 +166,7 @@ class Task:
         self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         """(tokenizer, model, identity) for 01: the preset's regime loads them for the text column."""
-        return run.regime.load(spec, train[p.text].tolist(), p.seed, choice)
+        return REGIMES[run.preset.regime].load(spec, train[p.text].tolist(), p.seed, choice)
 
     def labels(
         self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
@@ -212,7 +201,7 @@ class Task:
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
         """What 01 computes besides the tokens (the head regime's embeddings and n-grams): the regime's."""
-        return encoder.run.regime.extra(texts, test_texts, encoder)
+        return REGIMES[encoder.run.preset.regime].extra(texts, test_texts, encoder)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         """JSON-able facts 02 and 03 need besides the arrays (e.g. a tokenizer trained in 01), kept with the side
@@ -229,7 +218,7 @@ class Task:
         choice: Mapping[str, Any],
     ) -> Prepared:
         """Loaders and the model for 02 and 03 from the saved features: the regime's, with ``model`` around it."""
-        prepared = feats.run.regime.prepare(feats, hw, split, seed, choice)
+        prepared = REGIMES[feats.run.preset.regime].prepare(feats, hw, split, seed, choice)
         return dataclasses.replace(prepared, model=self.model(prepared.model, feats.spec, feats.side, seed))
 
     def model(self, text_model: nn.Module, spec: TargetSpec, side: SideInputs, seed: int) -> nn.Module:

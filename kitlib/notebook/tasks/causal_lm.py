@@ -47,8 +47,9 @@ from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm
 from kitlib.models.facts import non_embedding_params
 from kitlib.models.folders import config_of, model_refusals, positions_of
 from kitlib.models.loading import from_pretrained, frozen_dtype
+from kitlib.notebook.handoff import SideInputs
 from kitlib.notebook.regimes import Prepared
-from kitlib.notebook.tasks.base import Params, RoughCost, SideInputs
+from kitlib.notebook.tasks.base import Params, RoughCost
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     Limits,

@@ -37,8 +37,9 @@ from kitlib.models.seq2seq import (
     tokenizer_from_json,
     tokenizer_identity,
 )
+from kitlib.notebook.handoff import SideInputs
 from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.base import Params, RoughCost, SideInputs
+from kitlib.notebook.tasks.base import Params, RoughCost
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     TextGenerationTask,

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from kitlib.data.tables import MAX_INT_CLASSES
 from kitlib.errors import SetupError
 from kitlib.models.folders import tiny_requested
-from kitlib.notebook.tasks.base import Params, SideInputs, Task
+from kitlib.notebook.handoff import SideInputs
+from kitlib.notebook.tasks.base import Params, Task
 from kitlib.tasks.metrics import METRICS
 from kitlib.tasks.tabular import Columns, fit_columns
 from kitlib.tasks.targets import read_target
