@@ -25,6 +25,7 @@ Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or L
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget", "packed"]  # packed: kitlib.data.packing (causal LM)
 Mode = Literal["min", "max"]
 BackgroundEval = Literal["off", "thread", "process"]
+Strategy = Literal["ddp", "fsdp"]
 # The notebooks' controls: TrainConfig field -> its label in the preset picker's "advanced" settings (00_setup). The
 # picker builds its controls from this; the speed doctor names them in its advice.
 PICKER_LABELS: Mapping[str, str] = MappingProxyType(
@@ -119,6 +120,9 @@ class TrainConfig:
     # DDP only: let parameters go without a gradient in a step (a branch the forward skips). It costs a walk of the
     # autograd graph every step; without it, fit names the parameters that got none after the first step.
     find_unused_parameters: bool = False
+    # Several processes: ddp (each holds the whole model) or fsdp (FSDP2: weights, gradients and optimizer state
+    # sharded per transformer block, kitlib.engine.sharded; checkpoints through torch.distributed.checkpoint)
+    strategy: Strategy = "ddp"
 
     # --- data ---
     max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)
@@ -197,6 +201,7 @@ class TrainConfig:
             ("batching", Batching),
             ("mode", Mode),
             ("background_eval", BackgroundEval),
+            ("strategy", Strategy),
         ):
             allowed = get_args(vocabulary)
             value = getattr(self, name)

@@ -46,6 +46,7 @@ from kitlib._files import (
     write_recorded,
 )
 from kitlib._version import __version__
+from kitlib.engine import sharded  # a cycle: each uses the other's names at call time only
 from kitlib.errors import CheckpointError
 from kitlib.models.adapters import adapter_keys
 
@@ -369,7 +370,7 @@ def _check(directory: Path, *, verify: bool) -> dict[str, Any]:
     """Manifest of a complete checkpoint, else CheckpointError(problem). Sizes always; sha256 if verify."""
     manifest = _read_manifest(directory)
     files: dict[str, dict[str, Any]] = manifest.get("files", {})
-    for required in (MODEL_FILE, META_FILE):
+    for required in (META_FILE,) if manifest.get("sharded") else (MODEL_FILE, META_FILE):  # sharded: DCP's files
         if required not in files:
             raise CheckpointError(f"{MANIFEST_FILE} does not list {required}")
     for name, record in files.items():
@@ -518,6 +519,8 @@ def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: b
         raise CheckpointError(f"no checkpoint at {directory}. Fix: check the path, or use latest(run_dir).")
     try:
         manifest = _check(target, verify=verify)
+        if manifest.get("sharded"):  # an FSDP run's (kitlib.engine.sharded): its shards gathered here
+            return sharded.read(target)
         weights = load_file(target / MODEL_FILE, device=str(torch.device(map_location)))
         for alias, stored in manifest.get("aliases", {}).items():
             weights[alias] = weights[stored]  # restore tied weights as one shared tensor
