@@ -237,6 +237,18 @@ def _cmd_export_merged(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    """02 of a work dir 00 and 01 prepared, in this process: under a launcher (torchrun, srun) one rank of the job,
+    else as the notebook runs it (its own DDP workers where the plan has several GPUs). 03 runs after it unchanged."""
+    from kitlib.notebook.params import load_params
+    from kitlib.notebook.training import train
+
+    result = train(load_params(args.work))
+    if result.run_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(f"{result.summary()}\nrun: {result.run_dir}")
+    return 0 if result.stop_reason != "sigterm" else 3  # 3: stopped, last/ saved: the same command continues
+
+
 def _cmd_kaggle(args: argparse.Namespace) -> int:
     kaggle = kernel_tool()
     try:
@@ -569,6 +581,10 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--dest", default="kaggle_output")
     k.add_argument("--pattern", type=_regex, default=None, help="only files whose names match this regex")
     p.set_defaults(func=_cmd_kaggle)
+
+    p = sub.add_parser("train", help="02's training of a prepared work dir; under torchrun/srun one rank of the job")
+    p.add_argument("--work", required=True, type=_folder, help="the working dir 00 and 01 prepared (params.json)")
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("notebooks", help="run the four notebooks headless in order, or strip their outputs")
     p.add_argument("action", choices=["run", "strip"])

@@ -185,6 +185,7 @@ class Loop:
         self.sharded = cfg.strategy == "fsdp" and self.env.enabled  # FSDP2: before the optimizer sees the weights
         if self.sharded:
             sharded.shard(model, plan.dtype, cfg.checkpoint_modules)
+        self.eval_whole = eval_loader  # the eval set unsharded (FSDP's loss eval)
         self.data = DataViews(train_loader, eval_loader, self.env, grad_accum_steps=cfg.grad_accum_steps,
                               eval_every_steps=cfg.eval_every_steps)  # fmt: skip
         self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
@@ -425,14 +426,15 @@ class Loop:
         with self.timer.phase("eval"):
             # The unwrapped model: DDP's forward broadcasts buffers (a collective) on every call, and eval shards keep
             # every batch, so ranks may run different counts; one collective per eval, at its end, is the only one.
+            # FSDP: every forward is a collective, so every rank runs the whole eval set (the same count) alone
             return evaluate_loss(
                 self.raw_model,
-                self.data.eval,
+                self.eval_whole if self.sharded else self.data.eval,
                 loss_fn=self.stepper.loss_fn,
                 count_fn=self.stepper.count_fn,
                 autocast=self.precision.autocast,
                 to_device=self.stepper.to_device,
-                env=self.env,
+                env=distributed.DistEnv() if self.sharded else self.env,
                 device=self.device,
                 max_batches=self.cfg.eval_max_batches,
             )
