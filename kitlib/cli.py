@@ -38,6 +38,7 @@ from kitlib.notebook.params import (  # the parser's flags derive from the decla
     check_parameters,
     check_work_dir,
     env_value,
+    load_params,
 )
 from kitlib.notebook.presets import PRESETS, RUN_FILE
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, strip_outputs
@@ -240,7 +241,6 @@ def _cmd_export_merged(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     """02 of a work dir 00 and 01 prepared, in this process: under a launcher (torchrun, srun) one rank of the job,
     else as the notebook runs it (its own DDP workers where the plan has several GPUs). 03 runs after it unchanged."""
-    from kitlib.notebook.params import load_params
     from kitlib.notebook.training import train
 
     result = train(load_params(args.work))

@@ -3,6 +3,7 @@ against DDP and one process with the same effective batch (tests/_fsdp_job.py: a
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,84 @@ def test_a_killed_rank_ends_clearly_and_the_dcp_resume_is_bit_exact(tmp_path: Pa
     resumed, whole = result(tmp_path / "a"), result(tmp_path / "b")
     for name, weight in whole["weights"].items():  # type: ignore[attr-defined]
         assert torch.equal(resumed["weights"][name], weight), name  # type: ignore[index]
+
+
+def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes_in_place(tmp_path: Path) -> None:
+    """One process (no process group): DCP writes and reads the same directories the ranks of a job do."""
+    from kitlib.engine import sharded
+    from kitlib.machine.distributed import DistEnv
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 1}}, meta={"epoch": 1})
+    found = checkpoint.latest(tmp_path, "last")
+    assert found is not None and sharded.is_sharded(found)
+    whole = checkpoint.load(found)  # what 03 reads: every weight, gathered
+    assert whole.meta["epoch"] == 1
+    for name, weight in model.state_dict().items():
+        assert torch.equal(whole.weights[name], weight)
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    fresh(torch.randn(3, 4)).sum().backward()
+    fresh_opt.step()  # its own state, replaced by the checkpoint's
+    snap = sharded.load_into(found, fresh, fresh_opt)
+    assert snap.state is not None and snap.state["run"] == {"step": 1}
+    for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(fresh_opt.state[a]["exp_avg"], optimizer.state[b]["exp_avg"])
+    (found / "__0_0.distcp").unlink()  # a shard lost: not a checkpoint any more
+    assert checkpoint.latest(tmp_path, "last") is None
+
+
+def test_setup_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: Path, capsys, cpu_hw) -> None:  # type: ignore[no-untyped-def]
+    from sft_fixtures import sft_frame, write_competition
+
+    from kitlib.notebook import stages
+
+    data = write_competition(tmp_path / "data", sft_frame(40))
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", task="causal-lm",
+                      text="prompt", target="response", metric="exact_match", hardware="8xH100",
+                      strategy="fsdp")  # fmt: skip
+    run = stages.setup(p, cpu_hw)
+    assert (run.world_size, run.config.strategy) == (8, "fsdp")
+    said = capsys.readouterr().out
+    assert f"torchrun --standalone --nproc_per_node 8 -m kitlib train --work {p.work_dir}" in said
+    assert any(r.startswith("strategy fsdp: as requested") for r in run.reasons)
+
+
+@pytest.mark.slow  # ~4 min: 00 and 01 here, then 02 under torchrun (2 processes) twice, DDP and FSDP, and 03 each
+def test_the_train_command_under_torchrun_then_03_unchanged_fsdp_equals_ddp(tmp_path: Path) -> None:
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    from kitlib.machine.hardware import detect
+    from kitlib.notebook import stages, training
+    from kitlib.notebook.params import load_params
+
+    train = sft_frame(48)
+    data = write_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], positions=256)
+    submissions = {}
+    for strategy in ("ddp", "fsdp"):
+        work = tmp_path / strategy
+        p = stages.params(data_dir=data, work_dir=work, preset="smoke", model=str(folder), task="causal-lm",
+                          text="prompt", target="response", metric="exact_match", strategy=strategy)  # fmt: skip
+        stages.setup(p, detect())
+        stages.features(p, hw=detect(), quiet=True)
+        cmd = ["torchrun", "--standalone", "--nproc_per_node", "2", "-m", "kitlib", "train", "--work", str(work)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "stopped: completed" in proc.stdout
+        ran = json.loads((work / "run" / "config.json").read_text())
+        assert (ran["strategy"], ran["world_size"]) == (strategy, 2)
+        assert sharded_dir(work / "run" / "best") == (strategy == "fsdp")
+        submissions[strategy] = training.infer(load_params(work))
+    assert submissions["fsdp"].equals(submissions["ddp"])
+
+
+def sharded_dir(directory: Path) -> bool:
+    from kitlib.engine import sharded
+
+    return sharded.is_sharded(directory)

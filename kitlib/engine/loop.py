@@ -203,8 +203,10 @@ class Loop:
             )
         if self.last_room:  # last/ is saved only when a time budget or SIGTERM stops the run: best/ is kept instead
             print(f"fit: a stop by the time budget or SIGTERM will not save last/ (not resumable): {self.last_room}")
-        self.model = model if self.sharded else distributed.wrap(
-            model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters
+        self.model = (
+            model
+            if self.sharded
+            else distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
         )
         if cfg.compile:
             if compile_note and self.env.is_main:
@@ -429,7 +431,7 @@ class Loop:
             # FSDP: every forward is a collective, so every rank runs the whole eval set (the same count) alone
             return evaluate_loss(
                 self.raw_model,
-                self.eval_whole if self.sharded else self.data.eval,
+                self.eval_whole if self.sharded and self.eval_whole is not None else self.data.eval,
                 loss_fn=self.stepper.loss_fn,
                 count_fn=self.stepper.count_fn,
                 autocast=self.precision.autocast,

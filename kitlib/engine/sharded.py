@@ -115,7 +115,7 @@ def save(
     content: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         content["optim"] = get_optimizer_state_dict(model, optimizer)
-    dcp.save(content, checkpoint_id=tmp)
+    dcp.save(content, checkpoint_id=tmp, no_dist=not dist.is_initialized())
     if env.is_main:
         if state is not None:
             torch.save(state, tmp / checkpoint.STATE_FILE)
@@ -135,15 +135,13 @@ def save(
     barrier(env)
 
 
-def load_into(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None
-) -> checkpoint.Snapshot:
+def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> checkpoint.Snapshot:
     """Every rank: ``model`` (sharded or not) and ``optimizer`` loaded in place from a sharded checkpoint saved at
     any world size (DCP reshards); the Snapshot holds no weights, and its state the optimizer's loaded state."""
     content: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         content["optim"] = get_optimizer_state_dict(model, optimizer)
-    dcp.load(content, checkpoint_id=directory)
+    dcp.load(content, checkpoint_id=directory, no_dist=not dist.is_initialized())
     set_model_state_dict(model, content["model"])
     state = None
     if optimizer is not None:

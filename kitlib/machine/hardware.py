@@ -686,6 +686,9 @@ _PROFILES: Mapping[str, _Profile] = MappingProxyType(
         "A100-80": _Profile((("NVIDIA A100-SXM4-80GB", (8, 0), 81920),), 12, 167.0),
         "L4": _Profile((("NVIDIA L4", (8, 9), 23034),), 12, 53.0),
         "H100": _Profile((("NVIDIA H100 80GB HBM3", (9, 0), 81559),), 26, 235.0),
+        # rented multi-GPU machines (one node each; torchrun runs 02 there): a DGX-like 8xH100, a 4xA100-80GB
+        "8XH100": _Profile((("NVIDIA H100 80GB HBM3", (9, 0), 81559),) * 8, 208, 1843.0),
+        "4XA100-80GB": _Profile((("NVIDIA A100-SXM4-80GB", (8, 0), 81920),) * 4, 96, 1152.0),
         "MPS": _Profile((("Apple M2 (MPS)", (0, 0), 16384),), 8, 16.0, device_type="mps"),
         "CPU-AMX": _Profile(
             (), 8, 32.0, device_type="cpu", cpu_isa=frozenset({"amx_bf16", "avx512_bf16", "avx512_fp16"})
@@ -705,7 +708,8 @@ def fake_profile(
 ) -> HardwareInfo:
     """A realistic HardwareInfo for a hosted machine, for tests and dry runs on a CPU box.
 
-    Names (case-insensitive): T4, 2xT4, P100, V100, A100, A100-80, L4, H100, MPS, CPU-AMX, CPU. CUDA profiles default to
+    Names (case-insensitive): T4, 2xT4, P100, V100, A100, A100-80, L4, H100, 8xH100, 4xA100-80GB, MPS, CPU-AMX,
+    CPU. CUDA profiles default to
     Kaggle's torch (2.10.0+cu128, no sm_60: a P100 there is unusable); ``torch_version`` ("2.11.0+cu128") picks
     another build, whose kernels come from ``build_arch_list``, and ``torch_cuda_arch_list=ARCH_LIST_WITH_SM60``
     models one that still runs on a P100.

@@ -285,8 +285,9 @@ def _train_launched(p: Params, feats: Features, hw: HardwareInfo | None, callbac
     env = join_process_group(hw.device_type)
     cfg = _train_config(p, feats)
     if env.world_size != feats.run.world_size and env.is_main:
+        rows = cfg.effective_batch_size
         print(f"this job has {env.world_size} processes, the plan {feats.run.world_size}: each step trains "
-              f"{cfg.effective_batch_size * env.world_size} rows, not {cfg.effective_batch_size * feats.run.world_size}")  # fmt: skip
+              f"{rows * env.world_size} rows, not {rows * feats.run.world_size}")  # fmt: skip
     resume = broadcast_object(_stage(p, cfg) if env.is_main else None, env)  # rank 0 alone prepares run.new/
     return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=bool(resume))
 
