@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from kitlib._files import fsync_dir, record_file, write_recorded
@@ -150,16 +148,3 @@ def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimize
         state["optimizer"] = optimizer.state_dict()
     meta = json.loads((directory / checkpoint.META_FILE).read_text())
     return checkpoint.Snapshot(weights={}, state=state, meta=meta)
-
-
-def read(directory: Path) -> checkpoint.Snapshot:
-    """One process, no process group: the whole model's weights from a sharded checkpoint (DCP gathers the shards),
-    as checkpoint.load returns them; what 03 and export read."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        raise DistributedError("sharded.read gathers a whole model in one process: call load_into on every rank")
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        found = _load_state_dict_from_keys({"model"}, checkpoint_id=str(directory))
-    weights = {k: v for k, v in found["model"].items() if isinstance(v, torch.Tensor)}
-    meta = json.loads((directory / checkpoint.META_FILE).read_text())
-    return checkpoint.Snapshot(weights=weights, state=None, meta=meta)
