@@ -38,29 +38,16 @@ _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 def blocks(model: nn.Module, names: tuple[str, ...] = ()) -> list[nn.Module]:
     """The modules each sharded on its own: a Hugging Face model's ``_no_split_modules`` classes (its decoder
-    layers), else ``names`` (class names, as ``checkpoint_modules``), else each block of the model's ModuleLists."""
+    layers), else ``names`` (class names, as ``checkpoint_modules``), else each block of the model's ModuleLists;
+    a match inside another match is sharded with it."""
     wanted = set(names)
     for m in model.modules():
         wanted |= set(getattr(m, "_no_split_modules", None) or ())
-    found = [m for m in model.modules() if m is not model and type(m).__name__ in wanted]
+    found = {n: m for n, m in model.named_modules() if n and type(m).__name__ in wanted}
     if not found:
-        found = [b for m in model.modules() if isinstance(m, nn.ModuleList) for b in m]
-    outermost = {id(m) for m in found}
-    # a block inside another (an attention module named alike) is sharded with its outer block
-    return [m for m in found if not any(id(a) in outermost for a in _ancestors(model, m))]
-
-
-def _ancestors(root: nn.Module, target: nn.Module) -> list[nn.Module]:
-    path: list[nn.Module] = []
-
-    def walk(m: nn.Module, trail: list[nn.Module]) -> bool:
-        if m is target:
-            path.extend(trail)
-            return True
-        return any(walk(c, [*trail, m]) for c in m.children())
-
-    walk(root, [])
-    return path[1:] if path else []  # the root is sharded last, not counted
+        lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+        found = {f"{n}.{i}": b for n, m in lists for i, b in enumerate(m)}
+    return [m for n, m in found.items() if not any(n.startswith(f"{o}.") for o in found)]
 
 
 def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Module:
