@@ -38,6 +38,7 @@ from kitlib.notebook.params import (  # the parser's flags derive from the decla
     check_parameters,
     check_work_dir,
     env_value,
+    load_params,
 )
 from kitlib.notebook.presets import PRESETS, RUN_FILE
 from kitlib.notebook.runbook import NOTEBOOKS, notebooks_dir, raised_warnings, strip_outputs
@@ -238,6 +239,17 @@ def _cmd_export_merged(args: argparse.Namespace) -> int:
 
     export_merged(args.work_dir, args.out)
     return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    """02 of a work dir 00 and 01 prepared, in this process: under a launcher (torchrun, srun) one rank of the job,
+    else as the notebook runs it (its own DDP workers where the plan has several GPUs). 03 runs after it unchanged."""
+    from kitlib.notebook.training import train
+
+    result = train(load_params(args.work_dir))
+    if result.run_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(f"{result.summary()}\nrun: {result.run_dir}")
+    return 0 if result.stop_reason != "sigterm" else 3  # 3: stopped, last/ saved: the same command continues
 
 
 def _cmd_kaggle(args: argparse.Namespace) -> int:
@@ -624,6 +636,10 @@ def _kaggle_output_args(k: argparse.ArgumentParser) -> None:
     k.add_argument("--pattern", type=_regex, default=None, help="only files whose names match this regex")
 
 
+def _train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--work-dir", required=True, type=_folder, help="the working dir 00 and 01 prepared (params.json)")
+
+
 def _notebooks_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["run", "strip"], help="run them headless, or strip their outputs")
     _renamed(p, "--data", "--data-dir", help=f"00's data_dir: {PARAMETERS['data_dir'].metadata['doc']}")
@@ -665,6 +681,8 @@ COMMANDS: dict[str, tuple[str, Any, Any]] = {
     "export-merged": ("a LoRA run's model with the adapter merged in, as one model folder", _export_merged_args,
                       _cmd_export_merged),
     "kaggle": ("Kaggle kernels: build folders, offline wheels, push, status, output", _kaggle_args, _cmd_kaggle),
+    "train": ("02's training of a prepared work dir; under torchrun/srun one rank of the job", _train_args,
+              _cmd_train),
     "notebooks": ("run the four notebooks headless in order, or strip their outputs", _notebooks_args,
                   _cmd_notebooks),
 }  # fmt: skip

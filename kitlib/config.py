@@ -23,6 +23,7 @@ Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or L
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget", "packed"]  # packed: kitlib.data.packing (causal LM)
 Mode = Literal["min", "max"]
 BackgroundEval = Literal["off", "thread", "process"]
+Strategy = Literal["ddp", "fsdp"]
 # What the target column is: "auto" decides from the values (names: classes; fractions: a number; few distinct
 # integers: classes; integers that are neither clearly codes nor clearly quantities: asks for one of the others).
 TargetRule = Literal["auto", "classify", "regress"]
@@ -104,6 +105,9 @@ class TrainConfig:
     # DDP only: let parameters go without a gradient in a step (a branch the forward skips). It costs a walk of the
     # autograd graph every step; without it, fit names the parameters that got none after the first step.
     find_unused_parameters: bool = False
+    # Several processes: ddp (each holds the whole model) or fsdp (FSDP2: weights, gradients and optimizer state
+    # sharded per transformer block, kitlib.engine.sharded; checkpoints through torch.distributed.checkpoint)
+    strategy: Strategy = "ddp"
 
     # --- data ---
     max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)
@@ -182,6 +186,7 @@ class TrainConfig:
             ("batching", Batching),
             ("mode", Mode),
             ("background_eval", BackgroundEval),
+            ("strategy", Strategy),
         ):
             allowed = get_args(vocabulary)
             value = getattr(self, name)

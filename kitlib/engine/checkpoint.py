@@ -33,7 +33,9 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
 from kitlib._files import (
     FileMismatch,
@@ -369,7 +371,7 @@ def _check(directory: Path, *, verify: bool) -> dict[str, Any]:
     """Manifest of a complete checkpoint, else CheckpointError(problem). Sizes always; sha256 if verify."""
     manifest = _read_manifest(directory)
     files: dict[str, dict[str, Any]] = manifest.get("files", {})
-    for required in (MODEL_FILE, META_FILE):
+    for required in (META_FILE,) if manifest.get("sharded") else (MODEL_FILE, META_FILE):  # sharded: DCP's files
         if required not in files:
             raise CheckpointError(f"{MANIFEST_FILE} does not list {required}")
     for name, record in files.items():
@@ -518,6 +520,8 @@ def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: b
         raise CheckpointError(f"no checkpoint at {directory}. Fix: check the path, or use latest(run_dir).")
     try:
         manifest = _check(target, verify=verify)
+        if manifest.get("sharded"):  # an FSDP run's (kitlib.engine.sharded): its shards gathered here
+            return _read_sharded(target)
         weights = load_file(target / MODEL_FILE, device=str(torch.device(map_location)))
         for alias, stored in manifest.get("aliases", {}).items():
             weights[alias] = weights[stored]  # restore tied weights as one shared tensor
@@ -532,6 +536,17 @@ def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: b
     except Exception as e:  # safetensors/zip/unpickling errors of a file that passed the size check (verify=False)
         raise _fail(target, f"{type(e).__name__}: {e}") from e
     return Snapshot(weights=weights, state=state, meta=meta)
+
+
+def _read_sharded(directory: Path) -> Snapshot:
+    """One process: the whole model's weights from a DCP directory (kitlib.engine.sharded.save, any world size)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        raise CheckpointError("a sharded checkpoint gathers whole in one process: on every rank use sharded.load_into")
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        found = _load_state_dict_from_keys({"model"}, checkpoint_id=str(directory))
+    weights = {k: v for k, v in found["model"].items() if isinstance(v, torch.Tensor)}
+    return Snapshot(weights=weights, state=None, meta=json.loads((directory / META_FILE).read_text(encoding="utf-8")))
 
 
 def _strip_prefix(weights: dict[str, torch.Tensor], expected: set[str]) -> dict[str, torch.Tensor]:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from kitlib.engine.checkpoint import unwrap_model
 from kitlib.engine.objective import Batch, hf_loss, is_causal_lm
@@ -44,7 +45,8 @@ def chunked_lm_loss(model: nn.Module, batch: Batch, *, chunk: int | None = None)
     """The mean cross-entropy over the batch's scored label tokens, as ``model(**batch).loss`` computes it, with the
     LM head applied ``chunk`` target tokens at a time (default: ``chunk_tokens``; fit's ``loss_fn``)."""
     core = unwrap_model(model)
-    if not chunkable(core) or not isinstance(batch, Mapping) or "labels" not in batch:
+    # FSDP: the head's weight is a shard outside its module's forward, so the model's own loss computes it
+    if not chunkable(core) or isinstance(core, FSDPModule) or not isinstance(batch, Mapping) or "labels" not in batch:
         return hf_loss(model, batch)
     labels = batch["labels"]
     inputs = {k: v for k, v in batch.items() if k != "labels"}

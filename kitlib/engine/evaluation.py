@@ -116,8 +116,10 @@ class BackgroundEval:
       full eval back on the critical path). Cost: one more full eval (its foreground half) per resume.
     """
 
-    def __init__(self, full_eval: FullEval | SplitEval | None, mode: Mode, *, env: DistEnv, timer: PhaseTimer) -> None:
+    def __init__(self, full_eval: FullEval | SplitEval | None, mode: Mode, *, env: DistEnv, timer: PhaseTimer,
+                 every_rank: bool = False) -> None:  # fmt: skip
         self.full_eval, self.mode, self.env, self.timer = full_eval, mode, env, timer
+        self.every_rank = every_rank  # FSDP: the forward is a collective, so every rank measures (rank 0's counts)
         self.patient = distributed.patient_group(env)
         self.pending: list[Pending] = []
         self.unscored: list[dict[str, Any]] = []  # from a checkpoint (load_state_dict), for rescore
@@ -128,7 +130,7 @@ class BackgroundEval:
         if self.full_eval is None:
             return None
         measured = None
-        if self.env.is_main:
+        if self.env.is_main or self.every_rank:
             with self.timer.phase("full_eval"):
                 measured = self._measure(model, autocast)
         distributed.wait_together(self.patient, self.env)  # before the cheap eval's collective

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from kitlib._files import write_atomic
 from kitlib._version import __version__
 from kitlib.config import TrainConfig, full_eval_due
-from kitlib.engine import checkpoint
+from kitlib.engine import checkpoint, sharded
 from kitlib.engine.batches import DataViews
 from kitlib.engine.evaluation import BackgroundEval, FullEval, SplitEval, evaluate_loss
 from kitlib.engine.events import Callback, Events, StepEnd
@@ -180,16 +180,22 @@ class Loop:
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(model, cfg.checkpoint_modules)
         self.raw_model = model.to(self.device)
+        out = self.out if self.output.writes else None
+        self.last_room = checkpoint.room_for_last(out, model, cfg.optimizer) if out is not None else None
+        self.sharded = cfg.strategy == "fsdp" and self.env.enabled  # FSDP2: before the optimizer sees the weights
+        if self.sharded:
+            sharded.shard(model, plan.dtype, cfg.checkpoint_modules)
+        self.eval_whole = eval_loader  # the eval set unsharded (FSDP's loss eval)
         self.data = DataViews(train_loader, eval_loader, self.env, grad_accum_steps=cfg.grad_accum_steps,
                               eval_every_steps=cfg.eval_every_steps)  # fmt: skip
         self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
+        self.timer.extra.update(world_size=self.env.world_size, nodes=self.env.world_size // self.env.local_world_size,
+                                strategy=cfg.strategy if self.env.enabled else "single process")  # fmt: skip
         self.stepper = Stepper(
             model, cfg, plan=plan, precision=Precision(plan), env=self.env, device=self.device,
             total_steps=self.data.windows_per_epoch * cfg.epochs,
             loss_fn=loss_fn or hf_loss, count_fn=count_fn or default_count_fn(model), timer=self.timer,
         )  # fmt: skip
-        out = self.out if self.output.writes else None
-        self.last_room = checkpoint.room_for_last(out, model, cfg.optimizer) if out is not None else None
         if self.last_room and (cfg.save_last or cfg.save_every_steps):
             raise CheckpointError(
                 f"{self.last_room}. Fix: no last/ (TrainConfig(save_last=False, save_every_steps=None); in the "
@@ -197,13 +203,19 @@ class Loop:
             )
         if self.last_room:  # last/ is saved only when a time budget or SIGTERM stops the run: best/ is kept instead
             print(f"fit: a stop by the time budget or SIGTERM will not save last/ (not resumable): {self.last_room}")
-        self.model = distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
+        self.model = (
+            model
+            if self.sharded
+            else distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
+        )
         if cfg.compile:
             if compile_note and self.env.is_main:
                 print(f"fit: {compile_note}")
             self.model = torch.compile(self.model)  # type: ignore[assignment]
         self.state, self.stop_reason = RunState(), "completed"
-        self.evals = BackgroundEval(full_eval, cfg.background_eval, env=self.env, timer=self.timer)
+        # FSDP: every rank runs the full eval's forward (a collective), scored at once (no weights kept aside)
+        self.evals = BackgroundEval(full_eval, "off" if self.sharded else cfg.background_eval, env=self.env,
+                                    timer=self.timer, every_rank=self.sharded)  # fmt: skip
         self.events = Events(())
         self.ended_cleanly = False  # True once the loop ran to its end without an exception (read by on_fit_end)
 
@@ -275,7 +287,7 @@ class Loop:
                 f"resume=True but {self.out}/last holds no complete checkpoint (the run stopped before its first "
                 'save). Fix: resume="auto" (continues when there is a checkpoint, else starts fresh) or resume=False'
             )
-        snap = checkpoint.load(last)
+        snap = sharded.load_into(last, self.raw_model, self.optimizer) if self.sharded else checkpoint.load(last)
         changed = self.cfg.resume_differences(snap.meta.get("config", {}))
         if changed:
             raise CheckpointError(
@@ -283,7 +295,8 @@ class Loop:
                 "would be neither run. Fix: pass the config it was saved with, or a new run_dir (or resume=False "
                 "to start over there)"
             )
-        checkpoint.restore_model(self.raw_model, snap)
+        if not self.sharded:
+            checkpoint.restore_model(self.raw_model, snap)
         assert snap.state is not None
         run = dict(snap.state["run"])
         self.stepper.epoch_loss.load_state_dict(run)
@@ -304,13 +317,19 @@ class Loop:
         """Epoch ``epoch``'s weights, kept beside its queued full eval when best/ may need them once its verdict
         arrives (the model trains on meanwhile); None when best/ is not saved or the epoch was judged already."""
         record = next(r for r in self.state.history if r["epoch"] == epoch)
-        if not (self.cfg.save_best and self.out is not None and self.monitor not in record):
+        if self.sharded or not (self.cfg.save_best and self.out is not None and self.monitor not in record):
             return None
         with self.timer.phase("checkpoint"):
             return checkpoint.snapshot(self.raw_model, meta={"epoch": epoch})
 
     def save(self, name: str, take: Callable[[], checkpoint.Snapshot]) -> None:
-        if self.output.writes:
+        if self.sharded and self.out is not None:  # every rank writes its shards (best/: the weights only)
+            with self.timer.phase("checkpoint"):
+                best = next((r for r in self.state.history if r["epoch"] == self.state.best_epoch), {})
+                metrics = {k: v for k, v in best.items() if isinstance(v, float)}
+                meta = {"epoch": self.state.best_epoch, "metrics": metrics, "config": self.cfg.to_dict()}
+                sharded.save(self.out / name, self.raw_model, None, self.env, meta=meta)
+        elif self.output.writes:
             with self.timer.phase("checkpoint"):  # the snapshot copy is on the critical path; the disk write is not
                 self.output.save(name, take())
 
@@ -327,7 +346,16 @@ class Loop:
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
         # Every rank joins: rank 0 saves each rank's own streams (dropout masks etc. differ per rank).
         rngs = distributed.gather_object(checkpoint.rng_state(), self.env)
-        if not self.env.is_main or self.last_room:  # no room (room_for_last, said at the start)
+        run = {**dataclasses.asdict(state), **self.stepper.epoch_loss.state_dict()}  # every rank: a collective
+        if (not self.env.is_main and not self.sharded) or self.last_room:  # no room (room_for_last, said at start)
+            return
+        if self.sharded:  # every rank its shards of the weights and optimizer; rank 0 the rest
+            resume = {**self.stepper.state_dict(), "rng": rngs[0] if rngs else None, "rank_rngs": rngs,
+                      "run": run, "background_eval": self.evals.state_dict()}  # fmt: skip
+            del resume["optimizer"]
+            meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
+            with self.timer.phase("checkpoint"):
+                sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, state=resume, meta=meta)
             return
 
         def take() -> checkpoint.Snapshot:
@@ -335,7 +363,7 @@ class Loop:
                 **self.stepper.state_dict(),
                 "rng": rngs[0],
                 "rank_rngs": rngs,
-                "run": {**dataclasses.asdict(state), **self.stepper.epoch_loss.state_dict()},
+                "run": run,
                 "background_eval": self.evals.state_dict(),
             }
             # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
@@ -400,14 +428,15 @@ class Loop:
         with self.timer.phase("eval"):
             # The unwrapped model: DDP's forward broadcasts buffers (a collective) on every call, and eval shards keep
             # every batch, so ranks may run different counts; one collective per eval, at its end, is the only one.
+            # FSDP: every forward is a collective, so every rank runs the whole eval set (the same count) alone
             return evaluate_loss(
                 self.raw_model,
-                self.data.eval,
+                self.eval_whole if self.sharded and self.eval_whole is not None else self.data.eval,
                 loss_fn=self.stepper.loss_fn,
                 count_fn=self.stepper.count_fn,
                 autocast=self.precision.autocast,
                 to_device=self.stepper.to_device,
-                env=self.env,
+                env=distributed.DistEnv() if self.sharded else self.env,
                 device=self.device,
                 max_batches=self.cfg.eval_max_batches,
             )
@@ -569,6 +598,8 @@ def _write_config(loop: Loop) -> None:
         "precision": dataclasses.asdict(loop.plan),
         "monitor": loop.monitor,
         "world_size": loop.env.world_size,
+        "nodes": loop.env.world_size // loop.env.local_world_size,  # torchrun's --nnodes (a launcher's machines)
+        "strategy": ("fsdp" if loop.sharded else "ddp") if loop.env.enabled else "single process",
         "kitlib": __version__,
         "hardware": loop.hw.summary(),
     }

@@ -49,7 +49,8 @@ def is_causal_lm(model: nn.Module) -> bool:
 
     core = unwrap_model(model)
     core = getattr(core, "get_base_model", lambda: core)()  # a LoRA adapter (peft): the model it adapts
-    return type(core).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    names = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    return any(c.__name__ in names for c in type(core).__mro__)  # FSDP2's FSDPLlamaForCausalLM is a subclass
 
 
 def rows(batch: Batch) -> int:

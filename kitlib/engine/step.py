@@ -151,7 +151,7 @@ def train_window(
         loss_sum += loss.detach().float() * count
     with timer.phase("optimizer"):
         precision.unscale_(optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True)
+        norm = distributed.whole(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True))
         found_inf = precision.found_inf(norm)  # skipped on the device, counted there (StepLedger)
         with ledger.scheduled_lr(optimizer):
             precision.apply(optimizer, found_inf)
@@ -162,28 +162,34 @@ def train_window(
 
 class EpochLoss:
     """The current epoch's item-weighted loss sums: the one copy, on the device between log steps (reading it is a
-    host sync). A checkpoint holds it as ``epoch_loss_sum``/``epoch_items`` floats (float64: exact both ways)."""
+    host sync). A checkpoint holds it as ``epoch_loss_sum``/``epoch_items`` floats (float64: exact both ways).
+    Several ranks: each sums its own rows' loss over the global item count, so a read (every rank at once) sums
+    the ranks' losses, one all-reduce."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, env: distributed.DistEnv | None = None) -> None:
         self.loss = torch.zeros((), dtype=torch.float64, device=device)
         self.items = torch.zeros((), dtype=torch.float64, device=device)
+        self.env = env or distributed.DistEnv()
         self.marked = (0.0, 0.0)  # the sums at the last log (or the epoch's start): a log's loss is the window's
 
     def add(self, applied: torch.Tensor, loss_sum: torch.Tensor, items: torch.Tensor) -> None:
         self.loss += torch.where(applied, loss_sum, 0.0)  # where, not *: a skipped step's loss may be nan
         self.items += torch.where(applied, items, 0.0)
 
+    def _sums(self) -> tuple[float, float]:
+        return distributed.all_reduce_sum(self.loss, self.env).item(), self.items.item()
+
     def mean(self) -> float:
         """The epoch's mean loss so far (nan before any item)."""
-        items = float(self.items)
-        return float(self.loss) / items if items else math.nan
+        loss, items = self._sums()
+        return loss / items if items else math.nan
 
     def mark(self) -> None:
-        self.marked = (self.loss.item(), self.items.item())
+        self.marked = self._sums()
 
     def since_mark(self) -> float:
         """The mean loss since the last ``mark`` (or call of this), then marks."""
-        (loss, items), (before, before_items) = (self.loss.item(), self.items.item()), self.marked
+        (loss, items), (before, before_items) = self._sums(), self.marked
         self.marked = (loss, items)
         return (loss - before) / max(items - before_items, 1e-12)
 
@@ -192,10 +198,13 @@ class EpochLoss:
         self.items.zero_()
 
     def state_dict(self) -> dict[str, float]:
-        return {"epoch_loss_sum": float(self.loss), "epoch_items": float(self.items)}
+        """Every rank at once: the sums over all ranks."""
+        loss, items = self._sums()
+        return {"epoch_loss_sum": loss, "epoch_items": items}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.loss.fill_(float(state.get("epoch_loss_sum", 0.0)))
+        # rank 0 holds the ranks' sum, the others none: a read adds them up to it again
+        self.loss.fill_(float(state.get("epoch_loss_sum", 0.0)) if self.env.is_main else 0.0)
         self.items.fill_(float(state.get("epoch_items", 0.0)))
 
 
@@ -218,7 +227,7 @@ class Stepper:
             distributed=env.enabled, next_strategy=next_strategy(cfg), say=print if env.is_main else lambda line: None,
         )  # fmt: skip
         self.ledger = StepLedger(self.scheduler, total_steps, device)
-        self.epoch_loss = EpochLoss(device)
+        self.epoch_loss = EpochLoss(device, env)
         self.unsettled, self.window_applied = 0, True
         self.checked_gradients = False  # every_parameter_gets_a_gradient ran (DDP, first step)
 

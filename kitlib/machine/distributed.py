@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from kitlib.errors import DistributedError
@@ -106,9 +107,30 @@ def every_parameter_gets_a_gradient(model: nn.Module) -> Iterator[None]:
 
 
 def sync_context(model: nn.Module, sync: bool) -> AbstractContextManager[Any]:
-    """Skip DDP's gradient all-reduce on micro-steps that do not end an accumulation window (1 sync per step)."""
+    """Skip DDP's gradient all-reduce (FSDP's reduce-scatter and reshard) on micro-steps that do not end an
+    accumulation window (1 sync per step)."""
+    if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2
+        return _fsdp_accumulating(model, sync)
     no_sync = getattr(model, "no_sync", None)
     return no_sync() if (not sync and callable(no_sync)) else nullcontext()
+
+
+@contextmanager
+def _fsdp_accumulating(model: Any, sync: bool) -> Iterator[None]:
+    """No reduce-scatter (gradients stay unsharded and add up) and no reshard after backward (the next micro-batch's
+    forward needs no all-gather) until the window's last micro-batch."""
+    model.set_requires_gradient_sync(sync)
+    model.set_reshard_after_backward(sync)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+        model.set_reshard_after_backward(True)
+
+
+def whole(value: torch.Tensor) -> torch.Tensor:
+    """A plain tensor: FSDP's DTensor results (the gradient norm over sharded gradients) as every rank sees them."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def all_reduce_sum(value: torch.Tensor, env: DistEnv) -> torch.Tensor:

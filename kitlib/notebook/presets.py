@@ -375,6 +375,9 @@ def resolve(
         )
 
     world = _world_size(hw, p, world_size, reasons)
+    if world > 1:  # None: the plan's, DDP (FSDP is asked for by name; `python -m kitlib plan` says which fits)
+        said = "as requested" if "strategy" in late else "the plan's: every GPU holds the whole model"
+        reasons.append(f"strategy {late.get('strategy', 'ddp')}: {said}")
     max_length, mean_tokens, cut = _max_length(p, lengths, late.pop("max_length", None), reasons)
     # lengths may be the whole train.csv's (the picker in 00); the preset trains on at most row_limit of them
     target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), reasons)

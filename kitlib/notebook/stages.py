@@ -105,7 +105,16 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     run.save(p.work_dir)
     chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
     dataclasses.replace(p, preset=run.name, **chosen).save()  # the picker's choice: params.json and run.json agree
+    if run.world_size > max(hw.num_gpus, 1):  # planned for a bigger machine: how 02 runs there, after 01
+        print(f"02 on the planned {run.world_size} GPUs (after 01, the work dir on that machine): "
+              f"{launch_command(p, run.world_size)}")  # fmt: skip
     return run
+
+
+def launch_command(p: Params, processes: int) -> str:
+    """The command that runs 02 of ``p``'s work dir as ``processes`` ranks on one machine (docs/guide.md: several
+    machines, Slurm)."""
+    return f"torchrun --standalone --nproc_per_node {processes} -m kitlib train --work-dir {p.work_dir}"
 
 
 def resolve_run(
@@ -127,7 +136,8 @@ def resolve_run(
     ``world_size``: processes per step (None: every GPU of the planned machine; 01 keeps the saved run's)."""
     chosen = p.preset if preset is None else preset
     base = presets.get_preset(chosen) if isinstance(chosen, str) else chosen
-    settings = p.training() | dict(overrides or {})
+    chosen_strategy = {"strategy": p.strategy} if p.strategy else {}  # None: the plan's (presets.resolve)
+    settings = p.training() | chosen_strategy | dict(overrides or {})
     return presets.resolve(
         task_preset(p)(base), planning_hw(p, hw), lengths=lengths, overrides=settings, world_size=world_size
     )

@@ -31,7 +31,7 @@ from kitlib.engine.policies import ThreadCount
 from kitlib.engine.step import enable_activation_checkpointing
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.amp import Precision
-from kitlib.machine.distributed import WorkerDied, dist_env, launch
+from kitlib.machine.distributed import WorkerDied, broadcast_object, dist_env, join_process_group, launch
 from kitlib.machine.hardware import detect
 from kitlib.machine.precision import PrecisionPlan, decide_precision
 from kitlib.machine.threads import cpu_threads, measurable, share
@@ -258,6 +258,8 @@ def train(
             return results[fold]
     if p.folds == 1:
         return results[0]
+    if not dist_env().is_main and results:  # launched: rank 0 judges the folds
+        return next(iter(results.values()))
     cpu = feats.run.world_size > 1  # DDP: this process must not touch CUDA (02 again launches), as _train_fold
     first = results[0] if 0 in results else _finished_result(p, feats, _cpu(hw) if cpu else hw or detect())
     judged = _out_of_fold(p, feats, first)
@@ -327,10 +329,30 @@ def _out_of_fold(p: Params, feats: Features, first: FitResult) -> FitResult:
     return dataclasses.replace(judged, notes=(*judged.notes, *notes))
 
 
+def _train_launched(
+    p: Params, feats: Features, hw: HardwareInfo | None, callbacks: tuple[object, ...], budget_s: float | None
+) -> FitResult:
+    """One fold's training in this process of a launcher's job (torchrun, srun; ``python -m kitlib train``): every
+    rank reads the same features from the work dir and builds the same model, rank 0 stages and writes the run dir
+    (the others' checkpoint shards too land there: the work dir must be one every node sees), 01's batching."""
+    hw = hw or detect()
+    env = join_process_group(hw.device_type)
+    cfg = _train_config(p, feats)
+    if env.world_size != feats.run.world_size and env.is_main:
+        rows = cfg.effective_batch_size
+        print(f"this job has {env.world_size} processes, the plan {feats.run.world_size}: each step trains "
+              f"{rows * env.world_size} rows, not {rows * feats.run.world_size}")  # fmt: skip
+    resume = broadcast_object(_stage(p, cfg) if env.is_main else None, env)  # rank 0 alone prepares run.new/
+    cfg = dataclasses.replace(cfg, time_budget_s=budget_s)  # a session's, not the run's: inputs.json leaves it out
+    return _train(p, feats, cfg, hw=hw, callbacks=callbacks, resume=bool(resume))
+
+
 def _train_fold(
     p: Params, feats: Features, hw: HardwareInfo | None, callbacks: tuple[object, ...], budget_s: float | None = None
 ) -> FitResult:
     """One fold's training (``p.fold``; the whole run without folds) into its run dir, stopping at ``budget_s``."""
+    if dist_env().enabled:  # launched: this process is one rank of the job
+        return _train_launched(p, feats, hw, callbacks, budget_s)
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
     # a CPU that trains here: on the threads that ran fastest just now (other processes may hold some cores), and

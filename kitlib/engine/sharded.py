@@ -1,0 +1,137 @@
+"""strategy="fsdp": FSDP2 (``torch.distributed.fsdp.fully_shard``) per transformer block then the root, and its
+checkpoints through ``torch.distributed.checkpoint`` (DCP): each rank writes its own shards, any world size loads them.
+
+A sharded checkpoint directory holds DCP's files (``.metadata``, ``__<rank>_0.distcp``), rank 0's ``state.pt`` (the
+resume state besides model and optimizer: schedule, RNG streams, the run's position) and ``meta.json``, and the
+manifest (``sharded: true``) written last, as kitlib.engine.checkpoint's directories: complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from kitlib._files import fsync_dir, record_file, write_recorded
+from kitlib._version import __version__
+from kitlib.engine import checkpoint
+from kitlib.errors import DistributedError
+from kitlib.machine.distributed import DistEnv, barrier
+
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def blocks(model: nn.Module, names: tuple[str, ...] = ()) -> list[nn.Module]:
+    """The modules each sharded on its own: a Hugging Face model's ``_no_split_modules`` classes (its decoder
+    layers), else ``names`` (class names, as ``checkpoint_modules``), else each block of the model's ModuleLists;
+    a match inside another match is sharded with it."""
+    wanted = set(names)
+    for m in model.modules():
+        wanted |= set(getattr(m, "_no_split_modules", None) or ())
+    found = {n: m for n, m in model.named_modules() if n and type(m).__name__ in wanted}
+    if not found:
+        lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+        found = {f"{n}.{i}": b for n, m in lists for i, b in enumerate(m)}
+    return [m for n, m in found.items() if not any(n.startswith(f"{o}.") for o in found)]
+
+
+def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Module:
+    """``model`` fully sharded in place over the process group: each block (``blocks``) its own FSDP unit (its
+    weights gathered for its forward and backward only), then the root (embeddings, head). ``dtype`` bf16/fp16:
+    FSDP's MixedPrecisionPolicy computes and all-gathers in it and reduces gradients in fp32; the sharded weights
+    and the optimizer stay fp32."""
+    found = blocks(model, names)
+    if not found:
+        raise DistributedError(
+            f"strategy='fsdp': {type(model).__name__} has no transformer blocks to shard (no _no_split_modules, no "
+            "ModuleList). Fix: TrainConfig(checkpoint_modules=('MyBlock',)) names the block class, or strategy='ddp'"
+        )
+    half = _HALF.get(dtype)
+    policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32 if half else None)
+    for block in found:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    return model
+
+
+def is_fsdp(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def is_sharded(directory: Path) -> bool:
+    try:
+        return bool(json.loads((directory / checkpoint.MANIFEST_FILE).read_text()).get("sharded"))
+    except (OSError, ValueError):
+        return False
+
+
+def save(
+    directory: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    env: DistEnv,
+    *,
+    state: dict[str, Any] | None = None,
+    meta: dict[str, Any],
+) -> None:
+    """Every rank: its shards of ``model`` (and ``optimizer``'s state) into ``directory`` through DCP; rank 0 adds
+    ``state`` and ``meta`` and swaps the new directory in. Synchronous: the swap needs every rank's files written
+    (DCP's async_save would return before; not used)."""
+    tmp = directory.parent / f".{directory.name}.tmp-dcp"
+    if env.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier(env)
+    content: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        content["optim"] = get_optimizer_state_dict(model, optimizer)
+    dcp.save(content, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+    if env.is_main:
+        if state is not None:
+            torch.save(state, tmp / checkpoint.STATE_FILE)
+        full_meta = {"kitlib_version": __version__, "world_size": env.world_size, **meta}
+        write_recorded(tmp / checkpoint.META_FILE, [json.dumps(full_meta, indent=1).encode()])
+        files = {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
+                    "kitlib_version": __version__, "created_unix": time.time(), "files": files}  # fmt: skip
+        write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
+        fsync_dir(tmp)
+        old = directory.parent / f".{directory.name}.old-{os.getpid()}"
+        if directory.exists():
+            os.rename(directory, old)
+        os.rename(tmp, directory)
+        fsync_dir(directory.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    barrier(env)
+
+
+def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> checkpoint.Snapshot:
+    """Every rank: ``model`` (sharded or not) and ``optimizer`` loaded in place from a sharded checkpoint saved at
+    any world size (DCP reshards); the Snapshot holds no weights, and its state the optimizer's loaded state."""
+    content: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if optimizer is not None:
+        content["optim"] = get_optimizer_state_dict(model, optimizer)
+    dcp.load(content, checkpoint_id=directory, no_dist=not dist.is_initialized())
+    set_model_state_dict(model, content["model"])
+    state = None
+    if optimizer is not None:
+        set_optimizer_state_dict(model, optimizer, content["optim"])
+        state = torch.load(directory / checkpoint.STATE_FILE, weights_only=True)
+        state["optimizer"] = optimizer.state_dict()
+    meta = json.loads((directory / checkpoint.META_FILE).read_text())
+    return checkpoint.Snapshot(weights={}, state=state, meta=meta)

@@ -1,0 +1,168 @@
+"""strategy="fsdp" (FSDP2 per block, DCP checkpoints) under torchrun on two simulated nodes of two gloo processes,
+against DDP and one process with the same effective batch (tests/_fsdp_job.py: a 2-layer Llama from a config)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kitlib.engine import checkpoint
+from kitlib.machine.distributed import free_port
+
+JOB = Path(__file__).with_name("_fsdp_job.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def two_nodes(out: Path, *args: str) -> list[subprocess.CompletedProcess[str]]:
+    """``torchrun --nnodes 2 --nproc_per_node 2`` twice (one agent per simulated node), localhost rendezvous."""
+    port = free_port()
+    cmd = ["torchrun", "--nnodes", "2", "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", f"t{port}", str(JOB), str(out), *args]  # fmt: skip
+    nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
+             for _ in range(2)]  # fmt: skip
+    done = []
+    for node in nodes:
+        stdout, _ = node.communicate(timeout=400)
+        done.append(subprocess.CompletedProcess(cmd, node.returncode, stdout, ""))
+    return done
+
+
+def one_process(out: Path, *args: str) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, str(JOB), str(out), *args], capture_output=True, text=True, env=_env(),
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return dict(torch.load(out / "result.pt", weights_only=False))
+
+
+def result(out: Path) -> dict[str, object]:
+    return dict(torch.load(out / "result.pt", weights_only=False))
+
+
+@pytest.mark.slow  # ~3 min on 2 shared cores (three runs of 4, 4 and 1 processes)
+def test_fsdp_on_two_nodes_matches_ddp_and_one_process(tmp_path: Path) -> None:
+    for strategy in ("fsdp", "ddp"):  # 4 ranks x micro 4 x accum 2 = 32 rows a step
+        for node in two_nodes(tmp_path / strategy, strategy, "4", "2"):
+            assert node.returncode == 0, node.stdout[-3000:]
+    single = one_process(tmp_path / "one", "ddp", "4", "8")  # 1 process x micro 4 x accum 8 = 32
+    fsdp, ddp = result(tmp_path / "fsdp"), result(tmp_path / "ddp")
+    # the logged loss is every rank's rows' (all-reduced), the same curve as one process's
+    torch.testing.assert_close(fsdp["losses"], single["losses"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fsdp["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
+    for name, weight in single["weights"].items():  # type: ignore[attr-defined]
+        torch.testing.assert_close(fsdp["weights"][name], weight, rtol=1e-4, atol=1e-5)  # type: ignore[index]
+        torch.testing.assert_close(ddp["weights"][name], weight, rtol=1e-4, atol=1e-5)  # type: ignore[index]
+    run = fsdp["timing"]["run"]  # type: ignore[index]
+    assert (run["strategy"], run["world_size"], run["nodes"]) == ("fsdp", 4, 2)
+    # best/ and last/ are DCP directories (every rank its shards); one process reads best/ whole (what 03 does)
+    best = tmp_path / "fsdp" / "run" / "best"
+    assert sorted(p.name for p in best.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
+    whole = checkpoint.load(checkpoint.latest(tmp_path / "fsdp" / "run", "best"))  # type: ignore[arg-type]
+    for name, weight in fsdp["weights"].items():  # type: ignore[attr-defined]
+        assert torch.equal(whole.weights[name], weight), name
+
+
+@pytest.mark.slow  # ~3 min: a killed run of 4 processes, its resume, and the same run uninterrupted
+def test_a_killed_rank_ends_clearly_and_the_dcp_resume_is_bit_exact(tmp_path: Path) -> None:
+    killed = two_nodes(tmp_path / "a", "fsdp", "4", "2", "save_every=1", "kill_at=2")
+    logs = "".join(n.stdout for n in killed)
+    assert any(n.returncode != 0 for n in killed)
+    assert "Signal 9 (SIGKILL)" in logs or "exitcode  : -9" in logs, logs[-3000:]
+    assert checkpoint.latest(tmp_path / "a" / "run", "last") is not None
+    for node in two_nodes(tmp_path / "a", "fsdp", "4", "2", "save_every=1", "resume"):
+        assert node.returncode == 0, node.stdout[-3000:]
+    for node in two_nodes(tmp_path / "b", "fsdp", "4", "2", "save_every=1"):
+        assert node.returncode == 0, node.stdout[-3000:]
+    resumed, whole = result(tmp_path / "a"), result(tmp_path / "b")
+    for name, weight in whole["weights"].items():  # type: ignore[attr-defined]
+        assert torch.equal(resumed["weights"][name], weight), name  # type: ignore[index]
+
+
+def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes_in_place(tmp_path: Path) -> None:
+    """One process (no process group): DCP writes and reads the same directories the ranks of a job do."""
+    from kitlib.engine import sharded
+    from kitlib.machine.distributed import DistEnv
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 1}}, meta={"epoch": 1})
+    found = checkpoint.latest(tmp_path, "last")
+    assert found is not None and sharded.is_sharded(found)
+    whole = checkpoint.load(found)  # what 03 reads: every weight, gathered
+    assert whole.meta["epoch"] == 1
+    for name, weight in model.state_dict().items():
+        assert torch.equal(whole.weights[name], weight)
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    fresh(torch.randn(3, 4)).sum().backward()
+    fresh_opt.step()  # its own state, replaced by the checkpoint's
+    snap = sharded.load_into(found, fresh, fresh_opt)
+    assert snap.state is not None and snap.state["run"] == {"step": 1}
+    for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(fresh_opt.state[a]["exp_avg"], optimizer.state[b]["exp_avg"])
+    (found / "__0_0.distcp").unlink()  # a shard lost: not a checkpoint any more
+    assert checkpoint.latest(tmp_path, "last") is None
+
+
+def test_setup_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: Path, capsys, cpu_hw) -> None:  # type: ignore[no-untyped-def]
+    from sft_fixtures import sft_frame, write_competition
+
+    from kitlib.notebook import stages
+
+    data = write_competition(tmp_path / "data", sft_frame(40))
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", task="causal-lm",
+                      text="prompt", target="response", metric="exact_match", hardware="8xH100",
+                      strategy="fsdp")  # fmt: skip
+    run = stages.setup(p, cpu_hw)
+    assert (run.world_size, run.config.strategy) == (8, "fsdp")
+    said = capsys.readouterr().out
+    assert f"torchrun --standalone --nproc_per_node 8 -m kitlib train --work-dir {p.work_dir}" in said
+    assert any(r.startswith("strategy fsdp: as requested") for r in run.reasons)
+
+
+@pytest.mark.slow  # ~4 min: 00 and 01 here, then 02 under torchrun (2 processes) twice, DDP and FSDP, and 03 each
+def test_the_train_command_under_torchrun_then_03_unchanged_fsdp_equals_ddp(tmp_path: Path) -> None:
+    from sft_fixtures import llama_folder, sft_frame, write_competition
+
+    from kitlib.machine.hardware import detect
+    from kitlib.notebook import stages, training
+    from kitlib.notebook.params import load_params
+
+    train = sft_frame(48)
+    data = write_competition(tmp_path / "data", train)
+    folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], positions=256)
+    submissions = {}
+    for strategy in ("ddp", "fsdp"):
+        work = tmp_path / strategy
+        p = stages.params(data_dir=data, work_dir=work, preset="smoke", model=str(folder), task="causal-lm",
+                          text="prompt", target="response", metric="exact_match", strategy=strategy)  # fmt: skip
+        stages.setup(p, detect())
+        stages.features(p, hw=detect(), quiet=True)
+        cmd = ["torchrun", "--standalone", "--nproc_per_node", "2", "-m", "kitlib", "train", "--work-dir", str(work)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "stopped: completed" in proc.stdout
+        ran = json.loads((work / "run" / "config.json").read_text())
+        assert (ran["strategy"], ran["world_size"]) == (strategy, 2)
+        assert sharded_dir(work / "run" / "best") == (strategy == "fsdp")
+        submissions[strategy] = training.infer(load_params(work))
+    assert submissions["fsdp"].equals(submissions["ddp"])
+
+
+def sharded_dir(directory: Path) -> bool:
+    from kitlib.engine import sharded
+
+    return sharded.is_sharded(directory)
