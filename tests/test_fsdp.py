@@ -166,3 +166,27 @@ def sharded_dir(directory: Path) -> bool:
     from kitlib.engine import sharded
 
     return sharded.is_sharded(directory)
+
+
+@pytest.mark.parametrize("preset", ["balanced", "best"])
+def test_strategy_none_takes_the_plans_fsdp_where_the_run_fits_the_gpus_only_sharded(
+    tmp_path: Path, cpu_hw, preset: str
+) -> None:  # type: ignore[no-untyped-def]
+    # A 7B full fine-tune on 8xH100 needs ~122 GB a GPU whole, ~55 GB sharded (tests/test_memory_plan.py): strategy
+    # None (the plan's) is FSDP there; a strategy asked for by name, or one GPU, keeps what was asked.
+    import dataclasses
+
+    from sft_fixtures import sft_frame, write_competition
+
+    from kitlib.notebook import stages
+
+    data = write_competition(tmp_path / "data", sft_frame(40))
+    p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset=preset, model="tiny", task="causal-lm",
+                      text="prompt", target="response", metric="exact_match", hardware="8xH100")  # fmt: skip
+    p = dataclasses.replace(p, model="llama-7b")  # the plan's known 7B shape (no weights are read)
+    run = stages.resolve_run(p, cpu_hw, lengths=[1536] * 200)
+    assert (run.world_size, run.config.strategy) == (8, "ddp")
+    planned = stages.planned_strategy(p, cpu_hw, run)
+    assert planned.config.strategy == "fsdp" and planned.reasons[-1].startswith("strategy fsdp: the plan's")
+    asked = dataclasses.replace(p, strategy="ddp")
+    assert stages.planned_strategy(asked, cpu_hw, stages.resolve_run(asked, cpu_hw)).config.strategy == "ddp"

@@ -25,7 +25,14 @@ from kitlib.data.cache import Cache
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
-from kitlib.doctor.memory_plan import GENERATING, KNOWN_MODELS, checkpointing_needed, model_config, run_line
+from kitlib.doctor.memory_plan import (
+    GENERATING,
+    KNOWN_MODELS,
+    checkpointing_needed,
+    model_config,
+    planned_parallel,
+    run_line,
+)
 from kitlib.errors import KitError, SetupError
 from kitlib.machine.hardware import check_torch_supports, cuda_devices, detect, fake_profile
 from kitlib.machine.precision import PrecisionPlan, decide_stage_precision
@@ -100,7 +107,7 @@ def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | Non
     data = read_competition(p, run)
     _check_enough_rows(data.train[p.target], data.spec, run, p)
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
-    run = planned_checkpointing(p, hw, run)
+    run = planned_strategy(p, hw, planned_checkpointing(p, hw, run))
     p.work_dir.mkdir(parents=True, exist_ok=True)
     run.save(p.work_dir)
     chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
@@ -322,6 +329,23 @@ def _built_by_task(p: Params) -> bool:
     from scratch), or a task's own model (custom)."""
     kind = task_entry(p.task).model_kind
     return not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING)
+
+
+def planned_strategy(p: Params, hw: HardwareInfo, run: ResolvedRun) -> ResolvedRun:
+    """``run`` sharded with FSDP where ``strategy`` is None (the plan's) and the memory plan fits its settings on the
+    planned GPUs only sharded (kitlib.doctor.memory_plan.planned_parallel); else ``run`` (DDP)."""
+    if p.strategy or run.world_size == 1 or run.config.strategy == "fsdp" or _built_by_task(p):
+        return run
+    try:
+        chosen = planned_parallel(p.model, task_entry(p.task).model_kind, planning_hw(p, hw), run)
+    except KitError:  # no plan for this model: DDP, as resolved
+        return run
+    if chosen != "fsdp":
+        return run
+    why = "strategy fsdp: the plan's: the weights, gradients and optimizer state fit these GPUs only sharded"
+    print(why)
+    reasons = (*(r for r in run.reasons if not r.startswith("strategy ")), why)
+    return dataclasses.replace(run, config=dataclasses.replace(run.config, strategy="fsdp"), reasons=reasons)
 
 
 def planned_checkpointing(p: Params, hw: HardwareInfo, run: ResolvedRun) -> ResolvedRun:
@@ -556,7 +580,7 @@ def features(
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
     if run.config.max_length != shown.config.max_length:
         log(_max_length_changed(shown, run))
-    run = planned_checkpointing(p, hw, run)  # at the tokenizer's length
+    run = planned_strategy(p, hw, planned_checkpointing(p, hw, run))  # at the tokenizer's length
     run = workload.tune(run, lengths, model)
     _check_enough_rows(train[p.target], spec, run, p)
     if spec.kind == "regression":
