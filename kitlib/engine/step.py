@@ -67,6 +67,11 @@ class StepLedger:
         dtype = torch.float64 if device.type == "cpu" else torch.float32
         self.table = torch.tensor(values, dtype=dtype).to(device)
         self.last = total_steps
+        self.constant = all(row == values[0] for row in values)  # the groups' floats are every step's LR
+        # record's constants: counts * (keep + s * keep_skip) + (add + s * add_skip)
+        self._keep, self._keep_skip, self._add, self._add_skip = torch.tensor(
+            [[1, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1], [-1, 1, 1, -1]], dtype=torch.float64, device=device
+        ).unbind()
         # applied, skipped, current skipped streak, this window applied (1/0): float64 counts are exact to 2**53
         self.counts = torch.zeros(4, dtype=torch.float64, device=device)
 
@@ -76,7 +81,11 @@ class StepLedger:
     @contextlib.contextmanager
     def scheduled_lr(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
         """Each param group's LR as a device tensor at the applied count, during ``optimizer.step()`` only: between
-        steps the groups keep the scheduler's floats (state_dict, get_last_lr) as fit settles it."""
+        steps the groups keep the scheduler's floats (state_dict, get_last_lr) as fit settles it. A constant schedule
+        keeps its floats: the lookup (4 small ops, ~20 us a step on CPU) would find the same value."""
+        if self.constant:
+            yield
+            return
         at = self.counts[:1].long().clamp_(max=self.last)
         lrs: Any = self.table.index_select(0, at)[0]
         if not getattr(optimizer, "_step_supports_amp_scaling", False):
@@ -91,13 +100,12 @@ class StepLedger:
                 group["lr"] = value
 
     def record(self, found_inf: torch.Tensor) -> torch.Tensor:
-        """Count one window's outcome on the device; returns its applied flag (a 0-d bool tensor)."""
+        """Count one window's outcome on the device; returns its applied flag (a 0-d bool tensor). One multiply-add
+        on the 4 counts: applied += 1-s, skipped += s, streak = (streak+1)*s, window = 1-s (s: 1.0 when skipped)."""
         skip = found_inf.double()
-        applied, skipped, streak, window = self.counts.unbind()
-        applied.add_(1 - skip)
-        skipped.add_(skip)
-        streak.add_(1).mul_(skip)
-        window.copy_(1 - skip)
+        self.counts.mul_(torch.addcmul(self._keep, skip, self._keep_skip)).add_(
+            torch.addcmul(self._add, skip, self._add_skip)
+        )
         return skip == 0
 
     def read(self) -> tuple[int, int, int, bool]:
@@ -141,14 +149,18 @@ def train_window(
         # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
         # gradients over ranks, hence the world_size factor.
         total = distributed.all_reduce_sum(counts.sum(), env)
-    loss_sum = torch.zeros((), device=params[0].device)
-    for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
+    # One micro-batch on one process: its weight is exactly 1 (count / count), so no scaling ops (~4 a step).
+    alone = len(window) == 1 and not env.enabled
+    loss_sum: torch.Tensor | None = None
+    for i, (batch, count) in enumerate(zip(window, counts.unbind(), strict=True)):
         with distributed.sync_context(model, sync=i == len(window) - 1):
             with timer.phase("forward"), precision.autocast():
                 loss = loss_fn(model, batch)
             with timer.phase("backward"):
-                precision.backward(loss * (count * env.world_size / total))
-        loss_sum += loss.detach().float() * count
+                precision.backward(loss if alone else loss * (count * env.world_size / total))
+        weighted = loss.detach().float() * count
+        loss_sum = weighted if loss_sum is None else loss_sum.add_(weighted)
+    assert loss_sum is not None  # a window holds at least one micro-batch
     with timer.phase("optimizer"):
         precision.unscale_(optimizer)
         norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True)
@@ -165,31 +177,31 @@ class EpochLoss:
     host sync). A checkpoint holds it as ``epoch_loss_sum``/``epoch_items`` floats (float64: exact both ways)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.loss = torch.zeros((), dtype=torch.float64, device=device)
-        self.items = torch.zeros((), dtype=torch.float64, device=device)
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, items
+        self.loss, self.items = self.sums.unbind()  # views: they read and write the sums
         self.marked = (0.0, 0.0)  # the sums at the last log (or the epoch's start): a log's loss is the window's
 
     def add(self, applied: torch.Tensor, loss_sum: torch.Tensor, items: torch.Tensor) -> None:
-        self.loss += torch.where(applied, loss_sum, 0.0)  # where, not *: a skipped step's loss may be nan
-        self.items += torch.where(applied, items, 0.0)
+        # where, not *: a skipped step's loss may be nan. One stacked pair: 3 small ops a step, not 4.
+        self.sums.add_(torch.where(applied, torch.stack([loss_sum, items]), 0.0))
 
     def mean(self) -> float:
         """The epoch's mean loss so far (nan before any item)."""
-        items = float(self.items)
-        return float(self.loss) / items if items else math.nan
+        loss, items = self.sums.tolist()
+        return loss / items if items else math.nan
 
     def mark(self) -> None:
-        self.marked = (self.loss.item(), self.items.item())
+        loss, items = self.sums.tolist()  # one read of both sums
+        self.marked = (loss, items)
 
     def since_mark(self) -> float:
         """The mean loss since the last ``mark`` (or call of this), then marks."""
-        (loss, items), (before, before_items) = (self.loss.item(), self.items.item()), self.marked
+        (loss, items), (before, before_items) = self.sums.tolist(), self.marked
         self.marked = (loss, items)
         return (loss - before) / max(items - before_items, 1e-12)
 
     def reset(self) -> None:
-        self.loss.zero_()
-        self.items.zero_()
+        self.sums.zero_()
 
     def state_dict(self) -> dict[str, float]:
         return {"epoch_loss_sum": float(self.loss), "epoch_items": float(self.items)}
