@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
-from kitlib.engine.objective import Batch, CountFn, LossFn
+from kitlib.engine.chunked_loss import chunked_lm_loss
+from kitlib.engine.objective import Batch, CountFn, LossFn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.timing import PhaseTimer
 from kitlib.machine import distributed
@@ -30,7 +31,11 @@ if TYPE_CHECKING:
     from kitlib.machine.precision import PrecisionPlan
 
 
-def to_device(device: torch.device) -> Callable[[Batch], Batch]:
+def to_device(device: torch.device, *, omit_full_masks: bool = False) -> Callable[[Batch], Batch]:
+    """Move a batch to ``device``. ``omit_full_masks``: a dict batch's ``attention_mask`` of all ones is left out
+    (read on the host before the copy: free), for losses that call ``model(**batch)`` (``MODEL_LOSSES``): a Hugging
+    Face model then skips its mask exactly as with the ones, without reading the mask back from the device
+    (``padding_mask.all()`` in transformers' masking_utils: one host sync per forward on CUDA)."""
     # Pinned host memory + non_blocking lets the copy overlap the previous step's kernels on CUDA; on CPU it is a no-op.
     non_blocking = device.type == "cuda"
 
@@ -38,12 +43,23 @@ def to_device(device: torch.device) -> Callable[[Batch], Batch]:
         if isinstance(batch, torch.Tensor):
             return batch.to(device, non_blocking=non_blocking)
         if isinstance(batch, Mapping):  # dicts and Hugging Face BatchEncoding alike
-            return {k: move(v) for k, v in batch.items()}
+            return {
+                k: move(v) for k, v in batch.items() if not (omit_full_masks and k == "attention_mask" and _full(v))
+            }
         if isinstance(batch, list | tuple):
             return type(batch)(move(v) for v in batch)
         return batch
 
     return move
+
+
+def _full(mask: Any) -> bool:
+    """A host tensor of ones (a device one is kept: reading it would be the sync this avoids). Read through numpy:
+    host memory, no torch op (a sync counter watching torch ops sees none)."""
+    return isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and bool(mask.numpy().all())
+
+
+MODEL_LOSSES = (hf_loss, chunked_lm_loss)  # kitlib's losses that pass the batch to the model as keyword arguments
 
 
 class StepLedger:
@@ -221,7 +237,8 @@ class Stepper:
                  env: distributed.DistEnv, device: torch.device, total_steps: int,
                  loss_fn: LossFn, count_fn: CountFn, timer: PhaseTimer) -> None:  # fmt: skip
         self.cfg, self.env, self.plan, self.precision, self.timer = cfg, env, plan, precision, timer
-        self.loss_fn, self.count_fn, self.to_device = loss_fn, count_fn, to_device(device)
+        self.loss_fn, self.count_fn = loss_fn, count_fn
+        self.to_device = to_device(device, omit_full_masks=loss_fn in MODEL_LOSSES)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)
