@@ -471,6 +471,29 @@ def check_throughput(ctx: Ctx) -> None:
     ctx.note(f"fit/bare {ratio:.2f}")
 
 
+# --------------------------------------------------------------------------------- per-step overhead (issue 49)
+def check_step_overhead(ctx: Ctx) -> None:
+    """fit vs a bare loop at a ~3 ms step (bench_engine's small classifier: hidden 32, 1 layer, batch 4 x 16), fp32
+    both, interleaved, medians of 3: what kitlib does around a short step decides its speed there."""
+    from bench_engine import make_model
+
+    steps, warm = ctx.size((30, 5), (400, 50))
+    batches = pinned(class_batches(steps, 4, 16, vocab=8000))
+    fits, bares = [], []
+    for _ in range(3):
+        fits.append(fit_speed(make_model(32, 1), batches, _cfg(precision="fp32"), warm=warm))
+        bares.append(bare_speed(make_model(32, 1), batches, "fp32", warm=warm))
+    fit_ms = sorted(r["step_ms"] for r in fits)[1]
+    bare_ms = sorted(r["step_ms"] for r in bares)[1]
+    ratio = bare_ms / fit_ms
+    ctx.figure("step_ms_fit", fit_ms)
+    ctx.figure("step_ms_bare", bare_ms)
+    ctx.figure("fit_over_bare", round(ratio, 3))
+    if cuda():
+        ctx.claim(ratio >= 0.97, f"fit keeps >= 0.97 of a bare loop's speed at a {bare_ms:.1f} ms step ({ratio:.3f})")
+    ctx.note(f"fit/bare {ratio:.3f} at {bare_ms:.2f} ms a step")
+
+
 # ------------------------------------------------------------------------------------------------- compile (8)
 def check_compile(ctx: Ctx) -> None:
     from torch._dynamo.utils import counters
@@ -1161,6 +1184,14 @@ CHECKS: list[Check] = [
         "cuda",
         "host syncs exist only with a device",
         gpu_s=20,
+    ),
+    Check(
+        "step_overhead",
+        "fit vs a bare loop at a ~3 ms step (the small classifier): fit's host work per step",
+        check_step_overhead,
+        "",
+        gpu_s=45,
+        cpu_s=120,  # 6 fits and bare loops at quick sizes, a loaded 2-core CPU (72 s timed out on 2026-11-28)
     ),
     Check(
         "throughput",

@@ -44,7 +44,8 @@ def probe_machine() -> dict[str, Any]:
     code = (
         "import json, os, torch\n"
         "n = torch.cuda.device_count() if torch.cuda.is_available() else 0\n"
-        "print(json.dumps({'gpus': n, 'cpus': os.cpu_count(), 'torch': torch.__version__}))\n"
+        "name = torch.cuda.get_device_name(0) if n else ''\n"
+        "print(json.dumps({'gpus': n, 'cpus': os.cpu_count(), 'torch': torch.__version__, 'gpu_name': name}))\n"
     )
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -186,6 +187,8 @@ def markdown(data: dict[str, Any]) -> str:
         cell = str(why).replace("|", "/").replace("\n", " ")[:300]
         lines.append(f"| {r['name']} | {r.get('finding', '')} | {r['status']} | {r.get('seconds', '')} | {cell} |")
     lines.append("")
+    if data.get("closing_note"):
+        lines += [f"**closing note:** {data['closing_note']}", ""]
     for r in data["checks"]:
         lines += [f"## {r['name']}: {r['status']}", "", str(r.get("title", "")), ""]
         for key in ("reason", "error"):
@@ -225,6 +228,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="folder for gpu_suite.json and gpu_suite.md")
     ap.add_argument("--only", default="", help="comma-separated check names")
+    ap.add_argument(
+        "--session",
+        action="store_true",
+        help="the one command for a short GPU window (SESSION, in order "
+        "of value, --deadline 540, report in docs/gpu/<device>-<date>/); on a CPU: its plan, and what runs",
+    )
     ap.add_argument("--part", type=int, default=0, help="run only this part of the plan (1-based; see --list)")
     ap.add_argument("--part-budget", type=float, default=PART_BUDGET_S, help="seconds per part (default 480)")
     ap.add_argument("--list", action="store_true", help="print the checks, estimates and parts, run nothing")
@@ -241,6 +250,36 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
     return ap.parse_args(argv)
+
+
+# A GPU lent for ~15 minutes, at most 10 a command, minutes to start: the checks not run on a GPU since their fix, in
+# order of value (what a wrong result would cost a user first), as ONE command of SESSION_DEADLINE_S (60 s of the 10
+# minutes left for start-up and the copy back). A check that no longer fits is reported as not started.
+SESSION = ("qlora", "oom_backoff", "sync_debug", "step_overhead", "throughput", "fork_launch", "ddp_default_model",
+           "compile", "seq2seq_eval", "demo_custom")  # fmt: skip
+SESSION_DEADLINE_S = 540.0
+
+
+def session(args: argparse.Namespace, machine: dict[str, Any]) -> None:
+    """``--session``: SESSION in its order, the deadline, and the report folder named by device and date."""
+    args.only = ",".join(SESSION)
+    args.deadline = args.deadline or SESSION_DEADLINE_S
+    if args.out is None:
+        # "NVIDIA H200" -> h200 (the folder of the one GPU run so far: docs/gpu/h200-2026-11-26)
+        words = str(machine.get("gpu_name") or "cpu").lower().replace("nvidia", "").split()
+        args.out = HERE.parent / "docs" / "gpu" / f"{(words or ['gpu'])[0]}-{dt.date.today().isoformat()}"
+
+
+def session_plan(checks: Sequence[Any], gpu: bool, quick: bool, deadline: float) -> list[str]:
+    """Lines: each SESSION check's estimate on a GPU (full sizes) and whether it starts within ``deadline``."""
+    lines, spent = [f"plan for a GPU window: one command, --deadline {deadline:.0f} s, in this order"], 0.0
+    for check in checks:
+        cost = check.gpu_s
+        fits = spent + cost <= deadline
+        spent += cost if fits else 0.0
+        lines.append(f"  {check.name:<20} ~{cost:4.0f} s on a GPU  {'runs' if fits else 'left for a second command'}")
+    lines.append(f"  estimated total {spent:.0f} s of {deadline:.0f} s")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -266,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = probe_machine()
     if args.gpus is not None:
         machine["gpus"] = args.gpus
+    if args.session:
+        session(args, machine)
+        wanted = list(SESSION)
     gpu = int(machine.get("gpus", 0)) > 0
     quick = (not gpu) if args.quick is None else bool(args.quick)
     parts = make_parts(checks, machine, quick, args.part_budget)
@@ -278,6 +320,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not 1 <= args.part <= len(parts):
             raise SystemExit(f"--part {args.part}: the plan has parts 1..{len(parts)} (see --list)")
         selected, selection = parts[args.part - 1], f"part {args.part} of {len(parts)}"
+    elif args.session:
+        by_name = {c.name: c for c in checks}
+        selected, selection = [by_name[n] for n in SESSION], "session (in order of value)"
+        print("\n".join(session_plan(selected, gpu, quick, args.deadline)), flush=True)
     elif wanted:
         selected, selection = [c for c in checks if c.name in wanted], f"only {','.join(wanted)}"
     else:
@@ -325,6 +371,13 @@ def run(checks: Sequence[Any], args: argparse.Namespace, machine: dict[str, Any]
             write_report(args.out, machine, results, meta)
     failed = [r["name"] for r in results if r["status"] == "failed"]
     took = time.perf_counter() - began
+    ran = [r["name"] for r in results if r["status"] not in ("skipped",)]
+    meta["closing_note"] = (
+        f"{'a GPU was available' if gpu else 'no GPU was available'}: ran {', '.join(ran) or 'nothing'} in {took:.0f} s"
+        f"{'' if gpu else ' (CPU, quick sizes); the GPU checks were skipped and wait for a GPU window'}"
+    )
+    write_report(args.out, machine, results, meta)
+    print(f"gpu_suite: {meta['closing_note']}")
     print(f"gpu_suite: {len(results)} checks in {took:.0f} s; failed: {', '.join(failed) or 'none'}")
     print(f"report: {args.out / 'gpu_suite.md'}")
     return 1 if (args.strict and failed) else 0

@@ -201,3 +201,26 @@ def test_the_grad_scaler_watch_records_each_steps_outcome_as_a_bool() -> None:
         loss_fn=loss_fn, callbacks=[watch])  # fmt: skip
     assert watch.applied[1] is False and watch.applied[0] is True and watch.applied[2] is True
     assert json.loads(json.dumps(watch.applied)) == [True, False, True]
+
+
+def test_the_session_is_declared_checks_in_order_within_one_command() -> None:
+    """--session: every name a declared check, in SESSION's order; the report folder named by the GPU and the date
+    (docs/gpu/h200-<date>, as the 2026-11-26 run); the plan says what the 540 s command leaves for a second one."""
+    import argparse
+    import datetime as dt
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_suite
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    by_name = {c.name: c for c in _checks_module().CHECKS}
+    assert set(gpu_suite.SESSION) <= set(by_name), set(gpu_suite.SESSION) - set(by_name)
+    assert "step_overhead" in gpu_suite.SESSION
+    args = argparse.Namespace(only="", deadline=0.0, out=None)
+    gpu_suite.session(args, {"gpus": 1, "gpu_name": "NVIDIA H200"})
+    assert args.only.split(",") == list(gpu_suite.SESSION) and args.deadline == gpu_suite.SESSION_DEADLINE_S
+    assert args.out == ROOT / "docs" / "gpu" / f"h200-{dt.date.today().isoformat()}"
+    plan = gpu_suite.session_plan([by_name[n] for n in gpu_suite.SESSION], True, False, 100.0)
+    assert plan[1].split()[0] == gpu_suite.SESSION[0] and "runs" in plan[1]
+    assert any("second command" in line for line in plan)

@@ -372,3 +372,54 @@ def test_ddp_ranks_wait_together_for_a_long_full_eval(tmp_path: Any) -> None:
     proc = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "scores.0").read_text() == "[1.0, 1.0]"
+
+
+# ----------------------------------------------------------------- issue 49: no sync inside the models and losses
+
+
+def _hf_batches(kind: str, n: int) -> list[dict[str, torch.Tensor]]:
+    """Unpadded rows (masks of ones, as packed or equal-length batches): the prompt's labels -100 for a causal LM."""
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(n):
+        ids = torch.randint(3, 97, (4, 12), generator=g)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if kind == "bert":
+            batch["labels"] = torch.randint(0, 2, (4,), generator=g)
+        elif kind == "t5":
+            batch["labels"] = torch.randint(3, 97, (4, 7), generator=g)
+        else:
+            batch["labels"] = torch.where(torch.arange(12) < 4, -100, ids)
+        batches.append(batch)
+    return batches
+
+
+@pytest.mark.parametrize("kind, loss", [("bert", "hf"), ("llama", "hf"), ("llama", "chunked"), ("t5", "hf"),
+                                        ("t5", "chunked")])  # fmt: skip
+def test_hugging_face_models_and_losses_make_no_host_sync_between_logs(kind: str, loss: str, cpu_hw: Any) -> None:
+    """The counter sees inside transformers (its mask code's ``padding_mask.all()``) and the losses: 0 syncs in every
+    window that does not log, for a classifier, a causal LM (its own loss and the chunked one) and seq2seq. On main:
+    one or two a window (the mask check in every forward; the chunked loss's boolean gather)."""
+    from sync_counter import counting_syncs
+    from test_chunked_loss import _model
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from kitlib.engine.chunked_loss import chunked_lm_loss
+
+    if kind == "bert":
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64, num_labels=2)  # fmt: skip
+        model = BertForSequenceClassification(config)
+    else:
+        model = _model(kind)
+    cfg = _cfg(micro_batch_size=4, log_every_steps=10, grad_accum_steps=2, lr=1e-3)
+    loader = DataLoader(_hf_batches(kind, 40), batch_size=None)  # pre-built batches, yielded as they are
+    with counting_syncs() as mode:
+        probe = _SyncsPerStep(mode)  # type: ignore[arg-type]
+        fit(model, loader, config=cfg, loss_fn=chunked_lm_loss if loss == "chunked" else None, hw=cpu_hw,
+            callbacks=[probe])  # fmt: skip
+    assert len(probe.per_step) == 20
+    steady = [n for i, (n, logged) in enumerate(zip(probe.per_step, probe.logged, strict=True)) if i and not logged]
+    assert len(steady) >= 16
+    assert sum(steady) == 0, f"host syncs in windows that do not log: {probe.per_step}; where: {dict(mode.where)}"

@@ -1,13 +1,13 @@
 """The language-model loss without the batch x length x vocabulary logits: the LM head and cross-entropy run in chunks
-over the target tokens only.
+over the target positions.
 
 A causal LM's own loss projects every position onto the vocabulary: with a 50k vocabulary at 1,024 tokens that is
-200 MB of fp32 logits per row, kept for backward with the log-softmax's as many again, and the prompt's positions are
-projected for nothing (their labels are -100). Here the model runs up to its LM head (the head's input is captured and
-the head returns a zero-stride placeholder, so no logits exist), the hidden states of the scored positions are
-gathered, and each chunk of ``chunk`` of them is projected and scored under activation checkpointing: backward
-recomputes one chunk's logits at a time. The loss is the same token-weighted mean of the model's own loss (-100
-ignored, a causal LM's labels shifted by one), and so are the gradients.
+200 MB of fp32 logits per row, kept for backward with the log-softmax's as many again. Here the model runs up to its
+LM head (the head's input is captured and the head returns a zero-stride placeholder, so no logits exist), and each
+chunk of ``chunk`` positions is projected and scored under activation checkpointing: backward recomputes one chunk's
+logits at a time. No host sync: the positions are not gathered by their labels (that reads the count on the host).
+The loss is the same token-weighted mean of the model's own loss (-100 ignored, a causal LM's
+labels shifted by one), and so are the gradients.
 
 Models whose head is a plain projection are handled (LOSS_CHUNK_MODELS); any other falls back to the model's own
 ``.loss`` (Gemma's logit soft-capping or BART's final_logits_bias act on the logits after the head).
@@ -57,22 +57,21 @@ def chunked_lm_loss(model: nn.Module, batch: Batch, *, chunk: int | None = None)
         targets = labels
     with _head_input(core) as captured:
         model(**inputs)  # through the wrapper (DDP's hooks), up to the head
-    hidden = captured[0][:, : targets.shape[1]]  # causal: the last position predicts nothing
-    scored = targets != IGNORE_INDEX
-    # Boolean indexing reads the count on the host (one sync per micro-batch): the price of never projecting the
-    # prompt's positions.
-    hidden, targets = hidden[scored], targets[scored]
+    hidden = captured[0][:, : targets.shape[1]].flatten(0, 1)  # causal: the last position predicts nothing
+    targets = targets.flatten()
     head = core.get_output_embeddings()  # type: ignore[operator]
     chunk = chunk or chunk_tokens(head.out_features)
-    if len(targets) == 0:  # nothing scored: a zero that keeps the graph (and DDP's hooks) whole
-        return hidden.sum() * 0.0
+    # Every position in fixed chunks, the unscored ones ignored (-100): no boolean indexing, whose nonzero reads the
+    # count on the host (a sync per micro-batch). The price: the prompt's positions are projected too (its share of
+    # the head's FLOPs); their logits still never exist beyond one chunk. The divisor stays on the device.
     total = sum(
         torch.utils.checkpoint.checkpoint(
             _chunk_loss, hidden[i : i + chunk], head.weight, head.bias, targets[i : i + chunk], use_reentrant=False
         )
         for i in range(0, len(targets), chunk)
     )
-    return total / len(targets)
+    # nothing scored: 0 / 1, a zero that keeps the graph (and DDP's hooks) whole
+    return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
 
 def chunkable(model: nn.Module) -> bool:
@@ -85,7 +84,8 @@ def chunkable(model: nn.Module) -> bool:
 
 def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor) -> Any:
     # fp32 logits, as the model's own loss upcasts them: the log-softmax over 50k classes loses digits in half
-    return F.cross_entropy(F.linear(hidden, weight, bias).float(), targets, reduction="sum")
+    logits = F.linear(hidden, weight, bias).float()
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 @contextlib.contextmanager

@@ -85,11 +85,14 @@ class Callback:
 class Events:
     """Calls one event on every callback that defines it, sorted by ``order`` (stable: list order between equals).
     Objects that do not subclass Callback work too (the hooks they define are called, order 0 unless they have
-    one): a callback need not import kitlib."""
+    one): a callback need not import kitlib. Callback's own no-ops are not called: an event no callback listens to
+    costs one empty loop (per step that matters: ~1 us a hook at a 3 ms step)."""
 
     def __init__(self, callbacks: Sequence[object]) -> None:
         self.callbacks = tuple(sorted(callbacks, key=lambda cb: getattr(cb, "order", 0)))
-        self._hooks = {e: [h for cb in self.callbacks if callable(h := getattr(cb, e, None))] for e in EVENTS}
+        self._hooks = {e: [h for cb in self.callbacks if _listens(cb, e) and callable(h := getattr(cb, e))]
+                       for e in EVENTS}  # fmt: skip
+        self.step_hooks = tuple(self._hooks["on_step_end"])
 
     def _fire(self, event: str, *args: Any) -> None:
         for hook in self._hooks[event]:
@@ -102,7 +105,8 @@ class Events:
         self._fire("on_epoch_start", loop)
 
     def on_step_end(self, step: StepEnd) -> None:
-        self._fire("on_step_end", step)
+        for hook in self.step_hooks:
+            hook(step)
 
     def on_log(self, metrics: Mapping[str, float]) -> None:
         self._fire("on_log", metrics)
@@ -118,3 +122,11 @@ class Events:
 
     def on_fit_end(self, loop: Loop) -> None:
         self._fire("on_fit_end", loop)
+
+
+def _listens(callback: object, event: str) -> bool:
+    """Whether ``callback`` defines ``event`` itself (or on its instance), not only inherits Callback's no-op."""
+    if event in getattr(callback, "__dict__", {}):
+        return True
+    hook = getattr(type(callback), event, None)
+    return hook is not None and hook is not getattr(Callback, event)

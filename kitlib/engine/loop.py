@@ -381,6 +381,10 @@ class Loop:
     def step(self, window: list[Batch], started: float, fetch_s: float) -> StepEnd:
         applied = self.stepper.run(window, self.model, self.raw_model, self.state)
         shapes = frozenset(tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b)
+        if len(window) == 1:  # no sum(): 0 + a device count is one more small op a step
+            (batch,) = window
+            return StepEnd(applied, 1, rows(batch), real_tokens(batch), computed_tokens(batch), shapes, started,
+                           fetch_s, time.perf_counter() - started)  # fmt: skip
         return StepEnd(applied, len(window), sum(rows(b) for b in window), sum(real_tokens(b) for b in window),
                        sum(computed_tokens(b) for b in window), shapes, started, fetch_s,
                        time.perf_counter() - started)  # fmt: skip

@@ -18,7 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
-from kitlib.engine.objective import Batch, CountFn, LossFn
+from kitlib.engine.chunked_loss import chunked_lm_loss
+from kitlib.engine.objective import Batch, CountFn, LossFn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.timing import PhaseTimer
 from kitlib.machine import distributed
@@ -30,7 +31,11 @@ if TYPE_CHECKING:
     from kitlib.machine.precision import PrecisionPlan
 
 
-def to_device(device: torch.device) -> Callable[[Batch], Batch]:
+def to_device(device: torch.device, *, omit_full_masks: bool = False) -> Callable[[Batch], Batch]:
+    """Move a batch to ``device``. ``omit_full_masks``: a dict batch's ``attention_mask`` of all ones is left out
+    (read on the host before the copy: free), for losses that call ``model(**batch)`` (``MODEL_LOSSES``): a Hugging
+    Face model then skips its mask exactly as with the ones, without reading the mask back from the device
+    (``padding_mask.all()`` in transformers' masking_utils: one host sync per forward on CUDA)."""
     # Pinned host memory + non_blocking lets the copy overlap the previous step's kernels on CUDA; on CPU it is a no-op.
     non_blocking = device.type == "cuda"
 
@@ -38,12 +43,23 @@ def to_device(device: torch.device) -> Callable[[Batch], Batch]:
         if isinstance(batch, torch.Tensor):
             return batch.to(device, non_blocking=non_blocking)
         if isinstance(batch, Mapping):  # dicts and Hugging Face BatchEncoding alike
-            return {k: move(v) for k, v in batch.items()}
+            return {
+                k: move(v) for k, v in batch.items() if not (omit_full_masks and k == "attention_mask" and _full(v))
+            }
         if isinstance(batch, list | tuple):
             return type(batch)(move(v) for v in batch)
         return batch
 
     return move
+
+
+def _full(mask: Any) -> bool:
+    """A host tensor of ones (a device one is kept: reading it would be the sync this avoids). Read through numpy:
+    host memory, no torch op (a sync counter watching torch ops sees none)."""
+    return isinstance(mask, torch.Tensor) and mask.device.type == "cpu" and bool(mask.numpy().all())
+
+
+MODEL_LOSSES = (hf_loss, chunked_lm_loss)  # kitlib's losses that pass the batch to the model as keyword arguments
 
 
 class StepLedger:
@@ -67,6 +83,11 @@ class StepLedger:
         dtype = torch.float64 if device.type == "cpu" else torch.float32
         self.table = torch.tensor(values, dtype=dtype).to(device)
         self.last = total_steps
+        self.constant = all(row == values[0] for row in values)  # the groups' floats are every step's LR
+        # record's constants: counts * (keep + s * keep_skip) + (add + s * add_skip)
+        self._keep, self._keep_skip, self._add, self._add_skip = torch.tensor(
+            [[1, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1], [-1, 1, 1, -1]], dtype=torch.float64, device=device
+        ).unbind()
         # applied, skipped, current skipped streak, this window applied (1/0): float64 counts are exact to 2**53
         self.counts = torch.zeros(4, dtype=torch.float64, device=device)
 
@@ -76,7 +97,11 @@ class StepLedger:
     @contextlib.contextmanager
     def scheduled_lr(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
         """Each param group's LR as a device tensor at the applied count, during ``optimizer.step()`` only: between
-        steps the groups keep the scheduler's floats (state_dict, get_last_lr) as fit settles it."""
+        steps the groups keep the scheduler's floats (state_dict, get_last_lr) as fit settles it. A constant schedule
+        keeps its floats: the lookup (4 small ops, ~20 us a step on CPU) would find the same value."""
+        if self.constant:
+            yield
+            return
         at = self.counts[:1].long().clamp_(max=self.last)
         lrs: Any = self.table.index_select(0, at)[0]
         if not getattr(optimizer, "_step_supports_amp_scaling", False):
@@ -91,13 +116,12 @@ class StepLedger:
                 group["lr"] = value
 
     def record(self, found_inf: torch.Tensor) -> torch.Tensor:
-        """Count one window's outcome on the device; returns its applied flag (a 0-d bool tensor)."""
+        """Count one window's outcome on the device; returns its applied flag (a 0-d bool tensor). One multiply-add
+        on the 4 counts: applied += 1-s, skipped += s, streak = (streak+1)*s, window = 1-s (s: 1.0 when skipped)."""
         skip = found_inf.double()
-        applied, skipped, streak, window = self.counts.unbind()
-        applied.add_(1 - skip)
-        skipped.add_(skip)
-        streak.add_(1).mul_(skip)
-        window.copy_(1 - skip)
+        self.counts.mul_(torch.addcmul(self._keep, skip, self._keep_skip)).add_(
+            torch.addcmul(self._add, skip, self._add_skip)
+        )
         return skip == 0
 
     def read(self) -> tuple[int, int, int, bool]:
@@ -141,14 +165,18 @@ def train_window(
         # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
         # gradients over ranks, hence the world_size factor.
         total = distributed.all_reduce_sum(counts.sum(), env)
-    loss_sum = torch.zeros((), device=params[0].device)
-    for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
+    # One micro-batch on one process: its weight is exactly 1 (count / count), so no scaling ops (~4 a step).
+    alone = len(window) == 1 and not env.enabled
+    loss_sum: torch.Tensor | None = None
+    for i, (batch, count) in enumerate(zip(window, counts.unbind(), strict=True)):
         with distributed.sync_context(model, sync=i == len(window) - 1):
             with timer.phase("forward"), precision.autocast():
                 loss = loss_fn(model, batch)
             with timer.phase("backward"):
-                precision.backward(loss * (count * env.world_size / total))
-        loss_sum += loss.detach().float() * count
+                precision.backward(loss if alone else loss * (count * env.world_size / total))
+        weighted = loss.detach().float() * count
+        loss_sum = weighted if loss_sum is None else loss_sum.add_(weighted)
+    assert loss_sum is not None  # a window holds at least one micro-batch
     with timer.phase("optimizer"):
         precision.unscale_(optimizer)
         norm = distributed.whole(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True))
@@ -167,17 +195,19 @@ class EpochLoss:
     the ranks' losses, one all-reduce."""
 
     def __init__(self, device: torch.device, env: distributed.DistEnv | None = None) -> None:
-        self.loss = torch.zeros((), dtype=torch.float64, device=device)
-        self.items = torch.zeros((), dtype=torch.float64, device=device)
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, items
+        self.loss, self.items = self.sums.unbind()  # views: they read and write the sums
         self.env = env or distributed.DistEnv()
         self.marked = (0.0, 0.0)  # the sums at the last log (or the epoch's start): a log's loss is the window's
 
     def add(self, applied: torch.Tensor, loss_sum: torch.Tensor, items: torch.Tensor) -> None:
-        self.loss += torch.where(applied, loss_sum, 0.0)  # where, not *: a skipped step's loss may be nan
-        self.items += torch.where(applied, items, 0.0)
+        # where, not *: a skipped step's loss may be nan. One stacked pair: 3 small ops a step, not 4.
+        self.sums.add_(torch.where(applied, torch.stack([loss_sum, items]), 0.0))
 
     def _sums(self) -> tuple[float, float]:
-        return distributed.all_reduce_sum(self.loss, self.env).item(), self.items.item()
+        loss = distributed.all_reduce_sum(self.loss, self.env)  # the ranks' losses; items: the global count already
+        total, items = torch.stack([loss, self.items]).tolist()  # one read of both
+        return total, items
 
     def mean(self) -> float:
         """The epoch's mean loss so far (nan before any item)."""
@@ -194,8 +224,7 @@ class EpochLoss:
         return (loss - before) / max(items - before_items, 1e-12)
 
     def reset(self) -> None:
-        self.loss.zero_()
-        self.items.zero_()
+        self.sums.zero_()
 
     def state_dict(self) -> dict[str, float]:
         """Every rank at once: the sums over all ranks."""
@@ -218,7 +247,8 @@ class Stepper:
                  env: distributed.DistEnv, device: torch.device, total_steps: int,
                  loss_fn: LossFn, count_fn: CountFn, timer: PhaseTimer) -> None:  # fmt: skip
         self.cfg, self.env, self.plan, self.precision, self.timer = cfg, env, plan, precision, timer
-        self.loss_fn, self.count_fn, self.to_device = loss_fn, count_fn, to_device(device)
+        self.loss_fn, self.count_fn = loss_fn, count_fn
+        self.to_device = to_device(device, omit_full_masks=loss_fn in MODEL_LOSSES)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)

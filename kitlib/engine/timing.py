@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,18 +47,18 @@ class PhaseTimer:
             self.sampled_steps -= 1
             self._sampling = False
 
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        begin = time.perf_counter()
-        try:
-            yield
-        finally:
-            if self._sampling and self.sync is not None:
-                self.sync()
-            seconds = time.perf_counter() - begin
-            self.add(name, seconds)
-            if self._sampling and name in STEP_PHASES:
-                self.sampled[name] += seconds
+    def phase(self, name: str) -> _Phase:
+        """``with timer.phase(name):`` charges the block's wall time to ``name`` (a small object, not a generator:
+        five of these a step cost ~2 us, a @contextmanager's ~10 us)."""
+        return _Phase(self, name)
+
+    def _close(self, name: str, begin: float) -> None:
+        if self._sampling and self.sync is not None:
+            self.sync()
+        seconds = time.perf_counter() - begin
+        self.add(name, seconds)
+        if self._sampling and name in STEP_PHASES:
+            self.sampled[name] += seconds
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] += seconds
@@ -97,3 +96,16 @@ class PhaseTimer:
 
     def save(self, path: Path) -> None:
         write_atomic(path, json.dumps(self.record(), indent=2, default=str) + "\n")
+
+
+class _Phase:
+    __slots__ = ("begin", "name", "timer")
+
+    def __init__(self, timer: PhaseTimer, name: str) -> None:
+        self.timer, self.name = timer, name
+
+    def __enter__(self) -> None:
+        self.begin = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer._close(self.name, self.begin)
