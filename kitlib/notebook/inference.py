@@ -4,6 +4,7 @@ never training. The published model is checked against the data, and its predict
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -18,18 +19,21 @@ from kitlib.data.featurize import TokenizedTexts, tokenize_texts
 from kitlib.data.tables import TargetSpec, read_table
 from kitlib.errors import MissingRunError, SetupError
 from kitlib.notebook.estimate import duration
-from kitlib.notebook.handoff import FEATURES_FILE, Features
+from kitlib.notebook.handoff import FEATURES_FILE, Features, SideInputs, _load_array
 from kitlib.notebook.params import PARAMS_FILE, Params, kaggle_input, load_params
 from kitlib.notebook.presets import ResolvedRun
-from kitlib.notebook.stages import TOKENIZER_DIR, VALID_FRACTION
+from kitlib.notebook.stages import TOKENIZER_DIR, VALID_FRACTION, splits
 from kitlib.notebook.submission import check_sample_submission
 from kitlib.notebook.tasks import get_task
-from kitlib.notebook.tasks.base import SideInputs
+from kitlib.notebook.tasks.generation import target_limits
+from kitlib.tasks.tabular import Columns
 
 CARD_FILE = "kitlib-model.json"  # what a published run predicts: the inference kernel's check reads it
 RUN_FILES = ("best", "config.json", "timing.json", "baseline.json", "inputs.json", "history.csv", "trees.json")
 KAGGLE_WORKING = "/kaggle/working"
 START_S = 60.0  # seconds to install kitlib, import torch and load the checkpoints, over the per-row time (a guess)
+
+# lazy: transformers (+0.6 s), pandas (+0.2 s): the checks before any work read only JSON (as stages does)
 
 
 def model_card(work_dir: Path) -> dict[str, Any]:
@@ -67,13 +71,7 @@ def model_card(work_dir: Path) -> dict[str, Any]:
 def _generation_limits(work_dir: Path, params: Mapping[str, Any], feats: Mapping[str, Any]) -> dict[str, Any]:
     """A generating run's output limits (kitlib.notebook.tasks.generation.Limits), read from its training targets
     here, so the published run carries them instead of the targets."""
-    import dataclasses
-
     from transformers import AutoTokenizer
-
-    from kitlib.notebook.handoff import _load_array
-    from kitlib.notebook.stages import splits
-    from kitlib.notebook.tasks.generation import target_limits
 
     record = feats["files"]["labels.npy"]
     labels = _load_array(work_dir / "features" / record.get("file", "labels.npy"), record)
@@ -234,8 +232,6 @@ def test_features(p: Params) -> Features:
     state = {**(summary.get("side_state") or {}), **({"limits": card["limits"]} if card.get("limits") else {})}
     side: dict[str, np.ndarray] = {}
     if p.numeric or p.categorical:
-        from kitlib.tasks.tabular import Columns
-
         side = Columns.from_dict(state).transform(test, path=test_path)
     empty = TokenizedTexts(np.zeros(0, np.int32), np.zeros(1, np.int64), max_length)
     spec = TargetSpec.from_dict(summary["spec"])

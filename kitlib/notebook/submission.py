@@ -7,12 +7,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from kitlib._files import write_atomic
 from kitlib.data.tables import check_unique_ids, read_table
 from kitlib.errors import DataError
 
 if TYPE_CHECKING:
     import pandas as pd
+
+# lazy: pandas (+0.2 s): only the check of a written submission needs it; 01's checks read with kitlib.data.tables
 
 
 def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: str, target: str) -> tuple[str, ...]:
@@ -67,7 +71,6 @@ def write_submission(
 def _check_against_sample(submission: pd.DataFrame, sample: pd.DataFrame, name: str) -> None:
     """Kaggle's "Submission Scoring Error" classes, before the file is written: other ids than the sample's, a
     column of text where the sample has numbers, a number that is not finite."""
-    import numpy as np
     import pandas as pd
 
     id_column = next((c for c in sample.columns if c in submission.columns), sample.columns[0])
