@@ -1033,7 +1033,7 @@ def build_infer_kernel(
         "    model_dir, data_dir=data_dir, work_dir=work_dir, inference_limit=inference_limit\n"
         ")\n"
         "feats = inference.test_features(p)  # test.csv only, with the published tokenizer: nothing trains\n"
-        "submission = training.infer(p, feats)\n"
+        "submission = training.infer(p, feats, sample=p.data_dir / p.sample_submission)  # checked as Kaggle scores\n"
         "print(f'wrote {inference.written(p)}: {len(submission)} rows')\n"
     )
     cell: dict[str, Any] = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None}

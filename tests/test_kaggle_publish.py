@@ -111,7 +111,7 @@ def test_the_inference_kernel_is_offline_attaches_competition_model_and_wheels_a
     assert meta["enable_internet"] is False and meta["competition_sources"] == ["movie-reviews"]
     assert meta["dataset_sources"] == ["me/movie-model", "me/kitlib-wheels"] and meta["model_sources"] == []
     code = "".join("".join(c["source"]) for c in json.loads((folder / meta["code_file"]).read_text())["cells"])
-    assert "inference_limit = 2.0" in code and "training.infer(p, feats)" in code and "train(" not in code
+    assert "inference_limit = 2.0" in code and "training.infer(p, feats, sample=" in code and "train(" not in code
     assert main([*args, "--infer-from", "me/movie-model/pyTorch/v1/1"]) == 0  # a Kaggle Model, with its version
     meta = json.loads((folder / kg.METADATA_FILE).read_text())
     assert meta["model_sources"] == ["me/movie-model/pyTorch/v1/1"] and meta["dataset_sources"] == ["me/kitlib-wheels"]

@@ -8,6 +8,7 @@ objects, not branches; nothing in it waits for the GPU (``StepLedger``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, SupportsIndex
@@ -18,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, RandomSampler
 
 from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
+from kitlib.engine.checkpoint import unwrap_model
 from kitlib.engine.chunked_loss import chunked_lm_loss
 from kitlib.engine.objective import Batch, CountFn, LossFn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
@@ -60,6 +62,13 @@ def _full(mask: Any) -> bool:
 
 
 MODEL_LOSSES = (hf_loss, chunked_lm_loss)  # kitlib's losses that pass the batch to the model as keyword arguments
+
+
+def _mask_optional(model: nn.Module) -> bool:
+    """The model's forward takes ``attention_mask`` with a default (a Hugging Face model's None): leaving a mask of
+    ones out means the same there. A user's module that requires one gets it as ever."""
+    found = inspect.signature(unwrap_model(model).forward).parameters.get("attention_mask")
+    return found is not None and found.default is not inspect.Parameter.empty
 
 
 class StepLedger:
@@ -248,7 +257,7 @@ class Stepper:
                  loss_fn: LossFn, count_fn: CountFn, timer: PhaseTimer) -> None:  # fmt: skip
         self.cfg, self.env, self.plan, self.precision, self.timer = cfg, env, plan, precision, timer
         self.loss_fn, self.count_fn = loss_fn, count_fn
-        self.to_device = to_device(device, omit_full_masks=loss_fn in MODEL_LOSSES)
+        self.to_device = to_device(device, omit_full_masks=loss_fn in MODEL_LOSSES and _mask_optional(model))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)

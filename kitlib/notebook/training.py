@@ -599,9 +599,11 @@ def infer(
     *,
     run_dirs: list[Path] | None = None,
     hw: HardwareInfo | None = None,
+    sample: Path | None = None,
 ) -> pd.DataFrame:
     """Predict the test set with the best checkpoint of each run dir (mean of their predictions), check the
-    submission against what 01 saw in sample_submission.csv, and write ``work_dir/submission.csv``."""
+    submission against what 01 saw in sample_submission.csv, and write ``work_dir/submission.csv``. ``sample``: a
+    rerun's sample_submission.csv to check it against too (the inference route; 03 of a chain reads no CSV)."""
 
     hw = hw or detect()
     feats = feats or load_features(p)
@@ -625,7 +627,6 @@ def infer(
     _warn_unbeaten(p.run_dir)
     values = _with_trees(p, feats, workload.submission(workload.combine(predictions), feats.spec))
     submission = pd.DataFrame({p.id: feats.test_ids, p.target: values})
-    sample = p.data_dir / p.sample_submission
     return write_submission(submission, feats.submission_columns, feats.n_test, p.work_dir / "submission.csv", sample)
 
 
