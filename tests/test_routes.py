@@ -110,6 +110,16 @@ REFUSED_ON_THIS_CPU = {  # what 00 says without the rehearsal a cell needs (chec
     "qlora": r"adapter = 'qlora' keeps the weights in 4 bits .* trains on CPU\. Fix: adapter = 'lora'",
     "adamw-kahan": r"optimizer = 'adamw-kahan' .* this run trains in fp32 .*Fix: optimizer = 'adamw'",
 }
+# 4 and 8 GPUs (4xA100-80GB, 8xH100: rented machines whose 02 runs under torchrun, `python -m kitlib train`):
+# tests/test_fsdp.py trains ("none", "adamw") on 4 ranks (2 nodes x 2, DDP and FSDP); the other cells are NOT rehearsed
+# on this CPU (each would fork 4-8 gloo ranks on 2 cores). Listed, so a new world size still fails the matrix test.
+ELSEWHERE = {("none", "adamw", 4): "tests/test_fsdp.py"}
+NOT_REHEARSED = {
+    (adapter, optimizer, world)
+    for adapter in ("none", "lora", "qlora")
+    for optimizer in ("adamw", "adamw8bit", "adamw-kahan")
+    for world in (4, 8)
+} - set(ELSEWHERE)
 MATRIX = [(*cell, hardware, "") for cell, hardware in ROUTES.items()] + [
     (*cell, hardware, reason) for cell, (hardware, reason) in REFUSED.items()
 ]
@@ -174,7 +184,7 @@ def test_the_matrix_covers_every_adapter_and_optimizer_offered_at_every_world_si
     worlds = {1} | {len(profile.gpus) for profile in _PROFILES.values()}
     offered = set(itertools.product(choices["adapter"], choices["optimizer"], worlds - {0}))
     assert [cell[:3] for cell in MATRIX] == list(ROUTES) + list(REFUSED) and not ROUTES.keys() & REFUSED.keys()
-    assert set(ROUTES) | set(REFUSED) == offered
+    assert set(ROUTES) | set(REFUSED) | set(ELSEWHERE) | NOT_REHEARSED == offered
 
 
 def test_lora_on_the_classifier(tmp_path: Path, cpu_hw: Any) -> None:
