@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from kitlib._files import free_bytes
 from kitlib._version import __version__
 from kitlib.data.featurize import TokenizedTexts, tokenize_texts
 from kitlib.data.tables import TargetSpec, read_table
@@ -192,7 +193,7 @@ def _check_room(model: Path, work: Path, params: Mapping[str, Any]) -> None:
     model's weights (a fold's best/, plus a base model folder for an adapter) loaded twice, the file read and the
     model built, must fit the memory."""
     need = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
-    free = shutil.disk_usage(work if work.exists() else work.parent).free
+    free, _ = free_bytes(work)
     if need * 1.2 > free:  # the copy plus the submission and a margin
         raise SetupError(
             f"copying the published model ({need / 1e9:.2f} GB) needs more than the {free / 1e9:.2f} GB free in "
