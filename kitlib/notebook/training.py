@@ -90,8 +90,9 @@ def _process_seconds() -> float:
         return 0.0
 
 
-def _trained(run_dir: Path) -> bool:
-    return bool(checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last"))
+def _kept(run_dir: Path) -> Path | None:
+    """``run_dir``'s complete best checkpoint, else its last; None when it has neither."""
+    return checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
 
 
 def _budget_source(p: Params) -> str:
@@ -104,7 +105,7 @@ def unfinished(p: Params) -> str:
     """Why 03 cannot predict yet when 02 stopped at its time budget (or SIGTERM) with a resumable last/: the line
     to print instead; "" when no fold waits to be continued."""
     folds = [dataclasses.replace(p, fold=f) for f in range(p.folds)]
-    waiting = [_staging(f) for f in folds if checkpoint.latest(_staging(f), "last") and not _trained(f.run_dir)]
+    waiting = [_staging(f) for f in folds if checkpoint.latest(_staging(f), "last") and not _kept(f.run_dir)]
     if not waiting:
         return ""
     return (f"02 stopped before the end of training ({waiting[0]}/last is saved): no submission in this session. "
@@ -701,7 +702,7 @@ def _fold_dirs(p: Params) -> list[Path]:
 def _trained_checkpoint(run_dir: Path, p: Params) -> Path:
     """``run_dir``'s best (else last) checkpoint, trained on the features 01 saved; else an error naming the fix."""
 
-    found = checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
+    found = _kept(run_dir)
     if found is None:
         for name in ("best", "last"):
             if (run_dir / name).exists():
