@@ -9,4 +9,4 @@ bash scripts/install.sh
 ruff check kitlib demos kaggle tests benchmarks
 ruff format --check kitlib demos kaggle tests benchmarks
 mypy
-python -m pytest -q -n "${KITLIB_TEST_WORKERS:-2}" -m "not slow" "$@"
+python -m pytest -q -n "${KITLIB_TEST_WORKERS:-2}" -m "not slow" --durations=15 "$@"
