@@ -1,8 +1,5 @@
-"""kitlib: fast, painless model training in Kaggle/Colab/Jupyter notebooks.
-
-Importing kitlib does no work: no hardware probing, no torch import, no backend flags. Public names are
-resolved lazily on first use (PEP 562), so ``import kitlib`` stays cheap in a notebook's first cell.
-"""
+"""kitlib: fast, painless model training in Kaggle/Colab/Jupyter notebooks. Importing it does no work (no
+hardware probe, no torch): public names resolve lazily on first use (PEP 562)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""``python -m kitlib``: the one command-line front door. Every argparse definition and every line a command prints
-lives here; the modules below return data. What imports torch (or the demos and the Kaggle tooling) a command
-imports only when it runs, so ``--help`` loads no torch (tests/test_imports_at_top.py). A kitlib error
-(``kitlib.errors.KitError``) prints as one line and exits 2.
-"""
+"""``python -m kitlib``: the command line. Every argparse definition and printed line lives here (the ``kaggle``
+command's in the checkout's kaggle/command.py); what imports torch a command imports when it runs, so ``--help``
+loads none. A kitlib error prints as one line, exit 2."""
 
 from __future__ import annotations
 
@@ -250,10 +248,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _parameters(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """00's parameters by one rule: an explicit flag > ``--params FILE`` (a demo's demo.json holds them under
-    "parameters"; a user's params.json is flat) > 00's own defaults (not written here: the notebook's cell has them).
-    An unknown name in the file is an error listing the valid ones. Prints what was set, and where, once. Also
-    returns the folder of the file when it holds the data (for checks reading it)."""
+    """00's parameters: an explicit flag > ``--params FILE`` (flat, or under "parameters") > 00's defaults; an
+    unknown name is an error listing the valid ones. Prints what was set and where; returns (values, the file's folder
+    when it holds the data, else None)."""
 
     values: dict[str, Any] = {}
     local = None

@@ -1,8 +1,5 @@
-"""Bottlenecks: one rule per way a training run loses time, each turning a run record into a Finding.
-
-A rule reads the recorded seconds and run facts (``RunRecord``), decides whether its bottleneck is present, and
-estimates what its fix would save with a small stated model (``Finding.basis``). ``kitlib.doctor.report`` ranks them.
-"""
+"""Bottlenecks: one rule per way a run loses time, turning a ``RunRecord`` into a Finding with its estimated
+saving and the model behind it (``Finding.basis``); ``kitlib.doctor.report`` ranks them."""
 
 from __future__ import annotations
 
