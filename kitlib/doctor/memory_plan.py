@@ -259,11 +259,8 @@ def strategies(
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
-    # QLoRA: kitlib loads fp32 and peft's prepare_model_for_kbit_training keeps every weight that is not 4-bit in fp32
-    # (embeddings, norms, head: ~1 GB of a 7B model), so the residual stream is fp32 too, and bitsandbytes returns
-    # each 4-bit matmul in its input's dtype: 4 bytes a saved element (measured on CPU: bench_memory_plan.py). On a
-    # GPU each 4-bit layer also saves its input cast to the compute dtype: 2 bytes for the 4 distinct inputs of a
-    # Llama block, 3h + i of its 8h + 2kv + 4i saved elements (reasoned, not measured).
+    # QLoRA: non-4-bit weights stay fp32 (peft's prepare_model_for_kbit_training), so 4 bytes a saved element, measured
+    # on CPU; on a GPU each 4-bit layer also saves its input in the compute dtype (reasoned, not measured).
     nf4 = (NF4_BYTES * shape.linear_params + 4 * (P - shape.linear_params)) / P
     h, i = shape.hidden, shape.intermediate
     qlora_act = 4.0 + (2.0 * (3 * h + i) / (8 * h + 2 * shape.kv_dim + 4 * i) if amp else 0.0)
