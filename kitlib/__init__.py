@@ -1,8 +1,5 @@
-"""kitlib: fast, painless model training in Kaggle/Colab/Jupyter notebooks.
-
-Importing kitlib does no work: no hardware probing, no torch import, no backend flags. Public names are
-resolved lazily on first use (PEP 562), so ``import kitlib`` stays cheap in a notebook's first cell.
-"""
+"""kitlib: fast, painless model training in Kaggle/Colab/Jupyter notebooks. Importing it does no work (no
+hardware probe, no torch): public names resolve lazily on first use (PEP 562)."""
 
 from __future__ import annotations
 
@@ -11,54 +8,33 @@ from typing import Any
 
 from kitlib._version import __version__
 
-# public name -> module that defines it
-_EXPORTS: dict[str, str] = {
-    "detect": "kitlib.machine.hardware",
-    "HardwareInfo": "kitlib.machine.hardware",
-    "fake_profile": "kitlib.machine.hardware",
-    "plan_memory": "kitlib.doctor.memory_plan",
-    "MemoryPlan": "kitlib.doctor.memory_plan",
-    "decide_precision": "kitlib.machine.precision",
-    "Precision": "kitlib.machine.amp",
-    "PrecisionPlan": "kitlib.machine.precision",
-    "speed_flags": "kitlib.machine.backends",
-    "TrainConfig": "kitlib.config",
-    "fit": "kitlib.engine.loop",
-    "Callback": "kitlib.engine.events",
-    "FitResult": "kitlib.engine.loop",
-    "SplitEval": "kitlib.engine.evaluation",
-    "default_policies": "kitlib.engine.policies",
-    "make_train_loader": "kitlib.data.loaders",
-    "make_eval_loader": "kitlib.data.loaders",
-    "make_predict_loader": "kitlib.data.loaders",
-    "restore_order": "kitlib.data.loaders",
-    "TokenDataset": "kitlib.data.loaders",
-    "PaddingCollator": "kitlib.data.loaders",
-    "skip_batches": "kitlib.engine.batches",
-    "suggest_max_length": "kitlib.data.lengths",
-    "length_report": "kitlib.data.lengths",
-    "read_table": "kitlib.data.tables",
-    "infer_target": "kitlib.data.tables",
-    "DataError": "kitlib.data.tables",
-    "load_text_classifier": "kitlib.models.loading",
-    "load_text_encoder": "kitlib.models.loading",
-    "Cache": "kitlib.data.cache",
-    "cached": "kitlib.data.cache",
-    "tokenize_texts": "kitlib.data.featurize",
-    "embed_texts": "kitlib.data.featurize",
-    "numeric_features": "kitlib.data.featurize",
-    "categorical_codes": "kitlib.data.featurize",
-    "TokenizedTexts": "kitlib.data.featurize",
-    "PRESETS": "kitlib.notebook.presets",
-    "Preset": "kitlib.notebook.presets",
-    "ResolvedRun": "kitlib.notebook.presets",
-    "resolve": "kitlib.notebook.presets",
-    "estimate_epoch_seconds": "kitlib.notebook.estimate",
-    "preset_picker": "kitlib.notebook.widgets",
-    "PresetPicker": "kitlib.notebook.widgets",
-    "diagnose": "kitlib.doctor.report",
-    "score": "kitlib.tasks.scoring",
+# module -> the public names it defines
+_MODULES: dict[str, str] = {
+    "kitlib.machine.hardware": "detect HardwareInfo fake_profile",
+    "kitlib.doctor.memory_plan": "plan_memory MemoryPlan",
+    "kitlib.machine.precision": "decide_precision PrecisionPlan",
+    "kitlib.machine.amp": "Precision",
+    "kitlib.machine.backends": "speed_flags",
+    "kitlib.config": "TrainConfig",
+    "kitlib.engine.loop": "fit FitResult",
+    "kitlib.engine.events": "Callback",
+    "kitlib.engine.evaluation": "SplitEval",
+    "kitlib.engine.policies": "default_policies",
+    "kitlib.data.loaders": "make_train_loader make_eval_loader make_predict_loader restore_order TokenDataset "
+    "PaddingCollator",
+    "kitlib.engine.batches": "skip_batches",
+    "kitlib.data.lengths": "suggest_max_length length_report",
+    "kitlib.data.tables": "read_table infer_target DataError",
+    "kitlib.models.loading": "load_text_classifier load_text_encoder",
+    "kitlib.data.cache": "Cache cached",
+    "kitlib.data.featurize": "tokenize_texts embed_texts numeric_features categorical_codes TokenizedTexts",
+    "kitlib.notebook.presets": "PRESETS Preset ResolvedRun resolve",
+    "kitlib.notebook.estimate": "estimate_epoch_seconds",
+    "kitlib.notebook.widgets": "preset_picker PresetPicker",
+    "kitlib.doctor.report": "diagnose",
+    "kitlib.tasks.scoring": "score",
 }
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names.split()}
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 

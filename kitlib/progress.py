@@ -1,9 +1,5 @@
-"""Progress bars that suit where they run.
-
-Interactive notebooks get a widget bar (tqdm.auto). Headless runs (nbconvert, papermill, Kaggle "Save & Run All",
-CI) get a plain-text bar redrawn at most every ``headless_interval_s``: every redraw becomes a saved output line
-there, and an unthrottled bar turns an executed notebook into megabytes of progress (cmip6-cookbook#83).
-"""
+"""Progress bars that suit where they run: a widget bar (tqdm.auto) when interactive, a plain-text bar redrawn at
+most every ``headless_interval_s`` when headless (each redraw is a saved output line there)."""
 
 from __future__ import annotations
 
@@ -22,9 +18,7 @@ THROUGHPUT = MappingProxyType({"samples_per_s": "samples/s", "tokens_per_s": "to
 
 def throughput(rows: float, tokens: float, seconds: float, world: int = 1) -> dict[str, float]:
     """The one throughput computation: every process's rows, and real tokens (no padding), per second of the pass's
-    wall time, data loading included (``world``: processes, each counting its own rows). The training bar's is the
-    epoch's so far, the history's the epoch's, the doctor reads the history's; a row bar's is its pass's so far.
-    No tokens/s when no tokens were counted (a head on cached vectors): 0.0 would read as stalled."""
+    wall time, data loading included (``world``: processes). No tokens/s when none were counted (0.0 reads stalled)."""
     rates = {"samples_per_s": rows * world / seconds}
     if tokens:
         rates["tokens_per_s"] = float(tokens) * world / seconds
@@ -37,10 +31,8 @@ def shown(rates: Mapping[str, float]) -> dict[str, str]:
 
 
 def advise(message: str, category: type[Warning] = UserWarning, stacklevel: int = 1) -> None:
-    """``warnings.warn`` for a warning a person reads in a notebook, shown as ``UserWarning: message`` alone: by
-    default Python prefixes the caller's file, which in a notebook is the kernel's temporary one
-    (``/tmp/ipykernel_NNN/123.py:1:``), and echoes the cell's source line. Filters and pytest.warns see it as ever
-    (``stacklevel`` counts from the caller of ``advise``)."""
+    """``warnings.warn`` shown as ``UserWarning: message`` alone, without a notebook kernel's temporary file name
+    and source line; filters and pytest.warns see it as ever (``stacklevel`` counts from ``advise``'s caller)."""
     plain, warnings.formatwarning = warnings.formatwarning, lambda m, c, *_, **__: f"{c.__name__}: {m}\n"
     try:
         warnings.warn(message, category, stacklevel=stacklevel + 1)

@@ -392,16 +392,7 @@ def make_eval_loader(
     return _build(dataset, sampler, collate, cfg, hw, cfg.seed)
 
 
-def make_predict_loader(
-    dataset: Any,
-    cfg: TrainConfig,
-    hw: HardwareInfo,
-    *,
-    collate: Any = None,
-    lengths: Sequence[int] | np.ndarray | None = None,
-) -> KitDataLoader:
-    """Inference batches, length-sorted; ``restore_order(loader, predictions)`` returns them in the rows' order."""
-    return make_eval_loader(dataset, cfg, hw, collate=collate, lengths=lengths)
+make_predict_loader = make_eval_loader  # inference batches: length-sorted; restore_order(loader, predictions)
 
 
 def restore_order(loader: DataLoader[Any], outputs: Any) -> Any:

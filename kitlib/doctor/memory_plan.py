@@ -1,27 +1,6 @@
-"""A memory plan before training: bytes of weights, gradients, optimizer states and activations per strategy.
-
-    plan = plan_memory("llama-7b", hardware="T4", seq_len=1536, model_kind="decoder")
-    print(plan.table())   # every strategy, its peak, whether it fits, the micro-batch x accumulation it needs
-    print(plan.line())    # "fits: ~X of Y GB with ..." or what to change
-
-Everything comes from the model's config alone: the model is built on the meta device (no weights, no memory) to
-count its parameters and find its linear layers; activations are counted per token from the config with a formula per
-architecture family, derived from what autograd saves for backward in transformers 5.x (``saved_tensors_hooks`` on
-CPU, fp32, training mode, ``benchmarks/bench_memory_plan.py`` checks the sum against a tracked peak).
-
-The peak of a step (kitlib's step: set_to_none gradients, fused AdamW, so the update makes no temporary) is
-    weights + optimizer states + max(activations + loss transient, gradients)   with accumulation 1
-    weights + optimizer states + gradients + activations + loss transient      with accumulation > 1
-because backward frees each block's activations as it creates that block's gradients (the two ends are the
-maxima), and with accumulation the previous micro-batches' gradients are still held during the next forward.
-
-On several GPUs the rows are DDP (each GPU holds it all) or FSDP2 (strategy="fsdp": ``fully_shard`` per block then
-the root, MixedPrecisionPolicy(param_dtype=half, reduce_dtype=fp32)): its fp32 weights, gradients and AdamW states
-are divided by the world size, plus what it gathers (``fsdp_transient``). Per torch's fully_shard docs (FSDP2): each
-block's parameters are all-gathered before its forward and backward and freed after; the root is not resharded after
-forward ("the root module is typically required immediately when the backward pass begins"); gradients are
-reduce-scattered after each block's backward (every micro-batch: the plan assumes no unsharded accumulation).
-"""
+"""A memory plan before training: bytes of weights, gradients, optimizer states and activations per strategy, from
+the model's config alone (meta device), e.g. ``plan_memory("llama-7b", hardware="T4", seq_len=1536).table()``.
+The formulas and their measurements: docs/measurements.md, "memory_plan.py"."""
 
 from __future__ import annotations
 
@@ -241,12 +220,9 @@ def plan_memory(
     chunked_loss: bool | None = None,
     world_size: int | None = None,
 ) -> MemoryPlan:
-    """The memory plan of training ``model`` (a config, a config.json, a model folder or a name in KNOWN_MODELS)
-    as ``model_kind`` (``MODEL_KINDS``) at ``seq_len`` tokens per row on ``hardware`` (a fake_profile name such as
-    "T4", "A100-80", "CPU", or a HardwareInfo). ``micro_batch``/``accum`` fix the batch split; by default the
-    largest micro-batch that fits keeps ``effective_batch`` rows per optimizer step. ``chunked_loss`` (default: on
-    for the generating kinds, as kitlib trains them) counts the LM head's logits one chunk at a time.
-    ``world_size`` (default: the hardware's GPUs) is the number of processes that DDP and FSDP rows plan for."""
+    """The plan of training ``model`` (config, config.json, folder or KNOWN_MODELS name) as ``model_kind`` at
+    ``seq_len`` tokens on ``hardware`` (a profile name or HardwareInfo); ``micro_batch``/``accum`` fix the split, else
+    the largest fitting micro-batch keeps ``effective_batch``; ``world_size`` defaults to the hardware's GPUs."""
 
     counts = {"seq_len": seq_len, "effective_batch": effective_batch, "micro_batch": micro_batch, "accum": accum}
     if low := [f"{k} = {v}" for k, v in counts.items() if v is not None and v < 1]:
@@ -277,21 +253,14 @@ def plan_memory(
 def strategies(
     shape: Shape, *, amp: bool, bf16: bool = False, half_base: bool = True, world: int = 1
 ) -> list[Strategy]:
-    """The strategies kitlib runs, in order of least compromise first (speed and fidelity). Bytes per parameter of
-    the whole model; a frozen part has no gradient or optimizer state. ``bf16``: the hardware trains in bf16, so
-    pure bf16 weights are offered (with the optimizer that keeps their updates: Kahan-summed AdamW; bitsandbytes'
-    8-bit AdamW rounds bf16 weights to nearest and loses the small updates), and LoRA keeps its frozen base in bf16
-    where ``half_base`` (a CUDA card; on an fp16 card or a CPU it stays fp32: kitlib.notebook.training.prepare).
-    ``world`` > 1 adds the full fine-tune sharded by FSDP after its DDP rows: DDP first where it fits (all-reduce
-    only), FSDP before any strategy that changes the optimizer, the weights' precision or what trains."""
+    """The strategies kitlib runs, least compromise first, in bytes per parameter (a frozen part: no gradient or
+    state). ``bf16``: pure bf16 weights with Kahan AdamW offered; ``world`` > 1: DDP rows, then FSDP before any strategy
+    that changes the optimizer, the weights' precision or what trains."""
     P = shape.params
     trainable = (P - shape.embedding_params) / P  # freeze="embeddings"
     lora = LORA_RANK * shape.linear_dims / P  # adapter parameters per model parameter
-    # QLoRA: kitlib loads fp32 and peft's prepare_model_for_kbit_training keeps every weight that is not 4-bit in fp32
-    # (embeddings, norms, head: ~1 GB of a 7B model), so the residual stream is fp32 too, and bitsandbytes returns
-    # each 4-bit matmul in its input's dtype: 4 bytes a saved element (measured on CPU: bench_memory_plan.py). On a
-    # GPU each 4-bit layer also saves its input cast to the compute dtype: 2 bytes for the 4 distinct inputs of a
-    # Llama block, 3h + i of its 8h + 2kv + 4i saved elements (reasoned, not measured).
+    # QLoRA: non-4-bit weights stay fp32 (peft's prepare_model_for_kbit_training), so 4 bytes a saved element, measured
+    # on CPU; on a GPU each 4-bit layer also saves its input in the compute dtype (reasoned, not measured).
     nf4 = (NF4_BYTES * shape.linear_params + 4 * (P - shape.linear_params)) / P
     h, i = shape.hidden, shape.intermediate
     qlora_act = 4.0 + (2.0 * (3 * h + i) / (8 * h + 2 * shape.kv_dim + 4 * i) if amp else 0.0)
@@ -393,11 +362,9 @@ def step_peak(
 
 
 def fsdp_transient(shape: Shape, world: int, half: float) -> tuple[float, float]:
-    """(bytes held, bytes of one block's backward) that FSDP2 adds unsharded, with ``half`` bytes a gathered element
-    (MixedPrecisionPolicy's param_dtype; 4: fp32). Held from forward to the end of backward: the root's parameters
-    (embeddings, head, norms: not resharded after forward). A block's backward: the head's gradient (the root's are
-    reduce-scattered once the embeddings' arrive, at the end), two blocks' parameters (the one running and the one
-    prefetched), and one block's gradients with its reduce-scatter input and output in fp32 (reduce_dtype)."""
+    """(bytes held, bytes of one block's backward) that FSDP2 adds unsharded, ``half`` bytes a gathered element:
+    the root's parameters held from forward to the end of backward; per block the head's gradient, two blocks'
+    parameters and one block's fp32 gradients with its reduce-scatter buffers."""
     block, root = shape.linear_params / shape.layers, shape.params - shape.linear_params  # root: all but blocks
     return half * root, half * shape.head_params + (3 * half + 4.0 * (1 + 1 / world)) * block
 
@@ -405,15 +372,8 @@ def fsdp_transient(shape: Shape, world: int, half: float) -> tuple[float, float]
 def activation_elements(
     shape: Shape, seq_len: int, model_kind: str, chunked: bool, *, checkpointing: bool, device: str
 ) -> float:
-    """Elements autograd saves for backward per token (per source token for seq2seq, with targets as long).
-
-    Per block, measured by family on CPU with saved_tensors_hooks (h hidden, i intermediate, n heads, L tokens):
-    Llama 8h + 2 kv + 4i (RMSNorm in fp32 keeps its input and output, SiLU-gated MLP keeps 4 i-wide tensors);
-    GPT-2 10h + 5i (gelu_new's tanh polynomial keeps ~4 i-wide intermediates, dropout masks at 1 byte);
-    BERT 10h + 2i; T5 encoder + decoder block 32h + 6i. Attention: sdpa/flash keep only the log-sum-exp (n);
-    eager, T5, and CPU sdpa with attention dropout (the math path) keep the scores, probabilities and mask (3nL).
-    Gradient checkpointing keeps each block's input (h) and recomputes one block at a time in backward.
-    """
+    """Elements autograd saves for backward per token (per source token for seq2seq), per block by architecture
+    family, measured with saved_tensors_hooks (docs/measurements.md, "memory_plan.py"); checkpointing: h a block."""
     block, rest, blocks = _saved_per_token(shape, seq_len, model_kind, chunked, device)
     if checkpointing:
         return blocks * shape.hidden * (2 if shape.family == "t5" else 1) + rest + block
@@ -533,10 +493,8 @@ def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
 
 
 def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
-    """Why ``run`` (a resolved preset, kitlib.notebook.presets.ResolvedRun) must recompute activations in backward:
-    its strategy (optimizer, adapter, freeze, precision) at its micro-batch, accumulation and length fits ``hw``'s
-    budget with gradient checkpointing and not without; "" when it fits without, fits neither way (the picker's line
-    says what would), or the plan has no such strategy."""
+    """Why ``run`` (a ResolvedRun) must recompute activations in backward: it fits ``hw``'s budget with gradient
+    checkpointing and not without; "" when it fits without, fits neither way, or the plan has no such strategy."""
     cfg = run.config
     sized = {"seq_len": cfg.max_length or run.preset.max_length_cap, "model_kind": model_kind}
     plan = plan_memory(model, hardware=hw, effective_batch=run.effective_batch_size, micro_batch=cfg.micro_batch_size,

@@ -1,17 +1,6 @@
-"""The language-model loss without the batch x length x vocabulary logits: the LM head and cross-entropy run in chunks
-over the target positions.
-
-A causal LM's own loss projects every position onto the vocabulary: with a 50k vocabulary at 1,024 tokens that is
-200 MB of fp32 logits per row, kept for backward with the log-softmax's as many again. Here the model runs up to its
-LM head (the head's input is captured and the head returns a zero-stride placeholder, so no logits exist), and each
-chunk of ``chunk`` positions is projected and scored under activation checkpointing: backward recomputes one chunk's
-logits at a time. No host sync: the positions are not gathered by their labels (that reads the count on the host).
-The loss is the same token-weighted mean of the model's own loss (-100 ignored, a causal LM's
-labels shifted by one), and so are the gradients.
-
-Models whose head is a plain projection are handled (LOSS_CHUNK_MODELS); any other falls back to the model's own
-``.loss`` (Gemma's logit soft-capping or BART's final_logits_bias act on the logits after the head).
-"""
+"""The LM loss without the batch x length x vocabulary logits: the head and cross-entropy run in checkpointed
+chunks over the target positions, no host sync; the same token-weighted mean and gradients as the model's loss.
+Heads that are a plain projection (LOSS_CHUNK_MODELS); any other model falls back to its own ``.loss``."""
 
 from __future__ import annotations
 

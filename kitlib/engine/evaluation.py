@@ -1,16 +1,6 @@
-"""Evaluation: a cheap loss-only pass, and the full evaluation (``BackgroundEval``) whose CPU-bound half may run in
-the background while the next epoch trains.
-
-The expensive part of a "full" evaluation is usually not the accelerator's: executing generated SQL, scoring
-generated text. Two contracts, chosen by what is passed to ``fit(full_eval=...)``, never by what a call returns:
-
-- ``full_eval(model) -> metrics``: run whole at the epoch's end, in the foreground;
-- ``SplitEval(measure, score)``: ``measure(model)`` in the foreground (generation, on the model's own device), then
-  ``score(measured) -> metrics`` where ``TrainConfig.background_eval`` says: ``"off"`` right away, ``"thread"`` or
-  ``"process"`` in a worker pool while the next epoch trains. fit joins a background result to its epoch's record at
-  that next epoch's end (waiting only if it is not ready by then), so best/ and early stopping judge the epochs in
-  order, one epoch behind.
-"""
+"""Evaluation: a cheap loss-only pass, and the full one: ``full_eval(model) -> metrics`` in the foreground, or
+``SplitEval(measure, score)`` whose CPU-bound ``score`` may run in a thread/process pool while the next epoch trains
+(``TrainConfig.background_eval``); fit joins its result at the next epoch's end, judging epochs in order."""
 
 from __future__ import annotations
 
@@ -40,10 +30,9 @@ FullEval = Callable[[nn.Module], Metrics]
 
 @dataclass(frozen=True)
 class SplitEval:
-    """A full evaluation in two halves. ``measure(model)`` runs in the foreground, in eval mode under no_grad and the
-    run's autocast (generation, on the model's own device and weights); ``score(measured) -> metrics`` is the
-    CPU-bound half (executing SQL, a text metric), run where ``TrainConfig.background_eval`` says. With "process",
-    ``score`` and what ``measure`` returns are pickled: define ``score`` at module level."""
+    """A full evaluation in two halves: ``measure(model)`` in the foreground (eval mode, no_grad, the run's
+    autocast), ``score(measured) -> metrics`` where ``background_eval`` says. With "process" both are pickled: define
+    ``score`` at module level."""
 
     measure: Callable[[nn.Module], Any]
     score: Callable[[Any], Metrics]
@@ -103,18 +92,9 @@ class Pending:
 
 
 class BackgroundEval:
-    """The full evaluation, as one component fit calls at named points and whose queue it never sees:
-
-    - ``measure`` (epoch end, every rank): rank 0 runs the foreground half, the other ranks wait for it here, in
-      ``patient`` (a gloo group without a collective timeout), not inside a NCCL collective;
-    - ``score``: the metrics known now, or ``{}`` with the CPU-bound half queued in the pool (``mode`` "thread" suits
-      work that releases the GIL: sqlite, tokenizers; "process" pure-Python scoring, at the price of pickling);
-    - ``collect``: queued results in epoch order, waiting for unfinished ones;
-    - ``state_dict``/``load_state_dict``/``rescore``: resume. Evals still queued when ``last/`` is saved are recorded
-      as unscored (epoch and RNG); a run resumed at that epoch's end holds that epoch's weights, so ``rescore`` runs
-      them again and queues them for their turn, instead of every save waiting for them (which would put each
-      full eval back on the critical path). Cost: one more full eval (its foreground half) per resume.
-    """
+    """The full evaluation fit calls at ``measure`` (epoch end, every rank; others wait in a gloo group),
+    ``score`` (metrics now, or ``{}`` with the half queued), ``collect`` (in epoch order) and state_dict/``rescore``
+    (evals queued at a save rerun on resume: one more foreground pass, never a save that waits)."""
 
     def __init__(self, full_eval: FullEval | SplitEval | None, mode: Mode, *, env: DistEnv, timer: PhaseTimer,
                  every_rank: bool = False) -> None:  # fmt: skip

@@ -1,11 +1,5 @@
-"""What a training step minimises, and how many items each micro-batch's mean is over.
-
-Gradient accumulation is only correct when every micro-batch's mean loss is weighted by its share of the items in
-the whole accumulation window (rows for classification, non-ignored label tokens for language models). Dividing by
-the number of micro-steps instead over-weights short micro-batches (a short last window, or padded LM batches with
-few real tokens: the bug unsloth and HF fixed in late 2024). So kitlib asks two things of a task: the mean loss of a
-micro-batch, and the number of items that mean is over.
-"""
+"""What a training step minimises: a micro-batch's mean loss and the number of items it is over (rows, or
+non-ignored label tokens), so accumulation weights each micro-batch by its share of the window's items."""
 
 from __future__ import annotations
 

@@ -40,16 +40,8 @@ class Frozen:
 
 
 def freeze(model: nn.Module, what: str, layers: int = 0) -> Frozen:
-    """Freeze part of a model in place; returns what it froze (``int()`` of it: the number of frozen parameters).
-
-    "embeddings": the input embedding module: for BERT-style models ``base_model.embeddings`` (word, position and
-    type embeddings and their norm), else ``get_input_embeddings()`` or a module attribute ``embedding``/
-    ``embeddings``. "encoder": everything but the task head (``model.base_model`` for Hugging Face models,
-    ``model.encoder`` for plain modules): the cheap "train a head on a frozen encoder" regime. For an
-    encoder-decoder model (T5, BART) "encoder" is the encoder stack only (``get_encoder()``), and a weight it shares
-    with the decoder or the lm_head (T5's and BART's tied token embedding; found by identity) stays trainable.
-    ``layers``: also the embeddings and the first N transformer blocks, so nothing below block N needs a backward.
-    """
+    """Freeze ``what`` ("embeddings", "encoder": all but the head; an encoder-decoder's encoder stack, shared
+    weights kept trainable) and the first ``layers`` blocks, in place; returns what it froze (``int()``: the count)."""
     if what not in ("none", "embeddings", "encoder"):
         raise ValueError(f"freeze={what!r}: use 'none', 'embeddings' or 'encoder'")
     targets = [] if what == "none" else [_part(model, what)]
@@ -126,12 +118,8 @@ def _blocks(model: nn.Module, layers: int) -> nn.ModuleList:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW without weight decay on biases and norm weights (1-d params): torch's, fused where the params allow it,
-    or bitsandbytes' 8-bit AdamW (``cfg.optimizer="adamw8bit"``).
-
-    Fused AdamW does the whole update in one kernel per device instead of ~a dozen per parameter tensor: on a GPU
-    that is 5-20% of step time for small models (launch-bound). It needs every parameter on one supported device.
-    """
+    """AdamW without weight decay on biases and norm weights (1-d params): torch's, fused where the params allow
+    (one kernel per device), or bitsandbytes' 8-bit AdamW (``cfg.optimizer="adamw8bit"``)."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for param in model.parameters():
@@ -151,10 +139,8 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 
 def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """bitsandbytes' AdamW8bit: both moments block-wise quantised to 8 bits (Dettmers et al. 2022, 2 bytes of state a
-    parameter instead of AdamW's 8); tensors under 4,096 elements (biases, norms) keep fp32 state, as its authors
-    chose. CUDA kernels, and a CPU backend since bitsandbytes 0.50 (measured here). It cannot skip a step on the
-    device: an fp16 run pays one host sync a step for the GradScaler's verdict (``Precision.apply``)."""
+    """bitsandbytes' AdamW8bit (2 bytes of state a parameter; tensors under 4,096 elements keep fp32 state). It
+    cannot skip a step on the device: an fp16 run pays one host sync a step for the scaler's verdict."""
     try:
         import bitsandbytes
     except ImportError as error:
@@ -167,10 +153,8 @@ def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Op
 
 
 def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """torch-optimi's AdamW with Kahan summation: each bf16 weight keeps a bf16 compensation buffer of what its last
-    updates lost to rounding (Zamirai et al. 2021), so pure bf16 weights learn as fp32 ones do (plain AdamW on bf16
-    weights drops every update below their resolution, ~0.4% of the weight). 2 bytes a parameter more; a no-op on
-    fp32 weights. eps 1e-8 and decay scaled by the lr, as torch's AdamW (optimi's own default eps is 1e-6)."""
+    """torch-optimi's AdamW with Kahan summation: pure bf16 weights learn as fp32 ones (2 bytes a parameter more;
+    a no-op on fp32 weights); eps 1e-8 and lr-scaled decay, as torch's AdamW."""
     try:
         import optimi
     except ImportError as error:
@@ -183,14 +167,9 @@ def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.O
 
 
 def cast_for_optimizer(model: nn.Module, cfg: TrainConfig, dtype: str) -> str:
-    """optimizer="adamw-kahan" in a bf16 run trains pure bf16 weights (the memory plan's "bf16 weights + Kahan
-    AdamW": 2 bytes a weight and its gradient instead of 4): the fp32 parameters are cast to bf16 in place, before
-    they move to the device, the frozen ones too where no adapter trains. A frozen fp32 part beside bf16 ones
-    (balanced's embeddings and their norm) fed fp32 into the first bf16 LayerNorm, which a CPU refuses under
-    autocast ("mixed dtype (CPU)"); CUDA's autocast runs norms in fp32 and hid it. With an adapter (kitlib's, or a
-    peft model of your own) only the trained weights are cast: the base's dtype is the adapter route's, and a
-    quantized weight's storage is never reinterpreted. Buffers stay as they are (rotary frequencies, norm statistics
-    need fp32). Returns the line fit prints, "" when nothing was cast."""
+    """optimizer="adamw-kahan" in a bf16 run: cast the trainable fp32 parameters (and the frozen ones where no adapter
+    trains) to bf16 in place, before they move to the device; buffers and quantized weights stay. Returns the line fit
+    prints, "" when nothing was cast."""
     if cfg.optimizer != "adamw-kahan" or dtype != "bf16":
         return ""
     # an adapter of your own, at any depth (peft's layers, with or without its PeftModel around the model)

@@ -1,9 +1,5 @@
-"""What the speed doctor reads about a run besides the phase times: one typed record, written into timing.json.
-
-``RunRecorder`` is a callback on fit's events; it counts host-side from shapes and timestamps (no device syncs).
-``RunFacts`` is the record: ``to_dict()`` for timing.json's "run" section (the keys older files have), and
-``from_dict()`` that tolerates files from older kitlib versions (missing facts are None).
-"""
+"""What the speed doctor reads besides phase times: ``RunRecorder``, a callback counting host-side (no syncs),
+and ``RunFacts``, the record in timing.json's "run" section (``from_dict`` reads older files: missing facts None)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""strategy="fsdp": FSDP2 (``torch.distributed.fsdp.fully_shard``) per transformer block then the root, and its
-checkpoints through ``torch.distributed.checkpoint`` (DCP): each rank writes its own shards, any world size loads them.
-
-A sharded checkpoint directory holds DCP's files (``.metadata``, ``__<rank>_0.distcp``), rank 0's ``state.pt`` (the
-resume state besides model and optimizer: schedule, RNG streams, the run's position) and ``meta.json``, and the
-manifest (``sharded: true``) written last, as kitlib.engine.checkpoint's directories: complete or absent.
-"""
+"""strategy="fsdp": FSDP2 (``fully_shard``) per transformer block then the root, and DCP checkpoints (each rank
+writes its shards, any world size loads them; rank 0's state.pt, meta.json, the manifest last: complete or absent)."""
 
 from __future__ import annotations
 
@@ -51,10 +46,8 @@ def blocks(model: nn.Module, names: tuple[str, ...] = ()) -> list[nn.Module]:
 
 
 def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Module:
-    """``model`` fully sharded in place over the process group: each block (``blocks``) its own FSDP unit (its
-    weights gathered for its forward and backward only), then the root (embeddings, head). ``dtype`` bf16/fp16:
-    FSDP's MixedPrecisionPolicy computes and all-gathers in it and reduces gradients in fp32; the sharded weights
-    and the optimizer stay fp32."""
+    """``model`` fully sharded in place: each of ``blocks`` its own FSDP unit, then the root. ``dtype`` bf16/fp16:
+    compute and all-gather in it, reduce gradients in fp32; the sharded weights and the optimizer stay fp32."""
     found = blocks(model, names)
     if not found:
         raise DistributedError(

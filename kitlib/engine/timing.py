@@ -1,11 +1,6 @@
-"""Wall-clock accounting per phase of a run: where did the time go?
-
-Cost: two ``perf_counter`` calls per phase (~0.1 us each), negligible next to any real step. On CUDA, kernels run
-asynchronously: a host-side timer charges a kernel's time to whichever phase next waits for the GPU. So on CUDA one
-step in ``sample_every`` is *sampled*: the timer synchronises at each of its phase boundaries, making that step's
-breakdown true, at the cost of a few syncs per sampled step rather than per step. On CPU every step is true and
-sampled for free.
-"""
+"""Wall-clock seconds per phase of a run (two perf_counter calls a phase). On CUDA one step in
+``sample_every`` syncs at its phase boundaries so its breakdown is true (asynchronous kernels otherwise charge the
+next phase that waits); on CPU every step is."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The precision plan at work: one small object the loop calls unconditionally (autocast + GradScaler), and the
-check that the weights it trains are fp32 masters. kitlib.machine.precision decides the plan without torch.
-
->>> precision = Precision(decide_precision(fake_profile("2xT4")))
->>> with precision.autocast():
-...     loss = model(x).loss
->>> precision.backward(loss)
-"""
+"""The precision plan at work: ``Precision``, one object the loop calls unconditionally (autocast + GradScaler),
+and the check that trained weights are fp32 masters. kitlib.machine.precision decides the plan without torch."""
 
 from __future__ import annotations
 
@@ -26,10 +20,8 @@ _HALF_DTYPES: dict[torch.dtype, Dtype] = {torch.float16: "fp16", torch.bfloat16:
 def check_master_weights(
     named_params: Iterable[tuple[str, torch.nn.Parameter]], *, keeps_bf16_updates: bool = False
 ) -> None:
-    """A PrecisionError naming the fix when a trainable weight is fp16/bf16: kitlib trains fp32 master weights and
-    lets autocast compute in half precision. Trained as they are, fp16 weights stop the GradScaler ("Attempting to
-    unscale FP16 gradients") and bf16 ones lose every AdamW update below bf16's resolution: no learning, silently.
-    ``keeps_bf16_updates``: the optimizer keeps them (Kahan summation), so bf16 weights may train as they are."""
+    """A PrecisionError naming the fix when a trainable weight is fp16/bf16 (fp16 stops the GradScaler, bf16 loses
+    updates silently); ``keeps_bf16_updates`` (Kahan summation) lets bf16 weights train as they are."""
     refused = set(_HALF_DTYPES) - ({torch.bfloat16} if keeps_bf16_updates else set())
     half = [(name, p.dtype) for name, p in named_params if p.requires_grad and p.dtype in refused]
     if not half:
@@ -45,10 +37,8 @@ def check_master_weights(
 
 
 class Precision:
-    """One small object: autocast context + GradScaler (a disabled no-op scaler when not fp16).
-
-    The loop calls every method unconditionally; for fp32 they reduce to a plain backward() and step().
-    """
+    """autocast context + GradScaler (a disabled no-op scaler when not fp16); for fp32 every method reduces to a
+    plain backward() and step()."""
 
     def __init__(self, plan: PrecisionPlan) -> None:
         self.plan = plan
@@ -69,12 +59,8 @@ class Precision:
         self._scaler.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, grads_finite: bool) -> bool:
-        """Apply the optimizer step; False if it was skipped for inf/nan grads. Does not zero_grad. Host-side, for a
-        hand-written loop (one or two syncs a step); fit uses the sync-free ``found_inf`` + ``apply``.
-
-        With a scaler the scaler decides (it checks the grads itself); without one, ``grads_finite`` (from the clip
-        norm the loop computed) decides.
-        """
+        """The optimizer step for a hand-written loop (one or two host syncs); False if skipped for inf/nan grads (the
+        scaler decides, else ``grads_finite``). Does not zero_grad; fit uses the sync-free ``found_inf`` + ``apply``."""
         if not self._scaler.is_enabled():
             if not grads_finite:
                 return False
@@ -94,10 +80,8 @@ class Precision:
         return (~torch.isfinite(norm)).float()
 
     def apply(self, optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
-        """The optimizer step, skipped on the device where ``found_inf`` is 1, then the loss scale's update (halved on
-        inf/nan, on the device). No host sync with an optimizer that takes ``found_inf`` (fused Adam/AdamW, kitlib's
-        default: its kernel skips the update and reverts its step count); any other needs one sync to decide on the
-        host. Call after ``unscale_``. Does not zero_grad."""
+        """The step, skipped on the device where ``found_inf`` is 1, then the scale's update. No host sync with an
+        optimizer that takes ``found_inf`` (fused AdamW), else one. Call after ``unscale_``; does not zero_grad."""
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             # GradScaler.step's protocol for these optimizers: the gradients are unscaled already (grad_scale None)
             optimizer.grad_scale, optimizer.found_inf = None, found_inf  # type: ignore[attr-defined]
@@ -110,10 +94,8 @@ class Precision:
         self._scaler.update()  # a no-op without a scaler
 
     def forget_unscale(self) -> None:
-        """Forget that ``unscale_`` ran in a step abandoned midway (an out-of-memory replay): the replay unscales its
-        own gradients (GradScaler refuses a second unscale_ before update()). The loss scale and its growth count are
-        kept: a fresh scaler loads the old one's state (public API; the unscale record itself is GradScaler's private
-        state). One host sync (state_dict reads the scale), on the out-of-memory path only."""
+        """Forget an ``unscale_`` of a step abandoned midway (an OOM replay), keeping the loss scale and its growth
+        count (a fresh scaler loads the old state: public API). One host sync, on the OOM path only."""
         if self._scaler.is_enabled():  # a disabled scaler keeps no per-optimizer record
             state = self._scaler.state_dict()
             self._scaler = torch.amp.GradScaler(self.plan.device_type)

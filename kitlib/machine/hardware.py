@@ -32,11 +32,8 @@ _MIB = 2**20
 # Reported with the hardware so a log or bug report says which stack ran; missing ones are omitted.
 _LIBRARIES = ("transformers", "tokenizers", "accelerate", "datasets", "safetensors", "numpy", "pandas", "scikit-learn")
 
-# Headless notebook runners, by the program the kernel's parent process runs. nbconvert/papermill set no env marker of
-# their own (tested, see shared/notes/kaggle-and-headless.md §4.5), but the kernel is their child process, so its
-# parent's argv names them. Only the program counts, never its other arguments: a Jupyter server started in a folder
-# named papermill-experiments is still a person's notebook. `jupyter nbconvert` execs jupyter-nbconvert, which is
-# the parent the kernel sees; `python -m nbconvert` and a console script run by its interpreter count too.
+# Headless notebook runners, by the program the kernel's parent runs (nbconvert/papermill set no env marker; only
+# the program counts, never its arguments: a server started in a folder named papermill-x is still a person's).
 _HEADLESS_RUNNERS = frozenset(
     {"jupyter-nbconvert", "nbconvert", "papermill", "nbclient", "jupyter-execute", "jupytext"}
 )
@@ -526,10 +523,8 @@ def torch_supports(capability: tuple[int, int], arch_list: Sequence[str]) -> boo
     return False
 
 
-# The official pip builds' kernels by CUDA flavour: pytorch/pytorch RELEASE.md's support matrix and
-# .ci/manywheel/build_cuda.sh. cu126 keeps Maxwell/Pascal/Volta (sm_50, sm_60, sm_70) through torch 2.14; cu128/cu129
-# have no sm_50/sm_60, and from torch 2.11 no sm_70 either (pytorch/pytorch#172352, PR #175253: cuDNN dropped Volta);
-# cu130 starts at sm_75. Planning for a machine we are not on (hardware="2xT4") has only its torch version to go by.
+# The official pip builds' kernels by CUDA flavour (pytorch RELEASE.md's matrix): a machine we are not on (hardware=
+# "2xT4") has only its torch version to plan by. Sources: docs/measurements.md, "hardware.py".
 _CU126 = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
 _CU128 = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
 _BUILD_ARCHS: Mapping[str, tuple[str, ...]] = MappingProxyType(

@@ -9,17 +9,8 @@ from typing import Literal
 
 PeakDtype = Literal["fp32", "tf32", "fp16", "bf16"]
 
-# Dense peak TFLOP/s per GPU and math mode, from NVIDIA's datasheets. The tensor-core figures there are often quoted
-# "with sparsity" (2:4 structured sparsity, 2x); training is dense, so those are halved here. fp16/bf16 are tensor
-# core rates with fp32 accumulate. A missing dtype means the card has no fast path for it (T4/V100 bf16 is emulated,
-# TF32 needs sm80+, P100 has no tensor cores: its fp16 is 2x packed half math).
-#   T4:   t4-tensor-core-datasheet-951643.pdf: FP32 8.1, mixed FP16/FP32 65
-#   P100: tesla-p100-pcie-datasheet.pdf: PCIe FP32 9.3, FP16 18.7; SXM2 10.6, 21.2
-#   V100: tesla-v100-datasheet-letter-fnl-web.pdf: PCIe FP32 14, tensor 112; SXM2 15.7, 125
-#   A100: nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf: FP32 19.5, TF32 156, BF16/FP16 312 (PCIe = SXM peaks)
-#   L4:   l4-gpu-datasheet: FP32 30.3, TF32 120*, BF16/FP16 242* (* sparsity -> 60, 121 dense)
-#   H100: h100 datasheet (nvidia-tensor-core-gpu-datasheet): SXM FP32 67, TF32 989*, BF16/FP16 1979*;
-#         PCIe FP32 51, TF32 756*, BF16/FP16 1513* (* sparsity -> halved)
+# Dense peak TFLOP/s per GPU and math mode from NVIDIA's datasheets, "with sparsity" figures halved; fp16/bf16 at
+# fp32 accumulate; a missing dtype: no fast path on that card. Sources: docs/measurements.md, "peaks.py".
 PEAK_TFLOPS: Mapping[str, Mapping[PeakDtype, float]] = MappingProxyType(
     {
         "T4": MappingProxyType({"fp32": 8.1, "fp16": 65.0}),

@@ -1,9 +1,5 @@
-"""``report_to``: 02's history rows (one point per epoch) and its verdict, logged to TensorBoard or Weights & Biases.
-
-A fit callback, on the main process only; "none" adds nothing. TensorBoard's event files go to
-``work_dir/tensorboard/<run dir name>`` (``tensorboard --logdir work_dir/tensorboard``), outside run/, which 02
-replaces when a run completes.
-"""
+"""``report_to``: 02's history rows and verdict, logged to TensorBoard (``work_dir/tensorboard/<run>``, outside
+run/) or Weights & Biases by a fit callback on the main process only; "none" adds nothing."""
 
 from __future__ import annotations
 

@@ -20,9 +20,8 @@ WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of a number's blend; c
 EMBEDDING_DIMS = 16  # principal components of the text embeddings the trees split on (384 raw dims overfit 700 rows)
 MAX_ROWS = 20_000  # training rows above which the network goes alone: trees are for the small tables
 TREES_FILE = "trees.json"  # in run/: the blend weight 02 chose on validation (03 refits the trees when above 0)
-# ONE_THREAD: the trees fit and predict on one OpenMP thread. scikit-learn brings its own libgomp beside torch's; in a
-# notebook kernel that had trained, on 2 cores shared with other jobs (load 11), the two runtimes' spinning threads
-# kept a 675-row fit running for over 5 minutes; on one thread such a fit takes about a second.
+# ONE_THREAD: the trees fit and predict on one OpenMP thread: sklearn's libgomp spinning beside torch's kept a
+# 675-row fit over 5 minutes on 2 busy cores; one thread fits it in about a second.
 
 
 def wanted(feats: Features) -> bool:

@@ -1,7 +1,5 @@
-"""What 02 and 03 show: the training history as a table and a plot, and a summary of the predictions.
-
-The notebooks call these and print or display what they return; nothing here trains, reads or writes files.
-"""
+"""What 02 and 03 show: the history as a table and a plot, and a summary of the predictions (nothing trains,
+reads or writes files)."""
 
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ _LOSSES = ("train_loss", "eval_loss")
 
 
 def history_table(history: pd.DataFrame) -> pd.DataFrame:
-    """``history`` as a notebook shows it: indexed by the 1-based epoch (no 0-based index beside it), figures
-    rounded to 4 significant digits, the learning rate in scientific notation, columns never filled left out, a
-    figure not measured that epoch (the full metric's cadence) blank rather than NaN, and the throughput under the
-    name the progress bar and the doctor give it (kitlib.progress.THROUGHPUT)."""
+    """``history`` as a notebook shows it: by 1-based epoch, 4 significant digits, lr in scientific notation, empty
+    columns dropped, unmeasured figures blank, the throughput under kitlib.progress.THROUGHPUT's name."""
     table = history.dropna(axis="columns", how="all").set_index("epoch")
     shown: dict[str, Any] = {}
     for name, column in table.items():
