@@ -123,7 +123,7 @@ def _read_entry(entry: Path, key: str, where: str) -> tuple[Any, dict[str, Any]]
     files = manifest.get("files", {})
     if "data.json" not in files:
         if "data.pkl" in files:
-            raise _Corrupt(f"it is a pickle in {where} cache (kitlib never writes one), so it was not unpickled (unpickling runs code)")
+            raise _Corrupt(f"it is a pickle in {where} cache (kitlib never writes one), so it was not unpickled")
         raise _Corrupt("manifest lists no data.json")
     try:  # read once, checked on the way; the arrays are views of these bytes
         blobs = {name: read_checked(entry / name, record) for name, record in files.items()}
