@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -280,7 +281,7 @@ class Cache:
             except FileNotFoundError:  # cleared by someone else while we read: a plain miss
                 continue
             if root != self.dir and self.copy_seed_hits:
-                self._publish(entry, stale, lambda tmp, src=path: shutil.copytree(src, tmp, dirs_exist_ok=True))
+                self._publish(entry, stale, functools.partial(shutil.copytree, path, dirs_exist_ok=True))
             return found, None
         return None, stale
 
