@@ -11,13 +11,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _own_config_dir(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """The cache's signing key lives in a per-session folder, never the user's ~/.config (child processes inherit)."""
-    os.environ["KITLIB_CONFIG_DIR"] = str(tmp_path_factory.mktemp("kitlib-config"))
-    yield
-
-
-@pytest.fixture(autouse=True, scope="session")
 def _no_parameters_from_the_shell():  # type: ignore[no-untyped-def]
     """00's parameters read KIT_* variables (KIT_PRESET, KIT_TASK, ...): one exported for the main job (the README's
     `KIT_PRESET=smoke`) must not change what a test asks for. A test that wants one sets it itself (monkeypatch).

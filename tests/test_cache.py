@@ -309,7 +309,7 @@ def test_two_concurrent_writers_leave_one_valid_entry(tmp_path: Path) -> None:
 
 
 def a_set(n: int, counter: Counter) -> set[int]:
-    """A result the no-code format cannot describe: stored as a (signed) pickle."""
+    """A result the no-code format cannot describe: returned uncached (the cache never pickles)."""
     counter.calls += 1
     return set(range(n))
 
@@ -388,60 +388,58 @@ def test_default_cache_dir_follows_the_platform(tmp_path: Path) -> None:
     assert default_cache_dir(override) == tmp_path / "x"
 
 
-def test_a_planted_pickle_with_matching_checksums_is_refused_and_never_runs(cache: Cache, tmp_path: Path) -> None:
-    """Whoever can write into the cache folder can also write checksums; only the signing key (kept outside the
-    folder) makes an entry loadable. The planted pickle would create a file if it were unpickled."""
+def _plant_pickle(entry: Path, proof: Path) -> None:
+    """Replace an entry's data by a pickle that creates ``proof`` when unpickled, with matching checksums: whoever can
+    write into a cache folder (or publish a seed) can also write those."""
     import hashlib
     import json
     import pickle
-
-    counter = Counter()
-    expected = cached(big_array, 10, counter, cache=cache)
-    entry = next(p for p in cache.dir.iterdir() if p.name.startswith("big_array-"))
-    proof = tmp_path / "the planted code ran"
 
     class Plant:
         def __reduce__(self):  # type: ignore[no-untyped-def]
             return (Path.touch, (proof,))
 
     payload = pickle.dumps(Plant(), protocol=5)
+    for name in ("data.json", "buffers.bin"):
+        (entry / name).unlink(missing_ok=True)
     (entry / "data.pkl").write_bytes(payload)
     manifest = json.loads((entry / "manifest.json").read_text())
     manifest["files"] = {"data.pkl": {"bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}}
     manifest["buffers"] = []
-    (entry / "manifest.json").write_text(json.dumps(manifest))  # checksums match; the signature does not
-    with pytest.warns(CacheWarning, match=r"not signed by this machine's kitlib key"):
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_planted_pickle_with_matching_checksums_is_refused_and_never_runs(cache: Cache, tmp_path: Path) -> None:
+    """Checksums prove nothing about who wrote an entry: the cache never unpickles, so a planted pickle is rebuilt."""
+    counter = Counter()
+    expected = cached(big_array, 10, counter, cache=cache)
+    entry = next(p for p in cache.dir.iterdir() if p.name.startswith("big_array-"))
+    proof = tmp_path / "the planted code ran"
+    _plant_pickle(entry, proof)
+    with pytest.warns(CacheWarning, match=r"pickle in this cache .* not unpickled"):
         again = cached(big_array, 10, counter, cache=cache)
     assert not proof.exists()
     np.testing.assert_array_equal(again, expected)  # rebuilt from the inputs instead
     assert counter.calls == 2
+    with pytest.warns(CacheWarning, match="never pickles"):
+        assert cached(a_set, 3, counter, cache=cache) == {0, 1, 2}  # not arrays: returned, not stored
+    assert not list(cache.dir.glob("*/data.pkl"))
 
 
-def test_a_seed_serves_its_arrays_but_never_its_pickles_even_signed_here(tmp_path: Path) -> None:
-    """A seed is someone else's folder (an attached kernel output): even a pickle this machine's key signed (a
-    copied-back cache) is rebuilt, never unpickled."""
-    import os
-
-    from kitlib.data.signing import CONFIG_ENV
-
+def test_a_seed_serves_its_arrays_but_never_its_pickles(tmp_path: Path) -> None:
+    """A seed is someone else's folder (an attached kernel output): its arrays load, a pickle in it never runs."""
     elsewhere = tmp_path / "previous-kernel" / "kitlib-cache"
-    old_key_dir = os.environ[CONFIG_ENV]
-    os.environ[CONFIG_ENV] = str(tmp_path / "their-config")  # another machine's key
-    try:
-        counter = Counter()
-        cached(big_array, 10, counter, cache=Cache(elsewhere, log=None))
-        cached(a_set, 10, counter, cache=Cache(elsewhere, log=None))
-    finally:
-        os.environ[CONFIG_ENV] = old_key_dir
-    cached(a_set, 11, counter, cache=Cache(elsewhere, log=None))  # signed with this machine's key
-    assert counter.calls == 3
+    counter = Counter()
+    cached(big_array, 10, counter, cache=Cache(elsewhere, log=None))
+    cached(big_array, 11, counter, cache=Cache(elsewhere, log=None))
+    proof = tmp_path / "the planted code ran"
+    _plant_pickle(next(p for p in elsewhere.iterdir() if p.name.startswith("big_array-")), proof)
     mine = Cache(tmp_path / "mine", seed_dirs=[elsewhere], log=None)
-    np.testing.assert_array_equal(cached(big_array, 10, counter, cache=mine), np.arange(10, dtype=np.float32))
-    assert counter.calls == 3  # arrays: a hit (reading them runs no code)
-    for n in (10, 11):
-        with pytest.warns(CacheWarning, match=r"pickle in a seed cache .* not unpickled"):
-            assert cached(a_set, n, counter, cache=mine) == set(range(n))
-    assert counter.calls == 5  # the pickles: rebuilt here, never unpickled
+    with pytest.warns(CacheWarning, match=r"pickle in a seed cache .* not unpickled"):
+        for n in (10, 11):
+            np.testing.assert_array_equal(cached(big_array, n, counter, cache=mine), np.arange(n, dtype=np.float32))
+    assert counter.calls == 3 and mine.stats.hits == 1  # the arrays: a hit; the pickle: rebuilt here, never run
+    assert not proof.exists()
 
 
 def test_featurisation_results_are_stored_without_pickle_and_come_back_equal(cache: Cache) -> None:

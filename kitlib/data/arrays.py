@@ -1,6 +1,5 @@
 """Arrays and plain data in a form that runs no code when read: JSON for the structure, raw bytes for arrays
-(numpy/torch arrays, numbers, strings, lists, dicts, kitlib's dataclasses); ``encode`` returns None for anything else.
-Long lists of 1-D arrays are stored as one flat array + offsets."""
+(numpy/torch arrays, numbers, strings, lists, dicts, kitlib's dataclasses); ``encode`` gives None for anything else."""
 
 from __future__ import annotations
 
@@ -11,11 +10,10 @@ from typing import Any
 
 import numpy as np
 
-# lazy: torch (+1.0 s): only tensor arguments need it; `import kitlib.data.arrays` stays at 0.2 s (numpy). Measured with
-# python -X importtime.
+# torch is imported lazily (+1.0 s): only tensors need it.
 
 RAGGED_MIN = 64  # lists of >= this many same-dtype 1-D arrays become flat + offsets (~1 JSON record per array saved)
-_MAX_DEPTH = 32  # deeper structures are not featurisation results: leave them to the pickle path
+_MAX_DEPTH = 32  # deeper structures are not featurisation results: not stored
 
 
 class NotEncodable(Exception):
