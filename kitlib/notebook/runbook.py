@@ -19,8 +19,8 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: papermill (+0.3 s with nbformat and nbclient) and kitlib.engine (+1.0 s: torch, only to name a stopped run's
-# checkpoint); the names and paths here are read by the CLI and 00.
+# lazy: papermill (1.6x the import time of nbclient alone: docs/measurements.md) and kitlib.engine (+1.0 s: torch,
+# only to name a stopped run's checkpoint); the names and paths here are read by the CLI and 00.
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "path:line: UserWarning: ..." or "UserWarning: ..." (kitlib.progress)
 _WARNING = re.compile(r"^(?:\S.*?:\d+: )?(\w*Warning): (.*)$", re.M)
@@ -88,9 +88,8 @@ def run_notebooks(
     timeout_s: int = 3600,
     resume: str = "run the same command again",
 ) -> list[Executed]:
-    """Execute the notebooks in order, each executed copy saved to ``out_dir``; stop at the first failure.
-    SIGTERM/SIGINT goes on to the kernel (which saves ``last/``);
-    after at most GRACE_S a RunStopped names ``resume``. Relative paths are taken against this process's cwd."""
+    """Execute the notebooks in order, each executed copy saved to ``out_dir``; stop at the first failure. SIGTERM or
+    SIGINT goes on to the kernel (which saves ``last/``); after at most GRACE_S a RunStopped names ``resume``."""
     import papermill
     from jupyter_client.manager import AsyncKernelManager
     from nbclient.exceptions import DeadKernelError
@@ -117,7 +116,7 @@ def run_notebooks(
             super().__init__(**kw, **sockets)
             stop.kernel = self
 
-        async def start_kernel(self, **kw: Any) -> None:
+        async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]  # async, as jupyter_client's own
             await super().start_kernel(**kw)
             if stop.signum:  # the signal came before the kernel's process existed
                 stop.signal_kernel(signal.SIGTERM)
@@ -127,11 +126,11 @@ def run_notebooks(
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
     stop.keep_handlers()
     stop.listen()  # papermill runs nbclient's synchronous path, which installs no signal handlers of its own
-    # papermill warns through logging (stderr): every name a notebook's cell lacks (01-03 declare 3 of the 31), and
-    # each comment line its parser cannot read ("kitlib's"); a notebook's own errors come as NotebookFailed.
+    # papermill logs to stderr every name a notebook's cell lacks (01-03 declare 3 of the 31), each comment line its
+    # parser cannot read ("kitlib's"), and nbclient's errors ("Kernel died ...") before the exception kitlib words.
     papermill_log = logging.getLogger("papermill")
     level = papermill_log.level
-    papermill_log.setLevel(logging.ERROR)
+    papermill_log.setLevel(logging.CRITICAL)
     try:
         for name in names:
             stop.check(name)  # a signal between two notebooks: the next one does not start
