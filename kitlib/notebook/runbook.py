@@ -240,7 +240,8 @@ def raised_warnings(paths: Sequence[Path]) -> list[str]:
 
 def _executed_here(path: Path) -> bool:
     try:
-        return bool(json.loads(path.read_text()).get("metadata", {}).get(EXECUTED_MARK))
+        meta = json.loads(path.read_text()).get("metadata", {})
+        return bool(meta.get(EXECUTED_MARK) or meta.get("kitlib_executed"))  # (the mark before papermill)
     except (OSError, ValueError, AttributeError):
         return False
 
