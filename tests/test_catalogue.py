@@ -1328,7 +1328,7 @@ def test_notebooks_run_never_writes_over_a_notebook_it_did_not_execute(
     (executed / "02_train.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
     before = _snapshot(tmp_path)
     line = ["notebooks", "run", "--data", str(data), "--work", str(tmp_path / "work"), "--preset", "smoke"]
-    with mock.patch("nbclient.NotebookClient", side_effect=RuntimeError("a kernel was started")):
+    with mock.patch("papermill.execute_notebook", side_effect=RuntimeError("a kernel was started")):
         code, _, err = _cli(line, capsys)
     assert code == 2 and re.search(r"executed/02_train\.ipynb: not a notebook this runner executed.*Fix: move", err)
     assert _snapshot(tmp_path) == before
@@ -1336,7 +1336,7 @@ def test_notebooks_run_never_writes_over_a_notebook_it_did_not_execute(
 
     (executed / "02_train.ipynb").write_text(json.dumps({"metadata": {EXECUTED_MARK: "02_train.ipynb"}}))
     started = pytest.raises(RuntimeError, match="a kernel was started")  # its own copy: the run goes ahead
-    with mock.patch("nbclient.NotebookClient", side_effect=RuntimeError("a kernel was started")), started:
+    with mock.patch("papermill.execute_notebook", side_effect=RuntimeError("a kernel was started")), started:
         _cli(line, capsys)
 
 

@@ -17,7 +17,7 @@ from kitlib.errors import SetupError
 from kitlib.notebook import params as params_module
 from kitlib.notebook import stages
 from kitlib.notebook.params import PARAMETERS, TRAINING
-from kitlib.notebook.runbook import inject_parameters, notebooks_dir
+from kitlib.notebook.runbook import notebooks_dir
 from kitlib.tasks.metrics import METRICS
 
 NOT_PARAMETERS = {"wheels_dir"}  # 00's install cell reads it before kitlib is importable
@@ -133,9 +133,10 @@ def test_an_undeclared_name_is_an_error_listing_the_declared_ones() -> None:
 
 def _through_the_cell(values: dict[str, Any], data: Path, work: Path) -> params_module.Params:
     """As papermill/nbconvert run 00: the parameters cell, the injected cell after it, then 00's call."""
-    import nbformat
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
 
-    nb = inject_parameters(nbformat.read(notebooks_dir() / "00_setup.ipynb", as_version=4), values)
+    nb = parameterize_notebook(load_notebook_node(str(notebooks_dir() / "00_setup.ipynb")), values)
     namespace: dict[str, Any] = {}
     for cell in nb["cells"]:
         tags = cell["metadata"].get("tags", [])

@@ -1,11 +1,8 @@
-"""Run the numbered notebooks headless, in order, as ``jupyter nbconvert --execute`` does, with papermill's
-``injected-parameters`` cell after ``parameters``, and KIT_HEADLESS=1 plus the KIT_* variables in the kernel."""
+"""Run the numbered notebooks headless, in order, with papermill (as Kaggle runs batch notebooks): its
+``injected-parameters`` cell after ``parameters``, KIT_HEADLESS=1 plus the KIT_* variables in the kernel."""
 
 from __future__ import annotations
 
-import asyncio
-import atexit
-import copy
 import json
 import logging
 import os
@@ -15,26 +12,23 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: nbformat (+0.1 s), nbclient (+0.2 s), traitlets (+0.03 s): only reading or running notebooks needs them;
-# kitlib.engine (+1.0 s): torch, only to name a stopped run's checkpoint. The names and paths here are read by the CLI
-# and 00 (python -X importtime).
-
+# lazy: papermill (1.6x the import time of nbclient alone: docs/measurements.md) and kitlib.engine (+1.0 s: torch,
+# only to name a stopped run's checkpoint); the names and paths here are read by the CLI and 00.
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
-# the first line warnings.showwarning prints: "file:line: Category: message"
-# "path:line: UserWarning: ..." (warnings.warn), or "UserWarning: ..." (kitlib.progress.advise: no kernel file path)
+# the first line warnings.showwarning prints: "path:line: UserWarning: ..." or "UserWarning: ..." (kitlib.progress)
 _WARNING = re.compile(r"^(?:\S.*?:\d+: )?(\w*Warning): (.*)$", re.M)
 GRACE_S = 30  # seconds a stopped kernel gets to save last/ (one checkpoint write: seconds on a local disk)
-EXECUTED_MARK = "kitlib_executed"  # in an executed copy's metadata: the only kind a later run writes over
+EXECUTED_MARK = "papermill"  # papermill's metadata: a later run writes over an executed copy only
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
-# Parameters (and their KIT_* variables) that name folders. A notebook's kernel runs with its working directory set
-# to the executed notebook's folder, so a relative path must be made absolute before the kernel sees it.
+# Parameters (and their KIT_* variables) naming folders: the kernel's cwd is the executed copy's folder, so a relative
+# path is made absolute before the kernel sees it.
 PATH_PARAMETERS = {"data_dir": "KIT_DATA_DIR", "work_dir": "KIT_WORK_DIR", "model": "KIT_MODEL"}
 MODEL_NAMES = ("auto", "tiny")  # model values that are not folders
 
@@ -69,22 +63,12 @@ def notebooks_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "notebooks"
 
 
-def inject_parameters(nb: Any, values: Mapping[str, Any]) -> Any:
-    """A copy of ``nb`` with an ``injected-parameters`` cell after the ``parameters`` cell (papermill's convention)."""
-    import nbformat
-
-    nb = copy.deepcopy(nb)
-    index = next((i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", [])), None)
-    if index is None:
-        raise ValueError("notebook has no cell tagged 'parameters': tag the cell holding its defaults")
-    source = "# Parameters injected by kitlib.notebook.runbook\n" + "".join(f"{k} = {v!r}\n" for k, v in values.items())
-    cell = nbformat.v4.new_code_cell(source, metadata={"tags": ["injected-parameters"]})
-    nb.cells.insert(index + 1, cell)
-    return nb
-
-
 class NotebookFailed(KitError, RuntimeError):
     """A notebook stopped at an error; the message names the notebook, the cell and the error."""
+
+
+class RunStopped(KitError, RuntimeError):
+    """The headless run was stopped by a signal; the message says what was saved and how to continue."""
 
 
 @dataclass(frozen=True)
@@ -104,13 +88,11 @@ def run_notebooks(
     timeout_s: int = 3600,
     resume: str = "run the same command again",
 ) -> list[Executed]:
-    """Execute the notebooks in order, each executed copy saved to ``out_dir``; stop at the first failure.
-    SIGTERM/SIGINT goes on to the kernel (which saves ``last/``); after at most GRACE_S a RunStopped names ``resume``.
-    A killed kernel raises NotebookFailed. Relative paths are taken against this process's cwd."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, DeadKernelError
-    from traitlets.config import Config
+    """Execute the notebooks in order, each executed copy saved to ``out_dir``; stop at the first failure. SIGTERM or
+    SIGINT goes on to the kernel (which saves ``last/``); after at most GRACE_S a RunStopped names ``resume``."""
+    import papermill
+    from jupyter_client.manager import AsyncKernelManager
+    from nbclient.exceptions import DeadKernelError
 
     out_dir = Path(out_dir).resolve()
     source_dir = Path(source_dir or notebooks_dir()).resolve()
@@ -124,44 +106,56 @@ def run_notebooks(
             f"executed copy there. Fix: move it out of {out_dir}, or pick another work dir"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
+    stop = _Stop(parameters.get("work_dir"), resume)
+    # Unix sockets in a folder of this run's own (TCP ports picked by bind-and-release were taken by a kernel another
+    # test process started: "ZMQError: Address already in use" in CI); TCP on Windows.
+    sockets = {} if os.name == "nt" else {"transport": "ipc", "ip": tempfile.mkdtemp(prefix="kitlib-kernel-") + "/k"}
+
+    class Kernel(AsyncKernelManager):  # nbclient builds and owns it; the stop handler signals its process
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw, **sockets)
+            stop.kernel = self
+
+        async def start_kernel(self, **kw: Any) -> None:  # type: ignore[override]  # async, as jupyter_client's own
+            await super().start_kernel(**kw)
+            if stop.signum:  # the signal came before the kernel's process existed
+                stop.signal_kernel(signal.SIGTERM)
+
     results = []
     saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
-    stop = _Stop(parameters.get("work_dir"), resume)
     stop.keep_handlers()
-    sockets = _kernel_sockets()  # removed in the finally below
+    stop.listen()  # papermill runs nbclient's synchronous path, which installs no signal handlers of its own
+    # papermill logs to stderr every name a notebook's cell lacks (01-03 declare 3 of the 31), each comment line its
+    # parser cannot read ("kitlib's"), and nbclient's errors ("Kernel died ...") before the exception kitlib words.
+    papermill_log = logging.getLogger("papermill")
+    level = papermill_log.level
+    papermill_log.setLevel(logging.CRITICAL)
     try:
         for name in names:
-            stop.listen()  # again: nbclient's end of the last notebook set the default handlers back
             stop.check(name)  # a signal between two notebooks: the next one does not start
-            nb = nbformat.read(source_dir / name, as_version=4)
-            if parameters:
-                nb = inject_parameters(nb, parameters)
-            start = time.perf_counter()
-            target = out_dir / name
-            stop.client = None
+            target, start = out_dir / name, time.perf_counter()
             try:
-                stop.client = NotebookClient(
-                    nb, timeout=timeout_s, kernel_name="python3", resources={"metadata": {"path": str(out_dir)}},
-                    config=Config(KernelManager=sockets),
+                papermill.execute_notebook(
+                    source_dir / name, target, parameters,
+                    kernel_name="python3", progress_bar=False, execution_timeout=timeout_s,
+                    kernel_manager_class=Kernel, resources={"metadata": {"path": str(out_dir)}},
                 )  # fmt: skip
-                stop.client.async_start_new_kernel = stop.arming(stop.client.async_start_new_kernel)
-                stop.client.execute()
             except Exception as err:
                 stop.check(name)  # stopped by a signal: that, not the error the stop caused, is the message
-                if os.environ.get(TRACEBACK_ENV) == "1" or not isinstance(err, CellExecutionError | DeadKernelError):
+                if os.environ.get(TRACEBACK_ENV) == "1":
                     raise
                 if isinstance(err, DeadKernelError):  # killed: the out-of-memory killer, a kill -9
                     raise NotebookFailed(
                         f"{name}: its kernel died (killed: out of host memory, or SIGKILL): "
                         f"{stop.saved()}; the notebooks before it are done. Resume: {resume}"
                     ) from None
-                raise NotebookFailed(_failure(nb, name, target, err)) from None
-            finally:
-                if stop.client is not None:  # left registered when the kernel failed to start
-                    atexit.unregister(stop.client._cleanup_kernel)
-                nb.metadata[EXECUTED_MARK] = name
-                nbformat.write(nb, target)  # the executed copy, also when a cell failed: it shows where
+                if isinstance(err, papermill.PapermillExecutionError):  # its words: the cell's own error output
+                    raise NotebookFailed(
+                        f"{name} stopped in cell {err.cell_index + 1}: {err.ename}: {err.evalue}\n(the executed "
+                        f"notebook, with the full traceback: {target}; {TRACEBACK_ENV}=1 shows it here)"
+                    ) from None
+                raise
             stop.check(name)
             size = target.stat().st_size
             if size > MAX_EXECUTED_BYTES:
@@ -169,95 +163,62 @@ def run_notebooks(
             results.append(Executed(target, time.perf_counter() - start, size))
     finally:
         stop.restore_handlers()
+        papermill_log.setLevel(level)
         os.environ.clear()
         os.environ.update(saved)
-        if "ip" in sockets:
+        if sockets:
             shutil.rmtree(Path(sockets["ip"]).parent, ignore_errors=True)
     return results
 
 
-def _kernel_sockets() -> dict[str, str]:
-    """The kernels' transport: unix sockets in a folder of this run's own where the OS has them (TCP ports picked by
-    bind-and-release can be taken by a kernel started elsewhere: "Address already in use" in CI); TCP on Windows."""
-    if os.name == "nt":
-        return {}
-    return {"transport": "ipc", "ip": str(Path(tempfile.mkdtemp(prefix="kitlib-kernel-")) / "k")}
-
-
-class RunStopped(KitError, RuntimeError):
-    """The headless run was stopped by a signal; the message says what was saved and how to continue."""
-
-
 class _Stop:
-    """The runner's SIGTERM/SIGINT handler while a kernel runs: the kernel (in a session of its own, so a signal to
-    this process group never reaches it) gets SIGTERM once, and SIGKILL if its notebook is still running GRACE_S
-    later; ``check`` then ends the run with one message."""
+    """The runner's SIGTERM/SIGINT handler: the kernel (in a session of its own, so a signal to this process group
+    never reaches it) gets SIGTERM once, and SIGKILL if still running GRACE_S later; ``check`` then ends the run."""
 
     def __init__(self, work_dir: Any, resume: str) -> None:
         self.work_dir, self.resume, self.signum = work_dir, resume, 0
-        self.client: Any = None  # the running notebook's NotebookClient
-        # The stopped kernel's sockets close under nbclient's pending reads, and zmq logs that through tornado as an
-        # "uncaught exception" with a traceback (once in CI, under load): the stop is ours and ``check`` says it.
-        # Silenced from the signal on, back on when the run ends; KITLIB_TRACEBACK=1 keeps it.
+        self.kernel: Any = None  # the running notebook's kernel manager
+        # The stopped kernel's sockets close under nbclient's pending reads, and zmq logs a traceback through tornado
+        # (once in CI, under load): the stop is ours and ``check`` says it. Off from the signal to the run's end.
         self.zmq_log = logging.getLogger("tornado.general")
         self.zmq_log_was_off = self.zmq_log.disabled
 
     def keep_handlers(self) -> None:
-
         main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
 
-    def restore_handlers(self) -> None:
+    def listen(self) -> None:
+        for signum in self.previous:
+            signal.signal(signum, self._stop)
 
+    def restore_handlers(self) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
         self.zmq_log.disabled = self.zmq_log_was_off
 
-    def listen(self) -> None:
-        """This process's SIGTERM/SIGINT go to ``_stop`` (between notebooks; ``arming`` covers a running one)."""
-
-        for signum in self.previous:
-            signal.signal(signum, self._stop)
-
-    def arming(self, start: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
-        """Wraps nbclient's kernel start: nbclient has just set its own handlers (they shut the kernel down at once,
-        and a signal while the kernel starts ended the run in asyncio's CancelledError); ours replace them first."""
-
-        async def started(**kwargs: Any) -> None:
-            for signum in self.previous:
-                asyncio.get_event_loop().add_signal_handler(signum, self._stop, signum, None)
-            await start(**kwargs)
-            if self.signum:  # the signal came before the kernel's process existed
-                self._kernel(signal.SIGTERM)
-
-        return started
-
-    def _kernel(self, signum: int) -> None:
-        process = getattr(getattr(getattr(self.client, "km", None), "provisioner", None), "process", None)
+    def signal_kernel(self, signum: int) -> None:
+        process = getattr(getattr(self.kernel, "provisioner", None), "process", None)
         if process is not None and process.poll() is None:
             os.kill(process.pid, signum)
 
     def _stop(self, signum: int, frame: Any) -> None:
-
         if not self.signum:  # a second signal (Ctrl-C twice) changes nothing: the grace timer ends the wait
             self.signum = signum
             self.zmq_log.disabled = self.zmq_log_was_off or os.environ.get(TRACEBACK_ENV) != "1"
-            self._kernel(signal.SIGTERM)
-            timer = threading.Timer(GRACE_S, self._kernel, (signal.SIGKILL,))
+            self.signal_kernel(signal.SIGTERM)
+            timer = threading.Timer(GRACE_S, self.signal_kernel, (signal.SIGKILL,))
             timer.daemon = True
             timer.start()
 
     def check(self, name: str) -> None:
-        if not self.signum:
-            return
-        raise RunStopped(
-            f"stopped by {signal.Signals(self.signum).name} during {name} (the kernel got SIGTERM and up to "
-            f"{GRACE_S} s to save): {self.saved()}; the notebooks before it are done. Resume: {self.resume}"
-        )
+        if self.signum:
+            raise RunStopped(
+                f"stopped by {signal.Signals(self.signum).name} during {name} (the kernel got SIGTERM and up to "
+                f"{GRACE_S} s to save): {self.saved()}; the notebooks before it are done. Resume: {self.resume}"
+            )
 
     def saved(self) -> str:
         """What the stopped attempt left to continue from (02's run.new/)."""
-
         from kitlib.engine.checkpoint import latest
 
         staged = Path(self.work_dir or ".") / "run.new"
@@ -268,38 +229,21 @@ class _Stop:
 def raised_warnings(paths: Sequence[Path]) -> list[str]:
     """Every warning the executed notebooks at ``paths`` printed (``<notebook>: <Category>: <message>``), each once,
     in order: what a headless user would otherwise find only inside the .ipynb files."""
-
     found: dict[str, None] = {}
     for path in paths:
         cells = json.loads(path.read_text()).get("cells", [])
         for out in (o for c in cells for o in c.get("outputs", []) if o.get("name") == "stderr"):
-            text = "".join(out.get("text", ""))
-            for category, message in _WARNING.findall(text):
+            for category, message in _WARNING.findall("".join(out.get("text", ""))):
                 found[f"{path.stem}: {category}: {message.strip()}"] = None
     return list(found)
 
 
 def _executed_here(path: Path) -> bool:
-
     try:
-        return bool(json.loads(path.read_text()).get("metadata", {}).get(EXECUTED_MARK))
+        meta = json.loads(path.read_text()).get("metadata", {})
+        return bool(meta.get(EXECUTED_MARK) or meta.get("kitlib_executed"))  # (the mark before papermill)
     except (OSError, ValueError, AttributeError):
         return False
-
-
-def _failure(nb: Any, name: str, target: Path, err: Any) -> str:
-    """One paragraph: which notebook and cell, the error as kitlib (or Python) worded it, where the rest is. The
-    words come from the cell's own error output: the kernel's reply loses them when the error was raised while
-    displaying a result (IPython's formatters: the reply then says "NoneType: None")."""
-    errors = [
-        (i, o) for i, c in enumerate(nb.cells, 1) for o in c.get("outputs", []) if o.get("output_type") == "error"
-    ]
-    cell, ename, evalue = (f"cell {errors[0][0]}", errors[0][1].ename, errors[0][1].evalue) if errors else (
-        "a cell", err.ename, err.evalue)  # fmt: skip
-    return (
-        f"{name} stopped in {cell}: {ename}: {evalue}\n(the executed notebook, with the full traceback: "
-        f"{target}; {TRACEBACK_ENV}=1 shows it here)"
-    )
 
 
 def strip_outputs(paths: Sequence[Path]) -> int:
