@@ -195,6 +195,24 @@ def test_state_and_meta_validation() -> None:
     assert snap.state == {"loss": 0.25, "pos": (1, [2, 3])} and type(snap.state["loss"]) is float
 
 
+def test_rng_state_is_a_few_tensors_and_older_lists_still_load() -> None:
+    """The generators' states are a handful of objects for the snapshot to copy (main: ~1,250 Python ints, walked one
+    by one at every save: most of a small model's save on the training thread), and a checkpoint written before
+    (lists of ints) restores the same streams."""
+
+    def leaves(obj: Any) -> int:
+        return sum(leaves(v) for v in obj) if isinstance(obj, (list, tuple)) else 1
+
+    seed_all(5)
+    state = ck.rng_state()
+    assert sum(leaves(v) for v in state.values()) < 16
+    expected = (random.random(), np.random.rand(), torch.rand(1))
+    as_lists = {k: [v.tolist() if isinstance(v, torch.Tensor) else v for v in state[k]] for k in ("python", "numpy")}
+    for saved in (state, {**state, **as_lists}):
+        ck.set_rng_state(saved)
+        assert (random.random(), np.random.rand(), torch.rand(1)) == expected
+
+
 _CHILD = textwrap.dedent(
     """
     import sys, time
