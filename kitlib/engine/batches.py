@@ -10,10 +10,10 @@ import math
 from collections.abc import Iterator, Sized
 from typing import Any
 
-from torch.utils.data import DataLoader, Sampler
+import torch
+from torch.utils.data import DataLoader, RandomSampler, Sampler
 
 from kitlib.engine.checkpoint import set_rng_state
-from kitlib.engine.step import seed_epoch_order
 from kitlib.machine.distributed import DistEnv
 
 # DataLoader arguments that carry over unchanged when only the batch order changes.
@@ -48,6 +48,18 @@ def _batch_sampler(loader: DataLoader[Any]) -> Sampler[list[int]]:
             "shard its batches without loading them; build it with batch_size=... over a map-style Dataset"
         )
     return loader.batch_sampler  # type: ignore[return-value]
+
+
+def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:
+    """Make each epoch's batch order a pure function of (seed, epoch), so a resumed run replays it exactly."""
+    for sampler in (loader.batch_sampler, loader.sampler):
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)  # type: ignore[union-attr]
+            return
+    if isinstance(loader.sampler, RandomSampler):
+        # The user's plain DataLoader(shuffle=True): give its sampler a seeded generator (torch would otherwise
+        # draw a fresh seed from the global RNG at every iterator, which a resumed run cannot replay).
+        loader.sampler.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
 
 
 class SkipBatches(Sampler[list[int]]):
