@@ -1,8 +1,5 @@
-"""Views of a DataLoader's batch order: skip the first k batches (mid-epoch resume) and shard batches across
-DDP ranks. Both rebuild the loader around a wrapped batch sampler, so skipped or foreign batches are never loaded
-(fast-forwarding by iterating would read, decode and collate every skipped batch). The views share the original
-loader's samplers, so seeding the original's epoch order (``set_epoch``) orders every view.
-"""
+"""Views of a DataLoader's batch order: skip the first k batches (mid-epoch resume) and shard batches across DDP ranks,
+by wrapping the batch sampler (skipped or foreign batches are never loaded); the views share the original samplers."""
 
 from __future__ import annotations
 
@@ -94,15 +91,8 @@ class SkipBatches(Sampler[list[int]]):
 
 
 class ShardBatches(Sampler[list[int]]):
-    """Rank ``rank`` of ``world_size`` takes batches rank, rank+W, rank+2W, ...
-
-    Interleaving (not contiguous blocks) means the W micro-batches that DDP averages in one synchronised step are
-    consecutive batches of the single-process order: a run on W ranks with accumulation A equals a single-process
-    run with accumulation A*W. For training (``even``) the batch count is cut to a multiple of W so every rank takes
-    the same number of steps (an extra step on one rank would hang the others in all-reduce). An eval keeps every
-    batch: its sums are all-reduced once at the end, so ranks may take different counts (a 1-batch validation set
-    on 2 ranks was dropped whole, and best/ never chosen).
-    """
+    """Rank ``rank`` of ``world_size`` takes batches rank, rank+W, ... (W ranks x accumulation A equal one process x
+    A*W). ``even`` (training) cuts the count to a multiple of W so no rank hangs in an all-reduce; an eval keeps all."""
 
     def __init__(self, inner: Sampler[list[int]], rank: int, world_size: int, *, even: bool = True) -> None:
         if not 0 <= rank < world_size:

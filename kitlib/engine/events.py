@@ -134,36 +134,11 @@ class Events:
         self.callbacks = tuple(sorted(callbacks, key=lambda cb: getattr(cb, "order", 0)))
         self._hooks = {e: [h for cb in self.callbacks if _listens(cb, e) and callable(h := getattr(cb, e))]
                        for e in EVENTS}  # fmt: skip
-        self.step_hooks = tuple(self._hooks["on_step_end"])
 
-    def _fire(self, event: str, *args: Any) -> None:
+    def fire(self, event: str, *args: Any) -> None:
+        """Call ``event`` (one of ``EVENTS``) on every callback that listens, in order."""
         for hook in self._hooks[event]:
             hook(*args)
-
-    def on_fit_start(self, loop: LoopView) -> None:
-        self._fire("on_fit_start", loop)
-
-    def on_epoch_start(self, loop: LoopView) -> None:
-        self._fire("on_epoch_start", loop)
-
-    def on_step_end(self, step: StepEnd) -> None:
-        for hook in self.step_hooks:
-            hook(step)
-
-    def on_log(self, metrics: Mapping[str, float]) -> None:
-        self._fire("on_log", metrics)
-
-    def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: Snapshot | None) -> None:
-        self._fire("on_metrics", epoch, metrics, weights)
-
-    def on_epoch_end(self, record: Mapping[str, Any]) -> None:
-        self._fire("on_epoch_end", record)
-
-    def on_next_epoch(self, loop: LoopView) -> None:
-        self._fire("on_next_epoch", loop)
-
-    def on_fit_end(self, loop: LoopView) -> None:
-        self._fire("on_fit_end", loop)
 
 
 def _listens(callback: object, event: str) -> bool:

@@ -1,10 +1,5 @@
-"""fit(): hardware-aware, gradient-accumulated mixed-precision training for any nn.Module.
-
-``fit`` is the loop: set up, then epochs of optimizer windows (``kitlib.engine.step.train_window``), an epoch-end
-record with its evaluations, and named events (``kitlib.engine.events``) on which kitlib's policies (best checkpoint,
-early stopping, time budget, non-finite guard, periodic saves, progress, the doctor's record:
-``kitlib.engine.policies``) and the user's callbacks act through one protocol.
-"""
+"""fit(): the loop: set-up, epochs of optimizer windows (``step.train_window``), an epoch-end record and its evals,
+and the named events (``events``) on which kitlib's policies and the user's callbacks act."""
 
 from __future__ import annotations
 
@@ -319,28 +314,16 @@ class Loop:
         run = {**dataclasses.asdict(state), **self.epoch_loss.state_dict()}  # every rank: a collective
         if (not self.env.is_main and not self.sharded) or self.last_room:  # no room (room_for_last, said at start)
             return
+        # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
+        meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
+        resume = {**self.resume_state(), "rng": rngs[0] if rngs else None, "rank_rngs": rngs, "run": run,
+                  "background_eval": self.evals.state_dict()}  # fmt: skip
         if self.sharded:  # every rank its shards of the weights and optimizer; rank 0 the rest
-            resume = {**self.resume_state(), "rng": rngs[0] if rngs else None, "rank_rngs": rngs,
-                      "run": run, "background_eval": self.evals.state_dict()}  # fmt: skip
             del resume["optimizer"]
-            meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
             with self.timer.phase("checkpoint"):
                 sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, state=resume, meta=meta)
-            return
-
-        def take() -> checkpoint.Snapshot:
-            resume_state = {
-                **self.resume_state(),
-                "rng": rngs[0],
-                "rank_rngs": rngs,
-                "run": run,
-                "background_eval": self.evals.state_dict(),
-            }
-            # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
-            meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
-            return checkpoint.snapshot(self.raw_model, state=resume_state, meta=meta)
-
-        self.save("last", take)
+        else:
+            self.save("last", lambda: checkpoint.snapshot(self.raw_model, state=resume, meta=meta))
 
     def begin_epoch(self) -> Any:
         """This epoch's batches (the remaining ones, when resuming mid-epoch) in its seeded order."""
@@ -443,7 +426,7 @@ class Loop:
         self.state.verdict = 0
         if (value := metrics.get(self.monitor)) is not None:
             self.state.judge(epoch, value, self.cfg)
-        self.events.on_metrics(epoch, metrics, weights)
+        self.events.fire("on_metrics", epoch, metrics, weights)
 
     def collect(self, through: int | None = None) -> None:
         """The background evals of the epochs up to ``through`` (all when None), waiting for those still running:
@@ -530,11 +513,11 @@ def fit(
         with speed_flags(**flags) as effective_flags, cpu_threads() as threads:
             loop.timer.extra["cudnn_benchmark"] = bool(effective_flags.get("cudnn_benchmark"))
             loop.timer.extra["intra_op_threads"] = threads
-            events.on_fit_start(loop)
+            events.fire("on_fit_start", loop)
             loop.model.train()
             while loop.state.epoch < cfg.epochs and loop.stop_reason == "completed":
                 epoch, batches = loop.state.epoch, loop.begin_epoch()
-                events.on_epoch_start(loop)
+                events.fire("on_epoch_start", loop)
                 epoch_start, samples, finished = time.perf_counter(), 0, False
                 tokens: int | torch.Tensor = 0  # real tokens; a tensor stays lazy on the device until the epoch ends
                 while loop.stop_reason == "completed":  # a callback's stop ends the epoch after its step
@@ -549,23 +532,23 @@ def fit(
                     samples, tokens = samples + step.rows, tokens + step.real_tokens
                     logs = [loop.train_log(samples, tokens, epoch_start)] if loop.reached(cfg.log_every_steps) else []
                     evals = len(loop.state.step_evals)
-                    events.on_step_end(step)
+                    events.fire("on_step_end", step)
                     logs += [{"step": e["step"], "eval_loss": e["eval_loss"]} for e in loop.state.step_evals[evals:]]
                     for metrics in logs:  # this step's: the training log, then a step eval's (StepEval)
-                        events.on_log(metrics)
+                        events.fire("on_log", metrics)
                 number = epoch + 1  # shown and recorded 1-based (RunState's docstring)
                 record = loop.epoch_record(number, time.perf_counter() - epoch_start, samples, tokens)
                 loop.collect(through=number - 1)  # the earlier epochs' background results first: epoch order
                 loop.report(number, {k: v for k, v in record.items() if isinstance(v, float)}, None)
-                events.on_epoch_end(record)
+                events.fire("on_epoch_end", record)
                 if finished:  # every batch consumed: move on (a clean resume point), even if a callback stopped
                     loop.next_epoch()
-                    events.on_next_epoch(loop)
+                    events.fire("on_next_epoch", loop)
             loop.collect()
         loop.ended_cleanly = True
     finally:
         try:
-            events.on_fit_end(loop)
+            events.fire("on_fit_end", loop)
         finally:  # a callback's error still leaves the run's files complete and no writer thread behind
             loop.close()
     loop.timer.extra.update(recorder.facts(loop).to_dict())

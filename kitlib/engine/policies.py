@@ -1,10 +1,5 @@
-"""kitlib's training policies, each a callback on fit's named events (kitlib.engine.events), each a screen at most.
-
-``default_policies(cfg)`` is what ``fit`` runs unless given ``policies=``; the list is inspectable, a policy can be
-removed or replaced, and a user's callback uses the same protocol. Each policy declares its ``order`` (below the
-users' default 0); none reads another's state: the facts they share (``state.best``, ``evals_since_best``,
-``skipped``, ``step_evals``) are the loop's (``RunState``).
-"""
+"""kitlib's training policies: callbacks on fit's events with a declared ``order``; ``default_policies(cfg)``
+is what fit runs unless given ``policies=``. They share facts only through the loop's ``RunState``."""
 
 from __future__ import annotations
 

@@ -12,17 +12,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class RunState:
-    """Everything about the loop's position that a resumed run needs besides weights, optimizer and the epoch's loss
-    sums (``Stepper.epoch_loss``). The loop owns it; policies and callbacks read it (and ``step_evals``: StepEval).
-
-    ``epoch`` counts the epochs completed (0 while the first runs): the in-progress epoch's 0-based index, for
-    seeding and resuming. Every number shown or recorded (history, best_epoch, on_metrics, logs) is 1-based: epoch
-    ``state.epoch + 1`` is the one running, and after it completes ``state.epoch`` equals its number.
-
-    ``step``/``skipped``/``nonfinite_streak`` are exact after ``Loop.settle`` (the loop settles at log, eval and save
-    steps and epoch ends). ``best``/``best_epoch``/``evals_since_best`` follow the monitored metric: the loop updates
-    them (``judge``) when it arrives, before ``on_metrics`` fires, with or without any policy in the list.
-    """
+    """The loop's position and verdicts: what a resumed run needs besides weights, optimizer and the epoch's loss sums.
+    ``epoch`` counts the epochs completed (0-based index of the running one); everything shown is 1-based.
+    ``step``/``skipped``/``nonfinite_streak`` are exact after ``Loop.settle``; ``judge`` updates ``best*``."""
 
     epoch: int = 0
     batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed (per rank)

@@ -1,9 +1,5 @@
-"""The optimizer step (``train_window``), read top to bottom, its device-side ledger, and the small helpers.
-
-``train_window``: autocast -> weighted backward (no DDP sync until the window's last micro-batch) -> unscale -> clip
--> step at the scheduled LR (skipped on the device on inf/nan) -> count -> zero_grad. Precision off means no-op
-objects, not branches; nothing in it waits for the GPU (``StepLedger``).
-"""
+"""The optimizer step (``train_window``: autocast -> weighted backward -> unscale -> clip -> step at the scheduled LR,
+skipped on the device on inf/nan -> count -> zero_grad), its device-side ledger and the small helpers. No host sync."""
 
 from __future__ import annotations
 
@@ -67,16 +63,8 @@ def mask_optional(model: nn.Module) -> bool:
 
 
 class StepLedger:
-    """The optimizer steps' outcome, kept on the device so a training step never waits for the GPU.
-
-    Whether a step was applied (finite gradients) is known only on the device; reading it every step would make the
-    CPU wait for the GPU. So the counters (applied, skipped, the current run of skipped steps, this window's outcome)
-    and the learning rate stay there: the LR of the next step is the schedule's value at the applied count, looked up
-    in a table of the LambdaLR's values (4 bytes on CUDA, 8 on CPU, x total steps x param groups; built once), so a
-    skipped step does not advance the schedule, exactly as when the host decided. ``read`` is the one host sync; fit
-    calls it only where a decision needs the counts (a log, eval or save step, the non-finite limit within reach, an
-    epoch end).
-    """
+    """The optimizer steps' outcome (applied, skipped, skip streak, last window) and the scheduled LR, on the device:
+    a skipped step does not advance the schedule, and no step waits for the GPU. ``read`` is the one host sync."""
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device) -> None:
         values = [
@@ -193,10 +181,8 @@ def train_window(
 
 
 class EpochLoss:
-    """The current epoch's item-weighted loss sums: the one copy, on the device between log steps (reading it is a
-    host sync). A checkpoint holds it as ``epoch_loss_sum``/``epoch_items`` floats (float64: exact both ways).
-    Several ranks: each sums its own rows' loss over the global item count, so a read (every rank at once) sums
-    the ranks' losses, one all-reduce."""
+    """The epoch's item-weighted loss sums, on the device between logs (a read is a host sync, and under DDP one
+    all-reduce of the ranks' losses). Saved in last/ as ``epoch_loss_sum``/``epoch_items`` (float64: exact)."""
 
     def __init__(self, device: torch.device, env: distributed.DistEnv | None = None) -> None:
         self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, items
