@@ -311,7 +311,7 @@ def check_oom_backoff(ctx: Ctx) -> None:
         keep, wrapped = _Keep(), _OomAt(llama(ctx.quick, hidden=256, layers=4), at)
         init = [p.detach().cpu().clone() for p in wrapped.parameters()]
         result = fit(wrapped, loader(batches), config=cfg, callbacks=[keep])
-        runs[at] = (result, keep.loop.stepper.backoff, wrapped.rows)
+        runs[at] = (result, keep.loop.backoff, wrapped.rows)
     (result, backoff, rows), (clean, _, _) = runs[2], runs[0]
     ctx.figure("backoffs", backoff.changes)
     ctx.figure("forward_rows", rows)

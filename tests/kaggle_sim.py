@@ -176,7 +176,7 @@ def imports_kitlib(venv: Path) -> bool:
     return done.returncode == 0
 
 
-_FAKE_CLOCK = '''"""Written by tests/kaggle_sim.py: kitlib's TimeBudget reads a clock that advances {step_s} s a call
+_FAKE_CLOCK = '''"""Written by tests/kaggle_sim.py: kitlib's StopAndSave reads a clock that advances {step_s} s a call
 (once when fit starts, once a step), so where 02 stops does not depend on the machine's speed or load."""
 import importlib.abc
 import importlib.util
@@ -202,7 +202,7 @@ class _Hook(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             run(module)
-            module.TimeBudget.clock = staticmethod(_Clock())
+            module.StopAndSave.clock = staticmethod(_Clock())
 
         spec.loader.exec_module = exec_module
         return spec
@@ -213,7 +213,7 @@ sys.meta_path.insert(0, _Hook())
 
 
 def fake_clock(folder: Path, step_s: float) -> dict[str, str]:
-    """The ``env`` for ``run_kernel`` that gives the kernel's TimeBudget a fake clock: each optimizer step takes
+    """The ``env`` for ``run_kernel`` that gives the kernel's StopAndSave a fake clock: each optimizer step takes
     ``step_s`` seconds (a sitecustomize on PYTHONPATH patches the class when kitlib imports it)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(_FAKE_CLOCK.format(step_s=float(step_s)))

@@ -20,8 +20,7 @@ from kitlib.engine.policies import (
     NonFiniteGuard,
     PeriodicSave,
     ProgressLog,
-    SigtermStop,
-    TimeBudget,
+    StopAndSave,
     default_policies,
 )
 from kitlib.errors import NonFiniteLossError
@@ -116,7 +115,7 @@ def test_callbacks_written_for_earlier_versions_still_work(cpu_hw) -> None:
 
 def test_kitlibs_own_policies_are_callbacks_on_the_same_protocol() -> None:
     plain = default_policies(_cfg())
-    assert [type(p) for p in plain] == [NonFiniteGuard, ProgressLog, BestCheckpoint, PeriodicSave, SigtermStop]
+    assert [type(p) for p in plain] == [NonFiniteGuard, ProgressLog, BestCheckpoint, PeriodicSave, StopAndSave]
     full = default_policies(_cfg(patience=2, time_budget_s=60.0))
     assert [type(p) for p in full] == [
         NonFiniteGuard,
@@ -124,8 +123,7 @@ def test_kitlibs_own_policies_are_callbacks_on_the_same_protocol() -> None:
         BestCheckpoint,
         EarlyStopping,
         PeriodicSave,
-        TimeBudget,
-        SigtermStop,
+        StopAndSave,
     ]
     assert all(isinstance(p, Callback) for p in full)
 

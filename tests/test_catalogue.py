@@ -1382,7 +1382,7 @@ TRAINING_CELL = """
 import pathlib, signal, time
 here = pathlib.Path({here!r})
 stop = []
-signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))  # as SigtermStop: save, then return
+signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))  # as StopAndSave: save, then return
 (here / "started").touch()
 while not stop:
     time.sleep(0.05)
@@ -1486,7 +1486,7 @@ import os, pathlib, signal, sys, time
 from kitlib.machine.distributed import launch
 here = pathlib.Path(sys.argv[1])
 
-def train():  # as fit under SigtermStop: a SIGTERM asks for a save at the end of the step, then fit returns
+def train():  # as fit under StopAndSave: a SIGTERM asks for a save at the end of the step, then fit returns
     stop = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     rank = os.environ["RANK"]

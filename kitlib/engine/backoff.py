@@ -1,13 +1,5 @@
-"""Out-of-memory back-off that keeps the effective batch: a step that runs out of device memory is replayed from its
-start with every loaded micro-batch cut in two (half the micro-batch, twice the accumulation).
-
-The replay is exact, not approximate: fit weights each micro-batch's mean loss by its share of the window's items
-(``kitlib.engine.objective``), so the same rows in more, smaller micro-batches give the same update (to fp32
-rounding; bit for bit where the halves are the batches a loader at half the size would have made). Before the
-replay the gradients are zeroed, the scaler forgets its unscale and the RNG is set back to the window's start, so
-nothing of the failed attempt leaks into the step. The loader is left as it is: a window is still
-``grad_accum_steps`` loaded batches, so the schedule, the epoch's length and mid-epoch resume points do not move.
-"""
+"""Out-of-memory back-off that keeps the effective batch: the window is replayed from its start (gradients zeroed, the
+scaler's unscale forgotten, the RNG set back) with every loaded batch cut in two; item weighting makes it exact."""
 
 from __future__ import annotations
 
@@ -29,12 +21,8 @@ T = TypeVar("T")
 
 
 class MicroBatchBackoff:
-    """Runs each window through ``train`` and, on ``torch.OutOfMemoryError``, frees, halves and replays it.
-
-    ``parts``: how many micro-batches each loaded batch is cut into (1 until the first out-of-memory error). It is
-    resume state (``state_dict``): a resumed run goes on at the micro-batch that fitted, not at the one that failed.
-    ``changes``: one record per back-off, for the run's facts (timing.json's "run": oom_backoffs).
-    """
+    """Runs each window through ``train`` and, on ``torch.OutOfMemoryError``, frees, halves and replays it. ``parts``
+    (micro-batches per loaded batch) is resume state; ``changes`` records each back-off for timing.json."""
 
     def __init__(self, cfg: TrainConfig, *, optimizer: torch.optim.Optimizer, precision: Precision,
                  device: torch.device, distributed: bool, next_strategy: str,

@@ -1,8 +1,5 @@
-"""Views of a DataLoader's batch order: skip the first k batches (mid-epoch resume) and shard batches across
-DDP ranks. Both rebuild the loader around a wrapped batch sampler, so skipped or foreign batches are never loaded
-(fast-forwarding by iterating would read, decode and collate every skipped batch). The views share the original
-loader's samplers, so seeding the original's epoch order (``set_epoch``) orders every view.
-"""
+"""Views of a DataLoader's batch order: skip the first k batches (mid-epoch resume) and shard batches across DDP ranks,
+by wrapping the batch sampler (skipped or foreign batches are never loaded); the views share the original samplers."""
 
 from __future__ import annotations
 
@@ -10,10 +7,10 @@ import math
 from collections.abc import Iterator, Sized
 from typing import Any
 
-from torch.utils.data import DataLoader, Sampler
+import torch
+from torch.utils.data import DataLoader, RandomSampler, Sampler
 
 from kitlib.engine.checkpoint import set_rng_state
-from kitlib.engine.step import seed_epoch_order
 from kitlib.machine.distributed import DistEnv
 
 # DataLoader arguments that carry over unchanged when only the batch order changes.
@@ -50,6 +47,18 @@ def _batch_sampler(loader: DataLoader[Any]) -> Sampler[list[int]]:
     return loader.batch_sampler  # type: ignore[return-value]
 
 
+def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:
+    """Make each epoch's batch order a pure function of (seed, epoch), so a resumed run replays it exactly."""
+    for sampler in (loader.batch_sampler, loader.sampler):
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)  # type: ignore[union-attr]
+            return
+    if isinstance(loader.sampler, RandomSampler):
+        # The user's plain DataLoader(shuffle=True): give its sampler a seeded generator (torch would otherwise
+        # draw a fresh seed from the global RNG at every iterator, which a resumed run cannot replay).
+        loader.sampler.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+
+
 class SkipBatches(Sampler[list[int]]):
     """The batches of ``inner`` after the first ``skip`` (index lists only: nothing is loaded for skipped ones).
 
@@ -82,15 +91,8 @@ class SkipBatches(Sampler[list[int]]):
 
 
 class ShardBatches(Sampler[list[int]]):
-    """Rank ``rank`` of ``world_size`` takes batches rank, rank+W, rank+2W, ...
-
-    Interleaving (not contiguous blocks) means the W micro-batches that DDP averages in one synchronised step are
-    consecutive batches of the single-process order: a run on W ranks with accumulation A equals a single-process
-    run with accumulation A*W. For training (``even``) the batch count is cut to a multiple of W so every rank takes
-    the same number of steps (an extra step on one rank would hang the others in all-reduce). An eval keeps every
-    batch: its sums are all-reduced once at the end, so ranks may take different counts (a 1-batch validation set
-    on 2 ranks was dropped whole, and best/ never chosen).
-    """
+    """Rank ``rank`` of ``world_size`` takes batches rank, rank+W, ... (W ranks x accumulation A equal one process x
+    A*W). ``even`` (training) cuts the count to a multiple of W so no rank hangs in an all-reduce; an eval keeps all."""
 
     def __init__(self, inner: Sampler[list[int]], rank: int, world_size: int, *, even: bool = True) -> None:
         if not 0 <= rank < world_size:

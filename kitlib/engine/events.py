@@ -29,13 +29,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    import torch
+    from collections.abc import Callable
+    from pathlib import Path
 
+    import torch
+    from torch import nn
+
+    from kitlib.config import TrainConfig
+    from kitlib.engine.backoff import MicroBatchBackoff
+    from kitlib.engine.batches import DataViews
     from kitlib.engine.checkpoint import Snapshot
-    from kitlib.engine.loop import Loop
+    from kitlib.engine.state import RunState
+    from kitlib.engine.timing import PhaseTimer
+    from kitlib.machine.distributed import DistEnv
+    from kitlib.machine.hardware import HardwareInfo
+    from kitlib.machine.precision import PrecisionPlan
 
 EVENTS = (
     "on_fit_start",
@@ -66,20 +77,51 @@ class StepEnd:
     seconds: float  # the whole window: fetch + forward/backward + optimizer
 
 
+class LoopView(Protocol):
+    """What a policy or callback reads and drives of the running loop (``kitlib.engine.loop.Loop``)."""
+
+    cfg: TrainConfig
+    hw: HardwareInfo
+    env: DistEnv
+    device: torch.device
+    plan: PrecisionPlan
+    raw_model: nn.Module  # unwrapped from DDP/torch.compile
+    optimizer: torch.optim.Optimizer
+    backoff: MicroBatchBackoff
+    data: DataViews
+    timer: PhaseTimer
+    state: RunState
+    unsettled: int  # windows run since ``settle`` (``state.step`` counts them as applied)
+    stop_reason: str
+    ended_cleanly: bool
+
+    @property
+    def out(self) -> Path | None: ...
+    @property
+    def monitor(self) -> str: ...
+    def settle(self) -> None: ...
+    def reached(self, every: int | None) -> bool: ...
+    def agree(self, reason: str) -> str: ...
+    def stop(self, reason: str) -> None: ...
+    def eval_loss(self) -> float: ...
+    def save(self, name: str, take: Callable[[], Snapshot]) -> None: ...
+    def save_last(self) -> None: ...
+
+
 class Callback:
     """Override the events you need; the rest are no-ops. See the module docstring for the order; ``order`` places
     this callback among the others (lower first)."""
 
     order: int = 0
 
-    def on_fit_start(self, loop: Loop) -> None: ...
-    def on_epoch_start(self, loop: Loop) -> None: ...
+    def on_fit_start(self, loop: LoopView) -> None: ...
+    def on_epoch_start(self, loop: LoopView) -> None: ...
     def on_step_end(self, step: StepEnd) -> None: ...
     def on_log(self, metrics: Mapping[str, float]) -> None: ...
     def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: Snapshot | None) -> None: ...
     def on_epoch_end(self, record: Mapping[str, Any]) -> None: ...
-    def on_next_epoch(self, loop: Loop) -> None: ...
-    def on_fit_end(self, loop: Loop) -> None: ...
+    def on_next_epoch(self, loop: LoopView) -> None: ...
+    def on_fit_end(self, loop: LoopView) -> None: ...
 
 
 class Events:
@@ -92,36 +134,11 @@ class Events:
         self.callbacks = tuple(sorted(callbacks, key=lambda cb: getattr(cb, "order", 0)))
         self._hooks = {e: [h for cb in self.callbacks if _listens(cb, e) and callable(h := getattr(cb, e))]
                        for e in EVENTS}  # fmt: skip
-        self.step_hooks = tuple(self._hooks["on_step_end"])
 
-    def _fire(self, event: str, *args: Any) -> None:
+    def fire(self, event: str, *args: Any) -> None:
+        """Call ``event`` (one of ``EVENTS``) on every callback that listens, in order."""
         for hook in self._hooks[event]:
             hook(*args)
-
-    def on_fit_start(self, loop: Loop) -> None:
-        self._fire("on_fit_start", loop)
-
-    def on_epoch_start(self, loop: Loop) -> None:
-        self._fire("on_epoch_start", loop)
-
-    def on_step_end(self, step: StepEnd) -> None:
-        for hook in self.step_hooks:
-            hook(step)
-
-    def on_log(self, metrics: Mapping[str, float]) -> None:
-        self._fire("on_log", metrics)
-
-    def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: Snapshot | None) -> None:
-        self._fire("on_metrics", epoch, metrics, weights)
-
-    def on_epoch_end(self, record: Mapping[str, Any]) -> None:
-        self._fire("on_epoch_end", record)
-
-    def on_next_epoch(self, loop: Loop) -> None:
-        self._fire("on_next_epoch", loop)
-
-    def on_fit_end(self, loop: Loop) -> None:
-        self._fire("on_fit_end", loop)
 
 
 def _listens(callback: object, event: str) -> bool:

@@ -1,16 +1,11 @@
-"""fit(): hardware-aware, gradient-accumulated mixed-precision training for any nn.Module.
-
-``fit`` is the loop: set up, then epochs of optimizer windows (``kitlib.engine.step.train_window``), an epoch-end
-record with its evaluations, and named events (``kitlib.engine.events``) on which kitlib's policies (best checkpoint,
-early stopping, time budget, non-finite guard, periodic saves, progress, the doctor's record:
-``kitlib.engine.policies``) and the user's callbacks act through one protocol.
-"""
+"""fit(): the loop: set-up, epochs of optimizer windows (``step.train_window``), an epoch-end record and its evals,
+and the named events (``events``) on which kitlib's policies and the user's callbacks act."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import math
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +22,7 @@ from kitlib._files import write_atomic
 from kitlib._version import __version__
 from kitlib.config import TrainConfig, full_eval_due
 from kitlib.engine import checkpoint, sharded
+from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
 from kitlib.engine.batches import DataViews
 from kitlib.engine.evaluation import BackgroundEval, FullEval, SplitEval, evaluate_loss
 from kitlib.engine.events import Callback, Events, StepEnd
@@ -40,10 +36,19 @@ from kitlib.engine.objective import (
     real_tokens,
     rows,
 )
-from kitlib.engine.optim import cast_for_optimizer, freeze
+from kitlib.engine.optim import build_optimizer, build_scheduler, cast_for_optimizer, freeze
 from kitlib.engine.policies import default_policies
 from kitlib.engine.record import RunRecorder
-from kitlib.engine.step import Stepper, enable_activation_checkpointing
+from kitlib.engine.state import RunState
+from kitlib.engine.step import (
+    MODEL_LOSSES,
+    EpochLoss,
+    StepLedger,
+    enable_activation_checkpointing,
+    mask_optional,
+    to_device,
+    train_window,
+)
 from kitlib.engine.timing import PhaseTimer
 from kitlib.errors import CheckpointError, DistributedError, NonFiniteLossError
 from kitlib.machine import distributed
@@ -104,58 +109,9 @@ class FitResult:
         return f"{self.stop_reason} after {planned}"
 
 
-@dataclass
-class RunState:
-    """Everything about the loop's position that a resumed run needs besides weights, optimizer and the epoch's loss
-    sums (``Stepper.epoch_loss``). The loop owns it; policies and callbacks read it (and ``step_evals``: StepEval).
-
-    ``epoch`` counts the epochs completed (0 while the first runs): the in-progress epoch's 0-based index, for
-    seeding and resuming. Every number shown or recorded (history, best_epoch, on_metrics, logs) is 1-based: epoch
-    ``state.epoch + 1`` is the one running, and after it completes ``state.epoch`` equals its number.
-
-    ``step``/``skipped``/``nonfinite_streak`` are exact after ``Loop.settle`` (the loop settles at log, eval and save
-    steps and epoch ends). ``best``/``best_epoch``/``evals_since_best`` follow the monitored metric: the loop updates
-    them (``judge``) when it arrives, before ``on_metrics`` fires, with or without any policy in the list.
-    """
-
-    epoch: int = 0
-    batch_in_epoch: int = 0  # micro-batches of `epoch` already consumed (per rank)
-    step: int = 0  # optimizer steps applied
-    skipped: int = 0
-    nonfinite_streak: int = 0
-    best: float | None = None
-    best_epoch: int | None = None  # 1-based
-    evals_since_best: int = 0
-    judged: int = 0  # the last epoch (1-based) whose monitored metric was judged: each epoch is judged once
-    verdict: int = 0  # the epoch the latest metrics judged (0: they judged none), for ``is_best``
-    history: list[dict[str, Any]] = field(default_factory=list)
-    step_evals: list[dict[str, Any]] = field(default_factory=list)  # eval_every_steps: epoch, step, eval_loss
-
-    def judge(self, epoch: int, value: float, cfg: TrainConfig) -> None:
-        """Epoch ``epoch``'s monitored ``value`` arrived: a new best, or one more evaluation without improvement. The
-        first value of an epoch is its verdict: a background eval that reports the monitor too, after the epoch's
-        row did, would count that epoch twice (early stopping a run that improves every epoch)."""
-        if epoch <= self.judged:  # metrics arrive in epoch order (Loop.collect)
-            return
-        self.judged = self.verdict = epoch
-        if math.isnan(value) or (
-            self.best is not None
-            and not (value < self.best - cfg.min_delta if cfg.mode == "min" else value > self.best + cfg.min_delta)
-        ):
-            self.evals_since_best += 1
-            return
-        self.best, self.best_epoch, self.evals_since_best = value, epoch, 0
-
-    def is_best(self, epoch: int) -> bool:
-        """Whether the metrics of ``epoch`` just judged made it the best (true in ``on_metrics`` right after; not for
-        a later value of an epoch judged already, whose weights the model no longer holds)."""
-        return self.verdict == epoch and self.best_epoch == epoch and self.evals_since_best == 0
-
-
 class Loop:
-    """What fit's callbacks see: the run's objects (``model``/``raw_model``, the ``stepper`` that applies windows,
-    the ``data`` views, the ``output`` directory, the background ``evals``), its position (``state``), and
-    ``stop``. Only the loop fires events."""
+    """One fit run: its objects (``model``/``raw_model``, ``optimizer``, ``precision``, the OOM ``backoff``, ``data``,
+    ``output``, background ``evals``), its position (``state``) and ``stop``; callbacks see it as a ``LoopView``."""
 
     def __init__(self, model: nn.Module, train_loader: DataLoader[Any], cfg: TrainConfig, *, hw: HardwareInfo,
                  eval_loader: DataLoader[Any] | None, loss_fn: LossFn | None, count_fn: CountFn | None,
@@ -191,11 +147,22 @@ class Loop:
         self.timer = PhaseTimer(sync=torch.cuda.synchronize if self.device.type == "cuda" else None)
         self.timer.extra.update(world_size=self.env.world_size, nodes=self.env.world_size // self.env.local_world_size,
                                 strategy=cfg.strategy if self.env.enabled else "single process")  # fmt: skip
-        self.stepper = Stepper(
-            model, cfg, plan=plan, precision=Precision(plan), env=self.env, device=self.device,
-            total_steps=self.data.windows_per_epoch * cfg.epochs,
-            loss_fn=loss_fn or hf_loss, count_fn=count_fn or default_count_fn(model), timer=self.timer,
+        self.plan, self.precision = plan, Precision(plan)
+        self.loss_fn, self.count_fn = loss_fn or hf_loss, count_fn or default_count_fn(model)
+        self.to_device = to_device(self.device, omit_full_masks=self.loss_fn in MODEL_LOSSES and mask_optional(model))
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(model, cfg)
+        total_steps = self.data.windows_per_epoch * cfg.epochs
+        self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)
+        self.backoff = MicroBatchBackoff(
+            cfg, optimizer=self.optimizer, precision=self.precision, device=self.device, distributed=self.env.enabled,
+            next_strategy=next_strategy(cfg), say=print if self.env.is_main else lambda line: None,
         )  # fmt: skip
+        self.ledger = StepLedger(self.scheduler, total_steps, self.device)  # step outcomes, on the device
+        self.epoch_loss = EpochLoss(self.device, self.env)
+        # unsettled: windows run since the ledger was read (state.step counts them as applied until ``settle``);
+        # window_applied: the outcome of the window read last; checked_gradients: DDP's first-step check ran
+        self.unsettled, self.window_applied, self.checked_gradients = 0, True, False
         if self.last_room and (cfg.save_last or cfg.save_every_steps):
             raise CheckpointError(
                 f"{self.last_room}. Fix: no last/ (TrainConfig(save_last=False, save_every_steps=None); in the "
@@ -219,27 +186,6 @@ class Loop:
         self.events = Events(())
         self.ended_cleanly = False  # True once the loop ran to its end without an exception (read by on_fit_end)
 
-    # Shortcuts to the stepper's objects, which callbacks read (a gradient probe, the precision's loss scale).
-    @property
-    def plan(self) -> PrecisionPlan:
-        return self.stepper.plan
-
-    @property
-    def precision(self) -> Precision:
-        return self.stepper.precision
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.stepper.optimizer
-
-    @property
-    def scheduler(self) -> torch.optim.lr_scheduler.LambdaLR:
-        return self.stepper.scheduler
-
-    @property
-    def params(self) -> list[nn.Parameter]:
-        return self.stepper.params
-
     @property
     def out(self) -> Path | None:
         """The run directory (None: the run writes no files)."""
@@ -254,22 +200,37 @@ class Loop:
         """Make ``state.step``, ``state.skipped``, ``state.nonfinite_streak`` and the scheduler exact: one host sync
         (``StepLedger.read``), paid only where a decision needs them (``reached``, the non-finite limit, saves, epoch
         ends); a no-op when nothing ran since the last one."""
-        self.stepper.settle(self.state)
+        if not self.unsettled:
+            return
+        state = self.state
+        applied, skipped, streak, self.window_applied = self.ledger.read()
+        for _ in range(applied - (state.step - self.unsettled)):
+            self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
+        state.step, state.skipped, state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
 
     def reached(self, every: int | None) -> bool:
         """Whether the window just run was applied and made ``state.step`` a multiple of ``every`` (a log, eval or
         save step), exactly as if every step were read; it settles only when a multiple is within reach of the
         windows not yet read, i.e. about once per ``every`` steps (plus once per skipped step near one)."""
-        return self.stepper.reached(self.state, every)
-
-    def agree(self, flag: bool) -> bool:
-        """Rank 0's ``flag`` on every rank, for a stop every rank must take at the same window. Under DDP the ranks
-        exchange it every ``log_every_steps`` windows only (a broadcast is a host sync): acted on that much later."""
-        if not self.env.enabled:
-            return flag
-        if (self.state.step + self.state.skipped) % self.cfg.log_every_steps:
+        step = self.state.step
+        if not every or (self.unsettled and step // every == (step - self.unsettled) // every):
             return False
-        return bool(distributed.broadcast_object(flag, self.env))
+        self.settle()
+        return self.window_applied and self.state.step % every == 0
+
+    def applied_lr(self) -> float:
+        """The lr the last step ran with: the schedule's at ``state.step - 1`` (no host sync). ``get_last_lr`` is the
+        next step's: 0.0 after a linear schedule's end."""
+        return float(self.scheduler.base_lrs[0] * self.scheduler.lr_lambdas[0](max(self.state.step - 1, 0)))
+
+    def agree(self, reason: str) -> str:
+        """Rank 0's stop ``reason`` ("": none) on every rank, for a stop every rank takes at the same window. Under DDP
+        the ranks exchange it every ``log_every_steps`` windows only (a broadcast is a host sync): acted on later."""
+        if not self.env.enabled:
+            return reason
+        if (self.state.step + self.state.skipped) % self.cfg.log_every_steps:
+            return ""
+        return str(distributed.broadcast_object(reason, self.env))
 
     def stop(self, reason: str) -> None:
         """Ask the loop to stop after the current step; the first reason given is the one reported."""
@@ -299,9 +260,13 @@ class Loop:
             checkpoint.restore_model(self.raw_model, snap)
         assert snap.state is not None
         run = dict(snap.state["run"])
-        self.stepper.epoch_loss.load_state_dict(run)
-        self.state = RunState(**{k: v for k, v in run.items() if k not in ("epoch_loss_sum", "epoch_items")})
-        self.stepper.load_state_dict(snap.state, self.state)
+        self.epoch_loss.load_state_dict(run)
+        self.state = state = RunState(**{k: v for k, v in run.items() if k not in ("epoch_loss_sum", "epoch_items")})
+        self.optimizer.load_state_dict(snap.state["optimizer"])
+        self.scheduler.load_state_dict(snap.state["scheduler"])
+        self.precision.load_state_dict(snap.state["precision"])
+        self.backoff.load_state_dict(snap.state.get("backoff", {}))
+        self.ledger.load(state.step, state.skipped, state.nonfinite_streak)
         # Each rank continues its own streams; a checkpoint from another world size (or an older kitlib) has only
         # rank 0's, and every rank takes those.
         ranks = snap.state.get("rank_rngs") or []
@@ -346,40 +311,51 @@ class Loop:
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
         # Every rank joins: rank 0 saves each rank's own streams (dropout masks etc. differ per rank).
         rngs = distributed.gather_object(checkpoint.rng_state(), self.env)
-        run = {**dataclasses.asdict(state), **self.stepper.epoch_loss.state_dict()}  # every rank: a collective
+        run = {**dataclasses.asdict(state), **self.epoch_loss.state_dict()}  # every rank: a collective
         if (not self.env.is_main and not self.sharded) or self.last_room:  # no room (room_for_last, said at start)
             return
+        # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
+        meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
+        resume = {**self.resume_state(), "rng": rngs[0] if rngs else None, "rank_rngs": rngs, "run": run,
+                  "background_eval": self.evals.state_dict()}  # fmt: skip
         if self.sharded:  # every rank its shards of the weights and optimizer; rank 0 the rest
-            resume = {**self.stepper.state_dict(), "rng": rngs[0] if rngs else None, "rank_rngs": rngs,
-                      "run": run, "background_eval": self.evals.state_dict()}  # fmt: skip
             del resume["optimizer"]
-            meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
             with self.timer.phase("checkpoint"):
                 sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, state=resume, meta=meta)
-            return
-
-        def take() -> checkpoint.Snapshot:
-            resume_state = {
-                **self.stepper.state_dict(),
-                "rng": rngs[0],
-                "rank_rngs": rngs,
-                "run": run,
-                "background_eval": self.evals.state_dict(),
-            }
-            # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
-            meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
-            return checkpoint.snapshot(self.raw_model, state=resume_state, meta=meta)
-
-        self.save("last", take)
+        else:
+            self.save("last", lambda: checkpoint.snapshot(self.raw_model, state=resume, meta=meta))
 
     def begin_epoch(self) -> Any:
         """This epoch's batches (the remaining ones, when resuming mid-epoch) in its seeded order."""
         batches = self.data.epoch(self.cfg.seed, self.state.epoch, self.state.batch_in_epoch)
-        self.stepper.epoch_loss.mark()  # the first log's loss starts here
+        self.epoch_loss.mark()  # the first log's loss starts here
         return batches
 
+    def resume_state(self) -> dict[str, Any]:
+        """The optimizer side of last/: optimizer, schedule, precision (the loss scale) and the OOM back-off."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "precision": self.precision.state_dict(), "backoff": self.backoff.state_dict()}  # fmt: skip
+
     def step(self, window: list[Batch], started: float, fetch_s: float) -> StepEnd:
-        applied = self.stepper.run(window, self.model, self.raw_model, self.state)
+        """One optimizer window (``train_window``), replayed at half the micro-batch on out-of-memory, counted on the
+        device: no host sync. ``state.step`` counts it as applied until ``settle`` reads the outcome."""
+        # Under DDP, this process's first step checks that every trainable parameter got a gradient (named error).
+        check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
+        self.checked_gradients = True
+
+        def train(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return train_window(
+                micro_batches, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
+                optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
+                timer=self.timer, to_device=self.to_device,
+            )  # fmt: skip
+
+        with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
+            applied, loss_sum, items = self.backoff.run(window, train, step=self.state.step + self.state.skipped)
+        self.state.batch_in_epoch += len(window)
+        self.state.step += 1
+        self.unsettled += 1
+        self.epoch_loss.add(applied, loss_sum, items)
         shapes = frozenset(tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b)
         if len(window) == 1:  # no sum(): 0 + a device count is one more small op a step
             (batch,) = window
@@ -393,9 +369,9 @@ class Loop:
         """A log step's ``on_log`` metrics: the loss since the last log, the lr, and this epoch's speed so far
         (samples, and real tokens when the batches count them, per second of its training wall time). One sync."""
         with self.timer.phase("logging"):
-            loss = self.stepper.epoch_loss.since_mark()
+            loss = self.epoch_loss.since_mark()
             seconds = time.perf_counter() - epoch_start
-            logs = {"step": self.state.step, "loss": loss, "lr": self.stepper.applied_lr(self.state)}
+            logs = {"step": self.state.step, "loss": loss, "lr": self.applied_lr()}
             return logs | throughput(samples, float(tokens), seconds, self.env.world_size)
 
     def epoch_record(self, epoch: int, seconds: float, samples: int, tokens: Any) -> dict[str, Any]:
@@ -407,8 +383,8 @@ class Loop:
         record: dict[str, Any] = {
             "epoch": epoch,
             "step": self.state.step,
-            "train_loss": self.stepper.epoch_loss.mean(),
-            "lr": self.stepper.applied_lr(self.state),
+            "train_loss": self.epoch_loss.mean(),
+            "lr": self.applied_lr(),
             "skipped_steps": self.state.skipped,
             "epoch_s": seconds,
         } | throughput(samples, float(tokens), seconds, env.world_size)
@@ -436,10 +412,10 @@ class Loop:
             return evaluate_loss(
                 self.raw_model,
                 self.eval_whole if self.sharded and self.eval_whole is not None else self.data.eval,
-                loss_fn=self.stepper.loss_fn,
-                count_fn=self.stepper.count_fn,
+                loss_fn=self.loss_fn,
+                count_fn=self.count_fn,
                 autocast=self.precision.autocast,
-                to_device=self.stepper.to_device,
+                to_device=self.to_device,
                 env=distributed.DistEnv() if self.sharded else self.env,
                 device=self.device,
                 max_batches=self.cfg.eval_max_batches,
@@ -450,7 +426,7 @@ class Loop:
         self.state.verdict = 0
         if (value := metrics.get(self.monitor)) is not None:
             self.state.judge(epoch, value, self.cfg)
-        self.events.on_metrics(epoch, metrics, weights)
+        self.events.fire("on_metrics", epoch, metrics, weights)
 
     def collect(self, through: int | None = None) -> None:
         """The background evals of the epochs up to ``through`` (all when None), waiting for those still running:
@@ -463,7 +439,7 @@ class Loop:
 
     def next_epoch(self) -> None:
         self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
-        self.stepper.epoch_loss.reset()
+        self.epoch_loss.reset()
 
     def close(self) -> None:
         self.evals.close()
@@ -537,11 +513,11 @@ def fit(
         with speed_flags(**flags) as effective_flags, cpu_threads() as threads:
             loop.timer.extra["cudnn_benchmark"] = bool(effective_flags.get("cudnn_benchmark"))
             loop.timer.extra["intra_op_threads"] = threads
-            events.on_fit_start(loop)
+            events.fire("on_fit_start", loop)
             loop.model.train()
             while loop.state.epoch < cfg.epochs and loop.stop_reason == "completed":
                 epoch, batches = loop.state.epoch, loop.begin_epoch()
-                events.on_epoch_start(loop)
+                events.fire("on_epoch_start", loop)
                 epoch_start, samples, finished = time.perf_counter(), 0, False
                 tokens: int | torch.Tensor = 0  # real tokens; a tensor stays lazy on the device until the epoch ends
                 while loop.stop_reason == "completed":  # a callback's stop ends the epoch after its step
@@ -556,23 +532,23 @@ def fit(
                     samples, tokens = samples + step.rows, tokens + step.real_tokens
                     logs = [loop.train_log(samples, tokens, epoch_start)] if loop.reached(cfg.log_every_steps) else []
                     evals = len(loop.state.step_evals)
-                    events.on_step_end(step)
+                    events.fire("on_step_end", step)
                     logs += [{"step": e["step"], "eval_loss": e["eval_loss"]} for e in loop.state.step_evals[evals:]]
                     for metrics in logs:  # this step's: the training log, then a step eval's (StepEval)
-                        events.on_log(metrics)
+                        events.fire("on_log", metrics)
                 number = epoch + 1  # shown and recorded 1-based (RunState's docstring)
                 record = loop.epoch_record(number, time.perf_counter() - epoch_start, samples, tokens)
                 loop.collect(through=number - 1)  # the earlier epochs' background results first: epoch order
                 loop.report(number, {k: v for k, v in record.items() if isinstance(v, float)}, None)
-                events.on_epoch_end(record)
+                events.fire("on_epoch_end", record)
                 if finished:  # every batch consumed: move on (a clean resume point), even if a callback stopped
                     loop.next_epoch()
-                    events.on_next_epoch(loop)
+                    events.fire("on_next_epoch", loop)
             loop.collect()
         loop.ended_cleanly = True
     finally:
         try:
-            events.on_fit_end(loop)
+            events.fire("on_fit_end", loop)
         finally:  # a callback's error still leaves the run's files complete and no writer thread behind
             loop.close()
     loop.timer.extra.update(recorder.facts(loop).to_dict())

@@ -92,4 +92,7 @@ def real_tokens(batch: Batch) -> int | torch.Tensor:
     if counted is not None:
         return int(counted)
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-    return mask.sum() if isinstance(mask, torch.Tensor) else 0
+    if not isinstance(mask, torch.Tensor):
+        return 0
+    # A host mask is summed through numpy into an int: no torch op (~5 us each, and 2 more adding it up per step)
+    return int(mask.numpy().sum()) if mask.device.type == "cpu" else mask.sum()

@@ -1,10 +1,5 @@
-"""kitlib's training policies, each a callback on fit's named events (kitlib.engine.events), each a screen at most.
-
-``default_policies(cfg)`` is what ``fit`` runs unless given ``policies=``; the list is inspectable, a policy can be
-removed or replaced, and a user's callback uses the same protocol. Each policy declares its ``order`` (below the
-users' default 0); none reads another's state: the facts they share (``state.best``, ``evals_since_best``,
-``skipped``, ``step_evals``) are the loop's (``RunState``).
-"""
+"""kitlib's training policies: callbacks on fit's events with a declared ``order``; ``default_policies(cfg)``
+is what fit runs unless given ``policies=``. They share facts only through the loop's ``RunState``."""
 
 from __future__ import annotations
 
@@ -19,22 +14,21 @@ import torch
 
 from kitlib._version import __version__
 from kitlib.engine import checkpoint
-from kitlib.engine.events import Callback, StepEnd
+from kitlib.engine.events import Callback, LoopView, StepEnd
 from kitlib.errors import NonFiniteLossError
 from kitlib.machine import distributed, speed
 from kitlib.progress import close_as_done, progress_bar, shown
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
-    from kitlib.engine.loop import Loop
 
 
 class Policy(Callback):
     """A callback that acts on the loop it is given at the start of fit."""
 
-    loop: Loop
+    loop: LoopView
 
-    def on_fit_start(self, loop: Loop) -> None:
+    def on_fit_start(self, loop: LoopView) -> None:
         self.loop = loop
 
 
@@ -46,7 +40,7 @@ class NonFiniteGuard(Policy):
 
     def on_step_end(self, step: StepEnd) -> None:
         loop, state, cfg = self.loop, self.loop.state, self.loop.cfg
-        if state.nonfinite_streak + loop.stepper.unsettled < cfg.max_nonfinite_steps:
+        if state.nonfinite_streak + loop.unsettled < cfg.max_nonfinite_steps:
             return  # the run of skipped steps cannot have reached the limit since the device's counts were read
         loop.settle()  # the skipped steps are counted on the device (StepLedger); this reads them
         if state.nonfinite_streak >= cfg.max_nonfinite_steps:
@@ -67,7 +61,7 @@ class ProgressLog(Policy):
     order = -80
     every_s = 0.1  # the bar moves at most 10 times a second: tqdm's update is ~3 us, a 3 ms step's 0.1%
 
-    def on_fit_start(self, loop: Loop) -> None:
+    def on_fit_start(self, loop: LoopView) -> None:
         super().on_fit_start(loop)
         self.pending, self.due = 0, 0.0  # steps not shown yet; when the bar moves next (perf_counter)
         state, per_epoch = loop.state, loop.data.windows_per_epoch
@@ -103,7 +97,7 @@ class ProgressLog(Policy):
         self.postfix = postfix = {**getattr(self, "postfix", {}), **shown(record)}
         self.bar.set_postfix(postfix)
 
-    def on_fit_end(self, loop: Loop) -> None:
+    def on_fit_end(self, loop: LoopView) -> None:
         if not hasattr(self, "bar"):
             return
         self.flush()
@@ -137,7 +131,7 @@ class EarlyStopping(Policy):
     def __init__(self, patience: int) -> None:
         self.patience = patience
 
-    def on_next_epoch(self, loop: Loop) -> None:
+    def on_next_epoch(self, loop: LoopView) -> None:
         if distributed.broadcast_object(loop.state.evals_since_best >= self.patience, loop.env):
             loop.stop("early_stopping")
 
@@ -151,7 +145,7 @@ class PeriodicSave(Policy):
         if self.loop.reached(self.loop.cfg.save_every_steps):
             self.loop.save_last()
 
-    def on_next_epoch(self, loop: Loop) -> None:
+    def on_next_epoch(self, loop: LoopView) -> None:
         if loop.cfg.save_last:
             loop.save_last()
 
@@ -175,56 +169,45 @@ class StepEval(Policy):
         loop.state.step_evals.append({"epoch": loop.state.epoch + 1, "step": loop.state.step, "eval_loss": value})
 
 
-class TimeBudget(Policy):
-    """Stops while one more step, the epoch-end eval and a checkpoint still fit in ``budget_s``, and saves ``last/``
-    at that exact position, so the next session resumes there (under every preset: no periodic save is needed)."""
-
-    order = -40
-    clock = staticmethod(time.perf_counter)  # seconds; a test's fake clock makes the stop independent of the load
-
-    def __init__(self, budget_s: float) -> None:
-        self.budget_s, self.step_s = budget_s, 0.0  # step_s: moving average of one optimizer window
-
-    def on_fit_start(self, loop: Loop) -> None:
-        super().on_fit_start(loop)
-        self.last = self.clock()
-        self.started = self.last - loop.timer.elapsed  # fit's time before the first step counts too
-
-    def on_step_end(self, step: StepEnd) -> None:
-        now = self.clock()
-        seconds, self.last = now - self.last, now
-        self.step_s = 0.9 * self.step_s + 0.1 * seconds if self.step_s else seconds
-        loop, timer = self.loop, self.loop.timer
-        windows = 1 + (loop.cfg.log_every_steps if loop.env.enabled else 1)  # the ranks agree that often (Loop.agree)
-        reserve = windows * self.step_s + timer.seconds.get("eval", 0.0) / max(1, timer.counts.get("eval", 0)) + 5.0
-        if loop.agree(now - self.started + reserve > self.budget_s):
-            self.loop.stop("time_budget")
-            self.loop.save_last()  # resumable from this exact position in the next session
-
-
-class SigtermStop(Policy):
-    """SIGTERM (what Kaggle/Colab send before a session ends, or ``kill``): finish the current step, save ``last/``,
-    stop; fit returns with stop_reason "sigterm" and its files complete, so the next session resumes exactly. The
-    previous handler is back when fit returns. Under DDP the ranks agree through a small broadcast every
-    ``log_every_steps`` windows (``Loop.agree``): a broadcast per step would make every step wait for the GPU."""
+class StopAndSave(Policy):
+    """Stops at a step's end and saves ``last/`` there, so the next session resumes exactly: on SIGTERM (Kaggle/Colab
+    before a session ends, or ``kill``; the previous handler is back when fit returns), or while one more step, the
+    epoch-end eval and a checkpoint still fit in ``budget_s``. Ranks agree every ``log_every_steps`` (Loop.agree)."""
 
     order = -30
+    clock = staticmethod(time.perf_counter)  # seconds; a test's fake clock makes the stop independent of the load
 
-    def on_fit_start(self, loop: Loop) -> None:
+    def __init__(self, budget_s: float | None = None) -> None:
+        self.budget_s, self.step_s = budget_s, 0.0  # step_s: moving average of one optimizer window
+
+    def on_fit_start(self, loop: LoopView) -> None:
         super().on_fit_start(loop)
         self.requested, self.previous = False, None
         if threading.current_thread() is threading.main_thread():  # Python delivers signals to the main thread only
             self.previous = signal.signal(signal.SIGTERM, self._request)
+        if self.budget_s is not None:
+            self.last = self.clock()
+            self.started = self.last - loop.timer.elapsed  # fit's time before the first step counts too
 
     def _request(self, signum: int, frame: Any) -> None:
         self.requested = True  # acted on between steps: never in the middle of an optimizer update
 
     def on_step_end(self, step: StepEnd) -> None:
-        if self.loop.agree(self.requested):
-            self.loop.stop("sigterm")
-            self.loop.save_last()
+        loop = self.loop
+        reason = "sigterm" if self.requested else ""
+        if self.budget_s is not None:
+            now = self.clock()
+            seconds, self.last = now - self.last, now
+            self.step_s = 0.9 * self.step_s + 0.1 * seconds if self.step_s else seconds
+            windows = 1 + (loop.cfg.log_every_steps if loop.env.enabled else 1)  # how often the ranks agree
+            timer = loop.timer
+            reserve = windows * self.step_s + timer.seconds.get("eval", 0.0) / max(1, timer.counts.get("eval", 0)) + 5
+            reason = "time_budget" if now - self.started + reserve > self.budget_s else reason
+        if reason := loop.agree(reason):
+            loop.stop(reason)
+            loop.save_last()
 
-    def on_fit_end(self, loop: Loop) -> None:
+    def on_fit_end(self, loop: LoopView) -> None:
         if getattr(self, "previous", None) is not None:
             signal.signal(signal.SIGTERM, self.previous)
 
@@ -240,7 +223,7 @@ class ThreadCount(Policy):
     def __init__(self, most: int, every_s: float = 120.0) -> None:
         self.most, self.every_s = most, every_s
 
-    def on_fit_start(self, loop: Loop) -> None:
+    def on_fit_start(self, loop: LoopView) -> None:
         super().on_fit_start(loop)
         self.due = time.perf_counter() + self.every_s
 
@@ -264,6 +247,5 @@ def default_policies(cfg: TrainConfig) -> list[Callback]:
         BestCheckpoint(),
         *([EarlyStopping(cfg.patience)] if cfg.patience is not None else []),
         PeriodicSave(),
-        *([TimeBudget(cfg.time_budget_s)] if cfg.time_budget_s is not None else []),
-        SigtermStop(),
+        StopAndSave(cfg.time_budget_s),
     ]

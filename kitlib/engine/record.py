@@ -19,7 +19,7 @@ from kitlib.progress import THROUGHPUT
 # lazy: resource (+0.1 ms): POSIX only (a Windows machine has none); only a CPU run's peak RSS reads it.
 
 if TYPE_CHECKING:
-    from kitlib.engine.loop import Loop
+    from kitlib.engine.events import LoopView
 
 
 @dataclass
@@ -116,14 +116,14 @@ class RunRecorder(Callback):
         self.compile_start: int | None = None  # compile=True: compiles recorded in this process before fit
         self.compiled, self.compile_steps, self.compile_step_s = 0, 0, 0.0
 
-    def on_fit_start(self, loop: Loop) -> None:
+    def on_fit_start(self, loop: LoopView) -> None:
         if loop.device.type == "cuda":  # a CUDA run only: on a CPU run this would initialise CUDA for nothing
             # The peak is per process: without this a second fit in the kernel reports the first one's peak.
             torch.cuda.reset_peak_memory_stats(loop.device)
         self.compile_start = len(_compile_times()) if loop.cfg.compile else None
         self.compiled, self.compile_steps, self.compile_step_s = self.compile_start or 0, 0, 0.0
 
-    def on_epoch_start(self, loop: Loop) -> None:
+    def on_epoch_start(self, loop: LoopView) -> None:
         self.epoch_start, self.first_step = time.perf_counter(), True
 
     def on_step_end(self, step: StepEnd) -> None:
@@ -147,7 +147,7 @@ class RunRecorder(Callback):
         self.rates.append({k: record[k] for k in THROUGHPUT if k in record})
         self.real_tokens, self.epoch_tokens = self.real_tokens + int(self.epoch_tokens), 0
 
-    def facts(self, loop: Loop) -> RunFacts:
+    def facts(self, loop: LoopView) -> RunFacts:
         cfg, env, loader, device = loop.cfg, loop.env, loop.data.base, loop.device
         if device.type == "cuda":
             peak, total = torch.cuda.max_memory_allocated(device), torch.cuda.get_device_properties(device).total_memory
@@ -162,8 +162,8 @@ class RunRecorder(Callback):
             epochs_planned=cfg.epochs,
             epochs_done=len(loop.state.history),
             world_size=env.world_size,
-            micro_batch_size=loop.stepper.backoff.micro_batch,  # the config's, or its pieces after OOM back-offs
-            grad_accum_steps=cfg.grad_accum_steps * loop.stepper.backoff.parts,
+            micro_batch_size=loop.backoff.micro_batch,  # the config's, or its pieces after OOM back-offs
+            grad_accum_steps=cfg.grad_accum_steps * loop.backoff.parts,
             num_workers=loader.num_workers,
             persistent_workers=loader.persistent_workers,
             pin_memory=loader.pin_memory,
@@ -188,7 +188,7 @@ class RunRecorder(Callback):
             if eval_batches is not None
             else 0,
             stop_reason=loop.stop_reason,
-            oom_backoffs=list(loop.stepper.backoff.changes),
+            oom_backoffs=list(loop.backoff.changes),
             **_what_ran(loop.raw_model, loop.optimizer),
             features_cached=None,  # fit() featurises nothing (and **shape below holds ints only)
             **self._compile_facts(),

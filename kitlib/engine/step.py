@@ -1,9 +1,5 @@
-"""The optimizer step, read top to bottom, the ``Stepper`` that applies it window by window, and the small helpers.
-
-``train_window``: autocast -> weighted backward (no DDP sync until the window's last micro-batch) -> unscale -> clip
--> step at the scheduled LR (skipped on the device on inf/nan) -> count -> zero_grad. Precision off means no-op
-objects, not branches; nothing in it waits for the GPU (``StepLedger``).
-"""
+"""The optimizer step (``train_window``: autocast -> weighted backward -> unscale -> clip -> step at the scheduled LR,
+skipped on the device on inf/nan -> count -> zero_grad), its device-side ledger and the small helpers. No host sync."""
 
 from __future__ import annotations
 
@@ -16,21 +12,16 @@ from typing import TYPE_CHECKING, Any, SupportsIndex
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler
 
-from kitlib.engine.backoff import MicroBatchBackoff, next_strategy
 from kitlib.engine.checkpoint import unwrap_model
 from kitlib.engine.chunked_loss import chunked_lm_loss
 from kitlib.engine.objective import Batch, CountFn, LossFn, hf_loss
-from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.timing import PhaseTimer
 from kitlib.machine import distributed
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
-    from kitlib.engine.loop import RunState
     from kitlib.machine.amp import Precision
-    from kitlib.machine.precision import PrecisionPlan
 
 
 def to_device(device: torch.device, *, omit_full_masks: bool = False) -> Callable[[Batch], Batch]:
@@ -64,7 +55,7 @@ def _full(mask: Any) -> bool:
 MODEL_LOSSES = (hf_loss, chunked_lm_loss)  # kitlib's losses that pass the batch to the model as keyword arguments
 
 
-def _mask_optional(model: nn.Module) -> bool:
+def mask_optional(model: nn.Module) -> bool:
     """The model's forward takes ``attention_mask`` with a default (a Hugging Face model's None): leaving a mask of
     ones out means the same there. A user's module that requires one gets it as ever."""
     found = inspect.signature(unwrap_model(model).forward).parameters.get("attention_mask")
@@ -72,16 +63,8 @@ def _mask_optional(model: nn.Module) -> bool:
 
 
 class StepLedger:
-    """The optimizer steps' outcome, kept on the device so a training step never waits for the GPU.
-
-    Whether a step was applied (finite gradients) is known only on the device; reading it every step would make the
-    CPU wait for the GPU. So the counters (applied, skipped, the current run of skipped steps, this window's outcome)
-    and the learning rate stay there: the LR of the next step is the schedule's value at the applied count, looked up
-    in a table of the LambdaLR's values (4 bytes on CUDA, 8 on CPU, x total steps x param groups; built once), so a
-    skipped step does not advance the schedule, exactly as when the host decided. ``read`` is the one host sync; fit
-    calls it only where a decision needs the counts (a log, eval or save step, the non-finite limit within reach, an
-    epoch end).
-    """
+    """The optimizer steps' outcome (applied, skipped, skip streak, last window) and the scheduled LR, on the device:
+    a skipped step does not advance the schedule, and no step waits for the GPU. ``read`` is the one host sync."""
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device) -> None:
         values = [
@@ -198,10 +181,8 @@ def train_window(
 
 
 class EpochLoss:
-    """The current epoch's item-weighted loss sums: the one copy, on the device between log steps (reading it is a
-    host sync). A checkpoint holds it as ``epoch_loss_sum``/``epoch_items`` floats (float64: exact both ways).
-    Several ranks: each sums its own rows' loss over the global item count, so a read (every rank at once) sums
-    the ranks' losses, one all-reduce."""
+    """The epoch's item-weighted loss sums, on the device between logs (a read is a host sync, and under DDP one
+    all-reduce of the ranks' losses). Saved in last/ as ``epoch_loss_sum``/``epoch_items`` (float64: exact)."""
 
     def __init__(self, device: torch.device, env: distributed.DistEnv | None = None) -> None:
         self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, items
@@ -244,94 +225,6 @@ class EpochLoss:
         # rank 0 holds the ranks' sum, the others none: a read adds them up to it again
         self.loss.fill_(float(state.get("epoch_loss_sum", 0.0)) if self.env.is_main else 0.0)
         self.items.fill_(float(state.get("epoch_items", 0.0)))
-
-
-class Stepper:
-    """The optimizer side of fit: precision, optimizer, schedule, OOM back-off and the device-side ledger of step
-    outcomes. ``run`` applies one window (no host sync) and ``settle`` makes the position exact (one). ``unsettled``:
-    windows whose outcome the device has not reported yet; ``state.step`` counts them as applied until ``settle``.
-    ``window_applied``: the outcome of the window ``settle`` read last."""
-
-    def __init__(self, model: nn.Module, cfg: TrainConfig, *, plan: PrecisionPlan, precision: Precision,
-                 env: distributed.DistEnv, device: torch.device, total_steps: int,
-                 loss_fn: LossFn, count_fn: CountFn, timer: PhaseTimer) -> None:  # fmt: skip
-        self.cfg, self.env, self.plan, self.precision, self.timer = cfg, env, plan, precision, timer
-        self.loss_fn, self.count_fn = loss_fn, count_fn
-        self.to_device = to_device(device, omit_full_masks=loss_fn in MODEL_LOSSES and _mask_optional(model))
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(model, cfg)
-        self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)
-        self.backoff = MicroBatchBackoff(
-            cfg, optimizer=self.optimizer, precision=precision, device=device,
-            distributed=env.enabled, next_strategy=next_strategy(cfg), say=print if env.is_main else lambda line: None,
-        )  # fmt: skip
-        self.ledger = StepLedger(self.scheduler, total_steps, device)
-        self.epoch_loss = EpochLoss(device, env)
-        self.unsettled, self.window_applied = 0, True
-        self.checked_gradients = False  # every_parameter_gets_a_gradient ran (DDP, first step)
-
-    def run(self, window: list[Batch], model: nn.Module, raw_model: nn.Module, state: RunState) -> torch.Tensor:
-        """One optimizer window on ``model`` (DDP/compiled; ``raw_model`` unwrapped), counted into ``state``."""
-        # Under DDP, this process's first step checks that every trainable parameter got a gradient (named error).
-        check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
-        self.checked_gradients = True
-
-        def train(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return train_window(
-                micro_batches, model=model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
-                optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
-                timer=self.timer, to_device=self.to_device,
-            )  # fmt: skip
-
-        with distributed.every_parameter_gets_a_gradient(raw_model) if check else contextlib.nullcontext():
-            # Out of device memory: the window again from its start at half the micro-batch, twice the accumulation.
-            applied, loss_sum, items = self.backoff.run(window, train, step=state.step + state.skipped)
-        state.batch_in_epoch += len(window)
-        state.step += 1  # as applied until settle() reads the outcome: no wait for the GPU here
-        self.unsettled += 1
-        self.epoch_loss.add(applied, loss_sum, items)
-        return applied
-
-    def settle(self, state: RunState) -> None:
-        """Make ``state.step``, ``state.skipped``, ``state.nonfinite_streak`` and the scheduler exact: one host sync
-        (``StepLedger.read``), paid only where a decision needs them; a no-op when nothing ran since the last one."""
-        if not self.unsettled:
-            return
-        applied, skipped, streak, self.window_applied = self.ledger.read()
-        for _ in range(applied - (state.step - self.unsettled)):
-            self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
-        state.step, state.skipped, state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
-
-    def applied_lr(self, state: RunState) -> float:
-        """The lr the last step ran with: the schedule's value at ``state.step - 1`` (exact once settled; a log step
-        reads it unsettled, no host sync). ``get_last_lr`` is the next step's: 0.0 after a linear schedule's end."""
-        rule, base = self.scheduler.lr_lambdas[0], self.scheduler.base_lrs[0]
-        return float(base * rule(max(state.step - 1, 0)))
-
-    def reached(self, state: RunState, every: int | None) -> bool:
-        """Whether the window just run was applied and made ``state.step`` a multiple of ``every``, exactly as if
-        every step were read; it settles only when a multiple is within reach of the windows not yet read."""
-        if not every:
-            return False
-        if self.unsettled and state.step // every == (state.step - self.unsettled) // every:
-            return False
-        self.settle(state)
-        return self.window_applied and state.step % every == 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "precision": self.precision.state_dict(),
-            "backoff": self.backoff.state_dict(),
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any], position: RunState) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.precision.load_state_dict(state["precision"])
-        self.backoff.load_state_dict(state.get("backoff", {}))
-        self.ledger.load(position.step, position.skipped, position.nonfinite_streak)
 
 
 def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = ()) -> list[str]:
@@ -424,15 +317,3 @@ def _rebuild_recomputed(base: type[nn.Module]) -> nn.Module:
     module = base.__new__(base)
     _recompute_in_backward(module)
     return module
-
-
-def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:
-    """Make each epoch's batch order a pure function of (seed, epoch), so a resumed run replays it exactly."""
-    for sampler in (loader.batch_sampler, loader.sampler):
-        if callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(epoch)  # type: ignore[union-attr]
-            return
-    if isinstance(loader.sampler, RandomSampler):
-        # The user's plain DataLoader(shuffle=True): give its sampler a seeded generator (torch would otherwise
-        # draw a fresh seed from the global RNG at every iterator, which a resumed run cannot replay).
-        loader.sampler.generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)

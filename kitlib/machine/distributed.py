@@ -226,7 +226,7 @@ class WorkerDied(DistributedError):
 @contextmanager
 def _forwarding_sigterm(pids: list[int]) -> Iterator[None]:
     """SIGTERM to this process (the kernel: a hosted session ending, the headless runner's stop) goes on to the
-    workers, whose training saves ``last/`` and returns (kitlib.engine.policies.SigtermStop); this process keeps
+    workers, whose training saves ``last/`` and returns (kitlib.engine.policies.StopAndSave); this process keeps
     waiting for them. Signals reach the main thread only: elsewhere nothing is changed."""
 
     if threading.current_thread() is not threading.main_thread():
