@@ -48,8 +48,7 @@ from kitlib.models.facts import non_embedding_params
 from kitlib.models.folders import config_of, model_refusals, positions_of
 from kitlib.models.loading import from_pretrained, frozen_dtype
 from kitlib.notebook.handoff import SideInputs
-from kitlib.notebook.regimes import Prepared
-from kitlib.notebook.tasks.base import Params, RoughCost
+from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     Limits,
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.config import Batching
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep
 
@@ -201,14 +198,8 @@ class CausalLMTask(TextGenerationTask):
         return run
 
     # ---------------------------------------------------------------------------------------------------- 02 train
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
+    def prepare(self, ctx: Context) -> Prepared:
+        feats, hw, split, seed = ctx.feats, ctx.hw, ctx.split, ctx.seed
         cfg, tokens, y, pad = feats.run.config, feats.train_tokens, feats.labels, feats.pad_id
 
         def subset(idx: np.ndarray) -> SequenceDataset:

@@ -29,8 +29,7 @@ from kitlib.data.tables import texts_to_generate
 from kitlib.doctor.memory_plan import KNOWN_MODELS
 from kitlib.errors import SetupError
 from kitlib.notebook.presets import PRESETS
-from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.base import RoughCost
+from kitlib.notebook.tasks.base import Context, Prepared, RoughCost, Task
 from kitlib.notebook.tasks.generation import probe_ids
 from kitlib.notebook.tasks.text import TextTask
 from kitlib.tasks.metrics import import_object
@@ -38,13 +37,10 @@ from kitlib.tasks.metrics import import_object
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
     from torch import nn
 
     from kitlib.data.tables import TargetSpec
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset
     from kitlib.notebook.tasks.base import Params, ProbeStep
 
@@ -54,14 +50,40 @@ FROM_SCRATCH_LR = 1e-3  # a module of one's own starts from random weights: the 
 FROM_SCRATCH_EPOCHS = 4  # x the preset's: the demo's BiLSTM scored 0.656 after balanced's 2 epochs
 
 
-class CustomTask(TextTask):
-    regimes = ("finetune",)  # the module reads tokens and trains whole
+class OwnModel(Task):
+    """What custom and custom-seq2seq share: 02 builds your module from ``model_factory`` under the run's seed and
+    tries it on two training rows before fit; the factory travels in features.json."""
 
-    def __init__(self) -> None:
-        super().__init__("custom", "auto")
+    regimes = ("finetune",)  # the module reads tokens and trains whole
+    arguments = "(vocab_size, num_labels, pad_id)"  # what the factory is called with, for the errors
+    positional = True  # called with the sizes in order (else by keyword)
 
     def check(self, p: Params) -> None:
-        check_factory(p, "custom", "(vocab_size, num_labels, pad_id)")
+        check_factory(p, self.name, self.arguments)
+
+    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
+        return {**super().saved_state(tokenizer, p), "model_factory": p.model_factory}
+
+    def sizes(self, ctx: Context) -> dict[str, int]:
+        """What the factory is called with, from the saved features."""
+        feats = ctx.feats
+        return {"vocab_size": feats.vocab_size, "num_labels": feats.spec.num_labels, "pad_id": feats.pad_id}
+
+    def tried(self, model: nn.Module, ctx: Context, loader: Any, spec: str) -> None:
+        """Your model on two training rows: its output has what kitlib reads, or a SetupError names the fix."""
+        _check_output(model, loader, spec)
+
+    def prepare(self, ctx: Context) -> Prepared:
+        spec = ctx.feats.side.state["model_factory"]
+        model = build_model(spec, self.sizes(ctx), ctx.seed, positional=self.positional)
+        loaders = self.loaders(ctx)
+        self.tried(model, ctx, loaders[0], spec)
+        return Prepared(*loaders, model)
+
+
+class CustomTask(OwnModel, TextTask):
+    def __init__(self) -> None:
+        super().__init__("custom", "auto")
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         if texts_to_generate(column):
@@ -108,24 +130,6 @@ class CustomTask(TextTask):
             return model, batch, 6.0 * weights * ids.numel(), self.loss_fn(spec)
 
         return RoughCost(None, weights, step)
-
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
-        spec = feats.side.state["model_factory"]
-        sizes = {"vocab_size": feats.vocab_size, "num_labels": feats.spec.num_labels, "pad_id": feats.pad_id}
-        model = build_model(spec, sizes, seed, positional=True)
-        loaders = FINETUNE.loaders(feats, hw, split, seed)
-        _check_output(model, loaders[0], spec)
-        return Prepared(*loaders, model)
-
-    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
-        return {"model_factory": p.model_factory}
 
 
 def check_factory(p: Params, task: str, arguments: str) -> None:

@@ -38,24 +38,20 @@ from typing import TYPE_CHECKING, Any
 from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
 from kitlib.models.seq2seq import data_tokenizer
-from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
+from kitlib.notebook.tasks.custom import OwnModel, build_model, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps, summary_source
 
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
     import torch
     from torch import nn
 
     from kitlib.data.tables import TargetSpec
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.tasks.base import Params
+    from kitlib.notebook.tasks.base import Context, Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
 # passed to generate only when it names them
@@ -67,13 +63,15 @@ FROM_SCRATCH_EPOCHS = 5  # x the preset's epochs (balanced: 10)
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (seq2seq's cadence)
 
 
-class CustomSeq2SeqTask(Seq2SeqTask):
+class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
+    arguments, positional = ARGUMENTS, False
+
     def __init__(self) -> None:
         super().__init__("custom-seq2seq")
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
-        check_factory(p, self.name, ARGUMENTS)
+        super().check(p)
         if p.text == p.target:
             raise SetupError(
                 f"task = {self.name!r} generates the target from the text, but both name {p.text!r}. Fix: text = the "
@@ -109,23 +107,15 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         return {"tokenizer": tokenizer.backend_tokenizer.to_str(), "model_factory": p.model_factory}
 
     # ---------------------------------------------------------------------------------------------------- 02 train
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
-        tokenizer = tokenizer_from_json(feats.side.state["tokenizer"])
-        spec = feats.side.state["model_factory"]
-        model = build_model(spec, _sizes(tokenizer), seed)
+    def sizes(self, ctx: Context) -> dict[str, int]:
+        return _sizes(tokenizer_from_json(ctx.feats.side.state["tokenizer"]))
+
+    def tried(self, model: nn.Module, ctx: Context, loader: Any, spec: str) -> None:
+        tokenizer = tokenizer_from_json(ctx.feats.side.state["tokenizer"])
         # plain attributes: not weights, not in the checkpoint
         setattr(model, "kitlib_tokenizer", tokenizer)  # noqa: B010
-        setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer, split[0]))  # noqa: B010
-        loaders = FINETUNE.loaders(feats, hw, split, seed)
-        _check_model(model, loaders[0], spec)
-        return Prepared(*loaders, model)
+        setattr(model, "kitlib_limits", target_limits(ctx.feats.labels, tokenizer, ctx.split[0]))  # noqa: B010
+        _check_model(model, loader, spec)
 
     # ---------------------------------------------------------------------------------------------------- 03 infer
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:

@@ -38,8 +38,7 @@ from kitlib.models.seq2seq import (
     tokenizer_identity,
 )
 from kitlib.notebook.handoff import SideInputs
-from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.base import Params, RoughCost
+from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     TextGenerationTask,
@@ -61,8 +60,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep
 
@@ -191,16 +188,11 @@ class Seq2SeqTask(TextGenerationTask):
         return labels
 
     # ---------------------------------------------------------------------------------------------------- 02 train
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
-        model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter, hw.device_type, split[0])
-        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
+    def prepare(self, ctx: Context) -> Prepared:
+        feats = ctx.feats
+        model = _build_model(feats.side, ctx.seed, feats.labels, feats.run.config.adapter, ctx.hw.device_type,
+                             ctx.split[0])  # fmt: skip
+        return Prepared(*self.loaders(ctx), model)
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         """Each row's new tokens: the decoder's output after its start token."""
