@@ -1,25 +1,6 @@
-"""What a notebook task is: the few things that differ between workloads, behind one interface.
-
-The stages (kitlib.notebook.stages) read and check the files, tokenize, cache, train with ``fit`` and write the
-submission the same way for every task; a task says only what is its own:
-
-    00  check(p), columns(p)        parameters and input columns it needs, checked before anything is written
-        target(column, p, metric)   how the target column is read and learned (a TargetSpec: classes, a transform)
-        side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
-        preset(preset, p)           how it trains a preset (applied once, by stages.task_preset)
-    01  load(run, spec, ...)        the tokenizer and model (default: the preset's regime decides)
-        extra(texts, ...)           what else 01 computes (default: the head regime's embeddings, else nothing)
-        labels(spec, train, p, ...) the training targets as an array (class codes, values, target tokens), from
-                                    the rows and what load returned: a task keeps nothing between calls
-    02  prepare(ctx)                loaders and the model to train (default: the regime's, then ``model`` around it)
-        evaluate(...)               the full evaluation fit() runs on its cadence (a callable: in the background)
-    03  predict(model, loader, ...) outputs for every test row; ``combine`` merges runs; ``submission`` -> the column
-
-The defaults are the text tasks' (one text column to a class or a number), so a task overrides only what is its own.
-
-A new task subclasses ``Task`` in a module of its own and is named in 00's parameters as ``task="module:name"``
-(an instance, a class or a factory): nothing in the engine, the stages or the notebooks changes.
-"""
+"""What a notebook task is: the few things that differ between workloads (00 checks, 01 tokens and targets, 02
+loaders and model from a ``Context``, 03 predictions), behind one ``Task`` whose defaults are the text tasks'. A task
+of one's own subclasses ``Task`` and is named ``task="module:name"`` (docs/guide.md)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""custom: your own ``nn.Module`` on the text's tokens, with kitlib's loaders, fit, checkpoints and inference.
-
-    task = "custom"; model_factory = "bilstm.py:build"      # 00's parameters (a file, or module:function)
-
-    def build(vocab_size: int, num_labels: int, pad_id: int) -> nn.Module: ...
-        # forward(input_ids, attention_mask, labels=None) -> an object with .logits [batch, num_labels] and, given
-        # labels, .loss (your loss: kitlib.models.heads.HeadOutput(logits, loss) will do)
-
-The target is read as for ``auto`` (``num_labels`` is 1 for a number); 03 reads ``.logits`` as for the built-in
-models. Weights are initialised under the run's seed (torch.manual_seed), so two runs build the same model.
-A factory named ``file.py:function`` is loaded from where you put it: a relative path is taken from the notebook's
-folder (the kernel's working directory), never from data_dir or an attached dataset (a file there would shadow your
-own); give a full path for one elsewhere (``/kaggle/input/<dataset>/bilstm.py:build``). It is compiled from source
-with nothing written beside it (no ``__pycache__``: a data folder may be read-only, or the user's). An importable
-``package.module:function`` is imported. Either way it runs your code: name only code you trust.
-"""
+"""custom: your own ``nn.Module`` (``model_factory`` = ``file.py:function`` or ``module:function``, called with
+(vocab_size, num_labels, pad_id) under the run's seed) on the text's tokens, with kitlib's loaders, fit and inference.
+It runs your code: name only code you trust. The contract: docs/guide.md, "Your own model"."""
 
 from __future__ import annotations
 
@@ -106,10 +93,8 @@ class CustomTask(OwnModel, TextTask):
         )
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
-        """The text's rough tokens through your model's weights: built once (milliseconds for a small model; 02
-        builds it again) for MiniLM's tokenizer and the target's classes, its embeddings left out (a lookup is no
-        matmul); 00 times a step of it, as its weights' count leaves out an RNN's time steps (a BiLSTM trained at
-        about half the FLOP/s of MiniLM's block: 02 took 21.8 s where 14.0 were planned)."""
+        """The text's rough tokens through your model's weights (built once, for MiniLM's tokenizer; embeddings left
+        out); 00 times a step of it, as the weights' count leaves out an RNN's time steps."""
         import torch
 
         from kitlib.models.facts import non_embedding_params

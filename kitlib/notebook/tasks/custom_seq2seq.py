@@ -1,32 +1,6 @@
-"""custom-seq2seq: your own encoder-decoder (its own loss, its own decoding) from a source text to a target text,
-with kitlib's tokenizer, loaders, fit, generating full eval and submission, as ``seq2seq`` trains a T5.
-
-    task = "custom-seq2seq"; model_factory = "pointer_generator.py:build"; text = "text"; target = "summary"
-
-    def build(vocab_size: int, pad_id: int, eos_id: int) -> nn.Module: ...    # called by keyword
-        # forward(input_ids, attention_mask, labels) -> an object with .loss (your loss). labels: [batch, T] target
-        #     token ids, each row ending in eos_id, -100 on padding (ignore them)
-        # generate(input_ids, attention_mask, max_new_tokens, ...) -> LongTensor [batch, <= max_new_tokens]: the new
-        #     tokens only (what starts your decoder is yours: kitlib never feeds a start token; eos_id or pad_id are
-        #     the usual choice); a row ends at its first eos_id (what follows is ignored). kitlib calls it with the
-        #     model in eval mode under torch.inference_mode. Of num_beams, min_new_tokens, no_repeat_ngram_size,
-        #     max_copies and logits_processor, kitlib passes those your generate names as parameters: 03 decodes with
-        #     beams (num_beams = 4) only when it takes num_beams, and says so. logits_processor(ids, scores) ->
-        #     scores is the loop guard seq2seq and causal-lm decode with (generation.NoLoops; ids: [rows, tokens
-        #     generated so far], scores: [rows, vocab] of the next token): call it on each step's scores. Without it
-        #     03 counts your loops and warns, but does not stop them.
-
-- Tokens: seq2seq's tiny T5's (kitlib.models.seq2seq.data_tokenizer): bytes for short texts (words, codes, phoneme
-  strings), else a byte-level BPE trained on the training rows' sources and targets: it decodes to the very text it
-  encoded, and a source token is a target token, so a copy mechanism copies ids.
-- Targets, lengths, the full eval (generation every ``full_eval_every`` epochs, the metric scored in the background)
-  and 03's blank/looped/cut tally are seq2seq's (kitlib.notebook.tasks.generation): a blank output is written as the
-  most common training target whatever your decoding does.
-- The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR, at most FROM_SCRATCH_BATCH rows
-  per step and FROM_SCRATCH_EPOCHS x the preset's epochs; on short texts seq2seq's budget of optimizer steps
-  (seq2seq.short_text_steps: ~12,000 at balanced on a 4,000-row g2p table, not 2,250). A factory file is loaded as
-  ``custom`` loads one (kitlib.notebook.tasks.custom).
-"""
+"""custom-seq2seq: your own encoder-decoder (``model_factory``, called by keyword with vocab_size, pad_id, eos_id;
+its own loss and ``generate``) from a source text to a target text, with seq2seq's tokenizer, loaders, generating
+full eval and submission. The contract: docs/guide.md, "Your own model"."""
 
 from __future__ import annotations
 
