@@ -16,6 +16,7 @@ from kitlib.engine.evaluation import SplitEval
 from kitlib.errors import SetupError
 from kitlib.notebook import stages, training
 from kitlib.notebook.tasks import get_task
+from kitlib.notebook.tasks.base import Context
 from kitlib.notebook.tasks.causal_lm import (
     IGNORE,
     SequenceCollator,
@@ -219,7 +220,7 @@ def test_a_causal_lm_folder_is_fine_tuned_with_its_own_tokenizer(tmp_path: Path,
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     assert feats.side.state == {"model_folder": str(folder)} and feats.pad_id == tokenizer.eos_token_id
-    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    prepared = CausalLMTask().prepare(Context(feats, cpu_hw, stages._split(feats.n_train, 0), 0))
     cfg = TrainConfig(epochs=1, micro_batch_size=8, lr=1e-3, precision="fp32", gradient_checkpointing=True,
                       full_eval_at_end=False, save_best=False)  # fmt: skip
     result = fit(prepared.model, prepared.train, config=cfg, hw=cpu_hw)
@@ -271,7 +272,7 @@ def test_a_chat_model_learns_the_assistant_turn_only_and_stops_at_its_end_of_tur
     p = _chat_params(tmp_path)
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
-    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    prepared = CausalLMTask().prepare(Context(feats, cpu_hw, stages._split(feats.n_train, 0), 0))
     tokenizer = prepared.model.kitlib_tokenizer
     assert tokenizer.eos_token == "<|im_end|>"  # what a reply ends with and generation stops at
     from sft_fixtures import sft_frame
@@ -344,6 +345,6 @@ def test_a_user_s_max_length_is_honoured_and_the_examples_it_cuts_are_counted(tm
     feats = stages.features(p, hw=cpu_hw)
     assert feats.labels.shape[1] == 64 == feats.run.config.max_length  # as given, not the model's 2,048
     assert "capped at 64: 1 responses are cut" in capsys.readouterr().out  # 01 says it
-    prepared = CausalLMTask().prepare(feats, cpu_hw, stages._split(feats.n_train, 0), 0, {})
+    prepared = CausalLMTask().prepare(Context(feats, cpu_hw, stages._split(feats.n_train, 0), 0))
     assert prepared.notes == ("warning: 1 of 40 training examples were longer than max_length 64 and were cut (01 "
                               "said which part); raise max_length up to the model's positions",)  # fmt: skip

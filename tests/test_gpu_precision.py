@@ -95,7 +95,6 @@ def _loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Calla
     )
 
     from kitlib.models import loading
-    from kitlib.notebook import regimes
     from kitlib.notebook.handoff import SideInputs
     from kitlib.notebook.tasks import causal_lm, seq2seq
 
@@ -133,6 +132,7 @@ def _loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Calla
 
     def custom_factory(dtype: torch.dtype) -> nn.Module:  # a user's model_factory that loads a half checkpoint
         from kitlib.notebook.tasks import custom
+        from kitlib.notebook.tasks.base import Context
         from kitlib.notebook.tasks.custom import CustomTask
 
         folder = _bert_folder(tmp_path, dtype)
@@ -156,10 +156,10 @@ def _loaders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Calla
         feats = Feats(SideInputs(state={"model_factory": f"{module}:build"}))
         # The loaders read the saved tokens, which this test has none of (nor the forward check that runs on them):
         # the model's dtype is what it is about.
-        monkeypatch.setattr(regimes.Finetune, "loaders", lambda self, *args: (None, None, None))
+        monkeypatch.setattr(CustomTask, "loaders", lambda self, ctx: (None, None, None))
         monkeypatch.setattr(custom, "_check_output", lambda *args: None)
         split = (np.arange(2), np.arange(1))
-        model: nn.Module = CustomTask().prepare(feats, None, split, 0, {}).model  # type: ignore[arg-type]
+        model: nn.Module = CustomTask().prepare(Context(feats, None, split, 0)).model  # type: ignore[arg-type]
         return model
 
     return {

@@ -214,7 +214,7 @@ def test_a_probe_out_of_device_memory_leaves_01s_batching_to_fits_back_off(
 
     from kitlib import TrainConfig
     from kitlib.notebook import training
-    from kitlib.notebook.regimes import Prepared
+    from kitlib.notebook.tasks.base import Prepared
 
     def out_of_memory(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise torch.OutOfMemoryError("CUDA out of memory")

@@ -178,8 +178,8 @@ def test_the_two_embedding_bars_say_train_and_test(monkeypatch: pytest.MonkeyPat
     """The head regime embeds train then test in 01: each bar is named for its rows."""
     import numpy as np
 
-    from kitlib.notebook import regimes
-    from kitlib.notebook.regimes import REGIMES, Encoder
+    from kitlib.notebook.tasks import base
+    from kitlib.notebook.tasks.base import Encoder, Task
 
     bars: list[object] = []
 
@@ -187,15 +187,15 @@ def test_the_two_embedding_bars_say_train_and_test(monkeypatch: pytest.MonkeyPat
         bars.append(kw["progress"])
         return np.zeros((len(texts), 4), dtype=np.float32)
 
-    monkeypatch.setattr(regimes, "embed_texts", embed)  # the head regime's own name for it
+    monkeypatch.setattr(base, "embed_texts", embed)  # the head regime's own name for it
     run = types.SimpleNamespace(
-        preset=types.SimpleNamespace(precision="fp32"), config=types.SimpleNamespace(precision="fp32")
+        preset=types.SimpleNamespace(precision="fp32", regime="head"), config=types.SimpleNamespace(precision="fp32")
     )
     model = types.SimpleNamespace(config=types.SimpleNamespace(num_hidden_layers=6))
     from kitlib.machine.hardware import fake_profile
 
     encoder = Encoder(None, model, 16, run, fake_profile("CPU", interactive=False), None, progress=True)  # type: ignore[arg-type]
-    REGIMES["head"].extra(["a good film", "dull"], ["fine"], encoder)
+    Task().extra(["a good film", "dull"], ["fine"], encoder)
     assert bars == ["embed train", "embed test"]
 
 

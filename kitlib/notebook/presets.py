@@ -53,7 +53,7 @@ _MIN_EFFECTIVE_BATCH = 8  # below this, per-step overhead and gradient noise cos
 @dataclass(frozen=True)
 class Regime:
     """What resolving, the picker and the estimate know of a regime, as data; what it builds (01's model, 02's
-    loaders) is kitlib.notebook.regimes'. head: the encoder runs once, without gradients, to cache embeddings; a small
+    loaders) is Task's. head: the encoder runs once, without gradients, to cache embeddings; a small
     head trains on them and on tf-idf n-grams. finetune: the whole model trains on the tokens."""
 
     name: RegimeName
@@ -89,7 +89,7 @@ REGIMES: Mapping[str, Regime] = MappingProxyType({
 class Preset:
     name: str
     description: str
-    regime: RegimeName  # kitlib.notebook.regimes: "head" (cached embeddings + a head) or "finetune" (all weights)
+    regime: RegimeName  # "head" (cached embeddings + a head) or "finetune" (all weights)
     epochs: int
     target_effective_batch: int  # rows per optimizer step summed over all devices; micro x accum x world keeps it
     lr: float

@@ -52,9 +52,9 @@ from kitlib.notebook.params import (  # noqa: F401
     load_params,
     params,
 )
-from kitlib.notebook.regimes import Encoder
 from kitlib.notebook.submission import check_sample_submission
 from kitlib.notebook.tasks import get_task, task_entry
+from kitlib.notebook.tasks.base import Encoder
 from kitlib.progress import advise
 from kitlib.tasks.baseline import Baseline, Gap, trivial_baseline
 from kitlib.tasks.metrics import check_metric, get_metric

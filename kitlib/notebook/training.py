@@ -40,7 +40,6 @@ from kitlib.models.lora import add_adapter, describe_size, merge_adapter
 from kitlib.notebook import handoff, trees
 from kitlib.notebook.estimate import BUDGET_MARGIN_S, KAGGLE_SESSION_S, duration, estimate_run
 from kitlib.notebook.params import Params, kaggle_input, keep_aside, load_params
-from kitlib.notebook.regimes import Prepared
 from kitlib.notebook.reporting import Report
 from kitlib.notebook.stages import (
     BASELINE_FILE,
@@ -55,6 +54,7 @@ from kitlib.notebook.stages import (
 )
 from kitlib.notebook.submission import write_submission
 from kitlib.notebook.tasks import get_task
+from kitlib.notebook.tasks.base import Context, Prepared
 from kitlib.progress import advise
 from kitlib.tasks.baseline import Baseline, BestRows, compare
 from kitlib.tasks.metrics import get_metric
@@ -215,7 +215,7 @@ def prepare(p: Params, feats: Features, hw: HardwareInfo) -> Prepared:
     """Loaders and the model to train for the features' run (the same split every time: seeded): the regime's text
     model inside what the task builds around it (kitlib.notebook.tasks), with the run's adapter when it has one."""
 
-    prepared = get_task(p.task).prepare(feats, hw, _splits(p, feats)[p.fold], p.seed, _model_choice(p))
+    prepared = get_task(p.task).prepare(Context(feats, hw, _splits(p, feats)[p.fold], p.seed, _model_choice(p)))
     cfg = feats.run.config
     half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # a frozen base needs no fp32 master copy
     generating = feats.spec.kind == "sequence"

@@ -1,13 +1,5 @@
-"""The workloads the notebooks train, each one ``Task`` (kitlib.notebook.tasks.base), chosen by 00's ``task`` parameter.
-
-get_task("tabular-text")        # a built-in task: its name in TASKS
-get_task("my_tasks:Summarise")  # a Task of your own: an instance, a class or a factory, by module:name
-
-Both resolve the same way: a name is looked up in ``TASKS`` (a read-only registry of ``module:name`` references,
-so naming a task imports only its own module), anything with a colon is itself such a reference; the object found is
-an instance, or a class or factory called with the entry's arguments. A task of one's own needs no registration: its
-``module:name`` is its name (it travels as a string in params.json to the later notebooks and their subprocesses).
-"""
+"""The tasks the notebooks train: ``get_task(name)`` resolves a name in ``TASKS`` (lazy ``module:name`` references)
+or a ``module:name`` of your own (a Task instance, class or factory); an unknown name lists the choices."""
 
 from __future__ import annotations
 

@@ -1,38 +1,21 @@
-"""What a notebook task is: the few things that differ between workloads, behind one interface.
-
-The stages (kitlib.notebook.stages) read and check the files, tokenize, cache, train with ``fit`` and write the
-submission the same way for every task; a task says only what is its own:
-
-    00  check(p), columns(p)        parameters and input columns it needs, checked before anything is written
-        target(column, p, metric)   how the target column is read and learned (a TargetSpec: classes, a transform)
-        side_inputs(p, train, test) per-row arrays beside the tokens (numeric features, category ids), fitted on train
-        preset(preset, p)           how it trains a preset (applied once, by stages.task_preset)
-    01  load(run, spec, ...)        the tokenizer and model (default: the preset's regime decides)
-        extra(texts, ...)           what else 01 computes (default: the regime's embeddings or nothing)
-        labels(spec, train, p, ...) the training targets as an array (class codes, values, target tokens), from
-                                    the rows and what load returned: a task keeps nothing between calls
-    02  prepare(feats, ...)         loaders and the model to train (default: the regime's, then ``model`` around it)
-        evaluate(...)               the full evaluation fit() runs on its cadence (a callable: in the background)
-    03  predict(model, loader, ...) outputs for every test row; ``combine`` merges runs; ``submission`` -> the column
-
-The defaults are the text tasks' (one text column to a class or a number), so a task overrides only what is its own.
-
-A new task subclasses ``Task`` in a module of its own and is named in 00's parameters as ``task="module:name"``
-(an instance, a class or a factory): nothing in the engine, the stages or the notebooks changes.
-"""
+"""What a notebook task is: the few things that differ between workloads (00 checks, 01 tokens and targets, 02
+loaders and model from a ``Context``, 03 predictions), behind one ``Task`` whose defaults are the text tasks'. A task
+of one's own subclasses ``Task`` and is named ``task="module:name"`` (docs/guide.md)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from kitlib.data.featurize import embed_texts
+from kitlib.data.ngrams import NgramBags, NgramVectorizer
+from kitlib.machine.precision import decide_stage_precision
 from kitlib.notebook.handoff import Features, SideInputs
-from kitlib.notebook.regimes import REGIMES, Encoder, Extra, Prepared
 from kitlib.progress import advance, progress_bar
 from kitlib.tasks.targets import read_target, regression_loss
 
@@ -48,6 +31,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.config import TargetRule
+    from kitlib.data.cache import Cache
     from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
@@ -57,6 +41,54 @@ if TYPE_CHECKING:
     ProbeStep: TypeAlias = tuple[nn.Module, dict[str, torch.Tensor], float, Callable[..., torch.Tensor] | None]
     # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
     FullEval: TypeAlias = Callable[[nn.Module], Any] | SplitEval
+
+Split = tuple[np.ndarray, np.ndarray]  # (train rows, validation rows) of the training set
+HEAD_LAYERS = 3  # head: mean-pool MiniLM's last 3 layers (1152 floats per row; see featurize.embed_texts)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What 02 and 03 build a run from: the saved features, the machine, this fold's rows, the seed, the model
+    choice (stages._model_choice)."""
+
+    feats: Features
+    hw: HardwareInfo
+    split: Split
+    seed: int
+    choice: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    train: Any  # DataLoader
+    valid: Any
+    test: Any
+    model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
+    notes: tuple[str, ...] = ()  # lines for 02's summary (a causal LM's examples cut to the width)
+    # Other training loaders by their batching (TrainConfig.batching), which 02 measures against ``train`` on the
+    # training device before it trains the faster (training.measured_batching): a causal LM's packed rows
+    choices: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Extra:
+    """What 01 computes besides the tokens (the head regime's frozen inputs)."""
+
+    embeddings: tuple[np.ndarray, np.ndarray] | None = None
+    ngrams: tuple[NgramBags, NgramBags] | None = None
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """What 01 has at hand when a task computes its extra features."""
+
+    tokenizer: Any
+    model: Any
+    max_length: int
+    run: ResolvedRun
+    hw: HardwareInfo
+    cache: Cache
+    progress: bool = True  # a bar over long passes (the head's embedding pass: 40-100 s on a 2-core CPU)
 
 
 class Params(Protocol):
@@ -141,7 +173,7 @@ class Task:
 
     name: str = "auto"
     target_rule: TargetRule = "auto"  # how kitlib.data.tables.infer_target reads the target column
-    regimes: tuple[str, ...] = ("head", "finetune")  # the preset regimes (kitlib.notebook.regimes) it can train in
+    regimes: tuple[str, ...] = ("head", "finetune")  # the preset regimes (presets.REGIMES) it can train in
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
@@ -165,8 +197,14 @@ class Task:
     def load(
         self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        """(tokenizer, model, identity) for 01: the preset's regime loads them for the text column."""
-        return REGIMES[run.preset.regime].load(spec, train[p.text].tolist(), p.seed, choice)
+        """(tokenizer, model, identity) for 01: for the text column, the encoder whose embeddings the head regime
+        caches, or the classifier finetune trains."""
+        from kitlib.models.loading import load_text_classifier, load_text_encoder
+
+        texts = train[p.text].tolist()
+        if run.preset.regime == "head":
+            return load_text_encoder(train_texts=texts, seed=p.seed, **choice)
+        return load_text_classifier(spec.num_labels, train_texts=texts, seed=p.seed, **choice)
 
     def labels(
         self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
@@ -200,8 +238,8 @@ class Task:
         return run
 
     def extra(self, texts: list[str], test_texts: list[str], encoder: Encoder) -> Extra:
-        """What 01 computes besides the tokens (the head regime's embeddings and n-grams): the regime's."""
-        return REGIMES[encoder.run.preset.regime].extra(texts, test_texts, encoder)
+        """What 01 computes besides the tokens: the head regime's embeddings and n-grams, nothing for finetune."""
+        return _head_inputs(texts, test_texts, encoder) if encoder.run.preset.regime == "head" else Extra()
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         """JSON-able facts 02 and 03 need besides the arrays (e.g. a tokenizer trained in 01), kept with the side
@@ -209,17 +247,36 @@ class Task:
         return {}
 
     # ---------------------------------------------------------------------------------------------------- 02 train
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
-        """Loaders and the model for 02 and 03 from the saved features: the regime's, with ``model`` around it."""
-        prepared = REGIMES[feats.run.preset.regime].prepare(feats, hw, split, seed, choice)
+    def prepare(self, ctx: Context) -> Prepared:
+        """Loaders and the model for 02 and 03 from the saved features: the head on 01's embeddings (head regime) or
+        the whole classifier on the tokens (finetune), with ``model`` around it."""
+        from kitlib.models.loading import load_classifier
+
+        feats, seed = ctx.feats, ctx.seed
+        if feats.run.preset.regime == "head":
+            prepared = _head(ctx)
+        else:
+            sizes = {"vocab_size": feats.vocab_size, "pad_token_id": feats.pad_id, **ctx.choice}
+            prepared = Prepared(*self.loaders(ctx), load_classifier(feats.spec.num_labels, seed=seed, **sizes))
         return dataclasses.replace(prepared, model=self.model(prepared.model, feats.spec, feats.side, seed))
+
+    def loaders(self, ctx: Context) -> tuple[Any, Any, Any]:
+        """(train, valid, test) loaders of the saved tokens, labels (one per row, or a row of target tokens) and side
+        inputs: what every model that reads tokens trains on (a task's own model too)."""
+        from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
+
+        feats, hw = ctx.feats, ctx.hw
+        cfg, tokens, y, side = feats.run.config, feats.train_tokens, feats.labels, feats.side
+
+        def subset(idx: np.ndarray) -> TokenDataset:
+            rows = {k: v[idx] for k, v in side.train.items()}
+            return TokenDataset([tokens[int(i)] for i in idx], y[idx], pad_id=feats.pad_id, side=rows)
+
+        return (
+            make_train_loader(subset(ctx.split[0]), cfg, hw, seed=ctx.seed),
+            make_eval_loader(subset(ctx.split[1]), cfg, hw),
+            make_predict_loader(TokenDataset(feats.test_tokens, pad_id=feats.pad_id, side=side.test), cfg, hw),
+        )
 
     def model(self, text_model: nn.Module, spec: TargetSpec, side: SideInputs, seed: int) -> nn.Module:
         return text_model
@@ -301,3 +358,73 @@ class Task:
     def submission(self, outputs: np.ndarray, spec: TargetSpec) -> np.ndarray:
         """Combined outputs (class probabilities, or one value per row) -> the submission's values."""
         return spec.decode(outputs if spec.kind == "regression" else outputs.argmax(-1))
+
+
+def _head_inputs(texts: list[str], test_texts: list[str], e: Encoder) -> Extra:
+    """The head regime's frozen inputs: the encoder's pooled embeddings and tf-idf n-gram bags of train and test."""
+    from kitlib.machine.amp import Precision
+
+    # Decided here, for the machine 01 runs on: run.json's precision is 02's (a Kaggle chain plans it for the T4 x2
+    # while 01 may run on a CPU kernel, where fp16 is emulated).
+    plan = decide_stage_precision(e.hw, e.run.preset.precision)
+    if plan.dtype != e.run.config.precision:
+        print(f"embedding pass: {plan.dtype} on this machine ({plan.reason}); 02 trains in {e.run.config.precision}")
+    layers = min(HEAD_LAYERS, int(getattr(e.model.config, "num_hidden_layers", 1)))
+    embed = dict(
+        tokenizer=e.tokenizer, model=e.model, max_length=e.max_length, precision=Precision(plan), layers=layers,
+        cache=e.cache,
+    )  # fmt: skip
+    vectorizer = NgramVectorizer.fit(texts)  # ~1 s for the demo: cheaper to rebuild than to cache
+    train, test = ("embed train", "embed test") if e.progress else (False, False)  # the bars say which
+    return Extra(
+        embeddings=(embed_texts(texts, progress=train, **embed), embed_texts(test_texts, progress=test, **embed)),
+        ngrams=(vectorizer.transform(texts), vectorizer.transform(test_texts)),
+    )
+
+
+def _head(ctx: Context) -> Prepared:
+    """The head regime's loaders of 01's embeddings, n-grams and side inputs, and a freshly seeded TextHead."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from kitlib.models.heads import RowDataset, TextHead
+
+    feats, (train_idx, valid_idx) = ctx.feats, ctx.split
+    if feats.embeddings is None or feats.ngrams is None:
+        raise ValueError("head regime without embeddings: rerun 01_features with this run's preset")
+    cfg = feats.run.config
+    (x, x_test), (bags, bags_test) = (_tensor(e) for e in feats.embeddings), feats.ngrams
+    target = _tensor(feats.labels)
+
+    def columns(x: torch.Tensor, bags: NgramBags, side: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        text = {"embeddings": x, "ngram_ids": _tensor(bags.ids), "ngram_weights": _tensor(bags.weights)}
+        return text | {name: _tensor(array) for name, array in side.items()}
+
+    def rows(idx: np.ndarray) -> RowDataset:
+        return RowDataset(**{k: v[idx] for k, v in columns(x, bags, feats.side.train).items()}, labels=target[idx])
+
+    big = cfg.micro_batch_size * cfg.eval_batch_factor
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ctx.seed)
+        head = TextHead(
+            x.shape[1],
+            feats.spec.num_labels,
+            n_buckets=bags.n_buckets,
+            regression=feats.spec.kind == "regression",
+            mean=x[train_idx].mean(0),
+            std=x[train_idx].std(0),
+        )
+    return Prepared(
+        DataLoader(rows(train_idx), batch_size=cfg.micro_batch_size, shuffle=True),
+        DataLoader(rows(valid_idx), batch_size=big),
+        DataLoader(RowDataset(**columns(x_test, bags_test, feats.side.test)), batch_size=big),
+        head,
+    )
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """``array`` as a tensor sharing its memory; a read-only array (np.load(mmap_mode="r"), np.frombuffer of bytes:
+    torch warns, as it could write through the tensor) is copied, only then. The hand-off's arrays are writable."""
+    import torch
+
+    return torch.from_numpy(array if array.flags.writeable else array.copy())

@@ -1,27 +1,6 @@
-"""causal-lm: supervised fine-tuning of a decoder-only LM on prompt -> response pairs.
-
-    task = "causal-lm"; text = "prompt"; target = "response"; metric = "exact_match"   # 00's parameters
-
-- Model: a causal LM folder (``model`` = a local gpt2 or a small Llama, say; AutoModelForCausalLM and its tokenizer),
-  else a tiny GPT-2 built from a config (kitlib.models.causal_lm) with a byte-level BPE tokenizer trained on the
-  training rows (kitlib.models.bpe, shared with seq2seq). Announced in 01's output.
-- One sequence per row: the prompt's tokens (as the tokenizer encodes a text), the response's (no special tokens),
-  then </s>. Labels are -100 (ignored by the loss) on the prompt and on padding: the loss is on the response and its
-  </s> only. The model shifts labels by one itself, and fit counts the scored tokens the same way
-  (kitlib.engine.objective.default_count_fn), so accumulation weights rows by their response tokens.
-- Length: the longest prompt + response + </s> of the training rows, capped at MAX_SEQ_TOKENS or the model's
-  positions if fewer (01 prints what it covers). A longer row keeps its whole response (up to half the cap when the
-  prompt is long too) and the end of its prompt: the tokenizer truncates prompts from the left, so the words next to
-  the response survive.
-- Batches: kitlib's bucket sampler groups rows of similar length (make_train_loader, the rows' whole lengths),
-  padded on the right to the batch's longest; generation re-pads prompts on the left, as a decoder-only LM needs.
-- Full evaluation (kitlib.notebook.tasks.generation): greedy generation of every validation response and the
-  metric (``exact_match`` by default), scored by fit in the background (generation itself before the callable, on
-  the training device). Between full evals: fit's loss pass only.
-- Generation keeps within the training responses' lengths and repeats no run of tokens they never repeat (the prompt
-  aside: copying a span of it is no loop); a blank output is written as the most common response.
-- 03 generates each test prompt's response (``num_beams``: 1 = greedy); several runs vote per row.
-"""
+"""causal-lm: supervised fine-tuning of a decoder-only LM on prompt -> response pairs (a folder's LM, else a tiny
+GPT-2 with a BPE trained on the rows); loss on the response and its </s> only, greedy generation scored in the
+background, 03 votes over runs. The contract: docs/guide.md."""
 
 from __future__ import annotations
 
@@ -48,8 +27,7 @@ from kitlib.models.facts import non_embedding_params
 from kitlib.models.folders import config_of, model_refusals, positions_of
 from kitlib.models.loading import from_pretrained, frozen_dtype
 from kitlib.notebook.handoff import SideInputs
-from kitlib.notebook.regimes import Prepared
-from kitlib.notebook.tasks.base import Params, RoughCost
+from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     Limits,
@@ -67,17 +45,12 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.config import Batching
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
-# x the preset's epochs: nothing is pretrained, every pattern comes from the rows. 5, not seq2seq's 10, to keep
-# balanced within ~8 min on a 2-core CPU: on the SFT demo (1,800 training rows) its 10 epochs took 13 s each on idle
-# cores, 40-110 s with other jobs on them (8.4 min for the four notebooks); exact match 0.355 after 5, 0.435 after 10
-# on validation, still rising (test 0.450 vs 0.185 for the most common response).
+# x the preset's epochs from random weights; 5, not seq2seq's 10: balanced within ~8 min on a 2-core CPU
 FROM_SCRATCH_EPOCHS = 5
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
@@ -201,14 +174,8 @@ class CausalLMTask(TextGenerationTask):
         return run
 
     # ---------------------------------------------------------------------------------------------------- 02 train
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
+    def prepare(self, ctx: Context) -> Prepared:
+        feats, hw, split, seed = ctx.feats, ctx.hw, ctx.split, ctx.seed
         cfg, tokens, y, pad = feats.run.config, feats.train_tokens, feats.labels, feats.pad_id
 
         def subset(idx: np.ndarray) -> SequenceDataset:

@@ -1,19 +1,6 @@
-"""custom: your own ``nn.Module`` on the text's tokens, with kitlib's loaders, fit, checkpoints and inference.
-
-    task = "custom"; model_factory = "bilstm.py:build"      # 00's parameters (a file, or module:function)
-
-    def build(vocab_size: int, num_labels: int, pad_id: int) -> nn.Module: ...
-        # forward(input_ids, attention_mask, labels=None) -> an object with .logits [batch, num_labels] and, given
-        # labels, .loss (your loss: kitlib.models.heads.HeadOutput(logits, loss) will do)
-
-The target is read as for ``auto`` (``num_labels`` is 1 for a number); 03 reads ``.logits`` as for the built-in
-models. Weights are initialised under the run's seed (torch.manual_seed), so two runs build the same model.
-A factory named ``file.py:function`` is loaded from where you put it: a relative path is taken from the notebook's
-folder (the kernel's working directory), never from data_dir or an attached dataset (a file there would shadow your
-own); give a full path for one elsewhere (``/kaggle/input/<dataset>/bilstm.py:build``). It is compiled from source
-with nothing written beside it (no ``__pycache__``: a data folder may be read-only, or the user's). An importable
-``package.module:function`` is imported. Either way it runs your code: name only code you trust.
-"""
+"""custom: your own ``nn.Module`` (``model_factory`` = ``file.py:function`` or ``module:function``, called with
+(vocab_size, num_labels, pad_id) under the run's seed) on the text's tokens, with kitlib's loaders, fit and inference.
+It runs your code: name only code you trust. The contract: docs/guide.md, "Your own model"."""
 
 from __future__ import annotations
 
@@ -29,8 +16,7 @@ from kitlib.data.tables import texts_to_generate
 from kitlib.doctor.memory_plan import KNOWN_MODELS
 from kitlib.errors import SetupError
 from kitlib.notebook.presets import PRESETS
-from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.base import RoughCost
+from kitlib.notebook.tasks.base import Context, Prepared, RoughCost, Task
 from kitlib.notebook.tasks.generation import probe_ids
 from kitlib.notebook.tasks.text import TextTask
 from kitlib.tasks.metrics import import_object
@@ -38,13 +24,10 @@ from kitlib.tasks.metrics import import_object
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
     from torch import nn
 
     from kitlib.data.tables import TargetSpec
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset
     from kitlib.notebook.tasks.base import Params, ProbeStep
 
@@ -54,14 +37,40 @@ FROM_SCRATCH_LR = 1e-3  # a module of one's own starts from random weights: the 
 FROM_SCRATCH_EPOCHS = 4  # x the preset's: the demo's BiLSTM scored 0.656 after balanced's 2 epochs
 
 
-class CustomTask(TextTask):
-    regimes = ("finetune",)  # the module reads tokens and trains whole
+class OwnModel(Task):
+    """What custom and custom-seq2seq share: 02 builds your module from ``model_factory`` under the run's seed and
+    tries it on two training rows before fit; the factory travels in features.json."""
 
-    def __init__(self) -> None:
-        super().__init__("custom", "auto")
+    regimes = ("finetune",)  # the module reads tokens and trains whole
+    arguments = "(vocab_size, num_labels, pad_id)"  # what the factory is called with, for the errors
+    positional = True  # called with the sizes in order (else by keyword)
 
     def check(self, p: Params) -> None:
-        check_factory(p, "custom", "(vocab_size, num_labels, pad_id)")
+        check_factory(p, self.name, self.arguments)
+
+    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
+        return {**super().saved_state(tokenizer, p), "model_factory": p.model_factory}
+
+    def sizes(self, ctx: Context) -> dict[str, int]:
+        """What the factory is called with, from the saved features."""
+        feats = ctx.feats
+        return {"vocab_size": feats.vocab_size, "num_labels": feats.spec.num_labels, "pad_id": feats.pad_id}
+
+    def tried(self, model: nn.Module, ctx: Context, loader: Any, spec: str) -> None:
+        """Your model on two training rows: its output has what kitlib reads, or a SetupError names the fix."""
+        _check_output(model, loader, spec)
+
+    def prepare(self, ctx: Context) -> Prepared:
+        spec = ctx.feats.side.state["model_factory"]
+        model = build_model(spec, self.sizes(ctx), ctx.seed, positional=self.positional)
+        loaders = self.loaders(ctx)
+        self.tried(model, ctx, loaders[0], spec)
+        return Prepared(*loaders, model)
+
+
+class CustomTask(OwnModel, TextTask):
+    def __init__(self) -> None:
+        super().__init__("custom", "auto")
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         if texts_to_generate(column):
@@ -84,10 +93,8 @@ class CustomTask(TextTask):
         )
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
-        """The text's rough tokens through your model's weights: built once (milliseconds for a small model; 02
-        builds it again) for MiniLM's tokenizer and the target's classes, its embeddings left out (a lookup is no
-        matmul); 00 times a step of it, as its weights' count leaves out an RNN's time steps (a BiLSTM trained at
-        about half the FLOP/s of MiniLM's block: 02 took 21.8 s where 14.0 were planned)."""
+        """The text's rough tokens through your model's weights (built once, for MiniLM's tokenizer; embeddings left
+        out); 00 times a step of it, as the weights' count leaves out an RNN's time steps."""
         import torch
 
         from kitlib.models.facts import non_embedding_params
@@ -108,24 +115,6 @@ class CustomTask(TextTask):
             return model, batch, 6.0 * weights * ids.numel(), self.loss_fn(spec)
 
         return RoughCost(None, weights, step)
-
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
-        spec = feats.side.state["model_factory"]
-        sizes = {"vocab_size": feats.vocab_size, "num_labels": feats.spec.num_labels, "pad_id": feats.pad_id}
-        model = build_model(spec, sizes, seed, positional=True)
-        loaders = FINETUNE.loaders(feats, hw, split, seed)
-        _check_output(model, loaders[0], spec)
-        return Prepared(*loaders, model)
-
-    def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
-        return {"model_factory": p.model_factory}
 
 
 def check_factory(p: Params, task: str, arguments: str) -> None:

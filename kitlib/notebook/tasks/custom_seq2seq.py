@@ -1,32 +1,6 @@
-"""custom-seq2seq: your own encoder-decoder (its own loss, its own decoding) from a source text to a target text,
-with kitlib's tokenizer, loaders, fit, generating full eval and submission, as ``seq2seq`` trains a T5.
-
-    task = "custom-seq2seq"; model_factory = "pointer_generator.py:build"; text = "text"; target = "summary"
-
-    def build(vocab_size: int, pad_id: int, eos_id: int) -> nn.Module: ...    # called by keyword
-        # forward(input_ids, attention_mask, labels) -> an object with .loss (your loss). labels: [batch, T] target
-        #     token ids, each row ending in eos_id, -100 on padding (ignore them)
-        # generate(input_ids, attention_mask, max_new_tokens, ...) -> LongTensor [batch, <= max_new_tokens]: the new
-        #     tokens only (what starts your decoder is yours: kitlib never feeds a start token; eos_id or pad_id are
-        #     the usual choice); a row ends at its first eos_id (what follows is ignored). kitlib calls it with the
-        #     model in eval mode under torch.inference_mode. Of num_beams, min_new_tokens, no_repeat_ngram_size,
-        #     max_copies and logits_processor, kitlib passes those your generate names as parameters: 03 decodes with
-        #     beams (num_beams = 4) only when it takes num_beams, and says so. logits_processor(ids, scores) ->
-        #     scores is the loop guard seq2seq and causal-lm decode with (generation.NoLoops; ids: [rows, tokens
-        #     generated so far], scores: [rows, vocab] of the next token): call it on each step's scores. Without it
-        #     03 counts your loops and warns, but does not stop them.
-
-- Tokens: seq2seq's tiny T5's (kitlib.models.seq2seq.data_tokenizer): bytes for short texts (words, codes, phoneme
-  strings), else a byte-level BPE trained on the training rows' sources and targets: it decodes to the very text it
-  encoded, and a source token is a target token, so a copy mechanism copies ids.
-- Targets, lengths, the full eval (generation every ``full_eval_every`` epochs, the metric scored in the background)
-  and 03's blank/looped/cut tally are seq2seq's (kitlib.notebook.tasks.generation): a blank output is written as the
-  most common training target whatever your decoding does.
-- The model is built under the run's seed, from random weights: lr FROM_SCRATCH_LR, at most FROM_SCRATCH_BATCH rows
-  per step and FROM_SCRATCH_EPOCHS x the preset's epochs; on short texts seq2seq's budget of optimizer steps
-  (seq2seq.short_text_steps: ~12,000 at balanced on a 4,000-row g2p table, not 2,250). A factory file is loaded as
-  ``custom`` loads one (kitlib.notebook.tasks.custom).
-"""
+"""custom-seq2seq: your own encoder-decoder (``model_factory``, called by keyword with vocab_size, pad_id, eos_id;
+its own loss and ``generate``) from a source text to a target text, with seq2seq's tokenizer, loaders, generating
+full eval and submission. The contract: docs/guide.md, "Your own model"."""
 
 from __future__ import annotations
 
@@ -38,24 +12,20 @@ from typing import TYPE_CHECKING, Any
 from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
 from kitlib.models.seq2seq import data_tokenizer
-from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.custom import build_model, check_factory, try_on_rows
+from kitlib.notebook.tasks.custom import OwnModel, build_model, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps, summary_source
 
 # lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
 
 if TYPE_CHECKING:
-    import numpy as np
     import pandas as pd
     import torch
     from torch import nn
 
     from kitlib.data.tables import TargetSpec
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
-    from kitlib.notebook.tasks.base import Params
+    from kitlib.notebook.tasks.base import Context, Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
 # passed to generate only when it names them
@@ -67,13 +37,15 @@ FROM_SCRATCH_EPOCHS = 5  # x the preset's epochs (balanced: 10)
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (seq2seq's cadence)
 
 
-class CustomSeq2SeqTask(Seq2SeqTask):
+class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
+    arguments, positional = ARGUMENTS, False
+
     def __init__(self) -> None:
         super().__init__("custom-seq2seq")
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
-        check_factory(p, self.name, ARGUMENTS)
+        super().check(p)
         if p.text == p.target:
             raise SetupError(
                 f"task = {self.name!r} generates the target from the text, but both name {p.text!r}. Fix: text = the "
@@ -109,23 +81,15 @@ class CustomSeq2SeqTask(Seq2SeqTask):
         return {"tokenizer": tokenizer.backend_tokenizer.to_str(), "model_factory": p.model_factory}
 
     # ---------------------------------------------------------------------------------------------------- 02 train
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
-        tokenizer = tokenizer_from_json(feats.side.state["tokenizer"])
-        spec = feats.side.state["model_factory"]
-        model = build_model(spec, _sizes(tokenizer), seed)
+    def sizes(self, ctx: Context) -> dict[str, int]:
+        return _sizes(tokenizer_from_json(ctx.feats.side.state["tokenizer"]))
+
+    def tried(self, model: nn.Module, ctx: Context, loader: Any, spec: str) -> None:
+        tokenizer = tokenizer_from_json(ctx.feats.side.state["tokenizer"])
         # plain attributes: not weights, not in the checkpoint
         setattr(model, "kitlib_tokenizer", tokenizer)  # noqa: B010
-        setattr(model, "kitlib_limits", target_limits(feats.labels, tokenizer, split[0]))  # noqa: B010
-        loaders = FINETUNE.loaders(feats, hw, split, seed)
-        _check_model(model, loaders[0], spec)
-        return Prepared(*loaders, model)
+        setattr(model, "kitlib_limits", target_limits(ctx.feats.labels, tokenizer, ctx.split[0]))  # noqa: B010
+        _check_model(model, loader, spec)
 
     # ---------------------------------------------------------------------------------------------------- 03 infer
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:

@@ -1,21 +1,6 @@
-"""What every text-generating task shares (seq2seq, causal-lm, custom-seq2seq): the limits read from the training
-targets, the full evaluation that generates and scores, 03's generation over the test rows with its tally of blank,
-looped and cut outputs, the vote of several runs, the generated text as the submission.
-
-A generating task says only how one batch is generated (``generate_batch``: each row's new token ids); the rest is
-here. Generation never writes a blank cell or loops unseen:
-
-- length: at least the shortest training target's tokens (</s> is refused before that: HF's ``min_new_tokens``),
-  at most the longest's (a text still going then is cut);
-- repetition, one measure (``looped``) for 03's count and generation's guard (``NoLoops``), both read from the
-  training targets: no run of ``no_repeat_ngram_size`` tokens repeats anywhere in a generated text (the shortest run
-  that 99% of the targets never repeat: SQL repeats "T1 ." legitimately), and no run of up to MAX_PERIOD tokens (a
-  word, a phrase) follows itself more than ``max_copies`` times in a row (what 99% of the targets stay within). The
-  second catches "a a a a a" where long answers set the first's run at 10 tokens or more;
-- an output that still decodes to nothing is replaced by the most common training target (``most_common``, the
-  same one 02's baseline names), and 03 counts it, with the looped (a decode that ignores the guard: a user's own
-  generate) and the cut ones, and warns.
-"""
+"""What every text-generating task shares (seq2seq, causal-lm, custom-seq2seq): limits read from the training
+targets (length, ``looped``, ``NoLoops``), the generating full eval, 03's tally of blank/looped/cut outputs, the
+vote of several runs. A generating task says only how one batch is generated (``generate_batch``)."""
 
 from __future__ import annotations
 
@@ -141,12 +126,9 @@ def looped(rows: Sequence[Sequence[int]], limits: Limits) -> np.ndarray:
 
 
 class NoLoops:
-    """A logits processor (transformers' protocol) refusing any token that would make a loop by ``looped``'s measure,
-    counting only the tokens from position ``start`` on: a run of ``limits.no_repeat_ngram_size`` tokens the text
-    already holds, or a run of up to MAX_PERIOD tokens followed by itself more than ``limits.max_copies`` times in a
-    row. A causal LM's prompt is not its output (transformers' own no_repeat_ngram_size reads the prompt too, and would
-    forbid copying a span of it). Cost: one device-to-host copy of the ids and O(length + MAX_PERIOD^2 x copies)
-    Python per row per step."""
+    """A logits processor (transformers' protocol) refusing any token that would make a loop by ``looped``'s
+    measure, counting only tokens from ``start`` on (a causal LM may copy its prompt). Cost: one device-to-host copy
+    of the ids and O(length + MAX_PERIOD^2 x copies) Python per row per step."""
 
     def __init__(self, limits: Limits, start: int) -> None:
         self.n, self.copies, self.start = limits.no_repeat_ngram_size, limits.max_copies, start
@@ -346,17 +328,8 @@ def generated_eval(
     generate: Callable[[nn.Module], tuple[list[str], list[str]]],
     score: Callable[[list[str], list[str]], dict[str, float]],
 ) -> SplitEval:
-    """A generating full evaluation, split where it costs training least: generation in the foreground, on the
-    model's own device and weights, and only the metric (executing SQL, say) where ``background_eval`` says (in the
-    background while the next epoch trains, by default). ``generate(model)`` -> (references, generated texts);
-    ``score`` -> metrics.
-
-    On a GPU, generating takes seconds there, against a deep copy of the weights (2x their memory for a moment) and
-    minutes of generating on the CPU in a thread that takes Kaggle's 2-4 vCPUs from the data loader. On the CPU, a
-    generating thread beside training shares the same cores, and on this 2-core machine made the run 1.45x the wall
-    time of a loss-only one, against 1.14x generating in the foreground (benchmarks/bench_seq2seq_eval.py at commit
-    5b696d8, when generation ran in the thread).
-    """
+    """A generating full eval: ``generate(model)`` -> (references, texts) in the foreground on the model's device,
+    only ``score`` where ``background_eval`` says (a generating thread shares training's cores: 1.45x wall on a CPU)."""
     import torch
 
     from kitlib.engine.evaluation import SplitEval

@@ -1,21 +1,6 @@
-"""seq2seq: a source text column -> a target text to generate (text-to-SQL, summaries, translation).
-
-    task = "seq2seq"; text = "question"; target = "query"; metric = "record_f1"   # 00's parameters
-
-- Model: a seq2seq model folder (``model`` = a local t5-small, say; AutoModelForSeq2SeqLM), else a tiny T5 built from
-  a config with a byte-level BPE tokenizer trained on the training rows (kitlib.models.seq2seq: MiniLM's uncased
-  WordPiece would change the SQL it generates). Announced in 01's output.
-- Targets: tokenized with </s>, padded with -100 (ignored by the loss) to the longest (at most MAX_TARGET_TOKENS);
-  the loss is the model's cross-entropy on target tokens. Generation keeps within the targets' lengths and repeats no
-  run of tokens the targets never repeat; a blank output is written as the most common target
-  (kitlib.notebook.tasks.generation).
-- Full evaluation (kitlib.notebook.tasks.generation): greedy generation for every validation row, and the metric
-  (``record_f1`` executes each generated query) as a callable fit scores in the background while the next epoch
-  trains, judged in epoch order. Generation runs before the callable, on the training device (a GPU finishes it in
-  seconds; a generating thread would share training's cores). Between full evals
-  (``full_eval_every``): fit's loss pass only.
-- 03 generates with beam search (``num_beams``); several runs vote per row.
-"""
+"""seq2seq: a source text column -> a target text to generate (a folder's AutoModelForSeq2SeqLM, else a tiny T5
+with a BPE trained on the rows); greedy generation scored in the background between loss-only evals, 03 decodes
+with beams and votes over runs."""
 
 from __future__ import annotations
 
@@ -38,8 +23,7 @@ from kitlib.models.seq2seq import (
     tokenizer_identity,
 )
 from kitlib.notebook.handoff import SideInputs
-from kitlib.notebook.regimes import FINETUNE, Prepared
-from kitlib.notebook.tasks.base import Params, RoughCost
+from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
 from kitlib.notebook.tasks.generation import (
     IGNORE,
     TextGenerationTask,
@@ -61,8 +45,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.handoff import Features
     from kitlib.notebook.presets import Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep
 
@@ -70,23 +52,15 @@ MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding co
 FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
 FROM_SCRATCH_EPOCHS = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
-# A summary draws on its source's start: a summariser's source (a task scored by ROUGE) is cut at the median source
-# length, not fitted to 99% of rows (the plan says what share that cuts, and the lossless length). On the summary
-# replay, sources cut at 85 tokens (longest 208, below the median) trained kitlib 2.5x faster at ROUGE-L 0.077,
-# above the user's after (0.053; issue 34).
+# a summary draws on its source's start: a summariser's source is cut at the median length (docs/measurements.md)
 SUMMARY_SOURCE_COVERAGE = 0.5
 SUMMARY_METRICS = ("rouge_l",)
-# Short texts (byte level, kitlib.models.seq2seq.short_texts) from scratch: a budget of optimizer steps, not of epochs,
-# so a small table gets as many updates as a large one (counted on train.csv's rows; 02 holds 10% out). Balanced:
-# 13,500 steps, 54 epochs of 4,000 grapheme-to-phoneme rows, 8.5 min on a 2-core CPU: exact match 0.348 (9,000 steps:
-# 0.295; the validation curve flattens after ~9,000 of them, README "Outside data").
+# short texts from scratch: a budget of optimizer steps, not epochs, so a small table gets as many updates
 SHORT_TEXT_BATCH = 16  # rows per optimizer step: per row, batch 16 costs ~1.1x batch 32 on a CPU, for 2x the steps
 SHORT_TEXT_STEPS_PER_EPOCH = 6750  # x the preset's epochs (balanced 2, best 4)
-# At 1e-3 the g2p loss stalled (0.78 -> 0.69 in epochs 10-18 of 36) and fell only once the cosine took the lr below
-# ~5e-4 (0.69 -> 0.44 in epochs 19-36): the whole budget at the lr that learns.
+# the lr the g2p loss fell at (1e-3 stalled)
 SHORT_TEXT_LR = 5e-4
-# A small table gets many short epochs (200 rows: 1,080): generation is scored about this many times in the run, not
-# every FULL_EVAL_EVERY epochs (216 beam-search passes over the validation rows); g2p's 54 epochs keep every 5.
+# generating evals per run on a small table's many short epochs (not one every FULL_EVAL_EVERY)
 SHORT_TEXT_FULL_EVALS = 10
 
 
@@ -191,16 +165,11 @@ class Seq2SeqTask(TextGenerationTask):
         return labels
 
     # ---------------------------------------------------------------------------------------------------- 02 train
-    def prepare(
-        self,
-        feats: Features,
-        hw: HardwareInfo,
-        split: tuple[np.ndarray, np.ndarray],
-        seed: int,
-        choice: Mapping[str, Any],
-    ) -> Prepared:
-        model = _build_model(feats.side, seed, feats.labels, feats.run.config.adapter, hw.device_type, split[0])
-        return Prepared(*FINETUNE.loaders(feats, hw, split, seed), model)
+    def prepare(self, ctx: Context) -> Prepared:
+        feats = ctx.feats
+        model = _build_model(feats.side, ctx.seed, feats.labels, feats.run.config.adapter, ctx.hw.device_type,
+                             ctx.split[0])  # fmt: skip
+        return Prepared(*self.loaders(ctx), model)
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         """Each row's new tokens: the decoder's output after its start token."""
