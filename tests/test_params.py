@@ -104,7 +104,7 @@ def test_a_chain_plans_for_the_accelerator_02_gets_and_02_checks_it_has_it(tmp_p
     """A Kaggle chain runs 00/01 on CPU and gives 02/03 the T4 x2: run.json must be planned for the T4 x2."""
     p = stages.params(environ={}, data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work",
                       preset="balanced", model="tiny", text="review", target="sentiment", hardware="2xT4")  # fmt: skip
-    run = stages.setup(p, cpu_hw)
+    run = stages.resolve_run(p, cpu_hw, choice=stages.setup(p, cpu_hw))
     assert (run.world_size, run.config.precision) == (2, "fp16") and "T4" in run.hardware
     feats = stages.features(p, hw=cpu_hw, quiet=True)  # 01 re-fits to the data, still for the T4 x2
     assert (feats.run.world_size, feats.run.config.precision) == (2, "fp16")

@@ -53,6 +53,7 @@ def test_a_headless_00_then_01_resolves_the_run_once_and_01_saves_it(tmp_path: P
     values = {"data_dir": str(data), "work_dir": str(work), "preset": "smoke", "model": "tiny", "lr": 0.002}
     _, log00 = _run_cells("00_setup.ipynb", values)
     assert calls == [], f"00 resolved the run {len(calls)} time(s): it saves the choice, 01 resolves"
+    assert "preset smoke: 01 resolves" in log00 and "why:" not in log00
     ns01, log01 = _run_cells("01_features.ipynb", {"work_dir": str(work)})
     assert len(calls) == 1, f"{len(calls)} resolutions in a headless 00 -> 01"
     assert ns01["feats"].run.config == calls[0].config and ns01["feats"].run.config.lr == 0.002

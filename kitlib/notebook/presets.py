@@ -304,7 +304,6 @@ class ResolvedRun:
         )
 
 
-
 @dataclass(frozen=True)
 class Choice:
     """What 00 saves (run.json) and 01 resolves once, at the tokenizer's lengths: the preset as the task trains it,

@@ -91,14 +91,18 @@ SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 
 # ------------------------------------------------------------------------------------------------------ 00 setup
 def setup(
-    p: Params, hw: HardwareInfo | None = None, *, preset: str | Preset | None = None,
+    p: Params,
+    hw: HardwareInfo | None = None,
+    *,
+    preset: str | Preset | None = None,
     overrides: Mapping[str, Any] | None = None,
+    world_size: int | None = None,
 ) -> Choice:
     """Check the hardware can train and the data and the choice (``p``'s, or the picker's ``preset`` and
     ``overrides``) pass what 01's resolution would refuse; save it (run.json, params.json). Resolves nothing."""
     hw = measured(p, hw)
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
-    choice = choose(p, preset, overrides)
+    choice = choose(p, preset, overrides, world_size)
     presets.check(choice, planning_hw(p, hw))
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
@@ -119,7 +123,9 @@ def launch_command(p: Params, processes: int) -> str:
 
 
 def choose(
-    p: Params, preset: str | Preset | None = None, overrides: Mapping[str, Any] | None = None,
+    p: Params,
+    preset: str | Preset | None = None,
+    overrides: Mapping[str, Any] | None = None,
     world_size: int | None = None,
 ) -> Choice:
     """The run ``p`` asks for, unresolved: ``preset`` (default ``p.preset``) as ``p``'s task trains it
@@ -140,14 +146,14 @@ def resolve_run(
     preset: str | Preset | None = None,
     overrides: Mapping[str, Any] | None = None,
     world_size: int | None = None,
+    choice: Choice | None = None,
 ) -> ResolvedRun:
-    """The run ``p`` trains on the machine 02 trains on (``planning_hw``): ``choose``'s choice resolved
-    (presets.resolve) for ``lengths`` (tokens per training row). 01 calls it once and saves it; the picker previews
-    it on each click. ``world_size``: processes per step (None: every GPU of the planned machine)."""
-    choice = choose(p, preset, overrides, world_size)
-    return presets.resolve(
-        choice.preset, planning_hw(p, hw), lengths=lengths, overrides=choice.overrides, world_size=world_size
-    )
+    """The run ``p`` trains on the machine 02 trains on (``planning_hw``): ``choice`` (00's saved one, else
+    ``choose``'s) resolved (presets.resolve) for ``lengths`` (tokens per training row). 01 calls it once and saves
+    it; the picker previews it on each click. ``world_size``: processes per step (None: every GPU planned)."""
+    c = choice or choose(p, preset, overrides, world_size)
+    hw = planning_hw(p, hw)
+    return presets.resolve(c.preset, hw, lengths=lengths, overrides=c.overrides, world_size=c.world_size)
 
 
 def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | None = None) -> HardwareInfo:
@@ -575,7 +581,7 @@ def features(
     full = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache)
     lengths = workload.lengths(train, p, tokenizer, full.lengths)
     # the one resolution of the run, at the tokenizer's lengths: features.json saves it, 02, 03 and the doctor read it
-    run = resolve_run(p, hw, lengths, preset=choice.preset, overrides=choice.overrides, world_size=choice.world_size)
+    run = resolve_run(p, hw, lengths, choice=choice)
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=choice.baseline)
     run = workload.tune(planned_strategy(p, hw, planned_checkpointing(p, hw, run)), lengths, model)
     log(run.summary())
