@@ -108,6 +108,7 @@ def setup(
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
     data = read_competition(p, choice)
+    _check_enough_rows(data.train[p.target], data.spec, p)
     choice = dataclasses.replace(choice, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
     p.work_dir.mkdir(parents=True, exist_ok=True)
     choice.save(p.work_dir)
@@ -588,7 +589,7 @@ def features(
     if run.world_size > max(hw.num_gpus, 1):  # planned for a bigger machine: how 02 runs there
         log(f"02 on the planned {run.world_size} GPUs (the work dir on that machine): "
             f"{launch_command(p, run.world_size)}")  # fmt: skip
-    _check_enough_rows(train[p.target], spec, run, p)
+    _check_enough_rows(train[p.target], spec, p, run.config.micro_batch_size * run.world_size)
     if spec.kind == "regression":
         log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or cap
@@ -630,11 +631,11 @@ def load_features(p: Params) -> Features:
 
 
 # --------------------------------------------------------------------- the split and the verdict (00 to 03 read them)
-def _check_enough_rows(target: pd.Series, spec: TargetSpec, run: ResolvedRun, p: Params) -> None:
-    """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
-    validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
+def _check_enough_rows(target: pd.Series, spec: TargetSpec, p: Params, batch: int = 1) -> None:
+    """What 02 would find after minutes of set-up, found in 00 and 01: too few rows for one training ``batch`` (01's
+    run's) after the validation hold-out (an error); a class too rare to be both learned and validated (an error when
+    every class is, else a warning: it trains only)."""
     n_train = len(target) - len(_split(len(target), p.seed)[1])
-    batch = run.config.micro_batch_size * run.world_size
     if n_train < batch:
         raise DataError(
             f"{p.train_file} has {len(target)} rows: after holding out {len(target) - n_train} for validation, "
