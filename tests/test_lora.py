@@ -294,7 +294,7 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
     env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_")}
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert json.loads((work / "run.json").read_text())["config"]["adapter"] == "lora"
+    assert json.loads((work / "features.json").read_text())["run"]["config"]["adapter"] == "lora"
     best = load_file(work / "run" / "best" / "model.safetensors")
     assert best and all("lora_" in k for k in best)  # the adapter only
     train_log = (work / "executed" / "02_train.ipynb").read_text()

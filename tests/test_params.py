@@ -146,7 +146,7 @@ def _run_00(monkeypatch: pytest.MonkeyPatch, data: Path, work: Path, *flags: str
 
 
 def _ran(run: dict, saved: dict) -> dict:
-    config = run["config"]
+    config = run["overrides"]  # 00's choice: what 01 resolves (every one of these is set)
     return {"preset": run["preset"]["name"], "model": saved["model"], "epochs": config["epochs"],
             "micro_batch_size": config["micro_batch_size"], "grad_accum_steps": config["grad_accum_steps"],
             "lr": config["lr"]}  # fmt: skip

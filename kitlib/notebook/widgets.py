@@ -42,7 +42,10 @@ _ADVANCED = TRAINING
 
 
 class PresetPicker:
-    """Holds the current choice; ``.resolved``/``.config`` always reflect the widgets. Build with ``preset_picker``."""
+    """Holds the current choice; ``.resolved`` previews it. ``n_rows``, ``n_test``, ``lengths``, ``model_params``,
+    ``trees``: stages.data_facts' (the estimate, max_length); ``resolve(preset=, overrides=, lengths=)``: the preview
+    (``stages.resolve_run``); ``save(preset=, overrides=)``: writes the choice (``stages.setup``); ``memory``: the
+    memory plan's line. Build with ``preset_picker``."""
 
     def __init__(
         self,
@@ -261,30 +264,10 @@ class PresetPicker:
 _WIDGETS = {int: lambda w: w.IntText, float: lambda w: w.FloatText, bool: lambda w: w.Checkbox}
 
 
-def preset_picker(
-    hw: HardwareInfo,
-    *,
-    default: str | Preset = DEFAULT_PRESET,
-    lengths: Sequence[int] | np.ndarray | None = None,
-    n_rows: int | None = None,
-    n_test: int | None = None,
-    show: bool = False,
-    resolve: Callable[..., ResolvedRun] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    memory: Callable[[ResolvedRun], str] | None = None,
-    save: Callable[..., Choice] | None = None,
-    folds: int = 1,
-    model_params: float | None = None,
-    trees: bool = False,
-) -> PresetPicker:
-    """A picker for ``hw`` (the widgets built when interactive); it never blocks and never trains. ``n_rows``,
-    ``n_test``, ``lengths``, ``model_params``, ``trees``: stages.data_facts' (the estimate, max_length); ``resolve``
-    (preset=, overrides=, lengths=): the preview (``stages.resolve_run``); ``save`` (preset=, overrides=): writes the
-    choice (``stages.setup``); ``memory``: the memory plan's line; ``show``: display it now."""
-    picker = PresetPicker(
-        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, resolve=resolve, overrides=overrides,
-        memory=memory, save=save, folds=folds, model_params=model_params, trees=trees,
-    )  # fmt: skip
+def preset_picker(hw: HardwareInfo, *, show: bool = False, **options: Any) -> PresetPicker:
+    """A PresetPicker for ``hw`` (``options``: its keywords), the widgets built when interactive; it never blocks
+    and never trains. ``show``: display it now, for a cell that goes on after it."""
+    picker = PresetPicker(hw, **options)
     if hw.interactive:
         try:
             picker.build()
