@@ -213,7 +213,8 @@ def test_training_parameters_reach_run_json_and_start_the_picker(tmp_path: Path,
     picker._on_preset({"new": "balanced"})  # another preset: the parameters' settings stay
     expected = {"epochs": 3, "micro_batch_size": 1, "grad_accum_steps": 16, "lr": 0.002, "max_length": 24,
                 "full_eval_every": 1, "optimizer": "adamw8bit"}  # fmt: skip
-    for run in (picker.resolved, stages.setup(p, cpu_hw)):  # the picker's start, and 00 without a picker
+    choice = stages.setup(p, cpu_hw)  # 00 without a picker: the choice 01 resolves
+    for run in (picker.resolved, stages.resolve_run(p, cpu_hw, choice=choice)):
         assert {k: getattr(run.config, k) for k in expected} == expected
     assert stages.load_params(p.work_dir, environ={}).training() == expected  # 01-03 see them in params.json
     with pytest.raises(SetupError, match=r"micro_batch_size = 0 is not a whole number >= 1"):
