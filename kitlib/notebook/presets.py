@@ -320,10 +320,6 @@ class Choice:
     def name(self) -> str:
         return self.preset.name
 
-    @property
-    def regime(self) -> Regime:
-        return REGIMES[self.preset.regime]
-
     def save(self, path: str | Path) -> Path:
         """Write ``run.json`` into the directory ``path``, atomically; returns the file."""
         values = dataclasses.asdict(self) | {"format": _FORMAT, "overrides": dict(self.overrides)}

@@ -412,10 +412,10 @@ def read_competition(p: Params, run: Choice | ResolvedRun) -> Competition:
     """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
     workload = get_task(p.task)
-    if run.regime.name not in workload.regimes:
+    if run.preset.regime not in workload.regimes:
         fits = [name for name, preset in presets.PRESETS.items() if preset.regime in workload.regimes]
         raise SetupError(
-            f"preset {run.name!r} trains in the {run.regime.name} regime, which task {p.task!r} cannot use (it needs "
+            f"preset {run.name!r} trains in the {run.preset.regime} regime, which task {p.task!r} cannot use (it needs "
             f"{' or '.join(workload.regimes)}): pick one of {fits} in 00_setup (preset, or KIT_PRESET headless)"
         )
     train = _read_train(p)
