@@ -321,8 +321,9 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
-    run = stages.resolve_run(p, cpu_hw, choice=stages.setup(p, cpu_hw))
-    assert (run.task, run.metric, run.config.freeze) == ("seq2seq", "record_f1", "none")
+    choice = stages.setup(p, cpu_hw)
+    run = stages.resolve_run(p, cpu_hw, choice=choice)
+    assert (choice.task, choice.metric, run.config.freeze) == ("seq2seq", "record_f1", "none")
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     queries = pd.read_csv(paths.train)["query"]
     assert feats.labels.ndim == 2 and feats.labels.shape[1] >= 10 and "tokenizer" in feats.side.state
