@@ -80,7 +80,7 @@ def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Pa
     )  # fmt: skip
     estimate = picker.estimate()
     assert estimate is not None  # n_rows and n_test given
-    stages.setup(p, hw, resolved=picker.resolved)
+    stages.setup(p, hw)
     setup_s = time.perf_counter() - start_00
     start, cpu = time.perf_counter(), cpu_seconds()
     features = notebook_stage("stages.features(p, quiet=True)", work)

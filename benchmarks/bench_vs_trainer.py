@@ -222,8 +222,7 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool, sets: list[st
     overrides |= dict(parse_set(s) for s in sets)  # --kitlib-set: a lever measured against kitlib's defaults
     if epochs != presets.get_preset("balanced").epochs:
         overrides["epochs"] = epochs
-    run = workflow.setup(p, hw, resolved=presets.resolve("balanced", hw, overrides=overrides))
-    feats = workflow.features(p, run)
+    feats = workflow.features(p, workflow.setup(p, hw, preset="balanced", overrides=overrides))
     run = feats.run  # re-fitted to the data: max_length by coverage, smaller steps for a short run
     result = training.train(p, feats, hw=hw)
     training.infer(p, feats, hw=hw)

@@ -824,16 +824,15 @@ def _demo(task: str) -> Any:
         import pandas as pd
 
         from kitlib.machine.hardware import detect
-        from kitlib.notebook import presets, stages, training
+        from kitlib.notebook import stages, training
 
         data, params, source = demo_inputs(task, ctx.scratch, ctx.size(80, 2000))
         ctx.figure("data", source)
         hw = detect()
         preset = ctx.size("smoke", "balanced")
         p = stages.params(data_dir=data, work_dir=ctx.scratch / "work", preset=preset, model="tiny", **params)
-        resolved = presets.resolve(stages.task_preset(p)(presets.get_preset(preset)), hw, overrides={"epochs": 1})
         t0 = time.perf_counter()
-        stages.setup(p, hw, resolved=resolved)
+        stages.setup(p, hw, overrides={"epochs": 1})
         stages.features(p, hw=hw, quiet=True)
         t1 = time.perf_counter()
         clock = StepClock(warm=10**9)
@@ -862,15 +861,14 @@ def check_seq2seq_eval(ctx: Ctx) -> None:
     import statistics
 
     from kitlib.machine.hardware import detect
-    from kitlib.notebook import presets, stages, training
+    from kitlib.notebook import stages, training
 
     data = ctx.scratch / "data"
     params = synthetic_competition("seq2seq", data, ctx.size(200, 1500))
     hw = detect()
     p = stages.params(data_dir=data, work_dir=ctx.scratch / "work", preset="balanced", model="tiny", **params)
     overrides = {"epochs": 3, "full_eval_every": 1}
-    resolved = presets.resolve(stages.task_preset(p)(presets.get_preset("balanced")), hw, overrides=overrides)
-    stages.setup(p, hw, resolved=resolved)
+    stages.setup(p, hw, overrides=overrides)
     stages.features(p, hw=hw, quiet=True)
 
     class Watch(StepClock):

@@ -25,7 +25,7 @@ import pytest
 
 from kitlib.errors import KitError
 from kitlib.notebook import stages, training
-from kitlib.notebook.presets import load_run
+from kitlib.notebook.presets import load_choice
 
 STAGES = ("setup", "features", "train", "infer")
 N_TRAIN, N_TEST = 240, 40
@@ -1034,7 +1034,7 @@ def test_a_target_the_metric_wants_logged_but_that_cannot_be_says_so_and_what_it
     stages.setup(p, cpu_hw)  # type: ignore[arg-type]
     note = r"metric smape .* target 'label' has 21 negative value\(s\) \(min -20\.5\) .* trains on the standardised"
     assert re.search(note, capsys.readouterr().out, re.S)
-    assert load_run(p.work_dir).metric == "smape"
+    assert load_choice(p.work_dir).metric == "smape"
 
 
 @pytest.mark.parametrize(
@@ -1067,11 +1067,10 @@ def test_notebooks_run_checks_the_work_dir_before_it_creates_anything(
 def test_the_preset_picked_in_00_is_the_one_params_json_names(tmp_path: Path, cpu_hw: object) -> None:
     """The picker's choice (here fast, over the parameters cell's smoke) is what run.json holds, and params.json
     says the same: 01-03 print the preset they run."""
-    from kitlib.notebook import presets
 
     _competition(tmp_path / "data")
     p = stages.params(environ={}, **_values(tmp_path))
-    stages.setup(p, cpu_hw, resolved=presets.resolve("fast", cpu_hw))  # type: ignore[arg-type]
+    stages.setup(p, cpu_hw, preset="fast")  # type: ignore[arg-type]
     assert stages.load_params(tmp_path / "work", environ={}).preset == "fast"
 
 

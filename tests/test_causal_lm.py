@@ -87,8 +87,9 @@ def test_the_demo_runs_through_the_stages_and_submits_generated_strings(tmp_path
     from demos.sft import PARAMETERS, baseline_exact_match, most_common_response, score_sft
 
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
-    run = stages.setup(p, cpu_hw)
-    assert (run.task, run.metric, run.config.freeze) == ("causal-lm", "exact_match", "none")
+    choice = stages.setup(p, cpu_hw)
+    run = stages.resolve_run(p, cpu_hw, choice=choice)
+    assert (choice.task, choice.metric, run.config.freeze) == ("causal-lm", "exact_match", "none")
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
     width = feats.labels.shape[1]

@@ -231,7 +231,7 @@ def test_custom_seq2seq_on_short_texts_gets_seq2seqs_steps_budget_and_byte_token
         extra = {"model_factory": f"{(demo.root / FACTORY_FILE).resolve()}:build"} if task != "seq2seq" else {}
         p = stages.params(data_dir=data, work_dir=tmp_path / task, preset="balanced", model="tiny", task=task,
                           target="target", metric="exact_match", **extra)  # fmt: skip
-        cfg = stages.setup(p, cpu_hw).config
+        cfg = stages.resolve_run(p, cpu_hw, choice=stages.setup(p, cpu_hw)).config
         configs[task] = (cfg.epochs, cfg.micro_batch_size * cfg.grad_accum_steps, cfg.lr, cfg.full_eval_every)
     assert configs["custom-seq2seq"] == configs["seq2seq"], configs
     assert "model yours (model_factory), task custom-seq2seq" in repr(p)  # 00's summary, not "model tiny"

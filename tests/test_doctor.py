@@ -107,7 +107,7 @@ def test_advice_names_the_notebook_control_and_the_python_field() -> None:
     precision = _only(diagnose(_record(**gpu), fake_profile("T4")), "precision")  # tf32 follows precision there
     assert "overrides={'precision': 'auto'}" in precision.fix and "TrainConfig(precision='auto'" in precision.fix
     padding = _only(diagnose(_record(real_tokens=30_000, computed_tokens=100_000), CPU), "padding")
-    assert "stages.resolve_run(p, hw, overrides={'batching': 'token_budget'})" in padding.fix
+    assert "stages.setup(p, hw, overrides={'batching': 'token_budget'})" in padding.fix
     assert "TrainConfig(batching='token_budget')" in padding.fix
     records = [
         _record(wall=16.0, phases={"data_wait": 6.0}),

@@ -114,7 +114,7 @@ def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes
     assert checkpoint.latest(tmp_path, "last") is None
 
 
-def test_setup_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: Path, capsys, cpu_hw) -> None:  # type: ignore[no-untyped-def]
+def test_01_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: Path, capsys, cpu_hw) -> None:  # type: ignore[no-untyped-def]
     from sft_fixtures import sft_frame, write_competition
 
     from kitlib.notebook import stages
@@ -123,7 +123,8 @@ def test_setup_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: P
     p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny", task="causal-lm",
                       text="prompt", target="response", metric="exact_match", hardware="8xH100",
                       strategy="fsdp")  # fmt: skip
-    run = stages.setup(p, cpu_hw)
+    stages.setup(p, cpu_hw)
+    run = stages.features(p, hw=cpu_hw).run
     assert (run.world_size, run.config.strategy) == (8, "fsdp")
     said = capsys.readouterr().out
     assert f"torchrun --standalone --nproc_per_node 8 -m kitlib train --work-dir {p.work_dir}" in said

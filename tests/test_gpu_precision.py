@@ -374,7 +374,7 @@ def test_a_cpu_01_featurises_a_run_planned_for_2xt4(preset: str, tmp_path: Path)
     p = stages.params(data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work", preset=preset,
                       model="tiny", hardware="2xT4")  # fmt: skip
     cpu = fake_profile("CPU", interactive=False)
-    run = stages.setup(p, cpu)
+    run = stages.resolve_run(p, cpu, choice=stages.setup(p, cpu))
     assert run.config.precision == "fp16" and "Tesla T4" in run.hardware  # the plan is 02's
     feats = stages.features(p, hw=cpu, quiet=True)
     assert feats.run.config.precision == "fp16"

@@ -126,7 +126,7 @@ def test_the_chain_planned_for_2xt4_runs_to_a_submission_rehearsed_on_cpu(kaggle
         assert install["outputs"] == [] and install["execution_count"]  # ran (kitlib was absent), quietly
     working = {name: run.working for name, run in runs.items()}
     assert sorted(p.name for p in working["00_setup"].iterdir()) == ["params.json", "run.json"]
-    planned = json.loads((working["00_setup"] / "run.json").read_text())
+    planned = json.loads((working["01_features"] / "features.json").read_text())["run"]  # 01 resolves 00's choice
     assert planned["config"]["precision"] == "fp16" and "Tesla T4" in planned["hardware"]
     assert planned["world_size"] == (1 if preset == "fast" else 2)  # fast trains a head: no DDP
     assert (working["01_features"] / "features.json").is_file() and (working["01_features"] / "kitlib-cache").is_dir()

@@ -241,11 +241,12 @@ def test_lora_trains_at_the_adapters_lr_once_and_a_users_lr_wins(tmp_path: Path,
 
     demo = make_demo(tmp_path / "demo")
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", model="tiny", adapter="lora")
-    run = stages.setup(p, cpu_hw)
-    saved = presets.load_run(tmp_path / "work")
-    assert run.config.lr == saved.config.lr == 2e-4 and sum("for the adapters" in r for r in saved.reasons) == 1
+    stages.setup(p, cpu_hw)
+    saved = stages.features(p, hw=cpu_hw, quiet=True).run  # 01's one resolution of 00's choice
+    assert saved.config.lr == 2e-4 and sum("for the adapters" in r for r in saved.reasons) == 1
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "own", model="tiny", adapter="lora", lr=3e-5)
-    assert stages.setup(p, cpu_hw).config.lr == 3e-5
+    choice = stages.setup(p, cpu_hw)
+    assert stages.resolve_run(p, cpu_hw, preset=choice.preset, overrides=choice.overrides).config.lr == 3e-5
 
 
 def sft_demo_and_model_folder(root: Path, *, n_train: int, n_test: int) -> tuple[Any, Path]:
@@ -293,7 +294,7 @@ def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, c
     env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_")}
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert json.loads((work / "run.json").read_text())["config"]["adapter"] == "lora"
+    assert json.loads((work / "features.json").read_text())["run"]["config"]["adapter"] == "lora"
     best = load_file(work / "run" / "best" / "model.safetensors")
     assert best and all("lora_" in k for k in best)  # the adapter only
     train_log = (work / "executed" / "02_train.ipynb").read_text()

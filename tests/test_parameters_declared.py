@@ -196,15 +196,17 @@ def test_a_non_default_value_of_every_parameter_reaches_the_run_record(entry: st
     for i, values in enumerate((GIVEN, CUSTOM | {"model_factory": str(data / "net.py") + ":make"})):
         work = tmp_path / f"work{i}"
         p = ENTRY_POINTS[entry](values, data, work, tmp_path)
-        run = stages.setup(p, cpu_hw)
+        choice = stages.setup(p, cpu_hw)  # run.json: what 01 resolves, as 01 resolves it
+        run = stages.resolve_run(p, cpu_hw, preset=choice.preset, overrides=choice.overrides)
         saved = stages.load_params(work, environ={})  # what 01-03 read back (params.json)
         for name, value in values.items():
             got = getattr(saved, name)
             assert (list(got) if isinstance(got, tuple) else got) == value, (entry, name)
-        for name in TRAINING:  # the resolved run that 02 trains by (run.json's config)
+        for name in TRAINING:  # the resolved run that 02 trains by (features.json's config)
             if name in values:
                 assert getattr(run.config, name) == values[name], (entry, name)
-        assert json.loads((work / "run.json").read_text())["config"]["optimizer"] == values.get("optimizer", "adamw")
+        assert json.loads((work / "run.json").read_text())["overrides"].get("optimizer") == values.get("optimizer")
+        assert run.config.optimizer == values.get("optimizer", "adamw")
 
 
 STAGES = {"00": "00 setup", "01": "01 features", "02": "02 train", "03": "03 infer"}

@@ -104,7 +104,7 @@ def test_a_chain_plans_for_the_accelerator_02_gets_and_02_checks_it_has_it(tmp_p
     """A Kaggle chain runs 00/01 on CPU and gives 02/03 the T4 x2: run.json must be planned for the T4 x2."""
     p = stages.params(environ={}, data_dir=_competition(tmp_path / "data"), work_dir=tmp_path / "work",
                       preset="balanced", model="tiny", text="review", target="sentiment", hardware="2xT4")  # fmt: skip
-    run = stages.setup(p, cpu_hw)
+    run = stages.resolve_run(p, cpu_hw, choice=stages.setup(p, cpu_hw))
     assert (run.world_size, run.config.precision) == (2, "fp16") and "T4" in run.hardware
     feats = stages.features(p, hw=cpu_hw, quiet=True)  # 01 re-fits to the data, still for the T4 x2
     assert (feats.run.world_size, feats.run.config.precision) == (2, "fp16")
@@ -146,7 +146,7 @@ def _run_00(monkeypatch: pytest.MonkeyPatch, data: Path, work: Path, *flags: str
 
 
 def _ran(run: dict, saved: dict) -> dict:
-    config = run["config"]
+    config = run["overrides"]  # 00's choice: what 01 resolves (every one of these is set)
     return {"preset": run["preset"]["name"], "model": saved["model"], "epochs": config["epochs"],
             "micro_batch_size": config["micro_batch_size"], "grad_accum_steps": config["grad_accum_steps"],
             "lr": config["lr"]}  # fmt: skip
@@ -213,7 +213,8 @@ def test_training_parameters_reach_run_json_and_start_the_picker(tmp_path: Path,
     picker._on_preset({"new": "balanced"})  # another preset: the parameters' settings stay
     expected = {"epochs": 3, "micro_batch_size": 1, "grad_accum_steps": 16, "lr": 0.002, "max_length": 24,
                 "full_eval_every": 1, "optimizer": "adamw8bit"}  # fmt: skip
-    for run in (picker.resolved, stages.setup(p, cpu_hw)):  # the picker's start, and 00 without a picker
+    choice = stages.setup(p, cpu_hw)  # 00 without a picker: the choice 01 resolves
+    for run in (picker.resolved, stages.resolve_run(p, cpu_hw, choice=choice)):
         assert {k: getattr(run.config, k) for k in expected} == expected
     assert stages.load_params(p.work_dir, environ={}).training() == expected  # 01-03 see them in params.json
     with pytest.raises(SetupError, match=r"micro_batch_size = 0 is not a whole number >= 1"):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,12 @@ from kitlib.notebook.estimate import estimate_epoch_seconds
 from kitlib.notebook.presets import (
     PRESETS,
     RUN_FILE,
+    Choice,
     MissingRunError,
     Preset,
     ResolvedRun,
     get_preset,
-    load_run,
+    load_choice,
     resolve,
 )
 
@@ -164,18 +166,17 @@ def test_preset_validation_and_lookup() -> None:
 def test_json_round_trip(tmp_path: Path) -> None:
     for name in ("2xT4", "CPU", "A100"):
         run = resolve("best", fake_profile(name), lengths=LENGTHS, overrides={"epochs": 2})
-        path = run.save(tmp_path / name)  # a directory path: gets run.json
-        assert path == tmp_path / name / RUN_FILE
-        again = load_run(tmp_path / name)
-        assert again == run == load_run(path)
-        assert isinstance(again, ResolvedRun) and again.config.betas == run.config.betas
+        again = ResolvedRun.from_dict(json.loads(json.dumps(run.to_dict())))  # features.json's run
+        assert again == run and again.config.betas == run.config.betas
+    choice = Choice(get_preset("best"), {"epochs": 2, "lr": 1e-4}, 2, task="regress", metric="rmse")
+    assert choice.save(tmp_path) == tmp_path / RUN_FILE and load_choice(tmp_path) == choice  # 00's run.json
 
 
 def test_missing_run_says_which_notebook(tmp_path: Path) -> None:
     with pytest.raises(MissingRunError, match="00_setup"):
-        load_run(tmp_path)
+        load_choice(tmp_path)
     with pytest.raises(FileNotFoundError):  # MissingRunError is a FileNotFoundError
-        load_run(tmp_path / "nowhere" / "run.json")
+        load_choice(tmp_path / "nowhere")
 
 
 def test_estimate_epoch_seconds() -> None:

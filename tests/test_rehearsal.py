@@ -58,7 +58,7 @@ def test_a_2xt4_plan_rehearsed_on_cpu_trains_in_two_gloo_processes_and_predicts(
     p = stages.params(environ={"KIT_REHEARSE": "1"}, data_dir=_competition(tmp_path / "data"),
                       work_dir=tmp_path / "work", preset="smoke", model="tiny", hardware="2xT4")  # fmt: skip
     cpu = stages.dataclasses.replace(detect(), accelerators=())
-    run = stages.setup(p, cpu)
+    run = stages.resolve_run(p, cpu, choice=stages.setup(p, cpu))
     stages.features(p, hw=cpu, quiet=True)
     assert (run.world_size, run.config.precision) == (2, "fp16")  # the plan is the T4 x2's
     capsys.readouterr()

@@ -53,7 +53,7 @@ def _says_what_ran(work: Path, adapter: str, optimizer: str, world: int, rows: i
     import pandas as pd
 
     record = json.loads((work / "run" / "timing.json").read_text())["run"]
-    planned = json.loads((work / "run.json").read_text())
+    planned = json.loads((work / "features.json").read_text())["run"]  # 01's one resolution
     frozen = {"none": None, "lora": "float32", "qlora": "float32, nf4"}[adapter]  # qlora: fp32 embeddings, head
     assert (record["adapter"], record["optimizer"], record["world_size"]) == (adapter, OPTIMIZERS[optimizer], world)
     assert (record["trained_dtype"], record["frozen_dtype"]) == ("float32", frozen)

@@ -31,17 +31,18 @@ def _bare(run: presets.ResolvedRun) -> presets.ResolvedRun:
     return dataclasses.replace(run, task="auto", metric="auto", baseline=None)
 
 
-def test_the_picker_00_and_01_resolve_one_run_from_the_same_inputs(tmp_path: Path, cpu_hw, monkeypatch) -> None:
-    """A parameter (lr) and a picker click (micro-batch 3) resolve to one run: the picker's, the one setup saves,
-    and the one 01 resolves again from the saved params.json and run.json are equal objects for the same lengths."""
+def test_the_picker_previews_the_run_01_resolves_from_the_saved_choice(tmp_path: Path, cpu_hw) -> None:
+    """A parameter (lr) and a picker click (micro-batch 3): the picker's preview, and the run 01 resolves from the
+    choice setup saved (run.json) and the parameters it wrote (params.json), are one run for the same lengths."""
     p = _params(tmp_path, lr=0.002)
     facts = stages.data_facts(p)
     resolve = functools.partial(stages.resolve_run, p, cpu_hw)
-    picker = preset_picker(cpu_hw, default=p.preset, lengths=facts.lengths, resolve=resolve, show=False)
+    save = functools.partial(stages.setup, p, cpu_hw)
+    picker = preset_picker(cpu_hw, default=p.preset, lengths=facts.lengths, resolve=resolve, save=save)
     picker._apply(p.preset, {"micro_batch_size": 3}, revert=None)  # the advanced field, clicked
     assert picker.resolved == stages.resolve_run(p, cpu_hw, facts.lengths, overrides={"micro_batch_size": 3})
-    saved = stages.setup(p, cpu_hw, resolved=picker.resolved)
-    assert _bare(saved) == picker.resolved == _bare(presets.load_run(p.work_dir))
+    saved = picker.save()
+    assert saved == presets.load_choice(p.work_dir) and saved.overrides == {"lr": 0.002, "micro_batch_size": 3}
     again = stages.load_params(p.work_dir, environ={})  # 01's parameters: the click is one of them now
     assert again.training() == {"lr": 0.002, "micro_batch_size": 3}
     assert stages.resolve_run(again, cpu_hw, facts.lengths, preset=saved.preset, overrides=saved.overrides) == (
@@ -50,8 +51,8 @@ def test_the_picker_00_and_01_resolve_one_run_from_the_same_inputs(tmp_path: Pat
     assert stages.resolve_run(again, cpu_hw, facts.lengths) == picker.resolved  # from the parameters alone
 
 
-def test_01_fits_the_run_with_the_same_function_and_keeps_each_override(tmp_path: Path, cpu_hw, monkeypatch) -> None:
-    """01 resolves the run again with the tokenizer's lengths through resolve_run (also when max_length is set: the
+def test_01_resolves_once_and_keeps_each_override(tmp_path: Path, cpu_hw, monkeypatch) -> None:
+    """00 resolves nothing; 01 resolves the run once with the tokenizer's lengths (also when max_length is set: the
     mean tokens and cut rows then come from the tokenizer too), and every override given once reaches features.json's
     run unchanged."""
     p = _params(tmp_path, micro_batch_size=3, max_length=24, lr=0.002, epochs=2)
@@ -63,23 +64,24 @@ def test_01_fits_the_run_with_the_same_function_and_keeps_each_override(tmp_path
         return run
 
     monkeypatch.setattr(stages, "resolve_run", spy)
-    shown = stages.setup(p, cpu_hw)
-    assert shown.mean_tokens is None  # 00 without a picker knows no lengths
+    stages.setup(p, cpu_hw)
+    assert calls == []
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     (_, _, lengths), fitted = calls[-1][0], calls[-1][1]
-    assert len(calls) == 2 and lengths is not None and fitted.mean_tokens is not None
+    assert len(calls) == 1 and lengths is not None and fitted.mean_tokens is not None
     assert feats.run.config == fitted.config  # the task's tune changes nothing for a classifier
     assert real(stages.load_params(p.work_dir, environ={}), cpu_hw, lengths) == fitted
     cfg = json.loads((p.work_dir / "features.json").read_text())["run"]["config"]
     assert {k: cfg[k] for k in p.training()} == p.training() == dict(fitted.overrides)
 
 
-def test_setup_refuses_a_run_resolved_without_the_parameters(tmp_path: Path, cpu_hw) -> None:
-    """No second merge in setup: a run resolved from the preset alone lacks the parameters' lr, and setup says how to
-    resolve it rather than merging them in again (nothing is written)."""
-    p = _params(tmp_path, lr=0.002)
-    with pytest.raises(SetupError, match=r"resolve it with stages.resolve_run\(p, hw\)"):
-        stages.setup(p, cpu_hw, resolved=presets.resolve(p.preset, cpu_hw))
+def test_setup_refuses_in_00_what_01_would_refuse_without_resolving(tmp_path: Path, cpu_hw) -> None:
+    """kahan outside bf16 and an unknown override are refused by setup (presets.check), before anything is written."""
+    p = _params(tmp_path, optimizer="adamw-kahan")
+    with pytest.raises(SetupError, match="adamw-kahan"):
+        stages.setup(p, cpu_hw)
+    with pytest.raises(ValueError, match=r"unknown override\(s\) \['warmup_days'\]"):
+        stages.setup(dataclasses.replace(p, optimizer=None), cpu_hw, overrides={"warmup_days": 2})
     assert not (p.work_dir / "run.json").exists()
 
 

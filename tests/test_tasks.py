@@ -321,8 +321,9 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
-    run = stages.setup(p, cpu_hw)
-    assert (run.task, run.metric, run.config.freeze) == ("seq2seq", "record_f1", "none")
+    choice = stages.setup(p, cpu_hw)
+    run = stages.resolve_run(p, cpu_hw, choice=choice)
+    assert (choice.task, choice.metric, run.config.freeze) == ("seq2seq", "record_f1", "none")
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     queries = pd.read_csv(paths.train)["query"]
     assert feats.labels.ndim == 2 and feats.labels.shape[1] >= 10 and "tokenizer" in feats.side.state
@@ -419,10 +420,10 @@ def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_h
     cfg = picker.resolved.config
     assert (cfg.epochs, cfg.lr, cfg.full_eval_every, cfg.freeze) == (20, 1e-3, 5, "none")
     assert ("eval", "full every 5 epoch(s); cheap loss eval otherwise") in picker.resolved.table_rows()
-    run = stages.setup(p, cpu_hw, resolved=picker.resolved)
-    assert run.config == cfg
+    choice = stages.setup(p, cpu_hw, preset=picker._preset, overrides=picker._overrides)
+    assert stages.resolve_run(p, cpu_hw, choice=choice).config == cfg
     plain = stages.setup(p, cpu_hw)  # without the picker: the same run
-    assert plain.config == cfg
+    assert stages.resolve_run(p, cpu_hw, choice=plain).config == cfg
 
 
 def _spelling(folder: Path, n_train: int, n_test: int = 20) -> Path:
@@ -452,7 +453,7 @@ def test_seq2seq_from_scratch_on_short_texts_trains_a_steps_budget_whatever_the_
         data = _spelling(tmp_path / f"d{rows}", rows)
         p = stages.params(data_dir=data, work_dir=tmp_path / f"w{rows}", preset="balanced", model="tiny",
                           task="seq2seq", target="target")  # fmt: skip
-        cfg = stages.setup(p, cpu_hw).config
+        cfg = stages.resolve_run(p, cpu_hw, choice=stages.setup(p, cpu_hw)).config
         assert (cfg.micro_batch_size * cfg.grad_accum_steps, cfg.lr) == (SHORT_TEXT_BATCH, SHORT_TEXT_LR)
         steps[rows] = cfg.epochs * rows / SHORT_TEXT_BATCH
         assert cfg.epochs // cfg.full_eval_every == SHORT_TEXT_FULL_EVALS  # 540 or 135 epochs: ~10 scored, not 108
@@ -483,8 +484,8 @@ def test_setup_after_the_picker_applies_the_tasks_preset_once(tmp_path: Path, cp
                       task="test_tasks:DoublingTask")  # fmt: skip
     picker = preset_picker(cpu_hw, default="balanced", resolve=functools.partial(stages.resolve_run, p, cpu_hw))
     assert picker.resolved.config.epochs == 2 * PRESETS["balanced"].epochs
-    assert stages.setup(p, cpu_hw, resolved=picker.resolved).config.epochs == 2 * PRESETS["balanced"].epochs
-    assert stages.setup(p, cpu_hw).config.epochs == 2 * PRESETS["balanced"].epochs
+    choice = stages.setup(p, cpu_hw)
+    assert stages.resolve_run(p, cpu_hw, choice=choice).config.epochs == 2 * PRESETS["balanced"].epochs
 
 
 @pytest.mark.parametrize("name", ["auto", "tabular-text", "seq2seq", "causal-lm", "custom", "custom-seq2seq"])

@@ -183,7 +183,7 @@ def test_picker_cell_shows_only_the_live_widget(notebook: Notebook, no_training:
 
 
 @pytest.mark.parametrize("why", ["headless", "no ipywidgets"])
-def test_picker_cell_without_a_widget_prints_the_summary_once(
+def test_picker_cell_without_a_widget_prints_the_choice_once(
     notebook: Notebook, no_training: None, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
     if why == "no ipywidgets":
@@ -193,8 +193,9 @@ def test_picker_cell_without_a_widget_prints_the_summary_once(
     shown = notebook.run(PICKER_CELL)
     picker = notebook.ns["picker"]
     assert shown.outputs == [] and picker.widget is None and picker.controls == {}
-    assert picker.resolved == resolve("smoke", hw)
-    assert shown.stdout.count("PresetPicker('smoke')") == 1 and "why:" in shown.stdout  # the log says what runs
+    assert picker._resolved is None  # nothing resolved: 01 resolves the saved choice, and its log shows the run
+    assert shown.stdout.count("preset smoke: 01 resolves") == 1 and "why:" not in shown.stdout
+    assert picker.resolved == resolve("smoke", hw)  # a preview when asked
     assert ("pip install ipywidgets" in shown.stdout) is (why == "no ipywidgets")
 
 
@@ -269,8 +270,8 @@ def test_a_click_after_run_all_is_what_01_runs(notebook: Notebook, tmp_path: Pat
     for cell in code[1:]:  # Run All
         notebook.run(cell)
     picker = notebook.ns["picker"]
-    assert presets.load_run(tmp_path / "work").name == notebook.ns["preset"] != "fast"
+    assert presets.load_choice(tmp_path / "work").name == notebook.ns["preset"] != "fast"
     picker.controls["preset"].value = "fast"  # the click, after Run All
     assert picker.error is None and "saved: preset fast" in picker._table_html.value  # the screen says it
     p = stages.load_params(tmp_path / "work")  # 01's parameters cell
-    assert (p.preset, presets.load_run(p.work_dir).name) == ("fast", "fast")  # 01 runs the clicked preset
+    assert (p.preset, presets.load_choice(p.work_dir).name) == ("fast", "fast")  # 01 runs the clicked preset

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kitlib.notebook import presets, training
 from kitlib.notebook import stages as workflow
+from kitlib.notebook import training
 
 
 def _csvs(folder: Path, n_train: int = 240, n_test: int = 40) -> Path:
@@ -29,8 +29,7 @@ def test_features_fit_max_length_to_the_data_and_hand_the_fitted_run_on(tmp_path
     """One writer per file: 00 writes run.json, 01 writes features.json (with the data-fitted run); 01 leaves
     run.json as 00 wrote it."""
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
-    run = workflow.setup(p, cpu_hw)
-    assert run.config.max_length == run.preset.max_length_cap  # no lengths known yet
+    run = workflow.setup(p, cpu_hw)  # the choice: no lengths known yet, nothing resolved
     written = (p.work_dir / "run.json").read_bytes()
     feats = workflow.features(p, hw=cpu_hw, quiet=True)
     assert (p.work_dir / "run.json").read_bytes() == written
@@ -57,23 +56,21 @@ def test_data_facts_give_the_picker_rows_and_lengths_before_anything_is_written(
     picker = preset_picker(cpu_hw, default=p.preset, n_rows=facts.n_rows, lengths=facts.lengths, show=False)
     assert "for 256 of 600 rows" in picker.estimate_text()
     assert picker.config.max_length < picker.resolved.preset.max_length_cap
-    run = workflow.setup(p, cpu_hw, resolved=picker.resolved)
-    assert run.config.max_length == picker.config.max_length
+    workflow.setup(p, cpu_hw)
     with pytest.raises(DataError, match="no column 'sentiment'"):  # setup's error for the same file, a cell earlier
         workflow.data_facts(dataclasses.replace(p, target="sentiment"))
 
 
-def test_in_process_stages_train_with_the_data_fitted_run_not_the_stale_one(tmp_path: Path, cpu_hw) -> None:
-    """setup() knows no lengths; features() re-fits max_length and the batch (min_steps) and saves run.json. A caller
-    that keeps setup()'s object and passes it on must still train with the re-fitted run."""
+def test_in_process_stages_train_with_the_run_01_resolved(tmp_path: Path, cpu_hw) -> None:
+    """setup() saves a choice and knows no lengths; features() resolves it once, fitting max_length and the batch
+    (min_steps) to the data, and 02 trains exactly that run."""
     import json
 
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
-    steps_preset = presets.resolve("smoke", cpu_hw, overrides={"target_effective_batch": 32, "min_steps": 60})
-    stale = workflow.setup(p, cpu_hw, resolved=steps_preset)
-    feats = workflow.features(p, stale, hw=cpu_hw, quiet=True)
-    assert feats.run.effective_batch_size < stale.effective_batch_size  # 240 rows / 60 steps: 32 -> 8
-    assert feats.run.config.max_length != stale.config.max_length
+    choice = workflow.setup(p, cpu_hw, overrides={"target_effective_batch": 32, "min_steps": 60})
+    feats = workflow.features(p, choice, hw=cpu_hw, quiet=True)
+    assert feats.run.effective_batch_size == 8  # 240 rows / 60 steps: 32 -> 8
+    assert feats.run.config.max_length != choice.preset.max_length_cap
     training.train(p, feats, hw=cpu_hw)
     used = json.loads((p.run_dir / "config.json").read_text())
     trained = used.get("config", used)
@@ -93,7 +90,7 @@ def test_missing_earlier_stage_names_the_notebook_to_run(tmp_path: Path, cpu_hw)
 @pytest.mark.slow
 def test_a_run_resolved_for_two_devices_trains_in_two_ddp_workers(tmp_path: Path, cpu_hw) -> None:
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="smoke", model="tiny")
-    workflow.setup(p, cpu_hw, resolved=presets.resolve("smoke", cpu_hw, world_size=2))
+    workflow.setup(p, cpu_hw, world_size=2)
     workflow.features(p, hw=cpu_hw, quiet=True)
     result = training.train(p)  # forks 2 gloo workers; rank 0's result comes back
     assert result.timing["run"]["world_size"] == 2
@@ -371,9 +368,10 @@ def test_too_few_rows_or_too_rare_classes_stop_setup_before_anything_is_written(
     data = _csvs(tmp_path / "data")
     train(pd.read_csv(data / "train.csv")).to_csv(data / "train.csv", index=False)
     p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
-    with pytest.raises(DataError, match=expected):
+    with pytest.raises(DataError, match=expected):  # the batch is 01's: its resolution sizes it
         workflow.setup(p, cpu_hw)
-    assert not (p.work_dir / "run.json").exists()
+        workflow.features(p, hw=cpu_hw, quiet=True)
+    assert not (p.work_dir / ("features.json" if "fewer than one" in expected else "run.json")).exists()
 
 
 def test_a_sigtermed_training_keeps_run_and_the_next_one_continues_it_exactly(tmp_path: Path, cpu_hw) -> None:
@@ -443,12 +441,9 @@ def test_features_say_why_max_length_differs_from_what_00_showed(
     p = workflow.params(data_dir=data, work_dir=tmp_path / "work", preset="smoke", model="tiny")
     facts = workflow.data_facts(p)
     picker = preset_picker(cpu_hw, default=p.preset, n_rows=facts.n_rows, lengths=facts.lengths, show=False)
-    shown = workflow.setup(p, cpu_hw, resolved=picker.resolved).config.max_length
+    shown = picker.config.max_length  # 00's preview
+    workflow.setup(p, cpu_hw)
     capsys.readouterr()
     feats = workflow.features(p, hw=cpu_hw)
     assert feats.max_length != shown  # the tiny tokenizer splits these words less than 1.3 tokens each
-    out = capsys.readouterr().out
-    assert (
-        f"max_length {feats.max_length} tokens, not the {shown} 00 showed: 00 estimated lengths from word counts" in out
-    )
-    assert "counted every row with the model's tokenizer (covers 90% of 240 rows" in out
+    assert f"max_length {feats.max_length}: covers 90% of 240 rows" in capsys.readouterr().out  # 01's one resolution

@@ -125,10 +125,7 @@ def _fix(changes: Mapping[str, Any], note: str = "", *, notebook: Mapping[str, A
         where = f"set {cell} in 00_setup's parameters cell (notebooks run {flags}), then re-run 01 and 02"
     else:
         overrides = "{" + ", ".join(f"{k!r}: {v!r}" for k, v in ui.items()) + "}"
-        where = (
-            f"in 00_setup (no parameter): stages.setup(p, hw, resolved=stages.resolve_run(p, hw, "
-            f"overrides={overrides})), then re-run 01 and 02"
-        )
+        where = f"in 00_setup (no parameter): stages.setup(p, hw, overrides={overrides}), then re-run 01 and 02"
     args = ", ".join(f"{k}={v!r}" for k, v in changes.items())
     return f"{where}; in Python: TrainConfig({args})" + (f" ({note})" if note else "")
 
@@ -266,8 +263,8 @@ def _cheap_eval(run: RunRecord, hw: HardwareInfo) -> Found | None:
     fix = (
         _fix(changes, "a fixed subset ranks epochs as well")
         if current
-        else "in 00_setup (no parameter): stages.setup(p, hw, resolved=stages.resolve_run(p, hw, "
-        f"overrides={{'eval_max_batches': n}})) with n = len(eval_loader) * {percent} // 100 (at least 1), then re-run "
+        else "in 00_setup (no parameter): stages.setup(p, hw, overrides={'eval_max_batches': n}) with "
+        f"n = len(eval_loader) * {percent} // 100 (at least 1), then re-run "
         f"01 and 02; in Python: TrainConfig(eval_max_batches=max(1, len(eval_loader) * {percent} // 100))"
     )
     return (

@@ -55,7 +55,7 @@ from kitlib.machine import distributed
 from kitlib.machine.amp import Precision, check_master_weights
 from kitlib.machine.backends import flags_for, speed_flags
 from kitlib.machine.hardware import check_compile, detect
-from kitlib.machine.precision import decide_precision
+from kitlib.machine.precision import carried
 from kitlib.machine.threads import cpu_threads
 from kitlib.progress import figure, throughput
 
@@ -117,7 +117,7 @@ class Loop:
                  eval_loader: DataLoader[Any] | None, loss_fn: LossFn | None, count_fn: CountFn | None,
                  full_eval: FullEval | SplitEval | None, run_dir: str | Path | None) -> None:  # fmt: skip
         self.cfg, self.hw = cfg, hw
-        plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)  # raises, naming the fix, for impossible asks
+        plan = carried(cfg, hw)  # raises, naming the fix, for impossible asks
         compile_note = check_compile(hw) if cfg.compile else ""  # raises on GPUs Triton cannot compile for
         self.env = distributed.join_process_group(plan.device_type)
         self.device = distributed.device_for(plan.device_type, self.env)

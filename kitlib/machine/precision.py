@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import get_args
 
-from kitlib.config import Dtype, Requested
+from kitlib.config import Dtype, Requested, TrainConfig
 from kitlib.errors import PrecisionError, UnsupportedGPUError
 from kitlib.machine.hardware import Accelerator, DeviceType, HardwareInfo, MathProbe, check_torch_supports
 
@@ -15,6 +15,7 @@ __all__ = [
     "PrecisionPlan",
     "Requested",
     "UnsupportedGPUError",
+    "carried",
     "decide_precision",
     "decide_stage_precision",
 ]
@@ -173,6 +174,12 @@ def _probe_loses(probe: MathProbe) -> str:
     if probe.loss_gap > BF16_LOSS_AGREEMENT:
         return f"fp32 (the losses disagree by more than {BF16_LOSS_AGREEMENT:.0%})"
     return f"fp32 (bf16 must be >= {BF16_MIN_SPEEDUP:g}x faster to be worth its rounding)"
+
+
+def carried(cfg: TrainConfig, hw: HardwareInfo) -> PrecisionPlan:
+    """The precision the run's resolution decided (``cfg.precision``, ``cfg.tf32``) as a plan on ``hw``'s device:
+    fit, 02's batching probe and 03 read it, deciding nothing again (PrecisionError where ``hw`` cannot run it)."""
+    return decide_precision(hw, cfg.precision, tf32=cfg.tf32)
 
 
 def decide_stage_precision(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:

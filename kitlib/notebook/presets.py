@@ -37,12 +37,13 @@ if TYPE_CHECKING:
     import numpy as np
 
     from kitlib.machine.hardware import HardwareInfo
+    from kitlib.machine.precision import PrecisionPlan
 
 Checkpoints = Literal["best", "best_and_last", "none"]
 RegimeName = Literal["head", "finetune"]
 
 RUN_FILE = "run.json"  # what 00_setup writes into the working dir
-_FORMAT = 1  # bump when ResolvedRun's JSON layout changes incompatibly
+_FORMAT = 2  # bump when run.json's (Choice) or features.json's run (ResolvedRun) layout changes
 
 _GIB = 2**30
 _REFERENCE_LENGTH = 128  # tokens; the micro-batch table below is for rows this long
@@ -290,7 +291,7 @@ class ResolvedRun:
     def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
         if data.get("format") != _FORMAT:
             found = data.get("format")
-            raise SetupError(f"saved run.json has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup")
+            raise SetupError(f"the saved run has format {found!r}, this kitlib reads {_FORMAT}: re-run 00 and 01")
         known = {f.name for f in dataclasses.fields(cls)}  # the fields a run.json holds as they are, and:
         return cls(
             **{k: v for k, v in data.items() if k in known}
@@ -302,27 +303,43 @@ class ResolvedRun:
             }
         )
 
+
+@dataclass(frozen=True)
+class Choice:
+    """What 00 saves (run.json) and 01 resolves once, at the tokenizer's lengths: the preset as the task trains it,
+    the training settings over it, the processes per step (None: the plan's) and what 00 read in the data."""
+
+    preset: Preset
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int | None = None
+    task: str = "auto"
+    metric: str = "auto"
+    baseline: Mapping[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.preset.name
+
     def save(self, path: str | Path) -> Path:
-        """Write JSON to ``path`` (a file, or a directory that gets ``run.json``); atomic, returns the file."""
-        target = Path(path)
-        if target.is_dir() or not target.suffix:
-            target = target / RUN_FILE
-        return write_atomic(target, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        """Write ``run.json`` into the directory ``path``, atomically; returns the file."""
+        values = dataclasses.asdict(self) | {"format": _FORMAT, "overrides": dict(self.overrides)}
+        return write_atomic(Path(path) / RUN_FILE, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
-def load_run(path: str | Path) -> ResolvedRun:
-    """The run 00_setup saved with ``ResolvedRun.save`` (a file, or a directory holding ``run.json``, such as the
-    working dir); MissingRunError naming 00_setup when there is none."""
-    target = Path(path)
-    if target.is_dir() or not target.suffix:
-        target = target / RUN_FILE
+def load_choice(path: str | Path) -> Choice:
+    """The choice 00_setup saved in the working dir ``path``; MissingRunError naming 00_setup when there is none."""
+    target = Path(path) / RUN_FILE
     if not target.is_file():
         raise MissingRunError(
             f"no saved run at {target}: run notebooks/00_setup.ipynb first (it picks a preset and writes {RUN_FILE} "
             f"to the working dir), or pass the working dir it used"
         )
     with damaged_file(target, "00_setup"):
-        return ResolvedRun.from_dict(json.loads(target.read_text()))
+        data = json.loads(target.read_text())
+        if data.get("format") != _FORMAT:
+            raise SetupError(f"{target} has format {data.get('format')!r}, this kitlib reads {_FORMAT}: re-run 00")
+        known = {f.name for f in dataclasses.fields(Choice)}
+        return Choice(**{k: v for k, v in data.items() if k in known} | {"preset": Preset(**data["preset"])})
 
 
 def resolve(
@@ -343,18 +360,9 @@ def resolve(
     else 1.
     """
 
-    base = get_preset(preset) if isinstance(preset, str) else preset
     overrides = dict(overrides or {})
-    preset_fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
-    config_fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(overrides) - preset_fields - config_fields)
-    if unknown:
-        raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(preset_fields | config_fields)}")
-    p = dataclasses.replace(base, **{k: v for k, v in overrides.items() if k in preset_fields})
-    late = {k: v for k, v in overrides.items() if k not in preset_fields}
-
+    p, late, plan, adapter = _refusals(get_preset(preset) if isinstance(preset, str) else preset, hw, overrides)
     reasons = [f"preset {p.name}: {p.description}"]
-    adapter = check_adapter(late.get("adapter", "none"), hw, regime=p.regime)
     lr = p.lr
     if adapter is not None:  # the adapter freezes the pretrained weights itself
         p = dataclasses.replace(p, freeze="none", freeze_layers=0)
@@ -364,16 +372,7 @@ def resolve(
             reasons.append(
                 f"lr {lr:g} for the adapters (the preset's {p.lr:g} is a full fine-tune's; set lr to change)"
             )
-    plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
     reasons.append(f"precision {plan.dtype}: {plan.reason}")
-    if late.get("optimizer") == "adamw-kahan" and plan.dtype != "bf16":  # refused: asked for, it would do nothing
-        raise SetupError(
-            f"optimizer = 'adamw-kahan' keeps the updates of pure bf16 weights, and this run trains in {plan.dtype} "
-            f"on {_describe(hw)}: its weights stay fp32, where Kahan summation adds nothing but a slower optimizer. "
-            "Fix: optimizer = 'adamw' (or 'adamw8bit' for 2 bytes of state a weight), or plan for a bf16 GPU "
-            "(hardware = 'A100', 'L4', 'H100')"
-        )
-
     world = _world_size(hw, p, world_size, reasons)
     if world > 1:  # None: the plan's, DDP (FSDP is asked for by name; `python -m kitlib plan` says which fits)
         said = "as requested" if "strategy" in late else "the plan's: every GPU holds the whole model"
@@ -425,6 +424,49 @@ def resolve(
         longest_tokens=None if cut is None else cut[1],
         kitlib_version=__version__,
     )
+
+
+def shape(choice: Choice, hw: HardwareInfo, lengths: Sequence[int] | np.ndarray | None) -> tuple[int, int]:
+    """(micro-batch, max_length) of one process of ``choice`` on ``hw`` for ``lengths``, sized as ``resolve`` sizes
+    them: what a speed probe of the run's step needs, without resolving the run."""
+    fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
+    p = dataclasses.replace(choice.preset, **{k: v for k, v in choice.overrides.items() if k in fields})
+    late, reasons = {k: v for k, v in choice.overrides.items() if k not in fields}, list[str]()
+    max_length = _max_length(p, lengths, late.pop("max_length", None), reasons)[0]
+    target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), reasons)
+    return _batch(hw, p, target, 1, max_length, late.pop("micro_batch_size", None), late, reasons)[0], max_length
+
+
+def check(choice: Choice, hw: HardwareInfo) -> None:
+    """Refuse in 00 what 01's resolution of ``choice`` on ``hw`` would refuse, without sizing anything."""
+    late = _refusals(choice.preset, hw, dict(choice.overrides))[1]
+    TrainConfig(**{k: v for k, v in late.items() if k != "tf32"})  # its own checks (micro-batch >= 1, choices)
+    if late.get("compile"):
+        check_compile(hw)
+
+
+def _refusals(
+    base: Preset, hw: HardwareInfo, overrides: Mapping[str, Any]
+) -> tuple[Preset, dict[str, Any], PrecisionPlan, str | None]:
+    """The preset under its preset-level overrides, the TrainConfig-level rest, the run's precision (decided here
+    only) and the adapter's reason: unknown names, an adapter or a precision ``hw`` cannot run, and kahan outside
+    bf16 refused (ValueError/SetupError/PrecisionError naming the fix)."""
+    preset_fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
+    known = preset_fields | {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown := sorted(set(overrides) - known):
+        raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(known)}")
+    p = dataclasses.replace(base, **{k: v for k, v in overrides.items() if k in preset_fields})
+    late = {k: v for k, v in overrides.items() if k not in preset_fields}
+    adapter = check_adapter(late.get("adapter", "none"), hw, regime=p.regime)
+    plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
+    if late.get("optimizer") == "adamw-kahan" and plan.dtype != "bf16":  # refused: asked for, it would do nothing
+        raise SetupError(
+            f"optimizer = 'adamw-kahan' keeps the updates of pure bf16 weights, and this run trains in {plan.dtype} "
+            f"on {_describe(hw)}: its weights stay fp32, where Kahan summation adds nothing but a slower optimizer. "
+            "Fix: optimizer = 'adamw' (or 'adamw8bit' for 2 bytes of state a weight), or plan for a bf16 GPU "
+            "(hardware = 'A100', 'L4', 'H100')"
+        )
+    return p, late, plan, adapter
 
 
 def _describe(hw: HardwareInfo) -> str:

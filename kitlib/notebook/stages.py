@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TargetSpec
     from kitlib.machine.hardware import HardwareInfo, MathProbe
     from kitlib.notebook.handoff import SideInputs
-    from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.presets import Choice, Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep
     from kitlib.tasks.metrics import Metric
 
@@ -90,38 +90,53 @@ SPECIAL_TOKENS = 2  # [CLS] and [SEP], which every tokenized row carries
 
 
 # ------------------------------------------------------------------------------------------------------ 00 setup
-def setup(p: Params, hw: HardwareInfo | None = None, resolved: ResolvedRun | None = None) -> ResolvedRun:
-    """Check the hardware can train, resolve the preset (or take the picker's run), save run.json."""
-
+def setup(
+    p: Params,
+    hw: HardwareInfo | None = None,
+    *,
+    preset: str | Preset | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    world_size: int | None = None,
+) -> Choice:
+    """Check the hardware can train and the data and the choice (``p``'s, or the picker's ``preset`` and
+    ``overrides``) pass what 01's resolution would refuse; save it (run.json, params.json). Resolves nothing."""
     hw = measured(p, hw)
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
-    run = resolved or resolve_run(p, hw)
-    if task_preset(p)(run.preset) != run.preset or not p.training().keys() <= run.overrides.keys():
-        raise SetupError(
-            f"the run to save was not resolved for these parameters (task {p.task!r}'s preset, the training "
-            f"parameters {sorted(p.training())}): resolve it with stages.resolve_run(p, hw), as the picker does"
-        )
+    choice = choose(p, preset, overrides, world_size)
+    presets.check(choice, planning_hw(p, hw))
     _check_model(p)
     # The data's problems surface here, in seconds, before anything is written: a bad parameter never replaces
     # the run.json/params.json of the last good run (01 reads and checks the same files again).
-    data = read_competition(p, run)
-    _check_enough_rows(data.train[p.target], data.spec, run, p)
-    run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
-    run = planned_strategy(p, hw, planned_checkpointing(p, hw, run))
+    data = read_competition(p, choice)
+    _check_enough_rows(data.train[p.target], data.spec, p)
+    choice = dataclasses.replace(choice, metric=data.metric.name, baseline=_baseline(p, data).to_dict())
     p.work_dir.mkdir(parents=True, exist_ok=True)
-    run.save(p.work_dir)
-    chosen = {k: v for k, v in run.overrides.items() if k in TRAINING}  # the picker's, as parameters
-    dataclasses.replace(p, preset=run.name, **chosen).save()  # the picker's choice: params.json and run.json agree
-    if run.world_size > max(hw.num_gpus, 1):  # planned for a bigger machine: how 02 runs there, after 01
-        print(f"02 on the planned {run.world_size} GPUs (after 01, the work dir on that machine): "
-              f"{launch_command(p, run.world_size)}")  # fmt: skip
-    return run
+    choice.save(p.work_dir)
+    chosen = {k: v for k, v in choice.overrides.items() if k in TRAINING}  # the picker's, as parameters
+    dataclasses.replace(p, preset=choice.name, **chosen).save()  # the picker's choice: params.json and run.json agree
+    return choice
 
 
 def launch_command(p: Params, processes: int) -> str:
     """The command that runs 02 of ``p``'s work dir as ``processes`` ranks on one machine (docs/guide.md: several
     machines, Slurm)."""
     return f"torchrun --standalone --nproc_per_node {processes} -m kitlib train --work-dir {p.work_dir}"
+
+
+def choose(
+    p: Params,
+    preset: str | Preset | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    world_size: int | None = None,
+) -> Choice:
+    """The run ``p`` asks for, unresolved: ``preset`` (default ``p.preset``) as ``p``'s task trains it
+    (``task_preset``, applied once) and ``p``'s training parameters under ``overrides`` (the picker's advanced
+    fields): the one place the two merge."""
+    chosen = p.preset if preset is None else preset
+    base = presets.get_preset(chosen) if isinstance(chosen, str) else chosen
+    strategy = {"strategy": p.strategy} if p.strategy else {}  # None: the plan's (presets.resolve)
+    merged = p.training() | strategy | dict(overrides or {})
+    return presets.Choice(task_preset(p)(base), merged, world_size, task=p.task)
 
 
 def resolve_run(
@@ -132,22 +147,14 @@ def resolve_run(
     preset: str | Preset | None = None,
     overrides: Mapping[str, Any] | None = None,
     world_size: int | None = None,
+    choice: Choice | None = None,
 ) -> ResolvedRun:
-    """The run ``p`` trains: the one function from parameters + hardware + data lengths to a ResolvedRun, called by
-    the picker (every click), 00's setup (without a picker) and 01 (with the tokenizer's lengths) alike.
-
-    ``preset``: the picker's choice or 01's saved one (default ``p.preset``), as ``p``'s task trains it
-    (``task_preset``, applied once); ``hw``: this machine, planned as the one 02 trains on (``planning_hw``);
-    ``lengths``: tokens per training row (max_length covers the preset's share of them); ``overrides``: the picker's
-    advanced fields (or 01's saved run's) over ``p``'s training parameters: the one place the two merge;
-    ``world_size``: processes per step (None: every GPU of the planned machine; 01 keeps the saved run's)."""
-    chosen = p.preset if preset is None else preset
-    base = presets.get_preset(chosen) if isinstance(chosen, str) else chosen
-    chosen_strategy = {"strategy": p.strategy} if p.strategy else {}  # None: the plan's (presets.resolve)
-    settings = p.training() | chosen_strategy | dict(overrides or {})
-    return presets.resolve(
-        task_preset(p)(base), planning_hw(p, hw), lengths=lengths, overrides=settings, world_size=world_size
-    )
+    """The run ``p`` trains on the machine 02 trains on (``planning_hw``): ``choice`` (00's saved one, else
+    ``choose``'s) resolved (presets.resolve) for ``lengths`` (tokens per training row). 01 calls it once and saves
+    it; the picker previews it on each click. ``world_size``: processes per step (None: every GPU planned)."""
+    c = choice or choose(p, preset, overrides, world_size)
+    hw = planning_hw(p, hw)
+    return presets.resolve(c.preset, hw, lengths=lengths, overrides=c.overrides, world_size=c.world_size)
 
 
 def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | None = None) -> HardwareInfo:
@@ -193,8 +200,7 @@ def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> tuple[float | 
     if facts.step is None:
         return None, None
     try:
-        run = resolve_run(p, hw, facts.lengths)  # as p's preset trains it on this machine
-        step, key = facts.step(run.config.micro_batch_size, run.config.max_length), _model_key(p)
+        step, key = facts.step(*presets.shape(choose(p), planning_hw(p, hw), facts.lengths)), _model_key(p)
         kept = speed.kept_probe(key, p.cache_dir)
         if kept is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):  # emulated bf16 (AVX2): not worth timing
             return speed.measure_model_step(*step), kept
@@ -402,14 +408,14 @@ class Competition:
     side: SideInputs  # the task's inputs besides the text (numeric and categorical columns), fitted on train
 
 
-def read_competition(p: Params, run: ResolvedRun) -> Competition:
+def read_competition(p: Params, run: Choice | ResolvedRun) -> Competition:
     """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
     text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
     workload = get_task(p.task)
-    if run.regime.name not in workload.regimes:
+    if run.preset.regime not in workload.regimes:
         fits = [name for name, preset in presets.PRESETS.items() if preset.regime in workload.regimes]
         raise SetupError(
-            f"preset {run.name!r} trains in the {run.regime.name} regime, which task {p.task!r} cannot use (it needs "
+            f"preset {run.name!r} trains in the {run.preset.regime} regime, which task {p.task!r} cannot use (it needs "
             f"{' or '.join(workload.regimes)}): pick one of {fits} in 00_setup (preset, or KIT_PRESET headless)"
         )
     train = _read_train(p)
@@ -549,7 +555,7 @@ def built_from(p: Params) -> dict[str, Any]:
 @cpu_threads(measure=True)  # tokenizing, the head regime's encoder pass: the CPUs that ran fastest, restored after
 def features(
     p: Params,
-    run: ResolvedRun | None = None,
+    choice: Choice | None = None,
     *,
     cache: Cache | None = None,
     quiet: bool = False,
@@ -557,32 +563,33 @@ def features(
 ) -> Features:
     """Read and validate the data (sample submission included), fit max_length to it, tokenize (and embed, for the
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
-    run = run or presets.load_run(p.work_dir)
+    choice = choice or presets.load_choice(p.work_dir)
     hw = measured(p, hw)  # the precision 00 measured (a cache hit), for the plan and the head regime's encoder pass
     log = (lambda _msg: None) if quiet else print
     # one line for the whole stage at the end, not one per entry (the token tables alone are three: lengths, train,
     # test); seeds: the inputs' caches, as data
     summed = cache is None
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=None)
-    data = read_competition(p, run)
+    data = read_competition(p, choice)
 
     train, test, spec = data.train, data.test, data.spec
     texts = train[p.text].tolist()
     workload = get_task(p.task)
-    tokenizer, model, identity = workload.load(run, spec, train, p, _model_choice(p))
+    tokenizer, model, identity = workload.load(cast(Any, choice), spec, train, p, _model_choice(p))  # its regime
     texts, test_texts = workload.prompts(texts, tokenizer), workload.prompts(test[p.text].tolist(), tokenizer)
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
-    cap = min(cap, max(512, run.preset.max_length_cap))  # 512 for encoders; a causal LM's preset: its positions
+    cap = min(cap, max(512, choice.preset.max_length_cap))  # 512 for encoders; a causal LM's preset: its positions
     full = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache)
     lengths = workload.lengths(train, p, tokenizer, full.lengths)
-    shown = run  # what 00 showed and saved, fitted to 00's rough lengths (or none): now the tokenizer's decide
-    run = resolve_run(p, hw, lengths, preset=run.preset, overrides=run.overrides, world_size=run.world_size)
-    run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=shown.baseline)
-    if run.config.max_length != shown.config.max_length:
-        log(_max_length_changed(shown, run))
-    run = planned_strategy(p, hw, planned_checkpointing(p, hw, run))  # at the tokenizer's length
-    run = workload.tune(run, lengths, model)
-    _check_enough_rows(train[p.target], spec, run, p)
+    # the one resolution of the run, at the tokenizer's lengths: features.json saves it, 02, 03 and the doctor read it
+    run = resolve_run(p, hw, lengths, choice=choice)
+    run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=choice.baseline)
+    run = workload.tune(planned_strategy(p, hw, planned_checkpointing(p, hw, run)), lengths, model)
+    log(run.summary())
+    if run.world_size > max(hw.num_gpus, 1):  # planned for a bigger machine: how 02 runs there
+        log(f"02 on the planned {run.world_size} GPUs (the work dir on that machine): "
+            f"{launch_command(p, run.world_size)}")  # fmt: skip
+    _check_enough_rows(train[p.target], spec, p, run.config.micro_batch_size * run.world_size)
     if spec.kind == "regression":
         log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or cap
@@ -618,31 +625,17 @@ def features(
     return feats
 
 
-def _max_length_changed(shown: ResolvedRun, fitted: ResolvedRun) -> str:
-    """Why 01 trains at another max_length than 00 showed: 00 had word counts (or no lengths), 01 the tokens."""
-    before = (
-        f"00 estimated lengths from word counts (x{TOKENS_PER_WORD} tokens per word + {SPECIAL_TOKENS})"
-        if shown.mean_tokens is not None
-        else "00 had no lengths (the preset's cap)"
-    )
-    why = next((r.split(": ", 1)[1] for r in fitted.reasons if r.startswith("max_length")), "")
-    return (
-        f"max_length {fitted.config.max_length} tokens, not the {shown.config.max_length} 00 showed: {before}; 01 "
-        f"counted every row with the model's tokenizer ({why})"
-    )
-
-
 def load_features(p: Params) -> Features:
     """What 01_features saved: no CSV read, no tokenizer or model loaded (a fraction of a second)."""
     return handoff.load(p.work_dir, built_from(p))
 
 
 # --------------------------------------------------------------------- the split and the verdict (00 to 03 read them)
-def _check_enough_rows(target: pd.Series, spec: TargetSpec, run: ResolvedRun, p: Params) -> None:
-    """What 02 would find after minutes of set-up, found in 01: too few rows for one training batch after the
-    validation hold-out (an error); a class too rare to be both learned and validated (a warning: it trains only)."""
+def _check_enough_rows(target: pd.Series, spec: TargetSpec, p: Params, batch: int = 1) -> None:
+    """What 02 would find after minutes of set-up, found in 00 and 01: too few rows for one training ``batch`` (01's
+    run's) after the validation hold-out (an error); a class too rare to be both learned and validated (an error when
+    every class is, else a warning: it trains only)."""
     n_train = len(target) - len(_split(len(target), p.seed)[1])
-    batch = run.config.micro_batch_size * run.world_size
     if n_train < batch:
         raise DataError(
             f"{p.train_file} has {len(target)} rows: after holding out {len(target) - n_train} for validation, "

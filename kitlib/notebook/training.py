@@ -33,7 +33,7 @@ from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import WorkerDied, broadcast_object, dist_env, join_process_group, launch
 from kitlib.machine.hardware import detect
-from kitlib.machine.precision import PrecisionPlan, decide_precision
+from kitlib.machine.precision import PrecisionPlan, carried
 from kitlib.machine.threads import cpu_threads, measurable, share
 from kitlib.models.loading import frozen_dtype
 from kitlib.models.lora import add_adapter, describe_size, merge_adapter
@@ -426,7 +426,7 @@ def measured_batching(
     if not prepared.choices:
         return cfg, prepared
     loaders = {**prepared.choices, cfg.batching: prepared.train}  # packed first: the token budget the others match
-    plan = decide_precision(hw, cfg.precision, tf32=cfg.tf32)
+    plan = carried(cfg, hw)
     threads = torch.get_num_threads() if plan.device_type == "cpu" else ""
     shape = (feats.model_identity, cfg.adapter, plan.dtype, cfg.gradient_checkpointing, cfg.max_length,
              cfg.micro_batch_size, feats.n_train)  # fmt: skip
@@ -612,7 +612,7 @@ def infer(
     if stand_in is not None:
         hw, plan = stand_in.hw, stand_in.precision
     else:
-        plan = decide_precision(hw, feats.run.config.precision)
+        plan = carried(feats.run.config, hw)  # as 02 trained it, TF32 included
     precision = Precision(plan)
     device = torch.device(precision.plan.device_type)
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight

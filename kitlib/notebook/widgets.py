@@ -1,16 +1,12 @@
-"""The preset picker: ipywidgets buttons and an "advanced" section that only ever produce a ResolvedRun.
-
-It never trains: the next cell saves its choice (``picker.save()``: run.json, what 01 reads), and from then on each
-accepted click saves again and says so in the widget, so what the picker shows is what runs. A cell ending in
-``picker`` shows it: the live widget when interactive, and nothing else (a text copy beside it would go stale on
-the first click). Headless (Kaggle batch runs, nbconvert/papermill, CI) or without ipywidgets, nothing blocks: the
-picker holds the default preset (the notebook's ``preset`` parameter) and the cell prints its summary once, so the
-log shows what ran.
+"""The preset picker: ipywidgets buttons and the training parameters' controls, previewing the run each choice
+resolves to. It never trains: ``picker.save()`` saves the choice (run.json, which 01 resolves once), and each accepted
+click after it saves again. Headless (or without ipywidgets) it previews nothing: it holds the ``preset`` parameter
+and prints that choice; 01's log shows the run it resolves to.
 
 >>> data = stages.data_facts(p)
 >>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, n_test=data.n_test, lengths=data.lengths,
 ...                        resolve=functools.partial(stages.resolve_run, p, hw),
-...                        save=lambda run: stages.setup(p, hw, resolved=run))
+...                        save=functools.partial(stages.setup, p, hw))
 >>> picker
 >>> # next cell
 >>> run = picker.save()
@@ -28,7 +24,7 @@ from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 from kitlib.errors import PrecisionError
 from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS, RunEstimate, duration, estimate_epoch_seconds, estimate_run
 from kitlib.notebook.params import PARAMETERS, TRAINING, Params
-from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Preset, ResolvedRun
+from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, Choice, Preset, ResolvedRun
 from kitlib.notebook.presets import resolve as resolve_preset
 
 # lazy: IPython (+0.3 s), ipywidgets (+0.3 s), torch (+1.0 s): only showing the picker needs them, so
@@ -46,7 +42,10 @@ _ADVANCED = TRAINING
 
 
 class PresetPicker:
-    """Holds the current choice; ``.resolved``/``.config`` always reflect the widgets. Build with ``preset_picker``."""
+    """Holds the current choice; ``.resolved`` previews it. ``n_rows``, ``n_test``, ``lengths``, ``model_params``,
+    ``trees``: stages.data_facts' (the estimate, max_length); ``resolve(preset=, overrides=, lengths=)``: the preview
+    (``stages.resolve_run``); ``save(preset=, overrides=)``: writes the choice (``stages.setup``); ``memory``: the
+    memory plan's line. Build with ``preset_picker``."""
 
     def __init__(
         self,
@@ -59,14 +58,14 @@ class PresetPicker:
         resolve: Callable[..., ResolvedRun] | None = None,
         overrides: Mapping[str, Any] | None = None,
         memory: Callable[[ResolvedRun], str] | None = None,
-        save: Callable[[ResolvedRun], ResolvedRun] | None = None,
+        save: Callable[..., Choice] | None = None,
         folds: int = 1,
         model_params: float | None = None,
         trees: bool = False,
     ) -> None:
         self._hw = hw
-        self._save = save  # writes a run where 01 reads it (stages.setup) and returns what it wrote
-        self.saved: ResolvedRun | None = None  # the last run saved; None before the first save()
+        self._save = save  # save(preset=, overrides=) writes the choice where 01 reads it (stages.setup)
+        self.saved: Choice | None = None  # the last choice saved; None before the first save()
         self._memory = memory  # the memory plan's line for a run (stages.memory_line): None shows none
         # the run for (preset, overrides, lengths): stages.resolve_run for a notebook's parameters, else the preset's
         self._resolve = resolve or (
@@ -82,7 +81,7 @@ class PresetPicker:
         self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
         self._base = dict(overrides or {})  # the advanced fields every preset starts from
         self._overrides: dict[str, Any] = dict(self._base)
-        self._resolved = self._resolve(preset=default, overrides=self._overrides, lengths=lengths)  # errors: loud
+        self._resolved: ResolvedRun | None = None  # the preview, resolved when first shown (never headless)
         self._syncing = False  # True while the picker writes derived values back into its own controls
         self.error: str | None = None  # the last rejected change, shown in the widget
         self.note: str | None = None  # why there is no widget although the session is interactive
@@ -93,17 +92,20 @@ class PresetPicker:
 
     @property
     def resolved(self) -> ResolvedRun:
+        """The run the current choice resolves to, a preview (01 resolves the saved choice at its lengths)."""
+        if self._resolved is None:
+            self._resolved = self._resolve(preset=self._preset, overrides=self._overrides, lengths=self._lengths)
         return self._resolved
 
     @property
     def config(self) -> TrainConfig:
-        return self._resolved.config
+        return self.resolved.config
 
-    def save(self) -> ResolvedRun:
+    def save(self) -> Choice:
         """Save the current choice with ``save`` (run.json); every accepted change after this saves again."""
         if self._save is None:
             raise ValueError("this picker has no save: build it with preset_picker(..., save=...)")
-        self.saved = self._save(self._resolved)
+        self.saved = self._save(preset=self._preset, overrides=self._overrides)
         self._render()
         return self.saved
 
@@ -116,7 +118,7 @@ class PresetPicker:
         """The whole run's estimate for the current choice (what the picker shows), or None without the row counts."""
         if self._n_rows is None or self._n_test is None:
             return None
-        run, hw, params = self._resolved, self._hw, self.model_params
+        run, hw, params = self.resolved, self._hw, self.model_params
         return estimate_run(
             run, self._n_rows, self._n_test, hw, model_params=params, folds=self.folds, trees=self.trees
         )
@@ -127,33 +129,35 @@ class PresetPicker:
         whole = self.estimate()
         if whole is not None:
             return whole.text()
-        seconds = estimate_epoch_seconds(self._resolved, self._n_rows, self._hw, model_params=self.model_params)
-        what = self._resolved.regime.estimate_label
-        used = self._resolved.preset.rows_used(self._n_rows)
+        seconds = estimate_epoch_seconds(self.resolved, self._n_rows, self._hw, model_params=self.model_params)
+        what = self.resolved.regime.estimate_label
+        used = self.resolved.preset.rows_used(self._n_rows)
         rows = f"{used} rows" if used == self._n_rows else f"{used} of {self._n_rows} rows (the preset's row limit)"
         return f"~{duration(seconds)} {what} for {rows} (rough, +-2x; pass n_test= for the whole run)"
 
     def memory_text(self) -> str:
-        return self._memory(self._resolved) if self._memory is not None else ""
+        return self._memory(self.resolved) if self._memory is not None else ""
 
     def __repr__(self) -> str:
         note = f"{self.note}\n" if self.note else ""
-        summary = self._resolved.summary()
+        summary = self.resolved.summary()
         memory = f"\nmemory: {self.memory_text()}" if self._memory is not None else ""
-        return f"{note}PresetPicker({self._resolved.name!r})\n{summary}\nestimate: {self.estimate_text()}{memory}"
+        return f"{note}PresetPicker({self.resolved.name!r})\n{summary}\nestimate: {self.estimate_text()}{memory}"
 
     def _ipython_display_(self) -> None:
         """What a notebook cell ending in ``picker`` shows (IPython calls this instead of using the text repr).
 
-        Only the live widget when there is one: the text repr shown beside it would describe the preset at display
-        time and never follow a click. Without a widget (headless, no ipywidgets) the summary, once.
+        Only the live widget when there is one (a text copy would not follow a click). Without one (headless, no
+        ipywidgets) the choice, unresolved: 01 resolves it at the tokenizer's lengths and prints the run.
         """
         from IPython.display import display
 
         if self.widget is not None:
             display(self.widget)
         else:
-            print(repr(self))
+            chosen = ", ".join(f"{k}={v!r}" for k, v in sorted(self._overrides.items()))
+            preset = self._preset if isinstance(self._preset, str) else self._preset.name
+            print(f"{self.note or ''}preset {preset}{f' ({chosen})' if chosen else ''}: 01 resolves and prints the run")
 
     # ----------------------------------------------------------------------------------------------------- widgets
 
@@ -162,7 +166,7 @@ class PresetPicker:
         import ipywidgets as w
 
         names = list(PRESETS)
-        current = self._resolved.name
+        current = self.resolved.name
         if current not in names:  # a custom Preset object
             names.append(current)
         self.controls["preset"] = w.ToggleButtons(
@@ -232,7 +236,7 @@ class PresetPicker:
 
     def _sync(self) -> None:
         """Write the resolved values back into the controls (derived ones such as accumulation change too)."""
-        run = self._resolved
+        run = self.resolved
         values = {"preset": run.name, **{k: getattr(run.config, k) for k in _ADVANCED}}
         values["max_length"] = values["max_length"] or 0  # 0: fitted to the data
         for key, value in values.items():
@@ -246,58 +250,24 @@ class PresetPicker:
         self._error_html.value = (
             f'<div style="color:#b00020"><b>not applied:</b> {html.escape(self.error)}</div>' if self.error else ""
         )
-        rows = [*self._resolved.table_rows(), ("time", self.estimate_text())]
+        rows = [*self.resolved.table_rows(), ("time", self.estimate_text())]
         rows += [("memory", self.memory_text())] if self._memory is not None else []
         rows += [("run.json", self.saved_text())] if self._save is not None else []
         cells = "".join(
             f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
             for k, v in rows
         )
-        why = "".join(f"<li>{html.escape(r)}</li>" for r in self._resolved.reasons)
+        why = "".join(f"<li>{html.escape(r)}</li>" for r in self.resolved.reasons)
         self._table_html.value = f"<table>{cells}</table><details><summary>why</summary><ul>{why}</ul></details>"
 
 
 _WIDGETS = {int: lambda w: w.IntText, float: lambda w: w.FloatText, bool: lambda w: w.Checkbox}
 
 
-def preset_picker(
-    hw: HardwareInfo,
-    *,
-    default: str | Preset = DEFAULT_PRESET,
-    lengths: Sequence[int] | np.ndarray | None = None,
-    n_rows: int | None = None,
-    n_test: int | None = None,
-    show: bool = False,
-    resolve: Callable[..., ResolvedRun] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    memory: Callable[[ResolvedRun], str] | None = None,
-    save: Callable[[ResolvedRun], ResolvedRun] | None = None,
-    folds: int = 1,
-    model_params: float | None = None,
-    trees: bool = False,
-) -> PresetPicker:
-    """A picker for ``hw``, with the widgets built when interactive and ipywidgets imports. It never blocks and
-    never starts training.
-
-    End the cell with it to show it (the live widget, or headless the default's summary); ``show=True`` displays it
-    now instead, for a cell that goes on after it. ``n_rows`` (train.csv's rows; each preset's ``row_limit`` is
-    applied) and ``n_test`` (test.csv's) give the time estimate of the whole run (01-03; per epoch without
-    ``n_test``); ``lengths`` (tokens per row) fits max_length to the data:
-    ``kitlib.notebook.stages.data_facts`` returns both. ``resolve(preset=, overrides=, lengths=)``: the run for a
-    choice, ``functools.partial(stages.resolve_run, p, hw)`` in 00 (the task's preset, the parameters' training
-    settings under the advanced fields: the run setup and 01 resolve too); default: the preset alone on ``hw``.
-    ``overrides``: the advanced fields' starting values.
-    ``memory``: the memory plan's line for the chosen run (``stages.memory_line(p, hw)``: "fits: ~X of Y GB").
-    ``save``: writes a run where 01 reads it (``lambda run: stages.setup(p, hw, resolved=run)``): ``picker.save()``
-    calls it, and each accepted change after that. ``folds``: 00's folds parameter (the estimate counts k models;
-    with 1 on small data it offers folds and their cost); ``model_params``: the model's matmul weights
-    (``data_facts(p).model_params``: the tiny T5's for seq2seq from scratch), the estimate's FLOPs per token;
-    ``trees``: whether the head regime's runs fit trees beside the network (``data_facts(p).trees``).
-    """
-    picker = PresetPicker(
-        hw, default=default, lengths=lengths, n_rows=n_rows, n_test=n_test, resolve=resolve, overrides=overrides,
-        memory=memory, save=save, folds=folds, model_params=model_params, trees=trees,
-    )  # fmt: skip
+def preset_picker(hw: HardwareInfo, *, show: bool = False, **options: Any) -> PresetPicker:
+    """A PresetPicker for ``hw`` (``options``: its keywords), the widgets built when interactive; it never blocks
+    and never trains. ``show``: display it now, for a cell that goes on after it."""
+    picker = PresetPicker(hw, **options)
     if hw.interactive:
         try:
             picker.build()
