@@ -513,7 +513,7 @@ CATALOGUE = [
     ),
     Case(
         "3 training rows",
-        "setup",
+        "features",  # 01 sizes the batch (00 saved the choice): it refuses before writing
         r"train\.csv has 3 rows",
         r"Add rows, or lower micro_batch_size",
         _csv("train.csv", lambda f: f.iloc[:3]),

@@ -298,8 +298,8 @@ def test_the_head_regime_runs_all_four_stages_from_the_saved_features(
     import warnings
 
     p = workflow.params(data_dir=_csvs(tmp_path / "data"), work_dir=tmp_path / "work", preset="fast", model="tiny")
-    run = workflow.setup(p, cpu_hw)
-    assert run.regime.name == "head"
+    choice = workflow.setup(p, cpu_hw)
+    assert choice.preset.regime == "head"
     progress = _Progress(monkeypatch)
     feats = workflow.features(p, hw=cpu_hw)
     assert progress.named("embed") == [(240, 240, True), (40, 40, True)]  # train, then test texts

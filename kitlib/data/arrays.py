@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+# lazy: torch (+1.0 s): only tensor entries need it; `import kitlib.data.arrays` stays at numpy's cost.
+
 # torch is imported lazily (+1.0 s): only tensors need it.
 
 RAGGED_MIN = 64  # lists of >= this many same-dtype 1-D arrays become flat + offsets (~1 JSON record per array saved)

@@ -32,6 +32,8 @@ from kitlib.data.fingerprint import fingerprint as fingerprint
 from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
+# lazy: pandas (+0.2 s): only `list()` builds a DataFrame; `import kitlib.data.cache` stays light.
+
 if TYPE_CHECKING:
     import pandas as pd  # lazy (+0.2 s): only list() needs it
 

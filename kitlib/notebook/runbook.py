@@ -19,8 +19,9 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: papermill (1.6x the import time of nbclient alone: docs/measurements.md) and kitlib.engine (+1.0 s: torch,
-# only to name a stopped run's checkpoint); the names and paths here are read by the CLI and 00.
+# lazy: papermill (+0.5 s), jupyter_client (+0.1 s), nbclient (+0.2 s), nbformat (+0.1 s): only running notebooks
+# needs them; kitlib.engine (+1.0 s): torch, only to name a stopped run's checkpoint. The CLI and 00 read names here.
+
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "path:line: UserWarning: ..." or "UserWarning: ..." (kitlib.progress)
 _WARNING = re.compile(r"^(?:\S.*?:\d+: )?(\w*Warning): (.*)$", re.M)
