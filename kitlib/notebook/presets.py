@@ -291,7 +291,9 @@ class ResolvedRun:
     def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
         if data.get("format") != _FORMAT:
             found = data.get("format")
-            raise SetupError(f"the saved run has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup and 01_features")
+            raise SetupError(
+                f"the saved run has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup and 01_features"
+            )
         known = {f.name for f in dataclasses.fields(cls)}  # the fields a run.json holds as they are, and:
         return cls(
             **{k: v for k, v in data.items() if k in known}
@@ -337,7 +339,9 @@ def load_choice(path: str | Path) -> Choice:
     with damaged_file(target, "00_setup"):
         data = json.loads(target.read_text())
         if data.get("format") != _FORMAT:
-            raise SetupError(f"{target} has format {data.get('format')!r}, this kitlib reads {_FORMAT}: re-run 00_setup")
+            raise SetupError(
+                f"{target} has format {data.get('format')!r}, this kitlib reads {_FORMAT}: re-run 00_setup"
+            )
         known = {f.name for f in dataclasses.fields(Choice)}
         return Choice(**{k: v for k, v in data.items() if k in known} | {"preset": Preset(**data["preset"])})
 
