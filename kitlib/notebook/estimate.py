@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 
 from kitlib.config import full_eval_due
 from kitlib.machine.peaks import compute_peak_flops
-from kitlib.notebook.stages import VALID_FRACTION
 from kitlib.notebook.trees import MAX_ROWS as TREE_ROWS
 
 if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.presets import ResolvedRun
+
+VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric (stages splits by it)
 
 # Non-embedding weights of all-MiniLM-L6-v2: 6 layers x (4 x 384^2 attention + 2 x 384 x 1536 FFN) = 10.6M.
 # Embedding lookups cost no matmul FLOPs, so they are left out.

@@ -19,11 +19,11 @@ from kitlib._version import __version__
 from kitlib.data.featurize import TokenizedTexts, tokenize_texts
 from kitlib.data.tables import TargetSpec, read_table
 from kitlib.errors import MissingRunError, SetupError
-from kitlib.notebook.estimate import duration
+from kitlib.notebook.estimate import VALID_FRACTION, duration
 from kitlib.notebook.handoff import FEATURES_FILE, Features, SideInputs, _load_array
 from kitlib.notebook.params import PARAMS_FILE, Params, kaggle_input, load_params
 from kitlib.notebook.presets import ResolvedRun
-from kitlib.notebook.stages import TOKENIZER_DIR, VALID_FRACTION, splits
+from kitlib.notebook.stages import TOKENIZER_DIR, splits
 from kitlib.notebook.submission import check_sample_submission
 from kitlib.notebook.tasks import get_task
 from kitlib.notebook.tasks.generation import target_limits

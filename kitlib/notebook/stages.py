@@ -39,6 +39,7 @@ from kitlib.machine.precision import PrecisionPlan, decide_stage_precision
 from kitlib.machine.threads import cpu_threads
 from kitlib.models.folders import check_model_dir, pretrained_dir, tiny_requested
 from kitlib.notebook import handoff, presets
+from kitlib.notebook.estimate import MINILM_MATMUL_PARAMS, VALID_FRACTION, estimate_run
 from kitlib.notebook.handoff import Features
 
 # params and load_params are the notebooks' first call (stages.params in 00, stages.load_params in 01-03): one import
@@ -77,7 +78,6 @@ if TYPE_CHECKING:
     from kitlib.tasks.metrics import Metric
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
-VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric
 MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
 # Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4), where 00 has no
 # tokenizer to ask (a model the task builds); 01 measures the real lengths with the model's tokenizer. A model folder's
@@ -283,8 +283,20 @@ def data_facts(p: Params) -> DataFacts:
         words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
         lengths = np.ceil(words * _tokens_per_word(p, train[p.text])).astype(np.int64) + SPECIAL_TOKENS
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
-    trees = bool(p.numeric or p.categorical) and find_spec("sklearn") is not None  # the estimate applies MAX_ROWS
-    return DataFacts(len(train), lengths, len(test), weights, step, trees)
+    return DataFacts(len(train), lengths, len(test), weights, step, _trees(p))
+
+
+def _trees(p: Params) -> bool:
+    """Whether 02 fits trees beside the network (columns and scikit-learn); the estimate applies MAX_ROWS."""
+    return bool(p.numeric or p.categorical) and find_spec("sklearn") is not None
+
+
+def _estimate(run: ResolvedRun, p: Params, hw: HardwareInfo, n_rows: int, n_test: int, model: Any) -> str:
+    """01's whole-run estimate of the resolved run: the loaded model's matmul weights, MiniLM's without one."""
+    from kitlib.models.facts import non_embedding_params
+
+    weights = non_embedding_params(model) if hasattr(model, "modules") else MINILM_MATMUL_PARAMS
+    return estimate_run(run, n_rows, n_test, hw, model_params=weights, folds=p.folds, trees=_trees(p)).text()
 
 
 def _tokens_per_word(p: Params, texts: Any) -> float:
@@ -586,6 +598,7 @@ def features(
     run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=choice.baseline)
     run = workload.tune(planned_strategy(p, hw, planned_checkpointing(p, hw, run)), lengths, model)
     log(run.summary())
+    log(f"estimate: {_estimate(run, p, hw, len(train), len(test), model)}")  # 00 headless resolves nothing to show
     if run.world_size > max(hw.num_gpus, 1):  # planned for a bigger machine: how 02 runs there
         log(f"02 on the planned {run.world_size} GPUs (the work dir on that machine): "
             f"{launch_command(p, run.world_size)}")  # fmt: skip
