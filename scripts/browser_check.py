@@ -687,10 +687,11 @@ def wait_table(cell: Any, key: str, want: str, timeout_s: float = 15) -> dict[st
 
 
 def _saved_run(work: Path) -> tuple[Any, Any]:
-    """(preset name, epochs) of work/run.json, what 01 reads; ("?", the reason) when it cannot be read."""
+    """(preset name, epochs) of work/run.json, the choice 01 resolves (the picker's override, else the preset's);
+    ("?", the reason) when it cannot be read."""
     try:
         saved = json.loads((work / "run.json").read_text())
-        return saved["preset"]["name"], saved["config"]["epochs"]
+        return saved["preset"]["name"], saved["overrides"].get("epochs", saved["preset"]["epochs"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         return "?", f"? ({type(err).__name__}: {err})"
 
