@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -587,7 +587,7 @@ def features(
     train, test, spec = data.train, data.test, data.spec
     texts = train[p.text].tolist()
     workload = get_task(p.task)
-    tokenizer, model, identity = workload.load(cast(Any, choice), spec, train, p, _model_choice(p))  # its regime
+    tokenizer, model, identity = workload.load(choice, spec, train, p, _model_choice(p))
     texts, test_texts = workload.prompts(texts, tokenizer), workload.prompts(test[p.text].tolist(), tokenizer)
     cap = int(getattr(tokenizer, "model_max_length", 512) or 512)
     cap = min(cap, max(512, choice.preset.max_length_cap))  # 512 for encoders; a causal LM's preset: its positions

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.presets import Choice, Preset, ResolvedRun
     from kitlib.tasks.metrics import Metric
 
     ProbeStep: TypeAlias = tuple[nn.Module, dict[str, torch.Tensor], float, Callable[..., torch.Tensor] | None]
@@ -195,7 +195,7 @@ class Task:
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         """(tokenizer, model, identity) for 01: for the text column, the encoder whose embeddings the head regime
         caches, or the classifier finetune trains."""

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.config import Batching
-    from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.presets import Choice, Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
@@ -124,7 +124,7 @@ class CausalLMTask(TextGenerationTask):
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         folder = model_folder(p)
         if folder is not None:  # the config alone: 01 needs the positions and the shape, not gigabytes of weights

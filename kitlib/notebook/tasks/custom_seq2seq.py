@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.data.tables import TargetSpec
-    from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.presets import Choice, Preset, ResolvedRun
     from kitlib.notebook.tasks.base import Context, Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
@@ -69,7 +69,7 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         """The tokenizer only (the model is yours, built in 02): seq2seq's choice (bytes for short texts, else a
         byte-level BPE trained on the training rows)."""

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.notebook.presets import Preset, ResolvedRun
+    from kitlib.notebook.presets import Choice, Preset, ResolvedRun
     from kitlib.notebook.tasks.base import ProbeStep
 
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
@@ -134,7 +134,7 @@ class Seq2SeqTask(TextGenerationTask):
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
-        self, run: ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
+        self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
         folder = model_folder(p)
         if folder is not None:
