@@ -60,36 +60,6 @@ class Accelerator:
 
 
 @dataclass(frozen=True)
-class MathProbe:
-    """bf16 autocast against fp32, measured side by side on this CPU, for one transformer block of a run's shape
-    (``kitlib.machine.speed.probe_cpu_bf16``) or for the model a task builds itself (``speed.probe_model_bf16``):
-    what decides a CPU's precision where its ISA does not settle it."""
-
-    shape: str  # what ran: "width 384, ffn 1536, 12 heads, 4 x 128 tokens", "the task's own model, 16 x 107 tokens"
-    fp32_s: float  # seconds of a step: a block's best forward + backward, a model's mean step with its update
-    bf16_s: float  # 0.0 where bf16 failed (error)
-    loss_gap: float  # |bf16 loss - fp32 loss| / |fp32 loss| of the same step (weights and inputs); 0.0 on error
-    error: str = ""  # what bf16 autocast raised on the model (a user's module may not run in it): bf16 lost
-    # bf16's gain on a forward pass alone (no autograd: 01's embedding pass, evals, predictions), which gains more than
-    # a training step (a block: 2.0-2.5x against 1.3-1.7x on an AMX core); None: not measured (a model's own probe)
-    forward_speedup: float | None = None
-
-    @property
-    def speedup(self) -> float:
-        """How many times faster bf16 ran (below 1: slower; 0: it failed)."""
-        return 0.0 if self.error else self.fp32_s / self.bf16_s
-
-    def line(self) -> str:
-        if self.error:
-            return f"bf16 autocast failed on {self.shape} ({self.error}); fp32 ran {self.fp32_s * 1e3:.0f} ms a step"
-        ratio = f"{self.speedup:.1f}x faster" if self.speedup >= 1 else f"{1 / self.speedup:.1f}x slower"
-        return (
-            f"bf16 autocast measured {ratio} than fp32 ({self.bf16_s * 1e3:.0f} vs {self.fp32_s * 1e3:.0f} ms a "
-            f"step on {self.shape}; losses differ by {self.loss_gap:.2%})"
-        )
-
-
-@dataclass(frozen=True)
 class HardwareInfo:
     platform: Platform
     interactive: bool  # False for Kaggle batch runs, nbconvert/papermill/headless runs, CI
@@ -108,13 +78,6 @@ class HardwareInfo:
     shm_bytes: int | None  # size of /dev/shm; DataLoader workers pass batches through it
     cpu_avx512_fp16: bool = False  # native fp16 arithmetic on CPU (Sapphire Rapids+)
     cpu_amx_fp16: bool = False  # AMX-FP16 tiles (Granite Rapids+)
-    cpu_bf16_probe: MathProbe | None = None  # measured on this CPU for the run's model (stages.measured); None: not
-    cpu_flops_now: float | None = None  # fp32 training FLOP/s (6N) of the model's block, measured as 00 ran
-    cpu_forward_flops_now: float | None = None  # the same block's forward alone (2N): embedding passes, evals
-    cpu_threads_now: int | None = None  # the threads those ran on: the count that ran fastest (speed.fastest_threads)
-    python_s_now: float | None = None  # seconds of speed.measure_python_s's plain Python: the fixed costs' speed
-    # the same for one step of the run's own model, where its task builds it (a tiny T5 ran at half its block's rate)
-    model_flops_now: float | None = None
 
     @property
     def device_type(self) -> DeviceType:
