@@ -6,6 +6,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,6 @@ from kitlib.machine.hardware import (
     detect,
     detect_platform,
     fake_profile,
-    is_headless_runner,
     is_interactive,
     torch_supports,
 )
@@ -56,71 +56,54 @@ def test_detect_platform_colab_module(monkeypatch: pytest.MonkeyPatch) -> None:
     assert detect_platform(KAGGLE_ENV) == "kaggle"  # Kaggle still wins
 
 
-NBCONVERT = ("/usr/bin/python3", "/usr/local/bin/jupyter-nbconvert", "--to", "notebook", "--execute", "02.ipynb")
-PAPERMILL = ("/usr/bin/python3", "/usr/local/bin/papermill", "in.ipynb", "out.ipynb", "-p", "PRESET", "fast")
-JUPYTER_LAB = ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "--no-browser")
-
-
 @pytest.mark.parametrize(
-    ("environ", "parent", "expected"),
+    ("environ", "stdin", "expected"),
     [
-        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, JUPYTER_LAB, True),
-        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, PAPERMILL, False),
-        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, (), False),  # the env alone decides
-        ({**KAGGLE_ENV, "KAGGLE_IS_COMPETITION_RERUN": "1"}, (), False),
-        ({**KAGGLE_ENV}, NBCONVERT, False),  # `!jupyter nbconvert --execute` inside an interactive session
-        (COLAB_VARS, JUPYTER_LAB, True),
-        (COLAB_VARS, NBCONVERT, False),
-        ({}, PAPERMILL, False),
-        ({}, ("jupyter-execute", "nb.ipynb"), False),
-        ({}, JUPYTER_LAB, True),
-        ({"CI": "true"}, (), False),
-        ({"GITHUB_ACTIONS": "true"}, (), False),
-        ({"KIT_HEADLESS": "1"}, JUPYTER_LAB, False),
-        ({"KIT_HEADLESS": "0", "CI": "true"}, NBCONVERT, True),  # explicit override wins both ways
+        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, True, True),
+        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, True, False),  # the env alone decides
+        ({**KAGGLE_ENV, "KAGGLE_IS_COMPETITION_RERUN": "1"}, True, False),
+        ({**KAGGLE_ENV}, False, False),  # `!jupyter nbconvert --execute` inside an interactive session
+        (COLAB_VARS, True, True),
+        (COLAB_VARS, False, False),
+        ({}, False, False),  # papermill, nbconvert, jupyter execute, nbmake: nbclient sends allow_stdin=False
+        ({}, True, True),
+        ({"CI": "true"}, True, False),
+        ({"GITHUB_ACTIONS": "true"}, True, False),
+        ({"KIT_HEADLESS": "1"}, True, False),
+        ({"KIT_HEADLESS": "0", "CI": "true"}, False, True),  # explicit override wins both ways
     ],
 )
-def test_is_interactive(environ: dict[str, str], parent: tuple[str, ...], expected: bool) -> None:
-    assert is_interactive(environ, parent_argv=parent) is expected
+def test_is_interactive(environ: dict[str, str], stdin: bool, expected: bool) -> None:
+    assert is_interactive(environ, kernel_stdin=stdin) is expected
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ("papermill", "nb.ipynb", "out.ipynb"),
-        PAPERMILL,  # the console script, run by its interpreter (what /proc shows for a shebang script)
-        ("/usr/bin/python3", "-m", "papermill", "nb.ipynb", "out.ipynb"),
-        ("python3.11", "-u", "-W", "ignore", "-mpapermill", "nb.ipynb", "out.ipynb"),
-        NBCONVERT,
-        ("/opt/conda/bin/jupyter-nbconvert", "--execute", "--to", "notebook", "nb.ipynb"),
-        ("python", "-m", "nbconvert", "--execute", "--to", "notebook", "nb.ipynb"),
-        ("jupyter", "nbconvert", "--execute", "nb.ipynb"),  # the dispatcher, where it does not exec (Windows)
-        ("/usr/bin/python3", "/usr/local/bin/jupyter", "execute", "nb.ipynb"),
-        ("C:\\Python311\\Scripts\\papermill.exe", "nb.ipynb", "out.ipynb"),
-        ("/usr/bin/python3", "-m", "pytest", "--nbmake", "notebooks/"),
-        ("pytest", "--nbval-lax", "nb.ipynb"),
-    ],
-)
-def test_headless_runners_are_recognised_by_their_program(argv: tuple[str, ...]) -> None:
-    assert is_headless_runner(argv) and not is_interactive({}, parent_argv=argv)
+def test_a_kernel_reads_headless_from_its_requests_allow_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#50 (A15): a real IPython kernel, asked as nbclient asks (allow_stdin=False: papermill, nbconvert) and as a
+    person's frontend asks (True), tells the two apart without reading its parent's command line; outside a kernel
+    (this test process) it is interactive."""
+    from jupyter_client.manager import start_new_kernel
 
+    for name in ("KIT_HEADLESS", "CI", "GITHUB_ACTIONS", "KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_IS_COMPETITION_RERUN"):
+        monkeypatch.delenv(name, raising=False)
+    assert is_interactive({}) is True
+    manager, client = start_new_kernel(startup_timeout=120)
+    code = "from kitlib.machine.hardware import is_interactive; print(is_interactive({}))"
+    out: list[str] = []
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        # a Jupyter server started in (or pointed at) a folder whose name contains a runner's: still a person's
-        ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "--notebook-dir=/home/me/papermill-experiments"),
-        ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "/home/me/papermill-experiments"),
-        ("/usr/bin/python3", "-m", "jupyter", "notebook", "--ServerApp.root_dir=/data/nbconvert-tests"),
-        ("/home/me/papermill-experiments/.venv/bin/python", "-m", "jupyter_server"),
-        ("/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/tmp/papermill/kernel.json"),
-        ("/usr/bin/python3", "-c", "import papermill"),
-        ("pytest", "tests/test_nbmake_helpers.py"),  # pytest without the notebook plugins' options
-        (),
-    ],
-)
-def test_runner_names_in_other_arguments_are_not_runners(argv: tuple[str, ...]) -> None:
-    assert not is_headless_runner(argv) and is_interactive({}, parent_argv=argv)
+    def printed(message: dict[str, Any]) -> None:
+        if message["msg_type"] == "stream":
+            out.append(message["content"]["text"])
+
+    try:
+        said = []
+        for stdin in (False, True):  # nbclient's request, then a person's frontend's
+            out.clear()
+            client.execute_interactive(code, allow_stdin=stdin, timeout=120, output_hook=printed)
+            said.append("".join(out).strip())
+        assert said == ["False", "True"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
 
 
 def _proc_flags() -> set[str]:
@@ -157,23 +140,21 @@ def test_detect_cpu_isa_agrees_with_proc_cpuinfo() -> None:
 
 
 @pytest.fixture
-def kernel_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[tuple[str, ...]], None]:
-    """Makes detect() read ``argv`` as its parent's command line (the notebook server, or a headless runner)."""
+def kernel_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """Makes detect() read ``stdin`` as the running cell's allow_stdin (a person's frontend, or a headless runner)."""
     import kitlib.machine.hardware as hardware
 
-    def parent(argv: tuple[str, ...]) -> None:
-        monkeypatch.setattr(hardware, "_parent_argv", lambda: argv)
+    def request(stdin: bool) -> None:
+        monkeypatch.setattr(hardware, "_kernel_stdin", lambda: stdin)
 
-    return parent
+    return request
 
 
-def test_detect_in_a_colab_like_session(
-    monkeypatch: pytest.MonkeyPatch, kernel_of: Callable[[tuple[str, ...]], None]
-) -> None:
-    """No real Colab: its env vars, its google.colab module (the kernel imports it at start) and a Jupyter server as
-    the kernel's parent."""
+def test_detect_in_a_colab_like_session(monkeypatch: pytest.MonkeyPatch, kernel_of: Callable[[bool], None]) -> None:
+    """No real Colab: its env vars, its google.colab module (the kernel imports it at start) and a frontend's
+    request."""
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    kernel_of(("/usr/bin/python3", "/usr/local/bin/jupyter-notebook", "--ip=172.28.0.12", "--port=9000"))
+    kernel_of(True)
     environ = {"COLAB_RELEASE_TAG": COLAB_VARS["COLAB_RELEASE_TAG"], "COLAB_BACKEND_VERSION": "next", "HOME": "/root"}
     hw = detect(environ)
     assert (hw.platform, hw.interactive, hw.working_dir, hw.input_dir) == (
@@ -184,22 +165,20 @@ def test_detect_in_a_colab_like_session(
     )
     assert "platform:  colab (interactive)" in hw.summary()
     monkeypatch.delitem(sys.modules, "google.colab")  # `!jupyter nbconvert --execute` in a Colab VM: vars only
-    kernel_of(NBCONVERT)
+    kernel_of(False)
     headless = detect({"COLAB_GPU": "1"})
     assert (headless.platform, headless.interactive, headless.working_dir) == ("colab", False, Path("/content"))
 
 
-@pytest.mark.parametrize(
-    ("run_type", "parent", "interactive"), [("Interactive", JUPYTER_LAB, True), ("Batch", PAPERMILL, False)]
-)
+@pytest.mark.parametrize(("run_type", "stdin", "interactive"), [("Interactive", True, True), ("Batch", False, False)])
 def test_detect_kaggle_interactive_and_batch(
-    kernel_of: Callable[[tuple[str, ...]], None], run_type: str, parent: tuple[str, ...], interactive: bool
+    kernel_of: Callable[[bool], None], run_type: str, stdin: bool, interactive: bool
 ) -> None:
     """Kaggle's editor session vs Save & Run All / `kaggle kernels push` (papermill); its image carries COLAB_* too."""
-    kernel_of(parent)
+    kernel_of(stdin)
     hw = detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type, **COLAB_VARS})
     assert (hw.platform, hw.interactive, hw.working_dir) == ("kaggle", interactive, Path("/kaggle/working"))
-    kernel_of(JUPYTER_LAB)  # Batch is headless by Kaggle's own marker, whatever the parent
+    kernel_of(True)  # Batch is headless by Kaggle's own marker, whatever the request
     assert detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type}).interactive is interactive
 
 
