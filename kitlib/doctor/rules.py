@@ -18,7 +18,7 @@ from kitlib.machine.precision import PrecisionError, decide_precision
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
-    from kitlib.machine.hardware import HardwareInfo, MathProbe
+    from kitlib.machine.hardware import HardwareInfo
 
 TARGET_SHARE = 0.10  # what a well-tuned run spends on full evals or checkpoints, as a share of the wall
 BUCKET_EFFICIENCY = 0.95  # real/computed tokens with length bucketing (benchmarks/bench_padding.py goal at batch 32)
@@ -320,14 +320,6 @@ def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Found | None:
 def _precision(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if (run.facts.precision or run.cfg.get("precision")) != "fp32":
         return None
-    probe: MathProbe | None = None
-    if hw.device_type == "cpu":
-        # A CPU's bf16 gain is the model's to measure: on one AMX core MiniLM trained 1.8x faster, the demo's BiLSTM
-        # 0.92x. Advice only from a measurement: 02's kept verdict (probes.json), or one made for the hardware given.
-        probe = run.probes.get("precision") or hw.cpu_bf16_probe
-        if probe is None:
-            return None
-        hw = dataclasses.replace(hw, cpu_bf16_probe=probe)
     try:
         plan = decide_precision(hw, "auto")
     except PrecisionError:
@@ -337,19 +329,14 @@ def _precision(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if target == was:
         return None
     name = hw.device_name
-    if probe is not None:
-        ratio = probe.speedup
-    else:
-        new, old = peak_flops(name, target), peak_flops(name, was)  # type: ignore[arg-type]
-        ratio = new / old if new and old else 2.0
+    new, old = peak_flops(name, target), peak_flops(name, was)  # type: ignore[arg-type]
+    ratio = new / old if new and old else 2.0
     # Peak ratios (A100 bf16/fp32 = 16x) only bound the matmuls; norms, softmax, the optimizer and data are memory-
     # bound and gain <= 2x. End-to-end AMP gains for BERT-class fine-tuning are commonly 2-3x: cap at 3x.
     speedup = min(ratio, PRECISION_SPEEDUP_CAP)
     compute = run.seconds("forward") + run.seconds("backward") + run.seconds("eval")
     basis = (
-        f"{probe.line()}, applied to forward+backward+eval"
-        if probe is not None
-        else f"datasheet peak {target}/{was} = {ratio:.1f}x, capped at {PRECISION_SPEEDUP_CAP:g}x end to end, applied "
+        f"datasheet peak {target}/{was} = {ratio:.1f}x, capped at {PRECISION_SPEEDUP_CAP:g}x end to end, applied "
         "to forward+backward+eval (from the peak table, not measured)"
     )
     return (
