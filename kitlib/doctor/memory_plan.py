@@ -437,24 +437,23 @@ def model_shape(config: Any, model_kind: str) -> Shape:
     kind = getattr(config, "model_type", "")
     family = _FAMILIES.get(kind, "llama" if hasattr(config, "num_key_value_heads") else "bert")
     total, embedding, linear, dims, head_params = parameter_counts(config, model_kind)
-    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model"))  # noqa: B009
-    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads"))  # noqa: B009
-    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or hidden // heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    intermediate = int(
-        getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or getattr(config, "n_inner", None)
-        or 4 * hidden
-    )  # fmt: skip
-    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "num_layers"))  # noqa: B009
+    hidden, heads = int(_attr(config, "hidden_size", "d_model")), int(_attr(config, "num_attention_heads", "num_heads"))
+    head_dim = int(_attr(config, "head_dim", "d_kv", default=hidden // heads))
+    kv_heads = int(_attr(config, "num_key_value_heads", default=heads))
+    intermediate = int(_attr(config, "intermediate_size", "d_ff", "n_inner", default=4 * hidden))
+    layers = int(_attr(config, "num_hidden_layers", "num_layers"))
     if family == "t5":
-        layers += int(getattr(config, "num_decoder_layers", None) or layers)
-    dropout = max(
-        float(getattr(config, name, 0.0) or 0.0) for name in ("attention_dropout", "attn_pdrop",
-                                                              "attention_probs_dropout_prob", "dropout_rate")
-    )  # fmt: skip
+        layers += int(_attr(config, "num_decoder_layers", default=layers))
+    names = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout_rate")
+    dropout = max(float(_attr(config, name, default=0.0)) for name in names)
     eager = getattr(config, "_attn_implementation", None) == "eager"
     return Shape(family, hidden, intermediate, layers, heads, kv_heads * head_dim, int(config.vocab_size), dropout,
                  eager, total, embedding, linear, dims, head_params)  # fmt: skip
+
+
+def _attr(config: Any, *names: str, default: Any = None) -> Any:
+    """The first of ``names`` that ``config`` sets (not 0 or None), else ``default``."""
+    return next((value for name in names if (value := getattr(config, name, None))), default)
 
 
 def run_plan(model: Any, model_kind: str, hw: HardwareInfo, run: Any, *, split: bool = True) -> MemoryPlan:

@@ -84,6 +84,10 @@ class RunRecord:
         value = getattr(self.facts, name, None)
         return value if value is not None else self.cfg.get(name, default)
 
+    def of_wall(self, seconds: float, what: str = "") -> str:
+        """``seconds`` said with their share of the wall time, e.g. "1.50 s = 12% of the wall"."""
+        return f"{seconds:.2f} s{what} = {seconds / self.wall:.0%} of the wall"
+
     def phase(self, name: str) -> Mapping[str, Any]:
         """A phase's recorded totals (seconds, count): {} when it never ran."""
         return (self.timing.get("phases") or {}).get(name, {})
@@ -179,7 +183,7 @@ def _data_bound(run: RunRecord, hw: HardwareInfo) -> Found | None:
     persistent = bool(run.facts.persistent_workers) and workers > 0
     restart = (1 if persistent else epochs) * (load + new * WORKER_START_S)  # each (re)start: fork, one batch
     return Found(
-        f"waiting for batches {wait:.2f} s = {wait / run.wall:.0%} of the wall ({1e3 * d:.1f} ms per step vs "
+        f"waiting for batches {run.of_wall(wait)} ({1e3 * d:.1f} ms per step vs "
         f"{1e3 * c:.1f} ms of compute) with num_workers={workers}",
         n * (d - max(0.0, load / new - c)) - restart,
         f"{new} workers load in parallel with compute: wait per step max(0, {1e3 * load:.1f} ms/{new} - compute); "
@@ -231,7 +235,7 @@ def _features(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if not seconds or run.facts.features_cached is not False:
         return None
     return Found(
-        f"featurising took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall, computed afresh in this session",
+        f"featurising took {run.of_wall(seconds)}, computed afresh in this session",
         seconds * (1 - CACHED_READ_SHARE),
         f"every later session reads them back at ~{CACHED_READ_SHARE:.0%} of the compute time (a pickle/npy read)",
         fix="cache them: kitlib.cached(key, compute) (or the notebooks' 01_features, whose cache 02 and 03 read: "
@@ -261,7 +265,7 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Found | None:
             break
     when = f"every {choice} epochs and at the end" if choice else "only at the end"
     return Found(
-        f"{count} full evals took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall ({per:.2f} s each, "
+        f"{count} full evals took {run.of_wall(seconds)} ({per:.2f} s each, "
         f"full_eval_every={every}" + (f"; {count} in {done} epochs: a step cadence" if count > done else "") + ")",
         (count - fewer) * per,
         f"{count} -> {fewer} full evals at {per:.2f} s each",
@@ -280,7 +284,7 @@ def _cheap_eval(run: RunRecord, hw: HardwareInfo) -> Found | None:
     current = run.cfg.get("eval_max_batches") or run.facts.eval_batches_per_eval  # the batches each eval made
     percent = max(1, round(100 * keep))
     return Found(
-        f"eval {seconds:.2f} s = {seconds / run.wall:.0%} of the wall over {run.phase('eval').get('count', 0)} evals",
+        f"eval {run.of_wall(seconds)} over {run.phase('eval').get('count', 0)} evals",
         seconds * (1 - keep),
         f"eval time scales with the batches evaluated: keep {percent}% of them",
         {"eval_max_batches": max(1, int(current * keep))} if current else {},
@@ -323,7 +327,7 @@ def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Found | None:
     else:
         return None  # best-only weights in a background thread: already the cheapest policy
     return Found(
-        f"{saves} saves cost {cost:.2f} s on the critical path = {cost / run.wall:.0%} of the wall ({1e3 * per:.0f} "
+        f"{saves} saves cost {run.of_wall(cost, ' on the critical path')} ({1e3 * per:.0f} "
         f"ms each: CPU snapshot + submit; background writer busy "
         f"{run.phase('checkpoint_write_background').get('seconds', 0.0):.2f} s); "
         f"save_every_steps={every}, save_last={save_last}",
