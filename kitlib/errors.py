@@ -1,6 +1,4 @@
-"""Every error kitlib shows a user, in one place. Each message names what is wrong (the file, column, path or
-setting) and the fix; catch ``KitError`` to handle them all. Lower layers raise these; nothing here imports kitlib.
-"""
+"""Every error kitlib shows a user, each naming what is wrong and the fix; catch ``KitError``. No kitlib imports."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ class SetupError(KitError, ValueError):
 
 # --- data
 class DataError(KitError, ValueError):
-    """The input data cannot be used as given; names the file/column/row and the fix. Catch this one type: the
-    featurisers raise its subclass FeatureInputError."""
+    """Input data that cannot be used as given; names the file/column/row and the fix (FeatureInputError too)."""
 
 
 class FeatureInputError(DataError):
@@ -72,8 +69,7 @@ class NonFiniteLossError(KitError, RuntimeError):
 
 
 class DistributedError(KitError, RuntimeError):
-    """A multi-process (DDP) run cannot work as set up: CUDA already initialised before a fork, parameters no rank
-    computes a gradient for. Names the cause and the fix."""
+    """A DDP run that cannot work as set up (CUDA initialised before a fork, parameters without gradients)."""
 
 
 # --- notebooks and tools
@@ -86,8 +82,7 @@ class MissingModelError(KitError, FileNotFoundError):
 
 
 class RefusedModelError(KitError, ValueError):
-    """A model folder kitlib will not load because loading it would run its publisher's code (a pickle that holds
-    more than tensors, or Python files its config.json asks for); names the folder and the fix."""
+    """A model folder whose loading would run its publisher's code (a non-tensor pickle, config.json's Python files)."""
 
 
 class MissingRunError(KitError, FileNotFoundError):
@@ -96,8 +91,7 @@ class MissingRunError(KitError, FileNotFoundError):
 
 @contextlib.contextmanager
 def damaged_file(path: object, notebook: str) -> Iterator[None]:
-    """A half-written or hand-edited file that does not parse: a MissingRunError naming it and the notebook that
-    writes it again, instead of a JSONDecodeError or KeyError from deep inside the reader."""
+    """A half-written or hand-edited file that does not parse: a MissingRunError naming it and the notebook to rerun."""
     try:
         yield
     except KitError:
