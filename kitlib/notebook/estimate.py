@@ -1,5 +1,4 @@
-"""Rough times for a resolved run, per epoch and for 01, 02 and 03: planning numbers (expect +-2x) at the speed
-00 measured on a CPU, else an assumed one."""
+"""Rough times (+-2x) for a resolved run, per epoch and for 01-03, at 00's measured CPU speed or an assumed one."""
 
 from __future__ import annotations
 
@@ -17,11 +16,9 @@ if TYPE_CHECKING:
 
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric (stages splits by it)
 
-# Non-embedding weights of all-MiniLM-L6-v2: 6 layers x (4 x 384^2 attention + 2 x 384 x 1536 FFN) = 10.6M.
-# Embedding lookups cost no matmul FLOPs, so they are left out.
+# Non-embedding weights of all-MiniLM-L6-v2 (embedding lookups cost no matmul FLOPs)
 MINILM_MATMUL_PARAMS = 10.6e6
-# Measured on this project's 2-core AVX2 CI box: MiniLM-L6 fp32 fwd+bwd ~1,000-1,300 tokens/s and forward ~3,300
-# tokens/s on 2 threads, i.e. ~35 GFLOP/s per core by the 6N/2N rule; 30 leaves room for a busy machine.
+# ~35 GFLOP/s per core measured on the 2-core CI box (docs/measurements.md); 30 leaves room for load
 _CPU_FLOPS_PER_CORE = {"fp32": 30e9, "bf16": 120e9, "fp16": 60e9}  # bf16/fp16 only on AMX/AVX512 CPUs (assumed 4x/2x)
 _GPU_UTILISATION = 0.3  # small encoders at 64-256 tokens are launch/memory-bound: ~20-40% of tensor peak (assumed)
 _UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
@@ -34,23 +31,20 @@ _QUIET_PYTHON_S = 33e-3  # measure_python_s on that core: fixed costs scale by o
 _TOKENIZE_ROWS_PER_S = 5_000.0  # fast tokenizers, per pass (01 makes three)
 _STEP_OVERHEAD_S = 0.005  # Python, optimizer and loader work per optimizer step: a head's whole cost
 _TREES_S = 6.0  # scikit-learn's import (~3 s) and a fit, in 02 per fold and in 03
-# A Kaggle GPU session ends after 12 h (shared/notes/kaggle-and-headless.md); 02's default time budget leaves 03's
-# predicted time and this margin (the outputs' copy, 03's start, steps slower than the average) inside it.
+# A Kaggle GPU session ends after 12 h; 02's default budget leaves 03's time and this margin inside it
 KAGGLE_SESSION_S = 12 * 3600.0
 BUDGET_MARGIN_S = 20 * 60.0
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
 def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tuple[float, str]:
-    """Achieved FLOP/s (6N per trained token; 2N per token of a ``forward`` pass) of one process on ``hw`` in
-    ``dtype``, and what that assumes."""
+    """Achieved FLOP/s of one process on ``hw`` in ``dtype`` (6N per trained token, 2N per forward), and why."""
     device = hw.primary
     if device is None and hw.cpu_flops_now:  # measured by 00 (stages.measured): this CPU as it is, load included
         probe = hw.cpu_bf16_probe if dtype == "bf16" else None
         speedup = probe.speedup if probe is not None and not probe.error else 1.0
         bf16 = f" x {speedup:.1f} for bf16 (its probe)" if speedup != 1.0 else ""
-        # a forward pass runs at the block's measured fp32 forward/training ratio (0.9-1.0 on one quiet Xeon core),
-        # in bf16 times the probe's forward gain where it measured one (a forward gains more than a training step)
+        # forward at the block's measured forward/training ratio, in bf16 x the probe's forward gain
         ratio = hw.cpu_forward_flops_now / hw.cpu_flops_now if hw.cpu_forward_flops_now else 1.0
         gain = probe.forward_speedup if probe is not None and probe.forward_speedup else speedup
         bf16_fwd = [f"x {gain:.1f} for bf16 in place of x {speedup:.1f}"] if gain != speedup else []
@@ -76,9 +70,7 @@ def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tup
 
 
 def _cpu_slowdown(hw: HardwareInfo) -> float:
-    """How much slower one thread's plain Python ran when 00 measured it than on the quiet core the fixed costs
-    (tokenising, stage starts, per-step Python) were measured on, 1 when not measured. Not the block's slowdown:
-    beside a process holding 1 of 2 cores, the block on 2 threads ran 5x slower and the imports 1.0x (one thread)."""
+    """How much slower one thread's Python ran at 00 than on the quiet core fixed costs came from (1: unknown)."""
     return max(0.5, hw.python_s_now / _QUIET_PYTHON_S) if hw.python_s_now else 1.0
 
 
@@ -104,8 +96,7 @@ def estimate_epoch_seconds(
     samples_per_s: float | None = None,
     model_params: float = MINILM_MATMUL_PARAMS,
 ) -> float:
-    """Rough seconds per epoch (expect +-2x), rows capped at the preset's ``row_limit``: ``n_rows / samples_per_s``
-    when measured, else tokens x FLOPs per token (6N trained, 2N for the head regime's pass) at an assumed FLOP/s."""
+    """Rough seconds per epoch (+-2x), rows capped at ``row_limit``: measured samples/s, else tokens x FLOPs/token."""
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
     if samples_per_s is not None:
@@ -138,8 +129,7 @@ class RunEstimate:
 
     @property
     def sessions(self) -> int:
-        """Kaggle GPU sessions the run needs: each trains for 12 h less 03's time and a margin (02's default
-        time_budget there), the last one predicts too."""
+        """Kaggle GPU sessions needed: each trains 12 h less 03's time and a margin; the last one predicts too."""
         per_session = max(1.0, KAGGLE_SESSION_S - self.infer_s - BUDGET_MARGIN_S)
         return max(1, math.ceil((self.features_s + self.train_s) / per_session))
 
@@ -171,9 +161,8 @@ def estimate_run(
     folds: int = 1,
     trees: bool = False,
 ) -> RunEstimate:
-    """Rough seconds for 01, 02 and 03 of ``resolved`` on ``n_rows`` training and ``n_test`` test rows on ``hw``
-    (expect +-2x): encoder FLOPs where the regime runs the encoder, plus each stage's start and each step's overhead,
-    times ``folds``; ``trees`` adds the blend's fits."""
+    """Rough seconds (+-2x) for 01, 02 and 03 of ``resolved`` on ``hw``: encoder FLOPs plus stage/step overheads, x
+    ``folds``; ``trees`` adds the blend's fits."""
     if n_rows < 0 or n_test < 0:
         raise ValueError(f"n_rows and n_test must be >= 0, got {n_rows} and {n_test}")
     cfg, regime = resolved.config, resolved.regime
