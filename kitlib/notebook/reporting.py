@@ -1,5 +1,5 @@
-"""``report_to``: 02's history rows and verdict, logged to TensorBoard (``work_dir/tensorboard/<run>``, outside
-run/) or Weights & Biases by a fit callback on the main process only; "none" adds nothing."""
+"""``report_to``: 02's history rows and verdict to TensorBoard (``work_dir/tensorboard/<run>``) or W&B, main
+process only; "none" adds nothing."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kitlib.errors import SetupError
 
-# lazy: torch (+1.0 s), wandb (+1 s): only a fit that logs needs them; 00 checks without them (wandb: a guess, not
-# installed here).
+# lazy: torch (+1.0 s), wandb (+1 s, a guess): only a fit that logs needs them
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -29,8 +28,7 @@ def check_report_to(name: str) -> None:
 
 
 class Report:
-    """Logs each epoch's history row (its numbers, at the epoch), and the metrics a background eval adds to a row
-    already logged."""
+    """Logs each epoch's history row, and metrics a background eval adds to a row already logged."""
 
     order = 0
 

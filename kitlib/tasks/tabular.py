@@ -1,5 +1,5 @@
-"""Numeric and categorical columns as model inputs, fitted on the training rows and saved (plain JSON) with the
-features: heavy-tailed numbers log1p'ed, then standardised, missing -> 0 plus a flag; rare/unseen categories -> 0."""
+"""Tabular columns as model inputs, fitted on training rows and saved as JSON: log1p'ed heavy tails, standardised,
+missing -> 0 + flag, rare/unseen categories -> 0."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from kitlib.data.tables import check_finite
 from kitlib.errors import DataError
 from kitlib.tasks.targets import heavy_tailed
 
-# lazy: pandas (+0.2 s): only fitting columns on a DataFrame needs it (python -X importtime).
+# lazy: pandas (+0.2 s): only fitting columns on a DataFrame needs it
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,8 +123,7 @@ def numeric_values(df: pd.DataFrame, name: str, path: Path | str) -> np.ndarray:
 
 
 def _category_strings(df: pd.DataFrame, name: str, path: Path | str) -> pd.Series:
-    """The column's values as text, the same whatever dtype pandas read: a code column with a blank somewhere is read
-    as floats (2001.0), and must still match the 2001 of a file without blanks."""
+    """The column's values as text whatever dtype pandas read (2001.0 from a column with blanks matches 2001)."""
     _require(df, name, path, "categorical")
     col = df[name]
     if col.dtype.kind == "f":
