@@ -1,5 +1,4 @@
-"""Files never half-written (``write_atomic``: temp sibling, fsync, ``os.replace``) and the manifest of
-``FileRecord`` dicts, written last, that proves a folder is complete."""
+"""Never half-written files (``write_atomic``) and the manifest, written last, proving a folder is complete."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Progress bars: a tqdm.auto widget when interactive, a plain-text bar redrawn every ``headless_interval_s`` when
-headless."""
+"""Progress bars: a tqdm.auto widget when interactive, a plain-text bar every ``headless_interval_s`` headless."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Content-addressed feature cache: ``<name>-<key>/`` entries (``data.json`` + ``buffers.bin``, sha256 manifest)
-appear by one atomic rename; nothing is ever unpickled (non-array results are returned uncached)."""
+"""Content-addressed feature cache: entries appear by one atomic rename, sha256-checked; nothing is ever unpickled."""
 
 from __future__ import annotations
 

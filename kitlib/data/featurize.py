@@ -1,5 +1,4 @@
-"""Cached featurisers: token ids, numeric matrices and categorical codes fitted on train, frozen-encoder embeddings;
-bad input raises one ``FeatureInputError`` naming the column before anything is hashed or written."""
+"""Cached featurisers (tokens, numeric, categorical, embeddings); bad input raises one ``FeatureInputError`` first."""
 
 from __future__ import annotations
 

@@ -47,8 +47,7 @@ def _rows(count: int) -> str:
 
 
 def _json_row(line: str, path: Path, n: int) -> dict[str, Any]:
-    """One JSONL line as a row; a chat's ``messages`` become ``prompt`` (turns before the last assistant one, JSON) and
-    ``response``."""
+    """One JSONL line as a row; a chat's ``messages`` become ``prompt`` (JSON turns) and ``response`` (last reply)."""
 
     try:
         row = json.loads(line)

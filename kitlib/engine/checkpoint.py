@@ -1,6 +1,5 @@
-"""Crash-safe checkpoints: a CPU snapshot on the training thread, an atomic directory write (``BackgroundWriter``),
-verified loads; ``manifest.json`` (sizes + sha256) is written last, and two renames swap the directory in
-(docs/measurements.md: the layout and the kill-between-renames case)."""
+"""Crash-safe checkpoints: a CPU snapshot, an atomic directory write (manifest last, two renames), verified loads
+(docs/measurements.md: layout and kill cases)."""
 
 from __future__ import annotations
 
@@ -437,8 +436,7 @@ def latest(run_dir: Path, name: str = "last") -> Path | None:
 
 
 class BackgroundWriter:
-    """Writes on one daemon thread: per target one running, one waiting (newer replaces it); errors re-raise on the next
-    call; close() before exit."""
+    """Writes on one daemon thread, one running and one waiting per target (newer replaces it); close() before exit."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()

@@ -1,5 +1,4 @@
-"""The LM loss without full batch x length x vocab logits: head + cross-entropy in checkpointed chunks, no host sync,
-same mean and gradients; plain-projection heads only (LOSS_CHUNK_MODELS), others use their own ``.loss``."""
+"""The LM loss in checkpointed chunks, never the full logits, for plain-projection heads (LOSS_CHUNK_MODELS)."""
 
 from __future__ import annotations
 

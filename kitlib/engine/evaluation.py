@@ -1,5 +1,4 @@
-"""Evaluation: a cheap loss-only pass, and the full one (``full_eval(model)`` or a ``SplitEval`` whose ``score`` may
-run in a pool while the next epoch trains); fit joins results in epoch order."""
+"""Evaluation: a loss-only pass, and the full one (``full_eval`` or ``SplitEval``, scored maybe in the background)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ FullEval = Callable[[nn.Module], Metrics]
 
 @dataclass(frozen=True)
 class SplitEval:
-    """A full eval in two halves: ``measure(model)`` in the foreground, ``score(measured)`` as ``background_eval`` says
-    ("process" pickles both: define ``score`` at module level)."""
+    """A full eval in halves: ``measure(model)`` in the foreground, ``score(measured)`` as ``background_eval`` says."""
 
     measure: Callable[[nn.Module], Any]
     score: Callable[[Any], Metrics]
@@ -88,8 +86,7 @@ class Pending:
 
 
 class BackgroundEval:
-    """fit's full evaluation: ``measure`` (every rank), ``score`` (now or queued), ``collect`` (epoch order), and
-    state_dict/``rescore`` for evals queued at a save."""
+    """fit's full evaluation: ``measure``, ``score`` (now or queued), ``collect`` in order, ``rescore`` after resume."""
 
     def __init__(self, full_eval: FullEval | SplitEval | None, mode: Mode, *, env: DistEnv, timer: PhaseTimer,
                  every_rank: bool = False) -> None:  # fmt: skip

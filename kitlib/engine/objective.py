@@ -1,5 +1,4 @@
-"""What a step minimises: a micro-batch's mean loss and its item count (rows or scored tokens), so accumulation
-weights micro-batches by their share of the window."""
+"""What a step minimises: a micro-batch's mean loss and its item count, weighting accumulation by share."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``RunRecorder`` (a callback counting host-side, no syncs) and ``RunFacts`` (timing.json's "run" section; older
-files read with missing facts None)."""
+"""``RunRecorder`` (a callback counting host-side, no syncs) and ``RunFacts`` (timing.json's "run" section)."""
 
 from __future__ import annotations
 

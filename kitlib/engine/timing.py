@@ -1,5 +1,4 @@
-"""Wall-clock seconds per phase of a run; on CUDA one step in ``sample_every`` syncs at phase boundaries (async
-kernels otherwise bill the next phase), on CPU every step is true."""
+"""Wall-clock seconds per phase; on CUDA one step in ``sample_every`` syncs at phase boundaries to be true."""
 
 from __future__ import annotations
 

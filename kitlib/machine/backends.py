@@ -1,5 +1,4 @@
-"""Backend speed flags (TF32, cuDNN autotuning, fp32 matmul precision), changed only inside a restoring context (a
-leaked flag would change 03's numbers); the only module knowing both TF32 APIs."""
+"""Backend speed flags (TF32, cuDNN autotuning, matmul precision), changed only inside a restoring context."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""LoRA adapters (peft, optional) on every linear layer of the blocks, a classifier's new parts trained in full;
-``qlora``: the same on 4-bit NF4 weights, CUDA only (reasoned, not measured)."""
+"""LoRA adapters (peft, optional) on the blocks' linear layers; ``qlora`` on 4-bit NF4 weights, CUDA only."""
 
 from __future__ import annotations
 

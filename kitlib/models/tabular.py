@@ -16,8 +16,7 @@ MAX_CATEGORY_DIM = 16  # embedding width per categorical column: min(16, (catego
 
 
 class TabularNet(nn.Module):
-    """``numeric`` [batch, n] (standardised, missing flags) and ``categorical`` ids (0: unseen/rare) -> [batch, labels];
-    the last layer starts at zero, so an untrained net adds nothing."""
+    """``numeric``/``categorical`` columns -> [batch, labels] logits; the zero-init last layer adds nothing at first."""
 
     def __init__(
         self, n_numeric: int, cardinalities: Sequence[int], num_labels: int, *, hidden: int = 64, dropout: float = 0.1

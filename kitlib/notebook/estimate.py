@@ -161,8 +161,7 @@ def estimate_run(
     folds: int = 1,
     trees: bool = False,
 ) -> RunEstimate:
-    """Rough seconds (+-2x) for 01, 02 and 03 of ``resolved`` on ``hw``: encoder FLOPs plus stage/step overheads, x
-    ``folds``; ``trees`` adds the blend's fits."""
+    """Rough seconds (+-2x) for 01, 02, 03 of ``resolved`` on ``hw``, x ``folds``; ``trees`` adds the blend's fits."""
     if n_rows < 0 or n_test < 0:
         raise ValueError(f"n_rows and n_test must be >= 0, got {n_rows} and {n_test}")
     cfg, regime = resolved.config, resolved.regime

@@ -1,5 +1,4 @@
-"""A code competition's rerun: predict a hidden test set with a published run, never training; the model is checked
-against the data and ``inference_limit`` before any work."""
+"""A code competition's rerun: predict a hidden test set with a published run (checked first), never training."""
 
 from __future__ import annotations
 

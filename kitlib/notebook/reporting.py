@@ -1,5 +1,4 @@
-"""``report_to``: 02's history rows and verdict to TensorBoard (``work_dir/tensorboard/<run>``) or W&B, main
-process only; "none" adds nothing."""
+"""``report_to``: 02's history rows and verdict to TensorBoard or W&B from the main process; "none" adds nothing."""
 
 from __future__ import annotations
 

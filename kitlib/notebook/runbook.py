@@ -85,8 +85,7 @@ def run_notebooks(
     timeout_s: int = 3600,
     resume: str = "run the same command again",
 ) -> list[Executed]:
-    """Execute the notebooks in order into ``out_dir``, stopping at the first failure; SIGTERM/SIGINT reach the kernel
-    (which saves ``last/``), and after GRACE_S a RunStopped names ``resume``."""
+    """Execute the notebooks in order into ``out_dir``, stopping at the first failure; signals reach the kernel."""
     import papermill
     from jupyter_client.manager import AsyncKernelManager
     from nbclient.exceptions import DeadKernelError

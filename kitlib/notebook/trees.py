@@ -1,5 +1,4 @@
-"""Gradient-boosted trees (sklearn HistGradientBoosting on the columns and PCA'd embeddings) beside the head
-regime's network on small tables, blended on validation rows in 02, refitted in 03 (nothing pickled)."""
+"""Gradient-boosted trees beside the head regime's network on small tables, blended on the validation rows."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The constant baseline every run is scored against, and the verdict: whether the model beats it beyond the rows'
-noise (a 90% bootstrap interval)."""
+"""The constant baseline every run is scored against, and whether the model beats it beyond a 90% interval."""
 
 from __future__ import annotations
 

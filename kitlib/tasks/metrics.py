@@ -1,5 +1,4 @@
-"""Competition metrics by name, each ``(y_true, y_pred)`` in the competition's units; a user's is
-``"module:function"`` (minimised when it has ``mode = "min"``)."""
+"""Competition metrics by name, ``(y_true, y_pred)`` in the competition's units; a user's is ``"module:function"``."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Execution-based text-to-SQL scoring: result rows compared as multisets (floats to 6 decimals), F1; read-only,
-authorised, timed and row-capped. A failing prediction scores 0; a failing gold query raises DataError."""
+"""Text-to-SQL execution scoring: result rows as multisets, F1; read-only, timed, row-capped (failures score 0)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Tabular columns as model inputs, fitted on training rows and saved as JSON: log1p'ed heavy tails, standardised,
-missing -> 0 + flag, rare/unseen categories -> 0."""
+"""Tabular columns as model inputs, fitted on training rows and saved as JSON (log1p, standardise, rare -> 0)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""How a target becomes what the model learns: class codes, or a standardised (log) number with the loss its metric
-rewards; ``objective`` overrides it."""
+"""How a target becomes what the model learns: class codes, or a standardised (log) number with a metric's loss."""
 
 from __future__ import annotations
 

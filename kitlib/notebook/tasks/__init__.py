@@ -1,5 +1,4 @@
-"""``get_task(name)``: a name in ``TASKS`` (lazy ``module:name``) or your own ``module:name``; unknown names list
-the choices."""
+"""``get_task(name)``: a name in ``TASKS`` or your own ``module:name``; unknown names list the choices."""
 
 from __future__ import annotations
 

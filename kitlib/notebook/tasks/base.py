@@ -1,5 +1,4 @@
-"""What differs between workloads (00 checks, 01 tokens/targets, 02 loaders+model, 03 predictions) behind one
-``Task``; a user's task subclasses it and is named ``task="module:name"`` (docs/guide.md)."""
+"""What differs between workloads, behind one ``Task``; a user's task subclasses it (``task="module:name"``)."""
 
 from __future__ import annotations
 
@@ -157,8 +156,7 @@ class RoughCost:
 
     lengths: np.ndarray | None  # tokens per row as the model reads them; None: whitespace words x its tokenizer's rate
     weights: float  # matmul weights a token passes (embedding lookups left out): 6 x that in FLOPs to train it
-    # (rows, max_length) -> a model step 00 times (kitlib.machine.speed.measure_model_step) to catch what the
-    # FLOP count leaves out (a decoder's targets, an RNN's steps, the output layer)
+    # (rows, max_length) -> a step 00 times, catching what the FLOP count leaves out (decoder targets, RNN steps)
     step: Callable[[int, int | None], ProbeStep] | None = None
 
 

@@ -1,5 +1,4 @@
-"""causal-lm: SFT of a decoder-only LM on prompt -> response pairs (a folder's LM, else a tiny GPT-2); loss on the
-response and </s> only, greedy generation scored in the background, 03 votes over runs (docs/guide.md)."""
+"""causal-lm: SFT of a decoder-only LM on prompt -> response pairs, loss on the response only (docs/guide.md)."""
 
 from __future__ import annotations
 
@@ -211,8 +210,7 @@ class CausalLMTask(TextGenerationTask):
 def response_labels(
     prompt_lengths: Sequence[int] | np.ndarray, responses: Sequence[Sequence[int]], cap: int
 ) -> tuple[np.ndarray, str]:
-    """(labels, note): -100 on the prompt, the response + </s>, -100 padding, at most ``cap`` wide; an over-cap row
-    keeps its response whole if it fits, else the response is cut (losing </s>)."""
+    """(labels, note): -100 on the prompt, the response + </s>, -100 padding, at most ``cap`` wide (long ones cut)."""
     prompt_lengths = np.asarray(prompt_lengths, dtype=np.int64)
     response_lengths = np.array([len(r) for r in responses], dtype=np.int64)
     total = prompt_lengths + response_lengths
@@ -412,8 +410,7 @@ def _build_model(
     train_rows: np.ndarray | None = None,
     attention: str = "sdpa",
 ) -> nn.Module:
-    """The fresh model 02 trains and 03 restores (the folder's, 4-bit for qlora, else the tiny GPT-2), carrying its
-    tokenizer and generation limits; ``attention``: transformers' implementation."""
+    """The fresh model 02 trains and 03 restores (folder's, qlora 4-bit, or tiny GPT-2) with tokenizer and limits."""
     if "model_folder" in side.state:
         tokenizer, model = _folder_model(side.state["model_folder"], adapter, device, frozen_dtype=frozen_dtype)
     else:

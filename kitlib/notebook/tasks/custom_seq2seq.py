@@ -1,5 +1,4 @@
-"""custom-seq2seq: your own encoder-decoder (``model_factory(vocab_size=, pad_id=, eos_id=)``, its own loss and
-``generate``) with seq2seq's tokenizer, loaders, eval and submission (docs/guide.md, "Your own model")."""
+"""custom-seq2seq: your own encoder-decoder (``model_factory``) with seq2seq's pipeline (docs/guide.md)."""
 
 from __future__ import annotations
 

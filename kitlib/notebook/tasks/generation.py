@@ -1,5 +1,4 @@
-"""What every generating task shares (limits from the training targets, the generating full eval, 03's tally and
-vote); a task says only how one batch is generated (``generate_batch``)."""
+"""What every generating task shares; a task says only how one batch is generated (``generate_batch``)."""
 
 from __future__ import annotations
 

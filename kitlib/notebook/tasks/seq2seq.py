@@ -1,5 +1,4 @@
-"""seq2seq: a source text -> a generated target (a folder's AutoModelForSeq2SeqLM, else a tiny T5 and BPE); greedy
-generation scored in the background, 03 decodes with beams and votes over runs."""
+"""seq2seq: a source text -> a generated target (a folder's model, else a tiny T5); 03 decodes with beams."""
 
 from __future__ import annotations
 
@@ -90,8 +89,7 @@ class Seq2SeqTask(TextGenerationTask):
         return TargetSpec("sequence", 0)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """From scratch: a tiny T5 with a larger lr and more epochs (short texts: a steps budget); generation every
-        FULL_EVAL_EVERY epochs."""
+        """From scratch: a tiny T5 with a larger lr and more epochs (short texts: a steps budget)."""
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, freeze="none", full_eval_every=0)
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
@@ -101,8 +99,7 @@ class Seq2SeqTask(TextGenerationTask):
         return summary_source(dataclasses.replace(preset, **changes), p)
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
-        """From scratch: the sources' tokens through the model 01 would build, timed with micro-batch-long targets; a
-        folder's model: the default."""
+        """From scratch: the sources' tokens through the model 01 would build, timed; a folder's model: the default."""
         from kitlib.models.facts import non_embedding_params
 
         if model_folder(p) is not None:
@@ -230,8 +227,7 @@ def _build_model(
     device: str = "cuda",
     train_rows: np.ndarray | None = None,
 ) -> nn.Module:
-    """The fresh model 02 trains and 03 restores (the folder's, 4-bit for qlora, else a tiny T5), with its tokenizer
-    and generation limits."""
+    """The fresh model 02 trains and 03 restores (folder's, qlora 4-bit, or tiny T5) with tokenizer and limits."""
     if "model_folder" in side.state:
         tokenizer, model = _pretrained(side.state["model_folder"], **quantization(adapter, device))  # qlora: 4 bits
     else:
