@@ -116,3 +116,13 @@ class KernelFolderError(KitError, FileExistsError):
 
 class KaggleCLIError(KitError, RuntimeError):
     """The kaggle CLI failed; carries its (redacted) output."""
+
+
+def in_setup(name: str, env: bool = False) -> str:
+    """The shared fix wording: where a user sets parameter ``name`` (``env``: it has a KIT_* variable)."""
+    return "in 00_setup's parameters cell" + (f" (KIT_{name.upper()} headless)" if env else "")
+
+
+def pip_install(package: str, extra: str) -> str:
+    """The shared fix wording for a missing optional package: the pip command, and a checkout's extra."""
+    return f"pip install {package} (a checkout: pip install -e '.[{extra}]')"

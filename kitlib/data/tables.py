@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from kitlib.errors import DataError
+from kitlib.errors import DataError, in_setup
 
 # lazy: pandas (+0.2 s): the CLI and parameter checks need only names here
 
@@ -289,8 +289,8 @@ def infer_target(series: pd.Series, rule: TargetRule = "auto") -> TargetSpec:
             raise DataError(
                 f"target column {name!r} holds {k} distinct whole numbers over {n} rows (~{n / k:.0f} rows each): "
                 "class ids or a quantity? kitlib will not guess. Fix: set task = 'classify' (category codes: the "
-                "submission holds the same integers) or task = 'regress' (a number: predicted as decimals) in "
-                "00_setup's parameters cell (KIT_TASK in headless runs)"
+                f"submission holds the same integers) or task = 'regress' (a number: predicted as decimals) "
+                f"{in_setup('task', env=True)}"
             )
     classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
     k, n = len(classes), len(series)
@@ -299,8 +299,8 @@ def infer_target(series: pd.Series, rule: TargetRule = "auto") -> TargetSpec:
         raise DataError(
             f"target column {name!r} holds {k} distinct texts over {n} rows (e.g. {str(example)[:80]!r}): most rows "
             "have a label of their own, so these are texts to generate, not classes, and a classifier would only "
-            "repeat training labels. kitlib will not guess. Fix: set task in 00_setup's parameters cell (KIT_TASK "
-            "headless): task = 'seq2seq' (a text column -> this text), 'custom-seq2seq' (the same with your own "
+            f"repeat training labels. kitlib will not guess. Fix: set task {in_setup('task', env=True)}: "
+            "task = 'seq2seq' (a text column -> this text), 'custom-seq2seq' (the same with your own "
             "encoder-decoder) or 'causal-lm' (a prompt -> this response) to generate them, or task = 'classify' if "
             "these really are class names"
         )

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from kitlib.config import TrainConfig
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, pip_install
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Op
         import bitsandbytes
     except ImportError as error:
         raise SetupError(
-            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: pip install bitsandbytes (a checkout: pip "
-            "install -e '.[lean]'), or optimizer='adamw'"
+            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: {pip_install('bitsandbytes', 'lean')}, or "
+            "optimizer='adamw'"
         ) from error
     optimizer: torch.optim.Optimizer = bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
     return optimizer
@@ -154,8 +154,8 @@ def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.O
         import optimi
     except ImportError as error:
         raise SetupError(
-            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: pip install torch-optimi (a checkout: pip "
-            "install -e '.[lean]'), or optimizer='adamw' with fp32 weights (model.float())"
+            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: {pip_install('torch-optimi', 'lean')}, or "
+            "optimizer='adamw' with fp32 weights (model.float())"
         ) from error
     optimizer: torch.optim.Optimizer = optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
     return optimizer

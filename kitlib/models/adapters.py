@@ -7,7 +7,7 @@ import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
 
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, pip_install
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): only a 4-bit load needs them
 
@@ -22,7 +22,6 @@ BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsan
 LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models up to 13B)
 # B starts at zero: a rank-16 update needs ~10x full FT's step (unsloth, QLoRA paper: 2e-4 for 7-13B)
 LORA_LR = 2e-4
-_INSTALL = "pip install peft (a checkout: pip install -e '.[lora]')"
 
 
 def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -> str | None:
@@ -36,7 +35,9 @@ def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -
             "adapter = 'none'"
         )
     if importlib.util.find_spec("peft") is None:
-        raise SetupError(f"adapter = {adapter!r} needs the peft package, which is not installed. Fix: {_INSTALL}")
+        raise SetupError(
+            f"adapter = {adapter!r} needs the peft package, which is not installed. Fix: {pip_install('peft', 'lora')}"
+        )
     if adapter == "qlora":
         primary = hw.primary
         if hw.device_type != "cuda" or primary is None:

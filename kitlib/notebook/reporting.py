@@ -6,9 +6,9 @@ import math
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 
-# lazy: torch (+1.0 s), wandb (+1 s, a guess): only a fit that logs needs them
+# lazy: torch (+1.0 s), wandb (+1 s): only a fit that logs needs them (wandb's cost a guess)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -22,7 +22,7 @@ def check_report_to(name: str) -> None:
     if name in PACKAGES and find_spec(PACKAGES[name]) is None:
         raise SetupError(
             f"report_to = {name!r} needs the {PACKAGES[name]} package, which is not installed. Fix: pip install "
-            f"{PACKAGES[name]}, or report_to = 'none' in 00_setup's parameters cell (--report-to none)"
+            f"{PACKAGES[name]}, or report_to = 'none' {in_setup('report_to')} (--report-to none)"
         )
 
 

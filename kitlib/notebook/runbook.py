@@ -18,7 +18,7 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: papermill, jupyter_client, nbclient, nbformat (+0.9 s) and kitlib.engine (+1.0 s, torch)
+# lazy: papermill (+0.5 s), jupyter_client (+0.1 s), nbclient (+0.2 s), nbformat (+0.1 s), kitlib.engine (+1.0 s)
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "path:line: UserWarning: ..." or "UserWarning: ..." (kitlib.progress)

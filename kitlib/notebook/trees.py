@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-# lazy: sklearn (+14 s on a loaded 2-core CPU), threadpoolctl: only a run with trees imports them
+# lazy: sklearn (+14 s), threadpoolctl (+0.1 s): only a run with trees imports them
 
 if TYPE_CHECKING:
     from kitlib.notebook.handoff import Features

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from kitlib.config import Mode
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.tasks.sql_metric import mean_record_f1
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
     if name not in METRICS:
         raise SetupError(
             f"metric = {name!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own. Fix: "
-            "set metric in 00_setup's parameters cell"
+            f"set metric {in_setup('metric', env=True)}"
         )
     metric = METRICS[name]
     if kind not in metric.kinds:

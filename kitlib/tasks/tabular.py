@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.data.tables import check_finite
-from kitlib.errors import DataError
+from kitlib.errors import DataError, in_setup
 from kitlib.tasks.targets import heavy_tailed
 
 # lazy: pandas (+0.2 s): only fitting columns on a DataFrame needs it
@@ -134,6 +134,6 @@ def _category_strings(df: pd.DataFrame, name: str, path: Path | str) -> pd.Serie
 def _require(df: pd.DataFrame, name: str, path: Path | str, role: str) -> None:
     if name not in df.columns:
         raise DataError(
-            f"{path}: no column {name!r} (listed in {role}); available columns: {list(df.columns)}. Fix: {role} in "
-            "00_setup's parameters cell"
+            f"{path}: no column {name!r} (listed in {role}); available columns: {list(df.columns)}. Fix: {role} "
+            f"{in_setup(role)}"
         )

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.notebook.tasks.base import Task
 from kitlib.tasks.metrics import import_object
 
@@ -83,8 +83,8 @@ def get_task(name: str) -> Task:
     if entry is None and ":" not in name:
         raise SetupError(
             f"task = {name!r} is not one of {list(TASKS)} and not a 'module:name' of your own Task. Fix: one of those "
-            "names, or 'my_module:MyTask' (a Task subclass in my_module.py beside the notebooks), as task in "
-            "00_setup's parameters cell (KIT_TASK headless)"
+            "names, or 'my_module:MyTask' (a Task subclass in my_module.py beside the notebooks), as task "
+            f"{in_setup('task', env=True)}"
         )
     found = import_object(entry.ref if entry else name, "task")
     args = entry.args if entry else ()  # e.g. TextTask's name and target rule

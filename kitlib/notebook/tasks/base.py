@@ -17,7 +17,7 @@ from kitlib.notebook.handoff import Features, SideInputs
 from kitlib.progress import advance, progress_bar
 from kitlib.tasks.targets import read_target, regression_loss
 
-# lazy: torch costs +1.0 s and task classes are read (names, presets) without training
+# lazy: torch (+1.0 s): task classes are read (names, presets) without training
 
 if TYPE_CHECKING:
     from collections.abc import Callable

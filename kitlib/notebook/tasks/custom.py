@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kitlib.data.tables import texts_to_generate
 from kitlib.doctor.memory_plan import KNOWN_MODELS
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.tasks.base import Context, Prepared, RoughCost, Task
 from kitlib.notebook.tasks.generation import probe_ids
@@ -117,7 +117,7 @@ def check_factory(p: Params, task: str, arguments: str) -> None:
     if not p.model_factory:
         raise SetupError(
             f"task = {task!r} needs your model: set model_factory = 'file.py:function' (a file beside the notebook, or "
-            f"its full path) or 'package.module:function' in 00_setup's parameters cell; the function gets {arguments} "
+            f"its full path) or 'package.module:function' {in_setup('model_factory')}; the function gets {arguments} "
             "and returns an nn.Module"
         )
     if p.numeric or p.categorical:

@@ -6,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from kitlib.data.tables import MAX_INT_CLASSES
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.models.folders import tiny_requested
 from kitlib.notebook.handoff import SideInputs
 from kitlib.notebook.tasks.base import Params, Task
@@ -75,5 +75,5 @@ class TabularTextTask(TextTask):
         if not (p.numeric or p.categorical):
             raise SetupError(
                 "task = 'tabular-text' needs the columns beside the text: set numeric = [...] and/or categorical = "
-                "[...] in 00_setup's parameters cell (or use task = 'auto' for the text alone)"
+                f"[...] {in_setup('numeric')} (or use task = 'auto' for the text alone)"
             )
