@@ -144,8 +144,7 @@ def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Op
             f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: {pip_install('bitsandbytes', 'lean')}, or "
             "optimizer='adamw'"
         ) from error
-    optimizer: torch.optim.Optimizer = bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
-    return optimizer
+    return bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
 
 
 def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -157,8 +156,7 @@ def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.O
             f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: {pip_install('torch-optimi', 'lean')}, or "
             "optimizer='adamw' with fp32 weights (model.float())"
         ) from error
-    optimizer: torch.optim.Optimizer = optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
-    return optimizer
+    return optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
 
 
 def cast_for_optimizer(model: nn.Module, cfg: TrainConfig, dtype: str) -> str:

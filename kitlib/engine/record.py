@@ -206,8 +206,7 @@ def _compile_times() -> list[float]:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:  # pragma: no cover - torch without dynamo
         return []
-    times: list[float] = compilation_time_metrics.get("_compile.compile_inner", [])
-    return times
+    return compilation_time_metrics.get("_compile.compile_inner", [])
 
 
 def _what_ran(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -50,8 +50,7 @@ class WithTabular(nn.Module):
 
     @property
     def base_model(self) -> nn.Module:  # what freeze="encoder" and freeze_layers look for, as in HF models
-        base: nn.Module = getattr(self.text_model, "base_model", self.text_model)
-        return base
+        return getattr(self.text_model, "base_model", self.text_model)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.text_model.get_input_embeddings()  # type: ignore[operator]
