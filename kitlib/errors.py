@@ -19,7 +19,6 @@ class KitError(Exception):
         return [f"\x1b[1;31m{type(self).__name__}\x1b[0m: {self}"]
 
 
-# --- machine: precision and hardware
 class PrecisionError(KitError, ValueError):
     """An impossible precision/hardware combination (bf16 on a T4, TF32 before Ampere); names the fix."""
 
@@ -32,17 +31,14 @@ class CompileError(KitError, ValueError):
     """torch.compile cannot work on this machine (a GPU too old for Triton); names the fix."""
 
 
-# --- files
 class DiskFullError(KitError, OSError):
     """A write ran out of space (or quota); names the file, the free space, and says nothing was replaced."""
 
 
-# --- set-up
 class SetupError(KitError, ValueError):
     """A parameter cannot work as given (a working dir that is a file, read-only, or the data dir itself)."""
 
 
-# --- data
 class DataError(KitError, ValueError):
     """Input data that cannot be used as given; names the file/column/row and the fix (FeatureInputError too)."""
 
@@ -55,7 +51,6 @@ class CacheError(KitError, RuntimeError):
     """The feature cache cannot be used as configured."""
 
 
-# --- engine
 class CheckpointError(KitError, RuntimeError):
     """A checkpoint cannot be written or loaded; names the directory, the problem and the fix."""
 
@@ -72,7 +67,6 @@ class DistributedError(KitError, RuntimeError):
     """A DDP run that cannot work as set up (CUDA initialised before a fork, parameters without gradients)."""
 
 
-# --- notebooks and tools
 class MissingDataError(KitError, FileNotFoundError):
     """The data dir given in the parameters does not exist."""
 

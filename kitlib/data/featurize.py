@@ -84,9 +84,6 @@ class CategoricalCodes:
         return tuple(len(self.vocabs[c]) + 1 for c in self.columns)
 
 
-# ---------------------------------------------------------------------------------------------------- validation
-
-
 def _check_texts(texts: Any, what: str = "texts") -> list[str]:
     """A list of str, or one error naming the column and the first bad row."""
     if isinstance(texts, str):
@@ -143,9 +140,6 @@ def _through(
     return cached(fn, *args, cache=cache or None, name=name, ignore=ignore, **kwargs)
 
 
-# ------------------------------------------------------------------------------------------------------- tokens
-
-
 def tokenize_texts(
     texts: Sequence[str] | Any,
     tokenizer: Any,
@@ -187,9 +181,6 @@ def _build_tokens(texts: list[str], tokenizer: Any, max_length: int | None, batc
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return TokenizedTexts(np.concatenate(parts), offsets, max_length)
-
-
-# ---------------------------------------------------------------------------------------------------- table columns
 
 
 def numeric_features(
@@ -314,9 +305,6 @@ def _build_codes(
             learned[col] = vocabs[col]
         codes[:, j] = pd.Index(learned[col]).get_indexer(values) + 1  # unknown: -1 -> 0
     return CategoricalCodes(codes, tuple(frame.columns), learned)
-
-
-# ------------------------------------------------------------------------------------------------------- embeddings
 
 
 def embed_texts(

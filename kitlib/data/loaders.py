@@ -36,7 +36,6 @@ MAX_WORKERS = 4  # collating 32 pre-tokenised rows costs ~0.3 ms: 4 workers keep
 SHM_HEADROOM = 4  # /dev/shm must hold 4x the batches in flight (torch keeps one segment per tensor, plus fragments)
 
 
-# ------------------------------------------------------------------------------------------------ dataset + collate
 class TokenDataset(Dataset[Any]):
     """Token id rows stored flat (ids + offsets: forked workers share pages), optional labels; items (ids, label)."""
 
@@ -141,7 +140,6 @@ def _split_item(item: Any) -> tuple[Any, Any]:
     return item, None
 
 
-# ------------------------------------------------------------------------------------------------------- workers
 def seed_worker(worker_id: int) -> None:
     """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (forked workers share numpy's)."""
     del worker_id  # already folded into torch.initial_seed()
@@ -241,7 +239,6 @@ class KitDataLoader(DataLoader[Any]):
         yield from it
 
 
-# ----------------------------------------------------------------------------------------------------- factories
 def _lengths_of(dataset: Any, lengths: Sequence[int] | np.ndarray | None, cfg: TrainConfig) -> np.ndarray | None:
     raw = lengths if lengths is not None else getattr(dataset, "lengths", None)
     if raw is None:
@@ -389,6 +386,3 @@ def restore_order(loader: DataLoader[Any], outputs: Any) -> Any:
     if isinstance(outputs, torch.Tensor):
         return outputs[torch.from_numpy(inverse)]
     return np.asarray(outputs)[inverse]
-
-
-# -------------------------------------------------------------------------------------------------------- resume

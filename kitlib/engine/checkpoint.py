@@ -179,9 +179,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(cuda.cpu())
 
 
-# --------------------------------------------------------------------------------------------------- write
-
-
 def _rename(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
@@ -349,9 +346,6 @@ def write(snap: Snapshot, directory: Path) -> Path:
     return directory
 
 
-# --------------------------------------------------------------------------------------------------- load
-
-
 def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: bool = True) -> Snapshot:
     """Read a checkpoint written by write(), checked first (sizes always, sha256 if ``verify``)."""
     target = _resolve(Path(directory))
@@ -430,9 +424,6 @@ def latest(run_dir: Path, name: str = "last") -> Path | None:
     """The complete checkpoint ``run_dir/name`` (or its surviving copy after a kill mid-swap), else None."""
     found = _resolve(Path(run_dir) / name)
     return found if found is not None and _complete(found) is not None else None
-
-
-# --------------------------------------------------------------------------------------------------- background
 
 
 class BackgroundWriter:

@@ -61,7 +61,6 @@ class CausalLMTask(TextGenerationTask):
     def __init__(self, name: str = "causal-lm") -> None:
         self.name = name
 
-    # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
         if p.text == p.target:
             raise SetupError(
@@ -117,7 +116,6 @@ class CausalLMTask(TextGenerationTask):
             return None
         return TINY_GPT2["n_embd"], TINY_GPT2["n_inner"], TINY_GPT2["n_head"]
 
-    # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
@@ -164,7 +162,6 @@ class CausalLMTask(TextGenerationTask):
             print("batching: 02 measures packed rows against length buckets on the training device, the faster trains")
         return run
 
-    # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(self, ctx: Context) -> Prepared:
         feats, hw, split, seed = ctx.feats, ctx.hw, ctx.split, ctx.seed
         cfg, tokens, y, pad = feats.run.config, feats.train_tokens, feats.labels, feats.pad_id
@@ -363,7 +360,6 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
     return [row[keep] for row, keep in zip(ids, mask, strict=True)]
 
 
-# ------------------------------------------------------------------------------------------------------ the model
 def _folder_model(
     folder: str,
     adapter: str = "none",

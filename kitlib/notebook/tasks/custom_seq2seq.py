@@ -41,7 +41,6 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
     def __init__(self) -> None:
         super().__init__("custom-seq2seq")
 
-    # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
         super().check(p)
         if p.text == p.target:
@@ -64,7 +63,6 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
         """Your model, as 02 builds it for ``tokenizer``."""
         return build_model(p.model_factory, _sizes(tokenizer), p.seed)
 
-    # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
@@ -76,7 +74,6 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         return {"tokenizer": tokenizer.backend_tokenizer.to_str(), "model_factory": p.model_factory}
 
-    # ---------------------------------------------------------------------------------------------------- 02 train
     def sizes(self, ctx: Context) -> dict[str, int]:
         return _sizes(tokenizer_from_json(ctx.feats.side.state["tokenizer"]))
 
@@ -87,7 +84,6 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
         setattr(model, "kitlib_limits", target_limits(ctx.feats.labels, tokenizer, ctx.split[0]))  # noqa: B010
         _check_model(model, loader, spec)
 
-    # ---------------------------------------------------------------------------------------------------- 03 infer
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         model = getattr(model, "module", model)
         limits = limits_of(model)

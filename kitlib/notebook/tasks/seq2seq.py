@@ -75,7 +75,6 @@ class Seq2SeqTask(TextGenerationTask):
     def __init__(self, name: str = "seq2seq") -> None:
         self.name = name
 
-    # ---------------------------------------------------------------------------------------------------- 00 setup
     def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         not_text = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
         if not_text.any():
@@ -123,7 +122,6 @@ class Seq2SeqTask(TextGenerationTask):
         """The model 02 trains when no folder is named: a tiny T5 for ``tokenizer``, seeded."""
         return tiny_seq2seq(tokenizer, seed=p.seed)
 
-    # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
@@ -154,7 +152,6 @@ class Seq2SeqTask(TextGenerationTask):
         print(f"targets: {width} tokens, {whole} ({longest}; median {int(np.median(lengths))})")
         return labels
 
-    # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(self, ctx: Context) -> Prepared:
         feats = ctx.feats
         model = _build_model(feats.side, ctx.seed, feats.labels, feats.run.config.adapter, ctx.hw.device_type,
