@@ -223,8 +223,8 @@ class KitDataLoader(DataLoader[Any]):
                 raise
             warnings.warn(
                 f"kitlib: DataLoader workers crashed on the first batch ({str(err).splitlines()[0]}); continuing "
-                "with num_workers=0 (same batches, loaded in the training process). Usual cause: a small /dev/shm "
-                "(Docker's default is 64 MB). Pass TrainConfig(num_workers=0) to skip the attempt.",
+                "with num_workers=0. Usual cause: a small /dev/shm (Docker's default is 64 MB). Pass "
+                "TrainConfig(num_workers=0) to skip the attempt.",
                 RuntimeWarning,
                 stacklevel=2,
             )

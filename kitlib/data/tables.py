@@ -298,8 +298,8 @@ def infer_target(series: pd.Series, rule: TargetRule = "auto") -> TargetSpec:
         example = max(classes, key=lambda c: len(str(c)))
         raise DataError(
             f"target column {name!r} holds {k} distinct texts over {n} rows (e.g. {str(example)[:80]!r}): most rows "
-            "have a label of their own, so these are texts to generate, not classes, and a classifier would only "
-            f"repeat training labels. kitlib will not guess. Fix: set task {in_setup('task', env=True)}: "
+            "have a label of their own: texts to generate, not classes. kitlib will not guess. Fix: set task "
+            f"{in_setup('task', env=True)}: "
             "task = 'seq2seq' (a text column -> this text), 'custom-seq2seq' (the same with your own "
             "encoder-decoder) or 'causal-lm' (a prompt -> this response) to generate them, or task = 'classify' if "
             "these really are class names"

@@ -1,5 +1,4 @@
-"""Crash-safe checkpoints: a CPU snapshot, an atomic directory write (manifest last, two renames), verified loads
-(docs/measurements.md: layout and kill cases)."""
+"""Crash-safe checkpoints: CPU snapshot, atomic directory write, verified load (docs/measurements.md: layout, kills)."""
 
 from __future__ import annotations
 

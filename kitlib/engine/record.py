@@ -86,7 +86,6 @@ class RunFacts:
         return cls(**{k: v for k, v in known_fields(cls, data or {}).items() if v is not None})
 
 
-# The TrainConfig fields a run's facts repeat as they are.
 _CONFIG_FACTS = ("time_budget_s", "full_eval_every", "save_best", "save_last", "save_every_steps", "batching")
 
 

@@ -29,8 +29,7 @@ def check_master_weights(
         f"{len(half)} trainable weight(s) are {dtypes} (e.g. {half[0][0]!r}): kitlib trains fp32 master weights "
         f"under fp16/bf16 autocast, and {dtypes} weights would not learn (updates below their resolution are lost; "
         "a GradScaler refuses fp16 gradients). Fix: model.float() before fit (autocast still computes in half "
-        "precision; kitlib's loaders do this for a half-precision checkpoint), or, for bf16 weights, "
-        "TrainConfig(optimizer='adamw-kahan'): it keeps the updates (Kahan summation)"
+        "precision), or, for bf16 weights, TrainConfig(optimizer='adamw-kahan'), which keeps the updates"
     )
 
 

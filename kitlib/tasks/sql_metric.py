@@ -121,9 +121,8 @@ def check_references(queries: pd.Series, database: Path, *, source: str, timeout
         query = str(queries[row])
         raise DataError(
             f"{source}: the reference query at row {row} fails on {database.name} ({failed[query]}): {query!r} "
-            f"({int(bad.sum())} such row(s)). record_f1 scores a generated query by the rows its reference returns, "
-            "so every reference must be read-only SQL that runs (no INSERT, UPDATE, DROP, ...). Fix: correct or drop "
-            "those rows"
+            f"({int(bad.sum())} such row(s)). record_f1 scores by the rows a reference returns: each must be "
+            "read-only SQL that runs (no INSERT, UPDATE, DROP, ...). Fix: correct or drop those rows"
         )
 
 

@@ -1,5 +1,4 @@
-"""custom: your own ``nn.Module`` (``model_factory`` = ``file.py:function`` or ``module:function``) on the text's
-tokens with kitlib's loaders, fit and inference. It runs your code: name only code you trust (docs/guide.md)."""
+"""custom: your own ``nn.Module`` (``model_factory``) with kitlib's loaders, fit and inference; it runs your code."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ class CustomTask(OwnModel, TextTask):
             raise SetupError(
                 f"task = 'custom' trains your module to predict a class or a number, but target {column.name!r} holds "
                 f"{column.nunique()} distinct texts over {len(column)} rows: texts to generate. Fix: set task = "
-                "'custom-seq2seq' for your own encoder-decoder (model_factory's module with its own loss and a "
-                "generate method: README, 'Your own model'), or task = 'seq2seq' for kitlib's"
+                "'custom-seq2seq' for your own encoder-decoder (README, 'Your own model'), or task = 'seq2seq'"
             )
         return super().target(column, p, metric)
 

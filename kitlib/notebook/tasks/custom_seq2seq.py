@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.tasks.base import Context, Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
-# passed to generate only when it names them
 OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size", "max_copies", "logits_processor")
 # random weights (docs/measurements.md)
 FROM_SCRATCH_LR = 3e-3
