@@ -69,8 +69,8 @@ def explain_disk_full(path: Path, what: str) -> Iterator[None]:
         raise DiskFullError(
             f"no space left writing {what} {path} ({free / 1e9:.2f} GB free on {where}; {os.strerror(code)}); nothing "
             "was replaced, the previous version is intact. Fix: free space (delete run.prev/ or old runs; python -m "
-            "kitlib cache clear for the feature cache) or point work_dir at a bigger disk (for 'File too large': not "
-            "FAT32, or raise ulimit -f)"
+            "kitlib cache clear for the feature cache) or point work_dir at a bigger disk (for 'File too large': one "
+            "without a file-size limit, e.g. not FAT32, or raise ulimit -f)"
         ) from err
 
 
