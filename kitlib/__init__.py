@@ -1,5 +1,4 @@
-"""kitlib: fast, painless model training in Kaggle/Colab/Jupyter notebooks. Importing it does no work (no
-hardware probe, no torch): public names resolve lazily on first use (PEP 562)."""
+"""kitlib: model training in Kaggle/Colab/Jupyter notebooks; importing it does no work (PEP 562 lazy names)."""
 
 from __future__ import annotations
 

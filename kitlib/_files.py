@@ -1,5 +1,4 @@
-"""Files that are never half-written (``write_atomic``: temp sibling, fsync, ``os.replace``), and the manifest
-of ``FileRecord`` dicts (``{"bytes": n, "sha256": hex}``, written last) that proves a folder is complete."""
+"""Never half-written files (``write_atomic``) and the manifest, written last, proving a folder is complete."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def fsync_dir(path: Path) -> None:
         fsync_file(path)
 
 
-# Disk full; quota exceeded (shared home dirs, Drive); a file over the filesystem's or the process's size limit
-# (FAT32's 4 GB, ulimit -f): each means "this write does not fit here", with the same fix.
+# "this write does not fit here": disk full, quota exceeded, a file over FAT32's 4 GB or ulimit -f
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
@@ -59,8 +57,7 @@ def free_bytes(path: Path) -> tuple[int, Path]:
 
 @contextlib.contextmanager
 def explain_disk_full(path: Path, what: str) -> Iterator[None]:
-    """Turn "No space left on device" while writing ``what`` to ``path`` into one message naming the file, the free
-    space and the fix. Callers write to a temporary sibling first, so the previous version is still in place."""
+    """ "No space left on device" writing ``what`` to ``path`` as one message with the file, free space and fix."""
     try:
         yield
     except Exception as err:
@@ -78,8 +75,7 @@ def explain_disk_full(path: Path, what: str) -> Iterator[None]:
 
 
 def write_atomic(path: str | os.PathLike[str], content: str | bytes | memoryview | Callable[[BinaryIO], None]) -> Path:
-    """Write ``content`` (text as UTF-8, bytes, or a function writing a binary file) to ``path`` atomically; returns it.
-    Cost: one fsync of the file (a few ms on a local disk) and one of its folder."""
+    """Write ``content`` (text, bytes, or a binary writer) to ``path`` atomically; one fsync of file and folder."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -157,15 +153,13 @@ def read_checked(path: Path, record: Mapping[str, object]) -> bytearray:
 
 
 def known_fields(cls: Any, saved: Mapping[str, Any]) -> dict[str, Any]:
-    """``saved``'s entries that the dataclass ``cls`` declares: a file a newer kitlib wrote, with fields this one
-    lacks, still reads (its missing fields take their defaults)."""
+    """``saved``'s entries that dataclass ``cls`` declares (a newer kitlib's file still reads)."""
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in saved.items() if k in names}
 
 
 def read_json_object(path: Path | None) -> dict[str, Any]:
-    """A JSON object file's contents (a cache of measurements keyed per machine); {} when there is none, or it is
-    damaged or not an object: measured again and rewritten by its owner."""
+    """A JSON object file's contents; {} when absent, damaged or not an object (its owner measures and rewrites it)."""
     try:
         data = json.loads(path.read_text()) if path is not None else {}
     except (OSError, ValueError):

@@ -1,6 +1,4 @@
-"""Every error kitlib shows a user, in one place. Each message names what is wrong (the file, column, path or
-setting) and the fix; catch ``KitError`` to handle them all. Lower layers raise these; nothing here imports kitlib.
-"""
+"""Every error kitlib shows a user, each naming what is wrong and the fix; catch ``KitError``. No kitlib imports."""
 
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ class KitError(Exception):
         return [f"\x1b[1;31m{type(self).__name__}\x1b[0m: {self}"]
 
 
-# --- machine: precision and hardware
 class PrecisionError(KitError, ValueError):
     """An impossible precision/hardware combination (bf16 on a T4, TF32 before Ampere); names the fix."""
 
@@ -34,20 +31,16 @@ class CompileError(KitError, ValueError):
     """torch.compile cannot work on this machine (a GPU too old for Triton); names the fix."""
 
 
-# --- files
 class DiskFullError(KitError, OSError):
     """A write ran out of space (or quota); names the file, the free space, and says nothing was replaced."""
 
 
-# --- set-up
 class SetupError(KitError, ValueError):
     """A parameter cannot work as given (a working dir that is a file, read-only, or the data dir itself)."""
 
 
-# --- data
 class DataError(KitError, ValueError):
-    """The input data cannot be used as given; names the file/column/row and the fix. Catch this one type: the
-    featurisers raise its subclass FeatureInputError."""
+    """Input data that cannot be used as given; names the file/column/row and the fix (FeatureInputError too)."""
 
 
 class FeatureInputError(DataError):
@@ -58,7 +51,6 @@ class CacheError(KitError, RuntimeError):
     """The feature cache cannot be used as configured."""
 
 
-# --- engine
 class CheckpointError(KitError, RuntimeError):
     """A checkpoint cannot be written or loaded; names the directory, the problem and the fix."""
 
@@ -72,11 +64,9 @@ class NonFiniteLossError(KitError, RuntimeError):
 
 
 class DistributedError(KitError, RuntimeError):
-    """A multi-process (DDP) run cannot work as set up: CUDA already initialised before a fork, parameters no rank
-    computes a gradient for. Names the cause and the fix."""
+    """A DDP run that cannot work as set up (CUDA initialised before a fork, parameters without gradients)."""
 
 
-# --- notebooks and tools
 class MissingDataError(KitError, FileNotFoundError):
     """The data dir given in the parameters does not exist."""
 
@@ -86,8 +76,7 @@ class MissingModelError(KitError, FileNotFoundError):
 
 
 class RefusedModelError(KitError, ValueError):
-    """A model folder kitlib will not load because loading it would run its publisher's code (a pickle that holds
-    more than tensors, or Python files its config.json asks for); names the folder and the fix."""
+    """A model folder whose loading would run its publisher's code (a non-tensor pickle, config.json's Python files)."""
 
 
 class MissingRunError(KitError, FileNotFoundError):
@@ -96,8 +85,7 @@ class MissingRunError(KitError, FileNotFoundError):
 
 @contextlib.contextmanager
 def damaged_file(path: object, notebook: str) -> Iterator[None]:
-    """A half-written or hand-edited file that does not parse: a MissingRunError naming it and the notebook that
-    writes it again, instead of a JSONDecodeError or KeyError from deep inside the reader."""
+    """A half-written or hand-edited file that does not parse: a MissingRunError naming it and the notebook to rerun."""
     try:
         yield
     except KitError:
@@ -122,3 +110,13 @@ class KernelFolderError(KitError, FileExistsError):
 
 class KaggleCLIError(KitError, RuntimeError):
     """The kaggle CLI failed; carries its (redacted) output."""
+
+
+def in_setup(name: str, env: bool = False) -> str:
+    """The shared fix wording: where a user sets parameter ``name`` (``env``: it has a KIT_* variable)."""
+    return "in 00_setup's parameters cell" + (f" (KIT_{name.upper()} headless)" if env else "")
+
+
+def pip_install(package: str, extra: str) -> str:
+    """The shared fix wording for a missing optional package: the pip command, and a checkout's extra."""
+    return f"pip install {package} (a checkout: pip install -e '.[{extra}]')"

@@ -1,5 +1,4 @@
-"""Arrays and plain data in a form that runs no code when read: JSON for the structure, raw bytes for arrays
-(numpy/torch arrays, numbers, strings, lists, dicts, kitlib's dataclasses); ``encode`` gives None for anything else."""
+"""Arrays and plain data stored so reading runs no code (JSON + raw bytes); ``encode`` gives None for anything else."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ from typing import Any
 import numpy as np
 
 # lazy: torch (+1.0 s): only tensor entries need it; `import kitlib.data.arrays` stays at numpy's cost.
-
-# torch is imported lazily (+1.0 s): only tensors need it.
 
 RAGGED_MIN = 64  # lists of >= this many same-dtype 1-D arrays become flat + offsets (~1 JSON record per array saved)
 _MAX_DEPTH = 32  # deeper structures are not featurisation results: not stored

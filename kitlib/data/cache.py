@@ -1,6 +1,4 @@
-"""Content-addressed feature cache: an entry ``<name>-<key>/`` (``data.json`` + ``buffers.bin``, checked by a sha256
-manifest) appears by one atomic rename and is rebuilt when damaged. Nothing is ever unpickled: results that are not
-arrays or plain data (:mod:`kitlib.data.arrays`) are returned uncached."""
+"""Content-addressed feature cache: entries appear by one atomic rename, sha256-checked; nothing is ever unpickled."""
 
 from __future__ import annotations
 
@@ -32,7 +30,7 @@ from kitlib.data.fingerprint import fingerprint as fingerprint
 from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
-# lazy: pandas (+0.2 s): only `list()` builds a DataFrame; `import kitlib.data.cache` stays light.
+# lazy: pandas (+0.2 s): only `list()` builds a DataFrame
 
 if TYPE_CHECKING:
     import pandas as pd  # lazy (+0.2 s): only list() needs it
@@ -162,8 +160,7 @@ def _is_read_only(path: Path) -> bool:
 
 
 class Cache:
-    """A feature cache in ``dir`` (default: ``default_cache_dir()``); ``.stats`` adds up. ``seed_dirs``: read-only
-    caches looked up after ``dir``; their hits are copied into ``dir`` (``copy_seed_hits``)."""
+    """A feature cache in ``dir`` (default ``default_cache_dir()``); hits in read-only ``seed_dirs`` are copied in."""
 
     def __init__(
         self,
@@ -295,8 +292,7 @@ class Cache:
         return int(manifest["size_bytes"]) if self._publish(entry, stale, write) else None
 
     def _publish(self, entry: str, stale: str | None, fill: Callable[[Path], Any]) -> bool:
-        """Fill a temp dir and rename it to ``entry``; a problem (disk full, not storable) is a warning, never lost
-        work. A complete entry another writer installed first stays; a damaged one (writer ``stale``) is replaced."""
+        """Fill a temp dir, rename it to ``entry``; problems warn; a complete rival entry stays, a stale one goes."""
         tmp: Path | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -380,8 +376,7 @@ class Cache:
         return sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file() and not f.is_symlink())
 
     def clear(self, older_than: float | timedelta | None = None, name: str | None = None) -> int:
-        """Delete entries (all, older than ``older_than`` seconds, or of one ``name``); returns how many. Only entry
-        folders directly inside ``dir``: never ``dir`` itself, never a symlink's target."""
+        """Delete entries (all, older than ``older_than`` s, or one ``name``) inside ``dir`` only; returns how many."""
         max_age = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         now, removed = time.time(), 0
         for path, manifest in list(self._entries()):

@@ -1,6 +1,4 @@
-"""Cached featurisers: token ids (``tokenize_texts``), numeric matrices and categorical codes fitted on train,
-and mean-pooled frozen-encoder embeddings (``embed_texts``, the expensive one). Bad input raises one
-``FeatureInputError`` naming the column before anything is hashed or written."""
+"""Cached featurisers (tokens, numeric, categorical, embeddings); bad input raises one ``FeatureInputError`` first."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from kitlib.errors import FeatureInputError
 from kitlib.machine.hardware import is_interactive
 from kitlib.progress import advance, progress_bar
 
-# lazy: torch (+1.0 s), pandas (+0.2 s): only embedding and DataFrame inputs need them (tqdm, 0.02 s, is not lazy);
-# `import kitlib.data.featurize` stays at 0.3 s (numpy). Measured with python -X importtime.
+# lazy: torch (+1.0 s), pandas (+0.2 s): only embedding and DataFrame inputs need them
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -87,9 +84,6 @@ class CategoricalCodes:
         return tuple(len(self.vocabs[c]) + 1 for c in self.columns)
 
 
-# ---------------------------------------------------------------------------------------------------- validation
-
-
 def _check_texts(texts: Any, what: str = "texts") -> list[str]:
     """A list of str, or one error naming the column and the first bad row."""
     if isinstance(texts, str):
@@ -146,9 +140,6 @@ def _through(
     return cached(fn, *args, cache=cache or None, name=name, ignore=ignore, **kwargs)
 
 
-# ------------------------------------------------------------------------------------------------------- tokens
-
-
 def tokenize_texts(
     texts: Sequence[str] | Any,
     tokenizer: Any,
@@ -173,8 +164,7 @@ def tokenize_texts(
 def _build_tokens(texts: list[str], tokenizer: Any, max_length: int | None, batch_size: int) -> TokenizedTexts:
     lengths = np.empty(len(texts), dtype=np.int64)
     parts: list[npt.NDArray[np.int32]] = []
-    # Batches of ~1000: the Rust fast tokenizer parallelises inside a batch; one giant call would hold every text's
-    # Python list of ids at once (~100 B per token).
+    # Batches of ~1000: the Rust tokenizer parallelises within one; one call would hold all ids (~100 B/token)
     for start in range(0, len(texts), batch_size):
         ids = tokenizer(
             texts[start : start + batch_size],
@@ -193,9 +183,6 @@ def _build_tokens(texts: list[str], tokenizer: Any, max_length: int | None, batc
     return TokenizedTexts(np.concatenate(parts), offsets, max_length)
 
 
-# ---------------------------------------------------------------------------------------------------- table columns
-
-
 def numeric_features(
     df: pd.DataFrame,
     columns: Iterable[str],
@@ -206,8 +193,7 @@ def numeric_features(
     stats: NumericStats | None = None,
     cache: CacheArg = None,
 ) -> NumericFeatures:
-    """Columns as a float32 matrix: NaN filled, standardised, plus 0/1 missing indicators.
-    Fit on train, reuse on test: ``numeric_features(test_df, cols, stats=train.stats)``."""
+    """Columns as a standardised float32 matrix plus 0/1 missing indicators; on test pass ``stats=train.stats``."""
     cols = _check_frame(df, columns, "numeric_features")
     if stats is not None and list(stats.columns) != cols:
         raise FeatureInputError(f"numeric_features: stats are for columns {list(stats.columns)}, not {cols}")
@@ -287,8 +273,7 @@ def categorical_codes(
     max_categories: int | None = None,
     cache: CacheArg = None,
 ) -> CategoricalCodes:
-    """Columns as int32 codes: 1.. by descending training frequency, 0 for unknown/rare, NaN as ``"<missing>"``,
-    values compared as strings. Reuse on test: ``categorical_codes(test_df, cols, vocabs=train.vocabs)``."""
+    """Columns as int32 codes by training frequency (0: unknown/rare); reuse on test with ``vocabs=train.vocabs``."""
     cols = _check_frame(df, columns, "categorical_codes")
     _positive(min_count=min_count, max_categories=max_categories)
     if vocabs is not None and (absent := [c for c in cols if c not in vocabs]):
@@ -322,9 +307,6 @@ def _build_codes(
     return CategoricalCodes(codes, tuple(frame.columns), learned)
 
 
-# ------------------------------------------------------------------------------------------------------- embeddings
-
-
 def embed_texts(
     texts: Sequence[str] | Any,
     tokenizer: Any,
@@ -339,9 +321,7 @@ def embed_texts(
     progress: bool | str = False,
     cache: CacheArg = None,
 ) -> npt.NDArray[np.float32]:
-    """Mean-pooled hidden states of a frozen encoder, [n_texts, layers * hidden] float32 in input order, the last
-    ``layers`` concatenated, batched longest first. ``precision``: None, a Precision or an autocast factory;
-    ``device``: None keeps the model where it is; ``progress``: a bar's name (True: "embed")."""
+    """Mean-pooled frozen-encoder states, [n_texts, layers * hidden] float32 in input order (last ``layers`` joined)."""
     items = _check_texts(texts)
     _positive(batch_size=batch_size, max_length=max_length, layers=layers)
     autocast = _autocast_factory(precision)

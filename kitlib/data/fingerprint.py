@@ -1,6 +1,4 @@
-"""Content hashes of everything a computation depends on (files, frames, arrays, functions, tokenizers, models,
-containers; ``kitlib_identity()`` where an object defines it), for the cache's keys. Imports neither torch nor
-pandas."""
+"""Content hashes of everything a computation depends on, for the cache's keys (``kitlib_identity()`` where defined)."""
 
 from __future__ import annotations
 
@@ -150,8 +148,7 @@ class _Hasher:
         config = getattr(model, "config", None)
         if config is not None and hasattr(config, "to_dict"):
             self.add({k: v for k, v in config.to_dict().items() if k != "_name_or_path"})  # moved folder: same model
-        # Weights: ~256 evenly strided values per tensor, exact bytes. A fine-tune changes nearly every value, so it is
-        # a miss; full hashing would read all the weights (~0.15 s per 100 MB) on every call.
+        # Weights: ~256 strided values per tensor (full hashing costs ~0.15 s per 100 MB every call)
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             flat = tensor.detach().reshape(-1)
             sample = flat[:: max(1, flat.numel() // 256)].to("cpu").contiguous()

@@ -1,5 +1,4 @@
-"""Row lengths: percentiles, where to truncate, and each batching strategy's padding efficiency (real tokens /
-tokens computed), replayed with kitlib's own samplers. Numpy only; ``table()`` imports pandas."""
+"""Row lengths: percentiles, truncation, and each batching strategy's padding efficiency (kitlib's own samplers)."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from kitlib.data.samplers import (
     round_up,
 )
 
-# lazy: pandas (+0.2 s): only the report table needs it; `import kitlib.data.lengths` stays at 0.2 s (numpy). Measured
-# with python -X importtime.
+# lazy: pandas (+0.2 s): only the report table needs it
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,8 +34,7 @@ def suggest_max_length(lengths: Sequence[int] | np.ndarray, coverage: float = 0.
     arr = as_lengths(lengths)
     if arr.size == 0:
         raise ValueError("no lengths: cannot suggest a max_length for an empty dataset")
-    # The k-th smallest length with k = ceil(coverage * n): at least `coverage` of the rows fit (the epsilon keeps
-    # 0.99 * 100 = 99.00000000000001 from rounding up to 100).
+    # k-th smallest with k = ceil(coverage * n); the epsilon stops 0.99 * 100 rounding up to 100
     k = max(math.ceil(coverage * arr.size - 1e-9), 1)
     length = int(np.partition(arr, k - 1)[k - 1])
     return round_up(max(length, 1), multiple_of)
@@ -113,8 +110,7 @@ def length_report(
     seed: int = 0,
     used: str | None = None,
 ) -> LengthReport:
-    """Length percentiles, truncation at ``max_length`` (default: ``suggest_max_length``) and the padding efficiency
-    of fixed / dynamic / bucket / token-budget batching on epoch 0; ``used`` marks the strategy training uses."""
+    """Length percentiles, truncation at ``max_length`` and each batching's padding efficiency on epoch 0."""
     raw = as_lengths(lengths)
     if raw.size == 0:
         raise ValueError("no lengths: the dataset is empty")

@@ -1,5 +1,4 @@
-"""DataLoader factories with hardware-aware defaults (sampler, workers), a dynamic-padding collate and a
-pre-tokenised dataset; the samplers live in ``kitlib.data.samplers``."""
+"""DataLoader factories with hardware-aware defaults, a dynamic-padding collate and a pre-tokenised dataset."""
 
 from __future__ import annotations
 
@@ -37,10 +36,8 @@ MAX_WORKERS = 4  # collating 32 pre-tokenised rows costs ~0.3 ms: 4 workers keep
 SHM_HEADROOM = 4  # /dev/shm must hold 4x the batches in flight (torch keeps one segment per tensor, plus fragments)
 
 
-# ------------------------------------------------------------------------------------------------ dataset + collate
 class TokenDataset(Dataset[Any]):
-    """Rows of token ids stored flat (ids + offsets: forked workers then share the pages), optional labels.
-    Items are ``(ids, label)``, or ``ids`` alone."""
+    """Token id rows stored flat (ids + offsets: forked workers share pages), optional labels; items (ids, label)."""
 
     def __init__(
         self,
@@ -61,8 +58,7 @@ class TokenDataset(Dataset[Any]):
         self.pad_id = pad_id
         if self.labels is not None and len(self.labels) != len(self):
             raise ValueError(f"{len(self.labels)} labels for {len(self)} token rows: they must match one to one")
-        # Per-row inputs besides the tokens (a task's numeric features, category ids): items become mappings and
-        # the collator stacks them under their names, so ``model(**batch)`` receives them.
+        # Per-row side inputs: items become mappings the collator stacks by name for ``model(**batch)``
         self.side = dict(side or {})
         for name, array in self.side.items():
             if len(array) != len(self):
@@ -84,8 +80,7 @@ class TokenDataset(Dataset[Any]):
 
 
 class PaddingCollator:
-    """Pad a batch to its longest row (rounded up to ``pad_to_multiple_of``; every batch alike with ``fixed_length``)
-    -> input_ids, attention_mask, labels. Rows over ``max_length`` keep their first tokens and their last one."""
+    """Pad a batch to its longest row (or ``fixed_length``) -> input_ids, attention_mask, labels; long rows cut."""
 
     def __init__(
         self,
@@ -132,8 +127,7 @@ class PaddingCollator:
 
 
 def _scored_width(labels: np.ndarray, multiple: int) -> int:
-    """Columns up to the batch's last scored label (IGNORE_INDEX pads), rounded up to ``multiple``: target rows are
-    saved padded to the data's longest, and a decoder pays per column (g2p: 50 saved, a step 1.5x faster at 28)."""
+    """Columns up to the batch's last scored label, rounded to ``multiple``: a decoder pays per column."""
     scored = np.flatnonzero((labels != IGNORE_INDEX).any(axis=0))
     return labels.shape[1] if len(scored) == 0 else min(labels.shape[1], round_up(int(scored[-1]) + 1, multiple))
 
@@ -146,10 +140,8 @@ def _split_item(item: Any) -> tuple[Any, Any]:
     return item, None
 
 
-# ------------------------------------------------------------------------------------------------------- workers
 def seed_worker(worker_id: int) -> None:
-    """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (forked workers would share
-    numpy's)."""
+    """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (forked workers share numpy's)."""
     del worker_id  # already folded into torch.initial_seed()
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
@@ -157,22 +149,18 @@ def seed_worker(worker_id: int) -> None:
 
 
 def default_num_workers(cfg: TrainConfig, hw: HardwareInfo, *, local_world_size: int | None = None) -> tuple[int, str]:
-    """Worker processes for this machine, and why. ``local_world_size``: training processes on this machine (default:
-    LOCAL_WORLD_SIZE, as torchrun and kitlib's launcher set it), which share its CPUs."""
+    """(workers, why) for this machine, sharing its CPUs among ``local_world_size`` training processes."""
     if cfg.num_workers is not None:
         return cfg.num_workers, "set in TrainConfig.num_workers"
     if hw.device_type == "cpu":
-        # The model's matmuls already use every core (intra-op threads); a worker would steal one to collate
-        # pre-tokenised batches that take ~0.3 ms each, and restart every epoch (forked: ~0.1 s, spawned: seconds).
+        # matmuls use every core; a worker would steal one for ~0.3 ms batches and restart each epoch
         return 0, "training on the CPU: workers would compete with the model for cores"
     method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
     if hw.interactive and method != "fork":
         # spawn/forkserver pickle the dataset; classes defined in a notebook cell can't be re-imported by a worker.
         return 0, f"notebook with the {method!r} start method: notebook-defined datasets can't reach workers"
     ranks = max(1, local_world_size if local_world_size is not None else dist_env().local_world_size)
-    # Leave one CPU for each training process itself (Python loop, kernel launches): Kaggle's 4 vCPUs -> 3, or 1
-    # per rank for 2 DDP ranks (each rank starts its own workers); Colab's 2 -> 1. Colab warns above its CPU count
-    # (colabtools#3415).
+    # one CPU per training process for itself: Kaggle's 4 vCPUs -> 3; Colab warns above its count (colabtools#3415)
     workers = max(0, min(hw.cpu_count // ranks - 1, MAX_WORKERS))
     shared = f", shared by {ranks} training processes" if ranks > 1 else ""
     return workers, f"{hw.cpu_count} CPUs on {hw.platform}{shared}: one left for each training process"
@@ -196,8 +184,7 @@ def _shm_limit_workers(
     """0 workers when the batches in flight would not fit /dev/shm (Docker's default is 64 MB)."""
     if workers == 0 or hw.shm_bytes is None or hw.shm_bytes >= 2**30 or not first_batch:
         return workers, None
-    # Measure one real batch (for length-ordered samplers the first is the longest): text batches are ~0.3 MB and
-    # fit a 64 MB /dev/shm easily, image batches often do not.
+    # one real batch (the longest first): text batches ~0.3 MB fit a 64 MB /dev/shm, image ones often not
     batch_bytes = _nbytes(collate([dataset[i] for i in first_batch]))
     need = workers * prefetch * batch_bytes * SHM_HEADROOM
     if need <= hw.shm_bytes:
@@ -218,9 +205,7 @@ def _is_worker_crash(err: BaseException) -> bool:
 
 
 class KitDataLoader(DataLoader[Any]):
-    """A DataLoader that falls back to ``num_workers=0`` (once, with a warning) when its workers crash on the
-    first batch of an iteration: typically a too-small /dev/shm. Errors raised by the dataset's own code propagate.
-    """
+    """A DataLoader falling back to ``num_workers=0`` (warned once) when workers crash on a first batch (/dev/shm)."""
 
     workers_reason: str = ""  # why this many workers (the loader's own record of the choice)
 
@@ -238,8 +223,8 @@ class KitDataLoader(DataLoader[Any]):
                 raise
             warnings.warn(
                 f"kitlib: DataLoader workers crashed on the first batch ({str(err).splitlines()[0]}); continuing "
-                "with num_workers=0 (same batches, loaded in the training process). Usual cause: a small /dev/shm "
-                "(Docker's default is 64 MB). Pass TrainConfig(num_workers=0) to skip the attempt.",
+                "with num_workers=0. Usual cause: a small /dev/shm (Docker's default is 64 MB). Pass "
+                "TrainConfig(num_workers=0) to skip the attempt.",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -254,7 +239,6 @@ class KitDataLoader(DataLoader[Any]):
         yield from it
 
 
-# ----------------------------------------------------------------------------------------------------- factories
 def _lengths_of(dataset: Any, lengths: Sequence[int] | np.ndarray | None, cfg: TrainConfig) -> np.ndarray | None:
     raw = lengths if lengths is not None else getattr(dataset, "lengths", None)
     if raw is None:
@@ -262,7 +246,6 @@ def _lengths_of(dataset: Any, lengths: Sequence[int] | np.ndarray | None, cfg: T
     arr = as_lengths(raw)
     if len(arr) != len(dataset):
         raise ValueError(f"{len(arr)} lengths for a dataset of {len(dataset)} rows: they must match one to one")
-    # Rows are truncated to max_length by the collate, so they cost at most that.
     return np.minimum(arr, cfg.max_length) if cfg.max_length is not None else arr
 
 
@@ -282,8 +265,7 @@ def _width(cfg: TrainConfig, lengths: np.ndarray | None) -> int:
 
 
 def _pad_multiple(cfg: TrainConfig, hw: HardwareInfo) -> int:
-    # Tensor cores want fp16/bf16 matrix dims in multiples of 8, and fewer distinct shapes mean fewer torch.compile
-    # recompiles. On a CPU without compile the rounding is pure waste (~10% more tokens for 30-token reviews).
+    # multiples of 8 for tensor cores and fewer compile shapes; on CPU without compile ~10% wasted tokens
     return 8 if hw.device_type == "cuda" or cfg.compile else 1
 
 
@@ -300,8 +282,7 @@ def _build(
     kwargs: dict[str, Any] = {}
     if workers > 0:
         kwargs.update(prefetch_factor=prefetch, persistent_workers=cuda)  # keep workers across epochs on GPU
-        # The tokenizers library disables its threads after a fork and warns (transformers#5486); the workers only
-        # slice pre-tokenised arrays, so say so up front.
+        # tokenizers warns after a fork (transformers#5486); workers only slice pre-tokenised arrays
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     loader = KitDataLoader(
         dataset,
@@ -326,8 +307,7 @@ def make_train_loader(
     lengths: Sequence[int] | np.ndarray | None = None,
     seed: int | None = None,
 ) -> KitDataLoader:
-    """Shuffled training batches of ``cfg.micro_batch_size`` rows, grouped as ``cfg.batching`` says, drop_last; each
-    DDP rank gets an equal share. Lengths from ``lengths`` or ``dataset.lengths``."""
+    """Shuffled ``cfg.micro_batch_size`` batches grouped by ``cfg.batching``, drop_last, an equal share per DDP rank."""
     seed = cfg.seed if seed is None else seed
     lens = _lengths_of(dataset, lengths, cfg)
     rank, world = _rank_world()
@@ -377,8 +357,7 @@ def make_eval_loader(
     collate: Any = None,
     lengths: Sequence[int] | np.ndarray | None = None,
 ) -> KitDataLoader:
-    """Every row once in batches of ``micro_batch_size * eval_batch_factor``, longest first when lengths are known;
-    ``restore_order(loader, outputs)`` maps outputs back to row order."""
+    """Every row once, ``micro_batch_size * eval_batch_factor`` rows a batch, longest first; see ``restore_order``."""
     lens = _lengths_of(dataset, lengths, cfg)
     bs = cfg.micro_batch_size * cfg.eval_batch_factor
     sampler: Any = (
@@ -407,6 +386,3 @@ def restore_order(loader: DataLoader[Any], outputs: Any) -> Any:
     if isinstance(outputs, torch.Tensor):
         return outputs[torch.from_numpy(inverse)]
     return np.asarray(outputs)[inverse]
-
-
-# -------------------------------------------------------------------------------------------------------- resume

@@ -1,5 +1,4 @@
-"""Hashed word n-grams with tf-idf weights, the bag-of-words half of the ``fast`` head: crc32 buckets (stable
-across processes, no vocabulary), fixed-width rows of ids and weights for ``nn.EmbeddingBag(mode="sum")``."""
+"""Hashed word n-grams with tf-idf weights (crc32 buckets, no vocabulary) in fixed-width rows for EmbeddingBag."""
 
 from __future__ import annotations
 

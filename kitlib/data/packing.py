@@ -1,5 +1,4 @@
-"""Padding-free packing for causal-LM training: a batch's examples end to end in one row, ``position_ids``
-restarting per example (transformers then masks across examples), each example's first label -100."""
+"""Padding-free causal-LM packing: examples end to end in a row, ``position_ids`` restarting per example."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ FLASH = "flash_attention_2"  # transformers' name for flash-attn 2's kernels (va
 
 
 def packed_attention(device_type: str) -> str:
-    """The attention packed rows train through: flash-attn 2's varlen kernel where flash_attn is installed and the run
-    is on CUDA (reasoned, not measured), else SDPA with transformers' block-diagonal mask."""
+    """Packed rows' attention: flash-attn 2 varlen on CUDA where installed (reasoned), else SDPA with a block mask."""
     if device_type != "cuda" or importlib.util.find_spec("flash_attn") is None:
         return "sdpa"
     from transformers import PreTrainedModel
@@ -50,8 +48,7 @@ class PackedBatch(dict[str, torch.Tensor]):
 
 
 class PackingCollator:
-    """Items ``(ids, labels)`` laid end to end in rows of up to ``width`` tokens (``None``: one row, for flash varlen),
-    yielding input_ids, position_ids and labels; a row's padding is a segment of its own, never attended or scored."""
+    """Items ``(ids, labels)`` end to end in rows of <= ``width`` tokens; padding is its own segment, never attended."""
 
     def __init__(self, width: int | None = None, pad_id: int = 0, pad_to_multiple_of: int = 1) -> None:
         self.width, self.pad_id, self.multiple = width, pad_id, max(1, pad_to_multiple_of)

@@ -1,5 +1,4 @@
-"""Read a competition table and check it before any work is spent on it; read its target column (a TargetSpec).
-Every problem raises one ``DataError`` naming the file, column, first bad row and fix."""
+"""Read a competition table, check it before work is spent, read its target (a TargetSpec); one ``DataError`` each."""
 
 from __future__ import annotations
 
@@ -12,10 +11,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from kitlib.errors import DataError
+from kitlib.errors import DataError, in_setup
 
-# lazy: pandas (+0.2 s): `import kitlib.data.tables` stays at 0.2 s (numpy) for the CLI and the parameter checks that
-# only need its names. Measured with python -X importtime.
+# lazy: pandas (+0.2 s): the CLI and parameter checks need only names here
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,8 +23,7 @@ if TYPE_CHECKING:
 TargetKind = Literal["binary", "multiclass", "regression", "sequence"]  # sequence: a text to generate (seq2seq)
 
 MAX_INT_CLASSES = 20  # integer targets with at most this many distinct values are classes (ratings 1-5, ids 0-9)
-# A text cell above this many characters is an export accident (a whole file in one cell): models read at most a
-# few thousand tokens of it, but tokenizing it costs ~100x its size in memory (a 100 MB cell: ~10 GB, in 00 and 01).
+# a larger text cell is an export accident: tokenizing costs ~100x its size in memory
 MAX_TEXT_CHARS = 1_000_000
 
 
@@ -50,9 +47,7 @@ def _rows(count: int) -> str:
 
 
 def _json_row(line: str, path: Path, n: int) -> dict[str, Any]:
-    """One JSONL line as a row. A chat's ``messages`` (role/content turns) become ``prompt`` (the turns before the
-    last assistant one, as JSON: the causal-lm task renders them through the tokenizer's chat template) and
-    ``response`` (that assistant turn; absent when the chat ends on another turn, as a test row does)."""
+    """One JSONL line as a row; a chat's ``messages`` become ``prompt`` (JSON turns) and ``response`` (last reply)."""
 
     try:
         row = json.loads(line)
@@ -96,8 +91,7 @@ def read_table(
     id: str | None = None,
     rule: TargetRule = "auto",
 ) -> pd.DataFrame:
-    """Read a CSV/TSV/Parquet/JSONL table and check the columns kitlib uses: rows exist, the columns exist, text
-    cells are strings (blank -> '', warned), ids unique, the target complete and numeric unless it holds class names."""
+    """Read a CSV/TSV/Parquet/JSONL table and check the columns kitlib uses (rows, columns, text, ids, target)."""
     import pandas as pd
 
     path = Path(path)
@@ -151,9 +145,7 @@ def check_unique_ids(df: pd.DataFrame, id: str, path: Path) -> None:
 
 
 def _check_text(col: pd.Series, path: Path, name: str) -> pd.Series:
-    # A blank cell is text with no words: a CSV cannot hold '' apart from missing (both read back as NaN), and a
-    # competition's test rows cannot be dropped, so it is trained on and predicted as the empty text '' (the model
-    # sees only its special tokens). pandas also reads the cells 'NA', 'N/A', 'null' and 'None' as blank.
+    # A blank cell is the empty text '' (CSV cannot tell it from missing; test rows cannot be dropped)
     missing = col.isna()
     if missing.any():
         first = missing.idxmax()
@@ -227,9 +219,7 @@ class TargetSpec:
     kind: TargetKind
     num_labels: int  # model outputs: classes, or 1 for regression
     classes: tuple[Any, ...] = ()  # original label of each code 0..k-1; empty for regression
-    # Regression only: what the model learns is (log1p(y) if log else y), minus center, over scale; ``decode`` inverts
-    # it. Standardised targets keep MSE's gradients O(1) whatever the units (a price in dollars trained raw gave
-    # constant or negative predictions); the log turns a heavy tail into errors relative to the value.
+    # Regression learns ((log1p(y) if log else y) - center) / scale: O(1) MSE gradients; the log for heavy tails
     log: bool = False
     center: float = 0.0
     scale: float = 1.0
@@ -272,8 +262,7 @@ class TargetSpec:
 
 
 def texts_to_generate(series: pd.Series) -> bool:
-    """Whether a target column holds texts to generate rather than class names: text values, more than
-    MAX_INT_CLASSES distinct, and most rows with one of their own (a classifier would only repeat training labels)."""
+    """Whether a target holds texts to generate: text values, > MAX_INT_CLASSES distinct, mostly unique per row."""
     k = int(series.nunique(dropna=False))
     return series.dtype.kind not in "biuf" and k > MAX_INT_CLASSES and 2 * k > len(series)
 
@@ -300,8 +289,8 @@ def infer_target(series: pd.Series, rule: TargetRule = "auto") -> TargetSpec:
             raise DataError(
                 f"target column {name!r} holds {k} distinct whole numbers over {n} rows (~{n / k:.0f} rows each): "
                 "class ids or a quantity? kitlib will not guess. Fix: set task = 'classify' (category codes: the "
-                "submission holds the same integers) or task = 'regress' (a number: predicted as decimals) in "
-                "00_setup's parameters cell (KIT_TASK in headless runs)"
+                f"submission holds the same integers) or task = 'regress' (a number: predicted as decimals) "
+                f"{in_setup('task', env=True)}"
             )
     classes = tuple(sorted(uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)))
     k, n = len(classes), len(series)
@@ -309,9 +298,9 @@ def infer_target(series: pd.Series, rule: TargetRule = "auto") -> TargetSpec:
         example = max(classes, key=lambda c: len(str(c)))
         raise DataError(
             f"target column {name!r} holds {k} distinct texts over {n} rows (e.g. {str(example)[:80]!r}): most rows "
-            "have a label of their own, so these are texts to generate, not classes, and a classifier would only "
-            "repeat training labels. kitlib will not guess. Fix: set task in 00_setup's parameters cell (KIT_TASK "
-            "headless): task = 'seq2seq' (a text column -> this text), 'custom-seq2seq' (the same with your own "
+            "have a label of their own: texts to generate, not classes. kitlib will not guess. Fix: set task "
+            f"{in_setup('task', env=True)}: "
+            "task = 'seq2seq' (a text column -> this text), 'custom-seq2seq' (the same with your own "
             "encoder-decoder) or 'causal-lm' (a prompt -> this response) to generate them, or task = 'classify' if "
             "these really are class names"
         )

@@ -1,11 +1,4 @@
-"""Crash-safe checkpoints: a CPU snapshot taken on the training thread, an atomic directory write (on a background
-thread: ``BackgroundWriter``), verified loads.
-
-A directory holds ``model.safetensors`` (weights; tied ones once, aliases in the manifest), ``state.pt`` (resume
-state; absent for weights only), ``meta.json`` and ``manifest.json`` (size + sha256 of each, written last: the
-directory is complete). A write fills a sibling temp directory, then swaps it in with two renames; a kill between them
-leaves two complete siblings, of which ``load``/``latest`` take the newest and the next ``write`` renames it back.
-"""
+"""Crash-safe checkpoints: CPU snapshot, atomic directory write, verified load (docs/measurements.md: layout, kills)."""
 
 from __future__ import annotations
 
@@ -49,7 +42,7 @@ _HEADROOM = 16 << 20  # bytes on top of the tensors: JSON files, safetensors hea
 # What torch.load(weights_only=True) reads back (torch 2.13): snapshot() refuses the rest now, not at resume time.
 _SCALARS = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _KEY_TYPES = (int, float, bool, str, type(None))
-# Optimizer state per byte of a trainable weight: AdamW's two moments; Kahan's compensation too; 8-bit's 1-byte pair.
+# Optimizer state bytes per trainable weight byte: AdamW's two moments, Kahan's compensation, 8-bit's pair.
 STATE_PER_WEIGHT_BYTE = {"adamw": 2.0, "adamw-kahan": 3.0, "adamw8bit": 0.5}
 
 
@@ -87,8 +80,7 @@ def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
 
 
 class _Copier:
-    """CPU copies of their own, each live tensor copied once. A GPU tensor takes a pageable copy: no pinned memory,
-    which torch's host allocator would keep locked (rounded up to a power of two) for the rest of the session."""
+    """CPU copies, each live tensor once; GPU tensors get pageable copies (pinned ones stay locked all session)."""
 
     def __init__(self) -> None:
         self.memo: dict[int, torch.Tensor] = {}
@@ -129,8 +121,7 @@ def _copy_state(obj: Any, copy: _Copier, where: str) -> Any:
 def snapshot(
     model: torch.nn.Module, *, state: dict[str, Any] | None = None, meta: dict[str, Any] | None = None
 ) -> Snapshot:
-    """CPU copies of the model's weights (tied ones once) and of ``state``, for a writer to serialise while training
-    goes on; CheckpointError for state or meta that could not be read back."""
+    """CPU copies of the weights (tied ones once) and ``state`` for a writer; CheckpointError if not reloadable."""
     copy, by_view, weights = _Copier(), dict[Any, torch.Tensor](), dict[str, torch.Tensor]()
     with torch.no_grad():
         for name, t in saved_state(unwrap_model(model)).items():
@@ -149,8 +140,7 @@ def snapshot(
 
 
 def rng_state() -> dict[str, Any]:
-    """Python, numpy (legacy global) and torch CPU generator states, and this process's own GPU's once CUDA is in use
-    (reading it earlier initialises CUDA), as tensors: one copy each, not 625 Python ints to walk at every save."""
+    """Python, numpy, torch CPU and (once CUDA is in use) this GPU's RNG states, as tensors (one copy each)."""
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -188,16 +178,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(cuda.cpu())
 
 
-# --------------------------------------------------------------------------------------------------- write
-
-
 def _rename(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
 def _dedupe(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors for safetensors (no shared storage) + {alias: stored name}; the first name is kept (wte before
-    lm_head, as save_pretrained does), another view of seen storage gets bytes of its own."""
+    """Tensors for safetensors (no shared storage) + {alias: stored name}; the first name is kept (wte, not lm_head)."""
     unique: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     by_view: dict[Any, str] = {}
@@ -229,8 +215,7 @@ def estimate_bytes(snap: Snapshot) -> int:
 
 
 def room_for_last(directory: Path, model: torch.nn.Module, optimizer: str) -> str | None:
-    """None when ``directory`` holds ``last/`` (weights + ``optimizer`` state) and ``best/``, each twice while it is
-    replaced; else why not. Checked before the first step, not hours later when a time budget stops the run."""
+    """None when ``directory`` has room for ``last/`` and ``best/`` twice each (while replaced); else why not."""
     weights = sum(t.nbytes for t in _dedupe(saved_state(model))[0].values())
     state = sum(p.nbytes for p in model.parameters() if p.requires_grad) * STATE_PER_WEIGHT_BYTE.get(optimizer, 2.0)
     needed = 2 * (2 * weights + state) + 4 * _HEADROOM
@@ -360,9 +345,6 @@ def write(snap: Snapshot, directory: Path) -> Path:
     return directory
 
 
-# --------------------------------------------------------------------------------------------------- load
-
-
 def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: bool = True) -> Snapshot:
     """Read a checkpoint written by write(), checked first (sizes always, sha256 if ``verify``)."""
     target = _resolve(Path(directory))
@@ -401,8 +383,7 @@ def _read_sharded(directory: Path) -> Snapshot:
 
 
 def restore_model(model: torch.nn.Module, snap: Snapshot, *, strict: bool = True) -> None:
-    """Load ``snap.weights`` into ``model`` (wrapped or not) in place; tied parameters stay tied, and a file that
-    holds one name of a tied pair (HF drops lm_head.weight) or 'module.'/'_orig_mod.' prefixes loads too."""
+    """Load ``snap.weights`` into ``model`` in place; ties kept; one name of a tied pair or a prefix loads too."""
     target = unwrap_model(model)
     live = saved_state(target)
     partial = len(live) < len(target.state_dict())  # an adapter: the frozen base is the model's own
@@ -444,13 +425,8 @@ def latest(run_dir: Path, name: str = "last") -> Path | None:
     return found if found is not None and _complete(found) is not None else None
 
 
-# --------------------------------------------------------------------------------------------------- background
-
-
 class BackgroundWriter:
-    """Writes on one daemon thread; submit() returns at once. Per target at most one write runs and one waits: a newer
-    snapshot replaces a waiting one, so a disk slower than the saves skips stale ones. A thread's error is raised by
-    the next submit/wait/close; close() (or ``with``) before exit, else an unfinished write leaves the previous one."""
+    """Writes on one daemon thread, one running and one waiting per target (newer replaces it); close() before exit."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -541,8 +517,7 @@ class BackgroundWriter:
 
 
 class RunOutput:
-    """Where a run's files go: ``path`` (None: nowhere), written by rank 0 alone (``writes``), checkpoints through
-    one ``BackgroundWriter`` (the snapshot is taken on the training thread, the disk write is not)."""
+    """Where a run's files go: ``path`` (None: nowhere), rank 0 writes, checkpoints through one ``BackgroundWriter``."""
 
     def __init__(self, path: str | Path | None, *, is_main: bool) -> None:
         self.path = Path(path) if path is not None else None

@@ -1,6 +1,4 @@
-"""The LM loss without the batch x length x vocabulary logits: the head and cross-entropy run in checkpointed
-chunks over the target positions, no host sync; the same token-weighted mean and gradients as the model's loss.
-Heads that are a plain projection (LOSS_CHUNK_MODELS); any other model falls back to its own ``.loss``."""
+"""The LM loss in checkpointed chunks, never the full logits, for plain-projection heads (LOSS_CHUNK_MODELS)."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ from kitlib.engine.checkpoint import unwrap_model
 from kitlib.engine.objective import Batch, hf_loss, is_causal_lm
 from kitlib.models import IGNORE_INDEX
 
-# fp32 logits per chunk: backward holds ~4x this (logits, log-softmax, both gradients). 64 MB is 330 tokens of a 50k
-# vocabulary, still a matmul of hundreds of rows (a GPU stays busy); 1,024 tokens held 0.8 GB at 50k.
+# fp32 logits per chunk; backward holds ~4x (64 MB: 330 tokens at 50k vocab; 1,024 tokens held 0.8 GB)
 LOSS_CHUNK_BYTES = 64 * 2**20
 # model_type -> whether its logits are exactly lm_head(hidden) (checked against the model's own loss in the tests)
 LOSS_CHUNK_MODELS = frozenset({"gpt2", "llama", "mistral", "qwen2", "qwen3", "t5", "mt5"})
@@ -31,10 +28,9 @@ def chunk_tokens(vocab: int) -> int:
 
 
 def chunked_lm_loss(model: nn.Module, batch: Batch, *, chunk: int | None = None) -> torch.Tensor:
-    """The mean cross-entropy over the batch's scored label tokens, as ``model(**batch).loss`` computes it, with the
-    LM head applied ``chunk`` target tokens at a time (default: ``chunk_tokens``; fit's ``loss_fn``)."""
+    """Mean cross-entropy over scored labels as ``model(**batch).loss``, the head applied ``chunk`` tokens at a time."""
     core = unwrap_model(model)
-    # FSDP: the head's weight is a shard outside its module's forward, so the model's own loss computes it
+    # FSDP: the head's weight is a shard outside its forward, so the model's own loss computes it
     if not chunkable(core) or isinstance(core, FSDPModule) or not isinstance(batch, Mapping) or "labels" not in batch:
         return hf_loss(model, batch)
     labels = batch["labels"]
@@ -50,9 +46,7 @@ def chunked_lm_loss(model: nn.Module, batch: Batch, *, chunk: int | None = None)
     targets = targets.flatten()
     head = core.get_output_embeddings()  # type: ignore[operator]
     chunk = chunk or chunk_tokens(head.out_features)
-    # Every position in fixed chunks, the unscored ones ignored (-100): no boolean indexing, whose nonzero reads the
-    # count on the host (a sync per micro-batch). The price: the prompt's positions are projected too (its share of
-    # the head's FLOPs); their logits still never exist beyond one chunk. The divisor stays on the device.
+    # Fixed chunks over every position (-100 ignored): boolean indexing would sync per micro-batch
     total = sum(
         torch.utils.checkpoint.checkpoint(
             _chunk_loss, hidden[i : i + chunk], head.weight, head.bias, targets[i : i + chunk], use_reentrant=False
@@ -79,8 +73,7 @@ def _chunk_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 @contextlib.contextmanager
 def _head_input(model: nn.Module) -> Iterator[list[torch.Tensor]]:
-    """While open, the model's output layer records its input and returns a placeholder of the logits' shape that
-    holds one element (an expanded zero), so the forward never computes the logits. Put back on exit."""
+    """While open, the output layer records its input and returns a one-element placeholder: no logits computed."""
     head = model.get_output_embeddings()  # type: ignore[operator]
     captured: list[torch.Tensor] = []
 

@@ -1,6 +1,4 @@
-"""Evaluation: a cheap loss-only pass, and the full one: ``full_eval(model) -> metrics`` in the foreground, or
-``SplitEval(measure, score)`` whose CPU-bound ``score`` may run in a thread/process pool while the next epoch trains
-(``TrainConfig.background_eval``); fit joins its result at the next epoch's end, judging epochs in order."""
+"""Evaluation: a loss-only pass, and the full one (``full_eval`` or ``SplitEval``, scored maybe in the background)."""
 
 from __future__ import annotations
 
@@ -30,9 +28,7 @@ FullEval = Callable[[nn.Module], Metrics]
 
 @dataclass(frozen=True)
 class SplitEval:
-    """A full evaluation in two halves: ``measure(model)`` in the foreground (eval mode, no_grad, the run's
-    autocast), ``score(measured) -> metrics`` where ``background_eval`` says. With "process" both are pickled: define
-    ``score`` at module level."""
+    """A full eval in halves: ``measure(model)`` in the foreground, ``score(measured)`` as ``background_eval`` says."""
 
     measure: Callable[[nn.Module], Any]
     score: Callable[[Any], Metrics]
@@ -53,8 +49,7 @@ def evaluate_loss(
     """Item-weighted mean loss over (at most ``max_batches`` of) the batches: no autograd, eval mode."""
     was_training = model.training
     model.eval()
-    # On the device from the start: a rank without a single eval batch (n // world = 0) still all-reduces a device
-    # tensor, and NCCL cannot reduce CPU ones.
+    # on the device: a rank without eval batches still all-reduces, and NCCL cannot reduce CPU tensors
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     total_items = torch.zeros((), dtype=torch.float64, device=device)
     try:
@@ -64,7 +59,7 @@ def evaluate_loss(
                 with autocast():
                     loss = loss_fn(model, batch)
                 items = count_fn(batch)
-                # Accumulate on the loss's device and read it once at the end: one host sync per eval, not per batch.
+                # one host sync per eval, not per batch
                 total_loss = total_loss + loss.detach().double() * items
                 total_items = total_items + items
     finally:
@@ -75,8 +70,7 @@ def evaluate_loss(
 
 @dataclass(frozen=True)
 class Measured:
-    """An epoch's full eval after its foreground half: ``metrics`` when known now (a plain ``full_eval``), else what
-    ``SplitEval.score`` needs; ``rng``: the RNG streams it started from (a resume re-runs it with them)."""
+    """An epoch's full eval after its foreground half: ``metrics`` if known, else ``score``'s input, and its RNG."""
 
     rng: dict[str, Any]
     metrics: Metrics | None
@@ -92,9 +86,7 @@ class Pending:
 
 
 class BackgroundEval:
-    """The full evaluation fit calls at ``measure`` (epoch end, every rank; others wait in a gloo group),
-    ``score`` (metrics now, or ``{}`` with the half queued), ``collect`` (in epoch order) and state_dict/``rescore``
-    (evals queued at a save rerun on resume: one more foreground pass, never a save that waits)."""
+    """fit's full evaluation: ``measure``, ``score`` (now or queued), ``collect`` in order, ``rescore`` after resume."""
 
     def __init__(self, full_eval: FullEval | SplitEval | None, mode: Mode, *, env: DistEnv, timer: PhaseTimer,
                  every_rank: bool = False) -> None:  # fmt: skip
@@ -138,8 +130,7 @@ class BackgroundEval:
         return Measured(rng, dict(metrics))
 
     def score(self, epoch: int, measured: Measured, weights: Callable[[], checkpoint.Snapshot | None]) -> Metrics:
-        """Epoch ``epoch``'s metrics known now; ``{}`` when its score is queued (with ``weights()``, taken now: the
-        epoch's weights for best/ when its verdict arrives late), to arrive through ``collect``."""
+        """Epoch ``epoch``'s metrics now, or ``{}`` with the score queued (and its weights kept) for ``collect``."""
         if measured.metrics is not None:
             return measured.metrics
         if self.mode == "off":  # on the critical path, here
@@ -164,8 +155,7 @@ class BackgroundEval:
         self.pending.append(Pending(epoch, future, weights, measured.rng))
 
     def collect(self, through: int | None = None) -> list[tuple[int, Metrics, checkpoint.Snapshot | None]]:
-        """The queued results of the epochs up to ``through`` (all when None), waiting for unfinished ones, in epoch
-        order, on every rank (rank 0's; the others wait for it); a failed score re-raises with its epoch named."""
+        """Queued results up to ``through`` (None: all) in epoch order on every rank; a failure names its epoch."""
         begin, done = time.perf_counter(), []
         while self.pending and (through is None or self.pending[0].epoch <= through):
             item = self.pending.pop(0)
@@ -189,9 +179,7 @@ class BackgroundEval:
 
     def rescore(self, model: nn.Module, autocast: Callable[[], Any], *, at_epoch_end: int | None,
                 weights: Callable[[int], checkpoint.Snapshot | None], where: object) -> None:  # fmt: skip
-        """Run the unscored evals again on the resumed weights, with the RNG as it was then (a sampling eval draws
-        the same), queued for their turn: the resumed run judges them when the uninterrupted one did. Only the eval
-        of the epoch the checkpoint ended (``at_epoch_end``) can run: other weights are gone."""
+        """Rerun unscored evals on the resumed weights with their RNG, in turn (only the checkpoint's own epoch)."""
         for item in self.unscored:
             epoch = int(item["epoch"])
             if self.full_eval is None or epoch != at_epoch_end:

@@ -1,5 +1,4 @@
-"""What a training step minimises: a micro-batch's mean loss and the number of items it is over (rows, or
-non-ignored label tokens), so accumulation weights each micro-batch by its share of the window's items."""
+"""What a step minimises: a micro-batch's mean loss and its item count, weighting accumulation by share."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from torch import nn
 from kitlib.engine.checkpoint import unwrap_model
 from kitlib.models import IGNORE_INDEX
 
-# lazy: transformers (+0.6 s): fit on a user's own module never loads it; only is_causal_lm reads its model table.
+# lazy: transformers (+0.6 s): only is_causal_lm reads its model table
 
 Batch = Any  # a Mapping of tensors (Hugging Face style), a tuple/list of tensors, or a tensor
 LossFn = Callable[[nn.Module, Batch], torch.Tensor]  # mean loss over the items of one micro-batch
@@ -85,14 +84,12 @@ def computed_tokens(batch: Batch) -> int:
 
 
 def real_tokens(batch: Batch) -> int | torch.Tensor:
-    """The examples' own input tokens, padding not counted (0 when the batch cannot say): for honest tokens/s. A
-    padded batch says it with its attention mask, a packed one (kitlib.data.packing.PackedBatch: no mask) counted
-    them when it was laid out."""
+    """The examples' own input tokens, padding excluded (0 when unknown): from the mask, or counted at packing."""
     counted = getattr(batch, "real_tokens", None)
     if counted is not None:
         return int(counted)
     mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
     if not isinstance(mask, torch.Tensor):
         return 0
-    # A host mask is summed through numpy into an int: no torch op (~5 us each, and 2 more adding it up per step)
+    # numpy, not a torch op (~5 us each)
     return int(mask.numpy().sum()) if mask.device.type == "cpu" else mask.sum()

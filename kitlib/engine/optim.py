@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from kitlib.config import TrainConfig
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, pip_install
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,7 @@ class Frozen:
 
 
 def freeze(model: nn.Module, what: str, layers: int = 0) -> Frozen:
-    """Freeze ``what`` ("embeddings", "encoder": all but the head; an encoder-decoder's encoder stack, shared
-    weights kept trainable) and the first ``layers`` blocks, in place; returns what it froze (``int()``: the count)."""
+    """Freeze ``what`` ("embeddings", "encoder") and the first ``layers`` blocks in place; returns what it froze."""
     if what not in ("none", "embeddings", "encoder"):
         raise ValueError(f"freeze={what!r}: use 'none', 'embeddings' or 'encoder'")
     targets = [] if what == "none" else [_part(model, what)]
@@ -103,8 +102,7 @@ def _part(model: nn.Module, what: str) -> nn.Module:
 
 
 def _blocks(model: nn.Module, layers: int) -> nn.ModuleList:
-    """The stack of transformer blocks: the first ModuleList as long as the config's layer count (BERT's
-    encoder.layer, GPT-2's h, T5's encoder.block), else the first ModuleList of at least ``layers`` modules."""
+    """The transformer block stack: the first ModuleList as long as the config's layers, else >= ``layers`` long."""
     config = getattr(model, "config", None)
     count = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
     stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) >= max(layers, 1)]
@@ -118,8 +116,7 @@ def _blocks(model: nn.Module, layers: int) -> nn.ModuleList:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW without weight decay on biases and norm weights (1-d params): torch's, fused where the params allow
-    (one kernel per device), or bitsandbytes' 8-bit AdamW (``cfg.optimizer="adamw8bit"``)."""
+    """AdamW without decay on 1-d params: torch's (fused where possible) or bitsandbytes' 8-bit ("adamw8bit")."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for param in model.parameters():
@@ -139,40 +136,33 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 
 def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """bitsandbytes' AdamW8bit (2 bytes of state a parameter; tensors under 4,096 elements keep fp32 state). It
-    cannot skip a step on the device: an fp16 run pays one host sync a step for the scaler's verdict."""
+    """bitsandbytes' AdamW8bit (2 bytes state a parameter); fp16 runs pay one host sync a step for the scaler."""
     try:
         import bitsandbytes
     except ImportError as error:
         raise SetupError(
-            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: pip install bitsandbytes (a checkout: pip "
-            "install -e '.[lean]'), or optimizer='adamw'"
+            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: {pip_install('bitsandbytes', 'lean')}, or "
+            "optimizer='adamw'"
         ) from error
-    optimizer: torch.optim.Optimizer = bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
-    return optimizer
+    return bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
 
 
 def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """torch-optimi's AdamW with Kahan summation: pure bf16 weights learn as fp32 ones (2 bytes a parameter more;
-    a no-op on fp32 weights); eps 1e-8 and lr-scaled decay, as torch's AdamW."""
+    """torch-optimi's AdamW with Kahan summation: bf16 weights learn as fp32 ones (+2 bytes a parameter)."""
     try:
         import optimi
     except ImportError as error:
         raise SetupError(
-            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: pip install torch-optimi (a checkout: pip "
-            "install -e '.[lean]'), or optimizer='adamw' with fp32 weights (model.float())"
+            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: {pip_install('torch-optimi', 'lean')}, or "
+            "optimizer='adamw' with fp32 weights (model.float())"
         ) from error
-    optimizer: torch.optim.Optimizer = optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
-    return optimizer
+    return optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
 
 
 def cast_for_optimizer(model: nn.Module, cfg: TrainConfig, dtype: str) -> str:
-    """optimizer="adamw-kahan" in a bf16 run: cast the trainable fp32 parameters (and the frozen ones where no adapter
-    trains) to bf16 in place, before they move to the device; buffers and quantized weights stay. Returns the line fit
-    prints, "" when nothing was cast."""
+    """adamw-kahan in a bf16 run: cast trainable (and unadapted frozen) fp32 params to bf16; returns fit's line."""
     if cfg.optimizer != "adamw-kahan" or dtype != "bf16":
         return ""
-    # an adapter of your own, at any depth (peft's layers, with or without its PeftModel around the model)
     whole = cfg.adapter == "none" and not any(type(m).__module__.startswith("peft.") for m in model.modules())
     fp32 = [p for p in model.parameters() if p.dtype == torch.float32]
     trained = [p for p in fp32 if p.requires_grad]

@@ -1,5 +1,4 @@
-"""What the speed doctor reads besides phase times: ``RunRecorder``, a callback counting host-side (no syncs),
-and ``RunFacts``, the record in timing.json's "run" section (``from_dict`` reads older files: missing facts None)."""
+"""``RunRecorder`` (a callback counting host-side, no syncs) and ``RunFacts`` (timing.json's "run" section)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from kitlib.engine.events import Callback, StepEnd
 from kitlib.models.facts import model_facts
 from kitlib.progress import THROUGHPUT
 
-# lazy: resource (+0.1 ms): POSIX only (a Windows machine has none); only a CPU run's peak RSS reads it.
+# lazy: resource (+0.1 ms): POSIX only; only a CPU run's peak RSS reads it
 
 if TYPE_CHECKING:
     from kitlib.engine.events import LoopView
@@ -60,25 +59,19 @@ class RunFacts:
     model_non_embedding_params: int | None = None
     model_layers: int | None = None
     model_width: int | None = None
-    # torch.compile (compile=True): dynamo compiles during fit (recompiles for new input shapes included), the seconds
-    # they took, and the optimizer steps that compiled something (a first step, then one per recompile) with their time
+    # torch.compile: compiles, their seconds, and the steps that compiled (first + recompiles) with their time
     compiles: int | None = None
     compile_s: float | None = None
     compile_steps: int | None = None
     compile_step_s: float | None = None
-    # Out-of-memory back-offs (fit halved the micro-batch and doubled the accumulation): {"step", "micro_batch":
-    # [from, to], "grad_accum_steps": [from, to], "error"} each; micro_batch_size/grad_accum_steps are the last ones.
+    # OOM back-offs: {"step", "micro_batch": [from, to], "grad_accum_steps": [from, to], "error"} each
     oom_backoffs: list[dict[str, Any]] = field(default_factory=list)
-    # What trained, read off the live objects (not the config): the optimizer's package.class ("torch.AdamW",
-    # "bitsandbytes.AdamW8bit", "optimi.AdamW"), the adapter ("none", "lora", "qlora": 4-bit frozen weights), and the
-    # dtypes of the trained and the frozen weights ("float32", "bfloat16", "nf4"; None: none frozen).
+    # What trained, read off the live objects: optimizer package.class, adapter, trained/frozen dtypes
     optimizer: str | None = None
     adapter: str | None = None
     trained_dtype: str | None = None
     frozen_dtype: str | None = None
-    # Written by runs outside fit() (benchmarks/seed_replays.py's plain loops) for the doctor: the fixed padded length
-    # and the longest training row in tokens, the seconds spent featurising in this session and whether they came from
-    # a cache, and the full evals made (a step cadence does not follow from full_eval_every and the epochs).
+    # Written by runs outside fit() (benchmarks/seed_replays.py) for the doctor
     max_length: int | None = None
     longest_row_tokens: int | None = None
     featurise_s: float | None = None
@@ -93,7 +86,6 @@ class RunFacts:
         return cls(**{k: v for k, v in known_fields(cls, data or {}).items() if v is not None})
 
 
-# The TrainConfig fields a run's facts repeat as they are.
 _CONFIG_FACTS = ("time_budget_s", "full_eval_every", "save_best", "save_last", "save_every_steps", "batching")
 
 
@@ -118,7 +110,7 @@ class RunRecorder(Callback):
 
     def on_fit_start(self, loop: LoopView) -> None:
         if loop.device.type == "cuda":  # a CUDA run only: on a CPU run this would initialise CUDA for nothing
-            # The peak is per process: without this a second fit in the kernel reports the first one's peak.
+            # per process: a second fit in the kernel would report the first one's peak
             torch.cuda.reset_peak_memory_stats(loop.device)
         self.compile_start = len(_compile_times()) if loop.cfg.compile else None
         self.compiled, self.compile_steps, self.compile_step_s = self.compile_start or 0, 0, 0.0
@@ -213,8 +205,7 @@ def _compile_times() -> list[float]:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:  # pragma: no cover - torch without dynamo
         return []
-    times: list[float] = compilation_time_metrics.get("_compile.compile_inner", [])
-    return times
+    return compilation_time_metrics.get("_compile.compile_inner", [])
 
 
 def _what_ran(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

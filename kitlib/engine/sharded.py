@@ -1,5 +1,4 @@
-"""strategy="fsdp": FSDP2 (``fully_shard``) per transformer block then the root, and DCP checkpoints (each rank
-writes its shards, any world size loads them; rank 0's state.pt, meta.json, the manifest last: complete or absent)."""
+"""strategy="fsdp": FSDP2 per transformer block then the root, and DCP checkpoints any world size loads."""
 
 from __future__ import annotations
 
@@ -32,9 +31,7 @@ _HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def blocks(model: nn.Module, names: tuple[str, ...] = ()) -> list[nn.Module]:
-    """The modules each sharded on its own: a Hugging Face model's ``_no_split_modules`` classes (its decoder
-    layers), else ``names`` (class names, as ``checkpoint_modules``), else each block of the model's ModuleLists;
-    a match inside another match is sharded with it."""
+    """The modules sharded on their own: ``_no_split_modules``, else ``names``, else ModuleList blocks (outermost)."""
     wanted = set(names)
     for m in model.modules():
         wanted |= set(getattr(m, "_no_split_modules", None) or ())
@@ -46,8 +43,7 @@ def blocks(model: nn.Module, names: tuple[str, ...] = ()) -> list[nn.Module]:
 
 
 def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Module:
-    """``model`` fully sharded in place: each of ``blocks`` its own FSDP unit, then the root. ``dtype`` bf16/fp16:
-    compute and all-gather in it, reduce gradients in fp32; the sharded weights and the optimizer stay fp32."""
+    """``model`` sharded in place; ``dtype`` bf16/fp16 computes and gathers in it, weights and optimizer stay fp32."""
     found = blocks(model, names)
     if not found:
         raise DistributedError(
@@ -82,9 +78,7 @@ def save(
     state: dict[str, Any] | None = None,
     meta: dict[str, Any],
 ) -> None:
-    """Every rank: its shards of ``model`` (and ``optimizer``'s state) into ``directory`` through DCP; rank 0 adds
-    ``state`` and ``meta`` and swaps the new directory in. Synchronous: the swap needs every rank's files written
-    (DCP's async_save would return before; not used)."""
+    """Every rank saves its shards through DCP; rank 0 adds ``state``/``meta`` and swaps the directory in (sync)."""
     tmp = directory.parent / f".{directory.name}.tmp-dcp"
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -114,8 +108,7 @@ def save(
 
 
 def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> checkpoint.Snapshot:
-    """Every rank: ``model`` (sharded or not) and ``optimizer`` loaded in place from a sharded checkpoint saved at
-    any world size (DCP reshards); the Snapshot holds no weights, and its state the optimizer's loaded state."""
+    """Every rank loads ``model`` and ``optimizer`` in place from a sharded checkpoint of any world size."""
     content: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         content["optim"] = get_optimizer_state_dict(model, optimizer)

@@ -1,5 +1,4 @@
-"""The precision plan at work: ``Precision``, one object the loop calls unconditionally (autocast + GradScaler),
-and the check that trained weights are fp32 masters. kitlib.machine.precision decides the plan without torch."""
+"""The precision plan at work: ``Precision`` (autocast + GradScaler, always called) and the fp32-master check."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ _HALF_DTYPES: dict[torch.dtype, Dtype] = {torch.float16: "fp16", torch.bfloat16:
 def check_master_weights(
     named_params: Iterable[tuple[str, torch.nn.Parameter]], *, keeps_bf16_updates: bool = False
 ) -> None:
-    """A PrecisionError naming the fix when a trainable weight is fp16/bf16 (fp16 stops the GradScaler, bf16 loses
-    updates silently); ``keeps_bf16_updates`` (Kahan summation) lets bf16 weights train as they are."""
+    """A PrecisionError when a trainable weight is fp16/bf16, unless ``keeps_bf16_updates`` (Kahan summation)."""
     refused = set(_HALF_DTYPES) - ({torch.bfloat16} if keeps_bf16_updates else set())
     half = [(name, p.dtype) for name, p in named_params if p.requires_grad and p.dtype in refused]
     if not half:
@@ -31,18 +29,15 @@ def check_master_weights(
         f"{len(half)} trainable weight(s) are {dtypes} (e.g. {half[0][0]!r}): kitlib trains fp32 master weights "
         f"under fp16/bf16 autocast, and {dtypes} weights would not learn (updates below their resolution are lost; "
         "a GradScaler refuses fp16 gradients). Fix: model.float() before fit (autocast still computes in half "
-        "precision; kitlib's loaders do this for a half-precision checkpoint), or, for bf16 weights, "
-        "TrainConfig(optimizer='adamw-kahan'): it keeps the updates (Kahan summation)"
+        "precision), or, for bf16 weights, TrainConfig(optimizer='adamw-kahan'), which keeps the updates"
     )
 
 
 class Precision:
-    """autocast context + GradScaler (a disabled no-op scaler when not fp16); for fp32 every method reduces to a
-    plain backward() and step()."""
+    """autocast context + GradScaler (a no-op scaler unless fp16); for fp32, plain backward() and step()."""
 
     def __init__(self, plan: PrecisionPlan) -> None:
         self.plan = plan
-        # torch.amp.GradScaler(device) works for cuda, cpu and mps; enabled=False makes every call a pass-through.
         self._scaler = torch.amp.GradScaler(plan.device_type, enabled=plan.use_grad_scaler)
 
     def autocast(self) -> contextlib.AbstractContextManager[None]:
@@ -59,29 +54,24 @@ class Precision:
         self._scaler.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer, grads_finite: bool) -> bool:
-        """The optimizer step for a hand-written loop (one or two host syncs); False if skipped for inf/nan grads (the
-        scaler decides, else ``grads_finite``). Does not zero_grad; fit uses the sync-free ``found_inf`` + ``apply``."""
+        """A hand-written loop's optimizer step (1-2 host syncs); False if skipped for inf/nan grads. No zero_grad."""
         if not self._scaler.is_enabled():
             if not grads_finite:
                 return False
             optimizer.step()
             return True
-        # The scaler skips the step and halves the scale on inf/nan grads. get_scale() is a .item() (a CPU-GPU sync),
-        # but scaler.step() has already synced on found_inf, so this costs microseconds per optimizer step.
+        # get_scale() syncs, but scaler.step() already synced on found_inf: microseconds per step
         before = self._scaler.get_scale()
         self._scaler.step(optimizer)
         self._scaler.update()
         return self._scaler.get_scale() >= before
 
     def found_inf(self, norm: torch.Tensor) -> torch.Tensor:
-        """1.0 where this step's gradients hold inf/nan (the step must be skipped), else 0.0; on the device, no host
-        sync. ``norm``: the clip norm of the unscaled gradients, non-finite exactly when one of them is (the check
-        GradScaler makes in ``unscale_``, read without its private per-optimizer state)."""
+        """1.0 where this step's gradients hold inf/nan, else 0.0, on the device (no sync); ``norm``: the clip norm."""
         return (~torch.isfinite(norm)).float()
 
     def apply(self, optimizer: torch.optim.Optimizer, found_inf: torch.Tensor) -> None:
-        """The step, skipped on the device where ``found_inf`` is 1, then the scale's update. No host sync with an
-        optimizer that takes ``found_inf`` (fused AdamW), else one. Call after ``unscale_``; does not zero_grad."""
+        """The step, skipped on the device where ``found_inf`` is 1, then the scale update; call after ``unscale_``."""
         if getattr(optimizer, "_step_supports_amp_scaling", False):
             # GradScaler.step's protocol for these optimizers: the gradients are unscaled already (grad_scale None)
             optimizer.grad_scale, optimizer.found_inf = None, found_inf  # type: ignore[attr-defined]
@@ -94,8 +84,7 @@ class Precision:
         self._scaler.update()  # a no-op without a scaler
 
     def forget_unscale(self) -> None:
-        """Forget an ``unscale_`` of a step abandoned midway (an OOM replay), keeping the loss scale and its growth
-        count (a fresh scaler loads the old state: public API). One host sync, on the OOM path only."""
+        """Forget an abandoned step's ``unscale_`` (an OOM replay), keeping the scale; one host sync, OOM path only."""
         if self._scaler.is_enabled():  # a disabled scaler keeps no per-optimizer record
             state = self._scaler.state_dict()
             self._scaler = torch.amp.GradScaler(self.plan.device_type)
@@ -110,8 +99,7 @@ class Precision:
         return {"dtype": self.plan.dtype, "scaler": self._scaler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the loss scale. A checkpoint from another precision (T4 fp16 resumed on an A100 in bf16, or the
-        reverse) is fine: the scaler state is ignored, or the scaler starts fresh (init scale 2**16)."""
+        """Restore the loss scale; a checkpoint from another precision is fine (state ignored or fresh scaler)."""
         scaler_state = state.get("scaler") or {}
         if self._scaler.is_enabled() and scaler_state:
             self._scaler.load_state_dict(scaler_state)

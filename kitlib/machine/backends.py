@@ -1,5 +1,4 @@
-"""Backend speed flags (TF32, cuDNN autotuning, fp32 matmul precision), changed only inside a restoring context
-(a kernel outlives the cell: a leaked flag changes 03's numbers). The only module that knows both TF32 APIs."""
+"""Backend speed flags (TF32, cuDNN autotuning, matmul precision), changed only inside a restoring context."""
 
 from __future__ import annotations
 
@@ -58,8 +57,7 @@ def _silenced(active: bool) -> Iterator[None]:
 
 
 def _attr_flag(path: str, attr: str, *, legacy: bool = False) -> _Flag:
-    # On new torch the legacy allow_tf32 is touched only to keep it in step (see _set_tf32_new_api); releases that
-    # warn about its deprecation on access would make that pure noise, so it is silenced for that one access.
+    # new torch: the legacy allow_tf32 is touched only to keep it in step; its deprecation warning is noise
     def get() -> Any:
         with _silenced(legacy):
             return getattr(_backend(path), attr)
@@ -107,8 +105,7 @@ def _snapshot(flags: Iterable[_Flag]) -> dict[str, Any]:
         try:
             saved[flag.name] = flag.get()
         except (AttributeError, RuntimeError):
-            # AttributeError: backend absent from this build. RuntimeError: torch refuses to read a flag that other
-            # code left in a mixed legacy/new-API state; such a flag is then left alone (it cannot be restored).
+            # AttributeError: backend absent. RuntimeError: a flag left in a mixed legacy/new state cannot be restored
             continue
     return saved
 
@@ -120,8 +117,7 @@ def speed_flags(
     cudnn_benchmark: bool | None = None,
     matmul_precision: MatmulPrecision | None = None,
 ) -> Iterator[dict[str, object]]:
-    """Set backend flags for the block and restore every one afterwards (also on exception); None = leave alone.
-    Yields the effective values."""
+    """Set backend flags for the block and restore them all after; None: leave alone. Yields the effective values."""
     if tf32 is not None and matmul_precision is not None and tf32 != (matmul_precision != "highest"):
         raise ValueError(
             f"tf32={tf32} contradicts matmul_precision={matmul_precision!r} ('high'/'medium' allow TF32 matmuls, "
@@ -155,15 +151,12 @@ def _set_tf32_new_api(
     tf32: bool, saved: dict[str, Any], put: Callable[[str, Any], None], *, matmul_precision_given: bool
 ) -> None:
     value = "tf32" if tf32 else "ieee"
-    # torch raises "you have used mix of the legacy and new APIs" when a legacy reader sees flags disagree, and torch
-    # itself still has legacy readers: inductor reads cuda.matmul.allow_tf32 (derived from float32_matmul_precision)
-    # and, for convolutions, cudnn.allow_tf32 (torch 2.13 _inductor/kernel/conv.py). So keep both in step.
+    # torch's legacy readers (inductor: cuda.matmul and cudnn allow_tf32) raise when the APIs disagree: keep in step
     current = saved.get("float32_matmul_precision")  # None: unreadable, already mixed by other code; leave it
     if not matmul_precision_given and current is not None and (current != "highest") != tf32:
         put("float32_matmul_precision", "high" if tf32 else "highest")
     put("cuda.matmul.fp32_precision", value)
-    # The legacy cudnn getter requires conv == rnn == a hidden bool that only the legacy setter changes (and that
-    # setter rewrites conv/rnn), so set it first, and only when it differs.
+    # The legacy cudnn getter needs conv == rnn == a bool only the legacy setter changes: set it first, if it differs
     if "cudnn.allow_tf32" in saved and saved["cudnn.allow_tf32"] != tf32:
         put("cudnn.allow_tf32", tf32)
     put("cudnn.conv.fp32_precision", value)
@@ -215,8 +208,7 @@ def _effective(new_api: bool) -> dict[str, object]:
 
 
 def flags_for(plan: PrecisionPlan, *, shapes_vary: bool) -> SpeedFlagKwargs:
-    """The ``speed_flags`` kwargs for a plan: TF32 as planned; cuDNN autotuning only for fixed shapes on CUDA
-    (it re-tunes for every new shape, pytorch#2759)."""
+    """``speed_flags`` kwargs: TF32 as planned; cuDNN autotuning only for fixed shapes on CUDA (pytorch#2759)."""
     if plan.device_type != "cuda":
         return {"tf32": None, "cudnn_benchmark": None, "matmul_precision": None}
     return {"tf32": plan.tf32, "cudnn_benchmark": not shapes_vary, "matmul_precision": None}

@@ -1,8 +1,4 @@
-"""Multi-process data parallel training (DDP): torchrun, multi-node, and a notebook launcher for Kaggle's 2xT4.
-
-Only rank 0 writes files and draws progress bars. On CPU the same code runs with the gloo backend, which is how
-the tests exercise it.
-"""
+"""Multi-process data parallel training (DDP): torchrun, multi-node, and a notebook launcher; rank 0 alone writes."""
 
 from __future__ import annotations
 
@@ -83,10 +79,7 @@ def wrap(model: nn.Module, env: DistEnv, device: torch.device, *, find_unused_pa
 
 @contextmanager
 def every_parameter_gets_a_gradient(model: nn.Module) -> Iterator[None]:
-    """Raise DistributedError naming the trainable parameters of ``model`` that got no gradient in the block (one
-    optimizer step). DDP waits for every parameter's gradient; one that never comes (a pooler the head skips, an
-    unused branch) fails the *next* step with "Expected to have finished reduction in the prior iteration", which
-    names parameter indices only. Cost: one Python hook call per parameter per backward, for the first step only."""
+    """Raise DistributedError naming trainable parameters without a gradient in the block (DDP fails the next step)."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     seen: set[int] = set()
     handles = [p.register_post_accumulate_grad_hook(lambda p: seen.add(id(p))) for _, p in named]
@@ -107,8 +100,7 @@ def every_parameter_gets_a_gradient(model: nn.Module) -> Iterator[None]:
 
 
 def sync_context(model: nn.Module, sync: bool) -> AbstractContextManager[Any]:
-    """Skip DDP's gradient all-reduce (FSDP's reduce-scatter and reshard) on micro-steps that do not end an
-    accumulation window (1 sync per step)."""
+    """Skip DDP's all-reduce (FSDP's reduce-scatter and reshard) on micro-steps not ending an accumulation window."""
     if callable(getattr(model, "set_requires_gradient_sync", None)):  # FSDP2
         return _fsdp_accumulating(model, sync)
     no_sync = getattr(model, "no_sync", None)
@@ -117,8 +109,7 @@ def sync_context(model: nn.Module, sync: bool) -> AbstractContextManager[Any]:
 
 @contextmanager
 def _fsdp_accumulating(model: Any, sync: bool) -> Iterator[None]:
-    """No reduce-scatter (gradients stay unsharded and add up) and no reshard after backward (the next micro-batch's
-    forward needs no all-gather) until the window's last micro-batch."""
+    """No reduce-scatter and no reshard after backward until the window's last micro-batch."""
     model.set_requires_gradient_sync(sync)
     model.set_reshard_after_backward(sync)
     try:
@@ -164,8 +155,7 @@ def barrier(env: DistEnv) -> None:
 
 
 def patient_group(env: DistEnv) -> Any:
-    """A gloo group (every rank calls this at once) whose barrier lets the other ranks wait out one rank's long
-    work, a full evaluation: a NCCL collective left waiting that long trips its 10-minute watchdog and kills the job."""
+    """A gloo group whose barrier outlasts one rank's long full eval (NCCL's 10-minute watchdog would kill the job)."""
     if not env.enabled or dist.get_backend() == "gloo":  # None: the default group, already a CPU one (no watchdog)
         return None
     return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
@@ -201,8 +191,7 @@ def _worker(
     try:
         value = fn(*args)
         if local_rank == 0:
-            # A file, not a pipe: a result larger than the pipe buffer (a model) would block this worker until the
-            # parent reads, while the parent waits in join() for this worker to exit.
+            # a file, not a pipe: a large result would block the worker while the parent waits in join()
             with open(out, "wb") as f:
                 pickle.dump(value, f)
     finally:
@@ -211,9 +200,7 @@ def _worker(
 
 
 def cuda_driver_initialised() -> bool:
-    """Whether this process has initialised the CUDA driver (cuInit), without initialising it: a plain
-    ``torch.cuda.is_available()`` does so while ``torch.cuda.is_initialized()`` stays False. The driver's
-    cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) until cuInit ran, and success (0) after (~1 ms)."""
+    """Whether this process initialised the CUDA driver (cuInit), without initialising it (~1 ms)."""
     try:
         libcuda = ctypes.CDLL("libcuda.so.1")
     except OSError:  # no NVIDIA driver (or not Linux): nothing to have initialised
@@ -227,9 +214,7 @@ class WorkerDied(DistributedError):
 
 @contextmanager
 def _forwarding_sigterm(pids: list[int]) -> Iterator[None]:
-    """SIGTERM to this process (the kernel: a hosted session ending, the headless runner's stop) goes on to the
-    workers, whose training saves ``last/`` and returns (kitlib.engine.policies.StopAndSave); this process keeps
-    waiting for them. Signals reach the main thread only: elsewhere nothing is changed."""
+    """Forward SIGTERM to the workers (which save ``last/``) and keep waiting; main thread only."""
 
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -248,15 +233,7 @@ def _forwarding_sigterm(pids: list[int]) -> Iterator[None]:
 
 
 def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any:
-    """Run ``fn(*args)`` on ``nprocs`` processes (default: one per GPU) and return rank 0's result.
-
-    For notebooks (Kaggle's 2xT4): workers are *forked*, so ``fn`` may be defined in the notebook itself. A forked
-    child cannot use CUDA once the parent has initialised it, so call this before any CUDA work in the kernel
-    (restart the kernel if needed); kitlib refuses early instead of failing inside the workers, and its own
-    detection (``kitlib.detect()``) never initialises CUDA. Each worker gets its share of the CPUs as intra-op
-    threads (``threads_per_worker``). A worker's error is re-raised here with its traceback
-    (torch.multiprocessing.ProcessRaisedException).
-    """
+    """Run ``fn(*args)`` on ``nprocs`` forked processes (one per GPU), returning rank 0's; call before any CUDA work."""
     if nprocs is None:
         nprocs = max(1, len(cuda_devices()))
     if torch.cuda.is_initialized() or cuda_driver_initialised():  # neither call initialises CUDA

@@ -9,8 +9,7 @@ from typing import Literal
 
 PeakDtype = Literal["fp32", "tf32", "fp16", "bf16"]
 
-# Dense peak TFLOP/s per GPU and math mode from NVIDIA's datasheets, "with sparsity" figures halved; fp16/bf16 at
-# fp32 accumulate; a missing dtype: no fast path on that card. Sources: docs/measurements.md, "peaks.py".
+# Dense datasheet TFLOP/s per GPU and math mode (sparsity halved, fp16/bf16 at fp32 accumulate)
 PEAK_TFLOPS: Mapping[str, Mapping[PeakDtype, float]] = MappingProxyType(
     {
         "T4": MappingProxyType({"fp32": 8.1, "fp16": 65.0}),
@@ -25,8 +24,7 @@ PEAK_TFLOPS: Mapping[str, Mapping[PeakDtype, float]] = MappingProxyType(
     }
 )
 
-# torch.cuda.get_device_name() spellings -> table keys. First match wins, so variants come before their family, and
-# L4 is matched as a whole word ("NVIDIA L40S" is another card).
+# get_device_name() spellings -> keys; first match wins (variants first; L4 as a whole word, not L40S)
 _NAME_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"H100.*PCIE", "H100-PCIE"),
     (r"H100", "H100-SXM"),
@@ -47,7 +45,7 @@ def gpu_key(device_name: str) -> str | None:
 
 
 def peak_flops(device_name: str, dtype: PeakDtype) -> float | None:
-    """Dense datasheet peak in FLOP/s for this GPU and math mode; None for unknown cards or modes it lacks.
+    """Dense datasheet peak FLOP/s for this GPU and math mode; None for unknown cards or modes.
 
     >>> peak_flops("Tesla T4", "fp16")
     65000000000000.0
@@ -60,9 +58,7 @@ def peak_flops(device_name: str, dtype: PeakDtype) -> float | None:
 
 
 def compute_peak_flops(device_name: str, dtype: str) -> float | None:
-    """The datasheet peak a run in ``dtype`` ("fp32" | "fp16" | "bf16") computes at: fp32 matmuls run on TF32 tensor
-    cores where the card has them (kitlib turns TF32 on there by default); a dtype the card has no fast path for
-    (bf16 on a T4 is emulated) runs at its fp32 rate. None for a card not in the table."""
+    """The datasheet peak a run in ``dtype`` computes at (fp32 on TF32 cores where present; no fast path: fp32 rate)."""
     key = gpu_key(device_name)
     if key is None:
         return None

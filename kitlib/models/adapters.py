@@ -1,6 +1,4 @@
-"""LoRA adapters (peft, optional): frozen pretrained weights, low-rank matrices beside every linear layer of the
-blocks (not the output layer; all of them, as QLoRA's paper needed), a classifier's added parts trained in full;
-``qlora``: the same on 4-bit NF4 weights, CUDA only (reasoned, not measured)."""
+"""LoRA adapters (peft, optional) on the blocks' linear layers; ``qlora`` on 4-bit NF4 weights, CUDA only."""
 
 from __future__ import annotations
 
@@ -9,10 +7,9 @@ import importlib.util
 import os
 from typing import TYPE_CHECKING, Any
 
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, pip_install
 
-# lazy: torch (+1.0 s), transformers (+0.6 s): only a 4-bit load needs them; the checks and names here are read by the
-# preset picker and the CLI (python -X importtime). Adding and merging adapters is kitlib.models.lora's.
+# lazy: torch (+1.0 s), transformers (+0.6 s): only a 4-bit load needs them
 
 if TYPE_CHECKING:
     from torch import nn
@@ -23,15 +20,12 @@ LORA_RANK = 16  # r: adapter parameters per linear layer = r x (in + out); the m
 LORA_ALPHA = 32  # the update is scaled by alpha / r = 2 (peft's examples and the LoRA paper's usual ratio)
 BITSANDBYTES_MIN_SM = (6, 0)  # NF4 kernels need compute capability 6.0+ (bitsandbytes 0.50 installation guide)
 LORA_DROPOUT = 0.05  # on the adapter's input only (QLoRA paper: 0.05 for models up to 13B)
-# The adapters' least lr: B starts at zero and a rank-16 update needs a larger step than a full fine-tune's (~10x;
-# unsloth's notebooks and the QLoRA paper use 2e-4 for 7-13B models, where the presets' 3e-5 to 1e-4 are full-FT's)
+# B starts at zero: a rank-16 update needs ~10x full FT's step (unsloth, QLoRA paper: 2e-4 for 7-13B)
 LORA_LR = 2e-4
-_INSTALL = "pip install peft (a checkout: pip install -e '.[lora]')"
 
 
 def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -> str | None:
-    """A reason line for the run's summary (None without an adapter); a SetupError naming the fix when ``adapter``
-    cannot run here: peft missing, 4-bit weights off CUDA or without bitsandbytes, a regime training no encoder."""
+    """A reason line for the summary (None without an adapter); a SetupError naming the fix when it cannot run here."""
     if adapter == "none":
         return None
     if regime != "finetune":
@@ -41,7 +35,9 @@ def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -
             "adapter = 'none'"
         )
     if importlib.util.find_spec("peft") is None:
-        raise SetupError(f"adapter = {adapter!r} needs the peft package, which is not installed. Fix: {_INSTALL}")
+        raise SetupError(
+            f"adapter = {adapter!r} needs the peft package, which is not installed. Fix: {pip_install('peft', 'lora')}"
+        )
     if adapter == "qlora":
         primary = hw.primary
         if hw.device_type != "cuda" or primary is None:
@@ -63,9 +59,7 @@ def check_adapter(adapter: str, hw: HardwareInfo, *, regime: str = "finetune") -
 
 
 def quantization(adapter: str, device: str = "cuda") -> dict[str, Any]:
-    """``from_pretrained`` kwargs for ``adapter`` on ``device`` ("cuda"/"cpu"): qlora's double-quantised 4-bit NF4
-    (~0.51 bytes per weight) on each DDP rank's own GPU, computing in bf16 where native else fp16 (fp32 on the CPU);
-    else none."""
+    """``from_pretrained`` kwargs for ``adapter`` on ``device``: qlora's double-quantised NF4 per rank, else none."""
     if adapter != "qlora":
         return {}
 
@@ -92,8 +86,7 @@ def quantization(adapter: str, device: str = "cuda") -> dict[str, Any]:
 
 
 def _cpu_backend_admitted() -> None:
-    """transformers before ~4.5x refuses bitsandbytes' CPU backend (4.46-4.50 crash on a frozenset in the check; later
-    ones admit only Intel's IPEX): a kitlib error naming the fix instead. On a CUDA GPU those versions load fine."""
+    """A kitlib error naming the fix where transformers refuses bitsandbytes' CPU backend (before ~4.5x)."""
     import transformers.integrations.bitsandbytes as bnb_integration
 
     check = getattr(bnb_integration, "validate_bnb_backend_availability", None)
@@ -110,8 +103,7 @@ def _cpu_backend_admitted() -> None:
 
 
 def adapter_keys(model: nn.Module) -> tuple[str, ...] | None:
-    """The state_dict names a checkpoint of ``model`` holds when it carries an adapter (what trains: the adapters
-    and a classifier's head copy; the frozen base is rebuilt from its folder), else None (the whole state_dict)."""
+    """State_dict names a checkpoint holds with an adapter (adapters + head; the base is rebuilt), else None (all)."""
     if not hasattr(model, "peft_config"):  # peft's PeftModel (and only it) has one
         return None
     trained = {name for name, p in model.named_parameters() if p.requires_grad}

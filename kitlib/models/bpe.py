@@ -1,5 +1,4 @@
-"""A byte-level BPE tokenizer trained on the data, for the tiny from-config models (T5, GPT-2): it decodes to the
-very bytes it encoded (MiniLM's WordPiece lowercases and splits punctuation, changing SQL literals)."""
+"""A byte-level BPE tokenizer trained on the data for the tiny models: decodes to the very bytes it encoded."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-# lazy: transformers (+0.6 s): only wrapping a tokenizer for the model needs it; tokenizers (0.02 s) is at the top
-# (python -X importtime).
+# lazy: transformers (+0.6 s): only wrapping a tokenizer needs it
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -22,9 +20,7 @@ BPE_VOCAB = 2000  # tokens of a BPE trained on the rows (the from-scratch models
 def train_bpe_tokenizer(
     texts: Iterable[str], *, vocab_size: int = BPE_VOCAB, add_eos: bool = True
 ) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer fitted to ``texts`` (~1 s for 3,000 short texts). ``add_eos``: every encoding
-    ends in </s> (an encoder-decoder's source and target); without it texts encode bare (a causal LM's prompt,
-    which the response continues; the caller appends </s> after the response)."""
+    """A byte-level BPE fitted to ``texts``; ``add_eos``: encodings end in </s> (else bare, as causal-LM prompts)."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

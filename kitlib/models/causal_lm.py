@@ -1,5 +1,4 @@
-"""A tiny GPT-2 built from a config, for prompt -> response fine-tuning when no pretrained LM is installed, with a
-byte-level BPE tokenizer trained on the rows (nothing pretrained)."""
+"""A tiny GPT-2 built from a config, with a byte-level BPE trained on the rows, when no pretrained LM is installed."""
 
 from __future__ import annotations
 
@@ -13,9 +12,7 @@ TINY_GPT2: dict[str, Any] = {"n_embd": 128, "n_layer": 4, "n_head": 4, "n_inner"
 
 
 def tiny_causal_lm(tokenizer: PreTrainedTokenizerFast, *, seed: int, n_positions: int) -> nn.Module:
-    """A freshly initialised tiny GPT-2 (``TINY_GPT2``) for ``tokenizer``'s vocabulary and sequences of at most
-    ``n_positions`` tokens, seeded; the caller's RNG stream is left as it was. </s> ends a response (and is the BOS
-    generation would use); <pad> pads."""
+    """A fresh tiny GPT-2 for ``tokenizer`` and ``n_positions``, seeded (RNG untouched); </s> ends replies."""
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     config = GPT2Config(
         vocab_size=len(tokenizer), n_positions=n_positions, bos_token_id=eos, eos_token_id=eos, pad_token_id=pad,

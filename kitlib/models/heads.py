@@ -1,5 +1,4 @@
-"""Classification heads that behave like a Hugging Face classifier (``.logits``, ``.loss`` given labels):
-``TextHead`` (MLP on frozen embeddings + a linear n-gram bag) and ``MeanPoolClassifier``."""
+"""HF-like classification heads (``.logits``, ``.loss`` given labels): ``TextHead`` and ``MeanPoolClassifier``."""
 
 from __future__ import annotations
 
@@ -11,9 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Adam's step does not depend on the gradient's scale, so multiplying the bag's output by this makes its
-# zero-initialised weights learn 20x faster than the MLP's (lr 1e-3 -> effectively 2e-2, what a tf-idf linear model
-# wants; 1e-3 left it under-fitted after 10 epochs) without a second optimizer parameter group.
+# Adam ignores gradient scale: the bag's zero-init weights learn 20x faster, with no second parameter group
 NGRAM_LR_MULTIPLIER = 20.0
 
 
@@ -37,8 +34,7 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, *, regression: bool) -
 
 
 class TextHead(nn.Module):
-    """``embeddings`` -> standardise (``mean``/``std`` buffers) -> MLP, plus ``ngram_ids``/``ngram_weights`` -> linear;
-    ``num_labels == 1`` with ``regression=True`` fits a number with MSE, else cross-entropy."""
+    """Standardised ``embeddings`` -> MLP, plus an n-gram bag -> linear; MSE for ``regression``, else cross-entropy."""
 
     mean: torch.Tensor  # buffers, declared for the type checker
     std: torch.Tensor
@@ -101,14 +97,12 @@ class RowDataset(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 
 
 class MeanPoolClassifier(nn.Module):
-    """A sentence-transformers encoder with a new linear head on its mean-pooled tokens, the pooling it was trained
-    with (HF's [CLS] pooler was never trained there). Regression (1 label): MSE."""
+    """A sentence-transformers encoder with a new linear head on mean-pooled tokens; MSE for 1 label."""
 
     def __init__(self, encoder: nn.Module, num_labels: int, dropout: float = 0.1) -> None:
         super().__init__()
         self.encoder, self.num_labels = encoder, num_labels
         _drop_pooler(encoder)
-        # The Hugging Face config (typed Any): layers and width for FLOPs, num_hidden_layers for freeze_layers.
         self.config: Any = getattr(encoder, "config")  # noqa: B009
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(int(self.config.hidden_size), num_labels)
@@ -139,8 +133,7 @@ class MeanPoolClassifier(nn.Module):
 
 
 def _drop_pooler(encoder: nn.Module) -> None:
-    """Remove the [CLS] pooler a mean-pooled head never reads (DDP refuses weights without a gradient, and it costs a
-    matmul per batch); classes without ``add_pooling_layer`` keep it, frozen."""
+    """Remove the [CLS] pooler a mean-pooled head never reads (DDP refuses gradient-less weights); else freeze it."""
     pooler = getattr(encoder, "pooler", None)
     if not isinstance(pooler, nn.Module):
         return

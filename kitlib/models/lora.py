@@ -1,6 +1,4 @@
-"""LoRA adapters on a built model (kitlib.models.adapters holds the checks 00 runs and the numbers): added before
-training, merged into one plain model for export. Only 02/03 and the doctor import this module.
-"""
+"""LoRA adapters on a built model: added before training, merged into one plain model for export."""
 
 from __future__ import annotations
 
@@ -13,15 +11,13 @@ from transformers.pytorch_utils import Conv1D
 from kitlib.errors import SetupError
 from kitlib.models.adapters import LORA_ALPHA, LORA_DROPOUT, LORA_RANK, adapter_keys
 
-# lazy: peft (+5 s): optional (pip install peft); a run without an adapter never loads it (python -X importtime).
+# lazy: peft (+5 s): optional; a run without an adapter never loads it
 
 
 def add_adapter(
     model: nn.Module, adapter: str, *, generating: bool, base_dtype: torch.dtype | None = None, seed: int = 0
 ) -> nn.Module:
-    """``model`` with ``adapter`` ("lora"/"qlora") added (a PeftModel), or ``model`` for "none". ``generating``: the
-    head stays frozen; ``base_dtype``: the frozen weights' dtype; ``seed``: the adapters' init. Says how many weights
-    train."""
+    """``model`` with ``adapter`` ("lora"/"qlora") added (a PeftModel), or unchanged for "none"; says how many train."""
     if adapter == "none":
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -59,8 +55,7 @@ def add_adapter(
 
 
 def merge_adapter(model: nn.Module) -> nn.Module:
-    """The PeftModel as one plain transformers model, each LoRA update folded into its weight (``merge_and_unload``).
-    4-bit weights are dequantised first to the embeddings' dtype (a merge back to NF4 loses the update); reasoned."""
+    """The PeftModel as one plain model (``merge_and_unload``); 4-bit weights dequantised first (reasoned)."""
     if not hasattr(model, "peft_config"):
         raise SetupError(
             f"{type(model).__name__} carries no adapter (adapter = 'none'): its weights are already one model. Fix: "
@@ -114,8 +109,7 @@ def _linear_layers(model: nn.Module, *, exclude: tuple[str, ...]) -> set[str]:
 
 
 def _added_modules(model: nn.Module) -> tuple[str, ...]:
-    """The modules a classifier adds to its pretrained base (``model.base_model``: the encoder): the heads, a
-    tabular network. Their weights are new, so they train in full beside the adapters."""
+    """The modules a classifier adds to its base (heads, a tabular network): new, so trained in full."""
     base = getattr(model, "base_model", None)
     if base is None or base is model:
         return ()

@@ -1,5 +1,4 @@
-"""A tiny T5 built from a config for text-to-text tasks when no pretrained one is installed, with a byte-level BPE
-tokenizer trained on the data (kitlib.models.bpe). Nothing here is pretrained."""
+"""A tiny T5 built from a config, with a byte-level BPE trained on the data, when no pretrained model is installed."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ import numpy as np
 
 from kitlib.models.bpe import SPECIALS, tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
 
-# lazy: torch (+1.0 s), transformers (+0.6 s): only building a tokenizer or the tiny model needs them
-# (python -X importtime).
+# lazy: torch (+1.0 s), transformers (+0.6 s): only building needs them
 
 __all__ = [
     "SPECIALS",
@@ -45,8 +43,7 @@ BYTE_VOCAB = 259  # a short texts' tokenizer (data_tokenizer): the 256 bytes, <p
 
 
 def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:
-    """The tokenizer the rows call for, and how it was chosen: bytes alone for short texts (BPE merges from few short
-    rows make most tokens rare), BPE for longer ones (a byte per step makes decoding long)."""
+    """The tokenizer the rows call for, and why: bytes for short texts, BPE for longer ones (decoding stays short)."""
     short, median = short_texts(texts)
     if short:
         why = f"byte level (median text {median:.0f} characters <= {SHORT_TEXT_CHARS}: short texts)"
@@ -55,15 +52,13 @@ def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:
 
 
 def short_texts(texts: list[str]) -> tuple[bool, float]:
-    """Whether ``texts`` (sources and targets together) are short ones, tokenized byte by byte, and their median
-    length in characters: the tokenizer's rule, and the seq2seq preset's for its steps budget."""
+    """Whether ``texts`` are short (tokenized byte by byte) and their median length in characters."""
     median = float(np.median([len(t) for t in texts])) if texts else 0.0
     return median <= SHORT_TEXT_CHARS, median
 
 
 def tiny_seq2seq(tokenizer: PreTrainedTokenizerFast, *, seed: int) -> nn.Module:
-    """A freshly initialised tiny T5 (``TINY_T5``) for ``tokenizer``'s vocabulary, seeded; the caller's RNG stream
-    is left as it was."""
+    """A fresh tiny T5 (``TINY_T5``) for ``tokenizer``'s vocabulary, seeded; the caller's RNG untouched."""
     import torch
     from transformers import T5Config, T5ForConditionalGeneration
 

@@ -1,5 +1,4 @@
-"""Numeric and categorical columns beside the text: a small network whose logits are added to the text model's
-(late fusion: any text model takes columns unchanged; no column-word interactions)."""
+"""Numeric and categorical columns beside the text: a small net whose logits add to the text model's (late fusion)."""
 
 from __future__ import annotations
 
@@ -11,23 +10,18 @@ from torch import nn
 
 from kitlib.models.heads import HeadOutput, task_loss
 
-# The text model's lr (1e-4 to fine-tune MiniLM, 3e-5 for `best`) under-trains a fresh MLP, which wants ~1e-3. Adam's
-# step does not depend on the gradient's scale, so scaling the net's output by 10 makes it learn ~10x faster without
-# a second optimizer parameter group (as NGRAM_LR_MULTIPLIER does for the head's n-gram bag).
+# Adam ignores gradient scale: x10 output makes the fresh MLP learn ~10x faster (text lr under-trains it)
 TABULAR_LR_MULTIPLIER = 10.0
 MAX_CATEGORY_DIM = 16  # embedding width per categorical column: min(16, (categories + 1) // 2 + 1)
 
 
 class TabularNet(nn.Module):
-    """``numeric`` [batch, n_numeric] (standardised, missing as 0 beside a 0/1 flag column) and ``categorical``
-    [batch, len(cardinalities)] ids (0: unseen or rare) -> [batch, num_labels]. Its last layer starts at zero, so an
-    untrained net adds nothing to the text model's logits."""
+    """``numeric``/``categorical`` columns -> [batch, labels] logits; the zero-init last layer adds nothing at first."""
 
     def __init__(
         self, n_numeric: int, cardinalities: Sequence[int], num_labels: int, *, hidden: int = 64, dropout: float = 0.1
     ) -> None:
         super().__init__()
-        # A categorical column may have no value seen twice (ids, or a 256-row smoke run): all rows are "other" (0).
         if n_numeric < 0 or num_labels < 1 or any(c < 0 for c in cardinalities) or n_numeric + len(cardinalities) == 0:
             raise ValueError(f"TabularNet: need columns and num_labels >= 1; got {n_numeric}, {cardinalities}")
         dims = [min(MAX_CATEGORY_DIM, (c + 1) // 2 + 1) for c in cardinalities]
@@ -56,8 +50,7 @@ class WithTabular(nn.Module):
 
     @property
     def base_model(self) -> nn.Module:  # what freeze="encoder" and freeze_layers look for, as in HF models
-        base: nn.Module = getattr(self.text_model, "base_model", self.text_model)
-        return base
+        return getattr(self.text_model, "base_model", self.text_model)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.text_model.get_input_embeddings()  # type: ignore[operator]

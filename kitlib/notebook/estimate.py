@@ -1,5 +1,4 @@
-"""Rough times for a resolved run, per epoch and for 01, 02 and 03: planning numbers (expect +-2x) at an assumed
-speed (a GPU's datasheet peak, a CPU's per-core rate)."""
+"""Rough times (+-2x) for a resolved run, per epoch and for 01-03, at an assumed speed (datasheet or per-core)."""
 
 from __future__ import annotations
 
@@ -17,11 +16,9 @@ if TYPE_CHECKING:
 
 VALID_FRACTION = 0.1  # rows held out of train.csv for early stopping and the metric (stages splits by it)
 
-# Non-embedding weights of all-MiniLM-L6-v2: 6 layers x (4 x 384^2 attention + 2 x 384 x 1536 FFN) = 10.6M.
-# Embedding lookups cost no matmul FLOPs, so they are left out.
+# Non-embedding weights of all-MiniLM-L6-v2 (embedding lookups cost no matmul FLOPs)
 MINILM_MATMUL_PARAMS = 10.6e6
-# Measured on this project's 2-core AVX2 CI box: MiniLM-L6 fp32 fwd+bwd ~1,000-1,300 tokens/s and forward ~3,300
-# tokens/s on 2 threads, i.e. ~35 GFLOP/s per core by the 6N/2N rule; 30 leaves room for a busy machine.
+# ~35 GFLOP/s per core measured on the 2-core CI box (docs/measurements.md); 30 leaves room for load
 _CPU_FLOPS_PER_CORE = {"fp32": 30e9, "bf16": 120e9, "fp16": 60e9}  # bf16/fp16 only on AMX/AVX512 CPUs (assumed 4x/2x)
 _GPU_UTILISATION = 0.3  # small encoders at 64-256 tokens are launch/memory-bound: ~20-40% of tensor peak (assumed)
 _UNKNOWN_GPU_FLOPS = 10e12  # a GPU not in the table: assume T4-class
@@ -33,16 +30,14 @@ _STAGE_START_S = 7.0  # a fresh kernel's imports, CSVs, model, hand-off and chec
 _TOKENIZE_ROWS_PER_S = 5_000.0  # fast tokenizers, per pass (01 makes three)
 _STEP_OVERHEAD_S = 0.005  # Python, optimizer and loader work per optimizer step: a head's whole cost
 _TREES_S = 6.0  # scikit-learn's import (~3 s) and a fit, in 02 per fold and in 03
-# A Kaggle GPU session ends after 12 h (shared/notes/kaggle-and-headless.md); 02's default time budget leaves 03's
-# predicted time and this margin (the outputs' copy, 03's start, steps slower than the average) inside it.
+# A Kaggle GPU session ends after 12 h; 02's default budget leaves 03's time and this margin inside it
 KAGGLE_SESSION_S = 12 * 3600.0
 BUDGET_MARGIN_S = 20 * 60.0
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
 def _device_flops(hw: HardwareInfo, dtype: str) -> tuple[float, str]:
-    """Achieved FLOP/s (6N per trained token, 2N per token of a forward pass) of one process on ``hw`` in
-    ``dtype``, and what that assumes."""
+    """Achieved FLOP/s of one process on ``hw`` in ``dtype`` (6N per trained token, 2N per forward), and why."""
     device = hw.primary
     if device is None:
         flops = _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count
@@ -77,8 +72,7 @@ def estimate_epoch_seconds(
     samples_per_s: float | None = None,
     model_params: float = MINILM_MATMUL_PARAMS,
 ) -> float:
-    """Rough seconds per epoch (expect +-2x), rows capped at the preset's ``row_limit``: ``n_rows / samples_per_s``
-    when measured, else tokens x FLOPs per token (6N trained, 2N for the head regime's pass) at an assumed FLOP/s."""
+    """Rough seconds per epoch (+-2x), rows capped at ``row_limit``: measured samples/s, else tokens x FLOPs/token."""
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
     if samples_per_s is not None:
@@ -111,8 +105,7 @@ class RunEstimate:
 
     @property
     def sessions(self) -> int:
-        """Kaggle GPU sessions the run needs: each trains for 12 h less 03's time and a margin (02's default
-        time_budget there), the last one predicts too."""
+        """Kaggle GPU sessions needed: each trains 12 h less 03's time and a margin; the last one predicts too."""
         per_session = max(1.0, KAGGLE_SESSION_S - self.infer_s - BUDGET_MARGIN_S)
         return max(1, math.ceil((self.features_s + self.train_s) / per_session))
 
@@ -144,9 +137,7 @@ def estimate_run(
     folds: int = 1,
     trees: bool = False,
 ) -> RunEstimate:
-    """Rough seconds for 01, 02 and 03 of ``resolved`` on ``n_rows`` training and ``n_test`` test rows on ``hw``
-    (expect +-2x): encoder FLOPs where the regime runs the encoder, plus each stage's start and each step's overhead,
-    times ``folds``; ``trees`` adds the blend's fits."""
+    """Rough seconds (+-2x) for 01, 02, 03 of ``resolved`` on ``hw``, x ``folds``; ``trees`` adds the blend's fits."""
     if n_rows < 0 or n_test < 0:
         raise ValueError(f"n_rows and n_test must be >= 0, got {n_rows} and {n_test}")
     cfg, regime = resolved.config, resolved.regime

@@ -1,6 +1,4 @@
-"""A code competition's rerun: predict a hidden test set with a published run (``python -m kitlib kaggle publish``),
-never training. The published model is checked against the data, and its predicted time against
-``inference_limit``, before any work; then test.csv alone is tokenized and 03's ``training.infer`` predicts."""
+"""A code competition's rerun: predict a hidden test set with a published run (checked first), never training."""
 
 from __future__ import annotations
 
@@ -34,7 +32,7 @@ RUN_FILES = ("best", "config.json", "timing.json", "baseline.json", "inputs.json
 KAGGLE_WORKING = "/kaggle/working"
 START_S = 60.0  # seconds to install kitlib, import torch and load the checkpoints, over the per-row time (a guess)
 
-# lazy: transformers (+0.6 s), pandas (+0.2 s): the checks before any work read only JSON (as stages does)
+# lazy: transformers (+0.6 s), pandas (+0.2 s): the checks before any work read only JSON
 
 
 def model_card(work_dir: Path) -> dict[str, Any]:
@@ -63,15 +61,13 @@ def model_card(work_dir: Path) -> dict[str, Any]:
         "adapter": run["config"].get("adapter", "none"),
         "folds": folds,
         "regime": feats["regime"],
-        # measured: 02's full evaluations (forward + metric) over the held-out rows, per row and model
         "seconds_per_row": full["seconds"] / rows if rows else None,
         "measured_on": timing.get("run", {}).get("device_type", "unknown"),
     }
 
 
 def _generation_limits(work_dir: Path, params: Mapping[str, Any], feats: Mapping[str, Any]) -> dict[str, Any]:
-    """A generating run's output limits (kitlib.notebook.tasks.generation.Limits), read from its training targets
-    here, so the published run carries them instead of the targets."""
+    """A generating run's output limits, read from its training targets here so the published run carries them."""
     from transformers import AutoTokenizer
 
     record = feats["files"]["labels.npy"]
@@ -89,9 +85,7 @@ def _fix(card: Mapping[str, Any], what: str) -> str:
 
 
 def check_against_data(card: Mapping[str, Any], data_dir: Path, params: Mapping[str, Any]) -> int:
-    """Refuse a published model that cannot predict this data (a SetupError naming the fix); returns test.csv's
-    rows. Checks: kitlib's version, the text/numeric/categorical columns in test.csv, the submission's columns, the
-    task (a class or a number) and the label set against sample_submission.csv's values."""
+    """Refuse a published model that cannot predict this data (version, columns, task, labels); returns test rows."""
     if card["kitlib"] != __version__:
         raise SetupError(
             f"the published model was trained with kitlib {card['kitlib']}, this kernel runs kitlib {__version__}: "
@@ -124,8 +118,7 @@ def check_against_data(card: Mapping[str, Any], data_dir: Path, params: Mapping[
 
 
 def predicted_seconds(card: Mapping[str, Any], n_test: int) -> tuple[float, str]:
-    """03's predicted seconds for ``n_test`` rows and how it was predicted: 02's measured seconds per row (its full
-    evaluations) x rows x models, plus START_S."""
+    """03's predicted seconds for ``n_test`` rows (02's measured seconds per row x rows x models + START_S), and how."""
     per_row = card.get("seconds_per_row")
     if not per_row:
         raise MissingRunError(
@@ -141,8 +134,7 @@ def predicted_seconds(card: Mapping[str, Any], n_test: int) -> tuple[float, str]
 def published_run(
     published: str | Path, *, data_dir: str | Path, work_dir: str | Path, inference_limit: float | None = None
 ) -> Params:
-    """Check the published folder against ``data_dir`` and the time limit, then copy what 03 reads into ``work_dir``
-    (params.json with this kernel's data_dir); returns its parameters. Nothing is written before the checks pass."""
+    """Check the published folder, then copy what 03 reads into ``work_dir`` (nothing written before the checks)."""
     model, data, work = kaggle_input(Path(published)), kaggle_input(Path(data_dir)), Path(work_dir)
     if not (model / CARD_FILE).is_file():
         raise MissingRunError(
@@ -189,9 +181,7 @@ def free_memory() -> int:
 
 
 def _check_room(model: Path, work: Path, params: Mapping[str, Any]) -> None:
-    """Kaggle's "Exceeded Allowed Compute" before any work: the copy of the published run must fit the disk, and one
-    model's weights (a fold's best/, plus a base model folder for an adapter) loaded twice, the file read and the
-    model built, must fit the memory."""
+    """Refuse before any work when the published run cannot fit the disk, or one model loaded twice the memory."""
     need = sum(f.stat().st_size for f in model.rglob("*") if f.is_file())
     free, _ = free_bytes(work)
     if need * 1.2 > free:  # the copy plus the submission and a margin
@@ -211,8 +201,7 @@ def _check_room(model: Path, work: Path, params: Mapping[str, Any]) -> None:
 
 
 def test_features(p: Params) -> Features:
-    """The published features' recipe (features.json) with test.csv tokenized by the published tokenizer: what
-    ``training.infer`` reads, with no training rows. Never reads train.csv."""
+    """The published features' recipe with test.csv tokenized by the published tokenizer; never reads train.csv."""
     from transformers import AutoTokenizer
 
     summary = json.loads((p.work_dir / FEATURES_FILE).read_text())
@@ -253,8 +242,7 @@ def test_features(p: Params) -> Features:
 
 
 def written(p: Params) -> Path:
-    """submission.csv where Kaggle looks for it (``/kaggle/working`` in a Kaggle kernel), or a loud error: a rerun
-    that ends without it fails as "Submission CSV Not Found" after the whole run."""
+    """submission.csv where Kaggle looks for it (``/kaggle/working`` there), or a loud error if it is missing."""
     path = p.work_dir / "submission.csv"
     if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and p.work_dir.resolve() != Path(KAGGLE_WORKING):
         raise SetupError(f"submission written to {path}, but Kaggle scores /kaggle/working/submission.csv only. "

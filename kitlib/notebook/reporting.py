@@ -1,5 +1,4 @@
-"""``report_to``: 02's history rows and verdict, logged to TensorBoard (``work_dir/tensorboard/<run>``, outside
-run/) or Weights & Biases by a fit callback on the main process only; "none" adds nothing."""
+"""``report_to``: 02's history rows and verdict to TensorBoard or W&B from the main process; "none" adds nothing."""
 
 from __future__ import annotations
 
@@ -7,10 +6,9 @@ import math
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
 
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 
-# lazy: torch (+1.0 s), wandb (+1 s): only a fit that logs needs them; 00 checks without them (wandb: a guess, not
-# installed here).
+# lazy: torch (+1.0 s), wandb (+1 s): only a fit that logs needs them (wandb's cost a guess)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -24,13 +22,12 @@ def check_report_to(name: str) -> None:
     if name in PACKAGES and find_spec(PACKAGES[name]) is None:
         raise SetupError(
             f"report_to = {name!r} needs the {PACKAGES[name]} package, which is not installed. Fix: pip install "
-            f"{PACKAGES[name]}, or report_to = 'none' in 00_setup's parameters cell (--report-to none)"
+            f"{PACKAGES[name]}, or report_to = 'none' {in_setup('report_to')} (--report-to none)"
         )
 
 
 class Report:
-    """Logs each epoch's history row (its numbers, at the epoch), and the metrics a background eval adds to a row
-    already logged."""
+    """Logs each epoch's history row, and metrics a background eval adds to a row already logged."""
 
     order = 0
 

@@ -1,5 +1,4 @@
-"""Run the numbered notebooks headless, in order, with papermill (as Kaggle runs batch notebooks): its
-``injected-parameters`` cell after ``parameters``, KIT_HEADLESS=1 plus the KIT_* variables in the kernel."""
+"""Run the numbered notebooks headless, in order, with papermill (as Kaggle does), KIT_* variables in the kernel."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from typing import Any
 
 from kitlib.errors import TRACEBACK_ENV, KitError
 
-# lazy: papermill (+0.5 s), jupyter_client (+0.1 s), nbclient (+0.2 s), nbformat (+0.1 s): only running notebooks
-# needs them; kitlib.engine (+1.0 s): torch, only to name a stopped run's checkpoint. The CLI and 00 read names here.
+# lazy: papermill (+0.5 s), jupyter_client (+0.1 s), nbclient (+0.2 s), nbformat (+0.1 s), kitlib.engine (+1.0 s)
 
 NOTEBOOKS = ("00_setup.ipynb", "01_features.ipynb", "02_train.ipynb", "03_infer.ipynb")
 # the first line warnings.showwarning prints: "path:line: UserWarning: ..." or "UserWarning: ..." (kitlib.progress)
@@ -28,15 +26,13 @@ _WARNING = re.compile(r"^(?:\S.*?:\d+: )?(\w*Warning): (.*)$", re.M)
 GRACE_S = 30  # seconds a stopped kernel gets to save last/ (one checkpoint write: seconds on a local disk)
 EXECUTED_MARK = "papermill"  # papermill's metadata: a later run writes over an executed copy only
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
-# Parameters (and their KIT_* variables) naming folders: the kernel's cwd is the executed copy's folder, so a relative
-# path is made absolute before the kernel sees it.
+# folder parameters: the kernel's cwd is the executed copy's folder, so relative paths become absolute
 PATH_PARAMETERS = {"data_dir": "KIT_DATA_DIR", "work_dir": "KIT_WORK_DIR", "model": "KIT_MODEL"}
 MODEL_NAMES = ("auto", "tiny")  # model values that are not folders
 
 
 def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
-    """``value`` of the path parameter ``name`` made absolute against ``base`` (default: cwd); ``model`` only when it
-    names something that exists (else it may be a hub id)."""
+    """Path parameter ``name``'s ``value`` made absolute against ``base`` (cwd); ``model`` only if it exists."""
     text = os.fspath(value)
     if not text or (name == "model" and text in MODEL_NAMES):
         return text
@@ -89,8 +85,7 @@ def run_notebooks(
     timeout_s: int = 3600,
     resume: str = "run the same command again",
 ) -> list[Executed]:
-    """Execute the notebooks in order, each executed copy saved to ``out_dir``; stop at the first failure. SIGTERM or
-    SIGINT goes on to the kernel (which saves ``last/``); after at most GRACE_S a RunStopped names ``resume``."""
+    """Execute the notebooks in order into ``out_dir``, stopping at the first failure; signals reach the kernel."""
     import papermill
     from jupyter_client.manager import AsyncKernelManager
     from nbclient.exceptions import DeadKernelError
@@ -108,8 +103,7 @@ def run_notebooks(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     stop = _Stop(parameters.get("work_dir"), resume)
-    # Unix sockets in a folder of this run's own (TCP ports picked by bind-and-release were taken by a kernel another
-    # test process started: "ZMQError: Address already in use" in CI); TCP on Windows.
+    # Unix sockets in this run's folder: bind-and-release TCP ports clashed in CI ("Address already in use")
     sockets = {} if os.name == "nt" else {"transport": "ipc", "ip": tempfile.mkdtemp(prefix="kitlib-kernel-") + "/k"}
 
     class Kernel(AsyncKernelManager):  # nbclient builds and owns it; the stop handler signals its process
@@ -127,8 +121,7 @@ def run_notebooks(
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
     stop.keep_handlers()
     stop.listen()  # papermill runs nbclient's synchronous path, which installs no signal handlers of its own
-    # papermill logs to stderr every name a notebook's cell lacks (01-03 declare 3 of the 31), each comment line its
-    # parser cannot read ("kitlib's"), and nbclient's errors ("Kernel died ...") before the exception kitlib words.
+    # papermill and nbclient log noise to stderr before the exception kitlib words
     papermill_log = logging.getLogger("papermill")
     level = papermill_log.level
     papermill_log.setLevel(logging.CRITICAL)
@@ -173,14 +166,12 @@ def run_notebooks(
 
 
 class _Stop:
-    """The runner's SIGTERM/SIGINT handler: the kernel (in a session of its own, so a signal to this process group
-    never reaches it) gets SIGTERM once, and SIGKILL if still running GRACE_S later; ``check`` then ends the run."""
+    """SIGTERM/SIGINT handler: the kernel (own session) gets SIGTERM, SIGKILL GRACE_S later; ``check`` ends the run."""
 
     def __init__(self, work_dir: Any, resume: str) -> None:
         self.work_dir, self.resume, self.signum = work_dir, resume, 0
         self.kernel: Any = None  # the running notebook's kernel manager
-        # The stopped kernel's sockets close under nbclient's pending reads, and zmq logs a traceback through tornado
-        # (once in CI, under load): the stop is ours and ``check`` says it. Off from the signal to the run's end.
+        # zmq logs a traceback when the stopped kernel's sockets close; ``check`` reports the stop instead
         self.zmq_log = logging.getLogger("tornado.general")
         self.zmq_log_was_off = self.zmq_log.disabled
 
@@ -228,8 +219,7 @@ class _Stop:
 
 
 def raised_warnings(paths: Sequence[Path]) -> list[str]:
-    """Every warning the executed notebooks at ``paths`` printed (``<notebook>: <Category>: <message>``), each once,
-    in order: what a headless user would otherwise find only inside the .ipynb files."""
+    """Every warning the executed notebooks printed (``<notebook>: <Category>: <message>``), each once, in order."""
     found: dict[str, None] = {}
     for path in paths:
         cells = json.loads(path.read_text()).get("cells", [])

@@ -1,5 +1,4 @@
-"""The submission file: its shape checked against sample_submission.csv in 01 (before any training), the written
-file checked again in 03 against what 01 saw, and written atomically."""
+"""The submission file: checked against sample_submission.csv in 01, rechecked in 03, written atomically."""
 
 from __future__ import annotations
 
@@ -16,12 +15,11 @@ from kitlib.errors import DataError
 if TYPE_CHECKING:
     import pandas as pd
 
-# lazy: pandas (+0.2 s): only the check of a written submission needs it; 01's checks read with kitlib.data.tables
+# lazy: pandas (+0.2 s): only checking a written submission needs it
 
 
 def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: str, target: str) -> tuple[str, ...]:
-    """sample_submission.csv's columns, after checking what 03 would otherwise find after training: it exists, its
-    columns are the id and target parameters, and its ids are exactly test.csv's."""
+    """sample_submission.csv's columns, checked up front: it exists, has the id and target columns, test.csv's ids."""
     if not sample_path.is_file():
         raise DataError(f"no sample submission at {sample_path}: set sample_submission in the parameters cell")
     sample = read_table(sample_path, text=())  # empty, header-only and unparsable files: named, with the fix
@@ -49,9 +47,7 @@ def check_sample_submission(sample_path: Path, test_ids: Sequence[Any], *, id: s
 def write_submission(
     submission: pd.DataFrame, columns: Sequence[str], n_rows: int, path: Path, sample: Path | None = None
 ) -> pd.DataFrame:
-    """Check the predictions as Kaggle's scorer would (columns, one row per test row, no missing values; with
-    ``sample``, its ids, dtypes and a finite number where it has numbers) and write them atomically, never a
-    half-written submission. Returns the frame in the sample's column order."""
+    """Check predictions as Kaggle's scorer would and write them atomically; returns the frame in the sample's order."""
     if set(submission.columns) != set(columns):
         raise DataError(f"submission columns {list(submission.columns)} != {list(columns)} of the sample submission")
     if len(submission) != n_rows:
@@ -69,8 +65,7 @@ def write_submission(
 
 
 def _check_against_sample(submission: pd.DataFrame, sample: pd.DataFrame, name: str) -> None:
-    """Kaggle's "Submission Scoring Error" classes, before the file is written: other ids than the sample's, a
-    column of text where the sample has numbers, a number that is not finite."""
+    """Kaggle's "Submission Scoring Error" classes before writing: other ids, text for numbers, non-finite numbers."""
     import pandas as pd
 
     id_column = next((c for c in sample.columns if c in submission.columns), sample.columns[0])

@@ -1,6 +1,4 @@
-"""Gradient-boosted trees (scikit-learn's HistGradientBoosting on the columns and PCA'd text embeddings) beside
-the head regime's network on small text + tabular tables, blended on the validation rows in 02 and refitted by 03
-from the same rows and seed (seconds; nothing pickled)."""
+"""Gradient-boosted trees beside the head regime's network on small tables, blended on the validation rows."""
 
 from __future__ import annotations
 
@@ -9,8 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-# lazy: sklearn (+14 s on this 2-core CPU at load 14), threadpoolctl (+0.1 s): the optional dependency (kitlib[trees])
-# only a run with trees imports (python -X importtime).
+# lazy: sklearn (+14 s), threadpoolctl (+0.1 s): only a run with trees imports them
 
 if TYPE_CHECKING:
     from kitlib.notebook.handoff import Features
@@ -20,13 +17,11 @@ WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the trees' share of a number's blend; c
 EMBEDDING_DIMS = 16  # principal components of the text embeddings the trees split on (384 raw dims overfit 700 rows)
 MAX_ROWS = 20_000  # training rows above which the network goes alone: trees are for the small tables
 TREES_FILE = "trees.json"  # in run/: the blend weight 02 chose on validation (03 refits the trees when above 0)
-# ONE_THREAD: the trees fit and predict on one OpenMP thread: sklearn's libgomp spinning beside torch's kept a
-# 675-row fit over 5 minutes on 2 busy cores; one thread fits it in about a second.
+# one OpenMP thread: libgomp spinning beside torch kept a 675-row fit over 5 min; one thread fits in ~1 s
 
 
 def wanted(feats: Features) -> bool:
-    """Whether a run gets trees beside its network: the head regime (frozen embeddings, ``fast``), a class or number
-    target, numeric or categorical columns, a small table."""
+    """Whether a run gets trees: head regime, a class or number target, tabular columns, a small table."""
     return (
         feats.embeddings is not None
         and feats.spec.kind in ("regression", "binary", "multiclass")
@@ -43,8 +38,7 @@ class Trees:
 
     @classmethod
     def fit(cls, feats: Features, rows: np.ndarray, seed: int) -> Trees | None:
-        """Trees on ``rows`` of the training features, on the target as the network learns it (standardised,
-        log1p'ed where it is; absolute error where its loss is); None when scikit-learn is not installed."""
+        """Trees on ``rows`` of the features, on the target as the network learns it; None without scikit-learn."""
         try:
             from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
             from threadpoolctl import threadpool_limits
@@ -99,8 +93,7 @@ def mix(net: np.ndarray, trees: np.ndarray, weight: float, kind: str) -> np.ndar
 
 
 def blend(metric: Metric, y_true: np.ndarray, net: np.ndarray, trees: np.ndarray, kind: str) -> tuple[float, float]:
-    """(the trees' weight, its score): the WEIGHTS (classes: 0 or 1) the metric scores best on the validation rows;
-    a tie keeps the smaller weight (the network, which 02 already judged)."""
+    """(trees' weight, score): the WEIGHTS value scoring best on the validation rows; ties keep the smaller."""
     weights = WEIGHTS if kind == "regression" else (0.0, 1.0)
     scores = [metric(y_true, mix(net, trees, w, kind)) for w in weights]
     best = 0

@@ -1,5 +1,4 @@
-"""What 02 and 03 show: the history as a table and a plot, and a summary of the predictions (nothing trains,
-reads or writes files)."""
+"""What 02 and 03 show: the history as a table and a plot, and a summary of the predictions (no file I/O)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import pandas as pd
 
 from kitlib.progress import THROUGHPUT, advise, figure
 
-# lazy: matplotlib (+0.4 s): only drawing a chart needs it (python -X importtime).
+# lazy: matplotlib (+0.4 s): only drawing a chart needs it
 
 if TYPE_CHECKING:
     from kitlib.engine.loop import FitResult
@@ -18,8 +17,7 @@ _LOSSES = ("train_loss", "eval_loss")
 
 
 def history_table(history: pd.DataFrame) -> pd.DataFrame:
-    """``history`` as a notebook shows it: by 1-based epoch, 4 significant digits, lr in scientific notation, empty
-    columns dropped, unmeasured figures blank, the throughput under kitlib.progress.THROUGHPUT's name."""
+    """``history`` as a notebook shows it: 1-based epochs, 4 significant digits, empty columns dropped."""
     table = history.dropna(axis="columns", how="all").set_index("epoch")
     shown: dict[str, Any] = {}
     for name, column in table.items():
@@ -33,8 +31,7 @@ def history_table(history: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_history(result: FitResult) -> Any:
-    """Train and eval loss on one axis, the metric that chose the kept checkpoint on a second one, and the kept
-    epoch marked with that metric named; whole-number epoch ticks. Returns the matplotlib Axes."""
+    """Train/eval loss and the monitored metric on twin axes, the kept epoch marked. Returns the matplotlib Axes."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -67,8 +64,7 @@ def plot_history(result: FitResult) -> Any:
 
 
 def prediction_summary(submission: pd.DataFrame, id_column: str) -> str:
-    """What 03 predicted, per target column: class counts (the 5 most common) or quantiles. Warns (a UserWarning)
-    when every row gets the same answer: a submission that scores like a constant."""
+    """What 03 predicted per target (top-5 class counts or quantiles); warns when every row gets the same answer."""
     lines = []
     for name in submission.columns.drop(id_column, errors="ignore"):
         column = submission[name]

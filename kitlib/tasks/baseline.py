@@ -1,5 +1,4 @@
-"""The trivial baseline every run is scored against (the task's constant, chosen on train, scored on validation)
-and the verdict: whether the model beats it by more than the noise of those rows (a 90% bootstrap interval)."""
+"""The constant baseline every run is scored against, and whether the model beats it beyond a 90% interval."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ ROUNDS = 1000  # bootstrap resamples of the validation rows
 LEVEL = 90  # percent: the interval's coverage
 ROW_MEAN = frozenset({"accuracy", "mae", "smape", "exact_match", "rouge_l", "record_f1"})  # means of per-row scores
 BUDGET_S = 10.0  # seconds of metric calls the bootstrap of any other metric may take (at least 100 rounds)
-# What to try when the model does not clearly win, each with the run facts meaning it was done already (``done``:
-# the preset's name, the regression loss): the advice names only what the run did not do.
+# What to try when the model does not clearly win, with the run facts meaning it was done (``done``)
 TRIES = (
     ("the balanced preset", frozenset({"balanced", "best"})),
     ("the best preset", frozenset({"best"})),
@@ -39,8 +37,7 @@ ADVICE = {
 
 @dataclass(frozen=True)
 class Gap:
-    """The model's score minus the baseline's on the validation rows, in the metric's units, signed so that > 0 is
-    the model better; ``low``..``high``: its LEVEL% bootstrap interval (the rows resampled)."""
+    """Model minus baseline score on the validation rows (> 0: model better); ``low``..``high``: LEVEL% interval."""
 
     gain: float
     low: float
@@ -76,9 +73,7 @@ class Baseline:
     def verdict(
         self, model_score: float | None, kind: str, gap: Gap | None = None, done: Collection[str] = ()
     ) -> str | None:
-        """One line when the model does not clearly beat the constant (worse, or within the interval's noise), with
-        what to try that the run did not do already (``done``: the preset's name, the regression loss); None when it
-        does (without ``gap``: when its score is better)."""
+        """One line when the model does not clearly beat the constant, with what the run has not tried; else None."""
         if (gap.low > 0) if gap is not None else self.beaten_by(model_score):
             return None
         shown = "no score" if model_score is None else f"{self.metric} {figure(model_score)}"
@@ -105,9 +100,7 @@ class Baseline:
 
 
 def compare(metric: Metric, y_true: Any, model: Any, baseline: Any, *, seed: int = 0) -> Gap:
-    """The model's score minus the baseline's on the same rows (> 0: the model better) with its LEVEL% bootstrap
-    interval over ROUNDS paired resamples (per-row scores resampled for ROW_MEAN metrics, else rescored within
-    BUDGET_S)."""
+    """The model's score minus the baseline's (> 0: model better) with its LEVEL% bootstrap interval over ROUNDS."""
     y_true, model, baseline = np.asarray(y_true), np.asarray(model), np.asarray(baseline)
     sign, n = (1.0 if metric.mode == "max" else -1.0), len(y_true)
     rng = np.random.default_rng(seed)
@@ -128,8 +121,7 @@ def compare(metric: Metric, y_true: Any, model: Any, baseline: Any, *, seed: int
 
 
 class BestRows:
-    """The validation truth and predictions at the run's best score so far, which ``compare`` resamples after
-    training (``rows`` stays None under background_eval = "process")."""
+    """Validation truth and predictions at the best score so far (``rows`` None under background_eval "process")."""
 
     def __init__(self, metric: Metric) -> None:
         self.metric = metric
@@ -147,8 +139,7 @@ class BestRows:
 
 
 def trivial_baseline(metric: Metric, *, kind: str, train: np.ndarray, valid: np.ndarray) -> Baseline:
-    """The task's constant answer, chosen on ``train`` and scored by ``metric`` on ``valid`` (both in the target's
-    own units: class labels, numbers, texts)."""
+    """The task's constant answer, chosen on ``train`` and scored by ``metric`` on ``valid``, in target units."""
     train, valid = np.asarray(train), np.asarray(valid)
     if kind == "regression":
         value, what = _best_constant(metric, train.astype(np.float64))
@@ -160,17 +151,14 @@ def trivial_baseline(metric: Metric, *, kind: str, train: np.ndarray, valid: np.
 
 
 def most_common(values: Any) -> Any:
-    """The most frequent value; ties go to the smallest (sorted order), so 02's baseline and 03's stand-in for a
-    blank output name the same training target whatever the rows' order."""
+    """The most frequent value, ties to the smallest, so 02's baseline and 03's blank stand-in agree."""
     found, counts = np.unique(np.asarray(values), return_counts=True)
     value = found[int(np.argmax(counts))]  # argmax: the first of the most frequent, in sorted order
     return value.item() if isinstance(value, np.generic) else value  # a plain number or text: run.json holds it
 
 
 def _best_constant(metric: Metric, y: np.ndarray) -> tuple[float, str]:
-    """The constant ``metric`` scores best on ``y``: the mean, every 2.5th percentile, then twice REFINE points
-    between the best one's neighbours (SMAPE's best constant lies between percentiles: 0.014 better than
-    the best percentile on a 675-row price-like target)."""
+    """The constant ``metric`` scores best on ``y``: the mean, every 2.5th percentile, then refined near the best."""
     judged = y if len(y) <= MAX_ROWS else np.random.default_rng(0).choice(y, MAX_ROWS, replace=False)
     median = float(np.median(judged))
     candidates = [float(np.mean(judged)), median, *np.quantile(judged, QUANTILES).tolist()]

@@ -1,5 +1,4 @@
-"""Competition metrics by name (what 02 monitors and ``score`` prints), each ``(y_true, y_pred)`` in the
-competition's units; a user's is ``"module:function"``, minimised when it carries ``mode = "min"``."""
+"""Competition metrics by name, ``(y_true, y_pred)`` in the competition's units; a user's is ``"module:function"``."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from kitlib.config import Mode
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.tasks.sql_metric import mean_record_f1
 
 if TYPE_CHECKING:
@@ -76,8 +75,7 @@ def exact_match(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 
 def rouge_l(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-    """Mean ROUGE-L F1 (longest common subsequence of words) of each text against its reference, 0 to 1, words as
-    rouge-score's ``RougeScorer(["rougeL"])`` finds them. ~1 ms for a 30-word pair."""
+    """Mean ROUGE-L F1 (word LCS) of texts against references, 0 to 1, words as rouge-score's ``rougeL`` splits them."""
     scores = []
     for reference, generated in zip(y_true, y_pred, strict=True):
         a, b = _rouge_words(reference), _rouge_words(generated)
@@ -102,8 +100,7 @@ def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
 
 
 def record_f1_on(database: Path) -> MetricFn:
-    """Text-to-SQL's executing metric: mean record F1 of the generated queries' result rows against the reference
-    queries', both run read-only on ``database`` (kitlib.tasks.sql_metric; a failing query scores 0)."""
+    """Mean record F1 of the generated queries' result rows against the references', run read-only on ``database``."""
 
     def record_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
         return mean_record_f1([str(q) for q in y_pred], [str(q) for q in y_true], database)
@@ -139,9 +136,7 @@ METRICS: Mapping[str, Metric] = MappingProxyType(
 
 
 def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
-    """The metric ``name`` ("auto": accuracy for classes, rmse for numbers, exact_match for texts; or
-    "module:function") for a target of ``kind``; a SetupError naming the fix when it does not exist, does not
-    import, or does not fit the target. ``record_f1`` executes SQL on the database in ``data_dir``."""
+    """The metric ``name`` ("auto": by ``kind``; or "module:function") for the target, else a SetupError."""
     if name == "auto":
         name = AUTO[kind]
     if ":" in name:
@@ -155,7 +150,7 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
     if name not in METRICS:
         raise SetupError(
             f"metric = {name!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own. Fix: "
-            "set metric in 00_setup's parameters cell"
+            f"set metric {in_setup('metric', env=True)}"
         )
     metric = METRICS[name]
     if kind not in metric.kinds:
@@ -186,8 +181,7 @@ def _users(spec: str, fn: Callable[..., Any]) -> MetricFn:
 
 
 def target_rule(rule: TargetRule, metric: str) -> TargetRule:
-    """How the target is read: the task's word (classify/regress) when it says one, else the named metric's kind (a
-    number for smape/rmse/mae/rmsle, classes for accuracy/macro_f1), else ``rule`` ("auto": by its values)."""
+    """How the target is read: the task's word, else the named metric's kind, else ``rule`` ("auto": by its values)."""
     if rule != "auto" or metric not in METRICS:
         return rule
     kinds = METRICS[metric].kinds
@@ -195,9 +189,7 @@ def target_rule(rule: TargetRule, metric: str) -> TargetRule:
 
 
 def check_metric_fits(target: Sequence[Any], name: str, rule: TargetRule, metric: str) -> None:
-    """A metric of numbers on a target of two values (0/1, yes/no) is a contradiction kitlib will not settle: read as
-    numbers, a classification would be trained as a regression and submit decimals (1.0129). An explicit task
-    settles it; so does another metric."""
+    """Refuse a numeric metric on a two-valued target (it would train as a regression and submit decimals)."""
     if rule != "auto" or target_rule(rule, metric) != "regress" or len(values := sorted(set(target), key=str)) != 2:
         return
     raise SetupError(
@@ -209,8 +201,7 @@ def check_metric_fits(target: Sequence[Any], name: str, rule: TargetRule, metric
 
 
 def check_metric(metric: Metric, target: Sequence[Any]) -> None:
-    """A user's metric called once on the first training targets as a perfect prediction (about a millisecond):
-    one that cannot score fails in 00, not after the first epoch of training."""
+    """Call a user's metric once on a perfect prediction (~1 ms), so one that cannot score fails in 00."""
     if ":" in metric.name:
         y = np.asarray(target)[:64]
         metric(y, y.copy())

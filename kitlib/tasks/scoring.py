@@ -1,5 +1,4 @@
-"""Scoring a submission against held-out answers (``python -m kitlib score``), matched by id, by any metric of
-kitlib.tasks.metrics or ``module:function``."""
+"""Scoring a submission against held-out answers by id (``python -m kitlib score``) with any kitlib or user metric."""
 
 from __future__ import annotations
 
@@ -18,14 +17,13 @@ ABOUT_FILE = "demo.json"  # the demo's task, metric and the notebooks' parameter
 def read_scored(
     path: str | Path, role: str, target: str = "label", *, text: bool = False, id: str = "id", blank: bool = True
 ) -> pd.DataFrame:
-    """A solution or submission file: columns id (str) and ``target``, or a DataError naming the fix. A text target
-    (``text=True``) is read verbatim, blanks as '' (``blank=False``: a blank is a missing label)."""
+    """A solution or submission file (id as str, ``target``), or a DataError; text targets read verbatim, blanks ''."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"no {role} file at {path}")
     if path.stat().st_size == 0:
         raise DataError(f"the {role} file {path} is empty")
-    # text: no 'NA'/'NULL' -> NaN guessing, so every prediction is scored as written
+    # text: no 'NA'/'NULL' -> NaN guessing
     df = pd.read_csv(path, dtype={target: str, id: str}, keep_default_na=False) if text else pd.read_csv(path)
     missing = [name for name, c in (("id", id), ("target", target)) if c not in df.columns]
     if missing and role == "solution":  # the answers lack it: the column asked for is the wrong one
@@ -57,8 +55,7 @@ def read_scored(
 def read_matched(
     solution_csv: str | Path, submission_csv: str | Path, target: str = "label", **read: Any
 ) -> pd.DataFrame:
-    """The solution's and the submission's ``target`` matched by id (read_scored's checks, ``read`` its text, id and
-    blank; then check_same_ids'): columns id, {target}_true and {target}_pred, in the solution's order."""
+    """Solution and submission ``target`` matched by id: columns id, {target}_true, {target}_pred in solution order."""
     solution = read_scored(solution_csv, "solution", target, **read)
     check_same_ids(solution, submission := read_scored(submission_csv, "submission", target, **read))
     return solution.merge(submission, on="id", suffixes=("_true", "_pred"))
@@ -86,8 +83,7 @@ def score(
     metric: str = "accuracy",
     data_dir: str | Path | None = None,
 ) -> float:
-    """``metric`` of a submission against the solution, matched by ``id`` on ``target`` (1 and 1.0 agree); mismatches
-    raise a DataError saying what to fix. ``data_dir``: where record_f1 finds the database (default: the solution's)."""
+    """``metric`` of a submission against the solution matched by ``id``; mismatches raise a DataError with the fix."""
     kinds = METRICS[metric].kinds if metric in METRICS else frozenset({"binary", "regression"})
     texts = "sequence" in kinds  # else a blank cell is a missing prediction, not a label
     merged = read_matched(solution_csv, submission_csv, target, id=id, text=True, blank=texts)

@@ -1,6 +1,4 @@
-"""Execution-based text-to-SQL scoring: the predicted and gold queries' rows compared as multisets (order and names
-ignored, floats to 6 decimals), F1 over them; read-only, authorised, timed and row-capped. A failing prediction
-scores 0; a failing gold query raises DataError (``check_references`` runs them before training)."""
+"""Text-to-SQL execution scoring: result rows as multisets, F1; read-only, timed, row-capped (failures score 0)."""
 
 from __future__ import annotations
 
@@ -99,9 +97,7 @@ def _gold_rows(conn: sqlite3.Connection, gold: str, timeout: float) -> Rows:
 
 
 def check_references(queries: pd.Series, database: Path, *, source: str, timeout: float = TIMEOUT_S) -> None:
-    """Open ``database`` read-only and run each distinct query of ``queries`` once: a DataError naming the first
-    failing row, its query, the error and the fix, before any training. Cost: one execution per distinct query
-    (the demo's 1,500 rows, 1,238 distinct: 0.4 s on this CPU); each is cut at ``timeout`` seconds."""
+    """Run each distinct query once read-only (cut at ``timeout`` s): a DataError naming the first failing row."""
     conn = connect_readonly(database)
     try:
         try:
@@ -125,9 +121,8 @@ def check_references(queries: pd.Series, database: Path, *, source: str, timeout
         query = str(queries[row])
         raise DataError(
             f"{source}: the reference query at row {row} fails on {database.name} ({failed[query]}): {query!r} "
-            f"({int(bad.sum())} such row(s)). record_f1 scores a generated query by the rows its reference returns, "
-            "so every reference must be read-only SQL that runs (no INSERT, UPDATE, DROP, ...). Fix: correct or drop "
-            "those rows"
+            f"({int(bad.sum())} such row(s)). record_f1 scores by the rows a reference returns: each must be "
+            "read-only SQL that runs (no INSERT, UPDATE, DROP, ...). Fix: correct or drop those rows"
         )
 
 

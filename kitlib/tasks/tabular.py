@@ -1,5 +1,4 @@
-"""Numeric and categorical columns as model inputs, fitted on the training rows and saved (plain JSON) with the
-features: heavy-tailed numbers log1p'ed, then standardised, missing -> 0 plus a flag; rare/unseen categories -> 0."""
+"""Tabular columns as model inputs, fitted on training rows and saved as JSON (log1p, standardise, rare -> 0)."""
 
 from __future__ import annotations
 
@@ -11,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.data.tables import check_finite
-from kitlib.errors import DataError
+from kitlib.errors import DataError, in_setup
 from kitlib.tasks.targets import heavy_tailed
 
-# lazy: pandas (+0.2 s): only fitting columns on a DataFrame needs it (python -X importtime).
+# lazy: pandas (+0.2 s): only fitting columns on a DataFrame needs it
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -123,8 +122,7 @@ def numeric_values(df: pd.DataFrame, name: str, path: Path | str) -> np.ndarray:
 
 
 def _category_strings(df: pd.DataFrame, name: str, path: Path | str) -> pd.Series:
-    """The column's values as text, the same whatever dtype pandas read: a code column with a blank somewhere is read
-    as floats (2001.0), and must still match the 2001 of a file without blanks."""
+    """The column's values as text whatever dtype pandas read (2001.0 from a column with blanks matches 2001)."""
     _require(df, name, path, "categorical")
     col = df[name]
     if col.dtype.kind == "f":
@@ -136,6 +134,6 @@ def _category_strings(df: pd.DataFrame, name: str, path: Path | str) -> pd.Serie
 def _require(df: pd.DataFrame, name: str, path: Path | str, role: str) -> None:
     if name not in df.columns:
         raise DataError(
-            f"{path}: no column {name!r} (listed in {role}); available columns: {list(df.columns)}. Fix: {role} in "
-            "00_setup's parameters cell"
+            f"{path}: no column {name!r} (listed in {role}); available columns: {list(df.columns)}. Fix: {role} "
+            f"{in_setup(role)}"
         )

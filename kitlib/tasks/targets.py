@@ -1,6 +1,4 @@
-"""How a target column becomes what the model learns: class codes, or a standardised (log) number with the loss its
-metric rewards (rmse: squared; mae: absolute, log1p when heavy-tailed; smape: absolute on log1p; rmsle: squared on
-log1p); ``objective`` overrides it."""
+"""How a target becomes what the model learns: class codes, or a standardised (log) number with a metric's loss."""
 
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ import numpy as np
 from kitlib.data.tables import infer_target
 from kitlib.tasks.metrics import LOG_TARGET_METRICS, check_metric_fits, target_rule
 
-# lazy: torch (+1.0 s): only the regression loss needs it; the target rules are read in 01 without torch (python -X
-# importtime).
+# lazy: torch (+1.0 s): only the regression loss needs it
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -61,8 +58,7 @@ def regression_loss(spec: TargetSpec) -> Callable[[torch.Tensor, torch.Tensor], 
 
 
 def read_target(column: pd.Series, rule: TargetRule, metric: str, objective: str = "auto") -> TargetSpec:
-    """The target's kind and classes (kitlib.data.tables.infer_target: a DataError asking for task= when ambiguous),
-    with the regression transform and loss (``objective_for``) fitted on ``column``."""
+    """The target's kind and classes (a DataError asking for task= when ambiguous), with its transform and loss."""
     check_metric_fits(column.dropna().tolist(), str(column.name), rule, metric)
     spec = infer_target(column, target_rule(rule, metric))  # smape: a number, whole or not; accuracy: classes
     if spec.kind != "regression":

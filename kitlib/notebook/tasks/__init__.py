@@ -1,5 +1,4 @@
-"""The tasks the notebooks train: ``get_task(name)`` resolves a name in ``TASKS`` (lazy ``module:name`` references)
-or a ``module:name`` of your own (a Task instance, class or factory); an unknown name lists the choices."""
+"""``get_task(name)``: a name in ``TASKS`` or your own ``module:name``; unknown names list the choices."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.notebook.tasks.base import Task
 from kitlib.tasks.metrics import import_object
 
@@ -19,12 +18,10 @@ class TaskEntry:
     ref: str  # "module:name" of a Task class or factory (imported only when the task is asked for)
     description: str  # the task's one description: the error for an unknown task lists them
     args: tuple[str, ...] = ()  # what the class is called with (one class serves several names)
-    # The model the memory plan sizes (kitlib.doctor.memory_plan.MODEL_KINDS: "encoder", "decoder",
-    # "encoder-decoder"; "" for a model the user's factory builds)
+    # the model the memory plan sizes (memory_plan.MODEL_KINDS; "" for a user factory's)
     model_kind: str = "encoder"
     generates: bool = False  # its predictions are generated text (loops counted, 4-bit weights offered)
-    # "module:function" writing this task's offline demo competition: a module of the checkout's demos/ package
-    # (not in the wheel; `python -m kitlib demo` finds the checkout beside kitlib)
+    # "module:function" writing the offline demo (the checkout's demos/, not in the wheel)
     demo: str = "demos.reviews:make_demo"
 
 
@@ -86,8 +83,8 @@ def get_task(name: str) -> Task:
     if entry is None and ":" not in name:
         raise SetupError(
             f"task = {name!r} is not one of {list(TASKS)} and not a 'module:name' of your own Task. Fix: one of those "
-            "names, or 'my_module:MyTask' (a Task subclass in my_module.py beside the notebooks), as task in "
-            "00_setup's parameters cell (KIT_TASK headless)"
+            "names, or 'my_module:MyTask' (a Task subclass in my_module.py beside the notebooks), as task "
+            f"{in_setup('task', env=True)}"
         )
     found = import_object(entry.ref if entry else name, "task")
     args = entry.args if entry else ()  # e.g. TextTask's name and target rule

@@ -1,6 +1,4 @@
-"""What a notebook task is: the few things that differ between workloads (00 checks, 01 tokens and targets, 02
-loaders and model from a ``Context``, 03 predictions), behind one ``Task`` whose defaults are the text tasks'. A task
-of one's own subclasses ``Task`` and is named ``task="module:name"`` (docs/guide.md)."""
+"""What differs between workloads, behind one ``Task``; a user's task subclasses it (``task="module:name"``)."""
 
 from __future__ import annotations
 
@@ -19,8 +17,7 @@ from kitlib.notebook.handoff import Features, SideInputs
 from kitlib.progress import advance, progress_bar
 from kitlib.tasks.targets import read_target, regression_loss
 
-# lazy: torch (+1.0 s): the task classes are read (names, presets) without training; tqdm (0.02 s) is not lazy
-# (python -X importtime).
+# lazy: torch (+1.0 s): task classes are read (names, presets) without training
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,8 +44,7 @@ HEAD_LAYERS = 3  # head: mean-pool MiniLM's last 3 layers (1152 floats per row; 
 
 @dataclass(frozen=True)
 class Context:
-    """What 02 and 03 build a run from: the saved features, the machine, this fold's rows, the seed, the model
-    choice (stages._model_choice)."""
+    """What 02 and 03 build a run from: saved features, machine, this fold's rows, seed, model choice."""
 
     feats: Features
     hw: HardwareInfo
@@ -64,8 +60,7 @@ class Prepared:
     test: Any
     model: nn.Module  # model(**batch) -> .logits (and .loss given labels), in both regimes
     notes: tuple[str, ...] = ()  # lines for 02's summary (a causal LM's examples cut to the width)
-    # Other training loaders by their batching (TrainConfig.batching), which 02 measures against ``train`` on the
-    # training device before it trains the faster (training.measured_batching): a causal LM's packed rows
+    # Other training loaders by batching; 02 measures them against ``train`` and trains the faster
     choices: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -133,8 +128,7 @@ def each_batch(
     interactive: bool,
     desc: str,
 ) -> list[Any]:
-    """``predict(batch)`` for every batch of ``loader`` on ``device`` (inference mode, the run's autocast), with
-    progress in rows: a widget bar when ``interactive``, else a text line every 30 s (kitlib.progress)."""
+    """``predict(batch)`` per batch under inference mode and the run's autocast, with progress in rows."""
     import torch
 
     from kitlib.engine.step import to_device
@@ -184,16 +178,14 @@ class Task:
         return SideInputs()
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """The preset as this task trains it (e.g. a from-scratch model's lr and epochs); the picker's own changes
-        are applied on top. Default: as it is."""
+        """The preset as this task trains it; the picker's changes apply on top. Default: unchanged."""
         return preset
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        """(tokenizer, model, identity) for 01: for the text column, the encoder whose embeddings the head regime
-        caches, or the classifier finetune trains."""
+        """(tokenizer, model, identity) for 01: the head regime's encoder or finetune's classifier."""
         from kitlib.models.loading import load_text_classifier, load_text_encoder
 
         texts = train[p.text].tolist()
@@ -204,18 +196,15 @@ class Task:
     def labels(
         self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
-        """The training targets 02 learns (int64 class codes, or float32 transformed values) from the training rows
-        and the tokenizer and model ``load`` returned."""
+        """02's targets (int64 class codes or float32 transformed values) for the training rows."""
         return spec.encode(train[p.target])
 
     def lengths(self, train: pd.DataFrame, p: Params, tokenizer: Any, lengths: np.ndarray) -> np.ndarray:
-        """The token counts the run's max_length must cover, from the text column's (a generating task adds its
-        target's)."""
+        """Token counts max_length must cover (a generating task adds its target's)."""
         return lengths
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
-        """00's time estimate where this task knows its model better than whitespace words through MiniLM's 10.6 M
-        weights (None: those)."""
+        """00's estimate from this task's own model (None: whitespace words through MiniLM)."""
         return None
 
     def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
@@ -231,14 +220,12 @@ class Task:
         return _head_inputs(texts, test_texts, encoder) if encoder.run.preset.regime == "head" else Extra()
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
-        """JSON-able facts 02 and 03 need besides the arrays (e.g. a tokenizer trained in 01), kept with the side
-        inputs' state in features.json."""
+        """JSON-able facts 02/03 need besides the arrays (e.g. 01's tokenizer), saved in features.json."""
         return {}
 
     # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(self, ctx: Context) -> Prepared:
-        """Loaders and the model for 02 and 03 from the saved features: the head on 01's embeddings (head regime) or
-        the whole classifier on the tokens (finetune), with ``model`` around it."""
+        """Loaders and model for 02/03: the head on 01's embeddings (head regime) or the whole classifier (finetune)."""
         from kitlib.models.loading import load_classifier
 
         feats, seed = ctx.feats, ctx.seed
@@ -250,8 +237,7 @@ class Task:
         return dataclasses.replace(prepared, model=self.model(prepared.model, feats.spec, feats.side, seed))
 
     def loaders(self, ctx: Context) -> tuple[Any, Any, Any]:
-        """(train, valid, test) loaders of the saved tokens, labels (one per row, or a row of target tokens) and side
-        inputs: what every model that reads tokens trains on (a task's own model too)."""
+        """(train, valid, test) loaders of the saved tokens, labels and side inputs."""
         from kitlib.data.loaders import TokenDataset, make_eval_loader, make_predict_loader, make_train_loader
 
         feats, hw = ctx.feats, ctx.hw
@@ -271,8 +257,7 @@ class Task:
         return text_model
 
     def loss_fn(self, spec: TargetSpec) -> Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor] | None:
-        """fit's ``loss_fn`` (None: the model's own ``.loss``): a regression target's objective from its spec
-        (kitlib.tasks.targets: squared or absolute error, whatever loss the model computes itself)."""
+        """fit's ``loss_fn`` (None: the model's own ``.loss``): a regression target's objective from its spec."""
         if spec.kind != "regression":
             return None
         loss = regression_loss(spec)
@@ -284,9 +269,7 @@ class Task:
         return objective
 
     def evaluate(self, spec: TargetSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
-        """The full evaluation: the metric, in the target's own units (predictions decoded as the submission is),
-        and the loss over every validation row, in one pass (fit then skips its loss-only pass; it runs this under
-        no_grad + autocast)."""
+        """Metric (in target units) and loss over every validation row in one pass; fit then skips its loss pass."""
         import torch
 
         from kitlib.engine.step import to_device
@@ -326,9 +309,7 @@ class Task:
         interactive: bool = False,
         desc: str = "predict",
     ) -> np.ndarray:
-        """Outputs for every row, in the dataset's row order. The predict loader is length-sorted (little padding);
-        ``restore_order`` puts rows back where they were. Progress in rows: a widget bar when ``interactive``, else
-        a text line every 30 s (kitlib.progress)."""
+        """Outputs for every row in the dataset's order (the predict loader is length-sorted, then restored)."""
         import torch
 
         from kitlib.data.loaders import restore_order
@@ -353,8 +334,7 @@ def _head_inputs(texts: list[str], test_texts: list[str], e: Encoder) -> Extra:
     """The head regime's frozen inputs: the encoder's pooled embeddings and tf-idf n-gram bags of train and test."""
     from kitlib.machine.amp import Precision
 
-    # Decided here, for the machine 01 runs on: run.json's precision is 02's (a Kaggle chain plans it for the T4 x2
-    # while 01 may run on a CPU kernel, where fp16 is emulated).
+    # Decided for 01's machine: run.json's precision is 02's, and 01 may run on a CPU (fp16 emulated)
     plan = decide_stage_precision(e.hw, e.run.preset.precision)
     if plan.dtype != e.run.config.precision:
         print(f"embedding pass: {plan.dtype} on this machine ({plan.reason}); 02 trains in {e.run.config.precision}")
@@ -412,8 +392,7 @@ def _head(ctx: Context) -> Prepared:
 
 
 def _tensor(array: np.ndarray) -> torch.Tensor:
-    """``array`` as a tensor sharing its memory; a read-only array (np.load(mmap_mode="r"), np.frombuffer of bytes:
-    torch warns, as it could write through the tensor) is copied, only then. The hand-off's arrays are writable."""
+    """``array`` as a tensor sharing memory; a read-only array is copied (torch warns on those)."""
     import torch
 
     return torch.from_numpy(array if array.flags.writeable else array.copy())

@@ -1,6 +1,4 @@
-"""causal-lm: supervised fine-tuning of a decoder-only LM on prompt -> response pairs (a folder's LM, else a tiny
-GPT-2 with a BPE trained on the rows); loss on the response and its </s> only, greedy generation scored in the
-background, 03 votes over runs. The contract: docs/guide.md."""
+"""causal-lm: SFT of a decoder-only LM on prompt -> response pairs, loss on the response only (docs/guide.md)."""
 
 from __future__ import annotations
 
@@ -48,7 +46,7 @@ if TYPE_CHECKING:
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
-# x the preset's epochs from random weights; 5, not seq2seq's 10: balanced within ~8 min on a 2-core CPU
+# x the preset's epochs from random weights (docs/measurements.md)
 FROM_SCRATCH_EPOCHS = 5
 FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
@@ -61,7 +59,6 @@ class CausalLMTask(TextGenerationTask):
     def __init__(self, name: str = "causal-lm") -> None:
         self.name = name
 
-    # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
         if p.text == p.target:
             raise SetupError(
@@ -81,9 +78,7 @@ class CausalLMTask(TextGenerationTask):
         return TargetSpec("sequence", 0)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Every prompt whole up to the cap (01 fits the sequence length itself), all weights trained; from scratch
-        (no model folder) a tiny GPT-2 needs a far larger lr and more epochs than the presets' pretrained numbers;
-        generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
+        """Prompts whole up to the cap, all weights trained; from scratch: a tiny GPT-2, larger lr, more epochs."""
         folder = model_folder(p)  # a pretrained model: up to its positions (config.json alone); tiny: its 512
         cap = (positions_of(config_of(folder)) if folder else None) or MAX_SEQ_TOKENS
         changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": cap}
@@ -95,8 +90,7 @@ class CausalLMTask(TextGenerationTask):
         return dataclasses.replace(preset, **changes)
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
-        """From scratch: each row's prompt, response and </s> by the BPE 01 trains, through the tiny GPT-2 built for
-        it (milliseconds); a folder's model: the default."""
+        """From scratch: the rows' tokens by the BPE 01 trains through the tiny GPT-2 for it; a folder: default."""
         if model_folder(p) is not None:
             return None
         fit = functools.partial(train_bpe_tokenizer, add_eos=False)
@@ -104,7 +98,6 @@ class CausalLMTask(TextGenerationTask):
         model = tiny_causal_lm(tokenizer, seed=p.seed, n_positions=MAX_SEQ_TOKENS)
         return RoughCost(np.minimum(prompts + responses + 1, MAX_SEQ_TOKENS), non_embedding_params(model))
 
-    # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
@@ -128,9 +121,7 @@ class CausalLMTask(TextGenerationTask):
     def labels(
         self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
-        """Per row, the sequence's labels: -100 on the prompt, the response's tokens and </s>, -100 padding, as wide
-        as the longest sequence (at most the user's max_length, else the model's positions: 512 for the tiny GPT-2).
-        02 rebuilds the inputs from them and the prompt tokens."""
+        """Per row: -100 on the prompt, the response's tokens and </s>, -100 padding (at most the cap wide)."""
         cap = _cap(p, model)
         texts = self.prompts([str(v) for v in train[p.text]], tokenizer)
         prompts = tokenize_texts(texts, tokenizer, max_length=cap, cache=cache).lengths
@@ -144,18 +135,15 @@ class CausalLMTask(TextGenerationTask):
         return np.asarray(lengths) + [len(r) for r in _encode_responses(_responses(train, p, tokenizer), tokenizer)]
 
     def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:
-        """Each prompt as the model is prompted at inference: through its tokenizer's chat template, up to the
-        assistant's turn; without a template, as written (a JSONL chat: its turns' contents, a paragraph each)."""
+        """Each prompt as at inference: through the chat template up to the assistant's turn, else as written."""
         return [render_prompt(t, tokenizer) for t in texts]
 
     def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
-        """Batching left to 02 where packing can run: it measures packed against length-bucketed batches on the
-        training device (``prepare``'s ``choices``; kitlib.doctor.probe.probe_batching) and trains the faster."""
+        """Batching left to 02, which measures packed against bucketed rows on the device and trains the faster."""
         if run.config.batching == "bucket" and packing_supported():
             print("batching: 02 measures packed rows against length buckets on the training device, the faster trains")
         return run
 
-    # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(self, ctx: Context) -> Prepared:
         feats, hw, split, seed = ctx.feats, ctx.hw, ctx.split, ctx.seed
         cfg, tokens, y, pad = feats.run.config, feats.train_tokens, feats.labels, feats.pad_id
@@ -201,10 +189,7 @@ class CausalLMTask(TextGenerationTask):
 def response_labels(
     prompt_lengths: Sequence[int] | np.ndarray, responses: Sequence[Sequence[int]], cap: int
 ) -> tuple[np.ndarray, str]:
-    """(labels, a line saying what they cover): per row -100 on the prompt's positions, then the response's tokens
-    (</s> included), then -100, as wide as the longest prompt + response (at most ``cap``). A row over the cap keeps
-    its response whole when it fits in the cap minus its prompt or half the cap, and as much of the end of its
-    prompt as fits; a response longer than that is cut (it loses its </s>)."""
+    """(labels, note): -100 on the prompt, the response + </s>, -100 padding, at most ``cap`` wide (long ones cut)."""
     prompt_lengths = np.asarray(prompt_lengths, dtype=np.int64)
     response_lengths = np.array([len(r) for r in responses], dtype=np.int64)
     total = prompt_lengths + response_lengths
@@ -229,8 +214,7 @@ def response_labels(
 
 
 def sequence(prompt: Sequence[int] | np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(input_ids, labels) of one row from its prompt tokens and its saved label row: the last prompt tokens the
-    label row leaves room for, then the response; labels -100 on that prompt."""
+    """(input_ids, labels) of one row: the last prompt tokens the label row leaves room for, then the response."""
     labels = np.asarray(labels)
     scored = np.flatnonzero(labels != IGNORE)
     room = int(scored[0]) if len(scored) else len(labels)
@@ -263,8 +247,7 @@ def render_prompt(text: str, tokenizer: Any) -> str:
 
 
 def _responses(train: pd.DataFrame, p: Params, tokenizer: Any) -> list[str]:
-    """Each reply as the chat template writes the assistant's turn, up to its end-of-turn (which _encode_responses
-    appends: the chat tokenizer's eos, _chat_eos); as written without a template."""
+    """Each reply as the chat template writes the assistant's turn, up to its end-of-turn."""
     replies = [str(v) for v in train[p.target]]
     if not getattr(tokenizer, "chat_template", None):
         return replies
@@ -284,8 +267,7 @@ def _responses(train: pd.DataFrame, p: Params, tokenizer: Any) -> list[str]:
 
 
 def _chat_eos(tokenizer: Any) -> None:
-    """Make the template's end-of-turn token the tokenizer's eos: what a reply ends with, the loss scores and
-    generation stops at (Llama 3's <|eot_id|>, ChatML's <|im_end|>), not the end of the whole text."""
+    """Make the template's end-of-turn token (<|eot_id|>, <|im_end|>) the tokenizer's eos: where replies end."""
     if not getattr(tokenizer, "chat_template", None):
         return
     probe = "kitlib-probe-reply"
@@ -315,8 +297,7 @@ def _encode_responses(responses: list[str], tokenizer: Any) -> list[list[int]]:
 
 
 class SequenceDataset(Dataset[Any]):
-    """Rows of input ids with their token labels (or ids alone, for prediction); ``lengths`` for the bucket
-    sampler and the length-sorted eval loaders."""
+    """Rows of input ids with token labels (or ids alone); ``lengths`` for the length-aware samplers."""
 
     def __init__(self, ids: list[np.ndarray], labels: list[np.ndarray] | None, *, pad_id: int) -> None:
         self.ids, self.labels, self.pad_id = ids, labels, pad_id
@@ -333,8 +314,7 @@ class SequenceDataset(Dataset[Any]):
 
 
 class SequenceCollator:
-    """Pad a batch on the right to its longest row: input_ids (pad id), attention_mask, labels (-100). A class, not a
-    closure, so spawned workers can pickle it."""
+    """Right-pad a batch to its longest row (pad id, mask, labels -100); a class so spawned workers can pickle it."""
 
     def __init__(self, pad_id: int) -> None:
         self.pad_id = pad_id
@@ -362,7 +342,6 @@ def prompts_of(batch: Mapping[str, torch.Tensor]) -> list[np.ndarray]:
     return [row[keep] for row, keep in zip(ids, mask, strict=True)]
 
 
-# ------------------------------------------------------------------------------------------------------ the model
 def _folder_model(
     folder: str,
     adapter: str = "none",
@@ -371,8 +350,7 @@ def _folder_model(
     frozen_dtype: torch.dtype | None = None,
     weights: bool = True,
 ) -> tuple[Any, Any]:
-    """The folder's tokenizer and model: its weights (fp32, or ``frozen_dtype`` for a frozen base), or without
-    them (``weights=False``: on the meta device, from config.json, for 01's lengths and FLOP estimate)."""
+    """The folder's tokenizer and model (fp32 or ``frozen_dtype``); ``weights=False``: on the meta device."""
     with model_refusals(folder):  # a pickled .bin or remote code: kitlib's error naming the fix
         tokenizer = AutoTokenizer.from_pretrained(folder)
         _chat_eos(tokenizer)
@@ -389,8 +367,7 @@ def _folder_model(
 
 
 def _cap(p: Params, model: nn.Module) -> int:
-    """The most tokens a sequence may have: the user's max_length as given (within the model's positions), else the
-    model's positions (the tiny GPT-2's are MAX_SEQ_TOKENS)."""
+    """Most tokens a sequence may have: max_length within the model's positions, else the positions."""
     positions = _positions(model) or MAX_SEQ_TOKENS
     return min(p.max_length, positions) if p.max_length else positions
 
@@ -411,10 +388,7 @@ def _build_model(
     train_rows: np.ndarray | None = None,
     attention: str = "sdpa",
 ) -> nn.Module:
-    """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
-    the tiny GPT-2 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits
-    its training responses set (``labels``: -100 on the prompt, the response and </s>). ``attention``: transformers'
-    implementation (kitlib.data.packing.packed_attention: flash-attn's varlen kernel for packed rows on a GPU)."""
+    """The fresh model 02 trains and 03 restores (folder's, qlora 4-bit, or tiny GPT-2) with tokenizer and limits."""
     if "model_folder" in side.state:
         tokenizer, model = _folder_model(side.state["model_folder"], adapter, device, frozen_dtype=frozen_dtype)
     else:
@@ -422,8 +396,7 @@ def _build_model(
         model = tiny_causal_lm(tokenizer, seed=seed, n_positions=MAX_SEQ_TOKENS)
     if attention != "sdpa":  # transformers' default where torch has SDPA
         model.set_attn_implementation(attention)
-    # Training needs no cache, and a cache in the forward turns off transformers' packed-row mask (kitlib.data.packing):
-    # an example would attend to the one packed before it. generate() asks for the cache itself.
+    # No cache: it turns off transformers' packed-row mask (rows would attend across); generate() asks for one
     model.config.use_cache = False
     model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
     model.kitlib_limits = (  # a published run (kitlib.notebook.inference) carries them, not its training rows
@@ -433,9 +406,7 @@ def _build_model(
 
 
 def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1) -> torch.Tensor:
-    """The response tokens generated for each prompt (on the model's device), within the model's limits
-    (``kitlib_limits``: the training responses' lengths and repetition): prompts padded on the left, so every row's
-    new tokens start at the same column."""
+    """Response tokens per prompt within the model's limits; prompts left-padded so new tokens share a column."""
     model = getattr(model, "module", model)
     tokenizer = getattr(model, "kitlib_tokenizer")  # noqa: B009
     limits = limits_of(model)

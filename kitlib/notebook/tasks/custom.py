@@ -1,6 +1,4 @@
-"""custom: your own ``nn.Module`` (``model_factory`` = ``file.py:function`` or ``module:function``, called with
-(vocab_size, num_labels, pad_id) under the run's seed) on the text's tokens, with kitlib's loaders, fit and inference.
-It runs your code: name only code you trust. The contract: docs/guide.md, "Your own model"."""
+"""custom: your own ``nn.Module`` (``model_factory``) with kitlib's loaders, fit and inference; it runs your code."""
 
 from __future__ import annotations
 
@@ -13,13 +11,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from kitlib.data.tables import texts_to_generate
 from kitlib.doctor.memory_plan import KNOWN_MODELS
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.tasks.base import Context, Prepared, RoughCost, Task
 from kitlib.notebook.tasks.text import TextTask
 from kitlib.tasks.metrics import import_object
 
-# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
+# lazy: torch (+1.0 s): the task is picked and checked without it
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,8 +34,7 @@ FROM_SCRATCH_EPOCHS = 4  # x the preset's: the demo's BiLSTM scored 0.656 after 
 
 
 class OwnModel(Task):
-    """What custom and custom-seq2seq share: 02 builds your module from ``model_factory`` under the run's seed and
-    tries it on two training rows before fit; the factory travels in features.json."""
+    """Shared by custom and custom-seq2seq: 02 builds your module from ``model_factory`` and tries it on two rows."""
 
     regimes = ("finetune",)  # the module reads tokens and trains whole
     arguments = "(vocab_size, num_labels, pad_id)"  # what the factory is called with, for the errors
@@ -75,14 +72,12 @@ class CustomTask(OwnModel, TextTask):
             raise SetupError(
                 f"task = 'custom' trains your module to predict a class or a number, but target {column.name!r} holds "
                 f"{column.nunique()} distinct texts over {len(column)} rows: texts to generate. Fix: set task = "
-                "'custom-seq2seq' for your own encoder-decoder (model_factory's module with its own loss and a "
-                "generate method: README, 'Your own model'), or task = 'seq2seq' for kitlib's"
+                "'custom-seq2seq' for your own encoder-decoder (README, 'Your own model'), or task = 'seq2seq'"
             )
         return super().target(column, p, metric)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Random weights: a larger lr and more epochs than the presets' pretrained numbers (best/ and patience keep
-        the run from overfitting); x the registry's epochs, so applying it twice changes nothing."""
+        """Random weights: larger lr, x the registry's epochs (idempotent); best/ and patience guard overfitting."""
         epochs = PRESETS[preset.name].epochs if preset.name in PRESETS else preset.epochs
         if preset.row_limit is None:  # smoke stays a plumbing check
             epochs *= FROM_SCRATCH_EPOCHS
@@ -91,8 +86,7 @@ class CustomTask(OwnModel, TextTask):
         )
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
-        """The text's rough tokens through your model's weights (built once, for MiniLM's tokenizer; embeddings left
-        out)."""
+        """Rough tokens through your model's weights (built once, MiniLM's tokenizer; embeddings left out)."""
         from kitlib.models.facts import non_embedding_params
 
         spec = self.target(train[p.target], p, p.metric)
@@ -106,7 +100,7 @@ def check_factory(p: Params, task: str, arguments: str) -> None:
     if not p.model_factory:
         raise SetupError(
             f"task = {task!r} needs your model: set model_factory = 'file.py:function' (a file beside the notebook, or "
-            f"its full path) or 'package.module:function' in 00_setup's parameters cell; the function gets {arguments} "
+            f"its full path) or 'package.module:function' {in_setup('model_factory')}; the function gets {arguments} "
             "and returns an nn.Module"
         )
     if p.numeric or p.categorical:
@@ -118,9 +112,7 @@ def check_factory(p: Params, task: str, arguments: str) -> None:
 
 
 def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: bool = False) -> nn.Module:
-    """The user's module from the factory ``spec`` names, called with ``sizes`` (in order when ``positional``, else by
-    name) under ``seed`` (the caller's RNG untouched), in fp32 master weights; a SetupError naming the fix when the
-    call raises or gives no nn.Module."""
+    """The user's module from ``spec`` called with ``sizes`` under ``seed`` (RNG untouched), fp32; else a SetupError."""
     import torch
 
     from kitlib.models.loading import fp32_master_weights
@@ -145,8 +137,7 @@ def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: b
 
 
 def _check_output(model: nn.Module, loader: Any, spec: str) -> None:
-    """One forward pass on two training rows: a model whose output lacks ``.logits`` or ``.loss`` fails here with
-    the fix, not as an AttributeError inside fit's step. Cost: one 2-row forward."""
+    """One 2-row forward: an output lacking ``.logits``/``.loss`` fails here with the fix, not inside fit."""
     out = try_on_rows(model, loader, spec, "forward(input_ids, attention_mask, labels)", lambda batch: model(**batch))
     missing = [name for name in ("logits", "loss") if getattr(out, name, None) is None]
     if missing:
@@ -158,8 +149,7 @@ def _check_output(model: nn.Module, loader: Any, spec: str) -> None:
 
 
 def try_on_rows(model: nn.Module, loader: Any, spec: str, calls: str, run: Callable[[dict[str, Any]], T]) -> T:
-    """``run(batch)`` on a batch of the loader's first two rows, in eval mode without grad (the model's mode and the
-    RNG restored): the user's code raising there is a SetupError naming ``calls`` (what ``run`` calls) and the fix."""
+    """``run(batch)`` on the loader's first two rows in eval mode, no grad (mode, RNG restored); raises a SetupError."""
     import torch
 
     batch = loader.collate_fn([loader.dataset[i] for i in range(min(2, len(loader.dataset)))])
@@ -178,8 +168,7 @@ def try_on_rows(model: nn.Module, loader: Any, spec: str, calls: str, run: Calla
 
 
 class _SourceOnly(importlib.abc.SourceLoader):
-    """Compiles the file's source on every load: no bytecode is read from or written to a ``__pycache__`` beside it
-    (path_stats is not given, so importlib skips the bytecode cache whatever sys.dont_write_bytecode says)."""
+    """Loads a file by compiling its source every time: no ``__pycache__`` read or written beside it."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -192,8 +181,7 @@ class _SourceOnly(importlib.abc.SourceLoader):
 
 
 def factory_path(spec: str, base: Path) -> str:
-    """``spec`` with a relative ``file.py`` made absolute against ``base`` (the notebook's folder), so every stage
-    loads the same file; a ``module:function`` as it is."""
+    """``spec`` with a relative ``file.py`` made absolute against ``base``, so every stage loads the same file."""
     where, sep, name = spec.rpartition(":")
     if not where.endswith(".py"):
         return spec
@@ -202,8 +190,7 @@ def factory_path(spec: str, base: Path) -> str:
 
 
 def factory(spec: str) -> Any:
-    """The function ``spec`` names: ``file.py:function`` (a path: relative ones from the working folder), or an
-    importable ``module:function``; a SetupError naming the fix otherwise."""
+    """The function ``spec`` names (``file.py:function`` or ``module:function``); else a SetupError with the fix."""
     where, _, name = spec.rpartition(":")
     if not where.endswith(".py"):
         found = import_object(spec, "model_factory")

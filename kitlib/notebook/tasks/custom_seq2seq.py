@@ -1,6 +1,4 @@
-"""custom-seq2seq: your own encoder-decoder (``model_factory``, called by keyword with vocab_size, pad_id, eos_id;
-its own loss and ``generate``) from a source text to a target text, with seq2seq's tokenizer, loaders, generating
-full eval and submission. The contract: docs/guide.md, "Your own model"."""
+"""custom-seq2seq: your own encoder-decoder (``model_factory``) with seq2seq's pipeline (docs/guide.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from kitlib.notebook.tasks.custom import OwnModel, build_model, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps, summary_source
 
-# lazy: torch (+1.0 s): the task is picked and checked without it (python -X importtime).
+# lazy: torch (+1.0 s): the task is picked and checked without it
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,9 +26,8 @@ if TYPE_CHECKING:
     from kitlib.notebook.tasks.base import Context, Params
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
-# passed to generate only when it names them
 OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size", "max_copies", "logits_processor")
-# random weights: the presets' 3e-5 to 1e-4 are for pretrained ones; 1e-3 left the demo below its baseline
+# random weights (docs/measurements.md)
 FROM_SCRATCH_LR = 3e-3
 FROM_SCRATCH_BATCH = 16  # rows per step at most: a decoder from scratch needs updates (balanced: 360 steps, not 180)
 FROM_SCRATCH_EPOCHS = 5  # x the preset's epochs (balanced: 10)
@@ -43,7 +40,6 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
     def __init__(self) -> None:
         super().__init__("custom-seq2seq")
 
-    # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
         super().check(p)
         if p.text == p.target:
@@ -53,8 +49,7 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
             )
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Random weights: a larger lr and more epochs (applied once, by stages.task_preset); generation scored every
-        FULL_EVAL_EVERY epochs; smoke stays a plumbing check."""
+        """Random weights: larger lr and more epochs (applied once); generation every FULL_EVAL_EVERY epochs."""
         if preset.row_limit is not None:
             return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
         changes: dict[str, Any] = {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS,
@@ -67,12 +62,10 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
         """Your model, as 02 builds it for ``tokenizer``."""
         return build_model(p.model_factory, _sizes(tokenizer), p.seed)
 
-    # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
-        """The tokenizer only (the model is yours, built in 02): seq2seq's choice (bytes for short texts, else a
-        byte-level BPE trained on the training rows)."""
+        """The tokenizer only (02 builds your model): bytes for short texts, else a BPE trained on the rows."""
         tokenizer, how = data_tokenizer([*train[p.text].astype(str), *train[p.target].astype(str)])
         print(f"{self.name}: your model ({p.model_factory}) on a {len(tokenizer)}-token {how} tokenizer")
         return tokenizer, None, f"custom-{tokenizer_identity(tokenizer)}"
@@ -80,7 +73,6 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         return {"tokenizer": tokenizer.backend_tokenizer.to_str(), "model_factory": p.model_factory}
 
-    # ---------------------------------------------------------------------------------------------------- 02 train
     def sizes(self, ctx: Context) -> dict[str, int]:
         return _sizes(tokenizer_from_json(ctx.feats.side.state["tokenizer"]))
 
@@ -91,7 +83,6 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
         setattr(model, "kitlib_limits", target_limits(ctx.feats.labels, tokenizer, ctx.split[0]))  # noqa: B010
         _check_model(model, loader, spec)
 
-    # ---------------------------------------------------------------------------------------------------- 03 infer
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         model = getattr(model, "module", model)
         limits = limits_of(model)
@@ -125,9 +116,7 @@ def _options(model: nn.Module) -> set[str]:
 
 
 def _check_model(model: nn.Module, loader: Any, spec: str) -> None:
-    """One forward pass with labels and one 2-token generate on two training rows (custom.try_on_rows): a
-    model without ``.loss`` or ``generate``, or whose generate returns no [rows, tokens] ids, fails here with the
-    fix, not inside fit's step or the first full eval. Cost: a 2-row forward and 2 decoding steps."""
+    """A 2-row forward with labels and a 2-token generate: a model lacking ``.loss``/``generate`` fails here."""
     import torch
 
     if not callable(getattr(model, "generate", None)):

@@ -1,6 +1,4 @@
-"""What every text-generating task shares (seq2seq, causal-lm, custom-seq2seq): limits read from the training
-targets (length, ``looped``, ``NoLoops``), the generating full eval, 03's tally of blank/looped/cut outputs, the
-vote of several runs. A generating task says only how one batch is generated (``generate_batch``)."""
+"""What every generating task shares; a task says only how one batch is generated (``generate_batch``)."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from kitlib.notebook.tasks.base import Task, each_batch
 from kitlib.progress import advise
 from kitlib.tasks.baseline import most_common
 
-# lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them (python -X importtime).
+# lazy: torch (+1.0 s), transformers (+0.6 s): only generating needs them
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,8 +34,7 @@ ROUGH_ROWS = 2_000  # rows 00 fits a from-scratch tokenizer to for the estimate'
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """How long and how repetitive a generated text may be, read from the training targets (the same in 02's full
-    eval and 03), and the text that stands in for an empty output."""
+    """How long and repetitive a generated text may be (from the training targets) and the empty-output stand-in."""
 
     min_new_tokens: int  # the shortest training target's tokens, </s> aside: </s> is refused before that
     max_new_tokens: int  # the longest target's tokens, </s> included: a text still going then is cut
@@ -58,10 +55,7 @@ class Tally:
 
 
 def target_limits(label_rows: np.ndarray, tokenizer: Any, train_rows: np.ndarray | None = None) -> Limits:
-    """The limits for targets saved as label rows (target tokens and </s>, IGNORE elsewhere), decoded with
-    ``tokenizer``; the fallback is the most common target of ``train_rows`` (indices: 02's training split, the rows
-    00's baseline reads; default all). Cost: one pass over the targets' tokens per run length tried (a few ms for 10k
-    short targets)."""
+    """Limits for targets saved as label rows; fallback: the most common target of ``train_rows`` (default all)."""
     eos = tokenizer.eos_token_id
     rows = [[int(t) for t in row if t != IGNORE] for row in np.asarray(label_rows)]
     bodies = [row[:-1] if row and row[-1] == eos else row for row in rows]
@@ -79,9 +73,7 @@ def target_limits(label_rows: np.ndarray, tokenizer: Any, train_rows: np.ndarray
 
 
 def copies_in_a_row(rows: Sequence[Sequence[int]]) -> np.ndarray:
-    """Per row of token ids, the most times one run of at most MAX_PERIOD tokens follows itself in a row ("a a a a"
-    in word tokens: 4; "ab ab" as "a b _ a b": 2 of "a b _"; 1: nothing repeats in a row). Vectorised over rows:
-    MAX_PERIOD x the longest row numpy steps (~10 ms for 10k rows of 100 tokens)."""
+    """Per row of ids, the most times one run of <= MAX_PERIOD tokens repeats in a row (1: none); vectorised."""
     width = max((len(r) for r in rows), default=0)
     ids = np.full((len(rows), width + 1), -1, dtype=np.int64)  # -1 never equals a token; the +1: one always ends
     for i, row in enumerate(rows):
@@ -117,8 +109,7 @@ def longest_repeat(ids: Sequence[int]) -> int:
 
 
 def looped(rows: Sequence[Sequence[int]], limits: Limits) -> np.ndarray:
-    """Per row of generated ids (</s> and after removed), whether it loops by the measure generation guards against
-    (``NoLoops``): a run of ``no_repeat_ngram_size`` tokens twice, or a run more than ``max_copies`` times in a row."""
+    """Per row of generated ids, whether it loops by ``NoLoops``'s measure (repeated n-gram, or too many copies)."""
     copies = copies_in_a_row(rows)
     return np.array([repeats(row, limits.no_repeat_ngram_size) for row in rows], dtype=bool) | (
         copies > limits.max_copies
@@ -126,9 +117,7 @@ def looped(rows: Sequence[Sequence[int]], limits: Limits) -> np.ndarray:
 
 
 class NoLoops:
-    """A logits processor (transformers' protocol) refusing any token that would make a loop by ``looped``'s
-    measure, counting only tokens from ``start`` on (a causal LM may copy its prompt). Cost: one device-to-host copy
-    of the ids and O(length + MAX_PERIOD^2 x copies) Python per row per step."""
+    """A transformers logits processor refusing tokens that would loop (by ``looped``), counting from ``start`` on."""
 
     def __init__(self, limits: Limits, start: int) -> None:
         self.n, self.copies, self.start = limits.no_repeat_ngram_size, limits.max_copies, start
@@ -148,9 +137,7 @@ class NoLoops:
 
 
 def rough_tokens(columns: Sequence[pd.Series], fit: Callable[[list[str]], Any]) -> tuple[Any, list[np.ndarray]]:
-    """The tokenizer ``fit`` builds from the first ROUGH_ROWS rows of ``columns`` (01 fits it to them all), and each
-    column's tokens per row as it encodes them: counted on those rows, the rest from their characters at those rows'
-    tokens per character (the demos' BPE ran 3.3 characters a token, where 00 assumed 2)."""
+    """The tokenizer ``fit`` builds from the first ROUGH_ROWS rows and each column's tokens per row (extrapolated)."""
     heads = [[str(v) for v in column.iloc[:ROUGH_ROWS]] for column in columns]
     tokenizer = fit([text for head in heads for text in head])
     counts = []
@@ -182,8 +169,7 @@ def tokenizer_of(model: nn.Module) -> Any:
 
 
 def read_outputs(rows: Any, tokenizer: Any, limits: Limits, tally: Tally | None = None) -> list[str]:
-    """Each row of new token ids as text (up to its first </s>; special tokens dropped, stripped), a blank one as
-    ``limits.fallback``; ``tally`` counts the blank, looped and cut rows."""
+    """Each row's new ids as text (up to </s>), a blank one as ``limits.fallback``; ``tally`` counts issues."""
     tally = tally if tally is not None else Tally()
     eos = tokenizer.eos_token_id
     texts, bodies = [], []
@@ -218,8 +204,7 @@ class TextGenerationTask(Task):
     num_beams = 4  # 03's beam search; the full eval decodes greedily (1 beam: ~4x cheaper, ranks epochs the same)
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
-        """The new token ids ``model`` generates for each row of one batch (on the model's device), within
-        ``limits_of(model)``: a [rows, tokens] tensor or a list of id lists; what follows a row's </s> is ignored."""
+        """New ids per row of one batch within ``limits_of(model)`` ([rows, tokens] or lists); after </s> ignored."""
         raise NotImplementedError
 
     def beams(self, model: nn.Module) -> int:
@@ -253,9 +238,7 @@ class TextGenerationTask(Task):
         return {"model_folder": folder} if folder is not None else {"tokenizer": tokenizer.backend_tokenizer.to_str()}
 
     def evaluate(self, spec: TargetSpec, metric: Metric, loader: Any, device: torch.device) -> FullEval:
-        """Generation and the metric, placed where they cost training least (``generated_eval``); fit makes its own
-        loss pass beside a split full eval, so this one does not. Blank outputs are scored as 03 writes them (the
-        most common training target)."""
+        """Generation and the metric, placed by ``generated_eval``; blanks scored as 03 writes them (the fallback)."""
 
         def generate(on: nn.Module) -> tuple[list[str], list[str]]:
             batches = list(loader)
@@ -279,8 +262,7 @@ class TextGenerationTask(Task):
         interactive: bool = False,
         desc: str = "predict",
     ) -> np.ndarray:
-        """The generated text of every test row, in the dataset's row order (the loader is length-sorted); prints how
-        many were blank, looped or cut, and warns when any were."""
+        """Generated text of every test row in row order; reports and warns on blank, looped or cut rows."""
         from kitlib.data.loaders import restore_order
 
         tally, beams, decoding = Tally(), self.beams(model), self.decoding(model)
@@ -320,8 +302,7 @@ def generated_eval(
     generate: Callable[[nn.Module], tuple[list[str], list[str]]],
     score: Callable[[list[str], list[str]], dict[str, float]],
 ) -> SplitEval:
-    """A generating full eval: ``generate(model)`` -> (references, texts) in the foreground on the model's device,
-    only ``score`` where ``background_eval`` says (a generating thread shares training's cores: 1.45x wall on a CPU)."""
+    """A generating full eval: generate in the foreground, only ``score`` where ``background_eval`` says."""
     import torch
 
     from kitlib.engine.evaluation import SplitEval

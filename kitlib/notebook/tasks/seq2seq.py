@@ -1,6 +1,4 @@
-"""seq2seq: a source text column -> a target text to generate (a folder's AutoModelForSeq2SeqLM, else a tiny T5
-with a BPE trained on the rows); greedy generation scored in the background between loss-only evals, 03 decodes
-with beams and votes over runs."""
+"""seq2seq: a source text -> a generated target (a folder's model, else a tiny T5); 03 decodes with beams."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ from kitlib.notebook.tasks.generation import (
 from kitlib.tasks.metrics import database_in
 from kitlib.tasks.sql_metric import check_references
 
-# lazy: transformers (+0.6 s), pandas (+0.2 s), torch (+1.0 s): only loading a model, reading the databases or timing
-# a step needs them (python -X importtime).
+# lazy: transformers (+0.6 s), pandas (+0.2 s), torch (+1.0 s): only loading, SQL and timing need them
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -63,8 +60,7 @@ SHORT_TEXT_FULL_EVALS = 10
 
 
 def summary_source(preset: Preset, p: Params) -> Preset:
-    """The preset with a summariser's source length (SUMMARY_SOURCE_COVERAGE, a stated percentile); as it is for
-    other sources (a question, a sentence to translate), which lose meaning when cut."""
+    """The preset with a summariser's source cut at SUMMARY_SOURCE_COVERAGE; other sources stay whole."""
     if p.metric not in SUMMARY_METRICS:
         return preset
     return dataclasses.replace(preset, length_coverage=min(preset.length_coverage, SUMMARY_SOURCE_COVERAGE))
@@ -77,7 +73,6 @@ class Seq2SeqTask(TextGenerationTask):
     def __init__(self, name: str = "seq2seq") -> None:
         self.name = name
 
-    # ---------------------------------------------------------------------------------------------------- 00 setup
     def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         not_text = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
         if not_text.any():
@@ -91,9 +86,7 @@ class Seq2SeqTask(TextGenerationTask):
         return TargetSpec("sequence", 0)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """From scratch (no seq2seq model folder), a tiny T5 needs a far larger lr and more epochs than the presets'
-        pretrained-encoder numbers; on short texts, a budget of optimizer steps whatever train.csv's rows (at
-        SHORT_TEXT_BATCH and SHORT_TEXT_LR). Generation is scored every FULL_EVAL_EVERY epochs, the loss in between."""
+        """From scratch: a tiny T5 with a larger lr and more epochs (short texts: a steps budget)."""
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
             return dataclasses.replace(preset, freeze="none", full_eval_every=0)
         changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
@@ -103,8 +96,7 @@ class Seq2SeqTask(TextGenerationTask):
         return summary_source(dataclasses.replace(preset, **changes), p)
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
-        """From scratch: each row's source tokens (with </s>; what max_length cuts) by the tokenizer 01 trains,
-        through the model built for it (milliseconds). A folder's model: the default (its tokenizer's rate)."""
+        """From scratch: the sources' tokens through the model 01 would build; a folder's model: the default."""
         from kitlib.models.facts import non_embedding_params
 
         if model_folder(p) is not None:
@@ -117,7 +109,6 @@ class Seq2SeqTask(TextGenerationTask):
         """The model 02 trains when no folder is named: a tiny T5 for ``tokenizer``, seeded."""
         return tiny_seq2seq(tokenizer, seed=p.seed)
 
-    # ------------------------------------------------------------------------------------------------- 01 features
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
     ) -> tuple[Any, Any, str]:
@@ -134,8 +125,7 @@ class Seq2SeqTask(TextGenerationTask):
     def labels(
         self, spec: TargetSpec, train: pd.DataFrame, p: Params, tokenizer: Any, model: Any, cache: Any
     ) -> np.ndarray:
-        # Every target whole (up to the cap): a cut target teaches the model never to finish, and a cut reference
-        # would be scored as if it were the answer. Padding to the longest costs decoder work on -100 positions only.
+        # Targets whole: a cut target teaches never finishing; padding costs decoder work on -100 positions only
         tokens = tokenize_texts(train[p.target].astype(str).tolist(), tokenizer, cache=cache)
         lengths = tokens.lengths
         width = int(min(MAX_TARGET_TOKENS, lengths.max()))
@@ -149,7 +139,6 @@ class Seq2SeqTask(TextGenerationTask):
         print(f"targets: {width} tokens, {whole} ({longest}; median {int(np.median(lengths))})")
         return labels
 
-    # ---------------------------------------------------------------------------------------------------- 02 train
     def prepare(self, ctx: Context) -> Prepared:
         feats = ctx.feats
         model = _build_model(feats.side, ctx.seed, feats.labels, feats.run.config.adapter, ctx.hw.device_type,
@@ -170,9 +159,7 @@ class Seq2SeqTask(TextGenerationTask):
 
 
 def short_text_steps(preset: Preset, p: Params) -> dict[str, Any]:
-    """The preset's changes for a model from scratch on short texts: a budget of optimizer steps whatever train.csv's
-    rows (SHORT_TEXT_BATCH rows per step, SHORT_TEXT_LR, about SHORT_TEXT_FULL_EVALS generating evals); {} for longer
-    texts. seq2seq's tiny T5 and custom-seq2seq's model of your own get the same."""
+    """A steps budget (SHORT_TEXT_BATCH, SHORT_TEXT_LR) for short texts from scratch; {} otherwise."""
     rows = _short_text_rows(p)
     if rows is None:
         return {}
@@ -183,8 +170,7 @@ def short_text_steps(preset: Preset, p: Params) -> dict[str, Any]:
 
 
 def _short_text_rows(p: Params) -> int | None:
-    """train.csv's row count when its texts and targets are short (kitlib.models.seq2seq.short_texts: the byte-level
-    tokenizer's rule), else None (longer texts, or no train.csv yet): the preset's steps budget is for short texts."""
+    """train.csv's row count when its texts are short (models.seq2seq.short_texts), else None."""
     path = p.data_dir / p.train_file
     if not path.is_file():
         return None
@@ -194,8 +180,7 @@ def _short_text_rows(p: Params) -> int | None:
 
 
 def _check_sql(column: pd.Series, p: Params) -> None:
-    """record_f1 executes the references during training: each one (train.csv's, and solution.csv's when present)
-    runs once now, on the database opened read-only, so a broken one stops 00 instead of 02's first evaluation."""
+    """Run each SQL reference once now on the read-only database, so a broken one stops 00, not 02's first eval."""
     import pandas as pd
 
     database = database_in(p.data_dir)
@@ -226,9 +211,7 @@ def _build_model(
     device: str = "cuda",
     train_rows: np.ndarray | None = None,
 ) -> nn.Module:
-    """The freshly initialised model 02 trains and 03 restores: the folder's (in 4 bits for ``adapter`` qlora), or
-    the tiny T5 for the saved tokenizer; it carries its tokenizer (``kitlib_tokenizer``) and the generation limits its
-    training targets set."""
+    """The fresh model 02 trains and 03 restores (folder's, qlora 4-bit, or tiny T5) with tokenizer and limits."""
     if "model_folder" in side.state:
         tokenizer, model = _pretrained(side.state["model_folder"], **quantization(adapter, device))  # qlora: 4 bits
     else:

@@ -1,5 +1,4 @@
-"""The text tasks: one text column -> a class or a number; with numeric and categorical columns beside it, the same
-model plus a small network on those columns (``tabular-text``)."""
+"""The text tasks: one text column -> a class or a number, optionally with tabular columns (``tabular-text``)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from kitlib.data.tables import MAX_INT_CLASSES
-from kitlib.errors import SetupError
+from kitlib.errors import SetupError, in_setup
 from kitlib.models.folders import tiny_requested
 from kitlib.notebook.handoff import SideInputs
 from kitlib.notebook.tasks.base import Params, Task
@@ -15,7 +14,7 @@ from kitlib.tasks.metrics import METRICS
 from kitlib.tasks.tabular import Columns, fit_columns
 from kitlib.tasks.targets import read_target
 
-# lazy: torch (+1.0 s): only building the tabular head needs it (python -X importtime).
+# lazy: torch (+1.0 s): only the tabular head needs it
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -29,8 +28,7 @@ FROM_SCRATCH_LR = 1e-3
 
 
 class TextTask(Task):
-    """auto / classify / regress: the target read by its values, or as the user says. Numeric and categorical
-    columns, when the parameters name them, are used as inputs too (what ``tabular-text`` requires)."""
+    """auto / classify / regress: the target read by its values or as told; named tabular columns are inputs too."""
 
     def __init__(self, name: str, target_rule: str) -> None:
         self.name, self.target_rule = name, target_rule  # type: ignore[assignment]
@@ -39,9 +37,7 @@ class TextTask(Task):
         return (*p.numeric, *p.categorical)
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Fine-tuning a text model built from random weights (model "tiny", or "auto" with KIT_MODEL=tiny): no
-        pretrained embeddings to keep, so nothing frozen, and a from-scratch lr. The smoke preset, and adapters (which
-        train beside a frozen base by design), stay as they are."""
+        """A text model from random weights: nothing frozen, a from-scratch lr; smoke and adapters stay as they are."""
         scratch = p.model == "tiny" or (p.model == "auto" and tiny_requested())
         if not scratch or preset.regime != "finetune" or preset.row_limit is not None or p.adapter != "none":
             return preset
@@ -69,9 +65,7 @@ class TextTask(Task):
 
 
 class TabularTextTask(TextTask):
-    """A text column plus numeric and categorical columns. A number target with more distinct values than class ids
-    have (kitlib.data.tables.MAX_INT_CLASSES) is a quantity here, whole numbers included (counts, prices in whole
-    dollars): it regresses where ``auto`` would ask. A named metric or task classify/regress decides first."""
+    """Text plus tabular columns; a number target with over MAX_INT_CLASSES values regresses where ``auto`` asks."""
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
         quantity = column.dtype.kind in "iuf" and column.nunique() > MAX_INT_CLASSES and metric not in METRICS
@@ -81,5 +75,5 @@ class TabularTextTask(TextTask):
         if not (p.numeric or p.categorical):
             raise SetupError(
                 "task = 'tabular-text' needs the columns beside the text: set numeric = [...] and/or categorical = "
-                "[...] in 00_setup's parameters cell (or use task = 'auto' for the text alone)"
+                f"[...] {in_setup('numeric')} (or use task = 'auto' for the text alone)"
             )
