@@ -97,7 +97,7 @@ def save(
     if env.is_main:
         if state is not None:
             torch.save(state, tmp / checkpoint.STATE_FILE)
-        full_meta = {"kitlib_version": __version__, "world_size": env.world_size, **meta}
+        full_meta = {"kitlib_version": __version__, **meta}
         write_recorded(tmp / checkpoint.META_FILE, [json.dumps(full_meta, indent=1).encode()])
         files = {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
