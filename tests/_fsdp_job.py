@@ -3,12 +3,14 @@
 A 2-layer Llama from a config, fixed token rows, 2 epochs; rank 0 writes OUT/result.pt (each logged loss, the
 trained weights gathered whole, the rows each rank read, the run record). Options: ``resume`` (continue OUT/run's
 last/), ``kill_at=N`` (SIGKILL this process, rank 1, at step N), ``term_at=N`` (each node's local rank 0 sends
-SIGTERM to its torchrun agent at step N, which forwards it to every rank), ``save_every=N``.
+SIGTERM to its torchrun agent at step N, which forwards it to every rank), ``save_every=N``, ``keep=N`` (rank 0
+copies last/, saved at step N, to OUT/last-N: a reference for a resumed run's checkpoint).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -51,15 +53,17 @@ class Losses(Callback):
     """Every step's loss (log_every_steps=1), a SIGKILL of rank 1 at ``kill_at``, a SIGTERM of the agents at
     ``term_at``."""
 
-    def __init__(self, kill_at: int, term_at: int) -> None:
+    def __init__(self, out: Path, kill_at: int, term_at: int, keep: int) -> None:
         self.losses: list[float] = []
-        self.kill_at, self.term_at = kill_at, term_at
+        self.out, self.kill_at, self.term_at, self.keep = out, kill_at, term_at, keep
 
     def on_log(self, metrics: dict[str, float]) -> None:
         if "loss" in metrics:
             self.losses.append(metrics["loss"])
             if self.kill_at and metrics["step"] >= self.kill_at and int(os.environ.get("RANK", 0)) == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if metrics["step"] == self.keep and int(os.environ.get("RANK", 0)) == 0:  # the others wait in step N+1
+                shutil.copytree(self.out / "run" / "last", self.out / f"last-{self.keep}")
             if metrics["step"] == self.term_at and int(os.environ.get("LOCAL_RANK", 0)) == 0:
                 forwarded = terminate_agent()
                 while not forwarded:  # the agent's SIGTERM to this rank: fit's handler runs, the stop comes next step
@@ -90,7 +94,7 @@ def main(out: str, strategy: str, micro: int, accum: int, *options: str) -> None
                       batching="fixed")  # fmt: skip
     data = Rows(ROWS)
     loader = DataLoader(data, batch_size=micro, shuffle=False)  # type: ignore[arg-type]
-    record = Losses(int(opts.get("kill_at", 0)), int(opts.get("term_at", 0)))
+    record = Losses(Path(out), *(int(opts.get(k, 0)) for k in ("kill_at", "term_at", "keep")))
     m = model()
     result = fit(m, loader, config=cfg, eval_loader=DataLoader(Rows(16), batch_size=4),  # type: ignore[arg-type]
                  run_dir=Path(out) / "run", resume="resume" in opts, callbacks=[record])  # fmt: skip

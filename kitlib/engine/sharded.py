@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from kitlib._files import fsync_dir, record_file, write_recorded
 from kitlib._version import __version__
@@ -60,10 +60,6 @@ def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Modul
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
-
-
-def is_fsdp(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
 
 
 def is_sharded(directory: Path) -> bool:

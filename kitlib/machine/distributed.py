@@ -1,8 +1,5 @@
-"""Multi-process data parallel training (DDP): torchrun, multi-node, and a notebook launcher for Kaggle's 2xT4.
-
-Only rank 0 writes files and draws progress bars. On CPU the same code runs with the gloo backend, which is how
-the tests exercise it.
-"""
+"""Several processes (DDP, FSDP's collectives): torchrun on one or more nodes, or ``launch``'s forked workers in a
+notebook (Kaggle's 2xT4). Rank 0 writes files; on CPU the same code runs on gloo (the tests)."""
 
 from __future__ import annotations
 
@@ -83,10 +80,8 @@ def wrap(model: nn.Module, env: DistEnv, device: torch.device, *, find_unused_pa
 
 @contextmanager
 def every_parameter_gets_a_gradient(model: nn.Module) -> Iterator[None]:
-    """Raise DistributedError naming the trainable parameters of ``model`` that got no gradient in the block (one
-    optimizer step). DDP waits for every parameter's gradient; one that never comes (a pooler the head skips, an
-    unused branch) fails the *next* step with "Expected to have finished reduction in the prior iteration", which
-    names parameter indices only. Cost: one Python hook call per parameter per backward, for the first step only."""
+    """DistributedError naming the trainable parameters that got no gradient in the block (one step): DDP's own
+    error comes a step later and names indices only. Cost: a hook call per parameter per backward, first step only."""
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     seen: set[int] = set()
     handles = [p.register_post_accumulate_grad_hook(lambda p: seen.add(id(p))) for _, p in named]
@@ -268,15 +263,8 @@ def _forwarding_sigterm(pids: list[int]) -> Iterator[None]:
 
 
 def launch(fn: Callable[..., Any], *args: Any, nprocs: int | None = None) -> Any:
-    """Run ``fn(*args)`` on ``nprocs`` processes (default: one per GPU) and return rank 0's result.
-
-    For notebooks (Kaggle's 2xT4): workers are *forked*, so ``fn`` may be defined in the notebook itself. A forked
-    child cannot use CUDA once the parent has initialised it, so call this before any CUDA work in the kernel
-    (restart the kernel if needed); kitlib refuses early instead of failing inside the workers, and its own
-    detection (``kitlib.detect()``) never initialises CUDA. Each worker gets its share of the CPUs as intra-op
-    threads (``threads_per_worker``). A worker's error is re-raised here with its traceback
-    (torch.multiprocessing.ProcessRaisedException).
-    """
+    """Rank 0's ``fn(*args)`` run on ``nprocs`` forked processes (default: one per GPU; ``fn`` may live in the
+    notebook), each with its share of the CPUs; refused once CUDA is initialised here (a fork cannot use it)."""
     if nprocs is None:
         nprocs = max(1, len(cuda_devices()))
     if torch.cuda.is_initialized() or cuda_driver_initialised():  # neither call initialises CUDA
