@@ -106,10 +106,10 @@ def main(out: str, strategy: str, micro: int, accum: int, *options: str) -> None
     else:
         weights = {k: v.detach().clone() for k, v in result.model.state_dict().items()}
     if int(os.environ.get("RANK", 0)) == 0:
+        print(result.summary())
         saved = {"losses": record.losses, "weights": weights, "history": result.history.to_dict("list"),
                  "timing": result.timing, "stop": result.stop_reason, "seen": seen}  # fmt: skip
         torch.save(saved, Path(out) / "result.pt")
-        print(result.summary())
     if dist.is_initialized():
         dist.destroy_process_group()
 
