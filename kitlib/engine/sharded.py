@@ -95,9 +95,9 @@ def save(
             torch.save(state, tmp / checkpoint.STATE_FILE)
         full_meta = {"kitlib_version": __version__, **meta}
         write_recorded(tmp / checkpoint.META_FILE, [json.dumps(full_meta, indent=1).encode()])
-        files = {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
-                    "kitlib_version": __version__, "created_unix": time.time(), "files": files}  # fmt: skip
+                    "kitlib_version": __version__, "created_unix": time.time(),
+                    "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
         write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
         fsync_dir(tmp)
         old = directory.parent / f".{directory.name}.old-{os.getpid()}"
