@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pandas as pd
@@ -49,13 +51,27 @@ def result(out: Path) -> dict[str, object]:
     return dict(torch.load(out / "result.pt", weights_only=False))
 
 
-@pytest.mark.slow  # ~5 min on 2 cores: runs of 4 (FSDP), 4 (DDP) and 1 process, then a killed run of 4 and its resume
+def standalone(out: Path, nprocs: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc_per_node N``: one node."""
+    cmd = ["torchrun", "--standalone", "--nproc_per_node", str(nprocs), str(JOB), str(out), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
+
+
+def rows_read(run: dict[str, object]) -> Counter[int]:
+    return Counter(i for rank in run["seen"] for i in rank)  # type: ignore[attr-defined]
+
+
+def step_of(last: Path) -> int:
+    return int(json.loads((last / "meta.json").read_text())["step"])
+
+
+@pytest.mark.slow  # ~6 min on 2 cores: runs of 4 (FSDP), 4 (DDP), 1; a killed run of 4, resumed on 4, then on 2
 def test_fsdp_on_two_nodes_matches_ddp_and_one_process_and_a_killed_rank_resumes_bit_exact(tmp_path: Path) -> None:
-    # one test, so the uninterrupted FSDP run is also the killed run's reference (a 4-process run costs ~1 min here)
-    for strategy, options in (("fsdp", ["save_every=1"]), ("ddp", [])):  # 4 ranks x micro 4 x accum 2 = 32 rows
+    # one test, so the uninterrupted FSDP run is also the reference of the killed, SIGTERMed and resharded runs
+    for strategy, options in (("fsdp", ["save_every=1", "keep=4"]), ("ddp", [])):  # 4 ranks x micro 4 x accum 2
         for node in two_nodes(tmp_path / strategy, strategy, "4", "2", *options):
             assert node.returncode == 0, node.stdout[-3000:]
-    single = one_process(tmp_path / "one", "ddp", "4", "8")  # 1 process x micro 4 x accum 8 = 32
+    single = one_process(tmp_path / "one", "ddp", "4", "8")  # 1 process x micro 4 x accum 8 = 32 rows a step
     fsdp, ddp = result(tmp_path / "fsdp"), result(tmp_path / "ddp")
     # the logged loss is every rank's rows' (all-reduced), the same curve as one process's
     torch.testing.assert_close(fsdp["losses"], single["losses"], rtol=1e-5, atol=1e-6)
@@ -65,6 +81,8 @@ def test_fsdp_on_two_nodes_matches_ddp_and_one_process_and_a_killed_rank_resumes
         torch.testing.assert_close(ddp["weights"][name], weight, rtol=1e-4, atol=1e-5)  # type: ignore[index]
     run = fsdp["timing"]["run"]  # type: ignore[index]
     assert (run["strategy"], run["world_size"], run["nodes"]) == ("fsdp", 4, 2)
+    assert len(run["rank_peak_memory_bytes"]) == 4 and min(run["rank_peak_memory_bytes"]) > 2**20  # every rank's
+    assert rows_read(fsdp) == Counter({i: 2 for i in range(96)})  # 2 epochs: each row twice, on one rank
     # best/ and last/ are DCP directories (every rank its shards); one process reads best/ whole (what 03 does)
     best = tmp_path / "fsdp" / "run" / "best"
     assert sorted(p.name for p in best.glob("*.distcp")) == [f"__{r}_0.distcp" for r in range(4)]
@@ -76,12 +94,41 @@ def test_fsdp_on_two_nodes_matches_ddp_and_one_process_and_a_killed_rank_resumes
     logs = "".join(n.stdout for n in killed)
     assert any(n.returncode != 0 for n in killed)
     assert "Signal 9 (SIGKILL)" in logs or "exitcode  : -9" in logs, logs[-3000:]
-    assert checkpoint.latest(tmp_path / "a" / "run", "last") is not None
-    for node in two_nodes(tmp_path / "a", "fsdp", "4", "2", "save_every=1", "resume"):
-        assert node.returncode == 0, node.stdout[-3000:]
-    resumed = result(tmp_path / "a")
+    at = step_of(tmp_path / "a" / "run" / "last")
+    # resumed on 4 ranks; at step 3 both agents get SIGTERM (a cluster's stop): every rank stops and saves at step 4
+    termed = two_nodes(tmp_path / "a", "fsdp", "4", "2", "save_every=1", "resume", "term_at=3")
+    logs = "".join(n.stdout for n in termed)
+    assert re.search(r"SIGTERM after \d of 2 epochs \(last/ saved: run again to continue\)", logs), logs[-3000:]
+    stopped = result(tmp_path / "a")
+    assert stopped["stop"] == "sigterm" and stopped["losses"] == fsdp["losses"][at:4]  # type: ignore[index]
+    last = checkpoint.load(tmp_path / "a" / "run" / "last")
+    assert last.meta["step"] == 4
+    for name, weight in checkpoint.load(tmp_path / "fsdp" / "last-4").weights.items():  # the reference's step 4
+        assert torch.equal(last.weights[name], weight), name
+
+    # the SIGTERM's last/ on 2 ranks of one node: DCP reshards; twice the accumulation keeps 32 rows a step
+    proc = standalone(tmp_path / "a", 2, "fsdp", "4", "4", "save_every=1", "resume")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    halved = result(tmp_path / "a")
+    torch.testing.assert_close(halved["losses"], fsdp["losses"][4:], rtol=1e-5, atol=1e-6)  # type: ignore[index]
     for name, weight in fsdp["weights"].items():  # type: ignore[attr-defined]
-        assert torch.equal(resumed["weights"][name], weight), name  # type: ignore[index]
+        torch.testing.assert_close(halved["weights"][name], weight, rtol=1e-4, atol=1e-5)  # type: ignore[index]
+    assert rows_read(halved) == Counter(p % 96 for p in range(32 * 4, 192))  # the rest of the run, once each
+
+
+def test_a_resume_on_another_world_size_keeps_the_effective_batch_or_names_the_accumulation_that_does() -> None:
+    from kitlib.errors import DistributedError
+    from kitlib.machine.distributed import regrouped
+
+    meta = {"world_size": 4, "config": {"micro_batch_size": 4, "grad_accum_steps": 2, "lr": 0.01}}
+    assert regrouped(meta, 4, 2, 4, 6) == (meta["config"], 6)  # the same world size: as saved
+    # 2 ranks x accumulation 4: the same 32 rows a step; 6 micro-batches of 4 ranks = 12 of 2 ranks
+    assert regrouped(meta, 4, 4, 2, 6) == ({**meta["config"], "grad_accum_steps": 4}, 12)
+    assert regrouped(meta, 8, 2, 2, 6) == ({**meta["config"], "micro_batch_size": 8}, 6)
+    with pytest.raises(DistributedError, match=r"each step 32 rows .* makes 16, another run. Fix: grad_accum_steps=4"):
+        regrouped(meta, 4, 2, 2, 6)
+    with pytest.raises(DistributedError, match="Fix: a micro-batch and accumulation making 32 rows"):
+        regrouped(meta, 4, 2, 3, 6)
 
 
 def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes_in_place(tmp_path: Path) -> None:

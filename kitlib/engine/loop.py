@@ -249,7 +249,12 @@ class Loop:
                 'save). Fix: resume="auto" (continues when there is a checkpoint, else starts fresh) or resume=False'
             )
         snap = sharded.load_into(last, self.raw_model, self.optimizer) if self.sharded else checkpoint.load(last)
-        changed = self.cfg.resume_differences(snap.meta.get("config", {}))
+        assert snap.state is not None
+        run = dict(snap.state["run"])  # another world size: the same rows a step, and the epoch's place in them
+        saved, run["batch_in_epoch"] = distributed.regrouped(snap.meta, self.cfg.micro_batch_size,
+                                                             self.cfg.grad_accum_steps, self.env.world_size,
+                                                             run["batch_in_epoch"])  # fmt: skip
+        changed = self.cfg.resume_differences(saved)
         if changed:
             raise CheckpointError(
                 f"{last} was saved by a run with another config ({'; '.join(changed)}): continuing it with this one "
@@ -258,8 +263,6 @@ class Loop:
             )
         if not self.sharded:
             checkpoint.restore_model(self.raw_model, snap)
-        assert snap.state is not None
-        run = dict(snap.state["run"])
         self.epoch_loss.load_state_dict(run)
         self.state = state = RunState(**{k: v for k, v in run.items() if k not in ("epoch_loss_sum", "epoch_items")})
         self.optimizer.load_state_dict(snap.state["optimizer"])
@@ -315,7 +318,8 @@ class Loop:
         if (not self.env.is_main and not self.sharded) or self.last_room:  # no room (room_for_last, said at start)
             return
         # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
-        meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__}
+        meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__,
+                "world_size": self.env.world_size}  # fmt: skip
         resume = {**self.resume_state(), "rng": rngs[0] if rngs else None, "rank_rngs": rngs, "run": run,
                   "background_eval": self.evals.state_dict()}  # fmt: skip
         if self.sharded:  # every rank its shards of the weights and optimizer; rank 0 the rest

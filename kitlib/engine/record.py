@@ -12,6 +12,7 @@ import torch
 
 from kitlib._files import known_fields
 from kitlib.engine.events import Callback, StepEnd
+from kitlib.machine.distributed import gather_object
 from kitlib.models.facts import model_facts
 from kitlib.progress import THROUGHPUT
 
@@ -38,6 +39,7 @@ class RunFacts:
     device_name: str | None = None
     peak_memory_bytes: int | None = None
     memory_total_bytes: int | None = None
+    rank_peak_memory_bytes: list[int] = field(default_factory=list)  # every rank's, in rank order (rank 0's record)
     time_budget_s: float | None = None
     full_eval_every: int | None = None
     save_best: bool | None = None
@@ -165,6 +167,7 @@ class RunRecorder(Callback):
             device_name=loop.hw.device_name,
             peak_memory_bytes=peak,
             memory_total_bytes=total,
+            rank_peak_memory_bytes=gather_object(peak, env),  # a collective: fit reads facts on every rank
             **{k: getattr(cfg, k) for k in _CONFIG_FACTS},
             batching_tokens_per_s={k: round(v) for k, v in cfg.batching_measured} or None,
             cudnn_benchmark=bool(loop.timer.extra.get("cudnn_benchmark")),

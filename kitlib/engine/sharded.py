@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from kitlib._files import fsync_dir, record_file, write_recorded
 from kitlib._version import __version__
@@ -58,10 +58,6 @@ def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Modul
     return model
 
 
-def is_fsdp(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
-
-
 def is_sharded(directory: Path) -> bool:
     try:
         return bool(json.loads((directory / checkpoint.MANIFEST_FILE).read_text()).get("sharded"))
@@ -91,11 +87,11 @@ def save(
     if env.is_main:
         if state is not None:
             torch.save(state, tmp / checkpoint.STATE_FILE)
-        full_meta = {"kitlib_version": __version__, "world_size": env.world_size, **meta}
+        full_meta = {"kitlib_version": __version__, **meta}
         write_recorded(tmp / checkpoint.META_FILE, [json.dumps(full_meta, indent=1).encode()])
-        files = {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
-                    "kitlib_version": __version__, "created_unix": time.time(), "files": files}  # fmt: skip
+                    "kitlib_version": __version__, "created_unix": time.time(),
+                    "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
         write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
         fsync_dir(tmp)
         old = directory.parent / f".{directory.name}.old-{os.getpid()}"

@@ -1,4 +1,4 @@
-"""Multi-process data parallel training (DDP): torchrun, multi-node, and a notebook launcher; rank 0 alone writes."""
+"""Several processes (DDP, FSDP's collectives): torchrun on one or more nodes, or forked notebook workers."""
 
 from __future__ import annotations
 
@@ -152,6 +152,28 @@ def gather_object(value: Any, env: DistEnv) -> list[Any]:
 def barrier(env: DistEnv) -> None:
     if env.enabled:
         dist.barrier()
+
+
+def regrouped(
+    meta: Mapping[str, Any], micro: int, accum: int, world_size: int, batch: int
+) -> tuple[dict[str, Any], int]:
+    """A checkpoint's config as this world size continues it, and its position ``batch`` (micro-batches this epoch,
+    per rank) in this run's micro-batches: another world size must keep the effective batch, else DistributedError
+    names the accumulation that does."""
+    saved, then = dict(meta.get("config", {})), int(meta.get("world_size", world_size))
+    if then == world_size:
+        return saved, batch
+    rows = saved["micro_batch_size"] * saved["grad_accum_steps"] * then  # a step's rows: the same run needs them
+    if micro * accum * world_size != rows:
+        fix, part = divmod(rows, micro * world_size)
+        raise DistributedError(
+            f"the checkpoint was saved by {then} ranks, each step {rows} rows (micro-batch {saved['micro_batch_size']}"
+            f" x accumulation {saved['grad_accum_steps']} x {then} ranks); on {world_size} ranks micro-batch {micro} x "
+            f"accumulation {accum} makes {micro * accum * world_size}, another run. Fix: "
+            + (f"grad_accum_steps={fix}" if fix and not part else f"a micro-batch and accumulation making {rows} rows")
+        )
+    done = batch * saved["micro_batch_size"] * then  # rows this epoch has consumed, all ranks together
+    return {**saved, "micro_batch_size": micro, "grad_accum_steps": accum}, done // (micro * world_size)
 
 
 def patient_group(env: DistEnv) -> Any:
