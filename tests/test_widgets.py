@@ -66,10 +66,10 @@ def test_click_preset_then_change_advanced(picker: PresetPicker) -> None:
     assert picker.resolved.name == "fast" and picker.resolved.regime.name == "head"
     assert c["epochs"].value == picker.config.epochs == 20
     c["epochs"].value = 5
-    assert picker.config.epochs == 5 and picker.resolved.overrides == {"epochs": 5}
+    assert picker.config.epochs == 5 and picker.resolved.choice.overrides == {"epochs": 5}
 
     c["preset"].value = "best"  # a new preset starts from its own values: overrides are dropped
-    assert picker.config.epochs == 4 and picker.resolved.overrides == {}
+    assert picker.config.epochs == 4 and picker.resolved.choice.overrides == {}
     target = picker.resolved.effective_batch_size
     c["micro_batch_size"].value = 2  # accumulation follows, so the effective batch is kept
     assert picker.config.micro_batch_size == 2

@@ -152,9 +152,7 @@ def resolve_run(
     """The run ``p`` trains on the machine 02 trains on (``planning_hw``): ``choice`` (00's saved one, else
     ``choose``'s) resolved (presets.resolve) for ``lengths`` (tokens per training row). 01 calls it once and saves
     it; the picker previews it on each click. ``world_size``: processes per step (None: every GPU planned)."""
-    c = choice or choose(p, preset, overrides, world_size)
-    hw = planning_hw(p, hw)
-    return presets.resolve(c.preset, hw, lengths=lengths, overrides=c.overrides, world_size=c.world_size)
+    return presets.resolve(choice or choose(p, preset, overrides, world_size), planning_hw(p, hw), lengths=lengths)
 
 
 def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | None = None) -> HardwareInfo:
@@ -371,7 +369,7 @@ def planned_checkpointing(p: Params, hw: HardwareInfo, run: ResolvedRun) -> Reso
     left at None: the plan's; kitlib.doctor.memory_plan.checkpointing_needed), the reason among its reasons; else
     ``run``. A model the task builds has no config to plan from."""
     cfg = run.config
-    if cfg.gradient_checkpointing or "gradient_checkpointing" in run.overrides or run.preset.regime == "head":
+    if cfg.gradient_checkpointing or "gradient_checkpointing" in run.choice.overrides or run.preset.regime == "head":
         return run
     if _built_by_task(p):
         return run
@@ -595,7 +593,6 @@ def features(
     lengths = workload.lengths(train, p, tokenizer, full.lengths)
     # the one resolution of the run, at the tokenizer's lengths: features.json saves it, 02, 03 and the doctor read it
     run = resolve_run(p, hw, lengths, choice=choice)
-    run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=choice.baseline)
     run = workload.tune(planned_strategy(p, hw, planned_checkpointing(p, hw, run)), lengths, model)
     log(run.summary())
     log(f"estimate: {_estimate(run, p, hw, len(train), len(test), model)}")  # 00 headless resolves nothing to show

@@ -121,9 +121,9 @@ def _judge_baseline(
     predictions at the best score; ``oof``: every fold's, out of fold) and one line saying what to try when the
     model does not clearly beat it."""
 
-    if feats.run.baseline is None:  # a run.json from an older kitlib
+    if feats.run.choice.baseline is None:  # a run.json from an older kitlib
         return result
-    baseline = Baseline.from_dict(feats.run.baseline)
+    baseline = Baseline.from_dict(feats.run.choice.baseline)
     score = _model_score(result.history, baseline.metric, result.best_epoch)
     blended = (staging / trees.TREES_FILE).is_file() and watched is not None and watched.score is not None
     score = watched.score if (blended or oof) and watched is not None else score  # the blend: what 03 will write
@@ -481,7 +481,7 @@ def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
 
 def _run_metric(p: Params, feats: Features) -> Metric:
 
-    return get_metric(feats.run.metric, feats.spec.kind, data_dir=p.data_dir)
+    return get_metric(feats.run.choice.metric, feats.spec.kind, data_dir=p.data_dir)
 
 
 def _train_config(p: Params, feats: Features, stand_in: StandIn | None = None) -> TrainConfig:
