@@ -1,14 +1,5 @@
-"""Speed/accuracy presets, resolved against the hardware into one frozen, explained run configuration.
-
-A ``Preset`` holds intents (target effective batch, epochs, length coverage, eval cadence, regime); ``resolve`` turns
-it into a ``ResolvedRun`` for one machine: the TrainConfig plus the reason for every choice. 00_setup saves it as
-JSON in the working dir; the later notebooks ``load`` it.
-
->>> run = resolve("balanced", fake_profile("2xT4"), lengths=[12, 40, 33, 87])
->>> run.config.precision, run.effective_batch_size
-('fp16', 32)
->>> print(run.summary())
-"""
+"""Speed/accuracy presets (``PRESETS``) and ``resolve``: a ``Choice`` (a preset and overrides) turned into a
+``ResolvedRun`` for one machine, the TrainConfig with the reason for every setting."""
 
 from __future__ import annotations
 
@@ -54,9 +45,8 @@ _MIN_EFFECTIVE_BATCH = 8  # below this, per-step overhead and gradient noise cos
 
 @dataclass(frozen=True)
 class Regime:
-    """What resolving, the picker and the estimate know of a regime, as data; what it builds (01's model, 02's
-    loaders) is Task's. head: the encoder runs once, without gradients, to cache embeddings; a small
-    head trains on them and on tf-idf n-grams. finetune: the whole model trains on the tokens."""
+    """What resolving, the picker and the estimate know of a regime (what it builds is Task's): head (cached
+    embeddings and a small head) or finetune (the whole model)."""
 
     name: RegimeName
     matmuls_per_param: int  # FLOPs per token per weight: 6 to train (2 forward + 4 backward), 2 to embed once
@@ -375,22 +365,11 @@ def resolve(
     target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), reasons)
     micro, accum = _batch(hw, p, target, world, max_length, late.pop("micro_batch_size", None), late, reasons)
 
-    cfg = TrainConfig(
-        epochs=p.epochs,
-        micro_batch_size=micro,
-        grad_accum_steps=accum,
-        lr=lr,
-        precision=plan.dtype,
-        tf32=plan.tf32,
-        freeze=p.freeze,
-        freeze_layers=p.freeze_layers,
-        max_length=max_length,
-        full_eval_every=p.full_eval_every,
-        eval_max_batches=p.eval_max_batches,
-        patience=p.patience,
-        save_best=p.checkpoints != "none",
-        save_last=p.checkpoints == "best_and_last",
-    )
+    same = {f.name for f in dataclasses.fields(TrainConfig)} & {f.name for f in dataclasses.fields(Preset)}
+    cfg = TrainConfig(**{name: getattr(p, name) for name in same} | dict(
+        micro_batch_size=micro, grad_accum_steps=accum, lr=lr, precision=plan.dtype, tf32=plan.tf32,
+        max_length=max_length, save_best=p.checkpoints != "none", save_last=p.checkpoints == "best_and_last",
+    ))  # fmt: skip
     if p.freeze != "none":
         reasons.append(f"freeze {p.freeze}: fewer trainable weights, no gradients or AdamW state for them")
     if p.freeze_layers:
@@ -535,11 +514,8 @@ def _base_micro_batch(hw: HardwareInfo) -> tuple[int, str]:
 
 
 def _target_batch(p: Preset, rows: int | None, reasons: list[str]) -> int:
-    """The preset's effective batch, halved for short runs until they take ``p.min_steps`` optimizer steps.
-
-    A pretrained encoder needs a number of updates, not only of rows, to adapt: on 3,000 demo rows x 1 epoch,
-    batch 32 (84 steps) reached 0.755 test accuracy and batch 16 (168 steps) 0.773, at the same rows/s.
-    """
+    """The preset's effective batch, halved for short runs until they take ``p.min_steps`` optimizer steps (a
+    pretrained encoder needs updates, not only rows: docs/measurements.md)."""
     target = p.target_effective_batch
     if rows is None or not p.min_steps:
         return target
