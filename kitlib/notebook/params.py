@@ -143,23 +143,15 @@ class Params:
     fold: int = 0  # the fold 02 trains (or 03 predicts with) now, 0-based: its run_dir (not saved: 02 loops over them)
 
     def __repr__(self) -> str:
-        columns = f"text {self.text!r} -> target {self.target!r} (id {self.id!r})"
-        beside = [f"{kind} {list(c)}" for kind, c in (("numeric", self.numeric), ("categorical", self.categorical))]
+        """The run in a line, the folders, then every other declared parameter set away from its default."""
         model = "yours (model_factory)" if self.model_factory else self.model
-        run = f"preset {self.preset}, model {model}, task {self.task}, metric {self.metric}, seed {self.seed}"
-        run += f", {self.folds} folds" if self.folds > 1 else ""
-        run += f", grouped by {self.group_column!r}" if self.group_column else ""
-        lines = [
-            f"Params: {run}",
-            f"  data  {self.data_dir} ({self.train_file}, {self.test_file}, {self.sample_submission})",
-            f"  work  {self.work_dir}",
-            f"  {columns}" + "".join(f"; {b}" for b in beside if b.split(" ", 1)[1] != "[]"),
-        ]
-        lines += [f"  model_factory {self.model_factory}"] if self.model_factory else []
-        training = self.training()
-        lines += ["  training " + ", ".join(f"{k} {v}" for k, v in training.items())] if training else []
         rehearsed = ", rehearsed on this machine's CPU (rehearse)" if self.rehearse else ""
-        lines += [f"  planned for {self.hardware}{rehearsed}"] if self.hardware else []
+        shown = ("preset", "model", "task", "metric", "data_dir", "work_dir", "rehearse")
+        changed = [f"{name} {list(v) if isinstance(v, tuple) else v!r}" for name, f in PARAMETERS.items()
+                   if name not in shown and (v := getattr(self, name)) != f.default]  # fmt: skip
+        lines = [f"Params: preset {self.preset}, model {model}, task {self.task}, metric {self.metric}{rehearsed}",
+                 f"  data {self.data_dir}", f"  work {self.work_dir}"]  # fmt: skip
+        lines += [f"  set {', '.join(changed)}"] if changed else []
         lines += [f"  inputs {', '.join(map(str, self.inputs))}"] if self.inputs else []
         return "\n".join(lines)
 
