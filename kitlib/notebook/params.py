@@ -27,9 +27,8 @@ from kitlib.tasks.targets import OBJECTIVES
 
 PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
-# What a later stage needs from earlier ones; a Kaggle kernel carries them forward: run.new/ is an attempt 02 stopped
-# at its time budget (or SIGTERM), whose last/ the next session continues. Folders before the files that name them
-# (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
+# What a later stage needs from earlier ones (run.new/: an attempt the next session continues); folders before the
+# files that name them, so a copy cut short never leaves a manifest without its files.
 HANDOFF = ("features", RUN_NAME, f"{RUN_NAME}.new", "params.json", "run.json", "features.json", "tokenizer")
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
@@ -76,7 +75,7 @@ class Params:
     metric: str = declared("auto", "what best/ follows: auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | "
                            "exact_match | rouge_l | record_f1 | module:function", env="KIT_METRIC")  # fmt: skip
     objective: str = declared("auto", "regression loss: auto (what the metric rewards) | mse | mae | log_mse | log_mae",
-                              stage="02", features=True)  # fmt: skip
+                              choices=tuple(OBJECTIVES), stage="02", features=True)  # fmt: skip
     numeric: tuple[str, ...] = declared((), "numeric columns beside the text, e.g. ['year', 'runtime']", stage="01",
                                         features=True)  # fmt: skip
     categorical: tuple[str, ...] = declared((), "categorical columns beside the text, e.g. ['genre']", stage="01",
@@ -156,8 +155,8 @@ class Params:
         return "\n".join(lines)
 
     def training(self) -> dict[str, Any]:
-        """The training parameters set (not None, not "none"): the resolver's overrides, the picker's start."""
-        return {name: value for name in TRAINING if (value := getattr(self, name)) not in (None, "none")}
+        """The training parameters set away from their default: the resolver's overrides, the picker's start."""
+        return {name: value for name in TRAINING if (value := getattr(self, name)) != PARAMETERS[name].default}
 
     @property
     def cache_dir(self) -> Path:
@@ -356,8 +355,6 @@ def _check_values(p: Params, *, with_task: bool) -> None:
     _check_adapter(p)
     check_report_to(p.report_to)
 
-    if p.objective not in OBJECTIVES:
-        raise SetupError(f"objective = {p.objective!r} is not one of {list(OBJECTIVES)}: fix it in the parameters cell")
     if p.hardware:
         try:
             fake_profile(p.hardware)

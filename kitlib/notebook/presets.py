@@ -343,14 +343,13 @@ def resolve(
     ValueError/SetupError/PrecisionError naming the fix."""
     if not isinstance(choice, Choice):
         choice = Choice(get_preset(choice) if isinstance(choice, str) else choice, dict(overrides or {}), world_size)
-    overrides = dict(choice.overrides)
-    p, late, plan, adapter = _refusals(choice.preset, hw, overrides)
+    p, late, plan, adapter = _refusals(choice.preset, hw, choice.overrides)
     reasons = [f"preset {p.name}: {p.description}"]
     lr = p.lr
     if adapter is not None:  # the adapter freezes the pretrained weights itself
         p = dataclasses.replace(p, freeze="none", freeze_layers=0)
         reasons.append(adapter)
-        if "lr" not in overrides and p.lr < LORA_LR:  # an lr set by the user wins
+        if "lr" not in choice.overrides and p.lr < LORA_LR:  # an lr set by the user wins
             lr = LORA_LR
             reasons.append(
                 f"lr {lr:g} for the adapters (the preset's {p.lr:g} is a full fine-tune's; set lr to change)"
@@ -381,8 +380,8 @@ def resolve(
     cfg = dataclasses.replace(cfg, **late)  # remaining TrainConfig overrides; __post_init__ validates
     if cfg.compile:  # refused here, in 00, on a GPU Triton cannot compile for (not at 02's first step)
         reasons.append(f"compile: {check_compile(hw) or 'torch.compile (inductor + Triton)'}")
-    if overrides:
-        reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())))
+    if choice.overrides:
+        reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(choice.overrides.items())))
     return ResolvedRun(
         choice=choice,
         preset=p,
@@ -409,7 +408,7 @@ def shape(choice: Choice, hw: HardwareInfo, lengths: Sequence[int] | np.ndarray 
 
 def check(choice: Choice, hw: HardwareInfo) -> None:
     """Refuse in 00 what 01's resolution of ``choice`` on ``hw`` would refuse, without sizing anything."""
-    late = _refusals(choice.preset, hw, dict(choice.overrides))[1]
+    late = _refusals(choice.preset, hw, choice.overrides)[1]
     TrainConfig(**{k: v for k, v in late.items() if k != "tf32"})  # its own checks (micro-batch >= 1, choices)
     if late.get("compile"):
         check_compile(hw)

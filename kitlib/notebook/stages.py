@@ -75,10 +75,8 @@ if TYPE_CHECKING:
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
 MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
-# Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4), where 00 has no
-# tokenizer to ask (a model the task builds); 01 measures the real lengths with the model's tokenizer. A model folder's
-# own tokenizer is asked on TOKEN_SAMPLE_ROWS rows: film descriptions with names ran 1.9 tokens a word (issue 34: the
-# estimate of the price demo was 0.6x the run at 1.3).
+# Rough tokens per whitespace word (WordPiece/BPE on English) where 00 has no tokenizer to ask; a model folder's own
+# tokenizer is asked on TOKEN_SAMPLE_ROWS rows (docs/measurements.md); 01 measures the real lengths.
 TOKENS_PER_WORD = 1.3
 TOKEN_SAMPLE_ROWS = 500  # ~0.1 s for a fast tokenizer, plus ~0.3 s to load it
 TOKENIZER_DIR = "tokenizer"  # in work_dir: 01's tokenizer, saved for the inference-only route
@@ -150,14 +148,9 @@ def resolve_run(
 
 
 def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | None = None) -> HardwareInfo:
-    """This machine (``hw``, else detected) with its CPU's bf16 autocast timed against fp32 on a block of ``p``'s model
-    (kitlib.machine.speed.probe_cpu_bf16: a second or two on the threads the run takes, then kept in the cache dir
-    per machine and torch version), which decides the plan's precision; only a CPU with bf16 instructions (AMX-BF16,
-    AVX512-BF16) is probed: a GPU's rules are known, and without them bf16 is emulated. ``facts`` (00's data_facts,
-    a cell later): also the CPU's fp32 training and forward speed at this moment on the threads that ran fastest
-    (``measure_cpu_step``, never cached: a busy machine is priced into the run's estimate), a model its task builds
-    timed itself (``_model_step``: on a bf16 CPU, in both precisions, which then decides in place of the block), and
-    one thread's plain Python (``measure_python_s``: imports and other fixed costs)."""
+    """This machine (``hw``, else detected) with a bf16 CPU's bf16-against-fp32 verdict on a block of ``p``'s model
+    (kept in the cache dir), which decides the plan's precision; with ``facts`` (00's data_facts) also the CPU's
+    speed now, a step of the model its task builds (``_model_step``) and one thread's plain Python."""
     from kitlib.machine import speed
 
     hw = hw or detect()
@@ -181,12 +174,8 @@ def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | No
 
 
 def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> tuple[float | None, MathProbe | None]:
-    """FLOP/s of one real fp32 training step of the model ``p``'s task builds (``Task.rough_cost``'s step, which
-    data_facts kept: a tiny model from scratch, your seq2seq module) on a micro-batch of ``p``'s preset as long as the
-    rows, counted as the estimate counts them: ~1-3 s on a 2-core CPU, once in 00. On a CPU with bf16 instructions,
-    also bf16 autocast against fp32 on those steps, which decides the precision in place of a block of the model's
-    width (kept in the cache dir like the block's: 01 and a second run of 00 read it). (None, None) where the task has
-    no step to time (a pretrained model: its block's speed)."""
+    """FLOP/s of one fp32 training step of the model ``p``'s task builds (Task.rough_cost's step) at the run's shape,
+    and on a bf16 CPU its bf16-against-fp32 verdict (kept in the cache dir); (None, None) without such a step."""
     from kitlib.machine import speed
 
     if facts.step is None:
@@ -203,8 +192,7 @@ def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> tuple[float | 
 
 
 def kept_verdict(p: Params, hw: HardwareInfo) -> MathProbe | None:
-    """The bf16-against-fp32 verdict that planned ``p``'s precision on this CPU, read, never measured: ``hw``'s, else
-    the one kept for the model ``p``'s task builds, else the block's (the cache dir); None where none was made."""
+    """The bf16-against-fp32 verdict that planned ``p``'s precision here, read, never measured (None: none made)."""
     from kitlib.machine import speed
 
     return (
@@ -215,16 +203,14 @@ def kept_verdict(p: Params, hw: HardwareInfo) -> MathProbe | None:
 
 
 def _model_key(p: Params) -> str:
-    """What the bf16 probe of the model ``p``'s task builds is kept under (beside the CPU and torch version): the
-    task, the model and your factory, with its file's contents where it names one (an edited module is probed again)."""
+    """The cache key of the bf16 probe of ``p``'s task's model: task, model, factory and its file's digest."""
     source = Path(p.model_factory.partition(":")[0])
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12] if source.suffix == ".py" and source.is_file() else ""
     return f"the {p.task} task's model {p.model} {p.model_factory} {digest}".rstrip()
 
 
 def _block(p: Params) -> tuple[int, int, int]:
-    """(width, FFN width, heads) of ``p``'s model from its config.json (no weights); for a model the task builds
-    from scratch, the task's (``Task.block``), else MiniLM's (a model_factory's, "tiny")."""
+    """(width, FFN width, heads) of ``p``'s model from its config.json, else the task's (Task.block), else MiniLM's."""
 
     minilm = SimpleNamespace(**KNOWN_MODELS["minilm"][1])  # MiniLM's shape, where nothing names another
     config: Any = minilm
@@ -243,9 +229,7 @@ def _block(p: Params) -> tuple[int, int, int]:
 
 
 def _model_dir(p: Params) -> str | Path | None:
-    """The folder of ``p``'s model (its config.json and tokenizer files), or None where the task builds the model
-    from scratch (a generating task's "auto", "tiny", a model_factory). "auto" without MiniLM installed: its
-    MissingModelError."""
+    """The folder of ``p``'s model, or None where the task builds it ("auto" without MiniLM: MissingModelError)."""
     if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
         return None
     return pretrained_dir() if p.model == "auto" else p.model
@@ -290,9 +274,8 @@ def _estimate(run: ResolvedRun, p: Params, hw: HardwareInfo, n_rows: int, n_test
 
 
 def _tokens_per_word(p: Params, texts: Any) -> float:
-    """Tokens per whitespace word of ``p``'s model's own tokenizer on the first TOKEN_SAMPLE_ROWS texts (its files
-    alone, no weights); TOKENS_PER_WORD where the task builds the model, or the tokenizer does not load (00's model
-    check says why)."""
+    """Tokens per whitespace word of ``p``'s model's tokenizer on TOKEN_SAMPLE_ROWS texts; TOKENS_PER_WORD where
+    there is none to load."""
     try:
         folder = _model_dir(p)
     except KitError:
@@ -526,11 +509,7 @@ def _check_model(p: Params) -> None:
 
 
 def _model_choice(p: Params) -> dict[str, Any]:
-    if p.model == "auto":
-        return {}
-    if p.model == "tiny":
-        return {"tiny": True}
-    return {"model_dir": p.model}
+    return {"auto": {}, "tiny": {"tiny": True}}.get(p.model, {"model_dir": p.model})
 
 
 def built_from(p: Params) -> dict[str, Any]:
@@ -555,8 +534,7 @@ def features(
     choice = choice or presets.load_choice(p.work_dir)
     hw = measured(p, hw)  # the precision 00 measured (a cache hit), for the plan and the head regime's encoder pass
     log = (lambda _msg: None) if quiet else print
-    # one line for the whole stage at the end, not one per entry (the token tables alone are three: lengths, train,
-    # test); seeds: the inputs' caches, as data
+    # one cache line for the whole stage, at its end; seeds: the inputs' caches
     summed = cache is None
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=None)
     data = read_competition(p, choice)

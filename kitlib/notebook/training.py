@@ -380,8 +380,7 @@ def _train_fold(
         return result
 
 
-# In the cache dir: 02's measured tokens/s per batching, machine and run. v2: packed batches hold a bucketed batch's
-# tokens since #31 (v1 measured batch_size full rows), so a v1 figure would pick by a layout no longer trained.
+# In the cache dir: 02's measured tokens/s per batching, machine and run (v2: packed batches as since #31).
 BATCHING_PROBE_FILE = "batching_probe_v2.json"
 
 
