@@ -66,13 +66,14 @@ def demo(task: str, root: Path, rows: int | None, test_rows: int | None) -> tupl
 
 def one(task: str, preset: str, data: Path, parameters: dict[str, Any], work: Path) -> dict[str, Any]:
     """00's estimate for (task, preset), then 01-03 timed: what a user would plan by and what it cost."""
+    from kitlib.machine.hardware import detect
     from kitlib.notebook import stages
     from kitlib.notebook.widgets import preset_picker
 
     p = stages.params(environ={}, data_dir=data, work_dir=work, preset=preset, **parameters)
     start_00 = time.perf_counter()
     facts = stages.data_facts(p)
-    hw = dataclasses.replace(stages.measured(p, facts=facts), interactive=False)  # as 00 measures it, now
+    hw = dataclasses.replace(detect(), interactive=False)
     picker = preset_picker(  # as 00's cell builds it: the model's own weights and the folds priced
         stages.planning_hw(p, hw), default=preset, n_rows=facts.n_rows, n_test=facts.n_test, lengths=facts.lengths,
         model_params=facts.model_params, folds=p.folds, trees=facts.trees,

@@ -18,9 +18,7 @@ after them. Reported: the median seconds per step of each setting and the ratio 
 is faster), one JSON line at the end.
 
 ``--neighbour``: the affinity stays whole, and the busy rounds' competitor is one process on one thread, holding one
-core (another notebook's tokenizer, a job beside the run); kitlib's setting is what the notebook stages run in,
-``cpu_threads(measure=True)``: each round it times torch's count against fewer and takes the fastest
-(``kitlib.machine.speed.fastest_threads``, ~0.5 s, not in the step times).
+core (another notebook's tokenizer, a job beside the run).
 """
 
 from __future__ import annotations
@@ -62,12 +60,12 @@ def _step_timer(width: int, steps: int) -> Callable[[], float]:
     return seconds_per_step
 
 
-def _rounds(timer: Callable[[], float], rounds: int, measure: bool) -> dict[str, list[float]]:
+def _rounds(timer: Callable[[], float], rounds: int) -> dict[str, list[float]]:
     """Alternating rounds: torch's pool as it is, then inside kitlib's cpu_threads(); the counts kitlib took."""
     times: dict[str, list[float]] = {"torch": [], "kitlib": [], "kitlib_threads": []}
     for _ in range(rounds):
         times["torch"].append(timer())
-        with cpu_threads(measure=measure) as n:
+        with cpu_threads() as n:
             times["kitlib"].append(timer())
         times["kitlib_threads"].append(n)
     return times
@@ -78,10 +76,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--neighbour", action="store_true", help="one competing thread; kitlib measures its count")
+    parser.add_argument("--neighbour", action="store_true", help="one competing thread on one core")
     args = parser.parse_args()
-    if args.neighbour and os.environ.get("OMP_NUM_THREADS"):
-        parser.error("--neighbour: unset OMP_NUM_THREADS (kitlib keeps a count the user set, and measures none)")
 
     torch_threads = torch.get_num_threads()  # sized at start, for every CPU this process could see
     cpus = sorted(os.sched_getaffinity(0))
@@ -92,13 +88,13 @@ def main() -> int:
     print(f"torch {torch.__version__}: {len(cpus)} CPUs seen at start, {usable_cpus()} usable after narrowing")
     print(f"threads: torch keeps {torch_threads}, kitlib's cpu_threads() takes {kitlib_threads}")
     timer = _step_timer(args.width, args.steps)
-    results = {"idle": _rounds(timer, args.rounds, args.neighbour)}
+    results = {"idle": _rounds(timer, args.rounds)}
     own_threads = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # torch's default: every CPU
     competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR],
                                   env=own_threads | ({"OMP_NUM_THREADS": "1"} if args.neighbour else {}))  # fmt: skip
     try:
         time.sleep(2.0)  # its torch import and first matmuls: it competes from the first timed round on
-        results["busy"] = _rounds(timer, args.rounds, args.neighbour)
+        results["busy"] = _rounds(timer, args.rounds)
     finally:
         competitor.terminate()
         competitor.wait()

@@ -217,7 +217,7 @@ def worker_kitlib(data: Path, work: Path, epochs: int, tiny: bool, sets: list[st
     from kitlib.notebook import stages as workflow
 
     p = workflow.params(data_dir=data, work_dir=work / "work", preset="balanced", model="tiny" if tiny else "auto")
-    hw = workflow.measured(p, detect())  # as 00 measures it for a user: a bf16 CPU's precision is probed
+    hw = detect()
     overrides: dict[str, Any] = {"max_length_cap": MAX_LENGTH}  # the shared 128-token cap (balanced caps at 256)
     overrides |= dict(parse_set(s) for s in sets)  # --kitlib-set: a lever measured against kitlib's defaults
     if epochs != presets.get_preset("balanced").epochs:
@@ -302,12 +302,13 @@ def worker_naive(data: Path, work: Path, epochs: int, tiny: bool) -> dict[str, A
 
 def user_precision(data: Path, work: Path, tiny: bool) -> Any:
     """The precision a user tuning by hand would pick on this machine: kitlib's plan for it (a GPU's by its
-    capability, a CPU's measured by 00's probe where it has bf16 instructions)."""
+    capability, a CPU's fp32)."""
+    from kitlib.machine.hardware import detect
     from kitlib.machine.precision import decide_precision
     from kitlib.notebook import stages
 
     p = stages.params(data_dir=data, work_dir=work / "plan", model="tiny" if tiny else "auto")
-    return decide_precision(stages.measured(p))
+    return decide_precision(stages.planning_hw(p, detect()))
 
 
 def tuned_settings(dtype: str, *, cuda: bool) -> dict[str, Any]:

@@ -640,10 +640,7 @@ def with_kitlib(w: Workload, data: Path, out: Path) -> dict[str, Any]:
     epochs = int(os.environ.get("SEED_REPLAYS_KITLIB_EPOCHS") or w.after.epochs)  # --kitlib-epochs: a lever
     p = stages.params(data_dir=data, work_dir=out, preset="balanced", model="tiny", epochs=epochs, seed=train_seed(),
                       **params)  # fmt: skip
-    # 00's measurements, outside the wall as the users' choice of settings is: on a CPU with bf16 instructions, bf16
-    # against fp32 on the model itself decides the precision (~2-4 s; kept in out's cache), beside the estimate's speeds
-    with contextlib.redirect_stdout(sys.stderr):
-        hw = stages.measured(p, detect(), facts=stages.data_facts(p))
+    hw = detect()
     start = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # the stages' reports: keep stdout for the result line
         stages.setup(p, hw)

@@ -12,7 +12,7 @@ import sys
 import warnings
 from typing import Any
 
-from kitlib.cli import PARAMS_HELP, _folder, _least, _parameter_flags, _parameters, _renamed, kernel_tool
+from kitlib.cli import PARAMS_HELP, _folder, _least, _parameter_flags, _parameters, add_rows, kernel_tool
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,7 +181,7 @@ def _kaggle_status_args(k: argparse.ArgumentParser) -> None:
 
 def _kaggle_output_args(k: argparse.ArgumentParser) -> None:
     k.add_argument("kernel_id", help="owner/slug")
-    _renamed(k, "--dest", "--out", default="kaggle_output", help="the folder the files go to")
+    add_rows(k, [("--out --dest", "the folder the files go to", {"default": "kaggle_output"})])
     k.add_argument("--pattern", type=_regex, default=None, help="only files whose names match this regex")
 
 

@@ -316,12 +316,6 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
-PARAMS_HELP = (
-    "a JSON file of 00's parameters (a demo's demo.json, your params.json); an explicit flag > the file > 00's "
-    "defaults; an unknown name is an error"
-)
-
-
 def flag_names() -> tuple[str, ...]:
     """00's parameters a command line sets, beside --params FILE (data_dir and work_dir: --data-dir, --work-dir)."""
     return tuple(name for name in PARAMETERS if name not in ("data_dir", "work_dir"))
@@ -370,7 +364,6 @@ def _fraction(text: str) -> float:
 
 
 def _profile(text: str) -> str:
-
     try:
         fake_profile(text)
     except ValueError as err:
@@ -382,83 +375,6 @@ def _folder(text: str) -> str:
     if not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a folder")
     return text
-
-
-def _renamed(p: argparse.ArgumentParser, old: str, *names: str, **options: Any) -> None:
-    """A flag by its one name (the declaration's where a parameter exists); ``old`` still parses, unlisted."""
-    action = p.add_argument(*names, **options)
-    p.add_argument(
-        old, dest=action.dest, type=options.get("type", str), default=argparse.SUPPRESS, help=argparse.SUPPRESS
-    )
-
-
-HARDWARE_HELP = "a hardware profile (kitlib.machine.hardware), one of " + ", ".join(PROFILE_NAMES)
-TASK_HELP = "one of " + " | ".join(TASKS)
-
-
-def _detect_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precision", default="auto", choices=get_args(Requested), help="what to ask for (auto: decided)")
-
-
-def _doctor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="the run_dir given to fit() (holds timing.json and config.json)")
-    _renamed(p, "--profile", "--hardware", type=_profile, help=f"advise for {HARDWARE_HELP} (default: the run's)")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON line")
-
-
-def _cache_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["list", "size", "clear"], help="list, size or clear the entries")
-    p.add_argument("--dir", default=None, help="cache directory (default: $KITLIB_CACHE_DIR, Kaggle working dir, ./)")
-    p.add_argument("--name", default=None, help="only entries of this feature name, e.g. tokens")
-    p.add_argument(
-        "--older-than-days", type=_least(0.0, float), default=None, help="clear: only entries older than this"
-    )
-    p.add_argument("--yes", action="store_true", help="clear without asking (required when not interactive)")
-
-
-def _demo_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", help="folder for train.csv, test.csv, sample_submission.csv, solution.csv")
-    p.add_argument("--seed", type=_least(0), default=0, help="seeds the split and the sampled rows")
-    p.add_argument("--test-fraction", type=_fraction, default=0.2, help="share of the rows held out as test.csv")
-    p.add_argument("--force", action="store_true", help="overwrite a folder that holds other files")
-    p.add_argument("--task", default="auto", help=f"the task whose demo competition to write: {TASK_HELP}")
-
-
-def _score_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("solution", help="the held-out answers: the id and target columns")
-    p.add_argument("submission", help="the predictions: the id and target columns (submission.csv)")
-    p.add_argument("--target", help="the scored column (default: the --work-dir run's, a demo's, else label)")
-    p.add_argument("--id", help="the id column (default: the --work-dir run's, else id)")
-    p.add_argument(
-        "--metric",
-        help=f"{' | '.join(METRICS)} | module:function (default: the --work-dir run's, a demo's, else accuracy)",
-    )
-    _renamed(p, "--work", "--work-dir", help="a work_dir of the notebooks: its params.json and run.json give defaults")
-
-
-def _presets_args(p: argparse.ArgumentParser) -> None:
-    _renamed(p, "--profile", "--hardware", type=_profile, help=f"resolve for {HARDWARE_HELP} (default: this one)")
-    p.add_argument("--rows", type=_least(1), default=None, help="training rows, for a rough time-per-epoch estimate")
-    p.add_argument("--model", default="auto", help="for the memory line: a model folder, config.json or known name")
-    p.add_argument("--task", default="classify", help=f"for the memory line: {TASK_HELP}")
-
-
-def _plan_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a config.json, a model folder, or llama-7b, gpt2, t5-small, minilm")
-    p.add_argument("--hardware", type=_profile, default="T4", help=HARDWARE_HELP)
-    _renamed(p, "--seq-len", "--max-length", type=_least(1), default=512,
-             help="tokens per row (seq2seq: source and target each)")  # fmt: skip
-    p.add_argument("--task", default="classify", help=TASK_HELP)
-    p.add_argument("--effective-batch", type=_least(1), default=32, help="rows per optimizer step to keep")
-    _renamed(p, "--micro-batch", "--micro-batch-size", type=_least(1), default=None,
-             help="rows per forward (default: the largest that fits)")  # fmt: skip
-    _renamed(p, "--accum", "--grad-accum-steps", type=_least(1), default=None,
-             help="accumulation steps (default: effective batch / micro-batch size)")  # fmt: skip
-
-
-def _export_merged_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("work_dir", help="the notebooks' working dir (params.json, run/best/)")
-    p.add_argument("out", help="the folder to write (config.json, model.safetensors, the tokenizer's files)")
 
 
 def _kaggle_args(p: argparse.ArgumentParser) -> None:
@@ -473,46 +389,104 @@ def _cmd_kaggle(args: argparse.Namespace) -> int:
     return 2
 
 
-def _train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work-dir", required=True, type=_folder, help="the working dir 00 and 01 prepared (params.json)")
-
-
-def _notebooks_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["run", "strip"], help="run them headless, or strip their outputs")
-    _renamed(p, "--data", "--data-dir", help=f"00's data_dir: {PARAMETERS['data_dir'].metadata['doc']}")
-    _renamed(p, "--work", "--work-dir", help=f"00's work_dir: {PARAMETERS['work_dir'].metadata['doc']}, executed/")
-    _parameter_flags(p)
-    p.add_argument("--params", help=PARAMS_HELP)
-    p.add_argument("--notebooks", type=_folder, help="folder of the notebooks (default: the repo's notebooks/)")
-
-
-COMMANDS: dict[str, tuple[str, Any, Any]] = {
-    "detect": ("show the platform, hardware and the precision kitlib would use, and why", _detect_args, _cmd_detect),
-    "doctor": ("where a run's time went, and ranked changes that would save the most", _doctor_args, _cmd_doctor),
-    "cache": ("list, size or clear the feature cache", _cache_args, _cmd_cache),
-    "demo": ("write the offline demo competition (Rotten Tomatoes reviews, split by movie)", _demo_args, _cmd_demo),
-    "score": ("score a submission against a solution file (any competition, or a demo's)", _score_args, _cmd_score),
-    "presets": ("show each preset resolved for this (or a named) machine, with the reasons", _presets_args,
-                _cmd_presets),
-    "plan": ("memory plan: bytes per training strategy for a model, task and GPU; what fits", _plan_args, _cmd_plan),
-    "export-merged": ("a LoRA run's model with the adapter merged in, as one model folder", _export_merged_args,
-                      _cmd_export_merged),
-    "kaggle": ("Kaggle kernels: build folders, offline wheels, push, status, output", _kaggle_args, _cmd_kaggle),
-    "train": ("02's training of a prepared work dir; under torchrun/srun one rank of the job", _train_args,
-              _cmd_train),
-    "notebooks": ("run the four notebooks headless in order, or strip their outputs", _notebooks_args,
-                  _cmd_notebooks),
+PARAMS_HELP = (
+    "a JSON file of 00's parameters (a demo's demo.json, your params.json); an explicit flag > the file > 00's "
+    "defaults; an unknown name is an error"
+)
+HARDWARE = "a hardware profile (kitlib.machine.hardware), one of " + ", ".join(PROFILE_NAMES)
+TASK = "one of " + " | ".join(TASKS)
+BY_RUN = "(default: the --work-dir run's"
+Row = tuple[str, str, dict[str, Any]] | Callable[[argparse.ArgumentParser], None]
+# A command: (its help, what runs it, its arguments). An argument row: (its names, the one listed first, then old
+# spellings that still parse, unlisted; its help; argparse's options), or a function that adds arguments.
+COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int], tuple[Row, ...]]] = {
+    "detect": ("show the platform, hardware and the precision kitlib would use, and why", _cmd_detect, (
+        ("--precision", "what to ask for (auto: decided)", {"default": "auto", "choices": get_args(Requested)}),
+    )),
+    "doctor": ("where a run's time went, and ranked changes that would save the most", _cmd_doctor, (
+        ("run_dir", "the run_dir given to fit() (holds timing.json and config.json)", {}),
+        ("--hardware --profile", f"advise for {HARDWARE} (default: the run's)", {"type": _profile}),
+        ("--json", "print the report as one JSON line", {"action": "store_true"}),
+    )),
+    "cache": ("list, size or clear the feature cache", _cmd_cache, (
+        ("action", "list, size or clear the entries", {"choices": ["list", "size", "clear"]}),
+        ("--dir", "cache directory (default: $KITLIB_CACHE_DIR, Kaggle working dir, ./)", {}),
+        ("--name", "only entries of this feature name, e.g. tokens", {}),
+        ("--older-than-days", "clear: only entries older than this", {"type": _least(0.0, float)}),
+        ("--yes", "clear without asking (required when not interactive)", {"action": "store_true"}),
+    )),
+    "demo": ("write the offline demo competition (Rotten Tomatoes reviews, split by movie)", _cmd_demo, (
+        ("dir", "folder for train.csv, test.csv, sample_submission.csv, solution.csv", {}),
+        ("--seed", "seeds the split and the sampled rows", {"type": _least(0), "default": 0}),
+        ("--test-fraction", "share of the rows held out as test.csv", {"type": _fraction, "default": 0.2}),
+        ("--force", "overwrite a folder that holds other files", {"action": "store_true"}),
+        ("--task", f"the task whose demo competition to write: {TASK}", {"default": "auto"}),
+    )),
+    "score": ("score a submission against a solution file (any competition, or a demo's)", _cmd_score, (
+        ("solution", "the held-out answers: the id and target columns", {}),
+        ("submission", "the predictions: the id and target columns (submission.csv)", {}),
+        ("--target", f"the scored column {BY_RUN}, a demo's, else label)", {}),
+        ("--id", f"the id column {BY_RUN}, else id)", {}),
+        ("--metric", f"{' | '.join(METRICS)} | module:function {BY_RUN}, a demo's, else accuracy)", {}),
+        ("--work-dir --work", "a work_dir of the notebooks: its params.json and run.json give defaults", {}),
+    )),
+    "presets": ("show each preset resolved for this (or a named) machine, with the reasons", _cmd_presets, (
+        ("--hardware --profile", f"resolve for {HARDWARE} (default: this one)", {"type": _profile}),
+        ("--rows", "training rows, for a rough time-per-epoch estimate", {"type": _least(1)}),
+        ("--model", "for the memory line: a model folder, config.json or known name", {"default": "auto"}),
+        ("--task", f"for the memory line: {TASK}", {"default": "classify"}),
+    )),
+    "plan": ("memory plan: bytes per training strategy for a model, task and GPU; what fits", _cmd_plan, (
+        ("--model", "a config.json, a model folder, or llama-7b, gpt2, t5-small, minilm", {"required": True}),
+        ("--hardware", HARDWARE, {"type": _profile, "default": "T4"}),
+        ("--max-length --seq-len", "tokens per row (seq2seq: source and target each)",
+         {"type": _least(1), "default": 512}),
+        ("--task", TASK, {"default": "classify"}),
+        ("--effective-batch", "rows per optimizer step to keep", {"type": _least(1), "default": 32}),
+        ("--micro-batch-size --micro-batch", "rows per forward (default: the largest that fits)", {"type": _least(1)}),
+        ("--grad-accum-steps --accum", "accumulation steps (default: effective batch / micro-batch size)",
+         {"type": _least(1)}),
+    )),
+    "export-merged": ("a LoRA run's model with the adapter merged in, as one model folder", _cmd_export_merged, (
+        ("work_dir", "the notebooks' working dir (params.json, run/best/)", {}),
+        ("out", "the folder to write (config.json, model.safetensors, the tokenizer's files)", {}),
+    )),
+    "kaggle": ("Kaggle kernels: build folders, offline wheels, push, status, output", _cmd_kaggle, (_kaggle_args,)),
+    "train": ("02's training of a prepared work dir; under torchrun/srun one rank of the job", _cmd_train, (
+        ("--work-dir", "the working dir 00 and 01 prepared (params.json)", {"required": True, "type": _folder}),
+    )),
+    "notebooks": ("run the four notebooks headless in order, or strip their outputs", _cmd_notebooks, (
+        ("action", "run them headless, or strip their outputs", {"choices": ["run", "strip"]}),
+        ("--data-dir --data", f"00's data_dir: {PARAMETERS['data_dir'].metadata['doc']}", {}),
+        ("--work-dir --work", f"00's work_dir: {PARAMETERS['work_dir'].metadata['doc']}, executed/", {}),
+        _parameter_flags,
+        ("--params", PARAMS_HELP, {}),
+        ("--notebooks", "folder of the notebooks (default: the repo's notebooks/)", {"type": _folder}),
+    )),
 }  # fmt: skip
+
+
+def add_rows(p: argparse.ArgumentParser, rows: Sequence[Row]) -> None:
+    """The arguments of table ``rows`` (COMMANDS' third member; the ``kaggle`` command's actions use it too)."""
+    for row in rows:
+        if callable(row):
+            row(p)
+            continue
+        (name, *old), text, options = row[0].split(), row[1], row[2]
+        dest = p.add_argument(name, help=text, **options).dest
+        for spelling in old:
+            p.add_argument(spelling, dest=dest, type=options.get("type", str), default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (about, arguments, run) in COMMANDS.items():
-        p = sub.add_parser(name, help=about)
-        p.set_defaults(func=run, parser=p)
-        arguments(p)  # after: a kaggle action's own parser replaces the command's
+    for command, (about, run, rows) in COMMANDS.items():
+        p = sub.add_parser(command, help=about)
+        p.set_defaults(func=run, parser=p)  # before the rows: a kaggle action's own parser replaces the command's
+        add_rows(p, rows)
     return parser
 
 

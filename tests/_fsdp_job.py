@@ -71,7 +71,8 @@ def main(out: str, strategy: str, micro: int, accum: int, *options: str) -> None
         saved = {"losses": record.losses, "weights": weights, "history": result.history.to_dict("list"),
                  "timing": result.timing, "stop": result.stop_reason}  # fmt: skip
         torch.save(saved, Path(out) / "result.pt")
-    if dist.is_initialized():
+    if dist.is_initialized():  # together: no rank tears its gloo pairs down while rank 0 still writes
+        dist.barrier()
         dist.destroy_process_group()
 
 

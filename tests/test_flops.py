@@ -7,16 +7,9 @@ import torch
 from torch import nn
 
 from benchmarks.flop_count import count_flops
-from kitlib.doctor.flops import (
-    PEAK_TFLOPS,
-    flops_per_token,
-    gpu_key,
-    measure_cpu_peak,
-    mfu,
-    model_flops_per_token,
-    non_embedding_params,
-    peak_flops,
-)
+from kitlib.doctor.flops import flops_per_token, measure_cpu_peak, mfu, model_flops_per_token
+from kitlib.machine.peaks import PEAK_TFLOPS, gpu_key, peak_flops
+from kitlib.models.facts import non_embedding_params
 
 
 def test_flops_per_token_is_6n_plus_attention_and_a_third_without_backward() -> None:

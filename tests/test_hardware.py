@@ -6,6 +6,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,6 @@ from kitlib.machine.hardware import (
     detect,
     detect_platform,
     fake_profile,
-    is_headless_runner,
     is_interactive,
     torch_supports,
 )
@@ -56,71 +56,54 @@ def test_detect_platform_colab_module(monkeypatch: pytest.MonkeyPatch) -> None:
     assert detect_platform(KAGGLE_ENV) == "kaggle"  # Kaggle still wins
 
 
-NBCONVERT = ("/usr/bin/python3", "/usr/local/bin/jupyter-nbconvert", "--to", "notebook", "--execute", "02.ipynb")
-PAPERMILL = ("/usr/bin/python3", "/usr/local/bin/papermill", "in.ipynb", "out.ipynb", "-p", "PRESET", "fast")
-JUPYTER_LAB = ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "--no-browser")
-
-
 @pytest.mark.parametrize(
-    ("environ", "parent", "expected"),
+    ("environ", "stdin", "expected"),
     [
-        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, JUPYTER_LAB, True),
-        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, PAPERMILL, False),
-        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, (), False),  # the env alone decides
-        ({**KAGGLE_ENV, "KAGGLE_IS_COMPETITION_RERUN": "1"}, (), False),
-        ({**KAGGLE_ENV}, NBCONVERT, False),  # `!jupyter nbconvert --execute` inside an interactive session
-        (COLAB_VARS, JUPYTER_LAB, True),
-        (COLAB_VARS, NBCONVERT, False),
-        ({}, PAPERMILL, False),
-        ({}, ("jupyter-execute", "nb.ipynb"), False),
-        ({}, JUPYTER_LAB, True),
-        ({"CI": "true"}, (), False),
-        ({"GITHUB_ACTIONS": "true"}, (), False),
-        ({"KIT_HEADLESS": "1"}, JUPYTER_LAB, False),
-        ({"KIT_HEADLESS": "0", "CI": "true"}, NBCONVERT, True),  # explicit override wins both ways
+        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, True, True),
+        ({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, True, False),  # the env alone decides
+        ({**KAGGLE_ENV, "KAGGLE_IS_COMPETITION_RERUN": "1"}, True, False),
+        ({**KAGGLE_ENV}, False, False),  # `!jupyter nbconvert --execute` inside an interactive session
+        (COLAB_VARS, True, True),
+        (COLAB_VARS, False, False),
+        ({}, False, False),  # papermill, nbconvert, jupyter execute, nbmake: nbclient sends allow_stdin=False
+        ({}, True, True),
+        ({"CI": "true"}, True, False),
+        ({"GITHUB_ACTIONS": "true"}, True, False),
+        ({"KIT_HEADLESS": "1"}, True, False),
+        ({"KIT_HEADLESS": "0", "CI": "true"}, False, True),  # explicit override wins both ways
     ],
 )
-def test_is_interactive(environ: dict[str, str], parent: tuple[str, ...], expected: bool) -> None:
-    assert is_interactive(environ, parent_argv=parent) is expected
+def test_is_interactive(environ: dict[str, str], stdin: bool, expected: bool) -> None:
+    assert is_interactive(environ, kernel_stdin=stdin) is expected
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ("papermill", "nb.ipynb", "out.ipynb"),
-        PAPERMILL,  # the console script, run by its interpreter (what /proc shows for a shebang script)
-        ("/usr/bin/python3", "-m", "papermill", "nb.ipynb", "out.ipynb"),
-        ("python3.11", "-u", "-W", "ignore", "-mpapermill", "nb.ipynb", "out.ipynb"),
-        NBCONVERT,
-        ("/opt/conda/bin/jupyter-nbconvert", "--execute", "--to", "notebook", "nb.ipynb"),
-        ("python", "-m", "nbconvert", "--execute", "--to", "notebook", "nb.ipynb"),
-        ("jupyter", "nbconvert", "--execute", "nb.ipynb"),  # the dispatcher, where it does not exec (Windows)
-        ("/usr/bin/python3", "/usr/local/bin/jupyter", "execute", "nb.ipynb"),
-        ("C:\\Python311\\Scripts\\papermill.exe", "nb.ipynb", "out.ipynb"),
-        ("/usr/bin/python3", "-m", "pytest", "--nbmake", "notebooks/"),
-        ("pytest", "--nbval-lax", "nb.ipynb"),
-    ],
-)
-def test_headless_runners_are_recognised_by_their_program(argv: tuple[str, ...]) -> None:
-    assert is_headless_runner(argv) and not is_interactive({}, parent_argv=argv)
+def test_a_kernel_reads_headless_from_its_requests_allow_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#50 (A15): a real IPython kernel, asked as nbclient asks (allow_stdin=False: papermill, nbconvert) and as a
+    person's frontend asks (True), tells the two apart without reading its parent's command line; outside a kernel
+    (this test process) it is interactive."""
+    from jupyter_client.manager import start_new_kernel
 
+    for name in ("KIT_HEADLESS", "CI", "GITHUB_ACTIONS", "KAGGLE_KERNEL_RUN_TYPE", "KAGGLE_IS_COMPETITION_RERUN"):
+        monkeypatch.delenv(name, raising=False)
+    assert is_interactive({}) is True
+    manager, client = start_new_kernel(startup_timeout=120)
+    code = "from kitlib.machine.hardware import is_interactive; print(is_interactive({}))"
+    out: list[str] = []
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        # a Jupyter server started in (or pointed at) a folder whose name contains a runner's: still a person's
-        ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "--notebook-dir=/home/me/papermill-experiments"),
-        ("/usr/bin/python3", "/usr/local/bin/jupyter-lab", "/home/me/papermill-experiments"),
-        ("/usr/bin/python3", "-m", "jupyter", "notebook", "--ServerApp.root_dir=/data/nbconvert-tests"),
-        ("/home/me/papermill-experiments/.venv/bin/python", "-m", "jupyter_server"),
-        ("/usr/bin/python3", "-m", "ipykernel_launcher", "-f", "/tmp/papermill/kernel.json"),
-        ("/usr/bin/python3", "-c", "import papermill"),
-        ("pytest", "tests/test_nbmake_helpers.py"),  # pytest without the notebook plugins' options
-        (),
-    ],
-)
-def test_runner_names_in_other_arguments_are_not_runners(argv: tuple[str, ...]) -> None:
-    assert not is_headless_runner(argv) and is_interactive({}, parent_argv=argv)
+    def printed(message: dict[str, Any]) -> None:
+        if message["msg_type"] == "stream":
+            out.append(message["content"]["text"])
+
+    try:
+        said = []
+        for stdin in (False, True):  # nbclient's request, then a person's frontend's
+            out.clear()
+            client.execute_interactive(code, allow_stdin=stdin, timeout=120, output_hook=printed)
+            said.append("".join(out).strip())
+        assert said == ["False", "True"]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
 
 
 def _proc_flags() -> set[str]:
@@ -157,23 +140,21 @@ def test_detect_cpu_isa_agrees_with_proc_cpuinfo() -> None:
 
 
 @pytest.fixture
-def kernel_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[tuple[str, ...]], None]:
-    """Makes detect() read ``argv`` as its parent's command line (the notebook server, or a headless runner)."""
+def kernel_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """Makes detect() read ``stdin`` as the running cell's allow_stdin (a person's frontend, or a headless runner)."""
     import kitlib.machine.hardware as hardware
 
-    def parent(argv: tuple[str, ...]) -> None:
-        monkeypatch.setattr(hardware, "_parent_argv", lambda: argv)
+    def request(stdin: bool) -> None:
+        monkeypatch.setattr(hardware, "_kernel_stdin", lambda: stdin)
 
-    return parent
+    return request
 
 
-def test_detect_in_a_colab_like_session(
-    monkeypatch: pytest.MonkeyPatch, kernel_of: Callable[[tuple[str, ...]], None]
-) -> None:
-    """No real Colab: its env vars, its google.colab module (the kernel imports it at start) and a Jupyter server as
-    the kernel's parent."""
+def test_detect_in_a_colab_like_session(monkeypatch: pytest.MonkeyPatch, kernel_of: Callable[[bool], None]) -> None:
+    """No real Colab: its env vars, its google.colab module (the kernel imports it at start) and a frontend's
+    request."""
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    kernel_of(("/usr/bin/python3", "/usr/local/bin/jupyter-notebook", "--ip=172.28.0.12", "--port=9000"))
+    kernel_of(True)
     environ = {"COLAB_RELEASE_TAG": COLAB_VARS["COLAB_RELEASE_TAG"], "COLAB_BACKEND_VERSION": "next", "HOME": "/root"}
     hw = detect(environ)
     assert (hw.platform, hw.interactive, hw.working_dir, hw.input_dir) == (
@@ -184,22 +165,20 @@ def test_detect_in_a_colab_like_session(
     )
     assert "platform:  colab (interactive)" in hw.summary()
     monkeypatch.delitem(sys.modules, "google.colab")  # `!jupyter nbconvert --execute` in a Colab VM: vars only
-    kernel_of(NBCONVERT)
+    kernel_of(False)
     headless = detect({"COLAB_GPU": "1"})
     assert (headless.platform, headless.interactive, headless.working_dir) == ("colab", False, Path("/content"))
 
 
-@pytest.mark.parametrize(
-    ("run_type", "parent", "interactive"), [("Interactive", JUPYTER_LAB, True), ("Batch", PAPERMILL, False)]
-)
+@pytest.mark.parametrize(("run_type", "stdin", "interactive"), [("Interactive", True, True), ("Batch", False, False)])
 def test_detect_kaggle_interactive_and_batch(
-    kernel_of: Callable[[tuple[str, ...]], None], run_type: str, parent: tuple[str, ...], interactive: bool
+    kernel_of: Callable[[bool], None], run_type: str, stdin: bool, interactive: bool
 ) -> None:
     """Kaggle's editor session vs Save & Run All / `kaggle kernels push` (papermill); its image carries COLAB_* too."""
-    kernel_of(parent)
+    kernel_of(stdin)
     hw = detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type, **COLAB_VARS})
     assert (hw.platform, hw.interactive, hw.working_dir) == ("kaggle", interactive, Path("/kaggle/working"))
-    kernel_of(JUPYTER_LAB)  # Batch is headless by Kaggle's own marker, whatever the parent
+    kernel_of(True)  # Batch is headless by Kaggle's own marker, whatever the request
     assert detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type}).interactive is interactive
 
 
@@ -324,84 +303,5 @@ def test_fit_trains_on_this_process_share_of_the_usable_cpus_and_restores_the_th
         torch.set_num_threads(1)  # a lower count set by the user stays
         with threads.cpu_threads() as n:
             assert n == torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.mark.parametrize(("busy", "chosen"), [(True, 1), (False, 2)])
-def test_the_stages_train_on_the_thread_count_that_ran_fastest(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], busy: bool, chosen: int
-) -> None:
-    """Another process holds 1 of 2 cores: a step on 2 threads waits for the one not running, so 1 thread runs
-    faster and the stage takes 1 (and says so); quiet, 2 threads win. The step is faked: no test reads this machine's
-    load. The user's OMP_NUM_THREADS is never second-guessed, and torch's count comes back."""
-    from kitlib.machine import hardware, speed, threads
-
-    def block(*shape: int) -> Callable[..., tuple[float, float]]:
-        def step(dtype: torch.dtype, rows: int, train: bool = True) -> tuple[float, float]:
-            threads = torch.get_num_threads()
-            return (0.004 * (4 if busy and threads == 2 else 2 / threads), 1.0)  # seconds: 1 thread = 2x 2 quiet
-
-        return step
-
-    monkeypatch.setattr(speed, "_block", block)
-    monkeypatch.setattr(hardware, "usable_cpus", lambda: 2)
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        assert speed.fastest_threads(2, budget_s=0.05) == ((1, 2.0) if busy else (2, 1.0))
-        assert torch.get_num_threads() == 2
-        with threads.cpu_threads(measure=True) as n:
-            assert n == torch.get_num_threads() == chosen
-        assert torch.get_num_threads() == 2
-        said = capsys.readouterr().out
-        assert ("threads: 1 of 2 CPUs (a step on 1 ran 2.0x faster than on 2 just now" in said) is busy
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU does the compute: no probe
-        monkeypatch.setattr(speed, "fastest_threads", lambda *a, **k: pytest.fail("probed"))
-        with threads.cpu_threads(measure=True) as n:
-            assert n == 2
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user chose: no probe
-        with threads.cpu_threads(measure=True) as n:
-            assert n == 2
-    finally:
-        torch.set_num_threads(before)
-
-
-def test_a_long_run_measures_its_thread_count_again(monkeypatch: pytest.MonkeyPatch, cpu_hw) -> None:
-    """ThreadCount (what 02 adds where it measured): when its interval is up, the count is measured again and set
-    for the steps after, the change is in the run record, and the kernel's count comes back when fit returns. The
-    measurement is faked (a neighbour started: 1 thread is faster), as no test reads this machine's load."""
-    from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from kitlib import TrainConfig, fit
-    from kitlib.engine.events import Callback
-    from kitlib.engine.policies import ThreadCount
-    from kitlib.machine import hardware, speed
-
-    seen: list[int] = []
-
-    class Threads(Callback):  # order 0: after ThreadCount's -20 in the same step
-        def on_step_end(self, step: object) -> None:
-            seen.append(torch.get_num_threads())
-
-    probes: list[int] = []
-    monkeypatch.setattr(speed, "fastest_threads", lambda most: (probes.append(most), (1, 4.0))[1])
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(hardware, "usable_cpus", lambda: 2)
-    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
-    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
-    cfg = TrainConfig(epochs=1, micro_batch_size=8, precision="fp32", save_best=False)
-    mse = lambda model, batch: nn.functional.mse_loss(model(batch[0]), batch[1])  # noqa: E731
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        callbacks = [ThreadCount(2, every_s=0.0), Threads()]
-        result = fit(nn.Linear(4, 1), loader, config=cfg, loss_fn=mse, hw=cpu_hw, callbacks=callbacks)
-        assert probes == [2] * 4 and seen == [1] * 4  # measured at each step's end (interval 0), set from the first
-        assert result.timing["run"]["intra_op_threads"] == 2 and result.timing["run"]["thread_changes"] == [[1, 1]]
-        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -1,4 +1,4 @@
-"""FLOPs per token, accelerator peaks and model FLOPs utilisation (MFU, PaLM appendix B): only the matmuls the
+"""FLOPs per token, a CPU's matmul peak and model FLOPs utilisation (MFU, PaLM appendix B): only the matmuls the
 model needs count, so padding and recomputation show as lower MFU."""
 
 from __future__ import annotations
@@ -8,21 +8,7 @@ import time
 import torch
 from torch import nn
 
-from kitlib.machine.peaks import PEAK_TFLOPS, PeakDtype, gpu_key, peak_flops
-from kitlib.models.facts import model_facts, non_embedding_params
-
-__all__ = [
-    "PEAK_TFLOPS",
-    "PeakDtype",
-    "flops_per_token",
-    "gpu_key",
-    "measure_cpu_peak",
-    "mfu",
-    "model_facts",
-    "model_flops_per_token",
-    "non_embedding_params",
-    "peak_flops",
-]
+from kitlib.models.facts import model_facts
 
 
 def flops_per_token(n_params: int, n_layers: int, seq_len: int, d_model: int, *, training: bool = True) -> float:

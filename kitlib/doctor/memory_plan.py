@@ -243,8 +243,9 @@ def plan_memory(
     dtype = decide_precision(hw).dtype
     amp = dtype != "fp32"
     per_device = max(1, math.ceil(effective_batch / world))
+    sizing = Sizing(shape, seq_len, model_kind, chunked, hw.device_type)
     fits = tuple(
-        _fit(s, shape, hw, seq_len, model_kind, chunked, per_device, micro_batch, accum, budget)
+        sizing.fit(s, per_device, micro_batch, accum, budget, _refusal(s, hw, model_kind))
         for s in strategies(shape, amp=amp, bf16=dtype == "bf16", half_base=hw.device_type == "cuda", world=world)
     )
     return MemoryPlan(name, model_kind, hw_name, budget, capacity, seq_len, effective_batch, shape, fits, world)
@@ -266,99 +267,128 @@ def strategies(
     qlora_act = 4.0 + (2.0 * (3 * h + i) / (8 * h + 2 * shape.kv_dim + 4 * i) if amp else 0.0)
     cast_cache = 2.0 * (shape.linear_params + shape.head_params) / P  # autocast's half copy of each matmul weight
     act = AMP_ACT_BYTES if amp else 4.0
-    out: list[Strategy] = []
+
+    def both(name: str, weights: float, grads: float, state: float, act: float, **kind: Any) -> list[Strategy]:
+        """The strategy without, then with gradient checkpointing."""
+        return [Strategy(name + " + checkpointing" * c, weights, grads, state, act, c, **kind) for c in (False, True)]
+
     weights = 4 + cast_cache if amp else 4
     full = "fp32 weights + AMP" if amp else "fp32 full fine-tune"
-    for ckpt in (False, True):
-        tag = " + checkpointing" if ckpt else ""
-        out.append(Strategy(f"{full}{tag}", weights, 4, 8, act, ckpt))
-    for ckpt in (False, True) if world > 1 else ():  # the policy's half copies are FSDP's gathered bytes: no cache
-        tag = " + checkpointing" if ckpt else ""
-        out.append(Strategy(f"FSDP ({world} shards): {full}{tag}", 4, 4, 8, act, ckpt, shards=world))
-    out.append(Strategy(f"frozen embeddings + {'AMP' if amp else 'fp32'}", 4, 4 * trainable, 8 * trainable, act,
-                        False, freeze="embeddings"))  # fmt: skip
-    for ckpt in (False, True):  # two 8-bit moments and an fp32 absmax per 256-element block
-        tag = " + checkpointing" if ckpt else ""
-        name = f"{'fp32 weights + AMP' if amp else 'fp32'} + 8-bit AdamW{tag}"
-        out.append(Strategy(name, weights, 4, ADAMW_8BIT_BYTES, act, ckpt, optimizer_name="adamw8bit"))
-    if bf16:  # bf16 moments and a bf16 Kahan compensation (reasoned, not measured)
-        for ckpt in (False, True):
-            tag = " + checkpointing" if ckpt else ""
-            name = f"bf16 weights + Kahan AdamW{tag}"
-            out.append(Strategy(name, 2.0, 2.0, 6.0, act, ckpt, optimizer_name="adamw-kahan"))
-    if amp:  # full fp32 fine-tuning without AMP: what "does not fit" is measured against
-        out.append(Strategy("fp32 full fine-tune (no AMP)", 4, 4, 8, 4.0, False, amp=False))
     base = 2.0 if bf16 and half_base else 4.0
-    lean = (  # least compromise first: adapters on full weights, then on 4-bit weights (fp32 adapters + AdamW)
-        (f"LoRA r={LORA_RANK}, {'bf16' if base == 2.0 else 'fp32'} base", "lora", base + 4 * lora,
-         2.0 if base == 2.0 else act),
-        ("QLoRA (LoRA on 4-bit weights)", "qlora", nf4 + 4 * lora, qlora_act),
-    )  # fmt: skip
-    for name, adapter, weights, saved in lean:
-        for ckpt in (False, True):
-            tag = " + checkpointing" if ckpt else ""
-            out.append(Strategy(name + tag, weights, 4 * lora, 8 * lora, saved, ckpt, adapter=adapter))
-    return out
+    return [
+        *both(full, weights, 4, 8, act),
+        # FSDP: the policy's half copies are its gathered bytes, no cast cache
+        *(both(f"FSDP ({world} shards): {full}", 4, 4, 8, act, shards=world) if world > 1 else []),
+        Strategy(f"frozen embeddings + {'AMP' if amp else 'fp32'}", 4, 4 * trainable, 8 * trainable, act, False,
+                 freeze="embeddings"),
+        # two 8-bit moments and an fp32 absmax per 256-element block
+        *both(f"{'fp32 weights + AMP' if amp else 'fp32'} + 8-bit AdamW", weights, 4, ADAMW_8BIT_BYTES, act,
+              optimizer_name="adamw8bit"),
+        # bf16 moments and a bf16 Kahan compensation (reasoned, not measured)
+        *(both("bf16 weights + Kahan AdamW", 2.0, 2.0, 6.0, act, optimizer_name="adamw-kahan") if bf16 else []),
+        # full fp32 fine-tuning without AMP: what "does not fit" is measured against
+        *([Strategy("fp32 full fine-tune (no AMP)", 4, 4, 8, 4.0, False, amp=False)] if amp else []),
+        # least compromise first: adapters on full weights, then on 4-bit weights (fp32 adapters + AdamW)
+        *both(f"LoRA r={LORA_RANK}, {'bf16' if base == 2.0 else 'fp32'} base", base + 4 * lora, 4 * lora, 8 * lora,
+              2.0 if base == 2.0 else act, adapter="lora"),
+        *both("QLoRA (LoRA on 4-bit weights)", nf4 + 4 * lora, 4 * lora, 8 * lora, qlora_act, adapter="qlora"),
+    ]  # fmt: skip
 
 
-def _fit(
-    s: Strategy,
-    shape: Shape,
-    hw: HardwareInfo,
-    seq_len: int,
-    model_kind: str,
-    chunked: bool,
-    rows: int,
-    micro_batch: int | None,
-    accum: int | None,
-    budget: float,
-) -> Fit:
-    why_not = ""
-    if s.adapter == "qlora":
-        primary = hw.primary
-        if model_kind not in GENERATING:  # 00 refuses it too (kitlib.notebook.params): the 7B-class models generate
-            why_not = "causal-lm/seq2seq only"
-        elif hw.device_type != "cuda" or primary is None:
-            why_not = "CUDA only"
-        elif primary.capability < BITSANDBYTES_MIN_SM:
-            why_not = f"needs sm_60+ ({primary.sm})"
-    if micro_batch is not None:
-        candidates = [micro_batch]
-    else:  # halve from the whole per-device batch down to 1
-        candidates = sorted({max(1, rows >> k) for k in range(rows.bit_length() + 1)}, reverse=True)
-    fit = None
-    for m in candidates:
-        k = accum if accum is not None else math.ceil(rows / m)
-        fit = step_peak(s, shape, hw.device_type, seq_len, model_kind, chunked, m, k)
-        if fit.peak <= budget:
-            return dataclasses.replace(fit, fits=not why_not, why_not=why_not)
-    assert fit is not None
-    return dataclasses.replace(fit, fits=False, why_not=why_not)
+def _refusal(s: Strategy, hw: HardwareInfo, model_kind: str) -> str:
+    """Why ``s`` cannot run on ``hw`` (QLoRA: bitsandbytes' CUDA kernels), else ""."""
+    if s.adapter != "qlora":
+        return ""
+    if model_kind not in GENERATING:  # 00 refuses it too (kitlib.notebook.params): the 7B-class models generate
+        return "causal-lm/seq2seq only"
+    if hw.device_type != "cuda" or hw.primary is None:
+        return "CUDA only"
+    return f"needs sm_60+ ({hw.primary.sm})" if hw.primary.capability < BITSANDBYTES_MIN_SM else ""
 
 
-def step_peak(
-    s: Strategy, shape: Shape, device: str, seq_len: int, model_kind: str, chunked: bool, micro_batch: int, accum: int
-) -> Fit:
-    """The planned peak bytes of one step of ``s`` at ``micro_batch`` rows of ``seq_len`` tokens (see the module
-    docstring for the formula)."""
-    P, N = shape.params, s.shards
-    weights, grads, optimizer = s.weights * P / N, s.grads * P / N, s.optimizer * P / N
-    tokens = micro_batch * seq_len  # every batching's largest batch; packed: <= this (samplers.packing_layout)
-    saved = activation_elements(shape, seq_len, model_kind, chunked, checkpointing=s.checkpointing, device=device)
-    activations = saved * tokens * s.act_bytes
-    loss = loss_transient(shape, tokens, model_kind, chunked, grads_of_head=s.grads > 0 and N == 1)
-    half = 2.0 if s.amp and device == "cuda" else 4.0  # FSDP's param_dtype: the policy's half on a GPU
-    root, one_block = fsdp_transient(shape, N, half) if N > 1 else (0.0, 0.0)
-    head = half * shape.head_params if N > 1 else 0.0  # FSDP: the head's unsharded gradient, else loss_transient's
-    held, transient = activations + root, max(loss + head, one_block)
-    if s.checkpointing:  # the block recomputed in backward is alive after the loss's transient is gone: the larger
-        block = _saved_per_token(shape, seq_len, model_kind, chunked, device)[0] * tokens * s.act_bytes
-        held, transient = activations + root - block, max(loss + head, block + one_block)
-    if accum > 1:
-        peak = weights + optimizer + grads + held + transient
-    else:
-        peak = weights + optimizer + max(held + transient, grads)
-    return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True, gathered=root + one_block)
+@dataclass(frozen=True)
+class Sizing:
+    """A plan's fixed inputs: ``shape`` trained as ``model_kind`` at ``seq_len`` tokens a row on ``device``
+    (``chunked``: a generating model's loss in chunks)."""
+
+    shape: Shape
+    seq_len: int
+    model_kind: str
+    chunked: bool
+    device: str
+
+    def fit(
+        self, s: Strategy, rows: int, micro_batch: int | None, accum: int | None, budget: float, why_not: str
+    ) -> Fit:
+        """``s`` at ``micro_batch`` (else the largest, halving from ``rows``, whose step fits ``budget``)."""
+        candidates = [micro_batch] if micro_batch is not None else sorted(
+            {max(1, rows >> k) for k in range(rows.bit_length() + 1)}, reverse=True)  # fmt: skip
+        for m in candidates:
+            fit = self.step_peak(s, m, accum if accum is not None else math.ceil(rows / m))
+            if fit.peak <= budget:
+                return dataclasses.replace(fit, fits=not why_not, why_not=why_not)
+        return dataclasses.replace(fit, fits=False, why_not=why_not)
+
+    def step_peak(self, s: Strategy, micro_batch: int, accum: int) -> Fit:
+        """The planned peak bytes of one step of ``s`` at ``micro_batch`` rows (docs/measurements.md)."""
+        shape, P, N = self.shape, self.shape.params, s.shards
+        weights, grads, optimizer = s.weights * P / N, s.grads * P / N, s.optimizer * P / N
+        tokens = micro_batch * self.seq_len  # every batching's largest batch; packed: <= this (samplers.packing_layout)
+        activations = self.activation_elements(s.checkpointing) * tokens * s.act_bytes
+        loss = self.loss_transient(tokens, grads_of_head=s.grads > 0 and N == 1)
+        half = 2.0 if s.amp and self.device == "cuda" else 4.0  # FSDP's param_dtype: the policy's half on a GPU
+        root, one_block = fsdp_transient(shape, N, half) if N > 1 else (0.0, 0.0)
+        head = half * shape.head_params if N > 1 else 0.0  # FSDP: the head's unsharded gradient, else loss_transient's
+        held, transient = activations + root, max(loss + head, one_block)
+        if s.checkpointing:  # the block recomputed in backward is alive after the loss's transient is gone: the larger
+            block = self.saved_per_token()[0] * tokens * s.act_bytes
+            held, transient = activations + root - block, max(loss + head, block + one_block)
+        if accum > 1:
+            peak = weights + optimizer + grads + held + transient
+        else:
+            peak = weights + optimizer + max(held + transient, grads)
+        return Fit(s, micro_batch, accum, weights, grads, optimizer, activations, peak, True, gathered=root + one_block)
+
+    def activation_elements(self, checkpointing: bool) -> float:
+        """Elements autograd saves for backward per token (per source token for seq2seq), per block by architecture
+        family, measured with saved_tensors_hooks (docs/measurements.md, "memory_plan.py"); checkpointing: h a block."""
+        block, rest, blocks = self.saved_per_token()
+        if checkpointing:
+            return blocks * self.shape.hidden * (2 if self.shape.family == "t5" else 1) + rest + block
+        return blocks * block + rest
+
+    def saved_per_token(self) -> tuple[float, float, int]:
+        """(elements one block saves, the rest outside the blocks, the blocks) per token (activation_elements)."""
+        shape, L = self.shape, self.seq_len
+        h, i, n = shape.hidden, shape.intermediate, shape.heads
+        scores = shape.eager or shape.family == "t5" or (self.device == "cpu" and shape.attention_dropout > 0)
+        attention = 3 * n * L if scores else n
+        if shape.family == "llama":
+            block = 8 * h + 2 * shape.kv_dim + 4 * i + (n * L if shape.eager else n)
+            rest = 3.25 * h
+        elif shape.family == "gpt2":
+            block, rest = 10 * h + 5 * i + attention, 3 * h
+        elif shape.family == "t5":  # per encoder + decoder pair: three attentions (self, causal self, cross)
+            block, rest = 32 * h + 6 * i + 3 * attention, 10 * h + 2 * L
+        else:
+            block, rest = 10 * h + 2 * i + attention, 3 * h
+        blocks = shape.layers // 2 if shape.family == "t5" else shape.layers
+        if self.model_kind in GENERATING:
+            rest += h if self.chunked else shape.vocab  # chunked: the target tokens' hidden states; else log-softmax
+        return block, rest, blocks
+
+    def loss_transient(self, tokens: int, *, grads_of_head: bool) -> float:
+        """Bytes alive for a moment at the start of backward: the loss's gradients over the logits (the incoming and
+        the log-softmax's, 2 V fp32 per token; one chunk's when chunked) and the output layer's weight gradient."""
+        head = 4.0 * self.shape.head_params if grads_of_head else 0.0
+        if self.model_kind not in GENERATING:
+            return head
+        from kitlib.engine.chunked_loss import chunk_tokens
+
+        vocab = self.shape.vocab
+        rows = min(tokens, chunk_tokens(vocab)) if self.chunked else tokens
+        per_token = (4 if self.chunked else 2) * vocab * 4.0  # chunked: its logits, log-softmax and both gradients
+        return rows * per_token + head
 
 
 def fsdp_transient(shape: Shape, world: int, half: float) -> tuple[float, float]:
@@ -367,52 +397,6 @@ def fsdp_transient(shape: Shape, world: int, half: float) -> tuple[float, float]
     parameters and one block's fp32 gradients with its reduce-scatter buffers."""
     block, root = shape.linear_params / shape.layers, shape.params - shape.linear_params  # root: all but blocks
     return half * root, half * shape.head_params + (3 * half + 4.0 * (1 + 1 / world)) * block
-
-
-def activation_elements(
-    shape: Shape, seq_len: int, model_kind: str, chunked: bool, *, checkpointing: bool, device: str
-) -> float:
-    """Elements autograd saves for backward per token (per source token for seq2seq), per block by architecture
-    family, measured with saved_tensors_hooks (docs/measurements.md, "memory_plan.py"); checkpointing: h a block."""
-    block, rest, blocks = _saved_per_token(shape, seq_len, model_kind, chunked, device)
-    if checkpointing:
-        return blocks * shape.hidden * (2 if shape.family == "t5" else 1) + rest + block
-    return blocks * block + rest
-
-
-def _saved_per_token(
-    shape: Shape, seq_len: int, model_kind: str, chunked: bool, device: str
-) -> tuple[float, float, int]:
-    """(elements one block saves, the rest outside the blocks, the blocks) per token (activation_elements)."""
-    h, i, n, L = shape.hidden, shape.intermediate, shape.heads, seq_len
-    scores = shape.eager or shape.family == "t5" or (device == "cpu" and shape.attention_dropout > 0)
-    attention = 3 * n * L if scores else n
-    if shape.family == "llama":
-        block = 8 * h + 2 * shape.kv_dim + 4 * i + (n * L if shape.eager else n)
-        rest = 3.25 * h
-    elif shape.family == "gpt2":
-        block, rest = 10 * h + 5 * i + attention, 3 * h
-    elif shape.family == "t5":  # per encoder + decoder pair: three attentions (self, causal self, cross)
-        block, rest = 32 * h + 6 * i + 3 * attention, 10 * h + 2 * L
-    else:
-        block, rest = 10 * h + 2 * i + attention, 3 * h
-    blocks = shape.layers // 2 if shape.family == "t5" else shape.layers
-    if model_kind in GENERATING:
-        rest += h if chunked else shape.vocab  # chunked: the target tokens' hidden states; else log-softmax (V)
-    return block, rest, blocks
-
-
-def loss_transient(shape: Shape, tokens: int, model_kind: str, chunked: bool, *, grads_of_head: bool) -> float:
-    """Bytes alive for a moment at the start of backward: the loss's gradients over the logits (the incoming and
-    the log-softmax's, 2 V fp32 per token; one chunk's when chunked) and the output layer's weight gradient."""
-    head = 4.0 * shape.head_params if grads_of_head else 0.0
-    if model_kind not in GENERATING:
-        return head
-    from kitlib.engine.chunked_loss import chunk_tokens
-
-    rows = min(tokens, chunk_tokens(shape.vocab)) if chunked else tokens
-    per_token = (4 if chunked else 2) * shape.vocab * 4.0  # chunked: its logits, log-softmax and both gradients
-    return rows * per_token + head
 
 
 # ---------------------------------------------------------------------------------------------- config -> shape
@@ -453,40 +437,45 @@ def model_shape(config: Any, model_kind: str) -> Shape:
     kind = getattr(config, "model_type", "")
     family = _FAMILIES.get(kind, "llama" if hasattr(config, "num_key_value_heads") else "bert")
     total, embedding, linear, dims, head_params = parameter_counts(config, model_kind)
-    hidden = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model"))  # noqa: B009
-    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads"))  # noqa: B009
-    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "d_kv", None) or hidden // heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    intermediate = int(
-        getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or getattr(config, "n_inner", None)
-        or 4 * hidden
-    )  # fmt: skip
-    layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "num_layers"))  # noqa: B009
+    hidden, heads = int(_attr(config, "hidden_size", "d_model")), int(_attr(config, "num_attention_heads", "num_heads"))
+    head_dim = int(_attr(config, "head_dim", "d_kv", default=hidden // heads))
+    kv_heads = int(_attr(config, "num_key_value_heads", default=heads))
+    intermediate = int(_attr(config, "intermediate_size", "d_ff", "n_inner", default=4 * hidden))
+    layers = int(_attr(config, "num_hidden_layers", "num_layers"))
     if family == "t5":
-        layers += int(getattr(config, "num_decoder_layers", None) or layers)
-    dropout = max(
-        float(getattr(config, name, 0.0) or 0.0) for name in ("attention_dropout", "attn_pdrop",
-                                                              "attention_probs_dropout_prob", "dropout_rate")
-    )  # fmt: skip
+        layers += int(_attr(config, "num_decoder_layers", default=layers))
+    names = ("attention_dropout", "attn_pdrop", "attention_probs_dropout_prob", "dropout_rate")
+    dropout = max(float(_attr(config, name, default=0.0)) for name in names)
     eager = getattr(config, "_attn_implementation", None) == "eager"
     return Shape(family, hidden, intermediate, layers, heads, kv_heads * head_dim, int(config.vocab_size), dropout,
                  eager, total, embedding, linear, dims, head_params)  # fmt: skip
 
 
+def _attr(config: Any, *names: str, default: Any = None) -> Any:
+    """The first of ``names`` that ``config`` sets (not 0 or None), else ``default``."""
+    return next((value for name in names if (value := getattr(config, name, None))), default)
+
+
+def run_plan(model: Any, model_kind: str, hw: HardwareInfo, run: Any, *, split: bool = True) -> MemoryPlan:
+    """The plan of ``run`` (a resolved preset, kitlib.notebook.presets.ResolvedRun) for ``model`` on ``hw``: its
+    tokens per row and effective batch, and when ``split`` its micro-batch x accumulation."""
+    cfg = run.config
+    fixed = {"micro_batch": cfg.micro_batch_size, "accum": cfg.grad_accum_steps} if split else {}
+    return plan_memory(model, hardware=hw, seq_len=cfg.max_length or run.preset.max_length_cap, model_kind=model_kind,
+                       effective_batch=run.effective_batch_size, **fixed)  # fmt: skip
+
+
 def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
-    """The memory line of a resolved preset (kitlib.notebook.presets.ResolvedRun) for ``model`` as ``model_kind``: what
-    the picker and ``python -m kitlib presets`` show. A plan that cannot be made says why in the line."""
-    length, cfg = run.config.max_length or run.preset.max_length_cap, run.config
-    # the run's own split, so the line and the picker's batch row say one micro-batch x accumulation
-    split = {"micro_batch": cfg.micro_batch_size, "accum": cfg.grad_accum_steps}
-    sized = {"hardware": hw, "seq_len": length, "model_kind": model_kind, "effective_batch": run.effective_batch_size}
+    """The memory line of a resolved preset for ``model`` as ``model_kind``: what the picker and ``python -m kitlib
+    presets`` show (the run's own split: one micro-batch x accumulation). A plan that cannot be made says why."""
+    length = run.config.max_length or run.preset.max_length_cap
     try:
-        plan = plan_memory(model, **sized, **split)
+        plan = run_plan(model, model_kind, hw, run)
         if run.preset.regime == "head":  # the encoder runs once without gradients; the head trains on cached vectors
             return f"~{4 * plan.shape.params / _GB:.1f} GB of fp32 weights for the encoder's forward pass (head regime)"
         if plan.choice is None:  # that split fits nowhere: what would (a smaller micro-batch, more accumulation)
-            free = plan_memory(model, **sized)
-            return f"{length} tokens/row: micro-batch {cfg.micro_batch_size} does not fit; {free.line()}"
+            free = run_plan(model, model_kind, hw, run, split=False)
+            return f"{length} tokens/row: micro-batch {run.config.micro_batch_size} does not fit; {free.line()}"
     except KitError as err:
         return f"no plan: {err}"
     return f"{length} tokens/row: {plan.line()}"
@@ -495,10 +484,7 @@ def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
 def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
     """Why ``run`` (a ResolvedRun) must recompute activations in backward: it fits ``hw``'s budget with gradient
     checkpointing and not without; "" when it fits without, fits neither way, or the plan has no such strategy."""
-    cfg = run.config
-    sized = {"seq_len": cfg.max_length or run.preset.max_length_cap, "model_kind": model_kind}
-    plan = plan_memory(model, hardware=hw, effective_batch=run.effective_batch_size, micro_batch=cfg.micro_batch_size,
-                       accum=cfg.grad_accum_steps, **sized)  # fmt: skip
+    cfg, plan = run.config, run_plan(model, model_kind, hw, run)
     forced_fp32 = cfg.precision == "fp32" and any(not f.strategy.amp for f in plan.fits)  # fp32 asked on an AMP card
     same = {}
     for f in reversed(plan.fits):  # the first row of each (least compromise) wins
@@ -510,7 +496,7 @@ def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any
         return ""
     return (
         f"gradient checkpointing on (the memory plan): {without.strategy.name} at micro-batch {cfg.micro_batch_size} "
-        f"x {sized['seq_len']} tokens needs ~{without.peak / _GB:.1f} GB, over the {plan.budget / _GB:.1f} GB "
+        f"x {plan.seq_len} tokens needs ~{without.peak / _GB:.1f} GB, over the {plan.budget / _GB:.1f} GB "
         f"planned on {plan.hardware}; ~{with_.peak / _GB:.1f} GB recomputing activations (~30% more compute; "
         "gradient_checkpointing = False to refuse)"
     )
@@ -519,9 +505,7 @@ def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any
 def planned_parallel(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str | None:
     """The ``strategy`` parameter's None ("the plan's") for ``run`` (a resolved preset) on ``hw``: "fsdp" where its
     settings fit the GPUs only sharded, "ddp" where they fit whole or fit neither way, None on one device."""
-    cfg = run.config
-    plan = plan_memory(model, hardware=hw, seq_len=cfg.max_length or run.preset.max_length_cap, model_kind=model_kind,
-                       effective_batch=run.effective_batch_size)  # fmt: skip
+    cfg, plan = run.config, run_plan(model, model_kind, hw, run, split=False)
     if plan.world == 1:
         return None
     mine = [f for f in plan.fits if (f.strategy.optimizer_name, f.strategy.adapter, f.strategy.freeze)

@@ -20,7 +20,6 @@ from kitlib._files import known_fields, write_atomic
 from kitlib.engine.objective import Batch, LossFn, hf_loss, rows
 from kitlib.engine.step import to_device
 from kitlib.errors import DataError
-from kitlib.machine.hardware import MathProbe
 
 __all__ = [
     "PROBES_FILE",
@@ -171,16 +170,9 @@ def probe_batching(
     return {name: tokens[name] / seconds[name] for name in groups}
 
 
-_PROBE_KINDS: dict[str, type[Any]] = {"micro_batch": MicroBatchProbe, "precision": MathProbe}
-
-
-def save_probe(run_dir: str | Path, probe: MicroBatchProbe | MathProbe) -> Path:
-    """Keep ``probe`` beside the run's record (``run_dir/probes.json``, one of each kind: the micro-batch's, the
-    CPU precision's), so ``diagnose(run_dir)`` quotes it later."""
-    path = Path(run_dir) / PROBES_FILE
-    name = next(name for name, kind in _PROBE_KINDS.items() if isinstance(probe, kind))
-    saved = {name: dataclasses.asdict(kept) for name, kept in load_probes(run_dir).items()}
-    return write_atomic(path, json.dumps({**saved, name: dataclasses.asdict(probe)}))
+def save_probe(run_dir: str | Path, probe: MicroBatchProbe) -> Path:
+    """Keep ``probe`` beside the run's record (``run_dir/probes.json``), so ``diagnose(run_dir)`` quotes it later."""
+    return write_atomic(Path(run_dir) / PROBES_FILE, json.dumps({"micro_batch": dataclasses.asdict(probe)}))
 
 
 def load_probes(run_dir: str | Path) -> dict[str, Any]:
@@ -190,8 +182,9 @@ def load_probes(run_dir: str | Path) -> dict[str, Any]:
         return {}
     try:
         saved = json.loads(path.read_text())
-        return {name: kind(**known_fields(kind, saved[name])) for name, kind in _PROBE_KINDS.items() if name in saved}
-    except (ValueError, TypeError) as e:  # not JSON, or not the fields save_probe writes
+        kept = saved.get("micro_batch")
+        return {} if kept is None else {"micro_batch": MicroBatchProbe(**known_fields(MicroBatchProbe, kept))}
+    except (ValueError, TypeError, AttributeError) as e:  # not JSON, or not the fields save_probe writes
         raise DataError(
             f"{path} is not what save_probe writes ({e}; kitlib.doctor.probe). Fix: delete it, or measure again and "
             "save_probe(run_dir, probe_micro_batch(model, batch, ...))"

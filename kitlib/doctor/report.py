@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pandas as pd
 
-from kitlib.doctor.flops import PeakDtype, flops_per_token, gpu_key, measure_cpu_peak, peak_flops
+from kitlib.doctor.flops import flops_per_token, measure_cpu_peak
 from kitlib.doctor.probe import MicroBatchProbe, load_probes
 from kitlib.doctor.rules import RULES, Finding, RunRecord
 from kitlib.engine.timing import PHASES
 from kitlib.machine.amp import TORCH_DTYPES
 from kitlib.machine.hardware import detect, fake_profile
+from kitlib.machine.peaks import PeakDtype, gpu_key, peak_flops
 from kitlib.machine.threads import cpu_threads
 from kitlib.progress import THROUGHPUT, figure, throughput
 
@@ -45,20 +46,20 @@ class Report:
         so (column "finding"): a notebook shows that line, not an empty table. ``findings`` is the list to test."""
         if not self.findings:
             return pd.DataFrame({"finding": [NO_FINDING]}, index=[""])
-
-        rows = [
-            {"rank": i, "rule": f.rule, "title": f.title, "saving_s": round(f.estimated_saving_s, 3)}
-            | {"saving_share": round(f.saving_share, 3), "evidence": f.evidence, "fix": f.fix}
-            for i, f in enumerate(self.findings, 1)
-        ]
+        rows = [(i, f.rule, f.title, round(f.estimated_saving_s, 3), round(f.saving_share, 3), f.evidence, f.fix)
+                for i, f in enumerate(self.findings, 1)]  # fmt: skip
         return pd.DataFrame(rows, columns=["rank", "rule", "title", "saving_s", "saving_share", "evidence", "fix"])
+
+    def share(self, seconds: float) -> float:
+        return seconds / self.wall_seconds if self.wall_seconds else 0.0
+
+    def phases(self) -> list[tuple[str, float]]:
+        """(phase, seconds): the breakdown, then the epoch gaps, which overlap it."""
+        return [*self.breakdown.items(), ("between epochs", sum(self.epoch_gaps_s))]
 
     def times(self) -> pd.DataFrame:
         """Where the time went: seconds and share of the wall per phase (and the epoch gaps, which overlap them)."""
-        rows = [(name, s, s / self.wall_seconds if self.wall_seconds else 0.0) for name, s in self.breakdown.items()]
-        gaps = sum(self.epoch_gaps_s)
-        rows.append(("between epochs", gaps, gaps / self.wall_seconds if self.wall_seconds else 0.0))
-        return pd.DataFrame(rows, columns=["phase", "seconds", "share"])
+        return pd.DataFrame([(n, s, self.share(s)) for n, s in self.phases()], columns=["phase", "seconds", "share"])
 
     def __str__(self) -> str:
         s = self.summary
@@ -68,7 +69,7 @@ class Report:
             "where the time went:",
         ]
         for name, seconds in self.breakdown.items():
-            share = seconds / self.wall_seconds if self.wall_seconds else 0.0
+            share = self.share(seconds)
             lines.append(f"  {name:<12} {seconds:9.3f} s {share:6.1%}  {'#' * round(40 * share)}")
         if self.epoch_gaps_s:
             lines.append(f"  between epochs (eval, checkpoint, loader restart): {sum(self.epoch_gaps_s):.3f} s")
@@ -108,10 +109,8 @@ class Report:
             ) from err
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 0.35 * len(self.breakdown) + 1.2))
-        names = [*self.breakdown, "between epochs"]
-        seconds = [*self.breakdown.values(), sum(self.epoch_gaps_s)]
-        colors = ["tab:blue"] * len(self.breakdown) + ["tab:gray"]
-        ax.barh(names[::-1], seconds[::-1], color=colors[::-1])
+        names, seconds = zip(*self.phases()[::-1], strict=True)
+        ax.barh(names, seconds, color=["tab:gray"] + ["tab:blue"] * len(self.breakdown))
         ax.set_xlabel("seconds")
         ax.set_title(f"where {self.wall_seconds:.1f} s went (gray: gaps between epochs, overlapping eval/checkpoint)")
         return ax

@@ -11,21 +11,19 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from kitlib.config import full_eval_due
-from kitlib.doctor.flops import peak_flops
 from kitlib.engine.record import RunFacts
 from kitlib.engine.timing import STEP_PHASES
+from kitlib.machine.peaks import peak_flops
 from kitlib.machine.precision import PrecisionError, decide_precision
 
 if TYPE_CHECKING:
     from kitlib.config import TrainConfig
-    from kitlib.machine.hardware import HardwareInfo, MathProbe
+    from kitlib.machine.hardware import HardwareInfo
 
 TARGET_SHARE = 0.10  # what a well-tuned run spends on full evals or checkpoints, as a share of the wall
 BUCKET_EFFICIENCY = 0.95  # real/computed tokens with length bucketing (benchmarks/bench_padding.py goal at batch 32)
 PRECISION_SPEEDUP_CAP = 3.0  # end-to-end ceiling for a mixed-precision switch; see _precision
-# Starting one forked DataLoader worker from a process holding torch + transformers: 20-30 ms measured on a 2-core
-# EPYC (spawn/forkserver re-import torch: seconds). Paid at every epoch start unless persistent_workers=True.
-WORKER_START_S = 0.03
+WORKER_START_S = 0.03  # a forked DataLoader worker's start, each epoch unless persistent (docs/measurements.md)
 LOOP_OVERHEAD_S = 5e-4  # untimed bookkeeping per step in fit() (progress bar, counters): measured 0.1-0.5 ms on CPU
 # torch.compile compiles in the first step, and once more when dynamo turns a changed shape dynamic: a run that
 # compiled in more steps than this recompiled for new input shapes.
@@ -71,7 +69,7 @@ class RunRecord:
     @property
     def steps(self) -> int:
         """Optimizer windows timed (applied and skipped)."""
-        return int((self.timing.get("phases") or {}).get("optimizer", {}).get("count") or self.facts.steps or 0)
+        return int(self.phase("optimizer").get("count") or self.facts.steps or 0)
 
     def seconds(self, name: str) -> float:
         # Step phases: per-step means of the sampled steps (true on CUDA, where unsampled phase totals charge async
@@ -79,21 +77,57 @@ class RunRecord:
         per_step = self.timing.get("per_step_seconds") or {}
         if name in STEP_PHASES and name in per_step and self.steps:
             return float(per_step[name]) * self.steps
-        return float((self.timing.get("phases") or {}).get(name, {}).get("seconds") or 0.0)
+        return float(self.phase(name).get("seconds") or 0.0)
 
     def setting(self, name: str, default: Any = None) -> Any:
         """A run setting: the recorded fact, else the config field, else ``default``."""
         value = getattr(self.facts, name, None)
         return value if value is not None else self.cfg.get(name, default)
 
+    def of_wall(self, seconds: float, what: str = "") -> str:
+        """``seconds`` said with their share of the wall time, e.g. "1.50 s = 12% of the wall"."""
+        return f"{seconds:.2f} s{what} = {seconds / self.wall:.0%} of the wall"
 
-Found = tuple[Any, ...]  # (evidence, seconds saved, fix, basis[, TrainConfig changes[, the title's fields]])
+    def phase(self, name: str) -> Mapping[str, Any]:
+        """A phase's recorded totals (seconds, count): {} when it never ran."""
+        return (self.timing.get("phases") or {}).get(name, {})
+
+    @property
+    def compute(self) -> float:
+        """Forward + backward seconds."""
+        return self.seconds("forward") + self.seconds("backward")
+
+    @property
+    def step_total(self) -> float:
+        """The step phases' seconds."""
+        return sum(self.seconds(p) for p in STEP_PHASES)
+
+    @property
+    def split(self) -> tuple[int, int]:
+        """(micro_batch_size, grad_accum_steps)."""
+        return int(self.setting("micro_batch_size", 1)), int(self.setting("grad_accum_steps", 1))
+
+
+@dataclass(frozen=True)
+class Found:
+    """What a judge saw: evidence, seconds saved and how estimated; the fix is ``fix``, else ``_fix(changes, note,
+    notebook=)``, then ``more``; ``title`` fills the rule's title."""
+
+    evidence: str
+    saving: float
+    basis: str
+    changes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    note: str = ""
+    more: str = ""
+    fix: str = ""
+    notebook: Mapping[str, Any] | None = None
+    title: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Rule:
-    """A row of the doctor's table: a bottleneck's name, its title, and ``judge(run, hw)``: None where it is absent,
-    else its ``Found``. Called as ``rule(run, hw)``: the Finding, or None."""
+    """A row of the doctor's table: a bottleneck's name, its title, and ``judge(run, hw)``: its Found, or None where
+    it is absent. Called as ``rule(run, hw)``: the Finding, or None."""
 
     name: str
     title: str
@@ -103,10 +137,11 @@ class Rule:
         found = self.judge(run, hw)
         if found is None:
             return None
-        evidence, saving, fix, basis, changes, fields = (*found, {}, ())[:6]
-        saving = max(0.0, saving)
+        saving = max(0.0, found.saving)
+        fix = (found.fix or _fix(found.changes, found.note, notebook=found.notebook)) + found.more
         share = saving / run.wall if run.wall else 0.0
-        return Finding(self.name, self.title.format(*fields), evidence, saving, share, fix, basis, dict(changes))
+        title = self.title.format(*found.title)
+        return Finding(self.name, title, found.evidence, saving, share, fix, found.basis, dict(found.changes))
 
 
 # TrainConfig fields that are 00's parameters too (kitlib.notebook.params, training=True: a test checks they agree;
@@ -135,34 +170,29 @@ def _flag(name: str, value: Any) -> str:
     return (f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}"
 
 
-def _compute_per_step(run: RunRecord) -> float:
-    return sum(run.seconds(p) for p in ("h2d", "forward", "backward", "optimizer")) / max(run.steps, 1)
-
-
 def _data_bound(run: RunRecord, hw: HardwareInfo) -> Found | None:
     wait = run.seconds("data_wait")
     if not run.steps or wait < 0.1 * run.wall:
         return None
     n, workers = run.steps, int(run.setting("num_workers", 0) or 0)
-    d, c = wait / n, _compute_per_step(run)
+    d, c = wait / n, sum(run.seconds(p) for p in ("h2d", "forward", "backward", "optimizer")) / n
     # Loading one step's batches takes L seconds in one process; w workers deliver a window every L/w seconds.
     load = d if workers == 0 else workers * (d + c)
     new = min(4, max(2, hw.cpu_count - 1)) if workers == 0 else min(2 * workers, max(hw.cpu_count, workers + 1))
     epochs = int(run.facts.epochs_done or 1)
     persistent = bool(run.facts.persistent_workers) and workers > 0
     restart = (1 if persistent else epochs) * (load + new * WORKER_START_S)  # each (re)start: fork, one batch
-    saving = n * (d - max(0.0, load / new - c)) - restart
-    return (
-        f"waiting for batches {wait:.2f} s = {wait / run.wall:.0%} of the wall ({1e3 * d:.1f} ms per step vs "
+    return Found(
+        f"waiting for batches {run.of_wall(wait)} ({1e3 * d:.1f} ms per step vs "
         f"{1e3 * c:.1f} ms of compute) with num_workers={workers}",
-        saving,
-        _fix({"num_workers": new}, "kitlib's make_train_loader reads it")
-        + f"; your own DataLoader: DataLoader(..., num_workers={new}, persistent_workers=True, prefetch_factor=4). "
-        "If __getitem__ does the same work every epoch (decode, tokenize), compute it once with kitlib.cached(...)",
+        n * (d - max(0.0, load / new - c)) - restart,
         f"{new} workers load in parallel with compute: wait per step max(0, {1e3 * load:.1f} ms/{new} - compute); "
         f"minus, per epoch, {new} worker starts of {WORKER_START_S} s and one batch loaded before the first step "
         "(assumes loading does not compete with compute for cores: true on a GPU, and for I/O waits)",
         {"num_workers": new},
+        "kitlib's make_train_loader reads it",
+        f"; your own DataLoader: DataLoader(..., num_workers={new}, persistent_workers=True, prefetch_factor=4). "
+        "If __getitem__ does the same work every epoch (decode, tokenize), compute it once with kitlib.cached(...)",
     )
 
 
@@ -170,18 +200,15 @@ def _padding(run: RunRecord, hw: HardwareInfo) -> Found | None:
     real, computed = int(run.facts.real_tokens or 0), int(run.facts.computed_tokens or 0)
     if not real or not computed or real / computed > 0.8:
         return None
-    eff = real / computed
-    compute = run.seconds("forward") + run.seconds("backward")
-    batching = run.setting("batching", "fixed")
-    to = "token_budget" if batching == "bucket" else "bucket"
-    return (
+    eff, batching = real / computed, run.setting("batching", "fixed")
+    return Found(
         f"{real:,} real of {computed:,} computed tokens: efficiency {eff:.2f} ({1 - eff:.0%} of forward+backward, "
-        f"{compute:.2f} s, is spent on padding; batching={batching!r})",
-        compute * (1 - eff / BUCKET_EFFICIENCY),
-        _fix({"batching": to}, "then make_train_loader(TokenDataset(tokens, labels), cfg, hw): needs lengths"),
+        f"{run.compute:.2f} s, is spent on padding; batching={batching!r})",
+        run.compute * (1 - eff / BUCKET_EFFICIENCY),
         f"forward+backward time scales with computed tokens; bucketing reaches ~{BUCKET_EFFICIENCY} efficiency "
         "(the eval pass gains too, not counted)",
-        {"batching": to},
+        {"batching": "token_budget" if batching == "bucket" else "bucket"},
+        "then make_train_loader(TokenDataset(tokens, labels), cfg, hw): needs lengths",
     )
 
 
@@ -190,16 +217,15 @@ def _max_length(run: RunRecord, hw: HardwareInfo) -> Found | None:
     cap, longest = int(run.facts.max_length or 0), int(run.facts.longest_row_tokens or 0)
     if run.setting("batching") != "fixed" or not cap or not longest or longest >= MAX_LENGTH_SLACK * cap:
         return None
-    compute = run.seconds("forward") + run.seconds("backward")
-    return (
+    return Found(
         f"every row padded to max_length={cap} tokens; the longest training row has {longest} "
-        f"({1 - longest / cap:.0%} of each padded row is never used; forward+backward {compute:.2f} s)",
-        compute * (1 - longest / cap),
-        _fix({"max_length": longest}, "or None in the notebooks: 01 fits it to the data")
-        + f"; your own collator: pad to {longest} (the data's longest) or to each batch's longest",
+        f"({1 - longest / cap:.0%} of each padded row is never used; forward+backward {run.compute:.2f} s)",
+        run.compute * (1 - longest / cap),
         f"forward+backward time scales with padded tokens: x {longest}/{cap} (attention's length^2 part gains more, "
         "not counted)",
         {"max_length": longest},
+        "or None in the notebooks: 01 fits it to the data",
+        f"; your own collator: pad to {longest} (the data's longest) or to each batch's longest",
     )
 
 
@@ -208,12 +234,12 @@ def _features(run: RunRecord, hw: HardwareInfo) -> Found | None:
     seconds = float(run.facts.featurise_s or 0.0)
     if not seconds or run.facts.features_cached is not False:
         return None
-    return (
-        f"featurising took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall, computed afresh in this session",
+    return Found(
+        f"featurising took {run.of_wall(seconds)}, computed afresh in this session",
         seconds * (1 - CACHED_READ_SHARE),
-        "cache them: kitlib.cached(key, compute) (or the notebooks' 01_features, whose cache 02 and 03 read: re-run "
-        "02 alone after a change of training settings)",
         f"every later session reads them back at ~{CACHED_READ_SHARE:.0%} of the compute time (a pickle/npy read)",
+        fix="cache them: kitlib.cached(key, compute) (or the notebooks' 01_features, whose cache 02 and 03 read: "
+        "re-run 02 alone after a change of training settings)",
     )
 
 
@@ -238,16 +264,15 @@ def _full_eval(run: RunRecord, hw: HardwareInfo) -> Found | None:
             choice, fewer = n, evals
             break
     when = f"every {choice} epochs and at the end" if choice else "only at the end"
-    changes: dict[str, Any] = {"full_eval_every": choice} | ({} if at_end else {"full_eval_at_end": True})
-    return (
-        f"{count} full evals took {seconds:.2f} s = {seconds / run.wall:.0%} of the wall ({per:.2f} s each, "
+    return Found(
+        f"{count} full evals took {run.of_wall(seconds)} ({per:.2f} s each, "
         f"full_eval_every={every}" + (f"; {count} in {done} epochs: a step cadence" if count > done else "") + ")",
         (count - fewer) * per,
-        _fix(changes, f"{when}; eval_loss still runs every epoch")
-        + ". If the cost is CPU-bound (scoring generations, SQL), pass full_eval=SplitEval(measure, score): the "
-        "score then runs in the background",
         f"{count} -> {fewer} full evals at {per:.2f} s each",
-        changes,
+        {"full_eval_every": choice} | ({} if at_end else {"full_eval_at_end": True}),
+        f"{when}; eval_loss still runs every epoch",
+        ". If the cost is CPU-bound (scoring generations, SQL), pass full_eval=SplitEval(measure, score): the score "
+        "then runs in the background",
     )
 
 
@@ -257,27 +282,23 @@ def _cheap_eval(run: RunRecord, hw: HardwareInfo) -> Found | None:
         return None
     keep = min(1.0, 0.05 * (run.wall - seconds) / seconds)  # eval at ~5% of the training time
     current = run.cfg.get("eval_max_batches") or run.facts.eval_batches_per_eval  # the batches each eval made
-    evals = (run.timing.get("phases") or {}).get("eval", {}).get("count", 0)
     percent = max(1, round(100 * keep))
-    changes = {"eval_max_batches": max(1, int(current * keep))} if current else {}
-    fix = (
-        _fix(changes, "a fixed subset ranks epochs as well")
+    return Found(
+        f"eval {run.of_wall(seconds)} over {run.phase('eval').get('count', 0)} evals",
+        seconds * (1 - keep),
+        f"eval time scales with the batches evaluated: keep {percent}% of them",
+        {"eval_max_batches": max(1, int(current * keep))} if current else {},
+        "a fixed subset ranks epochs as well",
+        fix=""
         if current
         else "in 00_setup (no parameter): stages.setup(p, hw, overrides={'eval_max_batches': n}) with "
         f"n = len(eval_loader) * {percent} // 100 (at least 1), then re-run "
-        f"01 and 02; in Python: TrainConfig(eval_max_batches=max(1, len(eval_loader) * {percent} // 100))"
-    )
-    return (
-        f"eval {seconds:.2f} s = {seconds / run.wall:.0%} of the wall over {evals} evals",
-        seconds * (1 - keep),
-        fix,
-        f"eval time scales with the batches evaluated: keep {percent}% of them",
-        changes,
+        f"01 and 02; in Python: TrainConfig(eval_max_batches=max(1, len(eval_loader) * {percent} // 100))",
     )
 
 
 def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Found | None:
-    phase = (run.timing.get("phases") or {}).get("checkpoint", {})
+    phase = run.phase("checkpoint")
     saves = max(0, int(phase.get("count") or 0) - 1)  # the last entry is the final flush at the end of fit()
     every = run.setting("save_every_steps")
     # fit() takes the snapshot (weights + optimizer state copied to CPU) before entering the timed phase, so with
@@ -305,29 +326,21 @@ def _checkpoint(run: RunRecord, hw: HardwareInfo) -> Found | None:
         changes, new_saves, note = {"save_last": False}, saves - epochs, "best-only weights; no mid-run resume point"
     else:
         return None  # best-only weights in a background thread: already the cheapest policy
-    return (
-        f"{saves} saves cost {cost:.2f} s on the critical path = {cost / run.wall:.0%} of the wall ({1e3 * per:.0f} "
+    return Found(
+        f"{saves} saves cost {run.of_wall(cost, ' on the critical path')} ({1e3 * per:.0f} "
         f"ms each: CPU snapshot + submit; background writer busy "
-        f"{(run.timing.get('phases') or {}).get('checkpoint_write_background', {}).get('seconds', 0.0):.2f} s); "
+        f"{run.phase('checkpoint_write_background').get('seconds', 0.0):.2f} s); "
         f"save_every_steps={every}, save_last={save_last}",
         (saves - new_saves) * per,
-        _fix(changes, note),
         f"{saves} -> {new_saves} saves at {1e3 * per:.0f} ms each (untimed time counted as snapshots)",
         changes,
+        note,
     )
 
 
 def _precision(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if (run.facts.precision or run.cfg.get("precision")) != "fp32":
         return None
-    probe: MathProbe | None = None
-    if hw.device_type == "cpu":
-        # A CPU's bf16 gain is the model's to measure: on one AMX core MiniLM trained 1.8x faster, the demo's BiLSTM
-        # 0.92x. Advice only from a measurement: 02's kept verdict (probes.json), or one made for the hardware given.
-        probe = run.probes.get("precision") or hw.cpu_bf16_probe
-        if probe is None:
-            return None
-        hw = dataclasses.replace(hw, cpu_bf16_probe=probe)
     try:
         plan = decide_precision(hw, "auto")
     except PrecisionError:
@@ -337,28 +350,19 @@ def _precision(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if target == was:
         return None
     name = hw.device_name
-    if probe is not None:
-        ratio = probe.speedup
-    else:
-        new, old = peak_flops(name, target), peak_flops(name, was)  # type: ignore[arg-type]
-        ratio = new / old if new and old else 2.0
-    # Peak ratios (A100 bf16/fp32 = 16x) only bound the matmuls; norms, softmax, the optimizer and data are memory-
-    # bound and gain <= 2x. End-to-end AMP gains for BERT-class fine-tuning are commonly 2-3x: cap at 3x.
+    new, old = peak_flops(name, target), peak_flops(name, was)  # type: ignore[arg-type]
+    ratio = new / old if new and old else 2.0
+    # Peak ratios (A100 bf16/fp32 = 16x) only bound the matmuls; the memory-bound rest gains <= 2x: cap at 3x.
     speedup = min(ratio, PRECISION_SPEEDUP_CAP)
-    compute = run.seconds("forward") + run.seconds("backward") + run.seconds("eval")
-    basis = (
-        f"{probe.line()}, applied to forward+backward+eval"
-        if probe is not None
-        else f"datasheet peak {target}/{was} = {ratio:.1f}x, capped at {PRECISION_SPEEDUP_CAP:g}x end to end, applied "
-        "to forward+backward+eval (from the peak table, not measured)"
-    )
-    return (
+    compute = run.compute + run.seconds("eval")
+    return Found(
         f"precision {was} on {name}, where auto picks {target} ({plan.reason}); forward+backward+eval {compute:.2f} s",
         compute * (1 - 1 / speedup),
-        _fix({"precision": "auto", "tf32": None}, notebook={"precision": "auto"}),
-        basis,
+        f"datasheet peak {target}/{was} = {ratio:.1f}x, capped at {PRECISION_SPEEDUP_CAP:g}x end to end, applied "
+        "to forward+backward+eval (from the peak table, not measured)",
         {"precision": "auto", "tf32": None},
-        (was, target),
+        notebook={"precision": "auto"},
+        title=(was, target),
     )
 
 
@@ -367,37 +371,33 @@ def _memory(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if run.facts.device_type != "cuda" or not peak or not total or peak / total >= 0.4:
         return None
     factor = 4 if peak / total < 0.2 else 2
-    micro, accum = int(run.setting("micro_batch_size", 1)), int(run.setting("grad_accum_steps", 1))
+    micro, accum = run.split
     keep = accum > 1
     if keep:
         factor = min(factor, accum)
-    changes = {"micro_batch_size": micro * factor} | ({"grad_accum_steps": accum // factor} if keep else {})
-    compute = run.seconds("forward") + run.seconds("backward")
-    return (
+    return Found(
         f"peak {peak / 2**30:.1f} of {total / 2**30:.1f} GiB ({peak / total:.0%}); micro_batch_size={micro}, "
         f"grad_accum_steps={accum}",
-        compute * min(0.4, 0.15 * math.log2(factor)),
-        _fix(changes, "same effective batch" if keep else "a larger effective batch: re-tune lr"),
+        run.compute * min(0.4, 0.15 * math.log2(factor)),
         "rough: ~15% less compute time per doubling of a micro-batch that leaves the GPU under-filled",
-        changes,
+        {"micro_batch_size": micro * factor} | ({"grad_accum_steps": accum // factor} if keep else {}),
+        "same effective batch" if keep else "a larger effective batch: re-tune lr",
     )
 
 
 def _tiny_batches(run: RunRecord, hw: HardwareInfo) -> Found | None:
-    micro, accum = int(run.setting("micro_batch_size", 1)), int(run.setting("grad_accum_steps", 1))
-    optimizer = run.seconds("optimizer")
-    step_total = sum(run.seconds(p) for p in STEP_PHASES)
+    (micro, accum), optimizer, step_total = run.split, run.seconds("optimizer"), run.step_total
     if micro * accum >= 16 or not step_total or optimizer < 0.25 * step_total:
         return None
     factor = math.ceil(16 / (micro * accum))
-    return (
+    return Found(
         f"{micro * accum} rows per optimizer step (micro_batch_size={micro}, grad_accum_steps={accum}); the optimizer "
         f"step is {optimizer / step_total:.0%} of step time ({1e3 * optimizer / max(run.steps, 1):.2f} ms per step)",
         optimizer * (1 - 1 / factor),
-        _fix({"grad_accum_steps": accum * factor}, f"or micro_batch_size={micro * factor} if it fits")
-        + " (that also amortises per-forward overhead); fewer, larger updates: re-tune lr",
         f"one optimizer step per {factor}x more rows: optimizer time / {factor}",
         {"grad_accum_steps": accum * factor},
+        f"or micro_batch_size={micro * factor} if it fits",
+        " (that also amortises per-forward overhead); fewer, larger updates: re-tune lr",
     )
 
 
@@ -407,25 +407,22 @@ def _recompiles(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if compiling <= COMPILE_STEPS_EXPECTED or not run.steps:
         return None
     step_s = float(facts.compile_step_s or 0.0)
-    others = sum(run.seconds(p) for p in STEP_PHASES) - step_s
-    typical = max(0.0, others) / max(1, run.steps - compiling)  # a step that compiled nothing
-    extra = max(compile_s, step_s - compiling * typical)  # backward graphs may compile outside dynamo's timer
+    typical = max(0.0, run.step_total - step_s) / max(1, run.steps - compiling)  # a step that compiled nothing
     shapes = facts.distinct_input_shapes
-    changes = {"compile": False}
-    return (
+    return Found(
         f"compile=True compiled {facts.compiles} times in {compiling} of {run.steps} optimizer steps"
         + (f" ({shapes} distinct input shapes)" if shapes else "")
         + f": {compile_s:.2f} s compiling; those steps took {step_s:.2f} s vs {1e3 * typical:.1f} ms for a step that "
         f"compiled nothing",
-        extra,
-        _fix(changes, "no compiles")
-        + '. To keep compile, give it few shapes: batching="fixed" with a max_length (one padded length: one graph) '
-        "or batches bucketed to a few lengths, or compile the model yourself with torch.compile(model, dynamic=True) "
-        "and pass compile=False",
+        max(compile_s, step_s - compiling * typical),  # backward graphs may compile outside dynamo's timer
         f"compile off: the {compiling} compiling steps cost what a typical step does ({compiling} x "
         f"{1e3 * typical:.1f} ms instead of {step_s:.2f} s; at least the {compile_s:.2f} s compiling); the compiled "
         "kernels' own speed-up is given up",
-        changes,
+        {"compile": False},
+        "no compiles",
+        '. To keep compile, give it few shapes: batching="fixed" with a max_length (one padded length: one graph) '
+        "or batches bucketed to a few lengths, or compile the model yourself with torch.compile(model, dynamic=True) "
+        "and pass compile=False",
     )
 
 
@@ -435,9 +432,7 @@ def split_accumulation(accum: int) -> int:
 
 
 def _micro_batch(run: RunRecord, hw: HardwareInfo) -> Found | None:
-    micro, accum = int(run.setting("micro_batch_size", 1)), int(run.setting("grad_accum_steps", 1))
-    compute = run.seconds("forward") + run.seconds("backward")
-    step_total = sum(run.seconds(p) for p in STEP_PHASES)
+    (micro, accum), compute, step_total = run.split, run.compute, run.step_total
     if micro > SMALL_MICRO_BATCH or accum < 2 or not run.steps or compute < 0.5 * step_total:
         return None
     per_call = compute / (run.steps * accum)  # one micro-batch's forward + backward
@@ -460,15 +455,14 @@ def _micro_batch(run: RunRecord, hw: HardwareInfo) -> Found | None:
             f"measure it: kitlib.doctor.probe.probe_micro_batch(model, batch, micro_batch_size={micro}, factor={k}, "
             "loss_fn=...) and pass it as diagnose(run, probe=...)"
         )
-    changes = {"micro_batch_size": micro * k, "grad_accum_steps": accum // k}
-    return (
+    return Found(
         f"micro_batch_size={micro} x grad_accum_steps={accum}: {run.steps * accum} forward/backward passes of "
         f"{1e3 * per_call:.1f} ms each = {compute / step_total:.0%} of step time"
         + (f"; measured {ratio:.2f}x faster at {micro * k} x {accum // k}" if measured else ""),
         saving,
-        _fix(changes, "same effective batch, so no lr change; needs the memory for the bigger micro-batch"),
         basis,
-        changes,
+        {"micro_batch_size": micro * k, "grad_accum_steps": accum // k},
+        "same effective batch, so no lr change; needs the memory for the bigger micro-batch",
     )
 
 
@@ -480,13 +474,12 @@ def _cudnn_shapes(run: RunRecord, hw: HardwareInfo) -> Found | None:
     on = on or (cfg_flag is None and run.setting("batching") == "fixed")
     if run.facts.device_type != "cuda" or not on or shapes <= 8:
         return None
-    compute = run.seconds("forward") + run.seconds("backward")
-    return (
+    return Found(
         f"cudnn.benchmark on with {shapes} distinct input shapes",
-        min(compute * 0.5, 0.05 * shapes),
-        _fix({"cudnn_benchmark": None}, 'auto: on only for batching="fixed"'),
+        min(run.compute * 0.5, 0.05 * shapes),
         "rough: ~50 ms of autotuning per new shape (pytorch#2759), at most half the compute time",
         {"cudnn_benchmark": None},
+        'auto: on only for batching="fixed"',
     )
 
 
@@ -497,13 +490,13 @@ def _respawn(run: RunRecord, hw: HardwareInfo) -> Found | None:
     epochs = int(run.facts.epochs_done or len(gaps) + 1)
     explained = sum(run.seconds(p) for p in ("eval", "full_eval", "checkpoint")) / epochs
     restart = max(workers * WORKER_START_S, sum(gaps) / len(gaps) - explained)
-    return (
+    return Found(
         f"num_workers={workers}, persistent_workers=False: {len(gaps)} restarts; epoch gaps average "
         f"{sum(gaps) / len(gaps):.2f} s of which ~{restart:.2f} s are not eval or checkpoint",
         restart * len(gaps),
-        f"your own DataLoader: DataLoader(..., num_workers={workers}, persistent_workers=True) (kitlib's loaders, as "
-        "in the notebooks, do this on CUDA)",
         f"per restart: {workers} worker starts of {WORKER_START_S} s, or the unexplained part of the epoch gap",
+        fix=f"your own DataLoader: DataLoader(..., num_workers={workers}, persistent_workers=True) (kitlib's "
+        "loaders, as in the notebooks, do this on CUDA)",
     )
 
 
@@ -520,14 +513,13 @@ def _time_budget(run: RunRecord, hw: HardwareInfo) -> Found | None:
     need = planned * per_epoch
     if need <= budget and not stopped:
         return None
-    fits = max(1, int(budget // per_epoch))
-    return (
+    return Found(
         f"{planned} epochs x {per_epoch:.1f} s = {need:.0f} s planned vs time_budget_s={budget:g}"
         + (f"; the run stopped early after {len(train)} epochs" if stopped else ""),
         need - budget,
-        _fix({"epochs": fits}, "so the LR schedule completes; or apply the fixes above"),
         "planned epochs x mean epoch time (training + gap) minus the budget",
-        {"epochs": fits},
+        {"epochs": max(1, int(budget // per_epoch))},
+        "so the LR schedule completes; or apply the fixes above",
     )
 
 

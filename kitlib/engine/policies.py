@@ -10,13 +10,11 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from kitlib._version import __version__
 from kitlib.engine import checkpoint
 from kitlib.engine.events import Callback, LoopView, StepEnd
 from kitlib.errors import NonFiniteLossError
-from kitlib.machine import distributed, speed
+from kitlib.machine import distributed
 from kitlib.progress import close_as_done, progress_bar, shown
 
 if TYPE_CHECKING:
@@ -210,31 +208,6 @@ class StopAndSave(Policy):
     def on_fit_end(self, loop: LoopView) -> None:
         if getattr(self, "previous", None) is not None:
             signal.signal(signal.SIGTERM, self.previous)
-
-
-class ThreadCount(Policy):
-    """On a CPU whose thread count was measured (kitlib.machine.threads.cpu_threads(measure=True)), the count
-    measured again every ``every_s`` of training and set: a process that starts or ends beside a long run moves the
-    fastest count (1 of 2 cores held: 4x). ~0.8 s a time, 0.6% of two minutes; each change is in the run record
-    (timing.json's ``thread_changes``: step, count). 02 adds it where it measured; not a default of fit."""
-
-    order = -20
-
-    def __init__(self, most: int, every_s: float = 120.0) -> None:
-        self.most, self.every_s = most, every_s
-
-    def on_fit_start(self, loop: LoopView) -> None:
-        super().on_fit_start(loop)
-        self.due = time.perf_counter() + self.every_s
-
-    def on_step_end(self, step: StepEnd) -> None:
-        if time.perf_counter() < self.due:
-            return
-        before, (n, _) = torch.get_num_threads(), speed.fastest_threads(self.most)
-        if n != before:
-            torch.set_num_threads(n)  # fit's cpu_threads restores the kernel's count when it returns
-            self.loop.timer.extra.setdefault("thread_changes", []).append([self.loop.state.step, n])
-        self.due = time.perf_counter() + self.every_s
 
 
 def default_policies(cfg: TrainConfig) -> list[Callback]:

@@ -166,7 +166,9 @@ def barrier(env: DistEnv) -> None:
 def patient_group(env: DistEnv) -> Any:
     """A gloo group (every rank calls this at once) whose barrier lets the other ranks wait out one rank's long
     work, a full evaluation: a NCCL collective left waiting that long trips its 10-minute watchdog and kills the job."""
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if env.enabled else None
+    if not env.enabled or dist.get_backend() == "gloo":  # None: the default group, already a CPU one (no watchdog)
+        return None
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
 
 
 def wait_together(group: Any, env: DistEnv) -> None:

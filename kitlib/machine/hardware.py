@@ -32,15 +32,6 @@ _MIB = 2**20
 # Reported with the hardware so a log or bug report says which stack ran; missing ones are omitted.
 _LIBRARIES = ("transformers", "tokenizers", "accelerate", "datasets", "safetensors", "numpy", "pandas", "scikit-learn")
 
-# Headless notebook runners, by the program the kernel's parent runs (nbconvert/papermill set no env marker; only
-# the program counts, never its arguments: a server started in a folder named papermill-x is still a person's).
-_HEADLESS_RUNNERS = frozenset(
-    {"jupyter-nbconvert", "nbconvert", "papermill", "nbclient", "jupyter-execute", "jupytext"}
-)
-# nbmake/nbval are pytest plugins: there the kernel's parent is pytest, run with the plugin's option.
-_NOTEBOOK_TEST_OPTIONS = frozenset({"--nbmake", "--nbval", "--nbval-lax"})
-_PYTHON = re.compile(r"pythonw?[0-9.]*")  # python, python3, python3.11, pythonw (Windows)
-_PYTHON_VALUE_OPTIONS = frozenset({"-W", "-X", "--check-hash-based-pycs"})  # interpreter options that take a value
 _TRUTHY = ("1", "true", "yes", "on")
 _FALSY = ("0", "false", "no", "off")
 
@@ -57,36 +48,6 @@ class Accelerator:
     def sm(self) -> str:
         """'sm_75' style name of the compute capability (the spelling torch's arch list uses)."""
         return f"sm_{self.capability[0]}{self.capability[1]}"
-
-
-@dataclass(frozen=True)
-class MathProbe:
-    """bf16 autocast against fp32, measured side by side on this CPU, for one transformer block of a run's shape
-    (``kitlib.machine.speed.probe_cpu_bf16``) or for the model a task builds itself (``speed.probe_model_bf16``):
-    what decides a CPU's precision where its ISA does not settle it."""
-
-    shape: str  # what ran: "width 384, ffn 1536, 12 heads, 4 x 128 tokens", "the task's own model, 16 x 107 tokens"
-    fp32_s: float  # seconds of a step: a block's best forward + backward, a model's mean step with its update
-    bf16_s: float  # 0.0 where bf16 failed (error)
-    loss_gap: float  # |bf16 loss - fp32 loss| / |fp32 loss| of the same step (weights and inputs); 0.0 on error
-    error: str = ""  # what bf16 autocast raised on the model (a user's module may not run in it): bf16 lost
-    # bf16's gain on a forward pass alone (no autograd: 01's embedding pass, evals, predictions), which gains more than
-    # a training step (a block: 2.0-2.5x against 1.3-1.7x on an AMX core); None: not measured (a model's own probe)
-    forward_speedup: float | None = None
-
-    @property
-    def speedup(self) -> float:
-        """How many times faster bf16 ran (below 1: slower; 0: it failed)."""
-        return 0.0 if self.error else self.fp32_s / self.bf16_s
-
-    def line(self) -> str:
-        if self.error:
-            return f"bf16 autocast failed on {self.shape} ({self.error}); fp32 ran {self.fp32_s * 1e3:.0f} ms a step"
-        ratio = f"{self.speedup:.1f}x faster" if self.speedup >= 1 else f"{1 / self.speedup:.1f}x slower"
-        return (
-            f"bf16 autocast measured {ratio} than fp32 ({self.bf16_s * 1e3:.0f} vs {self.fp32_s * 1e3:.0f} ms a "
-            f"step on {self.shape}; losses differ by {self.loss_gap:.2%})"
-        )
 
 
 @dataclass(frozen=True)
@@ -108,13 +69,6 @@ class HardwareInfo:
     shm_bytes: int | None  # size of /dev/shm; DataLoader workers pass batches through it
     cpu_avx512_fp16: bool = False  # native fp16 arithmetic on CPU (Sapphire Rapids+)
     cpu_amx_fp16: bool = False  # AMX-FP16 tiles (Granite Rapids+)
-    cpu_bf16_probe: MathProbe | None = None  # measured on this CPU for the run's model (stages.measured); None: not
-    cpu_flops_now: float | None = None  # fp32 training FLOP/s (6N) of the model's block, measured as 00 ran
-    cpu_forward_flops_now: float | None = None  # the same block's forward alone (2N): embedding passes, evals
-    cpu_threads_now: int | None = None  # the threads those ran on: the count that ran fastest (speed.fastest_threads)
-    python_s_now: float | None = None  # seconds of speed.measure_python_s's plain Python: the fixed costs' speed
-    # the same for one step of the run's own model, where its task builds it (a tiny T5 ran at half its block's rate)
-    model_flops_now: float | None = None
 
     @property
     def device_type(self) -> DeviceType:
@@ -175,9 +129,9 @@ def detect_platform(environ: Mapping[str, str]) -> Platform:
     return "local"
 
 
-def is_interactive(environ: Mapping[str, str], *, parent_argv: Sequence[str] | None = None) -> bool:
+def is_interactive(environ: Mapping[str, str], *, kernel_stdin: bool | None = None) -> bool:
     """False when nobody is watching (Kaggle batch, nbconvert/papermill, CI); ``KIT_HEADLESS`` overrides all.
-    ``parent_argv``: the parent's command line (None reads /proc; ``()`` skips that check)."""
+    ``kernel_stdin``: whether the running notebook cell may ask for input (None: ``_kernel_stdin()``)."""
     forced = switch(environ.get("KIT_HEADLESS", ""))
     if forced is not None:
         return not forced
@@ -186,8 +140,16 @@ def is_interactive(environ: Mapping[str, str], *, parent_argv: Sequence[str] | N
         return False
     if environ.get("CI", "").strip().lower() in _TRUTHY or environ.get("GITHUB_ACTIONS") == "true":
         return False
-    argv = _parent_argv() if parent_argv is None else parent_argv
-    return not is_headless_runner(argv)
+    return _kernel_stdin() if kernel_stdin is None else kernel_stdin
+
+
+def _kernel_stdin() -> bool:
+    """The Jupyter protocol's ``allow_stdin`` of the cell IPython's kernel runs now: False from nbclient (nbconvert,
+    papermill, nbmake, jupyter execute), True from a person's frontend; True outside a kernel (a script, a console)."""
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    get_parent = getattr(getattr(shell, "kernel", None), "get_parent", None)  # ipykernel >= 6
+    request = get_parent("shell") if get_parent is not None else {}
+    return bool(request.get("content", {}).get("allow_stdin", True))
 
 
 def switch(value: str) -> bool | None:
@@ -195,62 +157,6 @@ def switch(value: str) -> bool | None:
     ignored), None for anything else (unset or empty included)."""
     text = value.strip().lower()
     return True if text in _TRUTHY else False if text in _FALSY else None
-
-
-def is_headless_runner(argv: Sequence[str]) -> bool:
-    """Whether the command line ``argv`` runs a headless notebook runner (papermill, nbconvert, jupyter execute...),
-    judged by its program alone (see ``_HEADLESS_RUNNERS``)."""
-    program, args = _program(argv)
-    if program in _HEADLESS_RUNNERS:
-        return True
-    return program in ("pytest", "py.test") and any(a.split("=")[0] in _NOTEBOOK_TEST_OPTIONS for a in args)
-
-
-def _program(argv: Sequence[str]) -> tuple[str | None, list[str]]:
-    """(program name, its arguments): argv[0]'s file name, or for a Python interpreter the script or ``-m`` module it
-    runs; ``jupyter <sub>`` as ``jupyter-<sub>``, the program the jupyter dispatcher executes. None for ``-c`` code."""
-    if not argv:
-        return None, []
-    name: str | None = _program_name(argv[0])
-    args = list(argv[1:])
-    if name is not None and _PYTHON.fullmatch(name):
-        name, args = _python_target(args)
-    if name == "jupyter" and args and not args[0].startswith("-"):
-        name, args = f"jupyter-{args[0]}", args[1:]
-    return name, args
-
-
-def _python_target(args: list[str]) -> tuple[str | None, list[str]]:
-    """What ``python <args>`` runs: the ``-m`` module's top-level package or the script's program name."""
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "-m" and i + 1 < len(args):
-            return args[i + 1].split(".")[0], args[i + 2 :]
-        if arg.startswith("-m") and len(arg) > 2:  # -mpapermill
-            return arg[2:].split(".")[0], args[i + 1 :]
-        if arg.startswith("-c"):  # inline code: no program to name
-            return None, []
-        if not arg.startswith("-"):
-            return _program_name(arg), args[i + 1 :]
-        i += 2 if arg in _PYTHON_VALUE_OPTIONS else 1
-    return None, []
-
-
-def _program_name(path: str) -> str:
-    """A program's name as typed: the file name without .exe/.py and the -script suffix of Windows entry points."""
-    name = Path(path.replace("\\", "/")).name.lower()
-    for suffix in (".exe", ".py", "-script"):
-        name = name.removesuffix(suffix)
-    return name
-
-
-def _parent_argv() -> tuple[str, ...]:
-    try:
-        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
-    except OSError:  # not Linux, or hidepid
-        return ()
-    return tuple(raw.decode(errors="replace").split("\0"))
 
 
 def _platform_dirs(platform: Platform, cwd: Path) -> tuple[Path, Path, Path]:

@@ -1,5 +1,5 @@
-"""Rough times for a resolved run, per epoch and for 01, 02 and 03: planning numbers (expect +-2x) at the speed
-00 measured on a CPU, else an assumed one."""
+"""Rough times for a resolved run, per epoch and for 01, 02 and 03: planning numbers (expect +-2x) at an assumed
+speed (a GPU's datasheet peak, a CPU's per-core rate)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ _DDP_EFFICIENCY = 0.9  # gradient all-reduce per step over PCIe (Kaggle's 2xT4 h
 _PADDING_OVERHEAD = 1.1  # bucketed batches still pad ~10% (kitlib.data.lengths reports the real figure)
 # What FLOPs leave out, measured on the demos (docs/measurements.md, "kitlib/notebook/estimate.py"):
 _STAGE_START_S = 7.0  # a fresh kernel's imports, CSVs, model, hand-off and checkpoints per stage (one quiet Xeon core)
-_QUIET_PYTHON_S = 33e-3  # measure_python_s on that core: fixed costs scale by one thread's Python now against this
 _TOKENIZE_ROWS_PER_S = 5_000.0  # fast tokenizers, per pass (01 makes three)
 _STEP_OVERHEAD_S = 0.005  # Python, optimizer and loader work per optimizer step: a head's whole cost
 _TREES_S = 6.0  # scikit-learn's import (~3 s) and a fit, in 02 per fold and in 03
@@ -41,29 +40,10 @@ BUDGET_MARGIN_S = 20 * 60.0
 SMALL_ROWS = 5_000  # train.csv rows up to which the estimate offers folds: a 10% hold-out of <= 500 rows is noisy
 
 
-def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tuple[float, str]:
-    """Achieved FLOP/s (6N per trained token; 2N per token of a ``forward`` pass) of one process on ``hw`` in
+def _device_flops(hw: HardwareInfo, dtype: str) -> tuple[float, str]:
+    """Achieved FLOP/s (6N per trained token, 2N per token of a forward pass) of one process on ``hw`` in
     ``dtype``, and what that assumes."""
     device = hw.primary
-    if device is None and hw.cpu_flops_now:  # measured by 00 (stages.measured): this CPU as it is, load included
-        probe = hw.cpu_bf16_probe if dtype == "bf16" else None
-        speedup = probe.speedup if probe is not None and not probe.error else 1.0
-        bf16 = f" x {speedup:.1f} for bf16 (its probe)" if speedup != 1.0 else ""
-        # a forward pass runs at the block's measured fp32 forward/training ratio (0.9-1.0 on one quiet Xeon core),
-        # in bf16 times the probe's forward gain where it measured one (a forward gains more than a training step)
-        ratio = hw.cpu_forward_flops_now / hw.cpu_flops_now if hw.cpu_forward_flops_now else 1.0
-        gain = probe.forward_speedup if probe is not None and probe.forward_speedup else speedup
-        bf16_fwd = [f"x {gain:.1f} for bf16 in place of x {speedup:.1f}"] if gain != speedup else []
-        parts = ([f"x {ratio:.1f}"] if ratio != 1.0 else []) + bf16_fwd
-        fwd = f", forward passes {', '.join(parts)}" if parts else ""
-        speedup = gain * ratio if forward else speedup
-        fewer = hw.cpu_threads_now not in (None, hw.cpu_count)  # other processes held some cores (threads.py)
-        threads = f" on {hw.cpu_threads_now} of {hw.cpu_count} threads" if fewer else ""
-        if hw.model_flops_now:  # a step of the model itself: its FLOPs as counted, whatever the count leaves out
-            step = f"a training step of the model timed now on this CPU{threads}"
-            return hw.model_flops_now * speedup, f"{step}{bf16}{fwd}"
-        measured = f"this CPU measured now at {hw.cpu_flops_now / 1e9:.0f} GFLOP/s{threads}"
-        return hw.cpu_flops_now * speedup, f"{measured}{bf16}{fwd}"
     if device is None:
         flops = _CPU_FLOPS_PER_CORE.get(dtype, _CPU_FLOPS_PER_CORE["fp32"]) * hw.cpu_count
         return flops, f"{flops / 1e9:.0f} GFLOP/s for {hw.cpu_count} CPU cores (not measured: a quiet machine)"
@@ -75,17 +55,10 @@ def _device_flops(hw: HardwareInfo, dtype: str, *, forward: bool = False) -> tup
     return peak * _GPU_UTILISATION, f"{_GPU_UTILISATION:.0%} of the {device.name}'s {dtype} datasheet peak"
 
 
-def _cpu_slowdown(hw: HardwareInfo) -> float:
-    """How much slower one thread's plain Python ran when 00 measured it than on the quiet core the fixed costs
-    (tokenising, stage starts, per-step Python) were measured on, 1 when not measured. Not the block's slowdown:
-    beside a process holding 1 of 2 cores, the block on 2 threads ran 5x slower and the imports 1.0x (one thread)."""
-    return max(0.5, hw.python_s_now / _QUIET_PYTHON_S) if hw.python_s_now else 1.0
-
-
-def _throughput(resolved: ResolvedRun, hw: HardwareInfo, *, forward: bool = False) -> float:
-    """Achieved FLOP/s of the run's processes together (of a forward pass alone: ``forward``)."""
+def _throughput(resolved: ResolvedRun, hw: HardwareInfo) -> float:
+    """Achieved FLOP/s of the run's processes together."""
     world = resolved.world_size
-    flops = _device_flops(hw, resolved.config.precision, forward=forward)[0]
+    flops = _device_flops(hw, resolved.config.precision)[0]
     return flops * world * (_DDP_EFFICIENCY if world > 1 else 1.0)
 
 
@@ -181,15 +154,10 @@ def estimate_run(
     n_valid = max(1, round(VALID_FRACTION * rows)) if rows else 0
     n_train = rows - n_valid
     flops_per_row = 2 * model_params * _tokens_per_row(resolved)  # a forward pass; training costs 3x
-    forward = flops_per_row / _throughput(resolved, hw, forward=True)  # seconds per row
+    forward = flops_per_row / _throughput(resolved, hw)  # seconds per row
     steps = math.ceil(n_train / (cfg.micro_batch_size * resolved.world_size)) if n_train else 0
-    slow = _cpu_slowdown(hw)  # tokenising, starts and per-step Python run on the CPU, however busy it is
-    tokenize, step_overhead, start = (
-        (rows * 2 + n_test) / _TOKENIZE_ROWS_PER_S * slow,
-        _STEP_OVERHEAD_S * slow,
-        _STAGE_START_S * slow,
-    )
-    trees_s = _TREES_S * slow if trees and regime.name == "head" and n_train <= TREE_ROWS else 0.0
+    tokenize, step_overhead, start = (rows * 2 + n_test) / _TOKENIZE_ROWS_PER_S, _STEP_OVERHEAD_S, _STAGE_START_S
+    trees_s = _TREES_S if trees and regime.name == "head" and n_train <= TREE_ROWS else 0.0
     if regime.features_need_accelerator:  # 01 runs the encoder over every row, longest first: batches barely pad
         features = tokenize + (rows + n_test) * forward / _PADDING_OVERHEAD
         epoch, evals, infer = steps * step_overhead, 0.0, 0.0
@@ -214,7 +182,7 @@ def estimate_run(
         features_label=regime.estimate_label if regime.features_need_accelerator else "tokenising",
         epoch_s=epoch,
         folds=folds,
-        assumed=_device_flops(hw, cfg.precision)[1] + (f", fixed costs x {slow:.1f}" if round(slow, 1) != 1 else ""),
+        assumed=_device_flops(hw, cfg.precision)[1],
     )
 
 

@@ -4,14 +4,12 @@ reads what the previous one saved in the working dir and names the notebook to r
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,9 +21,7 @@ from kitlib.data.lengths import length_report
 from kitlib.data.tables import DataError, read_table
 from kitlib.doctor.memory_plan import (
     GENERATING,
-    KNOWN_MODELS,
     checkpointing_needed,
-    model_config,
     planned_parallel,
     run_line,
 )
@@ -67,10 +63,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from kitlib.data.tables import TargetSpec
-    from kitlib.machine.hardware import HardwareInfo, MathProbe
+    from kitlib.machine.hardware import HardwareInfo
     from kitlib.notebook.handoff import SideInputs
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
-    from kitlib.notebook.tasks.base import ProbeStep
     from kitlib.tasks.metrics import Metric
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
@@ -94,7 +89,7 @@ def setup(
 ) -> Choice:
     """Check the hardware, the data and the choice (``p``'s, or the picker's) as 01 would, and save it (run.json,
     params.json). Resolves nothing."""
-    hw = measured(p, hw)
+    hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     choice = choose(p, preset, overrides, world_size)
     presets.check(choice, planning_hw(p, hw))
@@ -147,87 +142,6 @@ def resolve_run(
     return presets.resolve(choice or choose(p, preset, overrides, world_size), planning_hw(p, hw), lengths=lengths)
 
 
-def measured(p: Params, hw: HardwareInfo | None = None, *, facts: DataFacts | None = None) -> HardwareInfo:
-    """This machine (``hw``, else detected) with a bf16 CPU's bf16-against-fp32 verdict on a block of ``p``'s model
-    (kept in the cache dir), which decides the plan's precision; with ``facts`` (00's data_facts) also the CPU's
-    speed now, a step of the model its task builds (``_model_step``) and one thread's plain Python."""
-    from kitlib.machine import speed
-
-    hw = hw or detect()
-    if hw.device_type != "cpu" or planning_hw(p, hw).device_type != "cpu":  # a chain's GPU: this CPU decides nothing
-        return hw
-    if facts is not None and hw.cpu_flops_now is None:
-        python_s = speed.measure_python_s()  # first: torch's threads spin a while after they work
-        with cpu_threads(measure=True) as threads:  # the count 01-03 will choose on this machine as it is
-            train, forward = speed.measure_cpu_step(*_block(p))
-            model, probe = _model_step(p, hw, facts)
-        hw = dataclasses.replace(hw, cpu_flops_now=train, cpu_forward_flops_now=forward, model_flops_now=model,
-                                 cpu_threads_now=threads, python_s_now=python_s,
-                                 cpu_bf16_probe=probe or hw.cpu_bf16_probe)  # fmt: skip
-    if hw.cpu_bf16_probe is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):
-        return hw
-    probe = kept_verdict(p, hw)
-    if probe is None:  # on the threads the run takes: a pool contended by a neighbour timed noise (bf16 0.8x forward)
-        with cpu_threads(hw.cpu_threads_now, measure=True):
-            probe = speed.probe_cpu_bf16(*_block(p), cache_dir=p.cache_dir)
-    return dataclasses.replace(hw, cpu_bf16_probe=probe)
-
-
-def _model_step(p: Params, hw: HardwareInfo, facts: DataFacts) -> tuple[float | None, MathProbe | None]:
-    """FLOP/s of one fp32 training step of the model ``p``'s task builds (Task.rough_cost's step) at the run's shape,
-    and on a bf16 CPU its bf16-against-fp32 verdict (kept in the cache dir); (None, None) without such a step."""
-    from kitlib.machine import speed
-
-    if facts.step is None:
-        return None, None
-    try:
-        step, key = facts.step(*presets.shape(choose(p), planning_hw(p, hw), facts.lengths)), _model_key(p)
-        kept = speed.kept_probe(key, p.cache_dir)
-        if kept is not None or not (hw.cpu_amx or hw.cpu_avx512_bf16):  # emulated bf16 (AVX2): not worth timing
-            return speed.measure_model_step(*step), kept
-        flops, probe = speed.probe_model_bf16(*step)
-        return flops, speed.keep_probe(key, p.cache_dir, probe)
-    except Exception:  # a KitError, or your module's own: 02's try on rows names the fix
-        return None, None
-
-
-def kept_verdict(p: Params, hw: HardwareInfo) -> MathProbe | None:
-    """The bf16-against-fp32 verdict that planned ``p``'s precision here, read, never measured (None: none made)."""
-    from kitlib.machine import speed
-
-    return (
-        hw.cpu_bf16_probe
-        or speed.kept_probe(_model_key(p), p.cache_dir)
-        or speed.kept_probe(speed.block_key(*_block(p)), p.cache_dir)
-    )
-
-
-def _model_key(p: Params) -> str:
-    """The cache key of the bf16 probe of ``p``'s task's model: task, model, factory and its file's digest."""
-    source = Path(p.model_factory.partition(":")[0])
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12] if source.suffix == ".py" and source.is_file() else ""
-    return f"the {p.task} task's model {p.model} {p.model_factory} {digest}".rstrip()
-
-
-def _block(p: Params) -> tuple[int, int, int]:
-    """(width, FFN width, heads) of ``p``'s model from its config.json, else the task's (Task.block), else MiniLM's."""
-
-    minilm = SimpleNamespace(**KNOWN_MODELS["minilm"][1])  # MiniLM's shape, where nothing names another
-    config: Any = minilm
-    try:
-        folder = _model_dir(p)
-        if folder is None and (block := get_task(p.task).block(p)):
-            return block
-        if folder is not None:
-            _, config = model_config(folder)
-    except KitError:
-        pass  # _check_model says what is wrong with the model; the estimate plans by MiniLM's shape
-    width = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0) or minilm.hidden_size)
-    ffn = getattr(config, "intermediate_size", None) or getattr(config, "d_ff", None) or 4 * width
-    heads = int(getattr(config, "num_attention_heads", 0) or getattr(config, "num_heads", 0) or width // 64)
-    return width, int(ffn), heads
-
-
 def _model_dir(p: Params) -> str | Path | None:
     """The folder of ``p``'s model, or None where the task builds it ("auto" without MiniLM: MissingModelError)."""
     if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
@@ -243,7 +157,6 @@ class DataFacts:
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
     n_test: int = 0  # test.csv's rows: 01 featurises them and 03 predicts them (the whole run's estimate)
     model_params: float | None = None  # matmul weights a token passes (the estimate's FLOPs); None: MiniLM's
-    step: Callable[[int, int | None], ProbeStep] | None = None  # the task's model's (RoughCost.step): measured times it
     trees: bool = False  # columns beside the text, scikit-learn installed: the head regime fits trees on small tables
 
 
@@ -252,12 +165,12 @@ def data_facts(p: Params) -> DataFacts:
     weights loaded (a model folder's tokenizer reads TOKEN_SAMPLE_ROWS rows; Task.rough_cost may build a model)."""
     train = _read_train(p)
     cost = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
-    lengths, weights, step = (None, None, None) if cost is None else (cost.lengths, cost.weights, cost.step)
+    lengths, weights = (None, None) if cost is None else (cost.lengths, cost.weights)
     if lengths is None:
         words = train[p.text].str.split().str.len().to_numpy(dtype=np.float64)
         lengths = np.ceil(words * _tokens_per_word(p, train[p.text])).astype(np.int64) + SPECIAL_TOKENS
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)
-    return DataFacts(len(train), lengths, len(test), weights, step, _trees(p))
+    return DataFacts(len(train), lengths, len(test), weights, _trees(p))
 
 
 def _trees(p: Params) -> bool:
@@ -520,7 +433,7 @@ def built_from(p: Params) -> dict[str, Any]:
     return values | {"test_sha256": record_file(test)["sha256"] if test.is_file() else None}
 
 
-@cpu_threads(measure=True)  # tokenizing, the head regime's encoder pass: the CPUs that ran fastest, restored after
+@cpu_threads()  # tokenizing, the head regime's encoder pass: this process's share of the CPUs, restored after
 def features(
     p: Params,
     choice: Choice | None = None,
@@ -532,7 +445,7 @@ def features(
     """01: read and check the data, resolve the choice once at the tokenizer's lengths, tokenize (and embed, for the
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
     choice = choice or presets.load_choice(p.work_dir)
-    hw = measured(p, hw)  # the precision 00 measured (a cache hit), for the plan and the head regime's encoder pass
+    hw = hw or detect()
     log = (lambda _msg: None) if quiet else print
     # one cache line for the whole stage, at its end; seeds: the inputs' caches
     summed = cache is None

@@ -21,17 +21,16 @@ from transformers import AutoTokenizer
 
 from kitlib._files import read_json_object, record_file, write_atomic
 from kitlib.config import TrainConfig
-from kitlib.doctor.probe import probe_batching, save_probe
+from kitlib.doctor.probe import probe_batching
 from kitlib.engine import checkpoint
 from kitlib.engine.loop import FitResult, fit
-from kitlib.engine.policies import ThreadCount
 from kitlib.engine.step import enable_activation_checkpointing
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
 from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import WorkerDied, broadcast_object, dist_env, join_process_group, launch
 from kitlib.machine.hardware import detect
 from kitlib.machine.precision import PrecisionPlan, carried
-from kitlib.machine.threads import cpu_threads, measurable, share
+from kitlib.machine.threads import cpu_threads
 from kitlib.models.loading import frozen_dtype
 from kitlib.models.lora import add_adapter, describe_size, merge_adapter
 from kitlib.notebook import handoff, trees
@@ -45,7 +44,6 @@ from kitlib.notebook.stages import (
     _machine_for_plan,
     _model_choice,
     _splits,
-    kept_verdict,
     load_features,
     verdict_of,
 )
@@ -342,14 +340,10 @@ def _train_fold(
         return _train_launched(p, feats, hw, callbacks, budget_s)
     stand_in = _machine_for_plan(p, feats, hw, processes=feats.run.world_size)
     hw = stand_in.hw if stand_in is not None else hw
-    # a CPU that trains here: on the threads that ran fastest just now (other processes may hold some cores), and
-    # again every two minutes (ThreadCount): a neighbour may start or end during a long run
-    here = feats.run.world_size == 1 and (hw := hw or detect()).device_type == "cpu"
-    most = share() if here else 1
-    callbacks = (*callbacks, ThreadCount(most)) if here and measurable(most) else callbacks
+    here = feats.run.world_size == 1 and (hw := hw or detect()).device_type == "cpu"  # a CPU that trains here
     report = Report(p.report_to, p.run_dir) if p.report_to != "none" else None
     callbacks = (*callbacks, report) if report is not None else callbacks
-    with cpu_threads(measure=True) if here else contextlib.nullcontext():  # DDP: each worker sets its own
+    with cpu_threads() if here else contextlib.nullcontext():  # DDP: each worker sets its own
         cfg = _train_config(p, feats, stand_in)
         prepared = None
         if feats.run.world_size == 1 or stand_in is not None:  # this process reaches the device that trains
@@ -532,9 +526,6 @@ def _train(
         callbacks=callbacks,
     )
     result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
-    # 00's bf16-against-fp32 verdict, read from the cache, beside the record: what the doctor's precision advice quotes
-    if hw.device_type == "cpu" and dist_env().is_main and (verdict := kept_verdict(p, hw)) is not None:
-        save_probe(staging, verdict)
     line = _blend_trees(p, feats, watched, staging)
     result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
     result = _judge_baseline(p, feats, result, staging, watched)
@@ -566,7 +557,7 @@ def _publish(staging: Path, final: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ 03 infer
-@cpu_threads(measure=True)  # predicting on the CPU: the CPUs that ran fastest just now, restored after
+@cpu_threads()  # predicting on the CPU: this process's share of the CPUs, restored after
 def infer(
     p: Params,
     feats: Features | None = None,

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
     from kitlib.tasks.metrics import Metric
 
-    ProbeStep: TypeAlias = tuple[nn.Module, dict[str, torch.Tensor], float, Callable[..., torch.Tensor] | None]
     # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
     FullEval: TypeAlias = Callable[[nn.Module], Any] | SplitEval
 
@@ -158,14 +157,10 @@ def each_batch(
 
 @dataclass(frozen=True)
 class RoughCost:
-    """What 00's estimate reads of a model a task knows: its rows' tokens and weights, and a step to time."""
+    """What 00's estimate reads of a model a task knows: its rows' tokens and weights."""
 
     lengths: np.ndarray | None  # tokens per row as the model reads them; None: whitespace words x its tokenizer's rate
     weights: float  # matmul weights a token passes (embedding lookups left out): 6 x that in FLOPs to train it
-    # (rows, the run's max_length) -> the model, a micro-batch of that many rows as long as the data's, its FLOPs as
-    # counted above and fit's loss: 00 times one real training step on it (kitlib.machine.speed.measure_model_step),
-    # so what the count leaves out (a decoder's targets, an RNN's steps, the output layer) is timed in
-    step: Callable[[int, int | None], ProbeStep] | None = None
 
 
 class Task:
@@ -220,13 +215,7 @@ class Task:
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """00's time estimate where this task knows its model better than whitespace words through MiniLM's 10.6 M
-        weights at the speed of MiniLM's block (None: those)."""
-        return None
-
-    def block(self, p: Params) -> tuple[int, int, int] | None:
-        """(width, FFN width, heads) of the model this task builds for ``p`` from scratch, the shape 00 times the CPU
-        on (kitlib.machine.speed.measure_cpu_step: a 128-wide block runs at a fraction of a 384-wide one's FLOP/s);
-        None: the model's config.json, or MiniLM's."""
+        weights (None: those)."""
         return None
 
     def prompts(self, texts: list[str], tokenizer: Any) -> list[str]:

@@ -22,7 +22,7 @@ from kitlib.data.tables import DataError, TargetSpec
 from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
-from kitlib.models.causal_lm import TINY_GPT2, tiny_causal_lm
+from kitlib.models.causal_lm import tiny_causal_lm
 from kitlib.models.facts import non_embedding_params
 from kitlib.models.folders import config_of, model_refusals, positions_of
 from kitlib.models.loading import from_pretrained, frozen_dtype
@@ -35,7 +35,6 @@ from kitlib.notebook.tasks.generation import (
     hf_limits,
     limits_of,
     model_folder,
-    probe_ids,
     rough_tokens,
     target_limits,
 )
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 
     from kitlib.config import Batching
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
-    from kitlib.notebook.tasks.base import ProbeStep
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
@@ -98,29 +96,13 @@ class CausalLMTask(TextGenerationTask):
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """From scratch: each row's prompt, response and </s> by the BPE 01 trains, through the tiny GPT-2 built for
-        it (milliseconds), with a micro-batch of the rows' mean length for 00 to time; a folder's model: the default."""
+        it (milliseconds); a folder's model: the default."""
         if model_folder(p) is not None:
             return None
         fit = functools.partial(train_bpe_tokenizer, add_eos=False)
         tokenizer, (prompts, responses) = rough_tokens([train[p.text], train[p.target]], fit)
         model = tiny_causal_lm(tokenizer, seed=p.seed, n_positions=MAX_SEQ_TOKENS)
-        lengths = np.minimum(prompts + responses + 1, MAX_SEQ_TOKENS)
-        weights = non_embedding_params(model)
-
-        def step(rows: int, cap: int | None) -> ProbeStep:
-            tokens = round(float(np.minimum(lengths, cap or MAX_SEQ_TOKENS).mean()))  # buckets: rows alike
-            ids = probe_ids(len(tokenizer), rows, tokens)
-            labels = ids.clone()
-            labels[:, : round(tokens * prompts.mean() / lengths.mean())] = IGNORE  # fit's loss scores responses alone
-            batch = {"input_ids": ids, "attention_mask": ids.new_ones(ids.shape), "labels": labels}
-            return model, batch, 6.0 * weights * ids.numel(), self.loss_fn(self.target(train[p.target], p, p.metric))
-
-        return RoughCost(lengths, weights, step)
-
-    def block(self, p: Params) -> tuple[int, int, int] | None:
-        if model_folder(p) is not None:
-            return None
-        return TINY_GPT2["n_embd"], TINY_GPT2["n_inner"], TINY_GPT2["n_head"]
+        return RoughCost(np.minimum(prompts + responses + 1, MAX_SEQ_TOKENS), non_embedding_params(model))
 
     # ------------------------------------------------------------------------------------------------- 01 features
     def load(

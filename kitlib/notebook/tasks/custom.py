@@ -5,7 +5,6 @@ It runs your code: name only code you trust. The contract: docs/guide.md, "Your 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.abc
 import importlib.util
 from collections.abc import Callable, Mapping
@@ -17,7 +16,6 @@ from kitlib.doctor.memory_plan import KNOWN_MODELS
 from kitlib.errors import SetupError
 from kitlib.notebook.presets import PRESETS
 from kitlib.notebook.tasks.base import Context, Prepared, RoughCost, Task
-from kitlib.notebook.tasks.generation import probe_ids
 from kitlib.notebook.tasks.text import TextTask
 from kitlib.tasks.metrics import import_object
 
@@ -29,7 +27,7 @@ if TYPE_CHECKING:
 
     from kitlib.data.tables import TargetSpec
     from kitlib.notebook.presets import Preset
-    from kitlib.notebook.tasks.base import Params, ProbeStep
+    from kitlib.notebook.tasks.base import Params
 
 T = TypeVar("T")
 
@@ -94,27 +92,13 @@ class CustomTask(OwnModel, TextTask):
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """The text's rough tokens through your model's weights (built once, for MiniLM's tokenizer; embeddings left
-        out); 00 times a step of it, as the weights' count leaves out an RNN's time steps."""
-        import torch
-
+        out)."""
         from kitlib.models.facts import non_embedding_params
 
         spec = self.target(train[p.target], p, p.metric)
         vocab = KNOWN_MODELS["minilm"][1]["vocab_size"]  # the tokenizer 01 gives your model: all-MiniLM-L6-v2's
         sizes = {"vocab_size": vocab, "num_labels": spec.num_labels, "pad_id": 0}
-        model = build_model(p.model_factory, sizes, p.seed, positional=True)
-        weights = non_embedding_params(model)
-
-        def step(rows: int, cap: int | None) -> ProbeStep:
-            # a rate, not a length: an RNN's seconds grow with its time steps as the counted FLOPs do, so the run's
-            # max_length serves (none given: 128 tokens)
-            ids, seeded = probe_ids(vocab, rows, cap or 128), torch.Generator().manual_seed(0)
-            draw = torch.randn if spec.kind == "regression" else functools.partial(torch.randint, spec.num_labels)
-            labels = draw((rows,), generator=seeded)
-            batch = {"input_ids": ids, "attention_mask": ids.new_ones(ids.shape), "labels": labels}
-            return model, batch, 6.0 * weights * ids.numel(), self.loss_fn(spec)
-
-        return RoughCost(None, weights, step)
+        return RoughCost(None, non_embedding_params(build_model(p.model_factory, sizes, p.seed, positional=True)))
 
 
 def check_factory(p: Params, task: str, arguments: str) -> None:

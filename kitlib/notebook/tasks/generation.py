@@ -162,14 +162,6 @@ def rough_tokens(columns: Sequence[pd.Series], fit: Callable[[list[str]], Any]) 
     return tokenizer, counts
 
 
-def probe_ids(vocab: int, rows: int, length: int) -> torch.Tensor:
-    """Random token ids for 00's timed micro-batch of a model built from scratch: ``rows`` x ``length`` (at least
-    1); the caller's RNG untouched."""
-    import torch
-
-    return torch.randint(vocab, (rows, max(1, length)), generator=torch.Generator().manual_seed(0))
-
-
 def hf_limits(limits: Limits, start: int) -> dict[str, Any]:
     """``generate`` keyword arguments of a transformers model for ``limits``; its new tokens start at ``start``."""
     from transformers import LogitsProcessorList

@@ -30,7 +30,6 @@ from kitlib.notebook.tasks.generation import (
     hf_limits,
     limits_of,
     model_folder,
-    probe_ids,
     rough_tokens,
     target_limits,
 )
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
     from torch import nn
 
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
-    from kitlib.notebook.tasks.base import ProbeStep
 
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
 FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
@@ -106,27 +104,14 @@ class Seq2SeqTask(TextGenerationTask):
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """From scratch: each row's source tokens (with </s>; what max_length cuts) by the tokenizer 01 trains,
-        through the model built for it (milliseconds); 00 times a step whose targets are as long as a micro-batch's
-        longest, which the count leaves out. A folder's model: the default (its tokenizer's rate, its block)."""
+        through the model built for it (milliseconds). A folder's model: the default (its tokenizer's rate)."""
         from kitlib.models.facts import non_embedding_params
 
         if model_folder(p) is not None:
             return None
         texts, targets = train[p.text], train[p.target]
-        tokenizer, (sources, outputs) = rough_tokens([texts, targets], lambda rows: data_tokenizer(rows)[0])
-        model, spec = self.scratch_model(tokenizer, p), self.target(targets, p, p.metric)
-        weights = non_embedding_params(model)
-
-        def step(rows: int, cap: int | None) -> ProbeStep:
-            # Buckets group sources (alike in a batch); the decoder runs over the batch's longest target: of `rows`
-            # rows drawn, about the rows/(rows+1) quantile.
-            kept = np.minimum(sources, cap) if cap else sources
-            source = probe_ids(len(tokenizer), rows, round(float(kept.mean())))
-            target = probe_ids(len(tokenizer), rows, round(float(np.quantile(outputs, rows / (rows + 1)))))
-            batch = {"input_ids": source, "attention_mask": source.new_ones(source.shape), "labels": target}
-            return model, batch, 6.0 * weights * source.numel(), self.loss_fn(spec)
-
-        return RoughCost(sources, weights, step)
+        tokenizer, (sources, _) = rough_tokens([texts, targets], lambda rows: data_tokenizer(rows)[0])
+        return RoughCost(sources, non_embedding_params(self.scratch_model(tokenizer, p)))
 
     def scratch_model(self, tokenizer: Any, p: Params) -> nn.Module:
         """The model 02 trains when no folder is named: a tiny T5 for ``tokenizer``, seeded."""
