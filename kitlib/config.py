@@ -1,15 +1,14 @@
-"""The one frozen, typed run configuration: preset -> widget -> trainer -> saved beside every artifact.
-
-Change it with ``dataclasses.replace(cfg, lr=...)``; invalid values fail here, at construction, with the fix named.
-"""
+"""The one frozen, typed run configuration (``TrainConfig``): what ``fit`` takes, saved beside every artifact;
+invalid values fail at construction with the fix named."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from kitlib._files import write_atomic
 
@@ -98,9 +97,8 @@ class TrainConfig:
     # Train low-rank adapters beside the frozen pretrained weights (kitlib.models.adapters; the task builds them):
     # checkpoints then hold the adapters only. "qlora": on 4-bit weights, CUDA only.
     adapter: Adapter = "none"
-    # Also freeze the first N transformer blocks (and the embeddings): autograd then records nothing below block N,
-    # which saves their backward pass and AdamW state. Measured on the demo (MiniLM, CPU): 2 of 6 blocks saved 6-22%
-    # of the training time and cost ~1 point of accuracy, so no preset uses it; memory-bound runs may.
+    # Also freeze the first N transformer blocks (and the embeddings): no backward pass or AdamW state below block N
+    # (on the demo it cost ~1 point of accuracy for 6-22% of the time, docs/measurements.md: no preset uses it).
     freeze_layers: int = 0
     # DDP only: let parameters go without a gradient in a step (a branch the forward skips). It costs a walk of the
     # autograd graph every step; without it, fit names the parameters that got none after the first step.
@@ -177,20 +175,8 @@ class TrainConfig:
         )
         need(self.log_every_steps >= 1, "log_every_steps must be >= 1")
         need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps must be >= 1")
-        for name, vocabulary in (
-            ("precision", Requested),
-            ("schedule", Schedule),
-            ("optimizer", Optimizer),
-            ("freeze", Freeze),
-            ("adapter", Adapter),
-            ("batching", Batching),
-            ("mode", Mode),
-            ("background_eval", BackgroundEval),
-            ("strategy", Strategy),
-        ):
-            allowed = get_args(vocabulary)
-            value = getattr(self, name)
-            need(value in allowed, f"{name}={value!r} is not one of {allowed}")
+        for name, allowed in _vocabularies().items():
+            need(getattr(self, name) in allowed, f"{name}={getattr(self, name)!r} is not one of {allowed}")
 
     @property
     def effective_batch_size(self) -> int:
@@ -238,3 +224,10 @@ class TrainConfig:
                 f"no config at {path}: run the setup notebook (00_setup) first, or pass a TrainConfig"
             )
         return cls.from_dict(json.loads(path.read_text()))
+
+
+@functools.cache
+def _vocabularies() -> dict[str, tuple[Any, ...]]:
+    """TrainConfig's Literal-typed fields and their allowed values, read from the annotations once."""
+    hints = get_type_hints(TrainConfig)
+    return {name: get_args(hint) for name, hint in hints.items() if get_origin(hint) is Literal}

@@ -10,6 +10,7 @@ import pytest
 
 from kitlib.cli import main
 from kitlib.config import TrainConfig
+from kitlib.errors import SetupError
 from kitlib.machine.hardware import ARCH_LIST_WITH_SM60, HardwareInfo, fake_profile
 from kitlib.machine.precision import PrecisionError, UnsupportedGPUError
 from kitlib.notebook.estimate import estimate_epoch_seconds
@@ -113,7 +114,7 @@ def test_overrides() -> None:
     assert resolve("balanced", hw, overrides={"seed": 3}).config.seed == 3  # TrainConfig-only field
     bigger = resolve("balanced", hw, overrides={"target_effective_batch": 128})
     assert bigger.effective_batch_size == 128
-    assert bigger.overrides == {"target_effective_batch": 128}
+    assert bigger.choice.overrides == {"target_effective_batch": 128}
     with pytest.raises(ValueError, match="unknown override"):
         resolve("balanced", hw, overrides={"epoch": 3})
     with pytest.raises(ValueError, match="epochs"):
@@ -256,3 +257,19 @@ def test_the_plan_says_what_share_of_rows_max_length_cuts_and_offers_the_lossles
     assert dict(lossless.table_rows())["max_length"] == "100 tokens (cuts no row)"
     picker = preset_picker(cpu, default="balanced", n_rows=1000, n_test=100, lengths=lengths, show=False)
     assert "24 tokens (cuts 0.5% of rows; lossless: 100)" in repr(picker)
+
+
+def test_a_resolved_run_holds_its_choice_and_an_older_saved_run_names_the_notebook_to_rerun(tmp_path: Path) -> None:
+    """features.json's run keeps the choice it resolved (task, metric, baseline, overrides written once); a run saved
+    in the flat format-2 layout is refused naming 01, a run.json of another format naming 00 (never misread)."""
+    choice = Choice(PRESETS["smoke"], {"lr": 0.002}, task="classify", metric="accuracy", baseline={"score": 0.5})
+    run = resolve(choice, fake_profile("CPU"), lengths=[12, 40])
+    assert run.choice == choice and ResolvedRun.from_dict(json.loads(json.dumps(run.to_dict()))) == run
+    older = {k: v for k, v in run.to_dict().items() if k != "choice"} | {"format": 2, "task": "classify"}
+    with pytest.raises(SetupError, match="re-run 01_features"):
+        ResolvedRun.from_dict(older)
+    choice.save(tmp_path)
+    assert load_choice(tmp_path) == choice
+    (tmp_path / "run.json").write_text(json.dumps(choice.to_dict() | {"format": 1}))
+    with pytest.raises(SetupError, match="re-run 00_setup"):
+        load_choice(tmp_path)

@@ -26,11 +26,6 @@ def _params(tmp_path: Path, **training: Any) -> stages.Params:
     return stages.params(environ={}, data_dir=data, work_dir=tmp_path / "w", preset="smoke", model="tiny", **training)
 
 
-def _bare(run: presets.ResolvedRun) -> presets.ResolvedRun:
-    """The run without what setup adds from the data (the metric's name, the baseline, the task's name)."""
-    return dataclasses.replace(run, task="auto", metric="auto", baseline=None)
-
-
 def test_the_picker_previews_the_run_01_resolves_from_the_saved_choice(tmp_path: Path, cpu_hw) -> None:
     """A parameter (lr) and a picker click (micro-batch 3): the picker's preview, and the run 01 resolves from the
     choice setup saved (run.json) and the parameters it wrote (params.json), are one run for the same lengths."""
@@ -70,9 +65,10 @@ def test_01_resolves_once_and_keeps_each_override(tmp_path: Path, cpu_hw, monkey
     (_, _, lengths), fitted = calls[-1][0], calls[-1][1]
     assert len(calls) == 1 and lengths is not None and fitted.mean_tokens is not None
     assert feats.run.config == fitted.config  # the task's tune changes nothing for a classifier
-    assert real(stages.load_params(p.work_dir, environ={}), cpu_hw, lengths) == fitted
+    again = real(stages.load_params(p.work_dir, environ={}), cpu_hw, lengths)  # from params.json alone
+    assert dataclasses.replace(again, choice=fitted.choice) == fitted  # setup's choice adds the metric, the baseline
     cfg = json.loads((p.work_dir / "features.json").read_text())["run"]["config"]
-    assert {k: cfg[k] for k in p.training()} == p.training() == dict(fitted.overrides)
+    assert {k: cfg[k] for k in p.training()} == p.training() == dict(fitted.choice.overrides)
 
 
 def test_setup_refuses_in_00_what_01_would_refuse_without_resolving(tmp_path: Path, cpu_hw) -> None:

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from kitlib.machine.hardware import fake_profile
+from kitlib.notebook.params import TRAINING
 from kitlib.notebook.presets import resolve
-from kitlib.notebook.widgets import _ADVANCED, PresetPicker, preset_picker
+from kitlib.notebook.widgets import PresetPicker, preset_picker
 
 LENGTHS = [20] * 90 + [60] * 10
 
@@ -66,10 +67,10 @@ def test_click_preset_then_change_advanced(picker: PresetPicker) -> None:
     assert picker.resolved.name == "fast" and picker.resolved.regime.name == "head"
     assert c["epochs"].value == picker.config.epochs == 20
     c["epochs"].value = 5
-    assert picker.config.epochs == 5 and picker.resolved.overrides == {"epochs": 5}
+    assert picker.config.epochs == 5 and picker.resolved.choice.overrides == {"epochs": 5}
 
     c["preset"].value = "best"  # a new preset starts from its own values: overrides are dropped
-    assert picker.config.epochs == 4 and picker.resolved.overrides == {}
+    assert picker.config.epochs == 4 and picker.resolved.choice.overrides == {}
     target = picker.resolved.effective_batch_size
     c["micro_batch_size"].value = 2  # accumulation follows, so the effective batch is kept
     assert picker.config.micro_batch_size == 2
@@ -92,7 +93,6 @@ def test_click_preset_then_change_advanced(picker: PresetPicker) -> None:
 def test_the_advanced_controls_are_the_declared_training_parameters(picker: PresetPicker) -> None:
     """Every training parameter 00 declares, nothing else (precision is decided by the plan, no parameter): fails on
     a picker that offers precision and lacks lr, optimizer, gradient_checkpointing and compile."""
-    from kitlib.notebook.params import TRAINING
 
     assert set(picker.controls) - {"preset"} == set(TRAINING)
 
@@ -216,7 +216,7 @@ def test_advanced_section_is_titled_on_ipywidgets_7_and_8(no_training: None) -> 
     (accordion,) = [c for c in picker.widget.children if isinstance(c, ipywidgets.Accordion)]
     assert accordion.get_title(0) == "advanced"
     assert not [w for w in caught if "unrecognized arguments" in str(w.message)], [str(w.message) for w in caught]
-    assert list(accordion.children[0].children) == [picker.controls[k] for k in _ADVANCED]
+    assert list(accordion.children[0].children) == [picker.controls[k] for k in TRAINING]
 
 
 def test_custom_preset_default(picker: PresetPicker) -> None:

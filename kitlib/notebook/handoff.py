@@ -1,14 +1,6 @@
-"""What 01_features hands to 02_train and 03_infer, saved once and loaded as is.
-
-    work_dir/features/*.npy    token ids + offsets, labels, embeddings/n-gram bags: plain arrays, no pickle
-    work_dir/features.json     the task, the data-fitted run, the model and tokenizer facts, the test ids, and a
-                               {"bytes", "sha256"} record per array (kitlib._files); written last = complete
-
-Loading reads no CSV and loads no tokenizer or model, and runs no code from the files (``np.load`` with
-``allow_pickle=False``): what a Kaggle kernel reads from the previous kernel's output is data only. The file also
-records which run.json and which parameters it was built from, so a later stage refuses features built for another
-preset, model or column, and names the notebook to re-run.
-"""
+"""What 01_features hands to 02 and 03: plain ``features/*.npy`` arrays (no pickle) and ``features.json`` (the run,
+the facts, a checksum per array; written last = complete), with the run.json and parameters it was built from, so a
+later stage refuses features built for another run and names the notebook to re-run."""
 
 from __future__ import annotations
 
@@ -40,9 +32,8 @@ NPY_HEADER_MAX = 65_546  # bytes: a format 1.0 .npy header is at most 10 + 65535
 
 @dataclass(frozen=True)
 class SideInputs:
-    """Per-row model inputs besides the tokens: the arrays are saved by 01 and batched beside the tokens by 02/03
-    (``model(input_ids=..., **side)``); ``state`` is the JSON-able fit (statistics, category lists) 02 rebuilds the
-    model from."""
+    """Per-row model inputs besides the tokens (``model(input_ids=..., **side)``) and ``state``, the JSON-able fit
+    (statistics, category lists) 02 rebuilds the model from."""
 
     train: Mapping[str, np.ndarray] = field(default_factory=dict)
     test: Mapping[str, np.ndarray] = field(default_factory=dict)
@@ -99,9 +90,8 @@ def run_fingerprint(work_dir: Path) -> str:
 
 
 def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> Path:
-    """Write the arrays under names of their own (``labels-<sha256 prefix>.npy``), then features.json, which is the
-    commit: until it is replaced, the previous hand-off's files are untouched, so a run killed or out of disk space
-    mid-save leaves the last good features loadable. Files no features.json names any more are removed after."""
+    """Write the arrays under content names (``labels-<sha256 prefix>.npy``), then features.json, the commit: a save
+    cut short leaves the last good features loadable. Arrays no longer named are removed after."""
     folder = work_dir / FEATURES_DIR
     records = {}
     for name, array in features._arrays().items():
@@ -138,8 +128,7 @@ def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> P
 
 
 def load(work_dir: Path, built_from: Mapping[str, Any]) -> Features:
-    """The features 01_features saved in ``work_dir``; a clear error naming the notebook to run when they are
-    missing, damaged, or were built for another run.json or other parameters."""
+    """The features 01 saved in ``work_dir``; missing, damaged or built for another run: an error naming 01."""
     path = work_dir / FEATURES_FILE
     if not path.is_file():
         raise MissingRunError(f"no {FEATURES_FILE} in {work_dir}: run notebooks/01_features.ipynb first")
@@ -219,11 +208,8 @@ def _load_array(path: Path, record: Mapping[str, Any]) -> np.ndarray:
 
 
 def _npy_array(blob: bytearray) -> np.ndarray:
-    """The array of a .npy file's bytes, as a view of ``blob``: the file is read into memory once, and the array is
-    writable (torch.from_numpy warns on read-only memory, in a red box in a notebook) without another copy
-    (``np.load(io.BytesIO(blob))`` holds three: the bytes, BytesIO's and the array's; 1.4 GB for 460 MB of
-    embeddings). Headers this writer never makes (Fortran order, object dtypes, format 3.0) go through np.load,
-    which refuses pickles."""
+    """The array of a .npy file's bytes as a writable view of ``blob``, without np.load's extra copies
+    (docs/measurements.md); headers this writer never makes go through np.load, which refuses pickles."""
     header = io.BytesIO(memoryview(blob)[:NPY_HEADER_MAX])
     version = np.lib.format.read_magic(header)
     if version not in ((1, 0), (2, 0)):

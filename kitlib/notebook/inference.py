@@ -53,7 +53,7 @@ def model_card(work_dir: Path) -> dict[str, Any]:
         "labels": spec["classes"],
         "id": params["id"],
         "target": params["target"],
-        "metric": run.get("metric") or params["metric"],
+        "metric": run["choice"]["metric"],
         "text": params["text"],
         "numeric": list(params.get("numeric") or []),
         "categorical": list(params.get("categorical") or []),

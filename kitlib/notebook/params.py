@@ -1,11 +1,5 @@
-"""The notebooks' parameters: one set, written by 00_setup, read by 01-03.
-
-00's ``parameters`` cell holds them all (``params``) and 00 saves them as ``work_dir/params.json``; 01-03 take only
-``work_dir`` and ``inputs`` (``load_params``). ``inputs`` are read-only folders holding earlier stages' outputs, as a
-pushed Kaggle chain mounts the previous kernel's output: their hand-off files are carried into ``work_dir`` first, so
-each stage reads and writes one folder, and their feature cache seeds this one. KIT_* variables still override 00's
-values; in 01-03 they may restate a saved value but not contradict it.
-"""
+"""The notebooks' parameters, declared once (``Params``): 00 saves them as ``work_dir/params.json``, 01-03 read them
+back (``load_params``) after carrying earlier kernels' outputs (``inputs``) forward. KIT_* variables override 00's."""
 
 from __future__ import annotations
 
@@ -33,9 +27,8 @@ from kitlib.tasks.targets import OBJECTIVES
 
 PARAMS_FILE = "params.json"
 RUN_NAME = "run"  # fit()'s run dir under the working dir: config.json, history.csv, timing.json, best/, last/
-# What a later stage needs from earlier ones; a Kaggle kernel carries them forward: run.new/ is an attempt 02 stopped
-# at its time budget (or SIGTERM), whose last/ the next session continues. Folders before the files that name them
-# (features.json lists features/'s arrays), so a copy cut short never leaves a manifest without its files.
+# What a later stage needs from earlier ones (run.new/: an attempt the next session continues); folders before the
+# files that name them, so a copy cut short never leaves a manifest without its files.
 HANDOFF = ("features", RUN_NAME, f"{RUN_NAME}.new", "params.json", "run.json", "features.json", "tokenizer")
 KAGGLE_INPUT = Path("/kaggle/input")
 _KAGGLE_KINDS = ("competitions", "datasets", "notebooks", "models")
@@ -53,15 +46,9 @@ def declared(
     stage: str = "00",
     features: bool = False,
 ) -> Any:
-    """One parameter, declared once. 00's parameters cell, ``notebooks run``'s flags, ``--params`` and ``kaggle
-    build`` checks, the picker's overrides and the README's table derive from these fields (tests/test_params.py
-    checks each entry point against them).
-
-    ``choices``: the only values allowed; ``least``: the smallest whole number allowed; ``env``: its KIT_* variable;
-    ``training``: None means "the preset decides", a value is the picker's start and the resolver's override;
-    ``stage``: the notebook that first reads it (00 setup, 01 features, 02 train, 03 infer); ``features``: 01's
-    saved features depend on it (a later stage given another value refuses them: handoff.BUILT_FROM).
-    """
+    """One parameter: every surface (cell, flags, checks, picker, README) derives from these fields. ``training``: a
+    picker control and a resolver override (None: the preset's); ``stage``: the notebook that first reads it;
+    ``features``: 01's saved features depend on it (``BUILT_FROM``)."""
     meta = dict(doc=doc, choices=choices, least=least, env=env, training=training, stage=stage, features=features)
     return field(default=default, metadata=meta)
 
@@ -88,7 +75,7 @@ class Params:
     metric: str = declared("auto", "what best/ follows: auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | "
                            "exact_match | rouge_l | record_f1 | module:function", env="KIT_METRIC")  # fmt: skip
     objective: str = declared("auto", "regression loss: auto (what the metric rewards) | mse | mae | log_mse | log_mae",
-                              stage="02", features=True)  # fmt: skip
+                              choices=tuple(OBJECTIVES), stage="02", features=True)  # fmt: skip
     numeric: tuple[str, ...] = declared((), "numeric columns beside the text, e.g. ['year', 'runtime']", stage="01",
                                         features=True)  # fmt: skip
     categorical: tuple[str, ...] = declared((), "categorical columns beside the text, e.g. ['genre']", stage="01",
@@ -155,31 +142,21 @@ class Params:
     fold: int = 0  # the fold 02 trains (or 03 predicts with) now, 0-based: its run_dir (not saved: 02 loops over them)
 
     def __repr__(self) -> str:
-        """A few lines a notebook shows, not the dataclass's one long line of every field."""
-        columns = f"text {self.text!r} -> target {self.target!r} (id {self.id!r})"
-        beside = [f"{kind} {list(c)}" for kind, c in (("numeric", self.numeric), ("categorical", self.categorical))]
-        model = "yours (model_factory)" if self.task in ("custom", "custom-seq2seq") else self.model
-        run = f"preset {self.preset}, model {model}, task {self.task}, metric {self.metric}, seed {self.seed}"
-        run += f", {self.folds} folds" if self.folds > 1 else ""
-        run += f", grouped by {self.group_column!r}" if self.group_column else ""
-        lines = [
-            f"Params: {run}",
-            f"  data  {self.data_dir} ({self.train_file}, {self.test_file}, {self.sample_submission})",
-            f"  work  {self.work_dir}",
-            f"  {columns}" + "".join(f"; {b}" for b in beside if b.split(" ", 1)[1] != "[]"),
-        ]
-        lines += [f"  model_factory {self.model_factory}"] if self.model_factory else []
-        training = self.training()
-        lines += ["  training " + ", ".join(f"{k} {v}" for k, v in training.items())] if training else []
+        """The run in a line, the folders, then every other declared parameter set away from its default."""
+        model = "yours (model_factory)" if self.model_factory else self.model
         rehearsed = ", rehearsed on this machine's CPU (rehearse)" if self.rehearse else ""
-        lines += [f"  planned for {self.hardware}{rehearsed}"] if self.hardware else []
+        shown = ("preset", "model", "task", "metric", "data_dir", "work_dir", "rehearse")
+        changed = [f"{name} {list(v) if isinstance(v, tuple) else v!r}" for name, f in PARAMETERS.items()
+                   if name not in shown and (v := getattr(self, name)) != f.default]  # fmt: skip
+        lines = [f"Params: preset {self.preset}, model {model}, task {self.task}, metric {self.metric}{rehearsed}",
+                 f"  data {self.data_dir}", f"  work {self.work_dir}"]  # fmt: skip
+        lines += [f"  set {', '.join(changed)}"] if changed else []
         lines += [f"  inputs {', '.join(map(str, self.inputs))}"] if self.inputs else []
         return "\n".join(lines)
 
     def training(self) -> dict[str, Any]:
-        """The training settings set (not None, an adapter not "none"): the preset resolver's overrides, and the
-        picker's start."""
-        return {name: value for name in TRAINING if (value := getattr(self, name)) not in (None, "none")}
+        """The training parameters set away from their default: the resolver's overrides, the picker's start."""
+        return {name: value for name in TRAINING if (value := getattr(self, name)) != PARAMETERS[name].default}
 
     @property
     def cache_dir(self) -> Path:
@@ -187,7 +164,7 @@ class Params:
 
     @property
     def seed_caches(self) -> list[Path]:
-        """Earlier kernels' feature caches (read-only; their array entries are reused, nothing in them is unpickled)."""
+        """Earlier kernels' feature caches (read-only; arrays reused, nothing unpickled)."""
         return [folder / "kitlib-cache" for folder in self.inputs if (folder / "kitlib-cache").is_dir()]
 
     @property
@@ -196,10 +173,9 @@ class Params:
         return self.work_dir / (RUN_NAME if self.fold == 0 else f"{RUN_NAME}-fold{self.fold + 1}")
 
     def save(self) -> Path:
-        """``work_dir/params.json``: what 01-03 read (paths absolute, ``work_dir`` and ``inputs`` left out)."""
+        """``work_dir/params.json``: what 01-03 read (paths absolute; the kernel's own ``NOT_SAVED`` left out)."""
         values = {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
-        for kernel_specific in ("work_dir", "inputs", "fold"):
-            values.pop(kernel_specific)
+        values = {k: v for k, v in values.items() if k not in NOT_SAVED}
         return write_atomic(self.work_dir / PARAMS_FILE, json.dumps(values, indent=2) + "\n")
 
 
@@ -210,11 +186,13 @@ TRAINING = tuple(name for name, f in PARAMETERS.items() if f.metadata["training"
 BUILT_FROM = tuple(name for name, f in PARAMETERS.items() if f.metadata["features"])
 # on/off parameters: their KIT_* variable reads 1/true/yes/on or 0/false/no/off
 SWITCHES = tuple(name for name, f in PARAMETERS.items() if isinstance(f.default, bool))
+COLUMNS = tuple(name for name, f in PARAMETERS.items() if f.default == ())  # lists of column names: "a, b" is read too
+# not saved in params.json: work_dir and the undeclared per-kernel fields (inputs, fold)
+NOT_SAVED = ("work_dir", *(f.name for f in dataclasses.fields(Params) if f.name not in PARAMETERS))
 
 
 def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
-    """Build Params from 00's parameters cell (checked); KIT_DATA_DIR, KIT_WORK_DIR, KIT_PRESET, KIT_MODEL,
-    KIT_TASK, KIT_METRIC and KIT_REHEARSE override them."""
+    """Params from 00's parameters cell, checked; the declared KIT_* variables (``ENV``) override them."""
     check_names(values, allowed={"inputs"})
     env = os.environ if environ is None else environ
     values = absolute_parameters(values) | _from_environment(env, with_work_dir=True)
@@ -225,7 +203,7 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     if values.get("model_factory"):  # a file relative to the notebook's folder: every later stage loads that one
         values["model_factory"] = factory_path(str(values["model_factory"]), Path.cwd())
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
-    for columns in ("numeric", "categorical"):
+    for columns in COLUMNS:
         values[columns] = _columns(values.get(columns, ()))
     p = Params(**values)
     _check(p)
@@ -233,8 +211,8 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
 
 
 def from_cell(namespace: Mapping[str, Any]) -> Params:
-    """00's call: ``Params`` from the parameters cell's names (papermill's injected cell included), taken by their
-    declared names, so a parameter added to the declaration reaches the run without being typed again."""
+    """00's call: ``Params`` from the parameters cell's namespace (papermill's injected cell included), by the
+    declared names."""
     return params(**{name: namespace[name] for name in PARAMETERS if name in namespace})
 
 
@@ -244,9 +222,8 @@ def load_params(
     inputs: Sequence[str | os.PathLike[str]] = (),
     environ: Mapping[str, str] | None = None,
 ) -> Params:
-    """01-03's parameters: what 00_setup saved in ``work_dir/params.json``, after carrying the earlier stages' files
-    forward from ``inputs``. A KIT_* variable that contradicts a saved value is an error naming both; KIT_DATA_DIR
-    may move the data (02 and 03 do not read it, and 01 checks it again)."""
+    """01-03's parameters: 00's ``params.json``, after carrying ``inputs`` forward. A KIT_* variable contradicting a
+    saved value is an error naming both; KIT_DATA_DIR may move the data."""
     env = os.environ if environ is None else environ
     work = Path(_from_environment(env, with_work_dir=True).get("work_dir") or absolute_path("work_dir", work_dir))
     folders = tuple(kaggle_input(Path(absolute_path("inputs", i))) for i in inputs)
@@ -261,7 +238,7 @@ def load_params(
             "attach the previous kernel's output and list its folder in inputs)"
         )
     with damaged_file(path, "00_setup"):
-        known = {f.name for f in dataclasses.fields(Params)} - {"work_dir", "inputs", "fold"}
+        known = {f.name for f in dataclasses.fields(Params)} - set(NOT_SAVED)
         values = {k: v for k, v in json.loads(path.read_text()).items() if k in known}
     overrides = _from_environment(env, with_work_dir=False)
     if "data_dir" in overrides:
@@ -282,8 +259,8 @@ def load_params(
 
 
 def _check_same_run(values: Mapping[str, Any], work: Path) -> None:
-    """params.json and run.json (00 writes both) must agree on what they share: 01-03 print the parameters and run
-    the run, so a hand-edited one would show one preset and train another. A damaged run.json is the stage's to name."""
+    """params.json and run.json (00 writes both) agree on preset, task and metric: a hand-edited one would show one
+    run and train another. A damaged run.json is the stage's to name."""
     try:
         run = json.loads((work / RUN_FILE).read_text())
         saved = {"preset": run["preset"]["name"], "task": run["task"], "metric": run["metric"]}
@@ -300,8 +277,8 @@ def _check_same_run(values: Mapping[str, Any], work: Path) -> None:
 
 
 def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[str, Any]:
-    """The KIT_* overrides. A path typed in a shell is relative to where the command ran: the kernel's cwd is the
-    notebook's folder, but it inherits the shell's PWD (parameters-cell values are relative to the kernel's cwd)."""
+    """The KIT_* overrides; a path in one is relative to the shell's PWD (the kernel inherits it), not the kernel's
+    cwd."""
     shell_dir = env.get("PWD") if env.get("PWD") and Path(env["PWD"]).is_dir() else None
     found: dict[str, Any] = {
         name: env_value(name, env[var]) for name, var in ENV.items() if env.get(var) and name not in PATH_PARAMETERS
@@ -314,16 +291,12 @@ def _from_environment(env: Mapping[str, str], *, with_work_dir: bool) -> dict[st
 
 # -------------------------------------------------------------------------------------------------------- checks
 def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None) -> Params:
-    """00's checks of ``values`` that need no data, for parameters set away from it (``kaggle build``, before any
-    file is written): names, types, the preset, the task and what it needs, the metric's name, the hardware.
-
-    ``data_dir``: a local copy of the competition, where a ``model_factory = "file.py:function"`` is looked up;
-    without one, that import (like the metric's fit to the target and the folders) waits for 00.
-    """
+    """00's checks of ``values`` that need no data (``kaggle build``, before any file is written). ``data_dir``: a
+    local copy of the competition, where a ``model_factory = "file.py:function"`` is imported; without one, 00 does."""
     check_names(values)
     get_preset(str(values.get("preset", DEFAULT_PRESET)))
     given = {k: v for k, v in values.items() if k not in ("data_dir", "work_dir")}
-    for columns in ("numeric", "categorical"):
+    for columns in COLUMNS:
         if isinstance(given.get(columns), str | list):
             given[columns] = _columns(given[columns])
     p = Params(data_dir=data_dir or Path("/kaggle/input"), work_dir=Path("/kaggle/working"), **given)
@@ -338,9 +311,8 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
 
 
 def check_names(values: Mapping[str, Any], *, allowed: set[str] | frozenset[str] = frozenset()) -> None:
-    """Every name in ``values`` is one of 00's parameters (``allowed``: others this caller takes): a misspelt or
-    unsupported key is an error listing the valid ones, never a value silently left unused."""
-    known = {f.name for f in dataclasses.fields(Params)} - {"inputs", "fold"}
+    """Every name in ``values`` is a declared parameter (or in ``allowed``): an error lists the valid ones."""
+    known = set(PARAMETERS)
     unknown = sorted(set(values) - known - allowed)
     if unknown:
         raise SetupError(f"unknown parameter(s) {unknown}: 00_setup's parameters are {sorted(known)}")
@@ -383,8 +355,6 @@ def _check_values(p: Params, *, with_task: bool) -> None:
     _check_adapter(p)
     check_report_to(p.report_to)
 
-    if p.objective not in OBJECTIVES:
-        raise SetupError(f"objective = {p.objective!r} is not one of {list(OBJECTIVES)}: fix it in the parameters cell")
     if p.hardware:
         try:
             fake_profile(p.hardware)
@@ -451,8 +421,7 @@ def _check_adapter(p: Params) -> None:
 
 
 def check_work_dir(work: Path, data: Path) -> None:
-    """Fail in the first cell (or before ``notebooks run`` creates anything), not after training: kitlib writes
-    run.json, features, checkpoints there."""
+    """A work_dir kitlib may write to (not the data, not read-only), checked before anything is created."""
     if work.resolve() == data.resolve():
         raise SetupError(
             f"work_dir is the data_dir ({work}): kitlib's files would mix with the competition's; {_WORK_DIR_FIX}"
@@ -470,9 +439,8 @@ def _check_writable(work: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ Kaggle's read-only inputs
 def kaggle_input(path: Path) -> Path:
-    """``path``, or where Kaggle mounted it: current images mount an attached source at
-    ``/kaggle/input/<kind>/[<owner>/]<slug>``, older ones at ``/kaggle/input/<slug>``; a path of either layout that
-    does not exist is looked up in the other."""
+    """``path``, or where Kaggle mounted it: a missing path of either mount layout (``/kaggle/input/<kind>/[<owner>/]
+    <slug>``, older ``/kaggle/input/<slug>``) is looked up in the other."""
     if path.exists() or KAGGLE_INPUT not in path.parents:
         return path
     parts = path.relative_to(KAGGLE_INPUT).parts
@@ -489,12 +457,8 @@ def kaggle_input(path: Path) -> Path:
 
 
 def carry_forward(inputs: Sequence[Path], work_dir: Path) -> list[str]:
-    """Copy the earlier stages' files (params.json, run.json, the features, run/) from read-only ``inputs`` into
-    ``work_dir``; later inputs win, and a copy already identical is kept. Returns what was copied.
-
-    Cost: one copy per item (the features and a checkpoint: tens to hundreds of MB, seconds). A different local
-    file or folder is kept aside (``keep_aside``), never deleted.
-    """
+    """Copy the earlier stages' ``HANDOFF`` files from read-only ``inputs`` into ``work_dir`` (later inputs win; an
+    identical copy is kept, a different one kept aside, never deleted). Returns what was copied."""
     _check_inputs(inputs)
     copied = []
     for folder in inputs:

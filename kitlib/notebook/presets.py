@@ -1,14 +1,5 @@
-"""Speed/accuracy presets, resolved against the hardware into one frozen, explained run configuration.
-
-A ``Preset`` holds intents (target effective batch, epochs, length coverage, eval cadence, regime); ``resolve`` turns
-it into a ``ResolvedRun`` for one machine: the TrainConfig plus the reason for every choice. 00_setup saves it as
-JSON in the working dir; the later notebooks ``load`` it.
-
->>> run = resolve("balanced", fake_profile("2xT4"), lengths=[12, 40, 33, 87])
->>> run.config.precision, run.effective_batch_size
-('fp16', 32)
->>> print(run.summary())
-"""
+"""Speed/accuracy presets (``PRESETS``) and ``resolve``: a ``Choice`` (a preset and overrides) turned into a
+``ResolvedRun`` for one machine, the TrainConfig with the reason for every setting."""
 
 from __future__ import annotations
 
@@ -43,7 +34,8 @@ Checkpoints = Literal["best", "best_and_last", "none"]
 RegimeName = Literal["head", "finetune"]
 
 RUN_FILE = "run.json"  # what 00_setup writes into the working dir
-_FORMAT = 2  # bump when run.json's (Choice) or features.json's run (ResolvedRun) layout changes
+_CHOICE_FORMAT = 2  # run.json's layout (Choice); bump when it changes
+_RUN_FORMAT = 3  # features.json's run (ResolvedRun); 3: it holds its Choice
 
 _GIB = 2**30
 _REFERENCE_LENGTH = 128  # tokens; the micro-batch table below is for rows this long
@@ -53,9 +45,8 @@ _MIN_EFFECTIVE_BATCH = 8  # below this, per-step overhead and gradient noise cos
 
 @dataclass(frozen=True)
 class Regime:
-    """What resolving, the picker and the estimate know of a regime, as data; what it builds (01's model, 02's
-    loaders) is Task's. head: the encoder runs once, without gradients, to cache embeddings; a small
-    head trains on them and on tf-idf n-grams. finetune: the whole model trains on the tokens."""
+    """What resolving, the picker and the estimate know of a regime (what it builds is Task's): head (cached
+    embeddings and a small head) or finetune (the whole model)."""
 
     name: RegimeName
     matmuls_per_param: int  # FLOPs per token per weight: 6 to train (2 forward + 4 backward), 2 to embed once
@@ -208,21 +199,50 @@ def get_preset(name: str) -> Preset:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """What 00 saves (run.json) and 01 resolves once: the preset as the task trains it, the training settings over
+    it, the processes per step (None: the plan's) and what 00 read in the data."""
+
+    preset: Preset
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int | None = None
+    task: str = "auto"  # the workload (kitlib.notebook.tasks), as 00's parameters name it
+    metric: str = "auto"  # what best/ follows, resolved for the target by 00 (kitlib.tasks.metrics)
+    baseline: Mapping[str, Any] | None = None  # the trivial baseline's validation score (kitlib.tasks.baseline), 00's
+
+    @property
+    def name(self) -> str:
+        return self.preset.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"overrides": dict(self.overrides)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Choice:
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known} | {"preset": Preset(**data["preset"])})
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``run.json`` into the directory ``path``, atomically; returns the file."""
+        values = self.to_dict() | {"format": _CHOICE_FORMAT}
+        return write_atomic(Path(path) / RUN_FILE, json.dumps(values, indent=2, sort_keys=True) + "\n")
+
+
+@dataclass(frozen=True)
 class ResolvedRun:
-    preset: Preset  # after preset-level overrides
+    """A ``Choice`` resolved for one machine and the data's lengths: the TrainConfig and a reason for each setting."""
+
+    choice: Choice  # what was resolved: the task, metric, baseline and the user's overrides
+    preset: Preset  # the choice's preset under its preset-level overrides
     config: TrainConfig
     world_size: int  # processes (GPUs) sharing each optimizer step
     precision_reason: str
     hardware: str  # one line: what it was resolved for
-    reasons: tuple[str, ...]  # one per choice, printed by 00_setup
-    overrides: Mapping[str, Any] = field(default_factory=dict)  # what the user changed (read-only by convention)
+    reasons: tuple[str, ...]  # one per choice, printed by 01
     mean_tokens: float | None = None  # mean row length after truncation, when lengths were given
     rows_cut: float | None = None  # share of rows longer than max_length (their ends cut), when lengths were given
     longest_tokens: int | None = None  # the longest row: max_length for no cut at all (the lossless choice)
     kitlib_version: str = ""
-    task: str = "auto"  # the workload (kitlib.notebook.tasks), as 00's parameters name it
-    metric: str = "auto"  # what best/ follows, resolved for the target by 00 (kitlib.tasks.metrics)
-    baseline: Mapping[str, Any] | None = None  # the trivial baseline's validation score (kitlib.tasks.baseline), 00's
 
     @property
     def name(self) -> str:
@@ -238,11 +258,11 @@ class ResolvedRun:
         return self.config.effective_batch_size * self.world_size
 
     def table_rows(self) -> list[tuple[str, str]]:
-        """(setting, value) pairs for a table: what the picker and 00_setup show."""
-        cfg = self.config
+        """(setting, value) pairs for a table: what the picker and 01 show."""
+        cfg, c = self.config, self.choice
         ckpt = {"best": "best weights", "best_and_last": "best weights + resumable last", "none": "none"}
         full_eval = f"every {cfg.full_eval_every} epoch(s)" if cfg.full_eval_every else "at the end only"
-        task = [("task", f"{self.task}, metric {self.metric}")] if self.metric != "auto" else []  # set by 00's setup
+        task = [("task", f"{c.task}, metric {c.metric}")] if c.metric != "auto" else []  # set by 00's setup
         adapted = f"all pretrained weights ({cfg.adapter} adapters train)"
         frozen = adapted if cfg.adapter != "none" else self.regime.frozen(cfg)
         return [
@@ -278,54 +298,20 @@ class ResolvedRun:
 
     def to_dict(self) -> dict[str, Any]:
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return values | {
-            "format": _FORMAT,
-            "preset": dataclasses.asdict(self.preset),
-            "config": self.config.to_dict(),
-            "reasons": list(self.reasons),
-            "overrides": dict(self.overrides),
-            "baseline": None if self.baseline is None else dict(self.baseline),
-        }
+        return values | {"format": _RUN_FORMAT, "choice": self.choice.to_dict(),
+                         "preset": dataclasses.asdict(self.preset), "config": self.config.to_dict(),
+                         "reasons": list(self.reasons)}  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
-        if data.get("format") != _FORMAT:
-            found = data.get("format")
-            raise SetupError(
-                f"the saved run has format {found!r}, this kitlib reads {_FORMAT}: re-run 00_setup and 01_features"
-            )
-        known = {f.name for f in dataclasses.fields(cls)}  # the fields a run.json holds as they are, and:
-        return cls(
-            **{k: v for k, v in data.items() if k in known}
-            | {
-                "preset": Preset(**data["preset"]),
-                "config": TrainConfig.from_dict(data["config"]),
-                "reasons": tuple(data["reasons"]),
-                "overrides": dict(data.get("overrides") or {}),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class Choice:
-    """What 00 saves (run.json) and 01 resolves once, at the tokenizer's lengths: the preset as the task trains it,
-    the training settings over it, the processes per step (None: the plan's) and what 00 read in the data."""
-
-    preset: Preset
-    overrides: Mapping[str, Any] = field(default_factory=dict)
-    world_size: int | None = None
-    task: str = "auto"
-    metric: str = "auto"
-    baseline: Mapping[str, Any] | None = None
-
-    @property
-    def name(self) -> str:
-        return self.preset.name
-
-    def save(self, path: str | Path) -> Path:
-        """Write ``run.json`` into the directory ``path``, atomically; returns the file."""
-        values = dataclasses.asdict(self) | {"format": _FORMAT, "overrides": dict(self.overrides)}
-        return write_atomic(Path(path) / RUN_FILE, json.dumps(values, indent=2, sort_keys=True) + "\n")
+        if data.get("format") != _RUN_FORMAT:
+            raise SetupError(f"the saved run has format {data.get('format')!r}, this kitlib reads {_RUN_FORMAT}: "
+                             "re-run 01_features (it resolves 00's run.json again)")  # fmt: skip
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known} | {
+            "choice": Choice.from_dict(data["choice"]), "preset": Preset(**data["preset"]),
+            "config": TrainConfig.from_dict(data["config"]), "reasons": tuple(data["reasons"]),
+        })  # fmt: skip
 
 
 def load_choice(path: str | Path) -> Choice:
@@ -338,46 +324,38 @@ def load_choice(path: str | Path) -> Choice:
         )
     with damaged_file(target, "00_setup"):
         data = json.loads(target.read_text())
-        if data.get("format") != _FORMAT:
-            raise SetupError(
-                f"{target} has format {data.get('format')!r}, this kitlib reads {_FORMAT}: re-run 00_setup"
-            )
-        known = {f.name for f in dataclasses.fields(Choice)}
-        return Choice(**{k: v for k, v in data.items() if k in known} | {"preset": Preset(**data["preset"])})
+        if data.get("format") != _CHOICE_FORMAT:
+            raise SetupError(f"{target} has format {data.get('format')!r}, this kitlib reads {_CHOICE_FORMAT}: "
+                             "re-run 00_setup")  # fmt: skip
+        return Choice.from_dict(data)
 
 
 def resolve(
-    preset: str | Preset,
+    choice: str | Preset | Choice,
     hw: HardwareInfo,
     *,
     lengths: Sequence[int] | np.ndarray | None = None,
     overrides: Mapping[str, Any] | None = None,
     world_size: int | None = None,
 ) -> ResolvedRun:
-    """Turn a preset into a TrainConfig for ``hw``, with a reason for every choice.
-
-    ``lengths``: token counts per training row (max_length then covers ``preset.length_coverage`` of them).
-    ``overrides``: Preset fields (``epochs``, ``precision``, ``target_effective_batch``...) re-run the derivation;
-    TrainConfig fields are applied last via ``dataclasses.replace``. Setting ``micro_batch_size`` alone re-derives the
-    accumulation so the effective batch is kept. Raises ValueError/PrecisionError naming the fix.
-    ``world_size``: processes per step; None = every GPU (DDP via kitlib.machine.distributed.launch) for fine-tuning,
-    else 1.
-    """
-
-    overrides = dict(overrides or {})
-    p, late, plan, adapter = _refusals(get_preset(preset) if isinstance(preset, str) else preset, hw, overrides)
+    """``choice`` (or a preset with ``overrides`` and ``world_size``: None = every GPU when DDP gains) resolved for
+    ``hw`` and ``lengths`` (tokens per training row) into a TrainConfig with a reason for every setting; raises
+    ValueError/SetupError/PrecisionError naming the fix."""
+    if not isinstance(choice, Choice):
+        choice = Choice(get_preset(choice) if isinstance(choice, str) else choice, dict(overrides or {}), world_size)
+    p, late, plan, adapter = _refusals(choice.preset, hw, choice.overrides)
     reasons = [f"preset {p.name}: {p.description}"]
     lr = p.lr
     if adapter is not None:  # the adapter freezes the pretrained weights itself
         p = dataclasses.replace(p, freeze="none", freeze_layers=0)
         reasons.append(adapter)
-        if "lr" not in overrides and p.lr < LORA_LR:  # an lr set by the user wins
+        if "lr" not in choice.overrides and p.lr < LORA_LR:  # an lr set by the user wins
             lr = LORA_LR
             reasons.append(
                 f"lr {lr:g} for the adapters (the preset's {p.lr:g} is a full fine-tune's; set lr to change)"
             )
     reasons.append(f"precision {plan.dtype}: {plan.reason}")
-    world = _world_size(hw, p, world_size, reasons)
+    world = _world_size(hw, p, choice.world_size, reasons)
     if world > 1:  # None: the plan's, DDP (FSDP is asked for by name; `python -m kitlib plan` says which fits)
         said = "as requested" if "strategy" in late else "the plan's: every GPU holds the whole model"
         reasons.append(f"strategy {late.get('strategy', 'ddp')}: {said}")
@@ -386,22 +364,11 @@ def resolve(
     target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), reasons)
     micro, accum = _batch(hw, p, target, world, max_length, late.pop("micro_batch_size", None), late, reasons)
 
-    cfg = TrainConfig(
-        epochs=p.epochs,
-        micro_batch_size=micro,
-        grad_accum_steps=accum,
-        lr=lr,
-        precision=plan.dtype,
-        tf32=plan.tf32,
-        freeze=p.freeze,
-        freeze_layers=p.freeze_layers,
-        max_length=max_length,
-        full_eval_every=p.full_eval_every,
-        eval_max_batches=p.eval_max_batches,
-        patience=p.patience,
-        save_best=p.checkpoints != "none",
-        save_last=p.checkpoints == "best_and_last",
-    )
+    same = {f.name for f in dataclasses.fields(TrainConfig)} & {f.name for f in dataclasses.fields(Preset)}
+    cfg = TrainConfig(**{name: getattr(p, name) for name in same} | dict(
+        micro_batch_size=micro, grad_accum_steps=accum, lr=lr, precision=plan.dtype, tf32=plan.tf32,
+        max_length=max_length, save_best=p.checkpoints != "none", save_last=p.checkpoints == "best_and_last",
+    ))  # fmt: skip
     if p.freeze != "none":
         reasons.append(f"freeze {p.freeze}: fewer trainable weights, no gradients or AdamW state for them")
     if p.freeze_layers:
@@ -413,16 +380,16 @@ def resolve(
     cfg = dataclasses.replace(cfg, **late)  # remaining TrainConfig overrides; __post_init__ validates
     if cfg.compile:  # refused here, in 00, on a GPU Triton cannot compile for (not at 02's first step)
         reasons.append(f"compile: {check_compile(hw) or 'torch.compile (inductor + Triton)'}")
-    if overrides:
-        reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(overrides.items())))
+    if choice.overrides:
+        reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(choice.overrides.items())))
     return ResolvedRun(
+        choice=choice,
         preset=p,
         config=cfg,
         world_size=world,
         precision_reason=plan.reason,
         hardware=_describe(hw),
         reasons=tuple(reasons),
-        overrides=overrides,
         mean_tokens=mean_tokens,
         rows_cut=None if cut is None else cut[0],
         longest_tokens=None if cut is None else cut[1],
@@ -432,35 +399,37 @@ def resolve(
 
 def shape(choice: Choice, hw: HardwareInfo, lengths: Sequence[int] | np.ndarray | None) -> tuple[int, int]:
     """(micro-batch, max_length) of one process of ``choice`` on ``hw`` for ``lengths``, sized as ``resolve`` sizes
-    them: what a speed probe of the run's step needs, without resolving the run."""
-    fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
-    p = dataclasses.replace(choice.preset, **{k: v for k, v in choice.overrides.items() if k in fields})
-    late, reasons = {k: v for k, v in choice.overrides.items() if k not in fields}, list[str]()
-    max_length = _max_length(p, lengths, late.pop("max_length", None), reasons)[0]
-    target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), reasons)
-    return _batch(hw, p, target, 1, max_length, late.pop("micro_batch_size", None), late, reasons)[0], max_length
+    them, without resolving: what a speed probe of the run's step needs."""
+    p, late = _split(choice.preset, choice.overrides)
+    max_length = _max_length(p, lengths, late.pop("max_length", None), [])[0]
+    target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), [])
+    return _batch(hw, p, target, 1, max_length, late.pop("micro_batch_size", None), late, [])[0], max_length
 
 
 def check(choice: Choice, hw: HardwareInfo) -> None:
     """Refuse in 00 what 01's resolution of ``choice`` on ``hw`` would refuse, without sizing anything."""
-    late = _refusals(choice.preset, hw, dict(choice.overrides))[1]
+    late = _refusals(choice.preset, hw, choice.overrides)[1]
     TrainConfig(**{k: v for k, v in late.items() if k != "tf32"})  # its own checks (micro-batch >= 1, choices)
     if late.get("compile"):
         check_compile(hw)
 
 
-def _refusals(
-    base: Preset, hw: HardwareInfo, overrides: Mapping[str, Any]
-) -> tuple[Preset, dict[str, Any], PrecisionPlan, str | None]:
-    """The preset under its preset-level overrides, the TrainConfig-level rest, the run's precision (decided here
-    only) and the adapter's reason: unknown names, an adapter or a precision ``hw`` cannot run, and kahan outside
-    bf16 refused (ValueError/SetupError/PrecisionError naming the fix)."""
+def _split(base: Preset, overrides: Mapping[str, Any]) -> tuple[Preset, dict[str, Any]]:
+    """``base`` under the preset-level overrides, and the TrainConfig-level rest; an unknown name is a ValueError."""
     preset_fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
     known = preset_fields | {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown := sorted(set(overrides) - known):
         raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(known)}")
     p = dataclasses.replace(base, **{k: v for k, v in overrides.items() if k in preset_fields})
-    late = {k: v for k, v in overrides.items() if k not in preset_fields}
+    return p, {k: v for k, v in overrides.items() if k not in preset_fields}
+
+
+def _refusals(
+    base: Preset, hw: HardwareInfo, overrides: Mapping[str, Any]
+) -> tuple[Preset, dict[str, Any], PrecisionPlan, str | None]:
+    """``_split``'s preset and rest, the run's precision (decided here only) and the adapter's reason; refuses what
+    ``hw`` cannot run, and kahan outside bf16 (errors naming the fix)."""
+    p, late = _split(base, overrides)
     adapter = check_adapter(late.get("adapter", "none"), hw, regime=p.regime)
     plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
     if late.get("optimizer") == "adamw-kahan" and plan.dtype != "bf16":  # refused: asked for, it would do nothing
@@ -544,11 +513,8 @@ def _base_micro_batch(hw: HardwareInfo) -> tuple[int, str]:
 
 
 def _target_batch(p: Preset, rows: int | None, reasons: list[str]) -> int:
-    """The preset's effective batch, halved for short runs until they take ``p.min_steps`` optimizer steps.
-
-    A pretrained encoder needs a number of updates, not only of rows, to adapt: on 3,000 demo rows x 1 epoch,
-    batch 32 (84 steps) reached 0.755 test accuracy and batch 16 (168 steps) 0.773, at the same rows/s.
-    """
+    """The preset's effective batch, halved for short runs until they take ``p.min_steps`` optimizer steps (a
+    pretrained encoder needs updates, not only rows: docs/measurements.md)."""
     target = p.target_effective_batch
     if rows is None or not p.min_steps:
         return target

@@ -1,9 +1,5 @@
-"""The four notebook stages as functions: setup -> features here, train -> infer in kitlib.notebook.training.
-
-The notebooks are thin run-books (a ``parameters`` cell, calls into this module, displays); everything here runs
-the same from a script, a test or ``jupyter nbconvert --execute``. Each stage reads what the previous one saved in
-the working dir and says which notebook to run first when it is missing.
-"""
+"""The notebook stages 00 (``setup``) and 01 (``features``) as functions (02 and 03: kitlib.notebook.training); each
+reads what the previous one saved in the working dir and names the notebook to run first when it is missing."""
 
 from __future__ import annotations
 
@@ -74,10 +70,8 @@ if TYPE_CHECKING:
 
 BASELINE_FILE = "baseline.json"  # in run/: the trivial baseline's and the model's validation scores (03 warns)
 MIN_CLASS_ROWS = 2  # one to learn from and one to validate on; a rarer class trains only (with a warning)
-# Rough tokens per whitespace word for WordPiece/BPE tokenizers on English text (MiniLM's: ~1.2-1.4), where 00 has no
-# tokenizer to ask (a model the task builds); 01 measures the real lengths with the model's tokenizer. A model folder's
-# own tokenizer is asked on TOKEN_SAMPLE_ROWS rows: film descriptions with names ran 1.9 tokens a word (issue 34: the
-# estimate of the price demo was 0.6x the run at 1.3).
+# Rough tokens per whitespace word (WordPiece/BPE on English) where 00 has no tokenizer to ask; a model folder's own
+# tokenizer is asked on TOKEN_SAMPLE_ROWS rows (docs/measurements.md); 01 measures the real lengths.
 TOKENS_PER_WORD = 1.3
 TOKEN_SAMPLE_ROWS = 500  # ~0.1 s for a fast tokenizer, plus ~0.3 s to load it
 TOKENIZER_DIR = "tokenizer"  # in work_dir: 01's tokenizer, saved for the inference-only route
@@ -93,8 +87,8 @@ def setup(
     overrides: Mapping[str, Any] | None = None,
     world_size: int | None = None,
 ) -> Choice:
-    """Check the hardware can train and the data and the choice (``p``'s, or the picker's ``preset`` and
-    ``overrides``) pass what 01's resolution would refuse; save it (run.json, params.json). Resolves nothing."""
+    """Check the hardware, the data and the choice (``p``'s, or the picker's) as 01 would, and save it (run.json,
+    params.json). Resolves nothing."""
     hw = hw or detect()
     check_torch_supports(hw)  # e.g. a P100 with a torch build lacking sm_60: a clear error now, not in 02_train
     choice = choose(p, preset, overrides, world_size)
@@ -124,9 +118,8 @@ def choose(
     overrides: Mapping[str, Any] | None = None,
     world_size: int | None = None,
 ) -> Choice:
-    """The run ``p`` asks for, unresolved: ``preset`` (default ``p.preset``) as ``p``'s task trains it
-    (``task_preset``, applied once) and ``p``'s training parameters under ``overrides`` (the picker's advanced
-    fields): the one place the two merge."""
+    """The run ``p`` asks for, unresolved: ``preset`` (default ``p.preset``) as its task trains it, ``p``'s training
+    parameters under ``overrides`` (the picker's): the one place they merge."""
     chosen = p.preset if preset is None else preset
     base = presets.get_preset(chosen) if isinstance(chosen, str) else chosen
     strategy = {"strategy": p.strategy} if p.strategy else {}  # None: the plan's (presets.resolve)
@@ -144,18 +137,13 @@ def resolve_run(
     world_size: int | None = None,
     choice: Choice | None = None,
 ) -> ResolvedRun:
-    """The run ``p`` trains on the machine 02 trains on (``planning_hw``): ``choice`` (00's saved one, else
-    ``choose``'s) resolved (presets.resolve) for ``lengths`` (tokens per training row). 01 calls it once and saves
-    it; the picker previews it on each click. ``world_size``: processes per step (None: every GPU planned)."""
-    c = choice or choose(p, preset, overrides, world_size)
-    hw = planning_hw(p, hw)
-    return presets.resolve(c.preset, hw, lengths=lengths, overrides=c.overrides, world_size=c.world_size)
+    """``choice`` (00's saved one, else ``choose``'s) resolved for ``lengths`` on the machine 02 trains on: 01 calls
+    it once and saves it, the picker previews it."""
+    return presets.resolve(choice or choose(p, preset, overrides, world_size), planning_hw(p, hw), lengths=lengths)
 
 
 def _model_dir(p: Params) -> str | Path | None:
-    """The folder of ``p``'s model (its config.json and tokenizer files), or None where the task builds the model
-    from scratch (a generating task's "auto", "tiny", a model_factory). "auto" without MiniLM installed: its
-    MissingModelError."""
+    """The folder of ``p``'s model, or None where the task builds it ("auto" without MiniLM: MissingModelError)."""
     if _built_by_task(p) or (p.model == "auto" and tiny_requested()):
         return None
     return pretrained_dir() if p.model == "auto" else p.model
@@ -163,7 +151,7 @@ def _model_dir(p: Params) -> str | Path | None:
 
 @dataclass(frozen=True)
 class DataFacts:
-    """What 00's preset picker needs from the data: its time estimate and a max_length fitted to the texts."""
+    """What 00's picker needs from the data: its time estimate and a max_length fitted to the texts."""
 
     n_rows: int  # train.csv's rows; each preset trains on at most its row_limit of them (the estimate applies it)
     lengths: np.ndarray  # rough tokens per row (int64): whitespace words x TOKENS_PER_WORD + SPECIAL_TOKENS
@@ -173,10 +161,8 @@ class DataFacts:
 
 
 def data_facts(p: Params) -> DataFacts:
-    """train.csv's row count and rough token lengths, and test.csv's row count, for the picker before anything is
-    written: read and checked as ``setup`` reads them (its DataError, a cell earlier), in about the time of reading
-    the CSVs. No model weights are loaded (seconds to minutes; 01 loads them and re-fits max_length): a model folder's
-    tokenizer reads TOKEN_SAMPLE_ROWS rows, and a task may build a small model of its own (Task.rough_cost)."""
+    """train.csv's rows and rough token lengths and test.csv's rows, read and checked as ``setup`` reads them; no
+    weights loaded (a model folder's tokenizer reads TOKEN_SAMPLE_ROWS rows; Task.rough_cost may build a model)."""
     train = _read_train(p)
     cost = get_task(p.task).rough_cost(train, p)  # a task that knows its tokens and model better
     lengths, weights = (None, None) if cost is None else (cost.lengths, cost.weights)
@@ -201,9 +187,8 @@ def _estimate(run: ResolvedRun, p: Params, hw: HardwareInfo, n_rows: int, n_test
 
 
 def _tokens_per_word(p: Params, texts: Any) -> float:
-    """Tokens per whitespace word of ``p``'s model's own tokenizer on the first TOKEN_SAMPLE_ROWS texts (its files
-    alone, no weights); TOKENS_PER_WORD where the task builds the model, or the tokenizer does not load (00's model
-    check says why)."""
+    """Tokens per whitespace word of ``p``'s model's tokenizer on TOKEN_SAMPLE_ROWS texts; TOKENS_PER_WORD where
+    there is none to load."""
     try:
         folder = _model_dir(p)
     except KitError:
@@ -223,9 +208,8 @@ def _tokens_per_word(p: Params, texts: Any) -> float:
 
 
 def task_preset(p: Params) -> Callable[[Preset], Preset]:
-    """The preset as ``p``'s task trains it (kitlib.notebook.tasks.base.Task.preset): the picker's ``adjust`` and
-    setup's, the one place it is applied. Once only: a preset it made (``adjusted_for``) comes back as it is, so the
-    picker's run passes setup unchanged and a task's adjustment need not be idempotent."""
+    """The preset as ``p``'s task trains it (Task.preset), applied once: a preset it made (``adjusted_for``) comes
+    back as it is."""
 
     task = get_task(p.task)
 
@@ -244,15 +228,13 @@ def task_preset(p: Params) -> Callable[[Preset], Preset]:
 
 
 def _built_by_task(p: Params) -> bool:
-    """``p``'s model is built by its task, with no config to read: "tiny", "auto" for a generating task (built
-    from scratch), or a task's own model (custom)."""
+    """``p``'s model is built by its task, with no config to read ("tiny", "auto" of a generating task, custom)."""
     kind = task_entry(p.task).model_kind
     return not kind or p.model == "tiny" or (p.model == "auto" and kind in GENERATING)
 
 
 def planned_strategy(p: Params, hw: HardwareInfo, run: ResolvedRun) -> ResolvedRun:
-    """``run`` sharded with FSDP where ``strategy`` is None (the plan's) and the memory plan fits its settings on the
-    planned GPUs only sharded (kitlib.doctor.memory_plan.planned_parallel); else ``run`` (DDP)."""
+    """``run`` sharded with FSDP where ``strategy`` is None and the memory plan fits the planned GPUs only sharded."""
     if p.strategy or run.world_size == 1 or run.config.strategy == "fsdp" or _built_by_task(p):
         return run
     try:
@@ -268,11 +250,9 @@ def planned_strategy(p: Params, hw: HardwareInfo, run: ResolvedRun) -> ResolvedR
 
 
 def planned_checkpointing(p: Params, hw: HardwareInfo, run: ResolvedRun) -> ResolvedRun:
-    """``run`` with gradient checkpointing on where the memory plan says it fits only so (``gradient_checkpointing``
-    left at None: the plan's; kitlib.doctor.memory_plan.checkpointing_needed), the reason among its reasons; else
-    ``run``. A model the task builds has no config to plan from."""
+    """``run`` with gradient checkpointing on where it is None and the memory plan fits the run only so."""
     cfg = run.config
-    if cfg.gradient_checkpointing or "gradient_checkpointing" in run.overrides or run.preset.regime == "head":
+    if cfg.gradient_checkpointing or "gradient_checkpointing" in run.choice.overrides or run.preset.regime == "head":
         return run
     if _built_by_task(p):
         return run
@@ -288,10 +268,8 @@ def planned_checkpointing(p: Params, hw: HardwareInfo, run: ResolvedRun) -> Reso
 
 
 def memory_line(p: Params, hw: HardwareInfo) -> Callable[[ResolvedRun], str]:
-    """The picker's ``memory``: the memory plan (kitlib.plan_memory) of ``p``'s model and task for a run on the
-    machine 02 will train on (``planning_hw``), one plan per length and batch kept, so clicking through the presets
-    rebuilds no model. A model built from scratch (model="tiny", or "auto" for a generating task) or a task of one's
-    own has no config to plan from."""
+    """The picker's ``memory``: the memory plan's line for a run of ``p``'s model on the machine 02 trains on, one
+    plan kept per length and batch."""
     if _built_by_task(p):
         return lambda run: f"no plan for model={p.model!r}, task={p.task!r}: it is built by the task, not from a config"
     kind, hw = task_entry(p.task).model_kind, planning_hw(p, hw)
@@ -322,8 +300,8 @@ class Competition:
 
 
 def read_competition(p: Params, run: Choice | ResolvedRun) -> Competition:
-    """Read train/test/sample_submission and check all that training and the submission depend on (columns, ids,
-    text cells, targets, the task, the sample's ids and columns): a DataError naming the file and the fix."""
+    """Read and check train/test/sample_submission (columns, ids, texts, targets, the task): a DataError naming the
+    file and the fix."""
     workload = get_task(p.task)
     if run.preset.regime not in workload.regimes:
         fits = [name for name, preset in presets.PRESETS.items() if preset.regime in workload.regimes]
@@ -346,8 +324,7 @@ def read_competition(p: Params, run: Choice | ResolvedRun) -> Competition:
 
 
 def _check_folds(p: Params, train: pd.DataFrame, spec: TargetSpec) -> None:
-    """The fold parameters against the rows that train: the group column exists, and each fold can validate a whole
-    group (folds <= groups) or, stratified, a row of every class (folds <= the rarest class's rows)."""
+    """The group column exists, and each fold can validate a whole group, or a row of every class (stratified)."""
     if p.group_column and p.group_column not in train.columns:
         raise DataError(
             f"group_column {p.group_column!r} is not a column of {p.train_file}: its columns are "
@@ -394,8 +371,7 @@ def planning_hw(p: Params, hw: HardwareInfo) -> HardwareInfo:
 
 @dataclass(frozen=True)
 class StandIn:
-    """This machine's CPU standing in for the accelerator run.json was planned for (``rehearse``): 02 trains the plan
-    in as many gloo processes as it has GPUs, and 02 and 03 compute in ``precision``, what the CPU runs."""
+    """This machine's CPU standing in for the planned accelerator (``rehearse``): gloo processes, ``precision``."""
 
     hw: HardwareInfo  # this machine without its accelerators: every process on the CPU, gloo between them
     precision: PrecisionPlan
@@ -415,10 +391,8 @@ def _cpu(hw: HardwareInfo | None) -> HardwareInfo:
 
 
 def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, processes: int) -> StandIn | None:
-    """02 and 03 on the accelerator run.json was planned for: a chain kernel without it would train (or predict)
-    with settings made for another machine, unless the user rehearses the plan here (``rehearse``: a StandIn, and
-    one printed line; None when this is the planned machine). Without ``hw``, counts GPUs the way that does not
-    initialise CUDA (a DDP launch must follow in a process that has not touched it)."""
+    """None on the machine run.json was planned for; a StandIn where ``rehearse`` plays it on this CPU; else an
+    error naming the fix. Without ``hw``, GPUs are counted without initialising CUDA."""
 
     if not p.hardware:
         return None
@@ -440,8 +414,7 @@ def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, proce
 
 
 def _check_model(p: Params) -> None:
-    """The model the parameters name must be there (found in 00, not after 01's reading): a saved model folder, or
-    for "auto" the installed all-MiniLM-L6-v2."""
+    """The model the parameters name is there (a model folder, or for "auto" the installed all-MiniLM-L6-v2)."""
     if p.model == "auto" and not tiny_requested():
         pretrained_dir()
     elif p.model not in ("auto", "tiny") and Path(p.model).is_absolute():
@@ -449,17 +422,12 @@ def _check_model(p: Params) -> None:
 
 
 def _model_choice(p: Params) -> dict[str, Any]:
-    if p.model == "auto":
-        return {}
-    if p.model == "tiny":
-        return {"tiny": True}
-    return {"model_dir": p.model}
+    return {"auto": {}, "tiny": {"tiny": True}}.get(p.model, {"model_dir": p.model})
 
 
 def built_from(p: Params) -> dict[str, Any]:
-    """The parameters the saved features depend on (a later stage compares them with its own), and test.csv's
-    sha256: a code competition's rerun swaps in the hidden test set, and 03 must not predict the old one's rows.
-    Cost: one read of test.csv (about 0.2 s per 100 MB), no parsing."""
+    """The parameters the saved features depend on (``BUILT_FROM``) and test.csv's sha256 (a code competition's
+    rerun swaps the test set): one read of test.csv, no parsing."""
     test = p.data_dir / p.test_file
     values = {name: list(v) if isinstance(v := getattr(p, name), tuple) else v for name in BUILT_FROM}  # as JSON
     return values | {"test_sha256": record_file(test)["sha256"] if test.is_file() else None}
@@ -474,13 +442,12 @@ def features(
     quiet: bool = False,
     hw: HardwareInfo | None = None,
 ) -> Features:
-    """Read and validate the data (sample submission included), fit max_length to it, tokenize (and embed, for the
+    """01: read and check the data, resolve the choice once at the tokenizer's lengths, tokenize (and embed, for the
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
     choice = choice or presets.load_choice(p.work_dir)
     hw = hw or detect()
     log = (lambda _msg: None) if quiet else print
-    # one line for the whole stage at the end, not one per entry (the token tables alone are three: lengths, train,
-    # test); seeds: the inputs' caches, as data
+    # one cache line for the whole stage, at its end; seeds: the inputs' caches
     summed = cache is None
     cache = cache or Cache(p.cache_dir, seed_dirs=p.seed_caches, log=None)
     data = read_competition(p, choice)
@@ -496,7 +463,6 @@ def features(
     lengths = workload.lengths(train, p, tokenizer, full.lengths)
     # the one resolution of the run, at the tokenizer's lengths: features.json saves it, 02, 03 and the doctor read it
     run = resolve_run(p, hw, lengths, choice=choice)
-    run = dataclasses.replace(run, task=p.task, metric=data.metric.name, baseline=choice.baseline)
     run = workload.tune(planned_strategy(p, hw, planned_checkpointing(p, hw, run)), lengths, model)
     log(run.summary())
     log(f"estimate: {_estimate(run, p, hw, len(train), len(test), model)}")  # 00 headless resolves nothing to show
@@ -546,9 +512,8 @@ def load_features(p: Params) -> Features:
 
 # --------------------------------------------------------------------- the split and the verdict (00 to 03 read them)
 def _check_enough_rows(target: pd.Series, spec: TargetSpec, p: Params, batch: int = 1) -> None:
-    """What 02 would find after minutes of set-up, found in 00 and 01: too few rows for one training ``batch`` (01's
-    run's) after the validation hold-out (an error); a class too rare to be both learned and validated (an error when
-    every class is, else a warning: it trains only)."""
+    """Too few rows for one training ``batch`` after the hold-out (an error); a class too rare to be learned and
+    validated (an error when every class is, else a warning)."""
     n_train = len(target) - len(_split(len(target), p.seed)[1])
     if n_train < batch:
         raise DataError(
@@ -592,11 +557,8 @@ def _split(n: int, seed: int, labels: np.ndarray | None = None) -> tuple[np.ndar
 def splits(
     n: int, seed: int, folds: int = 1, labels: np.ndarray | None = None, groups: np.ndarray | None = None
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(train, validation) row indices, seeded, one pair per fold. ``folds`` = 1: the VALID_FRACTION hold-out
-    (``_split``); k > 1: every row validated by exactly one fold, each class (``labels``: class codes) spread evenly
-    over the folds. ``groups`` (a code per row): a group's rows all in one fold, the largest groups placed first on
-    the fold with fewest rows (classes are then not stratified); with folds = 1 the hold-out is one of
-    1/VALID_FRACTION such folds."""
+    """Seeded (train, validation) row indices per fold: the VALID_FRACTION hold-out, or k folds stratified by
+    ``labels``; ``groups`` keep a group's rows in one fold (largest first, on the fold with fewest rows)."""
     if groups is None and folds == 1:
         return [_split(n, seed, labels)]
     rng, k = np.random.default_rng(seed), folds if folds > 1 else round(1 / VALID_FRACTION)
@@ -624,8 +586,7 @@ def _splits(p: Params, feats: Features) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def _baseline(p: Params, data: Competition) -> Baseline:
-    """The trivial baseline's score on the validation rows 02 will hold out (the same seeded split), in 00; with
-    folds, on every row (each is validated out of fold), the constant chosen on them all."""
+    """The trivial baseline's score on the rows 02 will validate on (with folds: every row)."""
     y = data.train[p.target].to_numpy()
     every = np.arange(len(y))
     train_idx, valid_idx = splits(len(y), p.seed, 1, None, _groups(p, data.train))[0] if p.folds == 1 else (every,) * 2
@@ -633,10 +594,8 @@ def _baseline(p: Params, data: Competition) -> Baseline:
 
 
 def verdict_of(record: Mapping[str, Any]) -> str:
-    """The run's verdict, one line, from ``baseline.json``'s record (02 writes it; 02's summary, 03 and its summary
-    read it): the model beats the trivial baseline (its model-minus-baseline interval above zero), or is "unclear"
-    (the interval straddles zero), or does not beat it, with what to try that the run did not do; and how many
-    training targets were cut at the length cap (each such row a guaranteed miss)."""
+    """The run's verdict, one line, from 02's ``baseline.json`` record: beats the trivial baseline, unclear, or not
+    (with what to try), and how many training targets the length cap cut."""
     gap = Gap(**record["gap"]) if record.get("gap") else None
     baseline, score = Baseline.from_dict(record), record.get("model_score")
     line = baseline.verdict(score, str(record.get("kind", "")), gap, record.get("done", ())) or (
@@ -649,9 +608,8 @@ def verdict_of(record: Mapping[str, Any]) -> str:
 
 
 def outcome(work_dir: str | os.PathLike[str]) -> list[str]:
-    """What a finished run recorded, in a few lines: the validation score beside the trivial baseline's and the
-    verdict (run/baseline.json, as 02 judged it), the kept epoch (best/), where the submission is. 03's last cell
-    and the end of ``python -m kitlib notebooks run`` print them."""
+    """A finished run in a few lines: score, baseline and verdict, the kept epoch, the submission (03's last cell
+    and ``notebooks run`` print them)."""
     run, lines = Path(work_dir) / "run", []
     try:
         record = json.loads((run / BASELINE_FILE).read_text())

@@ -1,8 +1,5 @@
-"""02 and 03 as functions: train the features' run (each fold), then predict the test set; export-merged.
-
-The stages that need torch, split from kitlib.notebook.stages so that 00, 01 and the CLI import without it: every
-import sits at the top here. What both read (the split, the verdict, the run's files) stays in stages.
-"""
+"""02 and 03 as functions: train the features' run (each fold), predict the test set, export-merged. Split from
+kitlib.notebook.stages so that 00, 01 and the CLI import without torch."""
 
 from __future__ import annotations
 
@@ -69,8 +66,8 @@ UNFINISHED = ("sigterm", "time_budget")  # stops that leave run.new/last for the
 
 
 def time_budget_s(p: Params, feats: Features, hw: HardwareInfo | None) -> float | None:
-    """02's training seconds in this session: ``time_budget`` hours; None on Kaggle: the session limit less what this
-    kernel ran already (00/01 in one kernel), 03's predicted time for the test rows and a margin; elsewhere None."""
+    """02's training seconds: ``time_budget`` hours; None: on Kaggle the session limit less this kernel's time so far,
+    03's predicted time and a margin, elsewhere no limit."""
     if p.time_budget is not None:
         return p.time_budget * 3600
     if "KAGGLE_KERNEL_RUN_TYPE" not in os.environ:
@@ -114,14 +111,12 @@ def unfinished(p: Params) -> str:
 def _judge_baseline(
     p: Params, feats: Features, result: FitResult, staging: Path, watched: BestRows | None = None, oof: bool = False
 ) -> FitResult:
-    """The model's validation score beside the baseline's: in ``baseline.json``
-    (what 03 warns from) and in 02's summary, with the model-minus-baseline interval (``watched``: the validation
-    predictions at the best score; ``oof``: every fold's, out of fold) and one line saying what to try when the
-    model does not clearly beat it."""
+    """The model's validation score beside the baseline's, with the model-minus-baseline interval (``watched``: the
+    best validation predictions; ``oof``: every fold's): ``baseline.json`` (03 warns from it) and 02's summary."""
 
-    if feats.run.baseline is None:  # a run.json from an older kitlib
+    if feats.run.choice.baseline is None:  # a run.json from an older kitlib
         return result
-    baseline = Baseline.from_dict(feats.run.baseline)
+    baseline = Baseline.from_dict(feats.run.choice.baseline)
     score = _model_score(result.history, baseline.metric, result.best_epoch)
     blended = (staging / trees.TREES_FILE).is_file() and watched is not None and watched.score is not None
     score = watched.score if (blended or oof) and watched is not None else score  # the blend: what 03 will write
@@ -228,14 +223,9 @@ def train(
     hw: HardwareInfo | None = None,
     callbacks: tuple[object, ...] = (),
 ) -> FitResult:
-    """fit() the model of the features' run (the one fitted to the data); artifacts land in ``p.run_dir``. With
-    ``folds`` > 1, once per fold (run/, run-fold2/, ...), then the verdict on the out-of-fold predictions
-    (``run/oof.csv``, ``run/baseline.json``); the result is fold 1's with every fold's lines. After an interruption
-    02 again keeps the folds it finished (``_finished_folds``), continues the interrupted one and trains the rest.
-
-    A run resolved for several GPUs (Kaggle's 2xT4) trains in that many forked DDP workers, each loading the saved
-    features; this process must not have touched CUDA before (kitlib.machine.distributed.launch says so clearly).
-    """
+    """fit() the features' run into ``p.run_dir``: per fold with ``folds`` > 1 (keeping those an interrupted 02
+    finished), then the out-of-fold verdict; several planned GPUs: forked DDP workers (this process must not have
+    touched CUDA). The result is fold 1's with every fold's lines."""
     feats = feats or load_features(p)
     kept = _finished_folds(p, feats)
     said = f"folds {', '.join(str(fold + 1) for fold in kept)} of {p.folds} kept: an earlier 02 finished them"
@@ -266,10 +256,8 @@ def train(
 
 
 def _finished_folds(p: Params, feats: Features) -> list[int]:
-    """The folds an interrupted 02 finished, which 02 keeps (``folds`` > 1): while the folds' run is unfinished
-    (no run/oof.csv, its last file), a fold whose run dir holds best/ and its predictions for this split's
-    validation rows, trained on these features with this config (what the machine decides aside: the batching it
-    measured, a rehearsal's precision), and no later attempt at it begun (a run.new/, which 02 continues)."""
+    """The folds an interrupted 02 finished (no run/oof.csv yet): best/ and this split's validation predictions,
+    trained on these features and config (the machine's choices aside), no later attempt begun."""
     if p.folds == 1 or (p.run_dir / OOF_FILE).exists():
         return []
     wanted, kept = _inputs(p, _train_config(p, feats)), []
@@ -288,8 +276,8 @@ def _finished_folds(p: Params, feats: Features) -> list[int]:
 
 
 def _finished_result(p: Params, feats: Features, hw: HardwareInfo) -> FitResult:
-    """Fold 1's FitResult, read back from run/ when an earlier 02 finished that fold: the model at best/, and the
-    history, timing and config its fit wrote (what 02's later cells show and diagnose)."""
+    """Fold 1's FitResult read back from run/ (an earlier 02 finished it): best/'s model, its history, timing and
+    config."""
     ran, timing = read_json_object(p.run_dir / "config.json"), read_json_object(p.run_dir / "timing.json")
     model, best = prepare(p, feats, hw).model, checkpoint.load(_trained_checkpoint(p.run_dir, p))
     checkpoint.restore_model(model, best)
@@ -302,9 +290,8 @@ def _finished_result(p: Params, feats: Features, hw: HardwareInfo) -> FitResult:
 
 
 def _out_of_fold(p: Params, feats: Features, first: FitResult) -> FitResult:
-    """Every fold's validation predictions as one out-of-fold set: run/oof.csv, and the verdict judged on it (the
-    interval over every training row) in run/baseline.json, what 03 and ``outcome`` read; ``first``: fold 1's result,
-    the one 02 returns, with each fold's verdict (its run dir's baseline.json) under it."""
+    """Every fold's validation predictions as run/oof.csv and the verdict judged on them (run/baseline.json);
+    returns ``first`` (fold 1's result) with each fold's verdict line."""
     parts, notes = [], []
     for fold, (_, valid_idx) in enumerate(_splits(p, feats)):
         run_dir = dataclasses.replace(p, fold=fold).run_dir
@@ -331,9 +318,8 @@ def _out_of_fold(p: Params, feats: Features, first: FitResult) -> FitResult:
 def _train_launched(
     p: Params, feats: Features, hw: HardwareInfo | None, callbacks: tuple[object, ...], budget_s: float | None
 ) -> FitResult:
-    """One fold's training in this process of a launcher's job (torchrun, srun; ``python -m kitlib train``): every
-    rank reads the same features from the work dir and builds the same model, rank 0 stages and writes the run dir
-    (the others' checkpoint shards too land there: the work dir must be one every node sees), 01's batching."""
+    """One fold's training as one rank of a launcher's job (torchrun, srun): every rank reads the work dir (one all
+    nodes see), rank 0 stages and writes the run dir; 01's batching."""
     hw = hw or detect()
     env = join_process_group(hw.device_type)
     cfg = _train_config(p, feats)
@@ -388,14 +374,11 @@ def _train_fold(
         return result
 
 
-# In the cache dir: 02's measured tokens/s per batching, machine and run. v2: packed batches hold a bucketed batch's
-# tokens since #31 (v1 measured batch_size full rows), so a v1 figure would pick by a layout no longer trained.
+# In the cache dir: 02's measured tokens/s per batching, machine and run (v2: packed batches as since #31).
 BATCHING_PROBE_FILE = "batching_probe_v2.json"
 
 
-# A few steps' probe is noisy: the same SFT replay's packed rows read 1,596 and 2,751 tokens/s against length buckets'
-# ~2,200 in two runs on one Xeon core (2026-11-27), and packing changes what a step trains (643 packed rows against
-# 896), so the model came out different by a coin flip. Another batching must beat 01's by this much.
+# A few steps' probe is noisy (docs/measurements.md): another batching must beat 01's by this much.
 BATCHING_MARGIN = 1.25
 
 
@@ -410,12 +393,9 @@ def choose_batching(measured: Mapping[str, float], default: str) -> tuple[str, b
 def measured_batching(
     p: Params, feats: Features, cfg: TrainConfig, prepared: Prepared, hw: HardwareInfo
 ) -> tuple[TrainConfig, Prepared]:
-    """The faster of the task's batchings on the device that trains (``prepared.choices`` against ``train``: a causal
-    LM's packed rows against length buckets; kitlib.doctor.probe.probe_batching, a few steps' time; 01's unless
-    another is BATCHING_MARGIN faster: ``choose_batching``), as ``cfg``'s
-    batching with the tokens/s it measured (run/config.json and timing.json record both), and its loader as
-    ``train``. Kept in the cache dir per machine, model and run shape, so a resumed run batches as it began. CUDA
-    DDP measures nothing (the parent must not touch CUDA): its workers train 01's batching."""
+    """``cfg`` and ``prepared`` with the batching ``choose_batching`` picks from a few measured steps of each on the
+    training device (probe_batching), its tokens/s recorded; kept in the cache dir per machine and run shape, so a
+    resumed run batches as it began."""
 
     if not prepared.choices:
         return cfg, prepared
@@ -451,10 +431,8 @@ def measured_batching(
 def _train_worker(
     p: Params, cfg: TrainConfig, hw: HardwareInfo | None, callbacks: tuple[object, ...], resume: bool
 ) -> tuple[FitResult, dict[str, Any]]:
-    """Rank 0's result and trained weights (on the CPU; with an adapter its tensors only, as a checkpoint holds them:
-    a 4-bit base's quantisation state is rebuilt with it): the parent rebuilds the model and loads them. The model
-    itself may not cross: a custom task's class comes from a file that only the worker imported. ``hw``: a rehearsal's
-    CPU, else None (each worker detects its machine)."""
+    """Rank 0's result and trained weights on the CPU (an adapter's tensors only): the parent rebuilds the model,
+    whose class may come from a file only the worker imported. ``hw``: a rehearsal's CPU, else None."""
 
     result = _train(p, load_features(p), cfg, hw=hw, callbacks=callbacks, resume=resume)
     weights = {name: t.cpu() for name, t in checkpoint.saved_state(result.model).items()}
@@ -462,12 +440,8 @@ def _train_worker(
 
 
 def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
-    """Keep the checkpoint the competition would score best: the metric, whenever a cadence computes it (every N
-    epochs: best/ and patience judge those epochs only, the ones in between carry the loss alone).
-
-    Loss and accuracy part ways as a classifier grows confident: on the demo, ``best`` (4 epochs) had its lowest
-    validation loss after epoch 2 (accuracy 0.827) and its highest accuracy after epoch 4 (0.839).
-    """
+    """Monitor the competition's metric whenever a cadence computes it (loss and metric part ways as a classifier
+    grows confident: docs/measurements.md)."""
     if cfg.full_eval_every < 1 or cfg.monitor != "eval_loss":  # the metric only at the end, or chosen by hand
         return cfg
     return dataclasses.replace(cfg, monitor=metric.name, mode=metric.mode)
@@ -475,7 +449,7 @@ def _monitor_task_metric(cfg: TrainConfig, metric: Metric) -> TrainConfig:
 
 def _run_metric(p: Params, feats: Features) -> Metric:
 
-    return get_metric(feats.run.metric, feats.spec.kind, data_dir=p.data_dir)
+    return get_metric(feats.run.choice.metric, feats.spec.kind, data_dir=p.data_dir)
 
 
 def _train_config(p: Params, feats: Features, stand_in: StandIn | None = None) -> TrainConfig:
@@ -498,9 +472,8 @@ def _inputs(p: Params, cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _stage(p: Params, cfg: TrainConfig) -> bool:
-    """Prepare ``run.new/``; True when it holds an interrupted attempt (killed, or stopped by SIGTERM) with the same
-    config and features and a complete ``last/`` checkpoint: 02 continues it, so a restarted session picks up where
-    the last one ended. Anything else there is superseded by this run."""
+    """Prepare ``run.new/``; True when it holds an interrupted attempt with the same config and features and a
+    complete ``last/``, which 02 continues. Anything else there is superseded (a resumable one kept aside)."""
 
     staging, inputs = _staging(p), _inputs(p, cfg)
     try:
@@ -593,9 +566,8 @@ def infer(
     hw: HardwareInfo | None = None,
     sample: Path | None = None,
 ) -> pd.DataFrame:
-    """Predict the test set with the best checkpoint of each run dir (mean of their predictions), check the
-    submission against what 01 saw in sample_submission.csv, and write ``work_dir/submission.csv``. ``sample``: a
-    rerun's sample_submission.csv to check it against too (the inference route; 03 of a chain reads no CSV)."""
+    """Predict the test set with each run dir's best checkpoint (predictions averaged) and write the checked
+    ``work_dir/submission.csv``; ``sample``: a rerun's sample_submission.csv to check against too."""
 
     hw = hw or detect()
     feats = feats or load_features(p)
@@ -628,9 +600,8 @@ EXPORT_MARK = "kitlib-export.json"  # in a folder export-merged wrote: the only 
 def export_merged(
     work_dir: str | os.PathLike[str], out: str | os.PathLike[str], hw: HardwareInfo | None = None
 ) -> Path:
-    """One model folder at ``out``: 03's model (the model folder's weights + best/'s adapter) with the adapter
-    merged in (kitlib.models.lora.merge_adapter), and the model folder's tokenizer files beside it; a
-    transformers ``from_pretrained`` loads it without peft. ``python -m kitlib export-merged WORK_DIR OUT``."""
+    """03's model with best/'s adapter merged in, and its tokenizer, as one folder at ``out`` that transformers'
+    ``from_pretrained`` loads without peft (``python -m kitlib export-merged WORK_DIR OUT``)."""
 
     target = Path(out)
     made = (target / EXPORT_MARK).is_file()

@@ -1,18 +1,6 @@
-"""The preset picker: ipywidgets buttons and the training parameters' controls, previewing the run each choice
-resolves to. It never trains: ``picker.save()`` saves the choice (run.json, which 01 resolves once), and each accepted
-click after it saves again. Headless (or without ipywidgets) it previews nothing: it holds the ``preset`` parameter
-and prints that choice; 01's log shows the run it resolves to.
-
->>> data = stages.data_facts(p)
->>> picker = preset_picker(hw, default=p.preset, n_rows=data.n_rows, n_test=data.n_test, lengths=data.lengths,
-...                        resolve=functools.partial(stages.resolve_run, p, hw),
-...                        save=functools.partial(stages.setup, p, hw))
->>> picker
->>> # next cell
->>> run = picker.save()
-
-This is the only kitlib module that imports ipywidgets, and only inside ``preset_picker``.
-"""
+"""00's preset picker: the presets and the training parameters (``params.TRAINING``) as ipywidgets controls,
+previewing the run each choice resolves to; ``picker.save()`` writes the choice (run.json). Never trains. The only
+module that imports ipywidgets, and only inside ``preset_picker``."""
 
 from __future__ import annotations
 
@@ -36,16 +24,12 @@ if TYPE_CHECKING:
     from kitlib.config import TrainConfig
     from kitlib.machine.hardware import HardwareInfo
 
-# The advanced controls are 00's training parameters (Params' training=True fields), by their names. Plain Int/FloatText
-# (not Bounded*) so an impossible value reaches the resolver's own check and its message instead of being clamped.
-_ADVANCED = TRAINING
+# Plain Int/FloatText (not Bounded*): an impossible value reaches the resolver's check and its message, not a clamp.
 
 
 class PresetPicker:
-    """Holds the current choice; ``.resolved`` previews it. ``n_rows``, ``n_test``, ``lengths``, ``model_params``,
-    ``trees``: stages.data_facts' (the estimate, max_length); ``resolve(preset=, overrides=, lengths=)``: the preview
-    (``stages.resolve_run``); ``save(preset=, overrides=)``: writes the choice (``stages.setup``); ``memory``: the
-    memory plan's line. Build with ``preset_picker``."""
+    """Holds the current choice; ``.resolved`` previews it (``resolve``: stages.resolve_run), ``save`` writes it
+    (stages.setup); the data's facts (stages.data_facts) feed the estimate. Build with ``preset_picker``."""
 
     def __init__(
         self,
@@ -86,7 +70,7 @@ class PresetPicker:
         self.error: str | None = None  # the last rejected change, shown in the widget
         self.note: str | None = None  # why there is no widget although the session is interactive
         self.widget: Any = None  # the ipywidgets.VBox when interactive, else None
-        self.controls: dict[str, Any] = {}  # "preset" and the _ADVANCED keys -> their ipywidgets control
+        self.controls: dict[str, Any] = {}  # "preset" and the TRAINING keys -> their ipywidgets control
         self._error_html: Any = None
         self._table_html: Any = None
 
@@ -145,11 +129,8 @@ class PresetPicker:
         return f"{note}PresetPicker({self.resolved.name!r})\n{summary}\nestimate: {self.estimate_text()}{memory}"
 
     def _ipython_display_(self) -> None:
-        """What a notebook cell ending in ``picker`` shows (IPython calls this instead of using the text repr).
-
-        Only the live widget when there is one (a text copy would not follow a click). Without one (headless, no
-        ipywidgets) the choice, unresolved: 01 resolves it at the tokenizer's lengths and prints the run.
-        """
+        """A cell ending in ``picker`` shows the live widget; without one (headless) the choice, unresolved: 01
+        resolves and prints the run."""
         from IPython.display import display
 
         if self.widget is not None:
@@ -175,20 +156,20 @@ class PresetPicker:
             tooltips=[PRESETS[n].description if n in PRESETS else "custom preset" for n in names],
         )
         hints = get_type_hints(Params)
-        for key in _ADVANCED:
+        for key in TRAINING:
             kind = next(t for t in (*get_args(hints[key]), hints[key]) if t is not type(None))  # int | None -> int
             choices = PARAMETERS[key].metadata["choices"]
             make = functools.partial(w.Dropdown, options=choices) if choices else _WIDGETS[kind](w)
             self.controls[key] = make(description=key, style={"description_width": "initial"})
         self._error_html = w.HTML()
         self._table_html = w.HTML()
-        advanced = w.VBox([self.controls[k] for k in _ADVANCED])
+        advanced = w.VBox([self.controls[k] for k in TRAINING])
         accordion = w.Accordion(children=[advanced])
         accordion.set_title(0, "advanced")  # works on ipywidgets 7 (Colab ships 7.7.1) and 8; titles= is 8-only
         self.widget = w.VBox([self.controls["preset"], accordion, self._error_html, self._table_html])
         self._sync()
         self.controls["preset"].observe(self._on_preset, names="value")
-        for key in _ADVANCED:
+        for key in TRAINING:
             self.controls[key].observe(self._on_advanced, names="value")
         return self.widget
 
@@ -237,7 +218,7 @@ class PresetPicker:
     def _sync(self) -> None:
         """Write the resolved values back into the controls (derived ones such as accumulation change too)."""
         run = self.resolved
-        values = {"preset": run.name, **{k: getattr(run.config, k) for k in _ADVANCED}}
+        values = {"preset": run.name, **{k: getattr(run.config, k) for k in TRAINING}}
         values["max_length"] = values["max_length"] or 0  # 0: fitted to the data
         for key, value in values.items():
             if key in self.controls and self.controls[key].value != value:
