@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import operator
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -203,8 +205,9 @@ class Loop:
             return
         state = self.state
         applied, skipped, streak, self.window_applied = self.ledger.read()
-        for _ in range(applied - (state.step - self.unsettled)):
-            self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
+        if applied != state.step - self.unsettled:  # the host's schedule catches up with the applied steps: a
+            self.scheduler.last_epoch = applied - 1  # LambdaLR's lr is base x rule(last_epoch), so one step, not
+            self.scheduler.step()  # one per step (~30 us each on a CPU)
         state.step, state.skipped, state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
 
     def reached(self, every: int | None) -> bool:
@@ -354,13 +357,12 @@ class Loop:
         self.state.step += 1
         self.unsettled += 1
         shapes = frozenset(tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b)
-        if len(window) == 1:  # no sum(): 0 + a device count is one more small op a step
-            (batch,) = window
-            return StepEnd(applied, 1, rows(batch), real_tokens(batch), computed_tokens(batch), shapes, started,
-                           fetch_s, time.perf_counter() - started)  # fmt: skip
-        return StepEnd(applied, len(window), sum(rows(b) for b in window), sum(real_tokens(b) for b in window),
-                       sum(computed_tokens(b) for b in window), shapes, started, fetch_s,
-                       time.perf_counter() - started)  # fmt: skip
+
+        def total(count: Callable[[Batch], Any]) -> Any:  # no sum(): 0 + a device count is one more small op
+            return functools.reduce(operator.add, map(count, window))
+
+        return StepEnd(applied, len(window), total(rows), total(real_tokens), total(computed_tokens), shapes, started,
+                       fetch_s, time.perf_counter() - started)  # fmt: skip
 
     def train_log(self, samples: int, tokens: int | torch.Tensor, epoch_start: float) -> dict[str, float]:
         """A log step's ``on_log`` metrics: the loss since the last log, the lr, and this epoch's speed so far

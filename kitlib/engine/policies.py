@@ -53,10 +53,8 @@ class NonFiniteGuard(Policy):
 
 
 class ProgressLog(Policy):
-    """The progress bar, with the loss, lr and speed of every training log (the loop's ``on_log``).
-
-    Speed is the history's figure so far: samples (and real tokens) per second of this epoch's training wall time,
-    so the bar ends each epoch on the number its history row records, under the same name (``THROUGHPUT``)."""
+    """The progress bar, with the loss, lr and speed of every training log; each epoch ends on its history row's
+    speed (samples and real tokens per second of the epoch's training wall time, named as there)."""
 
     order = -80
     every_s = 0.1  # the bar moves at most 10 times a second: tqdm's update is ~3 us, a 3 ms step's 0.1%
@@ -151,11 +149,9 @@ class PeriodicSave(Policy):
 
 
 class StepEval(Policy):
-    """The loss-only eval every ``eval_every_steps`` applied optimizer steps (the epoch-end one and the full eval keep
-    their epoch cadence): ``{"epoch", "step", "eval_loss"}`` rows in ``state.step_evals`` (FitResult.step_evals,
-    step_evals.csv), which the loop passes on to the callbacks' ``on_log`` as ``{"step", "eval_loss"}``. The RNG
-    streams are put back after it (an eval DataLoader draws its seed from them), so the training run is the one it
-    would be without these evals."""
+    """The loss-only eval every ``eval_every_steps`` applied steps, as ``{"epoch", "step", "eval_loss"}`` rows in
+    ``state.step_evals`` (step_evals.csv; ``on_log`` gets step and eval_loss). The RNG streams are put back after it:
+    training runs as it would without these evals."""
 
     order = -75
 
@@ -213,10 +209,8 @@ class StopAndSave(Policy):
 
 
 class ThreadCount(Policy):
-    """On a CPU whose thread count was measured (kitlib.machine.threads.cpu_threads(measure=True)), the count
-    measured again every ``every_s`` of training and set: a process that starts or ends beside a long run moves the
-    fastest count (1 of 2 cores held: 4x). ~0.8 s a time, 0.6% of two minutes; each change is in the run record
-    (timing.json's ``thread_changes``: step, count). 02 adds it where it measured; not a default of fit."""
+    """The CPU thread count measured again every ``every_s`` of training and set (a neighbour process moves the
+    fastest count); each change is in timing.json's ``thread_changes`` (step, count). Not a default of fit."""
 
     order = -20
 
