@@ -60,11 +60,8 @@ def seed_epoch_order(loader: DataLoader[Any], seed: int, epoch: int) -> None:
 
 
 class SkipBatches(Sampler[list[int]]):
-    """The batches of ``inner`` after the first ``skip`` (index lists only: nothing is loaded for skipped ones).
-
-    Iterating ``inner`` from its start (rather than slicing) keeps any RNG it draws from (a RandomSampler's
-    generator) advancing exactly as in an uninterrupted epoch.
-    """
+    """The batches of ``inner`` after the first ``skip``: index lists only, nothing loaded for them; ``inner`` is
+    iterated from its start, so an RNG it draws from advances as in an uninterrupted epoch."""
 
     def __init__(self, inner: Sampler[list[int]], skip: int) -> None:
         if skip < 0:

@@ -1,29 +1,6 @@
-"""fit's named events, and the one protocol for kitlib's own policies and the user's callbacks alike.
-
-Only the loop fires events, in this order::
-
-    on_fit_start(loop)                      once, before the first step (a policy keeps ``loop`` to act on it)
-      on_epoch_start(loop)                  each epoch (also the resumed one)
-        on_step_end(step)                   after every optimizer window (``step.applied`` False: inf/nan, skipped)
-        on_log(metrics)                     after that step's on_step_end, to every callback: every
-                                            ``log_every_steps`` applied steps the training log (step, loss, lr,
-                                            speed), and ``{"step", "eval_loss"}`` when a step eval ran
-      on_metrics(epoch, metrics, weights)   an epoch's metrics are known: at its end, or later from a background eval
-                                            (``epoch`` 1-based, as in the history; ``loop.state.epoch`` counts the
-                                            epochs completed). Always in epoch order: a background eval's metrics
-                                            come at the end of the next epoch, before that epoch's own (or earlier
-                                            when a last/ save mid-epoch waits for them, or at fit's end). The loop
-                                            has judged the monitored metric by then (``state.best``...)
-      on_epoch_end(record)                  the epoch's history row is complete
-      on_next_epoch(loop)                   the loop moved past the epoch: a clean resume point
-    on_fit_end(loop)                        always, also when training raised: close what you opened
-
-Within one event, callbacks run in their declared ``order`` (lower first; fastai's ``Callback.order``): kitlib's
-policies from -90 to -10, a callback 0 unless it says otherwise; list position decides only between equal orders.
-A callback stops training with ``loop.stop("reason")``; the loop finishes the current step (mid-epoch) or epoch and
-reports the reason in ``FitResult.stop_reason``. Callbacks run on every rank; a decision that must agree across
-ranks goes through ``kitlib.machine.distributed.broadcast_object``.
-"""
+"""fit's named events (``EVENTS``, in firing order) and ``Callback``, the one protocol of kitlib's policies and the
+user's callbacks: only the loop fires events; within one, callbacks run by ``order`` (lower first), then list order.
+A callback stops training with ``loop.stop("reason")``; a decision every rank must share goes through broadcast."""
 
 from __future__ import annotations
 
@@ -49,14 +26,14 @@ if TYPE_CHECKING:
     from kitlib.machine.precision import PrecisionPlan
 
 EVENTS = (
-    "on_fit_start",
-    "on_epoch_start",
-    "on_step_end",
-    "on_log",
-    "on_metrics",
-    "on_epoch_end",
-    "on_next_epoch",
-    "on_fit_end",
+    "on_fit_start",  # (loop) once, before the first step: a policy keeps ``loop`` to act on it
+    "on_epoch_start",  # (loop) each epoch, the resumed one too
+    "on_step_end",  # (step) after every optimizer window (``step.applied`` False: skipped for inf/nan)
+    "on_log",  # (metrics) after that step's on_step_end: the training log, or a step eval's {"step", "eval_loss"}
+    "on_metrics",  # (epoch, metrics, weights) an epoch's metrics, judged, in epoch order (a background eval's later)
+    "on_epoch_end",  # (record) the epoch's history row is complete
+    "on_next_epoch",  # (loop) past the epoch: a clean resume point
+    "on_fit_end",  # (loop) always, also when training raised: close what you opened
 )
 
 
@@ -109,8 +86,8 @@ class LoopView(Protocol):
 
 
 class Callback:
-    """Override the events you need; the rest are no-ops. See the module docstring for the order; ``order`` places
-    this callback among the others (lower first)."""
+    """Override the events you need (``EVENTS``); the rest are no-ops. ``order``: lower runs first (kitlib's
+    policies are below 0)."""
 
     order: int = 0
 
@@ -125,10 +102,8 @@ class Callback:
 
 
 class Events:
-    """Calls one event on every callback that defines it, sorted by ``order`` (stable: list order between equals).
-    Objects that do not subclass Callback work too (the hooks they define are called, order 0 unless they have
-    one): a callback need not import kitlib. Callback's own no-ops are not called: an event no callback listens to
-    costs one empty loop (per step that matters: ~1 us a hook at a 3 ms step)."""
+    """Calls an event on every callback that defines it (any object: a callback need not import kitlib), sorted by
+    ``order`` (stable); Callback's own no-ops are never called."""
 
     def __init__(self, callbacks: Sequence[object]) -> None:
         self.callbacks = tuple(sorted(callbacks, key=lambda cb: getattr(cb, "order", 0)))

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
+import operator
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -42,10 +44,9 @@ from kitlib.engine.record import RunRecorder
 from kitlib.engine.state import RunState
 from kitlib.engine.step import (
     MODEL_LOSSES,
-    EpochLoss,
-    StepLedger,
     enable_activation_checkpointing,
     mask_optional,
+    step_ledger,
     to_device,
     train_window,
 )
@@ -158,8 +159,8 @@ class Loop:
             cfg, optimizer=self.optimizer, precision=self.precision, device=self.device, distributed=self.env.enabled,
             next_strategy=next_strategy(cfg), say=print if self.env.is_main else lambda line: None,
         )  # fmt: skip
-        self.ledger = StepLedger(self.scheduler, total_steps, self.device)  # step outcomes, on the device
-        self.epoch_loss = EpochLoss(self.device, self.env)
+        # step outcomes and the epoch's loss sums: on the device (no host sync a step), on the host for one CPU
+        self.ledger = step_ledger(self.scheduler, total_steps, self.device, self.env, self.precision)
         # unsettled: windows run since the ledger was read (state.step counts them as applied until ``settle``);
         # window_applied: the outcome of the window read last; checked_gradients: DDP's first-step check ran
         self.unsettled, self.window_applied, self.checked_gradients = 0, True, False
@@ -204,8 +205,9 @@ class Loop:
             return
         state = self.state
         applied, skipped, streak, self.window_applied = self.ledger.read()
-        for _ in range(applied - (state.step - self.unsettled)):
-            self.scheduler.step()  # the host's copy of the schedule catches up with the device's applied steps
+        if applied != state.step - self.unsettled:  # the host's schedule catches up with the applied steps: a
+            self.scheduler.last_epoch = applied - 1  # LambdaLR's lr is base x rule(last_epoch), so one step, not
+            self.scheduler.step()  # one per step (~30 us each on a CPU)
         state.step, state.skipped, state.nonfinite_streak, self.unsettled = applied, skipped, streak, 0
 
     def reached(self, every: int | None) -> bool:
@@ -263,13 +265,12 @@ class Loop:
             )
         if not self.sharded:
             checkpoint.restore_model(self.raw_model, snap)
-        self.epoch_loss.load_state_dict(run)
-        self.state = state = RunState(**{k: v for k, v in run.items() if k not in ("epoch_loss_sum", "epoch_items")})
+        self.ledger.load_state_dict(run)
+        self.state = RunState(**{k: v for k, v in run.items() if k not in ("epoch_loss_sum", "epoch_items")})
         self.optimizer.load_state_dict(snap.state["optimizer"])
         self.scheduler.load_state_dict(snap.state["scheduler"])
         self.precision.load_state_dict(snap.state["precision"])
         self.backoff.load_state_dict(snap.state.get("backoff", {}))
-        self.ledger.load(state.step, state.skipped, state.nonfinite_streak)
         # Each rank continues its own streams; a checkpoint from another world size (or an older kitlib) has only
         # rank 0's, and every rank takes those.
         ranks = snap.state.get("rank_rngs") or []
@@ -314,7 +315,7 @@ class Loop:
         self.collect(through=state.epoch - 1 if state.batch_in_epoch == 0 and not final else None)
         # Every rank joins: rank 0 saves each rank's own streams (dropout masks etc. differ per rank).
         rngs = distributed.gather_object(checkpoint.rng_state(), self.env)
-        run = {**dataclasses.asdict(state), **self.epoch_loss.state_dict()}  # every rank: a collective
+        run = {**dataclasses.asdict(state), **self.ledger.state_dict()}  # every rank: a collective
         if (not self.env.is_main and not self.sharded) or self.last_room:  # no room (room_for_last, said at start)
             return
         # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
@@ -332,7 +333,7 @@ class Loop:
     def begin_epoch(self) -> Any:
         """This epoch's batches (the remaining ones, when resuming mid-epoch) in its seeded order."""
         batches = self.data.epoch(self.cfg.seed, self.state.epoch, self.state.batch_in_epoch)
-        self.epoch_loss.mark()  # the first log's loss starts here
+        self.ledger.mark()  # the first log's loss starts here
         return batches
 
     def resume_state(self) -> dict[str, Any]:
@@ -347,7 +348,7 @@ class Loop:
         check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
         self.checked_gradients = True
 
-        def train(micro_batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def train(micro_batches: list[Batch]) -> Any:
             return train_window(
                 micro_batches, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
                 optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
@@ -355,25 +356,23 @@ class Loop:
             )  # fmt: skip
 
         with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
-            applied, loss_sum, items = self.backoff.run(window, train, step=self.state.step + self.state.skipped)
+            applied = self.backoff.run(window, train, step=self.state.step + self.state.skipped)
         self.state.batch_in_epoch += len(window)
         self.state.step += 1
         self.unsettled += 1
-        self.epoch_loss.add(applied, loss_sum, items)
         shapes = frozenset(tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b)
-        if len(window) == 1:  # no sum(): 0 + a device count is one more small op a step
-            (batch,) = window
-            return StepEnd(applied, 1, rows(batch), real_tokens(batch), computed_tokens(batch), shapes, started,
-                           fetch_s, time.perf_counter() - started)  # fmt: skip
-        return StepEnd(applied, len(window), sum(rows(b) for b in window), sum(real_tokens(b) for b in window),
-                       sum(computed_tokens(b) for b in window), shapes, started, fetch_s,
-                       time.perf_counter() - started)  # fmt: skip
+
+        def total(count: Callable[[Batch], Any]) -> Any:  # no sum(): 0 + a device count is one more small op
+            return functools.reduce(operator.add, map(count, window))
+
+        return StepEnd(applied, len(window), total(rows), total(real_tokens), total(computed_tokens), shapes, started,
+                       fetch_s, time.perf_counter() - started)  # fmt: skip
 
     def train_log(self, samples: int, tokens: int | torch.Tensor, epoch_start: float) -> dict[str, float]:
         """A log step's ``on_log`` metrics: the loss since the last log, the lr, and this epoch's speed so far
         (samples, and real tokens when the batches count them, per second of its training wall time). One sync."""
         with self.timer.phase("logging"):
-            loss = self.epoch_loss.since_mark()
+            loss = self.ledger.since_mark()
             seconds = time.perf_counter() - epoch_start
             logs = {"step": self.state.step, "loss": loss, "lr": self.applied_lr()}
             return logs | throughput(samples, float(tokens), seconds, self.env.world_size)
@@ -387,7 +386,7 @@ class Loop:
         record: dict[str, Any] = {
             "epoch": epoch,
             "step": self.state.step,
-            "train_loss": self.epoch_loss.mean(),
+            "train_loss": self.ledger.mean(),
             "lr": self.applied_lr(),
             "skipped_steps": self.state.skipped,
             "epoch_s": seconds,
@@ -443,7 +442,7 @@ class Loop:
 
     def next_epoch(self) -> None:
         self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
-        self.epoch_loss.reset()
+        self.ledger.reset()
 
     def close(self) -> None:
         self.evals.close()

@@ -51,10 +51,8 @@ class NonFiniteGuard(Policy):
 
 
 class ProgressLog(Policy):
-    """The progress bar, with the loss, lr and speed of every training log (the loop's ``on_log``).
-
-    Speed is the history's figure so far: samples (and real tokens) per second of this epoch's training wall time,
-    so the bar ends each epoch on the number its history row records, under the same name (``THROUGHPUT``)."""
+    """The progress bar, with the loss, lr and speed of every training log; each epoch ends on its history row's
+    speed (samples and real tokens per second of the epoch's training wall time, named as there)."""
 
     order = -80
     every_s = 0.1  # the bar moves at most 10 times a second: tqdm's update is ~3 us, a 3 ms step's 0.1%
@@ -149,11 +147,9 @@ class PeriodicSave(Policy):
 
 
 class StepEval(Policy):
-    """The loss-only eval every ``eval_every_steps`` applied optimizer steps (the epoch-end one and the full eval keep
-    their epoch cadence): ``{"epoch", "step", "eval_loss"}`` rows in ``state.step_evals`` (FitResult.step_evals,
-    step_evals.csv), which the loop passes on to the callbacks' ``on_log`` as ``{"step", "eval_loss"}``. The RNG
-    streams are put back after it (an eval DataLoader draws its seed from them), so the training run is the one it
-    would be without these evals."""
+    """The loss-only eval every ``eval_every_steps`` applied steps, as ``{"epoch", "step", "eval_loss"}`` rows in
+    ``state.step_evals`` (step_evals.csv; ``on_log`` gets step and eval_loss). The RNG streams are put back after it:
+    training runs as it would without these evals."""
 
     order = -75
 

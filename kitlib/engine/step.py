@@ -25,10 +25,8 @@ if TYPE_CHECKING:
 
 
 def to_device(device: torch.device, *, omit_full_masks: bool = False) -> Callable[[Batch], Batch]:
-    """Move a batch to ``device``. ``omit_full_masks``: a dict batch's ``attention_mask`` of all ones is left out
-    (read on the host before the copy: free), for losses that call ``model(**batch)`` (``MODEL_LOSSES``): a Hugging
-    Face model then skips its mask exactly as with the ones, without reading the mask back from the device
-    (``padding_mask.all()`` in transformers' masking_utils: one host sync per forward on CUDA)."""
+    """Move a batch to ``device``. ``omit_full_masks``: a host ``attention_mask`` of all ones is left out, for losses
+    calling ``model(**batch)``: a Hugging Face model then skips the mask without reading it back from the device."""
     # Pinned host memory + non_blocking lets the copy overlap the previous step's kernels on CUDA; on CPU it is a no-op.
     non_blocking = device.type == "cuda"
 
@@ -63,40 +61,75 @@ def mask_optional(model: nn.Module) -> bool:
 
 
 class StepLedger:
-    """The optimizer steps' outcome (applied, skipped, skip streak, last window) and the scheduled LR, on the device:
-    a skipped step does not advance the schedule, and no step waits for the GPU. ``read`` is the one host sync."""
+    """Each optimizer step's outcome (applied, skipped, skip streak), its scheduled LR and the epoch's item-weighted
+    loss sums, on the device: a skipped step does not advance the schedule, and no step waits for the GPU. ``read``
+    and the loss reads (``mean``, ``since_mark``, ``state_dict``: one all-reduce under DDP) are the host syncs."""
 
-    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device) -> None:
-        values = [
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device,
+                 env: distributed.DistEnv | None = None) -> None:  # fmt: skip
+        self.lrs = [
             [base * rule(step) for rule, base in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)]
             for step in range(total_steps + 1)
         ]
+        self.last, self.env = total_steps, env or distributed.DistEnv()
+        self.constant = all(row == self.lrs[0] for row in self.lrs)  # the groups' floats are every step's LR
+        self.marked = (0.0, 0.0)  # the loss sums at the last log (or the epoch's start): a log's loss is the window's
+        self._place(device)
+
+    def _place(self, device: torch.device) -> None:
         # The CPU fused kernel reads a tensor lr as a double (bit-identical to a float lr); the CUDA one reads fp32.
-        dtype = torch.float64 if device.type == "cpu" else torch.float32
-        self.table = torch.tensor(values, dtype=dtype).to(device)
-        self.last = total_steps
-        self.constant = all(row == values[0] for row in values)  # the groups' floats are every step's LR
-        # record's constants: counts * (keep + s * keep_skip) + (add + s * add_skip)
+        self.table = torch.tensor(self.lrs, dtype=torch.float64 if device.type == "cpu" else torch.float32).to(device)
+        # step's constants: counts * (keep + s * keep_skip) + (add + s * add_skip)
         self._keep, self._keep_skip, self._add, self._add_skip = torch.tensor(
             [[1, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1], [-1, 1, 1, -1]], dtype=torch.float64, device=device
         ).unbind()
-        # applied, skipped, current skipped streak, this window applied (1/0): float64 counts are exact to 2**53
+        # applied, skipped, current skipped streak, this window applied (1/0); loss sum, items: float64 is exact
         self.counts = torch.zeros(4, dtype=torch.float64, device=device)
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)
 
-    def load(self, applied: int, skipped: int, streak: int) -> None:
-        self.counts.copy_(torch.tensor([applied, skipped, streak, 0], dtype=torch.float64))
+    def tally(self, window: list[Batch], count_fn: CountFn) -> tuple[list[Any], Any]:
+        """Each micro-batch's item count and the window's total over all ranks, on the device without a host sync:
+        counted there, or on the host (shapes) and moved in one non_blocking copy from pinned memory (a pageable copy
+        of a Python int, ``torch.as_tensor(n, device=cuda)``, makes the host wait)."""
+        counts, device = [count_fn(batch) for batch in window], self.counts.device
+        if all(isinstance(c, int | float) for c in counts):
+            host = torch.tensor(counts, dtype=torch.float32)
+            on = (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
+        else:
+            on = torch.stack([torch.as_tensor(c, dtype=torch.float32, device=device) for c in counts])
+        return list(on.unbind()), distributed.all_reduce_sum(on.sum(), self.env)
+
+    def step(self, optimizer: torch.optim.Optimizer, precision: Precision, norm: torch.Tensor,
+             losses: list[torch.Tensor], counts: list[Any], items: Any) -> Any:  # fmt: skip
+        """The optimizer step at the scheduled LR, skipped where ``norm`` is inf/nan, counted with the window's loss
+        (``losses``: each micro-batch's mean over its ``counts``; ``items``: over all ranks); returns applied."""
+        found_inf = precision.found_inf(norm)
+        with self.scheduled_lr(optimizer):
+            precision.apply(optimizer, found_inf)
+        # applied += 1-s, skipped += s, streak = (streak+1)*s, window = 1-s (s: 1.0 when skipped): one multiply-add
+        skip = found_inf.double()
+        self.counts.mul_(torch.addcmul(self._keep, skip, self._keep_skip)).add_(
+            torch.addcmul(self._add, skip, self._add_skip)
+        )
+        applied = skip == 0
+        weighted = [loss.float() * count for loss, count in zip(losses, counts, strict=True)]
+        loss_sum = weighted[0] if len(weighted) == 1 else torch.stack(weighted).sum()
+        # where, not *: a skipped step's loss may be nan
+        self.sums.add_(torch.where(applied, torch.stack([loss_sum, items]), 0.0))
+        return applied
+
+    def _lrs(self) -> Any:
+        return self.table.index_select(0, self.counts[:1].long().clamp_(max=self.last))[0]
 
     @contextlib.contextmanager
     def scheduled_lr(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
-        """Each param group's LR as a device tensor at the applied count, during ``optimizer.step()`` only: between
-        steps the groups keep the scheduler's floats (state_dict, get_last_lr) as fit settles it. A constant schedule
-        keeps its floats: the lookup (4 small ops, ~20 us a step on CPU) would find the same value."""
+        """Each param group's LR at the applied count, during ``optimizer.step()`` only: between steps the groups keep
+        the scheduler's floats (state_dict, get_last_lr) as fit settles it. A constant schedule keeps its floats."""
         if self.constant:
             yield
             return
-        at = self.counts[:1].long().clamp_(max=self.last)
-        lrs: Any = self.table.index_select(0, at)[0]
-        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+        lrs = self._lrs()
+        if isinstance(lrs, torch.Tensor) and not getattr(optimizer, "_step_supports_amp_scaling", False):
             lrs = lrs.tolist()  # a host sync: only an optimizer that cannot take its LR as a device tensor
         floats = [group["lr"] for group in optimizer.param_groups]
         for group, lr in zip(optimizer.param_groups, lrs, strict=True):
@@ -107,97 +140,16 @@ class StepLedger:
             for group, value in zip(optimizer.param_groups, floats, strict=True):
                 group["lr"] = value
 
-    def record(self, found_inf: torch.Tensor) -> torch.Tensor:
-        """Count one window's outcome on the device; returns its applied flag (a 0-d bool tensor). One multiply-add
-        on the 4 counts: applied += 1-s, skipped += s, streak = (streak+1)*s, window = 1-s (s: 1.0 when skipped)."""
-        skip = found_inf.double()
-        self.counts.mul_(torch.addcmul(self._keep, skip, self._keep_skip)).add_(
-            torch.addcmul(self._add, skip, self._add_skip)
-        )
-        return skip == 0
-
     def read(self) -> tuple[int, int, int, bool]:
         """(applied, skipped, skipped streak, the last window applied): the host sync."""
         applied, skipped, streak, window = (int(v) for v in self.counts.tolist())
         return applied, skipped, streak, bool(window)
 
-
-def window_counts(window: list[Batch], count_fn: CountFn, device: torch.device) -> torch.Tensor:
-    """Each micro-batch's item count on ``device`` without a host sync: counted on the device from the batch, or
-    counted on the host (shapes) and moved in one non_blocking copy from pinned memory (a pageable copy of a Python
-    int, ``torch.as_tensor(n, device=cuda)``, makes the host wait)."""
-    counts = [count_fn(batch) for batch in window]
-    if all(isinstance(c, int | float) for c in counts):
-        host = torch.tensor(counts, dtype=torch.float32)
-        return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
-    return torch.stack([torch.as_tensor(c, dtype=torch.float32, device=device) for c in counts])
-
-
-def train_window(
-    window: list[Batch],
-    *,
-    model: nn.Module,
-    loss_fn: LossFn,
-    count_fn: CountFn,
-    precision: Precision,
-    optimizer: torch.optim.Optimizer,
-    ledger: StepLedger,
-    params: list[nn.Parameter],
-    cfg: TrainConfig,
-    env: distributed.DistEnv,
-    timer: PhaseTimer,
-    to_device: Callable[[Batch], Batch],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over a window of micro-batches, with no host sync. Returns (applied: a 0-d bool tensor,
-    summed item-weighted loss, items), all on the device."""
-    with timer.phase("h2d"):
-        window = [to_device(batch) for batch in window]
-        counts = window_counts(window, count_fn, params[0].device)
-        # Each micro-batch's mean loss is weighted by its share of the window's items across all ranks, so the
-        # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
-        # gradients over ranks, hence the world_size factor.
-        total = distributed.all_reduce_sum(counts.sum(), env)
-    # One micro-batch on one process: its weight is exactly 1 (count / count), so no scaling ops (~4 a step).
-    alone = len(window) == 1 and not env.enabled
-    loss_sum: torch.Tensor | None = None
-    for i, (batch, count) in enumerate(zip(window, counts.unbind(), strict=True)):
-        with distributed.sync_context(model, sync=i == len(window) - 1):
-            with timer.phase("forward"), precision.autocast():
-                loss = loss_fn(model, batch)
-            with timer.phase("backward"):
-                precision.backward(loss if alone else loss * (count * env.world_size / total))
-        weighted = loss.detach().float() * count
-        loss_sum = weighted if loss_sum is None else loss_sum.add_(weighted)
-    assert loss_sum is not None  # a window holds at least one micro-batch
-    with timer.phase("optimizer"):
-        precision.unscale_(optimizer)
-        norm = distributed.whole(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True))
-        found_inf = precision.found_inf(norm)  # skipped on the device, counted there (StepLedger)
-        with ledger.scheduled_lr(optimizer):
-            precision.apply(optimizer, found_inf)
-        applied = ledger.record(found_inf)
-        optimizer.zero_grad(set_to_none=True)
-    return applied, loss_sum, total
-
-
-class EpochLoss:
-    """The epoch's item-weighted loss sums, on the device between logs (a read is a host sync, and under DDP one
-    all-reduce of the ranks' losses). Saved in last/ as ``epoch_loss_sum``/``epoch_items`` (float64: exact)."""
-
-    def __init__(self, device: torch.device, env: distributed.DistEnv | None = None) -> None:
-        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, items
-        self.loss, self.items = self.sums.unbind()  # views: they read and write the sums
-        self.env = env or distributed.DistEnv()
-        self.marked = (0.0, 0.0)  # the sums at the last log (or the epoch's start): a log's loss is the window's
-
-    def add(self, applied: torch.Tensor, loss_sum: torch.Tensor, items: torch.Tensor) -> None:
-        # where, not *: a skipped step's loss may be nan. One stacked pair: 3 small ops a step, not 4.
-        self.sums.add_(torch.where(applied, torch.stack([loss_sum, items]), 0.0))
-
     def _sums(self) -> tuple[float, float]:
-        loss = distributed.all_reduce_sum(self.loss, self.env)  # the ranks' losses; items: the global count already
-        total, items = torch.stack([loss, self.items]).tolist()  # one read of both
-        return total, items
+        loss, items = self.sums.unbind()
+        loss = distributed.all_reduce_sum(loss, self.env)  # the ranks' losses; items: the global count already
+        total, count = torch.stack([loss, items]).tolist()  # one read of both
+        return total, count
 
     def mean(self) -> float:
         """The epoch's mean loss so far (nan before any item)."""
@@ -214,17 +166,117 @@ class EpochLoss:
         return (loss - before) / max(items - before_items, 1e-12)
 
     def reset(self) -> None:
+        """A new epoch: its loss sums start at 0."""
         self.sums.zero_()
 
     def state_dict(self) -> dict[str, float]:
-        """Every rank at once: the sums over all ranks."""
+        """The epoch's loss sums over all ranks (every rank at once); the counts are the loop's ``RunState``."""
         loss, items = self._sums()
         return {"epoch_loss_sum": loss, "epoch_items": items}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        # rank 0 holds the ranks' sum, the others none: a read adds them up to it again
-        self.loss.fill_(float(state.get("epoch_loss_sum", 0.0)) if self.env.is_main else 0.0)
-        self.items.fill_(float(state.get("epoch_items", 0.0)))
+    def load_state_dict(self, run: Mapping[str, Any]) -> None:
+        """``run``: a saved ``RunState`` with ``state_dict``'s sums (rank 0 holds the ranks' sum, the others none)."""
+        loss = float(run.get("epoch_loss_sum", 0.0)) if self.env.is_main else 0.0
+        self.counts.copy_(torch.tensor([run["step"], run["skipped"], run["nonfinite_streak"], 0], dtype=torch.float64))
+        self.sums.copy_(torch.tensor([loss, float(run.get("epoch_items", 0.0))], dtype=torch.float64))
+
+
+class HostLedger(StepLedger):
+    """``StepLedger`` in Python numbers, for a single-process CPU run without a loss scaler, where a small torch op
+    costs ~8 us and nothing waits for a device: 11 us a step, not 150 (docs/measurements.md, #49)."""
+
+    def _place(self, device: torch.device) -> None:
+        self.counts: list[int] = [0, 0, 0, 1]  # type: ignore[assignment]
+        self.sums: list[float] = [0.0, 0.0]  # type: ignore[assignment]
+
+    def tally(self, window: list[Batch], count_fn: CountFn) -> tuple[list[Any], Any]:
+        counts = [_host(count_fn(batch)) for batch in window]
+        return counts, sum(counts)
+
+    def step(self, optimizer: torch.optim.Optimizer, precision: Precision, norm: torch.Tensor,
+             losses: list[torch.Tensor], counts: list[Any], items: Any) -> bool:  # fmt: skip
+        applied = math.isfinite(_host(norm))
+        with self.scheduled_lr(optimizer):
+            if applied:
+                optimizer.step()
+            else:  # called all the same, to skip on its own as on the device: its step hooks see every window
+                precision.apply(optimizer, torch.ones(()))
+        done, skipped, streak, _ = self.counts
+        self.counts = [done + 1, skipped, 0, 1] if applied else [done, skipped + 1, streak + 1, 0]
+        if applied:
+            self.sums = [self.sums[0] + sum(_host(loss) * c for loss, c in zip(losses, counts, strict=True)),
+                         self.sums[1] + items]  # fmt: skip
+        return applied
+
+    def _lrs(self) -> Any:
+        return self.lrs[min(self.counts[0], self.last)]
+
+    def read(self) -> tuple[int, int, int, bool]:
+        applied, skipped, streak, window = self.counts
+        return applied, skipped, streak, bool(window)
+
+    def _sums(self) -> tuple[float, float]:
+        return self.sums[0], self.sums[1]
+
+    def reset(self) -> None:
+        self.sums = [0.0, 0.0]
+
+    def load_state_dict(self, run: Mapping[str, Any]) -> None:
+        self.counts = [run["step"], run["skipped"], run["nonfinite_streak"], 0]
+        self.sums = [float(run.get("epoch_loss_sum", 0.0)), float(run.get("epoch_items", 0.0))]
+
+
+def _host(value: Any) -> float:
+    """A number, or a CPU tensor's value read through numpy: no torch op (a CPU tensor has no device to wait for)."""
+    return float(value.detach().float().numpy()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def step_ledger(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device,
+                env: distributed.DistEnv, precision: Precision) -> StepLedger:  # fmt: skip
+    """The host ledger for a single-process CPU run without a loss scaler, else the device one."""
+    host = device.type == "cpu" and not env.enabled and not precision.plan.use_grad_scaler
+    return (HostLedger if host else StepLedger)(scheduler, total_steps, device, env)
+
+
+def train_window(
+    window: list[Batch],
+    *,
+    model: nn.Module,
+    loss_fn: LossFn,
+    count_fn: CountFn,
+    precision: Precision,
+    optimizer: torch.optim.Optimizer,
+    ledger: StepLedger,
+    params: list[nn.Parameter],
+    cfg: TrainConfig,
+    env: distributed.DistEnv,
+    timer: PhaseTimer,
+    to_device: Callable[[Batch], Batch],
+) -> Any:
+    """One optimizer step over a window of micro-batches, counted by ``ledger`` (with no host sync on a device):
+    returns its applied flag."""
+    with timer.phase("h2d"):
+        window = [to_device(batch) for batch in window]
+        # Each micro-batch's mean loss is weighted by its share of the window's items across all ranks, so the
+        # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
+        # gradients over ranks, hence the world_size factor.
+        counts, total = ledger.tally(window, count_fn)
+    # One micro-batch on one process: its weight is exactly 1 (count / count), so no scaling ops (~4 a step).
+    alone = len(window) == 1 and not env.enabled
+    losses = []
+    for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
+        with distributed.sync_context(model, sync=i == len(window) - 1):
+            with timer.phase("forward"), precision.autocast():
+                loss = loss_fn(model, batch)
+            with timer.phase("backward"):
+                precision.backward(loss if alone else loss * (count * env.world_size / total))
+        losses.append(loss.detach())
+    with timer.phase("optimizer"):
+        precision.unscale_(optimizer)
+        norm = distributed.whole(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True))
+        applied = ledger.step(optimizer, precision, norm, losses, counts, total)
+        optimizer.zero_grad(set_to_none=True)
+    return applied
 
 
 def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = ()) -> list[str]:
