@@ -35,7 +35,7 @@ def _work(root: Path, *, folds: int = 1, trained: bool = True) -> Path:
     work = root / "work"
     _write(work / "params.json", json.dumps({**PARAMS, "folds": folds}))
     features = {"spec": {"kind": "binary", "num_labels": 2, "classes": ["neg", "pos"]}, "regime": "finetune",
-                "run": {"metric": "accuracy", "config": {"adapter": "none"}}, "n_train": 200}  # fmt: skip
+                "run": {"choice": {"metric": "accuracy"}, "config": {"adapter": "none"}}, "n_train": 200}  # fmt: skip
     _write(work / "features.json", json.dumps(features))
     _write(work / "run.json", "{}")
     _write(work / "features" / "labels-0123.npy")
