@@ -433,3 +433,28 @@ def test_the_host_ledger_trains_and_counts_as_the_device_ledger(
     assert (host.steps, host.skipped_steps) == (device.steps, device.skipped_steps) and host.skipped_steps == 2
     assert all(torch.equal(a, b) for a, b in zip(host_weights, device_weights, strict=True))
     assert host.history["train_loss"].tolist() == pytest.approx(device.history["train_loss"].tolist(), rel=1e-6)
+
+
+def test_a_window_with_no_scored_items_is_skipped_by_either_ledger(
+    cpu_hw: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A window whose micro-batches score nothing (a causal LM's prompts cut past their answers: every label -100)
+    has a total of 0: 0/0 is nan on the device and the step is skipped; the host ledger does the same (no
+    ZeroDivisionError), with the same weights after."""
+    runs = []
+    for device in (False, True):
+        if device:
+            _device_ledger(monkeypatch)
+
+        def count(batch: Any, calls: list[int] = [0]) -> int:  # noqa: B006 (its own counter per run)
+            calls[0] += 1  # the 5th and 6th micro-batches (window 3 at accumulation 2) score nothing
+            return 0 if calls[0] in (5, 6) else len(batch[0])
+
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        result = fit(model, DataLoader(_data(96), batch_size=8), config=_cfg(grad_accum_steps=2), loss_fn=_mse,
+                     count_fn=count, hw=cpu_hw)  # fmt: skip
+        runs.append((result.skipped_steps, [p.detach().clone() for p in model.parameters()]))
+    (host_skipped, host_weights), (device_skipped, device_weights) = runs
+    assert host_skipped == device_skipped == 1
+    assert all(torch.equal(a, b) for a, b in zip(host_weights, device_weights, strict=True))

@@ -205,3 +205,12 @@ def test_a_submission_with_other_ids_or_text_where_the_sample_has_numbers_is_nev
     assert not path.exists()
     write_submission(pd.DataFrame({"id": [2, 1], "score": [0.1, 0.2]}), ["id", "score"], 2, path, sample)
     assert path.is_file()
+
+
+def test_a_work_dir_from_an_older_01_is_refused_with_the_notebook_to_rerun(tmp_path: Path) -> None:
+    work = _work(tmp_path)
+    feats = json.loads((work / "features.json").read_text())
+    feats["run"] = {"format": 2, "metric": "accuracy", "config": {"adapter": "none"}}  # before the run held its choice
+    (work / "features.json").write_text(json.dumps(feats))
+    with pytest.raises(SetupError, match="re-run 01_features"):
+        inference.model_card(work)

@@ -191,7 +191,7 @@ class HostLedger(StepLedger):
 
     def tally(self, window: list[Batch], count_fn: CountFn) -> tuple[list[Any], Any]:
         counts = [_host(count_fn(batch)) for batch in window]
-        return counts, sum(counts)
+        return counts, sum(counts) or math.nan  # nothing scored: nan as 0/0 on the device, so the step is skipped
 
     def step(self, optimizer: torch.optim.Optimizer, precision: Precision, norm: torch.Tensor,
              losses: list[torch.Tensor], counts: list[Any], items: Any) -> bool:  # fmt: skip

@@ -178,9 +178,7 @@ def regrouped(
 
 def patient_group(env: DistEnv) -> Any:
     """A gloo group whose barrier outlasts one rank's long full eval (NCCL's 10-minute watchdog would kill the job)."""
-    if not env.enabled or dist.get_backend() == "gloo":  # None: the default group, already a CPU one (no watchdog)
-        return None
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1))
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if env.enabled else None
 
 
 def wait_together(group: Any, env: DistEnv) -> None:

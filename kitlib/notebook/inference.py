@@ -40,6 +40,8 @@ def model_card(work_dir: Path) -> dict[str, Any]:
     params = json.loads((work_dir / PARAMS_FILE).read_text())
     feats = json.loads((work_dir / FEATURES_FILE).read_text())
     spec, run = feats["spec"], feats["run"]
+    if "choice" not in run:  # an older 01's layout: from_dict's error names the notebook to re-run
+        ResolvedRun.from_dict(run)
     timing = json.loads((work_dir / "run" / "timing.json").read_text())
     full = timing["phases"].get("full_eval", {"seconds": 0.0, "count": 0})
     folds = int(params.get("folds", 1))
