@@ -199,10 +199,14 @@ class BackgroundEval:
         self.unscored = []
         distributed.wait_together(self.patient, self.env)
 
-    def close(self) -> None:
+    def close(self, together: bool = False) -> None:
+        """``together`` (a run that ended cleanly, every rank here): a barrier on the default group first, so no rank
+        tears the patient group down while another still finishes its last barrier on it (a rare SIGABRT at exit)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         if self.patient is not None:
+            if together:
+                distributed.barrier(self.env)
             torch.distributed.destroy_process_group(self.patient)
             self.patient = None

@@ -445,7 +445,7 @@ class Loop:
         self.ledger.reset()
 
     def close(self) -> None:
-        self.evals.close()
+        self.evals.close(together=self.ended_cleanly)
         with self.timer.phase("checkpoint"):
             self.output.writer.close()  # the run's files are complete when fit() returns
         self.timer.add("checkpoint_write_background", self.output.writer.busy_seconds)
