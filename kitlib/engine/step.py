@@ -177,8 +177,12 @@ class StepLedger:
     def load_state_dict(self, run: Mapping[str, Any]) -> None:
         """``run``: a saved ``RunState`` with ``state_dict``'s sums (rank 0 holds the ranks' sum, the others none)."""
         loss = float(run.get("epoch_loss_sum", 0.0)) if self.env.is_main else 0.0
-        self.counts.copy_(torch.tensor([run["step"], run["skipped"], run["nonfinite_streak"], 0], dtype=torch.float64))
-        self.sums.copy_(torch.tensor([loss, float(run.get("epoch_items", 0.0))], dtype=torch.float64))
+        items = float(run.get("epoch_items", 0.0))
+        self._load([run["step"], run["skipped"], run["nonfinite_streak"], 0], [loss, items])
+
+    def _load(self, counts: list[int], sums: list[float]) -> None:
+        self.counts.copy_(torch.tensor(counts, dtype=torch.float64))
+        self.sums.copy_(torch.tensor(sums, dtype=torch.float64))
 
 
 class HostLedger(StepLedger):
@@ -221,9 +225,8 @@ class HostLedger(StepLedger):
     def reset(self) -> None:
         self.sums = [0.0, 0.0]
 
-    def load_state_dict(self, run: Mapping[str, Any]) -> None:
-        self.counts = [run["step"], run["skipped"], run["nonfinite_streak"], 0]
-        self.sums = [float(run.get("epoch_loss_sum", 0.0)), float(run.get("epoch_items", 0.0))]
+    def _load(self, counts: list[int], sums: list[float]) -> None:
+        self.counts, self.sums = counts, sums
 
 
 def _host(value: Any) -> float:
