@@ -1,7 +1,8 @@
 """Every task's demo competition through what ``scripts/demo.sh --task T`` runs: the demo, the four notebooks at
-smoke (``--params demo.json``), the score. The reviews' demo is CI's main job, typed as the README has it, and the
-Kaggle simulation drives the reviews and tabular-text demos whole; the other tasks' demos run here, cut to a test's
-size, two at a time beside the rest of the slow tests (as .ci/run's demo.sh loop they took ~4.3 of CI's minutes)."""
+smoke (``--params demo.json``), the score. The reviews' demo is CI's main job, typed as the README has it (and again
+at the hosted pins), and the Kaggle simulation drives the tabular-text demo whole; the other tasks' demos run here,
+cut to a test's size, two at a time beside the rest of the slow tests (as .ci/run's demo.sh loop they took ~4.3 of
+CI's minutes)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from demos import cut_demo
 from kitlib.notebook.tasks import TASKS
 
-COVERED = ("auto", "tabular-text")  # driven whole elsewhere (above)
+COVERED = ("auto", "tabular-text")  # driven elsewhere (above): .ci/run's main job, test_kaggle_sim's demo row
 TASKS_WITH_A_DEMO = sorted(
     {e.demo: name for name, e in reversed(TASKS.items()) if e.demo not in {TASKS[t].demo for t in COVERED}}.values()
 )  # one task per demo builder (classify and regress share the reviews'), named as the registry names it first

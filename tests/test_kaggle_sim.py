@@ -97,10 +97,25 @@ def _cli_build(kaggle: dict[str, Path], out: str, preset: str, *extra: str) -> l
 # and each costs 10-60 CPU seconds (a chain row: four kernels, each installing kitlib and importing torch).
 GRID = pytest.mark.kaggle_grid
 PRESETS = ["smoke", *(pytest.param(name, marks=GRID) for name in ("fast", "balanced"))]
+# The chain runs two rows, one per route its plan takes: smoke (02 trains the model in 2 rehearsed gloo processes)
+# and fast (01 on a GPU kernel builds frozen features, 02 trains a head in 1 process). balanced plans smoke's route
+# (test_every_presets_chain_is_planned_for_its_kernels, below, checks it is so); its preset runs whole in the single
+# kernel's grid and in the two-session test, so its chain row (~2 min of CI's 2 cores) ran nothing those two miss.
+CHAIN_ROUTES = ["smoke", pytest.param("fast", marks=GRID)]
+
+
+def test_every_presets_chain_is_planned_for_its_kernels(tmp_path: Path) -> None:
+    # The kernels' machines as built: CPU kernels for 00 (and 01 but for fast), the GPU where it is used. A preset
+    # whose plan is another's (balanced = smoke) needs no chain run of its own (CHAIN_ROUTES).
+    for preset in ("smoke", "fast", "balanced", "best"):
+        folders = _cli_build({"root": tmp_path}, f"chain-{preset}", preset)
+        metas = [json.loads((f / kg.METADATA_FILE).read_text()) for f in folders]
+        assert [f.name for f in folders] == ["00_setup", "01_features", "02_train", "03_infer"], preset
+        assert [m["enable_gpu"] for m in metas] == [False, preset == "fast", True, True], preset
 
 
 @pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", CHAIN_ROUTES)
 def test_the_chain_planned_for_2xt4_runs_to_a_submission_rehearsed_on_cpu(kaggle: dict[str, Path], preset: str) -> None:
     # As built: 00 (and 01 but for fast) on CPU kernels plan for 02's T4 x2. This simulation has no GPU, so every
     # kernel gets KIT_REHEARSE=1, as a user rehearsing the chain before spending GPU quota: 02 trains the plan in two
@@ -172,7 +187,10 @@ DEMO_ROWS = 600  # training rows a demo row keeps (a quarter as many test rows)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", ["auto", pytest.param("tabular-text", marks=GRID)])
+# tabular-text only: the reviews demo ("auto") takes this route's every step but its data (`kaggle build --params
+# demo.json`, four --gpu none kernels, the score), and its data runs through the four notebooks in CI's main job
+# (.ci/run: scripts/demo.sh at smoke, demo.json) and again at the hosted pins (scripts/test_hosted_pins.sh).
+@pytest.mark.parametrize("task", [pytest.param("tabular-text", marks=GRID)])
 def test_a_demo_built_from_its_demo_json_runs_to_a_scored_submission(
     task: str, kaggle: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -319,13 +337,16 @@ def _hidden(folder: Path, data: Path, n: int = 3 * N_TEST) -> Path:
     return folder
 
 
-@pytest.mark.slow  # three kernels (train, then inference on the hidden rows) and a publish: 40-90 s on 2 cores
-@pytest.mark.parametrize("folds", [1, 3])
+@pytest.mark.slow  # two kernels (train 3 folds, then inference on the hidden rows) and a publish: 40-90 s on 2 cores
 def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
-    kaggle: dict[str, Path], folds: int, capsys: pytest.CaptureFixture[str]
+    kaggle: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # One row: the fold ensemble published as a Kaggle Model (model_sources, attached at a version). It was two (1
+    # fold as a Model, 3 folds as a dataset): a dataset's publish and --infer-from, with one published model, are
+    # the LoRA adapter's route below.
     from kitlib.cli import main
 
+    folds = 3
     root = kaggle["root"] / f"rerun-{folds}"
     (train,) = _cli_build(kaggle, f"rerun-{folds}/train", "smoke", "--single", "--folds", str(folds))
     wheels = {"me/kitlib-wheels": kaggle["wheels"]}
@@ -335,10 +356,10 @@ def test_a_published_run_predicts_a_hidden_test_set_offline_and_never_trains(
     )  # fmt: skip
     assert trained.returncode == 0, trained.log[-3000:]
     published = root / "published"
-    as_model = folds == 1  # one model as a Kaggle Model (model_sources), the fold ensemble as a dataset
-    upload = ["--model-id", "me/movie-model/pyTorch/v1"] if as_model else ["--dataset-id", "me/movie-model"]
-    source = "me/movie-model/pyTorch/v1/1" if as_model else "me/movie-model"  # a Model is attached at a version
+    source = "me/movie-model/pyTorch/v1/1"  # a Model is attached at a version
+    upload = ["--model-id", "me/movie-model/pyTorch/v1"]
     assert main(["kaggle", "publish", "--work-dir", str(trained.working), "--out", str(published), *upload]) == 0
+    assert (published / "model-instance-metadata.json").is_file()
     assert sorted(p.name for p in published.glob("run*/best")) == ["best"] * folds
     runs = sorted(p.name for p in published.glob("run*") if p.is_dir())
     assert runs == ["run", *(f"run-fold{k}" for k in range(2, folds + 1))]
