@@ -10,6 +10,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "hosted_pins: a slow test scripts/test_hosted_pins.sh runs at the lower bounds")
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _no_parameters_from_the_shell():  # type: ignore[no-untyped-def]
     """00's parameters read KIT_* variables (KIT_PRESET, KIT_TASK, ...): one exported for the main job (the README's

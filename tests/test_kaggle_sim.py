@@ -101,7 +101,8 @@ PRESETS = ["smoke", *(pytest.param(name, marks=GRID) for name in ("fast", "balan
 # and fast (01 on a GPU kernel builds frozen features, 02 trains a head in 1 process). balanced plans smoke's route
 # (test_the_balanced_chain_is_planned_as_smokes, below, checks it); its preset runs whole in the single
 # kernel's grid and in the two-session test, so its chain row (~2 min of CI's 2 cores) ran nothing those two miss.
-CHAIN_ROUTES = ["smoke", pytest.param("fast", marks=GRID)]
+# smoke's row runs at the hosted pins too (scripts/test_hosted_pins.sh selects -m hosted_pins beside its other tests).
+CHAIN_ROUTES = [pytest.param("smoke", marks=pytest.mark.hosted_pins), pytest.param("fast", marks=GRID)]
 
 
 def test_the_balanced_chain_is_planned_as_smokes(tmp_path: Path) -> None:
