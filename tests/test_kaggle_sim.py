@@ -166,7 +166,7 @@ def _printed(executed: Path) -> str:
 
 
 # smoke and fast: balanced's single kernel is the two-session test's reference run (below: a single kernel of the
-# balanced preset, built as this one is, to a checked submission), so CI ran it twice; `kaggle build --single` from
+# balanced preset to a checked submission), so CI ran it twice; `kaggle build --single` from
 # the command line is the two rows here.
 @pytest.mark.parametrize("preset", SINGLE_ROWS)
 def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, Path], preset: str) -> None:
