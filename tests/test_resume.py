@@ -19,10 +19,19 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(JOBS), *args], capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The job's final weights run whole: the reference both slow tests below compare with (one run, ~1/3 of each)."""
+    full = tmp_path_factory.mktemp("resume") / "full"
+    done = _run("resume", str(full), "0", "0")
+    assert done.returncode == 0, done.stderr
+    return torch.load(full / "final.pt")
+
+
 @pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
-def test_kill_at_random_step_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
-    full = _run("resume", str(tmp_path / "full"), "0", "0")
-    assert full.returncode == 0, full.stderr
+def test_kill_at_random_step_then_resume_matches_uninterrupted(
+    tmp_path: Path, uninterrupted: dict[str, torch.Tensor]
+) -> None:
     # 160 rows / (8 x 2) = 10 steps per epoch, 30 in all; checkpoints every 3 steps; kill mid-epoch somewhere.
     kill_at = random.Random().randint(7, 28)
     killed = _run("resume", str(tmp_path / "cut"), str(kill_at), "0")
@@ -32,9 +41,8 @@ def test_kill_at_random_step_then_resume_matches_uninterrupted(tmp_path: Path) -
     assert 0 < meta["step"] <= kill_at, (meta, kill_at)  # a real mid-run resume point
     resumed = _run("resume", str(tmp_path / "cut"), "0", "1")
     assert resumed.returncode == 0, resumed.stderr
-    expected = torch.load(tmp_path / "full" / "final.pt")
     got = torch.load(tmp_path / "cut" / "final.pt")
-    for name, tensor in expected.items():
+    for name, tensor in uninterrupted.items():
         assert torch.equal(tensor, got[name]), f"{name} differs after kill at step {kill_at} and resume"
 
 
@@ -82,9 +90,9 @@ def test_resume_from_an_epoch_end_checkpoint_with_a_plain_shuffled_loader_is_exa
 
 
 @pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
-def test_sigterm_finishes_the_step_saves_last_and_resumes_exactly(tmp_path: Path) -> None:
-    full = _run("resume", str(tmp_path / "full"), "0", "0")
-    assert full.returncode == 0, full.stderr
+def test_sigterm_finishes_the_step_saves_last_and_resumes_exactly(
+    tmp_path: Path, uninterrupted: dict[str, torch.Tensor]
+) -> None:
     term_at = random.Random().randint(5, 25)
     termed = _run("resume", str(tmp_path / "cut"), "0", "0", str(term_at))
     assert termed.returncode == 0, termed.stderr  # fit returned: its files complete, the kernel alive
@@ -94,8 +102,8 @@ def test_sigterm_finishes_the_step_saves_last_and_resumes_exactly(tmp_path: Path
     assert json.loads((tmp_path / "cut" / "last" / "meta.json").read_text())["step"] == term_at + 1
     resumed = _run("resume", str(tmp_path / "cut"), "0", "1")
     assert resumed.returncode == 0, resumed.stderr
-    expected, got = torch.load(tmp_path / "full" / "final.pt"), torch.load(tmp_path / "cut" / "final.pt")
-    for name, tensor in expected.items():
+    got = torch.load(tmp_path / "cut" / "final.pt")
+    for name, tensor in uninterrupted.items():
         assert torch.equal(tensor, got[name]), f"{name} differs after SIGTERM at step {term_at} and resume"
 
 
