@@ -105,6 +105,7 @@ CHAIN_ROUTES = [pytest.param("smoke", marks=pytest.mark.hosted_pins), pytest.par
 SINGLE_ROWS = ["smoke", pytest.param("fast", marks=GRID)]
 
 
+@GRID  # balanced's plan: kitlib's presets, not the hosted pins
 def test_the_balanced_chain_is_planned_as_smokes(tmp_path: Path) -> None:
     # The kernels' machines as built: CPU kernels for 00 and 01, the GPU for 02 and 03, as smoke's chain (the chain
     # test asserts smoke's and fast's). Were balanced to plan another route, it would need a chain row of its own.
