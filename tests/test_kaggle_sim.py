@@ -187,7 +187,7 @@ def test_the_single_kernel_runs_every_preset_to_a_submission(kaggle: dict[str, P
     _check_submission(run.working, kaggle["data"])
 
 
-DEMO_ROWS = 300  # training rows a demo row keeps (a quarter as many test rows): smoke trains on 256 of them
+DEMO_ROWS = 600  # training rows a demo row keeps (a quarter as many test rows)
 
 
 @pytest.mark.slow
