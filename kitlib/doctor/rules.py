@@ -196,10 +196,11 @@ def _data_bound(run: RunRecord, hw: HardwareInfo) -> Found | None:
     )
 
 
-def _tokens(run: RunRecord, used: float, evidence: str, basis: str, changes: dict[str, Any], *notes: str) -> Found:
+def _tokens(run: RunRecord, used: float, evidence: str, basis: str, changes: dict[str, Any], note: str,
+            more: str = "") -> Found:  # fmt: skip
     """Forward+backward time scales with computed tokens: ``used`` of them is all the data needs."""
     return Found(f"{evidence}; forward+backward {run.compute:.2f} s)", run.compute * (1 - used),
-                 f"forward+backward time scales with computed tokens: {basis}", changes, *notes)  # fmt: skip
+                 f"forward+backward time scales with computed tokens: {basis}", changes, note, more)  # fmt: skip
 
 
 def _padding(run: RunRecord, hw: HardwareInfo) -> Found | None:
