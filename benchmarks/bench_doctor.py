@@ -26,12 +26,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's demos/: not in the installed kitlib
 
 import torch
-from flop_count import count_flops
+from flop_count import count_flops, mfu, model_flops_per_token
 from torch import nn
 from torch.utils.data import DataLoader
 
 from kitlib import TrainConfig, fit
-from kitlib.doctor.flops import measure_cpu_peak, mfu, model_flops_per_token
+from kitlib.doctor.flops import measure_cpu_peak
 from kitlib.engine.timing import STEP_PHASES, PhaseTimer
 from kitlib.machine.hardware import fake_profile
 from kitlib.models.loading import load_text_classifier

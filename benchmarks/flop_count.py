@@ -1,5 +1,5 @@
-"""torch's FlopCounterMode count of a model's pass: the cross-check of kitlib.doctor.flops' estimate, used by
-tests/test_flops.py and benchmarks/bench_doctor.py only (out of the wheel since issue #50)."""
+"""torch's FlopCounterMode count of a model's pass: the cross-check of kitlib.doctor.flops' estimate, and MFU
+(used by tests/test_flops.py and benchmarks/ only: out of the wheel since issue #50)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from torch import nn
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+from kitlib.doctor.flops import flops_per_token
 from kitlib.engine.objective import hf_loss
+from kitlib.models.facts import model_facts
 
 
 def _sdpa_cpu_formulas() -> dict[Any, Callable[..., int]]:
@@ -52,3 +54,18 @@ def count_flops(
                 loss_fn(model, batch)
     model.zero_grad(set_to_none=True)
     return int(counter.get_total_flops())
+
+
+def model_flops_per_token(model: nn.Module, seq_len: int, *, training: bool = True) -> float:
+    """``flops_per_token`` for a Hugging Face model (layers, width from ``model.config``; no attention term without)."""
+    facts = model_facts(model)
+    return flops_per_token(
+        facts["model_non_embedding_params"], facts["model_layers"], seq_len, facts["model_width"], training=training
+    )
+
+
+def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilisation in [0, 1]: tokens/s x FLOPs per token / peak FLOP/s (pass real, unpadded tokens/s)."""
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops must be > 0, got {peak_flops}")
+    return tokens_per_s * flops_per_token / peak_flops

@@ -226,7 +226,8 @@ def bare_speed(model: nn.Module, batches: list[dict[str, Any]], dtype: str, *, w
 
 def mfu(model: nn.Module, seq_len: int, tokens_per_s: float, dtype: str) -> float | None:
     """Model FLOPs utilisation against the datasheet peak kitlib knows for this GPU (None: unknown card / CPU)."""
-    from kitlib.doctor.flops import model_flops_per_token
+    from flop_count import model_flops_per_token
+
     from kitlib.machine.peaks import peak_flops
 
     if not cuda():

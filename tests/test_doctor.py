@@ -345,20 +345,6 @@ def test_compile_facts_are_recorded_and_diagnosed(tmp_path: Path, monkeypatch: p
     torch._dynamo.reset()
 
 
-def test_cudnn_benchmark_with_varying_shapes() -> None:
-    gpu: dict[str, Any] = {
-        "device_type": "cuda",
-        "device_name": "Tesla T4",
-        "precision": "fp16",
-        "peak_memory_bytes": 8 * 2**30,
-    }
-    assert _only(diagnose(_record(**gpu, cudnn_benchmark=True, distinct_input_shapes=40), CPU), "cudnn_benchmark")
-    # fit() records the flag after restoring it; batching="fixed" with cudnn_benchmark=None means it was on.
-    fixed = _record(**gpu, batching="fixed", distinct_input_shapes=40)
-    assert _only(diagnose(fixed, CPU), "cudnn_benchmark").changes == {"cudnn_benchmark": None}
-    assert not diagnose(_record(**gpu, cudnn_benchmark=True, distinct_input_shapes=4), CPU).findings
-
-
 def test_workers_respawning_every_epoch() -> None:
     timing = _record(num_workers=2, epochs_done=4, epoch_gaps_s=[0.5, 0.5, 0.5], epoch_train_s=[2.4] * 4)
     assert _only(diagnose(timing, CPU), "respawn").estimated_saving_s == pytest.approx(1.5)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from benchmarks.flop_count import count_flops
-from kitlib.doctor.flops import flops_per_token, measure_cpu_peak, mfu, model_flops_per_token
+from benchmarks.flop_count import count_flops, mfu, model_flops_per_token
+from kitlib.doctor.flops import flops_per_token, measure_cpu_peak
 from kitlib.machine.peaks import PEAK_TFLOPS, gpu_key, peak_flops
 from kitlib.models.facts import non_embedding_params
 

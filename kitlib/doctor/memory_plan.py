@@ -109,6 +109,11 @@ class Strategy:
     amp: bool = True  # False: precision "fp32" even where the card has a half precision
 
     @property
+    def kind(self) -> tuple[str, str, str]:
+        """(optimizer, adapter, freeze): what it trains and how, as TrainConfig names them."""
+        return self.optimizer_name, self.adapter, self.freeze
+
+    @property
     def settings(self) -> dict[str, Any]:
         """The TrainConfig fields (``kitlib.notebook.presets.resolve``'s overrides) that train this strategy."""
         chosen = {"optimizer": self.optimizer_name, "adapter": self.adapter, "freeze": self.freeze,
@@ -158,10 +163,9 @@ class MemoryPlan:
 
     def why_parallel(self) -> str:
         """Why DDP or FSDP on several GPUs: the full fine-tune's bytes per GPU replicated and sharded."""
-        full = [f for f in self.fits if f.strategy.optimizer_name == "adamw" and f.strategy.freeze == "none"
-                and f.strategy.adapter == "none" and f.strategy.amp]  # fmt: skip
-        ddp = min((f for f in full if f.strategy.shards == 1), key=lambda f: f.peak, default=None)
-        fsdp = min((f for f in full if f.strategy.shards > 1), key=lambda f: f.peak, default=None)
+        full = [f for f in self.fits if f.strategy.kind == ("adamw", "none", "none") and f.strategy.amp]
+        ddp, fsdp = (min((f for f in full if (f.strategy.shards > 1) == sharded), key=lambda f: f.peak, default=None)
+                     for sharded in (False, True))  # fmt: skip
         if self.parallel is None or ddp is None or fsdp is None:
             return ""
         gb, budget = (lambda f: f"~{f.peak / _GB:.1f} GB per GPU"), f"the {self.budget / _GB:.1f} GB budget"
@@ -468,17 +472,16 @@ def run_plan(model: Any, model_kind: str, hw: HardwareInfo, run: Any, *, split: 
 def run_line(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
     """The memory line of a resolved preset for ``model`` as ``model_kind``: what the picker and ``python -m kitlib
     presets`` show (the run's own split: one micro-batch x accumulation). A plan that cannot be made says why."""
-    length = run.config.max_length or run.preset.max_length_cap
     try:
         plan = run_plan(model, model_kind, hw, run)
         if run.preset.regime == "head":  # the encoder runs once without gradients; the head trains on cached vectors
             return f"~{4 * plan.shape.params / _GB:.1f} GB of fp32 weights for the encoder's forward pass (head regime)"
         if plan.choice is None:  # that split fits nowhere: what would (a smaller micro-batch, more accumulation)
             free = run_plan(model, model_kind, hw, run, split=False)
-            return f"{length} tokens/row: micro-batch {run.config.micro_batch_size} does not fit; {free.line()}"
+            return f"{plan.seq_len} tokens/row: micro-batch {run.config.micro_batch_size} does not fit; {free.line()}"
     except KitError as err:
         return f"no plan: {err}"
-    return f"{length} tokens/row: {plan.line()}"
+    return f"{plan.seq_len} tokens/row: {plan.line()}"
 
 
 def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any) -> str:
@@ -488,9 +491,8 @@ def checkpointing_needed(model: Any, model_kind: str, hw: HardwareInfo, run: Any
     forced_fp32 = cfg.precision == "fp32" and any(not f.strategy.amp for f in plan.fits)  # fp32 asked on an AMP card
     same = {}
     for f in reversed(plan.fits):  # the first row of each (least compromise) wins
-        s = f.strategy
-        if (s.optimizer_name, s.adapter, s.freeze, s.amp) == (cfg.optimizer, cfg.adapter, cfg.freeze, not forced_fp32):
-            same[s.checkpointing] = f
+        if (f.strategy.kind, f.strategy.amp) == ((cfg.optimizer, cfg.adapter, cfg.freeze), not forced_fp32):
+            same[f.strategy.checkpointing] = f
     without, with_ = same.get(False), same.get(True)
     if without is None or with_ is None or without.fits or not with_.fits:
         return ""
@@ -508,7 +510,6 @@ def planned_parallel(model: Any, model_kind: str, hw: HardwareInfo, run: Any) ->
     cfg, plan = run.config, run_plan(model, model_kind, hw, run, split=False)
     if plan.world == 1:
         return None
-    mine = [f for f in plan.fits if (f.strategy.optimizer_name, f.strategy.adapter, f.strategy.freeze)
-            == (cfg.optimizer, cfg.adapter, cfg.freeze)]  # fmt: skip
+    mine = [f for f in plan.fits if f.strategy.kind == (cfg.optimizer, cfg.adapter, cfg.freeze)]
     whole = any(f.fits for f in mine if f.strategy.shards == 1)
     return "fsdp" if not whole and any(f.fits for f in mine if f.strategy.shards > 1) else "ddp"

@@ -196,33 +196,39 @@ def _data_bound(run: RunRecord, hw: HardwareInfo) -> Found | None:
     )
 
 
+def _tokens(run: RunRecord, used: float, evidence: str, basis: str, changes: dict[str, Any], note: str,
+            more: str = "") -> Found:  # fmt: skip
+    """Forward+backward time scales with computed tokens: ``used`` of them is all the data needs."""
+    return Found(f"{evidence}; forward+backward {run.compute:.2f} s)", run.compute * (1 - used),
+                 f"forward+backward time scales with computed tokens: {basis}", changes, note, more)  # fmt: skip
+
+
 def _padding(run: RunRecord, hw: HardwareInfo) -> Found | None:
     real, computed = int(run.facts.real_tokens or 0), int(run.facts.computed_tokens or 0)
     if not real or not computed or real / computed > 0.8:
         return None
     eff, batching = real / computed, run.setting("batching", "fixed")
-    return Found(
-        f"{real:,} real of {computed:,} computed tokens: efficiency {eff:.2f} ({1 - eff:.0%} of forward+backward, "
-        f"{run.compute:.2f} s, is spent on padding; batching={batching!r})",
-        run.compute * (1 - eff / BUCKET_EFFICIENCY),
-        f"forward+backward time scales with computed tokens; bucketing reaches ~{BUCKET_EFFICIENCY} efficiency "
-        "(the eval pass gains too, not counted)",
+    return _tokens(
+        run,
+        eff / BUCKET_EFFICIENCY,
+        f"{real:,} real of {computed:,} computed tokens: efficiency {eff:.2f} ({1 - eff:.0%} is padding, "
+        f"batching={batching!r}",
+        f"bucketing reaches ~{BUCKET_EFFICIENCY} efficiency (the eval pass gains too, not counted)",
         {"batching": "token_budget" if batching == "bucket" else "bucket"},
         "then make_train_loader(TokenDataset(tokens, labels), cfg, hw): needs lengths",
     )
 
 
 def _max_length(run: RunRecord, hw: HardwareInfo) -> Found | None:
-    """Every row padded to a fixed length that the data's longest row does not reach: the tail is pure padding."""
     cap, longest = int(run.facts.max_length or 0), int(run.facts.longest_row_tokens or 0)
     if run.setting("batching") != "fixed" or not cap or not longest or longest >= MAX_LENGTH_SLACK * cap:
         return None
-    return Found(
+    return _tokens(
+        run,
+        longest / cap,
         f"every row padded to max_length={cap} tokens; the longest training row has {longest} "
-        f"({1 - longest / cap:.0%} of each padded row is never used; forward+backward {run.compute:.2f} s)",
-        run.compute * (1 - longest / cap),
-        f"forward+backward time scales with padded tokens: x {longest}/{cap} (attention's length^2 part gains more, "
-        "not counted)",
+        f"({1 - longest / cap:.0%} of each padded row is never used",
+        f"x {longest}/{cap} (attention's length^2 part gains more, not counted)",
         {"max_length": longest},
         "or None in the notebooks: 01 fits it to the data",
         f"; your own collator: pad to {longest} (the data's longest) or to each batch's longest",
@@ -466,23 +472,6 @@ def _micro_batch(run: RunRecord, hw: HardwareInfo) -> Found | None:
     )
 
 
-def _cudnn_shapes(run: RunRecord, hw: HardwareInfo) -> Found | None:
-    shapes = int(run.facts.distinct_input_shapes or 0)
-    cfg_flag = run.cfg.get("cudnn_benchmark")
-    # fit() records the flag after restoring it; fall back to what fit decides (on only for fixed batching).
-    on = bool(run.facts.cudnn_benchmark) or cfg_flag is True
-    on = on or (cfg_flag is None and run.setting("batching") == "fixed")
-    if run.facts.device_type != "cuda" or not on or shapes <= 8:
-        return None
-    return Found(
-        f"cudnn.benchmark on with {shapes} distinct input shapes",
-        min(run.compute * 0.5, 0.05 * shapes),
-        "rough: ~50 ms of autotuning per new shape (pytorch#2759), at most half the compute time",
-        {"cudnn_benchmark": None},
-        'auto: on only for batching="fixed"',
-    )
-
-
 def _respawn(run: RunRecord, hw: HardwareInfo) -> Found | None:
     workers, gaps = int(run.setting("num_workers", 0) or 0), list(run.facts.epoch_gaps_s or [])
     if not workers or run.facts.persistent_workers or not gaps:
@@ -536,7 +525,6 @@ RULES: tuple[Rule, ...] = (  # name (Finding.rule), title, judge: in the report'
     Rule("tiny_batches", "Tiny batches: the per-step overhead dominates", _tiny_batches),
     Rule("micro_batch", "Tiny micro-batches: per-call overhead dominates forward and backward", _micro_batch),
     Rule("recompiles", "torch.compile recompiles for new input shapes", _recompiles),
-    Rule("cudnn_benchmark", "cudnn.benchmark re-tunes for every input shape", _cudnn_shapes),
     Rule("respawn", "DataLoader workers restart every epoch", _respawn),
     Rule("time_budget", "The plan overruns the time budget", _time_budget),
 )
