@@ -118,3 +118,15 @@ def test_hardware_detection_reads_no_private_torch_binding(monkeypatch: pytest.M
 
     monkeypatch.setattr(hardware, "_cpu_flags", frozenset)  # no /proc/cpuinfo (macOS, Windows)
     assert hardware.detect({}).cpu_amx is False
+
+
+def test_private_torch_api_dynamo_records_compile_times() -> None:
+    """RunFacts' compile seconds (record._compile_times): ``torch._dynamo.utils.compilation_time_metrics`` gains one
+    ``_compile.compile_inner`` entry per dynamo compile (the eager backend: no C compiler needed)."""
+    from kitlib.engine.record import _compile_times
+
+    before = len(_compile_times())
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
+    assert len(_compile_times()) == before + 1 and all(t >= 0 for t in _compile_times())

@@ -1,4 +1,4 @@
-"""fit(): the loop: set-up, epochs of optimizer windows (``step.train_window``), an epoch-end record and its evals,
+"""fit(): the loop: set-up, epochs of optimizer windows (``Loop.train_window``), an epoch-end record and its evals,
 and the named events (``events``) on which kitlib's policies and the user's callbacks act."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import operator
 import time
 import warnings
@@ -48,7 +49,6 @@ from kitlib.engine.step import (
     mask_optional,
     step_ledger,
     to_device,
-    train_window,
 )
 from kitlib.engine.timing import PhaseTimer
 from kitlib.errors import CheckpointError, DistributedError, NonFiniteLossError
@@ -348,15 +348,8 @@ class Loop:
         check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
         self.checked_gradients = True
 
-        def train(micro_batches: list[Batch]) -> Any:
-            return train_window(
-                micro_batches, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
-                optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
-                timer=self.timer, to_device=self.to_device,
-            )  # fmt: skip
-
         with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
-            applied = self.backoff.run(window, train, step=self.state.step + self.state.skipped)
+            applied = self.backoff.run(window, self.train_window, step=self.state.step + self.state.skipped)
         self.state.batch_in_epoch += len(window)
         self.state.step += 1
         self.unsettled += 1
@@ -367,6 +360,35 @@ class Loop:
 
         return StepEnd(applied, len(window), total(rows), total(real_tokens), total(computed_tokens), shapes, started,
                        fetch_s, time.perf_counter() - started)  # fmt: skip
+
+    def train_window(self, window: list[Batch]) -> Any:
+        """The optimizer step over ``window``'s micro-batches, counted by the ledger (no host sync on a device):
+        autocast -> weighted backward -> unscale -> clip -> step at the scheduled LR (skipped on inf/nan) -> zero_grad.
+        Returns the applied flag."""
+        timer, env, precision, optimizer = self.timer, self.env, self.precision, self.optimizer
+        with timer.phase("h2d"):
+            window = [self.to_device(batch) for batch in window]
+            # Each micro-batch's mean loss is weighted by its share of the window's items across all ranks, so the
+            # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
+            # gradients over ranks, hence the world_size factor.
+            counts, total = self.ledger.tally(window, self.count_fn)
+        # One micro-batch on one process: its weight is exactly 1 (count / count), so no scaling ops (~4 a step).
+        alone = len(window) == 1 and not env.enabled
+        losses = []
+        for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
+            with distributed.sync_context(self.model, sync=i == len(window) - 1):
+                with timer.phase("forward"), precision.autocast():
+                    loss = self.loss_fn(self.model, batch)
+                with timer.phase("backward"):
+                    precision.backward(loss if alone else loss * (count * env.world_size / total))
+            losses.append(loss.detach())
+        with timer.phase("optimizer"):
+            precision.unscale_(optimizer)
+            clip = self.cfg.grad_clip or math.inf
+            norm = distributed.whole(torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True))
+            applied = self.ledger.step(optimizer, precision, norm, losses, counts, total)
+            optimizer.zero_grad(set_to_none=True)
+        return applied
 
     def train_log(self, samples: int, tokens: int | torch.Tensor, epoch_start: float) -> dict[str, float]:
         """A log step's ``on_log`` metrics: the loss since the last log, the lr, and this epoch's speed so far
