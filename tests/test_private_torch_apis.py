@@ -1,9 +1,11 @@
 """Issue #29 item 4: what kitlib's hot path relies on that torch does not document as public, one test each, so a
 torch release that changes it fails here by name instead of in a training run.
 
-Checked on torch 2.13.0 (CPU build). The package declares torch>=2.4; 2.4-2.12 exist only as CUDA builds (several GB,
-scripts/test_hosted_pins.sh), so on those versions these pins are reasoned, not run. GradScaler's private
-per-optimizer state is gone from kitlib (Precision.forget_unscale rebuilds the scaler from its public state_dict).
+Run on torch 2.13.0 (CPU build) and 2.6.0 (the cu124 wheel, on a CPU): all pass on both. The package declares
+torch>=2.4, but on 2.4 (and 2.5) kitlib.engine does not import: ``fully_shard``, ``MixedPrecisionPolicy`` and
+``FSDPModule`` are public in ``torch.distributed.fsdp`` from 2.6, so 2.6 is the lowest torch these pins can run on.
+GradScaler's private per-optimizer state is gone from kitlib (Precision.forget_unscale rebuilds the scaler from its
+public state_dict).
 """
 
 from __future__ import annotations

@@ -303,10 +303,9 @@ class Loop:
                 self.output.save(name, take())
 
     def save_last(self) -> None:
-        """``last/``: the full resume state. At an epoch end a full eval still scoring is saved as unscored (the
-        resume runs it again, ``BackgroundEval.rescore``); anywhere else its weights are gone from the model, so the
-        save waits for it (at most the rest of one eval, once an epoch), as does the run's last save: a finished
-        run's last/ is complete, and running its cell again evaluates nothing."""
+        """``last/``: the full resume state. A full eval still scoring is saved as unscored at an epoch end (the resume
+        reruns it); elsewhere, and at the run's last save, the save waits for it, so a finished run's last/ is complete
+        and running its cell again evaluates nothing."""
         self.settle()
         if self.out is None:
             return
@@ -454,10 +453,9 @@ class Loop:
         self.events.fire("on_metrics", epoch, metrics, weights)
 
     def collect(self, through: int | None = None) -> None:
-        """The background evals of the epochs up to ``through`` (all when None), waiting for those still running:
-        into their epoch's row, then reported, in epoch order. fit() collects epoch k's at the end of epoch k+1,
-        before that epoch's own metrics, so best/ and early stopping judge every epoch in order, one epoch behind
-        when its eval runs in the background, and the same whenever its result happens to land."""
+        """The background evals of the epochs up to ``through`` (all when None), waited for, into their epoch's row,
+        then reported in epoch order: fit collects epoch k's at epoch k+1's end, before that epoch's own metrics, so
+        best/ and early stopping judge every epoch in order, whenever its result lands."""
         for epoch, metrics, weights in self.evals.collect(through):
             next(r for r in self.state.history if r["epoch"] == epoch).update(metrics)
             self.report(epoch, metrics, weights)

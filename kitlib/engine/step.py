@@ -240,13 +240,9 @@ def step_ledger(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, 
 
 
 def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = ()) -> list[str]:
-    """Recompute activations in backward: ~30% more compute for far less activation memory. Returns what it enabled.
-
-    ``modules`` (``TrainConfig.checkpoint_modules``): submodule names (``"blocks"``, ``"encoder.layers.0"``; a
-    ModuleList's blocks each) or class names (``"TransformerBlock"``), each recomputed in backward through
-    ``torch.utils.checkpoint`` (non-reentrant). Without names: a Hugging Face model's own switch, or that of the
-    Hugging Face models inside a wrapper module; anything else raises, naming the fix.
-    """
+    """Recompute activations in backward (~30% more compute, far less memory) of ``modules``: submodule names (a
+    ModuleList's blocks each) or class names; without names, the Hugging Face models' own switch (a wrapper's inside
+    ones), else a ValueError naming the fix. Returns what it enabled."""
     if modules:
         return _checkpoint_named(model, modules)
     hf = [model] if _hf_switch(model) else []
@@ -305,11 +301,9 @@ def _checkpoint_named(model: nn.Module, wanted: Sequence[str]) -> list[str]:
 
 
 def _recompute_in_backward(module: nn.Module) -> None:
-    """Route ``module``'s forward through ``torch.utils.checkpoint`` while training with autograd on. The module
-    becomes an instance of a subclass whose forward does it (its state_dict and names are unchanged), not an instance
-    attribute closing over the bound forward: a deep copy (a CPU copy for a background eval, an EMA) then runs its own
-    weights, not the original's. The subclass has no import path, so pickling (``launch`` returning the model) and
-    copying rebuild the instance from its base class and apply this again (``_rebuild_recomputed``)."""
+    """Route ``module``'s forward through ``torch.utils.checkpoint`` while training: its class becomes a subclass
+    (not an instance attribute, so a deep copy runs its own weights), which pickles and copies by its base class
+    (``_rebuild_recomputed``). Pinned by tests/test_private_torch_apis.py."""
     base = type(module)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
