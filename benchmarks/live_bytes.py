@@ -18,6 +18,7 @@ from __future__ import annotations
 import tempfile
 import weakref
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -28,10 +29,11 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 from kitlib.config import TrainConfig
 from kitlib.doctor.memory_plan import GENERATING, plan_memory
 from kitlib.doctor.meta_count import meta_model
+from kitlib.engine.loop import Loop
 from kitlib.engine.objective import default_count_fn, hf_loss
 from kitlib.engine.optim import build_optimizer, build_scheduler
 from kitlib.engine.optim import freeze as freeze_part
-from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device, train_window
+from kitlib.engine.step import StepLedger, enable_activation_checkpointing, to_device
 from kitlib.engine.timing import PhaseTimer
 from kitlib.machine.amp import Precision
 from kitlib.machine.distributed import DistEnv
@@ -102,10 +104,12 @@ def step_peak(
     precision = Precision(decide_precision(fake_profile("CPU"), "fp32"))
     count_fn, move = default_count_fn(model), to_device(torch.device("cpu"))
 
+    parts = SimpleNamespace(model=model, loss_fn=loss_fn or hf_loss, count_fn=count_fn, precision=precision,
+                            optimizer=optimizer, ledger=ledger, params=params, cfg=cfg, env=DistEnv(),
+                            timer=PhaseTimer(), to_device=move)  # fmt: skip
+
     def step() -> None:
-        train_window(window, model=model, loss_fn=loss_fn or hf_loss, count_fn=count_fn, precision=precision,
-                     optimizer=optimizer, ledger=ledger, params=params, cfg=cfg, env=DistEnv(), timer=PhaseTimer(),
-                     to_device=move)  # fmt: skip
+        Loop.train_window(parts, window)  # type: ignore[arg-type]  # the step alone, on the parts it reads
 
     step()  # creates the AdamW states
     with LiveBytes() as live:

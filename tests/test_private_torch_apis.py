@@ -1,9 +1,11 @@
 """Issue #29 item 4: what kitlib's hot path relies on that torch does not document as public, one test each, so a
 torch release that changes it fails here by name instead of in a training run.
 
-Checked on torch 2.13.0 (CPU build). The package declares torch>=2.4; 2.4-2.12 exist only as CUDA builds (several GB,
-scripts/test_hosted_pins.sh), so on those versions these pins are reasoned, not run. GradScaler's private
-per-optimizer state is gone from kitlib (Precision.forget_unscale rebuilds the scaler from its public state_dict).
+Run on torch 2.13.0 (CPU build) and 2.6.0 (the cu124 wheel, on a CPU): all pass on both. The package declares
+torch>=2.4, but on 2.4 (and 2.5) kitlib.engine does not import: ``fully_shard``, ``MixedPrecisionPolicy`` and
+``FSDPModule`` are public in ``torch.distributed.fsdp`` from 2.6, so 2.6 is the lowest torch these pins can run on.
+GradScaler's private per-optimizer state is gone from kitlib (Precision.forget_unscale rebuilds the scaler from its
+public state_dict).
 """
 
 from __future__ import annotations
@@ -118,3 +120,15 @@ def test_hardware_detection_reads_no_private_torch_binding(monkeypatch: pytest.M
 
     monkeypatch.setattr(hardware, "_cpu_flags", frozenset)  # no /proc/cpuinfo (macOS, Windows)
     assert hardware.detect({}).cpu_amx is False
+
+
+def test_private_torch_api_dynamo_records_compile_times() -> None:
+    """RunFacts' compile seconds (record._compile_times): ``torch._dynamo.utils.compilation_time_metrics`` gains one
+    ``_compile.compile_inner`` entry per dynamo compile (the eager backend: no C compiler needed)."""
+    from kitlib.engine.record import _compile_times
+
+    before = len(_compile_times())
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
+    assert len(_compile_times()) == before + 1 and all(t >= 0 for t in _compile_times())

@@ -382,6 +382,7 @@ def _build_embeddings(
 ) -> npt.NDArray[np.float32]:
     import torch
 
+    from kitlib.data.loaders import PaddingCollator
     from kitlib.models.heads import masked_mean
 
     tokens = _build_tokens(texts, tokenizer, max_length, batch_size=1000)
@@ -391,7 +392,7 @@ def _build_embeddings(
     if device is not None:
         model.to(device)
     dev = next(model.parameters()).device
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = PaddingCollator(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0, pad_to_multiple_of=1)
     was_training = model.training
     model.eval()
     out: npt.NDArray[np.float32] | None = None
@@ -401,15 +402,8 @@ def _build_embeddings(
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
                 rows = order[start : start + batch_size]
-                width = int(lengths[rows].max())
-                ids = np.full((len(rows), width), pad_id, dtype=np.int64)
-                mask = np.zeros((len(rows), width), dtype=np.int64)
-                for r, i in enumerate(rows):
-                    row = tokens[int(i)]
-                    ids[r, : len(row)] = row
-                    mask[r, : len(row)] = 1
-                ids_t = torch.from_numpy(ids).to(dev, non_blocking=True)
-                mask_t = torch.from_numpy(mask).to(dev, non_blocking=True)
+                batch = pad([tokens[int(i)] for i in rows])  # to the batch's longest row
+                ids_t, mask_t = (batch[k].to(dev, non_blocking=True) for k in ("input_ids", "attention_mask"))
                 with autocast():
                     more = {"output_hidden_states": True} if layers > 1 else {}
                     output = model(input_ids=ids_t, attention_mask=mask_t, **more)
@@ -420,7 +414,7 @@ def _build_embeddings(
                 if out is None:
                     out = np.empty((len(texts), pooled.shape[-1]), dtype=np.float32)
                 out[rows] = pooled.cpu().numpy()  # .cpu() syncs with the GPU once per batch
-                advance(bar, len(rows), int(mask.sum()))
+                advance(bar, len(rows), int(lengths[rows].sum()))
     finally:
         bar.close()
         model.train(was_training)

@@ -322,7 +322,6 @@ def make_train_loader(
             )
         mode = "dynamic"
     multiple = _pad_multiple(cfg, hw)
-    fixed = _width(cfg, lens) if mode == "fixed" else None
     sampler: Any
     if mode == "bucket":
         assert lens is not None
@@ -342,11 +341,7 @@ def make_train_loader(
         sampler = PackingSampler(lens, tokens, rows, seed=seed, rank=rank, world_size=world)
     else:
         sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
-    if collate is None:
-        collate = PaddingCollator(
-            getattr(dataset, "pad_id", 0), multiple, max_length=cfg.max_length, fixed_length=fixed
-        )
-    return _build(dataset, sampler, collate, cfg, hw, seed)
+    return _build(dataset, sampler, collate if collate is not None else _padding(dataset, cfg, hw, lens), cfg, hw, seed)
 
 
 def make_eval_loader(
@@ -363,12 +358,16 @@ def make_eval_loader(
     sampler: Any = (
         SortedBatchSampler(lens, bs) if lens is not None else RandomBatchSampler(len(dataset), bs, shuffle=False)
     )
-    if collate is None:
-        fixed = _width(cfg, lens) if cfg.batching == "fixed" else None
-        collate = PaddingCollator(
-            getattr(dataset, "pad_id", 0), _pad_multiple(cfg, hw), max_length=cfg.max_length, fixed_length=fixed
-        )
-    return _build(dataset, sampler, collate, cfg, hw, cfg.seed)
+    return _build(
+        dataset, sampler, collate if collate is not None else _padding(dataset, cfg, hw, lens), cfg, hw, cfg.seed
+    )
+
+
+def _padding(dataset: Any, cfg: TrainConfig, hw: HardwareInfo, lens: np.ndarray | None) -> PaddingCollator:
+    """The default collate: dynamic padding, or every batch at the 'fixed' width."""
+    fixed = _width(cfg, lens) if cfg.batching == "fixed" else None
+    return PaddingCollator(getattr(dataset, "pad_id", 0), _pad_multiple(cfg, hw), max_length=cfg.max_length,
+                           fixed_length=fixed)  # fmt: skip
 
 
 make_predict_loader = make_eval_loader  # inference batches: length-sorted; restore_order(loader, predictions)

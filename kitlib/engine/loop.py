@@ -1,4 +1,4 @@
-"""fit(): the loop: set-up, epochs of optimizer windows (``step.train_window``), an epoch-end record and its evals,
+"""fit(): the loop: set-up, epochs of optimizer windows (``Loop.train_window``), an epoch-end record and its evals,
 and the named events (``events``) on which kitlib's policies and the user's callbacks act."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import operator
 import time
 import warnings
@@ -48,7 +49,6 @@ from kitlib.engine.step import (
     mask_optional,
     step_ledger,
     to_device,
-    train_window,
 )
 from kitlib.engine.timing import PhaseTimer
 from kitlib.errors import CheckpointError, DistributedError, NonFiniteLossError
@@ -303,10 +303,9 @@ class Loop:
                 self.output.save(name, take())
 
     def save_last(self) -> None:
-        """``last/``: the full resume state. At an epoch end a full eval still scoring is saved as unscored (the
-        resume runs it again, ``BackgroundEval.rescore``); anywhere else its weights are gone from the model, so the
-        save waits for it (at most the rest of one eval, once an epoch), as does the run's last save: a finished
-        run's last/ is complete, and running its cell again evaluates nothing."""
+        """``last/``: the full resume state. A full eval still scoring is saved as unscored at an epoch end (the resume
+        reruns it); elsewhere, and at the run's last save, the save waits for it, so a finished run's last/ is complete
+        and running its cell again evaluates nothing."""
         self.settle()
         if self.out is None:
             return
@@ -348,15 +347,8 @@ class Loop:
         check = self.env.enabled and not self.cfg.find_unused_parameters and not self.checked_gradients
         self.checked_gradients = True
 
-        def train(micro_batches: list[Batch]) -> Any:
-            return train_window(
-                micro_batches, model=self.model, loss_fn=self.loss_fn, count_fn=self.count_fn, precision=self.precision,
-                optimizer=self.optimizer, ledger=self.ledger, params=self.params, cfg=self.cfg, env=self.env,
-                timer=self.timer, to_device=self.to_device,
-            )  # fmt: skip
-
         with distributed.every_parameter_gets_a_gradient(self.raw_model) if check else contextlib.nullcontext():
-            applied = self.backoff.run(window, train, step=self.state.step + self.state.skipped)
+            applied = self.backoff.run(window, self.train_window, step=self.state.step + self.state.skipped)
         self.state.batch_in_epoch += len(window)
         self.state.step += 1
         self.unsettled += 1
@@ -367,6 +359,35 @@ class Loop:
 
         return StepEnd(applied, len(window), total(rows), total(real_tokens), total(computed_tokens), shapes, started,
                        fetch_s, time.perf_counter() - started)  # fmt: skip
+
+    def train_window(self, window: list[Batch]) -> Any:
+        """The optimizer step over ``window``'s micro-batches, counted by the ledger (no host sync on a device):
+        autocast -> weighted backward -> unscale -> clip -> step at the scheduled LR (skipped on inf/nan) -> zero_grad.
+        Returns the applied flag."""
+        timer, env, precision, optimizer = self.timer, self.env, self.precision, self.optimizer
+        with timer.phase("h2d"):
+            window = [self.to_device(batch) for batch in window]
+            # Each micro-batch's mean loss is weighted by its share of the window's items across all ranks, so the
+            # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
+            # gradients over ranks, hence the world_size factor.
+            counts, total = self.ledger.tally(window, self.count_fn)
+        # One micro-batch on one process: its weight is exactly 1 (count / count), so no scaling ops (~4 a step).
+        alone = len(window) == 1 and not env.enabled
+        losses = []
+        for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
+            with distributed.sync_context(self.model, sync=i == len(window) - 1):
+                with timer.phase("forward"), precision.autocast():
+                    loss = self.loss_fn(self.model, batch)
+                with timer.phase("backward"):
+                    precision.backward(loss if alone else loss * (count * env.world_size / total))
+            losses.append(loss.detach())
+        with timer.phase("optimizer"):
+            precision.unscale_(optimizer)
+            clip = self.cfg.grad_clip or math.inf
+            norm = distributed.whole(torch.nn.utils.clip_grad_norm_(self.params, clip, foreach=True))
+            applied = self.ledger.step(optimizer, precision, norm, losses, counts, total)
+            optimizer.zero_grad(set_to_none=True)
+        return applied
 
     def train_log(self, samples: int, tokens: int | torch.Tensor, epoch_start: float) -> dict[str, float]:
         """A log step's ``on_log`` metrics: the loss since the last log, the lr, and this epoch's speed so far
@@ -432,10 +453,9 @@ class Loop:
         self.events.fire("on_metrics", epoch, metrics, weights)
 
     def collect(self, through: int | None = None) -> None:
-        """The background evals of the epochs up to ``through`` (all when None), waiting for those still running:
-        into their epoch's row, then reported, in epoch order. fit() collects epoch k's at the end of epoch k+1,
-        before that epoch's own metrics, so best/ and early stopping judge every epoch in order, one epoch behind
-        when its eval runs in the background, and the same whenever its result happens to land."""
+        """The background evals of the epochs up to ``through`` (all when None), waited for, into their epoch's row,
+        then reported in epoch order: fit collects epoch k's at epoch k+1's end, before that epoch's own metrics, so
+        best/ and early stopping judge every epoch in order, whenever its result lands."""
         for epoch, metrics, weights in self.evals.collect(through):
             next(r for r in self.state.history if r["epoch"] == epoch).update(metrics)
             self.report(epoch, metrics, weights)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -137,26 +138,24 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
 
 def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
     """bitsandbytes' AdamW8bit (2 bytes state a parameter); fp16 runs pay one host sync a step for the scaler."""
-    try:
-        import bitsandbytes
-    except ImportError as error:
-        raise SetupError(
-            f"optimizer='adamw8bit' needs bitsandbytes ({error}). Fix: {pip_install('bitsandbytes', 'lean')}, or "
-            "optimizer='adamw'"
-        ) from error
+    bitsandbytes = _optional("bitsandbytes", "bitsandbytes", cfg, "optimizer='adamw'")
     return bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
 
 
 def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
     """torch-optimi's AdamW with Kahan summation: bf16 weights learn as fp32 ones (+2 bytes a parameter)."""
+    optimi = _optional("optimi", "torch-optimi", cfg, "optimizer='adamw' with fp32 weights (model.float())")
+    return optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
+
+
+def _optional(module: str, package: str, cfg: TrainConfig, instead: str) -> Any:
+    """``module`` imported, or a SetupError naming the pip line for ``package`` and the optimizer to use ``instead``."""
     try:
-        import optimi
+        return importlib.import_module(module)
     except ImportError as error:
         raise SetupError(
-            f"optimizer='adamw-kahan' needs torch-optimi ({error}). Fix: {pip_install('torch-optimi', 'lean')}, or "
-            "optimizer='adamw' with fp32 weights (model.float())"
+            f"optimizer={cfg.optimizer!r} needs {package} ({error}). Fix: {pip_install(package, 'lean')}, or {instead}"
         ) from error
-    return optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
 
 
 def cast_for_optimizer(model: nn.Module, cfg: TrainConfig, dtype: str) -> str:

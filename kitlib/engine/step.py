@@ -1,5 +1,5 @@
-"""The optimizer step (``train_window``: autocast -> weighted backward -> unscale -> clip -> step at the scheduled LR,
-skipped on the device on inf/nan -> count -> zero_grad), its device-side ledger and the small helpers. No host sync."""
+"""The optimizer step's device-side ledger (``StepLedger``: the scheduled LR, the skip on inf/nan, the counts; no host
+sync), the batch's move to the device and activation checkpointing. The step itself is ``Loop.train_window``."""
 
 from __future__ import annotations
 
@@ -15,12 +15,10 @@ from torch import nn
 
 from kitlib.engine.checkpoint import unwrap_model
 from kitlib.engine.chunked_loss import chunked_lm_loss
-from kitlib.engine.objective import Batch, CountFn, LossFn, hf_loss
-from kitlib.engine.timing import PhaseTimer
+from kitlib.engine.objective import Batch, CountFn, hf_loss
 from kitlib.machine import distributed
 
 if TYPE_CHECKING:
-    from kitlib.config import TrainConfig
     from kitlib.machine.amp import Precision
 
 
@@ -241,55 +239,10 @@ def step_ledger(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, 
     return (HostLedger if host else StepLedger)(scheduler, total_steps, device, env)
 
 
-def train_window(
-    window: list[Batch],
-    *,
-    model: nn.Module,
-    loss_fn: LossFn,
-    count_fn: CountFn,
-    precision: Precision,
-    optimizer: torch.optim.Optimizer,
-    ledger: StepLedger,
-    params: list[nn.Parameter],
-    cfg: TrainConfig,
-    env: distributed.DistEnv,
-    timer: PhaseTimer,
-    to_device: Callable[[Batch], Batch],
-) -> Any:
-    """One optimizer step over a window of micro-batches, counted by ``ledger`` (with no host sync on a device):
-    returns its applied flag."""
-    with timer.phase("h2d"):
-        window = [to_device(batch) for batch in window]
-        # Each micro-batch's mean loss is weighted by its share of the window's items across all ranks, so the
-        # update equals one big batch: also for a short last window and token-weighted losses. DDP averages the
-        # gradients over ranks, hence the world_size factor.
-        counts, total = ledger.tally(window, count_fn)
-    # One micro-batch on one process: its weight is exactly 1 (count / count), so no scaling ops (~4 a step).
-    alone = len(window) == 1 and not env.enabled
-    losses = []
-    for i, (batch, count) in enumerate(zip(window, counts, strict=True)):
-        with distributed.sync_context(model, sync=i == len(window) - 1):
-            with timer.phase("forward"), precision.autocast():
-                loss = loss_fn(model, batch)
-            with timer.phase("backward"):
-                precision.backward(loss if alone else loss * (count * env.world_size / total))
-        losses.append(loss.detach())
-    with timer.phase("optimizer"):
-        precision.unscale_(optimizer)
-        norm = distributed.whole(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or math.inf, foreach=True))
-        applied = ledger.step(optimizer, precision, norm, losses, counts, total)
-        optimizer.zero_grad(set_to_none=True)
-    return applied
-
-
 def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = ()) -> list[str]:
-    """Recompute activations in backward: ~30% more compute for far less activation memory. Returns what it enabled.
-
-    ``modules`` (``TrainConfig.checkpoint_modules``): submodule names (``"blocks"``, ``"encoder.layers.0"``; a
-    ModuleList's blocks each) or class names (``"TransformerBlock"``), each recomputed in backward through
-    ``torch.utils.checkpoint`` (non-reentrant). Without names: a Hugging Face model's own switch, or that of the
-    Hugging Face models inside a wrapper module; anything else raises, naming the fix.
-    """
+    """Recompute activations in backward (~30% more compute, far less memory) of ``modules``: submodule names (a
+    ModuleList's blocks each) or class names; without names, the Hugging Face models' own switch (a wrapper's inside
+    ones), else a ValueError naming the fix. Returns what it enabled."""
     if modules:
         return _checkpoint_named(model, modules)
     hf = [model] if _hf_switch(model) else []
@@ -348,11 +301,9 @@ def _checkpoint_named(model: nn.Module, wanted: Sequence[str]) -> list[str]:
 
 
 def _recompute_in_backward(module: nn.Module) -> None:
-    """Route ``module``'s forward through ``torch.utils.checkpoint`` while training with autograd on. The module
-    becomes an instance of a subclass whose forward does it (its state_dict and names are unchanged), not an instance
-    attribute closing over the bound forward: a deep copy (a CPU copy for a background eval, an EMA) then runs its own
-    weights, not the original's. The subclass has no import path, so pickling (``launch`` returning the model) and
-    copying rebuild the instance from its base class and apply this again (``_rebuild_recomputed``)."""
+    """Route ``module``'s forward through ``torch.utils.checkpoint`` while training: its class becomes a subclass
+    (not an instance attribute, so a deep copy runs its own weights), which pickles and copies by its base class
+    (``_rebuild_recomputed``). Pinned by tests/test_private_torch_apis.py."""
     base = type(module)
 
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:

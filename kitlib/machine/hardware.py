@@ -181,7 +181,6 @@ def detect(environ: Mapping[str, str] | None = None) -> HardwareInfo:
     env: Mapping[str, str] = os.environ if environ is None else environ
     platform = detect_platform(env)
     input_dir, working_dir, scratch_dir = _platform_dirs(platform, Path.cwd())
-    flags = _cpu_flags()
     ram = _ram_bytes()
     return HardwareInfo(
         platform=platform,
@@ -192,16 +191,13 @@ def detect(environ: Mapping[str, str] | None = None) -> HardwareInfo:
         cpu_count=usable_cpus(),
         ram_bytes=ram,
         accelerators=_accelerators(ram),
-        cpu_amx="amx_bf16" in flags,  # listed only where the kernel enabled AMX state; no /proc: unknown, fp32
-        cpu_avx512_bf16="avx512_bf16" in flags,
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda,
         # [] on CPU builds, and on CUDA builds when no driver/GPU is visible.
         torch_cuda_arch_list=tuple(torch.cuda.get_arch_list()),
         library_versions=_library_versions(),
         shm_bytes=_shm_bytes(),
-        cpu_avx512_fp16="avx512_fp16" in flags,
-        cpu_amx_fp16="amx_fp16" in flags,
+        **_isa(_cpu_flags()),  # AMX is listed only where the kernel enabled its state; no /proc: unknown, fp32
     )
 
 
@@ -333,6 +329,13 @@ def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def _isa(flags: frozenset[str]) -> dict[str, bool]:
+    """HardwareInfo's CPU ISA fields from the kernel's flag names."""
+    names = {"cpu_amx": "amx_bf16", "cpu_avx512_bf16": "avx512_bf16", "cpu_avx512_fp16": "avx512_fp16",
+             "cpu_amx_fp16": "amx_fp16"}  # fmt: skip
+    return {field: flag in flags for field, flag in names.items()}
 
 
 def usable_cpus() -> int:
@@ -582,13 +585,10 @@ def fake_profile(
         cpu_count=profile.cpu_count,
         ram_bytes=int(profile.ram_gib * _GIB),
         accelerators=accelerators,
-        cpu_amx="amx_bf16" in profile.cpu_isa,
-        cpu_avx512_bf16="avx512_bf16" in profile.cpu_isa,
         torch_version=torch_version if cuda else torch_version.split("+")[0] + ("+cpu" if not profile.gpus else ""),
         cuda_version=_cuda_of(torch_version) if cuda else None,
         torch_cuda_arch_list=arch,
         library_versions=(),
         shm_bytes=None,  # not known for the hosted images; detect() measures the real one
-        cpu_avx512_fp16="avx512_fp16" in profile.cpu_isa,
-        cpu_amx_fp16="amx_fp16" in profile.cpu_isa,
+        **_isa(profile.cpu_isa),
     )

@@ -120,27 +120,28 @@ def _decide_mps(requested: Requested) -> PrecisionPlan:
     return PrecisionPlan("fp32", "mps", False, False, "Apple MPS: fp32 as requested")
 
 
+# a half dtype on the CPU: (HardwareInfo flag, ISA name) that run it natively, GradScaler, why not elsewhere
+_CPU_HALF: dict[str, tuple[tuple[tuple[str, str], ...], bool, str]] = {
+    "bf16": ((("cpu_amx", "AMX-BF16"), ("cpu_avx512_bf16", "AVX512-BF16")), False,
+             "this CPU has neither AMX-BF16 nor AVX512-BF16, so bf16 is emulated (57x slower than fp32 measured on an "
+             "AVX2 EPYC)"),
+    "fp16": ((("cpu_amx_fp16", "AMX-FP16"), ("cpu_avx512_fp16", "AVX512-FP16")), True,
+             "fp16 on this CPU (no AVX512-FP16/AMX-FP16) is emulated by converting to fp32 and back, slower than fp32"),
+}  # fmt: skip
+
+
 def _decide_cpu(hw: HardwareInfo, requested: Requested) -> PrecisionPlan:
     if requested == "auto":
         # bf16's gain on a CPU depends on the model (one AMX core: MiniLM 1.8x, a BiLSTM 0.92x): asked for, not guessed
         why = "CPU: fp32 (precision='bf16' runs bf16 autocast on a CPU with AMX-BF16 or AVX512-BF16)"
         return PrecisionPlan("fp32", "cpu", False, False, why)
-    if requested == "bf16":
-        if not (hw.cpu_amx or hw.cpu_avx512_bf16):
-            raise PrecisionError(
-                "this CPU has neither AMX-BF16 nor AVX512-BF16, so bf16 is emulated (57x slower than fp32 measured "
-                "on an AVX2 EPYC). Fix: use precision='fp32' or 'auto'"
-            )
-        isa = "AMX-BF16" if hw.cpu_amx else "AVX512-BF16"
-        return PrecisionPlan("bf16", "cpu", False, False, f"CPU with {isa}: bf16 autocast as requested")
-    if requested == "fp16":
-        if not (hw.cpu_amx_fp16 or hw.cpu_avx512_fp16):
-            raise PrecisionError(
-                "fp16 on this CPU (no AVX512-FP16/AMX-FP16) is emulated by converting to fp32 and back, slower than "
-                "fp32. Fix: use precision='fp32' or 'auto'"
-            )
-        isa = "AMX-FP16" if hw.cpu_amx_fp16 else "AVX512-FP16"
-        return PrecisionPlan("fp16", "cpu", True, False, f"CPU with {isa}: fp16 autocast + GradScaler as requested")
+    if requested in _CPU_HALF:
+        isas, scaler, emulated = _CPU_HALF[requested]
+        isa = next((name for flag, name in isas if getattr(hw, flag)), None)
+        if isa is None:
+            raise PrecisionError(f"{emulated}. Fix: use precision='fp32' or 'auto'")
+        how = "fp16 autocast + GradScaler" if scaler else "bf16 autocast"
+        return PrecisionPlan(requested, "cpu", scaler, False, f"CPU with {isa}: {how} as requested")
     return PrecisionPlan("fp32", "cpu", False, False, "CPU: fp32 as requested")
 
 
