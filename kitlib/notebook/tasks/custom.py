@@ -42,6 +42,7 @@ class OwnModel(Task):
 
     def check(self, p: Params) -> None:
         check_factory(p, self.name, self.arguments)
+        super().check(p)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         return {**super().saved_state(tokenizer, p), "model_factory": p.model_factory}

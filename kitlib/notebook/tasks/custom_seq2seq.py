@@ -35,18 +35,7 @@ FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in bet
 
 
 class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
-    arguments, positional = ARGUMENTS, False
-
-    def __init__(self) -> None:
-        super().__init__("custom-seq2seq")
-
-    def check(self, p: Params) -> None:
-        super().check(p)
-        if p.text == p.target:
-            raise SetupError(
-                f"task = {self.name!r} generates the target from the text, but both name {p.text!r}. Fix: text = the "
-                "source column, target = the column to generate, in 00_setup's parameters"
-            )
+    name, arguments, positional = "custom-seq2seq", ARGUMENTS, False
 
     def preset(self, preset: Preset, p: Params) -> Preset:
         """Random weights: larger lr and more epochs (applied once); generation every FULL_EVAL_EVERY epochs."""

@@ -10,27 +10,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.data.featurize import tokenize_texts
-from kitlib.data.tables import DataError, TargetSpec, read_table
+from kitlib.data.tables import read_table
 from kitlib.models.adapters import quantization
 from kitlib.models.folders import model_refusals
-from kitlib.models.seq2seq import (
-    data_tokenizer,
-    short_texts,
-    tiny_seq2seq,
-    tokenizer_from_json,
-    tokenizer_identity,
-)
-from kitlib.notebook.handoff import SideInputs
+from kitlib.models.seq2seq import data_tokenizer, short_texts, tiny_seq2seq, tokenizer_from_json, tokenizer_identity
+from kitlib.notebook.tasks import generation as gen
 from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
-from kitlib.notebook.tasks.generation import (
-    IGNORE,
-    TextGenerationTask,
-    hf_limits,
-    limits_of,
-    model_folder,
-    rough_tokens,
-    target_limits,
-)
+from kitlib.notebook.tasks.generation import IGNORE, TextGenerationTask, model_folder
 from kitlib.tasks.metrics import database_in
 from kitlib.tasks.sql_metric import check_references
 
@@ -41,6 +27,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from kitlib.data.tables import TargetSpec
+    from kitlib.notebook.handoff import SideInputs
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
 
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
@@ -68,22 +56,12 @@ def summary_source(preset: Preset, p: Params) -> Preset:
 
 class Seq2SeqTask(TextGenerationTask):
     name = "seq2seq"
-    target_rule = "classify"  # read_table: targets as written (a mix of words and numbers is not a dirty number)
-
-    def __init__(self, name: str = "seq2seq") -> None:
-        self.name = name
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
-        not_text = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
-        if not_text.any():
-            first = not_text.idxmax()
-            raise DataError(
-                f"target column {column.name!r} holds {column[first]!r} at row {first}: seq2seq generates text, so "
-                "every target must be a non-empty text. Fix: drop or fill those rows, or check target"
-            )
+        spec = super().target(column, p, metric)
         if metric == "record_f1":
             _check_sql(column, p)
-        return TargetSpec("sequence", 0)
+        return spec
 
     def preset(self, preset: Preset, p: Params) -> Preset:
         """From scratch: a tiny T5 with a larger lr and more epochs (short texts: a steps budget)."""
@@ -102,7 +80,7 @@ class Seq2SeqTask(TextGenerationTask):
         if model_folder(p) is not None:
             return None
         texts, targets = train[p.text], train[p.target]
-        tokenizer, (sources, _) = rough_tokens([texts, targets], lambda rows: data_tokenizer(rows)[0])
+        tokenizer, (sources, _) = gen.rough_tokens([texts, targets], lambda rows: data_tokenizer(rows)[0])
         return RoughCost(sources, non_embedding_params(self.scratch_model(tokenizer, p)))
 
     def scratch_model(self, tokenizer: Any, p: Params) -> nn.Module:
@@ -153,7 +131,7 @@ class Seq2SeqTask(TextGenerationTask):
             input_ids=batch["input_ids"].to(device),
             attention_mask=batch["attention_mask"].to(device),
             num_beams=num_beams,
-            **hf_limits(limits_of(model), start=1),
+            **gen.hf_limits(gen.limits_of(model), start=1),
         )
         return out[:, 1:]
 
@@ -204,19 +182,13 @@ def _pretrained(folder: Any, **kwargs: Any) -> tuple[Any, Any]:
 
 
 def _build_model(
-    side: SideInputs,
-    seed: int,
-    labels: np.ndarray,
-    adapter: str = "none",
-    device: str = "cuda",
+    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", device: str = "cuda",
     train_rows: np.ndarray | None = None,
-) -> nn.Module:
+) -> nn.Module:  # fmt: skip
     """The fresh model 02 trains and 03 restores (folder's, qlora 4-bit, or tiny T5) with tokenizer and limits."""
     if "model_folder" in side.state:
         tokenizer, model = _pretrained(side.state["model_folder"], **quantization(adapter, device))  # qlora: 4 bits
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)
-    model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = target_limits(labels, tokenizer, train_rows)  # fallback: 02 baseline's rows
-    return model
+    return gen.attach(model, tokenizer, side, labels, train_rows)
