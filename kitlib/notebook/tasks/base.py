@@ -88,7 +88,8 @@ class Encoder:
 
 
 class Params(Protocol):
-    """What a task may read of the notebooks' parameters (kitlib.notebook.params.Params has it all)."""
+    """The parameters the tasks read, typed as declared in kitlib.notebook.params.Params (derived: a test checks
+    it; importing the declaration here, even for types, would close a cycle, since params imports the tasks)."""
 
     @property
     def data_dir(self) -> Path: ...
