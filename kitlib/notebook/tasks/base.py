@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.presets import Choice, Preset, ResolvedRun
+    from kitlib.notebook.presets import Choice, Preset, RegimeName, ResolvedRun
     from kitlib.tasks.metrics import Metric
 
     # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
@@ -165,7 +165,7 @@ class Task:
 
     name: str = "auto"
     target_rule: TargetRule = "auto"  # how kitlib.data.tables.infer_target reads the target column
-    regimes: tuple[str, ...] = ("head", "finetune")  # the preset regimes (presets.REGIMES) it can train in
+    regimes: tuple[RegimeName, ...] = ("head", "finetune")  # the ways (presets.REGIMES) it can train in
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:

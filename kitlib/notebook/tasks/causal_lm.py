@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
-FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
-# x the preset's epochs from random weights (docs/measurements.md)
-FROM_SCRATCH_EPOCHS = 5
-FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
 
 class CausalLMTask(TextGenerationTask):
@@ -49,16 +45,10 @@ class CausalLMTask(TextGenerationTask):
     roles = ("prompt", "response")
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Prompts whole up to the cap, all weights trained; from scratch: a tiny GPT-2, larger lr, more epochs."""
-        folder = model_folder(p)  # a pretrained model: up to its positions (config.json alone); tiny: its 512
+        """Generation's preset with prompts whole up to the cap: a folder's positions (config.json alone), else 512."""
+        folder = model_folder(p)
         cap = (positions_of(config_of(folder)) if folder else None) or MAX_SEQ_TOKENS
-        changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": cap}
-        if preset.row_limit is not None:  # smoke: the plumbing, in seconds
-            return dataclasses.replace(preset, **changes, full_eval_every=0)
-        changes["full_eval_every"] = FULL_EVAL_EVERY
-        if folder is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
-        return dataclasses.replace(preset, **changes)
+        return dataclasses.replace(super().preset(preset, p), length_coverage=1.0, max_length_cap=cap)
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """From scratch: the rows' tokens by the BPE 01 trains through the tiny GPT-2 for it; a folder: default."""

@@ -25,12 +25,14 @@ if TYPE_CHECKING:
 
     from kitlib.engine.evaluation import SplitEval
     from kitlib.notebook.handoff import SideInputs
+    from kitlib.notebook.presets import Preset
     from kitlib.notebook.tasks.base import FullEval, Params, Predictor
     from kitlib.tasks.metrics import Metric
 
 IGNORE = IGNORE_INDEX  # label positions the loss skips (kitlib.models: Hugging Face's convention)
 LOOP_QUANTILE = 99  # the no-repeat run and the copies in a row: what this percent of training targets stay within
 MAX_PERIOD = 16  # tokens: the longest run whose copies in a row are counted (a word in bytes, a phrase in BPE)
+FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
 ROUGH_ROWS = 2_000  # rows 00 fits a from-scratch tokenizer to for the estimate's token counts (BPE: ~0.5 s)
 
 
@@ -214,6 +216,22 @@ class TextGenerationTask(Task):
     target_rule = "classify"  # read_table: targets as written (a mix of words and numbers is not a dirty number)
     num_beams = 4  # 03's beam search; the full eval decodes greedily (1 beam: ~4x cheaper, ranks epochs the same)
     roles = ("source", "target")  # what the text and target columns hold, as the errors name them
+    # from random weights: the presets' 3e-5 to 1e-4 are for pretrained ones; epochs: x the preset's
+    lr_from_scratch, epochs_from_scratch = 1e-3, 5
+
+    def from_scratch(self, p: Params) -> bool:
+        """Whether 02 trains a model from random weights (no pretrained folder named)."""
+        return model_folder(p) is None
+
+    def preset(self, preset: Preset, p: Params) -> Preset:
+        """All weights train, generating every FULL_EVAL_EVERY epochs; from scratch a larger lr and more epochs
+        (multiplied once: stages.task_preset applies it once). Smoke stays a plumbing check."""
+        changes: dict[str, Any] = {"freeze": "none", "freeze_layers": 0, "full_eval_every": 0}
+        if preset.row_limit is None:
+            changes["full_eval_every"] = FULL_EVAL_EVERY
+            if self.from_scratch(p):
+                changes |= {"lr": self.lr_from_scratch, "epochs": preset.epochs * self.epochs_from_scratch}
+        return dataclasses.replace(preset, **changes)
 
     def check(self, p: Params) -> None:
         if p.text == p.target:

@@ -32,9 +32,6 @@ if TYPE_CHECKING:
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
 
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
-FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
-FROM_SCRATCH_EPOCHS = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
-FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
 # a summary draws on its source's start: a summariser's source is cut at the median length (docs/measurements.md)
 SUMMARY_SOURCE_COVERAGE = 0.5
 SUMMARY_METRICS = ("rouge_l",)
@@ -43,7 +40,7 @@ SHORT_TEXT_BATCH = 16  # rows per optimizer step: per row, batch 16 costs ~1.1x 
 SHORT_TEXT_STEPS_PER_EPOCH = 6750  # x the preset's epochs (balanced 2, best 4)
 # the lr the g2p loss fell at (1e-3 stalled)
 SHORT_TEXT_LR = 5e-4
-# generating evals per run on a small table's many short epochs (not one every FULL_EVAL_EVERY)
+# generating evals per run on a small table's many short epochs (not one every gen.FULL_EVAL_EVERY)
 SHORT_TEXT_FULL_EVALS = 10
 
 
@@ -63,15 +60,15 @@ class Seq2SeqTask(TextGenerationTask):
             _check_sql(column, p)
         return spec
 
+    epochs_from_scratch = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
+
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """From scratch: a tiny T5 with a larger lr and more epochs (short texts: a steps budget)."""
+        """Generation's preset; short texts from scratch: a steps budget; a summariser's source cut at its median."""
+        fitted = super().preset(preset, p)
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
-            return dataclasses.replace(preset, freeze="none", full_eval_every=0)
-        changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
-        if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
-            changes |= short_text_steps(preset, p)
-        return summary_source(dataclasses.replace(preset, **changes), p)
+            return fitted
+        short = short_text_steps(preset, p) if self.from_scratch(p) else {}
+        return summary_source(dataclasses.replace(fitted, **short), p)
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """From scratch: the sources' tokens through the model 01 would build; a folder's model: the default."""
@@ -143,7 +140,7 @@ def short_text_steps(preset: Preset, p: Params) -> dict[str, Any]:
         return {}
     batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
     epochs = max(preset.epochs, math.ceil(preset.epochs * SHORT_TEXT_STEPS_PER_EPOCH * batch / rows))
-    every = max(FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
+    every = max(gen.FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
     return {"target_effective_batch": batch, "epochs": epochs, "lr": SHORT_TEXT_LR, "full_eval_every": every}
 
 
