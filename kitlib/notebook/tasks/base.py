@@ -32,11 +32,13 @@ if TYPE_CHECKING:
     from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
     from kitlib.machine.hardware import HardwareInfo
-    from kitlib.notebook.presets import Choice, Preset, ResolvedRun
+    from kitlib.notebook.presets import Choice, Preset, RegimeName, ResolvedRun
     from kitlib.tasks.metrics import Metric
 
     # fit's full_eval: model -> metrics, or a SplitEval whose scoring runs where TrainConfig.background_eval says
     FullEval: TypeAlias = Callable[[nn.Module], Any] | SplitEval
+    # predict's parts: one batch's outputs, every batch's joined in loader order, words for the progress bar
+    Predictor: TypeAlias = tuple[Callable[..., Any], Callable[[list[Any]], Any], str]
 
 Split = tuple[np.ndarray, np.ndarray]  # (train rows, validation rows) of the training set
 HEAD_LAYERS = 3  # head: mean-pool MiniLM's last 3 layers (1152 floats per row; see featurize.embed_texts)
@@ -86,7 +88,8 @@ class Encoder:
 
 
 class Params(Protocol):
-    """What a task may read of the notebooks' parameters (kitlib.notebook.params.Params has it all)."""
+    """The parameters the tasks read, typed as declared in kitlib.notebook.params.Params (derived: a test checks
+    it; importing the declaration here, even for types, would close a cycle, since params imports the tasks)."""
 
     @property
     def data_dir(self) -> Path: ...
@@ -162,7 +165,7 @@ class Task:
 
     name: str = "auto"
     target_rule: TargetRule = "auto"  # how kitlib.data.tables.infer_target reads the target column
-    regimes: tuple[str, ...] = ("head", "finetune")  # the preset regimes (presets.REGIMES) it can train in
+    regimes: tuple[RegimeName, ...] = ("head", "finetune")  # the ways (presets.REGIMES) it can train in
 
     # ---------------------------------------------------------------------------------------------------- 00 setup
     def check(self, p: Params) -> None:
@@ -299,27 +302,24 @@ class Task:
         return out.squeeze(-1) if spec.kind == "regression" else out.softmax(-1)
 
     def predict(
-        self,
-        model: nn.Module,
-        loader: Any,
-        *,
-        precision: Any,
-        device: torch.device,
-        spec: TargetSpec,
-        interactive: bool = False,
-        desc: str = "predict",
-    ) -> np.ndarray:
+        self, model: nn.Module, loader: Any, *, precision: Any, device: torch.device, spec: TargetSpec,
+        interactive: bool = False, desc: str = "predict",
+    ) -> np.ndarray:  # fmt: skip
         """Outputs for every row in the dataset's order (the predict loader is length-sorted, then restored)."""
-        import torch
-
         from kitlib.data.loaders import restore_order
 
-        def batch_outputs(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        step, gather, how = self.predictor(model, spec)
+        run = {"precision": precision, "device": device, "interactive": interactive, "desc": desc + how}
+        return np.asarray(restore_order(loader, gather(each_batch(model, loader, step, **run))))
+
+    def predictor(self, model: nn.Module, spec: TargetSpec) -> Predictor:
+        """``predict``'s parts: a batch's class probabilities or values, joined in loader order."""
+        import torch
+
+        def step(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
             return self.outputs(model(**batch).logits, spec)
 
-        run = {"precision": precision, "device": device, "interactive": interactive, "desc": desc}
-        outputs = each_batch(model, loader, batch_outputs, **run)
-        return np.asarray(restore_order(loader, torch.cat(outputs).cpu()).numpy())
+        return step, lambda outputs: torch.cat(outputs).cpu().numpy(), ""
 
     def combine(self, predictions: list[np.ndarray]) -> np.ndarray:
         """Several runs' outputs (an ensemble of seeds or machines) -> one: their mean."""

@@ -16,7 +16,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.loaders import make_eval_loader, make_predict_loader, make_train_loader
 from kitlib.data.packing import FLASH, PackingCollator, packed_attention, packing_supported
-from kitlib.data.tables import DataError, TargetSpec
 from kitlib.errors import SetupError
 from kitlib.models.adapters import quantization
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
@@ -24,77 +23,39 @@ from kitlib.models.causal_lm import tiny_causal_lm
 from kitlib.models.facts import non_embedding_params
 from kitlib.models.folders import config_of, model_refusals, positions_of
 from kitlib.models.loading import from_pretrained, frozen_dtype
-from kitlib.notebook.handoff import SideInputs
+from kitlib.notebook.tasks import generation as gen
 from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
-from kitlib.notebook.tasks.generation import (
-    IGNORE,
-    Limits,
-    TextGenerationTask,
-    hf_limits,
-    limits_of,
-    model_folder,
-    rough_tokens,
-    target_limits,
-)
+from kitlib.notebook.tasks.generation import IGNORE, TextGenerationTask, limits_of, model_folder
 
 if TYPE_CHECKING:
     import pandas as pd
     from torch import nn
 
     from kitlib.config import Batching
+    from kitlib.data.tables import TargetSpec
+    from kitlib.notebook.handoff import SideInputs
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
 
 MAX_SEQ_TOKENS = 512  # cap on prompt + response + </s> (the tiny GPT-2's positions); attention costs ~length^2
-FROM_SCRATCH_LR = 1e-3  # a tiny GPT-2 from random weights: the presets' 3e-5 to 1e-4 are for pretrained weights
-# x the preset's epochs from random weights (docs/measurements.md)
-FROM_SCRATCH_EPOCHS = 5
-FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between
 
 
 class CausalLMTask(TextGenerationTask):
     name = "causal-lm"
-    target_rule = "classify"  # read_table: the responses as written (a mix of words and numbers is not an error)
     num_beams = 1  # 03's decoding: greedy (short answers gain little from beams, which cost ~num_beams x)
-
-    def __init__(self, name: str = "causal-lm") -> None:
-        self.name = name
-
-    def check(self, p: Params) -> None:
-        if p.text == p.target:
-            raise SetupError(
-                f"task = 'causal-lm' needs a prompt column and a response column, but text and target both name "
-                f"{p.text!r}. Fix: text = the prompt column, target = the response column in 00_setup's parameters"
-            )
-
-    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
-        blank = column.map(lambda v: v is None or (isinstance(v, float) and np.isnan(v)) or str(v).strip() == "")
-        if blank.any():
-            first = blank.idxmax()
-            raise DataError(
-                f"target column {column.name!r} holds {column[first]!r} at row {first} ({int(blank.sum())} blank in "
-                "all): causal-lm learns to generate the response, so every response must be a non-empty text. Fix: "
-                "drop or fill those rows, or check target"
-            )
-        return TargetSpec("sequence", 0)
+    roles = ("prompt", "response")
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Prompts whole up to the cap, all weights trained; from scratch: a tiny GPT-2, larger lr, more epochs."""
-        folder = model_folder(p)  # a pretrained model: up to its positions (config.json alone); tiny: its 512
+        """Generation's preset with prompts whole up to the cap: a folder's positions (config.json alone), else 512."""
+        folder = model_folder(p)
         cap = (positions_of(config_of(folder)) if folder else None) or MAX_SEQ_TOKENS
-        changes: dict[str, Any] = {"freeze": "none", "length_coverage": 1.0, "max_length_cap": cap}
-        if preset.row_limit is not None:  # smoke: the plumbing, in seconds
-            return dataclasses.replace(preset, **changes, full_eval_every=0)
-        changes["full_eval_every"] = FULL_EVAL_EVERY
-        if folder is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
-        return dataclasses.replace(preset, **changes)
+        return dataclasses.replace(super().preset(preset, p), length_coverage=1.0, max_length_cap=cap)
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """From scratch: the rows' tokens by the BPE 01 trains through the tiny GPT-2 for it; a folder: default."""
         if model_folder(p) is not None:
             return None
         fit = functools.partial(train_bpe_tokenizer, add_eos=False)
-        tokenizer, (prompts, responses) = rough_tokens([train[p.text], train[p.target]], fit)
+        tokenizer, (prompts, responses) = gen.rough_tokens([train[p.text], train[p.target]], fit)
         model = tiny_causal_lm(tokenizer, seed=p.seed, n_positions=MAX_SEQ_TOKENS)
         return RoughCost(np.minimum(prompts + responses + 1, MAX_SEQ_TOKENS), non_embedding_params(model))
 
@@ -398,11 +359,7 @@ def _build_model(
         model.set_attn_implementation(attention)
     # No cache: it turns off transformers' packed-row mask (rows would attend across); generate() asks for one
     model.config.use_cache = False
-    model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = (  # a published run (kitlib.notebook.inference) carries them, not its training rows
-        Limits(**side.state["limits"]) if "limits" in side.state else target_limits(labels, tokenizer, train_rows)
-    )  # fallback: 02 baseline's rows
-    return model
+    return gen.attach(model, tokenizer, side, labels, train_rows)
 
 
 def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1) -> torch.Tensor:
@@ -430,6 +387,6 @@ def generate(model: nn.Module, prompts: list[np.ndarray], *, num_beams: int = 1)
         use_cache=True,
         pad_token_id=pad,
         eos_token_id=tokenizer.eos_token_id,
-        **hf_limits(limits, start=width),
+        **gen.hf_limits(limits, start=width),
     )
     return out[:, width:]

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.abc
-import importlib.util
+import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -41,7 +40,24 @@ class OwnModel(Task):
     positional = True  # called with the sizes in order (else by keyword)
 
     def check(self, p: Params) -> None:
-        check_factory(p, self.name, self.arguments)
+        """A model_factory that imports (a wrong name fails in 00, not after 01's tokenizing), and no side columns."""
+        if not p.model_factory:
+            raise SetupError(
+                f"task = {self.name!r} needs your model: set model_factory = 'file.py:function' (a file beside the "
+                f"notebook, or its full path) or 'package.module:function' {in_setup('model_factory')}; the function "
+                f"gets {self.arguments} and returns an nn.Module"
+            )
+        if p.numeric or p.categorical:
+            raise SetupError(
+                f"task = {self.name!r} feeds your model the tokens only (input_ids, attention_mask, labels): remove "
+                "numeric and categorical from the parameters, or use task = 'tabular-text'"
+            )
+        factory(p.model_factory)
+        super().check(p)
+
+    def build(self, spec: str, sizes: Mapping[str, int], seed: int) -> nn.Module:
+        """Your module from ``spec``, called with ``sizes`` (in order or by keyword, as ``arguments`` says)."""
+        return build_model(spec, sizes, seed, positional=self.positional)
 
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         return {**super().saved_state(tokenizer, p), "model_factory": p.model_factory}
@@ -57,7 +73,7 @@ class OwnModel(Task):
 
     def prepare(self, ctx: Context) -> Prepared:
         spec = ctx.feats.side.state["model_factory"]
-        model = build_model(spec, self.sizes(ctx), ctx.seed, positional=self.positional)
+        model = self.build(spec, self.sizes(ctx), ctx.seed)
         loaders = self.loaders(ctx)
         self.tried(model, ctx, loaders[0], spec)
         return Prepared(*loaders, model)
@@ -92,23 +108,7 @@ class CustomTask(OwnModel, TextTask):
         spec = self.target(train[p.target], p, p.metric)
         vocab = KNOWN_MODELS["minilm"][1]["vocab_size"]  # the tokenizer 01 gives your model: all-MiniLM-L6-v2's
         sizes = {"vocab_size": vocab, "num_labels": spec.num_labels, "pad_id": 0}
-        return RoughCost(None, non_embedding_params(build_model(p.model_factory, sizes, p.seed, positional=True)))
-
-
-def check_factory(p: Params, task: str, arguments: str) -> None:
-    """00's checks of a task that trains the user's module: a model_factory that imports, and no side columns."""
-    if not p.model_factory:
-        raise SetupError(
-            f"task = {task!r} needs your model: set model_factory = 'file.py:function' (a file beside the notebook, or "
-            f"its full path) or 'package.module:function' {in_setup('model_factory')}; the function gets {arguments} "
-            "and returns an nn.Module"
-        )
-    if p.numeric or p.categorical:
-        raise SetupError(
-            f"task = {task!r} feeds your model the tokens only (input_ids, attention_mask, labels): remove numeric and "
-            "categorical from the parameters, or use task = 'tabular-text'"
-        )
-    factory(p.model_factory)  # imports now: a wrong name fails in 00, not after 01's tokenizing
+        return RoughCost(None, non_embedding_params(self.build(p.model_factory, sizes, p.seed)))
 
 
 def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: bool = False) -> nn.Module:
@@ -167,19 +167,6 @@ def try_on_rows(model: nn.Module, loader: Any, spec: str, calls: str, run: Calla
         model.train(was_training)
 
 
-class _SourceOnly(importlib.abc.SourceLoader):
-    """Loads a file by compiling its source every time: no ``__pycache__`` read or written beside it."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def get_filename(self, fullname: str) -> str:
-        return str(self.path)
-
-    def get_data(self, path: str) -> bytes:
-        return Path(path).read_bytes()
-
-
 def factory_path(spec: str, base: Path) -> str:
     """``spec`` with a relative ``file.py`` made absolute against ``base``, so every stage loads the same file."""
     where, sep, name = spec.rpartition(":")
@@ -201,13 +188,10 @@ def factory(spec: str) -> Any:
                 f"model_factory = {spec!r}: no file {path}. Fix: put {path.name} beside the notebook, or give its full "
                 "path (e.g. '/kaggle/input/<dataset>/" + f"{path.name}:{name}'), or name an importable module:function"
             )
-        loader = _SourceOnly(path)
-        module_spec = importlib.util.spec_from_file_location(f"kitlib_user_{path.stem}", path, loader=loader)
-        if module_spec is None:
-            raise SetupError(f"model_factory = {spec!r}: {path} is not a Python module")
-        module = importlib.util.module_from_spec(module_spec)
-        try:
-            loader.exec_module(module)
+        module = types.ModuleType(f"kitlib_user_{path.stem}")
+        module.__file__ = str(path)
+        try:  # compiled from its source each time: no __pycache__ read or written beside it (data_dir is read-only)
+            exec(compile(path.read_bytes(), str(path), "exec"), vars(module))
         except Exception as err:
             raise SetupError(f"model_factory = {spec!r}: {path} failed to load: {type(err).__name__}: {err}") from err
         found = getattr(module, name, None)

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
 from kitlib.models.seq2seq import data_tokenizer
-from kitlib.notebook.tasks.custom import OwnModel, build_model, try_on_rows
+from kitlib.notebook.tasks.custom import OwnModel, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
-from kitlib.notebook.tasks.seq2seq import Seq2SeqTask, short_text_steps, summary_source
+from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
 
 # lazy: torch (+1.0 s): the task is picked and checked without it
 
@@ -27,40 +27,28 @@ if TYPE_CHECKING:
 
 ARGUMENTS = "(vocab_size, pad_id, eos_id) by keyword"  # what the factory is called with, for the errors
 OPTIONS = ("num_beams", "min_new_tokens", "no_repeat_ngram_size", "max_copies", "logits_processor")
-# random weights (docs/measurements.md)
-FROM_SCRATCH_LR = 3e-3
 FROM_SCRATCH_BATCH = 16  # rows per step at most: a decoder from scratch needs updates (balanced: 360 steps, not 180)
-FROM_SCRATCH_EPOCHS = 5  # x the preset's epochs (balanced: 10)
-FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (seq2seq's cadence)
 
 
 class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
-    arguments, positional = ARGUMENTS, False
+    name, arguments, positional = "custom-seq2seq", ARGUMENTS, False
+    lr_from_scratch, epochs_from_scratch = 3e-3, 5  # random weights always (docs/measurements.md; balanced: 10)
 
-    def __init__(self) -> None:
-        super().__init__("custom-seq2seq")
-
-    def check(self, p: Params) -> None:
-        super().check(p)
-        if p.text == p.target:
-            raise SetupError(
-                f"task = {self.name!r} generates the target from the text, but both name {p.text!r}. Fix: text = the "
-                "source column, target = the column to generate, in 00_setup's parameters"
-            )
+    def from_scratch(self, p: Params) -> bool:
+        return True
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """Random weights: larger lr and more epochs (applied once); generation every FULL_EVAL_EVERY epochs."""
+        """seq2seq's from-scratch preset with at most FROM_SCRATCH_BATCH rows a step (smoke: its lr only)."""
+        fitted = super().preset(preset, p)
         if preset.row_limit is not None:
-            return dataclasses.replace(preset, freeze="none", freeze_layers=0, full_eval_every=0, lr=FROM_SCRATCH_LR)
-        changes: dict[str, Any] = {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS,
-                   "target_effective_batch": min(preset.target_effective_batch, FROM_SCRATCH_BATCH),
-                   "full_eval_every": FULL_EVAL_EVERY}  # fmt: skip
-        changes |= short_text_steps(preset, p)  # short texts: seq2seq's steps budget and lr (measured on the T5 only)
-        return summary_source(dataclasses.replace(preset, freeze="none", freeze_layers=0, **changes), p)
+            return dataclasses.replace(fitted, lr=self.lr_from_scratch)
+        return dataclasses.replace(
+            fitted, target_effective_batch=min(fitted.target_effective_batch, FROM_SCRATCH_BATCH)
+        )
 
     def scratch_model(self, tokenizer: Any, p: Params) -> nn.Module:
         """Your model, as 02 builds it for ``tokenizer``."""
-        return build_model(p.model_factory, _sizes(tokenizer), p.seed)
+        return self.build(p.model_factory, _sizes(tokenizer), p.seed)
 
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]

@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kitlib.data.tables import DataError, TargetSpec
+from kitlib.errors import SetupError
 from kitlib.models import IGNORE_INDEX
-from kitlib.notebook.tasks.base import Task, each_batch
+from kitlib.notebook.tasks.base import Task
 from kitlib.progress import advise
 from kitlib.tasks.baseline import most_common
 
@@ -21,14 +23,16 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from kitlib.data.tables import TargetSpec
     from kitlib.engine.evaluation import SplitEval
-    from kitlib.notebook.tasks.base import FullEval, Params
+    from kitlib.notebook.handoff import SideInputs
+    from kitlib.notebook.presets import Preset
+    from kitlib.notebook.tasks.base import FullEval, Params, Predictor
     from kitlib.tasks.metrics import Metric
 
 IGNORE = IGNORE_INDEX  # label positions the loss skips (kitlib.models: Hugging Face's convention)
 LOOP_QUANTILE = 99  # the no-repeat run and the copies in a row: what this percent of training targets stay within
 MAX_PERIOD = 16  # tokens: the longest run whose copies in a row are counted (a word in bytes, a phrase in BPE)
+FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
 ROUGH_ROWS = 2_000  # rows 00 fits a from-scratch tokenizer to for the estimate's token counts (BPE: ~0.5 s)
 
 
@@ -160,6 +164,14 @@ def hf_limits(limits: Limits, start: int) -> dict[str, Any]:
     }
 
 
+def attach(model: Any, tokenizer: Any, side: SideInputs, labels: np.ndarray, rows: np.ndarray | None) -> Any:
+    """``model`` with its tokenizer and output limits: a published run's, else from the training ``rows``' targets."""
+    state = side.state  # plain attributes: not weights, not in the checkpoint
+    model.kitlib_tokenizer = tokenizer
+    model.kitlib_limits = Limits(**state["limits"]) if "limits" in state else target_limits(labels, tokenizer, rows)
+    return model
+
+
 def limits_of(model: nn.Module) -> Limits:
     return getattr(getattr(model, "module", model), "kitlib_limits")  # noqa: B009
 
@@ -201,7 +213,44 @@ def report(tally: Tally, limits: Limits, decoding: str) -> str:
 
 class TextGenerationTask(Task):
     regimes = ("finetune",)  # every weight trains: the head regime's frozen embeddings cannot generate
+    target_rule = "classify"  # read_table: targets as written (a mix of words and numbers is not a dirty number)
     num_beams = 4  # 03's beam search; the full eval decodes greedily (1 beam: ~4x cheaper, ranks epochs the same)
+    roles = ("source", "target")  # what the text and target columns hold, as the errors name them
+    # from random weights: the presets' 3e-5 to 1e-4 are for pretrained ones; epochs: x the preset's
+    lr_from_scratch, epochs_from_scratch = 1e-3, 5
+
+    def from_scratch(self, p: Params) -> bool:
+        """Whether 02 trains a model from random weights (no pretrained folder named)."""
+        return model_folder(p) is None
+
+    def preset(self, preset: Preset, p: Params) -> Preset:
+        """All weights train, generating every FULL_EVAL_EVERY epochs; from scratch a larger lr and more epochs
+        (multiplied once: stages.task_preset applies it once). Smoke stays a plumbing check."""
+        changes: dict[str, Any] = {"freeze": "none", "freeze_layers": 0, "full_eval_every": 0}
+        if preset.row_limit is None:
+            changes["full_eval_every"] = FULL_EVAL_EVERY
+            if self.from_scratch(p):
+                changes |= {"lr": self.lr_from_scratch, "epochs": preset.epochs * self.epochs_from_scratch}
+        return dataclasses.replace(preset, **changes)
+
+    def check(self, p: Params) -> None:
+        if p.text == p.target:
+            source, target = self.roles
+            raise SetupError(
+                f"task = {self.name!r} needs a {source} column and a {target} column, but text and target both name "
+                f"{p.text!r}. Fix: text = the {source} column, target = the {target} column in 00_setup's parameters"
+            )
+
+    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
+        blank = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
+        if blank.any():
+            first = blank.idxmax()
+            raise DataError(
+                f"target column {column.name!r} holds {column[first]!r} at row {first} ({int(blank.sum())} blank in "
+                f"all): {self.name} generates it, so every {self.roles[1]} must be a non-empty text. Fix: drop or "
+                "fill those rows, or check target"
+            )
+        return TargetSpec("sequence", 0)
 
     def generate_batch(self, model: nn.Module, batch: Mapping[str, torch.Tensor], *, num_beams: int) -> Any:
         """New ids per row of one batch within ``limits_of(model)`` ([rows, tokens] or lists); after </s> ignored."""
@@ -251,38 +300,23 @@ class TextGenerationTask(Task):
 
         return generated_eval(generate, score)
 
-    def predict(
-        self,
-        model: nn.Module,
-        loader: Any,
-        *,
-        precision: Any,
-        device: torch.device,
-        spec: TargetSpec,
-        interactive: bool = False,
-        desc: str = "predict",
-    ) -> np.ndarray:
-        """Generated text of every test row in row order; reports and warns on blank, looped or cut rows."""
-        from kitlib.data.loaders import restore_order
-
+    def predictor(self, model: nn.Module, spec: TargetSpec) -> Predictor:
+        """Generated text per row; reports and warns on blank, looped or cut rows once every batch is in."""
         tally, beams, decoding = Tally(), self.beams(model), self.decoding(model)
 
-        def batch_texts(batch: Mapping[str, torch.Tensor]) -> list[str]:
-            return self.texts(model, batch, beams, tally)
+        def gather(batches: list[list[str]]) -> np.ndarray:
+            line = report(tally, limits_of(model), decoding)
+            print(line)
+            if tally.blank or tally.looped or tally.cut:
+                advise(
+                    f"kitlib: {line}. Such outputs score poorly: train longer (epochs), check that 02's validation "
+                    "loss fell, or use a larger model",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return np.array([text for batch in batches for text in batch], dtype=object)
 
-        run = {"precision": precision, "device": device, "interactive": interactive, "desc": f"{desc}, {decoding}"}
-        batches = each_batch(model, loader, batch_texts, **run)
-        line = report(tally, limits_of(model), decoding)
-        print(line)
-        if tally.blank or tally.looped or tally.cut:
-            advise(
-                f"kitlib: {line}. Such outputs score poorly: train longer (epochs), check that 02's validation loss "
-                "fell, or use a larger model",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        texts = [text for batch in batches for text in batch]
-        return np.asarray(restore_order(loader, np.array(texts, dtype=object)), dtype=object)
+        return lambda batch: self.texts(model, batch, beams, tally), gather, f", {decoding}"
 
     def combine(self, predictions: list[np.ndarray]) -> np.ndarray:
         """Per row, the text most runs generated (ties: the first run's)."""

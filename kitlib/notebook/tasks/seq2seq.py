@@ -10,27 +10,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kitlib.data.featurize import tokenize_texts
-from kitlib.data.tables import DataError, TargetSpec, read_table
+from kitlib.data.tables import read_table
 from kitlib.models.adapters import quantization
 from kitlib.models.folders import model_refusals
-from kitlib.models.seq2seq import (
-    data_tokenizer,
-    short_texts,
-    tiny_seq2seq,
-    tokenizer_from_json,
-    tokenizer_identity,
-)
-from kitlib.notebook.handoff import SideInputs
+from kitlib.models.seq2seq import data_tokenizer, short_texts, tiny_seq2seq, tokenizer_from_json, tokenizer_identity
+from kitlib.notebook.tasks import generation as gen
 from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
-from kitlib.notebook.tasks.generation import (
-    IGNORE,
-    TextGenerationTask,
-    hf_limits,
-    limits_of,
-    model_folder,
-    rough_tokens,
-    target_limits,
-)
+from kitlib.notebook.tasks.generation import IGNORE, TextGenerationTask, model_folder
 from kitlib.tasks.metrics import database_in
 from kitlib.tasks.sql_metric import check_references
 
@@ -41,12 +27,11 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from kitlib.data.tables import TargetSpec
+    from kitlib.notebook.handoff import SideInputs
     from kitlib.notebook.presets import Choice, Preset, ResolvedRun
 
 MAX_TARGET_TOKENS = 512  # cap on the target (and generated) length: decoding costs ~length^2
-FROM_SCRATCH_LR = 1e-3  # a tiny T5 from random weights: the presets' 3e-5 to 1e-4 are for pretrained encoders
-FROM_SCRATCH_EPOCHS = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
-FULL_EVAL_EVERY = 5  # epochs between generate-and-score evals; loss-only in between (the seed user's cadence)
 # a summary draws on its source's start: a summariser's source is cut at the median length (docs/measurements.md)
 SUMMARY_SOURCE_COVERAGE = 0.5
 SUMMARY_METRICS = ("rouge_l",)
@@ -55,7 +40,7 @@ SHORT_TEXT_BATCH = 16  # rows per optimizer step: per row, batch 16 costs ~1.1x 
 SHORT_TEXT_STEPS_PER_EPOCH = 6750  # x the preset's epochs (balanced 2, best 4)
 # the lr the g2p loss fell at (1e-3 stalled)
 SHORT_TEXT_LR = 5e-4
-# generating evals per run on a small table's many short epochs (not one every FULL_EVAL_EVERY)
+# generating evals per run on a small table's many short epochs (not one every gen.FULL_EVAL_EVERY)
 SHORT_TEXT_FULL_EVALS = 10
 
 
@@ -68,32 +53,22 @@ def summary_source(preset: Preset, p: Params) -> Preset:
 
 class Seq2SeqTask(TextGenerationTask):
     name = "seq2seq"
-    target_rule = "classify"  # read_table: targets as written (a mix of words and numbers is not a dirty number)
-
-    def __init__(self, name: str = "seq2seq") -> None:
-        self.name = name
 
     def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
-        not_text = column.isna() | (column.astype(str).str.strip() == "")  # numbers are fine: generated as text
-        if not_text.any():
-            first = not_text.idxmax()
-            raise DataError(
-                f"target column {column.name!r} holds {column[first]!r} at row {first}: seq2seq generates text, so "
-                "every target must be a non-empty text. Fix: drop or fill those rows, or check target"
-            )
+        spec = super().target(column, p, metric)
         if metric == "record_f1":
             _check_sql(column, p)
-        return TargetSpec("sequence", 0)
+        return spec
+
+    epochs_from_scratch = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
 
     def preset(self, preset: Preset, p: Params) -> Preset:
-        """From scratch: a tiny T5 with a larger lr and more epochs (short texts: a steps budget)."""
+        """Generation's preset; short texts from scratch: a steps budget; a summariser's source cut at its median."""
+        fitted = super().preset(preset, p)
         if preset.row_limit is not None:  # smoke: the plumbing, in seconds
-            return dataclasses.replace(preset, freeze="none", full_eval_every=0)
-        changes: dict[str, Any] = {"freeze": "none", "full_eval_every": FULL_EVAL_EVERY}
-        if model_folder(p) is None:  # applied once (stages.task_preset), so the preset's own epochs are multiplied
-            changes |= {"lr": FROM_SCRATCH_LR, "epochs": preset.epochs * FROM_SCRATCH_EPOCHS}
-            changes |= short_text_steps(preset, p)
-        return summary_source(dataclasses.replace(preset, **changes), p)
+            return fitted
+        short = short_text_steps(preset, p) if self.from_scratch(p) else {}
+        return summary_source(dataclasses.replace(fitted, **short), p)
 
     def rough_cost(self, train: pd.DataFrame, p: Params) -> RoughCost | None:
         """From scratch: the sources' tokens through the model 01 would build; a folder's model: the default."""
@@ -102,7 +77,7 @@ class Seq2SeqTask(TextGenerationTask):
         if model_folder(p) is not None:
             return None
         texts, targets = train[p.text], train[p.target]
-        tokenizer, (sources, _) = rough_tokens([texts, targets], lambda rows: data_tokenizer(rows)[0])
+        tokenizer, (sources, _) = gen.rough_tokens([texts, targets], lambda rows: data_tokenizer(rows)[0])
         return RoughCost(sources, non_embedding_params(self.scratch_model(tokenizer, p)))
 
     def scratch_model(self, tokenizer: Any, p: Params) -> nn.Module:
@@ -153,7 +128,7 @@ class Seq2SeqTask(TextGenerationTask):
             input_ids=batch["input_ids"].to(device),
             attention_mask=batch["attention_mask"].to(device),
             num_beams=num_beams,
-            **hf_limits(limits_of(model), start=1),
+            **gen.hf_limits(gen.limits_of(model), start=1),
         )
         return out[:, 1:]
 
@@ -165,7 +140,7 @@ def short_text_steps(preset: Preset, p: Params) -> dict[str, Any]:
         return {}
     batch = min(preset.target_effective_batch, SHORT_TEXT_BATCH)
     epochs = max(preset.epochs, math.ceil(preset.epochs * SHORT_TEXT_STEPS_PER_EPOCH * batch / rows))
-    every = max(FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
+    every = max(gen.FULL_EVAL_EVERY, epochs // SHORT_TEXT_FULL_EVALS)
     return {"target_effective_batch": batch, "epochs": epochs, "lr": SHORT_TEXT_LR, "full_eval_every": every}
 
 
@@ -204,19 +179,13 @@ def _pretrained(folder: Any, **kwargs: Any) -> tuple[Any, Any]:
 
 
 def _build_model(
-    side: SideInputs,
-    seed: int,
-    labels: np.ndarray,
-    adapter: str = "none",
-    device: str = "cuda",
+    side: SideInputs, seed: int, labels: np.ndarray, adapter: str = "none", device: str = "cuda",
     train_rows: np.ndarray | None = None,
-) -> nn.Module:
+) -> nn.Module:  # fmt: skip
     """The fresh model 02 trains and 03 restores (folder's, qlora 4-bit, or tiny T5) with tokenizer and limits."""
     if "model_folder" in side.state:
         tokenizer, model = _pretrained(side.state["model_folder"], **quantization(adapter, device))  # qlora: 4 bits
     else:
         tokenizer = tokenizer_from_json(side.state["tokenizer"])
         model = tiny_seq2seq(tokenizer, seed=seed)
-    model.kitlib_tokenizer = tokenizer  # plain attributes: not weights, not in the checkpoint
-    model.kitlib_limits = target_limits(labels, tokenizer, train_rows)  # fallback: 02 baseline's rows
-    return model
+    return gen.attach(model, tokenizer, side, labels, train_rows)
