@@ -290,8 +290,8 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     except SetupError as err:  # the flags are still checked
         values, problems = {k: v for k in flag_names() if (v := getattr(args, k, None)) is not None}, [str(err)]
     problems += [
-        f"{ENV[k]}={os.environ[ENV[k]]!r} vs --{k.replace('_', '-')} {v!r}: the kernel inherits the variable, which "
-        "wins in 00. Fix: unset it"
+        f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}: the kernel inherits the variable, which wins in 00. Fix: "
+        "unset it"
         for k, v in ((k, str(values[k])) for k in ENV if k in values)
         if os.environ.get(ENV[k]) and str(env_value(k, os.environ[ENV[k]])) != v
     ]
@@ -307,7 +307,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
         except SetupError as err:
             problems.append(str(err))
     if problems:
-        args.parser.error("; ".join(problems))
+        raise SetupError("; ".join(problems))
     values |= {"data_dir": args.data_dir, "work_dir": args.work_dir}
     again = f"python -m kitlib {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["notebooks"] else "the same command"
     done = runbook.run_notebooks(Path(args.work_dir) / "executed", parameters=values, source_dir=source, resume=again)

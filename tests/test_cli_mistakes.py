@@ -1,5 +1,5 @@
 """Every independent mistake of one command line is said at once, by the subcommand's own parser, each naming the
-flag to change (issue 50, item 4). On main 359bdcc each of these said only its first mistake."""
+flag to change (issue 50, item 4); 00's checks of the parameters' values all together. On main 359bdcc each of these said only its first mistake."""
 
 from __future__ import annotations
 
@@ -26,11 +26,14 @@ LINES = [  # (a command line with two or three independent mistakes, what each m
 def test_every_independent_mistake_is_named_by_the_subcommands_parser(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, named: list[str]
 ) -> None:
-    with pytest.raises(SystemExit) as stop:
-        cli.main(line.format(d=tmp_path).split())
+    try:
+        code = cli.main(line.format(d=tmp_path).split())
+    except SystemExit as stop:  # the subcommand's parser refused the line
+        code = int(stop.code or 0)
     err = capsys.readouterr().err
-    assert stop.value.code == 2
+    assert code == 2
     command = line.split()[0]
-    assert f"python -m kitlib {command}: error: " in err, err
+    said = "notebooks: " if "--epochs 0 " in f"{line} " else f"python -m kitlib {command}: error: "  # 00's checks
+    assert said in err, err
     assert all(name in err for name in named), (named, err)
     assert sorted(tmp_path.rglob("*")) == [], "nothing written"
