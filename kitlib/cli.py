@@ -520,7 +520,7 @@ def _collect(parser: argparse.ArgumentParser, problems: list[str]) -> None:
 _MISSING = "<missing>"  # a required flag's value until given: main names it beside the other mistakes
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

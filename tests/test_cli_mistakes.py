@@ -1,5 +1,6 @@
 """Every independent mistake of one command line is said at once, by the subcommand's own parser, each naming the
-flag to change (issue 50, item 4); 00's checks of the parameters' values all together. On main 359bdcc each of these said only its first mistake."""
+flag to change (issue 50, item 4); 00's checks of the parameters' values all together. On main 359bdcc each of
+these said only its first mistake."""
 
 from __future__ import annotations
 

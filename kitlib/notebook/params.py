@@ -372,7 +372,8 @@ def _check_hardware(p: Params) -> None:
         try:
             fake_profile(p.hardware)
         except ValueError as err:
-            raise SetupError(f"hardware = {p.hardware!r}: {err}; or '' (this machine), in the parameters cell (--hardware)") from None
+            fix = "or '' (this machine), in the parameters cell (--hardware)"
+            raise SetupError(f"hardware = {p.hardware!r}: {err}; {fix}") from None
     if p.rehearse and not p.hardware:
         raise SetupError(
             "rehearse = True rehearses the plan for another accelerator on this machine, but hardware = '' plans for "

@@ -339,15 +339,6 @@ def resolve(
                        longest, __version__)  # fmt: skip
 
 
-def shape(choice: Choice, hw: HardwareInfo, lengths: Sequence[int] | np.ndarray | None) -> tuple[int, int]:
-    """(micro-batch, max_length) of one process of ``choice`` on ``hw`` for ``lengths``, sized as ``resolve`` sizes
-    them, without resolving: what a speed probe of the run's step needs."""
-    p, late = _split(choice.preset, choice.overrides)
-    max_length = _max_length(p, lengths, late.pop("max_length", None), [])[0]
-    target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), [])
-    return _batch(hw, p, target, 1, max_length, late.pop("micro_batch_size", None), late, [])[0], max_length
-
-
 def check(choice: Choice, hw: HardwareInfo) -> None:
     """Refuse in 00 what 01's resolution of ``choice`` on ``hw`` would refuse, without sizing anything."""
     late = _refusals(choice.preset, hw, choice.overrides)[1]
