@@ -492,29 +492,25 @@ def _collect(parser: argparse.ArgumentParser, problems: list[str]) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
                 _collect(child, problems)
-            continue
-        if not (action.type or action.choices or (action.required and action.option_strings)):
-            continue
-        kind, allowed, flag = action.type or str, action.choices, "/".join(action.option_strings) or action.dest
-        if allowed is not None:
-            action.choices, action.metavar = None, action.metavar or "{" + ",".join(map(str, allowed)) + "}"
+        elif action.type or action.choices or (action.required and action.option_strings):
+            kind, allowed, flag = action.type or str, action.choices, "/".join(action.option_strings) or action.dest
 
-        def parse(text: str, kind: Any = kind, allowed: Any = allowed, flag: str = flag) -> Any:
-            try:
-                value = kind(text)
-            except argparse.ArgumentTypeError as err:
-                problems.append(f"argument {flag}: {err}")
-                return None
-            except ValueError:  # int or float
-                problems.append(f"argument {flag}: invalid {kind.__name__} value: {text!r}")
-                return None
-            if allowed is not None and value not in allowed:
-                problems.append(f"argument {flag}: invalid choice: {text!r} (choose from {', '.join(allowed)})")
-            return value
+            def parse(text: str, kind: Any = kind, allowed: Any = allowed, flag: str = flag) -> Any:
+                try:
+                    value = kind(text)
+                    if allowed is None or value in allowed:
+                        return value
+                    why = f"invalid choice: {text!r} (choose from {', '.join(allowed)})"
+                except argparse.ArgumentTypeError as err:
+                    why = str(err)
+                except ValueError:  # int or float
+                    why = f"invalid {kind.__name__} value: {text!r}"
+                problems.append(f"argument {flag}: {why}")
 
-        action.type = parse
-        if action.required and action.option_strings:
-            action.required, action.default = False, _MISSING
+            listed = None if allowed is None else "{" + ",".join(map(str, allowed)) + "}"  # argparse's own listing
+            action.type, action.choices, action.metavar = parse, None, action.metavar or listed
+            if action.required and action.option_strings:
+                action.required, action.default = False, _MISSING
 
 
 _MISSING = "<missing>"  # a required flag's value until given: main names it beside the other mistakes

@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
-
-from kitlib._files import write_atomic
 
 # The vocabularies, each defined once: validation below, the picker, the CLI and precision read them from here.
 Dtype = Literal["fp32", "fp16", "bf16"]
@@ -205,17 +201,6 @@ class TrainConfig:
         tuples = ("betas", "checkpoint_modules", "batching_measured")  # JSON gives lists
         values = dict(data) | {k: tuple(map(_tuple, data[k])) for k in tuples if k in data}
         return cls(**values)
-
-    def save(self, path: Path) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> TrainConfig:
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"no config at {path}: run the setup notebook (00_setup) first, or pass a TrainConfig"
-            )
-        return cls.from_dict(json.loads(path.read_text()))
 
 
 @functools.cache

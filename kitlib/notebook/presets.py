@@ -421,8 +421,6 @@ def _max_length(
             f"max_length {length}: covers {p.length_coverage:.0%} of {arr.size} rows{capped} "
             f"({kept:.1%} fit untruncated, {1 - kept:.1%} cut; lossless: max_length {int(arr.max())}, the longest)"
         )
-    if length < 1:
-        raise ValueError(f"max_length must be >= 1, got {length}")
     if arr is None or arr.size == 0:
         return length, None, None
     return length, float(np.minimum(arr, length).mean()), (float(np.mean(arr > length)), int(arr.max()))
