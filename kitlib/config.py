@@ -85,9 +85,7 @@ class TrainConfig:
     # adamw8bit: bitsandbytes' 8-bit AdamW (optional extra kitlib[lean]), 2 bytes of state a parameter instead of 8;
     # adamw-kahan: torch-optimi's AdamW with Kahan-summed updates: trains pure bf16 weights in a bf16 run (kitlib[lean])
     optimizer: Optimizer = "adamw"
-    grad_clip: float | None = (
-        1.0  # max global grad norm; None disables clipping (the norm is still checked for inf/nan)
-    )
+    grad_clip: float | None = 1.0  # max global grad norm; None: no clipping (the norm is still checked for inf/nan)
     seed: int = 42
 
     # --- speed ---
@@ -105,7 +103,6 @@ class TrainConfig:
     # checkpoints then hold the adapters only. "qlora": on 4-bit weights, CUDA only.
     adapter: Adapter = "none"
     # Also freeze the first N transformer blocks (and the embeddings): no backward pass or AdamW state below block N
-    # (on the demo it cost ~1 point of accuracy for 6-22% of the time, docs/measurements.md: no preset uses it).
     freeze_layers: int = 0
     # DDP only: let parameters go without a gradient in a step (a branch the forward skips). It costs a walk of the
     # autograd graph every step; without it, fit names the parameters that got none after the first step.
@@ -117,8 +114,7 @@ class TrainConfig:
     # --- data ---
     max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)
     batching: Batching = "bucket"
-    # Real tokens/s of each batching measured on the training device before choosing (the notebooks' 02:
-    # kitlib.doctor.probe.probe_batching), e.g. (("packed", 81234.0), ("bucket", 30112.0)); (): not measured
+    # Real tokens/s of each batching measured on the training device (02's probe_batching); (): not measured
     batching_measured: tuple[tuple[str, float], ...] = ()
     num_workers: int | None = None  # None: derived from the CPU count and platform
     eval_batch_factor: int = 4  # no autograd state at eval, so batches can be ~4x larger
@@ -127,8 +123,7 @@ class TrainConfig:
     full_eval_every: int = 0  # epochs between expensive evals (generation, metrics); 0: only at the end
     full_eval_at_end: bool = True
     eval_max_batches: int | None = None  # cap for the cheap loss-only eval
-    # Optimizer steps between extra loss-only evals (FitResult.step_evals, step_evals.csv, on_log); None: epoch ends
-    # only. They leave the training run as it was (the RNG streams are put back); the full eval keeps its epochs.
+    # Optimizer steps between extra loss-only evals (step_evals.csv); None: epoch ends only. RNG streams put back.
     eval_every_steps: int | None = None
     background_eval: BackgroundEval = "thread"  # where the CPU-bound part of a full eval runs
 
@@ -139,9 +134,7 @@ class TrainConfig:
     min_delta: float = 0.0
     save_best: bool = True  # weights only, when `monitor` improves
     save_last: bool = False  # full resume state at epoch end (and every `save_every_steps`)
-    save_every_steps: int | None = (
-        None  # optimizer steps between "last" checkpoints (exact resume points; implies last)
-    )
+    save_every_steps: int | None = None  # optimizer steps between "last" checkpoints (resume points; implies last)
     time_budget_s: float | None = None  # wall clock for fit(), e.g. a Kaggle session minus inference time
     max_nonfinite_steps: int = 25  # consecutive skipped (inf/nan) steps before the run stops
 
