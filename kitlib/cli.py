@@ -487,12 +487,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _collect(parser: argparse.ArgumentParser, problems: list[str]) -> None:
     """Each argument of ``parser`` (and of its subcommands) notes a bad value in ``problems`` instead of exiting on
-    it, and a required flag is checked after parsing (``main``): a missing one is said beside a bad one."""
+    it, and a required flag is checked after parsing (``main``): a missing one is said beside the other mistakes."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for child in action.choices.values():
                 _collect(child, problems)
-        elif action.type or action.choices or (action.required and action.option_strings):
+        elif action.type or action.choices:
             kind, allowed, flag = action.type or str, action.choices, "/".join(action.option_strings) or action.dest
 
             def parse(text: str, kind: Any = kind, allowed: Any = allowed, flag: str = flag) -> Any:
@@ -503,17 +503,17 @@ def _collect(parser: argparse.ArgumentParser, problems: list[str]) -> None:
                     why = f"invalid choice: {text!r} (choose from {', '.join(allowed)})"
                 except argparse.ArgumentTypeError as err:
                     why = str(err)
-                except ValueError:  # int or float
-                    why = f"invalid {kind.__name__} value: {text!r}"
+                except (TypeError, ValueError):  # int or float, as argparse says it
+                    why = f"invalid {getattr(kind, '__name__', repr(kind))} value: {text!r}"
                 problems.append(f"argument {flag}: {why}")
 
             listed = None if allowed is None else "{" + ",".join(map(str, allowed)) + "}"  # argparse's own listing
             action.type, action.choices, action.metavar = parse, None, action.metavar or listed
-            if action.required and action.option_strings:
-                action.required, action.default = False, _MISSING
+        if action.required and action.option_strings:
+            action.required, action.default, action.help = False, _MISSING, f"{action.help} (required)"
 
 
-_MISSING = "<missing>"  # a required flag's value until given: main names it beside the other mistakes
+_MISSING: Any = object()  # a required flag's value until given (not a str: argparse would parse it as given)
 
 
 def build_parser() -> _Parser:
@@ -534,7 +534,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     own = getattr(args, "parser", parser)  # the subcommand's parser: its usage lists its flags
     missing = [f"the following arguments are required: {'/'.join(a.option_strings)}" for a in own._actions
-               if getattr(args, a.dest, None) == _MISSING]  # fmt: skip
+               if getattr(args, a.dest, None) is _MISSING]  # fmt: skip
     problems = [*parser.problems, *missing, *([f"unrecognized arguments: {' '.join(unknown)}"] if unknown else [])]
     if problems:  # every independent mistake at once
         own.error("; ".join(problems))

@@ -15,6 +15,7 @@ LINES = [  # (a command line with two or three independent mistakes, what each m
     ("demo {d}/x --seed -1 --test-fraction 3", ["--seed: '-1'", "--test-fraction: '3'"]),
     ("detect --precision fp99 --bogus", ["--precision: invalid choice: 'fp99'", "unrecognized arguments: --bogus"]),
     ("cache wipe --older-than-days -1", ["action: invalid choice: 'wipe'", "--older-than-days: '-1'"]),
+    ("train --bogus", ["the following arguments are required: --work-dir", "unrecognized arguments: --bogus"]),
     ("presets --hardware Q99 --rows 0", ["--hardware: unknown profile 'Q99'", "--rows: '0'"]),
     ("notebooks run --epochs 0x --lr abc", ["--epochs: invalid int value: '0x'", "--lr: invalid float value"]),
     ("notebooks run --data-dir {d} --work-dir {d}/w --epochs 0 --optimizer sgd --hardware Q99",
