@@ -284,20 +284,21 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
     if args.action == "strip":
         print(f"cleared {strip_outputs([source / n for n in NOTEBOOKS])} cell(s) in {source}")
         return 0
-    values, _ = _parameters(args)
-    given = {k: str(values[k]) for k in ENV if k in values}
-    problems = [  # every independent mistake at once, each naming its flag
+    problems: list[str] = []  # every independent mistake at once, each naming its flag
+    try:
+        values, _ = _parameters(args)
+    except SetupError as err:  # the flags are still checked
+        values, problems = {k: v for k in flag_names() if (v := getattr(args, k, None)) is not None}, [str(err)]
+    problems += [
         f"{ENV[k]}={os.environ[ENV[k]]!r} vs {k}={v!r}: the kernel inherits the variable, which wins in 00. Fix: "
         "unset it"
-        for k, v in given.items()
+        for k, v in ((k, str(values[k])) for k in ENV if k in values)
         if os.environ.get(ENV[k]) and str(env_value(k, os.environ[ENV[k]])) != v
     ]
     problems += [f"--{n.replace('_', '-')} DIR is missing" for n in ("data_dir", "work_dir") if not getattr(args, n)]
     if args.data_dir and not Path(args.data_dir).is_dir():
         problems.append(f"--data-dir {args.data_dir} is not a folder")
-    values |= {"data_dir": args.data_dir, "work_dir": args.work_dir}
-    checks: list[Callable[[], object]] = [lambda: check_parameters({k: v for k, v in values.items() if k not in (
-        "data_dir", "work_dir")})]  # fmt: skip
+    checks: list[Callable[[], object]] = [lambda: check_parameters(values)]
     if args.data_dir and args.work_dir:  # before work/executed is created
         checks.append(lambda: check_work_dir(Path(args.work_dir).absolute(), Path(args.data_dir).absolute()))
     for check in checks:
@@ -307,6 +308,7 @@ def _cmd_notebooks(args: argparse.Namespace) -> int:
             problems.append(str(err))
     if problems:
         raise SetupError("; ".join(problems))
+    values |= {"data_dir": args.data_dir, "work_dir": args.work_dir}
     again = f"python -m kitlib {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["notebooks"] else "the same command"
     done = runbook.run_notebooks(Path(args.work_dir) / "executed", parameters=values, source_dir=source, resume=again)
     for one in done:
@@ -479,22 +481,63 @@ def add_rows(p: argparse.ArgumentParser, rows: Sequence[Row]) -> None:
                            help=argparse.SUPPRESS)  # fmt: skip
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
+class _Parser(argparse.ArgumentParser):
+    problems: list[str]  # the independent mistakes of one command line (bad values, missing flags), said together
+
+
+def _collect(parser: argparse.ArgumentParser, problems: list[str]) -> None:
+    """Each argument of ``parser`` (and of its subcommands) notes a bad value in ``problems`` instead of exiting on
+    it, and a required flag is checked after parsing (``main``): a missing one is said beside the other mistakes."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _collect(child, problems)
+        elif action.type or action.choices:
+            kind, allowed, flag = action.type or str, action.choices, "/".join(action.option_strings) or action.dest
+
+            def parse(text: str, kind: Any = kind, allowed: Any = allowed, flag: str = flag) -> Any:
+                try:
+                    value = kind(text)
+                    if allowed is None or value in allowed:
+                        return value
+                    why = f"invalid choice: {text!r} (choose from {', '.join(allowed)})"
+                except argparse.ArgumentTypeError as err:
+                    why = str(err)
+                except (TypeError, ValueError):  # int or float, as argparse says it
+                    why = f"invalid {getattr(kind, '__name__', repr(kind))} value: {text!r}"
+                problems.append(f"argument {flag}: {why}")
+
+            listed = None if allowed is None else "{" + ",".join(map(str, allowed)) + "}"  # argparse's own listing
+            action.type, action.choices, action.metavar = parse, None, action.metavar or listed
+        if action.required and action.option_strings:
+            action.required, action.default, action.help = False, _MISSING, f"{action.help} (required)"
+
+
+_MISSING: Any = object()  # a required flag's value until given (not a str: argparse would parse it as given)
+
+
+def build_parser() -> _Parser:
+    parser = _Parser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command, (about, run, rows) in COMMANDS.items():
         p = sub.add_parser(command, help=about)
         p.set_defaults(func=run, parser=p)  # before the rows: a kaggle action's own parser replaces the command's
         add_rows(p, rows)
+    parser.problems = []
+    _collect(parser, parser.problems)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # said by the subcommand's own parser, whose usage lists its flags
-        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
+    own = getattr(args, "parser", parser)  # the subcommand's parser: its usage lists its flags
+    missing = [f"the following arguments are required: {'/'.join(a.option_strings)}" for a in own._actions
+               if getattr(args, a.dest, None) is _MISSING]  # fmt: skip
+    problems = [*parser.problems, *missing, *([f"unrecognized arguments: {' '.join(unknown)}"] if unknown else [])]
+    if problems:  # every independent mistake at once
+        own.error("; ".join(problems))
     if not hasattr(args, "func"):
         parser.print_help()
         return 0

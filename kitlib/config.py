@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
-
-from kitlib._files import write_atomic
 
 # The vocabularies, each defined once: validation below, the picker, the CLI and precision read them from here.
 Dtype = Literal["fp32", "fp16", "bf16"]
@@ -53,10 +49,21 @@ _RESUMABLE_CHANGES = frozenset(
 )
 
 
+# The least value of each whole-number field (None allowed where it is the default); 0 = only at the end for
+# full_eval_every.
+_LEAST = {"epochs": 1, "micro_batch_size": 1, "grad_accum_steps": 1, "full_eval_every": 0, "eval_max_batches": 1,
+          "patience": 1, "save_every_steps": 1, "eval_every_steps": 1, "max_length": 1, "num_workers": 0,
+          "eval_batch_factor": 1, "freeze_layers": 0, "log_every_steps": 1, "max_nonfinite_steps": 1}  # fmt: skip
+
+
 def full_eval_due(epoch: int, every: int, at_end: bool, epochs: int) -> bool:
     """Whether the full evaluation runs after 1-based ``epoch`` of ``epochs``: every ``every`` epochs (0: never by
     cadence) and/or after the last. fit() schedules by it; the doctor counts and re-plans with it."""
     return (every > 0 and epoch % every == 0) or (at_end and epoch == epochs)
+
+
+def _tuple(value: Any) -> Any:
+    return (str(value[0]), float(value[1])) if isinstance(value, list) else value  # batching_measured's pairs
 
 
 def _jsonish(value: Any) -> Any:
@@ -78,9 +85,7 @@ class TrainConfig:
     # adamw8bit: bitsandbytes' 8-bit AdamW (optional extra kitlib[lean]), 2 bytes of state a parameter instead of 8;
     # adamw-kahan: torch-optimi's AdamW with Kahan-summed updates: trains pure bf16 weights in a bf16 run (kitlib[lean])
     optimizer: Optimizer = "adamw"
-    grad_clip: float | None = (
-        1.0  # max global grad norm; None disables clipping (the norm is still checked for inf/nan)
-    )
+    grad_clip: float | None = 1.0  # max global grad norm; None: no clipping (the norm is still checked for inf/nan)
     seed: int = 42
 
     # --- speed ---
@@ -98,7 +103,6 @@ class TrainConfig:
     # checkpoints then hold the adapters only. "qlora": on 4-bit weights, CUDA only.
     adapter: Adapter = "none"
     # Also freeze the first N transformer blocks (and the embeddings): no backward pass or AdamW state below block N
-    # (on the demo it cost ~1 point of accuracy for 6-22% of the time, docs/measurements.md: no preset uses it).
     freeze_layers: int = 0
     # DDP only: let parameters go without a gradient in a step (a branch the forward skips). It costs a walk of the
     # autograd graph every step; without it, fit names the parameters that got none after the first step.
@@ -110,8 +114,7 @@ class TrainConfig:
     # --- data ---
     max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)
     batching: Batching = "bucket"
-    # Real tokens/s of each batching measured on the training device before choosing (the notebooks' 02:
-    # kitlib.doctor.probe.probe_batching), e.g. (("packed", 81234.0), ("bucket", 30112.0)); (): not measured
+    # Real tokens/s of each batching measured on the training device (02's probe_batching); (): not measured
     batching_measured: tuple[tuple[str, float], ...] = ()
     num_workers: int | None = None  # None: derived from the CPU count and platform
     eval_batch_factor: int = 4  # no autograd state at eval, so batches can be ~4x larger
@@ -120,8 +123,7 @@ class TrainConfig:
     full_eval_every: int = 0  # epochs between expensive evals (generation, metrics); 0: only at the end
     full_eval_at_end: bool = True
     eval_max_batches: int | None = None  # cap for the cheap loss-only eval
-    # Optimizer steps between extra loss-only evals (FitResult.step_evals, step_evals.csv, on_log); None: epoch ends
-    # only. They leave the training run as it was (the RNG streams are put back); the full eval keeps its epochs.
+    # Optimizer steps between extra loss-only evals (step_evals.csv); None: epoch ends only. RNG streams put back.
     eval_every_steps: int | None = None
     background_eval: BackgroundEval = "thread"  # where the CPU-bound part of a full eval runs
 
@@ -132,9 +134,7 @@ class TrainConfig:
     min_delta: float = 0.0
     save_best: bool = True  # weights only, when `monitor` improves
     save_last: bool = False  # full resume state at epoch end (and every `save_every_steps`)
-    save_every_steps: int | None = (
-        None  # optimizer steps between "last" checkpoints (exact resume points; implies last)
-    )
+    save_every_steps: int | None = None  # optimizer steps between "last" checkpoints (resume points; implies last)
     time_budget_s: float | None = None  # wall clock for fit(), e.g. a Kaggle session minus inference time
     max_nonfinite_steps: int = 25  # consecutive skipped (inf/nan) steps before the run stops
 
@@ -142,41 +142,27 @@ class TrainConfig:
     log_every_steps: int = 10  # optimizer steps between progress/loss syncs (.item() is a CPU-GPU sync)
 
     def __post_init__(self) -> None:
-        def need(ok: bool, message: str) -> None:
-            if not ok:
-                raise ValueError(f"TrainConfig: {message}")
-
-        need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
-        need(self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        need(self.grad_accum_steps >= 1, f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}")
-        need(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        need(0.0 <= self.warmup_ratio < 1.0, f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        need(0.0 <= self.min_lr_ratio <= 1.0, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        need(self.grad_clip is None or self.grad_clip > 0, f"grad_clip must be > 0 or None, got {self.grad_clip}")
-        need(
-            self.full_eval_every >= 0, f"full_eval_every must be >= 0 (0 = only at the end), got {self.full_eval_every}"
-        )
-        need(self.eval_max_batches is None or self.eval_max_batches >= 1, "eval_max_batches must be >= 1 or None")
-        need(self.patience is None or self.patience >= 1, f"patience must be >= 1 or None, got {self.patience}")
-        need(self.save_every_steps is None or self.save_every_steps >= 1, "save_every_steps must be >= 1 or None")
-        need(self.eval_every_steps is None or self.eval_every_steps >= 1, "eval_every_steps must be >= 1 or None")
-        need(self.time_budget_s is None or self.time_budget_s > 0, "time_budget_s must be > 0 or None")
-        need(self.max_length is None or self.max_length >= 1, "max_length must be >= 1 or None")
-        need(self.num_workers is None or self.num_workers >= 0, "num_workers must be >= 0 or None")
-        need(self.eval_batch_factor >= 1, "eval_batch_factor must be >= 1")
-        need(self.freeze_layers >= 0, f"freeze_layers must be >= 0, got {self.freeze_layers}")
-        need(
-            not self.checkpoint_modules or self.gradient_checkpointing,
-            f"checkpoint_modules={self.checkpoint_modules!r} needs gradient_checkpointing=True",
-        )
-        need(
-            isinstance(self.checkpoint_modules, tuple) and all(isinstance(n, str) for n in self.checkpoint_modules),
-            f"checkpoint_modules must be a tuple of module or class names, got {self.checkpoint_modules!r}",
-        )
-        need(self.log_every_steps >= 1, "log_every_steps must be >= 1")
-        need(self.max_nonfinite_steps >= 1, "max_nonfinite_steps must be >= 1")
-        for name, allowed in _vocabularies().items():
-            need(getattr(self, name) in allowed, f"{name}={getattr(self, name)!r} is not one of {allowed}")
+        fields = {f.name: f.default for f in dataclasses.fields(self)}
+        problems = [
+            f"{name} must be >= {least}{' or None' if fields[name] is None else ''}, got {value}"
+            for name, least in _LEAST.items()
+            if (value := getattr(self, name)) is not None or fields[name] is not None
+            if value is None or value < least
+        ]
+        problems += [f"{name} must be > 0{' or None' if name != 'lr' else ''}, got {value}"
+                     for name in ("lr", "grad_clip", "time_budget_s")
+                     if (value := getattr(self, name)) is not None and not value > 0]  # fmt: skip
+        problems += [f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"] * (not 0 <= self.warmup_ratio < 1)
+        problems += [f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"] * (not 0 <= self.min_lr_ratio <= 1)
+        modules = self.checkpoint_modules
+        if not isinstance(modules, tuple) or not all(isinstance(n, str) for n in modules):
+            problems.append(f"checkpoint_modules must be a tuple of module or class names, got {modules!r}")
+        elif modules and not self.gradient_checkpointing:
+            problems.append(f"checkpoint_modules={modules!r} needs gradient_checkpointing=True")
+        problems += [f"{name}={getattr(self, name)!r} is not one of {allowed}"
+                     for name, allowed in _vocabularies().items() if getattr(self, name) not in allowed]  # fmt: skip
+        if problems:
+            raise ValueError(f"TrainConfig: {problems[0]}")
 
     @property
     def effective_batch_size(self) -> int:
@@ -205,25 +191,9 @@ class TrainConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")
-        values = dict(data)
-        if "betas" in values:
-            values["betas"] = tuple(values["betas"])
-        if "checkpoint_modules" in values:
-            values["checkpoint_modules"] = tuple(values["checkpoint_modules"])
-        if "batching_measured" in values:
-            values["batching_measured"] = tuple((str(k), float(v)) for k, v in values["batching_measured"])
+        tuples = ("betas", "checkpoint_modules", "batching_measured")  # JSON gives lists
+        values = dict(data) | {k: tuple(map(_tuple, data[k])) for k in tuples if k in data}
         return cls(**values)
-
-    def save(self, path: Path) -> None:
-        write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    @classmethod
-    def load(cls, path: Path) -> TrainConfig:
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"no config at {path}: run the setup notebook (00_setup) first, or pass a TrainConfig"
-            )
-        return cls.from_dict(json.loads(path.read_text()))
 
 
 @functools.cache

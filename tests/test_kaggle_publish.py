@@ -15,7 +15,9 @@ import pytest
 
 from kitlib.cli import kernel_tool, main
 from kitlib.errors import DataError, KernelFolderError, SetupError
+from kitlib.machine.hardware import fake_profile
 from kitlib.notebook import inference
+from kitlib.notebook.presets import Choice, get_preset, resolve
 from kitlib.notebook.submission import write_submission
 
 kg = kernel_tool()
@@ -34,8 +36,10 @@ def _work(root: Path, *, folds: int = 1, trained: bool = True) -> Path:
     interrupted run.new/, the feature arrays, the cache, the training rows' copy."""
     work = root / "work"
     _write(work / "params.json", json.dumps({**PARAMS, "folds": folds}))
+    choice = Choice(get_preset("balanced"), metric="accuracy")
+    run = resolve(choice, fake_profile("CPU", interactive=False)).to_dict()  # a whole run, as 01 saves it
     features = {"spec": {"kind": "binary", "num_labels": 2, "classes": ["neg", "pos"]}, "regime": "finetune",
-                "run": {"choice": {"metric": "accuracy"}, "config": {"adapter": "none"}}, "n_train": 200}  # fmt: skip
+                "run": run, "n_train": 200}  # fmt: skip
     _write(work / "features.json", json.dumps(features))
     _write(work / "run.json", "{}")
     _write(work / "features" / "labels-0123.npy")

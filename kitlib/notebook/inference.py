@@ -39,9 +39,7 @@ def model_card(work_dir: Path) -> dict[str, Any]:
     """What the trained run in ``work_dir`` predicts, from its params.json, features.json and 02's run record."""
     params = json.loads((work_dir / PARAMS_FILE).read_text())
     feats = json.loads((work_dir / FEATURES_FILE).read_text())
-    spec, run = feats["spec"], feats["run"]
-    if "choice" not in run:  # an older 01's layout: from_dict's error names the notebook to re-run
-        ResolvedRun.from_dict(run)
+    spec, run = feats["spec"], ResolvedRun.from_dict(feats["run"])  # an older 01's: the error names it to re-run
     timing = json.loads((work_dir / "run" / "timing.json").read_text())
     full = timing["phases"].get("full_eval", {"seconds": 0.0, "count": 0})
     folds = int(params.get("folds", 1))
@@ -55,12 +53,12 @@ def model_card(work_dir: Path) -> dict[str, Any]:
         "labels": spec["classes"],
         "id": params["id"],
         "target": params["target"],
-        "metric": run["choice"]["metric"],
+        "metric": run.choice.metric,
         "text": params["text"],
         "numeric": list(params.get("numeric") or []),
         "categorical": list(params.get("categorical") or []),
         "model": params["model"],
-        "adapter": run["config"].get("adapter", "none"),
+        "adapter": run.config.adapter,
         "folds": folds,
         "regime": feats["regime"],
         "seconds_per_row": full["seconds"] / rows if rows else None,

@@ -347,19 +347,32 @@ def _check(p: Params) -> None:
 
 
 def _check_values(p: Params, *, with_task: bool) -> None:
-    """The parameters' own checks, no folder read; ``with_task``: also the task's (it may import a data_dir file)."""
-    workload = get_task(p.task)  # an unknown task, or a module:name that does not import
-    if with_task:
-        workload.check(p)  # columns it needs, a model_factory it imports
-    _check_declared(p)
-    _check_adapter(p)
-    check_report_to(p.report_to)
+    """The parameters' own checks, no folder read, every independent mistake in one SetupError; ``with_task``: also
+    the task's (it may import a data_dir file)."""
+    hints = get_type_hints(Params)
+    problems = [_declared(p, name, hints[name]) for name in PARAMETERS if name not in ("data_dir", "work_dir")]
 
+    def task() -> None:
+        workload = get_task(p.task)  # an unknown task, or a module:name that does not import
+        if with_task:
+            workload.check(p)  # columns it needs, a model_factory it imports
+        _check_adapter(p)
+
+    for check in (task, lambda: check_report_to(p.report_to), lambda: _check_hardware(p)):
+        try:
+            check()
+        except SetupError as err:
+            problems.append(str(err))
+    if problems := [problem for problem in problems if problem]:
+        raise SetupError("; ".join(problems))
+
+
+def _check_hardware(p: Params) -> None:
     if p.hardware:
         try:
             fake_profile(p.hardware)
         except ValueError as err:
-            fix = "or '' (this machine), in the parameters cell"
+            fix = "or '' (this machine), in the parameters cell (--hardware)"
             raise SetupError(f"hardware = {p.hardware!r}: {err}; {fix}") from None
     if p.rehearse and not p.hardware:
         raise SetupError(
@@ -368,18 +381,13 @@ def _check_values(p: Params, *, with_task: bool) -> None:
         )
 
 
-def _check_declared(p: Params) -> None:
-    """Each parameter against its declaration: type, choices, least value (None where it means the preset's)."""
-    hints = get_type_hints(Params)
-    for name, f in PARAMETERS.items():
-        value = getattr(p, name)
-        if (value is None and f.default is None) or name in ("data_dir", "work_dir"):
-            continue
-        wanted = _wanted(value, hints[name], f)
-        if wanted:
-            preset = " (or None: the preset's value)" if f.default is None else ""
-            flag = f"--{name.replace('_', '-')}"
-            raise SetupError(f"{name} = {value!r} is not {wanted}: fix {name} in the parameters cell ({flag}){preset}")
+def _declared(p: Params, name: str, hint: Any) -> str:
+    """What is wrong with ``p``'s parameter ``name`` by its declaration (type, choices, least value), or ""."""
+    f, value = PARAMETERS[name], getattr(p, name)
+    wanted = "" if value is None and f.default is None else _wanted(value, hint, f)
+    preset = " (or None: the preset's value)" if f.default is None else ""
+    flag = f"--{name.replace('_', '-')}"
+    return wanted and f"{name} = {value!r} is not {wanted}: fix {name} in the parameters cell ({flag}){preset}"
 
 
 def _wanted(value: Any, hint: Any, f: dataclasses.Field[Any]) -> str:

@@ -25,8 +25,6 @@ from kitlib.models.adapters import LORA_LR, check_adapter
 # lazy: torch (+1.0 s): presets resolve without it, so the picker imports without torch (python -X importtime).
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.machine.precision import PrecisionPlan
 
@@ -79,17 +77,20 @@ REGIMES: Mapping[str, Regime] = MappingProxyType({
 
 @dataclass(frozen=True)
 class Preset:
+    """A named set of overrides of these defaults; epochs, lr and full_eval_every are the declared training
+    parameters' (``Params``: None means the preset's), the rest are the preset's own intents."""
+
     name: str
     description: str
-    regime: RegimeName  # "head" (cached embeddings + a head) or "finetune" (all weights)
-    epochs: int
-    target_effective_batch: int  # rows per optimizer step summed over all devices; micro x accum x world keeps it
-    lr: float
-    length_coverage: float  # fraction of rows that fit untruncated; max_length follows from the data
-    max_length_cap: int  # tokens; upper bound whatever coverage says (attention costs ~length^2); used without lengths
-    full_eval_every: int  # epochs between full evals (metrics on all of eval); 0: only at the end
-    eval_max_batches: int | None  # cap for the cheap loss-only eval between full evals
-    checkpoints: Checkpoints
+    regime: RegimeName = "finetune"  # "head" (cached embeddings + a head) or "finetune" (all weights)
+    epochs: int = 2
+    target_effective_batch: int = 32  # rows per optimizer step summed over all devices; micro x accum x world keeps it
+    lr: float = 1e-4  # MiniLM-sized encoders take ~1e-4; 5e-5 left the demo at 0.826 after 2 epochs (0.830 here)
+    length_coverage: float = 0.99  # fraction of rows that fit untruncated (0.95 cut 5% of the demo's reviews)
+    max_length_cap: int = 256  # tokens, whatever coverage says (attention costs ~length^2); used without lengths
+    full_eval_every: int = 1  # epochs between full evals (metrics on all of eval); 0: only at the end
+    eval_max_batches: int | None = None  # cap for the cheap loss-only eval between full evals
+    checkpoints: Checkpoints = "best"
     patience: int | None = None  # evals without improvement before stopping; None: never
     freeze: Freeze = "none"
     freeze_layers: int = 0  # also the first N transformer blocks (TrainConfig.freeze_layers)
@@ -118,72 +119,23 @@ class Preset:
         return n_rows if self.row_limit is None else min(n_rows, self.row_limit)
 
 
-# Immutable registry. Numbers are for a MiniLM/base-sized encoder on short-to-medium texts (the demo's reviews are
-# ~30 tokens); `fast` trades accuracy for a single forward pass over the data, `best` fine-tunes everything.
-PRESETS: Mapping[str, Preset] = MappingProxyType(
-    {
-        p.name: p
-        for p in (
-            Preset(
-                "smoke",
-                "CI plumbing check in seconds: 1 epoch on 256 rows, short texts; accuracy is meaningless",
-                regime="finetune",
-                epochs=1,
-                target_effective_batch=8,
-                lr=5e-4,
-                length_coverage=0.9,
-                max_length_cap=64,
-                full_eval_every=0,
-                eval_max_batches=2,
-                checkpoints="best",
-                row_limit=256,
-            ),
-            Preset(
-                "fast",
-                "one forward pass caches frozen embeddings (top 3 layers) and tf-idf n-grams; a head trains in seconds",
-                regime="head",
-                epochs=20,  # a head epoch over cached vectors and n-gram bags takes ~1 s on a CPU
-                target_effective_batch=64,
-                lr=1e-3,  # a fresh linear/MLP head tolerates a far larger lr than pretrained weights
-                length_coverage=0.95,
-                max_length_cap=128,  # the embedding pass dominates and costs ~linearly in length
-                full_eval_every=1,  # eval is as cheap as training here
-                eval_max_batches=None,
-                checkpoints="best",
-                patience=3,
-            ),
-            Preset(
-                "balanced",
-                "fine-tune with frozen input embeddings (half of MiniLM's weights, no optimizer state for them)",
-                regime="finetune",
-                epochs=2,
-                target_effective_batch=32,
-                min_steps=150,  # 3k rows x 1 epoch: batch 16 (168 steps) scored 0.773 vs 0.755 for 32 (84 steps)
-                lr=1e-4,  # MiniLM-sized encoders take ~1e-4; 5e-5 left the demo at 0.826 after 2 epochs (0.830 here)
-                length_coverage=0.99,  # 0.95 truncated 5% of the demo's reviews at 48 tokens
-                max_length_cap=256,
-                full_eval_every=1,
-                eval_max_batches=None,
-                checkpoints="best",
-                freeze="embeddings",
-            ),
-            Preset(
-                "best",
-                "full fine-tune, more epochs, longer texts, resumable checkpoints",
-                regime="finetune",
-                epochs=4,
-                target_effective_batch=32,
-                lr=3e-5,
-                length_coverage=0.99,
-                max_length_cap=512,
-                full_eval_every=1,
-                eval_max_batches=None,
-                checkpoints="best_and_last",
-                patience=2,
-            ),
-        )
-    }
-)
+# Each preset: what it changes from Preset's defaults. Numbers are for a MiniLM/base-sized encoder on short-to-medium
+# texts (the demo's reviews are ~30 tokens); `fast` trades accuracy for one forward pass, `best` tunes everything.
+PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
+    Preset("smoke", "CI plumbing check in seconds: 1 epoch on 256 rows, short texts; accuracy is meaningless",
+           epochs=1, target_effective_batch=8, lr=5e-4, length_coverage=0.9, max_length_cap=64, full_eval_every=0,
+           eval_max_batches=2, row_limit=256),
+    # a head epoch over cached vectors takes ~1 s on a CPU; a fresh head tolerates a far larger lr than pretrained
+    # weights; the embedding pass dominates and costs ~linearly in length; eval is as cheap as training here
+    Preset("fast", "one forward pass caches frozen embeddings (top 3 layers) and tf-idf n-grams; a head trains in "
+           "seconds", regime="head", epochs=20, target_effective_batch=64, lr=1e-3, length_coverage=0.95,
+           max_length_cap=128, patience=3),
+    # min_steps: 3k rows x 1 epoch: batch 16 (168 steps) scored 0.773 vs 0.755 for 32 (84 steps)
+    Preset("balanced", "fine-tune with frozen input embeddings (half of MiniLM's weights, no optimizer state for "
+           "them)", min_steps=150, freeze="embeddings"),
+    Preset("best", "full fine-tune, more epochs, longer texts, resumable checkpoints", epochs=4, lr=3e-5,
+           max_length_cap=512, checkpoints="best_and_last", patience=2),
+)})  # fmt: skip
 DEFAULT_PRESET = "balanced"  # what a notebook, the picker and the CLI start from
 
 
@@ -382,28 +334,9 @@ def resolve(
         reasons.append(f"compile: {check_compile(hw) or 'torch.compile (inductor + Triton)'}")
     if choice.overrides:
         reasons.append("overridden: " + ", ".join(f"{k}={v!r}" for k, v in sorted(choice.overrides.items())))
-    return ResolvedRun(
-        choice=choice,
-        preset=p,
-        config=cfg,
-        world_size=world,
-        precision_reason=plan.reason,
-        hardware=_describe(hw),
-        reasons=tuple(reasons),
-        mean_tokens=mean_tokens,
-        rows_cut=None if cut is None else cut[0],
-        longest_tokens=None if cut is None else cut[1],
-        kitlib_version=__version__,
-    )
-
-
-def shape(choice: Choice, hw: HardwareInfo, lengths: Sequence[int] | np.ndarray | None) -> tuple[int, int]:
-    """(micro-batch, max_length) of one process of ``choice`` on ``hw`` for ``lengths``, sized as ``resolve`` sizes
-    them, without resolving: what a speed probe of the run's step needs."""
-    p, late = _split(choice.preset, choice.overrides)
-    max_length = _max_length(p, lengths, late.pop("max_length", None), [])[0]
-    target = _target_batch(p, None if lengths is None else p.rows_used(len(lengths)), [])
-    return _batch(hw, p, target, 1, max_length, late.pop("micro_batch_size", None), late, [])[0], max_length
+    rows_cut, longest = cut or (None, None)
+    return ResolvedRun(choice, p, cfg, world, plan.reason, _describe(hw), tuple(reasons), mean_tokens, rows_cut,
+                       longest, __version__)  # fmt: skip
 
 
 def check(choice: Choice, hw: HardwareInfo) -> None:
@@ -488,8 +421,6 @@ def _max_length(
             f"max_length {length}: covers {p.length_coverage:.0%} of {arr.size} rows{capped} "
             f"({kept:.1%} fit untruncated, {1 - kept:.1%} cut; lossless: max_length {int(arr.max())}, the longest)"
         )
-    if length < 1:
-        raise ValueError(f"max_length must be >= 1, got {length}")
     if arr is None or arr.size == 0:
         return length, None, None
     return length, float(np.minimum(arr, length).mean()), (float(np.mean(arr > length)), int(arr.max()))
