@@ -21,7 +21,7 @@ Freeze = Literal["none", "embeddings", "encoder"]
 Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or LoRA on 4-bit weights (CUDA)
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget", "packed"]  # packed: kitlib.data.packing (causal LM)
 Mode = Literal["min", "max"]
-BackgroundEval = Literal["off", "thread", "process"]
+BackgroundEval = Literal["off", "thread"]
 Strategy = Literal["ddp", "fsdp"]
 # What the target column is: "auto" decides from the values (names: classes; fractions: a number; few distinct
 # integers: classes; integers that are neither clearly codes nor clearly quantities: asks for one of the others).

@@ -295,11 +295,7 @@ def _out_of_fold(p: Params, feats: Features, first: FitResult) -> FitResult:
     parts, notes = [], []
     for fold, (_, valid_idx) in enumerate(_splits(p, feats)):
         run_dir = dataclasses.replace(p, fold=fold).run_dir
-        try:
-            rows = json.loads((run_dir / VALID_FILE).read_text())
-        except OSError:  # background_eval = "process" scores elsewhere and keeps no rows here
-            why = f"no out-of-fold verdict: fold {fold + 1} kept no validation predictions"
-            return dataclasses.replace(first, notes=(*first.notes, why))
+        rows = json.loads((run_dir / VALID_FILE).read_text())
         if len(rows["prediction"]) != len(valid_idx):
             raise CheckpointError(f"fold {fold + 1}: {len(rows['prediction'])} predictions for {len(valid_idx)} rows")
         parts.append(pd.DataFrame({"row": valid_idx, "fold": fold + 1} | rows))
