@@ -32,7 +32,6 @@ TargetRule = Literal["auto", "classify", "regress"]
 _RESUMABLE_CHANGES = frozenset(
     {
         "num_workers",
-        "batching_measured",
         "log_every_steps",
         "eval_every_steps",
         "save_best",
@@ -110,9 +109,6 @@ class TrainConfig:
     # --- data ---
     max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)
     batching: Batching = "bucket"
-    # Real tokens/s of each batching measured on the training device before choosing (the notebooks' 02:
-    # kitlib.doctor.probe.probe_batching), e.g. (("packed", 81234.0), ("bucket", 30112.0)); (): not measured
-    batching_measured: tuple[tuple[str, float], ...] = ()
     num_workers: int | None = None  # None: derived from the CPU count and platform
     eval_batch_factor: int = 4  # no autograd state at eval, so batches can be ~4x larger
 
@@ -202,6 +198,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in data.items() if k != "batching_measured"}  # retired: an older kitlib's saved runs
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")
@@ -210,8 +207,6 @@ class TrainConfig:
             values["betas"] = tuple(values["betas"])
         if "checkpoint_modules" in values:
             values["checkpoint_modules"] = tuple(values["checkpoint_modules"])
-        if "batching_measured" in values:
-            values["batching_measured"] = tuple((str(k), float(v)) for k, v in values["batching_measured"])
         return cls(**values)
 
     def save(self, path: Path) -> None:
