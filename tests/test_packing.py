@@ -125,6 +125,8 @@ def test_02_trains_packed_rows_on_a_cuda_device_and_01s_batching_elsewhere(tmp_p
 
     assert training.ruled_batching(TrainConfig(), fake_profile("T4")).batching == "packed"
     assert training.ruled_batching(TrainConfig(), cpu_hw).batching == "bucket"
+    older = TrainConfig().to_dict() | {"batching_measured": [["packed", 1.0]]}  # an older kitlib's run/config.json
+    assert TrainConfig.from_dict(older) == TrainConfig()  # still loads: its fold is kept, its last/ continued
     p = _chat_params(tmp_path)
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
