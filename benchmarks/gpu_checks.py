@@ -587,6 +587,42 @@ def _isolation(model: Any, data: Any, dtype: torch.dtype | None, width: int | No
     return (alone - beside).abs().max().item(), loss_gap
 
 
+def _probe_batching(
+    model: torch.nn.Module,
+    loaders: dict[str, Any],
+    *,
+    loss_fn: Any = None,
+    autocast: Any = contextlib.nullcontext,
+    batches: int = 2,
+    repeats: int = 2,
+    budget_s: float = 1.0,
+) -> dict[str, float]:
+    """Real tokens/s of forward+backward on ``model`` for each training loader by its batching ("packed", "bucket"),
+    over batches holding as many example tokens, timed by ``best_passes`` (what 02 chose by until the "cuts" rule)."""
+    from kitlib.doctor.probe import best_passes
+    from kitlib.engine.objective import hf_loss
+
+    groups: dict[str, list[Any]] = {}
+    tokens: dict[str, int] = {}
+    for name, rows_from in loaders.items():
+        budget = next(iter(tokens.values()), None)  # the first loader's tokens: the others match them
+        groups[name], tokens[name] = [], 0
+        for indices in rows_from.batch_sampler:
+            items = [rows_from.dataset[int(i)] for i in indices]
+            groups[name].append(rows_from.collate_fn(items))
+            tokens[name] += sum(len(item[0]) for item in items)
+            if (budget is None and len(groups[name]) >= batches) or (budget is not None and tokens[name] >= budget):
+                break
+    loss = loss_fn or hf_loss
+
+    def under_autocast(m: torch.nn.Module, batch: Any) -> torch.Tensor:
+        with autocast():
+            return loss(m, batch)
+
+    seconds = best_passes(model, groups, loss_fn=under_autocast, repeats=repeats, budget_s=budget_s)
+    return {name: tokens[name] / seconds[name] for name in groups}
+
+
 def check_packing(ctx: Ctx) -> None:
     """Padding-free packing (kitlib.data.packing) vs length bucketing on a small Llama (4 layers, hidden 512, 2,048
     positions; chat-like lengths tens to ~1,500 tokens): real tokens/s side by side (interleaved repeats), peak memory,
@@ -661,8 +697,6 @@ def check_packing(ctx: Ctx) -> None:
     best = {k: max(r["real_tokens_per_s"] for r in v) for k, v in runs.items()}
     ratios = {k: round(v / max(1, best["bucket, sdpa"]), 3) for k, v in best.items()}
     ctx.figure("over_bucket", ratios)
-    from kitlib.doctor.probe import probe_batching
-
     cfg = _cfg(micro_batch_size=ctx.size(4, 8), max_length=width, num_workers=0)
     probes = {b: make_train_loader(data, dataclasses.replace(cfg, batching=b), hw, collate=c, lengths=data.lengths,
                                    seed=0) for b, c in (("packed", None), ("bucket", SequenceCollator(0)))}  # fmt: skip
@@ -670,7 +704,7 @@ def check_packing(ctx: Ctx) -> None:
     def autocast() -> Any:
         return torch.autocast("cuda", dtype=half) if cuda() else contextlib.nullcontext()
 
-    measured = probe_batching(model().to(device()), probes, autocast=autocast)  # what 02 decides by
+    measured = _probe_batching(model().to(device()), probes, autocast=autocast)  # what 02 chose by
     ctx.figure("kitlib_probe_tokens_per_s", {k: round(v) for k, v in measured.items()})
     ctx.note("real tokens/s over bucketing (best of each): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
 

@@ -17,7 +17,7 @@ Freeze = Literal["none", "embeddings", "encoder"]
 Adapter = Literal["none", "lora", "qlora"]  # kitlib.models.adapters: LoRA, or LoRA on 4-bit weights (CUDA)
 Batching = Literal["bucket", "dynamic", "fixed", "token_budget", "packed"]  # packed: kitlib.data.packing (causal LM)
 Mode = Literal["min", "max"]
-BackgroundEval = Literal["off", "thread", "process"]
+BackgroundEval = Literal["off", "thread"]
 Strategy = Literal["ddp", "fsdp"]
 # What the target column is: "auto" decides from the values (names: classes; fractions: a number; few distinct
 # integers: classes; integers that are neither clearly codes nor clearly quantities: asks for one of the others).
@@ -28,7 +28,6 @@ TargetRule = Literal["auto", "classify", "regress"]
 _RESUMABLE_CHANGES = frozenset(
     {
         "num_workers",
-        "batching_measured",
         "log_every_steps",
         "eval_every_steps",
         "save_best",
@@ -60,10 +59,6 @@ def full_eval_due(epoch: int, every: int, at_end: bool, epochs: int) -> bool:
     """Whether the full evaluation runs after 1-based ``epoch`` of ``epochs``: every ``every`` epochs (0: never by
     cadence) and/or after the last. fit() schedules by it; the doctor counts and re-plans with it."""
     return (every > 0 and epoch % every == 0) or (at_end and epoch == epochs)
-
-
-def _tuple(value: Any) -> Any:
-    return (str(value[0]), float(value[1])) if isinstance(value, list) else value  # batching_measured's pairs
 
 
 def _jsonish(value: Any) -> Any:
@@ -114,8 +109,6 @@ class TrainConfig:
     # --- data ---
     max_length: int | None = None  # tokens; None: the loader decides (e.g. suggest_max_length at 99% coverage)
     batching: Batching = "bucket"
-    # Real tokens/s of each batching measured on the training device (02's probe_batching); (): not measured
-    batching_measured: tuple[tuple[str, float], ...] = ()
     num_workers: int | None = None  # None: derived from the CPU count and platform
     eval_batch_factor: int = 4  # no autograd state at eval, so batches can be ~4x larger
 
@@ -188,11 +181,12 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in data.items() if k != "batching_measured"}  # retired: an older kitlib's saved runs
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")
-        tuples = ("betas", "checkpoint_modules", "batching_measured")  # JSON gives lists
-        values = dict(data) | {k: tuple(map(_tuple, data[k])) for k in tuples if k in data}
+        tuples = ("betas", "checkpoint_modules")  # JSON gives lists
+        values = dict(data) | {k: tuple(data[k]) for k in tuples if k in data}
         return cls(**values)
 
 

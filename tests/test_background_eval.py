@@ -299,3 +299,11 @@ def test_a_late_value_of_an_epoch_judged_already_leaves_best_with_that_epochs_we
     best = checkpoint.load(tmp_path / "best")
     for name, tensor in at_end[2].items():
         assert torch.equal(best.weights[name], tensor), name
+
+
+def test_process_mode_is_gone_and_the_error_lists_the_modes() -> None:
+    """#50 list B8: no route could use a process pool (the notebooks' scores are closures that do not pickle)."""
+    from kitlib.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"background_eval='process' is not one of \('off', 'thread'\)"):
+        TrainConfig(background_eval="process")  # type: ignore[arg-type]

@@ -3,12 +3,10 @@ model's gradients, mode and RNG streams are put back afterwards."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,6 @@ __all__ = [
     "MicroBatchProbe",
     "best_passes",
     "load_probes",
-    "probe_batching",
     "probe_micro_batch",
     "save_probe",
 ]
@@ -135,39 +132,6 @@ def best_passes(
         for p, g in zip(params, grads, strict=True):
             p.grad = g
     return best
-
-
-def probe_batching(
-    model: nn.Module,
-    loaders: Mapping[str, Any],
-    *,
-    loss_fn: LossFn | None = None,
-    autocast: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext,
-    batches: int = 2,
-    repeats: int = 2,
-    budget_s: float = 1.0,
-) -> dict[str, float]:
-    """Real tokens/s of forward+backward on ``model`` for each training loader by its batching ("packed", "bucket"),
-    over batches holding as many example tokens, timed by ``best_passes``."""
-    groups: dict[str, list[Batch]] = {}
-    tokens: dict[str, int] = {}
-    for name, loader in loaders.items():
-        budget = next(iter(tokens.values()), None)  # the first loader's tokens: the others match them
-        groups[name], tokens[name] = [], 0
-        for indices in loader.batch_sampler:
-            items = [loader.dataset[int(i)] for i in indices]
-            groups[name].append(loader.collate_fn(items))
-            tokens[name] += sum(len(item[0]) for item in items)
-            if (budget is None and len(groups[name]) >= batches) or (budget is not None and tokens[name] >= budget):
-                break
-    loss = loss_fn or hf_loss
-
-    def under_autocast(m: nn.Module, batch: Batch) -> torch.Tensor:
-        with autocast():
-            return loss(m, batch)
-
-    seconds = best_passes(model, groups, loss_fn=under_autocast, repeats=repeats, budget_s=budget_s)
-    return {name: tokens[name] / seconds[name] for name in groups}
 
 
 def save_probe(run_dir: str | Path, probe: MicroBatchProbe) -> Path:

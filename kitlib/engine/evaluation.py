@@ -95,7 +95,7 @@ class BackgroundEval:
         self.patient = distributed.patient_group(env)
         self.pending: list[Pending] = []
         self.unscored: list[dict[str, Any]] = []  # from a checkpoint (load_state_dict), for rescore
-        self._pool: cf.Executor | None = None
+        self._pool: cf.ThreadPoolExecutor | None = None
 
     def measure(self, model: nn.Module, autocast: Callable[[], Any]) -> Measured | None:
         """The foreground half of an epoch's full eval on rank 0 (None on the others), timed as "full_eval"."""
@@ -149,8 +149,7 @@ class BackgroundEval:
             future.set_result(measured.metrics if measured.metrics is not None else self._job(measured)())
         else:
             if self._pool is None:
-                make = cf.ProcessPoolExecutor if self.mode == "process" else cf.ThreadPoolExecutor
-                self._pool = make(max_workers=1)
+                self._pool = cf.ThreadPoolExecutor(max_workers=1)
             future = self._pool.submit(self._job(measured))
         self.pending.append(Pending(epoch, future, weights, measured.rng))
 

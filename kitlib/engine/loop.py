@@ -493,7 +493,7 @@ def fit(
     - ``full_eval(model) -> metrics`` is the expensive evaluation (generation, task metrics), run every
       ``config.full_eval_every`` epochs and/or at the end. To score its CPU-bound part in the background while the
       next epoch trains, pass ``SplitEval(measure, score)`` (kitlib.engine.evaluation) and keep
-      ``config.background_eval`` "thread" or "process" (its metrics are judged, in epoch order, at the next epoch's
+      ``config.background_eval`` "thread" (its metrics are judged, in epoch order, at the next epoch's
       end: early stopping then acts one epoch later than in the foreground).
     - ``run_dir`` receives config.json, history.csv, timing.json and the best/ and last/ checkpoints;
       ``resume=True`` continues from ``run_dir/last`` exactly where it stopped; ``resume="auto"`` does when a

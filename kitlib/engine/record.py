@@ -46,7 +46,6 @@ class RunFacts:
     save_last: bool | None = None
     save_every_steps: int | None = None
     batching: str | None = None
-    batching_tokens_per_s: dict[str, float] | None = None  # what chose it: real tokens/s measured per batching
     cudnn_benchmark: bool | None = None
     samples: int | None = None
     real_tokens: int | None = None
@@ -169,7 +168,6 @@ class RunRecorder(Callback):
             memory_total_bytes=total,
             rank_peak_memory_bytes=gather_object(peak, env),  # a collective: fit reads facts on every rank
             **{k: getattr(cfg, k) for k in _CONFIG_FACTS},
-            batching_tokens_per_s={k: round(v) for k, v in cfg.batching_measured} or None,
             cudnn_benchmark=bool(loop.timer.extra.get("cudnn_benchmark")),
             samples=self.samples,
             real_tokens=self.real_tokens or None,  # None: no token inputs (a head on cached vectors), not 0 tokens/s

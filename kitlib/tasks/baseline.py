@@ -121,7 +121,7 @@ def compare(metric: Metric, y_true: Any, model: Any, baseline: Any, *, seed: int
 
 
 class BestRows:
-    """Validation truth and predictions at the best score so far (``rows`` None under background_eval "process")."""
+    """Validation truth and predictions at the best score so far."""
 
     def __init__(self, metric: Metric) -> None:
         self.metric = metric

@@ -100,9 +100,9 @@ class CausalLMTask(TextGenerationTask):
         return [render_prompt(t, tokenizer) for t in texts]
 
     def tune(self, run: ResolvedRun, lengths: np.ndarray, model: Any) -> ResolvedRun:
-        """Batching left to 02, which measures packed against bucketed rows on the device and trains the faster."""
+        """Batching left to 02's rule: packed rows on a CUDA device, length buckets elsewhere."""
         if run.config.batching == "bucket" and packing_supported():
-            print("batching: 02 measures packed rows against length buckets on the training device, the faster trains")
+            print("batching: packed rows on a CUDA device, length buckets elsewhere (02 decides where it trains)")
         return run
 
     def prepare(self, ctx: Context) -> Prepared:
@@ -118,7 +118,7 @@ class CausalLMTask(TextGenerationTask):
         test = SequenceDataset(test_rows, None, pad_id=pad)
         train = subset(split[0])
         half = frozen_dtype(cfg.precision, cfg.adapter, hw.device_type)  # loaded so: no fp32 copy on the host
-        # batching "bucket" is the default: 02 measures it against packed rows (stages), so both are offered
+        # batching "bucket" is the default: 02's rule trains packed rows on a CUDA device, so both are offered
         offered: tuple[Batching, ...] = (
             ("packed",) if cfg.batching in ("bucket", "packed") and packing_supported() else ()
         )
