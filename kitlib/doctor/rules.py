@@ -552,6 +552,7 @@ def _communication(run: RunRecord) -> Found | None:
     (micro, accum), total = run.split, comm * run.steps
     evidence = f"~{1e3 * comm:.1f} ms of {1e3 * run.step_total / run.steps:.1f} ms a step communicating ({strategy})"
     basis = "one all-reduce timed at the start, scaled to the gradients' bytes; none of it hidden behind backward"
+    changes: dict[str, Any]
     if strategy == "fsdp" and accum > 1:  # a gather each pass: fewer, bigger micro-batches gather less
         k = split_accumulation(accum)
         saved = total * (1 - (2 * accum / k + 1) / (2 * accum + 1))
