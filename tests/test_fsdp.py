@@ -178,33 +178,105 @@ def test_01_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: Path
     assert any(r.startswith("strategy fsdp: as requested") for r in run.reasons)
 
 
-@pytest.mark.slow  # ~2 min: 00 and 01 here, then 02 under torchrun (2 processes, FSDP), and 03 unchanged
-def test_the_train_command_under_torchrun_then_03_unchanged(tmp_path: Path) -> None:
-    # FSDP's weights equal DDP's and one process's in the test above; this one is the notebooks' route around them
+def guide_blocks() -> list[str]:
+    """The bash blocks of docs/guide.md's multi-node section, backslash-continued lines joined."""
+    section = (ROOT / "docs" / "guide.md").read_text().split("## Several GPUs and machines")[1].split("\n## ")[0]
+    return [b.replace("\\\n", "") for b in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+FAKE_SRUN = """#!/bin/bash
+# Slurm itself is faked: one copy of the command per node of SLURM_JOB_NODELIST, each with the variables a task has
+i=0; pids=()
+for host in $(scontrol show hostnames "$SLURM_JOB_NODELIST"); do
+    SLURMD_NODENAME=$host SLURM_NODEID=$i SLURM_PROCID=$i SLURM_LOCALID=0 SLURM_NTASKS=$SLURM_NNODES "$@" &
+    pids+=($!); i=$((i + 1))
+done
+rc=0; for pid in "${pids[@]}"; do wait "$pid" || rc=1; done; exit $rc
+"""
+FAKE_SCONTROL = """#!/bin/bash
+# scontrol show hostnames LIST: one name a line (the fake job's nodes are named localhost,localhost)
+tr ',' '\\n' <<< "$3"
+"""
+
+
+@pytest.mark.slow  # ~1.5 min: 00 and 01 once, the guide's Slurm script (FSDP) and its torchrun lines (DDP), 03 each
+def test_the_guides_slurm_script_and_torchrun_lines_on_localhost_give_equal_submissions(tmp_path: Path) -> None:
+    # The commands are read from docs/guide.md's code blocks; only the host (localhost), the port (a free one), the
+    # work dir and the GPUs a node (8 -> 1: two simulated nodes of one gloo process) are substituted. Slurm is faked:
+    # a srun and scontrol first on PATH (FAKE_SRUN) start one copy of the command per node with SLURM_* set.
+    # The same work dir shape twice: 00 and 01 once (strategy fsdp), then a copy where 00 runs again with
+    # strategy="ddp" and 01 again (its feature cache copied along: nothing tokenized twice).
+    import dataclasses
+    import shutil
+
     from sft_fixtures import llama_folder, sft_frame, write_competition
 
     from kitlib.machine.hardware import detect
-    from kitlib.notebook import stages, training
-    from kitlib.notebook.params import load_params
+    from kitlib.notebook import stages
 
     train = sft_frame(48)
     data = write_competition(tmp_path / "data", train)
     folder = llama_folder(tmp_path / "llama", [*train["prompt"], *train["response"]], positions=256)
-    work = tmp_path / "fsdp"
-    p = stages.params(data_dir=data, work_dir=work, preset="smoke", model=str(folder), task="causal-lm",
+    p = stages.params(data_dir=data, work_dir=tmp_path / "fsdp", preset="smoke", model=str(folder), task="causal-lm",
                       text="prompt", target="response", metric="exact_match", strategy="fsdp")  # fmt: skip
     stages.setup(p, detect())
     stages.features(p, hw=detect(), quiet=True)
-    cmd = ["torchrun", "--standalone", "--nproc_per_node", "2", "-m", "kitlib", "train", "--work-dir", str(work)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "stopped: completed" in proc.stdout
-    ran = json.loads((work / "run" / "config.json").read_text())
-    assert (ran["strategy"], ran["world_size"]) == ("fsdp", 2)
-    assert sharded_dir(work / "run" / "best")
-    submission = training.infer(load_params(work))
+    shutil.copytree(p.work_dir, tmp_path / "ddp")
+    ddp = dataclasses.replace(p, work_dir=tmp_path / "ddp", strategy="ddp")
+    stages.setup(ddp, detect())
+    stages.features(ddp, hw=detect(), quiet=True)
+
+    blocks = guide_blocks()
+    multi_node = next(b for b in blocks if b.startswith("torchrun --nnodes")).strip()
+    slurm = next(b for b in blocks if b.startswith("#!/bin/bash"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {**_env(), "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def local(command: str, work: Path, port: int) -> str:
+        assert "/shared/work" in command and ":29500" in command and "--nproc_per_node 8" in command, command
+        for guide, here in (("/shared/work", str(work)), ("node1:", "localhost:"), (":29500", f":{port}"),
+                            ("--nproc_per_node 8", "--nproc_per_node 1")):  # fmt: skip
+            command = command.replace(guide, here)
+        return command
+
+    port = free_port()
+    slurm_env = {**env, "SLURM_JOB_NODELIST": "localhost,localhost", "SLURM_NNODES": "2", "SLURM_JOB_ID": str(port)}
+    script = tmp_path / "job.sbatch"
+    script.write_text(local(slurm, p.work_dir, port))
+    job = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=slurm_env, timeout=400)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert job.stdout.count("stopped: completed") == 1  # rank 0 of the two nodes prints the summary
+
+    port = free_port()
+    agents = [subprocess.Popen(["bash", "-c", local(multi_node, ddp.work_dir, port)], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env) for _ in range(2)]  # fmt: skip
+    for agent in agents:
+        said, _ = agent.communicate(timeout=400)
+        assert agent.returncode == 0, said[-3000:]
+    from kitlib.notebook.params import load_params
+    from kitlib.notebook.training import infer
+
+    submission = {"ddp": infer(load_params(ddp.work_dir))}  # 03 as the guide's script runs it (python -c)
+    for work in (p.work_dir, ddp.work_dir):
+        ran = json.loads((work / "run" / "config.json").read_text())
+        assert (ran["strategy"], ran["world_size"], ran["nodes"]) == (work.name, 2, 2), ran
+        timing = json.loads((work / "run" / "timing.json").read_text())["run"]
+        assert timing["comm_seconds_per_step"] > 0  # the doctor's communication rule reads it
+    assert sharded_dir(p.work_dir / "run" / "best") and not sharded_dir(ddp.work_dir / "run" / "best")
+    submission["fsdp"] = pd.read_csv(p.work_dir / "submission.csv")
     test = pd.read_csv(data / "test.csv")
-    assert list(submission["id"]) == list(test["id"]) and submission["response"].notna().all()
+    assert list(submission["fsdp"]["id"]) == list(test["id"]) and submission["fsdp"]["response"].notna().all()
+    # the sharded best/ gathered on one process holds DDP's whole best/ (float tolerance) and predicts the same text
+    whole = {w.name: checkpoint.load(checkpoint.latest(w / "run", "best")).weights for w in (p.work_dir, ddp.work_dir)}  # type: ignore[arg-type]
+    assert whole["fsdp"].keys() == whole["ddp"].keys()
+    for name, weight in whole["ddp"].items():
+        torch.testing.assert_close(whole["fsdp"][name], weight, rtol=1e-4, atol=1e-5)
+    assert list(submission["fsdp"]["response"]) == list(submission["ddp"]["response"])
+    print(submission["fsdp"]["response"].tolist())
 
 
 def sharded_dir(directory: Path) -> bool:
@@ -235,3 +307,64 @@ def test_strategy_none_takes_the_plans_fsdp_where_the_run_fits_the_gpus_only_sha
     assert planned.config.strategy == "fsdp" and planned.reasons[-1].startswith("strategy fsdp: the plan's")
     asked = dataclasses.replace(p, strategy="ddp")
     assert stages.planned_strategy(asked, cpu_hw, stages.resolve_run(asked, cpu_hw)).config.strategy == "ddp"
+
+
+def test_out_of_memory_under_fsdp_or_ddp_stops_the_rank_with_the_next_strategy_rather_than_replaying_alone(
+    cpu_hw,
+) -> None:  # type: ignore[no-untyped-def]
+    # Loop builds its back-off with distributed=env.enabled, whatever the strategy: one rank cannot replay a step
+    # while the others wait in its collectives (DDP's all-reduce, FSDP's gathers), so it raises and the launcher
+    # (torchrun's agent, kitlib's forked workers) ends every rank of the job.
+    from kitlib.config import TrainConfig
+    from kitlib.engine.backoff import MicroBatchBackoff
+    from kitlib.errors import DoesNotFitError
+    from kitlib.machine.amp import Precision
+    from kitlib.machine.precision import decide_precision
+
+    model = torch.nn.Linear(2, 2)
+    cfg = TrainConfig(micro_batch_size=8, strategy="fsdp")
+    precision = Precision(decide_precision(cpu_hw, "fp32"))
+    calls: list[int] = []
+
+    def train(pieces: list[dict[str, torch.Tensor]]) -> None:
+        calls.append(len(pieces))
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    backoff = MicroBatchBackoff(cfg, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), precision=precision,
+                                device=torch.device("cpu"), distributed=True, next_strategy="gradient checkpointing",
+                                say=print)  # fmt: skip
+    with pytest.raises(DoesNotFitError, match=r"one rank cannot replay a step alone .* Fix: gradient checkpointing"):
+        backoff.run([{"x": torch.zeros(8, 2)}], train, step=0)
+    assert calls == [1] and backoff.parts == 1  # tried once, at the configured micro-batch: no replay
+
+
+def comm_record(strategy: str, comm_ms: float, accum: int = 1) -> dict[str, object]:
+    """A timing.json of 10 steps of 100 ms (forward 30, backward 60, optimizer 10) on 4 ranks."""
+    per_step = {"data_wait": 0.0, "h2d": 0.0, "forward": 0.03, "backward": 0.06, "optimizer": 0.01}
+    phases = {name: {"seconds": 10 * s, "count": 10} for name, s in per_step.items()}
+    run = {"steps": 10, "world_size": 4, "nodes": 2, "strategy": strategy, "micro_batch_size": 2,
+           "grad_accum_steps": accum, "comm_seconds_per_step": comm_ms / 1e3}  # fmt: skip
+    return {"wall_seconds": 1.2, "phases": phases, "per_step_seconds": per_step, "run": run}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "accum", "changes", "saved_ms"),
+    [
+        ("ddp", 1, {"grad_accum_steps": 2}, 35.0),  # one all-reduce per twice the rows
+        ("fsdp", 1, {"strategy": "ddp"}, 70 / 3),  # 1.5 all-reduces a step -> 1
+        ("fsdp", 4, {"micro_batch_size": 8, "grad_accum_steps": 1}, 70 * (1 - 3 / 9)),  # 9 half-passes -> 3
+    ],
+)
+def test_the_doctor_says_when_communication_takes_most_of_the_step(
+    cpu_hw, strategy: str, accum: int, changes: dict[str, object], saved_ms: float
+) -> None:  # type: ignore[no-untyped-def]
+    from kitlib.doctor.rules import RULES, RunRecord
+
+    rule = next(r for r in RULES if r.name == "communication")
+    config = {"micro_batch_size": 2, "grad_accum_steps": accum}
+    found = rule(RunRecord(comm_record(strategy, 70.0, accum), config), cpu_hw)
+    assert found is not None and found.changes == changes, found
+    assert found.estimated_saving_s == pytest.approx(10 * saved_ms / 1e3)  # over the 10 steps
+    assert "~70.0 ms of 100.0 ms a step communicating" in found.evidence and "fewer ranks" in found.fix
+    assert rule(RunRecord(comm_record(strategy, 40.0, accum), config), cpu_hw) is None  # under half: compute-bound
+    assert rule(RunRecord({**comm_record(strategy, 70.0), "run": {"steps": 10}}, config), cpu_hw) is None  # no figure

@@ -527,4 +527,28 @@ RULES: tuple[Rule, ...] = (  # name (Finding.rule), title, judge: in the report'
     Rule("recompiles", "torch.compile recompiles for new input shapes", _recompiles),
     Rule("respawn", "DataLoader workers restart every epoch", _respawn),
     Rule("time_budget", "The plan overruns the time budget", _time_budget),
+    Rule("communication", "Communication between ranks takes most of the step", lambda run, hw: _communication(run)),
 )
+
+
+def _communication(run: RunRecord) -> Found | None:
+    """timing.json's ``comm_seconds_per_step`` (kitlib.machine.distributed.comm_seconds) over half the step."""
+    facts = run.timing.get("run") or {}
+    comm, strategy = float(facts.get("comm_seconds_per_step") or 0), facts.get("strategy")
+    if not comm or not run.steps or comm * run.steps < 0.5 * run.step_total:
+        return None
+    (micro, accum), total = run.split, comm * run.steps
+    evidence = f"~{1e3 * comm:.1f} ms of {1e3 * run.step_total / run.steps:.1f} ms a step communicating ({strategy})"
+    basis = "one all-reduce timed at the start, scaled to the gradients' bytes; none of it hidden behind backward"
+    changes: dict[str, Any]
+    if strategy == "fsdp" and accum > 1:  # a gather each pass: fewer, bigger micro-batches gather less
+        k = split_accumulation(accum)
+        saved = total * (1 - (2 * accum / k + 1) / (2 * accum + 1))
+        changes, note = {"micro_batch_size": micro * k, "grad_accum_steps": accum // k}, "same rows a step"
+    elif strategy == "fsdp":  # 1.5 all-reduces a step against DDP's 1
+        saved, changes, note = total / 3, {"strategy": "ddp"}, "where the model fits one GPU whole"
+    else:
+        saved, changes = total / 2, {"grad_accum_steps": accum * 2}
+        note = "one all-reduce per twice the rows: re-tune lr"
+    more = "; or fewer ranks (one node: no network between them)"
+    return Found(evidence, saved, basis, changes, note, more)

@@ -152,6 +152,10 @@ class Loop:
         self.loss_fn, self.count_fn = loss_fn or hf_loss, count_fn or default_count_fn(model)
         self.to_device = to_device(self.device, omit_full_masks=self.loss_fn in MODEL_LOSSES and mask_optional(model))
         self.params = [p for p in model.parameters() if p.requires_grad]
+        if self.env.enabled:  # timing.json's run: the doctor's communication rule reads it
+            self.timer.extra["comm_seconds_per_step"] = distributed.comm_seconds(
+                self.params, self.env, self.device, sharded=self.sharded, accum=cfg.grad_accum_steps
+            )
         self.optimizer = build_optimizer(model, cfg)
         total_steps = self.data.windows_per_epoch * cfg.epochs
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)

@@ -11,6 +11,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -129,6 +130,22 @@ def all_reduce_sum(value: torch.Tensor, env: DistEnv) -> torch.Tensor:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
+
+
+def comm_seconds(params: list[nn.Parameter], env: DistEnv, device: torch.device, *, sharded: bool, accum: int) -> float:
+    """Seconds a step spends communicating: one all-reduce of up to 32 MB timed after a warm-up, scaled to the
+    trainable fp32 bytes; FSDP moves (2 x accum + 1) / 2 of that (a gather each forward and backward pass, one
+    reduce-scatter; an all-reduce is both). As if nothing overlapped backward: an upper bound."""
+    total = sum(p.numel() for p in params) * 4  # fp32 gradients (FSDP: reduce_dtype fp32)
+    buffer = torch.zeros(min(total, 32 * 2**20) // 4 or 1, device=device)
+    for _ in range(2):  # the first call sets the group's connections up
+        started = time.perf_counter()
+        dist.all_reduce(buffer)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - started
+    passes = (2 * accum + 1) / 2 if sharded else 1.0
+    return seconds * total / (buffer.numel() * 4) * passes
 
 
 def broadcast_object(value: Any, env: DistEnv) -> Any:
