@@ -121,14 +121,20 @@ def test_advice_names_the_notebook_control_and_the_python_field() -> None:
 
 
 def test_the_doctors_notebook_parameters_are_the_declared_training_ones() -> None:
-    """Each training parameter's fix names it in 00's cell and as its flag (fails on the picker-label wording, which
-    sent gradient_checkpointing and optimizer to a stages.setup override)."""
-    from kitlib.doctor import rules
-    from kitlib.notebook.params import TRAINING
+    """Each declared parameter that is a TrainConfig field has its fix named in 00's cell and as its flag (fails on
+    the picker-label wording, which sent gradient_checkpointing and optimizer to a stages.setup override, and on a
+    list without strategy, which sent the communication rule's fix there)."""
+    import dataclasses
 
-    assert set(rules.NOTEBOOK_PARAMETERS) == set(TRAINING)
-    for name in TRAINING:
-        fix = rules._fix({name: True} if name in ("compile", "gradient_checkpointing") else {name: 2})
+    from kitlib.config import TrainConfig
+    from kitlib.doctor import rules
+    from kitlib.notebook.params import Params
+
+    both = {f.name for f in dataclasses.fields(Params)} & {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(rules.NOTEBOOK_PARAMETERS) == both
+    for name in both:
+        value = True if name in ("compile", "gradient_checkpointing") else "ddp" if name == "strategy" else 2
+        fix = rules._fix({name: value})
         flag = f"--{name.replace('_', '-')}"
         assert f"set {name} = " in fix and "parameters cell" in fix and flag in fix, fix
 

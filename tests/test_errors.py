@@ -34,3 +34,12 @@ def test_a_new_submission_keeps_the_previous_one_and_a_bad_one_replaces_nothing(
     with pytest.raises(DataError, match="missing values"):
         write_submission(first.assign(label=[1, None]), ("id", "label"), 2, path)
     assert (path.read_bytes(), (tmp_path / "submission.prev.csv").read_bytes()) == before
+
+
+def test_a_generated_carriage_return_stays_inside_its_row(tmp_path: Path) -> None:
+    # pandas reads a bare '\r' as a line end; minimal quoting leaves it bare (fails on the unquoted writer: 3 rows)
+    path = tmp_path / "submission.csv"
+    frame = pd.DataFrame({"id": [1, 2], "response": ["a\rb", "c"]})
+    write_submission(frame, ("id", "response"), 2, path)
+    back = pd.read_csv(path)
+    assert back["id"].tolist() == [1, 2] and back["response"].tolist() == ["a\rb", "c"]

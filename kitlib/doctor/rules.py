@@ -144,10 +144,10 @@ class Rule:
         return Finding(self.name, title, found.evidence, saving, share, fix, found.basis, dict(found.changes))
 
 
-# TrainConfig fields that are 00's parameters too (kitlib.notebook.params, training=True: a test checks they agree;
-# the doctor sits below the notebooks and cannot import the declaration)
+# TrainConfig fields that are 00's parameters too (kitlib.notebook.params: a test checks they agree; the doctor sits
+# below the notebooks and cannot import the declaration)
 NOTEBOOK_PARAMETERS = ("epochs", "micro_batch_size", "grad_accum_steps", "lr", "max_length", "full_eval_every",
-                       "adapter", "optimizer", "gradient_checkpointing", "compile")  # fmt: skip
+                       "adapter", "optimizer", "gradient_checkpointing", "compile", "seed", "strategy")  # fmt: skip
 
 
 def _fix(changes: Mapping[str, Any], note: str = "", *, notebook: Mapping[str, Any] | None = None) -> str:
@@ -512,26 +512,7 @@ def _time_budget(run: RunRecord, hw: HardwareInfo) -> Found | None:
     )
 
 
-RULES: tuple[Rule, ...] = (  # name (Finding.rule), title, judge: in the report's order of ties
-    Rule("data_bound", "Data loading stalls the training loop", _data_bound),
-    Rule("padding", "Most computed tokens are padding", _padding),
-    Rule("max_length", "The fixed max length is longer than any row", _max_length),
-    Rule("features", "Features are recomputed every session", _features),
-    Rule("full_eval", "The full evaluation dominates the run", _full_eval),
-    Rule("eval", "The per-epoch eval loss pass is expensive", _cheap_eval),
-    Rule("checkpoint", "Checkpointing stalls training", _checkpoint),
-    Rule("precision", "Training in {} on hardware with fast {}", _precision),
-    Rule("memory", "Most accelerator memory is unused", _memory),
-    Rule("tiny_batches", "Tiny batches: the per-step overhead dominates", _tiny_batches),
-    Rule("micro_batch", "Tiny micro-batches: per-call overhead dominates forward and backward", _micro_batch),
-    Rule("recompiles", "torch.compile recompiles for new input shapes", _recompiles),
-    Rule("respawn", "DataLoader workers restart every epoch", _respawn),
-    Rule("time_budget", "The plan overruns the time budget", _time_budget),
-    Rule("communication", "Communication between ranks takes most of the step", lambda run, hw: _communication(run)),
-)
-
-
-def _communication(run: RunRecord) -> Found | None:
+def _communication(run: RunRecord, hw: HardwareInfo) -> Found | None:
     """timing.json's ``comm_seconds_per_step`` (kitlib.machine.distributed.comm_seconds) over half the step."""
     facts = run.timing.get("run") or {}
     comm, strategy = float(facts.get("comm_seconds_per_step") or 0), facts.get("strategy")
@@ -552,3 +533,22 @@ def _communication(run: RunRecord) -> Found | None:
         note = "one all-reduce per twice the rows: re-tune lr"
     more = "; or fewer ranks (one node: no network between them)"
     return Found(evidence, saved, basis, changes, note, more)
+
+
+RULES: tuple[Rule, ...] = (  # name (Finding.rule), title, judge: in the report's order of ties
+    Rule("data_bound", "Data loading stalls the training loop", _data_bound),
+    Rule("padding", "Most computed tokens are padding", _padding),
+    Rule("max_length", "The fixed max length is longer than any row", _max_length),
+    Rule("features", "Features are recomputed every session", _features),
+    Rule("full_eval", "The full evaluation dominates the run", _full_eval),
+    Rule("eval", "The per-epoch eval loss pass is expensive", _cheap_eval),
+    Rule("checkpoint", "Checkpointing stalls training", _checkpoint),
+    Rule("precision", "Training in {} on hardware with fast {}", _precision),
+    Rule("memory", "Most accelerator memory is unused", _memory),
+    Rule("tiny_batches", "Tiny batches: the per-step overhead dominates", _tiny_batches),
+    Rule("micro_batch", "Tiny micro-batches: per-call overhead dominates forward and backward", _micro_batch),
+    Rule("recompiles", "torch.compile recompiles for new input shapes", _recompiles),
+    Rule("respawn", "DataLoader workers restart every epoch", _respawn),
+    Rule("time_budget", "The plan overruns the time budget", _time_budget),
+    Rule("communication", "Communication between ranks takes most of the step", _communication),
+)

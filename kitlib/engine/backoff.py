@@ -59,8 +59,8 @@ class MicroBatchBackoff:
         biggest = max(rows(batch) for batch in window)
         before = math.ceil(biggest / self.parts)
         if before <= 1 or self.distributed:
-            # DDP: the other ranks wait in the step's all-reduce, so one rank cannot replay it on its own.
-            why = "under DDP one rank cannot replay a step alone" if self.distributed else "nothing left to halve"
+            # DDP/FSDP: the other ranks wait in the step's collectives, so one rank cannot replay it on its own.
+            why = "with several ranks one cannot replay a step alone" if self.distributed else "nothing left to halve"
             raise DoesNotFitError(
                 f"out of device memory at step {step + 1} with micro-batch {before} x accumulation "
                 f"{self.accum * self.parts}: {why} ({reason}). Fix: {self.next_strategy}"

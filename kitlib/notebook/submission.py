@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +61,10 @@ def write_submission(
     ordered = submission[list(columns)]
     if path.is_file():  # the last good submission stays one step back, never lost to a bad run
         write_atomic(path.with_name(f"{path.stem}.prev{path.suffix}"), path.read_bytes())
-    write_atomic(path, ordered.to_csv(index=False))
+    # minimal quoting keeps the sample's look but quotes only the line terminator's '\n': a generated '\r' would split
+    # its row when read back (pandas ends a line at either), so a submission holding one quotes every text
+    carriage = any(ordered[c].astype(str).str.contains("\r", regex=False).any() for c in ordered.select_dtypes(object))
+    write_atomic(path, ordered.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC if carriage else csv.QUOTE_MINIMAL))
     return ordered
 
 
