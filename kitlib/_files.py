@@ -134,6 +134,24 @@ def read_checked(path: Path, record: Mapping[str, object]) -> bytearray:
     return check_file(path, record, read=True)
 
 
+def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
+    """``directory``/manifest.json, written last: its presence says every file it lists is complete."""
+    write_recorded(directory / "manifest.json", [json.dumps(manifest, indent=1).encode()])
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """``directory``/manifest.json as a dict; FileMismatch if it is missing or unreadable."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_bytes())
+    except FileNotFoundError:
+        raise FileMismatch("manifest.json is missing") from None
+    except (OSError, ValueError) as err:
+        raise FileMismatch(f"manifest.json is unreadable ({err})") from err
+    if not isinstance(manifest, dict):
+        raise FileMismatch("manifest.json is not an object")
+    return manifest
+
+
 def known_fields(cls: Any, saved: Mapping[str, Any]) -> dict[str, Any]:
     """``saved``'s entries that dataclass ``cls`` declares (a newer kitlib's file still reads)."""
     names = {f.name for f in dataclasses.fields(cls)}

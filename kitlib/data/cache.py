@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 import kitlib._version as kit_version
-from kitlib._files import FileMismatch, explain_disk_full, read_checked, write_recorded
+from kitlib._files import FileMismatch as _Corrupt  # a damaged entry: missing, truncated, corrupted, unreadable
+from kitlib._files import explain_disk_full, read_checked, read_manifest, write_manifest, write_recorded
 from kitlib.data import arrays
 from kitlib.data.fingerprint import KEY_CHARS as KEY_CHARS
 from kitlib.data.fingerprint import _Hasher
@@ -41,10 +42,6 @@ R = TypeVar("R")
 
 
 class CacheWarning(UserWarning):
-    pass
-
-
-class _Corrupt(Exception):
     pass
 
 
@@ -101,22 +98,12 @@ def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:
     if values:
         files["buffers.bin"] = write_recorded(tmp / "buffers.bin", chunks)
     manifest.update(files=files, buffers=layout, size_bytes=sum(f["bytes"] for f in files.values()))
-    write_recorded(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
-
-
-def _read_manifest(entry: Path) -> dict[str, Any]:
-    try:
-        manifest: dict[str, Any] = json.loads((entry / "manifest.json").read_bytes())
-    except FileNotFoundError:
-        raise _Corrupt("manifest.json is missing") from None
-    except (ValueError, OSError) as err:
-        raise _Corrupt(f"manifest.json is unreadable ({err})") from err
-    return manifest
+    write_manifest(tmp, manifest)
 
 
 def _read_entry(entry: Path, key: str, where: str) -> tuple[Any, dict[str, Any]]:
     """The entry's result, checked against its manifest; reading runs no code (only kitlib dataclasses are built)."""
-    manifest = _read_manifest(entry)
+    manifest = read_manifest(entry)
     if manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
         raise _Corrupt(f"manifest is for key {manifest.get('key')!r}, format {manifest.get('format')!r}")
     files = manifest.get("files", {})
@@ -124,10 +111,7 @@ def _read_entry(entry: Path, key: str, where: str) -> tuple[Any, dict[str, Any]]
         if "data.pkl" in files:
             raise _Corrupt(f"it is a pickle in {where} cache (kitlib never writes one), so it was not unpickled")
         raise _Corrupt("manifest lists no data.json")
-    try:  # read once, checked on the way; the arrays are views of these bytes
-        blobs = {name: read_checked(entry / name, record) for name, record in files.items()}
-    except FileMismatch as err:
-        raise _Corrupt(str(err)) from None
+    blobs = {name: read_checked(entry / name, record) for name, record in files.items()}  # arrays: views of these
     view = memoryview(blobs.get("buffers.bin", bytearray()))
     buffers = [np.frombuffer(view[o : o + n], dtype=np.uint8) for o, n in manifest.get("buffers", [])]
     try:
@@ -331,7 +315,7 @@ class Cache:
             if path.name.startswith(".") or not path.is_dir() or path.is_symlink():
                 continue
             try:
-                yield path, _read_manifest(path)
+                yield path, read_manifest(path)
             except _Corrupt:
                 yield path, {"function": "(damaged)", "created_ts": path.stat().st_mtime}
 

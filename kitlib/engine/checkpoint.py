@@ -31,7 +31,9 @@ from kitlib._files import (
     free_bytes,
     fsync_dir,
     fsync_file,
+    read_manifest,
     record_file,
+    write_manifest,
     write_recorded,
 )
 from kitlib._version import __version__
@@ -220,14 +222,11 @@ def _siblings(directory: Path) -> list[Path]:
 
 
 def _read_manifest(directory: Path) -> dict[str, Any]:
-    path = directory / MANIFEST_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{MANIFEST_FILE} is missing (the write never finished, or this is not a checkpoint)")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{MANIFEST_FILE} is unreadable ({e})") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        manifest = read_manifest(directory)
+    except FileMismatch as e:
+        raise CheckpointError(f"{e} (the write never finished, or this is not a checkpoint)") from None
+    if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{MANIFEST_FILE} is not a {FORMAT} manifest")
     if manifest.get("version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"format version {manifest.get('version')} is newer than this kitlib ({__version__})")
@@ -294,7 +293,7 @@ def _write_files(snap: Snapshot, tmp: Path) -> None:
     files[META_FILE] = write_recorded(tmp / META_FILE, [json.dumps(snap.meta, indent=1).encode()])
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "kitlib_version": __version__,
                 "created_unix": time.time(), "files": dict(sorted(files.items())), "aliases": aliases}  # fmt: skip
-    write_recorded(tmp / MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])  # last: marks completeness
+    write_manifest(tmp, manifest)
     fsync_dir(tmp)
 
 
