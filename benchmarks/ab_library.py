@@ -35,7 +35,7 @@ for run in ("miss", "hit"):
     cache = Cache(root, log=None)
     t = time.perf_counter()
     tokenize_texts(texts, tok, max_length=128, cache=cache)
-    embed_texts(texts[:2000], tok, model, batch_size=64, max_length=128, cache=cache)
+    embed_texts(texts[:500], tok, model, batch_size=64, max_length=128, cache=cache)
     out[f"cache_{run}_s"] = time.perf_counter() - t
 print(json.dumps(out))
 """
@@ -101,11 +101,11 @@ def main() -> None:
                 named = value if isinstance(value, dict) else {f"import {('cache', 'checkpoint')[n]}_s": value}
                 for name, v in named.items():
                     got[checkout].setdefault(name, []).append(v)
-    print(f"| measure (median of {args.runs}) | before | after | after/before |")
-    print("| --- | --- | --- | --- |")
-    for name in got[args.before]:
-        b, a = statistics.median(got[args.before][name]), statistics.median(got[args.after][name])
-        print(f"| {name} | {b:.3f} | {a:.3f} | {a / b:.2f} |")
+        print(f"| measure (median of {i + 1}) | before | after | after/before |")  # after each run: a partial table
+        print("| --- | --- | --- | --- |")
+        for name in got[args.before]:
+            b, a = statistics.median(got[args.before][name]), statistics.median(got[args.after][name])
+            print(f"| {name} | {b:.3f} | {a:.3f} | {a / b:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

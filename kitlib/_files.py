@@ -105,7 +105,7 @@ def write_recorded(path: Path, chunks: Iterable[bytes | memoryview]) -> FileReco
     return {"bytes": size, "sha256": digest.hexdigest()}
 
 
-def record_bytes(data: bytes | memoryview) -> FileRecord:
+def record_bytes(data: bytes | bytearray | memoryview) -> FileRecord:
     return {"bytes": memoryview(data).nbytes, "sha256": hashlib.sha256(data).hexdigest()}
 
 
