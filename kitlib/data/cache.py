@@ -31,6 +31,8 @@ from kitlib.data.fingerprint import fingerprint as fingerprint
 from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
+# lazy: pandas (+0.2 s): only `list()` builds a DataFrame
+
 if TYPE_CHECKING:
     import pandas as pd  # lazy (+0.2 s): only list() needs it
 
