@@ -17,8 +17,6 @@ from typing import Any, BinaryIO, TypedDict
 
 from kitlib.errors import DiskFullError
 
-_CHUNK = 1 << 20  # 1 MiB reads: hashing runs at ~1-2 GB/s (SHA-NI), so chunking costs nothing measurable
-
 
 class FileRecord(TypedDict):
     bytes: int
@@ -103,53 +101,55 @@ def write_recorded(path: Path, chunks: Iterable[bytes | memoryview]) -> FileReco
             f.write(chunk)
             digest.update(chunk)
             size += len(chunk)
-        f.flush()
         os.fsync(f.fileno())
     return {"bytes": size, "sha256": digest.hexdigest()}
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()  # the file was usually just written, so it is read back from the page cache
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            digest.update(view[:n])
-    return digest.hexdigest()
-
-
-def record_bytes(data: bytes | memoryview) -> FileRecord:
+def record_bytes(data: bytes | bytearray | memoryview) -> FileRecord:
     return {"bytes": memoryview(data).nbytes, "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def record_file(path: Path) -> FileRecord:
-    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+    with path.open("rb") as f:  # usually just written: read back from the page cache
+        return {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
 
 
-def _size_matches(path: Path, record: Mapping[str, object]) -> int:
+def check_file(path: Path, record: Mapping[str, object], *, verify: bool = True, read: bool = False) -> bytearray:
+    """FileMismatch unless ``path`` has the recorded size (always) and sha256 (if ``verify``); its bytes if ``read``."""
     if not path.is_file():
         raise FileMismatch(f"{path.name} is missing")
     size = path.stat().st_size
     if size != record["bytes"]:  # a killed writer, a full disk, a partial upload: cheap to see, nothing read
         raise FileMismatch(f"{path.name} is {size} bytes, the manifest says {record['bytes']} (truncated or replaced)")
-    return size
-
-
-def check_file(path: Path, record: Mapping[str, object], *, verify: bool = True) -> None:
-    """Raise FileMismatch unless ``path`` has the recorded size (always) and sha256 (when ``verify``)."""
-    _size_matches(path, record)
-    if verify and sha256_file(path) != record["sha256"]:
+    blob = bytearray(size if read else 0)  # read once: the hash runs over these bytes, not a second disk pass
+    with path.open("rb") as f:
+        f.readinto(blob)
+    if verify and (record_bytes(blob) if read else record_file(path))["sha256"] != record["sha256"]:
         raise FileMismatch(f"{path.name} fails its sha256 check (corrupted)")
+    return blob
 
 
 def read_checked(path: Path, record: Mapping[str, object]) -> bytearray:
-    """The file's bytes, read once and checked against ``record`` (no second pass over the disk to hash)."""
-    blob = bytearray(_size_matches(path, record))
-    with path.open("rb") as f:
-        f.readinto(blob)
-    if hashlib.sha256(blob).hexdigest() != record["sha256"]:
-        raise FileMismatch(f"{path.name} fails its sha256 check (corrupted)")
-    return blob
+    """The file's bytes, read once and checked against ``record``."""
+    return check_file(path, record, read=True)
+
+
+def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> None:
+    """``directory``/manifest.json, written last: its presence says every file it lists is complete."""
+    write_recorded(directory / "manifest.json", [json.dumps(manifest, indent=1).encode()])
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """``directory``/manifest.json as a dict; FileMismatch if it is missing or unreadable."""
+    try:
+        manifest = json.loads((directory / "manifest.json").read_bytes())
+    except FileNotFoundError:
+        raise FileMismatch("manifest.json is missing") from None
+    except (OSError, ValueError) as err:
+        raise FileMismatch(f"manifest.json is unreadable ({err})") from err
+    if not isinstance(manifest, dict):
+        raise FileMismatch("manifest.json is not an object")
+    return manifest
 
 
 def known_fields(cls: Any, saved: Mapping[str, Any]) -> dict[str, Any]:

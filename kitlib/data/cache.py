@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 import kitlib._version as kit_version
-from kitlib._files import FileMismatch, explain_disk_full, read_checked, write_recorded
+from kitlib._files import FileMismatch as _Corrupt  # a damaged entry: missing, truncated, corrupted, unreadable
+from kitlib._files import explain_disk_full, read_checked, read_manifest, write_manifest, write_recorded
 from kitlib.data import arrays
 from kitlib.data.fingerprint import KEY_CHARS as KEY_CHARS
 from kitlib.data.fingerprint import _Hasher
@@ -43,10 +44,6 @@ R = TypeVar("R")
 
 
 class CacheWarning(UserWarning):
-    pass
-
-
-class _Corrupt(Exception):
     pass
 
 
@@ -103,22 +100,12 @@ def _write_entry(tmp: Path, result: Any, manifest: dict[str, Any]) -> None:
     if values:
         files["buffers.bin"] = write_recorded(tmp / "buffers.bin", chunks)
     manifest.update(files=files, buffers=layout, size_bytes=sum(f["bytes"] for f in files.values()))
-    write_recorded(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
-
-
-def _read_manifest(entry: Path) -> dict[str, Any]:
-    try:
-        manifest: dict[str, Any] = json.loads((entry / "manifest.json").read_bytes())
-    except FileNotFoundError:
-        raise _Corrupt("manifest.json is missing") from None
-    except (ValueError, OSError) as err:
-        raise _Corrupt(f"manifest.json is unreadable ({err})") from err
-    return manifest
+    write_manifest(tmp, manifest)
 
 
 def _read_entry(entry: Path, key: str, where: str) -> tuple[Any, dict[str, Any]]:
     """The entry's result, checked against its manifest; reading runs no code (only kitlib dataclasses are built)."""
-    manifest = _read_manifest(entry)
+    manifest = read_manifest(entry)
     if manifest.get("key") != key or manifest.get("format") != FORMAT_VERSION:
         raise _Corrupt(f"manifest is for key {manifest.get('key')!r}, format {manifest.get('format')!r}")
     files = manifest.get("files", {})
@@ -126,10 +113,7 @@ def _read_entry(entry: Path, key: str, where: str) -> tuple[Any, dict[str, Any]]
         if "data.pkl" in files:
             raise _Corrupt(f"it is a pickle in {where} cache (kitlib never writes one), so it was not unpickled")
         raise _Corrupt("manifest lists no data.json")
-    try:  # read once, checked on the way; the arrays are views of these bytes
-        blobs = {name: read_checked(entry / name, record) for name, record in files.items()}
-    except FileMismatch as err:
-        raise _Corrupt(str(err)) from None
+    blobs = {name: read_checked(entry / name, record) for name, record in files.items()}  # arrays: views of these
     view = memoryview(blobs.get("buffers.bin", bytearray()))
     buffers = [np.frombuffer(view[o : o + n], dtype=np.uint8) for o, n in manifest.get("buffers", [])]
     try:
@@ -228,7 +212,7 @@ class Cache:
         key = self.key(fn, args, kwargs, identity=identity, ignore=ignore)
         label = re.sub(r"[^A-Za-z0-9_.]+", "_", str(name or getattr(fn, "__name__", "feature")))[:60] or "feature"
         entry = f"{label}-{key}"
-        found, stale = self._lookup(entry, key)
+        found = self._lookup(entry, key)
         if found is not None:
             result, manifest = found
             load_s, build_s = time.perf_counter() - start, float(manifest.get("build_s", 0.0))
@@ -251,48 +235,45 @@ class Cache:
             "created_ts": time.time(),
             "build_s": round(build_s, 3),
             "kitlib_version": kit_version.__version__,
-            "writer": uuid.uuid4().hex,
         }
-        size = self._store(entry, result, manifest, stale)
+        size = self._store(entry, result, manifest)
         stored = f"stored {size / 1e6:.1f} MB" if size is not None else "not stored"
         self._say(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
         return result
 
-    def _lookup(self, entry: str, key: str) -> tuple[tuple[Any, dict[str, Any]] | None, str | None]:
-        """((result, manifest) or None, writer id of a damaged own entry that a store may replace)."""
-        stale: str | None = None
+    def _lookup(self, entry: str, key: str) -> tuple[Any, dict[str, Any]] | None:
+        """(result, manifest) from this cache or a seed; a damaged entry warns, and in this cache goes."""
         for root in (self.dir, *self.seed_dirs):
             path = root / entry
-            if not path.is_dir():
-                continue
             try:
-                found = _read_entry(path, key, "this" if root == self.dir else "a seed")
+                found = _read_entry(path, key, "this" if root == self.dir else "a seed") if path.is_dir() else None
             except _Corrupt as err:
                 self.stats.corrupt += 1
-                warnings.warn(
-                    f"cache entry {entry} in {root} cannot be used: {err}; rebuilding it", CacheWarning, stacklevel=3
-                )
-                if root == self.dir:
-                    with contextlib.suppress(_Corrupt):
-                        stale = str(_read_manifest(path).get("writer"))
-                    stale = stale or "unreadable"
+                warnings.warn(f"cache entry {entry} in {root} cannot be used: {err}; rebuilding it", CacheWarning,
+                              stacklevel=3)  # fmt: skip
+                if root == self.dir:  # out of the way, so the rebuilt entry can be renamed in
+                    trash = self.dir / f".trash-{uuid.uuid4().hex[:8]}"
+                    with contextlib.suppress(OSError):
+                        os.rename(path, trash)
+                    shutil.rmtree(trash, ignore_errors=True)
                 continue
             except FileNotFoundError:  # cleared by someone else while we read: a plain miss
                 continue
-            if root != self.dir and self.copy_seed_hits:
-                self._publish(entry, stale, functools.partial(shutil.copytree, path, dirs_exist_ok=True))
-            return found, None
-        return None, stale
+            if found is not None and root != self.dir and self.copy_seed_hits:
+                self._publish(entry, functools.partial(shutil.copytree, path, dirs_exist_ok=True))
+            if found is not None:
+                return found
+        return None
 
-    def _store(self, entry: str, result: Any, manifest: dict[str, Any], stale: str | None) -> int | None:
+    def _store(self, entry: str, result: Any, manifest: dict[str, Any]) -> int | None:
         def write(tmp: Path) -> None:
             with explain_disk_full(self.dir / entry, "cache entry"):
                 _write_entry(tmp, result, manifest)
 
-        return int(manifest["size_bytes"]) if self._publish(entry, stale, write) else None
+        return int(manifest["size_bytes"]) if self._publish(entry, write) else None
 
-    def _publish(self, entry: str, stale: str | None, fill: Callable[[Path], Any]) -> bool:
-        """Fill a temp dir, rename it to ``entry``; problems warn; a complete rival entry stays, a stale one goes."""
+    def _publish(self, entry: str, fill: Callable[[Path], Any]) -> bool:
+        """Fill a temp dir and rename it to ``entry`` (atomic); a rival's complete entry stays; problems warn."""
         tmp: Path | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -300,21 +281,12 @@ class Cache:
             tmp = self.dir / f".tmp-{entry}-{_host()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             tmp.mkdir()
             fill(tmp)
-            final = self.dir / entry
-            for _ in range(5):
-                with contextlib.suppress(OSError):
-                    os.rename(tmp, final)  # atomic; fails on an existing non-empty directory instead of merging
-                    return True
-                if not final.exists():
-                    continue
-                with contextlib.suppress(_Corrupt):
-                    if str(_read_manifest(final).get("writer")) != stale:
-                        return True  # a concurrent writer installed a complete entry (same key, same content)
-                trash = self.dir / f".trash-{uuid.uuid4().hex[:8]}"
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-            raise CacheError(f"could not install {entry}: it keeps changing under concurrent writers")
+            try:
+                os.rename(tmp, self.dir / entry)  # fails on an existing non-empty directory instead of merging
+            except OSError:
+                if not (self.dir / entry).is_dir():
+                    raise
+            return True  # ours, or a concurrent writer's (same key, same content)
         except Exception as err:
             warnings.warn(f"cache: could not store {entry}: {type(err).__name__}: {err}", CacheWarning, stacklevel=4)
             return False
@@ -345,7 +317,7 @@ class Cache:
             if path.name.startswith(".") or not path.is_dir() or path.is_symlink():
                 continue
             try:
-                yield path, _read_manifest(path)
+                yield path, read_manifest(path)
             except _Corrupt:
                 yield path, {"function": "(damaged)", "created_ts": path.stat().st_mtime}
 

@@ -1,4 +1,4 @@
-"""Crash-safe checkpoints: CPU snapshot, atomic directory write, verified load (docs/measurements.md: layout, kills)."""
+"""Crash-safe checkpoints: a CPU snapshot, safetensors weights + torch state, manifest last, one atomic rename."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -29,7 +31,9 @@ from kitlib._files import (
     free_bytes,
     fsync_dir,
     fsync_file,
+    read_manifest,
     record_file,
+    write_manifest,
     write_recorded,
 )
 from kitlib._version import __version__
@@ -38,8 +42,8 @@ from kitlib.models.adapters import adapter_keys
 
 MODEL_FILE, STATE_FILE, META_FILE, MANIFEST_FILE = "model.safetensors", "state.pt", "meta.json", "manifest.json"
 FORMAT, FORMAT_VERSION = "kitlib.engine.checkpoint", 1
-_HEADROOM = 16 << 20  # bytes on top of the tensors: JSON files, safetensors header, state.pt's zip overhead
-# What torch.load(weights_only=True) reads back (torch 2.13): snapshot() refuses the rest now, not at resume time.
+_HEADROOM = 16 << 20  # bytes beyond the tensors: JSON files, safetensors header, state.pt's zip overhead
+# What torch.load(weights_only=True) reads back: snapshot() refuses the rest now, not at resume time.
 _SCALARS = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size)
 _KEY_TYPES = (int, float, bool, str, type(None))
 # Optimizer state bytes per trainable weight byte: AdamW's two moments, Kahan's compensation, 8-bit's pair.
@@ -79,23 +83,7 @@ def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
     return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
-class _Copier:
-    """CPU copies, each live tensor once; GPU tensors get pageable copies (pinned ones stay locked all session)."""
-
-    def __init__(self) -> None:
-        self.memo: dict[int, torch.Tensor] = {}
-
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        out = self.memo.get(id(t))
-        if out is None:
-            src = t.detach()
-            on_cpu = src.device.type == "cpu"
-            out = src.clone(memory_format=torch.contiguous_format) if on_cpu else src.to("cpu").contiguous()
-            self.memo[id(t)] = out
-        return out
-
-
-def _copy_state(obj: Any, copy: _Copier, where: str) -> Any:
+def _copy_state(obj: Any, copy: Any, where: str) -> Any:
     """Deep copy, tensors to CPU, keeping only what torch.load(weights_only=True) reads back."""
     kind = type(obj)
     if kind in _SCALARS:  # exact types: an IntEnum or np.float64 would not load
@@ -122,15 +110,22 @@ def snapshot(
     model: torch.nn.Module, *, state: dict[str, Any] | None = None, meta: dict[str, Any] | None = None
 ) -> Snapshot:
     """CPU copies of the weights (tied ones once) and ``state`` for a writer; CheckpointError if not reloadable."""
-    copy, by_view, weights = _Copier(), dict[Any, torch.Tensor](), dict[str, torch.Tensor]()
+    memo: dict[Any, torch.Tensor] = {}  # one copy per live tensor (id) and per view of the same bytes (ties)
+
+    def copy(t: torch.Tensor, key: Any = None) -> torch.Tensor:
+        key = id(t) if key is None else key
+        if key not in memo:  # pageable copies: pinned ones would stay locked all session
+            src = t.detach()
+            cpu = src.device.type == "cpu"
+            memo[key] = src.clone(memory_format=torch.contiguous_format) if cpu else src.to("cpu").contiguous()
+        return memo[key]
+
+    weights: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for name, t in saved_state(unwrap_model(model)).items():
             if not isinstance(t, torch.Tensor):  # get_extra_state() payloads
                 raise CheckpointError(f"model state_dict entry {name!r} is a {type(t).__name__}, not a tensor")
-            key = _view_key(t) if t.numel() else name
-            if key not in by_view:  # tied weights (GPT-2's lm_head and wte): one copy for both names
-                by_view[key] = copy(t)
-            weights[name] = by_view[key]
+            weights[name] = copy(t, _view_key(t) if t.numel() else name)
         state_copy = None if state is None else _copy_state(state, copy, "state")
     try:  # a JSON round trip: a deep copy, and what load() returns equals what was written
         meta_copy = json.loads(json.dumps({"kitlib_version": __version__, **(meta or {})}))
@@ -170,11 +165,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     cuda = state.get("cuda_device")
     if cuda is None and state.get("cuda"):  # older checkpoints: every visible device's state, in device order
         cuda = state["cuda"][torch.cuda.current_device() if torch.cuda.is_available() else 0]
-    if cuda is not None:
-        if not torch.cuda.is_available():
-            warnings.warn("checkpoint has a CUDA RNG state but CUDA is unavailable; GPU randomness will differ",
-                          stacklevel=2)  # fmt: skip
-            return
+    if cuda is not None and not torch.cuda.is_available():
+        warnings.warn(
+            "checkpoint has a CUDA RNG state but CUDA is unavailable; GPU randomness will differ", stacklevel=2
+        )
+    elif cuda is not None:
         torch.cuda.set_rng_state(cuda.cpu())
 
 
@@ -182,22 +177,18 @@ def _rename(src: Path, dst: Path) -> None:
     os.rename(src, dst)
 
 
-def _dedupe(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Tensors for safetensors (no shared storage) + {alias: stored name}; the first name is kept (wte, not lm_head)."""
+def _unique(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors stored once (safetensors refuses shared ones) + {alias: stored name}; the first name is kept."""
     unique: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    by_view: dict[Any, str] = {}
+    first: dict[Any, str] = {}
     storages: set[int] = set()
     for name, t in weights.items():
         key = _view_key(t) if t.numel() else name
-        if key in by_view:
-            aliases[name] = by_view[key]
-            continue
-        ptr = t.untyped_storage().data_ptr()
-        if t.numel() and (ptr in storages or not t.is_contiguous()):
-            t = t.clone(memory_format=torch.contiguous_format)
-        storages.add(ptr)
-        by_view[key], unique[name] = name, t
+        if key not in first:
+            shared = t.numel() and t.untyped_storage().data_ptr() in storages
+            storages.add(t.untyped_storage().data_ptr())
+            first[key], unique[name] = name, t.clone() if shared else t.contiguous()
+    aliases = {name: first[_view_key(t)] for name, t in weights.items() if name not in unique}
     return unique, aliases
 
 
@@ -209,14 +200,9 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def estimate_bytes(snap: Snapshot) -> int:
-    """Approximate size of ``snap`` on disk."""
-    return sum(t.nbytes for t in _dedupe(snap.weights)[0].values()) + _tensor_bytes(snap.state) + _HEADROOM
-
-
 def room_for_last(directory: Path, model: torch.nn.Module, optimizer: str) -> str | None:
     """None when ``directory`` has room for ``last/`` and ``best/`` twice each (while replaced); else why not."""
-    weights = sum(t.nbytes for t in _dedupe(saved_state(model))[0].values())
+    weights = _tensor_bytes(_unique(saved_state(model))[0])
     state = sum(p.nbytes for p in model.parameters() if p.requires_grad) * STATE_PER_WEIGHT_BYTE.get(optimizer, 2.0)
     needed = 2 * (2 * weights + state) + 4 * _HEADROOM
     free, where = free_bytes(directory)
@@ -236,14 +222,11 @@ def _siblings(directory: Path) -> list[Path]:
 
 
 def _read_manifest(directory: Path) -> dict[str, Any]:
-    path = directory / MANIFEST_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{MANIFEST_FILE} is missing (the write never finished, or this is not a checkpoint)")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{MANIFEST_FILE} is unreadable ({e})") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        manifest = read_manifest(directory)
+    except FileMismatch as e:
+        raise CheckpointError(f"{e} (the write never finished, or this is not a checkpoint)") from None
+    if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{MANIFEST_FILE} is not a {FORMAT} manifest")
     if manifest.get("version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"format version {manifest.get('version')} is newer than this kitlib ({__version__})")
@@ -296,7 +279,8 @@ def _prepare(directory: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _write_files(snap: Snapshot, tmp: Path, unique: dict[str, torch.Tensor], aliases: dict[str, str]) -> None:
+def _write_files(snap: Snapshot, tmp: Path) -> None:
+    unique, aliases = _unique(snap.weights)
     save_file(unique, tmp / MODEL_FILE, metadata={"format": "pt"})  # format=pt: from_pretrained refuses others
     fsync_file(tmp / MODEL_FILE)
     files = {MODEL_FILE: record_file(tmp / MODEL_FILE)}  # read back from the page cache, not a copy in RAM
@@ -309,7 +293,7 @@ def _write_files(snap: Snapshot, tmp: Path, unique: dict[str, torch.Tensor], ali
     files[META_FILE] = write_recorded(tmp / META_FILE, [json.dumps(snap.meta, indent=1).encode()])
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "kitlib_version": __version__,
                 "created_unix": time.time(), "files": dict(sorted(files.items())), "aliases": aliases}  # fmt: skip
-    write_recorded(tmp / MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])  # last: marks completeness
+    write_manifest(tmp, manifest)
     fsync_dir(tmp)
 
 
@@ -318,9 +302,9 @@ def write(snap: Snapshot, directory: Path) -> Path:
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     _prepare(directory)
-    unique, aliases = _dedupe(snap.weights)
     # Only the filesystem's free space is visible: Kaggle's 20 GB output quota is enforced when the notebook is saved.
-    needed, free = estimate_bytes(snap), shutil.disk_usage(directory.parent).free
+    needed = _tensor_bytes([_unique(snap.weights)[0], snap.state]) + _HEADROOM
+    free = shutil.disk_usage(directory.parent).free
     if free < needed:
         raise CheckpointError(
             f"not enough disk space to write checkpoint {directory}: needs ~{needed / 1e9:.2f} GB, "
@@ -328,15 +312,16 @@ def write(snap: Snapshot, directory: Path) -> Path:
             "checkpoints, or point the run directory at a bigger disk."
         )
     # uuid4 draws from os.urandom: writing must not perturb the training RNG streams.
-    tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp, old = (
+        directory.parent / f".{directory.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}" for kind in ["tmp", "old"]
+    )
     tmp.mkdir()
     try:
         with explain_disk_full(directory, "checkpoint"):  # the estimate can be short (the disk fills meanwhile)
-            _write_files(snap, tmp, unique, aliases)
+            _write_files(snap, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = directory.parent / f".{directory.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if directory.exists():
         _rename(directory, old)
     _rename(tmp, directory)
@@ -352,15 +337,14 @@ def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: b
         raise CheckpointError(f"no checkpoint at {directory}. Fix: check the path, or use latest(run_dir).")
     try:
         manifest = _check(target, verify=verify)
+        meta = json.loads((target / META_FILE).read_text(encoding="utf-8"))
         if manifest.get("sharded"):  # an FSDP run's (kitlib.engine.sharded): its shards gathered here
-            return _read_sharded(target)
+            return Snapshot(weights=_read_sharded(target), state=None, meta=meta)
         weights = load_file(target / MODEL_FILE, device=str(torch.device(map_location)))
-        for alias, stored in manifest.get("aliases", {}).items():
-            weights[alias] = weights[stored]  # tied weights: one shared tensor again
+        weights |= {alias: weights[stored] for alias, stored in manifest.get("aliases", {}).items()}  # ties again
         state = None
         if STATE_FILE in manifest["files"]:  # weights_only: a downloaded checkpoint runs no code
             state = torch.load(target / STATE_FILE, map_location=map_location, weights_only=True)
-        meta = json.loads((target / META_FILE).read_text(encoding="utf-8"))
     except Exception as e:  # safetensors/zip/unpickling errors of a file that passed the size check (verify=False)
         problem = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
         raise CheckpointError(
@@ -371,15 +355,14 @@ def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: b
     return Snapshot(weights=weights, state=state, meta=meta)
 
 
-def _read_sharded(directory: Path) -> Snapshot:
+def _read_sharded(directory: Path) -> dict[str, torch.Tensor]:
     """One process: the whole model's weights from a DCP directory (kitlib.engine.sharded.save, any world size)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         raise CheckpointError("a sharded checkpoint gathers whole in one process: on every rank use sharded.load_into")
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
         found = _load_state_dict_from_keys({"model"}, checkpoint_id=str(directory))
-    weights = {k: v for k, v in found["model"].items() if isinstance(v, torch.Tensor)}
-    return Snapshot(weights=weights, state=None, meta=json.loads((directory / META_FILE).read_text(encoding="utf-8")))
+    return {k: v for k, v in found["model"].items() if isinstance(v, torch.Tensor)}
 
 
 def restore_model(model: torch.nn.Module, snap: Snapshot, *, strict: bool = True) -> None:
@@ -426,17 +409,19 @@ def latest(run_dir: Path, name: str = "last") -> Path | None:
 
 
 class BackgroundWriter:
-    """Writes on one daemon thread, one running and one waiting per target (newer replaces it); close() before exit."""
+    """write() on one worker thread; a newer snapshot replaces one still waiting for its target; close() before exit."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: dict[Path, Snapshot] = {}  # insertion order: FIFO across targets
-        self._active = self._closed = False
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kitlib-checkpoint-writer")  # its thread: first submit
+        self._lock = threading.Lock()
+        self._pending: dict[Path, Snapshot] = {}
+        self._futures: list[Future[None]] = []
         self._errors: list[BaseException] = []
-        self._thread: threading.Thread | None = None  # started by the first submit
-        self._busy, self._writes = 0.0, 0
+        self._closed = False
+        self.busy_seconds = 0.0  # wall seconds in write() (serialise, hash, fsync, swap)
+        self.writes = 0  # completed writes (replaced snapshots are not counted)
 
-    def _raise_error(self) -> None:  # the caller holds the lock
+    def _raise_error(self) -> None:
         if self._errors:
             err, self._errors = self._errors[0], []
             if isinstance(err, CheckpointError):
@@ -444,53 +429,39 @@ class BackgroundWriter:
             raise CheckpointError(f"background checkpoint write failed: {type(err).__name__}: {err}") from err
 
     def submit(self, snap: Snapshot, directory: Path) -> None:
-        with self._cond:
-            self._raise_error()
-            if self._closed:
-                raise CheckpointError("BackgroundWriter.submit() after close(). Fix: create a new writer.")
-            self._pending[Path(directory).absolute()] = snap
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kitlib-checkpoint-writer", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+        self._raise_error()
+        if self._closed:
+            raise CheckpointError("BackgroundWriter.submit() after close(). Fix: create a new writer.")
+        directory = Path(directory).absolute()
+        with self._lock:
+            queued = directory in self._pending
+            self._pending[directory] = snap
+        if not queued:
+            self._futures.append(self._pool.submit(self._write, directory))
 
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._pending or self._closed)
-                if not self._pending:  # closed and drained
-                    return
-                directory = next(iter(self._pending))
-                snap, self._active = self._pending.pop(directory), True
-            start, error = time.perf_counter(), None
-            try:
-                write(snap, directory)
-            except BaseException as e:  # reported to the training thread, never swallowed
-                error = e
-            del snap  # the CPU copy is freed before the next one is waited for
-            with self._cond:
-                self._active = False
-                self._busy += time.perf_counter() - start
-                self._writes += error is None
-                self._errors += [error] if error is not None else []
-                self._cond.notify_all()
+    def _write(self, directory: Path) -> None:
+        with self._lock:
+            snap = self._pending.pop(directory)
+        start = time.perf_counter()
+        try:
+            write(snap, directory)
+            self.writes += 1
+        except BaseException as e:  # reported to the training thread, never swallowed
+            self._errors.append(e)
+        self.busy_seconds += time.perf_counter() - start
 
     def wait(self) -> None:
         """Block until everything submitted is on disk; re-raises a background error."""
-        with self._cond:
-            self._cond.wait_for(lambda: not (self._pending or self._active))
-            self._raise_error()
+        futures, self._futures = self._futures, []
+        wait_all(futures)
+        self._raise_error()
 
     def close(self) -> None:
         """wait(), then stop the thread. Idempotent."""
-        with self._cond:
-            self._cond.wait_for(lambda: not (self._pending or self._active))
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-        with self._cond:
-            self._raise_error()
+        wait_all(self._futures)
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self.wait()
 
     def __enter__(self) -> BackgroundWriter:
         return self
@@ -502,18 +473,6 @@ class BackgroundWriter:
             if exc is None:
                 raise
             warnings.warn(f"checkpoint writer error while handling another exception: {err}", stacklevel=2)
-
-    @property
-    def busy_seconds(self) -> float:
-        """Wall seconds the thread spent in write() (serialise, hash, fsync, swap)."""
-        with self._cond:
-            return self._busy
-
-    @property
-    def writes(self) -> int:
-        """Completed writes (replaced snapshots are not counted)."""
-        with self._cond:
-            return self._writes
 
 
 class RunOutput:
