@@ -110,8 +110,11 @@ def record_bytes(data: bytes | bytearray | memoryview) -> FileRecord:
 
 
 def record_file(path: Path) -> FileRecord:
+    digest = hashlib.sha256()  # (hashlib.file_digest is 3.11+; kitlib supports 3.10)
     with path.open("rb") as f:  # usually just written: read back from the page cache
-        return {"bytes": path.stat().st_size, "sha256": hashlib.file_digest(f, "sha256").hexdigest()}
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def check_file(path: Path, record: Mapping[str, object], *, verify: bool = True, read: bool = False) -> bytearray:

@@ -517,6 +517,7 @@ _MISSING: Any = object()  # a required flag's value until given (not a str: argp
 
 
 def build_parser() -> _Parser:
+    """The CLI's parser, for ``main``: a bad value is collected in ``problems`` (main reports them all), not raised."""
     parser = _Parser(prog="python -m kitlib", description="kitlib: fast, painless notebook training.")
     parser.add_argument("--version", action="version", version=f"kitlib {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -144,7 +144,8 @@ class TrainConfig:
         ]
         problems += [f"{name} must be > 0{' or None' if name != 'lr' else ''}, got {value}"
                      for name in ("lr", "grad_clip", "time_budget_s")
-                     if (value := getattr(self, name)) is not None and not value > 0]  # fmt: skip
+                     if ((value := getattr(self, name)) is not None or name == "lr")
+                     and not (value or 0) > 0]  # fmt: skip
         problems += [f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}"] * (not 0 <= self.warmup_ratio < 1)
         problems += [f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}"] * (not 0 <= self.min_lr_ratio <= 1)
         modules = self.checkpoint_modules
@@ -155,7 +156,7 @@ class TrainConfig:
         problems += [f"{name}={getattr(self, name)!r} is not one of {allowed}"
                      for name, allowed in _vocabularies().items() if getattr(self, name) not in allowed]  # fmt: skip
         if problems:
-            raise ValueError(f"TrainConfig: {problems[0]}")
+            raise ValueError(f"TrainConfig: {'; '.join(problems)}")
 
     @property
     def effective_batch_size(self) -> int:

@@ -194,5 +194,5 @@ def test_a_callback_whose_on_fit_end_raises_still_leaves_the_runs_files_complete
     with pytest.raises(RuntimeError, match="a user's callback failed"):
         fit(nn.Linear(4, 1), _loader(), config=_cfg(epochs=2, save_last=True), loss_fn=_mse, hw=cpu_hw,
             run_dir=tmp_path, callbacks=[FailsAtTheEnd()])  # fmt: skip
-    writers = [t for t in threading.enumerate() if t.name == "kitlib-checkpoint-writer"]
+    writers = [t for t in threading.enumerate() if t.name.startswith("kitlib-checkpoint-writer")]  # (_0: a pool's)
     assert not writers and (tmp_path / "last").is_dir()

@@ -39,3 +39,15 @@ def test_every_independent_mistake_is_named_by_the_subcommands_parser(
     assert said in err, err
     assert all(name in err for name in named), (named, err)
     assert sorted(tmp_path.rglob("*")) == [], "nothing written"
+
+
+@pytest.mark.parametrize(
+    ("values", "named"), [({"hardware": 5}, "hardware = 5 is not"), ({"rehearse": "yes"}, "rehearse")]
+)
+def test_a_value_its_declaration_refuses_is_not_checked_again_by_what_reads_it(values: dict, named: str) -> None:
+    # the hardware profile check read a number's .upper() (AttributeError) after its declaration had named it
+    from kitlib.errors import SetupError
+    from kitlib.notebook.params import check_parameters
+
+    with pytest.raises(SetupError, match=named):
+        check_parameters(values)

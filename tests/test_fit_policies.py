@@ -542,3 +542,13 @@ def test_a_deep_copy_of_a_checkpointed_block_runs_its_own_weights() -> None:
     x = torch.randn(3, 4)
     assert not torch.allclose(twin(x), model(x))
     assert list(twin.state_dict()) == list(model.state_dict())  # names unchanged
+
+
+def test_a_train_config_names_every_bad_field_and_needs_an_lr() -> None:
+    # lr=None passed the table's None guard and failed later in the optimizer; only the first problem was said
+    from kitlib.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"lr must be > 0, got None"):
+        TrainConfig(lr=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"epochs must be >= 1, got 0; lr must be > 0, got 0"):
+        TrainConfig(lr=0, epochs=0)

@@ -112,9 +112,14 @@ def test_packing_changes_the_layout_not_the_optimisation(width: int | None, cpu_
     assert all(rows <= (1 if width is None else 4) and w <= (width or 4 * 1536) for rows, w in shapes)
 
 
-def test_02_trains_packed_rows_on_a_cuda_device_and_01s_batching_elsewhere(tmp_path, cpu_hw) -> None:
+@pytest.mark.parametrize("ruled", ["bucket", "packed"])
+def test_02_trains_packed_rows_on_a_cuda_device_and_01s_batching_elsewhere(  # type: ignore[no-untyped-def]
+    tmp_path, cpu_hw, monkeypatch, ruled
+) -> None:
     """The rule that replaced 02's probe (#50, list B3): the probe read packed 3.18x bucketed on an H200 and 0.97-1.10x
-    on CPUs, within its 1.25x margin. On this CPU the bucketed loader trains and the run's files say so."""
+    on CPUs, within its 1.25x margin. On this CPU the bucketed loader trains and the run's files say so; with the rule
+    saying packed (as on CUDA), 02 trains the packed loader here."""
+    import dataclasses
     import json
 
     from test_causal_lm import _chat_params  # type: ignore[import-not-found]
@@ -125,15 +130,17 @@ def test_02_trains_packed_rows_on_a_cuda_device_and_01s_batching_elsewhere(tmp_p
 
     assert training.ruled_batching(TrainConfig(), fake_profile("T4")).batching == "packed"
     assert training.ruled_batching(TrainConfig(), cpu_hw).batching == "bucket"
+    if ruled == "packed":
+        monkeypatch.setattr(training, "ruled_batching", lambda cfg, hw: dataclasses.replace(cfg, batching="packed"))
     older = TrainConfig().to_dict() | {"batching_measured": [["packed", 1.0]]}  # an older kitlib's run/config.json
-    assert TrainConfig.from_dict(older) == TrainConfig()  # still loads: its fold is kept, its last/ continued
+    assert TrainConfig.from_dict(older) == TrainConfig()  # still loads (training's _stage/_finished_folds drop it)
     p = _chat_params(tmp_path)
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     assert feats.run.config.batching == "bucket" and "packed" in training.prepare(p, feats, cpu_hw).choices
     training.train(p, feats, hw=cpu_hw)
-    assert json.loads((p.run_dir / "timing.json").read_text())["run"]["batching"] == "bucket"
-    assert json.loads((p.run_dir / "config.json").read_text())["config"]["batching"] == "bucket"
+    assert json.loads((p.run_dir / "timing.json").read_text())["run"]["batching"] == ruled
+    assert json.loads((p.run_dir / "config.json").read_text())["config"]["batching"] == ruled
 
 
 @pytest.mark.parametrize(("device", "installed", "chosen"), [("cuda", True, "flash_attention_2"),

@@ -251,7 +251,9 @@ class Cache:
                 self.stats.corrupt += 1
                 warnings.warn(f"cache entry {entry} in {root} cannot be used: {err}; rebuilding it", CacheWarning,
                               stacklevel=3)  # fmt: skip
-                if root == self.dir:  # out of the way, so the rebuilt entry can be renamed in
+                # out of the way, so the rebuilt entry can be renamed in (a rival's good entry published since our
+                # read goes too: one more rebuild, never a wrong result)
+                if root == self.dir:
                     trash = self.dir / f".trash-{uuid.uuid4().hex[:8]}"
                     with contextlib.suppress(OSError):
                         os.rename(path, trash)

@@ -525,7 +525,8 @@ def _communication(run: RunRecord, hw: HardwareInfo) -> Found | None:
     if strategy == "fsdp" and accum > 1:  # a gather each pass: fewer, bigger micro-batches gather less
         k = split_accumulation(accum)
         saved = total * (1 - (2 * accum / k + 1) / (2 * accum + 1))
-        changes, note = {"micro_batch_size": micro * k, "grad_accum_steps": accum // k}, "same rows a step"
+        changes = {"micro_batch_size": micro * k, "grad_accum_steps": accum // k}
+        note = "same rows a step, if the memory plan fits it"
     elif strategy == "fsdp":  # 1.5 all-reduces a step against DDP's 1
         saved, changes, note = total / 3, {"strategy": "ddp"}, "where the model fits one GPU whole"
     else:

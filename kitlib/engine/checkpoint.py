@@ -409,7 +409,8 @@ def latest(run_dir: Path, name: str = "last") -> Path | None:
 
 
 class BackgroundWriter:
-    """write() on one worker thread; a newer snapshot replaces one still waiting for its target; close() before exit."""
+    """write() on one worker thread; a newer snapshot replaces one still waiting for its target; close() before exit
+    (a pool thread, not a daemon: an unclosed writer's queued writes finish before the interpreter exits)."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kitlib-checkpoint-writer")  # its thread: first submit
@@ -422,8 +423,10 @@ class BackgroundWriter:
         self.writes = 0  # completed writes (replaced snapshots are not counted)
 
     def _raise_error(self) -> None:
-        if self._errors:
-            err, self._errors = self._errors[0], []
+        with self._lock:  # the worker appends under it: an error between the read and the reset is not lost
+            errors, self._errors = self._errors, []
+        if errors:
+            err = errors[0]
             if isinstance(err, CheckpointError):
                 raise err
             raise CheckpointError(f"background checkpoint write failed: {type(err).__name__}: {err}") from err
@@ -447,7 +450,8 @@ class BackgroundWriter:
             write(snap, directory)
             self.writes += 1
         except BaseException as e:  # reported to the training thread, never swallowed
-            self._errors.append(e)
+            with self._lock:
+                self._errors.append(e)
         self.busy_seconds += time.perf_counter() - start
 
     def wait(self) -> None:

@@ -350,7 +350,8 @@ def _check_values(p: Params, *, with_task: bool) -> None:
     """The parameters' own checks, no folder read, every independent mistake in one SetupError; ``with_task``: also
     the task's (it may import a data_dir file)."""
     hints = get_type_hints(Params)
-    problems = [_declared(p, name, hints[name]) for name in PARAMETERS if name not in ("data_dir", "work_dir")]
+    said = {name: _declared(p, name, hints[name]) for name in PARAMETERS if name not in ("data_dir", "work_dir")}
+    problems, bad = list(said.values()), {name for name, problem in said.items() if problem}
 
     def task() -> None:
         workload = get_task(p.task)  # an unknown task, or a module:name that does not import
@@ -358,7 +359,12 @@ def _check_values(p: Params, *, with_task: bool) -> None:
             workload.check(p)  # columns it needs, a model_factory it imports
         _check_adapter(p)
 
-    for check in (task, lambda: check_report_to(p.report_to), lambda: _check_hardware(p)):
+    checks = {("task", "adapter", "model", "text", "target"): task,
+              ("report_to",): lambda: check_report_to(p.report_to),
+              ("hardware", "rehearse"): lambda: _check_hardware(p)}  # fmt: skip
+    for reads, check in checks.items():
+        if bad.intersection(reads):  # its values already named by their declaration: nothing sound to check
+            continue
         try:
             check()
         except SetupError as err:

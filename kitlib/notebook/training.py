@@ -259,7 +259,7 @@ def _finished_folds(p: Params, feats: Features) -> list[int]:
     if p.folds == 1 or (p.run_dir / OOF_FILE).exists():
         return []
     wanted, kept = _inputs(p, _train_config(p, feats)), []
-    machine = ("batching", "precision", "tf32")
+    machine = ("batching", "precision", "tf32", "batching_measured")  # the last: retired, in an older kitlib's folds
     for fold, (_, valid_idx) in enumerate(_splits(p, feats)):
         run_dir, staging = dataclasses.replace(p, fold=fold).run_dir, _staging(dataclasses.replace(p, fold=fold))
         saved = read_json_object(run_dir / INPUTS_FILE)
@@ -369,7 +369,7 @@ def _train_fold(
 
 def ruled_batching(cfg: TrainConfig, hw: HardwareInfo) -> TrainConfig:
     """Packed rows on a CUDA device, else 01's batching: the probe this rule replaced read packed 3.18x bucketed on an
-    H200 and 0.97-1.10x on CPUs, within its 1.25x noise margin (docs/measurements.md, "cuts")."""
+    H200 and 0.97-1.10x on CPUs, within its 1.25x noise margin (docs/measurements.md, "cuts"); other GPUs: reasoned."""
     return dataclasses.replace(cfg, batching="packed") if hw.device_type == "cuda" else cfg
 
 
@@ -425,6 +425,8 @@ def _stage(p: Params, cfg: TrainConfig) -> bool:
         saved = json.loads((staging / INPUTS_FILE).read_text())
     except (OSError, ValueError):
         saved = None
+    if isinstance(saved, dict) and isinstance(saved.get("config"), dict):  # retired field: staged by an older kitlib
+        saved["config"].pop("batching_measured", None)
     resumable = checkpoint.latest(staging, "last") is not None
     if saved == inputs and resumable:
         print(f"continuing the interrupted run in {staging} from its last checkpoint (same config, same features)")
