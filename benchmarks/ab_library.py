@@ -1,6 +1,6 @@
-"""Two checkouts' feature cache and checkpoints side by side (#50 A3/A4): lines, import time, one cache miss + hit of
-the demo's features, one checkpoint save + load (synchronous and background); each sample in a fresh process, the
-checkouts interleaved, medians. Then the libraries not taken, measured in the after checkout.
+"""Two checkouts' feature cache and checkpoints side by side (#50 A3/A4): lines, import time, one cache build + hit
+of the demo's features (ab_cache.py's script), one checkpoint save + load (synchronous and background); each sample in
+a fresh process, the checkouts interleaved, medians. The libraries not taken: benchmarks/library_reasons.py.
 
     taskset -c 1 env OMP_NUM_THREADS=1 python benchmarks/ab_library.py /tmp/before /work/wt-library --runs 5
 """
@@ -8,37 +8,17 @@ checkouts interleaved, medians. Then the libraries not taken, measured in the af
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from ab_cache import BUILD_HIT, sample  # the cache's build + hit script, and the fresh-process sampler
 
 FILES = ("kitlib/data/cache.py", "kitlib/data/fingerprint.py", "kitlib/data/arrays.py", "kitlib/_files.py",
          "kitlib/engine/checkpoint.py")  # fmt: skip
 IMPORT = (
     "import time, importlib; t = time.perf_counter(); importlib.import_module({m!r}); print(time.perf_counter() - t)"
 )
-CACHE = """
-import json, sys, tempfile, time
-import pandas as pd
-from demos.reviews import make_demo
-from kitlib.data.cache import Cache
-from kitlib.data.featurize import embed_texts, tokenize_texts
-from kitlib.models.loading import load_text_encoder
-texts = pd.read_csv(make_demo(sys.argv[1]).train)["text"].tolist()
-tok, model, _ = load_text_encoder(train_texts=texts, tiny=True)
-root, out = tempfile.mkdtemp(), {}
-for run in ("miss", "hit"):
-    cache = Cache(root, log=None)
-    t = time.perf_counter()
-    tokenize_texts(texts, tok, max_length=128, cache=cache)
-    embed_texts(texts[:500], tok, model, batch_size=64, max_length=128, cache=cache)
-    out[f"cache_{run}_s"] = time.perf_counter() - t
-print(json.dumps(out))
-"""
 # A 28 MB model (7M fp32 weights) with AdamW's two moments and the RNG: what fit() writes to last/.
 CHECKPOINT = """
 import json, tempfile, time
@@ -71,14 +51,6 @@ print(json.dumps(out))
 """
 
 
-def sample(checkout: str, code: str, *args: str) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": checkout}
-    out = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=checkout, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"{checkout}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def lines(checkout: str) -> dict[str, float]:
     return {f"lines {Path(f).name}": len((Path(checkout) / f).read_text().splitlines()) for f in FILES}
 
@@ -93,12 +65,13 @@ def main() -> None:
     got: dict[str, dict[str, list[float]]] = {
         c: {k: [v] for k, v in lines(c).items()} for c in (args.before, args.after)
     }
-    codes = [IMPORT.format(m=m) for m in ("kitlib.data.cache", "kitlib.engine.checkpoint")] + [CACHE, CHECKPOINT]
+    codes = [IMPORT.format(m=m) for m in ("kitlib.data.cache", "kitlib.engine.checkpoint")] + [BUILD_HIT, CHECKPOINT]
     for i in range(args.runs):
         for checkout in (args.before, args.after) if i % 2 == 0 else (args.after, args.before):
             for n, code in enumerate(codes):
-                value = sample(checkout, code, demo)
-                named = value if isinstance(value, dict) else {f"import {('cache', 'checkpoint')[n]}_s": value}
+                named = sample(checkout, code, demo)
+                if "import_s" in named:  # ab_cache's name for an import time: say which module
+                    named = {f"import {('cache', 'checkpoint')[n]}_s": named["import_s"]}
                 for name, v in named.items():
                     got[checkout].setdefault(name, []).append(v)
         print(f"| measure (median of {i + 1}) | before | after | after/before |")  # after each run: a partial table

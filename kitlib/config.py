@@ -65,6 +65,10 @@ def _jsonish(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value  # a config read back from JSON has lists
 
 
+# Fields an older kitlib saved in config.json/inputs.json that this one no longer has: ignored where a run is read back
+RETIRED = ("batching_measured",)  # 02's batching probe, replaced by a rule (#50, list B3)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     # --- optimisation ---
@@ -182,7 +186,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
-        data = {k: v for k, v in data.items() if k != "batching_measured"}  # retired: an older kitlib's saved runs
+        data = {k: v for k, v in data.items() if k not in RETIRED}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"TrainConfig: unknown field(s) {unknown}; known fields: {sorted(known)}")

@@ -133,7 +133,9 @@ def test_02_trains_packed_rows_on_a_cuda_device_and_01s_batching_elsewhere(  # t
     if ruled == "packed":
         monkeypatch.setattr(training, "ruled_batching", lambda cfg, hw: dataclasses.replace(cfg, batching="packed"))
     older = TrainConfig().to_dict() | {"batching_measured": [["packed", 1.0]]}  # an older kitlib's run/config.json
-    assert TrainConfig.from_dict(older) == TrainConfig()  # still loads (training's _stage/_finished_folds drop it)
+    assert TrainConfig.from_dict(older) == TrainConfig()  # still loads
+    # its staged or finished inputs.json compares equal to this kitlib's: continued, not retrained
+    assert training._current({"features": "f", "config": older}) == {"features": "f", "config": TrainConfig().to_dict()}
     p = _chat_params(tmp_path)
     stages.setup(p, cpu_hw)
     feats = stages.features(p, hw=cpu_hw, quiet=True)

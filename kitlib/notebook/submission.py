@@ -63,7 +63,8 @@ def write_submission(
         write_atomic(path.with_name(f"{path.stem}.prev{path.suffix}"), path.read_bytes())
     # minimal quoting keeps the sample's look but quotes only the line terminator's '\n': a generated '\r' would split
     # its row when read back (pandas ends a line at either), so a submission holding one quotes every text
-    carriage = any(ordered[c].astype(str).str.contains("\r", regex=False).any() for c in ordered)
+    texts = ordered.select_dtypes(exclude="number")  # a number holds no '\r': no str copy of a numeric column
+    carriage = any(texts[c].astype(str).str.contains("\r", regex=False).any() for c in texts)
     write_atomic(path, ordered.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC if carriage else csv.QUOTE_MINIMAL))
     return ordered
 

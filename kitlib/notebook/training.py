@@ -20,7 +20,7 @@ from safetensors.torch import save_model
 from transformers import AutoTokenizer
 
 from kitlib._files import read_json_object, record_file, write_atomic
-from kitlib.config import TrainConfig
+from kitlib.config import RETIRED, TrainConfig
 from kitlib.engine import checkpoint
 from kitlib.engine.loop import FitResult, fit
 from kitlib.errors import CheckpointError, MissingRunError, SetupError
@@ -259,10 +259,10 @@ def _finished_folds(p: Params, feats: Features) -> list[int]:
     if p.folds == 1 or (p.run_dir / OOF_FILE).exists():
         return []
     wanted, kept = _inputs(p, _train_config(p, feats)), []
-    machine = ("batching", "precision", "tf32", "batching_measured")  # the last: retired, in an older kitlib's folds
+    machine = ("batching", "precision", "tf32")
     for fold, (_, valid_idx) in enumerate(_splits(p, feats)):
         run_dir, staging = dataclasses.replace(p, fold=fold).run_dir, _staging(dataclasses.replace(p, fold=fold))
-        saved = read_json_object(run_dir / INPUTS_FILE)
+        saved = _current(read_json_object(run_dir / INPUTS_FILE))
         config = {k: v for k, v in saved.get("config", {}).items() if k not in machine}
         alike = saved.get("features") == wanted["features"] and config == {
             k: v for k, v in wanted["config"].items() if k not in machine
@@ -416,17 +416,22 @@ def _inputs(p: Params, cfg: TrainConfig) -> dict[str, Any]:
     return dict(json.loads(json.dumps(inputs, default=str)))
 
 
+def _current(inputs: Any) -> Any:
+    """A saved inputs.json as this kitlib writes it: the TrainConfig fields an older one saved (RETIRED) dropped."""
+    if isinstance(inputs, dict) and isinstance(inputs.get("config"), dict):
+        return inputs | {"config": {k: v for k, v in inputs["config"].items() if k not in RETIRED}}
+    return inputs
+
+
 def _stage(p: Params, cfg: TrainConfig) -> bool:
     """Prepare ``run.new/``; True when it holds an interrupted attempt with the same config and features and a
     complete ``last/``, which 02 continues. Anything else there is superseded (a resumable one kept aside)."""
 
     staging, inputs = _staging(p), _inputs(p, cfg)
     try:
-        saved = json.loads((staging / INPUTS_FILE).read_text())
+        saved = _current(json.loads((staging / INPUTS_FILE).read_text()))
     except (OSError, ValueError):
         saved = None
-    if isinstance(saved, dict) and isinstance(saved.get("config"), dict):  # retired field: staged by an older kitlib
-        saved["config"].pop("batching_measured", None)
     resumable = checkpoint.latest(staging, "last") is not None
     if saved == inputs and resumable:
         print(f"continuing the interrupted run in {staging} from its last checkpoint (same config, same features)")
