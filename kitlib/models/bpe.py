@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -31,13 +31,10 @@ def train_bpe_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer)
-    return tokenizer_from_json((_with_eos(tok) if add_eos else tok).to_str())
-
-
-def _with_eos(tok: Any) -> Any:
-    eos = tok.token_to_id("</s>")
-    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", eos)])
-    return tok
+    if add_eos:
+        eos = tok.token_to_id("</s>")
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", eos)])
+    return tokenizer_from_json(tok.to_str())
 
 
 def tokenizer_from_json(text: str) -> PreTrainedTokenizerFast:

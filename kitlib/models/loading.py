@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib.util
 import json
@@ -140,14 +139,9 @@ def frozen_dtype(precision: str, adapter: str, device_type: str) -> Any:
 _HALF = {"float16": "fp16", "bfloat16": "bf16"}
 
 
-@functools.cache
-def _dtype_keyword() -> str:
-    return "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
-
-
 def dtype_kwarg(dtype: Any) -> dict[str, Any]:
     """``from_pretrained``'s dtype keyword: ``dtype`` from transformers 4.56, ``torch_dtype`` before."""
-    return {_dtype_keyword(): dtype}
+    return {"dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype": dtype}
 
 
 def _saved_dtype(folder: Path) -> str | None:

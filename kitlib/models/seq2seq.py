@@ -6,20 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kitlib.models.bpe import SPECIALS, tokenizer_from_json, tokenizer_identity, train_bpe_tokenizer
+from kitlib.models.bpe import BPE_VOCAB, train_bpe_tokenizer
 
 # lazy: torch (+1.0 s), transformers (+0.6 s): only building needs them
-
-__all__ = [
-    "SPECIALS",
-    "TINY_T5",
-    "data_tokenizer",
-    "short_texts",
-    "tiny_seq2seq",
-    "tokenizer_from_json",
-    "tokenizer_identity",
-    "train_bpe_tokenizer",
-]
 
 if TYPE_CHECKING:
     from torch import nn
@@ -36,10 +25,6 @@ TINY_T5: dict[str, Any] = {
 
 
 SHORT_TEXT_CHARS = 48  # median characters per source/target at or below which the tokenizer is byte level
-BPE_VOCAB = 2000  # merges for longer texts (queries, sentences): fewer, longer tokens to decode
-
-
-BYTE_VOCAB = 259  # a short texts' tokenizer (data_tokenizer): the 256 bytes, <pad>, </s> and <unk>
 
 
 def data_tokenizer(texts: list[str]) -> tuple[PreTrainedTokenizerFast, str]:

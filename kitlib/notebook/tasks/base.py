@@ -121,37 +121,6 @@ class Params(Protocol):
     def metric(self) -> str: ...
 
 
-def each_batch(
-    model: nn.Module,
-    loader: Any,
-    predict: Callable[[Mapping[str, torch.Tensor]], Any],
-    *,
-    precision: Any,
-    device: torch.device,
-    interactive: bool,
-    desc: str,
-) -> list[Any]:
-    """``predict(batch)`` per batch under inference mode and the run's autocast, with progress in rows."""
-    import torch
-
-    from kitlib.engine.step import to_device
-
-    move = to_device(device)
-    model.to(device).eval()
-    results = []
-    bar = progress_bar(len(loader.dataset), desc=desc, interactive=interactive)
-    try:
-        with torch.inference_mode(), precision.autocast():
-            for batch in loader:
-                results.append(predict(move(batch)))
-                mask = batch.get("attention_mask")  # real tokens, when the batch has them
-                rows = len(batch["input_ids"]) if "input_ids" in batch else len(next(iter(batch.values())))
-                advance(bar, rows, 0 if mask is None else int(mask.sum()))
-    finally:
-        bar.close()  # short of its total (red in a notebook) only when predicting raised
-    return results
-
-
 @dataclass(frozen=True)
 class RoughCost:
     """What 00's estimate reads of a model a task knows: its rows' tokens and weights."""
@@ -305,12 +274,27 @@ class Task:
         self, model: nn.Module, loader: Any, *, precision: Any, device: torch.device, spec: TargetSpec,
         interactive: bool = False, desc: str = "predict",
     ) -> np.ndarray:  # fmt: skip
-        """Outputs for every row in the dataset's order (the predict loader is length-sorted, then restored)."""
+        """Outputs for every row in the dataset's order (the predict loader is length-sorted, then restored), under
+        inference mode and the run's autocast, with progress in rows."""
+        import torch
+
         from kitlib.data.loaders import restore_order
+        from kitlib.engine.step import to_device
 
         step, gather, how = self.predictor(model, spec)
-        run = {"precision": precision, "device": device, "interactive": interactive, "desc": desc + how}
-        return np.asarray(restore_order(loader, gather(each_batch(model, loader, step, **run))))
+        move, results = to_device(device), []
+        model.to(device).eval()
+        bar = progress_bar(len(loader.dataset), desc=desc + how, interactive=interactive)
+        try:
+            with torch.inference_mode(), precision.autocast():
+                for batch in loader:
+                    results.append(step(move(batch)))
+                    mask = batch.get("attention_mask")  # real tokens, when the batch has them
+                    rows = len(batch["input_ids"]) if "input_ids" in batch else len(next(iter(batch.values())))
+                    advance(bar, rows, 0 if mask is None else int(mask.sum()))
+        finally:
+            bar.close()  # short of its total (red in a notebook) only when predicting raised
+        return np.asarray(restore_order(loader, gather(results)))
 
     def predictor(self, model: nn.Module, spec: TargetSpec) -> Predictor:
         """``predict``'s parts: a batch's class probabilities or values, joined in loader order."""

@@ -12,8 +12,9 @@ import numpy as np
 from kitlib.data.featurize import tokenize_texts
 from kitlib.data.tables import read_table
 from kitlib.models.adapters import quantization
+from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
 from kitlib.models.folders import model_refusals
-from kitlib.models.seq2seq import data_tokenizer, short_texts, tiny_seq2seq, tokenizer_from_json, tokenizer_identity
+from kitlib.models.seq2seq import data_tokenizer, short_texts, tiny_seq2seq
 from kitlib.notebook.tasks import generation as gen
 from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
 from kitlib.notebook.tasks.generation import IGNORE, TextGenerationTask, model_folder
