@@ -55,10 +55,6 @@ class OwnModel(Task):
         factory(p.model_factory)
         super().check(p)
 
-    def build(self, spec: str, sizes: Mapping[str, int], seed: int) -> nn.Module:
-        """Your module from ``spec``, called with ``sizes`` (in order or by keyword, as ``arguments`` says)."""
-        return build_model(spec, sizes, seed, positional=self.positional)
-
     def saved_state(self, tokenizer: Any, p: Params) -> dict[str, Any]:
         return {**super().saved_state(tokenizer, p), "model_factory": p.model_factory}
 
@@ -73,7 +69,7 @@ class OwnModel(Task):
 
     def prepare(self, ctx: Context) -> Prepared:
         spec = ctx.feats.side.state["model_factory"]
-        model = self.build(spec, self.sizes(ctx), ctx.seed)
+        model = build_model(spec, self.sizes(ctx), ctx.seed, positional=self.positional)
         loaders = self.loaders(ctx)
         self.tried(model, ctx, loaders[0], spec)
         return Prepared(*loaders, model)
@@ -108,7 +104,8 @@ class CustomTask(OwnModel, TextTask):
         spec = self.target(train[p.target], p, p.metric)
         vocab = KNOWN_MODELS["minilm"][1]["vocab_size"]  # the tokenizer 01 gives your model: all-MiniLM-L6-v2's
         sizes = {"vocab_size": vocab, "num_labels": spec.num_labels, "pad_id": 0}
-        return RoughCost(None, non_embedding_params(self.build(p.model_factory, sizes, p.seed)))
+        model = build_model(p.model_factory, sizes, p.seed, positional=self.positional)
+        return RoughCost(None, non_embedding_params(model))
 
 
 def build_model(spec: str, sizes: Mapping[str, int], seed: int, *, positional: bool = False) -> nn.Module:

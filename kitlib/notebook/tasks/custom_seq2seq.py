@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from kitlib.errors import SetupError
 from kitlib.models.bpe import tokenizer_from_json, tokenizer_identity
 from kitlib.models.seq2seq import data_tokenizer
-from kitlib.notebook.tasks.custom import OwnModel, try_on_rows
+from kitlib.notebook.tasks.custom import OwnModel, build_model, try_on_rows
 from kitlib.notebook.tasks.generation import NoLoops, limits_of, target_limits
 from kitlib.notebook.tasks.seq2seq import Seq2SeqTask
 
@@ -48,7 +48,7 @@ class CustomSeq2SeqTask(OwnModel, Seq2SeqTask):
 
     def scratch_model(self, tokenizer: Any, p: Params) -> nn.Module:
         """Your model, as 02 builds it for ``tokenizer``."""
-        return self.build(p.model_factory, _sizes(tokenizer), p.seed)
+        return build_model(p.model_factory, _sizes(tokenizer), p.seed)
 
     def load(
         self, run: Choice | ResolvedRun, spec: TargetSpec, train: pd.DataFrame, p: Params, choice: Mapping[str, Any]
