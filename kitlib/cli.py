@@ -50,11 +50,7 @@ from kitlib.tasks.metrics import METRICS, import_object
 def _cmd_detect(args: argparse.Namespace) -> int:
     hw = detect()
     print(hw.summary())
-    try:
-        plan = decide_precision(hw, args.precision)
-    except PrecisionError as err:
-        print(f"precision: unusable -- {err}", file=sys.stderr)
-        return 2
+    plan = decide_precision(hw, args.precision)  # a PrecisionError: main's one line naming the fix, exit 2
     print(f"precision: {plan.dtype} (tf32={plan.tf32}, grad scaler={plan.use_grad_scaler}) -- {plan.reason}")
     return 0
 
@@ -113,7 +109,7 @@ def _cmd_score(args: argparse.Namespace) -> int:
     and run.json (--work), else from a demo's demo.json beside the solution, else label / id / accuracy."""
     from kitlib.tasks.scoring import ABOUT_FILE, score
 
-    found: dict[str, Any] = {}
+    found: dict[str, Any] = {"target": "label", "id": "id", "metric": "accuracy", "data_dir": None}
     about = Path(args.solution).with_name(ABOUT_FILE)
     if about.is_file():  # a demo: its metric, and the columns its parameters name
         demo = json.loads(about.read_text())
@@ -129,13 +125,11 @@ def _cmd_score(args: argparse.Namespace) -> int:
                 f"--work-dir {work}: {err}. Fix: the work_dir 00_setup wrote, or --target/--metric"
             ) from None
         found |= {"target": saved.get("target", "label"), "id": saved.get("id", "id"), "metric": metric}
-        found |= {"data_dir": saved["data_dir"]} if saved.get("data_dir") else {}
+        found["data_dir"] = saved.get("data_dir") or None
     found |= {k: v for k in ("target", "id", "metric") if (v := getattr(args, k)) is not None}
-    metric = found.get("metric", "accuracy")
-    value = score(args.solution, args.submission, target=found.get("target", "label"), id=found.get("id", "id"),
-                  metric=metric, data_dir=found.get("data_dir"))  # fmt: skip
+    value, metric = score(args.solution, args.submission, **found), found["metric"]
     better = "lower" if metric in METRICS and METRICS[metric].mode == "min" else "higher"
-    print(f"{metric}: {value:.4f} ({better} is better; column {found.get('target', 'label')!r})")
+    print(f"{metric}: {value:.4f} ({better} is better; column {found['target']!r})")
     return 0
 
 

@@ -206,7 +206,14 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     for columns in COLUMNS:
         values[columns] = _columns(values.get(columns, ()))
     p = Params(**values)
-    _check(p)
+    _check_values(p, with_task=True)
+    if not p.data_dir.is_dir():
+        problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
+        raise MissingDataError(
+            f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
+            "folder (for the offline demo: python -m kitlib demo DIR)"
+        )
+    check_work_dir(p.work_dir, p.data_dir)
     return p
 
 
@@ -333,17 +340,6 @@ def env_value(name: str, text: str) -> Any:
 def _columns(given: str | Sequence[str]) -> tuple[str, ...]:
     """A list of column names, or "a, b" (a KIT_* variable or a CLI value)."""
     return tuple(c.strip() for c in given.split(",") if c.strip()) if isinstance(given, str) else tuple(given)
-
-
-def _check(p: Params) -> None:
-    _check_values(p, with_task=True)
-    if not p.data_dir.is_dir():
-        problem = "is a file, not a folder" if p.data_dir.exists() else "does not exist"
-        raise MissingDataError(
-            f"data_dir {p.data_dir} {problem}: set it in the parameters cell or KIT_DATA_DIR to the competition's "
-            "folder (for the offline demo: python -m kitlib demo DIR)"
-        )
-    check_work_dir(p.work_dir, p.data_dir)
 
 
 def _check_values(p: Params, *, with_task: bool) -> None:

@@ -53,15 +53,7 @@ class Regime:
     features_need_accelerator: bool = False  # 01 runs the encoder over every row (not only the tokenizer)
     reason: str | None = None  # a line for the preset's reasons, when the regime changes what training means
     whole_step: str = ""  # why one pass takes a whole step (rows per forward = per process); "": sized by memory
-    frozen_text: str = ""  # what of the encoder does not train; "": the config's freeze
-
-    def micro_batch(self, per_process: int) -> tuple[int, str] | None:
-        """Rows per forward pass when the regime decides it (None: size it by accelerator memory)."""
-        return (per_process, self.whole_step) if self.whole_step else None
-
-    def frozen(self, cfg: TrainConfig) -> str:
-        """What of the encoder does not train, as the picker's ``freeze`` row says it."""
-        return self.frozen_text or cfg.freeze + (f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else "")
+    frozen_text: str = ""  # what of the encoder does not train (the picker's freeze row); "": the config's freeze
 
 
 REGIMES: Mapping[str, Regime] = MappingProxyType({
@@ -100,15 +92,15 @@ class Preset:
     adjusted_for: str = ""  # the task whose Task.preset made this preset (stages.task_preset applies it only once)
 
     def __post_init__(self) -> None:
+        # the preset's own knobs; epochs, lr, freeze_layers ... are checked once, by TrainConfig (and 00's declaration)
         checks = (
             (self.regime in REGIMES, f"regime={self.regime!r} is not one of {tuple(REGIMES)}"),
             (self.checkpoints in get_args(Checkpoints), f"checkpoints={self.checkpoints!r} is unknown"),
-            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.target_effective_batch >= 1, "target_effective_batch must be >= 1"),
             (0.0 < self.length_coverage <= 1.0, f"length_coverage must be in (0, 1], got {self.length_coverage}"),
             (self.max_length_cap >= _PAD_MULTIPLE, f"max_length_cap must be >= {_PAD_MULTIPLE}"),
             (self.row_limit is None or self.row_limit >= 1, f"row_limit must be >= 1 or None, got {self.row_limit}"),
-            (self.freeze_layers >= 0 and self.min_steps >= 0, "freeze_layers and min_steps must be >= 0"),
+            (self.min_steps >= 0, f"min_steps must be >= 0, got {self.min_steps}"),
         )
         problems = [message for ok, message in checks if not ok]
         if problems:
@@ -167,12 +159,11 @@ class Choice:
         return self.preset.name
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"overrides": dict(self.overrides)}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Choice:
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known} | {"preset": Preset(**data["preset"])})
+        return cls(**_known(cls, data) | {"preset": Preset(**data["preset"])})
 
     def save(self, path: str | Path) -> Path:
         """Write ``run.json`` into the directory ``path``, atomically; returns the file."""
@@ -216,7 +207,8 @@ class ResolvedRun:
         full_eval = f"every {cfg.full_eval_every} epoch(s)" if cfg.full_eval_every else "at the end only"
         task = [("task", f"{c.task}, metric {c.metric}")] if c.metric != "auto" else []  # set by 00's setup
         adapted = f"all pretrained weights ({cfg.adapter} adapters train)"
-        frozen = adapted if cfg.adapter != "none" else self.regime.frozen(cfg)
+        layers = f" + first {cfg.freeze_layers} blocks" if cfg.freeze_layers else ""
+        frozen = adapted if cfg.adapter != "none" else self.regime.frozen_text or cfg.freeze + layers
         return [
             ("preset", f"{self.name} ({self.regime.name})"),
             *task,
@@ -249,21 +241,22 @@ class ResolvedRun:
         return "\n".join([*lines, "why:", *(f"  - {r}" for r in self.reasons)])
 
     def to_dict(self) -> dict[str, Any]:
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return values | {"format": _RUN_FORMAT, "choice": self.choice.to_dict(),
-                         "preset": dataclasses.asdict(self.preset), "config": self.config.to_dict(),
-                         "reasons": list(self.reasons)}  # fmt: skip
+        return dataclasses.asdict(self) | {"format": _RUN_FORMAT}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResolvedRun:
         if data.get("format") != _RUN_FORMAT:
             raise SetupError(f"the saved run has format {data.get('format')!r}, this kitlib reads {_RUN_FORMAT}: "
                              "re-run 01_features (it resolves 00's run.json again)")  # fmt: skip
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known} | {
+        return cls(**_known(cls, data) | {
             "choice": Choice.from_dict(data["choice"]), "preset": Preset(**data["preset"]),
             "config": TrainConfig.from_dict(data["config"]), "reasons": tuple(data["reasons"]),
         })  # fmt: skip
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved ``data`` that are ``cls``'s fields (a saved "format" is not)."""
+    return {k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}}
 
 
 def load_choice(path: str | Path) -> Choice:
@@ -342,27 +335,22 @@ def resolve(
 def check(choice: Choice, hw: HardwareInfo) -> None:
     """Refuse in 00 what 01's resolution of ``choice`` on ``hw`` would refuse, without sizing anything."""
     late = _refusals(choice.preset, hw, choice.overrides)[1]
-    TrainConfig(**{k: v for k, v in late.items() if k != "tf32"})  # its own checks (micro-batch >= 1, choices)
+    TrainConfig(**late)  # its own checks (micro-batch >= 1, choices); _refusals took tf32 out
     if late.get("compile"):
         check_compile(hw)
-
-
-def _split(base: Preset, overrides: Mapping[str, Any]) -> tuple[Preset, dict[str, Any]]:
-    """``base`` under the preset-level overrides, and the TrainConfig-level rest; an unknown name is a ValueError."""
-    preset_fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
-    known = preset_fields | {f.name for f in dataclasses.fields(TrainConfig)}
-    if unknown := sorted(set(overrides) - known):
-        raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(known)}")
-    p = dataclasses.replace(base, **{k: v for k, v in overrides.items() if k in preset_fields})
-    return p, {k: v for k, v in overrides.items() if k not in preset_fields}
 
 
 def _refusals(
     base: Preset, hw: HardwareInfo, overrides: Mapping[str, Any]
 ) -> tuple[Preset, dict[str, Any], PrecisionPlan, str | None]:
-    """``_split``'s preset and rest, the run's precision (decided here only) and the adapter's reason; refuses what
-    ``hw`` cannot run, and kahan outside bf16 (errors naming the fix)."""
-    p, late = _split(base, overrides)
+    """``base`` under the preset-level overrides, the TrainConfig-level rest, the run's precision (decided here only)
+    and the adapter's reason; refuses an unknown name, what ``hw`` cannot run and kahan outside bf16, naming the fix."""
+    preset_fields = {f.name for f in dataclasses.fields(Preset)} - {"name"}
+    known = preset_fields | {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown := sorted(set(overrides) - known):
+        raise ValueError(f"unknown override(s) {unknown}; allowed: {sorted(known)}")
+    p = dataclasses.replace(base, **{k: v for k, v in overrides.items() if k in preset_fields})
+    late = {k: v for k, v in overrides.items() if k not in preset_fields}
     adapter = check_adapter(late.get("adapter", "none"), hw, regime=p.regime)
     plan = decide_precision(hw, p.precision, tf32=late.pop("tf32", None))
     if late.get("optimizer") == "adamw-kahan" and plan.dtype != "bf16":  # refused: asked for, it would do nothing
@@ -476,8 +464,8 @@ def _batch(
     forced_accum = late.pop("grad_accum_steps", None)
     if forced_micro is not None:
         micro, why = int(forced_micro), "set by hand"
-    elif (decided := REGIMES[p.regime].micro_batch(per_process)) is not None:
-        micro, why = decided
+    elif why := REGIMES[p.regime].whole_step:  # the regime decides: a whole step in one pass
+        micro = per_process
     else:
         micro, why = _base_micro_batch(hw)
         # Activations grow ~linearly with length (attention ~quadratically): halve the rows per doubling past 128.

@@ -62,7 +62,9 @@ class PresetPicker:
         self.model_params = model_params or MINILM_MATMUL_PARAMS  # matmul weights (stages.data_facts): FLOPs a token
         self.trees = trees  # the head regime fits trees beside its network (stages.data_facts): 02 and 03 pay them
         self._preset: str | Preset = default
-        self._custom = default if isinstance(default, Preset) else None  # a Preset object that is not in PRESETS
+        # the buttons' presets by name: PRESETS', and a Preset object of one's own (resolved as it is)
+        self._presets: dict[str, str | Preset] = {n: n for n in PRESETS}
+        self._presets |= {default.name: default} if isinstance(default, Preset) else {}
         self._base = dict(overrides or {})  # the advanced fields every preset starts from
         self._overrides: dict[str, Any] = dict(self._base)
         self._resolved: ResolvedRun | None = None  # the preview, resolved when first shown (never headless)
@@ -92,11 +94,6 @@ class PresetPicker:
         self.saved = self._save(preset=self._preset, overrides=self._overrides)
         self._render()
         return self.saved
-
-    def saved_text(self) -> str:
-        if self.saved is None:
-            return "not saved yet: run the next cell (it saves this choice; later clicks save again)"
-        return f"saved: preset {self.saved.name}, what 01 runs"
 
     def estimate(self) -> RunEstimate | None:
         """The whole run's estimate for the current choice (what the picker shows), or None without the row counts."""
@@ -146,15 +143,9 @@ class PresetPicker:
         """Create the ipywidgets tree (raises ImportError without ipywidgets)."""
         import ipywidgets as w
 
-        names = list(PRESETS)
-        current = self.resolved.name
-        if current not in names:  # a custom Preset object
-            names.append(current)
-        self.controls["preset"] = w.ToggleButtons(
-            options=names,
-            value=current,
-            tooltips=[PRESETS[n].description if n in PRESETS else "custom preset" for n in names],
-        )
+        names = list(self._presets)
+        tooltips = [PRESETS[n].description if n in PRESETS else "custom preset" for n in names]
+        self.controls["preset"] = w.ToggleButtons(options=names, value=self.resolved.name, tooltips=tooltips)
         hints = get_type_hints(Params)
         for key in TRAINING:
             kind = next(t for t in (*get_args(hints[key]), hints[key]) if t is not type(None))  # int | None -> int
@@ -174,11 +165,8 @@ class PresetPicker:
         return self.widget
 
     def _on_preset(self, change: Mapping[str, Any]) -> None:
-        if self._syncing:
-            return
-        name = str(change["new"])
-        preset: str | Preset = self._custom if self._custom is not None and name == self._custom.name else name
-        self._apply(preset, dict(self._base), revert=None)
+        if not self._syncing:  # a preset starts from its own values and 00's parameters
+            self._apply(self._presets[str(change["new"])], dict(self._base), revert=None)
 
     def _on_advanced(self, change: Mapping[str, Any]) -> None:
         if self._syncing:
@@ -197,7 +185,7 @@ class PresetPicker:
         except (ValueError, PrecisionError) as err:  # keep the last valid run; say why this one was refused
             self.error = f"{err} (kept the previous value)"
             if revert is not None:
-                self._set(revert[0], revert[1])
+                self._set(*revert)
             self._render()
             return
         self._preset, self._overrides, self._resolved, self.error = preset, overrides, resolved, None
@@ -233,7 +221,9 @@ class PresetPicker:
         )
         rows = [*self.resolved.table_rows(), ("time", self.estimate_text())]
         rows += [("memory", self.memory_text())] if self._memory is not None else []
-        rows += [("run.json", self.saved_text())] if self._save is not None else []
+        unsaved = "not saved yet: run the next cell (it saves this choice; later clicks save again)"
+        saved = unsaved if self.saved is None else f"saved: preset {self.saved.name}, what 01 runs"
+        rows += [("run.json", saved)] if self._save is not None else []
         cells = "".join(
             f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
             for k, v in rows
