@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
+import operator
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -354,8 +356,8 @@ class Loop:
         self.unsettled += 1
         shapes = frozenset(tuple(b["input_ids"].shape) for b in window if isinstance(b, Mapping) and "input_ids" in b)
 
-        def total(count: Callable[[Batch], Any]) -> Any:  # from the first: 0 + a device count is one more small op
-            return sum(map(count, window[1:]), count(window[0]))
+        def total(count: Callable[[Batch], Any]) -> Any:  # no sum(): 0 + a device count is one more small op
+            return functools.reduce(operator.add, map(count, window))
 
         return StepEnd(applied, len(window), total(rows), total(real_tokens), total(computed_tokens), shapes, started,
                        fetch_s, time.perf_counter() - started)  # fmt: skip
