@@ -72,7 +72,7 @@ class MicroBatchBackoff:
             {"step": step + 1, "micro_batch": [old[0], new[0]], "grad_accum_steps": [old[1], new[1]], "error": reason}
         )
         self.say(
-            f"fit: out of memory at step {step + 1}: replaying it at micro-batch {new[0]} x accumulation {new[1]} "
+            f"out of memory at step {step + 1}: replaying it at micro-batch {new[0]} x accumulation {new[1]} "
             f"(was {old[0]} x {old[1]}; the same {old[0] * old[1]} rows per step)"
         )
 
@@ -112,9 +112,7 @@ def split_batch(batch: Batch, parts: int) -> list[Batch]:
     pieces = min(parts, n)
     if pieces <= 1:
         return [batch]
-    bounds = [len(chunk) for chunk in torch.arange(n).tensor_split(pieces)]
-    starts = [sum(bounds[:i]) for i in range(pieces)]
-    return [_slice(batch, n, start, start + size) for start, size in zip(starts, bounds, strict=True)]
+    return [_slice(batch, n, int(part[0]), int(part[-1]) + 1) for part in torch.arange(n).tensor_split(pieces)]
 
 
 def _slice(value: Any, n: int, start: int, stop: int) -> Any:

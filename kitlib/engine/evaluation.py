@@ -133,25 +133,15 @@ class BackgroundEval:
         """Epoch ``epoch``'s metrics now, or ``{}`` with the score queued (and its weights kept) for ``collect``."""
         if measured.metrics is not None:
             return measured.metrics
+        assert isinstance(self.full_eval, SplitEval)
         if self.mode == "off":  # on the critical path, here
             with self.timer.phase("full_eval"):
-                return self._job(measured)()
-        self._queue(epoch, measured, weights())
+                return self.full_eval.score(measured.measured)
+        if self._pool is None:
+            self._pool = cf.ThreadPoolExecutor(max_workers=1)
+        future = self._pool.submit(self.full_eval.score, measured.measured)
+        self.pending.append(Pending(epoch, future, weights(), measured.rng))
         return {}
-
-    def _job(self, measured: Measured) -> Callable[[], Metrics]:
-        assert isinstance(self.full_eval, SplitEval)
-        return functools.partial(self.full_eval.score, measured.measured)
-
-    def _queue(self, epoch: int, measured: Measured, weights: checkpoint.Snapshot | None) -> None:
-        if measured.metrics is not None or self.mode == "off":  # known already: queued behind the pending ones
-            future: cf.Future[Metrics] = cf.Future()
-            future.set_result(measured.metrics if measured.metrics is not None else self._job(measured)())
-        else:
-            if self._pool is None:
-                self._pool = cf.ThreadPoolExecutor(max_workers=1)
-            future = self._pool.submit(self._job(measured))
-        self.pending.append(Pending(epoch, future, weights, measured.rng))
 
     def collect(self, through: int | None = None) -> list[tuple[int, Metrics, checkpoint.Snapshot | None]]:
         """Queued results up to ``through`` (None: all) in epoch order on every rank; a failure names its epoch."""
@@ -194,7 +184,11 @@ class BackgroundEval:
             checkpoint.set_rng_state(item["rng"])  # the training streams are set back when the epoch begins
             with self.timer.phase("full_eval"):
                 measured = self._measure(model, autocast)
-            self._queue(epoch, measured, weights(epoch))
+            metrics = self.score(epoch, measured, functools.partial(weights, epoch))
+            if measured.metrics is not None or self.mode == "off":  # known now: queued behind the pending ones
+                done: cf.Future[Metrics] = cf.Future()
+                done.set_result(metrics)
+                self.pending.append(Pending(epoch, done, weights(epoch), measured.rng))
         self.unscored = []
         distributed.wait_together(self.patient, self.env)
 

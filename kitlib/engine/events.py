@@ -25,17 +25,6 @@ if TYPE_CHECKING:
     from kitlib.machine.hardware import HardwareInfo
     from kitlib.machine.precision import PrecisionPlan
 
-EVENTS = (
-    "on_fit_start",  # (loop) once, before the first step: a policy keeps ``loop`` to act on it
-    "on_epoch_start",  # (loop) each epoch, the resumed one too
-    "on_step_end",  # (step) after every optimizer window (``step.applied`` False: skipped for inf/nan)
-    "on_log",  # (metrics) after that step's on_step_end: the training log, or a step eval's {"step", "eval_loss"}
-    "on_metrics",  # (epoch, metrics, weights) an epoch's metrics, judged, in epoch order (a background eval's later)
-    "on_epoch_end",  # (record) the epoch's history row is complete
-    "on_next_epoch",  # (loop) past the epoch: a clean resume point
-    "on_fit_end",  # (loop) always, also when training raised: close what you opened
-)
-
 
 @dataclass(frozen=True)
 class StepEnd:
@@ -86,19 +75,24 @@ class LoopView(Protocol):
 
 
 class Callback:
-    """Override the events you need (``EVENTS``); the rest are no-ops. ``order``: lower runs first (kitlib's
-    policies are below 0)."""
+    """Override the events you need (``EVENTS``, in firing order as here); the rest are no-ops. ``order``: lower runs
+    first (kitlib's policies are below 0)."""
 
     order: int = 0
 
-    def on_fit_start(self, loop: LoopView) -> None: ...
-    def on_epoch_start(self, loop: LoopView) -> None: ...
-    def on_step_end(self, step: StepEnd) -> None: ...
+    def on_fit_start(self, loop: LoopView) -> None: ...  # once, before the first step: a policy keeps ``loop``
+    def on_epoch_start(self, loop: LoopView) -> None: ...  # each epoch, the resumed one too
+    def on_step_end(self, step: StepEnd) -> None: ...  # every optimizer window (``step.applied`` False: inf/nan skip)
+    # after that step's on_step_end: the training log, or a step eval's {"step", "eval_loss"}
     def on_log(self, metrics: Mapping[str, float]) -> None: ...
+    # an epoch's metrics, judged, in epoch order (a background eval's later)
     def on_metrics(self, epoch: int, metrics: Mapping[str, float], weights: Snapshot | None) -> None: ...
-    def on_epoch_end(self, record: Mapping[str, Any]) -> None: ...
-    def on_next_epoch(self, loop: LoopView) -> None: ...
-    def on_fit_end(self, loop: LoopView) -> None: ...
+    def on_epoch_end(self, record: Mapping[str, Any]) -> None: ...  # the epoch's history row is complete
+    def on_next_epoch(self, loop: LoopView) -> None: ...  # past the epoch: a clean resume point
+    def on_fit_end(self, loop: LoopView) -> None: ...  # always, also when training raised: close what you opened
+
+
+EVENTS = tuple(name for name in vars(Callback) if name.startswith("on_"))  # fit's events, in firing order
 
 
 class Events:

@@ -124,14 +124,15 @@ class Loop:
         self.device = distributed.device_for(plan.device_type, self.env)
         _same_on_every_rank("run_dir", run_dir is not None, self.env, self.device)
         self.output = checkpoint.RunOutput(run_dir, is_main=self.env.is_main)
+        # fit's notices (what was frozen, cast, compiled): a line of output on rank 0, not a warning (a notebook
+        # shows warnings as a red box, and this is the run going as configured)
+        self.say: Callable[[str], None] = lambda line: print(f"fit: {line}") if self.env.is_main else None
         torch.manual_seed(cfg.seed)
         frozen = freeze(model, cfg.freeze, cfg.freeze_layers)
-        if (cfg.freeze != "none" or cfg.freeze_layers) and self.env.is_main:
-            # Say what was frozen (and what was kept because it is shared): a line of output, not a warning (a
-            # notebook shows warnings as a red box, and this is the run going as configured).
-            print(f"fit: {frozen}")
-        if (cast := cast_for_optimizer(model, cfg, plan.dtype)) and self.env.is_main:
-            print(f"fit: {cast}")
+        if cfg.freeze != "none" or cfg.freeze_layers:
+            self.say(str(frozen))
+        if cast := cast_for_optimizer(model, cfg, plan.dtype):
+            self.say(cast)
         # after freezing: a frozen half weight is never updated
         check_master_weights(model.named_parameters(), keeps_bf16_updates=cfg.optimizer == "adamw-kahan")
         if cfg.gradient_checkpointing:
@@ -161,7 +162,7 @@ class Loop:
         self.scheduler = build_scheduler(self.optimizer, cfg, total_steps)
         self.backoff = MicroBatchBackoff(
             cfg, optimizer=self.optimizer, precision=self.precision, device=self.device, distributed=self.env.enabled,
-            next_strategy=next_strategy(cfg), say=print if self.env.is_main else lambda line: None,
+            next_strategy=next_strategy(cfg), say=self.say,
         )  # fmt: skip
         # step outcomes and the epoch's loss sums: on the device (no host sync a step), on the host for one CPU
         self.ledger = step_ledger(self.scheduler, total_steps, self.device, self.env, self.precision)
@@ -174,15 +175,15 @@ class Loop:
                 "notebooks checkpoints = 'best'), or a run directory on a bigger disk"
             )
         if self.last_room:  # last/ is saved only when a time budget or SIGTERM stops the run: best/ is kept instead
-            print(f"fit: a stop by the time budget or SIGTERM will not save last/ (not resumable): {self.last_room}")
+            self.say(f"a stop by the time budget or SIGTERM will not save last/ (not resumable): {self.last_room}")
         self.model = (
             model
             if self.sharded
             else distributed.wrap(model, self.env, self.device, find_unused_parameters=cfg.find_unused_parameters)
         )
         if cfg.compile:
-            if compile_note and self.env.is_main:
-                print(f"fit: {compile_note}")
+            if compile_note:
+                self.say(compile_note)
             self.model = torch.compile(self.model)  # type: ignore[assignment]
         self.state, self.stop_reason = RunState(), "completed"
         # FSDP: every rank runs the full eval's forward (a collective), scored at once (no weights kept aside)
@@ -246,8 +247,7 @@ class Loop:
     def resume(self) -> None:
         """Continue from ``run_dir/last`` exactly where it stopped: weights, optimizer, schedule, scaler, RNG, and
         the full evals still unscored when it was saved."""
-        if self.out is None:
-            raise ValueError("resume=True needs the run_dir of the run to continue")
+        assert self.out is not None  # fit refuses resume without a run_dir
         last = checkpoint.latest(self.out, "last")
         if last is None:
             raise CheckpointError(
@@ -324,7 +324,10 @@ class Loop:
         # "epoch": epochs completed, i.e. at an epoch end the 1-based number of the epoch just finished
         meta = {"epoch": state.epoch, "step": state.step, "config": self.cfg.to_dict(), "kitlib": __version__,
                 "world_size": self.env.world_size}  # fmt: skip
-        resume = {**self.resume_state(), "rng": rngs[0] if rngs else None, "rank_rngs": rngs, "run": run,
+        # the optimizer side (optimizer, schedule, precision's loss scale, the OOM back-off), RNGs and position
+        resume = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                  "precision": self.precision.state_dict(), "backoff": self.backoff.state_dict(),
+                  "rng": rngs[0] if rngs else None, "rank_rngs": rngs, "run": run,
                   "background_eval": self.evals.state_dict()}  # fmt: skip
         if self.sharded:  # every rank its shards of the weights and optimizer; rank 0 the rest
             del resume["optimizer"]
@@ -338,11 +341,6 @@ class Loop:
         batches = self.data.epoch(self.cfg.seed, self.state.epoch, self.state.batch_in_epoch)
         self.ledger.mark()  # the first log's loss starts here
         return batches
-
-    def resume_state(self) -> dict[str, Any]:
-        """The optimizer side of last/: optimizer, schedule, precision (the loss scale) and the OOM back-off."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "precision": self.precision.state_dict(), "backoff": self.backoff.state_dict()}  # fmt: skip
 
     def step(self, window: list[Batch], started: float, fetch_s: float) -> StepEnd:
         """One optimizer window (``train_window``), replayed at half the micro-batch on out-of-memory, counted on the
@@ -490,22 +488,16 @@ def fit(
     callbacks: Sequence[Callback | object] = (),
     policies: Sequence[Callback | object] | None = None,
 ) -> FitResult:
-    """Train ``model`` on ``train_loader`` with kitlib's defaults, measurements and safety nets.
+    """Train ``model`` on ``train_loader`` with kitlib's defaults, measurements and safety nets (docs/guide.md).
 
-    - ``loss_fn(model, batch) -> mean loss`` (default: a Hugging Face model's own ``.loss``) and
-      ``count_fn(batch) -> items`` that mean is over (default: scored label tokens, else rows).
-    - ``full_eval(model) -> metrics`` is the expensive evaluation (generation, task metrics), run every
-      ``config.full_eval_every`` epochs and/or at the end. To score its CPU-bound part in the background while the
-      next epoch trains, pass ``SplitEval(measure, score)`` (kitlib.engine.evaluation) and keep
-      ``config.background_eval`` "thread" (its metrics are judged, in epoch order, at the next epoch's
-      end: early stopping then acts one epoch later than in the foreground).
-    - ``run_dir`` receives config.json, history.csv, timing.json and the best/ and last/ checkpoints;
-      ``resume=True`` continues from ``run_dir/last`` exactly where it stopped; ``resume="auto"`` does when a
-      complete ``last/`` exists and starts fresh otherwise (a restarted session just runs the same cell again).
-    - ``policies``: kitlib's own callbacks, ``default_policies(config)`` when None; pass a list to remove or replace
-      one (e.g. ``[p for p in default_policies(cfg) if not isinstance(p, ProgressLog)]``).
-    - ``callbacks``: :class:`kitlib.engine.events.Callback` objects. Every callback runs in its ``order`` (kitlib's
-      policies below 0, the user's 0 by default), list position only between equal orders.
+    - ``loss_fn(model, batch) -> mean loss`` (default: a Hugging Face model's own ``.loss``), ``count_fn(batch) ->
+      items`` that mean is over (default: scored label tokens, else rows).
+    - ``full_eval(model) -> metrics``: the expensive eval, every ``config.full_eval_every`` epochs and/or at the end;
+      ``SplitEval(measure, score)`` scores in the background (``config.background_eval``), judged an epoch later.
+    - ``run_dir``: config.json, history.csv, timing.json, best/ and last/; ``resume=True`` continues from its last/
+      exactly, ``resume="auto"`` when a complete last/ exists (else starts fresh: rerun the same cell).
+    - ``policies``: kitlib's callbacks (``default_policies(config)`` when None: pass a list to remove or replace one);
+      ``callbacks``: yours (:class:`kitlib.engine.events.Callback`). All run by ``order`` (kitlib's below 0).
 
     Example::
 
@@ -604,9 +596,7 @@ def _write_config(loop: Loop) -> None:
         "config": loop.cfg.to_dict(),
         "precision": dataclasses.asdict(loop.plan),
         "monitor": loop.monitor,
-        "world_size": loop.env.world_size,
-        "nodes": loop.env.world_size // loop.env.local_world_size,  # torchrun's --nnodes (a launcher's machines)
-        "strategy": ("fsdp" if loop.sharded else "ddp") if loop.env.enabled else "single process",
+        **{k: loop.timer.extra[k] for k in ("world_size", "nodes", "strategy")},  # nodes: torchrun's --nnodes
         "kitlib": __version__,
         "hardware": loop.hw.summary(),
     }

@@ -118,34 +118,21 @@ def _blocks(model: nn.Module, layers: int) -> nn.ModuleList:
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW without decay on 1-d params: torch's (fused where possible) or bitsandbytes' 8-bit ("adamw8bit")."""
-    decay: list[nn.Parameter] = []
-    no_decay: list[nn.Parameter] = []
-    for param in model.parameters():
-        if param.requires_grad:
-            (decay if param.dim() >= 2 else no_decay).append(param)
-    if not decay and not no_decay:
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if not trained:
         raise ValueError("no trainable parameters: everything is frozen (check TrainConfig.freeze)")
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.optimizer == "adamw8bit":
-        return adamw_8bit(groups, cfg)
-    if cfg.optimizer == "adamw-kahan":
-        return adamw_kahan(groups, cfg)
-    devices = {p.device.type for p in decay + no_decay}
-    floating = all(p.is_floating_point() for p in decay + no_decay)
+    groups = [{"params": [p for p in trained if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in trained if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    if cfg.optimizer == "adamw8bit":  # bitsandbytes': 2 bytes of state a parameter; fp16 runs sync once a step
+        bitsandbytes = _optional("bitsandbytes", "bitsandbytes", cfg, "optimizer='adamw'")
+        return bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
+    if cfg.optimizer == "adamw-kahan":  # torch-optimi's: bf16 weights learn as fp32 ones (+2 bytes a parameter)
+        optimi = _optional("optimi", "torch-optimi", cfg, "optimizer='adamw' with fp32 weights (model.float())")
+        return optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
+    devices = {p.device.type for p in trained}
+    floating = all(p.is_floating_point() for p in trained)
     fused = len(devices) == 1 and devices <= {"cuda", "cpu", "mps"} and floating
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, fused=fused)
-
-
-def adamw_8bit(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """bitsandbytes' AdamW8bit (2 bytes state a parameter); fp16 runs pay one host sync a step for the scaler."""
-    bitsandbytes = _optional("bitsandbytes", "bitsandbytes", cfg, "optimizer='adamw'")
-    return bitsandbytes.optim.AdamW8bit(groups, lr=cfg.lr, betas=cfg.betas)
-
-
-def adamw_kahan(groups: list[dict[str, Any]], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """torch-optimi's AdamW with Kahan summation: bf16 weights learn as fp32 ones (+2 bytes a parameter)."""
-    optimi = _optional("optimi", "torch-optimi", cfg, "optimizer='adamw' with fp32 weights (model.float())")
-    return optimi.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=1e-8, kahan_sum=True)
 
 
 def _optional(module: str, package: str, cfg: TrainConfig, instead: str) -> Any:

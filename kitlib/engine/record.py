@@ -96,23 +96,17 @@ class RunRecorder(Callback):
     order = -10
 
     def __init__(self) -> None:
-        self.gaps: list[float] = []
-        self.train_s: list[float] = []
-        self.rates: list[dict[str, float]] = []
-        self.first_waits: list[float] = []
+        self.run = RunFacts()  # its lists filled as fit runs, the rest by ``facts`` at the end
         self.shapes: set[tuple[int, ...]] = set()
         self.samples, self.real_tokens, self.computed_tokens = 0, 0, 0
         self.epoch_tokens: int | torch.Tensor = 0  # stays lazy on the device until the epoch ends (one sync)
-        self.gap_start: float | None = None
-        self.epoch_start = 0.0
-        self.first_step = True
-        self.compile_start: int | None = None  # compile=True: compiles recorded in this process before fit
-        self.compiled, self.compile_steps, self.compile_step_s = 0, 0, 0.0
+        self.gap_start: float | None = None  # epoch_start, first_step: set as each epoch starts
 
     def on_fit_start(self, loop: LoopView) -> None:
         if loop.device.type == "cuda":  # a CUDA run only: on a CPU run this would initialise CUDA for nothing
             # per process: a second fit in the kernel would report the first one's peak
             torch.cuda.reset_peak_memory_stats(loop.device)
+        # compile=True: the compiles recorded in this process before fit
         self.compile_start = len(_compile_times()) if loop.cfg.compile else None
         self.compiled, self.compile_steps, self.compile_step_s = self.compile_start or 0, 0, 0.0
 
@@ -121,10 +115,10 @@ class RunRecorder(Callback):
 
     def on_step_end(self, step: StepEnd) -> None:
         if self.gap_start is not None:  # eval, checkpoint and loader restart between two epochs' steps
-            self.gaps.append(step.started - self.gap_start)
+            self.run.epoch_gaps_s.append(round(step.started - self.gap_start, 4))
             self.gap_start = None
         if self.first_step:
-            self.first_waits.append(step.fetch_s)
+            self.run.first_batch_wait_s.append(round(step.fetch_s, 4))
             self.first_step = False
         self.samples += step.rows
         self.epoch_tokens = self.epoch_tokens + step.real_tokens
@@ -136,8 +130,8 @@ class RunRecorder(Callback):
 
     def on_epoch_end(self, record: Mapping[str, Any]) -> None:
         self.gap_start = self.epoch_start + record["epoch_s"]  # training ended here; eval and saving came after
-        self.train_s.append(record["epoch_s"])
-        self.rates.append({k: record[k] for k in THROUGHPUT if k in record})
+        self.run.epoch_train_s.append(record["epoch_s"])
+        self.run.epoch_throughput.append({k: record[k] for k in THROUGHPUT if k in record})
         self.real_tokens, self.epoch_tokens = self.real_tokens + int(self.epoch_tokens), 0
 
     def facts(self, loop: LoopView) -> RunFacts:
@@ -150,7 +144,8 @@ class RunRecorder(Callback):
             peak, total = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, loop.hw.ram_bytes  # Linux: KiB
         eval_batches = loop.data.eval
         shape: dict[str, Any] = model_facts(loop.raw_model)  # ints: mypy would try them against every ** field
-        return RunFacts(
+        return dataclasses.replace(
+            self.run,
             steps=loop.state.step,
             epochs_planned=cfg.epochs,
             epochs_done=len(loop.state.history),
@@ -173,10 +168,6 @@ class RunRecorder(Callback):
             real_tokens=self.real_tokens or None,  # None: no token inputs (a head on cached vectors), not 0 tokens/s
             computed_tokens=self.computed_tokens or None,
             distinct_input_shapes=len(self.shapes),
-            epoch_gaps_s=[round(g, 4) for g in self.gaps],
-            epoch_train_s=list(self.train_s),
-            epoch_throughput=list(self.rates),
-            first_batch_wait_s=[round(t, 4) for t in self.first_waits],
             eval_batches_per_eval=min(len(eval_batches), cfg.eval_max_batches or len(eval_batches))
             if eval_batches is not None
             else 0,

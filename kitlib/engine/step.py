@@ -245,13 +245,9 @@ def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = (
     ones), else a ValueError naming the fix. Returns what it enabled."""
     if modules:
         return _checkpoint_named(model, modules)
-    hf = [model] if _hf_switch(model) else []
-    if not hf:  # a wrapper (a head on a text model): the outermost Hugging Face models inside it
-        inside: list[nn.Module] = []
-        for child in model.modules():
-            if child is not model and _hf_switch(child) and not any(child in set(m.modules()) for m in inside):
-                inside.append(child)
-        hf = inside
+    # the model, or in a wrapper (a head on a text model) the outermost Hugging Face models inside it
+    switches = [m for m in model.modules() if _hf_switch(m)]
+    hf = [m for m in switches if not any(m is not o and m in set(o.modules()) for o in switches)]
     if not hf:
         stacks = [name for name, m in model.named_modules() if isinstance(m, nn.ModuleList) and name]
         example = repr(tuple(stacks[:1] or [type(next(iter(model.children()), model)).__name__]))
@@ -274,9 +270,8 @@ def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = (
 
 def _hf_switch(module: nn.Module) -> bool:
     """A Hugging Face model that supports gradient checkpointing (either name of its switch)."""
-    has = callable(getattr(module, "activation_checkpointing_enable", None)) or callable(
-        getattr(module, "gradient_checkpointing_enable", None)
-    )
+    names = ("activation_checkpointing_enable", "gradient_checkpointing_enable")
+    has = any(callable(getattr(module, name, None)) for name in names)
     return has and getattr(module, "supports_gradient_checkpointing", True) is not False
 
 

@@ -64,14 +64,13 @@ class PhaseTimer:
         """JSON-able summary: seconds and share per phase, uncovered time, sampled steps' breakdown, ``extra`` facts."""
         wall = self.elapsed
         covered = sum(v for k, v in self.seconds.items() if k in PHASES)
-        order = {name: i for i, name in enumerate(PHASES)}
         phases = {
             name: {
                 "seconds": round(self.seconds[name], 4),
                 "count": self.counts[name],
                 "share": round(self.seconds[name] / wall, 4) if wall else 0.0,
             }
-            for name in sorted(self.seconds, key=lambda n: order.get(n, len(order)))
+            for name in sorted(self.seconds, key=lambda n: PHASES.index(n) if n in PHASES else len(PHASES))
         }
         per_step = {
             name: round(self.sampled[name] / self.sampled_steps, 6) for name in STEP_PHASES if self.sampled_steps
