@@ -31,8 +31,6 @@ from kitlib.data.fingerprint import fingerprint as fingerprint
 from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
-# lazy: pandas (+0.2 s): only `list()` builds a DataFrame
-
 if TYPE_CHECKING:
     import pandas as pd  # lazy (+0.2 s): only list() needs it
 
@@ -164,7 +162,7 @@ class Cache:
                 "is unpickled)"
             )
         self.copy_seed_hits = copy_seed_hits
-        self.log = log
+        self.log: Callable[[str], None] = log or (lambda message: None)
         self.stats = CacheStats()
 
     def __repr__(self) -> str:
@@ -219,7 +217,7 @@ class Cache:
             self.stats.hits += 1
             self.stats.load_s += load_s
             self.stats.time_saved_s += build_s
-            self._say(f"cache hit {label}[{key[:8]}] {load_s:.2f} s (built in {build_s:.1f} s)")
+            self.log(f"cache hit {label}[{key[:8]}] {load_s:.2f} s (built in {build_s:.1f} s)")
             return result
         start = time.perf_counter()
         result = fn(*args, **kwargs)
@@ -238,7 +236,7 @@ class Cache:
         }
         size = self._store(entry, result, manifest)
         stored = f"stored {size / 1e6:.1f} MB" if size is not None else "not stored"
-        self._say(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
+        self.log(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
         return result
 
     def _lookup(self, entry: str, key: str) -> tuple[Any, dict[str, Any]] | None:
@@ -364,10 +362,6 @@ class Cache:
         if older_than is None and name is None and self.dir.is_dir():
             self._sweep()
         return removed
-
-    def _say(self, message: str) -> None:
-        if self.log is not None:
-            self.log(message)
 
 
 def cached(

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from kitlib._files import nbytes
 from kitlib.data.lengths import suggest_max_length
 from kitlib.data.packing import PackingCollator
 from kitlib.data.samplers import (
@@ -166,18 +167,6 @@ def default_num_workers(cfg: TrainConfig, hw: HardwareInfo, *, local_world_size:
     return workers, f"{hw.cpu_count} CPUs on {hw.platform}{shared}: one left for each training process"
 
 
-def _nbytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, Mapping):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
-
-
 def _shm_limit_workers(
     workers: int, prefetch: int, hw: HardwareInfo, dataset: Any, collate: Any, first_batch: list[int] | None
 ) -> tuple[int, str | None]:
@@ -185,7 +174,7 @@ def _shm_limit_workers(
     if workers == 0 or hw.shm_bytes is None or hw.shm_bytes >= 2**30 or not first_batch:
         return workers, None
     # one real batch (the longest first): text batches ~0.3 MB fit a 64 MB /dev/shm, image ones often not
-    batch_bytes = _nbytes(collate([dataset[i] for i in first_batch]))
+    batch_bytes = nbytes(collate([dataset[i] for i in first_batch]))
     need = workers * prefetch * batch_bytes * SHM_HEADROOM
     if need <= hw.shm_bytes:
         return workers, None
@@ -198,10 +187,6 @@ def _shm_limit_workers(
 
 
 _CRASH_MARKERS = ("exited unexpectedly", "killed by signal", "shared memory", "No space left on device", "Bus error")
-
-
-def _is_worker_crash(err: BaseException) -> bool:
-    return any(marker in str(err) for marker in _CRASH_MARKERS)
 
 
 class KitDataLoader(DataLoader[Any]):
@@ -219,7 +204,7 @@ class KitDataLoader(DataLoader[Any]):
         except StopIteration:
             return
         except RuntimeError as err:
-            if not _is_worker_crash(err):
+            if not any(marker in str(err) for marker in _CRASH_MARKERS):
                 raise
             warnings.warn(
                 f"kitlib: DataLoader workers crashed on the first batch ({str(err).splitlines()[0]}); continuing "
@@ -228,9 +213,7 @@ class KitDataLoader(DataLoader[Any]):
                 RuntimeWarning,
                 stacklevel=2,
             )
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if callable(shutdown):
-                shutdown()
+            it._shutdown_workers()  # type: ignore[attr-defined]  # workers > 0: a multiprocessing iterator
             self._iterator = None  # a persistent-workers iterator holding the dead workers
             self.num_workers = 0
             yield from super().__iter__()

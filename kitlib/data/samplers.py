@@ -29,20 +29,19 @@ class _EpochBatchSampler:
 
     def __init__(
         self,
-        num_rows: int,
-        *,
+        rows: np.ndarray | int,
         seed: int,
-        shuffle: bool,
-        drop_last: bool,
         rank: int,
         world_size: int,
-        lengths: np.ndarray | None,
+        shuffle: bool = True,
+        drop_last: bool = False,
     ) -> None:
+        """``rows``: the rows' lengths (``as_lengths``), or how many rows there are when their lengths do not matter."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        self.num_rows, self.seed, self.shuffle, self.drop_last = num_rows, seed, shuffle, drop_last
-        self.rank, self.world_size = rank, world_size
-        self.lengths = lengths
+        self.lengths = None if isinstance(rows, int) else rows
+        self.num_rows = rows if isinstance(rows, int) else len(rows)
+        self.seed, self.shuffle, self.drop_last, self.rank, self.world_size = seed, shuffle, drop_last, rank, world_size
         self.epoch = 0
         self._cached: tuple[int, Batches] | None = None  # (epoch, this rank's batches): len() and iter() agree
 
@@ -102,9 +101,7 @@ class RandomBatchSampler(_EpochBatchSampler):
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        super().__init__(
-            num_rows, seed=seed, shuffle=shuffle, drop_last=drop_last, rank=rank, world_size=world_size, lengths=None
-        )
+        super().__init__(int(num_rows), seed, rank, world_size, shuffle=shuffle, drop_last=drop_last)
         self.batch_size = batch_size
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
@@ -129,10 +126,7 @@ class BucketSampler(_EpochBatchSampler):
     ) -> None:
         if batch_size < 1 or mega_batch_factor < 1:
             raise ValueError(f"batch_size and mega_batch_factor must be >= 1, got {batch_size}, {mega_batch_factor}")
-        arr = as_lengths(lengths)
-        super().__init__(
-            len(arr), seed=seed, shuffle=True, drop_last=drop_last, rank=rank, world_size=world_size, lengths=arr
-        )
+        super().__init__(as_lengths(lengths), seed, rank, world_size, drop_last=drop_last)
         self.batch_size, self.mega_batch_factor = batch_size, mega_batch_factor
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
@@ -167,9 +161,7 @@ class TokenBudgetSampler(_EpochBatchSampler):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         arr = as_lengths(lengths)
-        super().__init__(
-            len(arr), seed=seed, shuffle=True, drop_last=drop_last, rank=rank, world_size=world_size, lengths=arr
-        )
+        super().__init__(arr, seed, rank, world_size, drop_last=drop_last)
         self.max_tokens, self.max_batch_size, self.pad_to_multiple_of = max_tokens, max_batch_size, pad_to_multiple_of
         if mega_batch_rows is None:
             # ~50 average batches per mega-batch, as in BucketSampler.
@@ -232,8 +224,7 @@ class PackingSampler(_EpochBatchSampler):
         if width < 1 or rows < 1:
             raise ValueError(f"width and rows must be >= 1, got {width}, {rows}")
         arr = as_lengths(lengths)
-        super().__init__(len(arr), seed=seed, shuffle=True, drop_last=False, rank=rank, world_size=world_size,
-                         lengths=arr)  # fmt: skip
+        super().__init__(arr, seed, rank, world_size)
         self.width, self.rows = width, rows
         self.mega_rows = max(1, int(50 * rows * width / max(float(arr.mean()) if arr.size else 1.0, 1.0)))
 
@@ -258,21 +249,15 @@ class PackingSampler(_EpochBatchSampler):
         return [[i for b in bins[at : at + self.rows] for i in b] for at in range(0, len(bins), self.rows)]
 
 
-class SortedBatchSampler:
-    """Eval/predict batches in length order; ``out[order] = outputs`` restores the original rows."""
+class SortedBatchSampler(_EpochBatchSampler):
+    """Eval/predict batches in length order, every epoch; ``out[order] = outputs`` restores the original rows."""
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_size: int, *, descending: bool = True) -> None:
         arr = as_lengths(lengths)
+        super().__init__(arr, 0, 0, 1, shuffle=False)
         self.batch_size = batch_size
         # Longest first: the peak-memory batch runs first, and the tail of small batches finishes quickly.
         self.order = np.argsort(-arr if descending else arr, kind="stable")
-        self._batches = [self.order[i : i + batch_size].tolist() for i in range(0, len(arr), batch_size)]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._batches)
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def set_epoch(self, epoch: int) -> None:  # fit() may call it on any loader; the order never changes
-        del epoch
+    def _global_batches(self, rng: np.random.Generator) -> Batches:
+        return self._cut(self.order, self.batch_size)

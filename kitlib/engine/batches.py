@@ -3,6 +3,7 @@ by wrapping the batch sampler (skipped or foreign batches are never loaded); the
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -69,19 +70,12 @@ class SkipBatches(Sampler[list[int]]):
         self.inner, self.skip = inner, skip
 
     def __iter__(self) -> Iterator[list[int]]:
-        for i, batch in enumerate(self.inner):
-            if i >= self.skip:
-                yield batch
+        return itertools.islice(self.inner, self.skip, None)
 
     def __len__(self) -> int:
         return max(0, len(self.inner) - self.skip) if isinstance(self.inner, Sized) else 0
 
-    def set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.inner, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-
-    def __getattr__(self, name: str) -> Any:  # world_size, rank, lengths, order... of the wrapped sampler
+    def __getattr__(self, name: str) -> Any:  # set_epoch, world_size, rank, lengths, order... of the wrapped sampler
         if name == "inner":  # not yet set (e.g. during unpickling): avoid infinite recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -98,11 +92,7 @@ class ShardBatches(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         usable = len(self.inner) // self.world_size * self.world_size if self.even else len(self.inner)  # type: ignore[arg-type]
-        for i, batch in enumerate(self.inner):
-            if i >= usable:
-                return
-            if i % self.world_size == self.rank:
-                yield batch
+        return itertools.islice(self.inner, self.rank, usable, self.world_size)
 
     def __len__(self) -> int:
         total = len(self.inner)  # type: ignore[arg-type]

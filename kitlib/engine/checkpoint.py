@@ -31,6 +31,7 @@ from kitlib._files import (
     free_bytes,
     fsync_dir,
     fsync_file,
+    nbytes,
     read_manifest,
     record_file,
     write_manifest,
@@ -192,17 +193,9 @@ def _unique(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], 
     return unique, aliases
 
 
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.nbytes
-    if isinstance(obj, (dict, list, tuple, set)):
-        return sum(_tensor_bytes(v) for v in (obj.values() if isinstance(obj, dict) else obj))
-    return 0
-
-
 def room_for_last(directory: Path, model: torch.nn.Module, optimizer: str) -> str | None:
     """None when ``directory`` has room for ``last/`` and ``best/`` twice each (while replaced); else why not."""
-    weights = _tensor_bytes(_unique(saved_state(model))[0])
+    weights = nbytes(_unique(saved_state(model))[0])
     state = sum(p.nbytes for p in model.parameters() if p.requires_grad) * STATE_PER_WEIGHT_BYTE.get(optimizer, 2.0)
     needed = 2 * (2 * weights + state) + 4 * _HEADROOM
     free, where = free_bytes(directory)
@@ -303,7 +296,7 @@ def write(snap: Snapshot, directory: Path) -> Path:
     directory.parent.mkdir(parents=True, exist_ok=True)
     _prepare(directory)
     # Only the filesystem's free space is visible: Kaggle's 20 GB output quota is enforced when the notebook is saved.
-    needed = _tensor_bytes([_unique(snap.weights)[0], snap.state]) + _HEADROOM
+    needed = nbytes([_unique(snap.weights)[0], snap.state]) + _HEADROOM
     free = shutil.disk_usage(directory.parent).free
     if free < needed:
         raise CheckpointError(
