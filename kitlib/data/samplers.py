@@ -84,6 +84,13 @@ class _EpochBatchSampler:
             batches.pop()
         return batches
 
+    def _sorted_chunks(self, rng: np.random.Generator, rows: int, *, descending: bool) -> list[np.ndarray]:
+        """The rows shuffled, cut into mega-batches of ``rows``, each sorted by length (stable: ties stay random)."""
+        assert self.lengths is not None
+        order = rng.permutation(self.num_rows)
+        chunks = [order[i : i + rows] for i in range(0, len(order), rows)]
+        return [c[np.argsort(-self.lengths[c] if descending else self.lengths[c], kind="stable")] for c in chunks]
+
 
 class RandomBatchSampler(_EpochBatchSampler):
     """Plain batches of ``batch_size`` rows in random (or, with ``shuffle=False``, original) order."""
@@ -130,14 +137,9 @@ class BucketSampler(_EpochBatchSampler):
         self.batch_size, self.mega_batch_factor = batch_size, mega_batch_factor
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
-        assert self.lengths is not None
-        order = rng.permutation(self.num_rows)
-        mega = self.batch_size * self.mega_batch_factor
-        # Only the final mega-batch can end in a partial batch, because ``mega`` is a multiple of ``batch_size``.
-        chunks = [order[i : i + mega] for i in range(0, len(order), mega)]
-        # Stable descending sort: ties keep the shuffled order, so it stays deterministic and random.
-        sorted_chunks = [c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks]
-        batches = self._cut(np.concatenate(sorted_chunks) if sorted_chunks else order, self.batch_size)
+        # Only the final mega-batch can end in a partial batch, because the mega-batch is a multiple of ``batch_size``.
+        chunks = self._sorted_chunks(rng, self.batch_size * self.mega_batch_factor, descending=True)
+        batches = self._cut(np.concatenate(chunks) if chunks else np.arange(0), self.batch_size)
         return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -170,13 +172,8 @@ class TokenBudgetSampler(_EpochBatchSampler):
         self.mega_batch_rows = mega_batch_rows
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
-        assert self.lengths is not None
-        order = rng.permutation(self.num_rows)
-        batches: Batches = []
-        for start in range(0, len(order), self.mega_batch_rows):
-            chunk = order[start : start + self.mega_batch_rows]
-            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]  # ascending: the newest row is the longest
-            batches.extend(self._pack(chunk))
+        chunks = self._sorted_chunks(rng, self.mega_batch_rows, descending=False)  # the newest row is the longest
+        batches = [batch for chunk in chunks for batch in self._pack(chunk)]
         if self.drop_last and batches:
             batches.pop()  # the final batch of the final mega-batch is the only one that may be short of the budget
         return [batches[i] for i in rng.permutation(len(batches))]
@@ -230,13 +227,11 @@ class PackingSampler(_EpochBatchSampler):
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
         assert self.lengths is not None
-        order = rng.permutation(self.num_rows)
         bins: Batches = []
-        for start in range(0, len(order), self.mega_rows):
-            chunk = order[start : start + self.mega_rows]
+        for chunk in self._sorted_chunks(rng, self.mega_rows, descending=True):
             room: list[int] = []
             first = len(bins)
-            for idx in chunk[np.argsort(-self.lengths[chunk], kind="stable")].tolist():
+            for idx in chunk.tolist():
                 n = max(1, int(self.lengths[idx]))
                 fit = next((b for b, free in enumerate(room) if free >= n), None)
                 if fit is None:

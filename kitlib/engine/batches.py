@@ -140,11 +140,10 @@ class DataViews:
         # A resumed run continues the RNG streams (dropout, ...) exactly where the checkpoint took them. A DataLoader
         # without a generator draws its base seed from the global RNG at iter(): an epoch-end checkpoint was taken
         # before this epoch's draw (restore first, the draw then repeats), a mid-epoch one after it (restore after).
-        if self.resume_rng is not None and batch_in_epoch == 0:
-            set_rng_state(self.resume_rng)
-            self.resume_rng = None
+        resume, self.resume_rng = self.resume_rng, None
+        if resume is not None and batch_in_epoch == 0:
+            set_rng_state(resume)
         batches = iter(skip_batches(self.train, batch_in_epoch))
-        if self.resume_rng is not None:
-            set_rng_state(self.resume_rng)
-            self.resume_rng = None
+        if resume is not None and batch_in_epoch > 0:
+            set_rng_state(resume)
         return batches

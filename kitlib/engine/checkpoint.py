@@ -180,17 +180,11 @@ def _rename(src: Path, dst: Path) -> None:
 
 def _unique(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors stored once (safetensors refuses shared ones) + {alias: stored name}; the first name is kept."""
-    unique: dict[str, torch.Tensor] = {}
-    first: dict[Any, str] = {}
-    storages: set[int] = set()
+    first: dict[Any, str] = {}  # snapshot() copied each distinct view apart: only ties (same view) share storage
     for name, t in weights.items():
-        key = _view_key(t) if t.numel() else name
-        if key not in first:
-            shared = t.numel() and t.untyped_storage().data_ptr() in storages
-            storages.add(t.untyped_storage().data_ptr())
-            first[key], unique[name] = name, t.clone() if shared else t.contiguous()
-    aliases = {name: first[_view_key(t)] for name, t in weights.items() if name not in unique}
-    return unique, aliases
+        first.setdefault(_view_key(t) if t.numel() else name, name)
+    unique = {name: weights[name].contiguous() for name in first.values()}
+    return unique, {name: first[_view_key(t)] for name, t in weights.items() if name not in unique}
 
 
 def room_for_last(directory: Path, model: torch.nn.Module, optimizer: str) -> str | None:
@@ -278,10 +272,8 @@ def _write_files(snap: Snapshot, tmp: Path) -> None:
     fsync_file(tmp / MODEL_FILE)
     files = {MODEL_FILE: record_file(tmp / MODEL_FILE)}  # read back from the page cache, not a copy in RAM
     if snap.state is not None:
-        with open(tmp / STATE_FILE, "wb") as f:
-            torch.save(snap.state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        torch.save(snap.state, tmp / STATE_FILE)
+        fsync_file(tmp / STATE_FILE)
         files[STATE_FILE] = record_file(tmp / STATE_FILE)
     files[META_FILE] = write_recorded(tmp / META_FILE, [json.dumps(snap.meta, indent=1).encode()])
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "kitlib_version": __version__,
@@ -410,18 +402,17 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         self._pending: dict[Path, Snapshot] = {}
         self._futures: list[Future[None]] = []
-        self._errors: list[BaseException] = []
+        self._error: BaseException | None = None  # the first background failure, raised on the training thread
         self._closed = False
         self.busy_seconds = 0.0  # wall seconds in write() (serialise, hash, fsync, swap)
         self.writes = 0  # completed writes (replaced snapshots are not counted)
 
     def _raise_error(self) -> None:
-        with self._lock:  # the worker appends under it: an error between the read and the reset is not lost
-            errors, self._errors = self._errors, []
-        if errors:
-            err = errors[0]
-            if isinstance(err, CheckpointError):
-                raise err
+        with self._lock:  # the worker sets it under the lock: an error between the read and the reset is not lost
+            err, self._error = self._error, None
+        if isinstance(err, CheckpointError):
+            raise err
+        if err is not None:
             raise CheckpointError(f"background checkpoint write failed: {type(err).__name__}: {err}") from err
 
     def submit(self, snap: Snapshot, directory: Path) -> None:
@@ -444,7 +435,7 @@ class BackgroundWriter:
             self.writes += 1
         except BaseException as e:  # reported to the training thread, never swallowed
             with self._lock:
-                self._errors.append(e)
+                self._error = self._error or e
         self.busy_seconds += time.perf_counter() - start
 
     def wait(self) -> None:
@@ -455,7 +446,6 @@ class BackgroundWriter:
 
     def close(self) -> None:
         """wait(), then stop the thread. Idempotent."""
-        wait_all(self._futures)
         self._closed = True
         self._pool.shutdown(wait=True)
         self.wait()
