@@ -157,7 +157,7 @@ class Cache:
                 "is unpickled)"
             )
         self.copy_seed_hits = copy_seed_hits
-        self.log: Callable[[str], None] = log or (lambda message: None)
+        self.log = log
         self.stats = CacheStats()
 
     def __repr__(self) -> str:
@@ -212,7 +212,8 @@ class Cache:
             self.stats.hits += 1
             self.stats.load_s += load_s
             self.stats.time_saved_s += build_s
-            self.log(f"cache hit {label}[{key[:8]}] {load_s:.2f} s (built in {build_s:.1f} s)")
+            if self.log is not None:
+                self.log(f"cache hit {label}[{key[:8]}] {load_s:.2f} s (built in {build_s:.1f} s)")
             return result
         start = time.perf_counter()
         result = fn(*args, **kwargs)
@@ -235,7 +236,8 @@ class Cache:
                 _write_entry(tmp, result, manifest)
 
         stored = f"stored {manifest['size_bytes'] / 1e6:.1f} MB" if self._publish(entry, write) else "not stored"
-        self.log(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
+        if self.log is not None:
+            self.log(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
         return result
 
     def _lookup(self, entry: str, key: str) -> tuple[Any, dict[str, Any]] | None:
