@@ -117,6 +117,15 @@ def record_file(path: Path) -> FileRecord:
     return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
+def nbytes(obj: Any) -> int:
+    """Bytes of the tensors/arrays in ``obj`` and its nested dicts, lists, tuples and sets (what writing it costs)."""
+    if isinstance(obj, Mapping):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple | set):
+        return sum(nbytes(v) for v in obj)
+    return int(getattr(obj, "nbytes", 0))  # torch.Tensor and np.ndarray both say it
+
+
 def check_file(path: Path, record: Mapping[str, object], *, verify: bool = True, read: bool = False) -> bytearray:
     """FileMismatch unless ``path`` has the recorded size (always) and sha256 (if ``verify``); its bytes if ``read``."""
     if not path.is_file():

@@ -100,15 +100,13 @@ def decode(tree: Any, arrays: list[np.ndarray]) -> Any:
     if "float" in tree:
         return float(tree["float"])
     if "array" in tree:
-        a = arrays[tree["array"]].view(np.dtype(tree["dtype"]))
-        return a.reshape(tree["shape"])
+        return arrays[tree["array"]].view(np.dtype(tree["dtype"])).reshape(tree["shape"])
     if "scalar" in tree:
         return decode(tree["scalar"], arrays)[()]
     if "tensor" in tree:
         import torch
 
-        raw = arrays[tree["tensor"]]
-        return torch.from_numpy(raw).view(getattr(torch, tree["dtype"])).reshape(tree["shape"])
+        return torch.from_numpy(arrays[tree["tensor"]]).view(getattr(torch, tree["dtype"])).reshape(tree["shape"])
     if "ragged" in tree:
         flat, offsets = decode(tree["ragged"], arrays), decode(tree["offsets"], arrays)
         parts = np.split(flat, offsets[1:-1])

@@ -31,8 +31,6 @@ from kitlib.data.fingerprint import fingerprint as fingerprint
 from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
-# lazy: pandas (+0.2 s): only `list()` builds a DataFrame
-
 if TYPE_CHECKING:
     import pandas as pd  # lazy (+0.2 s): only list() needs it
 
@@ -136,13 +134,6 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _is_read_only(path: Path) -> bool:
-    resolved = path.expanduser().resolve()
-    if any(resolved.is_relative_to(root) for root in _READ_ONLY_ROOTS):
-        return True
-    return resolved.exists() and not os.access(resolved, os.W_OK)
-
-
 class Cache:
     """A feature cache in ``dir`` (default ``default_cache_dir()``); hits in read-only ``seed_dirs`` are copied in."""
 
@@ -156,7 +147,9 @@ class Cache:
     ) -> None:
         self.dir = Path(dir).expanduser() if dir is not None else default_cache_dir()
         self.seed_dirs = tuple(Path(d).expanduser() for d in seed_dirs)
-        if _is_read_only(self.dir):
+        resolved = self.dir.resolve()
+        read_only = resolved.exists() and not os.access(resolved, os.W_OK)
+        if read_only or any(resolved.is_relative_to(root) for root in _READ_ONLY_ROOTS):
             raise CacheError(
                 f"cache dir {str(self.dir)!r} is read-only (an attached dataset?): the cache writes its entries "
                 "there. Fix: give a writable dir and read this one as a seed: "
@@ -219,7 +212,8 @@ class Cache:
             self.stats.hits += 1
             self.stats.load_s += load_s
             self.stats.time_saved_s += build_s
-            self._say(f"cache hit {label}[{key[:8]}] {load_s:.2f} s (built in {build_s:.1f} s)")
+            if self.log is not None:
+                self.log(f"cache hit {label}[{key[:8]}] {load_s:.2f} s (built in {build_s:.1f} s)")
             return result
         start = time.perf_counter()
         result = fn(*args, **kwargs)
@@ -236,9 +230,14 @@ class Cache:
             "build_s": round(build_s, 3),
             "kitlib_version": kit_version.__version__,
         }
-        size = self._store(entry, result, manifest)
-        stored = f"stored {size / 1e6:.1f} MB" if size is not None else "not stored"
-        self._say(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
+
+        def write(tmp: Path) -> None:
+            with explain_disk_full(self.dir / entry, "cache entry"):
+                _write_entry(tmp, result, manifest)
+
+        stored = f"stored {manifest['size_bytes'] / 1e6:.1f} MB" if self._publish(entry, write) else "not stored"
+        if self.log is not None:
+            self.log(f"cache miss {label}[{key[:8]}] built in {build_s:.1f} s, {stored}")
         return result
 
     def _lookup(self, entry: str, key: str) -> tuple[Any, dict[str, Any]] | None:
@@ -267,13 +266,6 @@ class Cache:
                 return found
         return None
 
-    def _store(self, entry: str, result: Any, manifest: dict[str, Any]) -> int | None:
-        def write(tmp: Path) -> None:
-            with explain_disk_full(self.dir / entry, "cache entry"):
-                _write_entry(tmp, result, manifest)
-
-        return int(manifest["size_bytes"]) if self._publish(entry, write) else None
-
     def _publish(self, entry: str, fill: Callable[[Path], Any]) -> bool:
         """Fill a temp dir and rename it to ``entry`` (atomic); a rival's complete entry stays; problems warn."""
         tmp: Path | None = None
@@ -300,16 +292,15 @@ class Cache:
         """Remove temp dirs of writers that died (SIGKILL, OOM, session end); live writers' temp dirs stay."""
         host = _host()
         for path in self.dir.glob(".t*-*"):
-            if path.name.startswith(".trash-"):
-                shutil.rmtree(path, ignore_errors=True)
-                continue
             match = re.fullmatch(r"\.tmp-.+-(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]{8}", path.name)
-            if match is None:
-                continue
-            mine = match["host"] == host
             with contextlib.suppress(OSError):
-                old = time.time() - path.stat().st_mtime > 86400  # another machine's writer: give it a day
-                if (mine and not _pid_alive(int(match["pid"]))) or (not mine and old):
+                if match is None:
+                    dead = path.name.startswith(".trash-")
+                elif match["host"] == host:
+                    dead = not _pid_alive(int(match["pid"]))
+                else:  # another machine's writer: give it a day
+                    dead = time.time() - path.stat().st_mtime > 86400
+                if dead:
                     shutil.rmtree(path, ignore_errors=True)
 
     def _entries(self) -> Iterator[tuple[Path, dict[str, Any]]]:
@@ -358,16 +349,11 @@ class Cache:
                 continue
             if max_age is not None and now - float(manifest.get("created_ts", path.stat().st_mtime)) < max_age:
                 continue
-            if path.parent.resolve() == self.dir.resolve():
-                shutil.rmtree(path)
-                removed += 1
+            shutil.rmtree(path)  # an entry inside dir (_entries skips symlinks): never a folder elsewhere
+            removed += 1
         if older_than is None and name is None and self.dir.is_dir():
             self._sweep()
         return removed
-
-    def _say(self, message: str) -> None:
-        if self.log is not None:
-            self.log(message)
 
 
 def cached(

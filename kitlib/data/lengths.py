@@ -126,16 +126,9 @@ def length_report(
     fixed_eff = float(lens.sum()) / (len(lens) * max_length)
     stats = [StrategyStats("fixed", fixed_eff, fixed_eff, n_fixed, len(lens) / n_fixed)]
     for name, sampler in samplers.items():
-        batches = sampler.batches()
-        stats.append(
-            StrategyStats(
-                name,
-                batch_efficiency(lens, batches),
-                batch_efficiency(lens, batches, pad_to_multiple_of),
-                len(batches),
-                len(lens) / len(batches),
-            )
-        )
+        b = sampler.batches()
+        efficiency = (batch_efficiency(lens, b), batch_efficiency(lens, b, pad_to_multiple_of))
+        stats.append(StrategyStats(name, *efficiency, len(b), len(lens) / len(b)))
     tokens, per = packing_layout(lens, batch_size, max_length)  # the loader's layout: bins of tokens, per batch
     bins = PackingSampler(lens, tokens, seed=seed).batches()  # one bin each (a row)
     rows = [bins[i : i + per] for i in range(0, len(bins), per)]

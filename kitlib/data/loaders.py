@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from kitlib._files import nbytes
 from kitlib.data.lengths import suggest_max_length
 from kitlib.data.packing import PackingCollator
 from kitlib.data.samplers import (
@@ -50,9 +51,8 @@ class TokenDataset(Dataset[Any]):
         ids, offsets = getattr(tokens, "ids", None), getattr(tokens, "offsets", None)
         if ids is None or offsets is None:
             seqs = [np.asarray(s, dtype=np.int64).reshape(-1) for s in tokens]
-            offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
-            offsets[1:] = np.cumsum([len(s) for s in seqs])
-            ids = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int64)
+            offsets = np.cumsum([0, *map(len, seqs)])
+            ids = np.concatenate([np.zeros(0, dtype=np.int64), *seqs])
         self.ids, self.offsets = np.asarray(ids), np.asarray(offsets, dtype=np.int64)
         self.labels = None if labels is None else np.asarray(labels)
         self.pad_id = pad_id
@@ -101,7 +101,9 @@ class PaddingCollator:
             if isinstance(item, Mapping):  # fixed-size per-row inputs besides the tokens, stacked as they are
                 for name in item.keys() - {"input_ids", "labels", "label"}:
                     side.setdefault(name, []).append(item[name])
-            ids, label = _split_item(item)
+                ids, label = item["input_ids"], item.get("labels", item.get("label"))
+            else:  # (ids, label), (ids,) or ids
+                ids, label = (item[0], item[1] if len(item) > 1 else None) if isinstance(item, tuple) else (item, None)
             row = np.asarray(ids).reshape(-1)
             if self.max_length is not None and len(row) > self.max_length:
                 row = np.concatenate([row[: self.max_length - 1], row[-1:]])
@@ -132,14 +134,6 @@ def _scored_width(labels: np.ndarray, multiple: int) -> int:
     return labels.shape[1] if len(scored) == 0 else min(labels.shape[1], round_up(int(scored[-1]) + 1, multiple))
 
 
-def _split_item(item: Any) -> tuple[Any, Any]:
-    if isinstance(item, Mapping):
-        return item["input_ids"], item.get("labels", item.get("label"))
-    if isinstance(item, tuple):
-        return item[0], item[1] if len(item) > 1 else None
-    return item, None
-
-
 def seed_worker(worker_id: int) -> None:
     """worker_init_fn: seed Python's and numpy's RNGs from torch's per-worker seed (forked workers share numpy's)."""
     del worker_id  # already folded into torch.initial_seed()
@@ -166,18 +160,6 @@ def default_num_workers(cfg: TrainConfig, hw: HardwareInfo, *, local_world_size:
     return workers, f"{hw.cpu_count} CPUs on {hw.platform}{shared}: one left for each training process"
 
 
-def _nbytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, Mapping):
-        return sum(_nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
-
-
 def _shm_limit_workers(
     workers: int, prefetch: int, hw: HardwareInfo, dataset: Any, collate: Any, first_batch: list[int] | None
 ) -> tuple[int, str | None]:
@@ -185,7 +167,7 @@ def _shm_limit_workers(
     if workers == 0 or hw.shm_bytes is None or hw.shm_bytes >= 2**30 or not first_batch:
         return workers, None
     # one real batch (the longest first): text batches ~0.3 MB fit a 64 MB /dev/shm, image ones often not
-    batch_bytes = _nbytes(collate([dataset[i] for i in first_batch]))
+    batch_bytes = nbytes(collate([dataset[i] for i in first_batch]))
     need = workers * prefetch * batch_bytes * SHM_HEADROOM
     if need <= hw.shm_bytes:
         return workers, None
@@ -198,10 +180,6 @@ def _shm_limit_workers(
 
 
 _CRASH_MARKERS = ("exited unexpectedly", "killed by signal", "shared memory", "No space left on device", "Bus error")
-
-
-def _is_worker_crash(err: BaseException) -> bool:
-    return any(marker in str(err) for marker in _CRASH_MARKERS)
 
 
 class KitDataLoader(DataLoader[Any]):
@@ -219,7 +197,7 @@ class KitDataLoader(DataLoader[Any]):
         except StopIteration:
             return
         except RuntimeError as err:
-            if not _is_worker_crash(err):
+            if not any(marker in str(err) for marker in _CRASH_MARKERS):
                 raise
             warnings.warn(
                 f"kitlib: DataLoader workers crashed on the first batch ({str(err).splitlines()[0]}); continuing "
@@ -228,9 +206,7 @@ class KitDataLoader(DataLoader[Any]):
                 RuntimeWarning,
                 stacklevel=2,
             )
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if callable(shutdown):
-                shutdown()
+            it._shutdown_workers()  # type: ignore[attr-defined]  # workers > 0: a multiprocessing iterator
             self._iterator = None  # a persistent-workers iterator holding the dead workers
             self.num_workers = 0
             yield from super().__iter__()
@@ -249,12 +225,6 @@ def _lengths_of(dataset: Any, lengths: Sequence[int] | np.ndarray | None, cfg: T
     return np.minimum(arr, cfg.max_length) if cfg.max_length is not None else arr
 
 
-def _rank_world() -> tuple[int, int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-
 def _width(cfg: TrainConfig, lengths: np.ndarray | None) -> int:
     """The padded width of a 'fixed' batch, and the row budget behind 'token_budget'."""
     if cfg.max_length is not None:
@@ -270,8 +240,12 @@ def _pad_multiple(cfg: TrainConfig, hw: HardwareInfo) -> int:
 
 
 def _build(
-    dataset: Any, batch_sampler: Any, collate: Any, cfg: TrainConfig, hw: HardwareInfo, seed: int
+    dataset: Any, batch_sampler: Any, collate: Any, cfg: TrainConfig, hw: HardwareInfo, seed: int, lens: Any
 ) -> KitDataLoader:
+    if collate is None:  # the default: dynamic padding, or every batch at the 'fixed' width
+        fixed = _width(cfg, lens) if cfg.batching == "fixed" else None
+        collate = PaddingCollator(getattr(dataset, "pad_id", 0), _pad_multiple(cfg, hw), max_length=cfg.max_length,
+                                  fixed_length=fixed)  # fmt: skip
     workers, reason = default_num_workers(cfg, hw)
     cuda = hw.device_type == "cuda"
     prefetch = 4 if cuda else 2  # batches per worker in flight; text batches are small, so be generous on GPU
@@ -310,38 +284,34 @@ def make_train_loader(
     """Shuffled ``cfg.micro_batch_size`` batches grouped by ``cfg.batching``, drop_last, an equal share per DDP rank."""
     seed = cfg.seed if seed is None else seed
     lens = _lengths_of(dataset, lengths, cfg)
-    rank, world = _rank_world()
-    bs = cfg.micro_batch_size
-    mode = cfg.batching
-    if mode in ("bucket", "token_budget", "packed") and lens is None:
-        if collate is None:
-            warnings.warn(
-                f"kitlib: batching={mode!r} needs row lengths (pass lengths= or a dataset with .lengths); using "
-                "random batches with dynamic padding instead",
-                stacklevel=2,
-            )
-        mode = "dynamic"
+    ready = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank, world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if ready else (0, 1)
+    bs, mode = cfg.micro_batch_size, cfg.batching
+    if mode in ("bucket", "token_budget", "packed") and lens is None and collate is None:
+        warnings.warn(
+            f"kitlib: batching={mode!r} needs row lengths (pass lengths= or a dataset with .lengths); using "
+            "random batches with dynamic padding instead",
+            stacklevel=2,
+        )
     multiple = _pad_multiple(cfg, hw)
     sampler: Any
-    if mode == "bucket":
-        assert lens is not None
+    if lens is None or mode in ("dynamic", "fixed"):
+        sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
+    elif mode == "bucket":
         sampler = BucketSampler(lens, bs, seed=seed, drop_last=True, rank=rank, world_size=world)
     elif mode == "token_budget":
-        assert lens is not None
         # Same peak tokens as a fixed-padded batch, so a micro-batch size that fits with fixed padding fits here.
         budget = bs * round_up(_width(cfg, lens), multiple)
         sampler = TokenBudgetSampler(
             lens, budget, seed=seed, pad_to_multiple_of=multiple, drop_last=True, rank=rank, world_size=world
         )
-    elif mode == "packed":  # padding-free: whole examples end to end in rows of the width, as many example tokens
-        assert lens is not None  # as a bucketed batch (packing_layout: as many optimizer steps per epoch)
+    else:  # packed, padding-free: whole examples end to end in rows of the width, as many example tokens as a
+        # bucketed batch (packing_layout: as many optimizer steps per epoch)
         if not isinstance(collate, PackingCollator):  # a padding collate would undo the packing
             collate = PackingCollator(_width(cfg, lens), getattr(dataset, "pad_id", 0), multiple)
         tokens, rows = packing_layout(lens, bs, collate.width)  # width None: one row (flash varlen)
         sampler = PackingSampler(lens, tokens, rows, seed=seed, rank=rank, world_size=world)
-    else:
-        sampler = RandomBatchSampler(len(dataset), bs, seed=seed, drop_last=True, rank=rank, world_size=world)
-    return _build(dataset, sampler, collate if collate is not None else _padding(dataset, cfg, hw, lens), cfg, hw, seed)
+    return _build(dataset, sampler, collate, cfg, hw, seed, lens)
 
 
 def make_eval_loader(
@@ -358,16 +328,7 @@ def make_eval_loader(
     sampler: Any = (
         SortedBatchSampler(lens, bs) if lens is not None else RandomBatchSampler(len(dataset), bs, shuffle=False)
     )
-    return _build(
-        dataset, sampler, collate if collate is not None else _padding(dataset, cfg, hw, lens), cfg, hw, cfg.seed
-    )
-
-
-def _padding(dataset: Any, cfg: TrainConfig, hw: HardwareInfo, lens: np.ndarray | None) -> PaddingCollator:
-    """The default collate: dynamic padding, or every batch at the 'fixed' width."""
-    fixed = _width(cfg, lens) if cfg.batching == "fixed" else None
-    return PaddingCollator(getattr(dataset, "pad_id", 0), _pad_multiple(cfg, hw), max_length=cfg.max_length,
-                           fixed_length=fixed)  # fmt: skip
+    return _build(dataset, sampler, collate, cfg, hw, cfg.seed, lens)
 
 
 make_predict_loader = make_eval_loader  # inference batches: length-sorted; restore_order(loader, predictions)

@@ -29,20 +29,19 @@ class _EpochBatchSampler:
 
     def __init__(
         self,
-        num_rows: int,
-        *,
+        rows: np.ndarray | int,
         seed: int,
-        shuffle: bool,
-        drop_last: bool,
         rank: int,
         world_size: int,
-        lengths: np.ndarray | None,
+        shuffle: bool = True,
+        drop_last: bool = False,
     ) -> None:
+        """``rows``: the rows' lengths (``as_lengths``), or how many rows there are when their lengths do not matter."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        self.num_rows, self.seed, self.shuffle, self.drop_last = num_rows, seed, shuffle, drop_last
-        self.rank, self.world_size = rank, world_size
-        self.lengths = lengths
+        self.lengths = None if isinstance(rows, int) else rows
+        self.num_rows = rows if isinstance(rows, int) else len(rows)
+        self.seed, self.shuffle, self.drop_last, self.rank, self.world_size = seed, shuffle, drop_last, rank, world_size
         self.epoch = 0
         self._cached: tuple[int, Batches] | None = None  # (epoch, this rank's batches): len() and iter() agree
 
@@ -85,6 +84,13 @@ class _EpochBatchSampler:
             batches.pop()
         return batches
 
+    def _sorted_chunks(self, rng: np.random.Generator, rows: int, *, descending: bool) -> list[np.ndarray]:
+        """The rows shuffled, cut into mega-batches of ``rows``, each sorted by length (stable: ties stay random)."""
+        assert self.lengths is not None
+        order = rng.permutation(self.num_rows)
+        chunks = [order[i : i + rows] for i in range(0, len(order), rows)]
+        return [c[np.argsort(-self.lengths[c] if descending else self.lengths[c], kind="stable")] for c in chunks]
+
 
 class RandomBatchSampler(_EpochBatchSampler):
     """Plain batches of ``batch_size`` rows in random (or, with ``shuffle=False``, original) order."""
@@ -102,9 +108,7 @@ class RandomBatchSampler(_EpochBatchSampler):
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        super().__init__(
-            num_rows, seed=seed, shuffle=shuffle, drop_last=drop_last, rank=rank, world_size=world_size, lengths=None
-        )
+        super().__init__(int(num_rows), seed, rank, world_size, shuffle=shuffle, drop_last=drop_last)
         self.batch_size = batch_size
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
@@ -129,21 +133,13 @@ class BucketSampler(_EpochBatchSampler):
     ) -> None:
         if batch_size < 1 or mega_batch_factor < 1:
             raise ValueError(f"batch_size and mega_batch_factor must be >= 1, got {batch_size}, {mega_batch_factor}")
-        arr = as_lengths(lengths)
-        super().__init__(
-            len(arr), seed=seed, shuffle=True, drop_last=drop_last, rank=rank, world_size=world_size, lengths=arr
-        )
+        super().__init__(as_lengths(lengths), seed, rank, world_size, drop_last=drop_last)
         self.batch_size, self.mega_batch_factor = batch_size, mega_batch_factor
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
-        assert self.lengths is not None
-        order = rng.permutation(self.num_rows)
-        mega = self.batch_size * self.mega_batch_factor
-        # Only the final mega-batch can end in a partial batch, because ``mega`` is a multiple of ``batch_size``.
-        chunks = [order[i : i + mega] for i in range(0, len(order), mega)]
-        # Stable descending sort: ties keep the shuffled order, so it stays deterministic and random.
-        sorted_chunks = [c[np.argsort(-self.lengths[c], kind="stable")] for c in chunks]
-        batches = self._cut(np.concatenate(sorted_chunks) if sorted_chunks else order, self.batch_size)
+        # Only the final mega-batch can end in a partial batch, because the mega-batch is a multiple of ``batch_size``.
+        chunks = self._sorted_chunks(rng, self.batch_size * self.mega_batch_factor, descending=True)
+        batches = self._cut(np.concatenate(chunks) if chunks else np.arange(0), self.batch_size)
         return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -167,9 +163,7 @@ class TokenBudgetSampler(_EpochBatchSampler):
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         arr = as_lengths(lengths)
-        super().__init__(
-            len(arr), seed=seed, shuffle=True, drop_last=drop_last, rank=rank, world_size=world_size, lengths=arr
-        )
+        super().__init__(arr, seed, rank, world_size, drop_last=drop_last)
         self.max_tokens, self.max_batch_size, self.pad_to_multiple_of = max_tokens, max_batch_size, pad_to_multiple_of
         if mega_batch_rows is None:
             # ~50 average batches per mega-batch, as in BucketSampler.
@@ -178,13 +172,8 @@ class TokenBudgetSampler(_EpochBatchSampler):
         self.mega_batch_rows = mega_batch_rows
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
-        assert self.lengths is not None
-        order = rng.permutation(self.num_rows)
-        batches: Batches = []
-        for start in range(0, len(order), self.mega_batch_rows):
-            chunk = order[start : start + self.mega_batch_rows]
-            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]  # ascending: the newest row is the longest
-            batches.extend(self._pack(chunk))
+        chunks = self._sorted_chunks(rng, self.mega_batch_rows, descending=False)  # the newest row is the longest
+        batches = [batch for chunk in chunks for batch in self._pack(chunk)]
         if self.drop_last and batches:
             batches.pop()  # the final batch of the final mega-batch is the only one that may be short of the budget
         return [batches[i] for i in rng.permutation(len(batches))]
@@ -232,20 +221,17 @@ class PackingSampler(_EpochBatchSampler):
         if width < 1 or rows < 1:
             raise ValueError(f"width and rows must be >= 1, got {width}, {rows}")
         arr = as_lengths(lengths)
-        super().__init__(len(arr), seed=seed, shuffle=True, drop_last=False, rank=rank, world_size=world_size,
-                         lengths=arr)  # fmt: skip
+        super().__init__(arr, seed, rank, world_size)
         self.width, self.rows = width, rows
         self.mega_rows = max(1, int(50 * rows * width / max(float(arr.mean()) if arr.size else 1.0, 1.0)))
 
     def _global_batches(self, rng: np.random.Generator) -> Batches:
         assert self.lengths is not None
-        order = rng.permutation(self.num_rows)
         bins: Batches = []
-        for start in range(0, len(order), self.mega_rows):
-            chunk = order[start : start + self.mega_rows]
+        for chunk in self._sorted_chunks(rng, self.mega_rows, descending=True):
             room: list[int] = []
             first = len(bins)
-            for idx in chunk[np.argsort(-self.lengths[chunk], kind="stable")].tolist():
+            for idx in chunk.tolist():
                 n = max(1, int(self.lengths[idx]))
                 fit = next((b for b, free in enumerate(room) if free >= n), None)
                 if fit is None:
@@ -258,21 +244,15 @@ class PackingSampler(_EpochBatchSampler):
         return [[i for b in bins[at : at + self.rows] for i in b] for at in range(0, len(bins), self.rows)]
 
 
-class SortedBatchSampler:
-    """Eval/predict batches in length order; ``out[order] = outputs`` restores the original rows."""
+class SortedBatchSampler(_EpochBatchSampler):
+    """Eval/predict batches in length order, every epoch; ``out[order] = outputs`` restores the original rows."""
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_size: int, *, descending: bool = True) -> None:
         arr = as_lengths(lengths)
+        super().__init__(arr, 0, 0, 1, shuffle=False)
         self.batch_size = batch_size
         # Longest first: the peak-memory batch runs first, and the tail of small batches finishes quickly.
         self.order = np.argsort(-arr if descending else arr, kind="stable")
-        self._batches = [self.order[i : i + batch_size].tolist() for i in range(0, len(arr), batch_size)]
 
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._batches)
-
-    def __len__(self) -> int:
-        return len(self._batches)
-
-    def set_epoch(self, epoch: int) -> None:  # fit() may call it on any loader; the order never changes
-        del epoch
+    def _global_batches(self, rng: np.random.Generator) -> Batches:
+        return self._cut(self.order, self.batch_size)

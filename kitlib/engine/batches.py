@@ -3,6 +3,7 @@ by wrapping the batch sampler (skipped or foreign batches are never loaded); the
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -69,19 +70,12 @@ class SkipBatches(Sampler[list[int]]):
         self.inner, self.skip = inner, skip
 
     def __iter__(self) -> Iterator[list[int]]:
-        for i, batch in enumerate(self.inner):
-            if i >= self.skip:
-                yield batch
+        return itertools.islice(self.inner, self.skip, None)
 
     def __len__(self) -> int:
         return max(0, len(self.inner) - self.skip) if isinstance(self.inner, Sized) else 0
 
-    def set_epoch(self, epoch: int) -> None:
-        set_epoch = getattr(self.inner, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-
-    def __getattr__(self, name: str) -> Any:  # world_size, rank, lengths, order... of the wrapped sampler
+    def __getattr__(self, name: str) -> Any:  # set_epoch, world_size, rank, lengths, order... of the wrapped sampler
         if name == "inner":  # not yet set (e.g. during unpickling): avoid infinite recursion
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -98,11 +92,7 @@ class ShardBatches(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         usable = len(self.inner) // self.world_size * self.world_size if self.even else len(self.inner)  # type: ignore[arg-type]
-        for i, batch in enumerate(self.inner):
-            if i >= usable:
-                return
-            if i % self.world_size == self.rank:
-                yield batch
+        return itertools.islice(self.inner, self.rank, usable, self.world_size)
 
     def __len__(self) -> int:
         total = len(self.inner)  # type: ignore[arg-type]
@@ -150,11 +140,10 @@ class DataViews:
         # A resumed run continues the RNG streams (dropout, ...) exactly where the checkpoint took them. A DataLoader
         # without a generator draws its base seed from the global RNG at iter(): an epoch-end checkpoint was taken
         # before this epoch's draw (restore first, the draw then repeats), a mid-epoch one after it (restore after).
-        if self.resume_rng is not None and batch_in_epoch == 0:
-            set_rng_state(self.resume_rng)
-            self.resume_rng = None
+        resume, self.resume_rng = self.resume_rng, None
+        if resume is not None and batch_in_epoch == 0:
+            set_rng_state(resume)
         batches = iter(skip_batches(self.train, batch_in_epoch))
-        if self.resume_rng is not None:
-            set_rng_state(self.resume_rng)
-            self.resume_rng = None
+        if resume is not None and batch_in_epoch > 0:
+            set_rng_state(resume)
         return batches

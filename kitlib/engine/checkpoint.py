@@ -31,6 +31,7 @@ from kitlib._files import (
     free_bytes,
     fsync_dir,
     fsync_file,
+    nbytes,
     read_manifest,
     record_file,
     write_manifest,
@@ -179,30 +180,16 @@ def _rename(src: Path, dst: Path) -> None:
 
 def _unique(weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors stored once (safetensors refuses shared ones) + {alias: stored name}; the first name is kept."""
-    unique: dict[str, torch.Tensor] = {}
-    first: dict[Any, str] = {}
-    storages: set[int] = set()
+    first: dict[Any, str] = {}  # snapshot() copied each distinct view apart: only ties (same view) share storage
     for name, t in weights.items():
-        key = _view_key(t) if t.numel() else name
-        if key not in first:
-            shared = t.numel() and t.untyped_storage().data_ptr() in storages
-            storages.add(t.untyped_storage().data_ptr())
-            first[key], unique[name] = name, t.clone() if shared else t.contiguous()
-    aliases = {name: first[_view_key(t)] for name, t in weights.items() if name not in unique}
-    return unique, aliases
-
-
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.nbytes
-    if isinstance(obj, (dict, list, tuple, set)):
-        return sum(_tensor_bytes(v) for v in (obj.values() if isinstance(obj, dict) else obj))
-    return 0
+        first.setdefault(_view_key(t) if t.numel() else name, name)
+    unique = {name: weights[name].contiguous() for name in first.values()}
+    return unique, {name: first[_view_key(t)] for name, t in weights.items() if name not in unique}
 
 
 def room_for_last(directory: Path, model: torch.nn.Module, optimizer: str) -> str | None:
     """None when ``directory`` has room for ``last/`` and ``best/`` twice each (while replaced); else why not."""
-    weights = _tensor_bytes(_unique(saved_state(model))[0])
+    weights = nbytes(_unique(saved_state(model))[0])
     state = sum(p.nbytes for p in model.parameters() if p.requires_grad) * STATE_PER_WEIGHT_BYTE.get(optimizer, 2.0)
     needed = 2 * (2 * weights + state) + 4 * _HEADROOM
     free, where = free_bytes(directory)
@@ -285,10 +272,8 @@ def _write_files(snap: Snapshot, tmp: Path) -> None:
     fsync_file(tmp / MODEL_FILE)
     files = {MODEL_FILE: record_file(tmp / MODEL_FILE)}  # read back from the page cache, not a copy in RAM
     if snap.state is not None:
-        with open(tmp / STATE_FILE, "wb") as f:
-            torch.save(snap.state, f)
-            f.flush()
-            os.fsync(f.fileno())
+        torch.save(snap.state, tmp / STATE_FILE)
+        fsync_file(tmp / STATE_FILE)
         files[STATE_FILE] = record_file(tmp / STATE_FILE)
     files[META_FILE] = write_recorded(tmp / META_FILE, [json.dumps(snap.meta, indent=1).encode()])
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "kitlib_version": __version__,
@@ -303,7 +288,7 @@ def write(snap: Snapshot, directory: Path) -> Path:
     directory.parent.mkdir(parents=True, exist_ok=True)
     _prepare(directory)
     # Only the filesystem's free space is visible: Kaggle's 20 GB output quota is enforced when the notebook is saved.
-    needed = _tensor_bytes([_unique(snap.weights)[0], snap.state]) + _HEADROOM
+    needed = nbytes([_unique(snap.weights)[0], snap.state]) + _HEADROOM
     free = shutil.disk_usage(directory.parent).free
     if free < needed:
         raise CheckpointError(
@@ -417,18 +402,17 @@ class BackgroundWriter:
         self._lock = threading.Lock()
         self._pending: dict[Path, Snapshot] = {}
         self._futures: list[Future[None]] = []
-        self._errors: list[BaseException] = []
+        self._error: BaseException | None = None  # the first background failure, raised on the training thread
         self._closed = False
         self.busy_seconds = 0.0  # wall seconds in write() (serialise, hash, fsync, swap)
         self.writes = 0  # completed writes (replaced snapshots are not counted)
 
     def _raise_error(self) -> None:
-        with self._lock:  # the worker appends under it: an error between the read and the reset is not lost
-            errors, self._errors = self._errors, []
-        if errors:
-            err = errors[0]
-            if isinstance(err, CheckpointError):
-                raise err
+        with self._lock:  # the worker sets it under the lock: an error between the read and the reset is not lost
+            err, self._error = self._error, None
+        if isinstance(err, CheckpointError):
+            raise err
+        if err is not None:
             raise CheckpointError(f"background checkpoint write failed: {type(err).__name__}: {err}") from err
 
     def submit(self, snap: Snapshot, directory: Path) -> None:
@@ -451,7 +435,7 @@ class BackgroundWriter:
             self.writes += 1
         except BaseException as e:  # reported to the training thread, never swallowed
             with self._lock:
-                self._errors.append(e)
+                self._error = self._error or e
         self.busy_seconds += time.perf_counter() - start
 
     def wait(self) -> None:
@@ -462,7 +446,6 @@ class BackgroundWriter:
 
     def close(self) -> None:
         """wait(), then stop the thread. Idempotent."""
-        wait_all(self._futures)
         self._closed = True
         self._pool.shutdown(wait=True)
         self.wait()
