@@ -4,7 +4,6 @@ later stage refuses features built for another run and names the notebook to re-
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from collections.abc import Mapping
@@ -86,7 +85,7 @@ class Features:
 def run_fingerprint(work_dir: Path) -> str:
     """sha256 of run.json as 00_setup wrote it: features record it, later stages compare."""
     path = work_dir / RUN_FILE
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+    return record_file(path)["sha256"] if path.is_file() else ""
 
 
 def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> Path:

@@ -110,18 +110,14 @@ def published_run(
             "model or a shorter max_length; or raise inference_limit if the competition allows more"
         )
     _check_room(model, work, params)
-    work.mkdir(parents=True, exist_ok=True)
-    for entry in model.iterdir():
-        if entry.name == PARAMS_FILE:
-            continue
-        target = work / entry.name
+    work.mkdir(parents=True, exist_ok=True)  # not copytree's: it would copy the read-only input's mode onto work_dir
+    for entry in (e for e in model.iterdir() if e.name != PARAMS_FILE):  # params.json: below, with this data
         if entry.is_dir():
-            shutil.copytree(entry, target, dirs_exist_ok=True)
+            shutil.copytree(entry, work / entry.name, dirs_exist_ok=True)
         else:
-            shutil.copy2(entry, target)
-    values = {**params, "data_dir": str(data)}
-    if inference_limit is not None:
-        values["inference_limit"] = inference_limit
+            shutil.copy2(entry, work / entry.name)
+    limit = {} if inference_limit is None else {"inference_limit": inference_limit}
+    values = {**params, "data_dir": str(data), **limit}
     (work / PARAMS_FILE).write_text(json.dumps(values, indent=2) + "\n")
     return load_params(work)
 
