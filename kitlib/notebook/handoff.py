@@ -144,9 +144,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / record.get("file", name), record)
         for name, record in summary["files"].items()
     }
-    embeddings = ngrams = None
-    if "train_embeddings" in arrays:
-        embeddings = (arrays["train_embeddings"], arrays["test_embeddings"])
+    ngrams = None
     if "train_ngram_ids" in arrays:
         ngrams = tuple(
             NgramBags(arrays[f"{split}_ngram_ids"], arrays[f"{split}_ngram_weights"], summary["n_buckets"])
@@ -164,7 +162,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         test_tokens=TokenizedTexts(arrays["test_token_ids"], arrays["test_token_offsets"], summary["max_length"]),
         test_ids=list(summary["test_ids"]),
         submission_columns=tuple(summary["submission_columns"]),
-        embeddings=embeddings,
+        embeddings=(arrays["train_embeddings"], arrays["test_embeddings"]) if "train_embeddings" in arrays else None,
         ngrams=ngrams,  # type: ignore[arg-type]
         side=SideInputs(_side(arrays, "train"), _side(arrays, "test"), summary.get("side_state") or {}),
         groups=arrays.get("train_groups"),

@@ -457,10 +457,7 @@ def features(
     max_length = run.config.max_length or cap
     report = length_report(lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     report = dataclasses.replace(report, what=f"inputs: the {p.text!r} column, cut at their end")
-    train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
-    test_tokens = tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache)
-    encoder = Encoder(tokenizer, model, max_length, run, hw, cache, progress=not quiet)
-    extra = workload.extra(texts, test_texts, encoder)
+    extra = workload.extra(texts, test_texts, Encoder(tokenizer, model, max_length, run, hw, cache, progress=not quiet))
     feats = Features(
         spec=spec,
         run=run,
@@ -469,8 +466,8 @@ def features(
         vocab_size=len(tokenizer),
         pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
         labels=workload.labels(spec, train, p, tokenizer, model, cache),
-        train_tokens=train_tokens,
-        test_tokens=test_tokens,
+        train_tokens=tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache),
+        test_tokens=tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache),
         test_ids=data.test_ids,
         submission_columns=data.columns,
         embeddings=extra.embeddings,

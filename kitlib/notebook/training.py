@@ -469,9 +469,8 @@ def _train(
         hw=hw,
         callbacks=callbacks,
     )
-    result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
     line = _blend_trees(p, feats, watched, staging)
-    result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
+    result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes, *([line] if line else [])))
     result = _judge_baseline(p, feats, result, staging, watched)
     if p.folds > 1 and watched.rows is not None and dist_env().is_main:  # this fold's part of the out-of-fold rows
         rows = {"row": _splits(p, feats)[p.fold][1].tolist(), "target": watched.rows[0].tolist(),
