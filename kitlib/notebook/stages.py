@@ -40,8 +40,6 @@ from kitlib.notebook.params import (  # noqa: F401
     TRAINING,
     Params,
     from_cell,
-    kaggle_input,
-    keep_aside,
     load_params,
     params,
 )
