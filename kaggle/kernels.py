@@ -874,6 +874,64 @@ PUBLISH_MARK = ".kitlib-publish.json"  # in a folder publish wrote: the only kin
 INFER_NAME = "infer_published"
 
 
+# what a published run folder holds of each run dir (never last/, optimizer state or run.new/)
+RUN_FILES = ("best", "config.json", "timing.json", "baseline.json", "inputs.json", "history.csv", "trees.json")
+
+
+def model_card(work_dir: Path) -> dict[str, Any]:
+    """What the trained run in ``work_dir`` predicts, from its params.json, features.json and 02's run record."""
+    from kitlib._version import __version__
+    from kitlib.notebook.estimate import VALID_FRACTION
+    from kitlib.notebook.handoff import FEATURES_FILE
+    from kitlib.notebook.params import PARAMS_FILE
+    from kitlib.notebook.presets import ResolvedRun
+
+    params = json.loads((work_dir / PARAMS_FILE).read_text())
+    feats = json.loads((work_dir / FEATURES_FILE).read_text())
+    spec, run = feats["spec"], ResolvedRun.from_dict(feats["run"])  # an older 01's: the error names it to re-run
+    timing = json.loads((work_dir / "run" / "timing.json").read_text())
+    full = timing["phases"].get("full_eval", {"seconds": 0.0, "count": 0})
+    folds = int(params.get("folds", 1))
+    n_valid = feats["n_train"] / folds if folds > 1 else max(1, round(VALID_FRACTION * feats["n_train"]))
+    rows = full["count"] * n_valid
+    return {
+        "limits": _generation_limits(work_dir, params, feats) if spec["kind"] == "sequence" else None,
+        "kitlib": __version__,
+        "task": params["task"],
+        "kind": spec["kind"],
+        "labels": spec["classes"],
+        "id": params["id"],
+        "target": params["target"],
+        "metric": run.choice.metric,
+        "text": params["text"],
+        "numeric": list(params.get("numeric") or []),
+        "categorical": list(params.get("categorical") or []),
+        "model": params["model"],
+        "adapter": run.config.adapter,
+        "folds": folds,
+        "regime": feats["regime"],
+        "seconds_per_row": full["seconds"] / rows if rows else None,
+        "measured_on": timing.get("run", {}).get("device_type", "unknown"),
+    }
+
+
+def _generation_limits(work_dir: Path, params: Mapping[str, Any], feats: Mapping[str, Any]) -> dict[str, Any]:
+    """A generating run's output limits, read from its training targets here so the published run carries them."""
+    import dataclasses
+
+    from transformers import AutoTokenizer
+
+    from kitlib.notebook.handoff import _load_array
+    from kitlib.notebook.stages import TOKENIZER_DIR, splits
+    from kitlib.notebook.tasks.generation import target_limits
+
+    record = feats["files"]["labels.npy"]
+    labels = _load_array(work_dir / "features" / record.get("file", "labels.npy"), record)
+    tokenizer = AutoTokenizer.from_pretrained(work_dir / TOKENIZER_DIR)
+    rows = splits(len(labels), int(params["seed"]), int(params.get("folds", 1)))[0][0]  # 02's first training split
+    return dataclasses.asdict(target_limits(labels, tokenizer, rows))
+
+
 def publish(
     work_dir: str | Path,
     out_dir: str | Path,
@@ -914,13 +972,13 @@ def publish(
         raise KernelFolderError(
             f"{out} already holds files publish did not write: writing there would mix them in. Fix: a new --out"
         )
-    card = inference.model_card(work)
+    card = model_card(work)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     for path in needed:
         (shutil.copytree if path.is_dir() else shutil.copy2)(path, out / path.name)
     for run in runs:
-        for name in inference.RUN_FILES:
+        for name in RUN_FILES:
             source = run / name
             if source.is_dir():
                 shutil.copytree(source, out / run.name / name)

@@ -134,7 +134,7 @@ def _data(root: Path, *, columns: Sequence[str] = ("id", "text", "year"), target
 
 
 def _card(root: Path) -> dict[str, Any]:
-    return inference.model_card(_work(root))
+    return kg.model_card(_work(root))
 
 
 def test_a_model_trained_on_other_columns_is_refused_with_the_fix(tmp_path: Path) -> None:
@@ -217,4 +217,4 @@ def test_a_work_dir_from_an_older_01_is_refused_with_the_notebook_to_rerun(tmp_p
     feats["run"] = {"format": 2, "metric": "accuracy", "config": {"adapter": "none"}}  # before the run held its choice
     (work / "features.json").write_text(json.dumps(feats))
     with pytest.raises(SetupError, match="re-run 01_features"):
-        inference.model_card(work)
+        kg.model_card(work)

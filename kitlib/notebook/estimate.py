@@ -69,16 +69,11 @@ def estimate_epoch_seconds(
     n_rows: int,
     hw: HardwareInfo,
     *,
-    samples_per_s: float | None = None,
     model_params: float = MINILM_MATMUL_PARAMS,
 ) -> float:
-    """Rough seconds per epoch (+-2x), rows capped at ``row_limit``: measured samples/s, else tokens x FLOPs/token."""
+    """Rough seconds per epoch (+-2x), rows capped at ``row_limit``: tokens x FLOPs/token."""
     if n_rows < 0:
         raise ValueError(f"n_rows must be >= 0, got {n_rows}")
-    if samples_per_s is not None:
-        if samples_per_s <= 0:
-            raise ValueError(f"samples_per_s must be > 0, got {samples_per_s}")
-        return n_rows / samples_per_s
     tokens = resolved.preset.rows_used(n_rows) * _tokens_per_row(resolved)
     flops_per_token = resolved.regime.matmuls_per_param * model_params
     return tokens * flops_per_token / _throughput(resolved, hw)

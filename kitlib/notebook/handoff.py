@@ -4,7 +4,6 @@ later stage refuses features built for another run and names the notebook to re-
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from collections.abc import Mapping
@@ -86,7 +85,7 @@ class Features:
 def run_fingerprint(work_dir: Path) -> str:
     """sha256 of run.json as 00_setup wrote it: features record it, later stages compare."""
     path = work_dir / RUN_FILE
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else ""
+    return record_file(path)["sha256"] if path.is_file() else ""
 
 
 def save(features: Features, work_dir: Path, built_from: Mapping[str, Any]) -> Path:
@@ -145,9 +144,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         name.removesuffix(".npy"): _load_array(work_dir / FEATURES_DIR / record.get("file", name), record)
         for name, record in summary["files"].items()
     }
-    embeddings = ngrams = None
-    if "train_embeddings" in arrays:
-        embeddings = (arrays["train_embeddings"], arrays["test_embeddings"])
+    ngrams = None
     if "train_ngram_ids" in arrays:
         ngrams = tuple(
             NgramBags(arrays[f"{split}_ngram_ids"], arrays[f"{split}_ngram_weights"], summary["n_buckets"])
@@ -165,7 +162,7 @@ def _load(path: Path, work_dir: Path, built_from: Mapping[str, Any]) -> Features
         test_tokens=TokenizedTexts(arrays["test_token_ids"], arrays["test_token_offsets"], summary["max_length"]),
         test_ids=list(summary["test_ids"]),
         submission_columns=tuple(summary["submission_columns"]),
-        embeddings=embeddings,
+        embeddings=(arrays["train_embeddings"], arrays["test_embeddings"]) if "train_embeddings" in arrays else None,
         ngrams=ngrams,  # type: ignore[arg-type]
         side=SideInputs(_side(arrays, "train"), _side(arrays, "test"), summary.get("side_state") or {}),
         groups=arrays.get("train_groups"),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -17,64 +16,20 @@ from kitlib._version import __version__
 from kitlib.data.featurize import TokenizedTexts, tokenize_texts
 from kitlib.data.tables import TargetSpec, read_table
 from kitlib.errors import MissingRunError, SetupError
-from kitlib.notebook.estimate import VALID_FRACTION, duration
-from kitlib.notebook.handoff import FEATURES_FILE, Features, SideInputs, _load_array
+from kitlib.notebook.estimate import duration
+from kitlib.notebook.handoff import FEATURES_FILE, Features, SideInputs
 from kitlib.notebook.params import PARAMS_FILE, Params, kaggle_input, load_params
 from kitlib.notebook.presets import ResolvedRun
-from kitlib.notebook.stages import TOKENIZER_DIR, splits
+from kitlib.notebook.stages import TOKENIZER_DIR
 from kitlib.notebook.submission import check_sample_submission
 from kitlib.notebook.tasks import get_task
-from kitlib.notebook.tasks.generation import target_limits
 from kitlib.tasks.tabular import Columns
 
 CARD_FILE = "kitlib-model.json"  # what a published run predicts: the inference kernel's check reads it
-RUN_FILES = ("best", "config.json", "timing.json", "baseline.json", "inputs.json", "history.csv", "trees.json")
 KAGGLE_WORKING = "/kaggle/working"
 START_S = 60.0  # seconds to install kitlib, import torch and load the checkpoints, over the per-row time (a guess)
 
 # lazy: transformers (+0.6 s), pandas (+0.2 s): the checks before any work read only JSON
-
-
-def model_card(work_dir: Path) -> dict[str, Any]:
-    """What the trained run in ``work_dir`` predicts, from its params.json, features.json and 02's run record."""
-    params = json.loads((work_dir / PARAMS_FILE).read_text())
-    feats = json.loads((work_dir / FEATURES_FILE).read_text())
-    spec, run = feats["spec"], ResolvedRun.from_dict(feats["run"])  # an older 01's: the error names it to re-run
-    timing = json.loads((work_dir / "run" / "timing.json").read_text())
-    full = timing["phases"].get("full_eval", {"seconds": 0.0, "count": 0})
-    folds = int(params.get("folds", 1))
-    n_valid = feats["n_train"] / folds if folds > 1 else max(1, round(VALID_FRACTION * feats["n_train"]))
-    rows = full["count"] * n_valid
-    return {
-        "limits": _generation_limits(work_dir, params, feats) if spec["kind"] == "sequence" else None,
-        "kitlib": __version__,
-        "task": params["task"],
-        "kind": spec["kind"],
-        "labels": spec["classes"],
-        "id": params["id"],
-        "target": params["target"],
-        "metric": run.choice.metric,
-        "text": params["text"],
-        "numeric": list(params.get("numeric") or []),
-        "categorical": list(params.get("categorical") or []),
-        "model": params["model"],
-        "adapter": run.config.adapter,
-        "folds": folds,
-        "regime": feats["regime"],
-        "seconds_per_row": full["seconds"] / rows if rows else None,
-        "measured_on": timing.get("run", {}).get("device_type", "unknown"),
-    }
-
-
-def _generation_limits(work_dir: Path, params: Mapping[str, Any], feats: Mapping[str, Any]) -> dict[str, Any]:
-    """A generating run's output limits, read from its training targets here so the published run carries them."""
-    from transformers import AutoTokenizer
-
-    record = feats["files"]["labels.npy"]
-    labels = _load_array(work_dir / "features" / record.get("file", "labels.npy"), record)
-    tokenizer = AutoTokenizer.from_pretrained(work_dir / TOKENIZER_DIR)
-    rows = splits(len(labels), int(params["seed"]), int(params.get("folds", 1)))[0][0]  # 02's first training split
-    return dataclasses.asdict(target_limits(labels, tokenizer, rows))
 
 
 def _fix(card: Mapping[str, Any], what: str) -> str:
@@ -155,18 +110,14 @@ def published_run(
             "model or a shorter max_length; or raise inference_limit if the competition allows more"
         )
     _check_room(model, work, params)
-    work.mkdir(parents=True, exist_ok=True)
-    for entry in model.iterdir():
-        if entry.name == PARAMS_FILE:
-            continue
-        target = work / entry.name
+    work.mkdir(parents=True, exist_ok=True)  # not copytree's: it would copy the read-only input's mode onto work_dir
+    for entry in (e for e in model.iterdir() if e.name != PARAMS_FILE):  # params.json: below, with this data
         if entry.is_dir():
-            shutil.copytree(entry, target, dirs_exist_ok=True)
+            shutil.copytree(entry, work / entry.name, dirs_exist_ok=True)
         else:
-            shutil.copy2(entry, target)
-    values = {**params, "data_dir": str(data)}
-    if inference_limit is not None:
-        values["inference_limit"] = inference_limit
+            shutil.copy2(entry, work / entry.name)
+    limit = {} if inference_limit is None else {"inference_limit": inference_limit}
+    values = {**params, "data_dir": str(data), **limit}
     (work / PARAMS_FILE).write_text(json.dumps(values, indent=2) + "\n")
     return load_params(work)
 

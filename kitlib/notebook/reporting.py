@@ -76,13 +76,10 @@ class Report:
         """02's verdict lines (after fit: the baseline is judged on the finished run), then the log is closed."""
         if self._sink is None:
             return
+        tensorboard = self.to == "tensorboard"
         for line in (n for n in lines if n.startswith(("verdict:", "warning:"))):
-            _ = (
-                self._sink.add_text("verdict", line)
-                if self.to == "tensorboard"
-                else self._sink.summary.update({"verdict": line})
-            )
-        self._sink.close() if self.to == "tensorboard" else self._sink.finish()
+            self._sink.add_text("verdict", line) if tensorboard else self._sink.summary.update({"verdict": line})
+        self._sink.close() if tensorboard else self._sink.finish()
         self._sink = None
 
 

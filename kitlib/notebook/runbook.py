@@ -50,11 +50,6 @@ def absolute_parameters(values: Mapping[str, Any], base: str | os.PathLike[str] 
     return {k: absolute_path(k, v, base) if k in PATH_PARAMETERS and v is not None else v for k, v in values.items()}
 
 
-def absolute_environment(environ: Mapping[str, str], base: str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """The KIT_* path variables of ``environ`` made absolute (the others are left out)."""
-    return {var: absolute_path(name, environ[var], base) for name, var in PATH_PARAMETERS.items() if environ.get(var)}
-
-
 def notebooks_dir() -> Path:
     """The repo's notebooks/ folder (kitlib is installed editable from the repo; the notebooks ship beside it)."""
     return Path(__file__).resolve().parents[2] / "notebooks"
@@ -94,7 +89,8 @@ def run_notebooks(
     source_dir = Path(source_dir or notebooks_dir()).resolve()
     parameters = absolute_parameters(parameters or {})
     kernel_env = {"KIT_HEADLESS": "1", **(env or {})}
-    kernel_env |= absolute_environment({**os.environ, **kernel_env})
+    environ = {**os.environ, **kernel_env}  # its KIT_* path variables made absolute
+    kernel_env |= {var: absolute_path(name, environ[var]) for name, var in PATH_PARAMETERS.items() if environ.get(var)}
     theirs = [out_dir / n for n in names if (out_dir / n).exists() and not _executed_here(out_dir / n)]
     if theirs:  # before any kernel: an executed copy replaces only an executed copy
         raise NotebookFailed(
@@ -119,8 +115,7 @@ def run_notebooks(
     results = []
     saved = dict(os.environ)
     os.environ.update(kernel_env)  # the kernel inherits this process's environment
-    stop.keep_handlers()
-    stop.listen()  # papermill runs nbclient's synchronous path, which installs no signal handlers of its own
+    stop.keep_handlers()  # papermill runs nbclient's synchronous path, which installs no signal handlers of its own
     # papermill and nbclient log noise to stderr before the exception kitlib words
     papermill_log = logging.getLogger("papermill")
     level = papermill_log.level
@@ -176,10 +171,9 @@ class _Stop:
         self.zmq_log_was_off = self.zmq_log.disabled
 
     def keep_handlers(self) -> None:
-        main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+        """Keep SIGTERM's and SIGINT's handlers and install ``_stop`` (signals reach the main thread only)."""
+        main = threading.current_thread() is threading.main_thread()
         self.previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
-
-    def listen(self) -> None:
         for signum in self.previous:
             signal.signal(signum, self._stop)
 

@@ -40,8 +40,6 @@ from kitlib.notebook.params import (  # noqa: F401
     TRAINING,
     Params,
     from_cell,
-    kaggle_input,
-    keep_aside,
     load_params,
     params,
 )
@@ -104,12 +102,6 @@ def setup(
     chosen = {k: v for k, v in choice.overrides.items() if k in TRAINING}  # the picker's, as parameters
     dataclasses.replace(p, preset=choice.name, **chosen).save()  # the picker's choice: params.json and run.json agree
     return choice
-
-
-def launch_command(p: Params, processes: int) -> str:
-    """The command that runs 02 of ``p``'s work dir as ``processes`` ranks on one machine (docs/guide.md: several
-    machines, Slurm)."""
-    return f"torchrun --standalone --nproc_per_node {processes} -m kitlib train --work-dir {p.work_dir}"
 
 
 def choose(
@@ -178,31 +170,19 @@ def _trees(p: Params) -> bool:
     return bool(p.numeric or p.categorical) and find_spec("sklearn") is not None
 
 
-def _estimate(run: ResolvedRun, p: Params, hw: HardwareInfo, n_rows: int, n_test: int, model: Any) -> str:
-    """01's whole-run estimate of the resolved run: the loaded model's matmul weights, MiniLM's without one."""
-    from kitlib.models.facts import non_embedding_params
-
-    weights = non_embedding_params(model) if hasattr(model, "modules") else MINILM_MATMUL_PARAMS
-    return estimate_run(run, n_rows, n_test, hw, model_params=weights, folds=p.folds, trees=_trees(p)).text()
-
-
 def _tokens_per_word(p: Params, texts: Any) -> float:
     """Tokens per whitespace word of ``p``'s model's tokenizer on TOKEN_SAMPLE_ROWS texts; TOKENS_PER_WORD where
     there is none to load."""
     try:
-        folder = _model_dir(p)
-    except KitError:
-        return TOKENS_PER_WORD
-    if folder is None:
-        return TOKENS_PER_WORD
-    from transformers import AutoTokenizer
+        if (folder := _model_dir(p)) is None:
+            return TOKENS_PER_WORD
+        from transformers import AutoTokenizer
 
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # never the network
+    except (KitError, OSError, ValueError):
+        return TOKENS_PER_WORD
     sample = [str(t) for t in texts.iloc[:TOKEN_SAMPLE_ROWS]]
     words = sum(len(t.split()) for t in sample)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)  # never the network
-    except (OSError, ValueError):
-        return TOKENS_PER_WORD
     tokens = sum(map(len, tokenizer(sample, add_special_tokens=False, verbose=False)["input_ids"]))
     return tokens / words if words else TOKENS_PER_WORD
 
@@ -376,15 +356,6 @@ class StandIn:
     hw: HardwareInfo  # this machine without its accelerators: every process on the CPU, gloo between them
     precision: PrecisionPlan
 
-    def line(self, hardware: str, run: ResolvedRun, processes: int) -> str:
-        """The one line a rehearsing stage prints: what stands in for what."""
-        cpu = "this machine's CPU"
-        who = f"{processes} gloo processes on {cpu} stand" if processes > 1 else f"{cpu} stands"
-        return (
-            f"rehearsal: {who} in for {hardware} ({run.hardware}), {self.precision.dtype} for {run.config.precision} "
-            f"({self.precision.reason})"
-        )
-
 
 def _cpu(hw: HardwareInfo | None) -> HardwareInfo:
     return dataclasses.replace(hw or detect(), accelerators=())
@@ -402,9 +373,13 @@ def _machine_for_plan(p: Params, feats: Features, hw: HardwareInfo | None, proce
         return None
     if p.rehearse and gpus < planned.num_gpus:
         cpu = _cpu(hw)
-        stand_in = StandIn(cpu, decide_stage_precision(cpu, feats.run.preset.precision))
-        print(stand_in.line(p.hardware, feats.run, processes))
-        return stand_in
+        plan, run = decide_stage_precision(cpu, feats.run.preset.precision), feats.run
+        who = (
+            f"{processes} gloo processes on this machine's CPU stand" if processes > 1 else "this machine's CPU stands"
+        )
+        print(f"rehearsal: {who} in for {p.hardware} ({run.hardware}), {plan.dtype} for {run.config.precision} "
+              f"({plan.reason})")  # fmt: skip
+        return StandIn(cpu, plan)
     rehearse = "" if p.rehearse else "; or rehearse it on this machine's CPU first: rehearse = True (KIT_REHEARSE=1)"
     raise SetupError(
         f"run.json was planned for {feats.run.hardware} (hardware = {p.hardware!r} in 00's parameters), but this "
@@ -444,6 +419,8 @@ def features(
 ) -> Features:
     """01: read and check the data, resolve the choice once at the tokenizer's lengths, tokenize (and embed, for the
     head regime) through the cache, and save it all for 02 and 03 (features.json + features/)."""
+    from kitlib.models.facts import non_embedding_params
+
     choice = choice or presets.load_choice(p.work_dir)
     hw = hw or detect()
     log = (lambda _msg: None) if quiet else print
@@ -465,20 +442,20 @@ def features(
     run = resolve_run(p, hw, lengths, choice=choice)
     run = workload.tune(planned_strategy(p, hw, planned_checkpointing(p, hw, run)), lengths, model)
     log(run.summary())
-    log(f"estimate: {_estimate(run, p, hw, len(train), len(test), model)}")  # 00 headless resolves nothing to show
-    if run.world_size > max(hw.num_gpus, 1):  # planned for a bigger machine: how 02 runs there
-        log(f"02 on the planned {run.world_size} GPUs (the work dir on that machine): "
-            f"{launch_command(p, run.world_size)}")  # fmt: skip
+    # 00 headless resolves nothing to show; the loaded model's matmul weights, MiniLM's without one
+    weights = non_embedding_params(model) if hasattr(model, "modules") else MINILM_MATMUL_PARAMS
+    estimate = estimate_run(run, len(train), len(test), hw, model_params=weights, folds=p.folds, trees=_trees(p))
+    log(f"estimate: {estimate.text()}")
+    if run.world_size > max(hw.num_gpus, 1):  # planned for a bigger machine: how 02 runs there (docs/guide.md: Slurm)
+        log(f"02 on the planned {run.world_size} GPUs (the work dir on that machine): torchrun --standalone "
+            f"--nproc_per_node {run.world_size} -m kitlib train --work-dir {p.work_dir}")  # fmt: skip
     _check_enough_rows(train[p.target], spec, p, run.config.micro_batch_size * run.world_size)
     if spec.kind == "regression":
         log(describe_objective(spec, data.metric.name, p.objective))
     max_length = run.config.max_length or cap
     report = length_report(lengths, run.config.micro_batch_size, max_length=max_length, used=run.config.batching)
     report = dataclasses.replace(report, what=f"inputs: the {p.text!r} column, cut at their end")
-    train_tokens = tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache)
-    test_tokens = tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache)
-    encoder = Encoder(tokenizer, model, max_length, run, hw, cache, progress=not quiet)
-    extra = workload.extra(texts, test_texts, encoder)
+    extra = workload.extra(texts, test_texts, Encoder(tokenizer, model, max_length, run, hw, cache, progress=not quiet))
     feats = Features(
         spec=spec,
         run=run,
@@ -487,8 +464,8 @@ def features(
         vocab_size=len(tokenizer),
         pad_id=getattr(tokenizer, "pad_token_id", None) or 0,
         labels=workload.labels(spec, train, p, tokenizer, model, cache),
-        train_tokens=train_tokens,
-        test_tokens=test_tokens,
+        train_tokens=tokenize_texts(texts, tokenizer, max_length=max_length, cache=cache),
+        test_tokens=tokenize_texts(test_texts, tokenizer, max_length=max_length, cache=cache),
         test_ids=data.test_ids,
         submission_columns=data.columns,
         embeddings=extra.embeddings,

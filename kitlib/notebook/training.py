@@ -88,12 +88,6 @@ def _kept(run_dir: Path) -> Path | None:
     return checkpoint.latest(run_dir, "best") or checkpoint.latest(run_dir, "last")
 
 
-def _budget_source(p: Params) -> str:
-    if p.time_budget is not None:
-        return f"time_budget = {p.time_budget:g} h"
-    return "Kaggle's 12 h session less this kernel's time so far, 03's predicted time and 20 min"
-
-
 def unfinished(p: Params) -> str:
     """Why 03 cannot predict yet when 02 stopped at its time budget (or SIGTERM) with a resumable last/: the line
     to print instead; "" when no fold waits to be continued."""
@@ -123,7 +117,8 @@ def _judge_baseline(
         y_true, y_pred = watched.rows
         gap = compare(watched.metric, y_true, y_pred, baseline.constant(len(y_true)), seed=p.seed)
     limits = getattr(result.model, "kitlib_limits", None)  # a generating task's: how many training targets are cut
-    record = baseline.to_dict() | {"model_score": score, "kind": feats.spec.kind, "done": _done(feats)}
+    done = [feats.run.name, *([feats.spec.loss] if feats.spec.kind == "regression" else [])]  # the advice skips them
+    record = baseline.to_dict() | {"model_score": score, "kind": feats.spec.kind, "done": done}
     record |= {"gap": None if gap is None else dataclasses.asdict(gap), "cut_targets": getattr(limits, "cut", 0)}
     record |= {"folds": p.folds} if oof else {}
     record["beaten"] = baseline.verdict(score, feats.spec.kind, gap) is None
@@ -188,11 +183,6 @@ def _with_trees(p: Params, feats: Features, values: np.ndarray) -> np.ndarray:
     return np.mean(blends, axis=0) if feats.spec.kind == "regression" else blends[0]
 
 
-def _done(feats: Features) -> list[str]:
-    """What the run did already, as the verdict's advice reads it: the preset's name, the regression loss."""
-    return [feats.run.name, *([feats.spec.loss] if feats.spec.kind == "regression" else [])]
-
-
 def _model_score(history: pd.DataFrame, metric: str, best_epoch: int | None) -> float | None:
     """The kept checkpoint's metric: its epoch's, else the last one computed (a metric scored at the end only)."""
     if metric not in history or history[metric].isna().all():
@@ -234,7 +224,9 @@ def train(
     budget_s = time_budget_s(p, feats, hw)
     deadline = None if budget_s is None else time.monotonic() + budget_s
     if budget_s is not None:
-        print(f"time budget: {duration(budget_s)} of training in this session ({_budget_source(p)}); a run that needs "
+        source = "Kaggle's 12 h session less this kernel's time so far, 03's predicted time and 20 min"
+        source = f"time_budget = {p.time_budget:g} h" if p.time_budget is not None else source
+        print(f"time budget: {duration(budget_s)} of training in this session ({source}); a run that needs "
               "more stops with a resumable last/ that the next session continues")  # fmt: skip
     for fold in (fold for fold in range(p.folds) if fold not in kept):
         if p.folds > 1:
@@ -258,15 +250,15 @@ def _finished_folds(p: Params, feats: Features) -> list[int]:
     trained on these features and config (the machine's choices aside), no later attempt begun."""
     if p.folds == 1 or (p.run_dir / OOF_FILE).exists():
         return []
-    wanted, kept = _inputs(p, _train_config(p, feats)), []
-    machine = ("batching", "precision", "tf32")
+
+    def trained_on(inputs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:  # the machine's choices aside
+        machine = ("batching", "precision", "tf32")
+        return inputs.get("features"), {k: v for k, v in inputs.get("config", {}).items() if k not in machine}
+
+    wanted, kept = trained_on(_inputs(p, _train_config(p, feats))), []
     for fold, (_, valid_idx) in enumerate(_splits(p, feats)):
         run_dir, staging = dataclasses.replace(p, fold=fold).run_dir, _staging(dataclasses.replace(p, fold=fold))
-        saved = _current(read_json_object(run_dir / INPUTS_FILE))
-        config = {k: v for k, v in saved.get("config", {}).items() if k not in machine}
-        alike = saved.get("features") == wanted["features"] and config == {
-            k: v for k, v in wanted["config"].items() if k not in machine
-        }
+        alike = trained_on(_current(read_json_object(run_dir / INPUTS_FILE))) == wanted
         rows = read_json_object(run_dir / VALID_FILE).get("row")
         if alike and rows == valid_idx.tolist() and checkpoint.latest(run_dir, "best") and not staging.exists():
             kept.append(fold)
@@ -477,9 +469,8 @@ def _train(
         hw=hw,
         callbacks=callbacks,
     )
-    result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes))
     line = _blend_trees(p, feats, watched, staging)
-    result = dataclasses.replace(result, notes=(*result.notes, line)) if line else result
+    result = dataclasses.replace(result, notes=(*result.notes, *prepared.notes, *([line] if line else [])))
     result = _judge_baseline(p, feats, result, staging, watched)
     if p.folds > 1 and watched.rows is not None and dist_env().is_main:  # this fold's part of the out-of-fold rows
         rows = {"row": _splits(p, feats)[p.fold][1].tolist(), "target": watched.rows[0].tolist(),
@@ -524,10 +515,8 @@ def infer(
     hw = hw or detect()
     feats = feats or load_features(p)
     stand_in = _machine_for_plan(p, feats, hw, processes=1)  # prediction runs in this process
-    if stand_in is not None:
-        hw, plan = stand_in.hw, stand_in.precision
-    else:
-        plan = carried(feats.run.config, hw)  # as 02 trained it, TF32 included
+    # a rehearsal's CPU and precision, else as 02 trained it, TF32 included
+    hw, plan = (stand_in.hw, stand_in.precision) if stand_in else (hw, carried(feats.run.config, hw))
     precision = Precision(plan)
     device = torch.device(precision.plan.device_type)
     prepared = prepare(p, feats, hw)  # one architecture: each strict restore overwrites every weight

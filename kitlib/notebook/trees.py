@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,19 +64,16 @@ class Trees:
 
     def inputs(self, embeddings: np.ndarray, side: Any) -> tuple[np.ndarray, np.ndarray]:
         """The trees' columns: numeric inputs, category ids, embedding components; and which are categories."""
-        parts = [np.asarray(side["numeric"], np.float64)] if "numeric" in side else []
-        parts += [np.asarray(side["categorical"], np.float64)] if "categorical" in side else []
-        categorical = np.zeros(sum(p.shape[1] for p in parts) + len(self.axes), dtype=bool)
-        if "categorical" in side:
-            start = parts[0].shape[1] if "numeric" in side else 0
-            categorical[start : start + side["categorical"].shape[1]] = True
+        none = np.zeros((len(embeddings), 0))
+        numeric, ids = (np.asarray(side.get(k, none), np.float64) for k in ("numeric", "categorical"))
         components = (embeddings.astype(np.float64) - self.mean) @ self.axes.T
-        return np.concatenate([*parts, components], axis=1), categorical
+        categorical = np.repeat([False, True, False], [numeric.shape[1], ids.shape[1], components.shape[1]])
+        return np.concatenate([numeric, ids, components], axis=1), categorical
 
     def predict(self, feats: Features, rows: np.ndarray | None) -> np.ndarray:
+        """Predictions in the target's units for ``rows`` of the training features, or the test rows (None)."""
         from threadpoolctl import threadpool_limits
 
-        """Predictions in the target's units for ``rows`` of the training features, or the test rows (None)."""
         assert feats.embeddings is not None
         if rows is None:
             x, _ = self.inputs(feats.embeddings[1], feats.side.test)
@@ -96,7 +94,5 @@ def blend(metric: Metric, y_true: np.ndarray, net: np.ndarray, trees: np.ndarray
     """(trees' weight, score): the WEIGHTS value scoring best on the validation rows; ties keep the smaller."""
     weights = WEIGHTS if kind == "regression" else (0.0, 1.0)
     scores = [metric(y_true, mix(net, trees, w, kind)) for w in weights]
-    best = 0
-    for i, score in enumerate(scores):
-        best = i if metric.better(score, scores[best]) else best
+    best = functools.reduce(lambda b, i: i if metric.better(scores[i], scores[b]) else b, range(len(scores)), 0)
     return weights[best], scores[best]
