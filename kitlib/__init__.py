@@ -26,7 +26,7 @@ _MODULES: dict[str, str] = {
     "kitlib.data.tables": "read_table infer_target DataError",
     "kitlib.models.loading": "load_text_classifier load_text_encoder",
     "kitlib.data.cache": "Cache cached",
-    "kitlib.data.featurize": "tokenize_texts embed_texts numeric_features categorical_codes TokenizedTexts",
+    "kitlib.data.featurize": "tokenize_texts embed_texts TokenizedTexts",
     "kitlib.notebook.presets": "PRESETS Preset ResolvedRun resolve",
     "kitlib.notebook.estimate": "estimate_epoch_seconds",
     "kitlib.notebook.widgets": "preset_picker PresetPicker",

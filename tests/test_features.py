@@ -14,12 +14,11 @@ from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
 from kitlib.data.cache import Cache
 from kitlib.data.featurize import (
     FeatureInputError,
-    categorical_codes,
     embed_texts,
-    numeric_features,
     tokenize_texts,
 )
 from kitlib.data.tables import DataError, infer_target, read_table
+from kitlib.tasks.tabular import fit_columns
 
 WORDS = (
     "the",
@@ -163,7 +162,7 @@ def test_every_bad_input_is_one_data_error_naming_it_and_the_cache_is_untouched(
 ) -> None:
     good = pd.DataFrame({"text": corpus(6), "price": [1.0, 2.0, 3.0, np.nan, 5.0, 6.0], "label": [0, 1] * 3})
     tokenize_texts(good["text"], tokenizer, max_length=16, cache=cache)
-    numeric_features(good, ["price"], cache=cache)
+    tokenize_texts(good["text"], tokenizer, max_length=8, cache=cache)
     before, stats = file_state(cache.dir), dataclasses.replace(cache.stats)
     assert any(name.endswith("manifest.json") for name in before) and stats.misses == 2
 
@@ -172,19 +171,22 @@ def test_every_bad_input_is_one_data_error_naming_it_and_the_cache_is_untouched(
         path.write_text(content)
         return path
 
+    def columns(df: pd.DataFrame, numeric: list[str]) -> None:  # the tabular-text task's numeric columns
+        fit_columns(df, numeric=numeric, categorical=[], path=tmp_path / "train.csv")
+
     def featurise(path: Path, **columns: str) -> None:  # the notebook path: read, check, then featurise (cached)
         df = read_table(path, **columns)
         tokenize_texts(df[columns.get("text", "text")], tokenizer, max_length=16, cache=cache)
 
     cases: dict[str, tuple[Any, str]] = {
-        "missing column (features)": (lambda: numeric_features(good, ["price", "area"], cache=cache), "'area'"),
+        "missing column (features)": (lambda: columns(good, ["price", "area"]), "'area'"),
         "missing column (file)": (lambda: featurise(csv("a.csv", "id,body\n1,x\n"), text="review"), "'review'"),
         "empty file": (lambda: featurise(csv("empty.csv", "")), "empty.csv"),
         "NaN target (file)": (lambda: featurise(csv("b.csv", "text,label\na,1\nb,\n"), target="label"), "'label'"),
         "NaN target (series)": (lambda: infer_target(pd.Series([1.0, np.nan], name="label")), "'label'"),
         "non-numeric target": (lambda: featurise(csv("c.csv", "text,y\na,1\nb,2\nc,x\n"), target="y"), "'y'"),
         "non-numeric feature": (
-            lambda: numeric_features(good.assign(price=["1", "2", "cheap", "4", "5", "6"]), ["price"], cache=cache),
+            lambda: columns(good.assign(price=["1", "2", "cheap", "4", "5", "6"]), ["price"]),
             "'price'",
         ),
         "non-string text (series)": (
@@ -286,47 +288,3 @@ def test_embed_texts_is_cached_and_keyed_on_model_and_precision(tokenizer: Any, 
     normed = embed_texts(texts, tokenizer, model, normalize=True, cache=cache)
     np.testing.assert_allclose(np.linalg.norm(normed, axis=1), 1.0, rtol=1e-5)
     assert (cache.stats.hits, cache.stats.misses) == (1, 4)
-
-
-# ---------------------------------------------------------------------------------------------------- table columns
-
-
-def test_numeric_features_fill_standardise_and_reuse_stats(cache: Cache) -> None:
-    train = pd.DataFrame({"price": [1.0, np.nan, 3.0, 5.0], "rooms": [1, 2, 3, 4], "note": ["x", "y", "z", "w"]})
-    feats = numeric_features(train, ["price", "rooms"], cache=cache)
-    assert feats.names == ("price", "rooms", "price__missing") and feats.values.dtype == np.float32
-    assert feats.stats.fill[0] == 3.0  # median of the observed prices
-    np.testing.assert_allclose(feats.values[:, :2].mean(0), 0, atol=1e-6)
-    np.testing.assert_array_equal(feats.values[:, 2], [0, 1, 0, 0])
-    test = numeric_features(
-        pd.DataFrame({"price": [np.nan], "rooms": [10]}), ["price", "rooms"], stats=feats.stats, cache=cache
-    )
-    assert test.values.shape == (1, 3) and test.values[0, 2] == 1
-    numeric_features(train, ["price", "rooms"], cache=cache)
-    changed = train.copy()
-    changed.loc[0, "price"] = 2.0
-    numeric_features(changed, ["price", "rooms"], cache=cache)
-    assert (cache.stats.hits, cache.stats.misses) == (1, 3)
-
-
-def test_numeric_features_bad_input(cache: Cache) -> None:
-    df = pd.DataFrame({"price": ["1.5", "2", "cheap"], "rooms": [1, 2, 3]})
-    with pytest.raises(FeatureInputError, match=r"column 'price' row 2 .*'cheap'"):
-        numeric_features(df, ["price"], cache=cache)
-    with pytest.raises(FeatureInputError, match=r"missing column\(s\) \['area'\]"):
-        numeric_features(df, ["rooms", "area"], cache=cache)
-    with pytest.raises(FeatureInputError, match="empty"):
-        numeric_features(df.iloc[:0], ["rooms"], cache=cache)
-    assert not cache.dir.exists()
-
-
-def test_categorical_codes_unknown_bucket_and_vocab_reuse(cache: Cache) -> None:
-    train = pd.DataFrame({"city": ["oslo", "rome", "oslo", None, "lima"], "n": [1, 2, 1, 1, 3]})
-    codes = categorical_codes(train, ["city", "n"], min_count=2, cache=cache)
-    assert codes.vocabs["city"] == ("oslo",) and codes.vocabs["n"] == ("1",)
-    np.testing.assert_array_equal(codes.codes[:, 0], [1, 0, 1, 0, 0])
-    assert codes.cardinalities == (2, 2)
-    full = categorical_codes(train, ["city"], cache=cache)
-    assert full.vocabs["city"] == ("oslo", "<missing>", "lima", "rome")  # by frequency, then name
-    test = categorical_codes(pd.DataFrame({"city": ["rome", "paris", None]}), ["city"], vocabs=full.vocabs, cache=cache)
-    np.testing.assert_array_equal(test.codes[:, 0], [4, 0, 2])

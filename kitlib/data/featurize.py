@@ -1,4 +1,4 @@
-"""Cached featurisers (tokens, numeric, categorical, embeddings); bad input raises one ``FeatureInputError`` first."""
+"""Cached featurisers (tokens, embeddings); bad input raises one ``FeatureInputError`` first."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
@@ -20,11 +20,10 @@ from kitlib.progress import advance, progress_bar
 # lazy: torch (+1.0 s), pandas (+0.2 s): only embedding and DataFrame inputs need them
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 R = TypeVar("R")
 CacheArg = Cache | None | Literal[False]  # None: a default Cache(); False: compute without caching
-MISSING = "<missing>"  # the category that NaN/None become in categorical_codes
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -54,36 +53,6 @@ class TokenizedTexts:
         return int(self.offsets[-1])
 
 
-@dataclasses.dataclass(frozen=True)
-class NumericStats:
-    """What numeric_features learned on the training rows; pass it back as ``stats=`` for the test rows."""
-
-    columns: tuple[str, ...]
-    fill: tuple[float, ...]  # per column: the value NaN becomes (before standardising)
-    mean: tuple[float, ...]
-    std: tuple[float, ...]  # 1.0 for constant columns (no division by zero)
-    indicators: tuple[str, ...]  # columns that had NaN in training, each with an extra 0/1 "<col>__missing" column
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class NumericFeatures:
-    values: npt.NDArray[np.float32]  # [rows, columns + indicators]
-    names: tuple[str, ...]
-    stats: NumericStats
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class CategoricalCodes:
-    codes: npt.NDArray[np.int32]  # [rows, columns]; 0 = unknown (unseen in training or rarer than min_count)
-    columns: tuple[str, ...]
-    vocabs: dict[str, tuple[str, ...]]  # code c >= 1 is vocabs[col][c - 1]
-
-    @property
-    def cardinalities(self) -> tuple[int, ...]:
-        """Embedding-table sizes, unknown bucket included."""
-        return tuple(len(self.vocabs[c]) + 1 for c in self.columns)
-
-
 def _check_texts(texts: Any, what: str = "texts") -> list[str]:
     """A list of str, or one error naming the column and the first bad row."""
     if isinstance(texts, str):
@@ -104,20 +73,6 @@ def _check_texts(texts: Any, what: str = "texts") -> list[str]:
                 f"fill or drop missing texts first (e.g. {fill})"
             )
     return items
-
-
-def _check_frame(df: Any, columns: Iterable[str], what: str) -> list[str]:
-    if not hasattr(df, "columns") or not hasattr(df, "iloc"):
-        raise FeatureInputError(f"{what}: expected a pandas DataFrame, got {type(df).__name__}")
-    cols = [columns] if isinstance(columns, str) else list(columns)
-    if not cols:
-        raise FeatureInputError(f"{what}: no columns given")
-    missing = [c for c in cols if c not in df.columns]
-    if missing:
-        raise FeatureInputError(f"{what}: missing column(s) {missing}; the DataFrame has {list(df.columns)}")
-    if len(df) == 0:
-        raise FeatureInputError(f"{what}: the DataFrame is empty (0 rows)")
-    return cols
 
 
 def _positive(**values: int | None) -> None:
@@ -181,130 +136,6 @@ def _build_tokens(texts: list[str], tokenizer: Any, max_length: int | None, batc
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return TokenizedTexts(np.concatenate(parts), offsets, max_length)
-
-
-def numeric_features(
-    df: pd.DataFrame,
-    columns: Iterable[str],
-    *,
-    fill: Literal["median", "mean", "zero"] = "median",
-    standardize: bool = True,
-    missing_indicators: bool = True,
-    stats: NumericStats | None = None,
-    cache: CacheArg = None,
-) -> NumericFeatures:
-    """Columns as a standardised float32 matrix plus 0/1 missing indicators; on test pass ``stats=train.stats``."""
-    cols = _check_frame(df, columns, "numeric_features")
-    if stats is not None and list(stats.columns) != cols:
-        raise FeatureInputError(f"numeric_features: stats are for columns {list(stats.columns)}, not {cols}")
-    matrix = _numeric_matrix(df, cols)
-    if stats is None:
-        empty = [c for c, j in zip(cols, range(len(cols)), strict=True) if np.isnan(matrix[:, j]).all()]
-        if empty:
-            raise FeatureInputError(f"numeric_features: column(s) {empty} have no values at all")
-    return _through(
-        cache,
-        _build_numeric,
-        (matrix, cols),
-        {"fill": fill, "standardize": standardize, "missing_indicators": missing_indicators, "stats": stats},
-        name="numeric",
-    )
-
-
-def _numeric_matrix(df: pd.DataFrame, cols: list[str]) -> npt.NDArray[np.float64]:
-    import pandas as pd
-
-    out = np.empty((len(df), len(cols)), dtype=np.float64)
-    for j, col in enumerate(cols):
-        raw = df[col]
-        values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-        bad = np.flatnonzero((np.isnan(values) & raw.notna().to_numpy()) | np.isinf(values))
-        if len(bad):
-            i = int(bad[0])
-            raise FeatureInputError(
-                f"numeric_features: column {col!r} row {i} (index {raw.index[i]!r}) is {raw.iloc[i]!r}, not a finite "
-                f"number ({len(bad)} such rows); clean it or encode it with categorical_codes"
-            )
-        out[:, j] = values
-    return out
-
-
-def _build_numeric(
-    matrix: npt.NDArray[np.float64],
-    columns: list[str],
-    fill: str,
-    standardize: bool,
-    missing_indicators: bool,
-    stats: NumericStats | None,
-) -> NumericFeatures:
-    missing = np.isnan(matrix)
-    if stats is None:
-        if fill not in ("median", "mean", "zero"):
-            raise FeatureInputError(f"numeric_features: fill must be 'median', 'mean' or 'zero', got {fill!r}")
-        if fill == "median":
-            fills = np.nanmedian(matrix, axis=0)
-        elif fill == "mean":
-            fills = np.nanmean(matrix, axis=0)
-        else:
-            fills = np.zeros(len(columns))
-        filled = np.where(missing, fills, matrix)
-        mean = filled.mean(axis=0) if standardize else np.zeros(len(columns))
-        std = filled.std(axis=0) if standardize else np.ones(len(columns))
-        std = np.where(std > 0, std, 1.0)  # a constant column stays 0 instead of NaN
-        indicators = tuple(
-            c for c, j in zip(columns, range(len(columns)), strict=True) if missing_indicators and missing[:, j].any()
-        )
-        stats = NumericStats(
-            tuple(columns), tuple(map(float, fills)), tuple(map(float, mean)), tuple(map(float, std)), indicators
-        )
-    filled = np.where(missing, np.asarray(stats.fill), matrix)
-    values = (filled - np.asarray(stats.mean)) / np.asarray(stats.std)
-    flags = [missing[:, columns.index(c)] for c in stats.indicators]
-    out = np.column_stack([values, *flags]).astype(np.float32)
-    return NumericFeatures(out, (*columns, *(f"{c}__missing" for c in stats.indicators)), stats)
-
-
-def categorical_codes(
-    df: pd.DataFrame,
-    columns: Iterable[str],
-    *,
-    vocabs: dict[str, Sequence[str]] | None = None,
-    min_count: int = 1,
-    max_categories: int | None = None,
-    cache: CacheArg = None,
-) -> CategoricalCodes:
-    """Columns as int32 codes by training frequency (0: unknown/rare); reuse on test with ``vocabs=train.vocabs``."""
-    cols = _check_frame(df, columns, "categorical_codes")
-    _positive(min_count=min_count, max_categories=max_categories)
-    if vocabs is not None and (absent := [c for c in cols if c not in vocabs]):
-        raise FeatureInputError(f"categorical_codes: vocabs has no entry for column(s) {absent}")
-    fixed = {c: tuple(map(str, vocabs[c])) for c in cols} if vocabs is not None else None
-    return _through(
-        cache,
-        _build_codes,
-        (df[cols],),
-        {"vocabs": fixed, "min_count": min_count, "max_categories": max_categories},
-        name="categories",
-    )
-
-
-def _build_codes(
-    frame: pd.DataFrame, vocabs: dict[str, tuple[str, ...]] | None, min_count: int, max_categories: int | None
-) -> CategoricalCodes:
-    import pandas as pd
-
-    codes = np.zeros(frame.shape, dtype=np.int32)
-    learned: dict[str, tuple[str, ...]] = {}
-    for j, col in enumerate(frame.columns):
-        values = frame[col].astype(object).where(frame[col].notna(), MISSING).astype(str)
-        if vocabs is None:
-            counts = values.value_counts()
-            ranked = sorted(((v, n) for v, n in counts.items() if n >= min_count), key=lambda vn: (-vn[1], vn[0]))
-            learned[col] = tuple(str(v) for v, _ in ranked[:max_categories])
-        else:
-            learned[col] = vocabs[col]
-        codes[:, j] = pd.Index(learned[col]).get_indexer(values) + 1  # unknown: -1 -> 0
-    return CategoricalCodes(codes, tuple(frame.columns), learned)
 
 
 def embed_texts(
