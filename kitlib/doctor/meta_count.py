@@ -29,11 +29,8 @@ def parameter_counts(config: Any, model_kind: str) -> tuple[int, int, int, int, 
 def meta_model(config: Any, model_kind: str) -> nn.Module:
     """``config``'s transformers model for ``model_kind``, built on the current device: the meta device when counting,
     the CPU in the memory plan's live check (benchmarks/live_bytes.py)."""
-    if model_kind == "decoder":
-        return AutoModelForCausalLM.from_config(config)
-    if model_kind == "encoder-decoder":
-        return AutoModelForSeq2SeqLM.from_config(config)
-    return AutoModelForSequenceClassification.from_config(config)
+    auto = {"decoder": AutoModelForCausalLM, "encoder-decoder": AutoModelForSeq2SeqLM}
+    return auto.get(model_kind, AutoModelForSequenceClassification).from_config(config)
 
 
 def _linear_layers(model: nn.Module, *, exclude: nn.Module | None) -> tuple[int, int]:
