@@ -35,14 +35,8 @@ def meta_model(config: Any, model_kind: str) -> nn.Module:
 
 def _linear_layers(model: nn.Module, *, exclude: nn.Module | None) -> tuple[int, int]:
     """(weights, in + out features summed) of the nn.Linear and GPT-2 Conv1D layers, the output layer left out."""
-    weights = dims = 0
-    for module in model.modules():
-        if module is exclude or not isinstance(module, nn.Linear | Conv1D):
-            continue
-        weight = module.weight
-        weights += weight.numel()
-        dims += sum(weight.shape)
-    return weights, dims
+    layers = [m.weight for m in model.modules() if m is not exclude and isinstance(m, nn.Linear | Conv1D)]
+    return sum(w.numel() for w in layers), sum(sum(w.shape) for w in layers)
 
 
 def _classifier_params(model: nn.Module) -> int:
