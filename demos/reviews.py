@@ -17,8 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from demos import DemoPaths, write_competition
-from kitlib.errors import DemoDataMissing
+from demos import DemoDataMissing, DemoPaths, write_competition
 
 CORPUS_FILE = "rotten_tomatoes_corpus_full.csv.bz2"
 LABELS = {"fresh": 1, "rotten": 0}  # the corpus's 'plot' rows (movie synopses) are not reviews and are dropped

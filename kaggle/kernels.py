@@ -36,12 +36,25 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from kitlib.errors import KaggleCLIError, KernelFolderError, KernelMetadataError
+from kitlib.errors import KitError
 from kitlib.notebook.params import check_parameters, keep_aside
 from kitlib.notebook.presets import DEFAULT_PRESET, REGIMES, get_preset
 from kitlib.notebook.runbook import notebooks_dir as repo_notebooks
 from kitlib.notebook.tasks import get_task, task_entry
 from kitlib.tasks.metrics import check_metric_fits
+
+
+class KernelMetadataError(KitError, ValueError):
+    """kernel-metadata.json would be rejected (or silently misread) by Kaggle; lists every problem."""
+
+
+class KernelFolderError(KitError, FileExistsError):
+    """A kernel folder holds a notebook edited since ``kaggle build`` wrote it; building again would overwrite it."""
+
+
+class KaggleCLIError(KitError, RuntimeError):
+    """The kaggle CLI failed; carries its (redacted) output."""
+
 
 # lazy: importlib.metadata (+0.016 s): read only where pyproject.toml is absent (python -X importtime).
 

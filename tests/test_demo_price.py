@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from demos import DemoPaths
+from demos import DemoDataMissing, DemoPaths
 from demos.price import (
     CATEGORICAL,
     NUMERIC,
@@ -21,7 +21,6 @@ from demos.price import (
     score_price,
 )
 from kitlib.data.tables import DataError
-from kitlib.errors import DemoDataMissing
 
 needs_data = pytest.mark.skipif(
     importlib.util.find_spec("bokeh_sampledata") is None,

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from kitlib.cli import kernel_tool, main
-from kitlib.errors import DataError, KernelFolderError, SetupError
+from kitlib.errors import DataError, SetupError
 from kitlib.machine.hardware import fake_profile
 from kitlib.notebook import inference
 from kitlib.notebook.presets import Choice, get_preset, resolve
@@ -84,7 +84,7 @@ def test_publish_holds_what_inference_needs_and_no_optimizer_state_last_or_train
 
 def test_publish_refuses_a_work_dir_without_a_trained_best_checkpoint(tmp_path: Path) -> None:
     work = _work(tmp_path, trained=False)
-    with pytest.raises(KernelFolderError, match=r"no trained best/ checkpoint \(run\).*Fix: run 02_train"):
+    with pytest.raises(kg.KernelFolderError, match=r"no trained best/ checkpoint \(run\).*Fix: run 02_train"):
         kg.publish(work, tmp_path / "pub", dataset_id="me/movie-model")
     assert not (tmp_path / "pub").exists()  # nothing written
 

@@ -29,23 +29,14 @@ def parameter_counts(config: Any, model_kind: str) -> tuple[int, int, int, int, 
 def meta_model(config: Any, model_kind: str) -> nn.Module:
     """``config``'s transformers model for ``model_kind``, built on the current device: the meta device when counting,
     the CPU in the memory plan's live check (benchmarks/live_bytes.py)."""
-    if model_kind == "decoder":
-        return AutoModelForCausalLM.from_config(config)
-    if model_kind == "encoder-decoder":
-        return AutoModelForSeq2SeqLM.from_config(config)
-    return AutoModelForSequenceClassification.from_config(config)
+    auto = {"decoder": AutoModelForCausalLM, "encoder-decoder": AutoModelForSeq2SeqLM}
+    return auto.get(model_kind, AutoModelForSequenceClassification).from_config(config)
 
 
 def _linear_layers(model: nn.Module, *, exclude: nn.Module | None) -> tuple[int, int]:
     """(weights, in + out features summed) of the nn.Linear and GPT-2 Conv1D layers, the output layer left out."""
-    weights = dims = 0
-    for module in model.modules():
-        if module is exclude or not isinstance(module, nn.Linear | Conv1D):
-            continue
-        weight = module.weight
-        weights += weight.numel()
-        dims += sum(weight.shape)
-    return weights, dims
+    layers = [m.weight for m in model.modules() if m is not exclude and isinstance(m, nn.Linear | Conv1D)]
+    return sum(w.numel() for w in layers), sum(sum(w.shape) for w in layers)
 
 
 def _classifier_params(model: nn.Module) -> int:

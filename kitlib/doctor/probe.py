@@ -19,15 +19,6 @@ from kitlib.engine.objective import Batch, LossFn, hf_loss, rows
 from kitlib.engine.step import to_device
 from kitlib.errors import DataError
 
-__all__ = [
-    "PROBES_FILE",
-    "MicroBatchProbe",
-    "best_passes",
-    "load_probes",
-    "probe_micro_batch",
-    "save_probe",
-]
-
 PROBES_FILE = "probes.json"  # beside a run's timing.json: measurements on its model that diagnose(run_dir) reads
 
 

@@ -149,12 +149,8 @@ def _load(run: Any) -> RunRecord:
 
 def _hardware_for(run: RunRecord) -> HardwareInfo:
     """The hardware the run was on: its GPU's profile when known (a Kaggle run read on a laptop), else this machine."""
-    if run.facts.device_type == "cuda":
-        key = gpu_key(str(run.facts.device_name or ""))
-        family = (key or "").split("-")[0]
-        if family in ("T4", "P100", "V100", "A100", "L4", "H100"):
-            return fake_profile(family, interactive=False)
-    return detect()
+    key = gpu_key(str(run.facts.device_name or "")) if run.facts.device_type == "cuda" else None
+    return fake_profile(key.split("-")[0], interactive=False) if key else detect()  # every PEAK_TFLOPS family
 
 
 def _compute(run: RunRecord, tokens_per_s: float | None, peak: float | None, measure: bool) -> dict[str, Any]:

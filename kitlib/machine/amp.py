@@ -56,10 +56,9 @@ class Precision:
     def step(self, optimizer: torch.optim.Optimizer, grads_finite: bool) -> bool:
         """A hand-written loop's optimizer step (1-2 host syncs); False if skipped for inf/nan grads. No zero_grad."""
         if not self._scaler.is_enabled():
-            if not grads_finite:
-                return False
-            optimizer.step()
-            return True
+            if grads_finite:
+                optimizer.step()
+            return grads_finite
         # get_scale() syncs, but scaler.step() already synced on found_inf: microseconds per step
         before = self._scaler.get_scale()
         self._scaler.step(optimizer)

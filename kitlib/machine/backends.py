@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 
 import torch
@@ -23,19 +22,18 @@ class SpeedFlagKwargs(TypedDict):
     matmul_precision: MatmulPrecision | None
 
 
-@dataclass(frozen=True)
-class _Flag:
-    name: str
-    get: Callable[[], Any]
-    set: Callable[[Any], None]
-
-
 # Setting one flag silently rewrites others (torch's Context.cpp); those must be restored too.
 _IMPLIES: dict[str, tuple[str, ...]] = {
     "float32_matmul_precision": ("cuda.matmul.fp32_precision", "mkldnn.matmul.fp32_precision"),
     "cudnn.allow_tf32": ("cudnn.conv.fp32_precision", "cudnn.rnn.fp32_precision"),
     "cuda.matmul.allow_tf32": ("float32_matmul_precision",),
 }
+# Every flag speed_flags may touch, in restore order (a flag whose setter rewrites others comes first); on the legacy
+# API the matmul allow_tf32 is derived from float32_matmul_precision, so that one is restored last.
+_NEW_API = ("float32_matmul_precision", "cudnn.allow_tf32", "cuda.matmul.fp32_precision",
+            "mkldnn.matmul.fp32_precision", "cudnn.conv.fp32_precision", "cudnn.rnn.fp32_precision",
+            "cudnn.benchmark")  # fmt: skip
+_LEGACY_API = ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "float32_matmul_precision", "cudnn.benchmark")
 
 
 def _backend(path: str) -> Any:
@@ -46,27 +44,15 @@ def _backend(path: str) -> Any:
     return obj
 
 
-@contextlib.contextmanager
-def _silenced(active: bool) -> Iterator[None]:
-    if not active:
-        yield
-        return
+def _flag(name: str, *value: Any) -> Any:
+    """Read flag ``name`` (a ``torch.backends`` path, or float32_matmul_precision), or set it to ``value``. Quietly:
+    new torch touches the legacy allow_tf32 only to keep it in step, and its deprecation warning is noise."""
+    path, _, attr = name.rpartition(".")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        yield
-
-
-def _attr_flag(path: str, attr: str, *, legacy: bool = False) -> _Flag:
-    # new torch: the legacy allow_tf32 is touched only to keep it in step; its deprecation warning is noise
-    def get() -> Any:
-        with _silenced(legacy):
-            return getattr(_backend(path), attr)
-
-    def put(value: Any) -> None:
-        with _silenced(legacy):
-            setattr(_backend(path), attr, value)
-
-    return _Flag(f"{path}.{attr}", get, put)
+        if name == "float32_matmul_precision":
+            return torch.set_float32_matmul_precision(*value) if value else torch.get_float32_matmul_precision()
+        return setattr(_backend(path), attr, *value) if value else getattr(_backend(path), attr)
 
 
 def _has_fp32_precision_api() -> bool:
@@ -74,39 +60,12 @@ def _has_fp32_precision_api() -> bool:
     return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
 
 
-def _flags(new_api: bool) -> dict[str, _Flag]:
-    """Every flag speed_flags may touch, in restore order (a flag whose setter rewrites others comes first)."""
-    matmul_precision = _Flag(
-        "float32_matmul_precision",
-        lambda: torch.get_float32_matmul_precision(),
-        lambda v: torch.set_float32_matmul_precision(v),
-    )
-    if new_api:
-        order = [
-            matmul_precision,
-            _attr_flag("cudnn", "allow_tf32", legacy=True),
-            *(_attr_flag(p, "fp32_precision") for p in ("cuda.matmul", "mkldnn.matmul", "cudnn.conv", "cudnn.rnn")),
-            _attr_flag("cudnn", "benchmark"),
-        ]
-    else:
-        # Legacy matmul allow_tf32 is derived from float32_matmul_precision, so that one is restored last.
-        order = [
-            _attr_flag("cuda.matmul", "allow_tf32"),
-            _attr_flag("cudnn", "allow_tf32"),
-            matmul_precision,
-            _attr_flag("cudnn", "benchmark"),
-        ]
-    return {f.name: f for f in order}
-
-
-def _snapshot(flags: Iterable[_Flag]) -> dict[str, Any]:
+def _snapshot(names: Iterable[str]) -> dict[str, Any]:
     saved = {}
-    for flag in flags:
-        try:
-            saved[flag.name] = flag.get()
-        except (AttributeError, RuntimeError):
-            # AttributeError: backend absent. RuntimeError: a flag left in a mixed legacy/new state cannot be restored
-            continue
+    for name in names:
+        # AttributeError: backend absent. RuntimeError: a flag left in a mixed legacy/new state cannot be restored
+        with contextlib.suppress(AttributeError, RuntimeError):
+            saved[name] = _flag(name)
     return saved
 
 
@@ -124,12 +83,12 @@ def speed_flags(
             f"'highest' forbids them). Fix: pass only one of them"
         )
     new_api = _has_fp32_precision_api()
-    flags = _flags(new_api)
-    saved = _snapshot(flags.values())
+    order = _NEW_API if new_api else _LEGACY_API
+    saved = _snapshot(order)
     changed: set[str] = set()
 
     def put(name: str, value: Any) -> None:
-        flags[name].set(value)
+        _flag(name, value)
         changed.update((name, *_IMPLIES.get(name, ())))
 
     try:
@@ -144,7 +103,7 @@ def speed_flags(
             put("cudnn.benchmark", cudnn_benchmark)
         yield _effective(new_api)
     finally:
-        _restore([f for name, f in flags.items() if name in changed and name in saved], saved)
+        _restore([name for name in order if name in changed and name in saved], saved)
 
 
 def _set_tf32_new_api(
@@ -164,12 +123,12 @@ def _set_tf32_new_api(
         put("cudnn.rnn.fp32_precision", value)
 
 
-def _restore(flags: list[_Flag], saved: dict[str, Any]) -> None:
+def _restore(names: list[str], saved: dict[str, Any]) -> None:
     """Put every changed flag back; one failing setter must not leave the others changed."""
     errors = []
-    for flag in flags:
+    for name in names:
         try:
-            flag.set(saved[flag.name])
+            _flag(name, saved[name])
         except (AttributeError, RuntimeError, ValueError) as e:
             errors.append(e)
     if errors:
@@ -185,13 +144,6 @@ def _resolve(value: str) -> str:
     return value
 
 
-def _read_or_none(getter: Callable[[], Any]) -> Any:
-    try:
-        return getter()
-    except RuntimeError:  # mixed-API state left by other code
-        return None
-
-
 def _effective(new_api: bool) -> dict[str, object]:
     if new_api:
         tf32_matmul = _resolve(_backend("cuda.matmul").fp32_precision) == "tf32"
@@ -203,7 +155,7 @@ def _effective(new_api: bool) -> dict[str, object]:
         "tf32_matmul": tf32_matmul,
         "tf32_cudnn": tf32_cudnn,
         "cudnn_benchmark": bool(_backend("cudnn").benchmark),
-        "matmul_precision": _read_or_none(torch.get_float32_matmul_precision),
+        "matmul_precision": _snapshot(["float32_matmul_precision"]).get("float32_matmul_precision"),  # None: mixed
     }
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import math
@@ -77,8 +78,7 @@ class HardwareInfo:
 
     @property
     def primary(self) -> Accelerator | None:
-        devices = [a for a in self.accelerators if a.device_type == self.device_type]
-        return devices[0] if devices else None
+        return next((a for a in self.accelerators if a.device_type == self.device_type), None)
 
     @property
     def device_name(self) -> str:
@@ -320,14 +320,11 @@ def _devices_in_child() -> list[_DeviceFacts]:
 
 def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     """The ISA flags the kernel reports (x86 'flags', ARM 'Features'); empty where there is no /proc/cpuinfo."""
-    try:
-        with cpuinfo.open() as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), cpuinfo.open() as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return frozenset(value.split())
     return frozenset()
 
 
@@ -342,12 +339,10 @@ def usable_cpus() -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     # Containers often see every host CPU but get a CFS quota (cgroup v2: "<quota> <period>" or "max <period>").
-    try:
+    with contextlib.suppress(OSError, ValueError):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
         if quota != "max":
             usable = min(usable, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
     return usable
 
 
@@ -374,12 +369,10 @@ def _ram_bytes() -> int:
     except (ValueError, OSError, AttributeError):  # Windows has no sysconf
         ram = 0
     for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
+        with contextlib.suppress(OSError):
             text = Path(limit_file).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and (ram == 0 or int(text) < ram):  # "max" or a huge v1 number means unlimited
-            ram = int(text)
+            if text.isdigit() and (ram == 0 or int(text) < ram):  # "max" or a huge v1 number means unlimited
+                ram = int(text)
     return ram
 
 
@@ -396,10 +389,8 @@ def _library_versions() -> tuple[tuple[str, str], ...]:
 
     found = []
     for name in _LIBRARIES:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found.append((name, importlib.metadata.version(name)))
-        except importlib.metadata.PackageNotFoundError:
-            continue
     return tuple(found)
 
 
@@ -419,11 +410,7 @@ def _parse_arch(entry: str) -> tuple[str, int, int, bool] | None:
 def torch_supports(capability: tuple[int, int], arch_list: Sequence[str]) -> bool:
     """Whether a torch build with ``arch_list`` has kernels for a GPU of ``capability`` (sm_XY runs on the same major
     with minor >= Y; sm_90a only on 9.0; compute_XY PTX on any capability >= X.Y)."""
-    for entry in arch_list:
-        parsed = _parse_arch(entry)
-        if parsed is None:
-            continue
-        kind, major, minor, specific = parsed
+    for kind, major, minor, specific in filter(None, map(_parse_arch, arch_list)):
         if kind == "compute" and (major, minor) <= capability:
             return True
         same_major = kind == "sm" and major == capability[0]

@@ -51,17 +51,11 @@ def peak_flops(device_name: str, dtype: PeakDtype) -> float | None:
     65000000000000.0
     """
     key = gpu_key(device_name)
-    if key is None:
-        return None
-    tflops = PEAK_TFLOPS[key].get(dtype)
+    tflops = PEAK_TFLOPS[key].get(dtype) if key is not None else None
     return None if tflops is None else tflops * 1e12
 
 
 def compute_peak_flops(device_name: str, dtype: str) -> float | None:
     """The datasheet peak a run in ``dtype`` computes at (fp32 on TF32 cores where present; no fast path: fp32 rate)."""
-    key = gpu_key(device_name)
-    if key is None:
-        return None
-    peaks = PEAK_TFLOPS[key]
-    mode = "tf32" if dtype == "fp32" and "tf32" in peaks else dtype
-    return peaks.get(mode, peaks["fp32"]) * 1e12  # type: ignore[call-overload]
+    modes: tuple[PeakDtype, ...] = ("tf32", "fp32") if dtype == "fp32" else (dtype, "fp32")  # type: ignore[assignment]
+    return next((peak for mode in modes if (peak := peak_flops(device_name, mode))), None)

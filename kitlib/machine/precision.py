@@ -9,17 +9,6 @@ from kitlib.config import Dtype, Requested, TrainConfig
 from kitlib.errors import PrecisionError, UnsupportedGPUError
 from kitlib.machine.hardware import Accelerator, DeviceType, HardwareInfo, check_torch_supports
 
-__all__ = [
-    "Dtype",
-    "PrecisionError",
-    "PrecisionPlan",
-    "Requested",
-    "UnsupportedGPUError",
-    "carried",
-    "decide_precision",
-    "decide_stage_precision",
-]
-
 
 @dataclass(frozen=True)
 class PrecisionPlan:
