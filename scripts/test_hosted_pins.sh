@@ -23,7 +23,7 @@ python -m venv "$venv"
 # package. pip then puts the pins, and what they need at other versions (nbconvert 6.4.5's nbclient 0.5, ipython 8,
 # the notebook stack ipywidgets 7 pulls, ...), in the venv, ahead of the links on sys.path; it never removes a linked
 # package (outside the venv). The rest stay at the test command's versions, not the index's newest. Installing all
-# afresh (2.1 GB, torch 0.75 of it) was ~3 of CI's minutes; this ~1/3 of its CPU seconds (docs/measurements.md).
+# afresh (2.1 GB, torch 0.75 of it) was ~3 of CI's minutes; this takes 49 CPU s to its 174 (docs/measurements.md).
 links="$work/base-site-packages"
 mkdir -p "$links"
 base_site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
