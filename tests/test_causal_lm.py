@@ -305,11 +305,23 @@ def test_a_malformed_jsonl_line_is_named_and_nothing_is_written(tmp_path: Path, 
 
 
 @pytest.mark.slow  # ~2-3 min: the four notebooks in kernels of their own
-def test_the_user_s_sft_route_through_the_four_notebooks(tmp_path: Path) -> None:
+def test_the_user_s_sft_route_through_the_four_notebooks(tmp_path: Path, cpu_hw) -> None:
     """Issue #31's route at smoke size on the CPU: a Llama-shaped folder with a chat template, JSONL chats with an
-    example over 512 tokens, LoRA, bucketed batches (the CPU's rule); 03 writes a submission, scored here."""
-    from sft_fixtures import CHATML, llama_folder, sft_frame, write_chat_competition
+    example over 512 tokens, LoRA, bucketed batches (the CPU's rule); 03 writes a submission, scored here. LoRA's
+    must-show 3 on the same run: best/ holds the adapter only, 03's model is the folder's weights plus that adapter,
+    and the merged export (python -m kitlib export-merged) computes what 03's model does."""
+    # The LoRA half was test_lora's own four-notebook run (a GPT-2 folder on the SFT demo, ~100 s of CI's slow step):
+    # the same route (a causal-LM folder, adapter lora, 00-03 at smoke); the SFT demo runs to a scored submission in
+    # test_demo_routes[causal-lm], `kitlib notebooks run` with flags in CI's main job, the GPT-2 merge in test_lora.
+    import os
+    import subprocess
+    import sys
 
+    from safetensors.torch import load_file
+    from sft_fixtures import CHATML, llama_folder, sft_frame, write_chat_competition
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from kitlib.engine import checkpoint
     from kitlib.notebook.runbook import run_notebooks
 
     train = sft_frame(48, long_response=700)
@@ -328,6 +340,33 @@ def test_the_user_s_sft_route_through_the_four_notebooks(tmp_path: Path) -> None
     assert submission["response"].map(lambda r: r.strip() != "" and "<|im_end|>" not in r).all()  # ended, decoded
     exact = float((submission["response"].str.strip() == train["response"][:8].str.strip()).mean())
     print(f"exact match of the smoke run's submission: {exact:.2f}")
+
+    assert json.loads((work / "features.json").read_text())["run"]["config"]["adapter"] == "lora"
+    best = load_file(work / "run" / "best" / "model.safetensors")
+    assert best and all("lora_" in k for k in best)  # the adapter only
+    assert "best/ holds the lora adapter only" in (work / "executed" / "02_train.ipynb").read_text()
+    p = stages.load_params(work)
+    model = training.prepare(p, stages.load_features(p), cpu_hw).model  # what 03 builds, then restores best/ into
+    checkpoint.restore_model(model, checkpoint.load(work / "run" / "best"))
+    state = model.state_dict()
+    for name, tensor in best.items():  # the adapter: best/'s
+        assert torch.equal(state[name], tensor), name
+    # the merged export: one folder transformers loads, computing what 03's model does
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_")}
+    export = subprocess.run([sys.executable, "-m", "kitlib", "export-merged", str(work), str(tmp_path / "merged")],
+                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert export.returncode == 0, export.stdout[-2000:] + export.stderr[-3000:]
+    assert "merged: the lora adapter of run/ folded into" in export.stdout
+    tokenizer = AutoTokenizer.from_pretrained(folder)  # the folder's: what 01-03 and the export read
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert AutoTokenizer.from_pretrained(tmp_path / "merged").get_vocab() == tokenizer.get_vocab()
+    ids = torch.tensor([tokenizer.encode(str(train["prompt"].iloc[0]))])
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=0)
+    base = model.unload().state_dict()  # the adapters taken out, unmerged: the base as 03 built it
+    for name, tensor in load_file(folder / "model.safetensors").items():  # the folder's weights, untouched
+        assert torch.equal(base[name], tensor), name
 
 
 def test_a_user_s_max_length_is_honoured_and_the_examples_it_cuts_are_counted(tmp_path: Path, cpu_hw, capsys) -> None:

@@ -271,60 +271,8 @@ def sft_demo_and_model_folder(root: Path, *, n_train: int, n_test: int) -> tuple
     return demo, folder
 
 
-@pytest.mark.slow  # over 20 s on 2 cores: CI runs it (.ci/run), the test command does not
-def test_the_four_notebooks_train_a_causal_lm_folder_with_lora(tmp_path: Path, cpu_hw: Any) -> None:
-    """Must-show 3: the SFT demo through 00-03 headless with adapter = "lora" on a model folder; best/ holds the
-    adapter only, and 03's model is the folder's weights plus that adapter."""
-    import os
-
-    import pandas as pd
-    from safetensors.torch import load_file
-    from transformers import AutoTokenizer
-
-    from demos.sft import PARAMETERS
-    from kitlib.notebook import stages, training
-
-    demo, folder = sft_demo_and_model_folder(tmp_path, n_train=96, n_test=12)
-    train = pd.read_csv(demo.train, keep_default_na=False, dtype={"response": str})
-    tokenizer = AutoTokenizer.from_pretrained(folder)  # the folder's: what 01-03 and the export read
-    work = tmp_path / "work"
-    flags = [f"--{k}={v}" for k, v in PARAMETERS.items()]
-    command = [sys.executable, "-m", "kitlib", "notebooks", "run", "--data", str(demo.root), "--work", str(work),
-               "--preset", "smoke", "--model", str(folder), "--adapter", "lora", *flags]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KIT_")}
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert json.loads((work / "features.json").read_text())["run"]["config"]["adapter"] == "lora"
-    best = load_file(work / "run" / "best" / "model.safetensors")
-    assert best and all("lora_" in k for k in best)  # the adapter only
-    train_log = (work / "executed" / "02_train.ipynb").read_text()
-    assert "best/ holds the lora adapter only" in train_log
-    assert len(pd.read_csv(work / "submission.csv")) == 12
-
-    p = stages.load_params(work)
-    model = training.prepare(p, stages.load_features(p), cpu_hw).model  # what 03 builds, then restores best/ into
-    from kitlib.engine import checkpoint
-
-    checkpoint.restore_model(model, checkpoint.load(work / "run" / "best"))
-    state = model.state_dict()
-    for name, tensor in best.items():  # the adapter: best/'s
-        assert torch.equal(state[name], tensor), name
-    # the merged export (python -m kitlib export-merged): one folder transformers loads, computing what 03's does
-    export = subprocess.run([sys.executable, "-m", "kitlib", "export-merged", str(work), str(tmp_path / "merged")],
-                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert export.returncode == 0, export.stdout[-2000:] + export.stderr[-3000:]
-    assert "merged: the lora adapter of run/ folded into" in export.stdout
-    import transformers as tf
-
-    merged = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
-    assert tf.AutoTokenizer.from_pretrained(tmp_path / "merged").get_vocab() == tokenizer.get_vocab()
-    ids = torch.tensor([tokenizer.encode(str(train["prompt"].iloc[0]))])
-    model.eval()
-    with torch.no_grad():
-        assert torch.allclose(merged(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=0)
-    base = model.unload().state_dict()  # the adapters taken out, unmerged: the base as 03 built it
-    for name, tensor in load_file(folder / "model.safetensors").items():  # the folder's weights, untouched
-        assert torch.equal(base[name], tensor), name
+# LoRA's must-show 3 (best/ holds the adapter only, 03's model is the folder plus it, the merged export computes what
+# 03's does) runs on test_causal_lm's SFT route: one four-notebook run of a causal-LM folder with LoRA, not two.
 
 
 def test_an_old_transformers_refusing_cpu_4bit_gets_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
