@@ -161,6 +161,64 @@ def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes
     assert checkpoint.latest(tmp_path, "last") is None
 
 
+def test_an_async_sharded_save_returns_before_its_shards_are_written_and_the_writers_wait_swaps_it_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a process group, with a run's writer: the save holds the training thread for DCP's CPU copy only; the shards
+    are written meanwhile and the writer's wait (the next save's, the run's end) swaps last/ in; a failed write is a
+    CheckpointError there, with the previous last/ kept."""
+    import threading
+
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    from kitlib.engine import sharded
+    from kitlib.errors import CheckpointError
+    from kitlib.machine.distributed import DistEnv
+
+    gate, write_data = threading.Event(), FileSystemWriter.write_data
+
+    def held(self, plan, planner):  # type: ignore[no-untyped-def]
+        assert gate.wait(60), "the save waited for its own shards"
+        return write_data(self, plan, planner)
+
+    def failing(self, plan, planner):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    writer = checkpoint.BackgroundWriter()
+    try:
+        step()
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        monkeypatch.setattr(FileSystemWriter, "write_data", held)
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 1}}, meta={"step": 1},
+                     writer=writer)  # fmt: skip
+        assert checkpoint.latest(tmp_path, "last") is None  # returned, its shards not written yet
+        step()  # training goes on meanwhile: the checkpoint keeps the weights of the save
+        gate.set()
+        writer.wait()
+        whole = checkpoint.load(tmp_path / "last")
+        assert whole.meta["step"] == 1 and all(torch.equal(whole.weights[k], v) for k, v in saved.items())
+        monkeypatch.setattr(FileSystemWriter, "write_data", failing)
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 2}}, meta={"step": 2},
+                     writer=writer)  # fmt: skip
+        with pytest.raises(CheckpointError, match="No space left on device"):
+            writer.wait()
+        assert checkpoint.load(tmp_path / "last").meta["step"] == 1  # the previous last/, complete
+    finally:
+        gate.set()
+        writer.close()
+        dist.destroy_process_group()
+
+
 def test_01_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: Path, capsys, cpu_hw) -> None:  # type: ignore[no-untyped-def]
     from sft_fixtures import sft_frame, write_competition
 

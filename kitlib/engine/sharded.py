@@ -73,34 +73,57 @@ def save(
     *,
     state: dict[str, Any] | None = None,
     meta: dict[str, Any],
+    writer: checkpoint.BackgroundWriter | None = None,
 ) -> None:
-    """Every rank saves its shards through DCP; rank 0 adds ``state``/``meta`` and swaps the directory in (sync)."""
+    """Every rank saves its shards through DCP; rank 0 adds ``state``/``meta`` and swaps the directory in. With a
+    ``writer`` (and a process group) the shards are copied to CPU here and written by DCP's ``async_save`` meanwhile;
+    the writer's thread swaps them in once every rank's are written (its wait/close; the next save waits first)."""
+    if writer is not None:
+        writer.wait()  # one save in flight at most; a failed one raises its CheckpointError here
     tmp = directory.parent / f".{directory.name}.tmp-dcp"
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        if state is not None:  # now: the live objects it holds change on
+            torch.save(state, tmp / checkpoint.STATE_FILE)
     barrier(env)
     content: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         content["optim"] = get_optimizer_state_dict(model, optimizer)
-    dcp.save(content, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-    if env.is_main:
-        if state is not None:
-            torch.save(state, tmp / checkpoint.STATE_FILE)
-        full_meta = {"kitlib_version": __version__, **meta}
-        write_recorded(tmp / checkpoint.META_FILE, [json.dumps(full_meta, indent=1).encode()])
-        manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
-                    "kitlib_version": __version__, "created_unix": time.time(),
-                    "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
-        write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
-        fsync_dir(tmp)
-        old = directory.parent / f".{directory.name}.old-{os.getpid()}"
-        if directory.exists():
-            os.rename(directory, old)
-        os.rename(tmp, directory)
-        fsync_dir(directory.parent)
-        shutil.rmtree(old, ignore_errors=True)
-    barrier(env)
+    full_meta = json.dumps({"kitlib_version": __version__, **meta}, indent=1).encode()
+    if writer is None or not dist.is_initialized():
+        dcp.save(content, checkpoint_id=tmp, no_dist=not dist.is_initialized())
+        _swap_in(tmp, directory, full_meta) if env.is_main else None
+        return barrier(env)
+    # DCP's collectives run on its thread: a gloo group of their own (gloo pairs a group's calls in issue order)
+    group = dist.new_group(backend="gloo")
+    written = dcp.async_save(content, checkpoint_id=tmp, process_group=group)
+
+    def finish() -> None:
+        try:
+            written.result()
+        finally:
+            dist.destroy_process_group(group)
+        if env.is_main:
+            _swap_in(tmp, directory, full_meta)
+
+    writer.run(finish)
+
+
+def _swap_in(tmp: Path, directory: Path, meta: bytes) -> None:
+    """``tmp`` (DCP's files, state.pt) completed with meta and the manifest (last), then renamed to ``directory``."""
+    write_recorded(tmp / checkpoint.META_FILE, [meta])
+    manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
+                "kitlib_version": __version__, "created_unix": time.time(),
+                "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
+    write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
+    fsync_dir(tmp)
+    old = directory.parent / f".{directory.name}.old-{os.getpid()}"
+    if directory.exists():
+        os.rename(directory, old)
+    os.rename(tmp, directory)
+    fsync_dir(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> checkpoint.Snapshot:
