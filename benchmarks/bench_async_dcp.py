@@ -1,5 +1,5 @@
 """How long a sharded (FSDP2 + DCP) save of ``last/`` holds the training thread: synchronous ``dcp.save`` against
-``dcp.async_save`` (kitlib.engine.sharded.save with a run's writer), interleaved, on 2 gloo ranks of one CPU.
+``dcp.async_save`` (kitlib.engine.sharded.save; "sync" waits for its write at once), interleaved, on 2 gloo ranks.
 
     taskset -c 1 env OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node 2 benchmarks/bench_async_dcp.py [ROUNDS]
 
@@ -55,8 +55,9 @@ def main(rounds: int) -> None:
         steps()
         dist.barrier()
         start = time.perf_counter()
-        sharded.save(out / "last", model, optimizer, env, state={"round": i}, meta={"round": i},
-                     writer=writer if kind == "async" else None)  # fmt: skip
+        sharded.save(out / "last", model, optimizer, env, writer, state={"round": i}, meta={"round": i})
+        if kind == "sync":  # what a synchronous save holds: the whole write
+            writer.wait()
         held = time.perf_counter() - start
         after = steps()
         writer.wait()
@@ -66,8 +67,9 @@ def main(rounds: int) -> None:
     writer.close()
     if env.is_main:
         size = sum(p.stat().st_size for p in (out / "last").iterdir()) / 1e6
-        print(f"torch {torch.__version__}, 2 ranks (gloo), Llama h256 x4 ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-              f"params), last/ {size:.0f} MB, {rounds} rounds each, medians")  # fmt: skip
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        print(f"torch {torch.__version__}, 2 ranks (gloo), Llama h256 x4 ({params:.1f}M params), last/ {size:.0f} MB, "
+              f"{rounds} rounds each, medians")  # fmt: skip
         print("| save | training thread held (s) | next 3 steps (s) | until last/ swapped in (s) |")
         print("| --- | --- | --- | --- |")
         for kind, values in rows.items():

@@ -141,9 +141,12 @@ def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.randn(3, 4)).sum().backward()
     optimizer.step()
-    sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 1}}, meta={"epoch": 1})
+    with checkpoint.BackgroundWriter() as writer:
+        sharded.save(
+            tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 1}}, meta={"epoch": 1}
+        )
     found = checkpoint.latest(tmp_path, "last")
-    assert found is not None and sharded.is_sharded(found)
+    assert found is not None and sharded_dir(found)
     whole = checkpoint.load(found)  # what 03 reads: every weight, gathered
     assert whole.meta["epoch"] == 1
     for name, weight in model.state_dict().items():
@@ -199,8 +202,8 @@ def test_an_async_sharded_save_returns_before_its_shards_are_written_and_the_wri
         step()
         saved = {k: v.clone() for k, v in model.state_dict().items()}
         monkeypatch.setattr(FileSystemWriter, "write_data", held)
-        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 1}}, meta={"step": 1},
-                     writer=writer)  # fmt: skip
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 1}},
+                     meta={"step": 1})  # fmt: skip
         assert checkpoint.latest(tmp_path, "last") is None  # returned, its shards not written yet
         step()  # training goes on meanwhile: the checkpoint keeps the weights of the save
         gate.set()
@@ -208,8 +211,8 @@ def test_an_async_sharded_save_returns_before_its_shards_are_written_and_the_wri
         whole = checkpoint.load(tmp_path / "last")
         assert whole.meta["step"] == 1 and all(torch.equal(whole.weights[k], v) for k, v in saved.items())
         monkeypatch.setattr(FileSystemWriter, "write_data", failing)
-        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 2}}, meta={"step": 2},
-                     writer=writer)  # fmt: skip
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 2}},
+                     meta={"step": 2})  # fmt: skip
         with pytest.raises(CheckpointError, match="No space left on device"):
             writer.wait()
         assert checkpoint.load(tmp_path / "last").meta["step"] == 1  # the previous last/, complete
@@ -279,10 +282,13 @@ def test_the_guides_slurm_script_and_torchrun_lines_on_localhost_give_equal_subm
                       text="prompt", target="response", metric="exact_match", strategy="fsdp")  # fmt: skip
     stages.setup(p, detect())
     stages.features(p, hw=detect(), quiet=True)
-    shutil.copytree(p.work_dir, tmp_path / "ddp")
     ddp = dataclasses.replace(p, work_dir=tmp_path / "ddp", strategy="ddp")
-    stages.setup(ddp, detect())
-    stages.features(ddp, hw=detect(), quiet=True)
+    lora = {s: dataclasses.replace(p, work_dir=tmp_path / f"lora-{s}", strategy=s, adapter="lora")
+            for s in ("fsdp", "ddp")}  # fmt: skip
+    for copy in (ddp, *lora.values()):
+        shutil.copytree(p.work_dir, copy.work_dir, dirs_exist_ok=True)
+        stages.setup(copy, detect())
+        stages.features(copy, hw=detect(), quiet=True)
 
     blocks = guide_blocks()
     multi_node = next(b for b in blocks if b.startswith("torchrun --nnodes")).strip()
@@ -336,11 +342,23 @@ def test_the_guides_slurm_script_and_torchrun_lines_on_localhost_give_equal_subm
     assert list(submission["fsdp"]["response"]) == list(submission["ddp"]["response"])
     print(submission["fsdp"]["response"].tolist())
 
+    # LoRA on the sharded base, 02 on 2 ranks of one node: best/ holds the adapter only, as one process writes it
+    # (gathered whole to rank 0), and 03 predicts what the DDP LoRA run's best/ does
+    for run in lora.values():
+        cmd = f"torchrun --standalone --nproc_per_node 2 -m kitlib train --work-dir {run.work_dir}".split()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    adapters = {s: checkpoint.load(r.work_dir / "run" / "best").weights for s, r in lora.items()}
+    assert not sharded_dir(lora["fsdp"].work_dir / "run" / "best") and adapters["fsdp"].keys() == adapters["ddp"].keys()
+    assert all(".lora_" in name for name in adapters["fsdp"]), list(adapters["fsdp"])  # the adapter only
+    for name, weight in adapters["ddp"].items():
+        torch.testing.assert_close(adapters["fsdp"][name], weight, rtol=1e-4, atol=1e-5)
+    answers = {s: list(infer(load_params(r.work_dir))["response"]) for s, r in lora.items()}
+    assert answers["fsdp"] == answers["ddp"], answers
+
 
 def sharded_dir(directory: Path) -> bool:
-    from kitlib.engine import sharded
-
-    return sharded.is_sharded(directory)
+    return bool(json.loads((directory / checkpoint.MANIFEST_FILE).read_text()).get("sharded"))
 
 
 @pytest.mark.parametrize("preset", ["balanced", "best"])

@@ -304,7 +304,7 @@ class Loop:
                 best = next((r for r in self.state.history if r["epoch"] == self.state.best_epoch), {})
                 metrics = {k: v for k, v in best.items() if isinstance(v, float)}
                 meta = {"epoch": self.state.best_epoch, "metrics": metrics, "config": self.cfg.to_dict()}
-                sharded.save(self.out / name, self.raw_model, None, self.env, meta=meta, writer=self.output.writer)
+                sharded.save(self.out / name, self.raw_model, None, self.env, self.output.writer, meta=meta)
                 return
             snap = take()  # on the critical path (an adapter under FSDP: gathered by every rank); the write is not
             if self.output.writes:
@@ -333,8 +333,8 @@ class Loop:
         if self.sharded:  # every rank its shards of the weights and optimizer; rank 0 the rest
             del resume["optimizer"]
             with self.timer.phase("checkpoint"):
-                sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, state=resume, meta=meta,
-                             writer=self.output.writer)  # fmt: skip
+                sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, self.output.writer,
+                             state=resume, meta=meta)  # fmt: skip
         else:
             self.save("last", lambda: checkpoint.snapshot(self.raw_model, state=resume, meta=meta))
 

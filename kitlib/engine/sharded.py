@@ -52,17 +52,11 @@ def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Modul
         )
     half = _HALF.get(dtype)
     policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32 if half else None)
-    for block in found:
+    base = getattr(model, "get_base_model", lambda: None)()  # peft's: its generate() runs the base model, not ours
+    for block in [*found, *([base] if base is not None else [])]:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
-
-
-def is_sharded(directory: Path) -> bool:
-    try:
-        return bool(json.loads((directory / checkpoint.MANIFEST_FILE).read_text()).get("sharded"))
-    except (OSError, ValueError):
-        return False
 
 
 def save(
@@ -70,16 +64,15 @@ def save(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     env: DistEnv,
+    writer: checkpoint.BackgroundWriter,
     *,
     state: dict[str, Any] | None = None,
     meta: dict[str, Any],
-    writer: checkpoint.BackgroundWriter | None = None,
 ) -> None:
-    """Every rank saves its shards through DCP; rank 0 adds ``state``/``meta`` and swaps the directory in. With a
-    ``writer`` (and a process group) the shards are copied to CPU here and written by DCP's ``async_save`` meanwhile;
-    the writer's thread swaps them in once every rank's are written (its wait/close; the next save waits first)."""
-    if writer is not None:
-        writer.wait()  # one save in flight at most; a failed one raises its CheckpointError here
+    """Every rank's shards through DCP's ``async_save``: copied to CPU here, written on DCP's thread meanwhile; then
+    ``writer``'s thread has rank 0 add meta and the manifest (last) and swap the directory in. ``writer.wait()`` (or
+    close) completes it; the next save calls it first: one in flight, a failed one raises its CheckpointError."""
+    writer.wait()
     tmp = directory.parent / f".{directory.name}.tmp-dcp"
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -91,39 +84,31 @@ def save(
     if optimizer is not None:
         content["optim"] = get_optimizer_state_dict(model, optimizer)
     full_meta = json.dumps({"kitlib_version": __version__, **meta}, indent=1).encode()
-    if writer is None or not dist.is_initialized():
-        dcp.save(content, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-        _swap_in(tmp, directory, full_meta) if env.is_main else None
-        return barrier(env)
     # DCP's collectives run on its thread: a gloo group of their own (gloo pairs a group's calls in issue order)
-    group = dist.new_group(backend="gloo")
+    group = dist.new_group(backend="gloo") if dist.is_initialized() else None
     written = dcp.async_save(content, checkpoint_id=tmp, process_group=group)
 
     def finish() -> None:
         try:
             written.result()
         finally:
-            dist.destroy_process_group(group)
-        if env.is_main:
-            _swap_in(tmp, directory, full_meta)
+            dist.destroy_process_group(group) if group is not None else None
+        if not env.is_main:
+            return
+        write_recorded(tmp / checkpoint.META_FILE, [full_meta])
+        manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
+                    "kitlib_version": __version__, "created_unix": time.time(),
+                    "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
+        write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
+        fsync_dir(tmp)
+        old = directory.parent / f".{directory.name}.old-{os.getpid()}"
+        if directory.exists():
+            os.rename(directory, old)
+        os.rename(tmp, directory)
+        fsync_dir(directory.parent)
+        shutil.rmtree(old, ignore_errors=True)
 
     writer.run(finish)
-
-
-def _swap_in(tmp: Path, directory: Path, meta: bytes) -> None:
-    """``tmp`` (DCP's files, state.pt) completed with meta and the manifest (last), then renamed to ``directory``."""
-    write_recorded(tmp / checkpoint.META_FILE, [meta])
-    manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
-                "kitlib_version": __version__, "created_unix": time.time(),
-                "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
-    write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
-    fsync_dir(tmp)
-    old = directory.parent / f".{directory.name}.old-{os.getpid()}"
-    if directory.exists():
-        os.rename(directory, old)
-    os.rename(tmp, directory)
-    fsync_dir(directory.parent)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> checkpoint.Snapshot:
