@@ -90,7 +90,7 @@ def save(
 
     def finish() -> None:
         try:
-            written.result()
+            written.result()  # type: ignore[union-attr]  # a Future: no async stager was given
         finally:
             dist.destroy_process_group(group) if group is not None else None
         if not env.is_main:
