@@ -260,7 +260,7 @@ tr ',' '\\n' <<< "$3"
 """
 
 
-@pytest.mark.slow  # ~1.5 min: 00 and 01 once, the guide's Slurm script (FSDP) and its torchrun lines (DDP), 03 each
+@pytest.mark.slow  # 00 and 01 4x; the Slurm script (FSDP), torchrun lines (DDP), LoRA on 2 ranks (FSDP, DDP); 03 each
 def test_the_guides_slurm_script_and_torchrun_lines_on_localhost_give_equal_submissions(tmp_path: Path) -> None:
     # The commands are read from docs/guide.md's code blocks; only the host (localhost), the port (a free one), the
     # work dir and the GPUs a node (8 -> 1: two simulated nodes of one gloo process) are substituted. Slurm is faked:
