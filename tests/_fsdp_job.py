@@ -57,12 +57,16 @@ class Losses(Callback):
         self.losses: list[float] = []
         self.out, self.kill_at, self.term_at, self.keep = out, kill_at, term_at, keep
 
+    def on_fit_start(self, loop) -> None:  # type: ignore[no-untyped-def]
+        self.writer = loop.output.writer  # last/ is written in the background: waited for before it is copied
+
     def on_log(self, metrics: dict[str, float]) -> None:
         if "loss" in metrics:
             self.losses.append(metrics["loss"])
             if self.kill_at and metrics["step"] >= self.kill_at and int(os.environ.get("RANK", 0)) == 1:
                 os.kill(os.getpid(), signal.SIGKILL)
             if metrics["step"] == self.keep and int(os.environ.get("RANK", 0)) == 0:  # the others wait in step N+1
+                self.writer.wait()
                 shutil.copytree(self.out / "run" / "last", self.out / f"last-{self.keep}")
             if metrics["step"] == self.term_at and int(os.environ.get("LOCAL_RANK", 0)) == 0:
                 forwarded = terminate_agent()

@@ -141,9 +141,12 @@ def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.randn(3, 4)).sum().backward()
     optimizer.step()
-    sharded.save(tmp_path / "last", model, optimizer, DistEnv(), state={"run": {"step": 1}}, meta={"epoch": 1})
+    with checkpoint.BackgroundWriter() as writer:
+        sharded.save(
+            tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 1}}, meta={"epoch": 1}
+        )
     found = checkpoint.latest(tmp_path, "last")
-    assert found is not None and sharded.is_sharded(found)
+    assert found is not None and sharded_dir(found)
     whole = checkpoint.load(found)  # what 03 reads: every weight, gathered
     assert whole.meta["epoch"] == 1
     for name, weight in model.state_dict().items():
@@ -159,6 +162,64 @@ def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes
         assert torch.equal(fresh_opt.state[a]["exp_avg"], optimizer.state[b]["exp_avg"])
     (found / "__0_0.distcp").unlink()  # a shard lost: not a checkpoint any more
     assert checkpoint.latest(tmp_path, "last") is None
+
+
+def test_an_async_sharded_save_returns_before_its_shards_are_written_and_the_writers_wait_swaps_it_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a process group, with a run's writer: the save holds the training thread for DCP's CPU copy only; the shards
+    are written meanwhile and the writer's wait (the next save's, the run's end) swaps last/ in; a failed write is a
+    CheckpointError there, with the previous last/ kept."""
+    import threading
+
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    from kitlib.engine import sharded
+    from kitlib.errors import CheckpointError
+    from kitlib.machine.distributed import DistEnv
+
+    gate, write_data = threading.Event(), FileSystemWriter.write_data
+
+    def held(self, plan, planner):  # type: ignore[no-untyped-def]
+        assert gate.wait(60), "the save waited for its own shards"
+        return write_data(self, plan, planner)
+
+    def failing(self, plan, planner):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        model(torch.randn(3, 4)).sum().backward()
+        optimizer.step()
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    writer = checkpoint.BackgroundWriter()
+    try:
+        step()
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        monkeypatch.setattr(FileSystemWriter, "write_data", held)
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 1}},
+                     meta={"step": 1})  # fmt: skip
+        assert checkpoint.latest(tmp_path, "last") is None  # returned, its shards not written yet
+        step()  # training goes on meanwhile: the checkpoint keeps the weights of the save
+        gate.set()
+        writer.wait()
+        whole = checkpoint.load(tmp_path / "last")
+        assert whole.meta["step"] == 1 and all(torch.equal(whole.weights[k], v) for k, v in saved.items())
+        monkeypatch.setattr(FileSystemWriter, "write_data", failing)
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 2}},
+                     meta={"step": 2})  # fmt: skip
+        with pytest.raises(CheckpointError, match="No space left on device"):
+            writer.wait()
+        assert checkpoint.load(tmp_path / "last").meta["step"] == 1  # the previous last/, complete
+    finally:
+        gate.set()
+        writer.close()
+        dist.destroy_process_group()
 
 
 def test_01_prints_the_torchrun_command_for_a_plan_with_more_gpus(tmp_path: Path, capsys, cpu_hw) -> None:  # type: ignore[no-untyped-def]
@@ -199,7 +260,7 @@ tr ',' '\\n' <<< "$3"
 """
 
 
-@pytest.mark.slow  # ~1.5 min: 00 and 01 once, the guide's Slurm script (FSDP) and its torchrun lines (DDP), 03 each
+@pytest.mark.slow  # 00 and 01 4x; the Slurm script (FSDP), torchrun lines (DDP), LoRA on 2 ranks (FSDP, DDP); 03 each
 def test_the_guides_slurm_script_and_torchrun_lines_on_localhost_give_equal_submissions(tmp_path: Path) -> None:
     # The commands are read from docs/guide.md's code blocks; only the host (localhost), the port (a free one), the
     # work dir and the GPUs a node (8 -> 1: two simulated nodes of one gloo process) are substituted. Slurm is faked:
@@ -221,10 +282,13 @@ def test_the_guides_slurm_script_and_torchrun_lines_on_localhost_give_equal_subm
                       text="prompt", target="response", metric="exact_match", strategy="fsdp")  # fmt: skip
     stages.setup(p, detect())
     stages.features(p, hw=detect(), quiet=True)
-    shutil.copytree(p.work_dir, tmp_path / "ddp")
     ddp = dataclasses.replace(p, work_dir=tmp_path / "ddp", strategy="ddp")
-    stages.setup(ddp, detect())
-    stages.features(ddp, hw=detect(), quiet=True)
+    lora = {s: dataclasses.replace(p, work_dir=tmp_path / f"lora-{s}", strategy=s, adapter="lora")
+            for s in ("fsdp", "ddp")}  # fmt: skip
+    for copy in (ddp, *lora.values()):
+        shutil.copytree(p.work_dir, copy.work_dir, dirs_exist_ok=True)
+        stages.setup(copy, detect())
+        stages.features(copy, hw=detect(), quiet=True)
 
     blocks = guide_blocks()
     multi_node = next(b for b in blocks if b.startswith("torchrun --nnodes")).strip()
@@ -278,11 +342,23 @@ def test_the_guides_slurm_script_and_torchrun_lines_on_localhost_give_equal_subm
     assert list(submission["fsdp"]["response"]) == list(submission["ddp"]["response"])
     print(submission["fsdp"]["response"].tolist())
 
+    # LoRA on the sharded base, 02 on 2 ranks of one node: best/ holds the adapter only, as one process writes it
+    # (gathered whole to rank 0), and 03 predicts what the DDP LoRA run's best/ does
+    for run in lora.values():
+        cmd = f"torchrun --standalone --nproc_per_node 2 -m kitlib train --work-dir {run.work_dir}".split()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=400)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    adapters = {s: checkpoint.load(r.work_dir / "run" / "best").weights for s, r in lora.items()}
+    assert not sharded_dir(lora["fsdp"].work_dir / "run" / "best") and adapters["fsdp"].keys() == adapters["ddp"].keys()
+    assert all(".lora_" in name for name in adapters["fsdp"]), list(adapters["fsdp"])  # the adapter only
+    for name, weight in adapters["ddp"].items():
+        torch.testing.assert_close(adapters["fsdp"][name], weight, rtol=1e-4, atol=1e-5)
+    answers = {s: list(infer(load_params(r.work_dir))["response"]) for s, r in lora.items()}
+    assert answers["fsdp"] == answers["ddp"], answers
+
 
 def sharded_dir(directory: Path) -> bool:
-    from kitlib.engine import sharded
-
-    return sharded.is_sharded(directory)
+    return bool(json.loads((directory / checkpoint.MANIFEST_FILE).read_text()).get("sharded"))
 
 
 @pytest.mark.parametrize("preset", ["balanced", "best"])

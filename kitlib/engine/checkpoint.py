@@ -11,6 +11,7 @@ import time
 import uuid
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from kitlib._files import (
 )
 from kitlib._version import __version__
 from kitlib.errors import CheckpointError
+from kitlib.machine.distributed import whole
 from kitlib.models.adapters import adapter_keys
 
 MODEL_FILE, STATE_FILE, META_FILE, MANIFEST_FILE = "model.safetensors", "state.pt", "meta.json", "manifest.json"
@@ -73,10 +75,11 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def saved_state(model: torch.nn.Module) -> dict[str, Any]:
-    """The state_dict entries a checkpoint of ``model`` holds: all, or with an adapter only what trains."""
+    """The state_dict entries a checkpoint of ``model`` holds: all, or with an adapter only what trains (FSDP's
+    shards gathered whole: every rank calls it)."""
     state = model.state_dict()
     keys = adapter_keys(model)
-    return state if keys is None else {name: state[name] for name in keys}
+    return state if keys is None else {name: whole(state[name]) for name in keys}
 
 
 def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
@@ -426,12 +429,20 @@ class BackgroundWriter:
         if not queued:
             self._futures.append(self._pool.submit(self._write, directory))
 
+    def run(self, job: Callable[[], None]) -> None:
+        """``job`` (a sharded save's finish) on the writer's thread after what came before, errors like a write's."""
+        self._raise_error()
+        self._futures.append(self._pool.submit(self._timed, job))
+
     def _write(self, directory: Path) -> None:
         with self._lock:
             snap = self._pending.pop(directory)
+        self._timed(lambda: write(snap, directory))
+
+    def _timed(self, job: Callable[[], Any]) -> None:
         start = time.perf_counter()
         try:
-            write(snap, directory)
+            job()
             self.writes += 1
         except BaseException as e:  # reported to the training thread, never swallowed
             with self._lock:

@@ -58,6 +58,7 @@ from kitlib.machine.backends import flags_for, speed_flags
 from kitlib.machine.hardware import check_compile, detect
 from kitlib.machine.precision import carried
 from kitlib.machine.threads import cpu_threads
+from kitlib.models.adapters import adapter_keys
 from kitlib.progress import figure, throughput
 
 if TYPE_CHECKING:
@@ -296,15 +297,18 @@ class Loop:
             return checkpoint.snapshot(self.raw_model, meta={"epoch": epoch})
 
     def save(self, name: str, take: Callable[[], checkpoint.Snapshot]) -> None:
-        if self.sharded and self.out is not None:  # every rank writes its shards (best/: the weights only)
-            with self.timer.phase("checkpoint"):
+        if self.out is None or not (self.output.writes or self.sharded):
+            return
+        with self.timer.phase("checkpoint"):
+            if self.sharded and adapter_keys(self.raw_model) is None:  # every rank its shards (best/: the weights)
                 best = next((r for r in self.state.history if r["epoch"] == self.state.best_epoch), {})
                 metrics = {k: v for k, v in best.items() if isinstance(v, float)}
                 meta = {"epoch": self.state.best_epoch, "metrics": metrics, "config": self.cfg.to_dict()}
-                sharded.save(self.out / name, self.raw_model, None, self.env, meta=meta)
-        elif self.output.writes:
-            with self.timer.phase("checkpoint"):  # the snapshot copy is on the critical path; the disk write is not
-                self.output.save(name, take())
+                sharded.save(self.out / name, self.raw_model, None, self.env, self.output.writer, meta=meta)
+                return
+            snap = take()  # on the critical path (an adapter under FSDP: gathered by every rank); the write is not
+            if self.output.writes:
+                self.output.save(name, snap)
 
     def save_last(self) -> None:
         """``last/``: the full resume state. A full eval still scoring is saved as unscored at an epoch end (the resume
@@ -332,7 +336,8 @@ class Loop:
         if self.sharded:  # every rank its shards of the weights and optimizer; rank 0 the rest
             del resume["optimizer"]
             with self.timer.phase("checkpoint"):
-                sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, state=resume, meta=meta)
+                sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, self.output.writer,
+                             state=resume, meta=meta)  # fmt: skip
         else:
             self.save("last", lambda: checkpoint.snapshot(self.raw_model, state=resume, meta=meta))
 

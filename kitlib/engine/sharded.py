@@ -52,17 +52,11 @@ def shard(model: nn.Module, dtype: str, names: tuple[str, ...] = ()) -> nn.Modul
         )
     half = _HALF.get(dtype)
     policy = MixedPrecisionPolicy(param_dtype=half, reduce_dtype=torch.float32 if half else None)
-    for block in found:
+    base = getattr(model, "get_base_model", lambda: None)()  # peft's: its generate() runs the base model, not ours
+    for block in [*found, *([base] if base is not None else [])]:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
     return model
-
-
-def is_sharded(directory: Path) -> bool:
-    try:
-        return bool(json.loads((directory / checkpoint.MANIFEST_FILE).read_text()).get("sharded"))
-    except (OSError, ValueError):
-        return False
 
 
 def save(
@@ -70,25 +64,38 @@ def save(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     env: DistEnv,
+    writer: checkpoint.BackgroundWriter,
     *,
     state: dict[str, Any] | None = None,
     meta: dict[str, Any],
 ) -> None:
-    """Every rank saves its shards through DCP; rank 0 adds ``state``/``meta`` and swaps the directory in (sync)."""
+    """Every rank's shards through DCP's ``async_save``: copied to CPU here, written on DCP's thread meanwhile; then
+    ``writer``'s thread has rank 0 add meta and the manifest (last) and swap the directory in. ``writer.wait()`` (or
+    close) completes it; the next save calls it first: one in flight, a failed one raises its CheckpointError."""
+    writer.wait()
     tmp = directory.parent / f".{directory.name}.tmp-dcp"
     if env.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        if state is not None:  # now: the live objects it holds change on
+            torch.save(state, tmp / checkpoint.STATE_FILE)
     barrier(env)
     content: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         content["optim"] = get_optimizer_state_dict(model, optimizer)
-    dcp.save(content, checkpoint_id=tmp, no_dist=not dist.is_initialized())
-    if env.is_main:
-        if state is not None:
-            torch.save(state, tmp / checkpoint.STATE_FILE)
-        full_meta = {"kitlib_version": __version__, **meta}
-        write_recorded(tmp / checkpoint.META_FILE, [json.dumps(full_meta, indent=1).encode()])
+    full_meta = json.dumps({"kitlib_version": __version__, **meta}, indent=1).encode()
+    # DCP's collectives run on its thread: a gloo group of their own (gloo pairs a group's calls in issue order)
+    group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+    written = dcp.async_save(content, checkpoint_id=tmp, process_group=group)
+
+    def finish() -> None:
+        try:
+            written.result()  # type: ignore[union-attr]  # a Future: no async stager was given
+        finally:
+            dist.destroy_process_group(group) if group is not None else None
+        if not env.is_main:
+            return
+        write_recorded(tmp / checkpoint.META_FILE, [full_meta])
         manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
                     "kitlib_version": __version__, "created_unix": time.time(),
                     "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
@@ -100,7 +107,8 @@ def save(
         os.rename(tmp, directory)
         fsync_dir(directory.parent)
         shutil.rmtree(old, ignore_errors=True)
-    barrier(env)
+
+    writer.run(finish)
 
 
 def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> checkpoint.Snapshot:

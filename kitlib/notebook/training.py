@@ -477,7 +477,7 @@ def _train(
                 "prediction": watched.rows[1].tolist()}  # fmt: skip
         write_atomic(staging / VALID_FILE, json.dumps(rows) + "\n")
     best = staging / "best" / "model.safetensors"
-    if cfg.adapter != "none" and best.is_file():
+    if cfg.adapter != "none" and best.is_file() and dist_env().is_main:
         print(f"best/ holds the {cfg.adapter} adapter only: {describe_size(best.stat().st_size, result.model)}")
     if result.stop_reason in UNFINISHED:  # not a finished run: run/ stays as it was; the next 02 continues this one
         by = "SIGTERM" if result.stop_reason == "sigterm" else f"the time budget ({duration(cfg.time_budget_s or 0)})"
