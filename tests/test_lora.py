@@ -254,8 +254,8 @@ def sft_demo_and_model_folder(root: Path, *, n_train: int, n_test: int) -> tuple
     on its prompts and responses; skips when the demo's data is not installed."""
     import pandas as pd
 
+    from demos import DemoDataMissing
     from demos.sft import make_sft_demo
-    from kitlib.errors import DemoDataMissing
     from kitlib.models.bpe import train_bpe_tokenizer
     from kitlib.models.causal_lm import tiny_causal_lm
 
