@@ -31,8 +31,10 @@ from kitlib.data.fingerprint import fingerprint as fingerprint
 from kitlib.errors import CacheError
 from kitlib.machine.hardware import detect_platform
 
+# lazy: pandas (+0.2 s): only `list()` builds a DataFrame
+
 if TYPE_CHECKING:
-    import pandas as pd  # lazy (+0.2 s): only list() needs it
+    import pandas as pd
 
 FORMAT_VERSION = 4  # 4: no pickles at all (3 held signed ones)
 _ALIGN = 64  # buffers start on 64-byte boundaries, so arrays load aligned for SIMD
