@@ -47,7 +47,7 @@ def main(rounds: int) -> None:
 
     out = Path(tempfile.mkdtemp(prefix="bench-async-dcp-")) if env.is_main else Path()
     out = Path(broadcast_object(str(out), env))
-    writer = checkpoint.BackgroundWriter()
+    writer, group = checkpoint.BackgroundWriter(), sharded.saves_group()
     rows: dict[str, list[tuple[float, float, float]]] = {"sync": [], "async": []}
     steps()  # AdamW's state exists from here
     for i in range(2 * rounds + 2):  # interleaved; the first pair warms both paths up and is dropped
@@ -55,7 +55,7 @@ def main(rounds: int) -> None:
         steps()
         dist.barrier()
         start = time.perf_counter()
-        sharded.save(out / "last", model, optimizer, env, writer, state={"round": i}, meta={"round": i})
+        sharded.save(out / "last", model, optimizer, env, writer, group=group, state={"round": i}, meta={"round": i})
         if kind == "sync":  # what a synchronous save holds: the whole write
             writer.wait()
         held = time.perf_counter() - start
@@ -65,6 +65,7 @@ def main(rounds: int) -> None:
         if i >= 2:
             rows[kind].append((held, after, time.perf_counter() - start))
     writer.close()
+    sharded.release(group)
     if env.is_main:
         size = sum(p.stat().st_size for p in (out / "last").iterdir()) / 1e6
         params = sum(p.numel() for p in model.parameters()) / 1e6

@@ -4,7 +4,7 @@
 # 6.4.5 (and the nbclient it allows), WITHOUT the optional kaggle package. (numpy 1.26 + pandas 2.2, Kaggle's 2025
 # pair, are left out: as constraints beside these, pip's resolver backtracked for 10+ minutes here.) The newest
 # versions are what scripts/demo.sh and scripts/test.sh install, so CI runs both ends of every range it can. torch
-# stays 2.13.0, the CPU wheel here: torch 2.4.1 comes from PyPI only as its CUDA build (2.7 GB of wheels with its
+# is the base Python's (linked below; scripts/install.sh puts 2.13.0 there, the CPU wheel): torch 2.4.1 comes from PyPI only as its CUDA build (2.7 GB of wheels with its
 # nvidia-* ones); run once by hand, the smoke main job passed on it (README, "Versions").
 # It runs 1. the smoke main job (demo, the four notebooks, score) and 2. the tests whose subject the pins change
 # (model loading, precision, widgets, notebooks, the Kaggle route without its package), in REVERSE order
@@ -24,14 +24,16 @@ python -m venv "$venv"
 # the notebook stack ipywidgets 7 pulls, ...), in the venv, ahead of the links on sys.path; it never removes a linked
 # package (outside the venv). The rest stay at the test command's versions, not the index's newest. Installing all
 # afresh (2.1 GB, torch 0.75 of it) was ~3 of CI's minutes; this takes 49 CPU s to its 174 (docs/measurements.md).
+# $links must stay outside $venv: pip leaves a package alone when its path is outside the environment (a prefix check).
 links="$work/base-site-packages"
 mkdir -p "$links"
-base_site=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-for entry in "$base_site"/*; do
-  case "${entry##*/}" in
-    *kitlib* | kaggle | kaggle-*.dist-info | kaggle.py) ;;  # kitlib installs from this checkout; no kaggle package
-    *) ln -s "$entry" "$links/" ;;
-  esac
+for base_site in $(python -c 'import sysconfig as s; print(*sorted({s.get_path("purelib"), s.get_path("platlib")}))'); do
+  for entry in "$base_site"/*; do
+    case "${entry##*/}" in
+      *kitlib* | kaggle | kaggle-*.dist-info | kaggle.py) ;;  # kitlib installs from this checkout; no kaggle package
+      *) [[ -e "$links/${entry##*/}" ]] || ln -s "$entry" "$links/" ;;
+    esac
+  done
 done
 venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "import site; site.addsitedir('$links')" >"$venv_site/base-packages.pth"  # .pth files there run too

@@ -143,7 +143,14 @@ def test_a_sharded_checkpoint_is_complete_loads_whole_on_one_process_and_resumes
     optimizer.step()
     with checkpoint.BackgroundWriter() as writer:
         sharded.save(
-            tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 1}}, meta={"epoch": 1}
+            tmp_path / "last",
+            model,
+            optimizer,
+            DistEnv(),
+            writer,
+            group=None,
+            state={"run": {"step": 1}},
+            meta={"epoch": 1},
         )
     found = checkpoint.latest(tmp_path, "last")
     assert found is not None and sharded_dir(found)
@@ -197,13 +204,13 @@ def test_an_async_sharded_save_returns_before_its_shards_are_written_and_the_wri
         optimizer.step()
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    writer = checkpoint.BackgroundWriter()
+    writer, group = checkpoint.BackgroundWriter(), sharded.saves_group()
     try:
         step()
         saved = {k: v.clone() for k, v in model.state_dict().items()}
         monkeypatch.setattr(FileSystemWriter, "write_data", held)
-        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 1}},
-                     meta={"step": 1})  # fmt: skip
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, group=group,
+                     state={"run": {"step": 1}}, meta={"step": 1})  # fmt: skip
         assert checkpoint.latest(tmp_path, "last") is None  # returned, its shards not written yet
         step()  # training goes on meanwhile: the checkpoint keeps the weights of the save
         gate.set()
@@ -211,14 +218,15 @@ def test_an_async_sharded_save_returns_before_its_shards_are_written_and_the_wri
         whole = checkpoint.load(tmp_path / "last")
         assert whole.meta["step"] == 1 and all(torch.equal(whole.weights[k], v) for k, v in saved.items())
         monkeypatch.setattr(FileSystemWriter, "write_data", failing)
-        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, state={"run": {"step": 2}},
-                     meta={"step": 2})  # fmt: skip
+        sharded.save(tmp_path / "last", model, optimizer, DistEnv(), writer, group=group,
+                     state={"run": {"step": 2}}, meta={"step": 2})  # fmt: skip
         with pytest.raises(CheckpointError, match="No space left on device"):
             writer.wait()
         assert checkpoint.load(tmp_path / "last").meta["step"] == 1  # the previous last/, complete
     finally:
         gate.set()
         writer.close()
+        sharded.release(group)
         dist.destroy_process_group()
 
 

@@ -119,6 +119,11 @@ def test_overrides() -> None:
         resolve("balanced", hw, overrides={"epoch": 3})
     with pytest.raises(ValueError, match="epochs"):
         resolve("balanced", hw, overrides={"epochs": 0})
+    from kitlib.notebook.presets import Choice, check
+
+    for bad in ({"epochs": 0}, {"freeze_layers": -1}):  # 00's check refuses them before run.json is written
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            check(Choice(get_preset("smoke"), bad), hw)
     with pytest.raises(PrecisionError, match="fp16"):
         resolve("balanced", fake_profile("T4"), overrides={"precision": "bf16"})
 

@@ -432,6 +432,8 @@ class BackgroundWriter:
     def run(self, job: Callable[[], None]) -> None:
         """``job`` (a sharded save's finish) on the writer's thread after what came before, errors like a write's."""
         self._raise_error()
+        if self._closed:
+            raise CheckpointError("BackgroundWriter.run() after close(). Fix: create a new writer.")
         self._futures.append(self._pool.submit(self._timed, job))
 
     def _write(self, directory: Path) -> None:

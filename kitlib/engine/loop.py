@@ -144,6 +144,7 @@ class Loop:
         self.sharded = cfg.strategy == "fsdp" and self.env.enabled  # FSDP2: before the optimizer sees the weights
         if self.sharded:
             sharded.shard(model, plan.dtype, cfg.checkpoint_modules)
+        self.save_group = sharded.saves_group() if self.sharded else None
         self.eval_whole = eval_loader  # the eval set unsharded (FSDP's loss eval)
         self.data = DataViews(train_loader, eval_loader, self.env, grad_accum_steps=cfg.grad_accum_steps,
                               eval_every_steps=cfg.eval_every_steps)  # fmt: skip
@@ -304,7 +305,15 @@ class Loop:
                 best = next((r for r in self.state.history if r["epoch"] == self.state.best_epoch), {})
                 metrics = {k: v for k, v in best.items() if isinstance(v, float)}
                 meta = {"epoch": self.state.best_epoch, "metrics": metrics, "config": self.cfg.to_dict()}
-                sharded.save(self.out / name, self.raw_model, None, self.env, self.output.writer, meta=meta)
+                sharded.save(
+                    self.out / name,
+                    self.raw_model,
+                    None,
+                    self.env,
+                    self.output.writer,
+                    group=self.save_group,
+                    meta=meta,
+                )
                 return
             snap = take()  # on the critical path (an adapter under FSDP: gathered by every rank); the write is not
             if self.output.writes:
@@ -337,7 +346,7 @@ class Loop:
             del resume["optimizer"]
             with self.timer.phase("checkpoint"):
                 sharded.save(self.out / "last", self.raw_model, self.optimizer, self.env, self.output.writer,
-                             state=resume, meta=meta)  # fmt: skip
+                             group=self.save_group, state=resume, meta=meta)  # fmt: skip
         else:
             self.save("last", lambda: checkpoint.snapshot(self.raw_model, state=resume, meta=meta))
 
@@ -473,8 +482,17 @@ class Loop:
 
     def close(self) -> None:
         self.evals.close(together=self.ended_cleanly)
-        with self.timer.phase("checkpoint"):
-            self.output.writer.close()  # the run's files are complete when fit() returns
+        try:
+            with self.timer.phase("checkpoint"):
+                self.output.writer.close()  # the run's files are complete when fit() returns
+        except CheckpointError as err:
+            if self.ended_cleanly:
+                raise
+            # the run's own error says more: a dead rank fails a pending sharded save's collectives too
+            warnings.warn(f"checkpoint writer error while the run stopped on another: {err}", stacklevel=2)
+        finally:
+            sharded.release(self.save_group)
+            self.save_group = None
         self.timer.add("checkpoint_write_background", self.output.writer.busy_seconds)
 
 

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from kitlib._files import fsync_dir, record_file, write_recorded
+from kitlib._files import fsync_dir, fsync_file, record_file, write_recorded
 from kitlib._version import __version__
 from kitlib.engine import checkpoint
 from kitlib.errors import DistributedError
@@ -66,12 +66,15 @@ def save(
     env: DistEnv,
     writer: checkpoint.BackgroundWriter,
     *,
+    group: Any,
     state: dict[str, Any] | None = None,
     meta: dict[str, Any],
 ) -> None:
     """Every rank's shards through DCP's ``async_save``: copied to CPU here, written on DCP's thread meanwhile; then
     ``writer``'s thread has rank 0 add meta and the manifest (last) and swap the directory in. ``writer.wait()`` (or
-    close) completes it; the next save calls it first: one in flight, a failed one raises its CheckpointError."""
+    close) completes it; the next save calls it first: one in flight, a failed one raises its CheckpointError.
+    ``group``: ``saves_group()``'s (None without ranks). Rank 0's wait returns with the directory swapped in, the
+    others' with their shards written."""
     writer.wait()
     tmp = directory.parent / f".{directory.name}.tmp-dcp"
     if env.is_main:
@@ -79,20 +82,16 @@ def save(
         tmp.mkdir(parents=True)
         if state is not None:  # now: the live objects it holds change on
             torch.save(state, tmp / checkpoint.STATE_FILE)
+            fsync_file(tmp / checkpoint.STATE_FILE)
     barrier(env)
     content: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None:
         content["optim"] = get_optimizer_state_dict(model, optimizer)
     full_meta = json.dumps({"kitlib_version": __version__, **meta}, indent=1).encode()
-    # DCP's collectives run on its thread: a gloo group of their own (gloo pairs a group's calls in issue order)
-    group = dist.new_group(backend="gloo") if dist.is_initialized() else None
     written = dcp.async_save(content, checkpoint_id=tmp, process_group=group)
 
     def finish() -> None:
-        try:
-            written.result()  # type: ignore[union-attr]  # a Future: no async stager was given
-        finally:
-            dist.destroy_process_group(group) if group is not None else None
+        written.result()  # type: ignore[union-attr]  # a Future: no async stager was given
         if not env.is_main:
             return
         write_recorded(tmp / checkpoint.META_FILE, [full_meta])
@@ -109,6 +108,18 @@ def save(
         shutil.rmtree(old, ignore_errors=True)
 
     writer.run(finish)
+
+
+def saves_group() -> Any:
+    """The gloo group a run's async saves use (every rank calls it, once a run; None without ranks): DCP's collectives
+    run on its own thread, and gloo pairs a group's calls in issue order, so they never share the training's group.
+    The training thread destroys it once its writer closed (``release``)."""
+    return dist.new_group(backend="gloo") if dist.is_initialized() else None
+
+
+def release(group: Any) -> None:
+    if group is not None:
+        dist.destroy_process_group(group)
 
 
 def load_into(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> checkpoint.Snapshot:

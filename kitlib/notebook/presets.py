@@ -92,15 +92,16 @@ class Preset:
     adjusted_for: str = ""  # the task whose Task.preset made this preset (stages.task_preset applies it only once)
 
     def __post_init__(self) -> None:
-        # the preset's own knobs; epochs, lr, freeze_layers ... are checked once, by TrainConfig (and 00's declaration)
+        # epochs and freeze_layers too: an override of them reaches no TrainConfig before 00 saves run.json (review)
         checks = (
             (self.regime in REGIMES, f"regime={self.regime!r} is not one of {tuple(REGIMES)}"),
             (self.checkpoints in get_args(Checkpoints), f"checkpoints={self.checkpoints!r} is unknown"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.target_effective_batch >= 1, "target_effective_batch must be >= 1"),
             (0.0 < self.length_coverage <= 1.0, f"length_coverage must be in (0, 1], got {self.length_coverage}"),
             (self.max_length_cap >= _PAD_MULTIPLE, f"max_length_cap must be >= {_PAD_MULTIPLE}"),
             (self.row_limit is None or self.row_limit >= 1, f"row_limit must be >= 1 or None, got {self.row_limit}"),
-            (self.min_steps >= 0, f"min_steps must be >= 0, got {self.min_steps}"),
+            (self.freeze_layers >= 0 and self.min_steps >= 0, "freeze_layers and min_steps must be >= 0"),
         )
         problems = [message for ok, message in checks if not ok]
         if problems:
