@@ -144,6 +144,7 @@ class Loop:
         self.sharded = cfg.strategy == "fsdp" and self.env.enabled  # FSDP2: before the optimizer sees the weights
         if self.sharded:
             sharded.shard(model, plan.dtype, cfg.checkpoint_modules)
+            self.last_room = distributed.broadcast_object(self.last_room, self.env)  # every rank skips last/ alike
         self.save_group = sharded.saves_group() if self.sharded else None
         self.eval_whole = eval_loader  # the eval set unsharded (FSDP's loss eval)
         self.data = DataViews(train_loader, eval_loader, self.env, grad_accum_steps=cfg.grad_accum_steps,
