@@ -310,12 +310,17 @@ def write(snap: Snapshot, directory: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    swap_in(tmp, directory, old)
+    return directory
+
+
+def swap_in(tmp: Path, directory: Path, old: Path) -> None:
+    """The complete ``tmp`` becomes ``directory``; the previous version, moved to ``old``, goes only once it is in."""
     if directory.exists():
         _rename(directory, old)
     _rename(tmp, directory)
     fsync_dir(directory.parent)
-    shutil.rmtree(old, ignore_errors=True)  # only now: the new version is in place
-    return directory
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load(directory: Path, *, map_location: str | torch.device = "cpu", verify: bool = True) -> Snapshot:

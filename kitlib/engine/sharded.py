@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from kitlib._files import fsync_dir, fsync_file, record_file, write_recorded
+from kitlib._files import fsync_dir, fsync_file, record_file, write_manifest, write_recorded
 from kitlib._version import __version__
 from kitlib.engine import checkpoint
 from kitlib.errors import DistributedError
@@ -98,14 +98,9 @@ def save(
         manifest = {"format": checkpoint.FORMAT, "version": checkpoint.FORMAT_VERSION, "sharded": True,
                     "kitlib_version": __version__, "created_unix": time.time(),
                     "files": {p.name: record_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}}  # fmt: skip
-        write_recorded(tmp / checkpoint.MANIFEST_FILE, [json.dumps(manifest, indent=1).encode()])
+        write_manifest(tmp, manifest)
         fsync_dir(tmp)
-        old = directory.parent / f".{directory.name}.old-{os.getpid()}"
-        if directory.exists():
-            os.rename(directory, old)
-        os.rename(tmp, directory)
-        fsync_dir(directory.parent)
-        shutil.rmtree(old, ignore_errors=True)
+        checkpoint.swap_in(tmp, directory, directory.parent / f".{directory.name}.old-{os.getpid()}")
 
     writer.run(finish)
 

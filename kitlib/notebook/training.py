@@ -224,8 +224,8 @@ def train(
     budget_s = time_budget_s(p, feats, hw)
     deadline = None if budget_s is None else time.monotonic() + budget_s
     if budget_s is not None:
-        source = "Kaggle's 12 h session less this kernel's time so far, 03's predicted time and 20 min"
-        source = f"time_budget = {p.time_budget:g} h" if p.time_budget is not None else source
+        kaggle = "Kaggle's 12 h session less this kernel's time so far, 03's predicted time and 20 min"
+        source = f"time_budget = {p.time_budget:g} h" if p.time_budget is not None else kaggle
         print(f"time budget: {duration(budget_s)} of training in this session ({source}); a run that needs "
               "more stops with a resumable last/ that the next session continues")  # fmt: skip
     for fold in (fold for fold in range(p.folds) if fold not in kept):
