@@ -48,7 +48,7 @@ def main() -> None:
         stages.setup(p, hw)
         stages.features(p, hw=hw, quiet=True)
         feats = stages.load_features(p)
-        task, metric = get_task(p.task), get_metric("record_f1", "sequence", data_dir=paths.root)
+        task, metric = get_task(p.task), get_metric(PARAMETERS["metric"], "sequence", data_dir=paths.root)
         base = dataclasses.replace(training._train_config(p, feats), epochs=args.epochs, save_best=False)
         # Generation costs what the model generates: a fresh model stops at once. Train first, then time each way
         # from those weights, in the order A B C C B A (drift on a shared machine hits every side alike).
@@ -77,8 +77,8 @@ def main() -> None:
             wall = time.perf_counter() - started
             walls[name].append(wall)
             gaps[name].append((wall - float(result.history["epoch_s"].sum())) / args.epochs)
-            if "record_f1" in result.history:
-                f1s[name] = float(result.history["record_f1"].dropna().iloc[-1])
+            if PARAMETERS["metric"] in result.history:
+                f1s[name] = float(result.history[PARAMETERS["metric"]].dropna().iloc[-1])
         print(f"{'run':<12} {'wall s':>8} {'gap s/epoch':>12} {'last record_f1':>15}")
         for name in runs:
             wall, gap = statistics.mean(walls[name]), statistics.mean(gaps[name])

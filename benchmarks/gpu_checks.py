@@ -930,7 +930,7 @@ def check_seq2seq_eval(ctx: Ctx) -> None:
     result = training.train(p, hw=hw, callbacks=(watch,))
     medians = {e: round(1000 * statistics.median(s[1:] or s), 2) for e, s in watch.by_epoch.items()}
     ctx.figure("median_step_ms_by_epoch", medians)
-    ctx.figure("full_evals", int(result.history.get("record_f1", result.history.iloc[:, 0]).notna().sum()))
+    ctx.figure("full_evals", int(result.history.get("demos.sql:record_f1", result.history.iloc[:, 0]).notna().sum()))
     weights_mib = sum(t.numel() * t.element_size() for t in result.model.state_dict().values()) / 2**20
     ctx.figure("weights_mib", round(weights_mib, 2))
     if not cuda():

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from kitlib.errors import SetupError
 from kitlib.notebook import stages, training
 from kitlib.progress import figure
 from kitlib.tasks.baseline import compare, trivial_baseline
@@ -72,6 +73,41 @@ def test_the_verdict_says_unclear_when_the_interval_straddles_zero_and_advises_o
     assert tie.low < 0 < tie.high or tie.low > 0  # accuracy resamples per row; macro_f1 by whole resamples:
     f1 = compare(get_metric("macro_f1", "binary"), labels, labels, np.full(120, "a"))
     assert f1.low > 0 and f1.gain == pytest.approx(1.0 - 1 / 3)
+
+
+SEEN: list[Path | None] = []
+
+
+def shared_words(y_true: np.ndarray, y_pred: np.ndarray, *, data_dir: Path) -> np.ndarray:
+    """A user's text metric: each row's share of the reference's words generated, stop words (a file in the
+    competition's data folder) aside."""
+    SEEN.append(data_dir)
+    stop = set((data_dir / "stopwords.txt").read_text().split())
+    words = [(set(str(t).split()) - stop, set(str(p).split())) for t, p in zip(y_true, y_pred, strict=True)]
+    return np.array([len(t & p) / max(len(t), 1) for t, p in words])
+
+
+def test_a_users_text_metric_gets_the_data_folder_and_its_row_scores_make_the_verdict_one_pass(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "stopwords.txt").write_text("the a of")
+    metric = get_metric("test_baseline:shared_words", "sequence", data_dir=tmp_path)
+    assert "sequence" in metric.kinds and metric.mode == "max"
+    rng = np.random.default_rng(0)
+    y = np.array([f"the price of item {i} is {rng.integers(100)}" for i in range(300)], dtype=object)
+    model = np.where(rng.random(300) < 0.7, y, "the price")  # 70% right
+    base = trivial_baseline(metric, kind="sequence", train=y, valid=y)
+    SEEN.clear()
+    gap = compare(metric, y, model, base.constant(len(y)))
+    assert [tmp_path, tmp_path] == SEEN  # one call a side over every row, none per resample
+    expected = metric(y, model) - base.score
+    assert gap.gain == pytest.approx(expected) and gap.low < expected < gap.high and gap.low > 0
+    with pytest.raises(SetupError, match=r"returned \(2,\) scores for 300 rows.*each row's score"):
+        get_metric("test_baseline:two_scores", "sequence")(y, model)  # neither a number nor one per row
+
+
+def two_scores(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+    return np.zeros(2)
 
 
 def _unpredictable(folder: Path, n_train: int = 240, n_test: int = 40) -> Path:

@@ -14,21 +14,19 @@ from demos.sql import (
     DB_FILE,
     SCHEMA,
     TEMPLATES,
+    TIMEOUT_S,
+    QueryFailed,
     SqlDemoPaths,
     baseline_f1,
+    connect_readonly,
     make_sql_demo,
+    mean_record_f1,
     most_common_query,
+    query_f1,
+    run_query,
     score_sql,
 )
 from kitlib.errors import DataError
-from kitlib.tasks.sql_metric import (
-    TIMEOUT_S,
-    QueryFailed,
-    connect_readonly,
-    mean_record_f1,
-    record_f1,
-    run_query,
-)
 
 FILES = ("train", "test", "sample_submission", "solution", "db")
 
@@ -162,29 +160,31 @@ def db(demo: SqlDemoPaths) -> Path:
 
 def test_record_f1_known_cases(db: Path) -> None:
     products = "SELECT product_id FROM products WHERE product_id <= 4"
-    assert record_f1(products, products, db) == 1.0
+    assert query_f1(products, products, db) == 1.0
     reversed_order = "SELECT product_id FROM products WHERE product_id <= 4 ORDER BY product_id DESC"
-    assert record_f1(reversed_order, products, db) == 1.0  # order-insensitive
-    assert record_f1("SELECT name FROM customers", "SELECT name FROM products", db) == 0.0
+    assert query_f1(reversed_order, products, db) == 1.0  # order-insensitive
+    assert query_f1("SELECT name FROM customers", "SELECT name FROM products", db) == 0.0
     # partial overlap: {3, 4, 5} vs {1, 2, 3, 4}: P = 2/3, R = 2/4, F1 = 4/7
-    assert record_f1("SELECT product_id FROM products WHERE product_id IN (3, 4, 5)", products, db) == pytest.approx(
+    assert query_f1("SELECT product_id FROM products WHERE product_id IN (3, 4, 5)", products, db) == pytest.approx(
         4 / 7
     )
-    assert record_f1("SELECT 1 UNION ALL SELECT 1", "SELECT 1", db) == pytest.approx(2 / 3)  # multisets: P 1/2, R 1
-    assert record_f1("SELECT 0.1 + 0.2", "SELECT 0.3", db) == 1.0  # floats compared at 6 decimals
-    assert record_f1("SELECT 3", "SELECT 3.0", db) == 1.0
-    assert record_f1("SELECT name, price FROM products", "SELECT price, name FROM products", db) == 0.0
+    assert query_f1("SELECT 1 UNION ALL SELECT 1", "SELECT 1", db) == pytest.approx(2 / 3)  # multisets: P 1/2, R 1
+    assert query_f1("SELECT 0.1 + 0.2", "SELECT 0.3", db) == 1.0  # floats compared at 6 decimals
+    assert query_f1("SELECT 3", "SELECT 3.0", db) == 1.0
+    assert query_f1("SELECT name, price FROM products", "SELECT price, name FROM products", db) == 0.0
     for failing in ("SELEC name FROM products", "SELECT nope FROM products", "SELECT * FROM nope", "", "-- only"):
-        assert record_f1(failing, products, db) == 0.0, failing
+        assert query_f1(failing, products, db) == 0.0, failing
     empty = "SELECT name FROM products WHERE price < 0"
-    assert record_f1(empty, "SELECT name FROM customers WHERE 0", db) == 1.0  # both empty
-    assert record_f1(empty, products, db) == 0.0
-    assert record_f1(products, empty, db) == 0.0
+    assert query_f1(empty, "SELECT name FROM customers WHERE 0", db) == 1.0  # both empty
+    assert query_f1(empty, products, db) == 0.0
+    assert query_f1(products, empty, db) == 0.0
 
 
 def test_a_failing_gold_query_raises(db: Path) -> None:
-    with pytest.raises(DataError, match=r"a reference query fails .*Fix: correct or drop that row"):
-        record_f1("SELECT 1", "SELECT * FROM nope", db)
+    with pytest.raises(
+        DataError, match=r"reference query at row 0 fails .*'SELECT \* FROM nope'.*Fix: correct or drop"
+    ):
+        query_f1("SELECT 1", "SELECT * FROM nope", db)
     with pytest.raises(ValueError, match="2 predictions for 1 gold"):
         mean_record_f1(["SELECT 1", "SELECT 1"], ["SELECT 1"], db)
 
@@ -207,10 +207,10 @@ def test_predictions_never_write(
     monkeypatch.chdir(tmp_path)  # where an ATTACH would create its file
     before = _sha(demo.db)
     gold = "SELECT COUNT(*) FROM orders"
-    assert record_f1(attack, gold, demo.db) == 0.0  # a path: opened read-only
+    assert query_f1(attack, gold, demo.db) == 0.0  # a path: opened read-only
     writable = sqlite3.connect(demo.db)  # even a writable connection handed in: the authorizer denies writes
     try:
-        assert record_f1(attack, gold, writable) == 0.0
+        assert query_f1(attack, gold, writable) == 0.0
         assert writable.execute(gold).fetchone() == (3000,)
     finally:
         writable.close()
@@ -222,7 +222,7 @@ def test_a_runaway_query_is_cut_by_the_time_limit(db: Path) -> None:
     assert TIMEOUT_S == 1.0
     endless = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT max(x) FROM c"
     start = time.perf_counter()
-    assert record_f1(endless, "SELECT 1", db, timeout=0.2) == 0.0
+    assert query_f1(endless, "SELECT 1", db, timeout=0.2) == 0.0
     assert time.perf_counter() - start < 10.0  # cut (an endless query never returns), with room for a busy machine
     rows = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c"  # endless rows
     conn = connect_readonly(db)
@@ -263,3 +263,58 @@ def test_baseline_is_far_below_one(demo: SqlDemoPaths) -> None:
     f1 = baseline_f1(demo)
     print(f"\nbaseline (most common training query for every test row): mean record F1 {f1:.4f}: {query}")
     assert 0.0 <= f1 < 0.2
+
+
+# --- the demo's metric as kitlib sees it: a user's "module:function" (metric = "demos.sql:record_f1")
+
+
+def test_a_broken_solution_query_stops_scoring_with_the_row_the_query_and_the_fix(
+    demo: SqlDemoPaths, tmp_path: Path
+) -> None:
+    """00 reads no solution.csv (a competition has none): its references are checked when a submission is scored."""
+    from demos.sql import METRIC
+    from kitlib.tasks.scoring import score
+
+    solution = pd.read_csv(demo.solution)
+    solution.loc[0, "query"] = "SELECT * FROM nowhere"
+    solution.to_csv(tmp_path / "solution.csv", index=False)
+    (tmp_path / DB_FILE).write_bytes(demo.db.read_bytes())
+    assert score(demo.solution, demo.solution, target="query", metric=METRIC) == 1.0  # data_dir: the solution's
+    with pytest.raises(DataError) as caught:
+        score(tmp_path / "solution.csv", demo.solution, target="query", metric=METRIC)
+    assert re.search(r"reference query at row 0 fails on shop\.sqlite .*no such table: nowhere", str(caught.value))
+    assert "Fix: correct or drop those rows" in str(caught.value)
+
+
+def test_a_demo_without_its_database_stops_00_naming_the_fix(tmp_path: Path, cpu_hw: object) -> None:
+    from demos.sql import PARAMETERS
+    from kitlib.errors import SetupError
+    from kitlib.notebook import stages
+
+    paths = make_sql_demo(tmp_path / "sql", n_train=40, n_test=8)
+    paths.db.unlink()
+    values = {**PARAMETERS, "metric": "demos.sql:record_f1"}  # the demo's own metric, kitlib's user-metric path
+    p = stages.params(environ={}, data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny",
+                      **values)  # fmt: skip
+    with pytest.raises(SetupError, match=r"executes the generated SQL .* holds \[\]: put exactly one SQLite file"):
+        stages.setup(p, cpu_hw)  # type: ignore[arg-type]
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_demos_metric_imports_where_a_kernel_runs_outside_the_clone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook's kernel runs in its own folder, where ``demos`` is not on sys.path: kitlib imports a ``demos.``
+    module from its clone for that import only."""
+    import sys
+
+    from kitlib.tasks.metrics import import_object
+
+    clone = str(Path(__file__).resolve().parents[1])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", clone)])
+    for name in [m for m in sys.modules if m == "demos" or m.startswith("demos.")]:
+        monkeypatch.delitem(sys.modules, name)
+    before = list(sys.path)
+    assert import_object("demos.sql:record_f1", "metric").__module__ == "demos.sql"
+    assert sys.path == before

@@ -222,4 +222,4 @@ def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, 
     stages.features(p, hw=cpu_hw, quiet=True)
     training.train(p, hw=cpu_hw)
     training.infer(p, hw=cpu_hw)
-    _says_what_ran(p.work_dir, "qlora", "adamw8bit", 1, 8, "record_f1")
+    _says_what_ran(p.work_dir, "qlora", "adamw8bit", 1, 8, PARAMETERS["metric"])

@@ -323,7 +323,7 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
     choice = stages.setup(p, cpu_hw)
     run = stages.resolve_run(p, cpu_hw, choice=choice)
-    assert (choice.task, choice.metric, run.config.freeze) == ("seq2seq", "record_f1", "none")
+    assert (choice.task, choice.metric, run.config.freeze) == ("seq2seq", "demos.sql:record_f1", "none")
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     queries = pd.read_csv(paths.train)["query"]
     assert feats.labels.ndim == 2 and feats.labels.shape[1] >= 10 and "tokenizer" in feats.side.state
@@ -332,13 +332,17 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     first = [int(t) for t in feats.labels[0] if t != -100]
     assert tokenizer.decode(first, skip_special_tokens=True) in set(queries)  # a whole target, decoded exactly
     full_eval = get_task("seq2seq").evaluate(
-        feats.spec, get_metric("record_f1", "sequence", data_dir=paths.root), prepared.valid, torch.device("cpu")
+        feats.spec,
+        get_metric("demos.sql:record_f1", "sequence", data_dir=paths.root),
+        prepared.valid,
+        torch.device("cpu"),
     )
     assert isinstance(full_eval, SplitEval)  # generation + execution: scored off the training path
     with torch.no_grad():
         measured = full_eval.measure(prepared.model)
     scored = full_eval.score(measured)
-    assert set(scored) == {"record_f1"} and 0.0 <= scored["record_f1"] <= 1.0  # fit makes the loss pass
+    assert set(scored) == {"demos.sql:record_f1"}  # fit makes the loss pass
+    assert 0.0 <= scored["demos.sql:record_f1"] <= 1.0
     training.train(p, hw=cpu_hw)
     submission = training.infer(p, hw=cpu_hw)
     assert len(submission) == 20 and submission["query"].map(lambda q: isinstance(q, str)).all()
@@ -557,5 +561,7 @@ def test_a_summarisers_source_is_cut_at_its_median_length_and_the_plan_says_what
     run = resolve(stages.task_preset(summary)(PRESETS["balanced"]), cpu_hw, lengths=lengths)
     assert run.preset.length_coverage == SUMMARY_SOURCE_COVERAGE and run.config.max_length == 104
     assert dict(run.table_rows())["max_length"] == "104 tokens (cuts 48.0% of rows; lossless: 200)"
-    sql = stages.Params(data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny", metric="record_f1")
+    sql = stages.Params(
+        data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny", metric="demos.sql:record_f1"
+    )
     assert resolve(stages.task_preset(sql)(PRESETS["balanced"]), cpu_hw, lengths=lengths).config.max_length == 200

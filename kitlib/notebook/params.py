@@ -73,7 +73,7 @@ class Params:
                          "custom-seq2seq | module:name (a Task of your own)", env="KIT_TASK",
                          features=True)  # fmt: skip
     metric: str = declared("auto", "what best/ follows: auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | "
-                           "exact_match | rouge_l | record_f1 | module:function", env="KIT_METRIC")  # fmt: skip
+                           "exact_match | rouge_l | module:function", env="KIT_METRIC")  # fmt: skip
     objective: str = declared("auto", "regression loss: auto (what the metric rewards) | mse | mae | log_mse | log_mae",
                               choices=tuple(OBJECTIVES), stage="02", features=True)  # fmt: skip
     numeric: tuple[str, ...] = declared((), "numeric columns beside the text, e.g. ['year', 'runtime']", stage="01",

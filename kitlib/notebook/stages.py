@@ -292,7 +292,7 @@ def read_competition(p: Params, run: Choice | ResolvedRun) -> Competition:
     train = _read_train(p)
     spec = workload.target(train[p.target], p, p.metric)
     metric = get_metric(p.metric, spec.kind, data_dir=p.data_dir)
-    check_metric(metric, train[p.target])
+    check_metric(metric, train[p.target], f"{p.train_file} column {p.target!r}")
     if run.preset.row_limit is not None and len(train) > run.preset.row_limit:
         train = train.sample(run.preset.row_limit, random_state=p.seed).sort_index()
     test = read_table(p.data_dir / p.test_file, text=p.text, id=p.id)

@@ -19,7 +19,7 @@ REFINE = 21  # then this many evenly spaced between the best candidate's neighbo
 MAX_ROWS = 20_000  # rows the candidates are judged on (a sample beyond): ~84 metric calls over them, well under 1 s
 ROUNDS = 1000  # bootstrap resamples of the validation rows
 LEVEL = 90  # percent: the interval's coverage
-ROW_MEAN = frozenset({"accuracy", "mae", "smape", "exact_match", "rouge_l", "record_f1"})  # means of per-row scores
+ROW_MEAN = frozenset({"accuracy", "mae", "smape", "exact_match", "rouge_l"})  # means of per-row scores
 BUDGET_S = 10.0  # seconds of metric calls the bootstrap of any other metric may take (at least 100 rounds)
 # What to try when the model does not clearly win, with the run facts meaning it was done (``done``)
 TRIES = (
@@ -105,11 +105,12 @@ def compare(metric: Metric, y_true: Any, model: Any, baseline: Any, *, seed: int
     sign, n = (1.0 if metric.mode == "max" else -1.0), len(y_true)
     rng = np.random.default_rng(seed)
 
-    def gain(rows: Any) -> float:
-        return sign * (metric(y_true[rows], model[rows]) - metric(y_true[rows], baseline[rows]))
+    def gain(rows: Any) -> Any:
+        return sign * (metric.scores(y_true[rows], model[rows]) - metric.scores(y_true[rows], baseline[rows]))
 
-    if metric.name in ROW_MEAN:
-        per_row = np.array([gain(slice(i, i + 1)) for i in range(n)])
+    whole = gain(slice(None))  # each row's gain when the metric gives each row's score (a user's may)
+    if whole.ndim or metric.name in ROW_MEAN:  # a mean of per-row scores: resample those, one pass over the rows
+        per_row = whole if whole.ndim else np.array([gain(slice(i, i + 1)) for i in range(n)])
         samples = per_row[rng.integers(0, n, (ROUNDS, n))].mean(axis=1)
     else:
         began, found = time.perf_counter(), list[float]()
@@ -117,7 +118,7 @@ def compare(metric: Metric, y_true: Any, model: Any, baseline: Any, *, seed: int
             found.append(gain(rng.integers(0, n, n)))
         samples = np.array(found)
     low, high = np.percentile(samples, [(100 - LEVEL) / 2, (100 + LEVEL) / 2])
-    return Gap(gain(slice(None)), float(low), float(high), n)
+    return Gap(float(np.mean(whole)), float(low), float(high), n)
 
 
 class BestRows:

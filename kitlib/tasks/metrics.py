@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
+import inspect
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +15,12 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from kitlib.config import Mode
-from kitlib.errors import SetupError, in_setup
-from kitlib.tasks.sql_metric import mean_record_f1
+from kitlib.errors import DataError, KitError, SetupError, in_setup
 
 if TYPE_CHECKING:
     from kitlib.config import TargetRule
 
-MetricFn = Callable[[np.ndarray, np.ndarray], float]
+MetricFn = Callable[[np.ndarray, np.ndarray], "float | np.ndarray"]  # a number, or each row's score (their mean)
 AUTO = {"binary": "accuracy", "multiclass": "accuracy", "regression": "rmse", "sequence": "exact_match"}  # "auto"
 LOG_TARGET_METRICS = frozenset({"smape", "rmsle"})  # relative errors: a log target trains what they score
 
@@ -33,7 +33,11 @@ class Metric:
     kinds: frozenset[str]  # the target kinds it applies to ("binary", "multiclass", "regression")
 
     def __call__(self, y_true: np.ndarray, y_pred: np.ndarray) -> float:
-        return float(self.fn(np.asarray(y_true), np.asarray(y_pred)))
+        return float(np.mean(self.scores(y_true, y_pred)))
+
+    def scores(self, y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+        """The score, or each row's when ``fn`` gives them (a user's may: the score is then their mean)."""
+        return np.asarray(self.fn(np.asarray(y_true), np.asarray(y_pred)), dtype=np.float64)
 
     def better(self, a: float, b: float) -> bool:
         return a > b if self.mode == "max" else a < b
@@ -99,15 +103,6 @@ def _lcs(a: Sequence[str], b: Sequence[str]) -> int:
     return previous[-1]
 
 
-def record_f1_on(database: Path) -> MetricFn:
-    """Mean record F1 of the generated queries' result rows against the references', run read-only on ``database``."""
-
-    def record_f1(y_true: np.ndarray, y_pred: np.ndarray) -> float:
-        return mean_record_f1([str(q) for q in y_pred], [str(q) for q in y_true], database)
-
-    return record_f1
-
-
 def rmsle(y_true: np.ndarray, y_pred: np.ndarray) -> float:
     """Root mean squared log error; negative predictions count as 0 (Kaggle clips them the same way)."""
     a, f = np.log1p(np.clip(y_true, 0, None).astype(np.float64)), np.log1p(np.clip(y_pred, 0, None).astype(np.float64))
@@ -116,7 +111,6 @@ def rmsle(y_true: np.ndarray, y_pred: np.ndarray) -> float:
 
 _CLASSES, _NUMBERS, _TEXTS = frozenset({"binary", "multiclass"}), frozenset({"regression"}), frozenset({"sequence"})
 _WHAT = {_CLASSES: "classes", _NUMBERS: "numbers", _TEXTS: "generated texts"}
-DATABASE_SUFFIXES = (".sqlite", ".sqlite3", ".db")  # record_f1's database: the one such file in data_dir
 METRICS: Mapping[str, Metric] = MappingProxyType(
     {
         m.name: m
@@ -129,7 +123,6 @@ METRICS: Mapping[str, Metric] = MappingProxyType(
             Metric("rmsle", "min", rmsle, _NUMBERS),
             Metric("exact_match", "max", exact_match, _TEXTS),
             Metric("rouge_l", "max", rouge_l, _TEXTS),
-            Metric("record_f1", "max", exact_match, _TEXTS),  # fn bound to the data's database by get_metric
         )
     }
 )
@@ -146,7 +139,7 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
         mode = getattr(fn, "mode", "max")
         if mode not in get_args(Mode):
             raise SetupError(f"metric {name!r} has mode = {mode!r}: set it to 'min' or 'max' on the function")
-        return Metric(name, "min" if mode == "min" else "max", _users(name, fn), _CLASSES | _NUMBERS)
+        return Metric(name, "min" if mode == "min" else "max", _users(name, fn, data_dir), _CLASSES | _NUMBERS | _TEXTS)
     if name not in METRICS:
         raise SetupError(
             f"metric = {name!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own. Fix: "
@@ -159,22 +152,28 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
             f"metric = {name!r} scores {_WHAT[metric.kinds]}, but the target is "
             f"{kind}: use one of {fits}, or set task (classify/regress) if the target was read as the wrong kind"
         )
-    if name == "record_f1":
-        return dataclasses.replace(metric, fn=record_f1_on(database_in(data_dir)))
     return metric
 
 
-def _users(spec: str, fn: Callable[..., Any]) -> MetricFn:
-    """The user's metric, with kitlib's error naming the parameter and the fix when it raises or gives no number."""
+def _users(spec: str, fn: Callable[..., Any], data_dir: Path | None) -> MetricFn:
+    """The user's metric (given ``data_dir=`` when it takes it), with kitlib's error naming the parameter and the fix
+    when it raises or gives neither a number nor one per row; a kitlib error it raises (about the data) as it is."""
+    given = {"data_dir": data_dir} if "data_dir" in inspect.signature(fn).parameters else {}
 
-    def metric(y_true: np.ndarray, y_pred: np.ndarray) -> float:
+    def metric(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
         try:
-            return float(fn(y_true, y_pred))
+            scores = np.asarray(fn(y_true, y_pred, **given), dtype=np.float64)
+            if scores.ndim and scores.shape != (len(y_true),):
+                raise ValueError(f"it returned {scores.shape} scores for {len(y_true)} rows")
+            return scores
+        except KitError:
+            raise
         except Exception as err:
             raise SetupError(
                 f"metric = {spec!r} failed on {len(y_true)} rows: {type(err).__name__}: {err}. Fix the function: it "
-                "gets (y_true, y_pred), numpy arrays in the target's units, and must return a number for any "
-                "predictions (a perfect one included); then re-run 00_setup"
+                "gets (y_true, y_pred), numpy arrays in the target's units (and data_dir= when it takes it), and must "
+                "return a number, or each row's score, for any predictions (a perfect one included); then re-run "
+                "00_setup"
             ) from err
 
     return metric
@@ -200,22 +199,15 @@ def check_metric_fits(target: Sequence[Any], name: str, rule: TargetRule, metric
     )
 
 
-def check_metric(metric: Metric, target: Sequence[Any]) -> None:
-    """Call a user's metric once on a perfect prediction (~1 ms), so one that cannot score fails in 00."""
+def check_metric(metric: Metric, target: Sequence[Any], source: str = "the target") -> None:
+    """Call a user's metric once on a perfect prediction of every row (as 02 scores its validation rows), so one
+    that cannot score, or data it refuses (a DataError, prefixed with ``source``), stops 00."""
     if ":" in metric.name:
-        y = np.asarray(target)[:64]
-        metric(y, y.copy())
-
-
-def database_in(data_dir: Path | None) -> Path:
-    found = sorted(f for f in data_dir.iterdir() if f.suffix in DATABASE_SUFFIXES) if data_dir is not None else []
-    if len(found) != 1:
-        where = f"data_dir ({data_dir}) holds {[f.name for f in found]}" if data_dir else "no data_dir was given"
-        raise SetupError(
-            f"metric 'record_f1' executes the generated SQL on the competition's database, but {where}: put exactly "
-            f"one SQLite file ({', '.join(DATABASE_SUFFIXES)}) in data_dir"
-        )
-    return found[0]
+        y = np.asarray(target)
+        try:
+            metric(y, y.copy())
+        except DataError as err:
+            raise DataError(f"{source}: {err}") from err
 
 
 def import_object(spec: str, what: str) -> Any:
@@ -223,13 +215,20 @@ def import_object(spec: str, what: str) -> Any:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise SetupError(f"{what} = {spec!r}: expected 'module:function', e.g. 'my_metrics:f2_score'")
+    checkout = str(Path(__file__).resolve().parents[2])  # a clone's demos/ package (the wheel leaves it out)
+    demo = module_name.startswith("demos.") and checkout not in sys.path
     try:
+        if demo:  # for this import only: a kernel's cwd is its notebook's folder, not the clone
+            sys.path.insert(0, checkout)
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise SetupError(
             f"{what} = {spec!r}: module {module_name!r} does not import ({err}). Fix: put {module_name}.py beside the "
             "notebooks (or on sys.path / in an installed package) and check the name"
         ) from err
+    finally:
+        if demo:
+            sys.path.remove(checkout)
     found = getattr(module, attr, None)
     if found is None:
         raise SetupError(f"{what} = {spec!r}: {module_name} has no {attr!r} (it has: {_public(module)})")

@@ -18,10 +18,8 @@ from kitlib.models.seq2seq import data_tokenizer, short_texts, tiny_seq2seq
 from kitlib.notebook.tasks import generation as gen
 from kitlib.notebook.tasks.base import Context, Params, Prepared, RoughCost
 from kitlib.notebook.tasks.generation import IGNORE, TextGenerationTask, model_folder
-from kitlib.tasks.metrics import database_in
-from kitlib.tasks.sql_metric import check_references
 
-# lazy: transformers (+0.6 s), pandas (+0.2 s), torch (+1.0 s): only loading, SQL and timing need them
+# lazy: transformers (+0.6 s), pandas (+0.2 s), torch (+1.0 s): only loading and timing need them
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,12 +52,6 @@ def summary_source(preset: Preset, p: Params) -> Preset:
 
 class Seq2SeqTask(TextGenerationTask):
     name = "seq2seq"
-
-    def target(self, column: pd.Series, p: Params, metric: str) -> TargetSpec:
-        spec = super().target(column, p, metric)
-        if metric == "record_f1":
-            _check_sql(column, p)
-        return spec
 
     epochs_from_scratch = 10  # x the preset's epochs: nothing is pretrained, every pattern comes from the rows
 
@@ -153,19 +145,6 @@ def _short_text_rows(p: Params) -> int | None:
     train = read_table(path, text=p.text, target=p.target, rule=Seq2SeqTask.target_rule)
     short, _ = short_texts([*train[p.text].astype(str), *train[p.target].astype(str)])
     return len(train) if short else None
-
-
-def _check_sql(column: pd.Series, p: Params) -> None:
-    """Run each SQL reference once now on the read-only database, so a broken one stops 00, not 02's first eval."""
-    import pandas as pd
-
-    database = database_in(p.data_dir)
-    check_references(column, database, source=f"{p.train_file} column {column.name!r}")
-    solution = p.data_dir / "solution.csv"
-    if solution.is_file():
-        gold = pd.read_csv(solution)
-        if p.target in gold.columns:
-            check_references(gold[p.target], database, source=f"{solution.name} column {p.target!r}")
 
 
 def _pretrained(folder: Any, **kwargs: Any) -> tuple[Any, Any]:
