@@ -14,7 +14,8 @@ import torch
 from kitlib.errors import PrecisionError, UnsupportedGPUError
 from kitlib.machine.hardware import (
     ARCH_LIST_WITH_SM60,
-    KAGGLE_ARCH_LIST,
+    KAGGLE_TORCH,
+    build_arch_list,
     check_torch_supports,
     detect,
     detect_platform,
@@ -27,6 +28,7 @@ PROFILES = ["T4", "2xT4", "P100", "V100", "A100", "L4", "H100", "MPS", "CPU-AMX"
 # Kaggle's image is built FROM the Colab runtime, so a Kaggle session carries COLAB_* too.
 KAGGLE_ENV = {"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "KAGGLE_URL_BASE": "https://www.kaggle.com"}
 COLAB_VARS = {"COLAB_RELEASE_TAG": "release-colab_20260901-060000_RC00", "COLAB_GPU": "1"}
+KAGGLE_ARCH_LIST = build_arch_list(KAGGLE_TORCH)  # the kernels of Kaggle's torch: sm_70 up, no sm_60
 
 
 @pytest.fixture(autouse=True)
@@ -117,7 +119,6 @@ def _proc_flags() -> set[str]:
 def test_detect_this_machine() -> None:
     hw = detect({})
     assert hw.platform == "local"
-    assert hw.input_dir == Path.cwd() / "input"
     assert 1 <= hw.cpu_count <= (os.cpu_count() or 1)
     assert hw.ram_bytes > 2**28
     assert hw.torch_version == torch.__version__
@@ -157,17 +158,12 @@ def test_detect_in_a_colab_like_session(monkeypatch: pytest.MonkeyPatch, kernel_
     kernel_of(True)
     environ = {"COLAB_RELEASE_TAG": COLAB_VARS["COLAB_RELEASE_TAG"], "COLAB_BACKEND_VERSION": "next", "HOME": "/root"}
     hw = detect(environ)
-    assert (hw.platform, hw.interactive, hw.working_dir, hw.input_dir) == (
-        "colab",
-        True,
-        Path("/content"),
-        Path("/content"),
-    )
+    assert (hw.platform, hw.interactive) == ("colab", True)
     assert "platform:  colab (interactive)" in hw.summary()
     monkeypatch.delitem(sys.modules, "google.colab")  # `!jupyter nbconvert --execute` in a Colab VM: vars only
     kernel_of(False)
     headless = detect({"COLAB_GPU": "1"})
-    assert (headless.platform, headless.interactive, headless.working_dir) == ("colab", False, Path("/content"))
+    assert (headless.platform, headless.interactive) == ("colab", False)
 
 
 @pytest.mark.parametrize(("run_type", "stdin", "interactive"), [("Interactive", True, True), ("Batch", False, False)])
@@ -177,7 +173,7 @@ def test_detect_kaggle_interactive_and_batch(
     """Kaggle's editor session vs Save & Run All / `kaggle kernels push` (papermill); its image carries COLAB_* too."""
     kernel_of(stdin)
     hw = detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type, **COLAB_VARS})
-    assert (hw.platform, hw.interactive, hw.working_dir) == ("kaggle", interactive, Path("/kaggle/working"))
+    assert (hw.platform, hw.interactive) == ("kaggle", interactive)
     kernel_of(True)  # Batch is headless by Kaggle's own marker, whatever the request
     assert detect({**KAGGLE_ENV, "KAGGLE_KERNEL_RUN_TYPE": run_type}).interactive is interactive
 
@@ -190,15 +186,10 @@ def test_summary_shows_the_callers_paths_not_the_platforms() -> None:
     assert "scratch" not in text and "/kaggle/temp" not in text
 
 
-def test_detect_kaggle_paths_and_batch() -> None:
+def test_detect_kaggle_batch_under_colab_vars() -> None:
     hw = detect({"KAGGLE_KERNEL_RUN_TYPE": "Batch", **COLAB_VARS})
     assert hw.platform == "kaggle" and hw.interactive is False
-    assert (hw.input_dir, hw.working_dir, hw.scratch_dir) == (
-        Path("/kaggle/input"),
-        Path("/kaggle/working"),
-        Path("/kaggle/temp"),
-    )
-    assert detect(COLAB_VARS).working_dir == Path("/content")
+    assert detect(COLAB_VARS).platform == "colab"
 
 
 def test_import_does_no_work() -> None:
@@ -228,7 +219,7 @@ def test_fake_profile_details() -> None:
     t4 = fake_profile("2XT4", platform="colab", interactive=False)  # case-insensitive
     assert [a.index for a in t4.accelerators] == [0, 1]
     assert t4.primary is not None and (t4.primary.name, t4.primary.capability) == ("Tesla T4", (7, 5))
-    assert t4.working_dir == Path("/content") and not t4.interactive
+    assert t4.platform == "colab" and not t4.interactive
     assert "Tesla T4 (sm_75" in t4.summary() and "cuda:1" in t4.summary()
     assert fake_profile("cpu-amx").cpu_amx
     with pytest.raises(ValueError, match="unknown profile"):

@@ -45,9 +45,9 @@ from kitlib.engine.record import RunRecorder
 from kitlib.engine.state import RunState
 from kitlib.engine.step import (
     MODEL_LOSSES,
+    StepLedger,
     enable_activation_checkpointing,
     mask_optional,
-    step_ledger,
     to_device,
 )
 from kitlib.engine.timing import PhaseTimer
@@ -167,8 +167,8 @@ class Loop:
             cfg, optimizer=self.optimizer, precision=self.precision, device=self.device, distributed=self.env.enabled,
             next_strategy=next_strategy(cfg), say=self.say,
         )  # fmt: skip
-        # step outcomes and the epoch's loss sums: on the device (no host sync a step), on the host for one CPU
-        self.ledger = step_ledger(self.scheduler, total_steps, self.device, self.env, self.precision)
+        # step outcomes and the epoch's loss sums: on the device (no host sync a step)
+        self.ledger = StepLedger(self.scheduler, total_steps, self.device, self.env)
         # unsettled: windows run since the ledger was read (state.step counts them as applied until ``settle``);
         # window_applied: the outcome of the window read last; checked_gradients: DDP's first-step check ran
         self.unsettled, self.window_applied, self.checked_gradients = 0, True, False

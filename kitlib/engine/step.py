@@ -65,18 +65,15 @@ class StepLedger:
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device,
                  env: distributed.DistEnv | None = None) -> None:  # fmt: skip
-        self.lrs = [
+        lrs = [
             [base * rule(step) for rule, base in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)]
             for step in range(total_steps + 1)
         ]
         self.last, self.env = total_steps, env or distributed.DistEnv()
-        self.constant = all(row == self.lrs[0] for row in self.lrs)  # the groups' floats are every step's LR
+        self.constant = all(row == lrs[0] for row in lrs)  # the groups' floats are every step's LR
         self.marked = (0.0, 0.0)  # the loss sums at the last log (or the epoch's start): a log's loss is the window's
-        self._place(device)
-
-    def _place(self, device: torch.device) -> None:
         # The CPU fused kernel reads a tensor lr as a double (bit-identical to a float lr); the CUDA one reads fp32.
-        self.table = torch.tensor(self.lrs, dtype=torch.float64 if device.type == "cpu" else torch.float32).to(device)
+        self.table = torch.tensor(lrs, dtype=torch.float64 if device.type == "cpu" else torch.float32).to(device)
         # step's constants: counts * (keep + s * keep_skip) + (add + s * add_skip)
         self._keep, self._keep_skip, self._add, self._add_skip = torch.tensor(
             [[1, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1], [-1, 1, 1, -1]], dtype=torch.float64, device=device
@@ -116,9 +113,6 @@ class StepLedger:
         self.sums.add_(torch.where(applied, torch.stack([loss_sum, items]), 0.0))
         return applied
 
-    def _lrs(self) -> Any:
-        return self.table.index_select(0, self.counts[:1].long().clamp_(max=self.last))[0]
-
     @contextlib.contextmanager
     def scheduled_lr(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
         """Each param group's LR at the applied count, during ``optimizer.step()`` only: between steps the groups keep
@@ -126,8 +120,8 @@ class StepLedger:
         if self.constant:
             yield
             return
-        lrs = self._lrs()
-        if isinstance(lrs, torch.Tensor) and not getattr(optimizer, "_step_supports_amp_scaling", False):
+        lrs: Any = self.table.index_select(0, self.counts[:1].long().clamp_(max=self.last))[0]
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
             lrs = lrs.tolist()  # a host sync: only an optimizer that cannot take its LR as a device tensor
         floats = [group["lr"] for group in optimizer.param_groups]
         for group, lr in zip(optimizer.param_groups, lrs, strict=True):
@@ -176,67 +170,8 @@ class StepLedger:
         """``run``: a saved ``RunState`` with ``state_dict``'s sums (rank 0 holds the ranks' sum, the others none)."""
         loss = float(run.get("epoch_loss_sum", 0.0)) if self.env.is_main else 0.0
         items = float(run.get("epoch_items", 0.0))
-        self._load([run["step"], run["skipped"], run["nonfinite_streak"], 0], [loss, items])
-
-    def _load(self, counts: list[int], sums: list[float]) -> None:
-        self.counts.copy_(torch.tensor(counts, dtype=torch.float64))
-        self.sums.copy_(torch.tensor(sums, dtype=torch.float64))
-
-
-class HostLedger(StepLedger):
-    """``StepLedger`` in Python numbers, for a single-process CPU run without a loss scaler, where a small torch op
-    costs ~8 us and nothing waits for a device: 11 us a step, not 150 (docs/measurements.md, #49)."""
-
-    def _place(self, device: torch.device) -> None:
-        self.counts: list[int] = [0, 0, 0, 1]  # type: ignore[assignment]
-        self.sums: list[float] = [0.0, 0.0]  # type: ignore[assignment]
-
-    def tally(self, window: list[Batch], count_fn: CountFn) -> tuple[list[Any], Any]:
-        counts = [_host(count_fn(batch)) for batch in window]
-        return counts, sum(counts) or math.nan  # nothing scored: nan as 0/0 on the device, so the step is skipped
-
-    def step(self, optimizer: torch.optim.Optimizer, precision: Precision, norm: torch.Tensor,
-             losses: list[torch.Tensor], counts: list[Any], items: Any) -> bool:  # fmt: skip
-        applied = math.isfinite(_host(norm))
-        with self.scheduled_lr(optimizer):
-            if applied:
-                optimizer.step()
-            else:  # called all the same, to skip on its own as on the device: its step hooks see every window
-                precision.apply(optimizer, torch.ones(()))
-        done, skipped, streak, _ = self.counts
-        self.counts = [done + 1, skipped, 0, 1] if applied else [done, skipped + 1, streak + 1, 0]
-        if applied:
-            self.sums = [self.sums[0] + sum(_host(loss) * c for loss, c in zip(losses, counts, strict=True)),
-                         self.sums[1] + items]  # fmt: skip
-        return applied
-
-    def _lrs(self) -> Any:
-        return self.lrs[min(self.counts[0], self.last)]
-
-    def read(self) -> tuple[int, int, int, bool]:
-        applied, skipped, streak, window = self.counts
-        return applied, skipped, streak, bool(window)
-
-    def _sums(self) -> tuple[float, float]:
-        return self.sums[0], self.sums[1]
-
-    def reset(self) -> None:
-        self.sums = [0.0, 0.0]
-
-    def _load(self, counts: list[int], sums: list[float]) -> None:
-        self.counts, self.sums = counts, sums
-
-
-def _host(value: Any) -> float:
-    """A number, or a CPU tensor's value read through numpy: no torch op (a CPU tensor has no device to wait for)."""
-    return float(value.detach().float().numpy()) if isinstance(value, torch.Tensor) else float(value)
-
-
-def step_ledger(scheduler: torch.optim.lr_scheduler.LambdaLR, total_steps: int, device: torch.device,
-                env: distributed.DistEnv, precision: Precision) -> StepLedger:  # fmt: skip
-    """The host ledger for a single-process CPU run without a loss scaler, else the device one."""
-    host = device.type == "cpu" and not env.enabled and not precision.plan.use_grad_scaler
-    return (HostLedger if host else StepLedger)(scheduler, total_steps, device, env)
+        self.counts.copy_(torch.tensor([run["step"], run["skipped"], run["nonfinite_streak"], 0], dtype=torch.float64))
+        self.sums.copy_(torch.tensor([loss, items], dtype=torch.float64))
 
 
 def enable_activation_checkpointing(model: nn.Module, modules: Sequence[str] = ()) -> list[str]:

@@ -55,9 +55,6 @@ class Accelerator:
 class HardwareInfo:
     platform: Platform
     interactive: bool  # False for Kaggle batch runs, nbconvert/papermill/headless runs, CI
-    input_dir: Path
-    working_dir: Path  # saved outputs; Kaggle keeps ~20 GB of /kaggle/working
-    scratch_dir: Path  # large, unsaved; may not exist yet (Kaggle's /kaggle/temp must be created by the user)
     cpu_count: int  # usable CPUs: affinity mask, capped by a cgroup CPU quota
     ram_bytes: int  # physical RAM, capped by a cgroup memory limit
     accelerators: tuple[Accelerator, ...]
@@ -159,18 +156,6 @@ def switch(value: str) -> bool | None:
     return True if text in _TRUTHY else False if text in _FALSY else None
 
 
-def _platform_dirs(platform: Platform, cwd: Path) -> tuple[Path, Path, Path]:
-    """(input, working, scratch) per platform."""
-    if platform == "kaggle":
-        # /kaggle/input is read-only mounts; /kaggle/working is the saved Output (~20 GB); /kaggle/temp is the usual
-        # unsaved scratch (users create it) on the larger disk.
-        return Path("/kaggle/input"), Path("/kaggle/working"), Path("/kaggle/temp")
-    if platform == "colab":
-        # Colab has one VM disk under /content (uploads, Drive at /content/drive); nothing is kept after the VM dies.
-        return Path("/content"), Path("/content"), Path("/tmp")
-    return cwd / "input", cwd / "outputs", cwd / "scratch"
-
-
 # --------------------------------------------------------------------------------------------------------- probing
 
 
@@ -180,14 +165,10 @@ def detect(environ: Mapping[str, str] | None = None) -> HardwareInfo:
 
     env: Mapping[str, str] = os.environ if environ is None else environ
     platform = detect_platform(env)
-    input_dir, working_dir, scratch_dir = _platform_dirs(platform, Path.cwd())
     ram = _ram_bytes()
     return HardwareInfo(
         platform=platform,
         interactive=is_interactive(env),
-        input_dir=input_dir,
-        working_dir=working_dir,
-        scratch_dir=scratch_dir,
         cpu_count=usable_cpus(),
         ram_bytes=ram,
         accelerators=_accelerators(ram),
@@ -499,7 +480,6 @@ def check_compile(hw: HardwareInfo) -> str:
 
 # Kaggle's default image: torch 2.10.0+cu128, whose kernels start at sm_70 (no sm_60: Kaggle/kaggle-cli#1151).
 KAGGLE_TORCH = "2.10.0+cu128"
-KAGGLE_ARCH_LIST = build_arch_list(KAGGLE_TORCH)
 # A cu126 build, which still ships Pascal kernels (pass as fake_profile(..., torch_cuda_arch_list=...)).
 ARCH_LIST_WITH_SM60 = _CU126
 
@@ -559,16 +539,12 @@ def fake_profile(
         Accelerator(i, gpu_name, cap, mib * _MIB, profile.device_type)
         for i, (gpu_name, cap, mib) in enumerate(profile.gpus)
     )
-    input_dir, working_dir, scratch_dir = _platform_dirs(platform, Path.cwd())
     arch = (
         build_arch_list(torch_version) if torch_cuda_arch_list is None and cuda else tuple(torch_cuda_arch_list or ())
     )
     return HardwareInfo(
         platform=platform,
         interactive=interactive,
-        input_dir=input_dir,
-        working_dir=working_dir,
-        scratch_dir=scratch_dir,
         cpu_count=profile.cpu_count,
         ram_bytes=int(profile.ram_gib * _GIB),
         accelerators=accelerators,

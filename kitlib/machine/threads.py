@@ -11,22 +11,15 @@ from kitlib.machine.hardware import local_processes, threads_per_worker
 # lazy: torch (+1.0 s): the stages decorate with cpu_threads and stay light to import (python -X importtime).
 
 
-def share() -> int:
-    """This process's share of its usable CPUs (affinity, cgroup quota, split between the training processes here:
-    ``threads_per_worker``), never more than torch already has."""
-    import torch
-
-    return min(torch.get_num_threads(), threads_per_worker(max(1, local_processes())))
-
-
 @contextlib.contextmanager
 def cpu_threads(threads: int | None = None) -> Iterator[int]:
-    """Compute threads for the block (torch's pool and RAYON_NUM_THREADS; default ``share()``), restored afterwards;
-    yields the count."""
+    """Compute threads for the block (torch's pool and RAYON_NUM_THREADS), restored afterwards; yields the count.
+    Default: this process's share of its usable CPUs (affinity, cgroup quota, split between the training processes
+    here: ``threads_per_worker``), never more than torch already has."""
     import torch
 
     before = torch.get_num_threads()
-    n = threads if threads is not None else share()
+    n = threads if threads is not None else min(before, threads_per_worker(max(1, local_processes())))
     saved = os.environ.get("RAYON_NUM_THREADS")
     os.environ["RAYON_NUM_THREADS"] = str(n)
     torch.set_num_threads(n)
