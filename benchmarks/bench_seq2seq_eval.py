@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's d
 
 import torch
 
-from demos.sql import PARAMETERS, make_sql_demo
+from demos.sql import make_sql_demo, parameters
 from kitlib.engine.loop import fit
 from kitlib.machine.hardware import fake_profile
 from kitlib.notebook import stages, training
@@ -43,12 +43,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         paths = make_sql_demo(Path(tmp) / "sql", n_train=args.rows, n_test=20)
         p = stages.params(
-            data_dir=paths.root, work_dir=Path(tmp) / "work", preset="balanced", model="tiny", **PARAMETERS
+            data_dir=paths.root, work_dir=Path(tmp) / "work", preset="balanced", model="tiny", **parameters(paths.root)
         )
         stages.setup(p, hw)
         stages.features(p, hw=hw, quiet=True)
         feats = stages.load_features(p)
-        task, metric = get_task(p.task), get_metric(PARAMETERS["metric"], "sequence", data_dir=paths.root)
+        task, metric = get_task(p.task), get_metric(p.metric, "sequence", data_dir=paths.root)
         base = dataclasses.replace(training._train_config(p, feats), epochs=args.epochs, save_best=False)
         # Generation costs what the model generates: a fresh model stops at once. Train first, then time each way
         # from those weights, in the order A B C C B A (drift on a shared machine hits every side alike).
@@ -77,8 +77,8 @@ def main() -> None:
             wall = time.perf_counter() - started
             walls[name].append(wall)
             gaps[name].append((wall - float(result.history["epoch_s"].sum())) / args.epochs)
-            if PARAMETERS["metric"] in result.history:
-                f1s[name] = float(result.history[PARAMETERS["metric"]].dropna().iloc[-1])
+            if p.metric in result.history:
+                f1s[name] = float(result.history[p.metric].dropna().iloc[-1])
         print(f"{'run':<12} {'wall s':>8} {'gap s/epoch':>12} {'last record_f1':>15}")
         for name in runs:
             wall, gap = statistics.mean(walls[name]), statistics.mean(gaps[name])

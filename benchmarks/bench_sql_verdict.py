@@ -1,10 +1,11 @@
 """The SQL demo's 02 verdict (``baseline.compare``: the model's gain over the constant baseline with its 90% bootstrap
 interval) timed on one validation split, for the kitlib on PYTHONPATH: before #50 B6 the built-in ``record_f1``, after
-it the demo's ``demos.sql:record_f1``, which returns each row's score. ``--scalar`` wraps the demo's metric to return
-only the mean, as a user metric without row scores would (a metric call per bootstrap resample). Pinned, interleaved:
+it the demo's ``demos.sql:record_f1`` (s16-metric2: its folder's ``sql_metric.py:record_f1``), which returns each
+row's score. ``--scalar`` wraps the demo's metric to return only the mean, as a user metric without row scores would
+(a metric call per bootstrap resample). Pinned, interleaved:
 
     python -c "from demos.sql import make_sql_demo; make_sql_demo('/tmp/sqlbench/demo')"
-    for i in 1 2 3 4 5; do for tree in /work/main /work/wt-metric; do
+    for i in 1 2 3 4 5; do for tree in /work/main /work/wt-metric2; do
       PYTHONPATH=$tree taskset -c 1 env OMP_NUM_THREADS=1 python benchmarks/bench_sql_verdict.py /tmp/sqlbench/demo
     done; done
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import time
 from pathlib import Path
@@ -33,6 +35,8 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="time 00's check of every training reference instead")
     args = parser.parse_args()
     name = "record_f1" if "record_f1" in METRICS else "demos.sql:record_f1"
+    if not hasattr(importlib.import_module("demos.sql"), "record_f1"):  # s16-metric2: the file the demo writer copies
+        name = f"{args.data.resolve() / 'sql_metric.py'}:record_f1"
     metric = get_metric(name, "sequence", data_dir=args.data)
     if args.check:
         return check(metric, args.data)

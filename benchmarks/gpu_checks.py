@@ -787,15 +787,14 @@ def synthetic_competition(task: str, folder: Path, n: int) -> dict[str, Any]:
     """A small competition for each task that needs no demo package (scattertext, bokeh-sampledata): parameters."""
     from demos.custom import BILSTM
     from demos.custom import PARAMETERS as CUSTOM
-    from demos.sql import PARAMETERS as SQL
     from demos.sql import make_sql_demo
+    from demos.sql import parameters as sql_parameters
 
     n_test = max(
         8, n // 10
     )  # 03 predicts them all: on a CPU, generating 20 SQL answers took 34 s of the 88 s demo (loaded)
     if task == "seq2seq":
-        make_sql_demo(folder, n_train=n, n_test=n_test)
-        return dict(SQL)
+        return sql_parameters(make_sql_demo(folder, n_train=n, n_test=n_test).root)  # its metric file's full path
     frame = _sentiment_rows(n + n_test, seed=0)
     if task == "tabular_text":
         _write_competition(folder, frame, "price", ["text", "n1", "n2", "c1"], n_test)
@@ -839,6 +838,7 @@ def demo_inputs(task: str, scratch: Path, rows: int) -> tuple[Path, dict[str, An
     """``task``'s competition folder, 00's parameters for it, and where it came from: the real demo when carried
     (``--make-data``), else a synthetic one of ``rows`` rows made in ``scratch``."""
     from demos.custom import parameters as custom_parameters
+    from demos.sql import parameters as sql_parameters
 
     carried = Path(os.environ.get(DATA_ENV, ROOT / ".gpu_suite_data")) / task
     if (carried / "suite_parameters.json").is_file():
@@ -848,8 +848,8 @@ def demo_inputs(task: str, scratch: Path, rows: int) -> tuple[Path, dict[str, An
         data = scratch / "data"
         params = synthetic_competition(task, data, rows)
         source = f"synthetic ({DATA_ENV} names no demo data for {task})"
-    if task == "custom":  # 00 finds the factory file by its full path, which is known only where the data lies now
-        params = {**params, **custom_parameters(data)}
+    if task in ("custom", "seq2seq"):  # 00 finds the factory / metric file by its full path: known where the data is
+        params = {**params, **(custom_parameters if task == "custom" else sql_parameters)(data)}
     return data, params, source
 
 
@@ -930,7 +930,7 @@ def check_seq2seq_eval(ctx: Ctx) -> None:
     result = training.train(p, hw=hw, callbacks=(watch,))
     medians = {e: round(1000 * statistics.median(s[1:] or s), 2) for e, s in watch.by_epoch.items()}
     ctx.figure("median_step_ms_by_epoch", medians)
-    ctx.figure("full_evals", int(result.history.get("demos.sql:record_f1", result.history.iloc[:, 0]).notna().sum()))
+    ctx.figure("full_evals", int(result.history.get(p.metric, result.history.iloc[:, 0]).notna().sum()))
     weights_mib = sum(t.numel() * t.element_size() for t in result.model.state_dict().values()) / 2**20
     ctx.figure("weights_mib", round(weights_mib, 2))
     if not cuda():

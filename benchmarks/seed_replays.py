@@ -204,7 +204,13 @@ def make_data(w: Workload, root: Path, rows: tuple[int, int], made: Path | None 
 
 
 def about(data: Path) -> dict[str, Any]:
+    """The demo's 00 parameters, a file they name (a metric, a model factory: by full path) re-pointed at ``data``:
+    a folder made elsewhere (--make-data) names the files where it was made."""
     parameters: dict[str, Any] = json.loads((data / "demo.json").read_text())["parameters"]
+    for name in ("metric", "model_factory"):
+        where, _, function = str(parameters.get(name, "")).rpartition(":")
+        if where.endswith(".py"):
+            parameters[name] = f"{data.resolve() / Path(where).name}:{function}"
     return parameters
 
 

@@ -1,7 +1,7 @@
 """An offline text-to-SQL demo competition: questions about a small shop, answered by SQLite queries.
 
     paths = make_sql_demo("sqldemo")                          # shop.sqlite + train/test/sample_submission/solution
-    score_sql(paths.solution, "submission.csv", paths.db)     # mean record F1 (record_f1, below)
+    score_sql(paths.solution, "submission.csv", paths.db)     # mean record F1 (sql_metric.py)
 
 ``shop.sqlite`` holds three tables (``SCHEMA``: customers, products, orders) generated from ``seed``. The questions
 come from ``TEMPLATES`` (filters, counts, aggregates with GROUP BY / HAVING, ORDER BY + LIMIT, joins, a subquery),
@@ -11,9 +11,9 @@ every gold query executes and answers something. The split is by slot value: eac
 a train pool and a held-out test pool, so test.csv asks the same templates about values no training question
 mentions. solution.csv holds the gold queries: only scoring reads it. Standard library + numpy/pandas only.
 
-The metric is the demo's own, a user's ``module:function`` to kitlib (``metric = "demos.sql:record_f1"``): each
-row's record F1 (result rows as multisets), run read-only, timed and row-capped (a failing prediction scores 0) on
-the one SQLite file in ``data_dir``.
+The metric is the demo's own, a user's metric file to kitlib: the writer copies ``sql_metric.py`` (``METRIC_FILE``)
+into the folder, and 00's parameters name it by full path (``metric = "<folder>/sql_metric.py:record_f1"``: each
+row's record F1, both queries run read-only, timed and row-capped on the one SQLite file in ``data_dir``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ import os
 import sqlite3
 import string
 import tempfile
-import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,14 +33,14 @@ import numpy as np
 import pandas as pd
 
 from demos import DemoPaths, prepare_demo_dir, write_csv
-from kitlib._files import fsync_dir, fsync_file
-from kitlib.errors import DataError, SetupError
+from demos.sql_metric import mean_record_f1
+from kitlib._files import fsync_dir, fsync_file, write_atomic
 from kitlib.tasks.baseline import most_common
 from kitlib.tasks.scoring import read_matched, read_scored
 
 DB_FILE = "shop.sqlite"
-METRIC = "demos.sql:record_f1"  # the demo's metric, a user's module:function to kitlib
-PARAMETERS = {"task": "seq2seq", "metric": METRIC, "text": "question", "target": "query"}  # 00's, demo.json
+METRIC_FILE = "sql_metric.py"  # the demo's metric (demos/sql_metric.py), copied beside its data
+PARAMETERS = {"task": "seq2seq", "text": "question", "target": "query"}  # 00's, demo.json; + metric: parameters()
 PLACEHOLDER_QUERY = "SELECT 1"  # sample_submission.csv: valid SQL, (almost) never the answer
 TEST_SHARE = 0.25  # of each slot's values, held out for test.csv (split="values")
 Split = Literal["questions", "values"]
@@ -498,7 +496,9 @@ def make_sql_demo(
     far more: README)."""
     if n_train < 1 or n_test < 1:
         raise ValueError(f"n_train and n_test must be positive, got {n_train} and {n_test}")
-    root = prepare_demo_dir(dir, force, {"task": "seq2seq", "metric": METRIC, "parameters": PARAMETERS})
+    given = parameters(Path(dir))
+    root = prepare_demo_dir(dir, force, {"task": "seq2seq", "metric": given["metric"], "parameters": given})
+    write_atomic(root / METRIC_FILE, Path(__file__).with_name(METRIC_FILE).read_text())  # as the user downloads it
     train_pairs, test_pairs = _build_database(root, seed, n_train, n_test, split)
     # Random ids over all rows, files sorted by id: neither the order nor the ids reveal the template or the split.
     ids = np.random.default_rng([seed, 1]).permutation(n_train + n_test)
@@ -513,6 +513,12 @@ def make_sql_demo(
     write_csv(test[["id"]].assign(query=PLACEHOLDER_QUERY), paths.sample_submission)
     write_csv(test[["id", "query"]], paths.solution)
     return paths
+
+
+def parameters(root: Path) -> dict[str, str]:
+    """00's parameters for the demo in ``root``: a relative metric file is looked up beside the notebook, so the demo
+    names its copy of sql_metric.py by full path."""
+    return {**PARAMETERS, "metric": f"{(root / METRIC_FILE).resolve()}:record_f1"}
 
 
 def score_sql(solution_csv: str | Path, submission_csv: str | Path, db: str | Path) -> float:
@@ -533,157 +539,3 @@ def baseline_f1(paths: SqlDemoPaths) -> float:
     solution = read_scored(paths.solution, "solution", "query", text=True)
     query = most_common_query(paths.train)
     return mean_record_f1([query] * len(solution), solution["query"].tolist(), paths.db)
-
-
-# --- the metric: record F1 by executing both queries read-only (kitlib's metric = "demos.sql:record_f1")
-
-TIMEOUT_S = 1.0  # per query, fetching included
-MAX_ROWS = 100_000  # a result this large is no answer to a question about the data; refused before it fills memory
-DATABASE_SUFFIXES = (".sqlite", ".sqlite3", ".db")  # the metric's database: the one such file in data_dir
-_CHECK_EVERY = 1_000  # SQLite VM instructions between two clock checks (~tens of microseconds)
-_FETCH = 1_000
-_ROUND = 6
-
-Rows = Counter[tuple[object, ...]]
-Database = sqlite3.Connection | str | os.PathLike[str]
-
-# Authorizer action codes a read-only query needs; everything else (INSERT, DROP, ATTACH, PRAGMA, ...) is denied.
-_READ_ONLY = frozenset(
-    {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, getattr(sqlite3, "SQLITE_RECURSIVE", 33)}
-)
-
-
-class QueryFailed(Exception):
-    """A query could not give a result (SQLite error, denied, cut by the time limit, too many rows, no columns)."""
-
-
-def record_f1(y_true: np.ndarray, y_pred: np.ndarray, *, data_dir: Path | None = None) -> np.ndarray:
-    """Each row's record F1 of the generated query against the reference on data_dir's one SQLite file: kitlib
-    scores their mean, and its verdict resamples these (one pass over the rows, not one per resample)."""
-    return row_f1s(y_pred, y_true, database_in(data_dir))
-
-
-def database_in(data_dir: Path | None) -> Path:
-    """The one SQLite file in ``data_dir``; else a SetupError naming the fix."""
-    found = sorted(f for f in data_dir.iterdir() if f.suffix in DATABASE_SUFFIXES) if data_dir is not None else []
-    if len(found) != 1:
-        where = f"data_dir ({data_dir}) holds {[f.name for f in found]}" if data_dir else "no data_dir was given"
-        raise SetupError(
-            f"metric 'record_f1' executes the generated SQL on the competition's database, but {where}: put exactly "
-            f"one SQLite file ({', '.join(DATABASE_SUFFIXES)}) in data_dir"
-        )
-    return found[0]
-
-
-def connect_readonly(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """A read-only connection to an existing SQLite file (``mode=ro``: SQLite itself refuses every write)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"no SQLite database at {path}")
-    # as_uri percent-encodes the path, so '?', '#' or '%' in a folder name cannot change the URI's meaning
-    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-
-
-def _authorize(action: int, *_: object) -> int:
-    return sqlite3.SQLITE_OK if action in _READ_ONLY else sqlite3.SQLITE_DENY
-
-
-def _normalise(row: tuple[object, ...]) -> tuple[object, ...]:
-    return tuple(round(v, _ROUND) if isinstance(v, float) else v for v in row)
-
-
-def run_query(conn: sqlite3.Connection, sql: str, *, timeout: float = TIMEOUT_S, max_rows: int = MAX_ROWS) -> Rows:
-    """The result rows of one read-only statement as a multiset; QueryFailed when it gives none."""
-    if not isinstance(sql, str):
-        raise QueryFailed(f"not a query string: {sql!r}")
-    deadline = time.monotonic() + timeout
-    conn.set_authorizer(_authorize)
-    conn.set_progress_handler(lambda: time.monotonic() > deadline, _CHECK_EVERY)  # True aborts: 'interrupted'
-    try:
-        cursor = conn.execute(sql)  # one statement only: 'SELECT 1; DROP TABLE t' raises
-        if cursor.description is None:  # '', a comment: no result columns, so not a query
-            raise QueryFailed("the statement returns no columns")
-        rows: Rows = Counter()
-        while batch := cursor.fetchmany(_FETCH):
-            rows.update(_normalise(row) for row in batch)
-            if rows.total() > max_rows:
-                raise QueryFailed(f"more than {max_rows} rows")
-        return rows
-    except (sqlite3.Error, sqlite3.Warning, ValueError, OverflowError) as err:  # ValueError: a NUL in the text
-        raise QueryFailed(f"{type(err).__name__}: {err}") from err
-    finally:
-        conn.set_progress_handler(None, 0)
-        conn.set_authorizer(None)
-
-
-def rows_f1(predicted: Rows, gold: Rows) -> float:
-    """Multiset F1 between two results; both empty -> 1.0."""
-    if not predicted and not gold:
-        return 1.0
-    common = (predicted & gold).total()
-    if common == 0:
-        return 0.0
-    precision, recall = common / predicted.total(), common / gold.total()
-    return 2 * precision * recall / (precision + recall)
-
-
-def _results(
-    conn: sqlite3.Connection, queries: Iterable[str], timeout: float
-) -> tuple[dict[str, Rows], dict[str, str]]:
-    """Each distinct query run once: its rows, or why it gave none."""
-    rows, failed = {}, {}
-    for query in dict.fromkeys(queries):
-        try:
-            rows[query] = run_query(conn, query, timeout=timeout)
-        except QueryFailed as err:
-            failed[query] = str(err)
-    return rows, failed
-
-
-def row_f1s(
-    predictions: Iterable[object], golds: Iterable[object], db: Database, *, timeout: float = TIMEOUT_S
-) -> np.ndarray:
-    """Each pair's record F1 on ``db`` (a connection, or a path opened read-only), each distinct query run once; a
-    failing prediction scores 0, a failing reference raises a DataError naming its row and the fix."""
-    preds, refs = [str(q) for q in predictions], [str(q) for q in golds]
-    if len(preds) != len(refs):
-        raise ValueError(f"{len(preds)} predictions for {len(refs)} gold queries")
-    conn = db if isinstance(db, sqlite3.Connection) else connect_readonly(db)
-    name = "the database" if isinstance(db, sqlite3.Connection) else Path(db).name
-    try:
-        try:
-            run_query(conn, "SELECT count(*) FROM sqlite_master", timeout=timeout)
-        except QueryFailed as err:
-            raise DataError(
-                f"the database {db} cannot be read ({err}). Fix: re-download it; record_f1 needs the "
-                "competition's SQLite file in data_dir"
-            ) from err
-        gold, failed = _results(conn, refs, timeout)
-        if failed:
-            bad = [row for row, query in enumerate(refs) if query in failed]
-            raise DataError(
-                f"the reference query at row {bad[0]} fails on {name} ({failed[refs[bad[0]]]}): {refs[bad[0]]!r} "
-                f"({len(bad)} such row(s)). record_f1 scores by the rows a reference returns: each must be "
-                "read-only SQL that runs (no INSERT, UPDATE, DROP, ...). Fix: correct or drop those rows"
-            )
-        predicted = gold | _results(conn, [q for q in preds if q not in gold], timeout)[0]
-    finally:
-        if conn is not db:
-            conn.close()
-    pairs = zip(preds, refs, strict=True)
-    return np.array([rows_f1(predicted[p], gold[g]) if p in predicted else 0.0 for p, g in pairs], dtype=np.float64)
-
-
-def query_f1(predicted: str, gold: str, db: Database, *, timeout: float = TIMEOUT_S) -> float:
-    """F1 between the rows ``predicted`` and ``gold`` return on ``db`` (a connection, or a path opened read-only)."""
-    return float(row_f1s([predicted], [gold], db, timeout=timeout)[0])
-
-
-def mean_record_f1(
-    predictions: Sequence[str], golds: Sequence[str], db: Database, *, timeout: float = TIMEOUT_S
-) -> float:
-    """Mean record F1 over aligned predictions and gold queries, on one connection to ``db``."""
-    scores = row_f1s(predictions, golds, db, timeout=timeout)
-    if not len(scores):
-        raise ValueError("no queries to score")
-    return float(scores.mean())

@@ -1004,13 +1004,13 @@ def _sql_row(file: str, row: int, query: str) -> Callable[[Any], None]:
 def test_a_seq2seq_reference_that_cannot_run_stops_00_with_the_row_the_query_and_the_fix(
     tmp_path: Path, cpu_hw: object, brk: Callable[[Any], None], problem: str, fix: str
 ) -> None:
-    from demos.sql import PARAMETERS, make_sql_demo
+    from demos.sql import make_sql_demo, parameters
     from kitlib.errors import DataError
 
     paths = make_sql_demo(tmp_path / "sql", n_train=120, n_test=20)
     brk(paths)
     before = _snapshot(paths.root)
-    p = stages.params(environ={}, data_dir=paths.root, work_dir=tmp_path / "work", **GOOD, **PARAMETERS)
+    p = stages.params(environ={}, data_dir=paths.root, work_dir=tmp_path / "work", **GOOD, **parameters(paths.root))
     with pytest.raises(DataError) as caught:
         stages.setup(p, cpu_hw)  # type: ignore[arg-type]
     assert re.search(problem, str(caught.value), re.S), str(caught.value)

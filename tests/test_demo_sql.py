@@ -14,18 +14,14 @@ from demos.sql import (
     DB_FILE,
     SCHEMA,
     TEMPLATES,
-    TIMEOUT_S,
-    QueryFailed,
     SqlDemoPaths,
     baseline_f1,
-    connect_readonly,
     make_sql_demo,
-    mean_record_f1,
     most_common_query,
-    query_f1,
-    run_query,
+    parameters,
     score_sql,
 )
+from demos.sql_metric import TIMEOUT_S, QueryFailed, connect_readonly, mean_record_f1, query_f1, run_query
 from kitlib.errors import DataError
 
 FILES = ("train", "test", "sample_submission", "solution", "db")
@@ -265,56 +261,62 @@ def test_baseline_is_far_below_one(demo: SqlDemoPaths) -> None:
     assert 0.0 <= f1 < 0.2
 
 
-# --- the demo's metric as kitlib sees it: a user's "module:function" (metric = "demos.sql:record_f1")
+# --- the demo's metric as kitlib sees it: a user's metric file (metric = "<demo folder>/sql_metric.py:record_f1")
 
 
 def test_a_broken_solution_query_stops_scoring_with_the_row_the_query_and_the_fix(
     demo: SqlDemoPaths, tmp_path: Path
 ) -> None:
     """00 reads no solution.csv (a competition has none): its references are checked when a submission is scored."""
-    from demos.sql import METRIC
     from kitlib.tasks.scoring import score
 
+    metric = parameters(demo.root)["metric"]
     solution = pd.read_csv(demo.solution)
     solution.loc[0, "query"] = "SELECT * FROM nowhere"
     solution.to_csv(tmp_path / "solution.csv", index=False)
     (tmp_path / DB_FILE).write_bytes(demo.db.read_bytes())
-    assert score(demo.solution, demo.solution, target="query", metric=METRIC) == 1.0  # data_dir: the solution's
+    assert score(demo.solution, demo.solution, target="query", metric=metric) == 1.0  # data_dir: the solution's
     with pytest.raises(DataError) as caught:
-        score(tmp_path / "solution.csv", demo.solution, target="query", metric=METRIC)
+        score(tmp_path / "solution.csv", demo.solution, target="query", metric=metric)
     assert re.search(r"reference query at row 0 fails on shop\.sqlite .*no such table: nowhere", str(caught.value))
     assert "Fix: correct or drop those rows" in str(caught.value)
 
 
 def test_a_demo_without_its_database_stops_00_naming_the_fix(tmp_path: Path, cpu_hw: object) -> None:
-    from demos.sql import PARAMETERS
     from kitlib.errors import SetupError
     from kitlib.notebook import stages
 
     paths = make_sql_demo(tmp_path / "sql", n_train=40, n_test=8)
     paths.db.unlink()
-    values = {**PARAMETERS, "metric": "demos.sql:record_f1"}  # the demo's own metric, kitlib's user-metric path
     p = stages.params(environ={}, data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny",
-                      **values)  # fmt: skip
+                      **parameters(paths.root))  # fmt: skip
     with pytest.raises(SetupError, match=r"executes the generated SQL .* holds \[\]: put exactly one SQLite file"):
         stages.setup(p, cpu_hw)  # type: ignore[arg-type]
     assert not (tmp_path / "work").exists()
 
 
-def test_the_demos_metric_imports_where_a_kernel_runs_outside_the_clone(
+def test_the_demos_metric_loads_where_a_kernel_runs_outside_the_clone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A notebook's kernel runs in its own folder, where ``demos`` is not on sys.path: kitlib imports a ``demos.``
-    module from its clone for that import only."""
+    """A notebook's kernel runs in its own folder, where the clone's ``demos`` is not importable (nor on Kaggle): the
+    demo's metric is the file the writer copied beside its data, loaded by path; it needs no ``demos`` import, kitlib
+    adds nothing to sys.path, and nothing is written beside it (no __pycache__)."""
     import sys
 
-    from kitlib.tasks.metrics import import_object
+    from kitlib.tasks.metrics import get_metric, import_object
 
-    clone = str(Path(__file__).resolve().parents[1])
+    paths = make_sql_demo(tmp_path / "sql", n_train=40, n_test=8)
+    spec = parameters(paths.root)["metric"]
+    assert spec == f"{(paths.root / 'sql_metric.py').resolve()}:record_f1"
+    clone = Path(__file__).resolve().parents[1]
+    assert (paths.root / "sql_metric.py").read_bytes() == (clone / "demos" / "sql_metric.py").read_bytes()
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", clone)])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(clone))])
     for name in [m for m in sys.modules if m == "demos" or m.startswith("demos.")]:
         monkeypatch.delitem(sys.modules, name)
-    before = list(sys.path)
-    assert import_object("demos.sql:record_f1", "metric").__module__ == "demos.sql"
-    assert sys.path == before
+    before, files = list(sys.path), sorted(paths.root.iterdir())
+    assert not import_object(spec, "metric").__module__.startswith("demos")
+    solution = pd.read_csv(paths.solution)["query"].to_numpy()
+    metric = get_metric(spec, "sequence", data_dir=paths.root)
+    assert metric.scores(solution, solution).tolist() == [1.0] * len(solution)  # each row's score
+    assert sys.path == before and "demos" not in sys.modules and sorted(paths.root.iterdir()) == files

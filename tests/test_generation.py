@@ -177,7 +177,7 @@ def test_a_generated_submission_never_holds_an_empty_cell(
         if task == "seq2seq"
         else demo_sft.make_sft_demo(tmp_path / "data", n_train=160, n_test=20)
     )
-    values: dict[str, Any] = demo_sql.PARAMETERS if task == "seq2seq" else demo_sft.PARAMETERS
+    values: dict[str, Any] = demo_sql.parameters(paths.root) if task == "seq2seq" else demo_sft.PARAMETERS
     p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **values)
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)

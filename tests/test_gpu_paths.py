@@ -126,9 +126,10 @@ def _demo(case: str, folder: Path) -> tuple[Path, str, str, dict[str, Any]]:
     if case == "tabular-text":
         return _reviews(folder, numeric=True), "balanced", "auto", {"task": "tabular-text", "numeric": ["n"]}
     if case == "seq2seq":
-        from demos.sql import PARAMETERS, make_sql_demo
+        from demos.sql import make_sql_demo, parameters
 
-        return make_sql_demo(folder, n_train=64, n_test=8).root, "smoke", "tiny", PARAMETERS
+        root = make_sql_demo(folder, n_train=64, n_test=8).root
+        return root, "smoke", "tiny", parameters(root)
     if case == "causal-lm":
         from demos.sft import PARAMETERS, make_sft_demo
 

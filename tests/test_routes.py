@@ -206,7 +206,7 @@ def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, 
     (bitsandbytes' CPU backend, rehearsing a T4), 8-bit AdamW; the record says so and 03 writes a scored submission."""
     import pandas as pd
 
-    from demos.sql import PARAMETERS, make_sql_demo
+    from demos.sql import make_sql_demo, parameters
     from kitlib.models.seq2seq import data_tokenizer, tiny_seq2seq
     from kitlib.notebook import stages, training
 
@@ -216,10 +216,11 @@ def test_qlora_on_an_encoder_decoder_through_the_four_notebooks(tmp_path: Path, 
     folder = tmp_path / "t5-folder"
     tiny_seq2seq(tokenizer, seed=1).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    given = parameters(demo.root)
     p = stages.params(data_dir=demo.root, work_dir=tmp_path / "work", preset="smoke", model=str(folder),
-                      adapter="qlora", optimizer="adamw8bit", hardware="T4", rehearse=True, **PARAMETERS)  # fmt: skip
+                      adapter="qlora", optimizer="adamw8bit", hardware="T4", rehearse=True, **given)  # fmt: skip
     stages.setup(p, cpu_hw)
     stages.features(p, hw=cpu_hw, quiet=True)
     training.train(p, hw=cpu_hw)
     training.infer(p, hw=cpu_hw)
-    _says_what_ran(p.work_dir, "qlora", "adamw8bit", 1, 8, PARAMETERS["metric"])
+    _says_what_ran(p.work_dir, "qlora", "adamw8bit", 1, 8, given["metric"])

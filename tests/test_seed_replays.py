@@ -79,8 +79,9 @@ def test_demos_made_on_another_machine_give_the_same_competition(tmp_path: Path)
     replays.make_demo(w, made / "sql")
     here = replays.make_data(w, tmp_path / "here", w.quick)
     copied = replays.make_data(w, tmp_path / "copied", w.quick, made)
-    for name in ("train.csv", "test.csv", "solution.csv", "sample_submission.csv", "demo.json"):
+    for name in ("train.csv", "test.csv", "solution.csv", "sample_submission.csv", "sql_metric.py"):
         assert (copied / name).read_bytes() == (here / name).read_bytes(), name
+    assert replays.about(copied) == {**replays.about(here), "metric": f"{copied.resolve() / 'sql_metric.py'}:record_f1"}
     kept = len((made / "sql" / "train.csv").read_text().splitlines())
     assert kept > len((copied / "train.csv").read_text().splitlines()) == w.quick[0] + 1
 

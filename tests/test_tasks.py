@@ -67,6 +67,42 @@ def test_a_users_metric_by_module_and_function() -> None:
     assert (metric.mode, metric(np.array([1.0, 2.0]), np.array([1.5, 5.0]))) == ("min", 3.0)
 
 
+METRIC_FILE = """import numpy as np
+
+
+def worst(y_true, y_pred):
+    return float(np.abs(y_true - y_pred).max())
+
+
+worst.mode = "min"
+"""
+
+
+def test_a_users_metric_file_beside_the_notebook_is_the_one_every_stage_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A competition's metric code, downloaded beside the notebook: ``metric = "metric.py:worst"`` is made absolute
+    as 00 loads the parameters (params.json carries it, so 02 and ``score`` load that file from any folder), scores,
+    and writes nothing beside it; a missing file names the fix."""
+    notebooks, data = tmp_path / "notebooks", tmp_path / "data"
+    notebooks.mkdir(), data.mkdir()
+    (notebooks / "metric.py").write_text(METRIC_FILE)
+    monkeypatch.chdir(notebooks)  # a notebook's kernel runs in the notebook's folder
+    p = stages.params(environ={}, data_dir=data, work_dir=tmp_path / "work", metric="metric.py:worst")
+    assert p.metric == f"{notebooks / 'metric.py'}:worst"
+    monkeypatch.chdir(tmp_path)  # another stage, another folder: the same file
+    metric = get_metric(p.metric, "regression", data_dir=data)
+    assert (metric.mode, metric(np.array([1.0, 2.0]), np.array([1.5, 5.0]))) == ("min", 3.0)
+    assert sorted(f.name for f in notebooks.iterdir()) == ["metric.py"]  # compiled from source: no __pycache__
+    p = stages.params(environ={"KIT_METRIC": "nope.py:worst"}, data_dir=data, work_dir=tmp_path / "work")
+    with pytest.raises(
+        SetupError,
+        match=r"metric = '.*nope\.py:worst': no file .*nope\.py\. Fix: put nope\.py beside the "
+        r"notebook, or give its full path \(e\.g\. '/kaggle/input/<dataset>/nope\.py:worst'\)",
+    ):
+        get_metric(p.metric, "regression", data_dir=data)
+
+
 # ------------------------------------------------------------------------------------------------------ targets
 def test_a_heavy_tailed_or_smape_scored_target_is_learned_as_standardised_log() -> None:
     prices = pd.Series(np.random.default_rng(0).lognormal(3.8, 1.2, 500))  # median ~45, a long right tail
@@ -317,13 +353,15 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     """The text-to-SQL demo through the stages: targets kept whole, a tiny T5 built from a config with a byte-level
     BPE tokenizer (01 saves it in features.json), the executing metric's full eval handed to the background (a
     callable), 03's generated queries in the submission, scored by record F1 on the demo's database."""
-    from demos.sql import PARAMETERS, make_sql_demo, score_sql
+    from demos.sql import make_sql_demo, parameters, score_sql
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
-    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    metric = f"{paths.root.resolve() / 'sql_metric.py'}:record_f1"  # the demo's copy of its metric file
+    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny",
+                      **parameters(paths.root))  # fmt: skip
     choice = stages.setup(p, cpu_hw)
     run = stages.resolve_run(p, cpu_hw, choice=choice)
-    assert (choice.task, choice.metric, run.config.freeze) == ("seq2seq", "demos.sql:record_f1", "none")
+    assert (choice.task, choice.metric, run.config.freeze) == ("seq2seq", metric, "none")
     feats = stages.features(p, hw=cpu_hw, quiet=True)
     queries = pd.read_csv(paths.train)["query"]
     assert feats.labels.ndim == 2 and feats.labels.shape[1] >= 10 and "tokenizer" in feats.side.state
@@ -333,7 +371,7 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     assert tokenizer.decode(first, skip_special_tokens=True) in set(queries)  # a whole target, decoded exactly
     full_eval = get_task("seq2seq").evaluate(
         feats.spec,
-        get_metric("demos.sql:record_f1", "sequence", data_dir=paths.root),
+        get_metric(metric, "sequence", data_dir=paths.root),
         prepared.valid,
         torch.device("cpu"),
     )
@@ -341,8 +379,8 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
     with torch.no_grad():
         measured = full_eval.measure(prepared.model)
     scored = full_eval.score(measured)
-    assert set(scored) == {"demos.sql:record_f1"}  # fit makes the loss pass
-    assert 0.0 <= scored["demos.sql:record_f1"] <= 1.0
+    assert set(scored) == {metric}  # fit makes the loss pass
+    assert 0.0 <= scored[metric] <= 1.0
     training.train(p, hw=cpu_hw)
     submission = training.infer(p, hw=cpu_hw)
     assert len(submission) == 20 and submission["query"].map(lambda q: isinstance(q, str)).all()
@@ -350,16 +388,19 @@ def test_seq2seq_trains_generates_and_scores_by_executing_sql(tmp_path: Path, cp
 
 
 def test_seq2seq_refuses_the_head_regime_and_empty_targets(tmp_path: Path, cpu_hw) -> None:
-    from demos.sql import PARAMETERS, make_sql_demo
+    from demos.sql import make_sql_demo, parameters
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
-    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="fast", model="tiny", **PARAMETERS)
+    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="fast", model="tiny",
+                      **parameters(paths.root))  # fmt: skip
     with pytest.raises(SetupError, match=r"preset 'fast' trains in the head regime, which task 'seq2seq' cannot use"):
         stages.setup(p, cpu_hw)
     train = pd.read_csv(paths.train)
     train.loc[3, "query"] = None
     train.to_csv(paths.train, index=False)
-    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **PARAMETERS)
+    p = stages.params(
+        data_dir=paths.root, work_dir=tmp_path / "work", preset="smoke", model="tiny", **parameters(paths.root)
+    )
     with pytest.raises(DataError, match=r"target column 'query' is (empty|missing) at row 3"):
         stages.setup(p, cpu_hw)
 
@@ -395,7 +436,7 @@ def test_custom_trains_the_users_module_from_a_file_it_names(tmp_path: Path, cpu
     [
         ("", r"task = 'custom' needs your model: set model_factory"),
         ("nope.py:build", r"model_factory = '.*nope.py:build': no file .*nope.py. Fix: put nope.py beside"),
-        ("{root}/bilstm.py:make", r"'make' is not a function of .*bilstm.py"),
+        ("{root}/bilstm.py:make", r"bilstm.py has no 'make' \(it has: \[.*'build'"),
         ("no_such_module_kit:build", r"module 'no_such_module_kit' does not import"),
         ("{root}/bilstm.py:build", r"feeds your model the tokens only.*remove numeric"),
     ],
@@ -415,11 +456,12 @@ def test_a_custom_factory_that_does_not_load_is_one_clear_error(
 def test_the_picker_shows_the_preset_as_the_task_trains_it(tmp_path: Path, cpu_hw) -> None:
     """seq2seq trains a from-scratch model 10x longer at lr 1e-3 and scores generation every 5 epochs: the picker's
     table says so before setup, and setup keeps exactly what the picker showed (the adjustment is idempotent)."""
-    from demos.sql import PARAMETERS, make_sql_demo
+    from demos.sql import make_sql_demo, parameters
     from kitlib.notebook.widgets import preset_picker
 
     paths = make_sql_demo(tmp_path / "sql", n_train=160, n_test=20)
-    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "w", preset="balanced", model="tiny", **PARAMETERS)
+    p = stages.params(data_dir=paths.root, work_dir=tmp_path / "w", preset="balanced", model="tiny",
+                      **parameters(paths.root))  # fmt: skip
     picker = preset_picker(cpu_hw, default="balanced", resolve=functools.partial(stages.resolve_run, p, cpu_hw))
     cfg = picker.resolved.config
     assert (cfg.epochs, cfg.lr, cfg.full_eval_every, cfg.freeze) == (20, 1e-3, 5, "none")
@@ -562,6 +604,6 @@ def test_a_summarisers_source_is_cut_at_its_median_length_and_the_plan_says_what
     assert run.preset.length_coverage == SUMMARY_SOURCE_COVERAGE and run.config.max_length == 104
     assert dict(run.table_rows())["max_length"] == "104 tokens (cuts 48.0% of rows; lossless: 200)"
     sql = stages.Params(
-        data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny", metric="demos.sql:record_f1"
+        data_dir=tmp_path, work_dir=tmp_path / "w", task=name, model="tiny", metric="sql_metric.py:record_f1"
     )
     assert resolve(stages.task_preset(sql)(PRESETS["balanced"]), cpu_hw, lengths=lengths).config.max_length == 200

@@ -21,8 +21,7 @@ from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, RUN_FILE, get_prese
 from kitlib.notebook.reporting import check_report_to
 from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 from kitlib.notebook.tasks import TASKS, get_task, task_entry
-from kitlib.notebook.tasks.custom import factory_path
-from kitlib.tasks.metrics import METRICS
+from kitlib.tasks.metrics import METRICS, user_file
 from kitlib.tasks.targets import OBJECTIVES
 
 PARAMS_FILE = "params.json"
@@ -73,7 +72,8 @@ class Params:
                          "custom-seq2seq | module:name (a Task of your own)", env="KIT_TASK",
                          features=True)  # fmt: skip
     metric: str = declared("auto", "what best/ follows: auto | accuracy | macro_f1 | rmse | mae | smape | rmsle | "
-                           "exact_match | rouge_l | module:function", env="KIT_METRIC")  # fmt: skip
+                           "exact_match | rouge_l | file.py:function (beside the notebook, or a full path) | "
+                           "module:function", env="KIT_METRIC")  # fmt: skip
     objective: str = declared("auto", "regression loss: auto (what the metric rewards) | mse | mae | log_mse | log_mae",
                               choices=tuple(OBJECTIVES), stage="02", features=True)  # fmt: skip
     numeric: tuple[str, ...] = declared((), "numeric columns beside the text, e.g. ['year', 'runtime']", stage="01",
@@ -200,8 +200,9 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     if Path(str(values.get("model", ""))).is_absolute():  # a model folder attached as a dataset: either layout
         values["model"] = str(kaggle_input(Path(values["model"])))
     values["work_dir"] = Path(values["work_dir"])
-    if values.get("model_factory"):  # a file relative to the notebook's folder: every later stage loads that one
-        values["model_factory"] = factory_path(str(values["model_factory"]), Path.cwd())
+    for name in ("metric", "model_factory"):  # a file relative to the notebook's folder: every stage loads that one
+        if isinstance(values.get(name), str):
+            values[name] = user_file(values[name], Path.cwd())
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
     for columns in COLUMNS:
         values[columns] = _columns(values.get(columns, ()))
@@ -310,7 +311,8 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
     metric = p.metric if isinstance(p.metric, str) else ""
     if metric and metric != "auto" and ":" not in metric and metric not in METRICS:
         raise SetupError(
-            f"metric = {metric!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own"
+            f"metric = {metric!r} is not one of {['auto', *METRICS]} and is not a 'file.py:function' or "
+            "'module:function' of your own"
         )
     factory_file = p.model_factory.partition(":")[0].endswith(".py")
     _check_values(p, with_task=data_dir is not None or not factory_file)

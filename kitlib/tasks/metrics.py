@@ -1,15 +1,15 @@
-"""Competition metrics by name, ``(y_true, y_pred)`` in the competition's units; a user's is ``"module:function"``."""
+"""Competition metrics by name, ``(y_true, y_pred)`` in the competition's units; a user's: ``"file.py:function"``
+or ``"module:function"``."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
@@ -129,7 +129,7 @@ METRICS: Mapping[str, Metric] = MappingProxyType(
 
 
 def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
-    """The metric ``name`` ("auto": by ``kind``; or "module:function") for the target, else a SetupError."""
+    """The metric ``name`` ("auto": by ``kind``; or a user's "file.py:function") for the target, else a SetupError."""
     if name == "auto":
         name = AUTO[kind]
     if ":" in name:
@@ -142,8 +142,8 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
         return Metric(name, "min" if mode == "min" else "max", _users(name, fn, data_dir), _CLASSES | _NUMBERS | _TEXTS)
     if name not in METRICS:
         raise SetupError(
-            f"metric = {name!r} is not one of {['auto', *METRICS]} and is not a 'module:function' of your own. Fix: "
-            f"set metric {in_setup('metric', env=True)}"
+            f"metric = {name!r} is not one of {['auto', *METRICS]} and is not a 'file.py:function' or "
+            f"'module:function' of your own. Fix: set metric {in_setup('metric', env=True)}"
         )
     metric = METRICS[name]
     if kind not in metric.kinds:
@@ -211,28 +211,45 @@ def check_metric(metric: Metric, target: Sequence[Any], source: str = "the targe
 
 
 def import_object(spec: str, what: str) -> Any:
-    """``"package.module:function"`` -> the function, with a SetupError naming the fix when it does not import."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise SetupError(f"{what} = {spec!r}: expected 'module:function', e.g. 'my_metrics:f2_score'")
-    checkout = str(Path(__file__).resolve().parents[2])  # a clone's demos/ package (the wheel leaves it out)
-    demo = module_name.startswith("demos.") and checkout not in sys.path
-    try:
-        if demo:  # for this import only: a kernel's cwd is its notebook's folder, not the clone
-            sys.path.insert(0, checkout)
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise SetupError(
-            f"{what} = {spec!r}: module {module_name!r} does not import ({err}). Fix: put {module_name}.py beside the "
-            "notebooks (or on sys.path / in an installed package) and check the name"
-        ) from err
-    finally:
-        if demo:
-            sys.path.remove(checkout)
+    """``"file.py:name"`` (a file's path, compiled from its source: no __pycache__ beside it, data_dir is read-only)
+    or ``"package.module:name"`` -> the object, with a SetupError naming ``what`` and the fix when it does not load."""
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise SetupError(f"{what} = {spec!r}: expected 'file.py:function' or 'module:function', e.g. 'metric.py:score'")
+    if not where.endswith(".py"):
+        try:
+            module = importlib.import_module(where)
+        except ImportError as err:
+            raise SetupError(
+                f"{what} = {spec!r}: module {where!r} does not import ({err}). Fix: put {where}.py beside the "
+                f"notebooks (or on sys.path / in an installed package), or name the file: '{where}.py:{attr}'"
+            ) from err
+    else:
+        path = Path(where).expanduser().absolute()
+        if not path.is_file():
+            raise SetupError(
+                f"{what} = {spec!r}: no file {path}. Fix: put {path.name} beside the notebook, or give its full path "
+                f"(e.g. '/kaggle/input/<dataset>/{path.name}:{attr}'), or name an importable module:function"
+            )
+        module = ModuleType(f"kitlib_user_{path.stem}")
+        module.__file__ = str(path)
+        try:
+            exec(compile(path.read_bytes(), str(path), "exec"), vars(module))
+        except Exception as err:
+            raise SetupError(f"{what} = {spec!r}: {path} failed to load: {type(err).__name__}: {err}") from err
     found = getattr(module, attr, None)
     if found is None:
-        raise SetupError(f"{what} = {spec!r}: {module_name} has no {attr!r} (it has: {_public(module)})")
+        raise SetupError(f"{what} = {spec!r}: {where} has no {attr!r} (it has: {_public(module)})")
     return found
+
+
+def user_file(spec: str, base: Path) -> str:
+    """``spec`` with a relative ``file.py`` made absolute against ``base``, so every stage loads the same file."""
+    where, sep, name = spec.rpartition(":")
+    if not where.endswith(".py"):
+        return spec
+    path = Path(where).expanduser()
+    return f"{path if path.is_absolute() else base / path}{sep}{name}"
 
 
 def _public(module: object) -> list[str]:

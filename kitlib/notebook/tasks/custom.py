@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-import types
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kitlib.data.tables import texts_to_generate
@@ -164,34 +162,9 @@ def try_on_rows(model: nn.Module, loader: Any, spec: str, calls: str, run: Calla
         model.train(was_training)
 
 
-def factory_path(spec: str, base: Path) -> str:
-    """``spec`` with a relative ``file.py`` made absolute against ``base``, so every stage loads the same file."""
-    where, sep, name = spec.rpartition(":")
-    if not where.endswith(".py"):
-        return spec
-    path = Path(where).expanduser()
-    return f"{path if path.is_absolute() else base / path}{sep}{name}"
-
-
 def factory(spec: str) -> Any:
     """The function ``spec`` names (``file.py:function`` or ``module:function``); else a SetupError with the fix."""
-    where, _, name = spec.rpartition(":")
-    if not where.endswith(".py"):
-        found = import_object(spec, "model_factory")
-    else:
-        path = Path(where).expanduser().absolute()
-        if not path.is_file():
-            raise SetupError(
-                f"model_factory = {spec!r}: no file {path}. Fix: put {path.name} beside the notebook, or give its full "
-                "path (e.g. '/kaggle/input/<dataset>/" + f"{path.name}:{name}'), or name an importable module:function"
-            )
-        module = types.ModuleType(f"kitlib_user_{path.stem}")
-        module.__file__ = str(path)
-        try:  # compiled from its source each time: no __pycache__ read or written beside it (data_dir is read-only)
-            exec(compile(path.read_bytes(), str(path), "exec"), vars(module))
-        except Exception as err:
-            raise SetupError(f"model_factory = {spec!r}: {path} failed to load: {type(err).__name__}: {err}") from err
-        found = getattr(module, name, None)
+    found = import_object(spec, "model_factory")
     if not callable(found):
-        raise SetupError(f"model_factory = {spec!r}: {name!r} is not a function of {where}")
+        raise SetupError(f"model_factory = {spec!r} is a {type(found).__name__}: name a function returning the model")
     return found
