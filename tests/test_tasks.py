@@ -103,6 +103,26 @@ def test_a_users_metric_file_beside_the_notebook_is_the_one_every_stage_loads(
         get_metric(p.metric, "regression", data_dir=data)
 
 
+def test_a_users_function_file_named_in_the_shell_is_taken_from_the_shells_folder(tmp_path: Path) -> None:
+    """Headless (``kitlib notebooks run --metric m.py:f``, or KIT_METRIC in the shell): the kernel runs in the executed
+    copy's folder, so a relative file.py is made absolute against the shell's folder first, as data_dir is; a
+    module:function and a built-in name stay as they are."""
+    from kitlib.notebook.runbook import absolute_parameters
+
+    given = {"metric": "m.py:f", "model_factory": "nets/b.py:build", "task": "custom"}
+    assert absolute_parameters(given, tmp_path) == {
+        "metric": f"{tmp_path / 'm.py'}:f",
+        "model_factory": f"{tmp_path / 'nets' / 'b.py'}:build",
+        "task": "custom",
+    }
+    named = {"metric": "rmse", "model_factory": "my_models:build"}
+    assert absolute_parameters(named, tmp_path) == named
+    shell = tmp_path / "shell"
+    shell.mkdir()
+    p = stages.params(environ={"KIT_METRIC": "m.py:f", "PWD": str(shell)}, data_dir=tmp_path, work_dir=tmp_path / "w")
+    assert p.metric == f"{shell / 'm.py'}:f"
+
+
 # ------------------------------------------------------------------------------------------------------ targets
 def test_a_heavy_tailed_or_smape_scored_target_is_learned_as_standardised_log() -> None:
     prices = pd.Series(np.random.default_rng(0).lognormal(3.8, 1.2, 500))  # median ~45, a long right tail

@@ -21,7 +21,7 @@ from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, RUN_FILE, get_prese
 from kitlib.notebook.reporting import check_report_to
 from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
 from kitlib.notebook.tasks import TASKS, get_task, task_entry
-from kitlib.tasks.metrics import METRICS, user_file
+from kitlib.tasks.metrics import METRICS
 from kitlib.tasks.targets import OBJECTIVES
 
 PARAMS_FILE = "params.json"
@@ -200,9 +200,6 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
     if Path(str(values.get("model", ""))).is_absolute():  # a model folder attached as a dataset: either layout
         values["model"] = str(kaggle_input(Path(values["model"])))
     values["work_dir"] = Path(values["work_dir"])
-    for name in ("metric", "model_factory"):  # a file relative to the notebook's folder: every stage loads that one
-        if isinstance(values.get(name), str):
-            values[name] = user_file(values[name], Path.cwd())
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
     for columns in COLUMNS:
         values[columns] = _columns(values.get(columns, ()))

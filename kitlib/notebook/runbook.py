@@ -26,14 +26,18 @@ _WARNING = re.compile(r"^(?:\S.*?:\d+: )?(\w*Warning): (.*)$", re.M)
 GRACE_S = 30  # seconds a stopped kernel gets to save last/ (one checkpoint write: seconds on a local disk)
 EXECUTED_MARK = "papermill"  # papermill's metadata: a later run writes over an executed copy only
 MAX_EXECUTED_BYTES = 2_000_000  # an executed notebook above 2 MB means progress output was not throttled
-# folder parameters: the kernel's cwd is the executed copy's folder, so relative paths become absolute
-PATH_PARAMETERS = {"data_dir": "KIT_DATA_DIR", "work_dir": "KIT_WORK_DIR", "model": "KIT_MODEL"}
+# path parameters: the kernel's cwd is the executed copy's folder, so relative paths become absolute (the shell's)
+PATH_PARAMETERS = {"data_dir": "KIT_DATA_DIR", "work_dir": "KIT_WORK_DIR", "model": "KIT_MODEL", "metric": "KIT_METRIC"}
+FUNCTIONS = ("metric", "model_factory")  # 'file.py:function' (its file is the path) or a name / 'module:function'
 MODEL_NAMES = ("auto", "tiny")  # model values that are not folders
 
 
 def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
     """Path parameter ``name``'s ``value`` made absolute against ``base`` (cwd); ``model`` only if it exists."""
     text = os.fspath(value)
+    if name in FUNCTIONS:  # every stage loads the same file.py, whatever its cwd
+        where, sep, function = text.rpartition(":")
+        return f"{absolute_path('file', where, base)}{sep}{function}" if where.endswith(".py") else text
     if not text or (name == "model" and text in MODEL_NAMES):
         return text
     path = Path(text).expanduser()
@@ -47,7 +51,8 @@ def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathL
 
 def absolute_parameters(values: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """A copy of ``values`` whose path parameters are absolute (relative ones are taken against ``base``/cwd)."""
-    return {k: absolute_path(k, v, base) if k in PATH_PARAMETERS and v is not None else v for k, v in values.items()}
+    paths = {*PATH_PARAMETERS, *FUNCTIONS}
+    return {k: absolute_path(k, v, base) if k in paths and v is not None else v for k, v in values.items()}
 
 
 def notebooks_dir() -> Path:

@@ -243,14 +243,5 @@ def import_object(spec: str, what: str) -> Any:
     return found
 
 
-def user_file(spec: str, base: Path) -> str:
-    """``spec`` with a relative ``file.py`` made absolute against ``base``, so every stage loads the same file."""
-    where, sep, name = spec.rpartition(":")
-    if not where.endswith(".py"):
-        return spec
-    path = Path(where).expanduser()
-    return f"{path if path.is_absolute() else base / path}{sep}{name}"
-
-
 def _public(module: object) -> list[str]:
     return sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))[:10]
