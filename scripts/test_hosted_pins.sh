@@ -70,7 +70,8 @@ PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --prese
 # The Kaggle simulation's later grid rows (-m kaggle_grid: fast, balanced, tabular-text) test kitlib's presets and
 # tasks, not the pins; scripts/test.sh runs them. Its 2xT4 chain's smoke row (slow, marked hosted_pins) runs here,
 # in the same 2 processes: it was a pytest of its own after this one, which built the simulation's image and wheels
-# a third time and ran its 4 kernels with one core idle (~1.5 of CI's minutes on a 2-core EPYC).
+# a third time and ran its 4 kernels with one core idle (~1.5 of CI's minutes on a 2-core EPYC). CI's slow step
+# leaves the row to this step (.ci/run: -m "slow and not hosted_pins").
 # The single kernel's smoke row (Batch, the older /kaggle/input layout) is left out here: the same all-stages
 # notebook runs at these pins in the README's interactive and Colab routes, and the row itself in scripts/test.sh.
 python -m pytest -q -p no:cacheprovider -n 2 --reverse -m "not kaggle_grid and (not slow or hosted_pins)" \
