@@ -13,6 +13,11 @@
 # the newest versions. Measured 2026-11-26 on a machine at load ~14 (2 cores shared): 48 min in all, the tests
 # 20 min of it: time it on an idle machine before counting on the CI budget.
 set -euo pipefail
+cache=${KITLIB_PINS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kitlib-pins}  # the kept venv (below)
+if [[ -z ${KITLIB_PINS_LOCKED:-} ]]; then  # one run at a time uses (and re-points) the kept venv: the whole script
+  mkdir -p "$cache"                          # under a lock that only flock holds (-o: no child, left over or not)
+  KITLIB_PINS_LOCKED=1 exec flock -o "$cache/lock" bash "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 work=$(mktemp -d /tmp/kitlib-pins-run.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -28,10 +33,6 @@ trap 'rm -rf "$work"' EXIT
 # same inputs reuse it, re-pointing only kitlib's editable install at this checkout (~45 s of CI's saved).
 # $links must stay outside $venv: pip leaves a package alone when its path is outside the environment (a prefix check).
 pins_list=("transformers==4.46.3" "ipywidgets==7.7.1" "nbconvert==6.4.5")
-cache=${KITLIB_PINS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kitlib-pins}
-mkdir -p "$cache"
-exec 9>"$cache/lock"
-flock 9  # one run at a time uses (and re-points) the kept venv; released when this script exits
 base=()
 for base_site in $(python -c 'import sysconfig as s; print(*sorted({s.get_path("purelib"), s.get_path("platlib")}))'); do
   for entry in "$base_site"/*; do
@@ -41,7 +42,8 @@ for base_site in $(python -c 'import sysconfig as s; print(*sorted({s.get_path("
     esac
   done
 done
-key=$({ python -VV; printf '%s\n' "${pins_list[@]}" "${base[@]##*/}"; cat pyproject.toml scripts/test_hosted_pins.sh; } | sha256sum | cut -c1-16)
+key=$({ python -VV; printf '%s\n' "${pins_list[@]}" "${base[@]##*/}"; cat pyproject.toml scripts/test_hosted_pins.sh; } \
+  | sha256sum | cut -c1-16)
 venv="$cache/venv-$key" links="$cache/links-$key"
 PIP="$venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -q"
 pins="$venv/pins.txt"
@@ -111,10 +113,10 @@ fi
 # tasks, not the pins; scripts/test.sh runs them. Its 2xT4 chain's smoke row (slow, marked hosted_pins) runs here,
 # in the same 2 processes: it was a pytest of its own after this one, which built the simulation's image and wheels
 # a third time and ran its 4 kernels with one core idle (~1.5 of CI's minutes on a 2-core EPYC). CI's slow step
-# leaves the row to this step (.ci/run: -m "slow and not hosted_pins").
+# leaves the row to this step (.ci/run: the test command with -m "not hosted_pins").
 # The single kernel's smoke row (Batch, the older /kaggle/input layout) is left out here: the same all-stages
 # notebook runs at these pins in the README's interactive and Colab routes, and the row itself in scripts/test.sh.
-python -m pytest -q -p no:cacheprovider -n 2 --reverse -m "not kaggle_grid and (not slow or hosted_pins)" \
+python -m pytest -q -p no:cacheprovider -n 2 --reverse --durations=15 -m "not kaggle_grid and (not slow or hosted_pins)" \
   --deselect "tests/test_kaggle_sim.py::test_the_single_kernel_runs_every_preset_to_a_submission[smoke]" \
   tests/test_models.py tests/test_gpu_precision.py tests/test_lora.py tests/test_memory_plan.py \
   tests/test_widgets.py tests/test_views.py tests/test_presets.py tests/test_notebooks.py \
