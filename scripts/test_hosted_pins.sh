@@ -42,8 +42,8 @@ for base_site in $(python -c 'import sysconfig as s; print(*sorted({s.get_path("
     esac
   done
 done
-key=$({ python -VV; printf '%s\n' "${pins_list[@]}" "${base[@]##*/}"; cat pyproject.toml scripts/test_hosted_pins.sh; } \
-  | sha256sum | cut -c1-16)
+key=$({ python -VV; printf '%s\n' "${pins_list[@]}" "${base[@]##*/}"; cat pyproject.toml scripts/test_hosted_pins.sh
+} | sha256sum | cut -c1-16)
 venv="$cache/venv-$key" links="$cache/links-$key"
 PIP="$venv/bin/python -m pip install --disable-pip-version-check --progress-bar off -q"
 pins="$venv/pins.txt"
@@ -116,7 +116,8 @@ fi
 # leaves the row to this step (.ci/run: the test command with -m "not hosted_pins").
 # The single kernel's smoke row (Batch, the older /kaggle/input layout) is left out here: the same all-stages
 # notebook runs at these pins in the README's interactive and Colab routes, and the row itself in scripts/test.sh.
-python -m pytest -q -p no:cacheprovider -n 2 --reverse --durations=15 -m "not kaggle_grid and (not slow or hosted_pins)" \
+python -m pytest -q -p no:cacheprovider -n 2 --reverse --durations=15 \
+  -m "not kaggle_grid and (not slow or hosted_pins)" \
   --deselect "tests/test_kaggle_sim.py::test_the_single_kernel_runs_every_preset_to_a_submission[smoke]" \
   tests/test_models.py tests/test_gpu_precision.py tests/test_lora.py tests/test_memory_plan.py \
   tests/test_widgets.py tests/test_views.py tests/test_presets.py tests/test_notebooks.py \
