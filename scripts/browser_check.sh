@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Real-browser check of notebooks 00-03 (JupyterLab + Debian's headless chromium, driven by Playwright). CI runs
-# `--preset smoke,fast --rows 2000` (.ci/run) and, with IPYWIDGETS=7.7.1, `--preset smoke --rows 2000`
-# (scripts/test_hosted_pins.sh). See scripts/browser_check.py for what it checks.
+# `--preset smoke,fast --rows 2000` (.ci/run, beside the next one) and, with IPYWIDGETS=7.7.1, `--preset smoke
+# --rows 2000` (scripts/test_hosted_pins.sh). See scripts/browser_check.py for what it checks.
 #
 #   bash scripts/browser_check.sh                              # ipywidgets as the Python has it (8.x)
 #   IPYWIDGETS=7.7.1 bash scripts/browser_check.sh             # ipywidgets 7.7.1 (Colab's) in its own venv

@@ -100,7 +100,8 @@ GRID = pytest.mark.kaggle_grid
 # and fast (01 on a GPU kernel builds frozen features, 02 trains a head in 1 process). balanced plans smoke's route
 # (test_the_balanced_chain_is_planned_as_smokes, below, checks it); its preset runs whole in the two-session test
 # (three single kernels of balanced), so its chain row (~2 min of CI's 2 cores) ran nothing smoke's row and that miss.
-# smoke's row runs at the hosted pins too (scripts/test_hosted_pins.sh selects -m hosted_pins beside its other tests).
+# smoke's row runs at the hosted pins (scripts/test_hosted_pins.sh selects -m hosted_pins beside its other tests),
+# and in CI only there: .ci/run's slow step leaves it out, fast's row running the chain at the newest versions.
 CHAIN_ROUTES = [pytest.param("smoke", marks=pytest.mark.hosted_pins), pytest.param("fast", marks=GRID)]
 SINGLE_ROWS = ["smoke", pytest.param("fast", marks=GRID)]
 
