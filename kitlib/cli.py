@@ -128,7 +128,8 @@ def _cmd_score(args: argparse.Namespace) -> int:
         found["data_dir"] = saved.get("data_dir") or None
     found |= {k: v for k in ("target", "id", "metric") if (v := getattr(args, k)) is not None}
     value, metric = score(args.solution, args.submission, **found), found["metric"]
-    better = "lower" if metric in METRICS and METRICS[metric].mode == "min" else "higher"
+    mode = METRICS[metric].mode if metric in METRICS else getattr(import_object(metric, "metric"), "mode", "max")
+    better = "lower" if mode == "min" else "higher"
     print(f"{metric}: {value:.4f} ({better} is better; column {found['target']!r})")
     return 0
 

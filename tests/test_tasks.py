@@ -109,18 +109,48 @@ def test_a_users_function_file_named_in_the_shell_is_taken_from_the_shells_folde
     module:function and a built-in name stay as they are."""
     from kitlib.notebook.runbook import absolute_parameters
 
+    (tmp_path / "nets").mkdir()
+    (tmp_path / "m.py").write_text(""), (tmp_path / "nets" / "b.py").write_text("")
     given = {"metric": "m.py:f", "model_factory": "nets/b.py:build", "task": "custom"}
     assert absolute_parameters(given, tmp_path) == {
         "metric": f"{tmp_path / 'm.py'}:f",
         "model_factory": f"{tmp_path / 'nets' / 'b.py'}:build",
         "task": "custom",
     }
-    named = {"metric": "rmse", "model_factory": "my_models:build"}
+    named = {"metric": "rmse", "model_factory": "my_models:build", "task": "x.py:f"}  # x.py: not here, data_dir's?
     assert absolute_parameters(named, tmp_path) == named
+    assert absolute_parameters({"metric": "x.py:f"}, tmp_path) == {"metric": "x.py:f"}  # the kernel looks further
     shell = tmp_path / "shell"
     shell.mkdir()
+    (shell / "m.py").write_text("")
     p = stages.params(environ={"KIT_METRIC": "m.py:f", "PWD": str(shell)}, data_dir=tmp_path, work_dir=tmp_path / "w")
     assert p.metric == f"{shell / 'm.py'}:f"
+
+
+def test_a_metric_file_shipped_with_the_competition_is_found_in_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Kaggle the competition's metric code sits in /kaggle/input/<competition>, not beside the notebook: a
+    relative file.py not in the notebook's folder is the data_dir's, so one parameters cell runs locally and there;
+    the file beside the notebook wins. It may define a dataclass (its module is registered while it loads)."""
+    notebooks, data = tmp_path / "notebooks", tmp_path / "data"
+    notebooks.mkdir(), data.mkdir()
+    (data / "metric.py").write_text(
+        "from __future__ import annotations\nimport dataclasses\nimport numpy as np\n\n@dataclasses.dataclass\n"
+        "class Row:\n    a: float\n\ndef rows(y_true, y_pred):\n    return np.abs(y_true - y_pred)\n"
+        "rows.mode = 'min'\n"
+    )
+    monkeypatch.chdir(notebooks)
+    p = stages.params(environ={}, data_dir=data, work_dir=tmp_path / "work", metric="metric.py:rows")
+    assert p.metric == f"{data / 'metric.py'}:rows"
+    metric = get_metric(p.metric, "regression", data_dir=data)
+    assert metric(np.array([1.0, 2.0]), np.array([2.0, 4.0])) == 1.5
+    nan = np.array([1.0, np.nan])
+    with pytest.raises(SetupError, match=r"returned nan \(row 1\).*return a finite number"):
+        metric(np.array([1.0, 2.0]), nan)
+    (notebooks / "metric.py").write_text("def rows(y_true, y_pred):\n    return 0.0\n")
+    p = stages.params(environ={}, data_dir=data, work_dir=tmp_path / "work", metric="metric.py:rows")
+    assert p.metric == f"{notebooks / 'metric.py'}:rows"
 
 
 # ------------------------------------------------------------------------------------------------------ targets

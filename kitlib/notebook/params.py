@@ -19,7 +19,7 @@ from kitlib.errors import MissingDataError, MissingRunError, SetupError, damaged
 from kitlib.machine.hardware import fake_profile, switch
 from kitlib.notebook.presets import DEFAULT_PRESET, PRESETS, RUN_FILE, get_preset
 from kitlib.notebook.reporting import check_report_to
-from kitlib.notebook.runbook import PATH_PARAMETERS, absolute_parameters, absolute_path
+from kitlib.notebook.runbook import FUNCTIONS, PATH_PARAMETERS, absolute_parameters, absolute_path, function_file
 from kitlib.notebook.tasks import TASKS, get_task, task_entry
 from kitlib.tasks.metrics import METRICS
 from kitlib.tasks.targets import OBJECTIVES
@@ -201,6 +201,9 @@ def params(environ: Mapping[str, str] | None = None, **values: Any) -> Params:
         values["model"] = str(kaggle_input(Path(values["model"])))
     values["work_dir"] = Path(values["work_dir"])
     values["inputs"] = tuple(kaggle_input(Path(absolute_path("inputs", v))) for v in values.get("inputs", ()))
+    for name in FUNCTIONS:  # a file not beside the notebook: the competition's (its metric code) or an input's
+        if isinstance(values.get(name), str):
+            values[name] = function_file(values[name], Path.cwd(), values["data_dir"], *values["inputs"])
     for columns in COLUMNS:
         values[columns] = _columns(values.get(columns, ()))
     p = Params(**values)

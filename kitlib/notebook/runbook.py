@@ -35,9 +35,8 @@ MODEL_NAMES = ("auto", "tiny")  # model values that are not folders
 def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathLike[str] | None = None) -> str:
     """Path parameter ``name``'s ``value`` made absolute against ``base`` (cwd); ``model`` only if it exists."""
     text = os.fspath(value)
-    if name in FUNCTIONS:  # every stage loads the same file.py, whatever its cwd
-        where, sep, function = text.rpartition(":")
-        return f"{absolute_path('file', where, base)}{sep}{function}" if where.endswith(".py") else text
+    if name in FUNCTIONS:  # every stage loads the same file.py, whatever its cwd; one not here: data_dir's (params)
+        return function_file(text, Path(base or os.getcwd()), found_only=True)
     if not text or (name == "model" and text in MODEL_NAMES):
         return text
     path = Path(text).expanduser()
@@ -47,6 +46,19 @@ def absolute_path(name: str, value: str | os.PathLike[str], base: str | os.PathL
     if name == "model" and not candidate.exists():
         return text
     return str(candidate.resolve())
+
+
+def function_file(spec: str, *folders: Path, found_only: bool = False) -> str:
+    """'file.py:function' with a relative file.py made absolute: the first of ``folders`` holding it, else the first
+    folder (``found_only``: else unchanged); a 'module:function' or a name as it is."""
+    where, sep, function = spec.rpartition(":")
+    path = Path(where).expanduser()
+    if not where.endswith(".py") or path.is_absolute():
+        return spec
+    found = next((folder / path for folder in folders if (folder / path).is_file()), None)
+    if found is None and found_only:
+        return spec
+    return f"{(found or folders[0] / path).resolve()}{sep}{function}"
 
 
 def absolute_parameters(values: Mapping[str, Any], base: str | os.PathLike[str] | None = None) -> dict[str, Any]:

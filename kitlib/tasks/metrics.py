@@ -3,9 +3,11 @@ or ``"module:function"``."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,13 +160,20 @@ def get_metric(name: str, kind: str, *, data_dir: Path | None = None) -> Metric:
 def _users(spec: str, fn: Callable[..., Any], data_dir: Path | None) -> MetricFn:
     """The user's metric (given ``data_dir=`` when it takes it), with kitlib's error naming the parameter and the fix
     when it raises or gives neither a number nor one per row; a kitlib error it raises (about the data) as it is."""
-    given = {"data_dir": data_dir} if "data_dir" in inspect.signature(fn).parameters else {}
+    try:
+        given = {"data_dir": data_dir} if "data_dir" in inspect.signature(fn).parameters else {}
+    except (TypeError, ValueError):  # a builtin without a Python signature takes no data_dir
+        given = {}
 
     def metric(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
         try:
             scores = np.asarray(fn(y_true, y_pred, **given), dtype=np.float64)
             if scores.ndim and scores.shape != (len(y_true),):
                 raise ValueError(f"it returned {scores.shape} scores for {len(y_true)} rows")
+            if not np.isfinite(scores).all():  # a NaN would make the score, best/ and the verdict NaN, silently
+                bad = int(np.flatnonzero(~np.isfinite(np.atleast_1d(scores)))[0])
+                raise ValueError(f"it returned {np.atleast_1d(scores)[bad]} (row {bad})" if scores.ndim else
+                                 f"it returned {scores}")  # fmt: skip
             return scores
         except KitError:
             raise
@@ -172,8 +181,8 @@ def _users(spec: str, fn: Callable[..., Any], data_dir: Path | None) -> MetricFn
             raise SetupError(
                 f"metric = {spec!r} failed on {len(y_true)} rows: {type(err).__name__}: {err}. Fix the function: it "
                 "gets (y_true, y_pred), numpy arrays in the target's units (and data_dir= when it takes it), and must "
-                "return a number, or each row's score, for any predictions (a perfect one included); then re-run "
-                "00_setup"
+                "return a finite number, or each row's score, for any predictions (a perfect one included); then "
+                "re-run 00_setup"
             ) from err
 
     return metric
@@ -199,11 +208,14 @@ def check_metric_fits(target: Sequence[Any], name: str, rule: TargetRule, metric
     )
 
 
+CHECK_ROWS = 20_000  # rows check_metric scores: a Python-loop metric stays ~1 s in 00 on a large train.csv
+
+
 def check_metric(metric: Metric, target: Sequence[Any], source: str = "the target") -> None:
-    """Call a user's metric once on a perfect prediction of every row (as 02 scores its validation rows), so one
+    """Call a user's metric once on a perfect prediction of the first CHECK_ROWS rows (as 02 scores rows), so one
     that cannot score, or data it refuses (a DataError, prefixed with ``source``), stops 00."""
     if ":" in metric.name:
-        y = np.asarray(target)
+        y = np.asarray(target)[:CHECK_ROWS]
         try:
             metric(y, y.copy())
         except DataError as err:
@@ -231,11 +243,14 @@ def import_object(spec: str, what: str) -> Any:
                 f"{what} = {spec!r}: no file {path}. Fix: put {path.name} beside the notebook, or give its full path "
                 f"(e.g. '/kaggle/input/<dataset>/{path.name}:{attr}'), or name an importable module:function"
             )
-        module = ModuleType(f"kitlib_user_{path.stem}")
+        # registered under a name of its own: dataclasses (and pickle) look a class's module up in sys.modules
+        name = f"kitlib_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+        module = sys.modules[name] = ModuleType(name)
         module.__file__ = str(path)
         try:
             exec(compile(path.read_bytes(), str(path), "exec"), vars(module))
         except Exception as err:
+            del sys.modules[name]
             raise SetupError(f"{what} = {spec!r}: {path} failed to load: {type(err).__name__}: {err}") from err
     found = getattr(module, attr, None)
     if found is None:
