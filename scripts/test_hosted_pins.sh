@@ -82,7 +82,6 @@ if wrong:
 print("hosted pins (lower bounds): " + ", ".join(f"{k} {v}" for k, v in have.items()) + ", no kaggle package")
 PY
 # The venv's python runs the notebook kernels too (nbclient starts them with sys.executable).
-base_python=$(command -v python3)  # the browser check beside the pins' runs on it (its default)
 export PATH="$venv/bin:$PATH"
 python -m kitlib demo "$work/demo" --task auto
 python -m kitlib notebooks run --data "$work/demo" --work "$work/run" --params "$work/demo/demo.json" --preset smoke
@@ -91,24 +90,7 @@ echo "main job (smoke) passed at the lower bounds: transformers $(python -c 'imp
 # The browser check with Colab's ipywidgets 7.7.1 (under JupyterLab 3.6), its kernel on this venv's packages: the
 # picker's rows for every preset, then smoke through 01-03 on a cut demo (scripts/browser_check.sh keeps its venv of
 # JupyterLab + Playwright in ~/.cache between runs; 0 findings or this script fails).
-# KITLIB_BROWSER_BESIDE (CI's: "--preset smoke,fast --rows 2000") runs the newest ipywidgets' browser check, on the
-# base Python, beside this one: each leaves over half of the 2 cores idle (JupyterLab, chromium and a smoke kernel
-# waiting on each other: ~70 CPU s a preset in ~100 s of wall), so two take little more than the longer alone. Its
-# output follows this one's; the tests below take both cores, so they start after both checks.
-beside=""
-if [[ -n ${KITLIB_BROWSER_BESIDE:-} ]]; then
-  # shellcheck disable=SC2086  # the arguments, word-split
-  PYTHON="$base_python" bash scripts/browser_check.sh $KITLIB_BROWSER_BESIDE >"$work/browser-beside.log" 2>&1 &
-  beside=$!
-fi
-rc=0
-PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --preset smoke --rows 2000 || rc=$?
-if [[ -n $beside ]]; then
-  wait "$beside" || rc=$((rc ? rc : $?))
-  echo "---- browser check beside it (base Python: ${KITLIB_BROWSER_BESIDE})"
-  cat "$work/browser-beside.log"
-fi
-((rc == 0)) || exit "$rc"
+PYTHON="$venv/bin/python" IPYWIDGETS=7.7.1 bash scripts/browser_check.sh --preset smoke --rows 2000
 # The Kaggle simulation's later grid rows (-m kaggle_grid: fast, balanced, tabular-text) test kitlib's presets and
 # tasks, not the pins; scripts/test.sh runs them. Its 2xT4 chain's smoke row (slow, marked hosted_pins) runs here,
 # in the same 2 processes: it was a pytest of its own after this one, which built the simulation's image and wheels
