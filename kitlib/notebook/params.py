@@ -314,7 +314,7 @@ def check_parameters(values: Mapping[str, Any], *, data_dir: Path | None = None)
             f"metric = {metric!r} is not one of {['auto', *METRICS]} and is not a 'file.py:function' or "
             "'module:function' of your own"
         )
-    factory_file = p.model_factory.partition(":")[0].endswith(".py")
+    factory_file = p.model_factory.rpartition(":")[0].endswith(".py")  # as import_object reads it
     _check_values(p, with_task=data_dir is not None or not factory_file)
     return p
 
