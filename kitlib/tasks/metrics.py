@@ -171,9 +171,8 @@ def _users(spec: str, fn: Callable[..., Any], data_dir: Path | None) -> MetricFn
             if scores.ndim and scores.shape != (len(y_true),):
                 raise ValueError(f"it returned {scores.shape} scores for {len(y_true)} rows")
             if not np.isfinite(scores).all():  # a NaN would make the score, best/ and the verdict NaN, silently
-                bad = int(np.flatnonzero(~np.isfinite(np.atleast_1d(scores)))[0])
-                raise ValueError(f"it returned {np.atleast_1d(scores)[bad]} (row {bad})" if scores.ndim else
-                                 f"it returned {scores}")  # fmt: skip
+                bad = np.unravel_index(np.argmin(np.isfinite(scores)), scores.shape)  # the first one; () for a number
+                raise ValueError(f"it returned {scores[bad]}" + (f" (row {bad[0]})" if scores.ndim else ""))
             return scores
         except KitError:
             raise
